@@ -1,0 +1,27 @@
+"""dynamics: train small transformers from scratch and watch their attention heads specialise.
+
+Public entry points are re-exported lazily, so ``import dynamics`` stays cheap and the
+analysis side can be used without importing torch.
+"""
+
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "load_config": "dynamics.config",
+    "RunConfig": "dynamics.config",
+    "ConfigError": "dynamics.config",
+    "open_run": "dynamics.store",
+    "open_sweep": "dynamics.store",
+    "open_analysis": "dynamics.store",
+    "list_runs": "dynamics.store",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'dynamics' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+"""`python -m dynamics ...` is the same as `dynamics ...`."""
+
+from dynamics.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,449 @@
+"""Run configuration: frozen dataclasses, read from TOML, validated before any work.
+
+A config is a tree of small frozen dataclasses (nanoGPT's "one config passed whole",
+tuned-lens's "nested dataclasses with attribute docstrings"). Each field's docstring is
+the string literal under it. ``load_config`` reads TOML with sections [model], [task],
+[train], [record], optionally [sweep] and [intervene], applies ``--set section.key=value``
+overrides and validates; every problem raises :class:`ConfigError` whose message names the
+key, so the CLI can print one line and exit 2 before anything is trained or written.
+
+This module imports nothing from the package: everything else imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+TASKS = ("induction", "offset_copy", "markov", "slash_text", "corpus", "mixture")
+BYTE_TASKS = ("slash_text", "corpus")  # byte-level: need vocab_size >= 256
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message is one line naming the key."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layers: int = 2
+    """Number of transformer blocks."""
+    d_model: int = 64
+    """Width of the residual stream."""
+    n_heads: int = 4
+    """Attention heads per layer."""
+    d_head: int = 0
+    """Width of each head; 0 means d_model // n_heads (then n_heads must divide d_model)."""
+    d_mlp: int = 256
+    """Hidden width of each MLP (ignored when attn_only)."""
+    attn_only: bool = False
+    """Drop the MLPs: attention-only models make head roles easier to read."""
+    vocab_size: int = 64
+    """Number of token ids; byte-level tasks (slash_text, corpus) need at least 256."""
+    context: int = 64
+    """Sequence length the model sees (tasks emit context + 1 tokens for next-token targets)."""
+    pos: str = "rope"
+    """Positional scheme: rope | learned | none."""
+    rope_base: float = 10000.0
+    """RoPE frequency base theta."""
+    init: str = "xavier_uniform"
+    """Weight init: xavier_uniform | xavier_normal | normal (std 0.02)."""
+    init_scale: float = 1.0
+    """Multiplier on the init scale of W_Q, W_K, W_V, W_O (1.0 = standard); a sweep axis."""
+    gates: str = "fixed"
+    """Head gates: fixed (g = 1, out of the optimiser, in the graph) | learned (g = sigmoid(logit))."""
+    gate_l1: float = 0.01
+    """Weight of the L1 pull toward 0 on learned gates, at full strength."""
+    gate_init: float = 3.0
+    """Initial logit of learned gates (sigmoid(3) ~ 0.95)."""
+
+    @property
+    def head_dim(self) -> int:
+        """Resolved per-head width."""
+        return self.d_head or self.d_model // self.n_heads
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = "induction"
+    """Task: induction | offset_copy | markov | slash_text | corpus | mixture."""
+    min_period: int = 4
+    """induction: shortest period of the repeated random segment."""
+    max_period: int = 16
+    """induction: longest period; periods vary so a fixed-offset head cannot solve the task."""
+    delta: int = 3
+    """offset_copy: copy offset; token t equals token t - delta with probability p."""
+    p: float = 0.8
+    """offset_copy: copy probability."""
+    markov_order: int = 1
+    """markov: n-gram order of the chain (how many previous tokens the next depends on)."""
+    markov_branching: int = 3
+    """markov: number of allowed successors per context (sparsity of the chain)."""
+    holdout: float = 0.1
+    """corpus: fraction of stdlib files held out for evaluation and probes."""
+    components: tuple[str, ...] = ()
+    """mixture: component task names."""
+    weights: tuple[float, ...] = ()
+    """mixture: component weights (normalised); empty means equal."""
+
+    @property
+    def component_names(self) -> tuple[str, ...]:
+        """Components a batch can come from (the task itself unless it is a mixture)."""
+        return self.components if self.name == "mixture" else (self.name,)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    """Number of optimiser steps."""
+    lr: float = 1e-3
+    """Peak learning rate (after warm-up)."""
+    batch_size: int = 32
+    """Sequences per step."""
+    seed: int = 0
+    """Seed for init, data and probes; the same config and seed give the same arrays on CPU."""
+    optimizer: str = "adamw"
+    """adamw | sgd."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay (AdamW) or L2 (SGD)."""
+    beta1: float = 0.9
+    """Adam beta1, or SGD momentum."""
+    beta2: float = 0.99
+    """Adam beta2."""
+    warmup_steps: int = 50
+    """Linear warm-up length; a cosine decay to min_lr_frac * lr follows."""
+    min_lr_frac: float = 0.1
+    """Final learning rate as a fraction of lr."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 disables."""
+    device: str = "cpu"
+    """torch device: cpu | cuda | cuda:N."""
+    eval_batches: int = 2
+    """Held-out batches per task component at each snapshot."""
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    dense_until: int = 64
+    """Snapshots at 0, 1, 2, 4, ... up to this step, then every `every` steps, and the last."""
+    every: int = 100
+    """Snapshot cadence after the dense phase."""
+    n_probe: int = 8
+    """Probe sequences drawn once per run; attention is recorded on them."""
+    attention_dtype: str = "float16"
+    """float16 | float32 for the stored attention maps."""
+    head_weights: str = "auto"
+    """Store each head's W_Q/W_K/W_V/W_O slices: auto (when d_model <= 256) | on | off."""
+    eval_batch_size: int = 32
+    """Sequences per held-out eval batch."""
+    chg_every: int = 0
+    """Fit causal head gating at every k-th snapshot and the last; 0 = never during training."""
+    chg_steps: int = 200
+    """Updates per CHG stage when fitting during training."""
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    axes: dict[str, tuple] = field(default_factory=dict)
+    """Dotted config key -> list of values; the default is the full grid over axes."""
+    zip: tuple[tuple[str, ...], ...] = ()
+    """Groups of axes paired element-wise instead of crossed (equal lengths)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Architecture."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """Training data."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimisation."""
+    record: RecordConfig = field(default_factory=RecordConfig)
+    """What is recorded and when."""
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    """Grid of variations; empty for a single run."""
+    intervene: dict = field(default_factory=dict)
+    """Interventions during training (templates, distillation, conditioned gates); see docs."""
+
+    def to_dict(self) -> dict:
+        """Plain, JSON-able dict of the whole config (tuples become lists)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def run_id(self) -> str:
+        """Stable id derived from the resolved config, sweep table excluded."""
+        d = self.to_dict()
+        d.pop("sweep")
+        d["train"].pop("device")  # the same run on another device is the same experiment
+        blob = json.dumps(d, sort_keys=True).encode()
+        return "r" + hashlib.sha1(blob).hexdigest()[:10]
+
+
+SECTIONS = {
+    "model": ModelConfig,
+    "task": TaskConfig,
+    "train": TrainConfig,
+    "record": RecordConfig,
+}
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    """Check `value` against the type of the field's default and convert lists to tuples."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    if isinstance(default, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return tuple(value)
+    return value
+
+
+def _build_section(name: str, raw: dict) -> Any:
+    cls = SECTIONS[name]
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{name}: expected a table, got {raw!r}")
+    defaults = cls()
+    known = {f.name for f in fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise ConfigError(f"unknown key '{name}.{key}'")
+        kwargs[key] = _coerce(f"{name}.{key}", value, getattr(defaults, key))
+    return cls(**kwargs)
+
+
+def _flatten(prefix: str, table: dict) -> dict[str, Any]:
+    out = {}
+    for k, v in table.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict):
+            out.update(_flatten(key, v))
+        else:
+            out[key] = v
+    return out
+
+
+def _build_sweep(raw: dict) -> SweepConfig:
+    raw = dict(raw)
+    zip_groups = raw.pop("zip", [])
+    axes = {}
+    for key, values in _flatten("", raw).items():
+        section, _, leaf = key.partition(".")
+        if section not in SECTIONS or leaf not in {f.name for f in fields(SECTIONS[section])}:
+            raise ConfigError(f"sweep: unknown axis '{key}'")
+        if not isinstance(values, list):
+            raise ConfigError(f"sweep.{key}: expected a list of values, got {values!r}")
+        if not values:
+            raise ConfigError(f"sweep.{key}: empty list of values")
+        axes[key] = tuple(values)
+    groups = []
+    if not isinstance(zip_groups, list) or not all(isinstance(g, list) for g in zip_groups):
+        raise ConfigError("sweep.zip: expected a list of lists of axis names")
+    seen: set[str] = set()
+    for group in zip_groups:
+        for key in group:
+            if key not in axes:
+                raise ConfigError(f"sweep.zip: '{key}' is not a sweep axis")
+            if key in seen:
+                raise ConfigError(f"sweep.zip: '{key}' appears in two zip groups")
+            seen.add(key)
+        lengths = {len(axes[k]) for k in group}
+        if len(lengths) > 1:
+            raise ConfigError(f"sweep.zip: axes {group} have different lengths")
+        groups.append(tuple(group))
+    return SweepConfig(axes=axes, zip=tuple(groups))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``section.key=value``; the value is read as TOML, else taken as a string."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or "." not in key:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return key, parsed
+
+
+def _apply_override(raw: dict, key: str, value: Any) -> None:
+    section, _, leaf = key.partition(".")
+    if section not in (*SECTIONS, "sweep", "intervene"):
+        raise ConfigError(f"unknown section '{section}' in --set {key}")
+    node = raw.setdefault(section, {})
+    parts = leaf.split(".") if section in ("sweep", "intervene") else [leaf]
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def from_dict(raw: dict) -> RunConfig:
+    """Build and validate a RunConfig from a nested dict (as read from TOML or run attrs)."""
+    if not isinstance(raw, dict):
+        raise ConfigError("config: expected a table at top level")
+    for section in raw:
+        if section not in (*SECTIONS, "sweep", "intervene"):
+            raise ConfigError(f"unknown section '{section}'")
+    cfg = RunConfig(
+        model=_build_section("model", raw.get("model", {})),
+        task=_build_section("task", raw.get("task", {})),
+        train=_build_section("train", raw.get("train", {})),
+        record=_build_section("record", raw.get("record", {})),
+        sweep=_build_sweep(raw.get("sweep", {})),
+        intervene=dict(raw.get("intervene", {})),
+    )
+    validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read a TOML config, apply ``--set`` overrides, validate.
+
+    Parameters
+    ----------
+    path : str or Path
+        TOML file with sections [model], [task], [train], [record] and optionally [sweep].
+    overrides : list of str
+        ``section.key=value`` strings; values are parsed as TOML literals.
+
+    Returns
+    -------
+    RunConfig
+
+    Raises
+    ------
+    ConfigError
+        One line naming the file or key at fault.
+
+    Example
+    -------
+    >>> cfg = load_config("experiments/induction.toml", ["train.steps=50"])  # doctest: +SKIP
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    for text in overrides:
+        key, value = parse_override(text)
+        _apply_override(raw, key, value)
+    return from_dict(raw)
+
+
+def with_values(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
+    """Return cfg with dotted keys replaced (used for sweep points), validated."""
+    raw = cfg.to_dict()
+    raw.pop("sweep")
+    for key, value in values.items():
+        section, _, leaf = key.partition(".")
+        raw[section][leaf] = value
+    return from_dict(raw)
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Raise ConfigError naming the first impossible value, else return None."""
+    m, t, tr, r = cfg.model, cfg.task, cfg.train, cfg.record
+    for key in ("n_layers", "d_model", "n_heads", "vocab_size", "context"):
+        _require(getattr(m, key) > 0, f"model.{key}: must be positive, got {getattr(m, key)}")
+    _require(m.d_head >= 0, f"model.d_head: must be >= 0, got {m.d_head}")
+    _require(
+        m.d_head > 0 or m.d_model % m.n_heads == 0,
+        f"model.n_heads: {m.n_heads} does not divide model.d_model {m.d_model} (or set model.d_head)",
+    )
+    _require(m.pos in ("rope", "learned", "none"), f"model.pos: unknown scheme {m.pos!r} (rope | learned | none)")
+    _require(m.pos != "rope" or m.head_dim % 2 == 0, f"model.d_head: RoPE needs an even head width, got {m.head_dim}")
+    _require(m.init in ("xavier_uniform", "xavier_normal", "normal"), f"model.init: unknown init {m.init!r}")
+    _require(m.init_scale > 0 and math.isfinite(m.init_scale), f"model.init_scale: must be > 0, got {m.init_scale}")
+    _require(m.gates in ("fixed", "learned"), f"model.gates: expected fixed or learned, got {m.gates!r}")
+    _require(m.gate_l1 >= 0, f"model.gate_l1: must be >= 0, got {m.gate_l1}")
+    _require(m.attn_only or m.d_mlp > 0, f"model.d_mlp: must be positive, got {m.d_mlp}")
+
+    _require(t.name in TASKS, f"task.name: unknown task {t.name!r} ({' | '.join(TASKS)})")
+    if t.name == "mixture":
+        _require(len(t.components) > 0, "task.components: a mixture needs at least one component")
+        for c in t.components:
+            _require(c in TASKS and c != "mixture", f"task.components: unknown component {c!r}")
+        _require(len(set(t.components)) == len(t.components), "task.components: duplicate component")
+        _require(
+            not t.weights or len(t.weights) == len(t.components),
+            f"task.weights: {len(t.weights)} weights for {len(t.components)} components",
+        )
+        _require(all(w >= 0 for w in t.weights) and (not t.weights or sum(t.weights) > 0),
+                 "task.weights: must be non-negative with a positive sum")
+    comps = t.component_names
+    if "induction" in comps:
+        _require(2 <= t.min_period <= t.max_period,
+                 f"task.min_period/max_period: need 2 <= min_period <= max_period, got {t.min_period}, {t.max_period}")
+        _require(m.context >= 2 * t.max_period,
+                 f"model.context: {m.context} is too short for induction with task.max_period {t.max_period} "
+                 f"(needs >= {2 * t.max_period})")
+    if "offset_copy" in comps:
+        _require(t.delta >= 1, f"task.delta: must be >= 1, got {t.delta}")
+        _require(m.context > 2 * t.delta, f"model.context: {m.context} is too short for task.delta {t.delta}")
+        _require(0.0 <= t.p <= 1.0, f"task.p: must be in [0, 1], got {t.p}")
+    if "markov" in comps:
+        _require(t.markov_order >= 1, f"task.markov_order: must be >= 1, got {t.markov_order}")
+        _require(1 <= t.markov_branching <= m.vocab_size,
+                 f"task.markov_branching: must be in [1, vocab_size], got {t.markov_branching}")
+        _require(m.context > t.markov_order, f"model.context: too short for task.markov_order {t.markov_order}")
+    if any(c in BYTE_TASKS for c in comps):
+        _require(m.vocab_size >= 256, f"model.vocab_size: byte-level task needs >= 256, got {m.vocab_size}")
+    if "corpus" in comps:
+        _require(0.0 < t.holdout < 1.0, f"task.holdout: must be in (0, 1), got {t.holdout}")
+    if any(c in ("induction", "offset_copy", "markov") for c in comps):
+        _require(m.vocab_size >= 4, f"model.vocab_size: must be >= 4, got {m.vocab_size}")
+
+    _require(tr.steps > 0, f"train.steps: must be positive, got {tr.steps}")
+    _require(tr.lr > 0 and math.isfinite(tr.lr), f"train.lr: must be > 0, got {tr.lr}")
+    _require(tr.batch_size > 0, f"train.batch_size: must be positive, got {tr.batch_size}")
+    _require(tr.seed >= 0, f"train.seed: must be >= 0, got {tr.seed}")
+    _require(tr.optimizer in ("adamw", "sgd"), f"train.optimizer: expected adamw or sgd, got {tr.optimizer!r}")
+    _require(tr.weight_decay >= 0, f"train.weight_decay: must be >= 0, got {tr.weight_decay}")
+    _require(0 <= tr.beta1 < 1 and 0 <= tr.beta2 < 1, "train.beta1/beta2: must be in [0, 1)")
+    _require(tr.warmup_steps >= 0, f"train.warmup_steps: must be >= 0, got {tr.warmup_steps}")
+    _require(0 <= tr.min_lr_frac <= 1, f"train.min_lr_frac: must be in [0, 1], got {tr.min_lr_frac}")
+    _require(tr.grad_clip >= 0, f"train.grad_clip: must be >= 0, got {tr.grad_clip}")
+    _require(tr.device == "cpu" or tr.device.startswith("cuda"), f"train.device: expected cpu or cuda, got {tr.device!r}")
+    _require(tr.eval_batches >= 1, f"train.eval_batches: must be >= 1, got {tr.eval_batches}")
+
+    _require(r.dense_until >= 0, f"record.dense_until: must be >= 0, got {r.dense_until}")
+    _require(r.every >= 1, f"record.every: must be >= 1, got {r.every}")
+    _require(r.n_probe >= 1, f"record.n_probe: must be >= 1, got {r.n_probe}")
+    _require(r.attention_dtype in ("float16", "float32"), f"record.attention_dtype: expected float16 or float32")
+    _require(r.head_weights in ("auto", "on", "off"), f"record.head_weights: expected auto, on or off")
+    _require(r.eval_batch_size >= 1, f"record.eval_batch_size: must be >= 1, got {r.eval_batch_size}")
+    _require(r.chg_every >= 0, f"record.chg_every: must be >= 0, got {r.chg_every}")
+    _require(r.chg_steps >= 1, f"record.chg_steps: must be >= 1, got {r.chg_steps}")
+
+
+def replace_section(cfg: RunConfig, section: str, **changes: Any) -> RunConfig:
+    """Convenience for tests and code: cfg with some fields of one section changed, validated."""
+    new = replace(cfg, **{section: replace(getattr(cfg, section), **changes)})
+    validate(new)
+    return new

@@ -1,0 +1,54 @@
+"""Names shared by the recorder, the store, the analysers and the report.
+
+One place for dimension and variable names, so that writers and readers agree without
+importing each other (the analysis side must not import torch-bearing modules).
+
+Store layout (a Zarr v3 group; see store.py)::
+
+    STORE/                      attrs: dynamics_store = STORE_VERSION
+      runs/<run_id>/            one group per run, written only by that run
+      analysis/<run_id>/        derived arrays written by `dynamics analyse`
+      derived/<name>/           sweep-level results (predictor curves, ...)
+      sweep                     attrs of the root: sweep index, written by the launcher only
+      checkpoints/<run_id>/     training checkpoints (torch files, not zarr)
+"""
+
+STORE_VERSION = 1
+
+# Dimension names (TransformerLens spelling where one exists).
+SNAPSHOT = "snapshot"
+LAYER = "layer"
+HEAD = "head"
+PROBE = "probe"
+QUERY = "query"
+KEY = "key"
+POSITION = "position"
+WEIGHT = "weight"
+D_MODEL = "d_model"
+D_HEAD = "d_head"
+COMPONENT = "component"
+TRAIN_STEP = "train_step"  # per-step loss axis; "step" is the snapshot coordinate
+RUN = "run"
+OFFSET = "offset"
+FIT = "fit"
+
+WEIGHTS = ("q", "k", "v", "o")
+FITS = ("plus", "minus")
+
+# Recorded variables -> dims. Coordinates: step (snapshot), layer, head, weight, component,
+# train_step.
+RUN_VARIABLES = {
+    "attention": (SNAPSHOT, LAYER, HEAD, PROBE, QUERY, KEY),
+    "probe_tokens": (PROBE, POSITION),
+    "grad_norm": (SNAPSHOT, LAYER, HEAD, WEIGHT),
+    "grad_cosine": (SNAPSHOT, LAYER, HEAD, WEIGHT),
+    "importance": (SNAPSHOT, LAYER, HEAD),
+    "gate": (SNAPSHOT, LAYER, HEAD),
+    "head_weights": (SNAPSHOT, LAYER, HEAD, WEIGHT, D_MODEL, D_HEAD),
+    "loss": (TRAIN_STEP,),
+    "eval_loss": (SNAPSHOT, COMPONENT),
+    "chg": (SNAPSHOT, LAYER, HEAD, FIT),
+    "chg_role": (SNAPSHOT, LAYER, HEAD),
+}
+
+RUN_STATUSES = ("running", "completed", "diverged", "failed", "interrupted")
