@@ -1,0 +1,160 @@
+"""The recorder: when to take snapshots, and what a snapshot holds.
+
+A snapshot turns the live model into named numpy blocks (see ``schema.RUN_VARIABLES``):
+attention on a fixed probe batch (one batched eager forward), per-head gradient norms
+and gate gradients taken from the gradients the training step already computed (no extra
+backward pass, Michel et al. 2019 importance), and held-out loss per task component.
+The trainer hands the blocks to the store; nothing here touches zarr.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dynamics import schema
+from dynamics.config import RunConfig
+from dynamics.model import Transformer
+from dynamics.tasks import make_batch
+
+
+def snapshot_steps(steps: int, dense_until: int, every: int) -> np.ndarray:
+    """Steps at which snapshots are taken.
+
+    Step 0 (initialisation), then geometrically 1, 2, 4, ... up to ``dense_until``, then
+    every ``every`` steps, and always the last step ``steps`` (the state after all updates).
+
+    Parameters
+    ----------
+    steps : int
+        Number of optimiser updates in the run.
+    dense_until : int
+        Last step of the geometric (dense) phase.
+    every : int
+        Cadence after the dense phase.
+
+    Returns
+    -------
+    numpy.ndarray of int64, sorted and unique.
+
+    Example
+    -------
+    >>> snapshot_steps(1000, 64, 250).tolist()
+    [0, 1, 2, 4, 8, 16, 32, 64, 250, 500, 750, 1000]
+    """
+    out = {0, steps}
+    s = 1
+    while s <= min(dense_until, steps):
+        out.add(s)
+        s *= 2
+    out.update(x for x in range(every, steps + 1, every) if x > dense_until)
+    return np.array(sorted(out), dtype=np.int64)
+
+
+def store_head_weights(cfg: RunConfig) -> bool:
+    """Whether head weight slices are recorded (auto: up to d_model 256)."""
+    mode = cfg.record.head_weights
+    return mode == "on" or (mode == "auto" and cfg.model.d_model <= 256)
+
+
+def variables(cfg: RunConfig, n_snapshots: int) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], str]]:
+    """Name -> (dims, shape, dtype) of every recorded array of a run."""
+    m, r = cfg.model, cfg.record
+    L, H, P, T = m.n_layers, m.n_heads, r.n_probe, m.context
+    S, C = n_snapshots, len(cfg.task.component_names)
+    shapes = {
+        "attention": ((S, L, H, P, T, T), r.attention_dtype),
+        "probe_tokens": ((P, T), "int64"),
+        "grad_norm": ((S, L, H, 4), "float32"),
+        "grad_cosine": ((S, L, H, 4), "float32"),
+        "importance": ((S, L, H), "float32"),
+        "gate": ((S, L, H), "float32"),
+        "loss": ((cfg.train.steps,), "float32"),
+        "eval_loss": ((S, C), "float32"),
+    }
+    if store_head_weights(cfg):
+        shapes["head_weights"] = ((S, L, H, 4, m.d_model, m.head_dim), "float32")
+    if r.chg_every:
+        shapes["chg"] = ((S, L, H, 2), "float32")
+        shapes["chg_role"] = ((S, L, H), "int8")
+    return {name: (schema.RUN_VARIABLES[name], shape, dtype) for name, (shape, dtype) in shapes.items()}
+
+
+def coords(cfg: RunConfig, steps_at: np.ndarray) -> dict[str, tuple[str, np.ndarray]]:
+    """Coordinate arrays of a run."""
+    m = cfg.model
+    out = {
+        "step": (schema.SNAPSHOT, steps_at.astype(np.int64)),
+        "layer": (schema.LAYER, np.arange(m.n_layers)),
+        "head": (schema.HEAD, np.arange(m.n_heads)),
+        "weight": (schema.WEIGHT, np.array(schema.WEIGHTS)),
+        "component": (schema.COMPONENT, np.array(cfg.task.component_names)),
+        "train_step": (schema.TRAIN_STEP, np.arange(cfg.train.steps)),
+    }
+    if cfg.record.chg_every:
+        out["fit"] = (schema.FIT, np.array(schema.FITS))
+    return out
+
+
+class Recorder:
+    """Builds snapshot blocks for one run; holds the probe and eval batches drawn once.
+
+    The previous snapshot's per-head gradients are kept so gradient-direction agreement
+    between snapshots (``grad_cosine``) costs one cosine, and they travel in checkpoints
+    so a resumed run records exactly what an uninterrupted one would.
+    """
+
+    def __init__(self, cfg: RunConfig, device: torch.device):
+        self.cfg = cfg
+        self.device = device
+        r = cfg.record
+        probe = make_batch(cfg, "probe", 0, r.n_probe)
+        self.probe_tokens = probe.tokens[:, :-1]  # (P, T)
+        self._probe = torch.from_numpy(self.probe_tokens).to(device)
+        self._eval = []  # per component: list of (B, T+1) token tensors
+        for name in cfg.task.component_names:
+            batches = [make_batch(cfg, "eval", i, r.eval_batch_size, component=name).tokens
+                       for i in range(cfg.train.eval_batches)]
+            self._eval.append(torch.from_numpy(np.concatenate(batches)).to(device))
+        self.prev_grads: torch.Tensor | None = None
+        self.with_weights = store_head_weights(cfg)
+
+    @torch.no_grad()
+    def attention(self, model: Transformer) -> np.ndarray:
+        """Post-softmax attention on the probe batch, one eager forward -> (L, H, P, T, T)."""
+        _, cache = model.run_with_cache(self._probe, names=lambda n: n.endswith("hook_pattern"))
+        pattern = torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"]
+                               for layer in range(self.cfg.model.n_layers)])  # (L, P, H, T, T)
+        return pattern.transpose(1, 2).float().cpu().numpy().astype(self.cfg.record.attention_dtype)
+
+    @torch.no_grad()
+    def eval_loss(self, model: Transformer) -> np.ndarray:
+        """Held-out next-token loss per task component -> (C,)."""
+        out = []
+        for tokens in self._eval:
+            logits = model(tokens[:, :-1])  # (B, T, V)
+            out.append(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).item())
+        return np.array(out, dtype=np.float32)
+
+    @torch.no_grad()
+    def snapshot(self, model: Transformer) -> dict[str, np.ndarray]:
+        """All per-snapshot blocks; call after backward on this step's training batch."""
+        grads = model.head_grads()  # (L, H, 4, d_model, d_head)
+        flat = grads.flatten(3)  # (L, H, 4, d_model*d_head)
+        if self.prev_grads is None:
+            cosine = torch.full(flat.shape[:3], float("nan"))
+        else:
+            cosine = F.cosine_similarity(flat, self.prev_grads.flatten(3), dim=-1, eps=1e-30)  # (L, H, 4)
+        self.prev_grads = grads.clone()
+        blocks = {
+            "attention": self.attention(model),
+            "grad_norm": model.head_grad_norms().float().cpu().numpy(),
+            "grad_cosine": cosine.float().cpu().numpy(),
+            "importance": model.gate_grads().abs().float().cpu().numpy(),
+            "gate": model.gate_values().float().cpu().numpy(),
+            "eval_loss": self.eval_loss(model),
+        }
+        if self.with_weights:
+            blocks["head_weights"] = model.head_weights().float().cpu().numpy()
+        return blocks

@@ -1,0 +1,281 @@
+"""One training run: build, step, record, checkpoint, resume, detect divergence.
+
+The data are a pure function of (config, seed, step) and the learning rate a pure
+function of step, so the only state a resume needs is (model, optimiser, step, the
+recorder's previous gradients). A checkpoint holding exactly that is written atomically
+at every snapshot, *after* the snapshot's arrays, so a run killed at any instant and
+started again with the same command re-records the same values into the same places
+and ends with arrays identical to an uninterrupted run's.
+
+Snapshot s records the model after s updates together with the gradient of training
+batch s at those weights (the gradient update s+1 is about to use), so per-head gradient
+norms and gate importances come from the backward pass training does anyway.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import dynamics
+from dynamics import store
+from dynamics.config import RunConfig
+from dynamics.model import Transformer
+from dynamics.record import Recorder, coords, snapshot_steps, variables
+from dynamics.tasks import data_hash, make_batch
+
+Progress = Callable[[int, int, float], None]
+"""progress(step, total_steps, last_loss), called every few steps."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    """Id of the run group in the store."""
+    status: str
+    """completed | diverged | failed | interrupted (or the existing status if skipped)."""
+    steps_done: int
+    """Optimiser updates completed."""
+    skipped: bool = False
+    """True when the run was already finished and nothing was trained."""
+
+
+def lr_at(cfg: RunConfig, step: int) -> float:
+    """Linear warm-up to train.lr, then cosine decay to min_lr_frac * lr at the last step."""
+    tr = cfg.train
+    if step < tr.warmup_steps:
+        return tr.lr * (step + 1) / tr.warmup_steps
+    span = max(1, tr.steps - tr.warmup_steps)
+    frac = min(1.0, (step - tr.warmup_steps) / span)
+    return tr.lr * (tr.min_lr_frac + (1 - tr.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def gate_reg_weight(cfg: RunConfig, step: int) -> float:
+    """Learned gates: fixed for the first 10% of steps, L1 ramped in over the next 60%."""
+    if cfg.model.gates != "learned":
+        return 0.0
+    frac = step / cfg.train.steps
+    return cfg.model.gate_l1 * min(1.0, max(0.0, (frac - 0.1) / 0.6))
+
+
+def make_optimizer(cfg: RunConfig, model: Transformer) -> torch.optim.Optimizer:
+    tr = cfg.train
+    params = model.optim_parameters()
+    if tr.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=tr.lr, momentum=tr.beta1, weight_decay=tr.weight_decay)
+    return torch.optim.AdamW(params, lr=tr.lr, betas=(tr.beta1, tr.beta2), weight_decay=tr.weight_decay)
+
+
+def build(cfg: RunConfig, device: torch.device) -> Transformer:
+    """The model at initialisation: deterministic in train.seed."""
+    torch.manual_seed(cfg.train.seed)
+    return Transformer(cfg.model).to(device)
+
+
+class _Writer:
+    """Runs store writes and checkpoint saves in order on one background thread.
+
+    Keeps zarr compression and disk I/O off the training thread; the order (arrays, then
+    losses, then checkpoint) is what makes a kill at any moment resumable.
+    """
+
+    def __init__(self, writer: store.RunWriter):
+        self.writer = writer
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dynamics-writer")
+        self.pending: list[Future] = []
+
+    def submit(self, fn, *args) -> None:
+        self.pending.append(self.pool.submit(fn, *args))
+        done = [f for f in self.pending if f.done()]
+        for f in done:
+            f.result()  # surface write errors promptly
+            self.pending.remove(f)
+
+    def drain(self) -> None:
+        for f in self.pending:
+            f.result()
+        self.pending.clear()
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self.pool.shutdown(wait=True)
+
+
+def _checkpoint_bytes(model, optimizer, step: int, recorder: Recorder) -> bytes:
+    buf = io.BytesIO()
+    torch.save({
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "prev_grads": recorder.prev_grads,
+        "torch_rng": torch.get_rng_state(),
+    }, buf)
+    return buf.getvalue()
+
+
+def _save_checkpoint(path: str, run_id: str, blob: bytes, attrs_writer: store.RunWriter, step: int) -> None:
+    store.atomic_write_bytes(store.checkpoint_path(path, run_id), blob)
+    attrs_writer.set_attrs(checkpoint_step=step)
+
+
+def train_run(
+    cfg: RunConfig,
+    path: str,
+    run_id: str | None = None,
+    *,
+    progress: Progress | None = None,
+    extra_attrs: dict | None = None,
+) -> RunResult:
+    """Train one run into the store at ``path``, resuming it if it was interrupted.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        Validated configuration.
+    path : str
+        Store path (created if missing; refused if it exists and is not a store).
+    run_id : str, optional
+        Group name under runs/; defaults to ``cfg.run_id()``.
+    progress : callable, optional
+        ``progress(step, steps, loss)``.
+    extra_attrs : dict, optional
+        Extra JSON-able run attributes (e.g. the swept values).
+
+    Returns
+    -------
+    RunResult
+        A completed run is not retrained: ``skipped`` is True and nothing is written.
+    """
+    run_id = run_id or cfg.run_id()
+    store.init_store(path)
+    existing = run_id in store.list_runs(path)
+    if existing:
+        attrs = store.run_attrs(path, run_id)
+        if attrs.get("status") in ("completed", "diverged"):
+            return RunResult(run_id, attrs["status"], int(attrs.get("steps_done", 0)), skipped=True)
+        stored = {k: v for k, v in attrs.get("config", {}).items() if k != "sweep"}
+        mine = {k: v for k, v in cfg.to_dict().items() if k != "sweep"}
+        stored.get("train", {}).pop("device", None)
+        mine["train"].pop("device")
+        if stored != mine:
+            raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
+
+    device = torch.device(cfg.train.device)
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    index_of = {int(s): i for i, s in enumerate(steps_at)}
+    model = build(cfg, device)
+    optimizer = make_optimizer(cfg, model)
+    recorder = Recorder(cfg, device)
+
+    start = 0
+    ckpt_file = store.checkpoint_path(path, run_id)
+    if existing and ckpt_file.exists():
+        ckpt = torch.load(ckpt_file, map_location=device, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        recorder.prev_grads = ckpt["prev_grads"]
+        torch.set_rng_state(ckpt["torch_rng"])
+        start = int(ckpt["step"])
+
+    base_attrs = {
+        "run_id": run_id,
+        "config": cfg.to_dict(),
+        "seed": cfg.train.seed,
+        "version": dynamics.__version__,
+        "torch_version": torch.__version__,
+        "device": str(device),
+        "data_hash": data_hash(cfg),
+        "status": "running",
+        "steps_total": cfg.train.steps,
+    }
+    base_attrs.update(extra_attrs or {})
+    writer = store.RunWriter(path, run_id, variables=variables(cfg, len(steps_at)),
+                             coords=coords(cfg, steps_at), attrs=base_attrs, resume=existing)
+    prior = store.run_attrs(path, run_id) if existing else {}
+    writer.set_attrs(**base_attrs, starts=int(prior.get("starts", 0)) + 1,
+                     steps_trained=int(prior.get("steps_trained", 0)))
+    writer.write_region("probe_tokens", 0, recorder.probe_tokens)
+
+    bg = _Writer(writer)
+    losses = np.full(cfg.train.steps, np.nan, dtype=np.float32)
+    flushed = start
+    t0 = time.perf_counter()
+    wall_before = float(prior.get("wall_time", 0.0))
+    status, step, last_loss = "running", start, float("nan")
+
+    def finish(status: str, **attrs) -> RunResult:
+        bg.close()
+        done = min(step, cfg.train.steps)
+        writer.set_attrs(status=status, steps_done=done, last_loss=last_loss,
+                         steps_trained=int(prior.get("steps_trained", 0)) + max(0, done - start),
+                         wall_time=wall_before + time.perf_counter() - t0, **attrs)
+        writer.finalize()
+        return RunResult(run_id, status, done)
+
+    try:
+        for step in range(start, cfg.train.steps + 1):
+            batch = make_batch(cfg, "train", step, cfg.train.batch_size)
+            tokens = torch.from_numpy(batch.tokens).to(device)  # (B, T+1)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(cfg, step)
+            optimizer.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)  # fixed gates are outside the optimiser
+            logits = model(tokens[:, :-1])  # (B, T, V)
+            loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            reg = gate_reg_weight(cfg, step)
+            objective = loss + reg * model.gate_l1() if reg else loss
+            objective.backward()
+            last_loss = loss.item()
+
+            if step in index_of:
+                blocks = recorder.snapshot(model)
+                if step < cfg.train.steps and math.isfinite(last_loss):
+                    losses[step] = last_loss
+                blob = _checkpoint_bytes(model, optimizer, step, recorder)
+                bg.submit(writer.write_snapshot, index_of[step], blocks)
+                if step > flushed:
+                    bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
+                    flushed = step
+                bg.submit(_save_checkpoint, path, run_id, blob, writer, step)
+            if not math.isfinite(last_loss):
+                bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
+                return finish("diverged", diverged_step=step, last_loss=None)
+            if step == cfg.train.steps:
+                break
+            losses[step] = last_loss
+            if cfg.model.gates == "learned" and step < cfg.train.steps // 10:
+                for block in model.blocks:
+                    block.attn.gate_logit.grad = None  # gates held fixed during warm-up
+            if cfg.train.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.optim_parameters(), cfg.train.grad_clip)
+            optimizer.step()
+            if progress is not None and (step % 10 == 0):
+                progress(step, cfg.train.steps, last_loss)
+        if progress is not None:
+            progress(cfg.train.steps, cfg.train.steps, last_loss)
+        return finish("completed")
+    except KeyboardInterrupt:
+        finish("interrupted")
+        raise
+    except BaseException:
+        finish("failed", traceback=traceback.format_exc())
+        raise
+
+
+def set_threads(n: int | None) -> None:
+    """Limit torch's intra-op threads (sweep workers use 1 so they don't oversubscribe)."""
+    if n:
+        torch.set_num_threads(n)
+        os.environ["OMP_NUM_THREADS"] = str(n)

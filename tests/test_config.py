@@ -1,0 +1,86 @@
+"""Config: TOML in, overrides, and one-line errors that name the key."""
+
+import pytest
+
+from dynamics.config import ConfigError, RunConfig, from_dict, load_config, parse_override, with_values
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_are_valid_and_resolve_head_dim():
+    cfg = from_dict({})
+    assert cfg.model.head_dim == cfg.model.d_model // cfg.model.n_heads
+    assert from_dict({"model": {"d_model": 64, "n_heads": 4, "d_head": 8}}).model.head_dim == 8
+
+
+def test_load_and_override(tmp_path):
+    p = write(tmp_path, "[model]\nn_heads = 4\n[train]\nlr = 0.01\n")
+    cfg = load_config(p, ["train.lr=0.5", "task.name=offset_copy", "model.attn_only=true"])
+    assert cfg.train.lr == 0.5 and cfg.task.name == "offset_copy" and cfg.model.attn_only is True
+
+
+def test_int_accepted_for_float_but_not_reverse():
+    assert from_dict({"train": {"lr": 1}}).train.lr == 1.0
+    with pytest.raises(ConfigError, match="train.steps: expected an integer"):
+        from_dict({"train": {"steps": 1.5}})
+
+
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        ({"model": {"foo": 1}}, "unknown key 'model.foo'"),
+        ({"bogus": {}}, "unknown section 'bogus'"),
+        ({"model": {"d_model": "wide"}}, "model.d_model: expected an integer"),
+        ({"model": {"d_model": 64, "n_heads": 5}}, "model.n_heads: 5 does not divide model.d_model 64"),
+        ({"train": {"lr": 0}}, "train.lr: must be > 0"),
+        ({"train": {"lr": -1e-3}}, "train.lr: must be > 0"),
+        ({"model": {"context": 16}, "task": {"max_period": 16}}, "model.context: 16 is too short for induction"),
+        ({"task": {"name": "nope"}}, "task.name: unknown task"),
+        ({"model": {"pos": "alibi"}}, "model.pos: unknown scheme"),
+        ({"task": {"name": "corpus"}}, "model.vocab_size: byte-level task needs >= 256"),
+        ({"task": {"name": "mixture", "components": ["induction", "x"]}}, "unknown component 'x'"),
+        ({"sweep": {"model": {"nope": [1]}}}, "sweep: unknown axis 'model.nope'"),
+        ({"sweep": {"train": {"seed": []}}}, "sweep.train.seed: empty list"),
+    ],
+)
+def test_errors_name_the_key(raw, needle):
+    with pytest.raises(ConfigError) as e:
+        from_dict(raw)
+    assert needle in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_sweep_table_and_zip(tmp_path):
+    p = write(tmp_path, '[sweep]\n"train.seed" = [0, 1]\nmodel = { init_scale = [0.5, 2.0] }\nzip = [["train.seed", "model.init_scale"]]\n')
+    cfg = load_config(p)
+    assert cfg.sweep.axes == {"train.seed": (0, 1), "model.init_scale": (0.5, 2.0)}
+    assert cfg.sweep.zip == (("train.seed", "model.init_scale"),)
+
+
+def test_zip_lengths_must_match():
+    with pytest.raises(ConfigError, match="different lengths"):
+        from_dict({"sweep": {"train": {"seed": [0, 1]}, "model": {"init_scale": [1.0]}, "zip": [["train.seed", "model.init_scale"]]}})
+
+
+def test_run_id_is_stable_and_depends_on_config():
+    a, b = RunConfig(), from_dict({})
+    assert a.run_id() == b.run_id()
+    assert with_values(a, {"train.seed": 3}).run_id() != a.run_id()
+    # the device does not change the experiment
+    assert with_values(a, {"train.device": "cuda"}).run_id() == a.run_id()
+
+
+def test_override_parsing():
+    assert parse_override("train.lr=1e-3") == ("train.lr", 1e-3)
+    assert parse_override("task.name=induction") == ("task.name", "induction")
+    with pytest.raises(ConfigError):
+        parse_override("lr")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "none.toml")
