@@ -1,0 +1,400 @@
+"""A small decoder-only transformer, written to be inspected.
+
+The layout follows nanoGPT (karpathy/nanoGPT, model.py): one config passed whole, pre-LayerNorm
+blocks, shapes written at the tensor line. Weights and hook names follow TransformerLens
+(TransformerLensOrg/TransformerLens): per-head ``W_Q, W_K, W_V`` of shape (H, d_model, d_head) and
+``W_O`` of shape (H, d_head, d_model), and identity :class:`HookPoint` modules whose names come
+from the module tree (``blocks.0.attn.hook_pattern``), so no registry is kept by hand.
+
+Per-head gates multiply each head's output z before W_O (Michel, Levy, Neubig 2019, "Are Sixteen
+Heads Really Better than One?"; Nam et al. 2025, causal head gating, arXiv 2505.13737):
+``Z_{l,h} = g_{l,h} * softmax(Q K^T / sqrt(d_head)) V``. With ``gates = "fixed"`` g is a parameter
+of ones kept out of the optimiser, so each backward yields dL/dg (head importance). With
+``gates = "learned"`` g = sigmoid(gate_logit) is trained. RoPE uses the rotate-half convention
+(Su et al. 2021, "RoFormer", arXiv 2104.09864; as in GPT-NeoX and Llama).
+
+Init: every matrix uses ``cfg.init``; W_Q/W_K/W_V/W_O use the fans of the full matrix
+(d_model x H*d_head) and are then multiplied by ``cfg.init_scale``. The embeddings W_E and W_pos
+are lookup tables, for which fans mean nothing, so they always get normal(0, 0.02) (GPT-2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dynamics.config import ModelConfig
+
+HookFn = Callable[[Tensor, str], Tensor | None]
+
+
+class HookPoint(nn.Module):
+    """Identity module marking an activation; hooks may read or replace the tensor.
+
+    ``name`` is set by :class:`Transformer` from the module tree. Hooks are plain functions
+    ``fn(tensor, name) -> tensor | None`` (None keeps the tensor), run in the order added; they
+    see the tensor with its autograd graph, so an intervention can be trained through.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = ""
+        self.fns: list[HookFn] = []
+
+    @property
+    def active(self) -> bool:
+        return bool(self.fns)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for fn in self.fns:
+            out = fn(x, self.name)
+            if out is not None:
+                x = out
+        return x
+
+
+def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
+    """Rotary position embedding, rotate-half convention.
+
+    Channel i of the first half pairs with channel i of the second half, and the pair is rotated
+    by the angle ``position * base ** (-2 i / d_head)``. Rotations preserve norms, and since
+    ``R(m)^T R(n) = R(n - m)``, the dot product ``<rope(q, m), rope(k, n)>`` depends on m - n
+    only.
+
+    Parameters
+    ----------
+    x : Tensor, shape (..., T, H, d_head)
+        Queries or keys, d_head even.
+    positions : Tensor, shape (T,) or (B, T)
+        Position of each token (integers or floats).
+    base : float
+        Frequency base theta.
+
+    Returns
+    -------
+    Tensor, same shape and dtype as x.
+
+    Example
+    -------
+    >>> q = torch.randn(2, 5, 4, 8)
+    >>> apply_rope(q, torch.arange(5)).shape
+    torch.Size([2, 5, 4, 8])
+    """
+    d = x.shape[-1]
+    dtype = torch.promote_types(x.dtype, torch.float32)  # angles need more than half precision
+    inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)  # (d/2,)
+    angle = positions.to(dtype)[..., None] * inv_freq  # (..., T, d/2)
+    cos, sin = angle.cos()[..., None, :], angle.sin()[..., None, :]  # (..., T, 1, d/2)
+    x1, x2 = x.to(dtype).chunk(2, dim=-1)  # (..., T, H, d/2) each
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention with per-head weights and gates."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        H, d, dh = cfg.n_heads, cfg.d_model, cfg.head_dim
+        # No q/k/v biases: each head is then exactly its slice of W_Q, W_K, W_V, W_O.
+        self.W_Q = nn.Parameter(torch.empty(H, d, dh))
+        self.W_K = nn.Parameter(torch.empty(H, d, dh))
+        self.W_V = nn.Parameter(torch.empty(H, d, dh))
+        self.W_O = nn.Parameter(torch.empty(H, dh, d))
+        self.b_O = nn.Parameter(torch.zeros(d))
+        if cfg.gates == "fixed":
+            self.gate = nn.Parameter(torch.ones(H))  # in the graph, out of the optimiser
+        else:
+            self.gate_logit = nn.Parameter(torch.full((H,), cfg.gate_init))
+            # Added to sigmoid(gate_logit) so that its .grad is dL/dg itself: exact where the
+            # sigmoid saturates (chain rule would divide by g(1 - g) ~ 0) and it accumulates
+            # like any leaf's grad. Stays 0: out of the optimiser.
+            self.gate_probe = nn.Parameter(torch.zeros(H))
+        for name in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z"):
+            if cfg.pos == "rope" or not name.startswith("rot"):
+                setattr(self, f"hook_{name}", HookPoint())
+
+    def gate_value(self) -> Tensor:
+        """g for this layer, shape (H,), in the graph."""
+        return self.gate if self.cfg.gates == "fixed" else torch.sigmoid(self.gate_logit) + self.gate_probe
+
+    def forward(self, x: Tensor, head_gates: Tensor | None = None) -> Tensor:
+        B, T, _ = x.shape
+        q = self.hook_q(torch.einsum("btd,hde->bthe", x, self.W_Q))  # (B, T, H, dh)
+        k = self.hook_k(torch.einsum("btd,hde->bthe", x, self.W_K))  # (B, T, H, dh)
+        v = self.hook_v(torch.einsum("btd,hde->bthe", x, self.W_V))  # (B, T, H, dh)
+        if self.cfg.pos == "rope":
+            pos = torch.arange(T, device=x.device)
+            q = self.hook_rot_q(apply_rope(q, pos, self.cfg.rope_base))  # (B, T, H, dh)
+            k = self.hook_rot_k(apply_rope(k, pos, self.cfg.rope_base))  # (B, T, H, dh)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, dh)
+        if self.hook_attn_scores.active or self.hook_pattern.active:
+            # Eager path: someone wants to see (or change) the scores or the pattern.
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (Tq, Tk)
+            scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
+            pattern = self.hook_pattern(scores.softmax(dim=-1))  # (B, H, Tq, Tk)
+            z = pattern @ v  # (B, H, T, dh)
+        else:
+            # Fused kernel: same maths, no (T, T) matrix kept when nobody asks for it.
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, dh)
+        z = self.hook_z(z.transpose(1, 2))  # (B, T, H, dh), before the gate
+        z = z * self.gate_value()[:, None]  # (B, T, H, dh)
+        if head_gates is not None:
+            # (H,) -> (H, 1); (B, H) -> (B, 1, H, 1): broadcast over positions and d_head.
+            g = head_gates[:, None, :, None] if head_gates.ndim == 2 else head_gates[:, None]
+            z = z * g  # (B, T, H, dh)
+        return torch.einsum("bthe,hed->btd", z, self.W_O) + self.b_O  # (B, T, d)
+
+
+class MLP(nn.Module):
+    """Two-layer GELU MLP (TransformerLens names W_in, W_out)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()
+
+    def forward(self, x: Tensor) -> Tensor:
+        pre = self.hook_pre(x @ self.W_in + self.b_in)  # (B, T, d_mlp)
+        return self.hook_post(F.gelu(pre)) @ self.W_out + self.b_out  # (B, T, d)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block: x + attn(ln1(x)), then x + mlp(ln2(x)) unless attn_only."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.hook_resid_pre, self.hook_attn_out, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
+        if not cfg.attn_only:
+            self.ln2 = nn.LayerNorm(cfg.d_model)
+            self.mlp = MLP(cfg)
+            self.hook_resid_mid, self.hook_mlp_out = HookPoint(), HookPoint()
+
+    def forward(self, x: Tensor, head_gates: Tensor | None = None) -> Tensor:
+        x = self.hook_resid_pre(x)  # (B, T, d)
+        x = x + self.hook_attn_out(self.attn(self.ln1(x), head_gates))  # (B, T, d)
+        if hasattr(self, "mlp"):
+            x = self.hook_resid_mid(x)
+            x = x + self.hook_mlp_out(self.mlp(self.ln2(x)))  # (B, T, d)
+        return self.hook_resid_post(x)
+
+
+class Transformer(nn.Module):
+    """Decoder-only transformer with per-head gates and TransformerLens hook names.
+
+    Parameters
+    ----------
+    cfg : ModelConfig
+        Architecture; construction is deterministic given ``torch.manual_seed`` beforehand.
+
+    Notes
+    -----
+    Gate parameters (fixed ``gate``, learned ``gate_probe``) are not in :meth:`optim_parameters`,
+    so ``optimizer.zero_grad()`` does not clear their grads: call ``model.zero_grad()`` each step,
+    or :meth:`gate_grads` accumulates over steps.
+
+    Example
+    -------
+    >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, context=8))
+    >>> model(torch.zeros(3, 8, dtype=torch.long)).shape
+    torch.Size([3, 8, 64])
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.W_E = nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
+        self.hook_embed = HookPoint()
+        if cfg.pos == "learned":
+            self.W_pos = nn.Parameter(torch.empty(cfg.context, cfg.d_model))
+            self.hook_pos_embed = HookPoint()
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_final = nn.LayerNorm(cfg.d_model)
+        self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.vocab_size))
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        cfg = self.cfg
+        H, d, dh = cfg.n_heads, cfg.d_model, cfg.head_dim
+
+        def init(w: Tensor, fan_in: int, fan_out: int, scale: float = 1.0) -> None:
+            if cfg.init == "xavier_uniform":
+                bound = math.sqrt(6.0 / (fan_in + fan_out))
+                w.uniform_(-bound, bound)
+            elif cfg.init == "xavier_normal":
+                w.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)))
+            else:
+                w.normal_(0.0, 0.02)
+            w.mul_(scale)
+
+        self.W_E.normal_(0.0, 0.02)
+        if cfg.pos == "learned":
+            self.W_pos.normal_(0.0, 0.02)
+        for block in self.blocks:
+            for w in (block.attn.W_Q, block.attn.W_K, block.attn.W_V, block.attn.W_O):
+                init(w, d, H * dh, cfg.init_scale)  # the full d_model x H*d_head matrix
+            if not cfg.attn_only:
+                init(block.mlp.W_in, d, cfg.d_mlp)
+                init(block.mlp.W_out, cfg.d_mlp, d)
+        init(self.W_U, d, cfg.vocab_size)
+
+    def forward(self, tokens: Tensor, *, head_gates: Tensor | None = None) -> Tensor:
+        """Next-token logits.
+
+        Parameters
+        ----------
+        tokens : Tensor, shape (B, T), int64
+            Token ids; T <= cfg.context when pos == "learned".
+        head_gates : Tensor, shape (L, H) or (B, L, H), optional
+            External gates multiplying each head's z before W_O, on top of the model's own gate
+            (several gate sets can be batched along B).
+
+        Returns
+        -------
+        Tensor, shape (B, T, vocab_size)
+        """
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens: expected shape (B, T), got {tuple(tokens.shape)}")
+        B, T = tokens.shape
+        L, H = self.cfg.n_layers, self.cfg.n_heads
+        if head_gates is not None and head_gates.shape not in ((L, H), (B, L, H), (1, L, H)):
+            raise ValueError(f"head_gates: expected shape ({L}, {H}) or ({B}, {L}, {H}), got {tuple(head_gates.shape)}")
+        x = self.hook_embed(self.W_E[tokens])  # (B, T, d)
+        if self.cfg.pos == "learned":
+            if T > self.cfg.context:
+                raise ValueError(f"tokens: length {T} exceeds model.context {self.cfg.context}")
+            x = x + self.hook_pos_embed(self.W_pos[:T].expand(B, T, -1))  # (B, T, d)
+        for l, block in enumerate(self.blocks):
+            x = block(x, None if head_gates is None else head_gates[..., l, :])  # (B, T, d)
+        return self.ln_final(x) @ self.W_U  # (B, T, vocab)
+
+    def hook_points(self) -> dict[str, HookPoint]:
+        """All hook points by name (module-tree order)."""
+        return {n: m for n, m in self.named_modules() if isinstance(m, HookPoint)}
+
+    @contextmanager
+    def hooks(self, fwd_hooks: Iterable[tuple[str, HookFn]]) -> Iterator[Transformer]:
+        """Run forward passes with hooks attached; they are removed on exit, even on error.
+
+        Parameters
+        ----------
+        fwd_hooks : list of (name, fn)
+            ``fn(tensor, name)`` returns a replacement tensor or None (keep). The tensor carries
+            its autograd graph.
+
+        Example
+        -------
+        >>> with model.hooks([("blocks.0.hook_attn_out", lambda t, n: t * 0)]):  # doctest: +SKIP
+        ...     logits = model(tokens)
+        """
+        points = self.hook_points()
+        fwd_hooks = list(fwd_hooks)
+        unknown = [name for name, _ in fwd_hooks if name not in points]
+        if unknown:
+            raise KeyError(f"unknown hook names: {unknown}")
+        for name, fn in fwd_hooks:
+            points[name].fns.append(fn)
+        try:
+            yield self
+        finally:
+            for name, fn in fwd_hooks:
+                points[name].fns.remove(fn)
+
+    def run_with_cache(
+        self,
+        tokens: Tensor,
+        names: Iterable[str] | Callable[[str], bool] | None = None,
+        *,
+        head_gates: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Forward pass that also returns detached activations by hook name.
+
+        Parameters
+        ----------
+        tokens : Tensor, shape (B, T)
+        names : None, list of str, or callable str -> bool
+            Which hook points to cache; None caches all. Caching ``hook_pattern`` or
+            ``hook_attn_scores`` switches that layer to the eager attention path.
+        head_gates : Tensor, optional
+            As in :meth:`forward`.
+
+        Returns
+        -------
+        logits : Tensor, shape (B, T, vocab_size)
+        cache : dict of str -> Tensor
+
+        Example
+        -------
+        >>> logits, cache = model.run_with_cache(tokens, ["blocks.0.attn.hook_pattern"])  # doctest: +SKIP
+        >>> cache["blocks.0.attn.hook_pattern"].shape  # (B, H, Tq, Tk)  # doctest: +SKIP
+        """
+        points = self.hook_points()
+        wanted = list(points) if names is None else [n for n in points if names(n)] if callable(names) else list(names)
+        cache: dict[str, Tensor] = {}
+
+        def save(t: Tensor, name: str) -> None:
+            cache[name] = t.detach()
+
+        with self.hooks([(n, save) for n in wanted]):
+            return self(tokens, head_gates=head_gates), cache
+
+    def optim_parameters(self) -> list[nn.Parameter]:
+        """Parameters the optimiser trains: all but the fixed gates and the gate probes."""
+        skip = {id(getattr(b.attn, n)) for b in self.blocks for n in ("gate", "gate_probe") if hasattr(b.attn, n)}
+        return [p for p in self.parameters() if id(p) not in skip]
+
+    def n_params(self) -> int:
+        """Number of trained parameters (those in :meth:`optim_parameters`)."""
+        return sum(p.numel() for p in self.optim_parameters())
+
+    def gate_values(self) -> Tensor:
+        """Current gates g, shape (L, H), detached."""
+        return torch.stack([b.attn.gate_value().detach() for b in self.blocks])
+
+    def gate_grads(self) -> Tensor:
+        """dL/dg from the backward passes since the last ``zero_grad``, shape (L, H).
+
+        Only what was backpropagated through the forward pass counts: the L1 term of
+        :meth:`gate_l1` computes its own g and adds nothing here. Zeros where there is no grad.
+        """
+        name = "gate" if self.cfg.gates == "fixed" else "gate_probe"
+        params = [getattr(b.attn, name) for b in self.blocks]
+        return torch.stack([torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in params])
+
+    def gate_l1(self) -> Tensor:
+        """Mean of g over all heads (scalar, in the graph); a zero tensor for fixed gates."""
+        if self.cfg.gates == "fixed":
+            return torch.zeros((), device=self.W_E.device)
+        return torch.stack([torch.sigmoid(b.attn.gate_logit) for b in self.blocks]).mean()
+
+    def _per_head(self, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        # W_O is (H, dh, d): transpose it so all four read (H, d_model, d_head).
+        return torch.stack([torch.stack([fn(a.W_Q), fn(a.W_K), fn(a.W_V), fn(a.W_O).transpose(-1, -2)], dim=1)
+                            for a in (b.attn for b in self.blocks)])  # (L, H, 4, d_model, d_head)
+
+    def head_weights(self) -> Tensor:
+        """Per-head W_Q, W_K, W_V, W_O^T slices, shape (L, H, 4, d_model, d_head), detached."""
+        return self._per_head(lambda w: w.detach())
+
+    def head_grads(self) -> Tensor:
+        """The .grad of the :meth:`head_weights` slices, same shape; zeros where None."""
+        return self._per_head(lambda w: torch.zeros_like(w) if w.grad is None else w.grad.detach())
+
+    def head_grad_norms(self) -> Tensor:
+        """Frobenius norm of each head's gradient slice, shape (L, H, 4) (order q, k, v, o)."""
+        return self.head_grads().flatten(-2).norm(dim=-1)

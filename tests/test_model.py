@@ -1,0 +1,233 @@
+"""Properties of dynamics.model with known answers, on tiny models."""
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dynamics.config import ModelConfig
+from dynamics.model import HookPoint, Transformer, apply_rope
+
+L, H, D, V, T = 2, 4, 32, 16, 12
+
+
+def make(seed=0, **kw) -> Transformer:
+    cfg = ModelConfig(**{"n_layers": L, "d_model": D, "n_heads": H, "d_mlp": 64, "vocab_size": V, "context": 16, **kw})
+    torch.manual_seed(seed)
+    return Transformer(cfg)
+
+
+def tokens(B=3, seed=1) -> torch.Tensor:
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def nll(logits, toks):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, V), toks[:, 1:].reshape(-1))
+
+
+@pytest.mark.parametrize("pos", ["rope", "learned", "none"])
+@pytest.mark.parametrize("attn_only", [False, True])
+def test_output_shape(pos, attn_only):
+    model = make(pos=pos, attn_only=attn_only)
+    assert model(tokens()).shape == (3, T, V)
+    assert hasattr(model, "W_pos") == (pos == "learned")
+    assert hasattr(model.blocks[0], "mlp") != attn_only
+
+
+def test_learned_pos_rejects_long_input():
+    with pytest.raises(ValueError, match="context"):
+        make(pos="learned")(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize("pos", ["rope", "learned"])
+def test_fused_equals_eager(pos):
+    model, toks = make(pos=pos), tokens()
+    fused = model(toks)
+    seen = []
+    noop = [(f"blocks.{l}.attn.hook_pattern", lambda t, n: seen.append(n)) for l in range(L)]
+    with model.hooks(noop):
+        eager = model(toks)
+    assert len(seen) == L  # the pattern hook only fires on the eager path
+    torch.testing.assert_close(eager, fused, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_relative_position():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 16, generator=g, dtype=torch.float64), torch.randn(1, 1, 16, generator=g, dtype=torch.float64)
+
+    def dot(m, n):
+        return (apply_rope(q, torch.tensor([m]), 100.0) * apply_rope(k, torch.tensor([n]), 100.0)).sum().item()
+
+    for offset in (0, 1, 5):
+        ref = dot(offset, 0)
+        for n in (1, 3, 20):
+            assert dot(n + offset, n) == pytest.approx(ref, abs=1e-10)
+    assert dot(3, 0) != pytest.approx(dot(4, 0))  # and it does depend on the offset
+    x = torch.randn(2, 7, 3, 16, dtype=torch.float64)
+    r = apply_rope(x, torch.arange(7))
+    torch.testing.assert_close(r.norm(dim=-1), x.norm(dim=-1))  # a rotation
+    torch.testing.assert_close(r[:, 0], x[:, 0])  # position 0 is the identity
+
+
+def test_zero_external_gate_equals_zero_W_O_slice():
+    model, toks = make(), tokens()
+    gates = torch.ones(L, H)
+    gates[1, 2] = 0.0
+    ablated = copy.deepcopy(model)
+    with torch.no_grad():
+        ablated.blocks[1].attn.W_O[2] = 0.0
+    torch.testing.assert_close(model(toks, head_gates=gates), ablated(toks), atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(model(toks, head_gates=gates), model(toks))
+
+
+def test_batched_head_gates_equal_per_row_runs():
+    model, toks = make(), tokens(B=3)
+    gates = torch.rand(3, L, H, generator=torch.Generator().manual_seed(2))
+    batched = model(toks, head_gates=gates)
+    for b in range(3):
+        torch.testing.assert_close(batched[b : b + 1], model(toks[b : b + 1], head_gates=gates[b]), atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="head_gates"):
+        model(toks, head_gates=torch.ones(H, L))
+
+
+def test_gate_grads_fixed_equal_autograd():
+    model, toks = make(), tokens()
+    loss = nll(model(toks), toks)
+    ref = torch.autograd.grad(loss, [b.attn.gate for b in model.blocks], retain_graph=True)
+    loss.backward()
+    torch.testing.assert_close(model.gate_grads(), torch.stack(ref))
+    assert model.gate_grads().abs().sum() > 0
+    torch.testing.assert_close(model.gate_values(), torch.ones(L, H))
+
+
+def test_gate_grads_learned_equal_autograd():
+    model, toks = make(gates="learned").double(), tokens()
+    with torch.no_grad():
+        for b in model.blocks:
+            b.attn.gate_logit.copy_(torch.randn(H, dtype=torch.float64))
+    g = model.gate_values()
+    loss = nll(model(toks), toks)
+    # dL/dlogit = dL/dg * g (1 - g): the chain rule gives the reference dL/dg.
+    dlogit = torch.autograd.grad(loss, [b.attn.gate_logit for b in model.blocks], retain_graph=True)
+    loss.backward()
+    torch.testing.assert_close(model.gate_grads(), torch.stack(dlogit) / (g * (1 - g)))
+    torch.testing.assert_close(model.gate_l1(), g.mean())
+    model.zero_grad()
+    torch.testing.assert_close(model.gate_grads(), torch.zeros(L, H, dtype=torch.float64))
+
+
+def test_gate_grads_zero_without_backward():
+    assert torch.equal(make().gate_grads(), torch.zeros(L, H))
+    assert make().gate_l1().item() == 0.0
+
+
+def test_head_grad_norms_equal_manual():
+    model, toks = make(), tokens()
+    nll(model(toks), toks).backward()
+    norms = model.head_grad_norms()
+    assert norms.shape == (L, H, 4)
+    for l, b in enumerate(model.blocks):
+        for h in range(H):
+            for i, w in enumerate((b.attn.W_Q, b.attn.W_K, b.attn.W_V, b.attn.W_O)):
+                assert norms[l, h, i].item() == pytest.approx(w.grad[h].norm().item(), rel=1e-5)
+    grads = model.head_grads()
+    torch.testing.assert_close(grads[1, 3, 3], model.blocks[1].attn.W_O.grad[3].T)
+
+
+def test_head_weights_layout():
+    model = make()
+    w = model.head_weights()
+    assert w.shape == (L, H, 4, D, D // H)
+    torch.testing.assert_close(w[0, 1, 0], model.blocks[0].attn.W_Q[1].detach())
+    torch.testing.assert_close(w[1, 2, 3], model.blocks[1].attn.W_O[2].detach().T)
+    assert not w.requires_grad
+    assert torch.equal(model.head_grads(), torch.zeros_like(w))
+
+
+@pytest.mark.parametrize("init", ["xavier_uniform", "xavier_normal", "normal"])
+def test_init_scale_doubles_std(init):
+    w1 = make(init=init).blocks[0].attn.W_Q.detach()
+    w2 = make(init=init, init_scale=2.0).blocks[0].attn.W_Q.detach()
+    assert w2.std().item() == pytest.approx(2 * w1.std().item(), rel=1e-5)
+    expected = 0.02 if init == "normal" else math.sqrt(2 / (D + H * (D // H)))  # xavier std = sqrt(2/(fi+fo))
+    assert w1.std().item() == pytest.approx(expected, rel=0.1)
+
+
+def test_hooks_replace_and_are_removed():
+    model, toks = make(), tokens()
+    before = model(toks)
+    zero_attn = [(f"blocks.{l}.hook_attn_out", lambda t, n: torch.zeros_like(t)) for l in range(L)]
+    no_attn = copy.deepcopy(model)
+    with torch.no_grad():
+        for b in no_attn.blocks:
+            b.attn.W_O.zero_()
+            b.attn.b_O.zero_()
+    with model.hooks(zero_attn):
+        torch.testing.assert_close(model(toks), no_attn(toks))
+    torch.testing.assert_close(model(toks), before)
+    with pytest.raises(RuntimeError, match="boom"), model.hooks(zero_attn):
+        raise RuntimeError("boom")
+    assert not any(p.fns for p in model.hook_points().values())
+    with pytest.raises(KeyError, match="nope"), model.hooks([("nope", lambda t, n: None)]):
+        pass
+
+
+def test_hooks_see_the_graph():
+    model, toks = make(), tokens()
+    pats = []
+    with model.hooks([("blocks.1.attn.hook_pattern", lambda t, n: pats.append(t))]):
+        model(toks)
+    (penalty,) = torch.autograd.grad(pats[0][..., 0].sum(), [model.blocks[1].attn.W_Q])
+    assert penalty.abs().sum() > 0
+
+
+def test_run_with_cache_names_and_pattern():
+    model, toks = make(), tokens()
+    logits, cache = model.run_with_cache(toks)
+    torch.testing.assert_close(logits, model(toks), atol=1e-5, rtol=1e-5)
+    expected = {"hook_embed"}
+    for l in range(L):
+        expected |= {f"blocks.{l}.{n}" for n in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out",
+                                                 "hook_resid_post", "mlp.hook_pre", "mlp.hook_post")}
+        expected |= {f"blocks.{l}.attn.hook_{n}" for n in ("q", "k", "rot_q", "rot_k", "v", "attn_scores", "pattern", "z")}
+    assert set(cache) == expected
+    assert set(cache) == set(model.hook_points())
+    pat = cache["blocks.0.attn.hook_pattern"]
+    assert pat.shape == (3, H, T, T) and not pat.requires_grad
+    torch.testing.assert_close(pat.sum(-1), torch.ones(3, H, T))
+    assert torch.equal(pat.triu(1), torch.zeros_like(pat))  # causal: no weight on later keys
+    assert torch.isinf(cache["blocks.0.attn.hook_attn_scores"].triu(1)[..., 0, 1:]).all()
+    assert cache["blocks.1.attn.hook_q"].shape == (3, T, H, D // H)
+    assert cache["blocks.1.attn.hook_z"].shape == (3, T, H, D // H)
+    _, some = model.run_with_cache(toks, ["blocks.1.attn.hook_z"])
+    assert set(some) == {"blocks.1.attn.hook_z"}
+    _, pats = model.run_with_cache(toks, lambda n: n.endswith("hook_pattern"))
+    assert set(pats) == {"blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"}
+    learned = make(pos="learned", attn_only=True).run_with_cache(toks)[1]
+    assert "hook_pos_embed" in learned and learned["hook_pos_embed"].shape == (3, T, D)
+    assert not any("rot" in n or "mlp" in n for n in learned)
+
+
+def test_optim_parameters_exclude_gates():
+    fixed = make()
+    ids = {id(p) for p in fixed.optim_parameters()}
+    assert all(b.attn.gate.requires_grad and id(b.attn.gate) not in ids for b in fixed.blocks)
+    assert len(ids) == len(list(fixed.parameters())) - L
+    assert fixed.n_params() == sum(p.numel() for p in fixed.parameters()) - L * H
+    learned = make(gates="learned")
+    ids = {id(p) for p in learned.optim_parameters()}
+    assert all(id(b.attn.gate_logit) in ids and id(b.attn.gate_probe) not in ids for b in learned.blocks)
+    torch.testing.assert_close(learned.gate_values(), torch.full((L, H), torch.sigmoid(torch.tensor(3.0)).item()))
+
+
+def test_deterministic_init():
+    a, b, c = make(seed=5).state_dict(), make(seed=5).state_dict(), make(seed=6).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["blocks.0.attn.W_Q"], c["blocks.0.attn.W_Q"])
+
+
+def test_hookpoint_is_identity():
+    x = torch.randn(2, 3)
+    assert torch.equal(HookPoint()(x), x)

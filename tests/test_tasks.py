@@ -1,0 +1,314 @@
+"""Task generators: purity, shapes, and the structure each task promises."""
+
+import datetime
+import math
+import re
+
+import numpy as np
+import pytest
+
+from dynamics import tasks
+from dynamics.config import from_dict
+from dynamics.tasks import SPLITS, Batch, corpus_info, data_hash, make_batch
+
+
+def cfg_for(name, vocab=None, context=64, seed=0, **task):
+    if vocab is None:
+        vocab = 256 if name in ("slash_text", "corpus", "mixture") else 64
+    return from_dict({
+        "task": {"name": name, **task},
+        "model": {"vocab_size": vocab, "context": context},
+        "train": {"seed": seed},
+    })
+
+
+ALL = {
+    "induction": {},
+    "offset_copy": {},
+    "markov": {},
+    "slash_text": {},
+    "corpus": {},
+    "mixture": {"components": ["induction", "markov", "slash_text"], "weights": [0.5, 0.3, 0.2]},
+}
+
+
+# ----------------------------------------------------------------------------- generic
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_shapes_dtypes_ranges(name):
+    cfg = cfg_for(name, context=48, **ALL[name])
+    b = make_batch(cfg, "train", 3, 8)
+    assert isinstance(b, Batch)
+    assert b.tokens.shape == (8, 49) and b.tokens.dtype == np.int64
+    assert b.component.shape == (8,) and b.component.dtype == np.int64
+    assert b.repeat_mask.shape == (8, 48) and b.repeat_mask.dtype == bool
+    assert b.tokens.min() >= 0 and b.tokens.max() < cfg.model.vocab_size
+    assert b.component.min() >= 0 and b.component.max() < len(cfg.task.component_names)
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_pure_function_of_config_seed_step_split(name):
+    cfg = cfg_for(name, **ALL[name])
+    a, b = make_batch(cfg, "train", 7, 6), make_batch(cfg, "train", 7, 6)
+    for x, y in zip((a.tokens, a.component, a.repeat_mask), (b.tokens, b.component, b.repeat_mask), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a.tokens, make_batch(cfg, "train", 8, 6).tokens)
+    assert not np.array_equal(a.tokens, make_batch(cfg, "eval", 7, 6).tokens)
+    assert not np.array_equal(make_batch(cfg, "eval", 7, 6).tokens, make_batch(cfg, "probe", 7, 6).tokens)
+    other_seed = cfg_for(name, seed=1, **ALL[name])
+    assert not np.array_equal(a.tokens, make_batch(other_seed, "train", 7, 6).tokens)
+
+
+def test_bad_arguments_raise():
+    cfg = cfg_for("induction")
+    with pytest.raises(ValueError, match="split"):
+        make_batch(cfg, "test", 0, 4)
+    with pytest.raises(ValueError, match="component"):
+        make_batch(cfg, "train", 0, 4, component="markov")
+    with pytest.raises(ValueError, match="step"):
+        make_batch(cfg, "train", -1, 4)
+    with pytest.raises(ValueError, match="batch_size"):
+        make_batch(cfg, "train", 0, 0)
+    assert SPLITS == ("train", "eval", "probe")
+
+
+@pytest.mark.parametrize("name", ["induction", "offset_copy", "markov", "slash_text"])
+def test_data_hash_synthetic(name):
+    h = data_hash(cfg_for(name))
+    assert re.fullmatch(r"[0-9a-f]{64}", h)
+    assert h == data_hash(cfg_for(name, seed=5))  # the seed picks samples, not the task
+    changed = {"induction": {"max_period": 8}, "offset_copy": {"p": 0.5}, "markov": {"markov_branching": 2},
+               "slash_text": None}[name]
+    if changed is not None:
+        assert h != data_hash(cfg_for(name, **changed))
+    assert h != data_hash(cfg_for("induction" if name != "induction" else "markov"))
+
+
+# ----------------------------------------------------------------------------- induction
+
+
+def smallest_period(row):
+    for p in range(1, len(row)):
+        if np.array_equal(row[p:], row[:-p]):
+            return p
+    return len(row)
+
+
+def test_induction_periodic_with_varying_period():
+    cfg = cfg_for("induction", min_period=3, max_period=12, context=40)
+    b = make_batch(cfg, "train", 0, 64)
+    periods = np.array([smallest_period(r) for r in b.tokens])
+    assert periods.min() >= 3 and periods.max() <= 12
+    assert len(np.unique(periods)) >= 5  # periods vary, so no fixed offset solves the task
+    for row, p in zip(b.tokens, periods, strict=True):
+        assert len(np.unique(row[:p])) == p  # tokens within a segment are distinct
+    t = np.arange(40)
+    np.testing.assert_array_equal(b.repeat_mask, t[None, :] + 1 >= periods[:, None])
+    assert (b.component == 0).all()
+
+
+def test_induction_large_vocab_distinct():
+    cfg = cfg_for("induction", vocab=5000, min_period=20, max_period=32, context=64)
+    b = make_batch(cfg, "train", 0, 16)
+    for row in b.tokens:
+        p = smallest_period(row)
+        assert 20 <= p <= 32 and len(np.unique(row[:p])) == p
+
+
+# ----------------------------------------------------------------------------- offset_copy
+
+
+@pytest.mark.parametrize("delta,p", [(1, 0.8), (3, 0.8), (5, 0.3)])
+def test_offset_copy_rate_and_offset(delta, p):
+    V, T, B = 64, 64, 256
+    cfg = cfg_for("offset_copy", delta=delta, p=p, context=T)
+    b = make_batch(cfg, "train", 0, B)
+    x = b.tokens
+    mask = b.repeat_mask  # mask[:, t] says whether token t + 1 was copied
+    assert not mask[:, : delta - 1].any()  # nothing before delta is copied
+    # Every copied token equals the one delta back.
+    copied = mask[:, delta - 1 :]
+    assert (x[:, delta:][copied] == x[:, :-delta][copied]).all()
+    # Copy decisions happen at rate p (binomial, 5 sigma).
+    n = copied.size
+    assert abs(copied.mean() - p) <= 5 * math.sqrt(p * (1 - p) / n)
+    # Observed equality at offset delta: p + (1 - p) / V (chance matches of fresh draws).
+    eq = (x[:, delta:] == x[:, :-delta]).mean()
+    q = p + (1 - p) / V
+    assert abs(eq - q) <= 5 * math.sqrt(q * (1 - q) / n)
+    # At another offset the match rate is near chance unless offsets line up with delta.
+    other = delta + 1 if delta > 1 else 2
+    if other % delta:
+        eq_other = (x[:, other:] == x[:, :-other]).mean()
+        assert eq_other < 0.2
+
+
+# ----------------------------------------------------------------------------- markov
+
+
+def transitions(tokens, order):
+    out = {}
+    for row in tokens:
+        for t in range(order, len(row)):
+            out.setdefault(tuple(row[t - order : t]), set()).add(int(row[t]))
+    return out
+
+
+@pytest.mark.parametrize("order,branching", [(1, 3), (2, 2)])
+def test_markov_sparse_and_fixed_across_seeds(order, branching):
+    V = 16
+    seen = {}
+    for seed in (0, 1):
+        cfg = cfg_for("markov", vocab=V, markov_order=order, markov_branching=branching, seed=seed)
+        b = make_batch(cfg, "train", seed, 64)
+        assert not b.repeat_mask.any()
+        for ctx, nxt in transitions(b.tokens, order).items():
+            seen.setdefault(ctx, set()).update(nxt)
+    assert len(seen) >= V  # plenty of contexts observed
+    assert max(len(s) for s in seen.values()) <= branching
+    assert sum(len(s) for s in seen.values()) > len(seen)  # not deterministic either
+    # Observed successors are among the chain's allowed ones.
+    ctxs = np.array(sorted(seen))
+    succ, prob = tasks.markov_transitions(V, order, branching, ctxs)
+    np.testing.assert_allclose(prob.sum(axis=1), 1.0)
+    for c, s, pr in zip(ctxs, succ, prob, strict=True):
+        assert seen[tuple(c)] <= set(s[pr > 0].tolist())
+
+
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_markov_evaluation_paths_agree(order):
+    outs = [tasks._markov(np.random.default_rng(4), 8, 40, 12, order, 3, m) for m in ("lut", "table", "hash")]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+
+
+# ----------------------------------------------------------------------------- slash_text
+
+
+def check_slash_record(rec, tree, hosts):
+    if m := re.fullmatch(r"(\d{4})/(\d{2})/(\d{2})", rec):
+        datetime.date(*map(int, m.groups()))  # raises if the day is invalid for the month
+        return "date"
+    if m := re.fullmatch(r"(\d+)/(\d+)", rec):
+        a, b = map(int, m.groups())
+        assert 1 <= a < b
+        return "fraction"
+    if rec.startswith("https://"):
+        host, *parts = rec[len("https://") :].split("/")
+        assert host in hosts and parts
+        parent = f"https://{host}"
+        kind = "url"
+    else:
+        assert rec.startswith("/")
+        parent, parts, kind = "", rec[1:].split("/"), "path"
+    for part in parts:  # each field is a child of the field before
+        assert part in tree[parent], (rec, parent, part)
+        parent = f"{parent}/{part}"
+    return kind
+
+
+def test_slash_text_fields_depend_on_previous_field():
+    cfg = cfg_for("slash_text", context=96)
+    b = make_batch(cfg, "train", 0, 32)
+    assert b.tokens.max() < 256
+    tree, hosts = tasks._slash_tree()
+    kinds = set()
+    for row in b.tokens:
+        text = bytes(row.astype(np.uint8)).decode("ascii")
+        assert "/" in text
+        records = re.split(r"[ \n]", text)[:-1]  # the last record may be cut
+        for rec in records:
+            kinds.add(check_slash_record(rec, tree, hosts))
+    assert kinds == {"date", "fraction", "path", "url"}
+
+
+def test_slash_text_month_determines_days():
+    # All 29 Februaries that exist are leap years; no day beyond its month's length exists.
+    pool = tasks._slash_records()["date"]
+    assert "2000/02/29" in pool and "2001/02/29" not in pool and "1999/04/31" not in pool
+    assert len(pool) == (datetime.date(2030, 1, 1) - datetime.date(1990, 1, 1)).days
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+def test_corpus_split_and_hash():
+    info = corpus_info(0.1)
+    assert set(info) == {"hash", "n_files", "n_train_files", "n_eval_files", "n_bytes", "root"}
+    assert info["n_train_files"] + info["n_eval_files"] == info["n_files"] > 100
+    assert 0.03 < info["n_eval_files"] / info["n_files"] < 0.2
+    assert corpus_info(0.1)["hash"] == info["hash"] == data_hash(cfg_for("corpus"))
+    names = list(tasks._corpus_files().names)
+    assert names == sorted(names) and not any("site-packages" in n for n in names)
+    assert all(n.endswith(".py") for n in names)
+    held = tasks._held_out(tuple(names), 0.1)
+    train = {n for n, h in zip(names, held, strict=True) if not h}
+    held_names = {n for n, h in zip(names, held, strict=True) if h}
+    assert train and held_names and not train & held_names
+    # A larger holdout only adds files to the held-out set (hash threshold on the path).
+    assert held_names <= {n for n, h in zip(names, tasks._held_out(tuple(names), 0.3), strict=True) if h}
+
+
+def test_corpus_windows_are_substrings_of_the_right_split():
+    cfg = cfg_for("corpus", context=64)
+    corpus = tasks._corpus_files()
+    held = tasks._held_out(corpus.names, cfg.task.holdout)
+    by_split = {
+        "train": [corpus.file(i) for i in np.flatnonzero(~held)],
+        "eval": [corpus.file(i) for i in np.flatnonzero(held)],
+    }
+    for split, contents in by_split.items():
+        b = make_batch(cfg, split, 0, 4)
+        np.testing.assert_array_equal(b.tokens, make_batch(cfg, split, 0, 4).tokens)
+        for row in b.tokens:
+            window = bytes(row.astype(np.uint8))
+            assert any(window in c for c in contents), split
+    probe = make_batch(cfg, "probe", 0, 2)
+    for row in probe.tokens:
+        assert any(bytes(row.astype(np.uint8)) in c for c in by_split["eval"])
+
+
+# ----------------------------------------------------------------------------- mixture
+
+
+def test_mixture_proportions_and_components():
+    cfg = cfg_for("mixture", **ALL["mixture"])
+    b = make_batch(cfg, "train", 0, 2000)
+    w = np.array([0.5, 0.3, 0.2])
+    freq = np.bincount(b.component, minlength=3) / 2000
+    assert np.all(np.abs(freq - w) <= 5 * np.sqrt(w * (1 - w) / 2000))
+    # Rows carry their component's structure.
+    ind = b.component == 0
+    assert b.repeat_mask[ind].any() and not b.repeat_mask[~ind].any()
+    slash = b.tokens[b.component == 2]
+    assert (slash == ord("/")).any(axis=1).mean() > 0.9
+
+
+def test_mixture_equal_weights_when_empty():
+    cfg = cfg_for("mixture", components=["induction", "markov"])
+    freq = np.bincount(make_batch(cfg, "train", 1, 2000).component, minlength=2) / 2000
+    assert np.all(np.abs(freq - 0.5) <= 5 * math.sqrt(0.25 / 2000))
+
+
+def test_component_forcing():
+    cfg = cfg_for("mixture", **ALL["mixture"])
+    for i, name in enumerate(cfg.task.component_names):
+        b = make_batch(cfg, "eval", 2, 5, component=name)
+        assert (b.component == i).all()
+        # A forced component is the same stream as that task on its own.
+        alone = make_batch(cfg_for(name, vocab=256), "eval", 2, 5)
+        np.testing.assert_array_equal(b.tokens, alone.tokens)
+        np.testing.assert_array_equal(b.repeat_mask, alone.repeat_mask)
+    assert (make_batch(cfg_for("markov"), "train", 0, 3, component="markov").component == 0).all()
+    with pytest.raises(ValueError, match="component"):
+        make_batch(cfg, "train", 0, 4, component="offset_copy")
+
+
+def test_mixture_hash_combines_components():
+    cfg = cfg_for("mixture", **ALL["mixture"])
+    h = data_hash(cfg)
+    assert h != data_hash(cfg_for("mixture", components=["induction", "markov", "slash_text"]))
+    assert h != data_hash(cfg_for("mixture", components=["induction", "markov", "slash_text"],
+                                  weights=[0.5, 0.3, 0.2], max_period=8))
+    assert h == data_hash(cfg_for("mixture", components=["induction", "markov", "slash_text"], weights=[5, 3, 2]))
