@@ -1,0 +1,427 @@
+"""Role scores for every head at every snapshot, and one role label per head.
+
+Sources
+-------
+- Cheng et al. 2026, arXiv 2601.08297: slash scores. Self is offset 0, previous-token is
+  offset 1 (Voita et al. 2019's positional head), and "slash" is any larger offset.
+- Olsson et al. 2022, "In-context Learning and Induction Heads": attention to the token after
+  the previous occurrence of the current token.
+- Gu et al., ICLR 2025, "When Attention Sink Emerges in Language Models": alpha_0, with the
+  threshold epsilon = 0.3.
+- The slash-dominance post: the share of attention on a chosen token ('/' by default).
+
+A head keeps all of its scores (`role_scores`, an `xarray.Dataset`, one variable per role) but
+gets exactly one label (`assign_roles`, int8 codes into `ROLES`). The label rule is stated in
+`assign_roles`. Everything is lazy on dask-backed input, and extra leading dims such as ``run``
+pass through. NaN-padded heads get NaN scores and the label "none".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+from scipy.special import entr
+
+from dynamics.analysis.slash import _check_square, best_offset, slash_score, token_share
+from dynamics.schema import KEY, OFFSET, POSITION, PROBE, QUERY
+
+__all__ = [
+    "GENERIC_ROLES",
+    "ROLES",
+    "SPECIFIC_ROLES",
+    "RoleThresholds",
+    "assign_roles",
+    "diffuse_score",
+    "induction_score",
+    "local_score",
+    "role_names",
+    "role_scores",
+    "sink_score",
+]
+
+ROLES = ("previous_token", "self", "slash", "induction", "sink", "token", "local", "diffuse", "none")
+"""Role names. A label code is an index into this tuple."""
+
+SPECIFIC_ROLES = ROLES[:6]
+"""Roles that name a definite pattern. They are labelled before the generic ones."""
+
+GENERIC_ROLES = ROLES[6:8]
+"""Roles that describe a shape rather than a mechanism: local (near the diagonal), diffuse (spread)."""
+
+
+@dataclass(frozen=True)
+class RoleThresholds:
+    """Thresholds for each role's score, and the settings the scores need.
+
+    A role passes when its score is at least its threshold. Every threshold lies in (0, 1].
+    """
+
+    previous_token: float = 0.5
+    """slash_score(1) needed. At 0.5 most of the attention goes one step back."""
+    self: float = 0.5
+    """slash_score(0) needed."""
+    slash: float = 0.5
+    """max slash_score over offsets in [slash_min_offset, slash_max_offset]. Cheng et al.'s
+    kappa; see `dynamics.analysis.slash.DEFAULT_KAPPA`."""
+    induction: float = 0.4
+    """Mean attention on the token after a previous occurrence of the current token. Under
+    uniform attention this is about (#occurrences / (i + 1)), which is small for random tokens.
+    0.4 asks for a clear majority of the mass of a clean induction head."""
+    sink: float = 0.3
+    """alpha_0, the mean attention on position 0. Gu et al.'s epsilon. Uniform causal attention
+    gives H_T / T, which is 0.21 at T = 16 but 0.34 at T = 8, so probes need T >= 11 or so."""
+    token: float = 0.5
+    """Mean share of attention on visible occurrences of `token_id`. The post uses 50%."""
+    local: float = 0.8
+    """Mean attention mass within offsets 0..local_width-1. Uniform causal attention gives
+    about local_width * ln(T / local_width) / T."""
+    diffuse: float = 0.8
+    """Mean normalised entropy H(A[i, :]) / ln(i + 1). Uniform causal attention gives 1."""
+    slash_min_offset: int = 2
+    """Smallest offset counted as "slash". 0 and 1 are the self and previous-token roles."""
+    slash_max_offset: int | None = None
+    """Largest offset counted as "slash". None means T // 2, so that every score averages over
+    at least half of the queries. slash_score(T - 1) rests on a single row, and a sink head
+    would score 1 there."""
+    token_id: int = ord("/")
+    """Token id for the token role (47, '/')."""
+    local_width: int = 3
+    """Band width w of the local role: offsets 0..w-1."""
+
+    def __post_init__(self):
+        for name in ROLES[:-1]:
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"RoleThresholds.{name} must be in (0, 1]; got {value!r}")
+        if self.slash_min_offset < 0:
+            raise ValueError(f"RoleThresholds.slash_min_offset must be >= 0; got {self.slash_min_offset!r}")
+        if self.slash_max_offset is not None and self.slash_max_offset < self.slash_min_offset:
+            raise ValueError(
+                f"RoleThresholds.slash_max_offset must be >= slash_min_offset; got {self.slash_max_offset!r}"
+            )
+        if self.local_width < 1:
+            raise ValueError(f"RoleThresholds.local_width must be >= 1; got {self.local_width!r}")
+
+
+def _positions(n: int, dim: str) -> xr.DataArray:
+    return xr.DataArray(np.arange(n), dims=dim)
+
+
+def induction_score(attn: xr.DataArray, tokens: xr.DataArray) -> xr.DataArray:
+    """Attention to the token after a previous occurrence of the current token (Olsson et al. 2022).
+
+    ``M_p[i, k] = 1 if 1 <= k <= i and tok_p[k - 1] = tok_p[i]``. Key k is the token after an
+    earlier occurrence j = k - 1 < i.
+
+    ``induction = sum_{(p, i) in V} sum_k A_p[i, k] M_p[i, k] / |V|``, where
+    ``V = {(p, i) : M_p[i, :] has a 1}`` pools the queries with a previous occurrence over all
+    probe sequences.
+
+    Bounds: [0, 1]. It is NaN when no query has a previous occurrence. Use probes that repeat
+    random segments with varying periods: with a fixed period, a fixed-offset (slash) head
+    scores as well as an induction head.
+
+    Parameters
+    ----------
+    attn : DataArray
+        ``(..., snapshot, layer, head, probe, query, key)``.
+    tokens : DataArray
+        ``(probe, position)`` non-negative int ids, with ``position`` as long as query/key.
+
+    Returns
+    -------
+    DataArray
+        float64, ``(..., snapshot, layer, head)``.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> tokens = xr.DataArray([[7, 8, 7]], dims=("probe", "position"))
+    >>> a = np.array([[1, 0, 0], [.5, .5, 0], [0, 1, 0]])  # query 2 (a 7) looks at the 8 after the first 7
+    >>> induction_score(xr.DataArray(a[None], dims=("probe", "query", "key")), tokens).item()
+    1.0
+    """
+    n = _check_square(attn)
+    if POSITION not in tokens.dims or tokens.sizes[POSITION] != n:
+        raise ValueError(f"tokens need dim {POSITION!r} of length {n}; got {dict(tokens.sizes)}")
+    # -1 before position 0: never a token id, so key 0 never matches.
+    preceding = tokens.rename({POSITION: KEY}).shift({KEY: 1}, fill_value=-1)
+    current = tokens.rename({POSITION: QUERY})
+    match = (preceding == current) & (_positions(n, KEY) <= _positions(n, QUERY))  # (probe, query, key)
+    mass = xr.dot(attn.astype(np.float32), match.astype(np.float32), dim=KEY).astype(np.float64)
+    valid = match.any(KEY)  # (probe, query)
+    count = valid.sum([PROBE, QUERY])
+    out = mass.where(valid, 0.0).sum([PROBE, QUERY], skipna=False) / count.where(count > 0)
+    out.name = "induction"
+    return out
+
+
+def sink_score(attn: xr.DataArray, position: int = 0) -> xr.DataArray:
+    """Mean attention on one key position (Gu et al. 2025, alpha_k).
+
+    ``alpha_k = mean_p [ 1 / (T - k) * sum_{i >= k} A_p[i, k] ]``. This is 0-indexed, and Gu
+    et al. write the same thing 1-indexed. A head sinks to k if ``alpha_k > 0.3``.
+
+    Bounds: [0, 1]. Uniform causal attention gives ``alpha_0 = H_T / T``.
+
+    Parameters
+    ----------
+    attn : DataArray
+        ``(..., snapshot, layer, head, probe, query, key)``.
+    position : int
+        The key position k. Defaults to 0, the first token.
+
+    Returns
+    -------
+    DataArray
+        float64, ``(..., snapshot, layer, head)``.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> a = np.zeros((1, 4, 4)); a[..., 0] = 1
+    >>> sink_score(xr.DataArray(a, dims=("probe", "query", "key"))).item()
+    1.0
+    """
+    n = _check_square(attn)
+    if not 0 <= position < n:
+        raise ValueError(f"position must be in [0, {n - 1}]; got {position}")
+    column = attn.isel({KEY: position}, drop=True).isel({QUERY: slice(position, None)}).astype(np.float64)
+    out = column.mean([QUERY, PROBE], skipna=False)
+    out.name = "sink"
+    return out
+
+
+def local_score(attn: xr.DataArray, width: int = 3) -> xr.DataArray:
+    """Mean attention mass in a band of ``width`` offsets behind the diagonal.
+
+    ``local = mean_p mean_{i >= w} sum_{d=0}^{w-1} A_p[i, i - d]``. Queries ``i < w`` are left
+    out because for them the band covers every visible key, so their mass would be 1 whatever
+    the head does.
+
+    Bounds: [0, 1]. Uniform causal attention gives ``mean_{i >= w} w / (i + 1)``.
+
+    Parameters
+    ----------
+    attn : DataArray
+        ``(..., snapshot, layer, head, probe, query, key)``.
+    width : int
+        Band width w >= 1. It must be less than T.
+
+    Returns
+    -------
+    DataArray
+        float64, ``(..., snapshot, layer, head)``.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> a = np.eye(5)[None]  # a self head is local
+    >>> local_score(xr.DataArray(a, dims=("probe", "query", "key")), width=2).item()
+    1.0
+    """
+    n = _check_square(attn)
+    if not 1 <= width < n:
+        raise ValueError(f"width must be in [1, {n - 1}]; got {width}")
+    behind = _positions(n, QUERY) - _positions(n, KEY)
+    band = ((behind >= 0) & (behind < width)).astype(np.float32)  # (query, key)
+    mass = xr.dot(attn.astype(np.float32), band, dim=KEY).isel({QUERY: slice(width, None)})
+    out = mass.astype(np.float64).mean([QUERY, PROBE], skipna=False)
+    out.name = "local"
+    return out
+
+
+def diffuse_score(attn: xr.DataArray) -> xr.DataArray:
+    """Mean normalised entropy of the attention rows.
+
+    ``diffuse = mean_p mean_{i >= 1} H(A_p[i, :]) / ln(i + 1)``, with
+    ``H(a) = -sum_j a_j ln a_j`` and ``0 ln 0 = 0``. Query 0 has a single key, so it is left out.
+
+    Bounds: [0, 1]. It is 1 for uniform causal attention and 0 for one-hot rows. Per-row
+    values are clipped to [0, 1], because float16 rows do not sum exactly to 1.
+
+    Parameters
+    ----------
+    attn : DataArray
+        ``(..., snapshot, layer, head, probe, query, key)``.
+
+    Returns
+    -------
+    DataArray
+        float64, ``(..., snapshot, layer, head)``.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> uniform = np.tril(np.ones((4, 4))) / np.arange(1, 5)[:, None]
+    >>> round(diffuse_score(xr.DataArray(uniform[None], dims=("probe", "query", "key"))).item(), 6)
+    1.0
+    """
+    n = _check_square(attn)
+    if n < 2:
+        raise ValueError("diffuse_score needs at least 2 positions")
+    # entr(x) = -x ln x with entr(0) = 0, elementwise and lazy on dask; NaN (padded) stays NaN.
+    entropy = entr(attn.astype(np.float32)).sum(KEY, skipna=False).astype(np.float64)
+    normalised = (entropy.isel({QUERY: slice(1, None)}) / np.log(_positions(n, QUERY)[1:] + 1.0)).clip(0.0, 1.0)
+    out = normalised.mean([QUERY, PROBE], skipna=False)
+    out.name = "diffuse"
+    return out
+
+
+def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresholds | None = None) -> xr.Dataset:
+    """Every role score of every head at every snapshot.
+
+    The variables, each ``(..., snapshot, layer, head)`` and float64:
+
+    - ``previous_token`` = slash_score(1), ``self`` = slash_score(0) (Cheng et al. 2026);
+    - ``slash`` = max slash_score(delta) over delta in [slash_min_offset, slash_max_offset],
+      and ``slash_offset``, the delta where it is reached;
+    - ``induction``, see `induction_score` (Olsson et al. 2022);
+    - ``sink`` = alpha_0, see `sink_score` (Gu et al. 2025);
+    - ``token`` = mean over probes of `dynamics.analysis.slash.token_share` for
+      ``thresholds.token_id``. It is NaN when the token never appears;
+    - ``local``, see `local_score`, with ``thresholds.local_width``;
+    - ``diffuse``, see `diffuse_score`.
+
+    All scores lie in [0, 1]. They are NaN for NaN-padded heads.
+
+    Returning a Dataset rather than a DataArray stacked on a "role" dim keeps ``slash_offset``,
+    which is not a score, next to the scores. It also lets each score carry its own attrs.
+    ``scores[list(ROLES[:-1])].to_dataarray("role")`` stacks the scores if needed.
+
+    Parameters
+    ----------
+    attn : DataArray
+        ``(..., snapshot, layer, head, probe, query, key)``.
+    tokens : DataArray
+        ``(probe, position)`` int token ids.
+    thresholds : RoleThresholds, optional
+        Supplies token_id, local_width and the slash offset window. Defaults to `RoleThresholds()`.
+
+    Returns
+    -------
+    Dataset
+        The settings used are kept in ``attrs``.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> a = np.eye(16, k=-1); a[0, 0] = 1  # previous-token head
+    >>> attn = xr.DataArray(a[None, None, None, None], dims=("snapshot", "layer", "head", "probe", "query", "key"))
+    >>> tokens = xr.DataArray(np.arange(16)[None], dims=("probe", "position"))
+    >>> scores = role_scores(attn, tokens)
+    >>> scores["previous_token"].item(), role_names(assign_roles(scores)).item()
+    (1.0, 'previous_token')
+    """
+    thresholds = RoleThresholds() if thresholds is None else thresholds
+    n = _check_square(attn)
+    max_offset = n // 2 if thresholds.slash_max_offset is None else thresholds.slash_max_offset
+    max_offset = min(max(max_offset, 1), n - 1)
+    if thresholds.slash_min_offset > max_offset:
+        raise ValueError(f"slash offsets [{thresholds.slash_min_offset}, {max_offset}] are empty for T = {n}")
+    diagonals = slash_score(attn, max_offset=max_offset)
+    slash_offset, slash = best_offset(diagonals, thresholds.slash_min_offset, max_offset)
+    scores = {
+        "previous_token": diagonals.sel({OFFSET: 1}, drop=True),
+        "self": diagonals.sel({OFFSET: 0}, drop=True),
+        "slash": slash,
+        "slash_offset": slash_offset,
+        "induction": induction_score(attn, tokens),
+        "sink": sink_score(attn),
+        "token": token_share(attn, tokens, thresholds.token_id).mean(PROBE),  # NaN probes skipped
+        "local": local_score(attn, thresholds.local_width),
+        "diffuse": diffuse_score(attn),
+    }
+    ds = xr.Dataset({name: value.rename(name) for name, value in scores.items()})
+    for name in ROLES[:-1]:
+        ds[name].attrs = {"units": "1", "threshold": float(getattr(thresholds, name))}
+    ds["slash_offset"].attrs = {"long_name": "offset of the best slash score", "units": "positions"}
+    ds.attrs = {
+        "token_id": int(thresholds.token_id),
+        "local_width": int(thresholds.local_width),
+        "slash_min_offset": int(thresholds.slash_min_offset),
+        "slash_max_offset": int(max_offset),
+    }
+    return ds
+
+
+def assign_roles(scores: xr.Dataset, thresholds: RoleThresholds | None = None) -> xr.DataArray:
+    """One role label per head, as int8 codes into `ROLES`.
+
+    The rule:
+
+    1. A role passes if ``score >= threshold``. NaN never passes.
+    2. If any specific role passes (previous_token, self, slash, induction, sink, token), the
+       label is the passing specific role with the largest margin ``score / threshold``.
+    3. Otherwise, if a generic role passes (local, diffuse), the label is the passing generic
+       role with the largest margin.
+    4. Otherwise the label is "none". Padded heads (all NaN) are labelled "none" too, so mask
+       them with ``scores["diffuse"].notnull()``.
+
+    Exact ties go to the role that comes first in `ROLES`. Specific roles come before generic
+    ones because a previous-token or self head is also local, and a 50/50 mix of two positions
+    is neither diffuse nor local, but one of the two may be a real pattern. Dividing by the
+    threshold puts scores with different scales on one axis (sink passes at 0.3, slash at 0.5).
+
+    Parameters
+    ----------
+    scores : Dataset
+        Output of `role_scores`.
+    thresholds : RoleThresholds, optional
+        Defaults to `RoleThresholds()`.
+
+    Returns
+    -------
+    DataArray
+        int8, ``(..., snapshot, layer, head)``, with the CF attrs ``flag_values`` and
+        ``flag_meanings``, so it stores cleanly in Zarr.
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> s = xr.Dataset({r: ("head", [0.0, 0.0]) for r in ROLES[:-1]})
+    >>> s["self"][0] = 0.9; s["diffuse"][:] = 0.95  # head 0: self and diffuse pass
+    >>> role_names(assign_roles(s)).tolist()
+    ['self', 'diffuse']
+    """
+    thresholds = RoleThresholds() if thresholds is None else thresholds
+    role_dim = "_role"
+
+    def ranked(roles):
+        score = xr.concat([scores[r] for r in roles], dim=role_dim)
+        limit = xr.DataArray([getattr(thresholds, r) for r in roles], dims=role_dim)
+        passing = score >= limit
+        return xr.where(passing, score / limit, -np.inf), passing.any(role_dim)
+
+    specific, any_specific = ranked(SPECIFIC_ROLES)
+    generic, any_generic = ranked(GENERIC_ROLES)
+    codes = xr.where(
+        any_specific,
+        specific.argmax(role_dim),
+        xr.where(any_generic, generic.argmax(role_dim) + len(SPECIFIC_ROLES), ROLES.index("none")),
+    ).astype(np.int8)
+    codes.name = "role"
+    codes.attrs = {
+        "long_name": "head role",
+        "flag_values": list(range(len(ROLES))),
+        "flag_meanings": " ".join(ROLES),
+    }
+    return codes
+
+
+def role_names(codes) -> np.ndarray:
+    """Role names for int codes from `assign_roles`, as a numpy string array of the same shape.
+
+    This computes dask-backed input. Use it for reports and tests, not inside lazy pipelines.
+
+    Examples
+    --------
+    >>> role_names([0, 8]).tolist()
+    ['previous_token', 'none']
+    """
+    codes = np.asarray(codes)
+    if codes.size and (codes.min() < 0 or codes.max() >= len(ROLES)):
+        raise ValueError(f"role codes must be in [0, {len(ROLES) - 1}]; got {codes.min()}..{codes.max()}")
+    return np.asarray(ROLES)[codes]

@@ -1,0 +1,242 @@
+"""Role scores and labels on planted heads, with references computed by plain loops."""
+
+import dataclasses
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics.analysis.roles import (
+    ROLES,
+    RoleThresholds,
+    assign_roles,
+    diffuse_score,
+    induction_score,
+    local_score,
+    role_names,
+    role_scores,
+    sink_score,
+)
+
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
+
+DIMS = ("snapshot", "layer", "head", "probe", "query", "key")
+SLASH = 47
+T, P = 24, 6
+PLANTED = ("previous_token", "self", "slash", "induction", "sink", "diffuse", "token", "local")
+
+
+def uniform(t):
+    return np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+
+
+def random_causal(rng, shape, t):
+    logits = rng.normal(size=(*shape, t, t)) * 2
+    logits = np.where(np.tril(np.ones((t, t), bool)), logits, -np.inf)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def repeated_segments(rng):
+    """Each probe repeats a random segment of distinct tokens, with one '/', at its own period (5..10)."""
+    rows = []
+    for p in range(P):
+        segment = rng.permutation(np.arange(50, 150))[: 5 + p]
+        segment[rng.integers(len(segment))] = SLASH
+        rows.append(np.resize(segment, T))
+    return np.array(rows)
+
+
+def planted_heads(tokens):
+    """(head, probe, query, key) attention, one planted pattern per head, in PLANTED order."""
+    i = np.arange(T)
+    heads = {name: np.zeros((P, T, T)) for name in PLANTED}
+    heads["previous_token"][:, i, np.maximum(i - 1, 0)] = 1
+    heads["self"][:, i, i] = 1
+    heads["slash"][:, i, np.where(i >= 4, i - 4, 0)] = 1
+    heads["sink"][:, :, 0] = 1
+    heads["diffuse"][:] = uniform(T)
+    for w in range(3):  # even over offsets 0..2
+        heads["local"][:, i, np.maximum(i - w, 0)] += 1 / 3
+    for p in range(P):
+        period = len(set(tokens[p]))
+        for q in range(T):
+            if q >= period:  # the token after the previous occurrence of tokens[p, q]
+                heads["induction"][p, q, q - period + 1] = 1
+            else:
+                heads["induction"][p, q, : q + 1] = 1 / (q + 1)
+            seen = np.flatnonzero(tokens[p, : q + 1] == SLASH)
+            if len(seen):
+                heads["token"][p, q, seen] = 1 / len(seen)
+            else:
+                heads["token"][p, q, q] = 1
+    return np.stack([heads[name] for name in PLANTED])
+
+
+@pytest.fixture(scope="module")
+def planted():
+    """Snapshot 0: every head uniform. Snapshot 1: the planted heads as (layer 2, head 4)."""
+    rng = np.random.default_rng(0)
+    tokens = repeated_segments(rng)
+    heads = planted_heads(tokens).reshape(2, 4, P, T, T)
+    a = np.stack([np.broadcast_to(uniform(T), heads.shape), heads])
+    attn = xr.DataArray(a, dims=DIMS, coords={"step": ("snapshot", [0, 500])})
+    return attn, xr.DataArray(tokens, dims=("probe", "position"))
+
+
+def test_planted_heads_get_their_labels(planted):
+    attn, tokens = planted
+    scores = role_scores(attn, tokens)
+    codes = assign_roles(scores)
+    assert codes.dims == ("snapshot", "layer", "head") and codes.dtype == np.int8
+    assert role_names(codes.isel(snapshot=1)).ravel().tolist() == list(PLANTED)
+    assert (role_names(codes.isel(snapshot=0)) == "diffuse").all()
+
+
+def test_planted_heads_score_one_on_their_role(planted):
+    attn, tokens = planted
+    scores = role_scores(attn, tokens).isel(snapshot=1).stack(h=("layer", "head"))
+    for k, name in enumerate(PLANTED):
+        np.testing.assert_allclose(scores[name].values[k], 1.0, err_msg=name)
+    assert scores["slash_offset"].values[PLANTED.index("slash")] == 4
+    for name in ROLES[:-1]:
+        assert scores[name].dims == ("h",)
+        finite = scores[name].values[np.isfinite(scores[name].values)]
+        assert ((finite >= 0) & (finite <= 1 + 1e-9)).all(), name
+
+
+def test_scores_known_values_for_uniform_attention():
+    attn = xr.DataArray(uniform(T)[None, None, None, None], dims=DIMS)
+    tokens = xr.DataArray(np.arange(T)[None], dims=("probe", "position"))
+    s = role_scores(attn, tokens)
+    harmonic = (1 / np.arange(1, T + 1)).sum()
+    np.testing.assert_allclose(s["self"].item(), harmonic / T)
+    np.testing.assert_allclose(s["previous_token"].item(), (harmonic - 1) / (T - 1))
+    np.testing.assert_allclose(s["sink"].item(), harmonic / T)
+    np.testing.assert_allclose(s["local"].item(), np.mean(3 / (np.arange(3, T) + 1)), rtol=1e-6)
+    np.testing.assert_allclose(s["diffuse"].item(), 1.0, rtol=1e-6)
+    assert np.isnan(s["induction"].item())  # no token repeats
+    assert np.isnan(s["token"].item())  # no '/'
+    assert s.attrs["slash_max_offset"] == T // 2
+
+
+def test_scores_match_loop_references_on_random_attention():
+    rng = np.random.default_rng(1)
+    t, p = 9, 4
+    a = random_causal(rng, (2, 3, p), t)  # (layer, head, probe, query, key)
+    tokens = rng.integers(0, 4, size=(p, t))
+    attn = xr.DataArray(a, dims=DIMS[1:])
+    tok = xr.DataArray(tokens, dims=("probe", "position"))
+
+    mass, count = np.zeros((2, 3)), 0
+    for q in range(p):
+        for i in range(t):
+            keys = [j + 1 for j in range(i) if tokens[q, j] == tokens[q, i]]
+            if keys:
+                mass += a[:, :, q, i, keys].sum(-1)
+                count += 1
+    np.testing.assert_allclose(induction_score(attn, tok).values, mass / count, rtol=1e-5)
+
+    np.testing.assert_allclose(sink_score(attn).values, a[..., 0].mean((-1, -2)))
+    np.testing.assert_allclose(sink_score(attn, position=2).values, a[..., 2:, 2].mean((-1, -2)))
+
+    band = np.mean([[a[..., q, i, i - 2 : i + 1].sum(-1) for i in range(2 + 1, t)] for q in range(p)], axis=(0, 1))
+    np.testing.assert_allclose(local_score(attn, width=3).values, band, rtol=1e-5)
+
+    ent = np.mean(
+        [
+            [-(a[..., q, i, : i + 1] * np.log(a[..., q, i, : i + 1])).sum(-1) / np.log(i + 1) for i in range(1, t)]
+            for q in range(p)
+        ],
+        axis=(0, 1),
+    )
+    np.testing.assert_allclose(diffuse_score(attn).values, ent, rtol=1e-5)
+
+
+def test_label_rule_margin_specific_before_generic_and_none():
+    cases = {
+        # name: ({role: score}, expected label)
+        "margin decides between specific roles": ({"sink": 0.45, "self": 0.6}, "sink"),
+        "specific beats a larger generic margin": ({"slash": 0.5, "diffuse": 1.0}, "slash"),
+        "generic when no specific passes": ({"local": 0.85, "diffuse": 0.95, "self": 0.49}, "diffuse"),
+        "threshold is inclusive": ({"induction": 0.4}, "induction"),
+        "nothing passes": ({"self": 0.3, "local": 0.5}, "none"),
+        "all NaN (padded head)": ({r: np.nan for r in ROLES[:-1]}, "none"),
+        "exact tie goes to the earlier role": ({"previous_token": 0.6, "self": 0.6}, "previous_token"),
+    }
+    values = {r: np.zeros(len(cases)) for r in ROLES[:-1]}
+    for k, (given, _) in enumerate(cases.values()):
+        for r, v in given.items():
+            values[r][k] = v
+    scores = xr.Dataset({r: ("head", v) for r, v in values.items()})
+    codes = assign_roles(scores)
+    assert role_names(codes).tolist() == [label for _, label in cases.values()]
+    assert codes.attrs["flag_values"] == list(range(len(ROLES)))
+    assert codes.attrs["flag_meanings"].split() == list(ROLES)
+    # Thresholds are configurable: a stricter sink threshold hands case 0 to self.
+    stricter = RoleThresholds(sink=0.5)
+    assert role_names(assign_roles(scores, stricter))[0] == "self"
+
+
+def test_thresholds_are_validated_and_frozen():
+    with pytest.raises(ValueError, match="RoleThresholds.sink"):
+        RoleThresholds(sink=0.0)
+    with pytest.raises(ValueError, match="RoleThresholds.local_width"):
+        RoleThresholds(local_width=0)
+    with pytest.raises(ValueError, match="slash_max_offset"):
+        RoleThresholds(slash_min_offset=5, slash_max_offset=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RoleThresholds().sink = 0.2
+    assert RoleThresholds().token_id == ord("/") == 47
+
+
+def test_configurable_token_id_and_offsets(planted):
+    attn, tokens = planted
+    scores = role_scores(attn.isel(snapshot=[1]), tokens, RoleThresholds(token_id=999, slash_max_offset=3))
+    assert scores["token"].isnull().all()  # token never appears
+    assert scores["slash"].sel(layer=0, head=2).item() < 0.5  # offset 4 is outside [2, 3]
+    with pytest.raises(ValueError, match="empty"):
+        role_scores(attn, tokens, RoleThresholds(slash_min_offset=T))
+
+
+def test_role_names():
+    assert role_names(np.array([[0, 8], [3, 5]])).tolist() == [["previous_token", "none"], ["induction", "token"]]
+    with pytest.raises(ValueError, match="role codes"):
+        role_names([9])
+
+
+def raise_on_compute(*args, **kwargs):
+    raise RuntimeError("computed a dask graph while building it")
+
+
+def test_dask_input_stays_lazy_and_equals_numpy(planted):
+    attn, tokens = planted
+    attn = attn.astype(np.float16)  # stored dtype
+    lazy = attn.copy(data=da.from_array(attn.values, chunks=(1, 1, 2, P, T, T)))
+    with dask.config.set(scheduler=raise_on_compute):
+        lazy_scores = role_scores(lazy, tokens.chunk())
+        lazy_codes = assign_roles(lazy_scores)
+    assert all(v.chunks is not None for v in lazy_scores.data_vars.values())
+    assert lazy_codes.chunks is not None
+    eager_scores = role_scores(attn, tokens)
+    xr.testing.assert_allclose(lazy_scores.compute(), eager_scores)
+    xr.testing.assert_equal(lazy_codes.compute(), assign_roles(eager_scores))
+    # float16 storage still gives the planted labels.
+    assert role_names(lazy_codes.isel(snapshot=1)).ravel().tolist() == list(PLANTED)
+
+
+def test_extra_run_dim_and_nan_padded_heads(planted):
+    attn, tokens = planted
+    padded = attn.where(attn["head"] < 3)  # run 1: three heads per layer, the fourth is padding
+    both = xr.concat([attn, padded], dim="run")
+    scores = role_scores(both, tokens)
+    for name, var in scores.data_vars.items():
+        assert var.dims == ("run", "snapshot", "layer", "head"), name
+        assert var.isel(run=1, head=3).isnull().all(), name
+    xr.testing.assert_allclose(scores.isel(run=1, head=slice(0, 3)), scores.isel(run=0, head=slice(0, 3)))
+    labels = role_names(assign_roles(scores).isel(snapshot=1))
+    assert labels[0].ravel().tolist() == list(PLANTED)
+    assert (labels[1, :, 3] == "none").all()
+    assert labels[1, :, :3].ravel().tolist() == [r for k, r in enumerate(PLANTED) if k % 4 != 3]
