@@ -1,0 +1,43 @@
+"""Analysers: pure xarray -> xarray functions over recorded runs and sweeps.
+
+Never imports torch or zarr: analysing a sweep needs no model code. Each function takes
+named-dim DataArrays and passes leading dims (``run``, ``snapshot``) through, lazily.
+"""
+
+from dynamics.analysis.bifurcation import bifurcation_step, commitment_step, gini, winner_take_all
+from dynamics.analysis.divergence import (
+    divergence_from_init,
+    js_distance,
+    mean_within_layer_divergence,
+    principal_angles,
+    qk_cosine,
+    within_layer_divergence,
+)
+from dynamics.analysis.pipeline import AnalysisOptions, analyse_run, summary_row
+from dynamics.analysis.redundancy import (
+    attention_correlation,
+    cluster_heads,
+    cross_seed_consistency,
+    linkage_matrix,
+    redundancy_fraction,
+)
+from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, role_names, role_scores
+from dynamics.analysis.slash import (
+    best_offset,
+    dominant_share,
+    emergence_step,
+    slash_dominant,
+    slash_score,
+    token_dominant,
+    token_ratio,
+    token_share,
+)
+
+__all__ = [
+    "ROLES", "AnalysisOptions", "RoleThresholds", "analyse_run", "assign_roles", "attention_correlation",
+    "best_offset", "bifurcation_step", "cluster_heads", "commitment_step", "cross_seed_consistency",
+    "divergence_from_init", "dominant_share", "emergence_step", "gini", "js_distance", "linkage_matrix",
+    "mean_within_layer_divergence", "principal_angles", "qk_cosine", "redundancy_fraction", "role_names",
+    "role_scores", "slash_dominant", "slash_score", "summary_row", "token_dominant", "token_ratio",
+    "token_share", "winner_take_all", "within_layer_divergence",
+]

@@ -1,0 +1,220 @@
+"""When heads part ways: departure of a curve from its early noise band, label commitment,
+and inequality of importance across heads.
+
+All functions are vectorised xarray maths, lazy on dask-backed inputs, and pass extra
+leading dims (``run``, ...) through. Snapshot times come from the ``step`` coordinate on
+``snapshot`` (snapshot index if there is none).
+
+Sources
+-------
+- Shewhart 1931, "Economic Control of Quality of Manufactured Product" (control limits
+  mean +- 3 sigma estimated from an in-control baseline), the model for
+  :func:`bifurcation_step`.
+- Gini 1912, "Variabilita e mutabilita"; the mean-absolute-difference form used here is in
+  e.g. Damgaard & Weiner 2000, "Describing inequality in plant size or fecundity".
+- Michel, Levy, Neubig 2019, "Are Sixteen Heads Really Better than One?" (head importance,
+  whose concentration :func:`winner_take_all` measures).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from dynamics.analysis.divergence import _as_b
+from dynamics.schema import HEAD, SNAPSHOT
+
+STEP = "step"  # the snapshot coordinate (schema: "step" is the snapshot coordinate)
+
+
+def _steps(da: xr.DataArray) -> xr.DataArray:
+    """Training step of each snapshot as a coord-free float (snapshot,) array."""
+    if STEP in da.coords and da[STEP].dims == (SNAPSHOT,):
+        return xr.DataArray(da[STEP].variable.astype(np.float64))
+    return xr.DataArray(np.arange(da.sizes[SNAPSHOT], dtype=np.float64), dims=SNAPSHOT)
+
+
+def _step_at(da: xr.DataArray, index: xr.DataArray) -> xr.DataArray:
+    """Step of snapshot number ``index`` (NaN where index is out of range), without NaN
+    reductions or dask-backed indexers: a one-hot dot product over snapshot."""
+    n = da.sizes[SNAPSHOT]
+    position = xr.DataArray(np.arange(n), dims=SNAPSHOT)
+    step = (_steps(da) * (position == index)).sum(SNAPSHOT)
+    return step.where((index >= 0) & (index < n))
+
+
+def bifurcation_step(
+    curve: xr.DataArray,
+    n_baseline: int = 3,
+    k: float = 3.0,
+    rel_tol: float = 0.05,
+) -> xr.DataArray:
+    """Step at which a curve leaves its early noise band for good.
+
+    Rule (a Shewhart control band whose limits come from the first snapshots):
+
+    .. math::
+
+        \\mu = \\operatorname{mean}(x_{0..n_b-1}),\\quad
+        \\sigma = \\operatorname{std}_{ddof=1}(x_{0..n_b-1}),\\quad
+        w = \\max(k\\sigma,\\ rel\\_tol\\,|\\mu|)
+
+        t^* = \\text{step}\\big[\\min\\{s : |x_{s'} - \\mu| > w \\ \\forall s' \\ge s\\}\\big]
+
+    i.e. the first snapshot of the final stretch that lies strictly outside mu +- w. The
+    relative floor ``rel_tol |mu|`` keeps a nearly flat baseline (sigma ~ 0) from flagging
+    tiny drifts. With k >= 1.2 and n_b = 3 the baseline points always lie inside the
+    band, so t* is after the baseline. A departure seen only at the last snapshot counts
+    (nothing later can contradict it). NaN points count as inside.
+
+    Parameters
+    ----------
+    curve : DataArray
+        Dims (..., snapshot), with a ``step`` coordinate on snapshot (else indices).
+    n_baseline : int
+        Number of leading snapshots that define the band; >= 2 and < number of snapshots.
+    k : float
+        Band half-width in baseline standard deviations (>= 0).
+    rel_tol : float
+        Minimum half-width as a fraction of |baseline mean| (>= 0).
+
+    Returns
+    -------
+    DataArray
+        float64 step, dims (...,); NaN if the curve ends inside the band (never departs).
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> x = xr.DataArray([1.0, 1.01, 0.99, 1.0, 2.0, 2.1, 2.2], dims="snapshot",
+    ...                  coords={"step": ("snapshot", [0, 10, 20, 30, 40, 50, 60])})
+    >>> float(bifurcation_step(x))
+    40.0
+    """
+    n = curve.sizes[SNAPSHOT]
+    if not 2 <= n_baseline < n:
+        raise ValueError(f"n_baseline={n_baseline!r} must be >= 2 and < the {n} snapshots")
+    if k < 0 or rel_tol < 0:
+        raise ValueError(f"k={k!r} and rel_tol={rel_tol!r} must be >= 0")
+    baseline = curve.isel({SNAPSHOT: slice(0, n_baseline)})
+    mu = baseline.mean(SNAPSHOT)
+    half_width = np.fmax(k * baseline.std(SNAPSHOT, ddof=1), rel_tol * abs(mu))
+    outside = abs(curve - mu) > half_width  # NaN compares False: inside
+    position = xr.DataArray(np.arange(n), dims=SNAPSHOT)
+    last_inside = xr.where(outside, -1, position).max(SNAPSHOT)
+    return _step_at(curve, last_inside + 1)
+
+
+def commitment_step(labels: xr.DataArray) -> xr.DataArray:
+    """Step from which a head's role label never changes again.
+
+    .. math::
+
+        s^* = \\max\\big(\\{0\\} \\cup \\{s \\ge 1 : \\ell_s \\ne \\ell_{s-1}\\}\\big),
+        \\qquad t^* = \\text{step}[s^*]
+
+    the first snapshot of the final constant run of labels; t* = step[0] for a head that
+    never changes and step[-1] for one that changed at the last snapshot. t* lies in
+    [step[0], step[-1]].
+
+    Parameters
+    ----------
+    labels : DataArray
+        Integer role codes, dims (..., snapshot, layer, head); float codes with NaN mark
+        missing heads.
+
+    Returns
+    -------
+    DataArray
+        float64 step, dims (..., layer, head); NaN where the last label is NaN.
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> lab = xr.DataArray([[[0]], [[1]], [[0]], [[2]], [[2]]],
+    ...                    dims=("snapshot", "layer", "head"),
+    ...                    coords={"step": ("snapshot", [0, 100, 200, 300, 400])})
+    >>> float(commitment_step(lab)[0, 0])
+    300.0
+    """
+    n = labels.sizes[SNAPSHOT]
+    later = labels.isel({SNAPSHOT: slice(1, None)})
+    earlier = labels.isel({SNAPSHOT: slice(None, -1)})
+    # Positional comparison of neighbouring snapshots (Variables carry no coords to align).
+    changed = later.copy(data=(later.variable != earlier.variable).data)
+    position = xr.DataArray(np.arange(1, n), dims=SNAPSHOT)
+    if n > 1:
+        last_change = xr.where(changed, position, 0).max(SNAPSHOT)
+    else:
+        last_change = xr.zeros_like(labels.isel({SNAPSHOT: 0}, drop=True), dtype=np.int64)
+    out = _step_at(labels, last_change).where(labels.isel({SNAPSHOT: -1}, drop=True).notnull())
+    return out.transpose(*[d for d in labels.dims if d != SNAPSHOT])
+
+
+def gini(x: xr.DataArray, dim: str = HEAD) -> xr.DataArray:
+    """Gini coefficient of non-negative values across ``dim``.
+
+    .. math::
+
+        G = \\frac{\\sum_i \\sum_j |x_i - x_j|}{2 n \\sum_i x_i} \\in \\Big[0, \\frac{n-1}{n}\\Big]
+
+    over the n non-missing values (Gini 1912): 0 when all are equal, (n-1)/n when one
+    holds everything. All-zero input counts as equal (G = 0). Values must be >= 0 (not
+    checked, to stay lazy).
+
+    Parameters
+    ----------
+    x : DataArray
+        Non-negative values; NaN entries are missing.
+    dim : str
+        The dim to measure inequality across.
+
+    Returns
+    -------
+    DataArray
+        float64, dims of ``x`` less ``dim``; NaN if no values are present.
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> float(gini(xr.DataArray([0.0, 0.0, 0.0, 5.0], dims="head")))
+    0.75
+    """
+    # Coords along ``dim`` other than its index would clash once renamed; they are not needed.
+    x = x.drop_vars([c for c in x.coords if dim in x[c].dims and c != dim])
+    dim_b = f"{dim}_b"
+    mean_abs_diff = abs(x - _as_b(x, [dim])).sum((dim, dim_b), skipna=True)
+    n = x.count(dim)
+    total = x.sum(dim, skipna=True)
+    g = mean_abs_diff / (2 * n * total.where(total > 0))
+    return xr.where((total == 0) & (n > 0), 0.0, g)
+
+
+def winner_take_all(importance: xr.DataArray) -> xr.DataArray:
+    """Concentration of head importance within each layer: Gini across heads.
+
+    .. math::
+
+        WTA_l = G(I_{l,1}, \\dots, I_{l,H}) \\in [0, (H-1)/H]
+
+    with I the head importance of Michel et al. 2019 (non-negative). 0: all heads of a
+    layer matter equally; (H-1)/H: one head carries the layer.
+
+    Parameters
+    ----------
+    importance : DataArray
+        Dims (..., snapshot, layer, head).
+
+    Returns
+    -------
+    DataArray
+        Dims (..., snapshot, layer).
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> imp = xr.DataArray([[[1.0, 1.0], [0.0, 2.0]]], dims=("snapshot", "layer", "head"))
+    >>> winner_take_all(imp).values.tolist()
+    [[0.0, 0.5]]
+    """
+    return gini(importance, HEAD)

@@ -1,0 +1,162 @@
+"""All analysers over one run: the dataset `dynamics analyse` writes next to the recordings.
+
+Each piece is a pure function of the run's recorded arrays (see the modules for the
+formulas and citations); this module only wires them together and names the results, so
+the report and the predictor read one schema. Nothing here computes: the result is lazy
+until the caller writes or loads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import xarray as xr
+
+from dynamics.analysis.bifurcation import bifurcation_step, commitment_step, winner_take_all
+from dynamics.analysis.divergence import (
+    divergence_from_init,
+    js_distance,
+    mean_within_layer_divergence,
+    principal_angles,
+    qk_cosine,
+    within_layer_divergence,
+)
+from dynamics.analysis.redundancy import attention_correlation, cluster_heads, redundancy_fraction
+from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, role_scores
+from dynamics.analysis.slash import (
+    DEFAULT_KAPPA,
+    best_offset,
+    dominant_share,
+    emergence_step,
+    slash_dominant,
+    slash_score,
+    token_dominant,
+    token_share,
+)
+
+SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """Thresholds of every analyser, stored in the analysis attrs for provenance."""
+
+    roles: RoleThresholds = field(default_factory=RoleThresholds)
+    """Role score thresholds and the settings the scores need (token id, band width...)."""
+    kappa: float = DEFAULT_KAPPA
+    """Slash-dominance threshold on slash_score (Cheng et al. 2026)."""
+    slash_min_offset: int = 1
+    """Smallest offset that counts for slash-dominance emergence (0 would count 'self' heads)."""
+    max_offset: int = 16
+    """Largest offset stored in slash_score (longer offsets rest on few queries)."""
+    cluster_threshold: float = 0.1
+    """JS-distance cut of the redundancy dendrogram (see redundancy.cluster_heads)."""
+    token_run_length: int = 3
+    """Consecutive probe samples a token-dominant head must hold >= 50% on the token."""
+    baseline_snapshots: int = 3
+    """Snapshots that define the initial noise band of the divergence curve."""
+
+
+def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Dataset:
+    """Every analyser over one recorded run (or a sweep with a leading ``run`` dim).
+
+    Parameters
+    ----------
+    ds : Dataset
+        A run as returned by ``dynamics.open_run``: ``attention`` (snapshot, layer, head,
+        probe, query, key), ``probe_tokens`` (probe, position), ``importance``, optionally
+        ``head_weights``, with the ``step`` coordinate on snapshot.
+    options : AnalysisOptions, optional
+
+    Returns
+    -------
+    Dataset (lazy) with, per snapshot, layer and head unless stated:
+    ``role_score`` (+ role_name), ``role`` (int8 codes into ROLES), ``slash_score`` (+ offset),
+    ``best_offset``, ``best_slash``, ``slash_dominant``, ``token_share``, ``token_dominant``,
+    ``commitment_step`` / ``slash_emergence_step`` / ``token_emergence_step`` (layer, head),
+    ``slash_dominant_share`` / ``token_dominant_share`` / ``winner_take_all``
+    (snapshot, layer), ``js_distance`` (snapshot, layer, head, layer_b, head_b),
+    ``within_layer_divergence`` (snapshot, layer), ``mean_divergence`` (snapshot),
+    ``divergence_from_init``, ``bifurcation_step`` (scalar), ``cluster``,
+    ``redundancy_fraction`` (snapshot), ``attention_correlation`` (last snapshot), and when
+    head weights were recorded ``qk_cosine`` and ``q_subspace_cos`` (snapshot, layer, head, head_b).
+
+    Example
+    -------
+    >>> result = analyse_run(dynamics.open_run("runs/induction.zarr"))  # doctest: +SKIP
+    >>> result.role.isel(snapshot=-1).values  # doctest: +SKIP
+    """
+    opt = options or AnalysisOptions()
+    attn = ds["attention"]
+    tokens = ds["probe_tokens"]
+    T = attn.sizes["query"]
+    out = xr.Dataset(coords={"step": ds["step"]})
+
+    scores = role_scores(attn, tokens, opt.roles)
+    out["role_score"] = scores[list(SCORE_ROLES)].to_dataarray("role_name")
+    out["slash_offset"] = scores["slash_offset"]
+    out["role"] = assign_roles(scores, opt.roles)
+    out["commitment_step"] = commitment_step(out["role"])
+
+    slash = slash_score(attn, max_offset=min(opt.max_offset, T - 1))
+    out["slash_score"] = slash
+    offset, best = best_offset(slash, min_offset=opt.slash_min_offset)
+    out["best_offset"], out["best_slash"] = offset, best
+    dominant = slash_dominant(slash, kappa=opt.kappa, min_offset=opt.slash_min_offset)
+    out["slash_dominant"] = dominant
+    out["slash_emergence_step"] = emergence_step(dominant)
+    present = attn.isel(probe=0, query=0, key=0).notnull()
+    out["slash_dominant_share"] = dominant_share(dominant, present=present)
+
+    share = token_share(attn, tokens, opt.roles.token_id)
+    out["token_share"] = share.mean("probe", skipna=True)
+    tdom = token_dominant(share, run_length=opt.token_run_length)
+    out["token_dominant"] = tdom
+    out["token_emergence_step"] = emergence_step(tdom)
+    out["token_dominant_share"] = dominant_share(tdom, present=present)
+
+    jsd = js_distance(attn)
+    out["js_distance"] = jsd
+    out["within_layer_divergence"] = within_layer_divergence(jsd)
+    curve = mean_within_layer_divergence(jsd)
+    out["mean_divergence"] = curve
+    out["divergence_from_init"] = divergence_from_init(attn)
+    out["bifurcation_step"] = bifurcation_step(curve, n_baseline=opt.baseline_snapshots)
+    out["winner_take_all"] = winner_take_all(ds["importance"])
+
+    clusters = cluster_heads(jsd, threshold=opt.cluster_threshold)
+    out["cluster"] = clusters
+    out["redundancy_fraction"] = redundancy_fraction(clusters)
+    out["attention_correlation"] = attention_correlation(attn.isel(snapshot=-1))
+
+    if "head_weights" in ds:
+        out["qk_cosine"] = qk_cosine(ds["head_weights"])
+        out["q_subspace_cos"] = principal_angles(ds["head_weights"], weight="q")
+
+    out.attrs.update(
+        roles=list(ROLES),
+        kappa=opt.kappa,
+        cluster_threshold=opt.cluster_threshold,
+        token_id=opt.roles.token_id,
+        token_run_length=opt.token_run_length,
+        baseline_snapshots=opt.baseline_snapshots,
+    )
+    return out
+
+
+def summary_row(result: xr.Dataset) -> dict:
+    """One line of numbers per run for the `dynamics analyse` table (computes small arrays)."""
+    from dynamics.analysis.roles import role_names
+
+    last = result.isel(snapshot=-1)
+    labels = role_names(last["role"].values).ravel()
+    counts = {r: int((labels == r).sum()) for r in ROLES if (labels == r).any()}
+    bif = float(result["bifurcation_step"].values)
+    return {
+        "bifurcation_step": None if np.isnan(bif) else int(bif),
+        "final_divergence": float(last["mean_divergence"].values),
+        "redundancy": float(last["redundancy_fraction"].values),
+        "slash_dominant": int(last["slash_dominant"].values.sum()),
+        "roles": counts,
+    }

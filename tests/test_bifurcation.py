@@ -1,0 +1,162 @@
+"""Known-answer tests for dynamics.analysis.bifurcation."""
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics.analysis.bifurcation import bifurcation_step, commitment_step, gini, winner_take_all
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("computed eagerly: the analysers must only build a dask graph")
+
+
+def no_compute():
+    """Any dask computation inside this context fails the test."""
+    return dask.config.set(scheduler=_refuse)
+
+
+STEPS = np.array([0, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560, 5120])
+
+
+def curve(values, steps=STEPS):
+    return xr.DataArray(np.asarray(values, float), dims="snapshot", coords={"step": ("snapshot", steps)})
+
+
+def noisy_jump(seed, jump_at, level=1.0, height=0.5, sd=0.005):
+    x = level + np.random.default_rng(seed).normal(scale=sd, size=len(STEPS))
+    x[jump_at:] += height
+    return x
+
+
+def test_bifurcation_step_finds_a_planted_jump():
+    for jump_at in (3, 5, 9, 11):
+        out = bifurcation_step(curve(noisy_jump(jump_at, jump_at)))
+        assert out.dims == ()
+        assert float(out) == STEPS[jump_at]
+
+
+def test_bifurcation_step_is_nan_for_flat_or_returning_curves():
+    assert np.isnan(float(bifurcation_step(curve(noisy_jump(0, len(STEPS), height=0.0)))))
+    assert np.isnan(float(bifurcation_step(curve(np.ones(len(STEPS))))))
+    excursion = noisy_jump(1, 5)
+    excursion[-1] = 1.0  # back inside the band at the end: never left for good
+    assert np.isnan(float(bifurcation_step(curve(excursion))))
+
+
+def test_bifurcation_step_takes_the_final_departure_and_downward_jumps():
+    x = noisy_jump(2, 4)
+    x[7] = 1.0  # dips back into the band once; the departure that lasts starts at 8
+    assert float(bifurcation_step(curve(x))) == STEPS[8]
+    assert float(bifurcation_step(curve(noisy_jump(3, 6, height=-0.4)))) == STEPS[6]
+
+
+def test_bifurcation_step_relative_floor():
+    # A perfectly flat baseline has sigma = 0: without the relative floor any drift would
+    # count; with rel_tol = 0.05 a 2% drift stays inside, a 10% one leaves.
+    x = np.ones(len(STEPS))
+    x[6:] = 1.02
+    assert np.isnan(float(bifurcation_step(curve(x))))
+    assert float(bifurcation_step(curve(x), rel_tol=0.0)) == STEPS[6]
+    x[6:] = 1.1
+    assert float(bifurcation_step(curve(x))) == STEPS[6]
+
+
+def test_bifurcation_step_vectorised_lazy_and_without_step_coord():
+    jumps = np.array([[3, 6, 100], [4, 11, 8]])  # 100: never
+    x = np.stack([[noisy_jump(10 * r + h, j) for h, j in enumerate(row)] for r, row in enumerate(jumps)])
+    da = xr.DataArray(x, dims=("run", "head", "snapshot"), coords={"step": ("snapshot", STEPS)})
+    expected = np.where(jumps < len(STEPS), STEPS[np.minimum(jumps, len(STEPS) - 1)], np.nan)
+    out = bifurcation_step(da)
+    assert out.dims == ("run", "head")
+    np.testing.assert_array_equal(out.values, expected)
+    with no_compute():
+        lazy = bifurcation_step(da.chunk({"run": 1, "snapshot": 5}))
+    assert lazy.chunks is not None
+    np.testing.assert_array_equal(lazy.compute().values, expected)
+    bare = bifurcation_step(da.drop_vars("step"))
+    np.testing.assert_array_equal(bare.values, np.where(jumps < len(STEPS), jumps, np.nan))
+
+
+def test_bifurcation_step_validates():
+    with pytest.raises(ValueError, match="n_baseline"):
+        bifurcation_step(curve(np.ones(len(STEPS))), n_baseline=1)
+    with pytest.raises(ValueError, match="n_baseline"):
+        bifurcation_step(curve(np.ones(len(STEPS))), n_baseline=len(STEPS))
+
+
+# ----------------------------------------------------------------------------- commitment
+
+
+def test_commitment_step_planted_sequences():
+    seqs = {
+        (0, 0): [0, 0, 0, 0, 0, 0],  # never changes: first snapshot
+        (0, 1): [0, 1, 0, 2, 2, 2],  # last change at index 3
+        (1, 0): [1, 1, 1, 1, 1, 2],  # changes at the last snapshot
+        (1, 1): [2, 1, 1, 1, 1, 1],  # settles at index 1
+    }
+    steps = np.array([0, 100, 200, 400, 800, 1600])
+    labels = np.zeros((6, 2, 2), dtype=np.int8)
+    for (l, h), s in seqs.items():
+        labels[:, l, h] = s
+    da = xr.DataArray(labels, dims=("snapshot", "layer", "head"), coords={"step": ("snapshot", steps)})
+    out = commitment_step(da)
+    assert out.dims == ("layer", "head")
+    np.testing.assert_array_equal(out.values, [[0, 400], [1600, 100]])
+
+    sweep = xr.concat([da, da.isel(head=[1, 0]).assign_coords(head=[0, 1])], dim="run")
+    with no_compute():
+        both = commitment_step(sweep.chunk({"snapshot": 2}))
+    assert both.dims == ("run", "layer", "head") and both.chunks is not None
+    np.testing.assert_array_equal(both.compute().values, [[[0, 400], [1600, 100]], [[400, 0], [100, 1600]]])
+
+
+def test_commitment_step_missing_heads_and_single_snapshot():
+    lab = np.array([[0.0, np.nan], [1.0, np.nan], [1.0, np.nan]])[:, None, :]
+    da = xr.DataArray(lab, dims=("snapshot", "layer", "head"), coords={"step": ("snapshot", [0, 10, 20])})
+    np.testing.assert_array_equal(commitment_step(da).values, [[10.0, np.nan]])
+    np.testing.assert_array_equal(commitment_step(da.isel(snapshot=[0])).values, [[0.0, np.nan]])
+
+
+# ----------------------------------------------------------------------------- gini
+
+
+@pytest.mark.parametrize("n", [2, 5, 12])
+def test_gini_equal_and_one_hot(n):
+    assert float(gini(xr.DataArray(np.full(n, 3.7), dims="head"))) == 0.0
+    one_hot = np.zeros(n)
+    one_hot[n // 2] = 2.0
+    np.testing.assert_allclose(float(gini(xr.DataArray(one_hot, dims="head"))), (n - 1) / n, rtol=1e-14)
+
+
+def test_gini_matches_sorted_formula_and_is_scale_invariant():
+    x = np.random.default_rng(0).exponential(size=(4, 7))
+    s = np.sort(x, axis=-1)
+    i = np.arange(1, 8)
+    ref = 2 * (i * s).sum(-1) / (7 * s.sum(-1)) - 8 / 7
+    da = xr.DataArray(x, dims=("layer", "head"))
+    np.testing.assert_allclose(gini(da).values, ref, rtol=1e-12)
+    np.testing.assert_allclose(gini(3 * da).values, ref, rtol=1e-12)
+    np.testing.assert_allclose(gini(da.rename(head="unit").T, dim="unit").values, ref, rtol=1e-12)
+
+
+def test_gini_missing_values_and_all_zero():
+    x = xr.DataArray([[1.0, 0.0, 0.0, np.nan], [0.0, 0.0, 0.0, 0.0], [np.nan] * 4], dims=("layer", "head"))
+    np.testing.assert_allclose(gini(x).values, [2 / 3, 0.0, np.nan])
+
+
+def test_winner_take_all_dims_lazy_and_run_dim():
+    imp = np.random.default_rng(1).exponential(size=(2, 5, 3, 4))
+    imp[0, :, 0] = 1.0  # equal heads
+    imp[1, :, 1] = [0, 0, 3, 0]  # one head carries the layer
+    da = xr.DataArray(imp, dims=("run", "snapshot", "layer", "head"), coords={"step": ("snapshot", np.arange(5))})
+    out = winner_take_all(da)
+    assert out.dims == ("run", "snapshot", "layer")
+    np.testing.assert_allclose(out.values[0, :, 0], 0.0, atol=1e-15)
+    np.testing.assert_allclose(out.values[1, :, 1], 0.75)
+    with no_compute():
+        lazy = winner_take_all(da.chunk({"snapshot": 2}))
+    assert lazy.chunks is not None
+    np.testing.assert_allclose(lazy.compute().values, out.values)
+    np.testing.assert_array_equal(out["step"].values, np.arange(5))

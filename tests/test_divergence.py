@@ -1,0 +1,317 @@
+"""Known-answer and property tests for dynamics.analysis.divergence."""
+
+import ast
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+from scipy.spatial.distance import jensenshannon
+
+from dynamics.analysis.divergence import (
+    divergence_from_init,
+    js_distance,
+    mean_within_layer_divergence,
+    principal_angles,
+    qk_cosine,
+    within_layer_divergence,
+)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("computed eagerly: the analysers must only build a dask graph")
+
+
+def no_compute():
+    """Any dask computation inside this context fails the test."""
+    return dask.config.set(scheduler=_refuse)
+
+
+ATTN_DIMS = ("snapshot", "layer", "head", "probe", "query", "key")
+HW_DIMS = ("snapshot", "layer", "head", "weight", "d_model", "d_head")
+BOUND = np.sqrt(np.log(2))
+
+
+def causal_softmax(logits):
+    """Causal attention rows from logits (..., Q, K)."""
+    q, k = logits.shape[-2:]
+    masked = np.where(np.tril(np.ones((q, k), bool)), logits, -np.inf)
+    e = np.exp(masked - masked.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def attn_da(a):
+    """Wrap (snapshot, layer, head, probe, query, key) with a step coord on snapshot."""
+    return xr.DataArray(a, dims=ATTN_DIMS, coords={"step": ("snapshot", 10 * np.arange(a.shape[0]))})
+
+
+def random_attn(seed=0, shape=(2, 2, 3, 2, 6), scale=3.0):
+    s, l, h, p, q = shape
+    logits = np.random.default_rng(seed).normal(scale=scale, size=(s, l, h, p, q, q))
+    return attn_da(causal_softmax(logits))
+
+
+def smooth(row, eps):
+    n = row.size
+    return eps / n + (1 - eps) * row / row.sum()
+
+
+def reference_distance(pa, pb, eps):
+    """sqrt of mean over (probe, query) of scipy's JS divergence (nats) on smoothed rows."""
+    values = []
+    for p in range(pa.shape[0]):
+        for q in range(pa.shape[1]):
+            r1, r2 = smooth(pa[p, q, : q + 1], eps), smooth(pb[p, q, : q + 1], eps)
+            values.append(jensenshannon(r1, r2) ** 2)
+    return np.sqrt(np.mean(values))
+
+
+def test_identical_heads_zero_and_symmetric_and_bounded():
+    attn = random_attn()
+    a = attn.values.copy()
+    a[:, :, 1] = a[:, :, 0]  # duplicate head
+    a[:, 1, 2] = a[:, 0, 0]  # a duplicate across layers
+    d = js_distance(attn_da(a))
+    assert d.dims == ("snapshot", "layer", "head", "layer_b", "head_b")
+    v = d.values
+    assert np.all(v[:, :, 0, :, 1] == v[:, :, 1, :, 0])  # symmetric bit for bit
+    np.testing.assert_array_equal(v, v.transpose(0, 3, 4, 1, 2))
+    assert np.all(v[:, 0, 0, 0, 1] == 0.0)
+    assert np.all(v[:, 0, 0, 1, 2] == 0.0)
+    flat = v.reshape(2, 6, 6)
+    np.testing.assert_array_equal(np.diagonal(flat, axis1=1, axis2=2), 0.0)
+    assert np.all((v >= 0) & (v <= BOUND))
+    np.testing.assert_array_equal(d["step"].values, attn["step"].values)
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-3])
+def test_disjoint_one_hot_rows_reach_the_bound(eps):
+    q = 16
+    sink = np.zeros((q, q))
+    sink[:, 0] = 1.0  # every query attends to key 0
+    self_ = np.eye(q)  # every query attends to itself: disjoint from sink for q >= 1
+    a = np.stack([sink, self_])[None, None, :, None]  # (1, 1, 2, 1, Q, K)
+    d = float(js_distance(attn_da(a), eps=eps)[0, 0, 0, 0, 1])
+    n = np.arange(2, q + 1)  # visible keys of queries 1..Q-1; query 0 contributes 0
+    hi, lo = 1 - eps + eps / n, eps / n
+    per_row = hi * np.log(2 * hi / (hi + lo)) + np.where(lo > 0, lo * np.log(2 * lo / (hi + lo) + (lo == 0)), 0.0)
+    expected = np.sqrt(per_row.sum() / q)
+    np.testing.assert_allclose(d, expected, rtol=1e-12)
+    assert d <= BOUND
+    # Nearly the bound once the forced-zero query 0 is discounted.
+    assert d**2 * q / (q - 1) > 0.99 * np.log(2)
+    if eps == 0.0:
+        np.testing.assert_allclose(d, np.sqrt(np.log(2) * (q - 1) / q), rtol=1e-12)
+
+
+def test_matches_scipy_jensenshannon_reference():
+    attn = random_attn(seed=3, shape=(1, 2, 2, 2, 5))
+    eps = 1e-3
+    d = js_distance(attn, eps=eps).values[0]
+    a = attn.values[0]
+    for l1 in range(2):
+        for h1 in range(2):
+            for l2 in range(2):
+                for h2 in range(2):
+                    ref = reference_distance(a[l1, h1], a[l2, h2], eps)
+                    np.testing.assert_allclose(d[l1, h1, l2, h2], ref, rtol=1e-9, atol=1e-12)
+
+
+def test_float16_input_and_pairwise_equals_aligned_mode():
+    attn = random_attn(seed=4).astype(np.float16)
+    pair = js_distance(attn)
+    # Aligned mode: head 0 of every layer against head 1 of the same layer.
+    aligned = js_distance(attn.isel(head=0, drop=True), attn.isel(head=1, drop=True))
+    assert aligned.dims == ("snapshot", "layer")
+    expected = pair.isel(head=0, head_b=1).values.diagonal(axis1=1, axis2=2)
+    np.testing.assert_allclose(aligned.values, expected, rtol=1e-12)
+    assert pair.dtype == np.float64
+
+
+def test_query_blocks_do_not_change_the_answer():
+    attn = random_attn(seed=5, shape=(2, 2, 2, 3, 9))
+    whole = js_distance(attn)
+    blocked = js_distance(attn, block_bytes=1)  # one query per block
+    np.testing.assert_allclose(blocked.values, whole.values, rtol=1e-12, atol=1e-15)
+
+
+def test_query_key_coords_define_the_causal_mask():
+    # A recorder may keep the last queries only; positions come from the coords.
+    attn = random_attn(seed=6, shape=(1, 1, 2, 1, 6))
+    sub = attn.isel(query=slice(3, None)).assign_coords(query=np.arange(3, 6), key=np.arange(6))
+    d = float(js_distance(sub)[0, 0, 0, 0, 1])
+    a = sub.values[0, 0]
+    vals = [
+        jensenshannon(smooth(a[0, 0, i, : q + 1], 1e-3), smooth(a[1, 0, i, : q + 1], 1e-3)) ** 2
+        for i, q in enumerate(range(3, 6))
+    ]
+    np.testing.assert_allclose(d, np.sqrt(np.mean(vals)), rtol=1e-10)
+
+
+def test_eps_is_validated():
+    with pytest.raises(ValueError, match="eps"):
+        js_distance(random_attn(), eps=1.5)
+
+
+def test_within_layer_divergence_known_values():
+    # 2 layers x 3 heads; within-layer blocks chosen by hand, cross-layer entries ignored.
+    d = np.full((2, 3, 2, 3), 0.7)
+    d[0, :, 0, :] = [[0, 0.1, 0.2], [0.1, 0, 0.3], [0.2, 0.3, 0]]
+    d[1, :, 1, :] = [[0, 0.4, 0.4], [0.4, 0, 0.4], [0.4, 0.4, 0]]
+    jsd = xr.DataArray(d[None], dims=("snapshot", "layer", "head", "layer_b", "head_b"))
+    w = within_layer_divergence(jsd)
+    assert w.dims == ("snapshot", "layer")
+    np.testing.assert_allclose(w.values, [[0.2, 0.4]])
+    np.testing.assert_allclose(mean_within_layer_divergence(jsd).values, [0.3])
+    # A missing head (NaN, padded sweep) drops out of its layer's mean.
+    d2 = d.copy()
+    d2[0, 2, :, :] = np.nan
+    d2[:, :, 0, 2] = np.nan
+    w2 = within_layer_divergence(xr.DataArray(d2, dims=("layer", "head", "layer_b", "head_b")))
+    np.testing.assert_allclose(w2.values, [0.1, 0.4])
+
+
+def test_within_layer_divergence_of_identical_heads_is_zero():
+    a = random_attn(seed=7).values.copy()
+    a[:, 1] = a[:, 1, :1]  # every head of layer 1 identical
+    w = within_layer_divergence(js_distance(attn_da(a)))
+    np.testing.assert_array_equal(w.isel(layer=1).values, 0.0)
+    assert np.all(w.isel(layer=0).values > 0)
+
+
+def test_divergence_from_init():
+    a = random_attn(seed=8, shape=(3, 1, 2, 2, 5)).values.copy()
+    a[:, :, 0] = a[:1, :, 0]  # head 0 never changes
+    d = divergence_from_init(attn_da(a))
+    assert d.dims == ("snapshot", "layer", "head")
+    np.testing.assert_array_equal(d.isel(snapshot=0).values, 0.0)
+    np.testing.assert_array_equal(d.isel(head=0).values, 0.0)
+    assert np.all(d.isel(snapshot=slice(1, None), head=1).values > 0)
+    np.testing.assert_allclose(d.values[2, 0, 1], reference_distance(a[2, 0, 1], a[0, 0, 1], 1e-3), rtol=1e-9)
+    np.testing.assert_array_equal(d["step"].values, [0, 10, 20])
+
+
+def test_dask_input_is_lazy_and_matches_numpy():
+    attn = random_attn(seed=9, shape=(4, 2, 2, 2, 5))
+    lazy = attn.chunk({"snapshot": 1, "query": 2})
+    cases = [
+        (js_distance, {}),
+        (divergence_from_init, {}),
+        (lambda x: within_layer_divergence(js_distance(x)), {}),
+        (lambda x: mean_within_layer_divergence(js_distance(x)), {}),
+    ]
+    for fn, kw in cases:
+        with no_compute():
+            out = fn(lazy, **kw)
+        assert out.chunks is not None, "result should stay lazy"
+        np.testing.assert_allclose(out.compute().values, fn(attn, **kw).values, rtol=1e-12, atol=1e-15)
+
+
+def test_extra_run_dim_with_nan_padded_head():
+    r0, r1 = random_attn(seed=10), random_attn(seed=11)
+    r1 = r1.where(r1["head"] < 2)  # run 1 has one head fewer: padded with NaN
+    sweep = xr.concat([r0, r1], dim="run")
+    d = js_distance(sweep)
+    assert d.dims == ("run", "snapshot", "layer", "head", "layer_b", "head_b")
+    np.testing.assert_allclose(d.isel(run=0).values, js_distance(r0).values, rtol=1e-12)
+    assert np.isnan(d.isel(run=1, head=2).values).all()
+    assert np.isnan(d.isel(run=1, head_b=2).values).all()
+    np.testing.assert_allclose(
+        d.isel(run=1, head=[0, 1], head_b=[0, 1]).values,
+        js_distance(r1.isel(head=[0, 1])).values,
+        rtol=1e-12,
+    )
+    w = within_layer_divergence(d)
+    assert w.dims == ("run", "snapshot", "layer")
+    assert np.isfinite(w.values).all()  # the missing head is skipped, not propagated
+    np.testing.assert_allclose(w.isel(run=1).values, within_layer_divergence(js_distance(r1.isel(head=[0, 1]))).values)
+    fi = divergence_from_init(sweep)
+    assert fi.dims == ("run", "snapshot", "layer", "head")
+    np.testing.assert_array_equal(fi.isel(snapshot=0, run=0).values, 0.0)
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def head_weights(w):
+    """(snapshot, layer, head, weight, d_model, d_head) with the weight coord."""
+    return xr.DataArray(w, dims=HW_DIMS, coords={"weight": ["q", "k", "v", "o"]})
+
+
+def test_principal_angles_identical_and_orthogonal_subspaces():
+    rng = np.random.default_rng(0)
+    d_model, d_head = 8, 2
+    w = rng.normal(size=(1, 1, 3, 4, d_model, d_head))
+    basis = np.linalg.qr(rng.normal(size=(d_model, d_model)))[0]
+    w[0, 0, 0, 0] = basis[:, :2] @ rng.normal(size=(2, 2))  # span of basis[:, :2]
+    w[0, 0, 1, 0] = basis[:, :2] @ rng.normal(size=(2, 2))  # same span, other coordinates
+    w[0, 0, 2, 0] = basis[:, 2:4] @ rng.normal(size=(2, 2))  # orthogonal span
+    cos = principal_angles(head_weights(w))
+    assert cos.dims == ("snapshot", "layer", "head", "head_b")
+    c = cos.values[0, 0]
+    np.testing.assert_allclose(c, [[1, 1, 0], [1, 1, 0], [0, 0, 1]], atol=1e-12)
+    np.testing.assert_allclose(c, c.T, atol=1e-15)
+
+
+def test_principal_angles_known_angle():
+    theta = 0.3
+    w = np.zeros((1, 1, 2, 4, 3, 1))
+    w[0, 0, 0, 0, :, 0] = [1, 0, 0]
+    w[0, 0, 1, 0, :, 0] = [np.cos(theta), np.sin(theta), 0]
+    angles = principal_angles(head_weights(w), kind="angles")
+    assert angles.dims == ("snapshot", "layer", "head", "head_b", "angle")
+    np.testing.assert_allclose(angles.values[0, 0, 0, 1, 0], theta, rtol=1e-10)
+    np.testing.assert_allclose(principal_angles(head_weights(w)).values[0, 0, 0, 1], np.cos(theta))
+    with pytest.raises(ValueError, match="kind"):
+        principal_angles(head_weights(w), kind="bogus")
+    with pytest.raises(ValueError, match="weight"):
+        principal_angles(head_weights(w), weight="x")
+
+
+def test_qk_cosine_self_negated_scaled_and_reference():
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(2, 1, 4, 4, 6, 3))
+    w[:, :, 1] = w[:, :, 0]
+    w[:, :, 1, 0] *= -1  # negated W_Q
+    w[:, :, 2] = w[:, :, 0]
+    w[:, :, 2, 1] *= 2.5  # positively scaled W_K: same circuit
+    c = qk_cosine(head_weights(w))
+    assert c.dims == ("snapshot", "layer", "head", "head_b")
+    np.testing.assert_allclose(np.diagonal(c.values, axis1=-2, axis2=-1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(c.values[:, 0, 0, 1], -1.0, rtol=1e-12)
+    np.testing.assert_allclose(c.values[:, 0, 0, 2], 1.0, rtol=1e-12)
+    # Direct reference: flatten the d_model x d_model circuits.
+    circuits = np.einsum("slhmi,slhni->slhmn", w[:, :, :, 0], w[:, :, :, 1]).reshape(2, 1, 4, -1)
+    unit = circuits / np.linalg.norm(circuits, axis=-1, keepdims=True)
+    np.testing.assert_allclose(c.values, np.einsum("slhx,slgx->slhg", unit, unit), rtol=1e-10, atol=1e-12)
+
+
+def test_weight_metrics_dask_run_dim_and_missing_heads():
+    rng = np.random.default_rng(2)
+    w = head_weights(rng.normal(size=(3, 2, 3, 4, 6, 2)))
+    sweep = xr.concat([w, w.where(w["head"] < 2)], dim="run")  # run 1: head 2 padded
+    lazy = sweep.chunk({"snapshot": 1, "d_model": 2})
+    for fn in (principal_angles, qk_cosine, lambda x: principal_angles(x, "v", kind="angles")):
+        with no_compute():
+            out = fn(lazy)
+        assert out.chunks is not None
+        eager = fn(sweep)
+        np.testing.assert_allclose(out.compute().values, eager.values, rtol=1e-10, atol=1e-12)
+        assert out.dims[:4] == ("run", "snapshot", "layer", "head")
+        np.testing.assert_allclose(eager.isel(run=0).values, fn(w).values, rtol=1e-12)
+        assert np.isnan(eager.isel(run=1, head=2).values).all()
+        assert np.isfinite(eager.isel(run=1, head=[0, 1], head_b=[0, 1]).values).all()
+
+
+def test_analysis_modules_import_neither_torch_nor_zarr():
+    root = Path(__file__).resolve().parents[1] / "dynamics" / "analysis"
+    for name in ("divergence.py", "bifurcation.py", "redundancy.py"):
+        tree = ast.parse((root / name).read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[0])
+        assert not imported & {"torch", "zarr"}, name

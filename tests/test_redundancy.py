@@ -1,0 +1,237 @@
+"""Known-answer tests for dynamics.analysis.redundancy."""
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+from scipy.cluster.hierarchy import fcluster
+
+from dynamics.analysis.divergence import js_distance
+from dynamics.analysis.redundancy import (
+    attention_correlation,
+    cluster_heads,
+    cross_seed_consistency,
+    linkage_matrix,
+    redundancy_fraction,
+)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("computed eagerly: the analysers must only build a dask graph")
+
+
+def no_compute():
+    """Any dask computation inside this context fails the test."""
+    return dask.config.set(scheduler=_refuse)
+
+
+ATTN_DIMS = ("snapshot", "layer", "head", "probe", "query", "key")
+Q = 8
+
+
+def prototypes():
+    """Four far-apart causal patterns (Q, K): sink, previous token, self, uniform."""
+    sink = np.zeros((Q, Q))
+    sink[:, 0] = 1
+    prev = np.eye(Q, k=-1)
+    prev[0, 0] = 1
+    uniform = np.tril(np.ones((Q, Q)))
+    return np.stack([sink, prev, np.eye(Q), uniform / uniform.sum(-1, keepdims=True)])
+
+
+# 2 layers x 4 heads; planted groups: sink x3, prev x2, self x2, uniform x1.
+PLANTED = np.array([[0, 0, 1, 2], [1, 0, 3, 2]])
+PLANTED_SHARE = 7 / 8
+
+
+def planted_attention(seed=0, n_probe=2, noise=0.005):
+    rng = np.random.default_rng(seed)
+    base = prototypes()[PLANTED]  # (L, H, Q, K)
+    jitter = np.tril(rng.random((2, 4, n_probe, Q, Q)))
+    jitter /= jitter.sum(-1, keepdims=True)
+    return (1 - noise) * base[:, :, None] + noise * jitter  # near-identical copies
+
+
+def same_partition(labels, planted):
+    a, b = labels.ravel(), planted.ravel()
+    return np.array_equal(a[:, None] == a[None, :], b[:, None] == b[None, :])
+
+
+def attn_da(a):
+    return xr.DataArray(a, dims=ATTN_DIMS, coords={"step": ("snapshot", 100 * np.arange(a.shape[0]))})
+
+
+def two_snapshots():
+    """Snapshot 0: every head uniform (one cluster); snapshot 1: the planted groups."""
+    early = np.broadcast_to(prototypes()[3], (2, 4, 2, Q, Q))
+    return attn_da(np.stack([early, planted_attention()]))
+
+
+def test_planted_clusters_are_recovered():
+    jsd = js_distance(two_snapshots())
+    planted = jsd.isel(snapshot=1).values.reshape(8, 8)
+    same = PLANTED.ravel()[:, None] == PLANTED.ravel()[None, :]
+    assert planted[same].max() < 0.1 < planted[~same].min()  # the construction is as intended
+    labels = cluster_heads(jsd)
+    assert labels.dims == ("snapshot", "layer", "head")
+    assert labels.dtype == np.int64
+    np.testing.assert_array_equal(labels.isel(snapshot=0).values, 0)
+    lab1 = labels.isel(snapshot=1).values
+    assert same_partition(lab1, PLANTED)
+    np.testing.assert_array_equal(lab1, [[0, 0, 1, 2], [1, 0, 3, 2]])  # first-appearance numbering
+    frac = redundancy_fraction(labels)
+    assert frac.dims == ("snapshot",)
+    np.testing.assert_allclose(frac.values, [1.0, PLANTED_SHARE])
+    np.testing.assert_array_equal(frac["step"].values, [0, 100])
+
+
+def test_threshold_and_method():
+    jsd = js_distance(two_snapshots()).isel(snapshot=1)
+    np.testing.assert_array_equal(cluster_heads(jsd, threshold=0.0).values.ravel(), np.arange(8))
+    assert float(redundancy_fraction(cluster_heads(jsd, threshold=0.0))) == 0.0
+    assert (cluster_heads(jsd, threshold=1.0).values == 0).all()
+    assert same_partition(cluster_heads(jsd, method="complete").values, PLANTED)
+    with pytest.raises(ValueError, match="method"):
+        cluster_heads(jsd, method="ward")
+
+
+def test_redundancy_fraction_known_values_and_missing_heads():
+    lab = xr.DataArray([[[0, 0, 1, 2]], [[0, 1, 2, 3]], [[5, 5, 5, -1]]], dims=("snapshot", "layer", "head"))
+    np.testing.assert_allclose(redundancy_fraction(lab).values, [0.5, 0.0, 1.0])
+
+
+def test_clustering_lazy_run_dim_and_missing_heads():
+    attn = two_snapshots()
+    padded = attn.where(~((attn["layer"] == 1) & (attn["head"] == 2)))  # run 1 lacks head (1, 2)
+    sweep = xr.concat([attn, padded], dim="run")
+    with no_compute():
+        jsd = js_distance(sweep.chunk({"snapshot": 1}))
+        labels = cluster_heads(jsd)
+        frac = redundancy_fraction(labels)
+    assert labels.chunks is not None
+    assert frac.dims == ("run", "snapshot") and frac.chunks is not None
+    lab = labels.compute().values
+    eager = cluster_heads(js_distance(sweep)).values
+    np.testing.assert_array_equal(lab, eager)
+    assert lab[1, 1, 1, 2] == -1
+    keep = np.ones((2, 4), bool)
+    keep[1, 2] = False
+    assert same_partition(lab[1, 1][keep], PLANTED[keep])
+    # Run 1: the lone uniform head is gone, so all 7 remaining heads are redundant.
+    np.testing.assert_allclose(frac.compute().values, [[1.0, PLANTED_SHARE], [1.0, 1.0]])
+
+
+def test_linkage_matrix_matches_cluster_heads():
+    jsd = js_distance(two_snapshots()).isel(snapshot=1)
+    z = linkage_matrix(jsd)
+    assert z.shape == (7, 4)
+    assert np.all(np.diff(z[:, 2]) >= 0)
+    assert same_partition(fcluster(z, t=0.1, criterion="distance"), PLANTED)
+    np.testing.assert_allclose(linkage_matrix(jsd.values.reshape(8, 8)), z)
+    with_missing = jsd.where(
+        ~((jsd["layer"] == 1) & (jsd["head"] == 2)) & ~((jsd["layer_b"] == 1) & (jsd["head_b"] == 2))
+    )
+    assert linkage_matrix(with_missing).shape == (6, 4)
+    with pytest.raises(ValueError, match="one snapshot"):
+        linkage_matrix(js_distance(two_snapshots()))
+
+
+def test_attention_correlation_identical_heads_and_reference():
+    rng = np.random.default_rng(0)
+    a = np.tril(rng.random((1, 2, 3, 2, 5, 5)))
+    a /= a.sum(-1, keepdims=True)
+    a[:, 1, 0] = a[:, 0, 2]  # identical heads across layers
+    r = attention_correlation(attn_da(a))
+    assert r.dims == ("snapshot", "layer", "head", "layer_b", "head_b")
+    v = r.values[0]
+    assert v[0, 2, 1, 0] == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_allclose(np.diagonal(v.reshape(6, 6)), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(v, v.transpose(2, 3, 0, 1), rtol=1e-12)
+    causal = np.tril(np.ones((5, 5), bool))
+    flat = a[0][..., causal].reshape(6, -1)  # (heads, probe * causal entries)
+    np.testing.assert_allclose(v.reshape(6, 6), np.corrcoef(flat), rtol=1e-10, atol=1e-12)
+
+
+def test_attention_correlation_lazy_and_run_dim():
+    attn = two_snapshots()
+    sweep = xr.concat([attn, attn.where(attn["head"] < 3)], dim="run")
+    eager = attention_correlation(sweep)
+    with no_compute():
+        lazy = attention_correlation(sweep.chunk({"snapshot": 1, "query": 4}))
+    assert lazy.chunks is not None
+    assert eager.dims == ("run", "snapshot", "layer", "head", "layer_b", "head_b")
+    np.testing.assert_allclose(lazy.compute().values, eager.values, rtol=1e-12, equal_nan=True)
+    np.testing.assert_allclose(eager.isel(run=0).values, attention_correlation(attn).values)
+    assert np.isnan(eager.isel(run=1, head=3).values).all()
+    assert np.isfinite(eager.isel(run=1, snapshot=1, head=[0, 1, 2], head_b=[0, 1, 2]).values).all()
+
+
+# ----------------------------------------------------------------------------- seeds
+
+
+def planted_profiles(seed=0, n_layer=2, n_head=4, n_feature=5):
+    """Run 0 random; run 1 = run 0 with each layer's heads permuted (same config 'a');
+    run 2 unrelated (config 'b', alone)."""
+    rng = np.random.default_rng(seed)
+    base = rng.random((n_layer, n_head, n_feature))
+    perms = np.stack([rng.permutation(n_head) for _ in range(n_layer)])
+    permuted = np.take_along_axis(base, perms[:, :, None], axis=1)  # run1[l, h] = run0[l, perm[l, h]]
+    other = rng.random((n_layer, n_head, n_feature))
+    prof = xr.DataArray(
+        np.stack([base, 2.0 * permuted, other]),  # a scale change must not matter
+        dims=("run", "layer", "head", "feature"),
+        coords={"run": ["r0", "r1", "r2"], "config": ("run", ["a", "a", "b"])},
+    )
+    return prof, perms
+
+
+def test_cross_seed_consistency_recovers_planted_permutation():
+    prof, perms = planted_profiles()
+    out = cross_seed_consistency(prof, prof["config"])
+    assert out.similarity.dims == ("group",)
+    np.testing.assert_allclose(out.similarity.sel(group="a"), 1.0, rtol=1e-12)
+    assert np.isnan(out.similarity.sel(group="b"))  # one run: no pair
+    assert out.match.dims == ("pair", "layer", "head")
+    assert out.run_a.values.tolist() == ["r0"] and out.run_b.values.tolist() == ["r1"]
+    # run0 head h is run1 head inv[h], where run1[l, k] = run0[l, perms[l, k]].
+    inverse = np.argsort(perms, axis=1)
+    np.testing.assert_array_equal(out.match.isel(pair=0).values, inverse)
+    np.testing.assert_allclose(out.matched_similarity.values, 1.0, rtol=1e-12)
+    by_name = cross_seed_consistency(prof, "config")
+    xr.testing.assert_identical(by_name, out)
+
+
+def test_cross_seed_consistency_three_seeds_partial_similarity_and_missing_heads():
+    rng = np.random.default_rng(1)
+    base = rng.random((2, 4, 5))
+    base[0, 3] = np.nan  # a padded head: the same slot in every run of the config
+    perms = [np.array([[2, 0, 1, 3], [3, 1, 0, 2]]), np.array([[1, 2, 0, 3], [0, 3, 2, 1]])]
+    runs = [base] + [np.take_along_axis(base, p[:, :, None], axis=1) for p in perms]
+    three = xr.DataArray(np.stack(runs), dims=("run", "layer", "head", "feature"), coords={"run": ["s0", "s1", "s2"]})
+    out = cross_seed_consistency(three, ["a", "a", "a"])
+    assert out.sizes["pair"] == 3
+    np.testing.assert_allclose(out.similarity.values, [1.0], rtol=1e-12)
+    np.testing.assert_allclose(out.pair_similarity.values, 1.0, rtol=1e-12)
+    np.testing.assert_array_equal(out.match.sel(layer=0, head=3).values, -1)
+    assert (out.match.sel(layer=0).values[:, :3] >= 0).all()
+    assert np.isnan(out.matched_similarity.sel(layer=0, head=3).values).all()
+    np.testing.assert_array_equal(out.match.values[0], np.where(base[:, :, 0] >= 0, np.argsort(perms[0], axis=1), -1))
+
+    prof, _ = planted_profiles(seed=1)
+    other = prof.copy(data=np.random.default_rng(2).random(prof.shape))  # unrelated seeds
+    s = cross_seed_consistency(other, ["a", "a", "a"]).similarity.item()
+    assert 0.0 < s < 1.0
+
+
+def test_cross_seed_consistency_lazy_and_validates():
+    prof, _ = planted_profiles(seed=3)
+    snaps = xr.concat([prof, prof], dim="snapshot")  # an extra leading dim
+    eager = cross_seed_consistency(snaps, "config")
+    with no_compute():
+        # Group labels are metadata, passed in memory; the profiles stay lazy.
+        lazy = cross_seed_consistency(snaps.chunk({"snapshot": 1}), ["a", "a", "b"])
+    assert lazy.similarity.chunks is not None
+    xr.testing.assert_allclose(lazy.compute(), eager)
+    np.testing.assert_allclose(eager.similarity.sel(group="a").values, [1.0, 1.0], rtol=1e-12)
+    with pytest.raises(ValueError, match="run_group"):
+        cross_seed_consistency(prof, ["a", "a"])
