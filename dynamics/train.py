@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import dynamics
-from dynamics import store
+from dynamics import interventions, store
 from dynamics.config import RunConfig
 from dynamics.model import Transformer
 from dynamics.record import Recorder, coords, snapshot_steps, variables
@@ -68,9 +68,9 @@ def gate_reg_weight(cfg: RunConfig, step: int) -> float:
     return cfg.model.gate_l1 * min(1.0, max(0.0, (frac - 0.1) / 0.6))
 
 
-def make_optimizer(cfg: RunConfig, model: Transformer) -> torch.optim.Optimizer:
+def make_optimizer(cfg: RunConfig, model: Transformer, extra: list | None = None) -> torch.optim.Optimizer:
     tr = cfg.train
-    params = model.optim_parameters()
+    params = model.optim_parameters() + list(extra or [])
     if tr.optimizer == "sgd":
         return torch.optim.SGD(params, lr=tr.lr, momentum=tr.beta1, weight_decay=tr.weight_decay)
     return torch.optim.AdamW(params, lr=tr.lr, betas=(tr.beta1, tr.beta2), weight_decay=tr.weight_decay)
@@ -113,13 +113,14 @@ class _Writer:
             self.pool.shutdown(wait=True)
 
 
-def _checkpoint_bytes(model, optimizer, step: int, recorder: Recorder) -> bytes:
+def _checkpoint_bytes(model, optimizer, step: int, recorder: Recorder, intervention) -> bytes:
     buf = io.BytesIO()
     torch.save({
         "step": step,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "prev_grads": recorder.prev_grads,
+        "intervention": intervention.state_dict() if intervention is not None else None,
         "torch_rng": torch.get_rng_state(),
     }, buf)
     return buf.getvalue()
@@ -176,7 +177,8 @@ def train_run(
     steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
     index_of = {int(s): i for i, s in enumerate(steps_at)}
     model = build(cfg, device)
-    optimizer = make_optimizer(cfg, model)
+    intervention = interventions.build(cfg, model, device)
+    optimizer = make_optimizer(cfg, model, intervention.parameters() if intervention else None)
     recorder = Recorder(cfg, device)
 
     start = 0
@@ -186,6 +188,8 @@ def train_run(
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         recorder.prev_grads = ckpt["prev_grads"]
+        if intervention is not None:
+            intervention.load_state_dict(ckpt["intervention"])
         torch.set_rng_state(ckpt["torch_rng"])
         start = int(ckpt["step"])
 
@@ -201,7 +205,7 @@ def train_run(
         "steps_total": cfg.train.steps,
     }
     base_attrs.update(extra_attrs or {})
-    writer = store.RunWriter(path, run_id, variables=variables(cfg, len(steps_at)),
+    writer = store.RunWriter(path, run_id, variables=variables(cfg, len(steps_at)) | (intervention.variables(len(steps_at)) if intervention else {}),
                              coords=coords(cfg, steps_at), attrs=base_attrs, resume=existing)
     prior = store.run_attrs(path, run_id) if existing else {}
     writer.set_attrs(**base_attrs, starts=int(prior.get("starts", 0)) + 1,
@@ -232,18 +236,26 @@ def train_run(
                 group["lr"] = lr_at(cfg, step)
             optimizer.zero_grad(set_to_none=True)
             model.zero_grad(set_to_none=True)  # fixed gates are outside the optimiser
-            logits = model(tokens[:, :-1])  # (B, T, V)
+            if intervention is None:
+                logits = model(tokens[:, :-1])  # (B, T, V)
+            else:
+                with model.hooks(intervention.fwd_hooks()):
+                    logits = model(tokens[:, :-1])  # (B, T, V)
             loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
             reg = gate_reg_weight(cfg, step)
             objective = loss + reg * model.gate_l1() if reg else loss
+            if intervention is not None:
+                objective = objective + intervention.loss(step, tokens, logits)
             objective.backward()
             last_loss = loss.item()
 
             if step in index_of:
                 blocks = recorder.snapshot(model)
+                if intervention is not None:
+                    blocks |= intervention.snapshot(model, recorder.probe_tokens)
                 if step < cfg.train.steps and math.isfinite(last_loss):
                     losses[step] = last_loss
-                blob = _checkpoint_bytes(model, optimizer, step, recorder)
+                blob = _checkpoint_bytes(model, optimizer, step, recorder, intervention)
                 bg.submit(writer.write_snapshot, index_of[step], blocks)
                 if step > flushed:
                     bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
@@ -279,3 +291,29 @@ def set_threads(n: int | None) -> None:
     if n:
         torch.set_num_threads(n)
         os.environ["OMP_NUM_THREADS"] = str(n)
+
+
+def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") -> tuple[Transformer, RunConfig, int]:
+    """The model of a recorded run at its latest checkpoint, with its config and step.
+
+    Raises StoreError when the run has no checkpoint (nothing to load).
+    """
+    from dynamics.config import from_dict
+
+    ids = store.list_runs(path)
+    if run_id is None:
+        if len(ids) != 1:
+            raise store.StoreError(f"{path} holds {len(ids)} runs; choose one with --run ({', '.join(ids[:8])})")
+        run_id = ids[0]
+    if run_id not in ids:
+        raise store.StoreError(f"no run {run_id!r} in {path}")
+    attrs = store.run_attrs(path, run_id)
+    cfg = from_dict({k: v for k, v in attrs["config"].items() if k != "sweep"})
+    ckpt_file = store.checkpoint_path(path, run_id)
+    if not ckpt_file.exists():
+        raise store.StoreError(f"run {run_id} in {path} has no checkpoint to load the model from")
+    ckpt = torch.load(ckpt_file, map_location=device, weights_only=False)
+    model = Transformer(cfg.model).to(device)
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    return model, cfg, int(ckpt["step"])
