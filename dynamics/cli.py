@@ -84,6 +84,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 1
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set)
+    from dynamics.sweep import run_sweep
+
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers: must be >= 1, got {args.workers}")
+    out = args.out or f"runs/{Path(args.config).stem}.zarr"
+    _check_out(out)
+    summary = run_sweep(cfg, out, workers=args.workers, scheduler=args.scheduler)
+    for line in summary.lines():
+        print(line)
+    return 0 if summary.ok else 1
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     _check_store(args.store)
     from dynamics import store
@@ -109,6 +123,77 @@ def _print_table(header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=False)).rstrip())
 
 
+def analyse_store(path: str, run_ids: list[str] | None = None) -> list[dict]:
+    """Run every analyser on each run of a store and write analysis/<run_id>; one summary per run."""
+    from dynamics import store
+    from dynamics.analysis import analyse_run, summary_row
+
+    rows = []
+    for run_id in run_ids or store.list_runs(path):
+        attrs = store.run_attrs(path, run_id)
+        if attrs.get("status") not in ("completed", "diverged"):
+            rows.append({"run": run_id, "status": attrs.get("status", "?"), "skipped": True})
+            continue
+        result = analyse_run(store.open_run(path, run_id)).compute()
+        store.write_analysis(path, run_id, result)
+        rows.append({"run": run_id, "status": attrs["status"], **summary_row(result)})
+    return rows
+
+
+def cmd_analyse(args: argparse.Namespace) -> int:
+    _check_store(args.store)
+    from dynamics import store
+
+    ids = store.list_runs(args.store)
+    if args.run and args.run not in ids:
+        raise UsageError(f"no run {args.run!r} in {args.store}")
+    if not ids:
+        raise UsageError(f"{args.store} holds no runs to analyse")
+    t0 = time.perf_counter()
+    rows = analyse_store(args.store, [args.run] if args.run else None)
+    _print_analysis(rows)
+    print(f"analysed {sum(not r.get('skipped') for r in rows)} runs in {time.perf_counter() - t0:.1f}s "
+          f"-> {args.store} (analysis/<run_id>)")
+    return 0
+
+
+def _print_analysis(rows: list[dict]) -> None:
+    header = ["run", "status", "bifurcation", "divergence", "redundancy", "slash_dom", "final roles"]
+    table = []
+    for r in rows:
+        if r.get("skipped"):
+            table.append([r["run"], r["status"], "-", "-", "-", "-", "not analysed (unfinished)"])
+            continue
+        roles = " ".join(f"{k}:{v}" for k, v in sorted(r["roles"].items(), key=lambda kv: -kv[1]))
+        bif = "never" if r["bifurcation_step"] is None else str(r["bifurcation_step"])
+        table.append([r["run"], r["status"], bif, f"{r['final_divergence']:.3f}", f"{r['redundancy']:.2f}",
+                      str(r["slash_dominant"]), roles])
+    _print_table(header, table)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    if args.horizon is not None and args.horizons is not None:
+        raise UsageError("give --horizon or --horizons, not both")
+    text = args.horizons if args.horizons is not None else (args.horizon if args.horizon is not None else "0.1")
+    try:
+        horizons = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--horizons: expected numbers separated by commas, got {text!r}") from None
+    _check_store(args.store)
+    from dynamics import predict
+
+    try:  # every PredictError is bad input found before any model is fitted: one line, exit 2
+        opts = predict.PredictOptions(target=args.target, horizons=horizons, unit=args.unit, group_by=args.group,
+                                      n_splits=args.folds, use_stored_analysis=not args.recompute)
+        curve = predict.predict_runs(predict.load_runs(args.store, opts), opts)
+    except predict.PredictError as e:
+        raise UsageError(str(e)) from None
+    print(predict.format_curve(curve))
+    if not args.no_save:
+        print(f"saved derived/{predict.write_curve(args.store, curve)} in {args.store}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynamics", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -121,9 +206,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", help="run group name (default: derived from the resolved config)")
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("sweep", help="train every point of a config's [sweep] grid (skips finished runs)")
+    p.add_argument("config", help="TOML config with a [sweep] table")
+    p.add_argument("--out", help="store path or fsspec URL (default runs/<config>.zarr)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config key")
+    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster (default: one per core)")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="run on an existing Dask cluster (tcp://host:port or a scheduler file)")
+    p.set_defaults(func=cmd_sweep)
+
     p = sub.add_parser("status", help="runs in a store: swept values, status, steps done, last loss")
     p.add_argument("store")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("analyse", help="compute every analyser for every run; write results next to the recordings")
+    p.add_argument("store")
+    p.add_argument("--run", help="only this run id")
+    p.set_defaults(func=cmd_analyse)
+    p = sub.add_parser("predict", help="predict each head's final specialisation from its early gradients (grouped CV)")
+    p.add_argument("store")
+    p.add_argument("--target", default="slash", help="slash (default), role, importance, chg or redundant")
+    p.add_argument("--horizon", help="one horizon (default 0.1)")
+    p.add_argument("--horizons", help="comma-separated horizons for the curve, e.g. 0,0.02,0.05,0.1,0.2,0.5")
+    p.add_argument("--unit", default="fraction", help="horizons as a 'fraction' of each run (default) or a training 'step'")
+    p.add_argument("--group", default="seed", help="hold out whole 'seed's (default), 'run's or 'config's")
+    p.add_argument("--folds", type=int, default=5, help="grouped CV folds, at most the number of groups (default 5)")
+    p.add_argument("--recompute", action="store_true", help="compute final targets from the recordings, not the stored analysis")
+    p.add_argument("--no-save", action="store_true", help="print only; do not write derived/predict.<target>")
+    p.set_defaults(func=cmd_predict)
     return parser
 
 

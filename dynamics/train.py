@@ -222,9 +222,11 @@ def train_run(
     def finish(status: str, **attrs) -> RunResult:
         bg.close()
         done = min(step, cfg.train.steps)
-        writer.set_attrs(status=status, steps_done=done, last_loss=last_loss,
-                         steps_trained=int(prior.get("steps_trained", 0)) + max(0, done - start),
-                         wall_time=wall_before + time.perf_counter() - t0, **attrs)
+        final = {"status": status, "steps_done": done,
+                 "last_loss": last_loss if math.isfinite(last_loss) else None,
+                 "steps_trained": int(prior.get("steps_trained", 0)) + max(0, done - start),
+                 "wall_time": wall_before + time.perf_counter() - t0}
+        writer.set_attrs(**(final | attrs))
         writer.finalize()
         return RunResult(run_id, status, done)
 
@@ -250,12 +252,14 @@ def train_run(
             last_loss = loss.item()
 
             if step in index_of:
+                # The checkpoint is the state *before* this snapshot is recorded, so a resume
+                # from it records the snapshot again exactly (prev_grads included).
+                blob = _checkpoint_bytes(model, optimizer, step, recorder, intervention)
                 blocks = recorder.snapshot(model)
                 if intervention is not None:
                     blocks |= intervention.snapshot(model, recorder.probe_tokens)
                 if step < cfg.train.steps and math.isfinite(last_loss):
                     losses[step] = last_loss
-                blob = _checkpoint_bytes(model, optimizer, step, recorder, intervention)
                 bg.submit(writer.write_snapshot, index_of[step], blocks)
                 if step > flushed:
                     bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
@@ -263,7 +267,7 @@ def train_run(
                 bg.submit(_save_checkpoint, path, run_id, blob, writer, step)
             if not math.isfinite(last_loss):
                 bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
-                return finish("diverged", diverged_step=step, last_loss=None)
+                return finish("diverged", diverged_step=step)
             if step == cfg.train.steps:
                 break
             losses[step] = last_loss

@@ -1,0 +1,128 @@
+"""End-to-end training runs through the real CLI: resume after SIGKILL, divergence, bad input."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics import store
+from dynamics.config import load_config
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"}
+
+
+def dyn(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "dynamics", *args], capture_output=True, text=True, env=ENV, **kw)
+
+
+def arrays(path):
+    ds = store.open_run(path).load()
+    return {name: ds[name].values for name in ds.data_vars}
+
+
+def test_run_cli_writes_a_store_plain_xarray_can_open(tiny_config, tmp_path):
+    cfg = tiny_config(steps=20, every=10)
+    out = tmp_path / "s.zarr"
+    r = dyn("run", cfg, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run_id = load_config(cfg).run_id()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = xr.open_zarr(out, group=f"runs/{run_id}")
+    assert ds.attention.dims == ("snapshot", "layer", "head", "probe", "query", "key")
+    assert ds.step.values.tolist() == [0, 1, 2, 4, 8, 10, 20]
+    assert ds.attrs["status"] == "completed" and ds.attrs["data_hash"]
+    rows = ds.attention.isel(snapshot=-1).astype("float32").sum("key").values
+    np.testing.assert_allclose(rows, 1.0, atol=1e-2)
+    assert np.isfinite(ds.loss.values).all() and np.isfinite(ds.grad_norm.values).all()
+    # running it again retrains nothing
+    r2 = dyn("run", cfg, "--out", str(out))
+    assert r2.returncode == 0 and "nothing retrained" in r2.stdout
+    assert store.run_attrs(out, run_id)["starts"] == 1
+
+
+def test_python_dash_m_matches_console_script(tiny_config):
+    r = subprocess.run(["dynamics", "--help"], capture_output=True, text=True)
+    r2 = dyn("--help")
+    assert r.returncode == r2.returncode == 0 and r.stdout.replace("dynamics", "") == r2.stdout.replace("dynamics", "")
+
+
+def test_resume_after_sigkill_equals_uninterrupted(tiny_config, tmp_path):
+    cfg = tiny_config(steps=200, every=20)
+    run_id = load_config(cfg).run_id()
+    whole, killed = tmp_path / "whole.zarr", tmp_path / "killed.zarr"
+    assert dyn("run", cfg, "--out", str(whole)).returncode == 0
+
+    proc = subprocess.Popen([sys.executable, "-m", "dynamics", "run", cfg, "--out", str(killed)],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:  # wait for a mid-run checkpoint, then kill without warning
+            if store.is_store(killed) and run_id in store.list_runs(killed):
+                if store.run_attrs(killed, run_id).get("checkpoint_step", 0) >= 40:
+                    break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        proc.kill()
+    attrs = store.run_attrs(killed, run_id)
+    assert attrs["status"] == "running", "the kill should land mid-run"
+    assert 40 <= attrs["checkpoint_step"] < 200
+
+    r = dyn("run", cfg, "--out", str(killed))
+    assert r.returncode == 0, r.stderr
+    attrs = store.run_attrs(killed, run_id)
+    assert attrs["status"] == "completed" and attrs["starts"] == 2
+    a, b = arrays(whole), arrays(killed)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_absurd_learning_rate_ends_diverged_not_traceback(tiny_config, tmp_path):
+    cfg = tiny_config(steps=60, every=10)
+    out = tmp_path / "d.zarr"
+    r = dyn("run", cfg, "--out", str(out), "--set", "train.lr=1e6", "--set", "train.grad_clip=0",
+            "--set", "train.optimizer='sgd'", "--set", "train.warmup_steps=0")
+    assert "Traceback" not in r.stderr
+    assert r.returncode == 1
+    ds = store.open_run(out)
+    assert ds.attrs["status"] == "diverged"
+    step = ds.attrs["diverged_step"]
+    assert 0 < step < 60
+    assert np.isfinite(ds.loss.values[:step]).all()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--set", "model.n_heads=3"], "model.n_heads: 3 does not divide model.d_model 32"),
+        (["--set", "train.lr=0"], "train.lr: must be > 0"),
+        (["--set", "model.foo=1"], "unknown key 'model.foo'"),
+        (["--set", "model.context=4"], "model.context: 4 is too short"),
+        (["--set", "model.d_model='big'"], "model.d_model: expected an integer"),
+    ],
+)
+def test_bad_config_one_line_exit_2_nothing_written(tiny_config, tmp_path, args, needle):
+    out = tmp_path / "x.zarr"
+    r = dyn("run", tiny_config(), "--out", str(out), *args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert not out.exists()
+
+
+def test_out_path_that_is_not_a_store_is_refused(tiny_config, tmp_path):
+    victim = tmp_path / "notes"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    r = dyn("run", tiny_config(), "--out", str(victim))
+    assert r.returncode == 2 and "not a dynamics store" in r.stderr
+    assert (victim / "precious.txt").read_text() == "keep me" and len(list(victim.iterdir())) == 1
