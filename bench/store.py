@@ -1,0 +1,191 @@
+"""Which codec should the store use? Write one realistic run with each and compare.
+
+    python bench/store.py [--snapshots 30] [--repeats 3]
+
+The run mirrors what the recorder writes for the default model (2 layers, 4 heads, 8 probes,
+context 64): float16 attention maps, per-head gradient norms and cosines, importance, gates,
+per-head W_Q/W_K/W_V/W_O slices (float32), eval loss per component and the per-step loss.
+Attention maps are causal softmax rows (upper triangle exactly 0) that sharpen over training
+from near-uniform to peaky, with a mix of head types (previous token, sink, self, content), as
+real recordings do. Every codec writes the same arrays through ``RunWriter`` into a fresh
+local store; write time (all snapshots and the loss) and read time (open_run + load) are
+the best of --repeats; sizes are the chunk bytes on disk. At these chunk sizes throughput is
+bounded by per-chunk file and task overhead as much as by the codec.
+Printed per codec: bytes per snapshot (all arrays, and attention alone), compression ratio
+(raw / stored), write throughput in MB/s of raw data (wall clock, and per CPU-second of the
+whole process, which other load on the machine does not distort), read throughput, and the
+codec the store uses next to the rule it was chosen by.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dynamics import store  # noqa: E402
+
+L, H, P, T, D_MODEL, D_HEAD, STEPS = 2, 4, 8, 64, 64, 16, 3000
+
+
+def attention_maps(rng: np.random.Generator, sharpness: float) -> np.ndarray:
+    """(L, H, P, T, T) causal softmax rows; `sharpness` in [0, 1] goes from early to trained."""
+    q = np.arange(T)[:, None]
+    k = np.arange(T)[None, :]
+    logits = rng.normal(0.0, 0.5 + 3.0 * sharpness, size=(L, H, P, T, T))
+    bump = 2.0 + 10.0 * sharpness
+    kinds = ["prev", "sink", "self", "content"]
+    for layer in range(L):
+        for head in range(H):
+            kind = kinds[(layer * H + head) % len(kinds)]
+            if kind == "prev":
+                logits[layer, head] += bump * (k == q - 1)
+            elif kind == "sink":
+                logits[layer, head] += bump * (k == 0)
+            elif kind == "self":
+                logits[layer, head] += bump * (k == q)
+            else:  # content: a few keys per probe attract every later query
+                hot = rng.random((P, 1, T)) < 0.08
+                logits[layer, head] += bump * hot
+    logits = np.where(k <= q, logits, -np.inf)
+    logits -= logits.max(axis=-1, keepdims=True)
+    w = np.exp(logits)
+    return (w / w.sum(axis=-1, keepdims=True)).astype(np.float16)
+
+
+def make_run(n_snap: int, seed: int = 0) -> tuple[dict, dict, list[dict], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    snap = ("snapshot", "layer", "head")
+    variables = {
+        "attention": ((*snap, "probe", "query", "key"), (n_snap, L, H, P, T, T), "float16"),
+        "grad_norm": ((*snap, "weight"), (n_snap, L, H, 4), "float32"),
+        "grad_cosine": ((*snap, "weight"), (n_snap, L, H, 4), "float32"),
+        "importance": (snap, (n_snap, L, H), "float32"),
+        "gate": (snap, (n_snap, L, H), "float32"),
+        "head_weights": ((*snap, "weight", "d_model", "d_head"), (n_snap, L, H, 4, D_MODEL, D_HEAD), "float32"),
+        "eval_loss": (("snapshot", "component"), (n_snap, 2), "float32"),
+        "loss": (("train_step",), (STEPS,), "float32"),
+    }
+    steps = np.unique(np.linspace(0, STEPS - 1, n_snap).astype(int))
+    coords = {
+        "step": ("snapshot", steps[:n_snap] if len(steps) >= n_snap else np.arange(n_snap)),
+        "layer": ("layer", np.arange(L)),
+        "head": ("head", np.arange(H)),
+        "weight": ("weight", np.array(["q", "k", "v", "o"])),
+        "component": ("component", np.array(["induction", "markov"])),
+        "train_step": ("train_step", np.arange(STEPS)),
+    }
+    weights = rng.normal(0, 0.1, size=(L, H, 4, D_MODEL, D_HEAD)).astype(np.float32)
+    snapshots = []
+    for i in range(n_snap):
+        s = i / max(n_snap - 1, 1)
+        weights = weights + rng.normal(0, 0.01, size=weights.shape).astype(np.float32)
+        snapshots.append(
+            {
+                "attention": attention_maps(rng, s),
+                "grad_norm": rng.gamma(2.0, 0.1 * (1 - 0.8 * s), size=(L, H, 4)).astype(np.float32),
+                "grad_cosine": rng.uniform(-1, 1, size=(L, H, 4)).astype(np.float32),
+                "importance": rng.random((L, H)).astype(np.float32),
+                "gate": np.ones((L, H), np.float32),
+                "head_weights": weights.copy(),
+                "eval_loss": (4.0 - 2.5 * s + rng.normal(0, 0.05, 2)).astype(np.float32),
+            }
+        )
+    loss = (4.0 * np.exp(-np.arange(STEPS) / 800) + 1.0 + rng.normal(0, 0.05, STEPS)).astype(np.float32)
+    return variables, coords, snapshots, loss
+
+
+def dir_bytes(path: Path, exclude: str = "zarr.json") -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and p.name != exclude)
+
+
+def bench_codec(codec: str, variables, coords, snapshots, loss, repeats: int, tmp: Path) -> dict:
+    best_write = best_read = best_cpu = float("inf")
+    for r in range(repeats):
+        path = tmp / f"{codec}-{r}.zarr"
+        writer = store.RunWriter(path, "run", variables=variables, coords=coords, attrs={}, codec=codec)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for i, arrays in enumerate(snapshots):
+            writer.write_snapshot(i, arrays)
+        writer.write_region("loss", 0, loss)
+        best_write = min(best_write, time.perf_counter() - t0)
+        best_cpu = min(best_cpu, time.process_time() - c0)  # all threads: robust to other load
+        t0 = time.perf_counter()
+        ds = store.open_run(path).load()  # the analysers' path: lazy open, dask load
+        best_read = min(best_read, time.perf_counter() - t0)
+    run_dir = path / "runs" / "run"
+    for name in ("attention", "head_weights"):  # the codec must be lossless
+        np.testing.assert_array_equal(ds[name].values, np.stack([s[name] for s in snapshots]))
+    data_names = [n for n in variables if n != "loss"]
+    raw = sum(s[n].nbytes for s in snapshots for n in data_names) + loss.nbytes
+    stored = sum(dir_bytes(run_dir / n) for n in variables)
+    att_raw = sum(s["attention"].nbytes for s in snapshots)
+    att_stored = dir_bytes(run_dir / "attention")
+    return {
+        "codec": codec,
+        "bytes_per_snapshot": stored / len(snapshots),
+        "attention_bytes_per_snapshot": att_stored / len(snapshots),
+        "ratio": raw / stored,
+        "attention_ratio": att_raw / att_stored,
+        "write_mb_s": raw / best_write / 1e6,
+        "write_mb_cpu_s": raw / best_cpu / 1e6,
+        "read_mb_s": raw / best_read / 1e6,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--snapshots", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    variables, coords, snapshots, loss = make_run(args.snapshots)
+    raw_snap = sum(a.nbytes for a in snapshots[0].values())
+    print(
+        f"run: {args.snapshots} snapshots of L={L} H={H} P={P} T={T} (attention float16), "
+        f"{raw_snap / 1e3:.0f} kB raw per snapshot, {STEPS} loss steps; {os.cpu_count()} CPUs"
+    )
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for codec in store.CODECS:
+            rows.append(bench_codec(codec, variables, coords, snapshots, loss, args.repeats, Path(tmp)))
+
+    header = (
+        f"{'codec':<26}{'kB/snap':>9}{'attn kB/snap':>14}{'ratio':>8}{'attn ratio':>12}"
+        f"{'write MB/s':>12}{'MB/cpu-s':>10}{'read MB/s':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        mark = "  <- store" if r["codec"] == store.DEFAULT_CODEC else ""
+        print(
+            f"{r['codec']:<26}{r['bytes_per_snapshot'] / 1e3:>9.1f}{r['attention_bytes_per_snapshot'] / 1e3:>14.1f}"
+            f"{r['ratio']:>8.2f}{r['attention_ratio']:>12.2f}{r['write_mb_s']:>12.0f}{r['write_mb_cpu_s']:>10.0f}"
+            f"{r['read_mb_s']:>11.0f}{mark}"
+        )
+    chosen = next(r for r in rows if r["codec"] == store.DEFAULT_CODEC)
+    best = max(rows, key=lambda r: r["ratio"])
+    # the rule: least CPU per MB among the codecs within 5% of the best ratio
+    near = [r for r in rows if r["ratio"] >= 0.95 * best["ratio"]]
+    rule = max(near, key=lambda r: r["write_mb_cpu_s"])
+    print(
+        f"\nstore uses: {store.DEFAULT_CODEC} (ratio {chosen['ratio']:.2f}, {chosen['write_mb_cpu_s']:.0f} MB/cpu-s, "
+        f"{chosen['write_mb_s']:.0f} MB/s wall)"
+    )
+    print(f"best ratio: {best['codec']} ({best['ratio']:.2f}, {best['write_mb_cpu_s']:.0f} MB/cpu-s)")
+    print(
+        f"least CPU within 5% of the best ratio: {rule['codec']}"
+        + ("" if rule is chosen else "  (differs from the store's choice)")
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,351 @@
+"""Store round trips: plain xarray reads what RunWriter writes, sweeps align, nothing is clobbered."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics import store
+from dynamics.store import StoreError
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+N_SNAP, L, P, T = 3, 2, 2, 6
+
+
+def spec(n_heads: int = 4, n_snap: int = N_SNAP, steps: int = 10):
+    variables = {
+        "attention": (("snapshot", "layer", "head", "probe", "query", "key"), (n_snap, L, n_heads, P, T, T), "float16"),
+        "grad_norm": (("snapshot", "layer", "head", "weight"), (n_snap, L, n_heads, 4), "float32"),
+        "gate": (("snapshot", "layer", "head"), (n_snap, L, n_heads), "float32"),
+        "eval_loss": (("snapshot", "component"), (n_snap, 2), "float32"),
+        "probe_tokens": (("probe", "position"), (P, T + 1), "int64"),
+        "loss": (("train_step",), (steps,), "float32"),
+    }
+    coords = {
+        "step": ("snapshot", np.arange(n_snap) * 5),
+        "layer": ("layer", np.arange(L)),
+        "head": ("head", np.arange(n_heads)),
+        "weight": ("weight", np.array(["q", "k", "v", "o"])),
+        "component": ("component", np.array(["induction", "markov"])),
+        "train_step": ("train_step", np.arange(steps)),
+    }
+    return variables, coords
+
+
+def snapshot(rng, n_heads: int = 4, fill: float | None = None) -> dict:
+    gate = np.full((L, n_heads), fill, np.float32) if fill is not None else rng.random((L, n_heads), np.float32)
+    return {
+        "attention": rng.random((L, n_heads, P, T, T)).astype(np.float16),
+        "grad_norm": rng.random((L, n_heads, 4), np.float32),
+        "gate": gate,
+        "eval_loss": rng.random(2, np.float32),
+    }
+
+
+def write_run(path, run_id, *, n_heads=4, n_snap=N_SNAP, fill=None, attrs=None, seed=0):
+    rng = np.random.default_rng(seed)
+    variables, coords = spec(n_heads, n_snap)
+    w = store.RunWriter(path, run_id, variables=variables, coords=coords, attrs=attrs or {"status": "completed"})
+    snaps = [snapshot(rng, n_heads, fill) for _ in range(n_snap)]
+    for i, s in enumerate(snaps):
+        w.write_snapshot(i, s)
+    w.finalize()
+    return snaps
+
+
+def test_plain_open_zarr_round_trip(tmp_path):
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    rng = np.random.default_rng(0)
+    variables, coords = spec()
+    w = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running", "config": {"a": 1}})
+    snaps = [snapshot(rng) for _ in range(2)]  # snapshot 2 never written
+    for i, s in enumerate(snaps):
+        w.write_snapshot(i, s)
+    w.write_region("probe_tokens", 0, np.arange(P * (T + 1)).reshape(P, T + 1))
+    w.set_attrs(status="completed", last_loss=np.float32(0.5), shape=(1, 2))
+    w.finalize()
+
+    ds = xr.open_zarr(path, group="runs/r1")  # no package, no warnings (module filter: error)
+    assert ds.attention.dims == ("snapshot", "layer", "head", "probe", "query", "key")
+    assert ds.attention.dtype == np.float16
+    assert "step" in ds.coords and ds.step.dims == ("snapshot",)
+    assert list(ds.step.values) == [0, 5, 10]
+    assert [str(v) for v in ds.weight.values] == ["q", "k", "v", "o"]
+    assert [str(v) for v in ds.component.values] == ["induction", "markov"]
+    assert float(ds.grad_norm.sel(weight="k").isel(snapshot=0, layer=1, head=2)) == snaps[0]["grad_norm"][1, 2, 1]
+    np.testing.assert_array_equal(ds.attention.values[:2], np.stack([s["attention"] for s in snaps]))
+    assert np.isnan(ds.attention.values[2]).all() and np.isnan(ds.loss.values).all()
+    assert ds.probe_tokens.dtype == np.int64 and ds.probe_tokens.values[1, 0] == T + 1
+    assert ds.attrs == {"status": "completed", "config": {"a": 1}, "last_loss": 0.5, "shape": [1, 2]}
+    assert ds.attention.encoding["chunks"] == (1, L, 4, P, T, T)
+    assert xr.open_zarr(path).attrs["dynamics_store"] == store.STORE_VERSION
+
+
+def test_open_run_is_lazy_and_picks_the_only_run(tmp_path):
+    path = tmp_path / "s.zarr"
+    snaps = write_run(path, "only")
+    ds = store.open_run(path)
+    assert isinstance(ds.attention.data, da.Array)
+    assert ds.attrs["run_id"] == "only" and ds.attrs["status"] == "completed"
+    np.testing.assert_array_equal(ds.gate.isel(snapshot=1).values, snaps[1]["gate"])
+
+    write_run(path, "other")
+    with pytest.raises(StoreError, match="only, other"):
+        store.open_run(path)
+    assert store.open_run(str(path), "other").attrs["run_id"] == "other"
+    with pytest.raises(StoreError, match="no run 'missing'"):
+        store.open_run(path, "missing")
+    assert store.list_runs(path) == ["only", "other"]
+
+
+def test_init_store_refuses_foreign_paths_and_leaves_them_alone(tmp_path):
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me")
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.csv").write_text("1,2")
+    for target in (file, folder):
+        with pytest.raises(StoreError, match=str(target)):
+            store.init_store(target)
+        assert not store.is_store(target)
+    assert file.read_text() == "keep me"
+    assert sorted(p.name for p in folder.iterdir()) == ["a.csv"]
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    store.init_store(empty)
+    store.init_store(empty)  # idempotent
+    assert store.is_store(empty) and store.list_runs(empty) == []
+    assert not store.is_store(tmp_path / "missing")
+
+
+def test_run_writer_refuses_existing_run_unless_resume(tmp_path):
+    path = tmp_path / "s.zarr"
+    variables, coords = spec()
+    w = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running", "starts": 1})
+    first = snapshot(np.random.default_rng(1))
+    w.write_snapshot(0, first)
+    w.write_region("loss", 0, np.arange(4, dtype=np.float32))
+    with pytest.raises(StoreError, match="already exists"):
+        store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={})
+
+    w2 = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"starts": 2}, resume=True)
+    w2.write_snapshot(1, snapshot(np.random.default_rng(2)))
+    w2.write_region("loss", 4, np.arange(4, 8, dtype=np.float32))
+    ds = store.open_run(path)
+    np.testing.assert_array_equal(ds.attention.isel(snapshot=0).values, first["attention"])
+    assert not np.isnan(ds.gate.isel(snapshot=1).values).any()
+    np.testing.assert_array_equal(ds.loss.values[:8], np.arange(8))
+    assert store.run_attrs(path, "r1") == {"status": "running", "starts": 2}
+
+    other_variables, other_coords = spec(n_heads=8)
+    with pytest.raises(StoreError, match="attention"):
+        store.RunWriter(path, "r1", variables=other_variables, coords=other_coords, attrs={}, resume=True)
+
+
+def test_write_region_and_write_snapshot_check_their_input(tmp_path):
+    path = tmp_path / "s.zarr"
+    variables, coords = spec(steps=5000)  # spans two 4096-step chunks
+    w = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={})
+    w.write_region("loss", 4090, np.arange(10, dtype=np.float32))
+    loss = store.open_run(path).loss
+    assert loss.encoding["chunks"] == (4096,)
+    np.testing.assert_array_equal(loss.values[4090:4100], np.arange(10))
+    assert np.isnan(loss.values[:4090]).all() and np.isnan(loss.values[4100:]).all()
+    with pytest.raises(StoreError, match="outside"):
+        w.write_region("loss", 4999, np.zeros(2, np.float32))
+    with pytest.raises(StoreError, match="out of range"):
+        w.write_snapshot(N_SNAP, {"gate": np.zeros((L, 4))})
+    with pytest.raises(StoreError, match="expected"):
+        w.write_snapshot(0, {"gate": np.zeros((L, 3))})
+    with pytest.raises(StoreError, match="no variable 'nope'"):
+        w.write_snapshot(0, {"nope": np.zeros(1)})
+    with pytest.raises(StoreError, match="JSON"):
+        w.set_attrs(bad=object())
+
+
+def grid_store(path):
+    index = {"axes": ["model.init_scale", "train.lr"], "runs": {}}
+    for i, (scale, lr) in enumerate([(0.5, 1e-3), (0.5, 1e-2), (2.0, 1e-3), (2.0, 1e-2)]):
+        run_id = f"g{i}"
+        write_run(path, run_id, fill=scale * 10 + lr, seed=i, attrs={"status": "completed" if i else "diverged"})
+        index["runs"][run_id] = {"model.init_scale": scale, "train.lr": lr}
+    index["runs"]["not_started"] = {"model.init_scale": 1.0, "train.lr": 1e-3}
+    store.write_sweep_index(path, index)
+    return index
+
+
+def test_open_sweep_has_swept_coordinates(tmp_path):
+    path = tmp_path / "s.zarr"
+    index = grid_store(path)
+    assert store.read_sweep_index(path) == index
+    sw = store.open_sweep(path)
+    assert list(sw.run.values) == ["g0", "g1", "g2", "g3"]  # runs not yet in the store are skipped
+    assert list(sw.init_scale.values) == [0.5, 0.5, 2.0, 2.0]
+    np.testing.assert_array_equal(sw.model_init_scale.values, sw.init_scale.values)
+    assert list(sw.lr.values) == list(sw.train_lr.values) == [1e-3, 1e-2, 1e-3, 1e-2]
+    assert list(sw.status.values) == ["diverged", "completed", "completed", "completed"]
+    assert isinstance(sw.attention.data, da.Array)
+
+    big = sw.gate.where(sw.init_scale == 2.0).mean(["snapshot", "layer", "head"])
+    assert np.isnan(big.values[:2]).all()
+    np.testing.assert_allclose(big.values[2:], [20.001, 20.01], rtol=1e-6)
+    by_lr = sw.gate.groupby("train_lr").mean(...)
+    np.testing.assert_allclose(by_lr.values, [(5.001 + 20.001) / 2, (5.01 + 20.01) / 2], rtol=1e-6)
+    assert "step" in sw.coords and sw.step.dims == ("snapshot",)
+    assert bool(sw.head_mask.all())
+
+    sub = store.open_sweep(path, ["g3", "g1"])
+    assert list(sub.run.values) == ["g3", "g1"] and list(sub.lr.values) == [1e-2, 1e-2]
+    with pytest.raises(StoreError, match="not_started"):
+        store.open_sweep(path, ["not_started"])
+
+
+def test_open_sweep_pads_heads_and_snapshots(tmp_path):
+    path = tmp_path / "s.zarr"
+    small = write_run(path, "h4", n_heads=4, n_snap=3, seed=1)
+    write_run(path, "h8", n_heads=8, n_snap=5, seed=2)
+    sw = store.open_sweep(path)  # no sweep index: every run, no swept coords
+    assert "init_scale" not in sw.coords and sw.sizes["head"] == 8 and sw.sizes["snapshot"] == 5
+    assert sw.head_mask.dims == ("run", "layer", "head")
+    mask = sw.head_mask.sel(run="h4").values
+    assert mask[:, :4].all() and not mask[:, 4:].any() and bool(sw.head_mask.sel(run="h8").all())
+    gate = sw.gate.sel(run="h4").values
+    np.testing.assert_array_equal(gate[:3, :, :4], np.stack([s["gate"] for s in small]))
+    assert np.isnan(gate[:, :, 4:]).all() and np.isnan(gate[3:]).all()
+    assert sw.step.dims == ("run", "snapshot")
+    assert list(sw.step.sel(run="h8").values) == [0, 5, 10, 15, 20]
+    assert np.isnan(sw.step.sel(run="h4").values[3:]).all()
+    assert int(sw.gate.where(sw.head_mask).count()) == 3 * L * 4 + 5 * L * 8
+
+
+def test_analysis_and_derived_round_trip(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    raw_before = store.open_run(path).attention.values
+    assert store.open_analysis(path) is None and store.open_derived(path, "curves") is None
+
+    first = xr.Dataset(
+        {"score": (("layer", "head"), np.arange(8.0).reshape(2, 4))},
+        coords={"role": ("head", np.array(["sink", "prev", "none", "induction"]))},
+        attrs={"method": "test", "kappa": np.float64(0.3)},
+    )
+    store.write_analysis(path, "r1", first)
+    got = xr.open_zarr(path, group="analysis/r1")  # plain xarray, warnings are errors
+    assert [str(v) for v in got.role.values] == ["sink", "prev", "none", "induction"]
+    assert got.attrs == {"method": "test", "kappa": 0.3}
+
+    store.write_analysis(path, "r1", store.open_analysis(path).assign(twice=lambda d: d.score * 2))
+    second = store.open_analysis(path, "r1")
+    np.testing.assert_array_equal(second.twice.values, first.score.values * 2)
+    store.write_analysis(path, "r1", xr.Dataset({"other": ("x", [1, 2])}))
+    assert set(store.open_analysis(path).data_vars) == {"other"}  # replaced whole
+    np.testing.assert_array_equal(store.open_run(path).attention.values, raw_before)
+    with pytest.raises(StoreError, match="no run 'ghost'"):
+        store.write_analysis(path, "ghost", first)
+
+    curves = xr.Dataset({"auc": ("fold", [0.7, 0.8])}, coords={"fold": [0, 1]})
+    store.write_derived(path, "curves", curves)
+    xr.testing.assert_identical(store.open_derived(path, "curves").load(), curves)
+    assert store.list_runs(path) == ["r1"]
+
+
+def test_root_index_survives_sweep_index_and_concurrent_writers(tmp_path):
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    variables, coords = spec()
+
+    def worker(i: int) -> None:
+        w = store.RunWriter(path, f"t{i}", variables=variables, coords=coords, attrs={"status": "running"})
+        for k in range(5):
+            w.set_attrs(progress=k)
+        w.set_attrs(status="completed")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    store.write_sweep_index(path, {"axes": ["train.seed"], "runs": {f"t{i}": {"train.seed": i} for i in range(4)}})
+    for t in threads:
+        t.join()
+    assert store.read_sweep_index(path)["runs"]["t3"] == {"train.seed": 3}
+    for i in range(4):
+        ds = xr.open_zarr(path, group=f"runs/t{i}")  # through the root index
+        assert ds.attrs == {"status": "completed", "progress": 4}
+
+    root = json.loads((path / "zarr.json").read_text())
+    del root["consolidated_metadata"]["metadata"]["runs/t0"]
+    (path / "zarr.json").write_text(json.dumps(root))
+    with pytest.raises(KeyError):
+        xr.open_zarr(path, group="runs/t0")
+    store.reindex(path)
+    assert xr.open_zarr(path, group="runs/t0").attrs["status"] == "completed"
+    assert store.read_sweep_index(path)["axes"] == ["train.seed"]
+
+
+HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()  # hold the lock until the parent closes our stdin
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_attribute_updates_wait_for_another_process_holding_the_store_lock(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout.readline() == b"locked\n"
+        updater = threading.Thread(target=store.update_run_attrs, args=(path, "r1"), kwargs={"status": "failed"})
+        updater.start()
+        updater.join(0.5)
+        # blocked while the other process holds the lock (this check cannot fail spuriously)
+        assert updater.is_alive() and store.run_attrs(path, "r1")["status"] == "completed"
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+        holder.stdout.close()
+    updater.join(timeout=60)
+    assert not updater.is_alive()
+    assert xr.open_zarr(path, group="runs/r1").attrs["status"] == "failed"
+
+
+def test_fsspec_urls(tmp_path):
+    url = f"memory://dynamics-test-{uuid.uuid4().hex}/s.zarr"
+    snaps = write_run(url, "m1")
+    assert store.is_store(url) and store.list_runs(url) == ["m1"]
+    np.testing.assert_array_equal(xr.open_zarr(url, group="runs/m1").gate.values[0], snaps[0]["gate"])
+    with pytest.raises(StoreError, match="local"):
+        store.checkpoint_path(url, "m1")
+
+    file_url = (tmp_path / "f.zarr").as_uri()
+    write_run(file_url, "f1")
+    assert store.list_runs(tmp_path / "f.zarr") == ["f1"]
+    assert store.checkpoint_path(file_url, "f1") == tmp_path / "f.zarr" / "checkpoints" / "f1" / "ckpt.pt"
+
+
+def test_checkpoint_path_and_atomic_write(tmp_path):
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    target = store.checkpoint_path(path, "r1")
+    assert target == path / "checkpoints" / "r1" / "ckpt.pt" and target.parent.is_dir()
+    store.atomic_write_bytes(target, b"first")
+    store.atomic_write_bytes(target, b"second")
+    assert target.read_bytes() == b"second"
+    assert [p.name for p in target.parent.iterdir()] == ["ckpt.pt"]  # no temp files left
+    xr.open_zarr(path)  # a checkpoints folder does not upset plain xarray
+    assert store.list_runs(path) == []
