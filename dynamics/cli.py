@@ -68,6 +68,9 @@ def _check_store(path: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
+    from dynamics import interventions
+
+    interventions.check(cfg)
     if args.device:
         from dynamics.config import replace_section
         cfg = replace_section(cfg, "train", device=args.device)
@@ -194,6 +197,55 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    _check_store(args.store)
+    from dynamics import store
+    from dynamics.report import write_report
+
+    if args.run and args.run not in store.list_runs(args.store):
+        raise UsageError(f"no run {args.run!r} in {args.store}")
+    if args.out:
+        out = Path(args.out)
+    else:  # next to a local store (runs/x.zarr -> runs/x-report, git-ignored with runs/); a URL's name in cwd
+        base = Path(args.store.rstrip("/").rsplit("/", 1)[-1] if "://" in args.store else args.store.rstrip("/"))
+        out = base.with_name(base.name.removesuffix(".zarr") + "-report")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+    page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute)
+    print(f"report written to {page}\nopen {page.resolve().as_uri()}")
+    return 0
+
+
+def cmd_gates(args: argparse.Namespace) -> int:
+    _check_store(args.store)
+    from dynamics import store
+    from dynamics.config import from_dict
+    from dynamics.gates import GateOptions, gate_report, parse_contrast, report_lines, report_table
+
+    runs = store.list_runs(args.store)
+    run_id = args.run or (runs[0] if len(runs) == 1 else None)
+    if run_id not in runs:
+        raise UsageError(f"no run {args.run!r} in {args.store}" if args.run else
+                         f"{args.store} holds {len(runs)} runs; choose one with --run ({', '.join(runs[:8])})")
+    cfg = from_dict({k: v for k, v in store.run_attrs(args.store, run_id)["config"].items() if k != "sweep"})
+    # Component names are checked against the run before the model is loaded or anything fitted.
+    contrast = parse_contrast(args.contrast, cfg) if args.contrast else None
+    given = {"steps": args.steps, "init_steps": args.init_steps, "restarts": args.restarts, "lam": args.lam}
+    options = GateOptions(**{k: v for k, v in given.items() if v is not None})
+    from dynamics.train import load_run_model
+
+    model, cfg, step = load_run_model(args.store, run_id)  # StoreError (exit 2) when there is no checkpoint
+    ds = gate_report(model, cfg, options, contrast=contrast)
+    print(f"{run_id} at step {step}: causal head gating, {options.restarts} restarts x {options.steps} updates")
+    _print_table(*report_table(ds))
+    for line in report_lines(ds):
+        print(line)
+    if not args.no_save:
+        store.write_derived(args.store, f"gates.{run_id}", ds)
+        print(f"saved to derived/gates.{run_id}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynamics", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -232,6 +284,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute", action="store_true", help="compute final targets from the recordings, not the stored analysis")
     p.add_argument("--no-save", action="store_true", help="print only; do not write derived/predict.<target>")
     p.set_defaults(func=cmd_predict)
+    p = sub.add_parser("report", help="write an HTML report (figures + step slider) of a store; opens from file://")
+    p.add_argument("store")
+    p.add_argument("--out", help="report directory (default <store>-report next to the store)")
+    p.add_argument("--run", help="run shown in the attention maps and dendrogram (default: median final loss)")
+    p.add_argument("--no-compute", action="store_true",
+                   help="leave runs without stored analysis out instead of analysing them in memory")
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("gates", help="causal head gating (G+, G-, roles) and single-head ablation of a recorded run")
+    p.add_argument("store")
+    p.add_argument("--run", help="run id (default: the store's only run)")
+    p.add_argument("--contrast", metavar="retain=A,forget=B", help="also fit gates that keep component A and lose B")
+    p.add_argument("--steps", type=int, help="Adam updates of the G+/G- (and contrastive) fits")
+    p.add_argument("--init-steps", type=int, help="Adam updates of the lambda=0 fit")
+    p.add_argument("--restarts", type=int, help="gate sets fitted in parallel from random inits")
+    p.add_argument("--lam", type=float, help="|lambda| of the G+/G- fits")
+    p.add_argument("--no-save", action="store_true", help="print only; do not write derived/gates.<run>")
+    p.set_defaults(func=cmd_gates)
     return parser
 
 

@@ -247,7 +247,10 @@ def _build_sweep(raw: dict) -> SweepConfig:
     axes = {}
     for key, values in _flatten("", raw).items():
         section, _, leaf = key.partition(".")
-        if section not in SECTIONS or leaf not in {f.name for f in fields(SECTIONS[section])}:
+        # intervene.* axes are free-form here; interventions.check validates each point
+        if section == "intervene" and leaf:
+            pass
+        elif section not in SECTIONS or leaf not in {f.name for f in fields(SECTIONS[section])}:
             raise ConfigError(f"sweep: unknown axis '{key}'")
         if not isinstance(values, list):
             raise ConfigError(f"sweep.{key}: expected a list of values, got {values!r}")
@@ -356,8 +359,11 @@ def with_values(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
     raw = cfg.to_dict()
     raw.pop("sweep")
     for key, value in values.items():
-        section, _, leaf = key.partition(".")
-        raw[section][leaf] = value
+        section, *path = key.split(".")
+        node = raw.setdefault(section, {})
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
     return from_dict(raw)
 
 

@@ -138,6 +138,7 @@ def train_run(
     *,
     progress: Progress | None = None,
     extra_attrs: dict | None = None,
+    recording: bool = True,
 ) -> RunResult:
     """Train one run into the store at ``path``, resuming it if it was interrupted.
 
@@ -153,6 +154,9 @@ def train_run(
         ``progress(step, steps, loss)``.
     extra_attrs : dict, optional
         Extra JSON-able run attributes (e.g. the swept values).
+    recording : bool
+        False skips every snapshot after step 0 (no attention, gradients or checkpoints are
+        recorded); only bench/ uses it, to measure what recording costs.
 
     Returns
     -------
@@ -178,6 +182,7 @@ def train_run(
     index_of = {int(s): i for i, s in enumerate(steps_at)}
     model = build(cfg, device)
     intervention = interventions.build(cfg, model, device)
+    trained = model.optim_parameters() + (intervention.parameters() if intervention else [])
     optimizer = make_optimizer(cfg, model, intervention.parameters() if intervention else None)
     recorder = Recorder(cfg, device)
 
@@ -251,11 +256,15 @@ def train_run(
             objective.backward()
             last_loss = loss.item()
 
-            if step in index_of:
+            if step in index_of and (recording or step == 0):
                 # The checkpoint is the state *before* this snapshot is recorded, so a resume
                 # from it records the snapshot again exactly (prev_grads included).
                 blob = _checkpoint_bytes(model, optimizer, step, recorder, intervention)
-                blocks = recorder.snapshot(model)
+                if intervention is None:
+                    blocks = recorder.snapshot(model)
+                else:  # record what the intervened model computes (hard templates, gates)
+                    with model.hooks(intervention.eval_hooks()):
+                        blocks = recorder.snapshot(model)
                 if intervention is not None:
                     blocks |= intervention.snapshot(model, recorder.probe_tokens)
                 if step < cfg.train.steps and math.isfinite(last_loss):
@@ -275,7 +284,7 @@ def train_run(
                 for block in model.blocks:
                     block.attn.gate_logit.grad = None  # gates held fixed during warm-up
             if cfg.train.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.optim_parameters(), cfg.train.grad_clip)
+                torch.nn.utils.clip_grad_norm_(trained, cfg.train.grad_clip)
             optimizer.step()
             if progress is not None and (step % 10 == 0):
                 progress(step, cfg.train.steps, last_loss)

@@ -1,0 +1,396 @@
+"""Interventions: templates pin heads, distillation pulls a student to its teacher, gates condition on input.
+
+The runs are tiny (2 layers, width 32, 50 steps on a Markov chain) and shared by module-scoped
+fixtures: a templated run that doubles as the distillation teacher, the same config with
+weight 0 (free training, same records), a distilled and a free student with more heads than
+the teacher, and a run with conditioned gates.
+"""
+
+import copy
+import io
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from dynamics import interventions, store
+from dynamics.analysis import slash_score
+from dynamics.cli import main
+from dynamics.config import ConfigError, from_dict, load_config
+from dynamics.interventions import distill
+from dynamics.model import Transformer
+from dynamics.tasks import make_batch
+from dynamics.train import build as build_model
+from dynamics.train import make_optimizer, train_run
+
+BASE = {
+    "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
+    "task": {"name": "markov"},
+    "train": {"steps": 50, "batch_size": 16, "lr": 3e-3, "warmup_steps": 5, "eval_batches": 1},
+    "record": {"dense_until": 0, "every": 25, "n_probe": 4, "eval_batch_size": 8, "head_weights": "off"},
+}
+PINNED = [{"layer": 0, "head": 0, "pattern": "previous_token"}, {"layer": 1, "head": 1, "pattern": "first_token"}]
+
+
+def config(intervene=None, **sections):
+    raw = copy.deepcopy(BASE)
+    for section, changes in sections.items():
+        raw[section].update(changes)
+    if intervene is not None:
+        raw["intervene"] = intervene
+    return from_dict(raw)
+
+
+def train(path, cfg):
+    result = train_run(cfg, str(path))
+    assert result.status == "completed"
+    return store.open_run(str(path), result.run_id)
+
+
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory):
+    path = tmp_path_factory.mktemp("teacher") / "teacher.zarr"
+    return str(path), train(path, config({"templates": {"weight": 3.0, "heads": PINNED}}))
+
+
+@pytest.fixture(scope="module")
+def free(tmp_path_factory):
+    path = tmp_path_factory.mktemp("free") / "free.zarr"
+    return train(path, config({"templates": {"weight": 0.0, "heads": PINNED}}))
+
+
+@pytest.fixture(scope="module")
+def students(templated, tmp_path_factory):
+    """Distilled and free students (4 heads, another seed) of the 2-head teacher."""
+    path = tmp_path_factory.mktemp("students") / "students.zarr"
+    out = {}
+    for name, weight in (("distilled", 1.0), ("free", 0.0)):
+        cfg = config({"distill": {"teacher": templated[0], "attention_weight": weight}},
+                     model={"n_heads": 4}, train={"seed": 1})
+        out[name] = train(path, cfg)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gated") / "gated.zarr"
+    return train(path, config({"conditioned_gates": {"init": 0.0}}))
+
+
+# ----------------------------------------------------------------------------- pure pieces
+
+
+@pytest.mark.parametrize("kind", interventions.PATTERNS)
+def test_templates_are_causal_distributions(kind):
+    t = interventions.template_pattern(kind, 12, delta=3, width=4)
+    np.testing.assert_allclose(t.sum(1), 1.0)
+    assert np.all(np.triu(t, 1) == 0) and np.all(t >= 0)
+
+
+def test_templates_score_as_their_role_in_the_analysers():
+    n = 12
+    attn = np.stack([interventions.template_pattern("offset", n, delta=3),
+                     interventions.template_pattern("previous_token", n)])[None, None]  # (1, 1, 2, T, T)
+    da = xr.DataArray(attn[:, :, :, None], dims=("snapshot", "layer", "head", "probe", "query", "key"))
+    scores = slash_score(da, max_offset=4).isel(snapshot=0, layer=0)  # (head, offset)
+    assert scores.sel(head=0, offset=3).item() == pytest.approx(1.0)
+    assert scores.sel(head=1, offset=1).item() == pytest.approx(1.0)
+    local = interventions.template_pattern("local", n, width=3)
+    np.testing.assert_allclose(local[5, 3:6], 1 / 3)
+    np.testing.assert_allclose(interventions.template_pattern("uniform", n)[3, :4], 1 / 4)
+
+
+def test_kl_rows_matches_torch_distributions_and_ignores_masked_keys():
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(5, 6, generator=g)
+    p[:, -2:] = 0  # zero-probability target keys
+    p = p / p.sum(-1, keepdim=True)
+    scores = torch.randn(5, 6, generator=g, requires_grad=True)
+    masked = scores.masked_fill(torch.arange(6) == 5, float("-inf"))  # a causally masked key
+    log_q = masked.log_softmax(-1)
+    ours = interventions.kl_rows(p, log_q)
+    ref = torch.distributions.kl_divergence(torch.distributions.Categorical(probs=p),
+                                            torch.distributions.Categorical(logits=log_q))
+    torch.testing.assert_close(ours, ref)
+    ours.sum().backward()
+    assert torch.isfinite(scores.grad).all()
+    assert interventions.kl_rows(p, p.clamp_min(1e-30).log()).abs().max() < 1e-6
+
+
+def test_schedules_start_and_end_where_documented():
+    f = interventions.schedule_factor
+    assert [f("constant", s, 10) for s in (0, 10)] == [1.0, 1.0]
+    assert [f("warmup", s, 10) for s in (0, 5, 20)] == [0.0, 0.5, 1.0]
+    assert [f("linear_decay", s, 10) for s in (0, 5, 20)] == [1.0, 0.5, 0.0]
+    assert f("cosine_decay", 0, 10) == 1.0 and f("cosine_decay", 10, 10) == pytest.approx(0.0)
+
+
+def test_no_intervene_table_builds_nothing():
+    cfg = config()
+    assert interventions.build(cfg, Transformer(cfg.model), torch.device("cpu")) is None
+
+
+# ----------------------------------------------------------------------------- templates
+
+
+def test_templated_heads_converge_to_their_templates(templated, free):
+    _, ds = templated
+    kl, kl_free = ds["template_kl"].values, free["template_kl"].values  # (S, L, H)
+    for layer, head in ((0, 0), (1, 1)):
+        assert kl[-1, layer, head] < 0.2 * kl[0, layer, head]
+        assert kl[-1, layer, head] < 0.1 * kl_free[-1, layer, head]
+    assert np.isnan(kl[:, 0, 1]).all()  # unpinned heads have no template
+    assert ds["template_weight"].values.tolist() == [3.0] * ds.sizes["snapshot"]
+    assert free["template_weight"].values.max() == 0.0
+    # the recorded attention reads as the pinned role to the same analysers a free run gets
+    def previous_token(run):
+        scores = slash_score(run["attention"].isel(snapshot=[-1]).astype("float32"), max_offset=1)
+        return scores.isel(snapshot=0).sel(layer=0, head=0, offset=1).compute().item()
+
+    assert previous_token(ds) > 0.5 > previous_token(free)  # 0.5: RoleThresholds.previous_token
+
+
+def test_hard_mode_returns_exactly_the_template():
+    pinned = [{"layer": 1, "head": 0, "pattern": "offset", "delta": 2}, {"layer": 0, "head": 1, "pattern": "uniform"}]
+    cfg = config({"templates": {"hard": True, "heads": pinned}})
+    model = build_model(cfg, torch.device("cpu"))
+    iv = interventions.build(cfg, model, torch.device("cpu"))
+    tokens = torch.from_numpy(make_batch(cfg, "train", 0, 4).tokens)  # (B, T+1)
+    seen, free = {}, {}
+
+    def keep(into):
+        def fn(pattern, name):
+            into[name] = pattern.detach().clone()
+        return fn
+
+    names = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    with model.hooks(iv.fwd_hooks()), model.hooks([(n, keep(seen)) for n in names]):
+        logits = model(tokens[:, :-1])
+    iv.loss(0, tokens, logits).backward()
+    with torch.no_grad(), model.hooks([(n, keep(free)) for n in names]):
+        model(tokens[:, :-1])
+    T = cfg.model.context
+    offset = torch.tensor(interventions.template_pattern("offset", T, delta=2), dtype=torch.float32)
+    uniform = torch.tensor(interventions.template_pattern("uniform", T), dtype=torch.float32)
+    assert torch.equal(seen["blocks.1.attn.hook_pattern"][:, 0], offset.expand(4, T, T))
+    assert torch.equal(seen["blocks.0.attn.hook_pattern"][:, 1], uniform.expand(4, T, T))
+    # the other head of layer 0 is untouched; layer 1's free head sees clamped layer-0 output
+    torch.testing.assert_close(seen["blocks.0.attn.hook_pattern"][:, 0], free["blocks.0.attn.hook_pattern"][:, 0])
+    assert all(torch.isfinite(p.grad).all() for p in model.optim_parameters() if p.grad is not None)
+    # recording hooks for the recorder clamp too, without capturing
+    with torch.no_grad(), model.hooks(iv.eval_hooks()), model.hooks([(names[1], keep(free))]):
+        model(tokens[:, :-1])
+    assert torch.equal(free[names[1]][:, 0], offset.expand(4, T, T))
+
+
+# ----------------------------------------------------------------------------- distillation
+
+
+def test_distilled_student_attention_moves_toward_the_teacher(students):
+    kl = students["distilled"]["distill_kl"].values  # (S, L, H): student has 4 heads, teacher 2
+    kl_free = students["free"]["distill_kl"].values
+    mapped = (slice(None), slice(0, 2))
+    assert np.nanmean(kl[-1][mapped]) < 0.5 * np.nanmean(kl[0][mapped])
+    assert np.nanmean(kl[-1][mapped]) < 0.5 * np.nanmean(kl_free[-1][mapped])
+    assert np.isnan(kl[:, :, 2:]).all()  # extra student heads are free
+    source = students["distilled"]["distill_source"].values[-1]
+    assert source.tolist() == [[0, 1, -1, -1], [2, 3, -1, -1]]  # layer-to-layer, head h <- h
+    assert students["distilled"]["distill_weight"].values[-1, :, :2].min() == 1.0
+    assert students["free"]["distill_weight"].values.max() == 0.0
+    assert np.isfinite(students["distilled"]["distill_logits_kl"].values).all()
+
+
+def test_layer_map_is_depth_proportional(templated):
+    cfg = config({"distill": {"teacher": templated[0]}}, model={"n_layers": 3, "n_heads": 1})
+    _, pairs = distill.resolve(interventions.parse(cfg).distill, cfg)
+    assert pairs == [(0, 0, 0, 0), (1, 0, 0, 0), (2, 0, 1, 0)]
+
+
+def test_role_map_uses_the_teachers_final_roles(templated):
+    heads = [{"layer": 1, "head": 0, "role": "previous_token"}, {"layer": 0, "head": 1, "role": "sink"}]
+    cfg = config({"distill": {"teacher": templated[0], "map": "heads", "heads": heads}})
+    _, pairs = distill.resolve(interventions.parse(cfg).distill, cfg)
+    assert pairs == [(1, 0, 0, 0), (0, 1, 1, 1)]  # the teacher's pinned previous-token and sink heads
+    bad = config({"distill": {"teacher": templated[0], "map": "heads", "heads": [{"layer": 0, "head": 0,
+                                                                                  "role": "induction"}]}})
+    with pytest.raises(ConfigError, match=r"intervene\.distill\.heads\[0\]\.role"):
+        interventions.check(bad)
+
+
+def test_shallow_first_switches_layers_on_in_order(templated):
+    cfg = config({"distill": {"teacher": templated[0], "order": "shallow_first", "stage_steps": 30}})
+    d = interventions.build(cfg, Transformer(cfg.model), torch.device("cpu")).parts[0]
+    assert d.head_weights(0).tolist() == [[1.0, 1.0], [0.0, 0.0]]
+    assert d.head_weights(30).tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    cfg = config({"distill": {"teacher": templated[0], "order": "deep_first", "stage_steps": 30}})
+    d = interventions.build(cfg, Transformer(cfg.model), torch.device("cpu")).parts[0]
+    assert d.head_weights(0).tolist() == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_logits_only_distillation_is_the_tempered_kl(templated):
+    cfg = config({"distill": {"teacher": templated[0], "attention_weight": 0.0, "logits_weight": 2.0,
+                              "temperature": 2.0}})
+    model = build_model(cfg, torch.device("cpu"))
+    iv = interventions.build(cfg, model, torch.device("cpu"))
+    tokens = torch.from_numpy(make_batch(cfg, "train", 3, 4).tokens)  # (B, T+1)
+    with model.hooks(iv.fwd_hooks()):
+        logits = model(tokens[:, :-1])  # (B, T, V)
+    loss = iv.loss(3, tokens, logits)
+    with torch.no_grad():
+        t_logits = iv.parts[0].teacher(tokens[:, :-1])
+    ref = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=t_logits / 2),
+                                            torch.distributions.Categorical(logits=logits / 2)).mean()
+    torch.testing.assert_close(loss, 2.0 * 4.0 * ref)
+    loss.backward()
+    assert model.W_U.grad.abs().sum() > 0
+
+
+def test_teacher_problems_are_config_errors(templated, tmp_path):
+    path = templated[0]
+    run_id = store.list_runs(path)[0]
+    cases = [
+        ({"teacher": str(tmp_path / "nope.zarr")}, {}, "intervene.distill.teacher"),
+        ({"teacher": path, "run": "rmissing"}, {}, "intervene.distill.run"),
+        ({"teacher": path}, {"vocab_size": 24}, "intervene.distill.teacher"),
+        ({"teacher": path, "map": "heads", "heads": [{"layer": 0, "head": 0, "teacher_layer": 2, "teacher_head": 0}]},
+         {}, r"intervene\.distill\.heads\[0\]\.teacher_layer"),
+    ]
+    for table, model, key in cases:
+        with pytest.raises(ConfigError, match=key):
+            interventions.check(config({"distill": table}, model=model))
+    both = config({"distill": {"teacher": path}, "templates": {"heads": PINNED}})
+    with pytest.raises(ConfigError, match="intervene.distill: head"):
+        interventions.check(both)
+    cfg = config({"distill": {"teacher": path, "run": run_id}})
+    iv = interventions.build(cfg, Transformer(cfg.model), torch.device("cpu"))
+    iv.load_state_dict(iv.state_dict())
+    with pytest.raises(ConfigError, match="intervene.distill.teacher"):
+        iv.load_state_dict({"distill": {"teacher_run": run_id, "teacher_step": 1}})
+
+
+# ----------------------------------------------------------------------------- conditioned gates
+
+
+def test_conditioned_gates_vary_across_probes_and_are_recorded(gated):
+    g = gated["conditioned_gate"]
+    assert g.dims == ("snapshot", "layer", "head", "probe")
+    assert g.shape == (gated.sizes["snapshot"], 2, 2, 4)
+    final = g.isel(snapshot=-1).values
+    assert np.all((final > 0) & (final < 1))
+    assert final.std(-1).mean() > 5e-3  # input-conditioned: probes get different gates
+    assert np.allclose(g.isel(snapshot=0).values, 0.5)  # W starts at 0: a static gate sigmoid(init)
+    assert gated["conditioned_gate_ema"].dims == ("snapshot", "layer", "head")
+
+
+@pytest.mark.parametrize("pool", ["causal", "mean"])
+def test_causal_gates_never_see_later_tokens(pool):
+    cfg = config({"conditioned_gates": {"pool": pool}})
+    model = build_model(cfg, torch.device("cpu"))
+    iv = interventions.build(cfg, model, torch.device("cpu"))
+    with torch.no_grad():
+        iv.parts[0].W.normal_(0, 1.0, generator=torch.Generator().manual_seed(0))
+    a = torch.from_numpy(make_batch(cfg, "train", 0, 1).tokens[:, :-1])  # (1, T)
+    b = a.clone()
+    b[0, -1] = (a[0, -1] + 1) % cfg.model.vocab_size  # change only the last token
+    with torch.no_grad(), model.hooks(iv.eval_hooks()):
+        la, lb = model(a), model(b)  # (1, T, V)
+    same = torch.equal(la[:, :-1], lb[:, :-1])
+    assert same if pool == "causal" else not same  # mean pooling leaks, as documented
+
+
+def test_static_gate_baseline_has_no_input_weights():
+    cfg = config({"conditioned_gates": {"conditioned": False, "layers": [1]}})
+    iv = interventions.build(cfg, Transformer(cfg.model), torch.device("cpu"))
+    assert [tuple(p.shape) for p in iv.parameters()] == [(1, 2)]
+
+
+# ----------------------------------------------------------------------------- options and state
+
+
+@pytest.mark.parametrize("table, key", [
+    ({"bogus": {}}, "intervene: unknown section 'bogus'"),
+    ({"templates": {"heads": PINNED, "wieght": 1.0}}, "intervene.templates.wieght"),
+    ({"templates": {}}, "intervene.templates.heads"),
+    ({"templates": {"heads": [{"layer": 2, "head": 0, "pattern": "uniform"}]}}, r"heads\[0\]\.layer"),
+    ({"templates": {"heads": [{"layer": 0, "head": 7, "pattern": "uniform"}]}}, r"heads\[0\]\.head"),
+    ({"templates": {"heads": [{"layer": 0, "head": 0, "pattern": "diagonal"}]}}, r"heads\[0\]\.pattern"),
+    ({"templates": {"heads": [{"layer": 0, "head": 0, "pattern": "offset", "delta": 16}]}}, r"heads\[0\]\.delta"),
+    ({"templates": {"heads": PINNED + PINNED[:1]}}, r"heads\[2\]"),
+    ({"templates": {"heads": PINNED, "weight": "lots"}}, "intervene.templates.weight"),
+    ({"templates": {"heads": PINNED, "weight": -1.0}}, "intervene.templates.weight"),
+    ({"templates": {"heads": PINNED, "schedule": "cyclic"}}, "intervene.templates.schedule"),
+    ({"distill": {}}, "intervene.distill.teacher"),
+    ({"distill": {"teacher": "x.zarr", "map": "nearest"}}, "intervene.distill.map"),
+    ({"distill": {"teacher": "x.zarr", "map": "heads", "heads": [{"layer": 0, "head": 0, "role": "oracle"}]}},
+     r"intervene\.distill\.heads\[0\]\.role"),
+    ({"distill": {"teacher": "x.zarr", "map": "heads", "heads": [{"layer": 0, "head": 0}]}},
+     r"intervene\.distill\.heads\[0\]"),
+    ({"distill": {"teacher": "x.zarr", "temperature": 0.0}}, "intervene.distill.temperature"),
+    ({"distill": {"teacher": "x.zarr", "order": "random"}}, "intervene.distill.order"),
+    ({"conditioned_gates": {"layers": [3]}}, r"intervene\.conditioned_gates\.layers\[0\]"),
+    ({"conditioned_gates": {"pool": "max"}}, "intervene.conditioned_gates.pool"),
+    ({"conditioned_gates": {"ema_decay": 1.0}}, "intervene.conditioned_gates.ema_decay"),
+    ({"conditioned_gates": {"ema_mix": 2.0}}, "intervene.conditioned_gates.ema_mix"),
+])
+def test_bad_options_name_the_key(table, key):
+    with pytest.raises(ConfigError, match=key):
+        interventions.parse(config(table))
+
+
+def test_bad_template_exits_2_from_the_cli(tiny_config, tmp_path, capsys):
+    path = tiny_config(extra='\n[intervene.templates]\nheads = [{ layer = 0, head = 9, pattern = "uniform" }]\n')
+    assert main(["run", path, "--out", str(tmp_path / "s.zarr")]) == 2
+    assert "intervene.templates.heads[0].head" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["templates", "templates_free", "conditioned_gates", "distill"])
+def test_shipped_experiment_configs_parse(name):
+    opts = interventions.parse(load_config(f"experiments/{name}.toml"))
+    assert getattr(opts, "distill" if name == "distill" else name.removesuffix("_free")) is not None
+
+
+def test_state_dict_round_trip_resumes_exactly():
+    """Checkpoint mid-run the way train.py does, restore into fresh objects, redo the steps: same result."""
+    cfg = config({"conditioned_gates": {"ema_mix": 0.5, "ema_decay": 0.5, "init": 0.0},
+                  "templates": {"heads": PINNED, "schedule": "warmup"}})
+    device = torch.device("cpu")
+
+    def fresh():
+        model = build_model(cfg, device)
+        iv = interventions.build(cfg, model, device)
+        return model, iv, make_optimizer(cfg, model, iv.parameters())
+
+    def step(model, iv, opt, s, probe):
+        tokens = torch.from_numpy(make_batch(cfg, "train", s, 8).tokens)  # (B, T+1)
+        opt.zero_grad(set_to_none=True)
+        with model.hooks(iv.fwd_hooks()):
+            logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        (loss + iv.loss(s, tokens, logits)).backward()
+        blocks = iv.snapshot(model, probe)
+        blob = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "iv": iv.state_dict()}, blob)
+        opt.step()
+        return blocks, blob.getvalue()
+
+    probe = make_batch(cfg, "probe", 0, 4).tokens[:, :-1]
+    model, iv, opt = fresh()
+    ckpt = None
+    for s in range(5):
+        blocks, blob = step(model, iv, opt, s, probe)
+        ckpt = blob if s == 2 else ckpt
+    model2, iv2, opt2 = fresh()
+    state = torch.load(io.BytesIO(ckpt), weights_only=False)
+    model2.load_state_dict(state["model"])
+    opt2.load_state_dict(state["opt"])
+    iv2.load_state_dict(state["iv"])
+    for s in range(2, 5):  # a resume re-runs the checkpointed step
+        blocks2, _ = step(model2, iv2, opt2, s, probe)
+    for name in blocks:
+        np.testing.assert_array_equal(blocks[name], blocks2[name], err_msg=name)
+    for a, b in zip(iv.parameters(), iv2.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(iv.parts[1].ema, iv2.parts[1].ema)
+    with pytest.raises(ConfigError, match="intervene"):
+        iv2.load_state_dict({"templates": {}})
