@@ -90,6 +90,8 @@ class TaskConfig:
     """mixture: component task names."""
     weights: tuple[float, ...] = ()
     """mixture: component weights (normalised); empty means equal."""
+    pool_size: int = 0
+    """Low-data regime: > 0 draws every training row from one fixed pool of this many sequences."""
 
     @property
     def component_names(self) -> tuple[str, ...]:
@@ -420,6 +422,7 @@ def validate(cfg: RunConfig) -> None:
         _require(m.context > t.markov_order, f"model.context: too short for task.markov_order {t.markov_order}")
     if any(c in BYTE_TASKS for c in comps):
         _require(m.vocab_size >= 256, f"model.vocab_size: byte-level task needs >= 256, got {m.vocab_size}")
+    _require(t.pool_size >= 0, f"task.pool_size: must be >= 0, got {t.pool_size}")
     if "corpus" in comps:
         _require(0.0 < t.holdout < 1.0, f"task.holdout: must be in (0, 1), got {t.holdout}")
     if any(c in ("induction", "offset_copy", "markov") for c in comps):

@@ -119,6 +119,12 @@ def make_batch(cfg: RunConfig, split: str, step: int, batch_size: int, component
     names = cfg.task.component_names
     if component is not None and component not in names:
         raise ValueError(f"unknown component {component!r} for task {cfg.task.name!r} (components: {', '.join(names)})")
+    if split == "train" and cfg.task.pool_size and component is None:
+        # Low-data regime: every training row is drawn from one fixed pool of sequences.
+        pool = _pool(cfg)
+        rng = np.random.default_rng(np.random.SeedSequence([cfg.train.seed, step, _POOL_KEY]))
+        rows = rng.integers(cfg.task.pool_size, size=batch_size)
+        return Batch(pool.tokens[rows], pool.component[rows], pool.repeat_mask[rows])
     T = cfg.model.context
     key = (cfg.train.seed, step, SPLITS.index(split))
 
@@ -139,6 +145,22 @@ def make_batch(cfg: RunConfig, split: str, step: int, batch_size: int, component
     return Batch(tokens, comp, mask)
 
 
+_POOL_KEY = 7919  # distinct SeedSequence entropy for drawing rows from the low-data pool
+_POOLS: dict[str, Batch] = {}
+
+
+def _pool(cfg: RunConfig) -> Batch:
+    """The fixed training pool of a low-data config: the first ``pool_size`` train rows."""
+    import json
+    from dataclasses import asdict, replace
+
+    key = json.dumps([asdict(cfg.task), cfg.model.context, cfg.model.vocab_size, cfg.train.seed], sort_keys=True)
+    if key not in _POOLS:
+        unpooled = replace(cfg, task=replace(cfg.task, pool_size=0))
+        _POOLS[key] = make_batch(unpooled, "train", 0, cfg.task.pool_size)
+    return _POOLS[key]
+
+
 def data_hash(cfg: RunConfig) -> str:
     """SHA-256 hex digest identifying the data a config trains on.
 
@@ -154,6 +176,11 @@ def data_hash(cfg: RunConfig) -> str:
     64
     """
     names = cfg.task.component_names
+    if cfg.task.pool_size:  # a low-data pool is a different dataset for every seed
+        from dataclasses import replace
+
+        base = data_hash(replace(cfg, task=replace(cfg.task, pool_size=0)))
+        return _sha({"base": base, "pool_size": cfg.task.pool_size, "seed": cfg.train.seed})
     if cfg.task.name != "mixture":
         return _component_hash(cfg, names[0])
     blob = {

@@ -344,7 +344,7 @@ def test_bad_template_exits_2_from_the_cli(tiny_config, tmp_path, capsys):
     assert "intervene.templates.heads[0].head" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["templates", "templates_free", "conditioned_gates", "distill"])
+@pytest.mark.parametrize("name", ["templates", "conditioned_gates", "distill"])
 def test_shipped_experiment_configs_parse(name):
     opts = interventions.parse(load_config(f"experiments/{name}.toml"))
     assert getattr(opts, "distill" if name == "distill" else name.removesuffix("_free")) is not None
