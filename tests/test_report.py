@@ -1,0 +1,314 @@
+"""The HTML report on a small store trained for real: figures, captions, partial stores, CLI.
+
+One session-scoped store holds three tiny runs of an init_scale x seed sweep:
+
+- A: completed, analysed by ``dynamics analyse``, with CHG gates in its ``chg`` variable;
+- B: completed, never analysed (the report analyses it in memory), with a derived
+  ``gates.<run_id>`` dataset in the schema of ``dynamics.gates.fit_chg``;
+- C: stopped after step 20 and marked ``running``, as a killed or still-running sweep
+  leaves it (6 of 9 snapshots recorded, no analysis);
+
+plus a derived ``predict.slash`` curve in the schema of ``dynamics.predict.predict_runs``.
+`build_report` is shared with tests/integration/test_report_browser.py (it reuses the
+store when both run in one session).
+"""
+
+from __future__ import annotations
+
+import ast
+import html
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+from PIL import Image
+
+from dynamics import cli, store
+from dynamics.report import CHG_LABELS, _choose_run, _Run, chg_label, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = {
+    "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
+    "task": {"name": "induction", "min_period": 2, "max_period": 6},
+    "train": {"steps": 40, "batch_size": 8, "warmup_steps": 4, "lr": 1e-2, "eval_batches": 1},
+    "record": {"dense_until": 8, "every": 8, "n_probe": 2, "eval_batch_size": 4},
+}
+STOP_AT = 20  # run C stops here: snapshots 0, 1, 2, 4, 8, 16 of 0..40 are recorded
+
+
+class _Stop(Exception):
+    """Raised from the progress callback to stop a run part-way, as a kill would."""
+
+
+def _stop_at(step: int, total: int, loss: float) -> None:
+    if step >= STOP_AT:
+        raise _Stop
+
+
+def _fill_chg(path: Path, run_id: str, cfg) -> None:
+    """Give run A fitted gates at every 4th snapshot, unless training already fitted them.
+
+    The recorder creates ``chg`` when record.chg_every > 0; until gates are fitted during
+    training it stays NaN, so the test writes values through the store's run writer.
+    """
+    from dynamics.record import coords, snapshot_steps, variables
+
+    ds = store.open_run(path, run_id)
+    if bool(ds["chg"].notnull().any()):
+        return
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    writer = store.RunWriter(path, run_id, variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                             attrs={}, resume=True)
+    rng = np.random.default_rng(0)
+    L, H = cfg.model.n_layers, cfg.model.n_heads
+    for i in range(0, len(steps_at), 4):
+        frac = i / (len(steps_at) - 1)  # gates drift apart as training goes on
+        chg = np.clip(0.5 + (rng.random((L, H, 2)) - 0.5) * (0.2 + 0.8 * frac), 0, 1).astype(np.float32)
+        writer.write_snapshot(i, {"chg": chg, "chg_role": np.zeros((L, H), np.int8)})
+    writer.finalize()
+
+
+def _predict_curve() -> xr.Dataset:
+    """A curve in the schema of dynamics.predict.predict_runs (horizon, model, fold)."""
+    models = ["chance", "layer", "init_linear", "init_boosting", "linear", "boosting"]
+    horizons = np.array([0.0, 0.1, 0.25, 0.5, 1.0])
+    rng = np.random.default_rng(1)
+    base = 0.5 + 0.4 * horizons[:, None, None] * (np.arange(len(models)) >= 4)[None, :, None]
+    score = np.clip(base + rng.normal(0, 0.05, (len(horizons), len(models), 3)), 0, 1)
+    return xr.Dataset(
+        {"score": (("horizon", "model", "fold"), score),
+         "score_mean": (("horizon", "model"), score.mean(-1)),
+         "score_std": (("horizon", "model"), score.std(-1))},
+        coords={"horizon": horizons, "model": models, "fold": np.arange(3)},
+        attrs={"target": "slash", "description": "slash-dominant at the final snapshot", "metric": "auroc",
+               "chance": 0.5, "horizon_unit": "fraction", "group_by": "seed"},
+    )
+
+
+def _gates_dataset(cfg) -> xr.Dataset:
+    """A CHG fit in the schema of dynamics.gates.fit_chg: chg (restart, layer, head, fit)."""
+    L, H = cfg.model.n_layers, cfg.model.n_heads
+    g = np.random.default_rng(2).random((3, L, H, 2)).astype(np.float32)
+    return xr.Dataset({"chg": (("restart", "layer", "head", "fit"), g)},
+                      coords={"restart": np.arange(3), "layer": np.arange(L), "head": np.arange(H),
+                              "fit": ["plus", "minus"]})
+
+
+def build_report(root: Path) -> tuple[Path, Path, dict]:
+    """Train the store described in the module docstring and write its report (once per root).
+
+    Returns (store path, index.html, {"A": run id, "B": ..., "C": ...}).
+    """
+    from dynamics.config import from_dict, with_values
+    from dynamics.train import set_threads, train_run
+
+    path, out, ids_file = root / "store.zarr", root / "report", root / "ids.json"
+    if ids_file.exists():  # built earlier in this session by the other test module
+        return path, out / "index.html", json.loads(ids_file.read_text())
+    set_threads(1)
+    raw = json.loads(json.dumps(TINY))
+    points = {"A": (0.5, 0), "B": (2.0, 0), "C": (2.0, 1)}
+    ids, index = {}, {"axes": ["model.init_scale", "train.seed"], "runs": {}}
+    for name, (scale, seed) in points.items():
+        cfg = with_values(from_dict(raw | {"record": raw["record"] | ({"chg_every": 4, "chg_steps": 5} if name == "A" else {})}),
+                          {"model.init_scale": scale, "train.seed": seed})
+        rid = ids[name] = cfg.run_id()
+        index["runs"][rid] = {"model.init_scale": scale, "train.seed": seed}
+        if name == "C":
+            with pytest.raises(_Stop):
+                train_run(cfg, str(path), rid, progress=_stop_at)
+            store.update_run_attrs(path, rid, status="running")  # what a live (or killed) sweep shows
+        else:
+            assert train_run(cfg, str(path), rid).status == "completed"
+        if name == "A":
+            _fill_chg(path, rid, cfg)
+        if name == "B":
+            store.write_derived(path, f"gates.{rid}", _gates_dataset(cfg))
+    store.write_sweep_index(path, index)
+    cli.analyse_store(str(path), [ids["A"]])
+    store.write_derived(path, "predict.slash", _predict_curve())
+    page = write_report(path, out)
+    ids_file.write_text(json.dumps(ids))
+    return path, page, ids
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    return build_report(tmp_path_factory.getbasetemp() / "report-store")
+
+
+def _srcs(text: str) -> list[str]:
+    return [html.unescape(s) for s in re.findall(r'<img[^>]*\ssrc="([^"]+)"', text)]
+
+
+def _frames(text: str) -> list[dict]:
+    m = re.search(r'<script type="application/json" id="frames-data">(.*?)</script>', text, re.S)
+    return json.loads(m.group(1).replace("<\\/", "</")) if m else []
+
+
+def _png_ok(path: Path) -> bool:
+    with Image.open(path) as im:
+        return im.format == "PNG" and im.size[0] > 50 and im.size[1] > 50
+
+
+# --------------------------------------------------------------------------- full report
+
+
+def test_every_figure_file_referenced_exists(built):
+    path, page, ids = built
+    text = page.read_text()
+    srcs = _srcs(text) + [f["src"] for f in _frames(text)]
+    assert srcs
+    for src in srcs:
+        assert not src.startswith(("http:", "https:", "/")), src  # relative: the page works from file://
+        assert _png_ok(page.parent / src), src
+
+
+def test_report_has_every_figure_with_a_caption(built):
+    _, page, ids = built
+    text = page.read_text()
+    names = {Path(s).name for s in _srcs(text)}
+    expected = {"emergence_slash.png", "emergence_roles.png", "emergence_divergence.png", "bifurcation.png",
+                "redundancy.png", "chg.png", "predict_slash.png"}
+    assert expected <= names, f"missing figures: {expected - names}"
+    figures = re.findall(r"<figure.*?</figure>", text, re.S)
+    assert len(figures) == len(expected) + 1  # + the attention slider
+    for fig in figures:
+        caption = re.search(r"<figcaption>(.+?)</figcaption>", fig, re.S)
+        assert caption and len(caption.group(1)) > 60, fig[:200]
+    # Nothing is missing but the per-run gaps of the partial store.
+    assert "Not available: the CHG" not in text and "Not available: the predictor" not in text
+    assert 'src="http' not in text and "<script src" not in text  # self-contained: no CDN
+
+
+def test_slider_scrubs_every_recorded_snapshot_of_the_median_run(built):
+    path, page, ids = built
+    text = page.read_text()
+    chosen = re.search(r"Per-run figures show run <code>(\w+)</code>", text).group(1)
+    losses = {k: store.run_attrs(path, ids[k])["last_loss"] for k in ("A", "B")}
+    assert chosen == ids[min(losses, key=losses.get)]  # lower median of the two completed runs
+    frames = _frames(text)
+    steps = store.open_run(path, chosen)["step"].values.tolist()
+    assert [f["step"] for f in frames] == steps
+    assert len({f["src"] for f in frames}) == len(frames)
+    assert f'max="{len(frames) - 1}"' in text and 'type="range"' in text
+    assert "probe sequence 0" in text  # the caption says which probe is shown
+    assert sorted(p.name for p in (page.parent / "figures" / "attention").iterdir()) == [Path(f["src"]).name for f in frames]
+
+
+def test_partial_store_runs_are_analysed_in_memory_and_said_so(built):
+    path, page, ids = built
+    text = page.read_text()
+    row = {k: re.search(rf"<tr><td><code>{ids[k]}</code>.*?</tr>", text).group(0) for k in ids}
+    assert "stored by `dynamics analyse`" in html.unescape(row["A"])
+    assert "computed for this report (not stored)" in row["B"]
+    assert ">running<" in row["C"] and "computed for this report on 6 of 9 snapshots" in row["C"]
+    assert "6/9" in row["C"]
+    assert store.open_analysis(path, ids["B"]) is None  # the report never writes to the store
+    assert "derived/gates." in text and "recorded during training (chg)" in text
+
+
+# --------------------------------------------------------------------------- CLI and missing parts
+
+
+def test_cli_without_computing_names_the_missing_runs_and_replaces_frames(built, tmp_path, capsys):
+    import shutil
+
+    path, page, ids = built
+    out = tmp_path / "report"
+    shutil.copytree(page.parent, out)  # an earlier report of a longer run in the same folder
+    assert cli.main(["report", str(path), "--out", str(out), "--run", ids["C"], "--no-compute"]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "index.html").as_uri() in printed
+    text = (out / "index.html").read_text()
+    frames = _frames(text)
+    assert len(frames) == 6
+    assert len(list((out / "figures" / "attention").glob("*.png"))) == 6  # stale frames removed
+    assert "Not available: emergence curves for 2 run(s) because they have no analysis" in text
+    assert "role labels not available because the run has no stored analysis" in text
+    assert f"Not available: the dendrogram and JS matrix of run {ids['C']}" in text
+    for src in _srcs(text) + [f["src"] for f in frames]:
+        assert _png_ok(out / src), src
+
+    assert cli.main(["report", str(path), "--out", str(tmp_path / "x"), "--run", "nope"]) == cli.EXIT_BAD_INPUT
+    assert cli.main(["report", str(tmp_path), "--out", str(tmp_path / "x")]) == cli.EXIT_BAD_INPUT
+
+
+def test_store_with_a_just_started_run_names_every_missing_part(tmp_path):
+    from dynamics.config import from_dict
+    from dynamics.record import coords, snapshot_steps, variables
+
+    cfg = from_dict(TINY)
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    path = tmp_path / "s.zarr"
+    store.RunWriter(path, "r0", variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                    attrs={"status": "running", "config": cfg.to_dict()}).finalize()
+    page = write_report(path, tmp_path / "out")
+    text = page.read_text()
+    for needle in ("Not available: attention maps because run r0 (running) has no recorded snapshot yet",
+                   "Not available: emergence curves for 1 run(s)",
+                   "Not available: bifurcation and emergence steps against init_scale, lr or n_heads because the store "
+                   "has no sweep index",
+                   "Not available: the dendrogram and JS matrix of run r0 because the run has only 0 recorded snapshot(s)",
+                   "Not available: the CHG scatter",
+                   "Not available: the predictor curves"):
+        assert needle in text, needle
+    assert not _srcs(text)
+    assert "failed (" not in text  # every gap is an expected one, not a crashed section
+
+
+# --------------------------------------------------------------------------- small pieces
+
+
+def test_chg_label_follows_the_paper_taxonomy():
+    plus = np.array([0.9, 0.9, 0.1, 0.1, np.nan, 0.5])
+    minus = np.array([0.9, 0.1, 0.1, 0.9, 0.5, 0.5])
+    assert chg_label(plus, minus).tolist() == [*CHG_LABELS, "facilitating"]  # threshold counts as high
+
+
+def test_choose_run_prefers_the_median_completed_run():
+    def run(rid, status, loss, n):
+        return _Run(rid, status, {}, loss, 9, np.arange(9) < n, np.arange(9))
+
+    runs = [run("a", "completed", 2.0, 9), run("b", "completed", 1.0, 9), run("c", "completed", 3.0, 9),
+            run("d", "running", 0.1, 4)]
+    assert _choose_run(runs) == "a"
+    assert _choose_run([run("d", "running", None, 4), run("e", "failed", None, 7)]) == "e"
+    assert _choose_run([]) is None
+
+
+def _imports(module: str) -> set[str]:
+    """Every module named in an import statement of `module`'s file (lazy ones inside functions too)."""
+    path = ROOT / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = ROOT / module.replace(".", "/") / "__init__.py"
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_report_never_imports_torch():
+    # Static and transitive over the package: also catches imports inside functions.
+    seen, todo, found = set(), ["dynamics", "dynamics.report"], []
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for name in _imports(module):
+            if name.split(".")[0] == "torch":
+                found.append(f"{module} imports {name}")
+            elif name.startswith("dynamics.") and ((ROOT / (name.replace(".", "/") + ".py")).exists()
+                                                   or (ROOT / name.replace(".", "/") / "__init__.py").exists()):
+                todo.append(name)
+    assert {"dynamics.store", "dynamics.analysis"} <= seen
+    assert not found, found
