@@ -137,6 +137,17 @@ class Recorder:
             out.append(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).item())
         return np.array(out, dtype=np.float32)
 
+    def chg(self, model: Transformer, fit: bool) -> dict[str, np.ndarray]:
+        """Causal head gating at this snapshot (Nam et al. 2025), or the unfitted markers."""
+        from dynamics.gates import CHG_ROLES, chg_snapshot
+
+        L, H = self.cfg.model.n_layers, self.cfg.model.n_heads
+        if not fit:
+            return {"chg": np.full((L, H, 2), np.nan, dtype=np.float32),
+                    "chg_role": np.full((L, H), CHG_ROLES.index("unfitted"), dtype=np.int8)}
+        chg, role = chg_snapshot(model, self.cfg)
+        return {"chg": chg, "chg_role": role}
+
     @torch.no_grad()
     def snapshot(self, model: Transformer) -> dict[str, np.ndarray]:
         """All per-snapshot blocks; call after backward on this step's training batch."""

@@ -267,6 +267,9 @@ def train_run(
                         blocks = recorder.snapshot(model)
                 if intervention is not None:
                     blocks |= intervention.snapshot(model, recorder.probe_tokens)
+                if cfg.record.chg_every:
+                    fit = index_of[step] % cfg.record.chg_every == 0 or step == cfg.train.steps
+                    blocks |= recorder.chg(model, fit)
                 if step < cfg.train.steps and math.isfinite(last_loss):
                     losses[step] = last_loss
                 bg.submit(writer.write_snapshot, index_of[step], blocks)

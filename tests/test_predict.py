@@ -1,0 +1,429 @@
+"""The early-gradient predictor on constructed sweeps whose answer is planted (no training).
+
+Each constructed run has 2 layers x 8 heads. A head's "fate" is a coin flip; fated heads
+get a large q gradient norm from step 5 on (not at initialisation) and a slash pattern at
+offset 3 in the final snapshot only. Everything else is noise, and the attention up to the
+last snapshot is near-uniform, so only the early gradients carry the fate.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics import cli, predict, store
+from dynamics.analysis import analyse_run
+from dynamics.predict import MODELS, PredictError, PredictOptions, Run
+
+STEPS = np.array([0, 5, 10, 20, 40, 70, 100])
+L, H, P, T = 2, 8, 2, 8
+OFFSET = 3
+H_STEP = 10  # the horizon of the leak tests: h = 0.1 of a 100-step run
+
+
+def uniform_rows(rng, noise: float = 0.05) -> np.ndarray:
+    """(L, H, P, T, T) causal rows, near-uniform with a little noise."""
+    a = np.tril(np.ones((T, T))) * (1.0 + noise * rng.random((L, H, P, T, T)))
+    a *= np.tril(np.ones((T, T)))
+    return a / a.sum(-1, keepdims=True)
+
+
+def slash_rows(rng, fate: np.ndarray) -> np.ndarray:
+    """Final attention: fated heads put 0.9 on key i - OFFSET (queries that can see it)."""
+    a = uniform_rows(rng)
+    for layer, head in zip(*np.nonzero(fate), strict=True):
+        for i in range(OFFSET, T):
+            row = np.zeros(T)
+            row[: i + 1] = 0.1 / i
+            row[i - OFFSET] = 0.9
+            a[layer, head, :, i] = row
+    return a
+
+
+def make_run(seed: int, fate: np.ndarray, *, config: str = "base", signal: float = 2.0) -> xr.Dataset:
+    """One run's recordings as an in-memory dataset with the store's dims and coords."""
+    rng = np.random.default_rng(1000 + seed)
+    S = STEPS.size
+    grad_norm = rng.lognormal(0.0, 0.3, (S, L, H, 4))
+    grad_norm[1:, :, :, 0] *= np.exp(signal * fate)  # planted: q gradients of fated heads, after init
+    grad_cosine = rng.uniform(-1, 1, (S, L, H, 4))
+    grad_cosine[0] = np.nan  # no earlier gradient at the first snapshot
+    attention = np.stack([uniform_rows(rng) for _ in range(S - 1)] + [slash_rows(rng, fate)])
+    ds = xr.Dataset(
+        {
+            "attention": (("snapshot", "layer", "head", "probe", "query", "key"), attention.astype(np.float16)),
+            "probe_tokens": (("probe", "position"), rng.integers(0, 40, (P, T))),
+            "grad_norm": (("snapshot", "layer", "head", "weight"), grad_norm.astype(np.float32)),
+            "grad_cosine": (("snapshot", "layer", "head", "weight"), grad_cosine.astype(np.float32)),
+            "importance": (("snapshot", "layer", "head"), rng.lognormal(0, 0.5, (S, L, H)).astype(np.float32)),
+            "gate": (("snapshot", "layer", "head"), np.ones((S, L, H), np.float32)),
+            "loss": (("train_step",), rng.random(int(STEPS[-1])).astype(np.float32)),
+        },
+        coords={
+            "step": ("snapshot", STEPS),
+            "layer": np.arange(L),
+            "head": np.arange(H),
+            "weight": ["q", "k", "v", "o"],
+            "train_step": np.arange(int(STEPS[-1])),
+        },
+        attrs={"run_id": f"r{seed}-{config}", "status": "completed"},
+    )
+    return ds
+
+
+def make_runs(n_seeds: int = 8, configs=("base",), coin: int = 0, **kw) -> list[Run]:
+    rng = np.random.default_rng(coin)
+    runs = []
+    for config in configs:
+        for seed in range(n_seeds):
+            fate = rng.random((L, H)) < 0.5
+            ds = make_run(seed + 100 * len(runs), fate, config=config, **kw)
+            runs.append(Run(f"r{seed}-{config}", ds, seed=seed, config=config))
+    return runs
+
+
+def scramble_after(ds: xr.Dataset, step: float, rng, *, keep_final: bool) -> xr.Dataset:
+    """Every array along snapshot/train_step past `step` replaced by a permutation of itself plus noise."""
+    ds = ds.copy(deep=True)
+    snap = np.flatnonzero(ds["step"].values > step)
+    if keep_final:
+        snap = snap[:-1]
+    for name, var in ds.data_vars.items():
+        values = var.values
+        if "snapshot" in var.dims and snap.size:
+            axis = var.dims.index("snapshot")
+            block = np.take(values, snap, axis=axis)
+            block = rng.permutation(block.ravel()).reshape(block.shape)
+            if name != "attention":
+                block = block * rng.lognormal(0, 1, block.shape)
+            idx = [slice(None)] * values.ndim
+            idx[axis] = snap
+            values[tuple(idx)] = block
+        if "train_step" in var.dims:
+            late = ds["train_step"].values > step
+            values[late] = rng.random(late.sum())
+        ds[name] = (var.dims, values)
+    return ds
+
+
+def null_band(target: np.ndarray, z: float = 4.0) -> float:
+    """Half-width of a z-sigma band around 0.5 for the AUROC of scores independent of the labels.
+
+    Under the null, AUROC = U / (n1 n0) with the Mann-Whitney U, whose variance without ties
+    is n1 n0 (n1 + n0 + 1) / 12 (Mann & Whitney 1947). z = 4 fails a correct predictor with
+    probability ~6e-5.
+    """
+    n1 = int(np.sum(target == 1))
+    n0 = target.size - n1
+    return z * math.sqrt((n1 + n0 + 1) / (12.0 * n1 * n0))
+
+
+FAST = {"boosting_iter": 20}
+
+
+@pytest.fixture(scope="module")
+def planted():
+    """The planted sweep and its curve at h = 0 and h = 0.1 (computed once)."""
+    runs = make_runs()
+    opt = PredictOptions(target="slash", horizons=(0.0, 0.1), **FAST)
+    return runs, opt, predict.predict_runs(runs, opt)
+
+
+@pytest.fixture(scope="module")
+def tables(planted):
+    """The planted sweep's head rows, its features at h = 0.1 and at init, and its folds."""
+    runs, opt, _ = planted
+    rows = predict.target_table(runs, opt)
+    feats = predict.feature_table(runs, rows, 0.1, opt)
+    init = predict.feature_table(runs, rows, None, opt)
+    return rows, feats, init, predict.group_splits(rows.row_group.values, opt.n_splits)
+
+
+# ----------------------------------------------------------------------------- finding the plant
+
+
+def test_planted_signal_is_found(planted):
+    _, _, curve = planted
+    at = curve.score_mean.sel(horizon=0.1)
+    assert float(at.sel(model="linear")) > 0.95
+    assert float(at.sel(model="boosting")) > 0.95
+    assert float(curve.score_pooled.sel(horizon=0.1, model="linear")) > 0.95
+    # init carries no plant: its baselines are at chance within the null band
+    band = null_band(curve.target.values)
+    for model in ("init_linear", "init_boosting", "layer"):
+        assert abs(float(curve.score_pooled.sel(horizon=0.1, model=model)) - 0.5) < band
+
+
+def test_targets_are_the_planted_fates(planted):
+    runs, _, curve = planted
+    for r in runs[:3]:
+        fate = r.data.grad_norm.isel(snapshot=1, weight=0).values > np.exp(1.0)  # signal 2 vs noise sd 0.3
+        rows = curve.row_run.values == r.run_id
+        got = curve.target.values[rows].reshape(L, H)
+        np.testing.assert_array_equal(got, fate.astype(float))
+    assert set(curve.target_offset.values[curve.target.values == 1]) == {float(OFFSET)}
+
+
+def test_baselines_in_the_table(planted):
+    _, _, curve = planted
+    assert list(curve.model.values) == list(MODELS)
+    assert {"chance", "layer", "init_linear", "init_boosting"} <= set(curve.model.values)
+    assert np.isfinite(curve.score_mean.values).all()
+    np.testing.assert_allclose(curve.score.sel(model="chance").values, 0.5)  # a constant ranks nothing
+    # the init baselines do not depend on the horizon
+    for model in ("chance", "layer", "init_linear", "init_boosting"):
+        np.testing.assert_array_equal(curve.prediction.sel(model=model, horizon=0.0),
+                                      curve.prediction.sel(model=model, horizon=0.1))
+    # at h = 0 the features are the init features: the models coincide with their init baselines
+    for kind in ("linear", "boosting"):
+        np.testing.assert_allclose(curve.prediction.sel(model=kind, horizon=0.0),
+                                   curve.prediction.sel(model=f"init_{kind}", horizon=0.0))
+    text = predict.format_curve(curve)
+    for model in MODELS:
+        assert model in text
+    assert "AUROC" in text and "h=0.1" in text
+
+
+def test_shuffled_targets_are_at_chance(planted, tables):
+    _, opt, _ = planted
+    rows, feats, init, splits = tables
+    shuffled = np.random.default_rng(7).permutation(rows.target.values)
+    preds, scores = predict.cross_validate({0.1: feats.values}, init.values, shuffled, rows.row_layer.values, splits, opt)
+    band = null_band(shuffled)
+    for kind in ("linear", "boosting"):
+        pooled = predict.score("auroc", shuffled, preds[0, MODELS.index(kind)])
+        assert abs(pooled - 0.5) < band, (kind, pooled, band)
+        # the fold mean, against its own spread: within 4 standard errors of 0.5
+        fold = scores[0, MODELS.index(kind)]
+        assert abs(fold.mean() - 0.5) < 4 * fold.std(ddof=1) / math.sqrt(fold.size) + 1e-9
+
+
+# ----------------------------------------------------------------------------- no leakage
+
+
+def test_scrambling_after_the_horizon_leaves_predictions_unchanged(planted):
+    runs, _, base = planted
+    opt = PredictOptions(target="slash", horizons=(0.1,), **FAST)
+    rng = np.random.default_rng(3)
+    # the final snapshot defines the target, so the whole pipeline keeps it ...
+    scrambled = [Run(r.run_id, scramble_after(r.data, H_STEP, rng, keep_final=True), r.seed, r.config) for r in runs]
+    assert not scrambled[0].data.attention.isel(snapshot=4).equals(runs[0].data.attention.isel(snapshot=4))
+    again = predict.predict_runs(scrambled, opt)
+    np.testing.assert_array_equal(again.target.values, base.target.values)
+    np.testing.assert_array_equal(again.prediction.sel(horizon=0.1).values, base.prediction.sel(horizon=0.1).values)
+    np.testing.assert_array_equal(again.score.sel(horizon=0.1).values, base.score.sel(horizon=0.1).values)
+
+
+def test_features_never_read_past_the_horizon(planted, tables):
+    runs, opt, base = planted
+    rows, before, init, splits = tables  # targets from the intact runs
+    rng = np.random.default_rng(4)
+    # ... and the features, with the final snapshot scrambled too, are bit-identical
+    scrambled = [Run(r.run_id, scramble_after(r.data, H_STEP, rng, keep_final=False), r.seed, r.config) for r in runs]
+    after = predict.feature_table(scrambled, rows, 0.1, opt)
+    np.testing.assert_array_equal(before.values, after.values)
+    preds, _ = predict.cross_validate({0.1: after.values}, init.values, rows.target.values, rows.row_layer.values,
+                                      splits, opt)
+    np.testing.assert_array_equal(preds[0], base.prediction.sel(horizon=0.1).values)
+    # the test has teeth: scrambling the horizon snapshot itself does change the features
+    touched = [Run(r.run_id, scramble_after(r.data, H_STEP - 1, rng, keep_final=False), r.seed, r.config)
+               for r in runs[:2]]
+    two = rows.isel(head_row=np.isin(rows.row_run.values, [r.run_id for r in touched]))
+    changed = predict.feature_table(touched, two, 0.1, opt).values
+    assert not np.array_equal(changed, before.values[: changed.shape[0]], equal_nan=True)
+
+
+def test_early_snapshots_cut_every_time_axis():
+    ds = make_run(0, np.zeros((L, H), bool))
+    early = predict.early_snapshots(ds, H_STEP)
+    assert early.step.values.tolist() == [0, 5, 10]
+    assert early.sizes["train_step"] == H_STEP + 1
+    assert early.probe_tokens.equals(ds.probe_tokens)
+    with pytest.raises(PredictError, match="no snapshot"):
+        predict.early_snapshots(ds.isel(snapshot=slice(1, None)), 2)
+
+
+# ----------------------------------------------------------------------------- grouping
+
+
+@pytest.mark.parametrize("group_by", ["run", "seed", "config"])
+def test_no_group_on_both_sides_of_a_split(group_by):
+    # 2 configs x 4 seeds: a seed appears in both configs, a config in every seed
+    runs = make_runs(n_seeds=4, configs=("lr=1", "lr=2"))
+    opt = PredictOptions(group_by=group_by, n_splits=3)
+    rows = predict.target_table(runs, opt)
+    splits = predict.group_splits(rows.row_group.values, opt.n_splits)
+    run_of = rows.row_run.values
+    seed_of = {r.run_id: r.seed for r in runs}
+    config_of = {r.run_id: r.config for r in runs}
+    tested = np.concatenate([test for _, test in splits])
+    assert np.array_equal(np.sort(tested), np.arange(run_of.size))  # the test sets partition the heads
+    for train, test in splits:
+        assert not set(run_of[train]) & set(run_of[test])
+        assert not set(rows.row_group.values[train]) & set(rows.row_group.values[test])
+        if group_by == "seed":
+            assert not {seed_of[r] for r in run_of[train]} & {seed_of[r] for r in run_of[test]}
+        if group_by == "config":
+            assert not {config_of[r] for r in run_of[train]} & {config_of[r] for r in run_of[test]}
+    assert len(splits) == {"run": 3, "seed": 3, "config": 2}[group_by]
+
+
+def test_auroc_matches_sklearn():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 60)
+    p = np.round(rng.random(60), 1)  # ties
+    assert predict.score("auroc", y, p) == pytest.approx(roc_auc_score(y, p))
+    assert np.isnan(predict.score("auroc", np.ones(5), p[:5]))
+    assert predict.score("auroc", y, np.zeros(60)) == 0.5
+
+
+def test_group_splits_rejects_a_single_group():
+    with pytest.raises(PredictError, match="at least 2"):
+        predict.group_splits(["a"] * 5)
+
+
+# ----------------------------------------------------------------------------- other targets
+
+
+def test_other_targets_and_chg_where_fitted():
+    runs = make_runs(n_seeds=3)
+    quick = {"boosting_iter": 10, "n_splits": 2, "horizons": (0.1,)}
+    rng = np.random.default_rng(5)
+    with_chg = []
+    for i, r in enumerate(runs):
+        ds = r.data
+        if i != 1:  # two runs fitted CHG; the other has no chg_role at all
+            codes = np.full((STEPS.size, L, H), -1, np.int8)
+            codes[-1] = rng.integers(0, 3, (L, H))
+            codes[-1, 0, 0] = -1  # one unfitted head
+            ds = ds.assign(chg_role=(("snapshot", "layer", "head"), codes))
+        with_chg.append(Run(r.run_id, ds, r.seed, r.config))
+    chg = predict.predict_runs(with_chg, PredictOptions(target="chg", **quick))
+    assert chg.attrs["metric"] == "balanced_accuracy"
+    assert chg.sizes["head_row"] == 2 * (L * H - 1)  # 2 fitted runs, one unfitted head each
+    assert set(chg.attrs["classes"]) <= {0, 1, 2}
+    assert set(chg.attrs["class_names"]) <= {"facilitating", "irrelevant", "interfering"}
+    assert runs[1].run_id not in chg.row_run.values
+
+    imp = predict.predict_runs(runs, PredictOptions(target="importance", group_by="run", **quick))
+    assert imp.attrs["metric"] == "spearman"
+    assert float(imp.score.sel(model="chance").mean()) == 0.0
+    ranks = imp.target.values[imp.row_run.values == runs[0].run_id].reshape(L, H)
+    np.testing.assert_allclose(np.sort(ranks, axis=1), np.tile(np.linspace(0, 1, H), (L, 1)))
+
+    role = predict.predict_runs(runs, PredictOptions(target="role", **quick))
+    assert role.attrs["metric"] == "balanced_accuracy"
+    assert "slash" in role.attrs["class_names"]
+    assert np.isfinite(role.score.values).all()
+
+    red = predict.final_targets(runs[0].data, "redundant")
+    assert red.attrs["source"] == "computed from the final snapshot"
+    assert set(np.unique(red.target.values)) <= {0.0, 1.0}
+
+
+def test_stored_analysis_gives_the_same_targets():
+    r = make_runs(n_seeds=1)[0]
+    analysis = analyse_run(r.data).load()
+    for target in ("slash", "role", "redundant"):
+        stored = predict.final_targets(r.data, target, analysis)
+        fresh = predict.final_targets(r.data, target)
+        assert stored.attrs["source"] == "stored analysis"
+        np.testing.assert_array_equal(stored.target.values, fresh.target.values)
+    stale = analysis.isel(snapshot=slice(0, -1))  # analysed before the run finished
+    assert predict.final_targets(r.data, "slash", stale).attrs["source"] == "computed from the final snapshot"
+
+
+def test_bad_options_and_runs():
+    with pytest.raises(PredictError, match="unknown target"):
+        PredictOptions(target="nope")
+    with pytest.raises(PredictError, match="out of range"):
+        PredictOptions(horizons=(1.5,))
+    with pytest.raises(PredictError, match="out of range"):
+        PredictOptions(horizons=(-3.0,), unit="step")
+    runs = make_runs(n_seeds=3)
+    one_seed = [Run(r.run_id, r.data, 0, r.config) for r in runs]
+    with pytest.raises(PredictError, match="one group"):
+        predict.predict_runs(one_seed, PredictOptions())
+    with pytest.raises(PredictError, match="config"):
+        predict.predict_runs(runs, PredictOptions(group_by="config"))
+    with pytest.raises(PredictError, match="chg_role"):
+        predict.predict_runs(runs, PredictOptions(target="chg"))
+    with pytest.raises(PredictError, match="ends at step"):
+        predict.predict_runs(runs, PredictOptions(horizons=(500,), unit="step"))
+    never = [Run(r.run_id, r.data.isel(snapshot=slice(0, -1)), r.seed, r.config) for r in runs]  # no slash yet
+    with pytest.raises(PredictError, match="constant"):
+        predict.predict_runs(never, PredictOptions())
+
+
+# ----------------------------------------------------------------------------- store and CLI
+
+
+def write_store(path, runs: list[Run], *, statuses=None) -> None:
+    statuses = statuses or {}
+    for r in runs:
+        ds = r.data
+        variables = {name: (var.dims, var.shape, str(var.dtype)) for name, var in ds.data_vars.items()}
+        coords = {name: (ds[name].dims[0], ds[name].values) for name in ("step", "layer", "head", "weight", "train_step")}
+        w = store.RunWriter(path, r.run_id, variables=variables, coords=coords,
+                            attrs={"status": statuses.get(r.run_id, "completed"), "seed": r.seed})
+        for i in range(ds.sizes["snapshot"]):
+            w.write_snapshot(i, {n: v.isel(snapshot=i).values for n, v in ds.data_vars.items() if "snapshot" in v.dims})
+        w.write_region("probe_tokens", 0, ds.probe_tokens.values)
+        w.write_region("loss", 0, ds.loss.values)
+        w.finalize()
+    store.write_sweep_index(path, {"axes": ["train.seed"],
+                                   "runs": {r.run_id: {"train.seed": r.seed} for r in runs}})
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("predict") / "sweep.zarr"
+    write_store(path, make_runs(n_seeds=3))
+    return str(path)
+
+
+def test_cli_prints_the_curve_and_saves_it(small_store, capsys):
+    rc = cli.main(["predict", small_store, "--target", "slash", "--horizons", "0,0.1", "--folds", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "AUROC" in out and "init_boosting" in out and "derived/predict.slash" in out
+    curve = store.open_derived(small_store, predict.derived_name("slash"))
+    assert dict(curve.score.sizes) == {"horizon": 2, "model": len(MODELS), "fold": 2}
+    assert curve.horizon.values.tolist() == [0.0, 0.1]
+    assert curve.attrs["target_sources"] == {"computed from the final snapshot": 3}
+    assert curve.horizon_step.sel(horizon=0.1).values.tolist() == [10.0] * 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--target", "nope"], "unknown target"),
+        (["--horizon", "1.5"], "out of range"),
+        (["--horizons", "0,abc"], "--horizons"),
+        (["--horizon", "0.1", "--horizons", "0.2"], "not both"),
+        (["--group", "config"], "one group"),
+        (["--target", "chg"], "chg_role"),
+        (["--unit", "step", "--horizon", "1000"], "ends at step"),
+    ],
+)
+def test_cli_bad_input_exits_2(small_store, capsys, argv, message):
+    rc = cli.main(["predict", small_store, *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_store_problems_exit_2(tmp_path, capsys):
+    assert cli.main(["predict", str(tmp_path / "missing.zarr")]) == 2
+    assert "not a dynamics store" in capsys.readouterr().err
+    runs = make_runs(n_seeds=2)
+    path = tmp_path / "few.zarr"
+    write_store(path, runs, statuses={runs[0].run_id: "diverged"})
+    assert cli.main(["predict", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "1 completed run" in err and len(err.strip().splitlines()) == 1
