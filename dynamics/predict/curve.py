@@ -1,0 +1,212 @@
+"""The whole pipeline: the "how early can we know" curve of a target, stored and printed."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import dask
+import numpy as np
+import xarray as xr
+
+from dynamics import store
+from dynamics.analysis.roles import ROLES
+from dynamics.predict.features import feature_table
+from dynamics.predict.load import check_runs, load_runs
+from dynamics.predict.models import _mean_sd, cross_validate, group_splits, score
+from dynamics.predict.options import CHG_CLASSES, MODELS, TARGETS, PredictOptions, Run
+from dynamics.predict.targets import target_table
+
+# --------------------------------------------------------------------------- whole pipeline
+
+
+def _preload(data: xr.Dataset) -> xr.Dataset:
+    # Read the small variables once: each horizon then slices memory, not the store (a dask
+    # compute per access costs more than the features). Attention and head weights stay lazy:
+    # only the snapshots a horizon needs are ever read.
+    small = [n for n in data.data_vars if n not in ("attention", "head_weights")]
+    with dask.config.set(scheduler="synchronous"):  # one small read: a thread pool only adds overhead
+        loaded = data[small].reset_coords().compute()
+    return data.assign(loaded.data_vars).assign_coords(loaded.coords)
+
+
+def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None) -> xr.Dataset:
+    """Targets, features at every horizon, grouped cross-validation, as one dataset.
+
+    Parameters
+    ----------
+    runs : sequence of Run
+        From `load_runs`, or built in memory.
+    options : PredictOptions, optional
+
+    Returns
+    -------
+    Dataset
+        The curve (see `predict_store` for the schema).
+
+    Raises
+    ------
+    PredictError
+        For the cases of `check_runs` and `target_table`.
+    """
+    opt = options or PredictOptions()
+    check_runs(runs, opt)
+    runs = [Run(r.run_id, _preload(r.data), r.seed, r.config, r.analysis) for r in runs]
+    spec = TARGETS[opt.target]
+    rows = target_table(runs, opt)
+    groups = rows["row_group"].values
+    splits = group_splits(groups, opt.n_splits)
+    fold_of = np.empty(rows.sizes["head_row"], dtype=np.int64)
+    for k, (_, test) in enumerate(splits):
+        fold_of[test] = k
+
+    init = feature_table(runs, rows, None, opt)
+    tables = {h: feature_table(runs, rows, h, opt) for h in opt.horizons}
+    preds, scores = cross_validate(
+        {h: t.values for h, t in tables.items()}, init.values, rows["target"].values,
+        rows["row_layer"].values, splits, opt,
+    )
+    pooled = np.array([[score(spec.metric, rows["target"].values, preds[i, m]) for m in range(len(MODELS))]
+                       for i in range(len(opt.horizons))])
+    summary = np.array([[_mean_sd(scores[i, m]) for m in range(len(MODELS))] for i in range(len(opt.horizons))])
+
+    run_ids = list(dict.fromkeys(rows["row_run"].values.tolist()))
+    horizon_step = np.array([[tables[h].attrs["horizon_step"][r] for r in run_ids] for h in opt.horizons])
+    n_seen = np.array([[tables[h].attrs["n_snapshots"][r] for r in run_ids] for h in opt.horizons])
+    ds = xr.Dataset(
+        {
+            "score": (("horizon", "model", "fold"), scores),
+            "score_mean": (("horizon", "model"), summary[..., 0]),
+            "score_std": (("horizon", "model"), summary[..., 1]),
+            "score_pooled": (("horizon", "model"), pooled),
+            "prediction": (("horizon", "model", "head_row"), preds),
+            "target": rows["target"],
+            "n_test": ("fold", np.array([test.size for _, test in splits])),
+            "test_groups": ("fold", np.array([", ".join(sorted(set(groups[test]))) for _, test in splits])),
+            "horizon_step": (("horizon", "run"), horizon_step),
+            "n_snapshots_seen": (("horizon", "run"), n_seen),
+        },
+        coords={
+            "horizon": np.asarray(opt.horizons, dtype=np.float64),
+            "model": list(MODELS),
+            "fold": np.arange(len(splits)),
+            "run": run_ids,
+            **{k: rows[k] for k in ("row_run", "row_layer", "row_head", "row_group")},
+            "row_fold": ("head_row", fold_of),
+        },
+    )
+    if "offset" in rows:
+        ds["target_offset"] = rows["offset"]
+    classes = np.unique(rows["target"].values)
+    ds.attrs.update(
+        target=opt.target,
+        description=spec.description,
+        task=spec.task,
+        metric=spec.metric,
+        chance=spec.chance if spec.chance is not None else 1.0 / classes.size,
+        horizon_unit=opt.unit,
+        group_by=opt.group_by,
+        n_splits=len(splits),
+        n_runs=len(run_ids),
+        n_groups=int(np.unique(groups).size),
+        features=tables[opt.horizons[0]]["feature"].values.tolist(),
+        init_features=init["feature"].values.tolist(),
+        target_sources=rows.attrs["sources"],
+        options={k: v for k, v in asdict(opt).items() if k != "analysis"},
+        analysis_options={k: v for k, v in asdict(opt.analysis).items() if k != "roles"},
+        role_thresholds=asdict(opt.analysis.roles),
+    )
+    if spec.task != "regression":
+        ds.attrs["classes"] = classes.astype(int).tolist()
+        ds.attrs["class_counts"] = [int(np.sum(rows["target"].values == c)) for c in classes]
+    if opt.target in ("role", "chg"):
+        names = ROLES if opt.target == "role" else CHG_CLASSES
+        ds.attrs["class_names"] = [names[int(c)] if 0 <= c < len(names) else str(int(c)) for c in classes]
+    return ds
+
+
+def predict_store(path: str, options: PredictOptions | None = None) -> xr.Dataset:
+    """The "how early can we know" curve of one target over the completed runs of a store.
+
+    Parameters
+    ----------
+    path : str
+        A dynamics store with at least two completed runs in at least two groups.
+    options : PredictOptions, optional
+
+    Returns
+    -------
+    Dataset
+        Dims ``horizon`` (the horizons, in ``attrs["horizon_unit"]``), ``model`` (`MODELS`),
+        ``fold``, ``head_row`` (one labelled head), ``run``:
+
+        - ``score`` (horizon, model, fold): the metric ``attrs["metric"]`` on each test fold
+          (NaN where undefined, e.g. a fold with one class);
+        - ``score_mean``, ``score_std`` (horizon, model): over the folds where defined;
+        - ``score_pooled`` (horizon, model): the metric over all out-of-fold predictions;
+        - ``prediction`` (horizon, model, head_row): out-of-fold predictions;
+        - ``target`` (head_row), and ``target_offset`` for the slash target;
+        - ``n_test``, ``test_groups`` (fold); ``horizon_step``, ``n_snapshots_seen``
+          (horizon, run): the step each run was cut at and the snapshots its features saw;
+        - coords ``row_run``, ``row_layer``, ``row_head``, ``row_group``, ``row_fold``.
+
+        ``attrs``: target, description, task, metric, chance, horizon_unit, group_by,
+        n_splits, n_runs, n_groups, features, init_features, target_sources, options,
+        classes / class_counts (classification), class_names (role, chg).
+
+    Example
+    -------
+    >>> curve = predict_store("runs.zarr", PredictOptions(target="slash", horizons=(0, 0.1, 0.5)))  # doctest: +SKIP
+    >>> curve.score_mean.sel(model="boosting") - curve.score_mean.sel(model="init_boosting")  # doctest: +SKIP
+    """
+    opt = options or PredictOptions()
+    return predict_runs(load_runs(path, opt), opt)
+
+
+def derived_name(target: str) -> str:
+    """Name of the curve of `target` under ``STORE/derived/`` (a group name has no '/')."""
+    return f"predict.{target}"
+
+
+def write_curve(path: str, curve: xr.Dataset) -> str:
+    """Store `curve` as ``derived/predict.<target>`` (replacing it); returns that name."""
+    name = derived_name(curve.attrs["target"])
+    store.write_derived(path, name, curve)
+    return name
+
+
+def _horizon_label(h: float, unit: str) -> str:
+    return f"h={h:g}" if unit == "fraction" else f"step {h:g}"
+
+
+def format_curve(curve: xr.Dataset) -> str:
+    """The curve as a text table: one row per model, one column per horizon, mean ± sd over folds.
+
+    Example
+    -------
+    >>> print(format_curve(predict_store("runs.zarr")))  # doctest: +SKIP
+    """
+    a = curve.attrs
+    metric = {"auroc": "AUROC", "balanced_accuracy": "balanced accuracy", "spearman": "Spearman"}[a["metric"]]
+    lines = [
+        f"target {a['target']}: {a['description']}",
+        f"{curve.sizes['head_row']} heads in {a['n_runs']} runs; {a['n_splits']} folds holding out whole "
+        f"{a['group_by']}s ({a['n_groups']} groups); {metric}, mean ± sd over folds (chance {a['chance']:.2f})",
+    ]
+    if "classes" in a:
+        names = a.get("class_names", a["classes"])
+        lines.append("classes: " + ", ".join(f"{n}={c}" for n, c in zip(names, a["class_counts"], strict=True)))
+    header = ["model"] + [_horizon_label(float(h), a["horizon_unit"]) for h in curve["horizon"].values]
+    rows = []
+    for m in curve["model"].values:
+        cells = [str(m)]
+        for h in curve["horizon"].values:
+            mean = float(curve["score_mean"].sel(horizon=h, model=m))
+            sd = float(curve["score_std"].sel(horizon=h, model=m))
+            cells.append("n/a" if math.isnan(mean) else f"{mean:.3f} ± {sd:.3f}")
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""Loading the completed runs of a store with their cross-validation groups, and checking them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dynamics import store
+from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run
+
+# --------------------------------------------------------------------------- loading
+
+
+def _seed_of(rid: str, point: Mapping, attrs: Mapping) -> Any:
+    if SEED_AXIS in point:
+        return point[SEED_AXIS]
+    if "seed" in attrs:
+        return attrs["seed"]
+    return attrs.get("config", {}).get("train", {}).get("seed")
+
+
+def _config_of(point: Mapping, axes: Sequence[str], attrs: Mapping) -> str:
+    if axes:
+        return ", ".join(f"{a}={point.get(a)}" for a in axes if a != SEED_AXIS)
+    # no sweep index: the whole resolved config less the seed names the config
+    cfg = json.loads(json.dumps(attrs.get("config", {})))
+    cfg.pop("sweep", None)
+    cfg.get("train", {}).pop("seed", None)
+    return json.dumps(cfg, sort_keys=True)
+
+
+def load_runs(path: str, options: PredictOptions | None = None) -> list[Run]:
+    """The completed runs of a store, opened lazily, with their groups; checks before any work.
+
+    Runs whose status is not "completed" (running, diverged, failed...) are left out: their
+    last snapshot is not a final specialisation. Reads only metadata.
+
+    Parameters
+    ----------
+    path : str
+        A dynamics store.
+    options : PredictOptions, optional
+
+    Returns
+    -------
+    list of Run
+        In sweep-index order (store order without an index).
+
+    Raises
+    ------
+    PredictError
+        Fewer than two completed runs; fewer than two groups for the chosen grouping; a
+        target whose inputs no run has (``chg_role``, or both attention and analysis); a
+        step horizon past the end of a run.
+    store.StoreError
+        If `path` is not a store.
+    """
+    opt = options or PredictOptions()
+    index = store.read_sweep_index(path) or {}
+    present = store.list_runs(path)
+    ids = [r for r in index.get("runs", {}) if r in present] if index else present
+    axes = list(index.get("axes", []))
+    runs, skipped = [], []
+    for rid in ids:
+        attrs = store.run_attrs(path, rid)
+        if attrs.get("status") != "completed":
+            skipped.append(f"{rid} ({attrs.get('status', 'no status')})")
+            continue
+        point = index.get("runs", {}).get(rid, {})
+        data = store.open_run(path, rid)
+        analysis = store.open_analysis(path, rid) if opt.use_stored_analysis else None
+        runs.append(Run(rid, data, _seed_of(rid, point, attrs), _config_of(point, axes, attrs), analysis))
+    note = f" ({len(skipped)} not completed: {', '.join(skipped[:3])}{'...' if len(skipped) > 3 else ''})" if skipped else ""
+    if len(runs) < 2:
+        raise PredictError(f"{path}: {len(runs)} completed run(s){note}; prediction needs at least 2")
+    check_runs(runs, opt)
+    return runs
+
+
+def check_runs(runs: Sequence[Run], options: PredictOptions) -> None:
+    """Checks that need no array values: groups, target inputs, horizon range."""
+    groups = sorted({r.group(options.group_by) for r in runs})
+    if len(groups) < 2:
+        alt = "; try --group run" if options.group_by != "run" else ""
+        raise PredictError(
+            f"grouping by {options.group_by}: all {len(runs)} runs fall in one group ({groups[0]!r}), "
+            f"so cross-validation is impossible{alt}"
+        )
+    t = options.target
+    if t == "chg" and not any("chg_role" in r.data for r in runs):
+        raise PredictError("target 'chg': no run records chg_role (causal head gating was never fitted)")
+    if t == "importance":
+        lacking = [r.run_id for r in runs if "importance" not in r.data]
+        if lacking:
+            raise PredictError(f"target 'importance': run {lacking[0]!r} records no importance")
+    if t in ("slash", "role", "redundant"):
+        lacking = [r.run_id for r in runs if "attention" not in r.data and r.analysis is None]
+        if lacking:
+            raise PredictError(f"target {t!r}: run {lacking[0]!r} has neither attention nor a stored analysis")
+    if not any(v in r.data for r in runs for v in ("grad_norm", "importance", "attention")):
+        raise PredictError("no run records grad_norm, importance or attention: nothing to build features from")
+    if options.unit == "step":
+        for r in runs:
+            final = float(np.max(r.data["step"].values))
+            if max(options.horizons) > final:
+                raise PredictError(
+                    f"horizon step {max(options.horizons):g} out of range: run {r.run_id!r} ends at step {final:g}"
+                )

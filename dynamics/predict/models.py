@@ -1,0 +1,215 @@
+"""Grouped cross-validation of the models and baselines, and the metrics that score them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from scipy.stats import rankdata, spearmanr
+from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+from sklearn.impute import SimpleImputer
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.model_selection import GroupKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
+
+from dynamics.predict.options import MODELS, TARGETS, PredictError, PredictOptions
+
+# --------------------------------------------------------------------------- cross-validation
+
+
+def group_splits(groups: Sequence, n_splits: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, test) row indices of grouped K-fold: no group is ever on both sides.
+
+    Parameters
+    ----------
+    groups : sequence
+        Group label of each row (run id, seed or config).
+    n_splits : int
+        Folds; capped at the number of groups (then it is leave-one-group-out).
+
+    Returns
+    -------
+    list of (ndarray, ndarray)
+
+    Raises
+    ------
+    PredictError
+        With fewer than two groups.
+
+    Examples
+    --------
+    >>> [test.tolist() for _, test in group_splits(["a", "a", "b", "c"], 5)]
+    [[0, 1], [3], [2]]
+    """
+    groups = np.asarray(groups).astype(str)
+    n_groups = np.unique(groups).size
+    if n_groups < 2:
+        raise PredictError(f"{n_groups} group(s): grouped cross-validation needs at least 2")
+    splitter = GroupKFold(n_splits=min(n_splits, n_groups))
+    return [(train, test) for train, test in splitter.split(np.zeros((groups.size, 1)), groups=groups)]
+
+
+def _estimator(kind: str, task: str, options: PredictOptions, n_train: int):
+    if kind == "linear":
+        # median imputation, fitted on the training fold only (boosting takes NaN as is)
+        prep = [SimpleImputer(strategy="median"), StandardScaler()]
+        if task == "regression":
+            return make_pipeline(*prep, Ridge(alpha=options.ridge_alpha))
+        return make_pipeline(*prep, LogisticRegression(C=options.logistic_c, max_iter=5000, class_weight="balanced"))
+    leaf = options.boosting_min_leaf or min(20, max(3, n_train // 8))
+    kwargs = {"max_iter": options.boosting_iter, "min_samples_leaf": leaf, "early_stopping": False,
+              "random_state": options.random_state}
+    if task == "regression":
+        return make_pipeline(HistGradientBoostingRegressor(**kwargs))
+    return make_pipeline(HistGradientBoostingClassifier(class_weight="balanced", **kwargs))
+
+
+def _layer_prior(layer_train, y_train, layer_test, task: str) -> np.ndarray:
+    out = np.empty(layer_test.shape)
+    if task == "regression":
+        overall = y_train.mean()
+        for i, layer in enumerate(layer_test):
+            m = layer_train == layer
+            out[i] = y_train[m].mean() if m.any() else overall
+        return out
+    if task == "binary":
+        overall = (y_train.sum() + 1.0) / (y_train.size + 2.0)
+        for i, layer in enumerate(layer_test):
+            m = layer_train == layer
+            out[i] = (y_train[m].sum() + 1.0) / (m.sum() + 2.0) if m.any() else overall  # Laplace
+        return out
+    # multiclass: argmax_c P(layer | c), the class-balanced decision (the models are balanced too)
+    classes = np.unique(y_train)
+    layers = np.unique(layer_train)
+    counts = np.array([[np.sum((y_train == c) & (layer_train == layer)) for layer in layers] for c in classes])
+    p_layer = (counts + 1.0) / (counts.sum(axis=1, keepdims=True) + layers.size)  # (C, layers)
+    majority = classes[np.argmax([np.sum(y_train == c) for c in classes])]
+    for i, layer in enumerate(layer_test):
+        j = np.flatnonzero(layers == layer)
+        out[i] = classes[np.argmax(p_layer[:, j[0]])] if j.size else majority
+    return out
+
+
+def _fit_predict(kind: str, task: str, X_train, y_train, X_test, options: PredictOptions) -> np.ndarray:
+    if task != "regression" and np.unique(y_train).size < 2:
+        return np.full(len(X_test), float(y_train[0]))  # one class to learn from: predict it
+    # A feature with no value in the training fold (gradient cosines with one snapshot seen, a
+    # token score when the token never appears) carries nothing, and boosting cannot bin it.
+    keep = np.isfinite(X_train).any(axis=0)
+    if not keep.any():
+        return _chance(task, y_train, len(X_test))
+    X_train, X_test = X_train[:, keep], X_test[:, keep]
+    model = _estimator(kind, task, options, len(X_train))
+    model.fit(X_train, y_train if task == "regression" else y_train.astype(np.int64))
+    if task == "binary":
+        proba = model.predict_proba(X_test)
+        return proba[:, list(model.classes_).index(1)]
+    return np.asarray(model.predict(X_test), dtype=np.float64)
+
+
+def _chance(task: str, y_train, n_test: int) -> np.ndarray:
+    if task == "multiclass":
+        values, counts = np.unique(y_train, return_counts=True)
+        return np.full(n_test, float(values[np.argmax(counts)]))
+    return np.full(n_test, float(y_train.mean()))
+
+
+def score(metric: str, y_true, y_pred) -> float:
+    """One fold's metric; NaN when it is undefined there.
+
+    - ``auroc``: NaN when the fold has one class; constant predictions give 0.5.
+    - ``balanced_accuracy``: mean recall over the classes present in ``y_true``; any
+      constant prediction gives 1 / (number of classes).
+    - ``spearman``: NaN when ``y_true`` is constant; constant predictions give 0 (no ranking).
+
+    Examples
+    --------
+    >>> score("auroc", [0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8])
+    0.75
+    >>> score("balanced_accuracy", [0, 0, 0, 1], [0, 0, 0, 0])
+    0.5
+    """
+    y_true, y_pred = np.asarray(y_true, dtype=np.float64), np.asarray(y_pred, dtype=np.float64)
+    if metric == "auroc":
+        positive = y_true == 1
+        n1, n0 = int(positive.sum()), int((~positive).sum())
+        if n1 == 0 or n0 == 0:
+            return float("nan")
+        # Mann-Whitney: AUROC = (rank sum of positives - n1 (n1 + 1) / 2) / (n1 n0), ties averaged
+        # (equal to sklearn's roc_auc_score, without its per-call validation cost)
+        return float((rankdata(y_pred)[positive].sum() - n1 * (n1 + 1) / 2.0) / (n1 * n0))
+    if metric == "balanced_accuracy":
+        classes = np.unique(y_true)
+        return float(np.mean([np.mean(y_pred[y_true == c] == c) for c in classes])) if classes.size else float("nan")
+    if metric == "spearman":
+        if y_true.size < 3 or np.ptp(y_true) == 0:
+            return float("nan")
+        if np.ptp(y_pred) == 0:
+            return 0.0
+        return float(spearmanr(y_true, y_pred).statistic)
+    raise PredictError(f"unknown metric {metric!r}")
+
+
+def _mean_sd(values: np.ndarray) -> tuple[float, float]:
+    ok = values[np.isfinite(values)]
+    if ok.size == 0:
+        return float("nan"), float("nan")
+    return float(ok.mean()), float(ok.std(ddof=1)) if ok.size > 1 else 0.0
+
+
+def cross_validate(
+    features: Mapping[float, np.ndarray],
+    init_features: np.ndarray,
+    target: np.ndarray,
+    layer: np.ndarray,
+    splits: Sequence[tuple[np.ndarray, np.ndarray]],
+    options: PredictOptions,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Out-of-fold predictions and per-fold scores of every model of `MODELS` at every horizon.
+
+    Parameters
+    ----------
+    features : mapping horizon -> ndarray (n_rows, n_features)
+        Features cut at each horizon (from `feature_table`).
+    init_features : ndarray (n_rows, n_init_features)
+        Features of the first snapshot only (the init baselines).
+    target : ndarray (n_rows,)
+    layer : ndarray (n_rows,)
+        Layer index of each row (the layer prior).
+    splits : sequence of (train, test)
+        From `group_splits`; the test sets must partition the rows.
+    options : PredictOptions
+        Target (task and metric) and model settings.
+
+    Returns
+    -------
+    predictions : ndarray (n_horizons, n_models, n_rows)
+        P(positive) for binary targets, the predicted class code for multiclass, the
+        predicted rank for importance; each row predicted by the fold that held it out.
+    scores : ndarray (n_horizons, n_models, n_folds)
+    """
+    spec = TARGETS[options.target]
+    horizons = list(features)
+    n = target.size
+    preds = np.full((len(horizons), len(MODELS), n), np.nan)
+    # Tiny tables: OpenMP threads cost more than they save, and on a shared machine they spin.
+    with threadpool_limits(1):
+        for train, test in splits:
+            y_tr = target[train]
+            fixed = {
+                "chance": _chance(spec.task, y_tr, test.size),
+                "layer": _layer_prior(layer[train], y_tr, layer[test], spec.task),
+                "init_linear": _fit_predict("linear", spec.task, init_features[train], y_tr, init_features[test], options),
+                "init_boosting": _fit_predict("boosting", spec.task, init_features[train], y_tr, init_features[test], options),
+            }
+            for i, h in enumerate(horizons):
+                X = features[h]
+                for name, p in fixed.items():  # horizon-free: the same numbers at every h
+                    preds[i, MODELS.index(name), test] = p
+                for kind in ("linear", "boosting"):
+                    preds[i, MODELS.index(kind), test] = _fit_predict(kind, spec.task, X[train], y_tr, X[test], options)
+    scores = np.array([[[score(spec.metric, target[test], preds[i, m, test]) for _, test in splits]
+                        for m in range(len(MODELS))] for i in range(len(horizons))])
+    return preds, scores

@@ -1,0 +1,153 @@
+"""What the predictor is asked: targets, models, groupings, its options and its error, and a run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import xarray as xr
+
+from dynamics.analysis.pipeline import AnalysisOptions
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What a target is and how a prediction of it is scored."""
+
+    task: str
+    """"binary", "multiclass" or "regression"."""
+    metric: str
+    """"auroc", "balanced_accuracy" or "spearman"."""
+    chance: float | None
+    """Metric of an uninformed predictor (None for balanced accuracy: 1 / number of classes)."""
+    description: str
+    """One line for tables and the report."""
+
+
+TARGETS: dict[str, TargetSpec] = {
+    "slash": TargetSpec("binary", "auroc", 0.5, "slash-dominant at the final snapshot"),
+    "role": TargetSpec("multiclass", "balanced_accuracy", None, "role label at the final snapshot"),
+    "importance": TargetSpec("regression", "spearman", 0.0, "importance rank within the layer at the final snapshot"),
+    "chg": TargetSpec("multiclass", "balanced_accuracy", None, "causal-head-gating class at the final snapshot"),
+    "redundant": TargetSpec("binary", "auroc", 0.5, "shares its cluster with another head at the final snapshot"),
+}
+"""Target name -> what it is; see the module docstring."""
+
+MODELS = ("chance", "layer", "init_linear", "init_boosting", "linear", "boosting")
+"""Model names, in table order: the baselines first.
+
+- ``chance``: a constant (the training-fold prior, or its majority class).
+- ``layer``: the training-fold prior of the head's layer index (class-balanced for
+  multiclass targets, the layer mean for importance).
+- ``init_linear``, ``init_boosting``: the models below on features of the first snapshot
+  (initialisation) only; they do not depend on the horizon.
+- ``linear``: logistic regression (ridge regression for importance) on standardised features.
+- ``boosting``: histogram gradient boosting on the raw features.
+"""
+
+GROUPINGS = ("seed", "run", "config")
+"""What cross-validation holds out together: a whole seed, a run, or a whole config
+(the swept values other than the seed)."""
+
+UNITS = ("fraction", "step")
+"""How horizons are given: a fraction of each run's length, or a training step."""
+
+CHG_CLASSES = ("facilitating", "irrelevant", "interfering", "inconsistent")
+"""Names of the ``chg_role`` codes 0..3, as ``dynamics.gates.CHG_ROLES`` (not imported here:
+that module imports torch); -1 means not fitted."""
+
+SEED_AXIS = "train.seed"
+
+
+class PredictError(ValueError):
+    """Bad input for the predictor (unknown target, too few runs, a single group...): one line."""
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """Everything that decides one prediction table; stored in the result's attrs."""
+
+    target: str = "slash"
+    """One of `TARGETS`."""
+    horizons: tuple[float, ...] = (0.1,)
+    """Horizons h: features see the snapshots with step <= h (see `unit`)."""
+    unit: str = "fraction"
+    """"fraction": h in [0, 1] of each run's length (its final snapshot's step; h = 1 sees
+    the final snapshot, which defines the target: a ceiling, not a prediction). "step": h is a
+    training step, at most the shortest run's length."""
+    group_by: str = "seed"
+    """What cross-validation holds out together, one of `GROUPINGS`."""
+    n_splits: int = 5
+    """Folds of GroupKFold; fewer when there are fewer groups (then one group per fold)."""
+    use_stored_analysis: bool = True
+    """Read final-snapshot targets from ``analysis/<run_id>`` when it covers the run's final
+    step; otherwise (or when False) they are computed from the final snapshot."""
+    analysis: AnalysisOptions = field(default_factory=AnalysisOptions)
+    """Thresholds of the analysers, for targets computed here and for early features."""
+    min_heads: int = 10
+    """Fewest labelled heads a table may have."""
+    logistic_c: float = 1.0
+    """Inverse l2 strength of the logistic regression."""
+    ridge_alpha: float = 1.0
+    """l2 strength of the ridge regression (importance target)."""
+    boosting_iter: int = 100
+    """Boosting iterations (trees per class); no early stopping, so results are reproducible."""
+    boosting_min_leaf: int | None = None
+    """Fewest training heads per leaf. None: min(20, max(3, n_train // 8)), so that the small
+    tables of a modest sweep can still be split (scikit-learn's fixed 20 would leave a fold of
+    40 heads with at most one split)."""
+    random_state: int = 0
+    """Seed of the boosting models."""
+
+    def __post_init__(self):
+        if self.target not in TARGETS:
+            raise PredictError(f"unknown target {self.target!r}; one of: {', '.join(TARGETS)}")
+        if self.unit not in UNITS:
+            raise PredictError(f"unknown horizon unit {self.unit!r}; one of: {', '.join(UNITS)}")
+        if self.group_by not in GROUPINGS:
+            raise PredictError(f"unknown grouping {self.group_by!r}; one of: {', '.join(GROUPINGS)}")
+        if not self.horizons:
+            raise PredictError("no horizons given")
+        for h in self.horizons:
+            if not isinstance(h, (int, float)) or not math.isfinite(h):
+                raise PredictError(f"horizon {h!r} is not a number")
+            if self.unit == "fraction" and not 0.0 <= h <= 1.0:
+                raise PredictError(f"horizon {h} out of range: a fraction of the run must lie in [0, 1]")
+            if self.unit == "step" and h < 0:
+                raise PredictError(f"horizon step {h} out of range: must be >= 0")
+        if len(set(self.horizons)) != len(self.horizons):
+            raise PredictError(f"horizons repeat: {list(self.horizons)}")
+        if self.n_splits < 2:
+            raise PredictError(f"n_splits must be >= 2; got {self.n_splits}")
+        if self.min_heads < 2:
+            raise PredictError(f"min_heads must be >= 2; got {self.min_heads}")
+        if self.boosting_iter < 1:
+            raise PredictError(f"boosting_iter must be >= 1; got {self.boosting_iter}")
+        if self.boosting_min_leaf is not None and self.boosting_min_leaf < 1:
+            raise PredictError(f"boosting_min_leaf must be >= 1; got {self.boosting_min_leaf}")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run as the predictor sees it: its recordings and what groups it."""
+
+    run_id: str
+    data: xr.Dataset
+    """Recorded variables as from `dynamics.store.open_run` (lazy is fine)."""
+    seed: Any = None
+    """The run's seed (grouping "seed")."""
+    config: str = ""
+    """The run's swept values other than the seed, as one label (grouping "config")."""
+    analysis: xr.Dataset | None = None
+    """Stored analysis, used for final-snapshot targets only."""
+
+    def group(self, group_by: str) -> str:
+        """The cross-validation group label of this run."""
+        if group_by == "run":
+            return self.run_id
+        if group_by == "seed":
+            if self.seed is None:
+                raise PredictError(f"run {self.run_id!r} records no seed; use grouping 'run'")
+            return f"seed={self.seed}"
+        return self.config

@@ -1,0 +1,169 @@
+"""Targets: each head's final specialisation, read from its run's final snapshot."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xarray as xr
+
+from dynamics.analysis.divergence import js_distance
+from dynamics.analysis.pipeline import AnalysisOptions
+from dynamics.analysis.redundancy import cluster_heads
+from dynamics.analysis.roles import assign_roles, role_scores
+from dynamics.analysis.slash import best_offset, slash_dominant, slash_score
+from dynamics.predict.features import _rank_in_layer
+from dynamics.predict.options import TARGETS, PredictError, PredictOptions, Run
+from dynamics.schema import HEAD, LAYER, SNAPSHOT
+
+# --------------------------------------------------------------------------- targets
+
+
+def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[str, ...]) -> xr.Dataset | None:
+    # The stored analysis's final snapshot, if it has what is needed and covers the run's end.
+    if analysis is None or any(v not in analysis for v in needed) or "step" not in analysis.coords:
+        return None
+    if float(analysis["step"].values[-1]) != float(np.max(run["step"].values)):
+        return None  # analysed before the run finished: its last snapshot is not the final one
+    return analysis[list(needed)].isel({SNAPSHOT: -1})
+
+
+def final_targets(
+    run: xr.Dataset,
+    target: str,
+    analysis: xr.Dataset | None = None,
+    options: AnalysisOptions | None = None,
+) -> xr.Dataset:
+    """One target per head, read from the run's final snapshot.
+
+    From the stored analysis when it is given and covers the final step, else computed from
+    the final snapshot with the analysers (the same calls as `analyse_run`).
+
+    Parameters
+    ----------
+    run : Dataset
+        The whole run.
+    target : str
+        One of `TARGETS`.
+    analysis : Dataset, optional
+        ``analysis/<run_id>`` as stored.
+    options : AnalysisOptions, optional
+        Thresholds used when the targets are computed here.
+
+    Returns
+    -------
+    Dataset
+        ``(layer, head)``: ``target`` float64, NaN where a head has no label (no CHG fit,
+        missing head, a lone head for the importance rank); for ``slash`` also ``offset``, the
+        best slash offset. ``attrs["source"]`` says where the targets came from.
+
+    Examples
+    --------
+    >>> final_targets(open_run("runs.zarr"), "slash")["target"].values  # doctest: +SKIP
+    """
+    if target not in TARGETS:
+        raise PredictError(f"unknown target {target!r}; one of: {', '.join(TARGETS)}")
+    opt = options or AnalysisOptions()
+    last = run.isel({SNAPSHOT: -1})
+    out = xr.Dataset()
+    source = "recorded"
+
+    if target == "importance":
+        imp = np.asarray(last["importance"].transpose(LAYER, HEAD).values, dtype=np.float64)
+        rank = _rank_in_layer(imp) if imp.shape[1] > 1 else np.full(imp.shape, np.nan)
+        out["target"] = ((LAYER, HEAD), np.where(np.isnan(imp), np.nan, rank))
+    elif target == "chg":
+        codes = np.asarray(last["chg_role"].transpose(LAYER, HEAD).values, dtype=np.float64)
+        out["target"] = ((LAYER, HEAD), np.where(codes >= 0, codes, np.nan))  # -1: not fitted
+    else:
+        needed = {"slash": ("slash_dominant", "best_offset"), "role": ("role",), "redundant": ("cluster",)}[target]
+        stored = _final_stored(run, analysis, needed)
+        if stored is not None:
+            source = "stored analysis"
+        else:
+            source = "computed from the final snapshot"
+            attn = last["attention"].transpose(LAYER, HEAD, ...).load()
+            if target == "slash":
+                scores = slash_score(attn, max_offset=min(opt.max_offset, attn.sizes["query"] - 1))
+                offset, _ = best_offset(scores, min_offset=opt.slash_min_offset)
+                dominant = slash_dominant(scores, kappa=opt.kappa, min_offset=opt.slash_min_offset)
+                stored = xr.Dataset({"slash_dominant": dominant, "best_offset": offset})
+            elif target == "role":
+                stored = xr.Dataset({"role": assign_roles(role_scores(attn, last["probe_tokens"].load(), opt.roles), opt.roles)})
+            else:
+                stored = xr.Dataset({"cluster": cluster_heads(js_distance(attn), threshold=opt.cluster_threshold)})
+        stored = stored.transpose(LAYER, HEAD, ...)
+        if target == "slash":
+            flag = np.asarray(stored["slash_dominant"].values, dtype=np.float64)
+            present = (last["attention"].isel(probe=0, query=0, key=0).transpose(LAYER, HEAD).notnull().values
+                       if "attention" in last else np.ones(flag.shape, bool))
+            out["target"] = ((LAYER, HEAD), np.where(present, flag, np.nan))
+            out["offset"] = ((LAYER, HEAD), np.asarray(stored["best_offset"].values, dtype=np.float64))
+        elif target == "role":
+            out["target"] = ((LAYER, HEAD), np.asarray(stored["role"].values, dtype=np.float64))
+        else:
+            labels = np.asarray(stored["cluster"].values, dtype=np.int64)
+            valid = labels >= 0
+            counts = np.bincount(labels[valid].ravel(), minlength=1) if valid.any() else np.zeros(1, int)
+            shared = counts[np.where(valid, labels, 0)] >= 2
+            out["target"] = ((LAYER, HEAD), np.where(valid, shared.astype(np.float64), np.nan))
+    out = out.assign_coords({d: last[d].values for d in (LAYER, HEAD) if d in last.coords})
+    out.attrs["source"] = source
+    return out
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
+    """Targets of every labelled head, one row per head (``head_row``).
+
+    Returns
+    -------
+    Dataset
+        ``target`` (head_row) and, for slash, ``offset``; coords ``row_run``, ``row_layer``,
+        ``row_head``, ``row_group``; ``attrs["sources"]`` counts runs by target source.
+
+    Raises
+    ------
+    PredictError
+        Fewer than ``options.min_heads`` labelled heads, or a target with one value only.
+    """
+    pieces, sources = [], {}
+    for r in runs:
+        if options.target == "chg" and "chg_role" not in r.data:
+            continue  # CHG not fitted in this run: its heads have no label
+        ft = final_targets(r.data, options.target, r.analysis, options.analysis)
+        sources[ft.attrs["source"]] = sources.get(ft.attrs["source"], 0) + 1
+        L, H = ft.sizes[LAYER], ft.sizes[HEAD]
+        layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+        keep = np.isfinite(ft["target"].values).ravel()
+        row = {
+            "target": ft["target"].values.ravel()[keep],
+            "row_run": np.full(keep.sum(), r.run_id, dtype=object),
+            "row_layer": layer.ravel()[keep],
+            "row_head": head.ravel()[keep],
+            "row_group": np.full(keep.sum(), r.group(options.group_by), dtype=object),
+        }
+        if "offset" in ft:
+            row["offset"] = ft["offset"].values.ravel()[keep]
+        pieces.append(row)
+    cat = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]} if pieces else {}
+    n = len(cat.get("target", ()))
+    spec = TARGETS[options.target]
+    if n < options.min_heads:
+        raise PredictError(f"target {options.target!r}: {n} labelled head(s), need at least {options.min_heads}")
+    values = np.unique(cat["target"])
+    if values.size < 2:
+        raise PredictError(f"target {options.target!r} is constant: every one of {n} heads has the value {values[0]:g}")
+    if len(set(cat["row_group"])) < 2:
+        raise PredictError(f"target {options.target!r}: labelled heads fall in one group, so cross-validation is impossible")
+    ds = xr.Dataset(
+        {"target": ("head_row", cat["target"])},
+        coords={k: ("head_row", cat[k].astype(str) if cat[k].dtype == object else cat[k])
+                for k in ("row_run", "row_layer", "row_head", "row_group")},
+    )
+    if "offset" in cat:
+        ds["offset"] = ("head_row", cat["offset"])
+    ds.attrs.update(target=options.target, task=spec.task, sources=sources)
+    return ds

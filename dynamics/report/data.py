@@ -1,0 +1,283 @@
+"""What the report reads: each run's status and analysis (stored, or computed here in memory),
+the chosen run's roles and JS distances, and the derived datasets of the store."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from dynamics import store
+from dynamics.analysis import analyse_run
+from dynamics.analysis.pipeline import AnalysisOptions
+
+# Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
+_RUN_VARS = ("best_slash", "slash_dominant", "role", "mean_divergence", "bifurcation_step", "slash_emergence_step")
+
+
+_MIN_SNAPSHOTS = AnalysisOptions().baseline_snapshots + 1  # bifurcation_step needs more than the baseline
+
+
+# --------------------------------------------------------------------------- collected data
+
+
+@dataclass
+class _Run:
+    """What the report knows about one run."""
+
+    run_id: str
+    status: str
+    params: dict[str, Any]
+    last_loss: float | None
+    n_snapshots: int
+    recorded: np.ndarray  # bool (snapshot,): snapshot holds data (a running sweep fills them in order)
+    steps: np.ndarray  # int (snapshot,): the step coordinate of every snapshot
+    analysis: xr.Dataset | None = None  # _RUN_VARS, loaded; on the analysed snapshots
+    analysis_source: str = "missing"  # stored | computed | missing
+    analysis_note: str = ""
+
+    @property
+    def n_recorded(self) -> int:
+        return int(self.recorded.sum())
+
+
+@dataclass
+class _Section:
+    """One block of the page: a heading, figures (or a reason they are missing) and captions."""
+
+    anchor: str
+    title: str
+    figures: list[tuple[str, str]] = field(default_factory=list)  # (relative png path, caption)
+    missing: list[str] = field(default_factory=list)  # "Not available: ..." sentences
+    html: str = ""  # extra markup (the slider block)
+
+
+@dataclass
+class _Ctx:
+    """Everything the sections share; the chosen run's analysis is computed once, on demand."""
+
+    path: Any
+    runs: list[_Run]
+    chosen: str | None
+    axes: list[str]
+    out: Path
+    compute_missing: bool
+    _chosen: tuple | None = None
+    _derived: list[str] | None = None
+
+    def chosen_analysis(self) -> tuple[xr.Dataset | None, str]:
+        if self._chosen is None:
+            run = next((r for r in self.runs if r.run_id == self.chosen), None)
+            self._chosen = (None, "the store holds no runs") if run is None else _chosen_analysis(
+                self.path, run, self.compute_missing)
+        return self._chosen
+
+    def derived(self) -> list[str]:
+        if self._derived is None:
+            self._derived = _derived_names(self.path)
+        return self._derived
+
+
+def _choose_run(runs: list[_Run]) -> str | None:
+    """Default run of the per-run figures: the completed run with the median final loss.
+
+    The median (lower median for an even count) shows a typical run rather than the luckiest
+    seed. Without completed runs, the run with the most recorded snapshots; None for no runs.
+    """
+    done = [r for r in runs if r.status == "completed" and r.last_loss is not None and math.isfinite(r.last_loss)]
+    if done:
+        done.sort(key=lambda r: (r.last_loss, r.run_id))
+        return done[(len(done) - 1) // 2].run_id
+    if not runs:
+        return None
+    return max(runs, key=lambda r: (r.n_recorded, r.run_id)).run_id
+
+
+# --------------------------------------------------------------------------- collecting
+
+
+def _float_or_none(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _recorded_mask(ds: xr.Dataset) -> np.ndarray:
+    """Snapshots that hold data. Unwritten snapshots read as the NaN fill value."""
+    if "importance" in ds:  # tiny (snapshot, layer, head): cheaper than touching attention
+        return ds["importance"].notnull().any([d for d in ds["importance"].dims if d != "snapshot"]).values
+    probe = ds["attention"].isel(layer=0, head=0, probe=0, query=-1, key=0)  # key 0 is always visible
+    return probe.notnull().values
+
+
+def _collect_or_note(path, run_id: str, index: dict | None, compute_missing: bool) -> _Run:
+    """`_collect_run`, or a placeholder naming why the run could not be read.
+
+    A live store can hold a group whose arrays are still being created; the page lists
+    such a run instead of failing.
+    """
+    try:
+        return _collect_run(path, run_id, index, compute_missing)
+    except Exception as e:  # noqa: BLE001 - one unreadable run must not sink the page
+        try:
+            status = str(store.run_attrs(path, run_id).get("status", "unknown"))
+        except Exception:  # noqa: BLE001
+            status = "unknown"
+        point = (index or {}).get("runs", {}).get(run_id, {})
+        return _Run(run_id, status, dict(point), None, 0, np.zeros(0, bool), np.zeros(0, np.int64),
+                    analysis_note=f"could not be read ({type(e).__name__}: {e})")
+
+
+def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -> _Run:
+    attrs = store.run_attrs(path, run_id)
+    ds = store.open_run(path, run_id)
+    point = (index or {}).get("runs", {}).get(run_id)
+    if point is None:  # no sweep index entry: the swept axes' values from the run's own config
+        cfg = attrs.get("config", {})
+        point = {a: cfg.get(a.split(".")[0], {}).get(a.split(".")[-1]) for a in (index or {}).get("axes", [])}
+    run = _Run(
+        run_id=run_id,
+        status=str(attrs.get("status", "unknown")),
+        params=dict(point),
+        last_loss=_float_or_none(attrs.get("last_loss")),
+        n_snapshots=int(ds.sizes.get("snapshot", 0)),
+        recorded=_recorded_mask(ds) if "snapshot" in ds.dims else np.zeros(0, bool),
+        steps=np.asarray(ds["step"].values) if "step" in ds.coords else np.arange(ds.sizes.get("snapshot", 0)),
+    )
+    try:
+        stored = store.open_analysis(path, run_id)
+        have = [v for v in _RUN_VARS if v in stored] if stored is not None else []
+        run.analysis = stored[have].load() if stored is not None else None
+    except Exception:  # noqa: BLE001 - e.g. being rewritten by `dynamics analyse` right now: analyse here
+        stored = run.analysis = None
+    if stored is not None:
+        run.analysis_source = "stored"
+        lacking = sorted(set(_RUN_VARS) - set(have))
+        run.analysis_note = "stored by `dynamics analyse`" + (f" (lacks {', '.join(lacking)})" if lacking else "")
+        return run
+    if not compute_missing:
+        run.analysis_note = "no stored analysis (run `dynamics analyse`)"
+        return run
+    if run.n_recorded < _MIN_SNAPSHOTS:
+        run.analysis_note = f"only {run.n_recorded} snapshot(s) recorded; analysis needs {_MIN_SNAPSHOTS}"
+        return run
+    # js_distance too (small: no query/key dims), so the chosen run is not analysed twice.
+    try:
+        run.analysis = _analyse_recorded(ds, run.recorded, [*_RUN_VARS, "js_distance"])
+    except Exception as e:  # noqa: BLE001 - one odd run (e.g. diverged to NaN) must not sink the page
+        run.analysis_note = f"analysing it here failed ({type(e).__name__}: {e})"
+        return run
+    run.analysis_source = "computed"
+    partial = "" if run.n_recorded == run.n_snapshots else f" on {run.n_recorded} of {run.n_snapshots} snapshots"
+    run.analysis_note = f"computed for this report{partial} (not stored)"
+    return run
+
+
+def _analyse_recorded(ds: xr.Dataset, recorded: np.ndarray, names: list[str]) -> xr.Dataset:
+    """`analyse_run` on the recorded snapshots of a run, in memory; returns `names`.
+
+    The inputs are loaded first, so the analysers run eagerly on numpy: on a tiny run that
+    measured 4x faster than building and running their dask graph, even on one chunk, and
+    a report needs these runs whole anyway.
+    """
+    keep = [v for v in ("attention", "probe_tokens", "importance") if v in ds]
+    sub = ds[keep].isel(snapshot=np.flatnonzero(recorded)).load()
+    result = analyse_run(sub)
+    return result[[n for n in names if n in result]].compute()
+
+
+def _chosen_analysis(path, run: _Run, compute_missing: bool) -> tuple[xr.Dataset | None, str]:
+    """Roles per snapshot and the last snapshot's JS distances of the chosen run."""
+    stored = store.open_analysis(path, run.run_id)
+    if stored is not None and "js_distance" in stored:
+        out = stored[[v for v in ("role",) if v in stored]].load()
+        out.attrs = dict(stored.attrs)
+        return _with_last_js(out, stored["js_distance"].isel(snapshot=-1).load()), "stored"
+    if not compute_missing:
+        return None, "the run has no stored analysis (run `dynamics analyse`)"
+    if run.n_recorded < _MIN_SNAPSHOTS:
+        return None, f"the run has only {run.n_recorded} recorded snapshot(s)"
+    out = run.analysis if run.analysis_source == "computed" else None
+    if out is None or "js_distance" not in out:
+        out = _analyse_recorded(store.open_run(path, run.run_id), run.recorded, ["role", "js_distance"])
+    out = out[[v for v in ("role", "js_distance") if v in out]]
+    out.attrs.setdefault("cluster_threshold", AnalysisOptions().cluster_threshold)
+    return _with_last_js(out.drop_vars("js_distance"), out["js_distance"].isel(snapshot=-1)), "computed"
+
+
+def _with_last_js(ds: xr.Dataset, js: xr.DataArray) -> xr.Dataset:
+    # The scalar step of the last snapshot would clash with ds's step coordinate: keep it in attrs.
+    if "step" in js.coords:
+        ds.attrs["js_step"] = int(js["step"].values)
+    return ds.assign(js_last=js.drop_vars([c for c in js.coords if c not in js.dims]))
+
+
+def _colour_axes(runs: list[_Run], index: dict | None) -> list[str]:
+    """Swept axes with more than one value, seeds last (they are what the spread is over)."""
+    axes = list((index or {}).get("axes", []))
+    varied = [a for a in axes if len({json.dumps(r.params.get(a), sort_keys=True) for r in runs}) > 1]
+    return [a for a in varied if not _is_seed(a)] + [a for a in varied if _is_seed(a)]
+
+
+def _is_seed(axis: str) -> bool:
+    return axis.split(".")[-1] == "seed"
+
+
+# --------------------------------------------------------------------------- derived datasets
+
+
+def _derived_names(path) -> list[str]:
+    """Names of the derived datasets: ``<name>``, or ``<name>/<sub>`` for a folder of groups.
+
+    Read from the store's directory listing (through fsspec, so URLs work too): the store
+    module has no listing for derived groups, and nested names are legal on disk.
+    """
+    import fsspec
+
+    url = os.fspath(path)
+    fs, root = fsspec.core.url_to_fs(url)
+    base = f"{root.rstrip('/')}/derived"
+
+    def kind(p: str) -> str | None:
+        try:
+            meta = json.loads(fs.cat_file(f"{p}/zarr.json"))
+        except (FileNotFoundError, OSError, ValueError):
+            return None
+        return meta.get("node_type")
+
+    def children(p: str) -> list[str]:
+        try:
+            return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(p, detail=False))
+        except (FileNotFoundError, OSError):
+            return []
+
+    names = []
+    for name in children(base):
+        p = f"{base}/{name}"
+        if kind(p) != "group":
+            continue
+        subs = [c for c in children(p) if kind(f"{p}/{c}") is not None]
+        sub_groups = [c for c in subs if kind(f"{p}/{c}") == "group"]
+        if sub_groups and len(sub_groups) == len(subs):  # a folder of datasets (no arrays of its own)
+            names.extend(f"{name}/{c}" for c in sub_groups)
+        else:
+            names.append(name)
+    return names
+
+
+def _open_derived(path, name: str) -> xr.Dataset | None:
+    try:
+        return store.open_derived(path, name)
+    except store.StoreError:
+        # Nested names (folder/<name>) are not single group names for store.open_derived.
+        url = os.fspath(path)
+        url = url[len("file://"):] if url.startswith("file://") else url
+        return xr.open_zarr(url, group=f"derived/{name}", consolidated=False)

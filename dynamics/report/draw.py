@@ -1,0 +1,168 @@
+"""Drawing helpers shared by the figures: Agg figures, run groups and colours, step axes, curves."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from dynamics.report.data import _is_seed, _Run
+
+_DPI = 90
+
+
+# --------------------------------------------------------------------------- drawing helpers
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)  # attaches itself to the figure: savefig needs a canvas, not pyplot
+    return fig
+
+
+def _save(fig: Figure, out: Path, rel: str) -> str:
+    fig.savefig(out / rel, dpi=_DPI)
+    return rel
+
+
+def _short(axis: str) -> str:
+    return axis.split(".")[-1]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+@dataclass
+class _Groups:
+    """Runs grouped by their non-seed swept values, each group with one colour."""
+
+    colour_axis: str | None
+    keys: list[tuple]
+    members: dict[tuple, list[_Run]]
+    colours: dict[tuple, Any]
+    labels: dict[tuple, str]
+
+
+def _groups(runs: list[_Run], axes: list[str]) -> _Groups:
+    """Group by every non-seed swept axis; colour by rank of the first one (viridis).
+
+    Rank, not value, sets the colour so a geometric grid (0.5, 1, 2, 4) spreads evenly.
+    Without a sweep index every run is its own group.
+    """
+    from matplotlib import colormaps
+
+    group_axes = [a for a in axes if not _is_seed(a)]
+    members: dict[tuple, list[_Run]] = {}
+    for r in runs:
+        key = tuple(json.dumps(r.params.get(a)) for a in group_axes) if group_axes else (r.run_id,)
+        members.setdefault(key, []).append(r)
+
+    def sort_key(key):
+        return tuple((0, float(v), "") if _is_number(v) else (1, 0.0, v) for v in key)
+
+    keys = sorted(members, key=sort_key)
+    cmap = colormaps["viridis"] if group_axes else colormaps["tab10"]
+    colour_axis = group_axes[0] if group_axes else None
+    if colour_axis:
+        firsts = sorted({k[0] for k in keys}, key=lambda v: sort_key((v,)))
+        pos = {v: (i / max(1, len(firsts) - 1)) * 0.9 for i, v in enumerate(firsts)}  # 0.9: skip pale yellow
+        colours = {k: cmap(pos[k[0]]) for k in keys}
+        labels = {k: ", ".join(f"{_short(a)}={_fmt(json.loads(v))}" for a, v in zip(group_axes, k, strict=True)) for k in keys}
+    else:
+        colours = {k: cmap(i % 10) for i, k in enumerate(keys)}
+        labels = {k: k[0] for k in keys}
+    return _Groups(colour_axis, keys, members, colours, labels)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _step_axis(ax, steps: np.ndarray) -> None:
+    """Symlog x axis when snapshots are geometric early on, so the dense phase is visible."""
+    steps = np.asarray(steps, dtype=float)
+    steps = steps[np.isfinite(steps)]
+    if steps.size > 2 and steps.max() > 20 * max(1.0, np.sort(steps)[1]):
+        from matplotlib.ticker import FuncFormatter
+
+        ax.set_xscale("symlog", linthresh=1.0, linscale=0.3)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 100, not 10^2: steps are counts
+        ax.set_xlabel("training step (steps, symmetric-log axis)")
+    else:
+        ax.set_xlabel("training step (steps)")
+    ax.set_xlim(left=0)
+
+
+def _curves(ax, groups: _Groups, series: dict[str, tuple[np.ndarray, np.ndarray]]) -> bool:
+    """One thin line per run; per group with several runs, the mean (thick) and min-max band.
+
+    `series` maps run id -> (steps, values). Runs of a group are aligned on the union of
+    their steps (a running seed contributes only the steps it has reached).
+    """
+    drawn = False
+    for key in groups.keys:
+        colour = groups.colours[key]
+        members = [r for r in groups.members[key] if r.run_id in series]
+        if not members:
+            continue
+        for r in members:
+            s, v = series[r.run_id]
+            ax.plot(s, v, color=colour, lw=0.8, alpha=0.45 if len(members) > 1 else 1.0,
+                    label=None if len(members) > 1 else groups.labels[key])
+        if len(members) > 1:
+            grid = np.unique(np.concatenate([series[r.run_id][0] for r in members]))
+            table = np.full((len(members), grid.size), np.nan)
+            for i, r in enumerate(members):
+                s, v = series[r.run_id]
+                table[i, np.searchsorted(grid, s)] = v
+            with np.errstate(all="ignore"), _quiet():
+                mean, lo, hi = np.nanmean(table, 0), np.nanmin(table, 0), np.nanmax(table, 0)
+            ax.fill_between(grid, lo, hi, color=colour, alpha=0.15, lw=0)
+            ax.plot(grid, mean, color=colour, lw=2.2, label=f"{groups.labels[key]} (mean of {len(members)})")
+        drawn = True
+    return drawn
+
+
+class _quiet:
+    """Silence numpy's all-NaN-slice warnings (a group may lack a step in every seed)."""
+
+    def __enter__(self):
+        import warnings
+
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        self._w.__exit__(*exc)
+
+
+def _legend(ax, groups: _Groups) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        title = _short(groups.colour_axis) if groups.colour_axis else "run"
+        ax.legend(handles, labels, title=title, fontsize=7, title_fontsize=8, loc="best", frameon=False)
+
+
+def _analysed(runs: list[_Run]) -> list[_Run]:
+    return [r for r in runs if r.analysis is not None]
+
+
+def _missing_runs_sentence(runs: list[_Run], what: str) -> str | None:
+    lacking = [r for r in runs if r.analysis is None]
+    if not lacking:
+        return None
+    names = "; ".join(f"{r.run_id} ({r.status}: {r.analysis_note})" for r in lacking)
+    return f"Not available: {what} for {len(lacking)} run(s) because they have no analysis: {names}."

@@ -1,0 +1,290 @@
+"""The page: ``write_report`` builds every section and writes one self-contained HTML file
+(inline style and plain JavaScript: the step slider, and a self-test for the browser test)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from dynamics import store
+from dynamics.report.attention import _attention_section
+from dynamics.report.chg import _chg_section
+from dynamics.report.data import _choose_run, _collect_or_note, _colour_axes, _Ctx, _Run, _Section
+from dynamics.report.draw import _fmt, _short
+from dynamics.report.emergence import _bifurcation_section, _emergence_section
+from dynamics.report.predictor import _predict_section
+from dynamics.report.redundancy import _redundancy_section
+
+# --------------------------------------------------------------------------- public API
+
+
+def write_report(
+    store_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    run_id: str | None = None,
+    *,
+    compute_missing: bool = True,
+) -> Path:
+    """Write the HTML report of a store: ``out_dir/index.html`` plus ``out_dir/figures/``.
+
+    Parameters
+    ----------
+    store_path : str or PathLike
+        A dynamics store (local path or fsspec URL); only read.
+    out_dir : str or PathLike
+        Local directory, created if missing. ``index.html`` and ``figures/`` in it are
+        replaced; nothing else in it is touched.
+    run_id : str, optional
+        The run whose attention maps, dendrogram and JS matrix are shown. Default: the
+        completed run with the median final loss (a typical run, not the luckiest seed);
+        without completed runs, the one with the most recorded snapshots.
+    compute_missing : bool
+        Analyse runs that have no stored analysis in memory, on their recorded snapshots
+        (True), or name them as missing (False).
+
+    Returns
+    -------
+    Path
+        ``out_dir/index.html``; open it in a browser (``file://`` works).
+
+    Raises
+    ------
+    StoreError
+        If `store_path` is not a store, or `run_id` is not one of its runs.
+
+    Example
+    -------
+    >>> page = write_report("runs/quickstart.zarr", "runs/quickstart-report")  # doctest: +SKIP
+    >>> print(page.as_uri())  # doctest: +SKIP
+    """
+    if not store.is_store(store_path):
+        raise store.StoreError(f"not a dynamics store: {store_path}")
+    ids = store.list_runs(store_path)
+    if run_id is not None and run_id not in ids:
+        raise store.StoreError(f"no run {run_id!r} in {store_path}; runs: {', '.join(ids) or '(none)'}")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise store.StoreError(f"report directory {out} exists and is not a directory")
+    figdir = out / "figures"
+    (figdir / "attention").mkdir(parents=True, exist_ok=True)
+    for old in [*figdir.glob("*.png"), *(figdir / "attention").glob("*.png")]:
+        old.unlink()  # frames of an earlier report of a longer run would otherwise linger
+
+    index = store.read_sweep_index(store_path)
+    runs = [_collect_or_note(store_path, rid, index, compute_missing) for rid in ids]
+    chosen = run_id or _choose_run(runs)
+    axes = _colour_axes(runs, index)
+
+    ctx = _Ctx(store_path, runs, chosen, axes, out, compute_missing)
+    sections = [_safe(make, ctx) for make in (_attention_section, _emergence_section, _bifurcation_section,
+                                               _redundancy_section, _chg_section, _predict_section)]
+
+    page = out / "index.html"
+    table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
+    page.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing), encoding="utf-8")
+    return page
+
+
+def _safe(make: Callable, *args) -> _Section:
+    """Build one section; an unexpected error becomes a "Not available" line, not a crash."""
+    try:
+        return make(*args)
+    except Exception as e:  # noqa: BLE001 - a report of a partial store must still be written
+        anchor = make.__name__.strip("_").removesuffix("_section")
+        section = _Section(anchor, anchor.replace("_", " ").capitalize())
+        section.missing.append(f"Not available: the {anchor} figures because building them failed ({type(e).__name__}: {e}).")
+        return section
+
+
+# --------------------------------------------------------------------------- page
+
+
+_CSS = """
+body { font: 15px/1.45 system-ui, -apple-system, Segoe UI, sans-serif; margin: 0 auto; max-width: 1180px; padding: 0 18px 48px; color: #222; }
+h1 { font-size: 1.5em; margin: 20px 0 4px; } h2 { font-size: 1.2em; margin-top: 34px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+nav a { margin-right: 14px; } .meta { color: #555; font-size: 0.9em; }
+figure { margin: 14px 0 22px; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { font-size: 0.88em; color: #444; max-width: 980px; }
+table { border-collapse: collapse; font-size: 0.85em; } th, td { border-bottom: 1px solid #e4e4e4; padding: 3px 9px; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.missing { background: #fff6e5; border-left: 4px solid #e0a030; padding: 6px 10px; font-size: 0.9em; }
+.controls { display: flex; align-items: center; gap: 12px; margin-bottom: 6px; }
+#step-slider { flex: 1; max-width: 640px; } #step-label { font-variant-numeric: tabular-nums; min-width: 15em; }
+pre#selftest { display: none; }
+"""
+
+# Plain inline script (no modules, no network): the slider, a play button, and a self-test
+# that runs only when the page is opened with #selftest (the browser test reads its verdict).
+_JS = r"""
+(function () {
+  "use strict";
+  var data = document.getElementById("frames-data");
+  var frames = data ? JSON.parse(data.textContent) : [];
+  var slider = document.getElementById("step-slider");
+  var img = document.getElementById("frame");
+  var label = document.getElementById("step-label");
+  var play = document.getElementById("play");
+  var timer = null;
+  function show(i) {
+    var f = frames[i];
+    if (!f) { return; }
+    img.src = f.src;
+    label.textContent = f.label;
+  }
+  if (slider && img && label) {
+    slider.addEventListener("input", function () { show(parseInt(slider.value, 10)); });
+    // Warm the browser cache so scrubbing does not flicker.
+    frames.forEach(function (f) { var pre = new Image(); pre.src = f.src; });
+  }
+  if (play && slider) {
+    play.addEventListener("click", function () {
+      if (timer) { clearInterval(timer); timer = null; play.textContent = "Play"; return; }
+      play.textContent = "Pause";
+      timer = setInterval(function () {
+        var next = (parseInt(slider.value, 10) + 1) % frames.length;
+        slider.value = String(next);
+        show(next);
+        if (next === frames.length - 1) { clearInterval(timer); timer = null; play.textContent = "Play"; }
+      }, 400);
+    });
+  }
+  window.reportFrames = frames;
+})();
+"""
+
+_SELFTEST_JS = r"""
+(function () {
+  "use strict";
+  if (location.hash !== "#selftest") { return; }
+  function loadImage(src) {
+    return new Promise(function (resolve) {
+      var im = new Image();
+      im.onload = function () { resolve({src: src, ok: im.naturalWidth > 0}); };
+      im.onerror = function () { resolve({src: src, ok: false}); };
+      im.src = src;
+    });
+  }
+  function settle(im) {
+    return new Promise(function (resolve) {
+      if (im.complete) { resolve(); return; }
+      im.addEventListener("load", function () { resolve(); });
+      im.addEventListener("error", function () { resolve(); });
+    });
+  }
+  function run() {
+    var verdict = {errors: window.reportErrors.slice(), images: {}, frames: {}, slider: {}};
+    var imgs = Array.prototype.slice.call(document.images);
+    var broken = imgs.filter(function (im) { return !(im.complete && im.naturalWidth > 0); })
+                     .map(function (im) { return im.getAttribute("src"); });
+    verdict.images = {total: imgs.length, broken: broken};
+    var frames = window.reportFrames || [];
+    Promise.all(frames.map(function (f) { return loadImage(f.src); })).then(function (results) {
+      verdict.frames = {total: frames.length,
+                        broken: results.filter(function (r) { return !r.ok; }).map(function (r) { return r.src; })};
+      var slider = document.getElementById("step-slider");
+      var img = document.getElementById("frame");
+      var label = document.getElementById("step-label");
+      if (!slider || !img || !label || frames.length < 2) {
+        verdict.slider = {present: !!slider, changed: false, reason: "no slider or fewer than 2 snapshots"};
+        return verdict;
+      }
+      var before = {src: img.getAttribute("src"), label: label.textContent, value: slider.value};
+      slider.value = slider.max;
+      slider.dispatchEvent(new Event("input", {bubbles: true}));
+      var after = {src: img.getAttribute("src"), label: label.textContent, value: slider.value};
+      return settle(img).then(function () {
+        after.loaded = img.naturalWidth > 0;
+        verdict.slider = {present: true, before: before, after: after,
+                          changed: before.src !== after.src && before.label !== after.label && after.loaded};
+        return verdict;
+      });
+    }).then(function (v) {
+      v.errors = window.reportErrors.slice();
+      v.ok = v.errors.length === 0 && v.images.broken.length === 0 && v.frames.broken.length === 0 && v.slider.changed === true;
+      document.getElementById("selftest").textContent = JSON.stringify(v);
+      document.title = "selftest " + (v.ok ? "pass" : "fail");
+    }).catch(function (e) {
+      document.getElementById("selftest").textContent = JSON.stringify({ok: false, errors: ["self-test crashed: " + e]});
+    });
+  }
+  if (document.readyState === "complete") { run(); } else { window.addEventListener("load", run); }
+})();
+"""
+
+# Installed first, in <head>, so errors of every later script are caught for the self-test.
+_ERRORS_JS = r"""
+window.reportErrors = [];
+window.addEventListener("error", function (e) {
+  if (e.target && e.target !== window && e.target.tagName) { return; }  // resource errors: the image checks report those
+  window.reportErrors.push("error: " + e.message + " at " + e.filename + ":" + e.lineno);
+}, true);
+window.addEventListener("unhandledrejection", function (e) { window.reportErrors.push("unhandled rejection: " + e.reason); });
+(function () {
+  var original = console.error;
+  console.error = function () {
+    window.reportErrors.push("console.error: " + Array.prototype.join.call(arguments, " "));
+    return original.apply(console, arguments);
+  };
+})();
+"""
+
+
+def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
+    head = "".join(f"<th>{html.escape(_short(a))}</th>" for a in axes)
+    rows = []
+    for r in runs:
+        cells = "".join(f"<td>{html.escape(_fmt(r.params.get(a, '')))}</td>" for a in axes)
+        loss = "-" if r.last_loss is None else f"{r.last_loss:.4f}"
+        mark = " (shown)" if r.run_id == chosen else ""
+        rows.append(f"<tr><td><code>{html.escape(r.run_id)}</code>{mark}</td>{cells}<td>{html.escape(r.status)}</td>"
+                    f"<td class=num>{r.n_recorded}/{r.n_snapshots}</td><td class=num>{loss}</td>"
+                    f"<td>{html.escape(r.analysis_note)}</td></tr>")
+    return (f"<table><thead><tr><th>run</th>{head}<th>status</th><th>snapshots recorded</th>"
+            f"<th>last training loss (nats)</th><th>analysis</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: bool) -> str:
+    title = f"dynamics report: {Path(os.fspath(path)).name}"
+    when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
+    policy = ("Runs without stored analysis are analysed here, in memory, on the snapshots recorded so far "
+              "(nothing is written to the store)." if compute_missing else
+              "Runs without stored analysis are left out of the analysis figures (--no-compute).")
+    nav = " ".join(f'<a href="#{s.anchor}">{html.escape(s.title.split(":")[0])}</a>' for s in sections)
+    body = []
+    for s in sections:
+        parts = [f'<section id="{s.anchor}"><h2>{html.escape(s.title)}</h2>', s.html]
+        for rel, caption in s.figures:
+            parts.append(f'<figure><img src="{html.escape(rel)}" alt="{html.escape(caption[:120])}">'
+                         f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+        parts.extend(f'<p class="missing">{html.escape(m)}</p>' for m in s.missing)
+        parts.append("</section>")
+        body.append("\n".join(parts))
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{html.escape(title)}</title>
+<script>{_ERRORS_JS}</script>
+<style>{_CSS}</style>
+</head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p class="meta">Store <code>{html.escape(os.fspath(path))}</code> · {html.escape(status)} · written {when}.
+Per-run figures show run <code>{html.escape(str(chosen))}</code>. {html.escape(policy)}</p>
+<nav>{nav}</nav>
+<h2>Runs</h2>
+{_runs_table(runs, axes, chosen)}
+{"".join(body)}
+<pre id="selftest">pending</pre>
+<script>{_JS}</script>
+<script>{_SELFTEST_JS}</script>
+</body>
+</html>
+"""

@@ -1,0 +1,111 @@
+"""The early-role predictor's metric against horizon, from ``derived/predict.<target>``."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import xarray as xr
+
+from dynamics.report.data import _Ctx, _float_or_none, _open_derived, _Section
+from dynamics.report.draw import _figure, _quiet, _save
+
+# --------------------------------------------------------------------------- predictor
+
+
+_MODEL_DIMS = ("model", "predictor", "method", "estimator")
+_FOLD_DIMS = ("fold", "folds", "split", "cv_fold")
+# dynamics.predict.MODELS that are baselines (named here so the report needs no sklearn import).
+_BASELINES = ("chance", "layer", "init_linear", "init_boosting")
+_METRICS = {  # attrs["metric"] -> (axis name, unit)
+    "auroc": ("AUROC", "0.5 = chance, 1 = perfect"),
+    "balanced_accuracy": ("balanced accuracy", "fraction"),
+    "spearman": ("Spearman correlation", "-1 to 1"),
+}
+
+
+def _predict_section(ctx: _Ctx) -> _Section:
+    path, out = ctx.path, ctx.out
+    sec = _Section("predict", "Predicting final roles from early training")
+    names = [n for n in ctx.derived() if re.match(r"^predict[/._-]", n)]
+    if not names:
+        sec.missing.append("Not available: the predictor curves because the store has no derived predict.<target> "
+                           "dataset (run the predictor on the finished sweep first).")
+        return sec
+    for name in names:
+        ds = _open_derived(path, name)
+        target = str(ds.attrs.get("target") or re.split(r"[/._-]", name, maxsplit=1)[1]) if ds is not None else name
+        if ds is None or "horizon" not in ds.dims:
+            sec.missing.append(f"Not available: predictor curves for {target} because derived/{name} has no horizon dim.")
+            continue
+        lines, fold = _predict_lines(ds)
+        if not lines:
+            sec.missing.append(f"Not available: predictor curves for {target} because derived/{name} holds no numeric "
+                               f"variable over horizon.")
+            continue
+        fig = _figure(8.6, 4.2)
+        ax = fig.subplots()
+        for label, x, mean, sd, baseline in lines:
+            (line,) = ax.plot(x, mean, marker="o", ms=3.5, ls="--" if baseline else "-", lw=1.1 if baseline else 1.8,
+                              label=label + (" (baseline)" if baseline else ""))
+            if sd is not None:
+                ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.12, lw=0)
+        chance = _float_or_none(ds.attrs.get("chance"))
+        if chance is not None:
+            ax.axhline(chance, color="grey", ls=":", lw=1, label=f"chance level ({chance:.2f})")
+        metric_key = str(ds.attrs.get("metric", ""))
+        metric, unit = _METRICS.get(metric_key, (metric_key or "score", "score"))
+        horizon_unit = str(ds.attrs.get("horizon_unit") or ds["horizon"].attrs.get("units") or "step")
+        ax.set_xlabel("horizon: fraction of each run's training seen by the features (fraction)"
+                      if horizon_unit == "fraction" else f"horizon: training seen by the features ({horizon_unit}s)")
+        ax.set_ylabel(f"{metric} ({unit})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        spread = (f"band: +-1 s.d. over {ds.sizes[fold]} cross-validation folds"
+                  f"{' holding out whole ' + str(ds.attrs['group_by']) + 's' if ds.attrs.get('group_by') else ''}"
+                  if fold else "no fold dimension, so no spread")
+        ceiling = " h = 1 sees the final snapshot that defines the target: a ceiling, not a prediction." \
+            if horizon_unit == "fraction" and float(ds["horizon"].max()) >= 1 else ""
+        description = ds.attrs.get("description") or target
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", target)
+        sec.figures.append((_save(fig, out, f"figures/predict_{safe}.png"),
+                            f"Predicting, for every head, the target {target!r} ({description}; derived/{name}) from "
+                            f"features of the training seen up to each horizon: {metric} against horizon, one line per model; dashed: "
+                            f"baselines (chance, layer prior, initialisation-only features); {spread}.{ceiling}"))
+    return sec
+
+
+def _predict_lines(ds: xr.Dataset) -> tuple[list[tuple], str | None]:
+    """(label, horizon, mean, sd or None, is_baseline) per model, and the fold dim used.
+
+    Reads the per-fold ``score`` of `dynamics.predict` (horizon, model, fold) when present
+    (mean and s.d. over the folds where defined); otherwise every numeric variable over
+    horizon, split by a model-like dim and summarised over a fold-like dim.
+    """
+    fold = next((d for d in _FOLD_DIMS if d in ds.dims), None)
+    model = next((d for d in _MODEL_DIMS if d in ds.dims), None)
+    if "score" in ds and "horizon" in ds["score"].dims:
+        metrics = ["score"]
+    else:
+        metrics = [v for v in ds.data_vars if "horizon" in ds[v].dims and ds[v].dtype.kind in "fiu"
+                   and not str(v).endswith(("_std", "_sd"))]
+    lines = []
+    for var in metrics:
+        da = ds[var].load().astype(float)
+        use_fold = fold if fold in da.dims else None
+        extra = [d for d in da.dims if d not in ("horizon", use_fold, model)]
+        if extra:  # e.g. per-class scores: summarise by their mean so one line stays one model
+            da = da.mean(extra)
+        labels = [None] if model is None or model not in da.dims else [str(m) for m in da[model].values]
+        for lab in labels:
+            sub = (da if lab is None else da.sel({model: lab})).transpose("horizon", ...)
+            with np.errstate(all="ignore"), _quiet():
+                values = sub.values.reshape(sub.sizes["horizon"], -1)
+                mean = np.nanmean(values, 1) if use_fold else values[:, 0]
+                sd = np.nanstd(values, 1, ddof=1) if use_fold and values.shape[1] > 1 else None
+            if not np.isfinite(mean).any():
+                continue
+            name = (var if lab is None else lab) if len(metrics) == 1 else f"{var}: {lab}"
+            baseline = lab in _BASELINES or "baseline" in f"{var} {lab}".lower()
+            lines.append((name, ds["horizon"].values.astype(float), mean, sd, baseline))
+    return lines, fold

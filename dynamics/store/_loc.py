@@ -1,0 +1,175 @@
+"""Where a store lives, the lock on its shared metadata, and helpers every store module uses."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+import xarray as xr
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync as _sync
+from zarr.storage import FsspecStore, LocalStore
+
+try:  # POSIX only; without it, index updates are guarded within this process only
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+
+SECTIONS = ("runs", "analysis", "derived")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class StoreError(Exception):
+    """A store problem; the message is one line naming the path and what is wrong."""
+
+
+# --------------------------------------------------------------------------- locations
+
+
+class _Loc:
+    """Where a store lives: ``url`` for zarr/xarray, ``local`` directory when on local disk."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        text = os.fspath(path)
+        if text.startswith("file://"):
+            text = unquote(text[len("file://") :])
+        if "://" in text:
+            self.url, self.local = text.rstrip("/"), None
+        else:
+            self.local = Path(text).expanduser().absolute()
+            self.url = str(self.local)
+        self._store: Any = None
+
+    def __str__(self) -> str:
+        return self.url
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            self._store = LocalStore(self.local) if self.local is not None else FsspecStore.from_url(self.url)
+        return self._store
+
+    def get(self, key: str) -> bytes | None:
+        if self.local is not None:  # plain file read: also safe when the path is a file
+            try:
+                return (self.local / key).read_bytes()
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                return None
+        buf = _sync(self.store.get(key, prototype=default_buffer_prototype()))
+        return None if buf is None else buf.to_bytes()
+
+    def get_json(self, key: str) -> dict | None:
+        raw = self.get(key)
+        if raw is None:
+            return None
+        try:
+            out = json.loads(raw)
+        except ValueError:
+            return None
+        return out if isinstance(out, dict) else None
+
+    def set(self, key: str, data: bytes) -> None:
+        _sync(self.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+
+    def list_dir(self, prefix: str) -> list[str]:
+        if self.local is not None:
+            d = self.local / prefix
+            return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+        async def collect() -> list[str]:
+            return [k async for k in self.store.list_dir(prefix)]
+
+        try:
+            return sorted(_sync(collect()))
+        except FileNotFoundError:
+            return []
+
+
+_THREAD_LOCK = threading.RLock()
+_HELD = threading.local()
+
+
+@contextlib.contextmanager
+def _locked(loc: _Loc) -> Iterator[None]:
+    """Exclusive lock on the store's shared metadata (root zarr.json, run attrs).
+
+    A thread lock for this process plus, for local stores, ``flock`` on the store directory
+    (flock is per open file, so re-entry within a thread must not take it twice).
+    """
+    with _THREAD_LOCK:
+        depth = getattr(_HELD, "depth", 0)
+        fd = None
+        if depth == 0 and loc.local is not None and fcntl is not None and loc.local.is_dir():
+            fd = os.open(loc.local, os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        _HELD.depth = depth + 1
+        try:
+            yield
+        finally:
+            _HELD.depth = depth
+            if fd is not None:
+                os.close(fd)  # releases the flock
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise StoreError(f"invalid {kind} {name!r}: use letters, digits, '.', '_' or '-', not starting with a symbol")
+    return name
+
+
+def _jsonable(value: Any, key: str) -> Any:
+    """Plain-JSON copy of an attribute value (numpy scalars and arrays, tuples become lists)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, np.generic):
+        return _jsonable(value.item(), key)
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist(), key)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, key) for v in value]
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise StoreError(f"attribute {key!r}: dict keys must be strings")
+        return {k: _jsonable(v, f"{key}.{k}") for k, v in value.items()}
+    raise StoreError(f"attribute {key!r}: {type(value).__name__} is not JSON-serialisable")
+
+
+def _group_exists(loc: _Loc, gpath: str) -> bool:
+    meta = loc.get_json(f"{gpath}/zarr.json")
+    return meta is not None and meta.get("node_type") == "group"
+
+
+def _children(loc: _Loc, section: str) -> list[str]:
+    return [n for n in loc.list_dir(section) if _NAME.match(n) and _group_exists(loc, f"{section}/{n}")]
+
+
+def _default_run(loc: _Loc, run_id: str | None) -> str:
+    runs = _children(loc, "runs")
+    if run_id is None:
+        if len(runs) == 1:
+            return runs[0]
+        if not runs:
+            raise StoreError(f"no runs in {loc}")
+        raise StoreError(f"{loc} holds {len(runs)} runs; pass run_id, one of: {', '.join(runs)}")
+    if run_id not in runs:
+        raise StoreError(f"no run {run_id!r} in {loc}; runs: {', '.join(runs) or '(none)'}")
+    return run_id
+
+
+def _open_group_ds(loc: _Loc, gpath: str) -> xr.Dataset:
+    # consolidated=False: read the group's own metadata, never the (possibly stale) root index
+    return xr.open_zarr(loc.url, group=gpath, consolidated=False)

@@ -1,0 +1,249 @@
+"""Reading runs and sweeps as lazy xarray datasets; writing and reading analysis and derived groups."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from dynamics.schema import HEAD, LAYER, RUN
+from dynamics.store._loc import (
+    StoreError,
+    _check_name,
+    _children,
+    _default_run,
+    _group_exists,
+    _jsonable,
+    _Loc,
+    _open_group_ds,
+)
+from dynamics.store.root import _index_update, _require_store, read_sweep_index, run_attrs
+
+# --------------------------------------------------------------------------- reading
+
+
+def open_run(path: str | os.PathLike, run_id: str | None = None) -> xr.Dataset:
+    """Open one run lazily (dask-backed), with the run's attributes.
+
+    Parameters
+    ----------
+    path : str or PathLike
+    run_id : str, optional
+        Defaults to the only run in the store.
+
+    Returns
+    -------
+    xarray.Dataset
+        Dims and coordinates as recorded; ``attrs`` are the run group's, plus ``run_id``.
+
+    Raises
+    ------
+    StoreError
+        If the run is missing, or run_id is None and the store holds zero or several runs
+        (the message lists them).
+
+    Example
+    -------
+    >>> ds = open_run("runs.zarr")  # doctest: +SKIP
+    >>> ds.attention.sel(layer=0).isel(snapshot=-1).mean("probe")  # doctest: +SKIP
+    """
+    loc = _Loc(path)
+    _require_store(loc)
+    run_id = _default_run(loc, run_id)
+    ds = _open_group_ds(loc, f"runs/{run_id}")
+    ds.attrs.setdefault("run_id", run_id)
+    return ds
+
+
+def _axis_value(value: Any) -> Any:
+    # list-valued axes (e.g. task.components) become one hashable label for groupby
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return value
+
+
+def _coord_array(values: list) -> np.ndarray:
+    """Values of one swept parameter across runs; a missing number becomes NaN."""
+    present = [v for v in values if v is not None]
+    if len(present) == len(values):
+        return np.array(values)
+    if present and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        return np.array([np.nan if v is None else v for v in values], dtype=float)
+    return np.array(values, dtype=object)
+
+
+def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.Dataset:
+    """Open many runs as one lazy dataset with a leading ``run`` dim.
+
+    Parameters
+    ----------
+    path : str or PathLike
+    run_ids : list of str, optional
+        Runs to include; default: the runs of the sweep index that exist in the store (or
+        every run when there is no sweep index).
+
+    Returns
+    -------
+    xarray.Dataset
+        Coordinates on ``run``: the run ids; ``status``; for each sweep axis
+        ``section.leaf`` a coordinate ``section_leaf`` and, when no other axis or variable
+        shares the name, ``leaf`` too (values from the sweep index, else from the run's
+        ``config`` attribute; list values joined with ","). Dims whose sizes differ between
+        runs are padded at the end with NaN (indexed dims such as ``head`` by an outer join on
+        their labels); ``head_mask`` (run, layer, head) is True where the head exists. ``step``
+        becomes (run, snapshot) only when runs disagree on it. ``attrs``: ``sweep`` (the
+        index, if any) and ``runs`` (each run's attributes).
+
+    Example
+    -------
+    >>> sw = open_sweep("runs.zarr")  # doctest: +SKIP
+    >>> sw.gate.where(sw.init_scale == 2.0).groupby("train_lr").mean()  # doctest: +SKIP
+    """
+    loc = _Loc(path)
+    _require_store(loc)
+    present = _children(loc, "runs")
+    index = read_sweep_index(loc.url)
+    if run_ids is None:
+        run_ids = [r for r in index["runs"] if r in present] if index else present
+    else:
+        missing = [r for r in run_ids if r not in present]
+        if missing:
+            raise StoreError(f"no run(s) {', '.join(map(repr, missing))} in {loc}")
+    run_ids = list(run_ids)
+    if not run_ids:
+        raise StoreError(f"no runs to open in {loc}")
+
+    opened = [_open_group_ds(loc, f"runs/{rid}") for rid in run_ids]
+    sizes: dict[str, set[int]] = {}
+    for ds in opened:
+        for dim, n in ds.sizes.items():
+            sizes.setdefault(str(dim), set()).add(n)
+    ragged = {dim for dim, ns in sizes.items() if len(ns) > 1}
+    datasets, padded_dims, masks = [], set(), []
+    for ds in opened:
+        # ragged dims without labels get 0..n-1 so that the outer join below pads them at the end
+        labels = {d: np.arange(ds.sizes[d]) for d in ragged if d in ds.dims and d not in ds.indexes}
+        if labels:
+            ds = ds.assign_coords(labels)
+            padded_dims.update(labels)
+        masks.append((ds.indexes.get(LAYER), ds.indexes.get(HEAD)))
+        datasets.append(ds)
+
+    attrs = [run_attrs(loc.url, rid) for rid in run_ids]
+    sweep = xr.concat(
+        datasets,
+        dim=pd.Index(run_ids, name=RUN),
+        data_vars="all",
+        coords="different",
+        compat="equals",
+        join="outer",
+        combine_attrs="drop",
+    )
+    sweep = sweep.drop_vars([d for d in padded_dims if d in sweep.coords])
+
+    if HEAD in sweep.dims:
+        layers = sweep.indexes.get(LAYER)
+        heads = sweep.indexes[HEAD]
+        rows = []
+        for run_layers, run_heads in masks:
+            has_head = heads.isin(run_heads if run_heads is not None else heads)
+            if layers is None:
+                rows.append(has_head)
+            else:
+                has_layer = layers.isin(run_layers if run_layers is not None else layers)
+                rows.append(np.outer(has_layer, has_head))
+        dims = (RUN, LAYER, HEAD) if layers is not None else (RUN, HEAD)
+        sweep = sweep.assign_coords(head_mask=(dims, np.array(rows, dtype=bool)))
+
+    new_coords: dict[str, tuple[str, np.ndarray]] = {
+        "status": (RUN, np.array([str(a.get("status", "unknown")) for a in attrs]))
+    }
+    axes = list(index["axes"]) if index else []
+    leaves = [a.split(".")[-1] for a in axes]
+    for axis, leaf in zip(axes, leaves, strict=True):
+        section = axis.split(".")[0]
+        values = []
+        for rid, a in zip(run_ids, attrs, strict=True):
+            point = index["runs"].get(rid, {})
+            v = point[axis] if axis in point else a.get("config", {}).get(section, {}).get(leaf)
+            values.append(_axis_value(v))
+        arr = _coord_array(values)
+        new_coords[axis.replace(".", "_")] = (RUN, arr)
+        taken = set(sweep.variables) | set(sweep.dims) | set(new_coords)
+        if leaves.count(leaf) == 1 and leaf not in taken:
+            new_coords[leaf] = (RUN, arr)
+    sweep = sweep.assign_coords(new_coords)
+    sweep.attrs = {"runs": dict(zip(run_ids, attrs, strict=True))}
+    if index:
+        sweep.attrs["sweep"] = index
+    return sweep
+
+
+# --------------------------------------------------------------------------- derived data
+
+
+def _write_whole(loc: _Loc, gpath: str, ds: xr.Dataset) -> None:
+    """Replace group `gpath` with `ds` (loaded first: it may be read from that very group)."""
+    if not isinstance(ds, xr.Dataset):
+        raise StoreError(f"{gpath}: expected an xarray.Dataset, got {type(ds).__name__}")
+    ds = ds.load().copy()
+    for name, var in ds.variables.items():
+        var.encoding = {}  # stale chunk/codec encodings from a source store do not apply here
+        if var.dtype.kind in "US":  # fixed-width strings have no stable zarr v3 dtype: store vlen
+            ds[name] = var.astype(str).astype(object)
+    ds.attrs = {k: _jsonable(v, k) for k, v in ds.attrs.items()}
+    ds.to_zarr(loc.url, group=gpath, mode="w", consolidated=False, zarr_format=3)
+    _index_update(loc, gpath)
+
+
+def write_analysis(path: str | os.PathLike, run_id: str, ds: xr.Dataset) -> None:
+    """Replace ``analysis/<run_id>`` with `ds` (raw recordings in ``runs/`` are never touched).
+
+    Parameters
+    ----------
+    path : str or PathLike
+    run_id : str
+        An existing run.
+    ds : xarray.Dataset
+        Loaded into memory before the old group is removed; attrs must be JSON-able.
+    """
+    loc = _Loc(path)
+    _require_store(loc)
+    if not _group_exists(loc, f"runs/{_check_name('run id', run_id)}"):
+        raise StoreError(f"no run {run_id!r} in {loc}")
+    _write_whole(loc, f"analysis/{run_id}", ds)
+
+
+def open_analysis(path: str | os.PathLike, run_id: str | None = None) -> xr.Dataset | None:
+    """Open ``analysis/<run_id>`` lazily, or None if it was never written.
+
+    Parameters
+    ----------
+    path : str or PathLike
+    run_id : str, optional
+        Defaults to the only run (as :func:`open_run`).
+    """
+    loc = _Loc(path)
+    _require_store(loc)
+    run_id = _default_run(loc, run_id)
+    if not _group_exists(loc, f"analysis/{run_id}"):
+        return None
+    return _open_group_ds(loc, f"analysis/{run_id}")
+
+
+def write_derived(path: str | os.PathLike, name: str, ds: xr.Dataset) -> None:
+    """Replace the sweep-level dataset ``derived/<name>`` with `ds`."""
+    loc = _Loc(path)
+    _require_store(loc)
+    _write_whole(loc, f"derived/{_check_name('derived name', name)}", ds)
+
+
+def open_derived(path: str | os.PathLike, name: str) -> xr.Dataset | None:
+    """Open ``derived/<name>`` lazily, or None if it was never written."""
+    loc = _Loc(path)
+    _require_store(loc)
+    gpath = f"derived/{_check_name('derived name', name)}"
+    return _open_group_ds(loc, gpath) if _group_exists(loc, gpath) else None

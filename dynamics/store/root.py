@@ -1,0 +1,304 @@
+"""The root group: its shallow group index, creating a store, the runs and their attributes,
+and the sweep index kept in the root attributes."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import zarr
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.group import GroupMetadata
+
+from dynamics.schema import STORE_VERSION
+from dynamics.store._loc import (
+    _NAME,
+    SECTIONS,
+    StoreError,
+    _check_name,
+    _children,
+    _group_exists,
+    _jsonable,
+    _Loc,
+    _locked,
+)
+
+# --------------------------------------------------------------------------- root index
+
+
+def _node_entry(loc: _Loc, gpath: str) -> dict | None:
+    meta = loc.get_json(f"{gpath}/zarr.json")
+    if meta is None or meta.get("node_type") != "group":
+        return None
+    meta.pop("consolidated_metadata", None)  # shallow: zarr lists the group's members from the store
+    return meta
+
+
+def _empty_cm() -> dict:
+    return {"kind": "inline", "must_understand": False, "metadata": {}}
+
+
+def _write_root(loc: _Loc, root: dict) -> None:
+    """Validate and serialise the root group metadata through zarr, then write it atomically."""
+    meta = GroupMetadata.from_dict(copy.deepcopy(root))
+    loc.set("zarr.json", meta.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
+
+
+def _read_root(loc: _Loc) -> dict:
+    root = loc.get_json("zarr.json")
+    if root is None:
+        raise StoreError(f"not a dynamics store: {loc}")
+    return root
+
+
+def _index_update(loc: _Loc, gpath: str) -> None:
+    """Refresh the root-index entry of one ``<section>/<name>`` group (removed if it is gone)."""
+    with _locked(loc):
+        root = _read_root(loc)
+        flat = root.get("consolidated_metadata", {}).get("metadata")
+        if flat is None:
+            _rebuild_index(loc)
+            return
+        section = gpath.split("/")[0]
+        if section not in flat:
+            flat[section] = {
+                "zarr_format": 3,
+                "node_type": "group",
+                "attributes": {},
+                "consolidated_metadata": _empty_cm(),
+            }
+        entry = _node_entry(loc, gpath)
+        if entry is None:
+            flat.pop(gpath, None)
+        else:
+            flat[gpath] = entry
+        _write_root(loc, root)
+
+
+def _rebuild_index(loc: _Loc) -> None:
+    with _locked(loc):
+        root = _read_root(loc)
+        flat: dict[str, dict] = {}
+        for section in SECTIONS:
+            if not _group_exists(loc, section):
+                continue
+            flat[section] = {
+                "zarr_format": 3,
+                "node_type": "group",
+                "attributes": {},
+                "consolidated_metadata": _empty_cm(),
+            }
+            for name in loc.list_dir(section):
+                entry = _node_entry(loc, f"{section}/{name}") if _NAME.match(name) else None
+                if entry is not None:
+                    flat[f"{section}/{name}"] = entry
+        root["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": flat}
+        _write_root(loc, root)
+
+
+def reindex(path: str | os.PathLike) -> None:
+    """Rebuild the root group index from the groups on disk.
+
+    Only needed after a crash between creating a group and indexing it, which leaves that
+    group invisible to plain ``xr.open_zarr(store, group=...)``. Safe to run at any time.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        Store location.
+    """
+    loc = _Loc(path)
+    _require_store(loc)
+    _rebuild_index(loc)
+
+
+# --------------------------------------------------------------------------- store
+
+
+def is_store(path: str | os.PathLike) -> bool:
+    """Whether `path` holds a dynamics store (a Zarr v3 root group marked ``dynamics_store``).
+
+    Parameters
+    ----------
+    path : str or PathLike
+        Local path or fsspec URL.
+
+    Returns
+    -------
+    bool
+        Never raises for a missing or foreign path.
+    """
+    try:
+        root = _Loc(path).get_json("zarr.json")
+    except Exception:  # unreachable remote, bad URL: not a store we can use
+        return False
+    return bool(root and root.get("node_type") == "group" and "dynamics_store" in root.get("attributes", {}))
+
+
+def _require_store(loc: _Loc) -> None:
+    if not is_store(loc.url):
+        raise StoreError(f"not a dynamics store: {loc}")
+
+
+def init_store(path: str | os.PathLike) -> None:
+    """Create an empty store at `path`, or check an existing one.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        Local path or fsspec URL. A missing path or an empty directory becomes a store.
+
+    Raises
+    ------
+    StoreError
+        If the path exists and is not a dynamics store (a file, a non-empty directory, a
+        foreign zarr store): it is never overwritten. Also if the store was written by a
+        newer version of this package.
+
+    Example
+    -------
+    >>> init_store(tmp_path / "store.zarr")  # doctest: +SKIP
+    """
+    loc = _Loc(path)
+    if not is_store(loc.url):
+        if loc.local is not None:
+            if loc.local.exists() and not loc.local.is_dir():
+                raise StoreError(f"{loc} exists and is a file, not a dynamics store")
+            loc.local.mkdir(parents=True, exist_ok=True)
+        with _locked(loc):  # check again inside: another process may be creating it right now
+            if not is_store(loc.url):
+                if loc.list_dir(""):
+                    raise StoreError(f"{loc} exists, is not empty and is not a dynamics store")
+                root = zarr.create_group(loc.store, zarr_format=3, attributes={"dynamics_store": STORE_VERSION})
+                for section in SECTIONS:
+                    root.require_group(section)
+                _rebuild_index(loc)
+                return
+    version = _read_root(loc)["attributes"]["dynamics_store"]
+    if not isinstance(version, int) or version > STORE_VERSION:
+        raise StoreError(f"{loc}: store version {version!r} is newer than this package supports ({STORE_VERSION})")
+    if not all(_group_exists(loc, s) for s in SECTIONS) or "consolidated_metadata" not in _read_root(loc):
+        with _locked(loc):
+            root = zarr.open_group(loc.store, mode="r+", use_consolidated=False)
+            for section in SECTIONS:
+                root.require_group(section)
+            _rebuild_index(loc)
+
+
+def list_runs(path: str | os.PathLike) -> list[str]:
+    """Sorted ids of the run groups in a store.
+
+    Parameters
+    ----------
+    path : str or PathLike
+
+    Returns
+    -------
+    list of str
+
+    Raises
+    ------
+    StoreError
+        If `path` is not a dynamics store.
+    """
+    loc = _Loc(path)
+    _require_store(loc)
+    return _children(loc, "runs")
+
+
+def run_attrs(path: str | os.PathLike, run_id: str) -> dict:
+    """Attributes of one run group (config, status, ...), read fresh from the store.
+
+    Parameters
+    ----------
+    path : str or PathLike
+    run_id : str
+
+    Returns
+    -------
+    dict
+
+    Raises
+    ------
+    StoreError
+        If the store or the run does not exist.
+    """
+    loc = _Loc(path)
+    _require_store(loc)
+    meta = loc.get_json(f"runs/{_check_name('run id', run_id)}/zarr.json")
+    if meta is None:
+        raise StoreError(f"no run {run_id!r} in {loc}")
+    return meta.get("attributes", {})
+
+
+def _update_group_attrs(loc: _Loc, gpath: str, attrs: dict) -> None:
+    clean = {k: _jsonable(v, k) for k, v in attrs.items()}
+    with _locked(loc):  # read-modify-write of the group's zarr.json, then its index entry
+        group = zarr.open_group(loc.store, path=gpath, mode="r+", use_consolidated=False)
+        group.update_attributes(clean)
+        _index_update(loc, gpath)
+
+
+def update_run_attrs(path: str | os.PathLike, run_id: str, **attrs: Any) -> None:
+    """Merge attributes into a run group (e.g. the launcher marking a run ``failed``).
+
+    Parameters
+    ----------
+    path : str or PathLike
+    run_id : str
+    **attrs
+        JSON-able values (numpy scalars and arrays are converted).
+
+    Raises
+    ------
+    StoreError
+        If the run does not exist or a value is not JSON-able.
+    """
+    loc = _Loc(path)
+    _require_store(loc)
+    if not _group_exists(loc, f"runs/{_check_name('run id', run_id)}"):
+        raise StoreError(f"no run {run_id!r} in {loc}")
+    _update_group_attrs(loc, f"runs/{run_id}", attrs)
+
+
+# --------------------------------------------------------------------------- sweep index
+
+
+def write_sweep_index(path: str | os.PathLike, index: dict) -> None:
+    """Store the sweep index in the root attrs (the launcher is its only writer).
+
+    Parameters
+    ----------
+    path : str or PathLike
+    index : dict
+        ``{"axes": ["model.init_scale", ...], "runs": {run_id: {"model.init_scale": 0.5, ...}}}``
+        plus any other JSON-able keys.
+
+    Raises
+    ------
+    StoreError
+        If the index is malformed or the path is not a store.
+    """
+    loc = _Loc(path)
+    _require_store(loc)
+    if not isinstance(index, Mapping):
+        raise StoreError("sweep index: expected a dict")
+    axes, runs = index.get("axes"), index.get("runs")
+    if not isinstance(axes, (list, tuple)) or not all(isinstance(a, str) and "." in a for a in axes):
+        raise StoreError("sweep index: 'axes' must be a list of dotted keys like 'train.lr'")
+    if not isinstance(runs, Mapping) or not all(isinstance(p, Mapping) for p in runs.values()):
+        raise StoreError("sweep index: 'runs' must map run ids to {axis: value} dicts")
+    clean = _jsonable(dict(index), "sweep")
+    with _locked(loc):
+        root = _read_root(loc)
+        root.setdefault("attributes", {})["sweep"] = clean
+        _write_root(loc, root)
+
+
+def read_sweep_index(path: str | os.PathLike) -> dict | None:
+    """The sweep index from the root attrs, or None if the launcher wrote none."""
+    loc = _Loc(path)
+    _require_store(loc)
+    return _read_root(loc).get("attributes", {}).get("sweep")
