@@ -250,6 +250,56 @@ def cmd_gates(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quickstart_config() -> Path:
+    """experiments/quickstart.toml of this checkout (the demo runs from a clone: README)."""
+    for base in (Path(__file__).resolve().parents[1], Path.cwd()):
+        path = base / "experiments" / "quickstart.toml"
+        if path.is_file():
+            return path
+    raise UsageError("experiments/quickstart.toml not found: run the demo from a clone of the repository")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The main job: quickstart sweep -> analyse -> predict -> report."""
+    config = _quickstart_config()
+    cfg = load_config(config, args.set)
+    out = args.out or "runs/quickstart.zarr"
+    _check_out(out)
+    from dynamics import predict
+    from dynamics.report import write_report
+    from dynamics.sweep import run_sweep
+
+    t0 = time.perf_counter()
+    print(f"== 1/4 sweep: {config.name} -> {out}", flush=True)
+    summary = run_sweep(cfg, out, workers=args.workers)
+    for line in summary.lines():
+        print(line)
+    t_train = time.perf_counter() - t0
+
+    print("== 2/4 analyse", flush=True)
+    t1 = time.perf_counter()
+    _print_analysis(analyse_store(out))
+    t_analyse = time.perf_counter() - t1
+
+    print("== 3/4 predict: how early is each head's final role readable from its early gradients?", flush=True)
+    for target in ("role", "slash"):
+        opts = predict.PredictOptions(target=target, horizons=(0.0, 0.05, 0.1, 0.2, 0.5))
+        try:
+            curve = predict.predict_runs(predict.load_runs(out, opts), opts)
+        except predict.PredictError as e:  # e.g. no head became slash-dominant in this sweep
+            print(f"predict --target {target}: not possible on this sweep: {e}")
+            continue
+        print(predict.format_curve(curve))
+        predict.write_curve(out, curve)
+
+    print("== 4/4 report", flush=True)
+    report_dir = Path(args.report or out.rstrip("/").removesuffix(".zarr") + "-report")
+    page = write_report(out, report_dir)
+    print(f"training {t_train:.0f}s, analysis {t_analyse:.0f}s, total {time.perf_counter() - t0:.0f}s")
+    print(f"report: {page}\nopen {page.resolve().as_uri()}")
+    return 0 if summary.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynamics", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -305,6 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lam", type=float, help="|lambda| of the G+/G- fits")
     p.add_argument("--no-save", action="store_true", help="print only; do not write derived/gates.<run>")
     p.set_defaults(func=cmd_gates)
+    p = sub.add_parser("demo", help="the main job: quickstart sweep, analysis, predictor curve and report")
+    p.add_argument("--out", help="store path (default runs/quickstart.zarr)")
+    p.add_argument("--report", help="report directory (default runs/quickstart-report)")
+    p.add_argument("--workers", type=int, help="worker processes (default: one per core)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config key")
+    p.set_defaults(func=cmd_demo)
     return parser
 
 

@@ -139,12 +139,12 @@ class Recorder:
 
     def chg(self, model: Transformer, fit: bool) -> dict[str, np.ndarray]:
         """Causal head gating at this snapshot (Nam et al. 2025), or the unfitted markers."""
-        from dynamics.gates import CHG_ROLES, chg_snapshot
+        from dynamics.gates import UNFITTED, chg_snapshot
 
         L, H = self.cfg.model.n_layers, self.cfg.model.n_heads
         if not fit:
             return {"chg": np.full((L, H, 2), np.nan, dtype=np.float32),
-                    "chg_role": np.full((L, H), CHG_ROLES.index("unfitted"), dtype=np.int8)}
+                    "chg_role": np.full((L, H), UNFITTED, dtype=np.int8)}
         chg, role = chg_snapshot(model, self.cfg)
         return {"chg": chg, "chg_role": role}
 
@@ -157,10 +157,11 @@ class Recorder:
             cosine = torch.full(flat.shape[:3], float("nan"))
         else:
             cosine = F.cosine_similarity(flat, self.prev_grads.flatten(3), dim=-1, eps=1e-30)  # (L, H, 4)
-        self.prev_grads = grads.clone()
+        self.prev_grads = grads  # a fresh stack, not a view of the live .grad tensors
         blocks = {
             "attention": self.attention(model),
-            "grad_norm": model.head_grad_norms().float().cpu().numpy(),
+            # = model.head_grad_norms(), from the slices already stacked above
+            "grad_norm": grads.flatten(-2).norm(dim=-1).float().cpu().numpy(),
             "grad_cosine": cosine.float().cpu().numpy(),
             "importance": model.gate_grads().abs().float().cpu().numpy(),
             "gate": model.gate_values().float().cpu().numpy(),

@@ -1,0 +1,265 @@
+"""Causal head gating, contrastive CHG and ablations (dynamics.gates).
+
+Unit tests use a tiny untrained model; the validation tests train one small mixture model
+once (module fixture) and check CHG against single-head ablation, as Nam et al. 2025
+(arXiv 2505.13737) validate it.
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dynamics import cli, store
+from dynamics.config import ConfigError, from_dict
+from dynamics.gates import (
+    CHG_ROLES,
+    FACILITATING,
+    INCONSISTENT,
+    INTERFERING,
+    IRRELEVANT,
+    UNFITTED,
+    GateOptions,
+    chg_loss,
+    chg_roles,
+    chg_snapshot,
+    component_weights,
+    contrastive_loss,
+    fit_chg,
+    fit_contrastive,
+    gate_report,
+    head_ablation,
+    label_agreement,
+    parse_contrast,
+    pruning_curves,
+    set_ablation,
+)
+from dynamics.train import build, load_run_model, train_run
+
+TINY = {
+    "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
+    "task": {"name": "mixture", "components": ["offset_copy", "markov"], "delta": 2},
+}
+FAST = GateOptions(steps=12, init_steps=3, restarts=1, batch_size=4, fit_batches=2, eval_batches=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny matmuls: a second intra-op thread only adds contention on the shared cores.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tiny():
+    cfg = from_dict(TINY)
+    return build(cfg, torch.device("cpu")), cfg
+
+
+# ----------------------------------------------------------------------------- conventions
+
+
+def test_chg_loss_is_nll_minus_lambda_times_mean_clamped_logit():
+    logits = torch.tensor([[[-9.0, 0.0], [2.0, 9.0]]], requires_grad=True)  # clamp -> -4, 0, 2, 4: mean 0.5
+    nll = torch.tensor([1.0])
+    assert chg_loss(nll, logits, 0.1).item() == pytest.approx(0.95)
+    assert chg_loss(nll, logits, -0.1).item() == pytest.approx(1.05)
+    (grad,) = torch.autograd.grad(chg_loss(nll, logits, 0.1).sum(), [logits])
+    # Descent raises logits inside the clamp for lambda > 0 (toward open); none outside.
+    assert grad.flatten().tolist() == pytest.approx([0.0, -0.025, -0.025, 0.0])
+
+
+def test_contrastive_loss_stops_gradient_through_retain_and_clamps_forget():
+    lr, lf = torch.tensor([-1.0], requires_grad=True), torch.tensor([-2.0], requires_grad=True)
+    z = torch.zeros(1, 1, 1)
+    loss = contrastive_loss(lr, lf, z, lam=0.0, max_diff=5.0)
+    assert loss.item() == pytest.approx(1.0 + (-2.0 + 1.0))
+    g_r, g_f = torch.autograd.grad(loss.sum(), [lr, lf])
+    assert g_r.item() == -1.0 and g_f.item() == 1.0  # stopgrad: retain gets only -logp_r's gradient
+    far = torch.tensor([-9.0], requires_grad=True)  # 8 nats below retain: past max_diff
+    loss = contrastive_loss(lr, far, z, lam=0.0, max_diff=5.0)
+    assert loss.item() == pytest.approx(1.0 - 5.0)
+    assert torch.autograd.grad(loss.sum(), [far])[0].item() == 0.0
+
+
+def test_positive_lambda_opens_and_negative_lambda_shuts_a_head_that_does_not_matter(tiny):
+    model, cfg = tiny
+    with torch.no_grad():
+        model.blocks[1].attn.W_O[1].zero_()  # head (1, 1) writes nothing: the NLL ignores its gate
+    ds = fit_chg(model, cfg, FAST)
+    plus, minus = ds.chg.sel(restart=0, layer=1, head=1).values
+    assert plus > 0.95 and minus < 0.05
+    assert ds.chg_role.sel(restart=0, layer=1, head=1).item() == IRRELEVANT
+    assert np.isfinite(ds.nll.values).all()
+
+
+def test_taxonomy_from_planted_gates():
+    plus = np.array([0.9, 0.9, 0.1, 0.1, np.nan, 0.5])
+    minus = np.array([0.9, 0.1, 0.1, 0.9, 0.9, 0.49])
+    roles = chg_roles(plus, minus)
+    assert roles.dtype == np.int8
+    assert roles.tolist() == [FACILITATING, IRRELEVANT, INTERFERING, INCONSISTENT, UNFITTED, IRRELEVANT]
+    assert [CHG_ROLES[r] for r in roles[:5]] == ["facilitating", "irrelevant", "interfering", "inconsistent", "unfitted"]
+    assert chg_roles(np.array([0.7]), np.array([0.7]), threshold=0.8).tolist() == [INTERFERING]
+
+
+def test_label_agreement_is_the_majority_share():
+    roles = np.array([[0, 1, -1], [0, 2, -1], [0, 2, -1], [1, 2, -1]])  # 4 restarts x 3 heads
+    majority, agreement = label_agreement(roles)
+    assert majority.tolist() == [0, 2, -1]
+    assert agreement[:2].tolist() == pytest.approx([0.75, 0.75]) and np.isnan(agreement[2])
+
+
+def test_batched_restarts_equal_sequential_fits_from_the_same_init(tiny):
+    model, cfg = tiny
+    init = torch.randn(3, 2, 2, generator=torch.Generator().manual_seed(0)) * 2
+    opts = GateOptions(steps=6, init_steps=4, batch_size=4, fit_batches=2, eval_batches=1)
+    batched = fit_chg(model, cfg, opts, init_logits=init)
+    assert batched.sizes["restart"] == 3
+    for i in range(3):
+        alone = fit_chg(model, cfg, opts, init_logits=init[i : i + 1])
+        for name in ("chg", "chg_init", "nll"):
+            np.testing.assert_allclose(batched[name].values[i], alone[name].values[0], atol=1e-5, rtol=1e-4)
+
+
+def test_chg_snapshot_is_deterministic_and_leaves_training_state_alone(tiny):
+    model, cfg = tiny
+    tokens = torch.randint(0, 16, (4, 17), generator=torch.Generator().manual_seed(1))
+    F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    weights = [p.detach().clone() for p in model.parameters()]
+    rng = torch.get_rng_state()
+    opts = GateOptions(restarts=1, init_steps=2, batch_size=4, fit_batches=1, eval_batches=1)
+    with torch.no_grad():  # the recorder's context
+        chg, role = chg_snapshot(model, cfg, steps=3, options=opts)
+    assert chg.shape == (2, 2, 2) and chg.dtype == np.float32 and role.shape == (2, 2) and role.dtype == np.int8
+    assert np.isfinite(chg).all() and set(role.ravel()) <= {0, 1, 2, 3}
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
+    assert torch.equal(torch.get_rng_state(), rng)
+    again, role_again = chg_snapshot(model, cfg, steps=3, options=opts)
+    np.testing.assert_array_equal(chg, again)
+    np.testing.assert_array_equal(role, role_again)
+
+
+def test_ablating_a_head_whose_W_O_is_zero_changes_nothing(tiny):
+    model, cfg = tiny
+    with torch.no_grad():
+        model.blocks[0].attn.W_O[1].zero_()
+    opts = GateOptions(batch_size=4, eval_batches=2)
+    for method in ("zero", "mean"):
+        delta = head_ablation(model, cfg, method, opts)
+        assert delta.dims == ("layer", "head", "component")
+        assert list(delta.component.values) == ["offset_copy", "markov"]
+        assert np.abs(delta.sel(layer=0, head=1).values).max() < 1e-6, method
+        assert np.abs(delta.values).max() > 1e-4, method  # the other heads do something
+    sets = np.zeros((2, 2, 2), dtype=bool)
+    sets[1, 0, 1] = True
+    assert np.abs(set_ablation(model, cfg, sets, "mean", opts).values).max() < 1e-6
+
+
+def test_parse_contrast_names_the_bad_component():
+    cfg = from_dict(TINY)
+    assert parse_contrast("retain=markov, forget=offset_copy", cfg) == ("markov", "offset_copy")
+    with pytest.raises(ConfigError, match="induction"):
+        parse_contrast("retain=induction,forget=markov", cfg)
+    for bad in ("retain=markov", "keep=markov,forget=offset_copy", "retain=markov,forget=markov"):
+        with pytest.raises(ConfigError):
+            parse_contrast(bad, cfg)
+    with pytest.raises(ConfigError, match="gates.steps"):
+        GateOptions(steps=0)
+
+
+# ----------------------------------------------------------------------------- a trained model
+
+TRAINED = {
+    "model": {"n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "vocab_size": 32, "context": 32},
+    "task": {"name": "mixture", "components": ["offset_copy", "markov"], "delta": 2, "p": 0.9},
+    "train": {"steps": 250, "lr": 1e-2, "batch_size": 32, "warmup_steps": 20, "eval_batches": 1},
+    "record": {"dense_until": 0, "every": 1000, "n_probe": 1, "head_weights": "off", "eval_batch_size": 16},
+}
+REPORT = GateOptions(steps=120, init_steps=10, restarts=2, batch_size=16, fit_batches=4, eval_batches=2)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, one_thread):
+    path = str(tmp_path_factory.mktemp("gates") / "s.zarr")
+    result = train_run(from_dict(TRAINED), path)
+    assert result.status == "completed"
+    model, cfg, _ = load_run_model(path, result.run_id)
+    return path, result.run_id, model, cfg
+
+
+@pytest.fixture(scope="module")
+def report(trained):
+    _, _, model, cfg = trained
+    return gate_report(model, cfg, REPORT)
+
+
+def test_chg_agrees_with_single_head_ablation(trained, report):
+    _, _, model, cfg = trained
+    minus = report.chg.sel(fit="minus").mean("restart").values
+    plus = report.chg.sel(fit="plus").mean("restart").values
+    delta = (report.delta_loss.values * component_weights(cfg)).sum(-1)  # (L, H)
+    rho = report.attrs["rho"]
+    print(f"\nG-:\n{minus.round(3)}\nablation delta:\n{delta.round(3)}\nSpearman rho = {rho:.3f}")
+    assert rho >= 0.7
+    # The robust part of the agreement: every head G- shuts costs less to ablate than any it keeps.
+    shut = minus < 0.05
+    assert shut.any() and (~shut).any()
+    assert delta[shut].max() < delta[~shut].min()
+
+    curves = pruning_curves(model, cfg, plus, minus, delta, n_random=6, options=REPORT)
+    loss = curves.loss
+    print("pruning loss (chg, importance, random):\n", loss.values.round(3))
+    inner = slice(1, -1)  # all heads kept / all removed are the same model in every order
+    assert (loss.sel(order="chg")[inner] < loss.sel(order="random")[inner]).all()
+    np.testing.assert_allclose(loss.values[:, 0], loss.values[0, 0], rtol=1e-6)
+    np.testing.assert_allclose(loss.values[:, -1], loss.values[0, -1], rtol=1e-6)
+
+
+def test_contrastive_fit_keeps_retain_and_raises_forget(trained):
+    _, _, model, cfg = trained
+    opts = GateOptions(steps=60, restarts=1, batch_size=16, fit_batches=4, eval_batches=2)
+    ds = fit_contrastive(model, cfg, "offset_copy", "markov", opts)
+    loss = ds.contrast_loss.sel(restart=0)
+    full_r, gated_r = loss.sel(side="retain", state="full").item(), loss.sel(side="retain", state="gated").item()
+    full_f, gated_f = loss.sel(side="forget", state="full").item(), loss.sel(side="forget", state="gated").item()
+    print(f"\nretain offset_copy {full_r:.3f} -> {gated_r:.3f}; forget markov {full_f:.3f} -> {gated_f:.3f}")
+    print("gates:", ds.contrast_gate.values.round(3).tolist())
+    assert gated_r < full_r + 0.1
+    assert gated_f > full_f + 0.3
+
+
+def test_cli_gates_prints_a_table_and_saves_the_fit(trained, capsys):
+    path, run_id, _, _ = trained
+    assert cli.main(["gates", path, "--steps", "4", "--init-steps", "2", "--restarts", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = out[1].split()
+    assert header[:5] == ["layer", "head", "G+", "G-", "label"] and "dloss" in header
+    rows = [line.split() for line in out[2:10]]
+    assert [(r[0], r[1]) for r in rows] == [(str(layer), str(head)) for layer in range(2) for head in range(4)]
+    assert all(r[4] in CHG_ROLES for r in rows)
+    saved = store.open_derived(path, f"gates.{run_id}")
+    assert saved is not None and saved.chg.dims == ("restart", "layer", "head", "fit")
+
+
+def test_cli_gates_unknown_component_exits_2(trained, capsys):
+    path, _, _, _ = trained
+    code = cli.main(["gates", path, "--contrast", "retain=induction,forget=offset_copy", "--no-save"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "induction" in err[0]
+
+
+def test_cli_gates_run_without_checkpoint_exits_2(trained, tmp_path, capsys):
+    path, run_id, _, _ = trained
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(path, copy)
+    shutil.rmtree(copy / "checkpoints")
+    code = cli.main(["gates", str(copy), "--run", run_id, "--no-save"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "checkpoint" in err[0]
