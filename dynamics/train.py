@@ -174,10 +174,14 @@ def train_run(
         mine = {k: v for k, v in cfg.to_dict().items() if k != "sweep"}
         stored.get("train", {}).pop("device", None)
         mine["train"].pop("device")
+        mine["train"].pop("threads")
+        stored.get("train", {}).pop("threads", None)
         if stored != mine:
             raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
 
     device = torch.device(cfg.train.device)
+    if device.type == "cpu":
+        torch.set_num_threads(cfg.train.threads)
     steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
     index_of = {int(s): i for i, s in enumerate(steps_at)}
     model = build(cfg, device)
