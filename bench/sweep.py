@@ -1,0 +1,92 @@
+"""How much a sweep speeds up with worker processes: the same grid with 1 worker, then with 2.
+
+    python bench/sweep.py [--runs 4] [--steps 300] [--workers 1 2]
+
+Each worker count gets a fresh LocalCluster (one single-threaded worker process per slot,
+as ``dynamics sweep`` makes) that is started and warmed up (torch imported, one throwaway
+run trained) before the clock starts, then ``run_sweep`` trains the grid into a fresh
+store. Printed: the wall time per worker count and the speedup relative to the first, all
+measured in this one process. Each worker count is timed ``--repeat`` times, alternating, and
+the best time counts. The goal on an idle 2-core machine is >= 1.8x for 2 workers; the gap
+to 2x is the launcher, the scheduler and the store writes sharing those 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not an install
+
+
+def grid(runs: int, steps: int):
+    from dynamics.config import from_dict
+
+    return from_dict({
+        "model": {"n_layers": 2, "d_model": 32, "n_heads": 4, "attn_only": True, "vocab_size": 32, "context": 32},
+        "task": {"name": "induction", "min_period": 4, "max_period": 12},
+        "train": {"steps": steps, "batch_size": 32, "warmup_steps": 20},
+        "record": {"dense_until": 16, "every": 50, "n_probe": 4},
+        "sweep": {"train": {"seed": list(range(runs))}},
+    })
+
+
+def _warm(path: str) -> str:
+    from dynamics.config import from_dict
+    from dynamics.train import set_threads, train_run
+
+    set_threads(1)
+    cfg = from_dict({"model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab_size": 16, "context": 16},
+                     "task": {"min_period": 2, "max_period": 6}, "train": {"steps": 2, "eval_batches": 1},
+                     "record": {"n_probe": 1}})
+    train_run(cfg, path)
+    return "ok"
+
+
+def time_sweep(cfg, n_workers: int, root: Path) -> float:
+    from distributed import Client
+
+    from dynamics.sweep import local_cluster, run_sweep
+
+    with local_cluster(n_workers) as cluster, Client(cluster) as client:
+        root.mkdir(parents=True, exist_ok=True)
+        client.run(lambda: _warm(str(root / f"warm-{n_workers}-{os.getpid()}.zarr")))
+        t0 = time.perf_counter()
+        summary = run_sweep(cfg, str(root / f"sweep-{n_workers}.zarr"), scheduler=cluster.scheduler_address,
+                            progress=False)
+        elapsed = time.perf_counter() - t0
+    if not summary.ok:
+        raise SystemExit(f"bench sweep failed: {summary.lines()}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=4, help="grid points (seeds)")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per run")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeat", type=int, default=2, help="rounds over the worker counts; the best time counts")
+    args = parser.parse_args()
+    cfg = grid(args.runs, args.steps)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"{os.cpu_count()} cores, load average {load:.1f} before starting "
+          "(other busy processes take cores from the workers: the ratio means something on an idle machine)")
+    times: dict[int, list[float]] = {n: [] for n in args.workers}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeat):
+            for n in args.workers:
+                times[n].append(time_sweep(cfg, n, Path(tmp) / f"{rep}"))
+                print(f"{args.runs} runs x {args.steps} steps, {n} worker(s): {times[n][-1]:.1f} s", flush=True)
+    best = {n: min(t) for n, t in times.items()}
+    base = args.workers[0]
+    for n in args.workers[1:]:
+        print(f"speedup {n} vs {base} worker(s): {best[base] / best[n]:.2f}x (best of {args.repeat}: "
+              f"{best[base]:.1f} s vs {best[n]:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

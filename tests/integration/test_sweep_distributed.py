@@ -1,0 +1,217 @@
+"""A sweep on a real Dask cluster: scheduler and workers as subprocesses, launcher via the CLI.
+
+One worker is SIGKILLed mid-run; the sweep must still complete with whole arrays and the
+killed run resumed from its checkpoint. Then: a rerun retrains nothing, a failing run does
+not stop the others, and a second launcher on a locked store is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dynamics import store
+from dynamics.config import load_config
+from dynamics.sweep import SweepLockError, lock_path, run_sweep
+
+pytestmark = pytest.mark.distributed
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    "OMP_NUM_THREADS": "1",
+    "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED": "error",
+}
+STEPS = 150
+
+CONFIG = {
+    "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
+    "task": {"name": "induction", "min_period": 2, "max_period": 6},
+    "train": {"steps": STEPS, "batch_size": 8, "warmup_steps": 10, "eval_batches": 1},
+    "record": {"dense_until": 4, "every": 20, "n_probe": 2, "eval_batch_size": 4},
+}
+
+
+def write_config(path: Path, sweep: dict) -> Path:
+    lines = []
+    for section, table in {**CONFIG, "sweep": sweep}.items():
+        lines.append(f"[{section}]")
+        lines += [f'"{k}" = {json.dumps(v)}' for k, v in table.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def wait_until(cond, what: str, limit: float = 90.0, every: float = 0.1):
+    """Poll `cond` until it returns something truthy; fail (not a timing assertion) if it never does."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    pytest.fail(f"gave up waiting for {what}")
+
+
+def sweep_cmd(config: Path, out: Path, address: str) -> list[str]:
+    return [sys.executable, "-m", "dynamics", "sweep", str(config), "--out", str(out), "--scheduler", address]
+
+
+# Load torch and its optimiser machinery (the first optimiser imports torch._dynamo) on the
+# workers during set-up. Source text: a function of this test module would not unpickle there.
+WARM = "import torch, dynamics.train; torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from distributed import Client
+
+    d = tmp_path_factory.mktemp("dask")
+    scheduler_file = d / "scheduler.json"
+    procs: list[subprocess.Popen] = []
+    logs = []
+    client = None
+
+    def spawn(*args: str) -> subprocess.Popen:
+        logs.append(open(d / f"proc{len(procs)}.log", "w"))  # noqa: SIM115 - closed at the end
+        p = subprocess.Popen([sys.executable, "-m", "dask", *args], cwd=d, env=ENV, stdout=logs[-1],
+                             stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    try:
+        spawn("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+              "--scheduler-file", str(scheduler_file))
+        wait_until(lambda: scheduler_file.exists() and scheduler_file.stat().st_size > 0, "the scheduler file")
+        for i in range(2):
+            spawn("worker", "--nthreads", "1", "--no-nanny", "--no-dashboard", "--memory-limit", "0",
+                  "--name", f"w{i}", "--scheduler-file", str(scheduler_file))
+        client = Client(scheduler_file=str(scheduler_file), timeout=60)
+        client.wait_for_workers(2, timeout=120)
+        client.run(exec, WARM)
+        yield SimpleNamespace(address=client.scheduler.address, client=client, pids=client.run(os.getpid), dir=d)
+    finally:
+        if client is not None:
+            client.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for f in logs:
+            f.close()
+
+
+@pytest.fixture
+def launched(request):
+    """Start launcher subprocesses; every one still running at the end is killed."""
+    procs: list[subprocess.Popen] = []
+    logs = []
+
+    def start(cmd: list[str], log: Path) -> subprocess.Popen:
+        logs.append(open(log, "w"))  # noqa: SIM115 - closed by the finalizer
+        p = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=logs[-1], stderr=subprocess.STDOUT)
+        p.log = log
+        procs.append(p)
+        return p
+
+    def cleanup():
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for f in logs:
+            f.close()
+
+    request.addfinalizer(cleanup)
+    return start
+
+
+def run_cli(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+
+
+def attrs_or_none(path: Path, run_id: str) -> dict | None:
+    try:
+        return store.run_attrs(str(path), run_id)
+    except store.StoreError:  # not created yet, or its metadata is being rewritten
+        return None
+
+
+def test_worker_killed_mid_sweep_then_rerun_retrains_nothing(cluster, launched, tmp_path):
+    config = write_config(tmp_path / "sweep.toml", {"train.seed": [0, 1, 2, 3]})
+    out = tmp_path / "store.zarr"
+    first = launched(sweep_cmd(config, out, cluster.address), tmp_path / "first.log")
+
+    # A second launcher on the same store, while the first holds the lock, is refused (the CLI's
+    # one-line exit 2 for this error is checked in tests/test_sweep.py).
+    wait_until(lambda: Path(lock_path(str(out))).exists() or first.poll() is not None, "the sweep lock")
+    with pytest.raises(SweepLockError, match=f"being written by another sweep \\(pid {first.pid} "):
+        run_sweep(load_config(config), str(out), scheduler=cluster.address, progress=False)
+
+    # Find a run that is mid-way (checkpointed past step 0) on some worker, and SIGKILL that worker.
+    def victim():
+        for addr, keys in cluster.client.processing().items():
+            for key in keys:
+                run_id = str(key).split("-")[2]
+                a = attrs_or_none(out, run_id)
+                if a and a.get("status") == "running" and a.get("checkpoint_step", 0) >= 1:
+                    return addr, run_id
+        return None
+
+    addr, killed_run = wait_until(victim, "a run in progress", every=0.05)
+    os.kill(cluster.pids[addr], signal.SIGKILL)
+
+    assert first.wait(timeout=180) == 0, first.log.read_text()
+    log = first.log.read_text()
+    assert "sweep: 4 runs: 4 completed" in log
+
+    runs = store.list_runs(str(out))
+    assert len(runs) == 4 and killed_run in runs
+    index = store.read_sweep_index(str(out))
+    assert index["axes"] == ["train.seed"] and sorted(index["runs"]) == sorted(runs)
+    for run_id in runs:
+        a = store.run_attrs(str(out), run_id)
+        assert a["status"] == "completed" and a["steps_done"] == STEPS, (run_id, a)
+        assert a["sweep_values"] == index["runs"][run_id]
+        ds = store.open_run(str(out), run_id)
+        assert ds.sizes["train_step"] == STEPS
+        assert np.isfinite(ds.loss.values).all(), run_id
+        assert np.isfinite(ds.attention.values.astype(np.float32)).all(), run_id  # every snapshot present
+        assert np.isfinite(ds.eval_loss.values).all(), run_id
+    killed = store.run_attrs(str(out), killed_run)
+    assert killed["starts"] >= 2, killed  # resumed after the kill
+    assert killed["steps_trained"] < 2 * STEPS  # from its checkpoint, not from scratch twice over
+    assert not Path(lock_path(str(out))).exists()
+
+    # Same sweep again: every run is already finished; nothing is retrained or rewritten.
+    before = {r: store.run_attrs(str(out), r) for r in runs}
+    again = run_sweep(load_config(config), str(out), scheduler=cluster.address, progress=False)
+    assert sorted(again.skipped) == sorted(runs) and again.counts == {"completed": 4}
+    assert {r: store.run_attrs(str(out), r) for r in runs} == before
+
+
+def test_a_failing_run_does_not_stop_the_others(cluster, tmp_path):
+    # train.device is not part of the run id; cuda:7 cannot exist on this CPU-only torch.
+    config = write_config(tmp_path / "fail.toml", {"train.seed": [10, 11], "train.device": ["cpu", "cuda:7"],
+                                                   "zip": [["train.seed", "train.device"]]})
+    out = tmp_path / "store.zarr"
+    r = run_cli(sweep_cmd(config, out, cluster.address))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "sweep: 2 runs: 1 completed, 1 failed" in r.stdout or "sweep: 2 runs: 1 failed, 1 completed" in r.stdout
+    index = store.read_sweep_index(str(out))
+    [bad] = [rid for rid, v in index["runs"].items() if v["train.device"] == "cuda:7"]
+    [good] = [rid for rid, v in index["runs"].items() if v["train.device"] == "cpu"]
+    assert f"failed {bad} [train.seed=11, train.device=\"cuda:7\"]" in r.stdout
+    assert store.run_attrs(str(out), good)["status"] == "completed"
+    if bad in store.list_runs(str(out)):  # failed after its group was created: recorded there
+        a = store.run_attrs(str(out), bad)
+        assert a["status"] == "failed" and "Traceback" in a["traceback"]

@@ -1,0 +1,289 @@
+"""Sweep grid expansion, run ids, input errors and the store lock (fast: no cluster but one tiny one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dynamics import store
+from dynamics.config import ConfigError, from_dict, load_config, with_values
+from dynamics.sweep import (
+    LOCK_NAME,
+    SweepLockError,
+    acquire_lock,
+    expand_grid,
+    lock_path,
+    lock_stale_reason,
+    read_lock,
+    run_point,
+    run_sweep,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = {
+    "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
+    "task": {"name": "induction", "min_period": 2, "max_period": 6},
+    "train": {"steps": 12, "batch_size": 4, "warmup_steps": 2, "eval_batches": 1},
+    "record": {"dense_until": 4, "every": 6, "n_probe": 2, "eval_batch_size": 4},
+}
+
+
+def tiny(sweep: dict | None = None, **sections) -> dict:
+    raw = json.loads(json.dumps(TINY))
+    for name, table in sections.items():
+        raw[name].update(table)
+    if sweep is not None:
+        raw["sweep"] = sweep
+    return raw
+
+
+def write_toml(path: Path, raw: dict) -> Path:
+    lines = []
+    for section, table in raw.items():
+        lines.append(f"[{section}]")
+        for key, value in table.items():
+            lines.append(f'"{key}" = {json.dumps(value)}')
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dynamics", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+# --------------------------------------------------------------------------- grid
+
+
+def test_full_grid_crosses_axes_in_order():
+    cfg = from_dict(tiny({"model.init_scale": [0.5, 1.0, 2.0], "train.seed": [0, 1]}))
+    points = expand_grid(cfg)
+    assert [tuple(p.values.values()) for p in points] == [
+        (0.5, 0), (0.5, 1), (1.0, 0), (1.0, 1), (2.0, 0), (2.0, 1)]
+    for p in points:
+        assert list(p.values) == ["model.init_scale", "train.seed"]
+        assert p.cfg.model.init_scale == p.values["model.init_scale"]
+        assert p.cfg.train.seed == p.values["train.seed"]
+        assert p.cfg.sweep.axes == {}
+        assert p.run_id == p.cfg.run_id() == with_values(cfg, p.values).run_id()
+    assert len({p.run_id for p in points}) == 6
+    assert [p.run_id for p in expand_grid(cfg)] == [p.run_id for p in points]  # stable
+
+
+def test_zip_pairs_axes_and_crosses_the_rest():
+    cfg = from_dict(tiny({"model.n_heads": [1, 2], "train.seed": [0, 1, 2], "model.init_scale": [0.5, 1.0, 2.0],
+                          "zip": [["train.seed", "model.init_scale"]]}))
+    points = expand_grid(cfg)
+    assert len(points) == 6
+    pairs = {(p.values["train.seed"], p.values["model.init_scale"]) for p in points}
+    assert pairs == {(0, 0.5), (1, 1.0), (2, 2.0)}
+    assert [p.values["model.n_heads"] for p in points] == [1, 1, 1, 2, 2, 2]
+    assert len({p.run_id for p in points}) == 6
+
+
+def test_run_id_is_the_resolved_config_id():
+    """The same point reached with --set on a config without a sweep table is the same run."""
+    cfg = from_dict(tiny({"train.seed": [3, 4], "task.min_period": [2, 3]}))
+    point = expand_grid(cfg)[-1]
+    single = from_dict(tiny(train={"seed": 4}, task={"min_period": 3}))
+    assert point.run_id == single.run_id()
+    assert point.label == "train.seed=4, task.min_period=3"
+
+
+def test_no_axes_is_the_base_point():
+    cfg = from_dict(tiny())
+    [point] = expand_grid(cfg)
+    assert point.values == {} and point.run_id == cfg.run_id() and point.label == "base"
+
+
+def test_list_valued_axis_round_trips():
+    cfg = from_dict(tiny({"task.components": [["induction", "markov"], ["markov"]]}, task={"name": "mixture", "components": ["induction"]}))
+    points = expand_grid(cfg)
+    assert [p.values["task.components"] for p in points] == [["induction", "markov"], ["markov"]]
+    assert points[0].cfg.task.components == ("induction", "markov")
+    json.dumps([p.values for p in points])
+
+
+def test_invalid_point_is_named():
+    cfg = from_dict(tiny({"model.n_heads": [2, 3], "train.seed": [0]}))
+    with pytest.raises(ConfigError, match=r"^sweep point model.n_heads=3, train.seed=0: model.n_heads: 3 does not divide"):
+        expand_grid(cfg)
+
+
+def test_points_that_are_the_same_run_are_refused():
+    cfg = from_dict(tiny({"train.device": ["cpu", "cuda"]}))
+    with pytest.raises(ConfigError, match="same run"):
+        expand_grid(cfg)
+
+
+def test_cli_invalid_point_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    config = write_toml(tmp_path / "bad.toml", tiny({"model.n_heads": [2, 5], "train.seed": [0, 1]}))
+    out = tmp_path / "store.zarr"
+    r = cli("sweep", str(config), "--out", str(out))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "sweep point model.n_heads=5, train.seed=0: model.n_heads: 5 does not divide" in lines[0]
+    assert r.stdout == ""
+    assert not out.exists()
+
+
+def test_cli_unknown_axis_exits_2(tmp_path):
+    config = write_toml(tmp_path / "bad.toml", tiny({"model.nope": [1, 2]}))
+    r = cli("sweep", str(config), "--out", str(tmp_path / "s.zarr"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["dynamics: error: sweep: unknown axis 'model.nope'"]
+    assert not (tmp_path / "s.zarr").exists()
+
+
+# --------------------------------------------------------------------------- lock
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def plant_lock(path: Path, **info) -> None:
+    lock = {"pid": os.getpid(), "host": socket.gethostname(), "started": "then", "heartbeat": time.time(),
+            "token": "planted"}
+    lock.update(info)
+    Path(lock_path(str(path))).write_text(json.dumps(lock))
+
+
+def test_lock_refuses_a_second_holder_and_is_removed_on_release(tmp_path):
+    with acquire_lock(str(tmp_path)) as lock:
+        held = read_lock(str(tmp_path))
+        assert held["pid"] == os.getpid() and held["host"] == socket.gethostname()
+        assert held["token"] == lock.token and "heartbeat" in held and "started" in held
+        with pytest.raises(SweepLockError, match=f"another sweep \\(pid {os.getpid()} on host"):
+            acquire_lock(str(tmp_path))
+    assert not (tmp_path / LOCK_NAME).exists()
+    acquire_lock(str(tmp_path)).release()  # free again
+
+
+def test_lock_heartbeat_refreshes(tmp_path):
+    with acquire_lock(str(tmp_path), heartbeat_every=0.05):
+        first = read_lock(str(tmp_path))["heartbeat"]
+        for _ in range(200):  # bounded poll, not a timed assertion
+            time.sleep(0.02)
+            if read_lock(str(tmp_path))["heartbeat"] > first:
+                break
+        assert read_lock(str(tmp_path))["heartbeat"] > first
+
+
+def test_stale_lock_of_a_dead_pid_is_taken_over(tmp_path):
+    pid = dead_pid()
+    plant_lock(tmp_path, pid=pid)
+    assert "not running" in lock_stale_reason(read_lock(str(tmp_path)))
+    with acquire_lock(str(tmp_path)) as lock:
+        assert read_lock(str(tmp_path))["token"] == lock.token
+    assert not (tmp_path / LOCK_NAME).exists()
+    assert list(tmp_path.iterdir()) == []  # no stale leftovers
+
+
+def test_stale_lock_of_an_old_heartbeat_is_taken_over(tmp_path):
+    plant_lock(tmp_path, host="some-other-host", pid=1, heartbeat=time.time() - 3600)
+    assert "heartbeat" in lock_stale_reason(read_lock(str(tmp_path)))
+    with acquire_lock(str(tmp_path)) as lock:
+        assert read_lock(str(tmp_path))["token"] == lock.token
+
+
+def test_live_lock_from_another_host_is_respected(tmp_path):
+    plant_lock(tmp_path, host="some-other-host", pid=1)
+    assert lock_stale_reason(read_lock(str(tmp_path))) is None
+    with pytest.raises(SweepLockError, match="some-other-host"):
+        acquire_lock(str(tmp_path))
+    assert read_lock(str(tmp_path))["token"] == "planted"
+
+
+def test_lock_on_an_fsspec_url():
+    url = f"memory://dynamics-test-{os.getpid()}/store.zarr"
+    with acquire_lock(url) as lock:
+        assert read_lock(url)["token"] == lock.token
+        with pytest.raises(SweepLockError, match="another sweep"):
+            acquire_lock(url)
+    assert read_lock(url) is None
+
+
+def test_cli_refuses_a_locked_store(tmp_path):
+    config = write_toml(tmp_path / "s.toml", tiny({"train.seed": [0, 1]}))
+    out = tmp_path / "store.zarr"
+    store.init_store(str(out))
+    plant_lock(out)  # held by this (live) test process
+    r = cli("sweep", str(config), "--out", str(out))
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert "is being written by another sweep" in line and f"pid {os.getpid()}" in line
+    assert store.list_runs(str(out)) == []
+    assert read_lock(str(out))["token"] == "planted"  # not removed by the refused launcher
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_run_point_returns_a_failure_instead_of_raising(tmp_path):
+    cfg = from_dict(tiny(train={"device": "cuda:7"}))
+    out = run_point(cfg, str(tmp_path / "s.zarr"), cfg.run_id(), {"train.device": "cuda:7"})
+    assert out["status"] == "failed" and out["run_id"] == cfg.run_id()
+    assert out["error"] and "Traceback" in out["traceback"]
+
+
+@pytest.fixture
+def threaded_cluster():
+    """A one-worker cluster inside this process (threads: no worker start-up, torch already imported)."""
+    import logging
+
+    import torch
+    from distributed import LocalCluster
+
+    threads = torch.get_num_threads()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
+                      scheduler_kwargs={"dashboard_address": ":0"}, silence_logs=logging.ERROR) as cluster:
+        yield cluster.scheduler_address
+    torch.set_num_threads(threads)  # run_point limits torch to one thread in its worker
+
+
+def test_run_sweep_then_rerun_skips_everything(tmp_path, threaded_cluster):
+    cfg = from_dict(tiny({"train.seed": [0, 1]}))
+    path = str(tmp_path / "s.zarr")
+    summary = run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
+    assert summary.ok and summary.counts == {"completed": 2} and summary.failed == []
+    points = expand_grid(cfg)
+    assert sorted(store.list_runs(path)) == sorted(p.run_id for p in points)
+    index = store.read_sweep_index(path)
+    assert index["axes"] == ["train.seed"]
+    assert index["runs"] == {p.run_id: p.values for p in points}
+    for p in points:
+        attrs = store.run_attrs(path, p.run_id)
+        assert attrs["status"] == "completed" and attrs["sweep_values"] == p.values
+    assert not Path(lock_path(path)).exists()
+
+    before = {p.run_id: store.run_attrs(path, p.run_id) for p in points}
+    again = run_sweep(cfg, path, progress=False)  # nothing to do: no cluster is even started
+    assert again.skipped == [p.run_id for p in points] and again.counts == {"completed": 2}
+    assert {p.run_id: store.run_attrs(path, p.run_id) for p in points} == before
+
+
+def test_experiment_configs_are_valid_sweeps():
+    for name in ("quickstart", "init_scale", "learning_rate", "head_count", "positional"):
+        cfg = load_config(ROOT / "experiments" / f"{name}.toml")
+        points = expand_grid(cfg)
+        assert len(cfg.sweep.axes["train.seed"]) >= 3, name
+        assert len(points) >= 8, name
+    quick = load_config(ROOT / "experiments" / "quickstart.toml")
+    assert len(quick.sweep.axes) >= 2
+    assert load_config(ROOT / "experiments" / "init_scale.toml").sweep.axes["model.init_scale"] == (
+        0.25, 0.5, 1.0, 2.0, 4.0)
+    heads = load_config(ROOT / "experiments" / "head_count.toml")
+    assert heads.model.d_model == 64 and heads.sweep.axes["model.n_heads"] == (2, 4, 8, 16)
+    assert load_config(ROOT / "experiments" / "positional.toml").sweep.axes["model.pos"] == ("rope", "learned", "none")
