@@ -175,7 +175,7 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
         run_id = point_cfg.run_id()
         if run_id in seen:
             raise ConfigError(f"sweep points {seen[run_id]} and {_label(values)} are the same run "
-                              f"({run_id}); the run id ignores train.device")
+                              f"({run_id}); the run id ignores train.device and train.threads")
         seen[run_id] = _label(values)
         points.append(Point(run_id, values, point_cfg))
     return points

@@ -257,7 +257,7 @@ def test_run_sweep_then_rerun_skips_everything(tmp_path, threaded_cluster):
     cfg = from_dict(tiny({"train.seed": [0, 1]}))
     path = str(tmp_path / "s.zarr")
     summary = run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
-    assert summary.ok and summary.counts == {"completed": 2} and summary.failed == []
+    assert summary.ok and summary.counts == {"completed": 2} and summary.failed == [], summary.lines()
     points = expand_grid(cfg)
     assert sorted(store.list_runs(path)) == sorted(p.run_id for p in points)
     index = store.read_sweep_index(path)
