@@ -80,7 +80,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dynamics.train import train_run
 
     run_id = args.run_id or cfg.run_id()
-    result = train_run(cfg, out, run_id, progress=_progress_printer(run_id))
+    try:
+        result = train_run(cfg, out, run_id, progress=_progress_printer(run_id))
+    except (KeyboardInterrupt, ConfigError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the run's attributes hold the full traceback
+        from dynamics.store import StoreError
+
+        if isinstance(e, StoreError):
+            raise
+        print(f"dynamics: run {run_id} failed: {type(e).__name__}: {e} (traceback in the run's attributes)",
+              file=sys.stderr)
+        return 1
     if result.skipped:
         print(f"{run_id}: already {result.status} in {out}; nothing retrained")
     else:

@@ -131,6 +131,16 @@ def _save_checkpoint(path: str, run_id: str, blob: bytes, attrs_writer: store.Ru
     attrs_writer.set_attrs(checkpoint_step=step)
 
 
+def _record_setup_failure(cfg: RunConfig, path: str, run_id: str, existing: bool, attrs: dict, tb: str) -> None:
+    if existing:
+        store.update_run_attrs(path, run_id, status="failed", traceback=tb)
+        return
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    with store.RunWriter(path, run_id, variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                         attrs=attrs | {"status": "failed", "traceback": tb, "steps_done": 0}):
+        pass
+
+
 def train_run(
     cfg: RunConfig,
     path: str,
@@ -179,43 +189,47 @@ def train_run(
         if stored != mine:
             raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
 
-    device = torch.device(cfg.train.device)
-    if device.type == "cpu":
-        torch.set_num_threads(cfg.train.threads)
-    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
-    index_of = {int(s): i for i, s in enumerate(steps_at)}
-    model = build(cfg, device)
-    intervention = interventions.build(cfg, model, device)
-    trained = model.optim_parameters() + (intervention.parameters() if intervention else [])
-    optimizer = make_optimizer(cfg, model, intervention.parameters() if intervention else None)
-    recorder = Recorder(cfg, device)
-
-    start = 0
-    ckpt_file = store.checkpoint_path(path, run_id)
-    if existing and ckpt_file.exists():
-        ckpt = torch.load(ckpt_file, map_location=device, weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        recorder.prev_grads = ckpt["prev_grads"]
-        if intervention is not None:
-            intervention.load_state_dict(ckpt["intervention"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        start = int(ckpt["step"])
-
     base_attrs = {
         "run_id": run_id,
         "config": cfg.to_dict(),
         "seed": cfg.train.seed,
         "version": dynamics.__version__,
         "torch_version": torch.__version__,
-        "device": str(device),
+        "device": cfg.train.device,
         "data_hash": data_hash(cfg),
         "status": "running",
         "steps_total": cfg.train.steps,
     }
     base_attrs.update(extra_attrs or {})
-    writer = store.RunWriter(path, run_id, variables=variables(cfg, len(steps_at)) | (intervention.variables(len(steps_at)) if intervention else {}),
-                             coords=coords(cfg, steps_at), attrs=base_attrs, resume=existing)
+    try:
+        device = torch.device(cfg.train.device)
+        if device.type == "cpu":
+            torch.set_num_threads(cfg.train.threads)
+        steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+        index_of = {int(s): i for i, s in enumerate(steps_at)}
+        model = build(cfg, device)
+        intervention = interventions.build(cfg, model, device)
+        trained = model.optim_parameters() + (intervention.parameters() if intervention else [])
+        optimizer = make_optimizer(cfg, model, intervention.parameters() if intervention else None)
+        recorder = Recorder(cfg, device)
+
+        start = 0
+        ckpt_file = store.checkpoint_path(path, run_id)
+        if existing and ckpt_file.exists():
+            ckpt = torch.load(ckpt_file, map_location=device, weights_only=False)
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            recorder.prev_grads = ckpt["prev_grads"]
+            if intervention is not None:
+                intervention.load_state_dict(ckpt["intervention"])
+            torch.set_rng_state(ckpt["torch_rng"])
+            start = int(ckpt["step"])
+    except Exception:  # a run that cannot even start is still recorded, as failed
+        _record_setup_failure(cfg, path, run_id, existing, base_attrs, traceback.format_exc())
+        raise
+    recorded = variables(cfg, len(steps_at)) | (intervention.variables(len(steps_at)) if intervention else {})
+    writer = store.RunWriter(path, run_id, variables=recorded, coords=coords(cfg, steps_at), attrs=base_attrs,
+                             resume=existing)
     prior = store.run_attrs(path, run_id) if existing else {}
     writer.set_attrs(**base_attrs, starts=int(prior.get("starts", 0)) + 1,
                      steps_trained=int(prior.get("steps_trained", 0)))
@@ -226,7 +240,7 @@ def train_run(
     flushed = start
     t0 = time.perf_counter()
     wall_before = float(prior.get("wall_time", 0.0))
-    status, step, last_loss = "running", start, float("nan")
+    step, last_loss = start, float("nan")
 
     def finish(status: str, **attrs) -> RunResult:
         bg.close()

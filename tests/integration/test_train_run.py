@@ -126,3 +126,11 @@ def test_out_path_that_is_not_a_store_is_refused(tiny_config, tmp_path):
     r = dyn("run", tiny_config(), "--out", str(victim))
     assert r.returncode == 2 and "not a dynamics store" in r.stderr
     assert (victim / "precious.txt").read_text() == "keep me" and len(list(victim.iterdir())) == 1
+
+
+def test_a_run_that_cannot_start_is_recorded_failed_with_its_traceback(tiny_config, tmp_path):
+    out = tmp_path / "f.zarr"
+    r = dyn("run", tiny_config(), "--out", str(out), "--set", "train.device='cuda:7'")
+    assert r.returncode != 0
+    attrs = store.run_attrs(out, store.list_runs(out)[0])
+    assert attrs["status"] == "failed" and "Traceback" in attrs["traceback"]
