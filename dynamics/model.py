@@ -85,13 +85,52 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
     >>> apply_rope(q, torch.arange(5)).shape
     torch.Size([2, 5, 4, 8])
     """
-    d = x.shape[-1]
     dtype = torch.promote_types(x.dtype, torch.float32)  # angles need more than half precision
-    inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)  # (d/2,)
-    angle = positions.to(dtype)[..., None] * inv_freq  # (..., T, d/2)
-    cos, sin = angle.cos()[..., None, :], angle.sin()[..., None, :]  # (..., T, 1, d/2)
-    x1, x2 = x.to(dtype).chunk(2, dim=-1)  # (..., T, H, d/2) each
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    cos, sin = _rope_angles(positions, x.shape[-1], base, x.device, dtype)  # (..., T, d) each
+    return _rotate(x, cos[..., None, :], sin[..., None, :])
+
+
+def _rope_angles(positions: Tensor, d: int, base: float, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and signed sin of the rotate-half angles, (..., T, d) each: (cos, cos) and (-sin, sin)."""
+    inv_freq = base ** (-torch.arange(0, d, 2, device=device, dtype=dtype) / d)  # (d/2,)
+    angle = positions.to(device=device, dtype=dtype)[..., None] * inv_freq  # (..., T, d/2)
+    cos, sin = angle.cos(), angle.sin()
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+
+_ROPE_CACHE: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+
+def _rope_table(T: int, d: int, base: float, device: torch.device, dtype: torch.dtype,
+                reps: int = 1) -> tuple[Tensor, Tensor]:
+    """:func:`_rope_angles` at positions 0..T-1, tiled ``reps`` times along the last dim,
+    (T, reps * d) each; computed once per (T, d, base, device, dtype, reps).
+
+    Tiled over heads, the tables broadcast over the batch only, so the elementwise kernels run
+    over long contiguous rows instead of d_head-wide pieces.
+    """
+    key = (T, d, base, device, dtype, reps)
+    table = _ROPE_CACHE.get(key)
+    if table is None:
+        # Plain tensors (not inference-mode ones) so they can be saved for a later backward.
+        with torch.inference_mode(False), torch.no_grad():
+            cos, sin = _rope_angles(torch.arange(T, device=device), d, base, device, dtype)
+            table = cos.repeat(1, reps), sin.repeat(1, reps)
+        if len(_ROPE_CACHE) > 64:
+            _ROPE_CACHE.clear()
+        _ROPE_CACHE[key] = table
+    return table
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x * cos + rotate_half(x) * sin, computed in cos's dtype; returns x's dtype.
+
+    With sin signed as (-sin, sin) this is, half by half, ``x1 cos - x2 sin`` and
+    ``x2 cos + x1 sin`` rounded exactly as those expressions are (negation is exact).
+    """
+    xf = x.to(cos.dtype)
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat([x2, x1], dim=-1) * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -124,14 +163,30 @@ class Attention(nn.Module):
         return self.gate if self.cfg.gates == "fixed" else torch.sigmoid(self.gate_logit) + self.gate_probe
 
     def forward(self, x: Tensor, head_gates: Tensor | None = None) -> Tensor:
-        B, T, _ = x.shape
-        q = self.hook_q(torch.einsum("btd,hde->bthe", x, self.W_Q))  # (B, T, H, dh)
-        k = self.hook_k(torch.einsum("btd,hde->bthe", x, self.W_K))  # (B, T, H, dh)
-        v = self.hook_v(torch.einsum("btd,hde->bthe", x, self.W_V))  # (B, T, H, dh)
-        if self.cfg.pos == "rope":
-            pos = torch.arange(T, device=x.device)
-            q = self.hook_rot_q(apply_rope(q, pos, self.cfg.rope_base))  # (B, T, H, dh)
-            k = self.hook_rot_k(apply_rope(k, pos, self.cfg.rope_base))  # (B, T, H, dh)
+        B, T, d = x.shape
+        H, dh = self.cfg.n_heads, self.cfg.head_dim
+        # One (d, 3*H*dh) matmul instead of three per-head einsums (batched matmuls over H).
+        w_qkv = torch.stack((self.W_Q, self.W_K, self.W_V), dim=1).permute(2, 1, 0, 3).reshape(d, 3 * H * dh)
+        qkv = x @ w_qkv  # (B, T, 3*H*dh): q | k | v, head-major within each
+        rope = self.cfg.pos == "rope"
+        if rope:
+            dtype = torch.promote_types(x.dtype, torch.float32)  # angles need more than half precision
+        if rope and not (self.hook_q.active or self.hook_k.active):
+            # q and k rotated in one pass over a contiguous (T, 2*H*dh) table
+            qk, v = qkv.split([2 * H * dh, H * dh], dim=-1)
+            cos, sin = _rope_table(T, dh, self.cfg.rope_base, x.device, dtype, 2 * H)  # (T, 2*H*dh)
+            qk = _rotate(qk.view(B, T, 2 * H, dh), cos.view(T, 2 * H, dh), sin.view(T, 2 * H, dh))
+            q, k = qk.view(B, T, 2, H, dh).unbind(2)  # (B, T, H, dh) each
+            v = self.hook_v(v.view(B, T, H, dh))  # (B, T, H, dh)
+        else:
+            q, k, v = (t.view(B, T, H, dh) for t in qkv.split(H * dh, dim=-1))  # (B, T, H, dh) each
+            q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+            if rope:
+                cos, sin = _rope_table(T, dh, self.cfg.rope_base, x.device, dtype, H)  # (T, H*dh)
+                q = _rotate(q, cos.view(T, H, dh), sin.view(T, H, dh))  # (B, T, H, dh)
+                k = _rotate(k, cos.view(T, H, dh), sin.view(T, H, dh))  # (B, T, H, dh)
+        if rope:
+            q, k = self.hook_rot_q(q), self.hook_rot_k(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, dh)
         if self.hook_attn_scores.active or self.hook_pattern.active:
             # Eager path: someone wants to see (or change) the scores or the pattern.
@@ -144,12 +199,14 @@ class Attention(nn.Module):
             # Fused kernel: same maths, no (T, T) matrix kept when nobody asks for it.
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, dh)
         z = self.hook_z(z.transpose(1, 2))  # (B, T, H, dh), before the gate
-        z = z * self.gate_value()[:, None]  # (B, T, H, dh)
         if head_gates is not None:
             # (H,) -> (H, 1); (B, H) -> (B, 1, H, 1): broadcast over positions and d_head.
             g = head_gates[:, None, :, None] if head_gates.ndim == 2 else head_gates[:, None]
             z = z * g  # (B, T, H, dh)
-        return torch.einsum("bthe,hed->btd", z, self.W_O) + self.b_O  # (B, T, d)
+        # The model's own gate scales W_O's head slices: g_h * (z_h W_O,h) = (g_h z_h) W_O,h, and
+        # scaling (H, dh, d) weights costs less than scaling (B, T, H, dh) activations.
+        w_o = (self.W_O * self.gate_value()[:, None, None]).reshape(H * dh, d)  # (H*dh, d)
+        return torch.addmm(self.b_O, z.reshape(B * T, H * dh), w_o).view(B, T, d)  # (B, T, d)
 
 
 class MLP(nn.Module):
@@ -164,8 +221,11 @@ class MLP(nn.Module):
         self.hook_pre, self.hook_post = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
-        pre = self.hook_pre(x @ self.W_in + self.b_in)  # (B, T, d_mlp)
-        return self.hook_post(F.gelu(pre)) @ self.W_out + self.b_out  # (B, T, d)
+        B, T, d = x.shape
+        # addmm: the bias is added inside the matmul rather than in a separate pass
+        pre = self.hook_pre(torch.addmm(self.b_in, x.reshape(B * T, d), self.W_in).view(B, T, -1))  # (B, T, d_mlp)
+        post = self.hook_post(F.gelu(pre))  # (B, T, d_mlp)
+        return torch.addmm(self.b_out, post.reshape(B * T, -1), self.W_out).view(B, T, d)  # (B, T, d)
 
 
 class Block(nn.Module):

@@ -1,0 +1,275 @@
+"""What `dynamics analyse` costs: time against training the same store, memory against its size.
+
+    python bench/analysis.py [--steps 1000] [--rounds 2] [--store-mb 32 288 864] [--cap-mb 512]
+
+1. Time. Each round trains a fresh store with ``train_run`` (``RunConfig()`` defaults, or
+   ``--config``; recording on, default cadence) and then runs ``cli.analyse_store`` on it
+   (what ``dynamics analyse STORE`` does) --analyses times; printed: the analysis time as a
+   fraction of that round's training time, wall clock and CPU time (all threads), the
+   median over rounds. Goal: at most 10%.
+2. Memory. A synthetic run is written with ``store.RunWriter`` (the recorder's schema, see
+   ``record.variables``): ``--layers`` x ``--heads`` heads, ``--probes`` probes of length
+   ``--context``, as many snapshots as make the float16 attention array ``--store-mb``
+   uncompressed; causal softmax rows that sharpen over snapshots, with previous-token,
+   sink, self and content heads. Each store is analysed in a fresh subprocess; printed:
+   which path ``analyse_store`` took (runs under ``cli.ANALYSE_IN_MEMORY_BYTES`` are loaded
+   whole, larger ones analysed lazily with dask), its peak resident memory (``ru_maxrss``)
+   less its resident memory just before the analysis (imports done), and that increment
+   over the store's uncompressed bytes (attention alone, and all arrays); and, between the
+   two largest stores on the same path, how many bytes of peak memory each extra byte of
+   attention costs: about 0 when the analysis streams, 1 or more when it holds the run.
+   With ``--cap-mb`` the largest store is analysed once more under
+   ``resource.setrlimit(RLIMIT_AS)`` = baseline address space + cap (less than the store),
+   and the bench reports whether it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not an install
+
+import numpy as np  # noqa: E402
+
+KINDS = ("prev", "sink", "self", "content")
+
+
+# --------------------------------------------------------------------------- synthetic store
+
+
+def attention_maps(rng: np.random.Generator, noise: np.ndarray, sharpness: float, hot: np.ndarray) -> np.ndarray:
+    """(L, H, P, T, T) causal softmax rows; sharpness in [0, 1] goes from early to trained."""
+    L, H, P, T, _ = noise.shape
+    q = np.arange(T)[:, None]
+    k = np.arange(T)[None, :]
+    logits = noise * np.float32(0.5 + 3.0 * sharpness)
+    bump = np.float32(2.0 + 10.0 * sharpness)
+    masks = {"prev": (k == q - 1), "sink": (k == 0) & (q >= 0), "self": (k == q)}
+    for layer in range(L):
+        for head in range(H):
+            kind = KINDS[(layer * H + head) % len(KINDS)]
+            if kind == "content":
+                logits[layer, head] += bump * hot
+            else:
+                logits[layer, head] += bump * masks[kind]
+    logits = np.where(k <= q, logits, -np.inf)
+    logits -= logits.max(axis=-1, keepdims=True)
+    np.exp(logits, out=logits)
+    logits /= logits.sum(axis=-1, keepdims=True)
+    return logits.astype(np.float16)
+
+
+def build_store(path: str, *, layers: int, heads: int, probes: int, context: int, attention_mb: float,
+                d_model: int = 64, seed: int = 0, run_id: str = "synthetic") -> dict:
+    """Write a synthetic completed run; returns its sizes."""
+    from dynamics import store
+    from dynamics.config import ModelConfig, RecordConfig, RunConfig, TrainConfig
+    from dynamics.record import coords, variables
+
+    per_snap = layers * heads * probes * context * context * 2
+    n_snap = max(4, int(round(attention_mb * 2**20 / per_snap)))
+    steps = n_snap * 10
+    cfg = RunConfig(model=ModelConfig(n_layers=layers, n_heads=heads, d_model=d_model, context=context,
+                                      attn_only=True, vocab_size=64),
+                    train=TrainConfig(steps=steps), record=RecordConfig(n_probe=probes, head_weights="on"))
+    steps_at = np.linspace(0, steps, n_snap).round().astype(np.int64)
+    variables_ = variables(cfg, n_snap)
+    writer = store.RunWriter(path, run_id, variables=variables_, coords=coords(cfg, steps_at),
+                             attrs={"status": "running", "config": cfg.to_dict()})
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 64, size=(probes, context))
+    tokens[:, ::7] = ord("/")  # some '/' for the token role
+    writer.write_region("probe_tokens", 0, tokens)
+    noise = rng.normal(size=(layers, heads, probes, context, context)).astype(np.float32)
+    hot = (rng.random((probes, 1, context)) < 0.08).astype(np.float32)
+    hw = rng.normal(0, 0.1, size=(layers, heads, 4, d_model, cfg.model.head_dim)).astype(np.float32)
+    for i in range(n_snap):
+        s = i / max(n_snap - 1, 1)
+        hw += rng.normal(0, 0.01, size=hw.shape).astype(np.float32)
+        writer.write_snapshot(i, {
+            "attention": attention_maps(rng, noise, s, hot),
+            "grad_norm": rng.gamma(2.0, 0.1, size=(layers, heads, 4)).astype(np.float32),
+            "grad_cosine": rng.uniform(-1, 1, size=(layers, heads, 4)).astype(np.float32),
+            "importance": rng.random((layers, heads)).astype(np.float32),
+            "gate": np.ones((layers, heads), np.float32),
+            "head_weights": hw,
+            "eval_loss": np.array([4.0 - 2.5 * s], np.float32),
+        })
+    writer.write_region("loss", 0, np.linspace(4, 1, steps).astype(np.float32))
+    writer.set_attrs(status="completed", steps_done=steps)
+    writer.finalize()
+    total = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for _, shape, dt in variables_.values())
+    return {"snapshots": n_snap, "attention_bytes": n_snap * per_snap, "total_bytes": total,
+            "shape": f"S={n_snap} L={layers} H={heads} P={probes} T={context}"}
+
+
+# --------------------------------------------------------------------------- child process
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def vm_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def child(store_path: str, cap_mb: float | None) -> int:
+    """Analyse a store in this fresh process; print JSON with times and memory."""
+    import threading
+
+    threading.stack_size(4 * 2**20)  # thread stacks count against RLIMIT_AS; 8 MB each by default
+    import dask  # noqa: F401  (imports first, so the baseline holds them)
+    import xarray  # noqa: F401
+
+    from dynamics import cli, store
+    from dynamics.analysis import analyse_run  # noqa: F401
+
+    (run_id,) = store.list_runs(store_path)
+    in_memory = store.open_run(store_path, run_id).nbytes < getattr(cli, "ANALYSE_IN_MEMORY_BYTES", 0)
+    base_rss, base_vm = rss_bytes(), vm_bytes()
+    if cap_mb is not None:
+        limit = base_vm + int(cap_mb * 2**20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    w0, c0 = time.perf_counter(), time.process_time()
+    try:
+        rows = cli.analyse_store(store_path)
+        ok, err = True, ""
+    except MemoryError as e:
+        ok, err, rows = False, f"MemoryError: {e}", []
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+    print(json.dumps({"ok": ok, "error": err, "wall": wall, "cpu": cpu, "base_rss": base_rss, "base_vm": base_vm,
+                      "path": "in memory" if in_memory else "lazy",
+                      "peak_rss": peak, "runs": len(rows)}))
+    return 0
+
+
+def run_child(store_path: str, cap_mb: float | None = None) -> dict:
+    cmd = [sys.executable, __file__, "--child", store_path] + (["--cap-mb", str(cap_mb)] if cap_mb else [])
+    # Few malloc arenas: address space per thread would otherwise dwarf the data under RLIMIT_AS.
+    env = os.environ | {"MALLOC_ARENA_MAX": "2"}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [ln for ln in res.stdout.strip().splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"ok": False, "error": (res.stderr.strip().splitlines() or ["no output"])[-1], "peak_rss": 0,
+                "base_rss": 0, "wall": float("nan"), "cpu": float("nan")}
+    return json.loads(lines[-1])
+
+
+# --------------------------------------------------------------------------- time vs training
+
+
+def time_round(cfg, tmp: str, analyses: int) -> tuple[float, float, float, float]:
+    from dynamics import cli
+    from dynamics.train import train_run
+
+    path = tempfile.mkdtemp(dir=tmp, suffix=".zarr")
+    w0, c0 = time.perf_counter(), time.process_time()
+    train_run(cfg, path)
+    t_wall, t_cpu = time.perf_counter() - w0, time.process_time() - c0
+    walls, cpus = [], []
+    for _ in range(analyses):
+        w0, c0 = time.perf_counter(), time.process_time()
+        cli.analyse_store(path)
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    return t_wall, t_cpu, statistics.median(walls), statistics.median(cpus)
+
+
+def load_line() -> str:
+    try:
+        return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "load average n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=None, help="experiment TOML for part 1 (default: RunConfig() defaults)")
+    parser.add_argument("--steps", type=int, default=1000, help="training steps of part 1's runs")
+    parser.add_argument("--rounds", type=int, default=2, help="train + analyse rounds in part 1")
+    parser.add_argument("--analyses", type=int, default=2, help="analyses per trained store (median)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for training")
+    parser.add_argument("--store-mb", type=float, nargs="+", default=[32.0, 288.0, 864.0],
+                        help="uncompressed attention MB of each synthetic store")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--probes", type=int, default=16)
+    parser.add_argument("--context", type=int, default=64)
+    parser.add_argument("--cap-mb", type=float, default=None, help="address-space cap for the largest store")
+    parser.add_argument("--skip-time", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(args.child, args.cap_mb)
+
+    print(f"{os.cpu_count()} CPUs, {load_line()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.skip_time:
+            import torch
+
+            from dynamics.config import RunConfig, load_config, replace_section
+
+            torch.set_num_threads(args.threads)
+            cfg = load_config(args.config) if args.config else RunConfig()
+            cfg = replace_section(cfg, "train", steps=args.steps)
+            rows = [time_round(cfg, tmp, args.analyses) for _ in range(args.rounds)]
+            wall = statistics.median(r[2] / r[0] for r in rows)
+            cpu = statistics.median(r[3] / r[1] for r in rows)
+            print(f"\n1. time: analyse_store / train_run on the same store ({'--config ' + args.config if args.config else 'RunConfig() defaults'}, "
+                  f"{args.steps} steps, recording on; median of {args.rounds} rounds)")
+            print(f"   wall {wall:.1%}   cpu {cpu:.1%}   (goal <= 10%; training {args.threads} torch thread(s), "
+                  f"analysis on dask's threads)")
+
+        if not args.skip_memory:
+            print("\n2. memory: analyse_store in a fresh process on synthetic stores")
+            header = (f"   {'store':<28}{'attn MB':>9}{'all MB':>8}{'disk MB':>9}{'path':>11}{'peak-base MB':>14}"
+                      f"{'/ attn':>8}{'/ all':>7}{'wall s':>8}")
+            print(header)
+            print("   " + "-" * (len(header) - 3))
+            results = []
+            for mb in sorted(args.store_mb):
+                path = os.path.join(tmp, f"synthetic-{mb:g}.zarr")
+                info = build_store(path, layers=args.layers, heads=args.heads, probes=args.probes,
+                                   context=args.context, attention_mb=mb)
+                disk = sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+                r = run_child(path)
+                results.append((path, info, r))
+                inc = r["peak_rss"] - r["base_rss"]
+                status = "" if r["ok"] else f"  FAILED: {r['error']}"
+                print(f"   {info['shape']:<28}{info['attention_bytes'] / 2**20:>9.0f}{info['total_bytes'] / 2**20:>8.0f}"
+                      f"{disk / 2**20:>9.0f}{r.get('path', '?'):>11}{inc / 2**20:>14.0f}{inc / info['attention_bytes']:>8.2f}"
+                      f"{inc / info['total_bytes']:>7.2f}{r['wall']:>8.1f}{status}")
+            same = [x for x in results if x[2].get("path") == results[-1][2].get("path") and x[2]["ok"]]
+            if len(same) >= 2:
+                (_, i0, r0), (_, i1, r1) = same[-2], same[-1]
+                grow = ((r1["peak_rss"] - r1["base_rss"]) - (r0["peak_rss"] - r0["base_rss"])) / (
+                    i1["attention_bytes"] - i0["attention_bytes"])
+                print(f"   marginal ({r1.get('path')} path, {i0['attention_bytes'] / 2**20:.0f} -> "
+                      f"{i1['attention_bytes'] / 2**20:.0f} MB): peak memory grows {grow:.2f} bytes per extra byte "
+                      f"of attention (0: streams; >= 1: holds the run)")
+            if args.cap_mb:
+                path, info, _ = results[-1]
+                r = run_child(path, cap_mb=args.cap_mb)
+                verdict = "finished" if r["ok"] else f"failed ({r['error']})"
+                print(f"   under RLIMIT_AS = baseline + {args.cap_mb:.0f} MB "
+                      f"({args.cap_mb * 2**20 / info['attention_bytes']:.2f} x the attention array): {verdict}")
+    print(f"\n{load_line()} at end")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

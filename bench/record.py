@@ -1,0 +1,244 @@
+"""What recording costs: train_run(recording=True) against recording=False, and where the time goes.
+
+    python bench/record.py [--steps 1000] [--repeats 3] [--dense-steps 100] [--threads 1] [--skip-runs]
+
+The config is ``RunConfig()``'s defaults (see bench/train.py) with its RecordConfig defaults
+(dense_until 64, every 100: 18 snapshots over 1000 steps) unless ``--config`` names a TOML.
+Printed, all as ratios measured in this one process:
+
+1. End to end. Whole ``train_run`` calls into fresh stores, the variants alternated
+   (``--repeats`` rounds, order reversed every other round), medians of the per-round
+   ratios: wall time, and CPU time of the process (all threads: the writer thread and
+   zarr's event loop included; less sensitive than wall time to other load on the machine).
+   At the default cadence over --steps, and at a dense cadence (a snapshot every step:
+   record.every = 1, dense_until = 0) over --dense-steps, where the recorder's cost is
+   also measured with the background writer replaced by synchronous writes, to see what
+   the thread buys.
+2. Where the time goes, per snapshot, each piece timed on its own (median of --calls,
+   alternated with training steps) as a multiple of one training step: the probe forward
+   (attention on the probe batch, eager path), the held-out eval loss, the gradient
+   statistics (per-head grads, norms, cosines, gates, weights), checkpoint serialisation
+   (torch.save on the training thread), and on the background thread the zarr writes of
+   the snapshot arrays and of the loss, and the atomic checkpoint write (fsync + attrs).
+   Its overhead columns are that multiple x snapshots / steps at each cadence: what the
+   piece adds if nothing overlaps (the training-thread pieces always add; the background
+   ones only when no core is free for them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not an install
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import dynamics.train as train_mod  # noqa: E402
+from dynamics import store  # noqa: E402
+from dynamics.config import RunConfig, load_config, replace_section  # noqa: E402
+from dynamics.record import Recorder, coords, snapshot_steps, variables  # noqa: E402
+from dynamics.tasks import make_batch  # noqa: E402
+
+
+class _SyncWriter:
+    """Drop-in for train._Writer that runs every write on the training thread."""
+
+    def __init__(self, writer):
+        self.writer = writer
+
+    def submit(self, fn, *args) -> None:
+        fn(*args)
+
+    def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def run_once(cfg: RunConfig, tmp: str, recording: bool, sync_writes: bool = False) -> tuple[float, float]:
+    """(wall, cpu) seconds of one train_run into a fresh store."""
+    path = tempfile.mkdtemp(dir=tmp, suffix=".zarr")
+    original = train_mod._Writer
+    if sync_writes:
+        train_mod._Writer = _SyncWriter
+    try:
+        w0, c0 = time.perf_counter(), time.process_time()
+        result = train_mod.train_run(cfg, path, recording=recording)
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    finally:
+        train_mod._Writer = original
+    assert result.status == "completed", result
+    return wall, cpu
+
+
+def end_to_end(cfg: RunConfig, variants: dict[str, dict], repeats: int, tmp: str) -> dict[str, tuple[float, float, float, float]]:
+    """Per variant: (median wall ratio, median cpu ratio, min wall ratio, max wall ratio) to 'off'."""
+    names = list(variants)
+    wall: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    run_once(replace_section(cfg, "train", steps=min(cfg.train.steps, 20)), tmp, True)  # warm imports and kernels
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            w, c = run_once(cfg, tmp, **variants[name])
+            wall[name].append(w)
+            cpu[name].append(c)
+    out = {}
+    for name in names:
+        if name == "off":
+            continue
+        wr = [a / b for a, b in zip(wall[name], wall["off"], strict=True)]
+        cr = [a / b for a, b in zip(cpu[name], cpu["off"], strict=True)]
+        out[name] = (statistics.median(wr), statistics.median(cr), min(wr), max(wr))
+    return out
+
+
+def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[str, float]], float]:
+    """name -> (thread, seconds per snapshot), and the median training step, measured alternately."""
+    device = torch.device(cfg.train.device)
+    model = train_mod.build(cfg, device)
+    opt = train_mod.make_optimizer(cfg, model)
+    recorder = Recorder(cfg, device)
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    writer = store.RunWriter(os.path.join(tmp, "parts.zarr"), "run", variables=variables(cfg, len(steps_at)),
+                             coords=coords(cfg, steps_at), attrs={"status": "running"})
+    state = {"step": 0}
+
+    def train_step() -> None:
+        s = state["step"]
+        tokens = torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens).to(device)
+        for group in opt.param_groups:
+            group["lr"] = train_mod.lr_at(cfg, s)
+        opt.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        loss.item()
+        torch.nn.utils.clip_grad_norm_(model.optim_parameters(), cfg.train.grad_clip or float("inf"))
+        opt.step()
+        state["step"] = s + 1
+
+    def grads_and_forward() -> None:  # leave .grad set, as at a snapshot
+        s = state["step"]
+        tokens = torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens).to(device)
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+
+    for _ in range(3):
+        train_step()
+    grads_and_forward()
+    blocks = recorder.snapshot(model)
+    blob = train_mod._checkpoint_bytes(model, opt, 1, recorder, None)
+    losses = np.zeros(cfg.record.every, dtype=np.float32)
+
+    def grad_stats() -> None:  # snapshot() without its two forwards
+        grads = model.head_grads()
+        flat = grads.flatten(3)
+        if recorder.prev_grads is not None:
+            F.cosine_similarity(flat, recorder.prev_grads.flatten(3), dim=-1, eps=1e-30).float().cpu().numpy()
+        grads.flatten(-2).norm(dim=-1).float().cpu().numpy()
+        model.gate_grads().abs().float().cpu().numpy()
+        model.gate_values().float().cpu().numpy()
+        if recorder.with_weights:
+            model.head_weights().float().cpu().numpy()
+
+    pieces = {
+        "probe forward (attention)": ("training", lambda: recorder.attention(model)),
+        "eval loss": ("training", lambda: recorder.eval_loss(model)),
+        "gradient stats, gates, weights": ("training", grad_stats),
+        "checkpoint serialisation": ("training", lambda: train_mod._checkpoint_bytes(model, opt, 1, recorder, None)),
+        "zarr: snapshot arrays": ("writer", lambda: writer.write_snapshot(1, blocks)),
+        "zarr: loss region": ("writer", lambda: writer.write_region("loss", 0, losses)),
+        "checkpoint file + attrs": ("writer", lambda: train_mod._save_checkpoint(
+            os.path.join(tmp, "parts.zarr"), "run", blob, writer, 1)),
+    }
+    times: dict[str, list[float]] = {k: [] for k in pieces}
+    step_times: list[float] = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        train_step()
+        step_times.append(time.perf_counter() - t0)
+        for name, (_, fn) in pieces.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    writer.finalize()
+    return {k: (pieces[k][0], statistics.median(v)) for k, v in times.items()}, statistics.median(step_times)
+
+
+def load_line() -> str:
+    try:
+        return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "load average n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=None, help="experiment TOML (default: RunConfig() defaults)")
+    parser.add_argument("--steps", type=int, default=1000, help="training steps of the default-cadence runs")
+    parser.add_argument("--dense-steps", type=int, default=100, help="training steps of the every-step runs")
+    parser.add_argument("--repeats", type=int, default=3, help="alternated rounds of whole runs")
+    parser.add_argument("--calls", type=int, default=9, help="timed calls per snapshot piece")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (sweeps use 1)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--skip-runs", action="store_true", help="only the per-piece table (fast)")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    base = load_config(args.config) if args.config else RunConfig()
+    base = replace_section(base, "train", device=args.device)
+    cfg = replace_section(base, "train", steps=args.steps)
+    dense = replace_section(replace_section(base, "train", steps=args.dense_steps), "record", every=1, dense_until=0)
+    n_default = len(snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every))
+    n_dense = len(snapshot_steps(dense.train.steps, 0, 1))
+    r = cfg.record
+    print(f"config: {'--config ' + args.config if args.config else 'RunConfig() defaults'}; "
+          f"record: dense_until {r.dense_until}, every {r.every}, n_probe {r.n_probe}, "
+          f"eval {cfg.train.eval_batches} x {r.eval_batch_size} seqs/component, head_weights {r.head_weights}; "
+          f"{args.threads} torch thread(s), {os.cpu_count()} CPUs, {load_line()}")
+    print(f"default cadence: {n_default} snapshots over {cfg.train.steps} steps; "
+          f"dense cadence: {n_dense} snapshots over {dense.train.steps} steps")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.skip_runs:
+            print(f"\n1. end to end: train_run time / recording=False time "
+                  f"(median of {args.repeats} alternated rounds; [min, max] of the wall ratios)")
+            res = end_to_end(cfg, {"off": dict(recording=False), "on": dict(recording=True)}, args.repeats, tmp)
+            w, c, lo, hi = res["on"]
+            print(f"   default cadence, {args.steps} steps: wall {w:.3f} [{lo:.3f}, {hi:.3f}]  cpu {c:.3f}"
+                  f"   -> overhead {w - 1:+.1%} wall, {c - 1:+.1%} cpu (goal <= 3%)")
+            res = end_to_end(dense, {"off": dict(recording=False), "on": dict(recording=True),
+                                     "on, sync writes": dict(recording=True, sync_writes=True)}, args.repeats, tmp)
+            for name, (w, c, lo, hi) in res.items():
+                print(f"   every step, {args.dense_steps} steps, {name:<16} wall {w:.3f} [{lo:.3f}, {hi:.3f}]  cpu {c:.3f}")
+
+        parts, step = components(cfg, args.calls, tmp)
+        per_snap = sum(t for _, t in parts.values())
+        print(f"\n2. per snapshot, each piece alone (median of {args.calls} calls alternated with training steps)")
+        header = f"   {'piece':<32}{'thread':>10}{'x step':>9}{'share':>8}{'default':>10}{'dense':>9}"
+        print(header)
+        print("   " + "-" * (len(header) - 3))
+        for name, (thread, t) in parts.items():
+            print(f"   {name:<32}{thread:>10}{t / step:>9.2f}{t / per_snap:>8.0%}"
+                  f"{t / step * n_default / cfg.train.steps:>10.2%}{t / step * n_dense / dense.train.steps:>9.1%}")
+        main_t = sum(t for th, t in parts.values() if th == "training")
+        print(f"   {'all, training thread':<32}{'':>10}{main_t / step:>9.2f}{main_t / per_snap:>8.0%}"
+              f"{main_t / step * n_default / cfg.train.steps:>10.2%}{main_t / step * n_dense / dense.train.steps:>9.1%}")
+        print(f"   {'all':<32}{'':>10}{per_snap / step:>9.2f}{1:>8.0%}"
+              f"{per_snap / step * n_default / cfg.train.steps:>10.2%}{per_snap / step * n_dense / dense.train.steps:>9.1%}")
+        print("   (x step: the piece's time in training steps; default / dense: that x snapshots per step)")
+    print(f"\n{load_line()} at end")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

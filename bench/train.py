@@ -1,0 +1,400 @@
+"""Training throughput and model-FLOP utilisation (MFU) of the default model.
+
+    python bench/train.py [--device cpu|cuda] [--config experiments/induction.toml] [--threads 1]
+                          [--steps 5] [--repeats 7] [--no-threads] [--no-profile]
+
+The model is ``RunConfig()``'s defaults (ModelConfig: 2 layers, d_model 64, 4 heads of 16,
+d_mlp 256, vocab 64, context 64, RoPE, fixed gates; TrainConfig: batch 32, AdamW, grad clip
+1.0) unless ``--config`` names an experiment TOML. One training step is exactly train.py's
+(batch generation, lr set, zero_grad, forward, cross-entropy, backward, clip, AdamW step),
+with no recording.
+
+Everything is a ratio of two things measured in this one process, alternated in blocks and
+reduced to medians, because the machines are shared:
+
+- MFU = tokens/s x FLOPs/token / the machine's own float32 matmul rate (``torch.mm`` on
+  --peak-n square matrices, same thread count, timed between the training blocks).
+  FLOPs/token = 6 N + 12 L T H d_head (Chowdhery et al. 2022, PaLM, appendix B: dense
+  matmuls forward + backward, plus QK^T and AV over the full T x T square); N counts the
+  trained parameters that take part in a matmul or an elementwise op, i.e. all but the
+  W_E (and W_pos) lookup tables. Softmax, GELU, LayerNorm and the optimiser count 0 FLOPs,
+  so they are part of the gap.
+- Where the gap is: the step split into phases (data, forward, backward, clip, optimiser)
+  timed directly; within forward + backward, profiler self time per kernel family, and the
+  framework share (wall time not spent inside any ATen kernel: Python, autograd, dispatch);
+  and the rate each of the model's matmul shapes reaches on its own, against the peak.
+- train_run's loop against the bare step: ``train_run(recording=False)`` step time read
+  from its progress callback (setup excluded), alternated with the bare loop.
+- Threads (cpu): 1 vs 2 intra-op threads, and 2 with OMP_WAIT_POLICY=PASSIVE, each in a
+  fresh worker process (OpenMP settings are fixed at start-up), alternated.
+
+Absolute figures (tokens/s, ms) are printed for reference; on a shared CPU only the ratios
+mean anything, on a GPU the absolute ones do too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not an install
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from dynamics.config import RunConfig, load_config, replace_section  # noqa: E402
+from dynamics.tasks import make_batch  # noqa: E402
+from dynamics.train import build, lr_at, make_optimizer, train_run  # noqa: E402
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+class Trainer:
+    """train.py's step, without the store; ``phases`` collects per-phase times when asked."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device):
+        self.cfg, self.device = cfg, device
+        self.model = build(cfg, device)
+        self.optimizer = make_optimizer(cfg, self.model)
+        self.params = self.model.optim_parameters()
+        self.step_no = 0
+
+    def step(self, phases: dict[str, list[float]] | None = None) -> None:
+        cfg, model, opt, dev = self.cfg, self.model, self.optimizer, self.device
+        marks = [time.perf_counter()] if phases is not None else None
+
+        def mark():
+            if marks is not None:
+                sync(dev)
+                marks.append(time.perf_counter())
+
+        step = self.step_no % cfg.train.steps
+        tokens = torch.from_numpy(make_batch(cfg, "train", step, cfg.train.batch_size).tokens).to(dev)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        opt.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        mark()
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        mark()
+        loss.backward()
+        loss.item()  # train.py reads the loss every step
+        mark()
+        if cfg.train.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.params, cfg.train.grad_clip)
+        mark()
+        opt.step()
+        mark()
+        self.step_no += 1
+        if phases is not None:
+            for name, a, b in zip(PHASES, marks[:-1], marks[1:], strict=True):
+                phases.setdefault(name, []).append(b - a)
+
+    def timed(self, n: int) -> float:
+        sync(self.device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.step()
+        sync(self.device)
+        return (time.perf_counter() - t0) / n
+
+
+PHASES = ("data", "forward", "backward", "clip", "optimizer")
+
+
+def flops_per_token(cfg: RunConfig, model) -> tuple[float, int]:
+    m = cfg.model
+    lookup = {id(model.W_E)} | ({id(model.W_pos)} if hasattr(model, "W_pos") else set())
+    n = sum(p.numel() for p in model.optim_parameters() if id(p) not in lookup)
+    attn = 12 * m.n_layers * m.context * m.n_heads * m.head_dim
+    return 6.0 * n + attn, n
+
+
+def mm_rate(a: torch.Tensor, b: torch.Tensor, device: torch.device, min_time: float = 0.05) -> float:
+    """FLOP/s of a @ b, repeated for at least min_time."""
+    flops = 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+    sync(device)
+    reps, t0 = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        reps += 1
+        if reps >= 2:
+            sync(device)
+            dt = time.perf_counter() - t0
+            if dt >= min_time:
+                return flops * reps / dt
+
+
+def model_gemms(cfg: RunConfig) -> list[tuple[str, int, int, int, int]]:
+    """(name, M, K, N, count per step) of the dense matmuls of one training step.
+
+    Each forward matmul (M x K) @ (K x N) has two backward ones of the same FLOPs, counted as
+    3 here; their shapes differ (K and M, N swap), which the rate of the forward shape stands in for.
+    """
+    m, B = cfg.model, cfg.train.batch_size
+    M, d, hd = B * m.context, m.d_model, m.n_heads * m.head_dim
+    rows = [("qkv", M, d, 3 * hd, 3 * m.n_layers), ("out", M, hd, d, 3 * m.n_layers)]
+    if not m.attn_only:
+        rows += [("mlp_in", M, d, m.d_mlp, 3 * m.n_layers), ("mlp_out", M, m.d_mlp, d, 3 * m.n_layers)]
+    rows.append(("unembed", M, d, m.vocab_size, 3))
+    return rows
+
+
+def profile_breakdown(trainer: Trainer, steps: int) -> dict[str, float] | None:
+    """Self time per kernel family in forward + backward, as fractions of their wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = trainer.device
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    families = {  # first match wins, by substring of the ATen op name
+        "attention (sdpa)": ("scaled_dot_product", "flash_attention", "efficient_attention"),
+        "layer_norm": ("layer_norm",),
+        "gelu": ("gelu",),
+        "softmax / cross-entropy": ("softmax", "nll_loss", "cross_entropy"),
+        "matmul": ("mm", "matmul", "linear"),
+        "elementwise / copies": ("mul", "add", "sub", "div", "cat", "copy", "neg", "fill", "zero", "sum",
+                                 "index", "embedding", "clone", "contiguous", "stack", "where", "masked", "sqrt"),
+    }
+    cfg, model = trainer.cfg, trainer.model
+    batches = [torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens).to(dev)
+               for s in range(steps)]
+    sync(dev)
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for tokens in batches:
+            model.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+        sync(dev)
+        wall = time.perf_counter() - t0
+    attr = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    out = dict.fromkeys([*families, "other kernels"], 0.0)
+    others: dict[str, float] = {}
+    kernel_total = 0.0
+    for ev in prof.key_averages():
+        name = ev.key.lower()
+        if not name.startswith("aten::"):
+            continue  # autograd nodes, profiler ranges: their self time is framework overhead
+        t = getattr(ev, attr, 0.0) / 1e6
+        if dev.type == "cuda" and t == 0.0:
+            continue
+        kernel_total += t
+        op = name[len("aten::"):]
+        for fam, keys in families.items():
+            if any(k in op for k in keys):
+                out[fam] += t
+                break
+        else:
+            out["other kernels"] += t
+            others[op] = others.get(op, 0.0) + t
+    shares = {k: v / wall for k, v in out.items()}
+    top = sorted(others, key=others.get, reverse=True)[:3]
+    shares = {(f"{k} ({', '.join(top)})" if k == "other kernels" and top else k): v for k, v in shares.items()}
+    if dev.type != "cuda":
+        shares["framework (python, autograd, dispatch)"] = max(0.0, 1.0 - kernel_total / wall)
+    return shares
+
+
+def train_run_step_time(cfg: RunConfig, steps: int, tmp: str) -> float:
+    """Per-step wall time inside train_run(recording=False), from its progress callback."""
+    stamps: dict[int, float] = {}
+
+    def progress(step: int, total: int, loss: float) -> None:
+        stamps[step] = time.perf_counter()
+
+    path = tempfile.mkdtemp(dir=tmp, suffix=".zarr")
+    train_run(cfg, path, progress=progress, recording=False)
+    marks = sorted(s for s in stamps if 10 <= s < cfg.train.steps)  # step 0 records; skip it
+    if len(marks) < 2:
+        raise SystemExit("--steps too small for the train_run comparison (needs >= 30)")
+    return (stamps[marks[-1]] - stamps[marks[0]]) / (marks[-1] - marks[0])
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Subprocess mode for the thread comparison: print one step time as JSON."""
+    torch.set_num_threads(args.threads)
+    cfg = make_cfg(args)
+    trainer = Trainer(cfg, torch.device("cpu"))
+    trainer.timed(2)
+    times = [trainer.timed(args.steps) for _ in range(args.repeats)]
+    print(json.dumps({"step_s": median(times)}))
+    return 0
+
+
+def threads_compare(args: argparse.Namespace, rounds: int) -> dict[str, float]:
+    variants = {
+        "1 thread": {"threads": 1, "env": {"OMP_NUM_THREADS": "1"}},
+        "2 threads": {"threads": 2, "env": {"OMP_NUM_THREADS": "2"}},
+        "2 threads, OMP_WAIT_POLICY=PASSIVE": {"threads": 2, "env": {"OMP_NUM_THREADS": "2",
+                                                                     "OMP_WAIT_POLICY": "PASSIVE"}},
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(rounds):
+        order = list(variants) if r % 2 == 0 else list(reversed(variants))
+        for name in order:
+            v = variants[name]
+            cmd = [sys.executable, __file__, "--worker", "--threads", str(v["threads"]), "--steps", str(args.steps),
+                   "--repeats", "3"] + (["--config", args.config] if args.config else [])
+            env = {k: val for k, val in os.environ.items() if k != "OMP_WAIT_POLICY"} | v["env"]
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+            times[name].append(json.loads(res.stdout.strip().splitlines()[-1])["step_s"])
+    return {k: median(v) for k, v in times.items()}
+
+
+def make_cfg(args: argparse.Namespace) -> RunConfig:
+    cfg = load_config(args.config) if args.config else RunConfig()
+    return replace_section(cfg, "train", device=args.device)
+
+
+def load_line() -> str:
+    try:
+        return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "load average n/a"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    parser.add_argument("--config", default=None, help="experiment TOML (default: RunConfig() defaults)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on cpu (sweeps use 1)")
+    parser.add_argument("--steps", type=int, default=5, help="training steps per timed block")
+    parser.add_argument("--repeats", type=int, default=7, help="alternated blocks per measurement")
+    parser.add_argument("--peak-n", type=int, default=None, help="size of the peak matmul (2048 cpu, 8192 cuda)")
+    parser.add_argument("--run-steps", type=int, default=60, help="steps of each train_run in the loop comparison")
+    parser.add_argument("--no-threads", action="store_true", help="skip the 1 vs 2 threads comparison")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiler breakdown")
+    parser.add_argument("--no-train-run", action="store_true", help="skip train_run vs bare loop")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    cfg = make_cfg(args)
+    m, B = cfg.model, cfg.train.batch_size
+    tokens_per_step = B * m.context
+    trainer = Trainer(cfg, device)
+    fpt, n_params = flops_per_token(cfg, trainer.model)
+    peak_n = args.peak_n or (8192 if device.type == "cuda" else 2048)
+    gen = torch.Generator(device=device).manual_seed(0)
+    big = torch.randn(peak_n, peak_n, device=device, generator=gen)
+
+    where = f"cpu, {args.threads} thread(s) of {os.cpu_count()} CPUs ({cpu_name()})" if device.type == "cpu" \
+        else torch.cuda.get_device_name(device)
+    print(f"model: {'--config ' + args.config if args.config else 'RunConfig() defaults'}: L={m.n_layers} "
+          f"d_model={m.d_model} H={m.n_heads} d_head={m.head_dim} d_mlp={0 if m.attn_only else m.d_mlp} "
+          f"V={m.vocab_size} T={m.context} pos={m.pos}; batch {B} = {tokens_per_step} tokens/step; "
+          f"torch {torch.__version__}")
+    print(f"device: {where}; {load_line()} at start")
+    print(f"FLOPs/token = 6 x {n_params} + 12 L T H d_head = {fpt / 1e6:.2f} MFLOP "
+          f"({12 * m.n_layers * m.context * m.n_heads * m.head_dim / fpt:.0%} attention)")
+
+    # ---- 1. throughput and MFU: training blocks alternated with the peak matmul
+    trainer.timed(3)  # warm-up: allocator, kernels, lazy inits
+    step_t, peak = [], []
+    for _ in range(args.repeats):
+        step_t.append(trainer.timed(args.steps))
+        peak.append(mm_rate(big, big, device, min_time=0.2))
+    t_step, peak_rate = median(step_t), median(peak)
+    tok_s = tokens_per_step / t_step
+    mfu = tok_s * fpt / peak_rate
+    print(f"\n1. throughput ({args.repeats} alternated blocks of {args.steps} steps, medians)")
+    print(f"   step {t_step * 1e3:.1f} ms = {tok_s:,.0f} tokens/s; peak mm {peak_n}^2 float32 "
+          f"{peak_rate / 1e9:.1f} GFLOP/s   [absolute: reference only on a shared CPU]")
+    print(f"   MFU = {mfu:.1%} of the peak matmul rate measured alongside  (goal >= 50%)")
+
+    # ---- 2. where the gap is
+    print("\n2. where the step goes")
+    phases: dict[str, list[float]] = {}
+    for _ in range(args.repeats * args.steps):
+        trainer.step(phases)
+    ph = {k: median(v) for k, v in phases.items()}
+    total = sum(ph.values())
+    print("   phase      " + "".join(f"{p:>11}" for p in PHASES))
+    print("   share      " + "".join(f"{ph[p] / total:>11.1%}" for p in PHASES))
+
+    rows = model_gemms(cfg)
+    rates: dict[str, list[float]] = {name: [] for name, *_ in rows}
+    peak2, step2 = [], []
+    operands = {name: (torch.randn(M, K, device=device, generator=gen), torch.randn(K, N, device=device, generator=gen))
+                for name, M, K, N, _ in rows}
+    for _ in range(3):  # each round: a training block, every shape, the peak (so load drifts cancel)
+        step2.append(trainer.timed(args.steps))
+        for name, *_ in rows:
+            rates[name].append(mm_rate(*operands[name], device))
+        peak2.append(mm_rate(big, big, device, min_time=0.2))
+    p2, t2 = median(peak2), median(step2)
+    gemm_flops = sum(2.0 * M * K * N * c for _, M, K, N, c in rows)
+    gemm_time = sum(2.0 * M * K * N * c / median(rates[name]) for name, M, K, N, c in rows)
+    print("   dense matmul (fwd shape)  GFLOP/step   rate / peak")
+    for name, M, K, N, c in rows:
+        print(f"   {name:<9}{f'{M}x{K} @ {K}x{N}':>19}{2.0 * M * K * N * c / 1e9:>11.3f}{median(rates[name]) / p2:>14.0%}")
+    print(f"   dense matmuls: {gemm_flops / (fpt * tokens_per_step):.0%} of the counted FLOPs, at {gemm_flops / gemm_time / p2:.0%} "
+          f"of peak (FLOP-weighted) on their own: small shapes are not the gap. At those rates they would take "
+          f"{gemm_time / t2:.0%} of a step (step timed alongside); the rest of the step is the gap.")
+    del operands
+
+    if not args.no_profile:
+        try:
+            shares = profile_breakdown(trainer, max(3, args.steps))
+            print("   forward + backward, profiler self time (share of their wall time):")
+            for k, v in sorted(shares.items(), key=lambda kv: -kv[1]):
+                print(f"     {k:<60}{v:>7.1%}")
+        except Exception as e:  # the profiler is optional diagnostics
+            print(f"   profiler breakdown unavailable: {type(e).__name__}: {e}")
+
+    # ---- 3. train_run's loop against the bare step
+    if not args.no_train_run:
+        run_cfg = replace_section(cfg, "train", steps=args.run_steps)
+        bare, loop = [], []
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(3):
+                for which in (("bare", "run") if r % 2 == 0 else ("run", "bare")):
+                    if which == "bare":
+                        bare.append(trainer.timed(args.steps * 2))
+                    else:
+                        loop.append(train_run_step_time(run_cfg, args.run_steps, tmp))
+        print(f"\n3. train_run(recording=False) step / bare step = {median(loop) / median(bare):.3f} "
+              f"(3 alternated pairs, {args.run_steps}-step runs; >1 is train.py's loop overhead)")
+
+    # ---- 4. threads
+    if device.type == "cpu" and not args.no_threads:
+        t = threads_compare(args, rounds=3)
+        base = t["1 thread"]
+        print("\n4. intra-op threads (fresh process each, 3 alternated rounds, step time relative to 1 thread)")
+        for k, v in t.items():
+            print(f"   {k:<36}{v / base:>7.2f}x")
+    print(f"\n{load_line()} at end")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
