@@ -128,8 +128,8 @@ class TrainConfig:
     threads: int = 1
     """torch intra-op threads on CPU. These models are small: one thread is several times
     faster than two on a 2-core machine, where a second thread fights the recorder's writer."""
-    eval_batches: int = 2
-    """Held-out batches per task component at each snapshot."""
+    eval_batches: int = 1
+    """Held-out batches per task component at each snapshot (the recorder's largest cost: bench/record.py)."""
 
 
 @dataclass(frozen=True)
