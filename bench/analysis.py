@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
             torch.set_num_threads(args.threads)
             cfg = load_config(args.config) if args.config else RunConfig()
-            cfg = replace_section(cfg, "train", steps=args.steps)
+            cfg = replace_section(cfg, "train", steps=args.steps, threads=args.threads)  # train_run applies it
             rows = [time_round(cfg, tmp, args.analyses) for _ in range(args.rounds)]
             wall = statistics.median(r[2] / r[0] for r in rows)
             cpu = statistics.median(r[3] / r[1] for r in rows)

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     base = load_config(args.config) if args.config else RunConfig()
-    base = replace_section(base, "train", device=args.device)
+    base = replace_section(base, "train", device=args.device, threads=args.threads)  # train_run applies it
     cfg = replace_section(base, "train", steps=args.steps)
     dense = replace_section(replace_section(base, "train", steps=args.dense_steps), "record", every=1, dense_until=0)
     n_default = len(snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every))

@@ -258,7 +258,8 @@ def threads_compare(args: argparse.Namespace, rounds: int) -> dict[str, float]:
 
 def make_cfg(args: argparse.Namespace) -> RunConfig:
     cfg = load_config(args.config) if args.config else RunConfig()
-    return replace_section(cfg, "train", device=args.device)
+    # train_run sets torch's threads from train.threads: keep it equal to --threads
+    return replace_section(cfg, "train", device=args.device, threads=args.threads)
 
 
 def load_line() -> str:
