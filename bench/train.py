@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="training steps per timed block")
     parser.add_argument("--repeats", type=int, default=7, help="alternated blocks per measurement")
     parser.add_argument("--peak-n", type=int, default=None, help="size of the peak matmul (2048 cpu, 8192 cuda)")
-    parser.add_argument("--run-steps", type=int, default=60, help="steps of each train_run in the loop comparison")
+    parser.add_argument("--run-steps", type=int, default=100, help="steps of each train_run in the loop comparison")
+    parser.add_argument("--pairs", type=int, default=5, help="alternated train_run / bare pairs")
     parser.add_argument("--no-threads", action="store_true", help="skip the 1 vs 2 threads comparison")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiler breakdown")
     parser.add_argument("--no-train-run", action="store_true", help="skip train_run vs bare loop")
@@ -377,14 +378,17 @@ def main(argv: list[str] | None = None) -> int:
         run_cfg = replace_section(cfg, "train", steps=args.run_steps)
         bare, loop = [], []
         with tempfile.TemporaryDirectory() as tmp:
-            for r in range(3):
+            train_run_step_time(run_cfg, args.run_steps, tmp)  # warm-up: first-run costs in this process
+            for r in range(args.pairs):
                 for which in (("bare", "run") if r % 2 == 0 else ("run", "bare")):
                     if which == "bare":
-                        bare.append(trainer.timed(args.steps * 2))
+                        bare.append(trainer.timed(args.run_steps // 3))
                     else:
                         loop.append(train_run_step_time(run_cfg, args.run_steps, tmp))
+        ratios = sorted(a / b for a, b in zip(loop, bare, strict=True))
         print(f"\n3. train_run(recording=False) step / bare step = {median(loop) / median(bare):.3f} "
-              f"(3 alternated pairs, {args.run_steps}-step runs; >1 is train.py's loop overhead)")
+              f"(medians of {args.pairs} alternated pairs, {args.run_steps}-step runs; per-pair ratios "
+              f"{ratios[0]:.2f}..{ratios[-1]:.2f}; >1 is train.py's loop overhead)")
 
     # ---- 4. threads
     if device.type == "cpu" and not args.no_threads:
