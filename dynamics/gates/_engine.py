@@ -1,0 +1,91 @@
+"""What every fit and score shares: eval-split batches, seeded initial logits, the NLL of many
+gate sets in one forward, Adam on the gate logits, and no-grad scoring of gate sets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dynamics.config import RunConfig
+from dynamics.gates.options import _MAX_ELEMENTS, GateOptions
+from dynamics.model import Transformer
+from dynamics.tasks import make_batch
+
+# ----------------------------------------------------------------------------- data
+
+
+def _device(model: Transformer) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _batches(cfg: RunConfig, start: int, n: int, batch_size: int, device, component: str | None = None) -> Tensor:
+    """Eval-split token batches ``start .. start + n - 1`` -> (n, B, T + 1) int64."""
+    toks = [make_batch(cfg, "eval", start + i, batch_size, component=component).tokens for i in range(n)]
+    return torch.from_numpy(np.stack(toks)).to(device)
+
+
+def _init_logits(cfg: RunConfig, opts: GateOptions, k: int) -> Tensor:
+    # numpy, not torch: the global torch RNG is the trainer's and must not move.
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.train.seed, opts.seed, 0x4348]))
+    u = rng.uniform(opts.init_low, opts.init_high, size=(k, cfg.model.n_layers, cfg.model.n_heads))
+    return torch.from_numpy(np.log(u / (1 - u))).float()  # (k, L, H)
+
+
+def _nll_per_set(model: Transformer, tokens: Tensor, gates: Tensor, groups: int = 1) -> Tensor:
+    """Mean next-token NLL of each gate set on each of ``groups`` equal row groups.
+
+    tokens (groups * B, T + 1) are shared by all S gate sets (S = gates.shape[0]); returns (S, groups).
+    """
+    S, R = gates.shape[0], tokens.shape[0]
+    rows = tokens.repeat(S, 1)  # (S * R, T + 1), set-major
+    g = gates.repeat_interleave(R, dim=0)  # (S * R, L, H)
+    logits = model(rows[:, :-1], head_gates=g)  # (S * R, T, V)
+    nll = F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten(), reduction="none")  # (S * R * T,)
+    return nll.view(S, groups, -1).mean(-1)  # (S, groups)
+
+
+def _optimise(logits0: Tensor, steps: int, opts: GateOptions, objective: Callable[[Tensor, int], Tensor]) -> Tensor:
+    """Adam on gate logits (S, L, H) minimising ``objective(logits, step).sum()``; returns the logits.
+
+    Summing keeps each set's gradient its own and clipping is per set, so restarts stay
+    independent. Adam is written out (torch.optim.Adam's defaults: betas 0.9, 0.999, eps 1e-8)
+    to show it is elementwise, and because constructing torch.optim.Adam imports
+    torch._dynamo (seconds) in a process that has not trained anything.
+    """
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    logits = logits0.detach().clone().requires_grad_(True)  # (S, L, H)
+    m, v = torch.zeros_like(logits), torch.zeros_like(logits)  # (S, L, H) Adam moments
+    with torch.enable_grad():  # the recorder calls in under no_grad
+        for step in range(steps):
+            loss = objective(logits, step).sum()
+            (grad,) = torch.autograd.grad(loss, [logits])  # model .grads untouched
+            if opts.grad_clip:
+                norm = grad.flatten(1).norm(dim=1)  # (S,)
+                grad = grad * (opts.grad_clip / (norm + 1e-6)).clamp(max=1.0)[:, None, None]  # as clip_grad_norm_
+            m.mul_(b1).add_(grad, alpha=1 - b1)
+            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            denom = (v / (1 - b2 ** (step + 1))).sqrt_().add_(eps)  # (S, L, H)
+            with torch.no_grad():
+                logits.addcdiv_(m, denom, value=-opts.lr / (1 - b1 ** (step + 1)))
+    return logits.detach()
+
+
+@torch.no_grad()
+def _score(model: Transformer, tokens: Tensor, gates: Tensor, hooks: Callable | None = None) -> Tensor:
+    """Mean NLL per gate set over all batches, (S,); gates (S, L, H), tokens (n, B, T + 1)."""
+    n, B, T1 = tokens.shape
+    chunk = max(1, _MAX_ELEMENTS // (B * (T1 - 1) * model.cfg.vocab_size))
+    out = torch.zeros(gates.shape[0], device=gates.device)
+    for s in range(0, gates.shape[0], chunk):
+        g = gates[s : s + chunk]  # (s', L, H)
+        for batch in tokens:  # (B, T + 1)
+            if hooks is None:
+                out[s : s + chunk] += _nll_per_set(model, batch, g)[:, 0]
+            else:
+                with model.hooks(hooks(g, B)):  # the hooks ablate; gates of 1 only lay out the sets
+                    out[s : s + chunk] += _nll_per_set(model, batch, torch.ones_like(g))[:, 0]
+    return out / n

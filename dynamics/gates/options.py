@@ -1,0 +1,83 @@
+"""CHG role codes, fit stages, pruning orders, the held-out step, and :class:`GateOptions`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dynamics.config import ConfigError
+
+CHG_ROLES = ("facilitating", "irrelevant", "interfering", "inconsistent", "unfitted")
+"""Role names by int8 code; code -1 (no fit) indexes the last entry, "unfitted"."""
+FACILITATING, IRRELEVANT, INTERFERING, INCONSISTENT, UNFITTED = 0, 1, 2, 3, -1
+
+RESTART = "restart"
+STAGES = ("init", "plus", "minus")  # lambda = 0, then +lambda and -lambda
+PRUNE_ORDERS = ("chg", "importance", "random")
+HELDOUT_STEP = 1_000_000
+"""First eval-split step of the batches that score ablations (fits use steps 0, 1, ...)."""
+_MAX_ELEMENTS = 1 << 24  # logits elements per no-grad forward when scoring many gate sets
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """How gates are fitted and scored; the authors' defaults except clamp_start (module docstring)."""
+
+    steps: int = 200
+    """Adam updates of the G+ / G- stage (fitted together) and of a contrastive fit."""
+    init_steps: int | None = None
+    """Adam updates of the lambda = 0 stage; None = steps (the authors' num_updates / num_reg_updates)."""
+    lam: float = 0.1
+    """|lambda|, weight of mean(clamp(logit)); G+ uses +lam (toward open), G- uses -lam (toward shut).
+
+    The authors' 0.1. On small attention-only pre-LN models a uniform down-scaling of every
+    head costs little (LayerNorm undoes it), so G- separates heads more clearly at 0.3
+    (``--lam 0.3``; see the module docstring).
+    """
+    lr: float = 1.0
+    """Adam learning rate on the gate logits."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip per gate set; 0 disables."""
+    clamp: float = 4.0
+    """The regulariser sees clamp(logit, -clamp, clamp)."""
+    restarts: int = 4
+    """Gate sets fitted in parallel from independent random inits (one batch of restarts * B rows)."""
+    batch_size: int = 32
+    """Sequences per update (per component in contrastive fits) and per scoring batch."""
+    fit_batches: int = 8
+    """Eval-split batches (steps 0 .. fit_batches - 1) cycled through by the fits."""
+    eval_batches: int = 4
+    """Held-out eval-split batches (from HELDOUT_STEP) per component that score ablations."""
+    threshold: float = 0.5
+    """A gate is high when >= threshold (role labels, contrastive sub-circuit)."""
+    max_diff: float = 5.0
+    """Contrastive: the forget term stops pushing once logp_forget < logp_retain - max_diff (nats/token)."""
+    clamp_start: bool = True
+    """Start G+ / G- from the lambda = 0 logits clamped to [-clamp, clamp] (gates move by < 0.018).
+
+    False is the authors' code: a logit the unregularised fit pushed past the clamp gets no
+    regulariser gradient, so it stays put and G+/G- there record how far stage 0 wandered.
+    """
+    init_low: float = 0.01
+    """Initial gates are U(init_low, init_high): the authors' U(0, 1), pulled in so no logit is infinite."""
+    init_high: float = 0.99
+    """Upper end of the initial gate draw."""
+    seed: int = 0
+    """Seed of the initial gates (combined with train.seed) and of random pruning orders."""
+
+    def __post_init__(self) -> None:
+        positive = ("steps", "restarts", "batch_size", "fit_batches", "eval_batches", "lr", "clamp", "max_diff")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"gates.{name}: must be positive, got {getattr(self, name)}")
+        if self.init_steps is not None and self.init_steps < 0:
+            raise ConfigError(f"gates.init_steps: must be >= 0, got {self.init_steps}")
+        if self.lam < 0:
+            raise ConfigError(f"gates.lam: give |lambda| (>= 0); G- uses -lam, got {self.lam}")
+        if self.grad_clip < 0:
+            raise ConfigError(f"gates.grad_clip: must be >= 0, got {self.grad_clip}")
+        if not 0.0 < self.threshold < 1.0:
+            raise ConfigError(f"gates.threshold: must be in (0, 1), got {self.threshold}")
+        if not 0.0 < self.init_low < self.init_high < 1.0:
+            raise ConfigError(f"gates.init_low/init_high: need 0 < low < high < 1, got {self.init_low}, {self.init_high}")
+        if self.seed < 0:
+            raise ConfigError(f"gates.seed: must be >= 0, got {self.seed}")
