@@ -1,0 +1,156 @@
+"""The batch: :class:`Batch`, :func:`make_batch` (pure in config, seed, step and split), the
+low-data training pool, and the dispatch of mixture rows to the task generators."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dynamics.config import TASKS, RunConfig
+from dynamics.tasks.corpus import _corpus
+from dynamics.tasks.induction import _induction
+from dynamics.tasks.markov import _markov
+from dynamics.tasks.offset_copy import _offset_copy
+from dynamics.tasks.slash_text import _slash_text
+
+SPLITS = ("train", "eval", "probe")
+
+_MIXTURE_KEY = 0  # seed-stream key for the per-row component draw; tasks use TASKS index + 1
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of next-token sequences.
+
+    Attributes
+    ----------
+    tokens : np.ndarray
+        ``(B, T + 1)`` int64; inputs are ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
+    component : np.ndarray
+        ``(B,)`` int64 index into ``cfg.task.component_names``.
+    repeat_mask : np.ndarray
+        ``(B, T)`` bool; True where the target ``tokens[:, t + 1]`` is determined by an
+        earlier token in context (induction: from the second period on; offset_copy: where
+        the token was copied). All False for tasks without such structure.
+    """
+
+    tokens: np.ndarray
+    component: np.ndarray
+    repeat_mask: np.ndarray
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def make_batch(cfg: RunConfig, split: str, step: int, batch_size: int, component: str | None = None) -> Batch:
+    """Generate the batch for ``(cfg, cfg.train.seed, step, split)``.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        Validated run config; ``cfg.model.context`` is T, ``cfg.train.seed`` the seed.
+    split : {"train", "eval", "probe"}
+        Independent random streams; for ``corpus``, "eval" and "probe" read held-out files.
+    step : int
+        Non-negative step (or batch index); each value gives an independent batch.
+    batch_size : int
+        Number of sequences B (>= 1).
+    component : str, optional
+        Force every row to come from this component (for per-component eval loss). Rows
+        forced to component c equal those of a plain run of task c with the same config.
+
+    Returns
+    -------
+    Batch
+        ``tokens`` (B, T + 1) int64, ``component`` (B,) int64, ``repeat_mask`` (B, T) bool.
+
+    Raises
+    ------
+    ValueError
+        Unknown split or component, negative step, batch_size < 1.
+
+    Example
+    -------
+    >>> from dynamics.config import from_dict
+    >>> cfg = from_dict({"task": {"name": "induction"}, "model": {"context": 32}})
+    >>> make_batch(cfg, "train", 0, 4).tokens.shape
+    (4, 33)
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})")
+    if isinstance(step, bool) or int(step) != step or step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    step, batch_size = int(step), int(batch_size)
+    names = cfg.task.component_names
+    if component is not None and component not in names:
+        raise ValueError(f"unknown component {component!r} for task {cfg.task.name!r} (components: {', '.join(names)})")
+    if split == "train" and cfg.task.pool_size and component is None:
+        # Low-data regime: every training row is drawn from one fixed pool of sequences.
+        pool = _pool(cfg)
+        rng = np.random.default_rng(np.random.SeedSequence([cfg.train.seed, step, _POOL_KEY]))
+        rows = rng.integers(cfg.task.pool_size, size=batch_size)
+        return Batch(pool.tokens[rows], pool.component[rows], pool.repeat_mask[rows])
+    T = cfg.model.context
+    key = (cfg.train.seed, step, SPLITS.index(split))
+
+    if component is not None or len(names) == 1:
+        name = component if component is not None else names[0]
+        tokens, mask = _generate(cfg, name, split, key, batch_size)
+        comp = np.full(batch_size, names.index(name), dtype=np.int64)
+        return Batch(tokens, comp, mask)
+
+    rng = np.random.default_rng(np.random.SeedSequence([*key, _MIXTURE_KEY]))
+    comp = rng.choice(len(names), size=batch_size, p=_mixture_weights(cfg)).astype(np.int64)
+    tokens = np.empty((batch_size, T + 1), dtype=np.int64)
+    mask = np.zeros((batch_size, T), dtype=bool)
+    for i, name in enumerate(names):
+        rows = np.flatnonzero(comp == i)
+        if rows.size:
+            tokens[rows], mask[rows] = _generate(cfg, name, split, key, rows.size)
+    return Batch(tokens, comp, mask)
+
+
+_POOL_KEY = 7919  # distinct SeedSequence entropy for drawing rows from the low-data pool
+_POOLS: dict[str, Batch] = {}
+
+
+def _pool(cfg: RunConfig) -> Batch:
+    """The fixed training pool of a low-data config: the first ``pool_size`` train rows."""
+    import json
+    from dataclasses import asdict, replace
+
+    key = json.dumps([asdict(cfg.task), cfg.model.context, cfg.model.vocab_size, cfg.train.seed], sort_keys=True)
+    if key not in _POOLS:
+        unpooled = replace(cfg, task=replace(cfg.task, pool_size=0))
+        _POOLS[key] = make_batch(unpooled, "train", 0, cfg.task.pool_size)
+    return _POOLS[key]
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def _generate(cfg: RunConfig, name: str, split: str, key: tuple, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of one component: (tokens (n, T+1) int64, repeat_mask (n, T) bool)."""
+    rng = np.random.default_rng(np.random.SeedSequence([*key, TASKS.index(name) + 1]))
+    T, t = cfg.model.context, cfg.task
+    if name == "induction":
+        return _induction(rng, n, T, cfg.model.vocab_size, t.min_period, t.max_period)
+    if name == "offset_copy":
+        return _offset_copy(rng, n, T, cfg.model.vocab_size, t.delta, t.p)
+    if name == "markov":
+        tokens = _markov(rng, n, T + 1, cfg.model.vocab_size, t.markov_order, t.markov_branching)
+        return tokens, np.zeros((n, T), dtype=bool)
+    if name == "slash_text":
+        return _slash_text(rng, n, T + 1), np.zeros((n, T), dtype=bool)
+    if name == "corpus":
+        return _corpus(rng, n, T + 1, t.holdout, split), np.zeros((n, T), dtype=bool)
+    raise ValueError(f"unknown task {name!r}")  # config validation makes this unreachable
+
+
+def _mixture_weights(cfg: RunConfig) -> np.ndarray:
+    names = cfg.task.component_names
+    w = np.asarray(cfg.task.weights if cfg.task.weights else [1.0] * len(names), dtype=np.float64)
+    return w / w.sum()
