@@ -15,7 +15,7 @@ from pathlib import Path
 from dynamics.config import ConfigError, load_config
 
 EXIT_BAD_INPUT = 2
-ANALYSE_IN_MEMORY_BYTES = 256 * 2**20  # larger runs are analysed lazily, chunk by chunk
+ANALYSE_IN_MEMORY_BYTES = 32 * 2**20  # larger runs are analysed lazily, a block of snapshots per task
 
 
 class UsageError(Exception):

@@ -15,7 +15,6 @@ import xarray as xr
 
 from dynamics.analysis.bifurcation import bifurcation_step, commitment_step, winner_take_all
 from dynamics.analysis.divergence import (
-    divergence_from_init,
     js_distance,
     mean_within_layer_divergence,
     principal_angles,
@@ -34,6 +33,7 @@ from dynamics.analysis.slash import (
     token_dominant,
     token_share,
 )
+from dynamics.schema import SNAPSHOT
 
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
 
@@ -93,35 +93,37 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     T = attn.sizes["query"]
     out = xr.Dataset(coords={"step": ds["step"]})
 
-    scores = role_scores(attn, tokens, opt.roles)
+    stage = _attention_stage_by_blocks(attn, tokens, opt, max_offset=min(opt.max_offset, T - 1))
+    scores = xr.Dataset({name[len("score_"):]: v for name, v in stage.data_vars.items() if name.startswith("score_")},
+                        attrs=stage.attrs)
     out["role_score"] = scores[list(SCORE_ROLES)].to_dataarray("role_name")
     out["slash_offset"] = scores["slash_offset"]
     out["role"] = assign_roles(scores, opt.roles)
     out["commitment_step"] = commitment_step(out["role"])
 
-    slash = slash_score(attn, max_offset=min(opt.max_offset, T - 1))
+    slash = stage["slash"]
     out["slash_score"] = slash
     offset, best = best_offset(slash, min_offset=opt.slash_min_offset)
     out["best_offset"], out["best_slash"] = offset, best
     dominant = slash_dominant(slash, kappa=opt.kappa, min_offset=opt.slash_min_offset)
     out["slash_dominant"] = dominant
     out["slash_emergence_step"] = emergence_step(dominant)
-    present = attn.isel(probe=0, query=0, key=0).notnull()
+    present = stage["present"]
     out["slash_dominant_share"] = dominant_share(dominant, present=present)
 
-    share = token_share(attn, tokens, opt.roles.token_id)
+    share = stage["share"]
     out["token_share"] = share.mean("probe", skipna=True)
     tdom = token_dominant(share, run_length=opt.token_run_length)
     out["token_dominant"] = tdom
     out["token_emergence_step"] = emergence_step(tdom)
     out["token_dominant_share"] = dominant_share(tdom, present=present)
 
-    jsd = js_distance(attn)
+    jsd = stage["jsd"]
     out["js_distance"] = jsd
     out["within_layer_divergence"] = within_layer_divergence(jsd)
     curve = mean_within_layer_divergence(jsd)
     out["mean_divergence"] = curve
-    out["divergence_from_init"] = divergence_from_init(attn)
+    out["divergence_from_init"] = stage["from_init"]
     out["bifurcation_step"] = bifurcation_step(curve, n_baseline=opt.baseline_snapshots)
     out["winner_take_all"] = winner_take_all(ds["importance"])
 
@@ -160,3 +162,48 @@ def summary_row(result: xr.Dataset) -> dict:
         "slash_dominant": int(last["slash_dominant"].values.sum()),
         "roles": counts,
     }
+
+
+STAGE_BYTES = 8 * 2**20
+"""Attention bytes per task of the per-snapshot stage (dask input): peak memory is a few
+times this per thread, whatever the run's length."""
+
+
+def _attention_stage(attn: xr.DataArray, tokens: xr.DataArray, attn0: xr.DataArray, opt: AnalysisOptions,
+                     max_offset: int) -> xr.Dataset:
+    """Every analyser that reads the attention maps; each is per snapshot."""
+    scores = role_scores(attn, tokens, opt.roles)
+    out = xr.Dataset({f"score_{name}": v for name, v in scores.data_vars.items()}, attrs=scores.attrs)
+    out["slash"] = slash_score(attn, max_offset=max_offset)
+    out["present"] = attn.isel(probe=0, query=0, key=0).notnull()
+    out["share"] = token_share(attn, tokens, opt.roles.token_id)
+    out["jsd"] = js_distance(attn)
+    out["from_init"] = js_distance(attn, attn0)  # divergence_from_init, with the run's snapshot 0
+    return out
+
+
+def _attention_stage_by_blocks(attn: xr.DataArray, tokens: xr.DataArray, opt: AnalysisOptions,
+                               max_offset: int) -> xr.Dataset:
+    """:func:`_attention_stage`, for dask input as one task per block of snapshots.
+
+    Built analyser by analyser, the graph holds a dozen consumers of every attention chunk,
+    and dask's ordering keeps most chunks (and their float32 copies) alive at once: peak
+    memory grew by 2-4 bytes per byte of attention (bench/analysis.py). One task per block
+    computes everything a block feeds and frees it. The values are the same: each analyser
+    is per snapshot and sees the same arrays.
+    """
+    attn0 = attn.isel({SNAPSHOT: 0}, drop=True)
+    if attn.chunks is None:
+        return _attention_stage(attn, tokens, attn0, opt, max_offset)
+    # Non-index coords (step) are chunked unlike the data; map_blocks needs one chunking.
+    extra = [c for c in attn.coords if c not in attn.dims]
+    bare = attn.drop_vars(extra)
+    per_snapshot = max(1, attn.nbytes // max(1, attn.sizes[SNAPSHOT]))
+    bare = bare.chunk({SNAPSHOT: int(max(1, STAGE_BYTES // per_snapshot))})
+    # The other inputs are chunked alike along the dims they share (a sweep's run dim).
+    tokens, attn0 = (x.chunk({d: bare.chunksizes[d] for d in x.dims if d in bare.chunksizes})
+                     for x in (tokens, attn0.drop_vars([c for c in extra if c in attn0.coords])))
+    template = _attention_stage(bare, tokens, attn0, opt, max_offset)  # lazy: names, dims, dtypes
+    stage = xr.map_blocks(_attention_stage, bare, args=[tokens, attn0],
+                          kwargs={"opt": opt, "max_offset": max_offset}, template=template)
+    return stage.assign_coords({c: attn[c].load() for c in extra})

@@ -1,0 +1,79 @@
+"""analyse_run: the lazy, block-by-block path gives the in-memory path's values."""
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics.analysis import pipeline
+from dynamics.analysis.pipeline import analyse_run, summary_row
+
+S, L, H, P, T, D, M = 7, 2, 3, 2, 10, 4, 12
+
+
+def causal_softmax(rng, shape):
+    logits = rng.normal(size=(*shape, T, T)) * 3
+    logits = np.where(np.tril(np.ones((T, T), bool)), logits, -np.inf)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def sweep_like(seed=0):
+    """Two runs as open_sweep returns them: a run dim with swept coords, the second run's last
+    head missing (NaN), step per snapshot, float16 attention."""
+    rng = np.random.default_rng(seed)
+    attn = causal_softmax(rng, (2, S, L, H, P)).astype(np.float16)
+    i = np.arange(T)
+    attn[:, 2:, 0, 0] = 0
+    attn[:, 2:, 0, 0, :, i, np.maximum(i - 1, 0)] = 1  # a previous-token head from snapshot 2
+    attn[1, :, :, H - 1] = np.nan
+    tokens = rng.integers(0, 60, size=(2, P, T))
+    tokens[:, :, ::4] = ord("/")
+    weights = rng.normal(size=(2, S, L, H, 4, M, D)).astype(np.float32)
+    weights[1, :, :, H - 1] = np.nan
+    importance = rng.random((2, S, L, H)).astype(np.float32)
+    importance[1, :, :, H - 1] = np.nan
+    snap = ("run", "snapshot", "layer", "head")
+    return xr.Dataset(
+        {
+            "attention": (snap + ("probe", "query", "key"), attn),
+            "probe_tokens": (("run", "probe", "position"), tokens),
+            "importance": (snap, importance),
+            "head_weights": (snap + ("weight", "d_model", "d_head"), weights),
+        },
+        coords={
+            "run": ["a", "b"],
+            "init_scale": ("run", [1.0, 2.0]),
+            "step": ("snapshot", np.array([0, 1, 2, 4, 8, 16, 20])),
+            "weight": ["q", "k", "v", "o"],
+        },
+    )
+
+
+@pytest.mark.parametrize("stage_bytes", [1, 10**9])
+def test_lazy_blocks_match_in_memory(monkeypatch, stage_bytes):
+    # stage_bytes=1: one snapshot per task, so block edges fall everywhere; 1e9: one block.
+    ds = sweep_like()
+    expected = analyse_run(ds).load()
+    monkeypatch.setattr(pipeline, "STAGE_BYTES", stage_bytes)
+    lazy = analyse_run(ds.chunk({"run": 1, "snapshot": 2}))
+    assert lazy["js_distance"].chunks is not None, "the lazy path should stay lazy"
+    with dask.config.set(scheduler="synchronous"):
+        got = lazy.load()
+    assert set(got.data_vars) == set(expected.data_vars)
+    for name in expected.data_vars:
+        xr.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-9)
+    assert got.init_scale.values.tolist() == [1.0, 2.0]
+
+
+def test_known_roles_and_missing_heads():
+    result = analyse_run(sweep_like()).load()
+    role = result["role"].isel(snapshot=-1)
+    names = np.asarray(pipeline.ROLES)
+    assert names[role.sel(run="a", layer=0, head=0)] == "previous_token"
+    assert names[role.sel(run="b", layer=0, head=0)] == "previous_token"
+    # A missing head has no divergence and no pairing with the others.
+    assert np.isnan(result["divergence_from_init"].sel(run="b", head=H - 1)).all()
+    assert (result["divergence_from_init"].isel(snapshot=0).sel(run="a") == 0).all()
+    row = summary_row(result.sel(run="a"))
+    assert row["roles"]["previous_token"] >= 1
