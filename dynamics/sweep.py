@@ -23,11 +23,12 @@ anything is submitted.
 Storage on a cluster: the workers open the store by the same path as the launcher, so
 it must be a filesystem they all see (NFS, Lustre, ...) or an fsspec URL
 (``s3://bucket/sweep.zarr``, ``gcs://...``) that each worker can reach; relative local
-paths are made absolute before they are sent. Checkpoints are plain files inside the store
-(``store.checkpoint_path``), so resuming a run, on whichever worker, needs the store on a
-shared *filesystem* path; ``train_run`` currently refuses a store without one (its runs
-fail with "checkpoints need a local store"). The lock and the sweep index work on URLs
-(the lock only best-effort there: object stores have no exclusive create).
+paths are made absolute before they are sent. Checkpoints go through fsspec too
+(``store.write_checkpoint``), so a run resumes on whichever worker picks it up. On a URL
+store the tasks write only their own run group and leave the root index to the launcher,
+which rebuilds it when the runs are done (``store.deferred_index``): there is no
+cross-process lock on a URL. The sweep lock works on URLs, best-effort (object stores have
+no exclusive create).
 
 Workers of an existing cluster need this package importable (installed, or on
 ``PYTHONPATH``); each task limits torch to one thread, so start them with
@@ -500,15 +501,16 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
            "traceback": None}
     if reporter.stopped():
         return out  # queued behind a Ctrl-C: never started, nothing written
-    try:
-        result = train_run(cfg, path, run_id, progress=reporter, extra_attrs={"sweep_values": values})
-        out.update(status=result.status, steps_done=result.steps_done, skipped=result.skipped)
-    except KeyboardInterrupt:
-        out.update(status="interrupted")
-    except Exception as e:  # noqa: BLE001 - recorded in the run (train_run) and in the summary
-        tb = traceback.format_exc()
-        out.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0], traceback=tb)
-        _record_failure(path, run_id, tb)
+    with store.deferred_index(path):  # a URL store's root index is the launcher's to rebuild
+        try:
+            result = train_run(cfg, path, run_id, progress=reporter, extra_attrs={"sweep_values": values})
+            out.update(status=result.status, steps_done=result.steps_done, skipped=result.skipped)
+        except KeyboardInterrupt:
+            out.update(status="interrupted")
+        except Exception as e:  # noqa: BLE001 - recorded in the run (train_run) and in the summary
+            tb = traceback.format_exc()
+            out.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0], traceback=tb)
+            _record_failure(path, run_id, tb)
     return out
 
 
@@ -804,14 +806,18 @@ def run_sweep(
             else:
                 todo.append(p)
         _write_index(path, points)
-        if todo:
-            n = min(workers or default_workers(), len(todo))
-            results = _launch(todo, path, scheduler, n, _display(progress, len(points), len(summary.skipped)))
-            for r in results:
-                summary.counts[r["status"]] = summary.counts.get(r["status"], 0) + 1
-                if r["status"] == "failed":
-                    summary.failed.append(r["run_id"])
-                    summary.errors[r["run_id"]] = r["error"] or "?"
+        try:
+            if todo:
+                n = min(workers or default_workers(), len(todo))
+                results = _launch(todo, path, scheduler, n, _display(progress, len(points), len(summary.skipped)))
+                for r in results:
+                    summary.counts[r["status"]] = summary.counts.get(r["status"], 0) + 1
+                    if r["status"] == "failed":
+                        summary.failed.append(r["run_id"])
+                        summary.errors[r["run_id"]] = r["error"] or "?"
+        finally:
+            if _is_url(path):  # its tasks left the root index alone (store.deferred_index)
+                store.reindex(path)
     summary.wall_time = time.perf_counter() - t0
     return summary
 

@@ -127,7 +127,7 @@ def _checkpoint_bytes(model, optimizer, step: int, recorder: Recorder, intervent
 
 
 def _save_checkpoint(path: str, run_id: str, blob: bytes, attrs_writer: store.RunWriter, step: int) -> None:
-    store.atomic_write_bytes(store.checkpoint_path(path, run_id), blob)
+    store.write_checkpoint(path, run_id, blob)
     attrs_writer.set_attrs(checkpoint_step=step)
 
 
@@ -214,9 +214,9 @@ def train_run(
         recorder = Recorder(cfg, device)
 
         start = 0
-        ckpt_file = store.checkpoint_path(path, run_id)
-        if existing and ckpt_file.exists():
-            ckpt = torch.load(ckpt_file, map_location=device, weights_only=False)
+        blob = store.read_checkpoint(path, run_id) if existing else None
+        if blob is not None:
+            ckpt = torch.load(io.BytesIO(blob), map_location=device, weights_only=False)
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             recorder.prev_grads = ckpt["prev_grads"]
@@ -343,10 +343,10 @@ def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") ->
         raise store.StoreError(f"no run {run_id!r} in {path}")
     attrs = store.run_attrs(path, run_id)
     cfg = from_dict({k: v for k, v in attrs["config"].items() if k != "sweep"})
-    ckpt_file = store.checkpoint_path(path, run_id)
-    if not ckpt_file.exists():
+    blob = store.read_checkpoint(path, run_id)
+    if blob is None:
         raise store.StoreError(f"run {run_id} in {path} has no checkpoint to load the model from")
-    ckpt = torch.load(ckpt_file, map_location=device, weights_only=False)
+    ckpt = torch.load(io.BytesIO(blob), map_location=device, weights_only=False)
     model = Transformer(cfg.model).to(device)
     model.load_state_dict(ckpt["model"])
     model.eval()

@@ -9,6 +9,7 @@ import threading
 import uuid
 
 import dask.array as da
+import fsspec.core
 import numpy as np
 import pytest
 import xarray as xr
@@ -329,13 +330,28 @@ def test_fsspec_urls(tmp_path):
     snaps = write_run(url, "m1")
     assert store.is_store(url) and store.list_runs(url) == ["m1"]
     np.testing.assert_array_equal(xr.open_zarr(url, group="runs/m1").gate.values[0], snaps[0]["gate"])
-    with pytest.raises(StoreError, match="local"):
+    with pytest.raises(StoreError, match="not on a local filesystem"):
         store.checkpoint_path(url, "m1")
 
     file_url = (tmp_path / "f.zarr").as_uri()
     write_run(file_url, "f1")
     assert store.list_runs(tmp_path / "f.zarr") == ["f1"]
     assert store.checkpoint_path(file_url, "f1") == tmp_path / "f.zarr" / "checkpoints" / "f1" / "ckpt.pt"
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_checkpoint_read_write_on_any_store(tmp_path, where):
+    path = str(tmp_path / "s.zarr") if where == "local" else f"memory://dynamics-test-{uuid.uuid4().hex}/s.zarr"
+    store.init_store(path)
+    assert store.read_checkpoint(path, "r1") is None and not store.has_checkpoint(path, "r1")
+    store.write_checkpoint(path, "r1", b"first")
+    store.write_checkpoint(path, "r1", b"second")
+    assert store.read_checkpoint(path, "r1") == b"second" and store.has_checkpoint(path, "r1")
+    assert store.read_checkpoint(path, "r2") is None
+    fs, root = fsspec.core.url_to_fs(path)
+    assert fs.ls(f"{root}/checkpoints/r1", detail=False) == [f"{root}/checkpoints/r1/ckpt.pt"]  # no temp left
+    with pytest.raises(StoreError, match="invalid run id"):
+        store.write_checkpoint(path, "../escape", b"x")
 
 
 def test_checkpoint_path_and_atomic_write(tmp_path):

@@ -124,11 +124,7 @@ def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
     attrs = store.run_attrs(path, run_id)
     if attrs.get("status") != "completed":
         fail(f"{key}: teacher run {run_id} is {attrs.get('status', 'unknown')}, not completed")
-    try:
-        has_ckpt = store.checkpoint_path(path, run_id).exists()
-    except store.StoreError as e:
-        fail(f"{key}: {e}")
-    if not has_ckpt:
+    if not store.has_checkpoint(path, run_id):
         fail(f"{key}: teacher run {run_id} in {path} has no checkpoint to load")
     tcfg = from_dict({k: v for k, v in attrs["config"].items() if k != "sweep"})
     t, s = tcfg.model, cfg.model

@@ -31,9 +31,10 @@ plain-xarray users; :func:`reindex` rebuilds it from the groups on disk.
 Locations
 ---------
 Paths may be local paths, ``file://`` URLs, or other fsspec URLs (``memory://...``,
-``s3://...``) for the zarr parts. Cross-process locking and checkpoint files need a local
-filesystem: with a remote store, only one process at a time may change the index or the
-sweep index, and :func:`checkpoint_path` raises :class:`StoreError`.
+``s3://...``). Checkpoints are read and written through fsspec on any of them
+(:func:`write_checkpoint`, :func:`read_checkpoint`). Cross-process locking of the index
+needs a local filesystem: with a remote store, only one process at a time may change the
+index or the sweep index (the sweep launcher is that process).
 
 Chunks and codec
 ----------------
@@ -49,9 +50,16 @@ CPU, and zstd is a core Zarr v3 codec that any reader understands.
 from dynamics.schema import STORE_VERSION as STORE_VERSION
 from dynamics.store._loc import SECTIONS as SECTIONS
 from dynamics.store._loc import StoreError
-from dynamics.store.checkpoints import atomic_write_bytes, checkpoint_path
+from dynamics.store.checkpoints import (
+    atomic_write_bytes,
+    checkpoint_path,
+    has_checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
 from dynamics.store.readers import open_analysis, open_derived, open_run, open_sweep, write_analysis, write_derived
 from dynamics.store.root import (
+    deferred_index,
     init_store,
     is_store,
     list_runs,
@@ -71,6 +79,10 @@ __all__ = [
     "StoreError",
     "atomic_write_bytes",
     "checkpoint_path",
+    "deferred_index",
+    "has_checkpoint",
+    "read_checkpoint",
+    "write_checkpoint",
     "init_store",
     "is_store",
     "list_runs",

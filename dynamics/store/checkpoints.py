@@ -1,21 +1,40 @@
-"""Checkpoint files: plain files under ``STORE/checkpoints/``, written atomically."""
+"""Checkpoint files under ``STORE/checkpoints/<run_id>/ckpt.pt``, written atomically.
+
+They live beside the zarr groups, not inside them (plain xarray never sees them), on
+whatever holds the store: a local directory, or the filesystem of an fsspec URL
+(``s3://``, ``gcs://``, ``memory://`` ...), so a run on a cluster with shared object
+storage resumes on whichever worker picks it up.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import tempfile
+import uuid
 from pathlib import Path
 
 from dynamics.store._loc import StoreError, _check_name, _Loc
 
-# --------------------------------------------------------------------------- checkpoints
+CHECKPOINT_FILE = "ckpt.pt"
+
+
+def _key(run_id: str) -> str:
+    return f"checkpoints/{_check_name('run id', run_id)}/{CHECKPOINT_FILE}"
+
+
+def _remote_fs(loc: _Loc):
+    """(sync fsspec filesystem, path of the store root in it) for a URL store."""
+    import fsspec.core
+
+    return fsspec.core.url_to_fs(loc.url)
 
 
 def checkpoint_path(path: str | os.PathLike, run_id: str) -> Path:
     """Local file for a run's checkpoint, ``STORE/checkpoints/<run_id>/ckpt.pt`` (parent created).
 
-    Checkpoints are plain files, so they need a local store (a path or ``file://`` URL).
+    Only for a local store (a path or ``file://`` URL); :func:`write_checkpoint`,
+    :func:`read_checkpoint` and :func:`has_checkpoint` work on any store.
 
     Raises
     ------
@@ -24,10 +43,58 @@ def checkpoint_path(path: str | os.PathLike, run_id: str) -> Path:
     """
     loc = _Loc(path)
     if loc.local is None:
-        raise StoreError(f"checkpoints need a local store, not {loc}")
-    target = loc.local / "checkpoints" / _check_name("run id", run_id) / "ckpt.pt"
+        raise StoreError(f"{loc} is not on a local filesystem; use read_checkpoint/write_checkpoint")
+    target = loc.local / _key(run_id)
     target.parent.mkdir(parents=True, exist_ok=True)
     return target
+
+
+def write_checkpoint(path: str | os.PathLike, run_id: str, data: bytes) -> None:
+    """Store a run's checkpoint so that readers see the old one or the new one, never a mix.
+
+    Local: :func:`atomic_write_bytes`. URL: the bytes go to a uniquely named temporary key
+    beside the target, then are moved over it; on object stores the final copy is one PUT,
+    which is atomic, and the temporary key is removed even when the move fails.
+    """
+    loc = _Loc(path)
+    if loc.local is not None:
+        atomic_write_bytes(checkpoint_path(loc.local, run_id), data)
+        return
+    fs, root = _remote_fs(loc)
+    target = f"{root.rstrip('/')}/{_key(run_id)}"
+    tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+    fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+    try:
+        fs.pipe_file(tmp, data)
+        fs.mv(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError, OSError):
+            if fs.exists(tmp):
+                fs.rm(tmp)
+
+
+def read_checkpoint(path: str | os.PathLike, run_id: str) -> bytes | None:
+    """A run's checkpoint bytes, or None when it has none."""
+    loc = _Loc(path)
+    if loc.local is not None:
+        try:
+            return (loc.local / _key(run_id)).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+    fs, root = _remote_fs(loc)
+    try:
+        return fs.cat_file(f"{root.rstrip('/')}/{_key(run_id)}")
+    except FileNotFoundError:
+        return None
+
+
+def has_checkpoint(path: str | os.PathLike, run_id: str) -> bool:
+    """Whether a run has a checkpoint (reads no checkpoint bytes)."""
+    loc = _Loc(path)
+    if loc.local is not None:
+        return (loc.local / _key(run_id)).is_file()
+    fs, root = _remote_fs(loc)
+    return bool(fs.exists(f"{root.rstrip('/')}/{_key(run_id)}"))
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:

@@ -3,9 +3,11 @@ and the sweep index kept in the root attributes."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import zarr
@@ -53,8 +55,42 @@ def _read_root(loc: _Loc) -> dict:
     return root
 
 
+_DEFERRED: dict[str, int] = {}  # url -> open deferred_index blocks in this process
+_DEFERRED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def deferred_index(path: str | os.PathLike) -> Iterator[None]:
+    """While this block runs, this process leaves the root index of a URL store alone.
+
+    The index lives in the root ``zarr.json``, updated read-modify-write. On a local store
+    ``flock`` serialises the processes that do it; a URL store has no cross-process lock,
+    so several sweep workers updating it would lose each other's entries (and on a
+    filesystem without atomic writes, a reader could see a half-written root). Sweep tasks
+    on URL stores therefore write only their own run group, and the launcher, the store's
+    one owner, rebuilds the index (:func:`reindex`) when the runs are done. Local stores
+    are unaffected: their index stays live. Process-wide, not per thread: a run's writes
+    happen on its background writer thread too.
+    """
+    loc = _Loc(path)
+    if loc.local is not None:
+        yield
+        return
+    with _DEFERRED_LOCK:
+        _DEFERRED[loc.url] = _DEFERRED.get(loc.url, 0) + 1
+    try:
+        yield
+    finally:
+        with _DEFERRED_LOCK:
+            _DEFERRED[loc.url] -= 1
+            if not _DEFERRED[loc.url]:
+                del _DEFERRED[loc.url]
+
+
 def _index_update(loc: _Loc, gpath: str) -> None:
     """Refresh the root-index entry of one ``<section>/<name>`` group (removed if it is gone)."""
+    if loc.local is None and loc.url in _DEFERRED:
+        return
     with _locked(loc):
         root = _read_root(loc)
         flat = root.get("consolidated_metadata", {}).get("metadata")
