@@ -1,0 +1,279 @@
+"""The launcher: :func:`run_sweep`, the embedded :func:`local_cluster` or a client of an existing
+one, submission and resubmission of the tasks, and stopping them on Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+
+from dynamics import store
+from dynamics.config import RunConfig
+from dynamics.sweep.grid import Point, expand_grid
+from dynamics.sweep.lock import _is_url, acquire_lock
+from dynamics.sweep.progress import _Display, _display
+from dynamics.sweep.summary import FINISHED, SweepSummary
+from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _stop_name, run_point
+
+MAX_RESUBMITS = 2
+"""Extra submissions of a run whose task the scheduler gave up on (KilledWorker)."""
+STOP_GRACE = 30.0
+"""Seconds the launcher waits, after Ctrl-C, for running tasks to record `interrupted`."""
+
+
+def local_cluster(n_workers: int):
+    """The embedded cluster: ``n_workers`` single-threaded worker processes (with nannies).
+
+    Started without Dask's ``MALLOC_TRIM_THRESHOLD_`` (see ``_keep_freed_memory``).
+    """
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        # No dashboard; the scheduler's HTTP server (health routes) takes any free port, not 8787.
+        return LocalCluster(
+            n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+            dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
+            silence_logs=logging.ERROR, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+        )
+
+
+def _client(scheduler: str | None, n_workers: int):
+    """(client, cluster or None): an existing cluster's client, or an embedded LocalCluster."""
+    from distributed import Client
+
+    if scheduler:
+        if "://" not in scheduler and os.path.isfile(scheduler):
+            return Client(scheduler_file=scheduler, timeout=30), None
+        return Client(scheduler, timeout=30), None
+    cluster = local_cluster(n_workers)
+    client = Client(cluster)
+    client.register_plugin(_ignore_sigint_plugin())
+    return client, cluster
+
+
+def default_workers() -> int:
+    """One worker per usable core."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def _write_index(path: str, points: list[Point]) -> None:
+    """Merge this sweep's axes and points into the store's sweep index (launcher only)."""
+    index = store.read_sweep_index(path) or {}
+    axes = list(index.get("axes", []))
+    for p in points:
+        for k in p.values:
+            if k not in axes:
+                axes.append(k)
+    runs = dict(index.get("runs", {}))
+    runs.update({p.run_id: p.values for p in points})
+    store.write_sweep_index(path, {"axes": axes, "runs": runs})
+
+
+def run_sweep(
+    cfg: RunConfig,
+    path: str,
+    *,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    progress: bool | None = None,
+) -> SweepSummary:
+    """Train every point of ``cfg``'s sweep grid into the store at ``path``.
+
+    Finished runs (completed or diverged) are skipped without contacting any cluster;
+    interrupted ones resume from their checkpoints. The store is locked for the duration.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        Config with a ``[sweep]`` table (without one, the base point is the only run).
+    path : str
+        Store path, or an fsspec URL the workers can reach (see the module docstring).
+    workers : int, optional
+        Worker processes of the embedded LocalCluster; default one per core. Ignored
+        with ``scheduler``.
+    scheduler : str, optional
+        Address (``tcp://host:8786``) or scheduler-file path of an existing cluster.
+    progress : bool, optional
+        True: tqdm bars; False: silent; None: bars on a terminal, else plain log lines.
+
+    Returns
+    -------
+    SweepSummary
+        Counts by status, failed run ids with one-line errors.
+
+    Raises
+    ------
+    ConfigError
+        An invalid point (before anything is written).
+    SweepLockError
+        Another sweep is writing this store.
+    KeyboardInterrupt
+        After Ctrl-C, once running runs were asked to stop (they stay resumable).
+
+    Example
+    -------
+    >>> cfg = load_config("experiments/quickstart.toml")  # doctest: +SKIP
+    >>> run_sweep(cfg, "runs/quickstart.zarr", workers=2).counts  # doctest: +SKIP
+    {'completed': 12}
+    """
+    t0 = time.perf_counter()
+    points = expand_grid(cfg)
+    if not _is_url(path):
+        path = os.path.abspath(path)  # workers may run elsewhere
+    store.init_store(path)
+    summary = SweepSummary(total=len(points), labels={p.run_id: p.label for p in points})
+    with _sigterm_as_interrupt(), acquire_lock(path):
+        existing = set(store.list_runs(path))
+        todo = []
+        for p in points:
+            status = store.run_attrs(path, p.run_id).get("status") if p.run_id in existing else None
+            if status in FINISHED:
+                summary.skipped.append(p.run_id)
+                summary.counts[status] = summary.counts.get(status, 0) + 1
+            else:
+                todo.append(p)
+        _write_index(path, points)
+        try:
+            if todo:
+                n = min(workers or default_workers(), len(todo))
+                results = _launch(todo, path, scheduler, n, _display(progress, len(points), len(summary.skipped)))
+                for r in results:
+                    summary.counts[r["status"]] = summary.counts.get(r["status"], 0) + 1
+                    if r["status"] == "failed":
+                        summary.failed.append(r["run_id"])
+                        summary.errors[r["run_id"]] = r["error"] or "?"
+        finally:
+            if _is_url(path):  # its tasks left the root index alone (store.deferred_index)
+                store.reindex(path)
+    summary.wall_time = time.perf_counter() - t0
+    return summary
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (``kill``, a batch system's time limit) stops the sweep as Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int, display: _Display) -> list[dict]:
+    """Submit the points, follow them to the end, return one result dict per point."""
+    import queue
+
+    from distributed import Event, KilledWorker, wait
+
+    token = uuid.uuid4().hex[:12]
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    results: dict[str, dict] = {}
+    client, cluster = _client(scheduler, n_workers)
+    stop = Event(_stop_name(token), client=client)
+    by_run = {p.run_id: p for p in todo}
+    order = {p.run_id: i for i, p in enumerate(todo)}
+    tries: Counter = Counter()
+
+    def submit(p: Point):
+        tries[p.run_id] += 1
+        key = f"dynamics-train-{p.run_id}-{token}-{tries[p.run_id]}"
+        return client.submit(run_point, p.cfg, path, p.run_id, p.values, token, key=key, pure=False,
+                             priority=len(todo) - order[p.run_id])  # grid order
+
+    def drain() -> None:
+        while True:
+            try:
+                _, msg = events.get_nowait()
+            except queue.Empty:
+                return
+            if msg["run"] not in results:
+                display.step(msg["run"], msg["step"], msg["total"], msg["loss"])
+
+    def collect(f, run_id: str) -> None:
+        if f.status == "finished":
+            r = f.result()
+        else:
+            exc = f.exception()
+            if isinstance(exc, KilledWorker) and tries[run_id] <= MAX_RESUBMITS:
+                pending[submit(by_run[run_id])] = run_id
+                return
+            r = {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False,
+                 "error": f"{type(exc).__name__}: {exc}".splitlines()[0], "traceback": None}
+        results[run_id] = r
+        note = f": {r['error']}" if r["status"] == "failed" else ""
+        if r.get("skipped"):
+            note = " (already finished)"
+        display.finished(run_id, r["status"], note)
+
+    pending: dict = {}
+    try:
+        client.subscribe_topic(_progress_topic(token), events.put)
+        for p in todo:
+            pending[submit(p)] = p.run_id
+        while pending:
+            try:
+                done, _ = wait(list(pending), timeout=0.5, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                done = ()
+            drain()
+            for f in done:
+                collect(f, pending.pop(f))
+            display.tick()
+    except KeyboardInterrupt:
+        _stop_running(client, stop, pending, collect)
+        raise
+    finally:
+        display.close()
+        with contextlib.suppress(Exception):
+            client.close()
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+            _mark_interrupted(path, [r for r in by_run if r not in results])
+    return [results[p.run_id] for p in todo if p.run_id in results]
+
+
+def _stop_running(client, stop, pending: dict, collect) -> None:
+    """After Ctrl-C: ask running tasks to stop, cancel queued ones, wait a little."""
+    from distributed import wait
+
+    print("dynamics: stopping the sweep (Ctrl-C again to abort at once); runs stay resumable",
+          file=sys.stderr, flush=True)
+    try:
+        stop.set()
+        deadline = time.monotonic() + STOP_GRACE
+        while pending and time.monotonic() < deadline:
+            try:
+                done, _ = wait(list(pending), timeout=0.5, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                continue
+            for f in done:
+                collect(f, pending.pop(f))
+        client.cancel(list(pending), force=True)
+    except KeyboardInterrupt:
+        pass
+
+
+def _mark_interrupted(path: str, run_ids: list[str]) -> None:
+    """After the embedded cluster is gone, runs still marked running were cut short."""
+    for run_id in run_ids:
+        with contextlib.suppress(Exception):
+            if run_id in store.list_runs(path) and store.run_attrs(path, run_id).get("status") == "running":
+                store.update_run_attrs(path, run_id, status="interrupted")

@@ -1,0 +1,271 @@
+"""The store lock ``STORE/sweep.lock``: pid, host, start time and a heartbeat; stale locks are
+taken over, live ones refuse a second launcher with :class:`SweepLockError`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+
+from dynamics import store
+
+LOCK_NAME = "sweep.lock"
+LOCK_STALE_AFTER = 120.0
+"""Seconds without a heartbeat after which a lock held from another host is stale."""
+LOCK_HEARTBEAT_EVERY = 10.0
+"""Seconds between heartbeats of a held lock."""
+
+log = logging.getLogger(__name__)
+
+
+class SweepLockError(store.StoreError):
+    """The store is being written by another sweep."""
+
+
+def _is_url(path: str) -> bool:
+    return "://" in str(path)
+
+
+def lock_path(path: str) -> str:
+    """Where the sweep lock of the store at ``path`` lives."""
+    return f"{str(path).rstrip('/')}/{LOCK_NAME}"
+
+
+def _fs(path: str):
+    import fsspec.core
+
+    return fsspec.core.url_to_fs(path)
+
+
+def read_lock(path: str) -> dict | None:
+    """The lock held on the store at ``path`` (pid, host, started, heartbeat, ...), or None."""
+    target = lock_path(path)
+    try:
+        if _is_url(target):
+            fs, p = _fs(target)
+            blob = fs.cat_file(p)
+        else:
+            with open(target, "rb") as f:
+                blob = f.read()
+    except (FileNotFoundError, OSError):
+        return None
+    try:
+        info = json.loads(blob)
+    except ValueError:
+        return {"corrupt": True, "heartbeat": 0.0}  # a torn write: judged by age alone below
+    return info if isinstance(info, dict) else {"corrupt": True, "heartbeat": 0.0}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def lock_stale_reason(info: dict, *, stale_after: float = LOCK_STALE_AFTER, now: float | None = None) -> str | None:
+    """Why the lock ``info`` is stale (its holder is gone), or None while it is live.
+
+    A lock is stale when its pid is not running on this host (same host name), or when
+    its heartbeat is older than ``stale_after`` seconds (any host; heartbeats come every
+    ``LOCK_HEARTBEAT_EVERY`` seconds while the holder lives).
+    """
+    now = time.time() if now is None else now
+    if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int) \
+            and not _pid_alive(info["pid"]):
+        return f"pid {info['pid']} is not running on {info['host']}"
+    age = now - float(info.get("heartbeat", 0.0))
+    if age > stale_after:
+        return f"last heartbeat {age:.0f} s ago (> {stale_after:.0f} s)"
+    return None
+
+
+def _describe(info: dict, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    if info.get("corrupt"):
+        return "an unreadable lock"
+    age = now - float(info.get("heartbeat", now))
+    return (f"pid {info.get('pid')} on host {info.get('host')}, started {info.get('started', '?')}, "
+            f"last heartbeat {age:.0f} s ago")
+
+
+class SweepLock:
+    """A held sweep lock; a background thread refreshes its heartbeat until released.
+
+    Use :func:`acquire_lock` to get one; it is a context manager that releases on exit.
+    """
+
+    def __init__(self, path: str, info: dict, heartbeat_every: float = LOCK_HEARTBEAT_EVERY):
+        self.path = str(path)
+        self.info = info
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(heartbeat_every,),
+                                        name="dynamics-sweep-lock", daemon=True)
+        self._thread.start()
+
+    @property
+    def token(self) -> str:
+        return self.info["token"]
+
+    def owned(self) -> bool:
+        """True while the lock file on disk is still this one."""
+        current = read_lock(self.path)
+        return bool(current) and current.get("token") == self.token
+
+    def _beat(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                if not self.owned():
+                    log.warning("sweep lock on %s was taken over by another launcher", self.path)
+                    return
+                self.info["heartbeat"] = time.time()
+                _write_lock(self.path, self.info, exclusive=False)
+            except OSError as e:  # a flaky shared filesystem must not kill the sweep
+                log.warning("sweep lock heartbeat failed: %s", e)
+
+    def release(self) -> None:
+        """Stop the heartbeat and remove the lock file if it is still ours."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            if self.owned():
+                _remove(lock_path(self.path))
+
+    def __enter__(self) -> SweepLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _write_lock(path: str, info: dict, *, exclusive: bool) -> None:
+    """Write the lock file; ``exclusive`` fails with FileExistsError if one is there."""
+    target = lock_path(path)
+    blob = json.dumps(info, indent=1).encode()
+    if _is_url(target):
+        fs, p = _fs(target)
+        if exclusive and fs.exists(p):  # object stores have no O_EXCL: best effort
+            raise FileExistsError(target)
+        fs.pipe_file(p, blob)
+        return
+    if exclusive:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        return
+    tmp = f"{target}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(blob)
+    os.replace(tmp, target)
+
+
+def _remove(target: str) -> None:
+    if _is_url(target):
+        fs, p = _fs(target)
+        fs.rm_file(p)
+    else:
+        os.remove(target)
+
+
+def _take_over(path: str, stale: dict) -> bool:
+    """Remove the stale lock ``stale``; False if the file changed meanwhile (someone else won)."""
+    target = lock_path(path)
+    if _is_url(target):
+        if read_lock(path) != stale:
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            _remove(target)
+        return True
+    aside = f"{target}.stale-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(target, aside)  # atomic: of two launchers taking over, one wins
+    except FileNotFoundError:
+        return False
+    moved = read_lock_file(aside)
+    if moved != stale:  # a fresh lock appeared between our read and the rename: put it back
+        with contextlib.suppress(OSError):
+            os.link(aside, target)
+        os.remove(aside)
+        return False
+    os.remove(aside)
+    return True
+
+
+def read_lock_file(file: str) -> dict | None:
+    try:
+        with open(file, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return {"corrupt": True, "heartbeat": 0.0}
+
+
+def acquire_lock(
+    path: str,
+    *,
+    stale_after: float = LOCK_STALE_AFTER,
+    heartbeat_every: float = LOCK_HEARTBEAT_EVERY,
+) -> SweepLock:
+    """Take the sweep lock of the store at ``path`` (a directory that exists).
+
+    Parameters
+    ----------
+    path : str
+        Store path or fsspec URL.
+    stale_after : float
+        A lock whose heartbeat is older than this many seconds is taken over.
+    heartbeat_every : float
+        Seconds between heartbeats while held.
+
+    Returns
+    -------
+    SweepLock
+        Held until ``release()`` (or the end of a ``with`` block).
+
+    Raises
+    ------
+    SweepLockError
+        Another live launcher holds the lock; the message names it.
+
+    Example
+    -------
+    >>> with acquire_lock("runs/quickstart.zarr"):  # doctest: +SKIP
+    ...     pass
+    """
+    now = time.time()
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)),
+        "heartbeat": now,
+        "token": uuid.uuid4().hex,
+        "command": " ".join(sys.argv)[:500],
+    }
+    for _ in range(5):
+        try:
+            _write_lock(path, info, exclusive=True)
+            return SweepLock(path, info, heartbeat_every)
+        except FileExistsError:
+            pass
+        held = read_lock(path)
+        if held is None:
+            continue  # released between our attempt and the read
+        reason = lock_stale_reason(held, stale_after=stale_after)
+        if reason is None:
+            raise SweepLockError(
+                f"{path} is being written by another sweep ({_describe(held)}); wait for it to finish, "
+                f"or delete {lock_path(path)} if that process is gone")
+        log.warning("taking over a stale sweep lock on %s: %s", path, reason)
+        _take_over(path, held)
+    raise SweepLockError(f"could not take the sweep lock {lock_path(path)}: it keeps changing")

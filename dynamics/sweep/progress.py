@@ -1,0 +1,97 @@
+"""Progress display in the launcher: tqdm bars on a terminal, plain log lines otherwise, or nothing."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from typing import Any
+
+from dynamics.sweep.summary import FINISHED
+
+
+class _Display:
+    """Plain log lines (not a terminal): one line per finished run, running runs every 10 s."""
+
+    def __init__(self, total: int, done: int, stream=sys.stderr, every: float = 10.0):
+        self.total, self.done, self.stream, self.every = total, done, stream, every
+        self.steps: dict[str, tuple[int, int]] = {}
+        self.last = time.monotonic()
+
+    def step(self, run_id: str, step: int, total: int, loss: float) -> None:
+        self.steps[run_id] = (step, total)
+
+    def finished(self, run_id: str, status: str, note: str = "") -> None:
+        self.done += 1
+        self.steps.pop(run_id, None)
+        print(f"[sweep] {self.done}/{self.total} {run_id} {status}{note}", file=self.stream, flush=True)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.steps and now - self.last >= self.every:
+            self.last = now
+            running = ", ".join(f"{r} {s}/{t}" for r, (s, t) in sorted(self.steps.items()))
+            print(f"[sweep] {self.done}/{self.total} done; running: {running}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class _Bars(_Display):
+    """tqdm: an overall bar (runs done of total, ETA) and one step bar per running run."""
+
+    def __init__(self, total: int, done: int, stream=sys.stderr):
+        from tqdm import tqdm
+
+        super().__init__(total, done, stream)
+        self.tqdm = tqdm
+        self.overall = tqdm(total=total, initial=done, desc="sweep", unit="run", position=0,
+                            dynamic_ncols=True, file=stream)
+        self.bars: dict[str, Any] = {}
+        self.slot: dict[str, int] = {}
+
+    def step(self, run_id: str, step: int, total: int, loss: float) -> None:
+        bar = self.bars.get(run_id)
+        if bar is None:
+            taken = set(self.slot.values())
+            self.slot[run_id] = next(i for i in itertools.count(1) if i not in taken)
+            bar = self.tqdm(total=total, desc=run_id, unit="step", position=self.slot[run_id], leave=False,
+                            dynamic_ncols=True, file=self.stream)
+            self.bars[run_id] = bar
+        bar.n = step
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        bar.refresh()
+
+    def finished(self, run_id: str, status: str, note: str = "") -> None:
+        self.done += 1
+        bar = self.bars.pop(run_id, None)
+        self.slot.pop(run_id, None)
+        if bar is not None:
+            bar.close()
+        if status not in FINISHED or note:
+            self.overall.write(f"{run_id} {status}{note}")
+        self.overall.update(1)
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+        self.overall.close()
+
+
+class _Quiet(_Display):
+    def finished(self, run_id: str, status: str, note: str = "") -> None:
+        self.done += 1
+
+    def tick(self) -> None:
+        pass
+
+
+def _display(progress: bool | None, total: int, done: int) -> _Display:
+    if progress is False:
+        return _Quiet(total, done)
+    if progress is None:
+        progress = sys.stderr.isatty()
+    return _Bars(total, done) if progress else _Display(total, done)

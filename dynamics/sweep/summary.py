@@ -1,0 +1,43 @@
+"""What a sweep did: :class:`SweepSummary`, and the statuses that count as finished."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FINISHED = ("completed", "diverged")
+
+
+@dataclass
+class SweepSummary:
+    """What a sweep did."""
+
+    total: int = 0
+    """Points in the grid."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Final status -> number of runs (completed, diverged, failed, interrupted, cancelled)."""
+    skipped: list[str] = field(default_factory=list)
+    """Runs already finished before this launch (nothing retrained)."""
+    failed: list[str] = field(default_factory=list)
+    """Run ids that failed."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """run id -> one-line error, for failed runs."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """run id -> point label (``model.n_heads=4, train.seed=0``)."""
+    wall_time: float = 0.0
+    """Seconds the launch took."""
+
+    @property
+    def ok(self) -> bool:
+        """True when every run ended completed or diverged."""
+        return sum(n for s, n in self.counts.items() if s not in FINISHED) == 0
+
+    def lines(self) -> list[str]:
+        """Human-readable summary, one line per fact."""
+        parts = [f"{n} {s}" for s, n in sorted(self.counts.items(), key=lambda kv: -kv[1])]
+        head = f"sweep: {self.total} runs: " + (", ".join(parts) or "nothing to do")
+        if self.skipped:
+            head += f" ({len(self.skipped)} already finished, not retrained)"
+        out = [head + f" in {self.wall_time:.1f} s"]
+        for run_id in self.failed:
+            out.append(f"  failed {run_id} [{self.labels.get(run_id, '?')}]: {self.errors.get(run_id, '?')}")
+        return out
