@@ -3,7 +3,7 @@
 Option tables are parsed into frozen dataclasses by :func:`parse_table`, which checks each
 value against the field's annotation and raises :class:`~dynamics.config.ConfigError` naming
 the dotted key (``intervene.templates.heads[1].layer``), as ``dynamics.config`` does for the
-other sections.
+other sections; :func:`parse_heads` does the same for a list of per-head tables.
 """
 
 from __future__ import annotations
@@ -107,6 +107,61 @@ def check_head(prefix: str, cfg: RunConfig, layer: int, head: int) -> None:
         fail(f"{prefix}.layer: layer {layer} does not exist (model.n_layers = {m.n_layers})")
     if not 0 <= head < m.n_heads:
         fail(f"{prefix}.head: head {head} does not exist (model.n_heads = {m.n_heads})")
+
+
+def parse_heads(
+    prefix: str,
+    entries: list,
+    cls: type,
+    cfg: RunConfig,
+    *,
+    check: typing.Callable[[str, Any], None] | None = None,
+    duplicate: str,
+) -> tuple:
+    """Checked `cls` instances from a list of per-head tables ``{ layer, head, ... }``.
+
+    Each entry is parsed with :func:`parse_table` under the key ``{prefix}.heads[i]``, its
+    (layer, head) is checked against the model, then ``check(key, head)`` runs the caller's own
+    checks, and last a (layer, head) seen before is an error.
+
+    Parameters
+    ----------
+    prefix : str
+        Dotted key of the table holding ``heads`` (``intervene.templates``).
+    entries : list
+        The ``heads`` array as read from TOML; the caller checks that it is a list.
+    cls : type
+        Options dataclass of one entry, with int fields ``layer`` and ``head``.
+    cfg : RunConfig
+        The run whose model the heads must belong to.
+    check : callable, optional
+        ``check(key, head)``: further checks on one parsed entry; raises through :func:`fail`.
+    duplicate : str
+        Message after ``{key}: `` for a repeated head, with ``{layer}`` and ``{head}`` fields.
+
+    Returns
+    -------
+    tuple
+        The parsed entries, in order.
+
+    Raises
+    ------
+    ConfigError
+        An entry that is not a valid table, names a head the model lacks, fails `check`, or
+        repeats a head.
+    """
+    heads, seen = [], set()
+    for i, entry in enumerate(entries):
+        key = f"{prefix}.heads[{i}]"
+        h = cls(**parse_table(key, entry, cls))
+        check_head(key, cfg, h.layer, h.head)
+        if check is not None:
+            check(key, h)
+        if (h.layer, h.head) in seen:
+            fail(f"{key}: " + duplicate.format(layer=h.layer, head=h.head))
+        seen.add((h.layer, h.head))
+        heads.append(h)
+    return tuple(heads)
 
 
 def check_schedule(prefix: str, name: str, ramp_steps: int) -> None:

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from dynamics.config import RunConfig, from_dict
-from dynamics.interventions.common import check_head, check_schedule, fail, kl_rows, parse_table, schedule_factor
+from dynamics.interventions.common import check_schedule, fail, kl_rows, parse_heads, parse_table, schedule_factor
 
 MAPS = ("layer", "heads")
 ORDERS = ("together", "shallow_first", "deep_first")
@@ -207,11 +207,8 @@ def parse(cfg: RunConfig, raw: object) -> DistillOptions:
     entries = kw.get("heads", [])
     if not isinstance(entries, list):
         fail(f"{prefix}.heads: expected a list of {{ layer, head, ... }} tables")
-    heads, seen = [], set()
-    for i, entry in enumerate(entries):
-        key = f"{prefix}.heads[{i}]"
-        h = DistillHead(**parse_table(key, entry, DistillHead))
-        check_head(key, cfg, h.layer, h.head)
+
+    def check(key: str, h: DistillHead) -> None:
         by_index = h.teacher_layer >= 0 or h.teacher_head >= 0
         if h.role and by_index:
             fail(f"{key}: give either role or teacher_layer/teacher_head, not both")
@@ -219,11 +216,10 @@ def parse(cfg: RunConfig, raw: object) -> DistillOptions:
             fail(f"{key}: needs teacher_layer and teacher_head, or role")
         if h.role and (h.role not in ROLES or h.role == "none"):
             fail(f"{key}.role: unknown role {h.role!r} ({' | '.join(ROLES[:-1])})")
-        if (h.layer, h.head) in seen:
-            fail(f"{key}: student head ({h.layer}, {h.head}) is mapped twice")
-        seen.add((h.layer, h.head))
-        heads.append(h)
-    opts = DistillOptions(**{**kw, "heads": tuple(heads)})
+
+    heads = parse_heads(prefix, entries, DistillHead, cfg, check=check,
+                        duplicate="student head ({layer}, {head}) is mapped twice")
+    opts = DistillOptions(**{**kw, "heads": heads})
     if not opts.teacher:
         fail(f"{prefix}.teacher: required (the store path of a finished run)")
     if opts.map not in MAPS:

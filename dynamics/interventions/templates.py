@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from dynamics.config import RunConfig
-from dynamics.interventions.common import check_head, check_schedule, fail, kl_rows, parse_table, schedule_factor
+from dynamics.interventions.common import check_schedule, fail, kl_rows, parse_heads, parse_table, schedule_factor
 
 PATTERNS = ("previous_token", "offset", "local", "uniform", "first_token")
 """Template names."""
@@ -125,22 +125,17 @@ def parse(cfg: RunConfig, raw: object) -> TemplateOptions:
     entries = kw["heads"]
     if not isinstance(entries, list) or not entries:
         fail(f"{prefix}.heads: expected a non-empty list of {{ layer, head, pattern }} tables")
-    heads, seen = [], set()
-    for i, entry in enumerate(entries):
-        key = f"{prefix}.heads[{i}]"
-        h = TemplateHead(**parse_table(key, entry, TemplateHead))
-        check_head(key, cfg, h.layer, h.head)
+
+    def check(key: str, h: TemplateHead) -> None:
         if h.pattern not in PATTERNS:
             fail(f"{key}.pattern: unknown template {h.pattern!r} ({' | '.join(PATTERNS)})")
         if not 1 <= h.delta < cfg.model.context:
             fail(f"{key}.delta: must be in [1, model.context), got {h.delta}")
         if h.width < 1:
             fail(f"{key}.width: must be >= 1, got {h.width}")
-        if (h.layer, h.head) in seen:
-            fail(f"{key}: head ({h.layer}, {h.head}) is pinned twice")
-        seen.add((h.layer, h.head))
-        heads.append(h)
-    opts = TemplateOptions(**{**kw, "heads": tuple(heads)})
+
+    heads = parse_heads(prefix, entries, TemplateHead, cfg, check=check, duplicate="head ({layer}, {head}) is pinned twice")
+    opts = TemplateOptions(**{**kw, "heads": heads})
     if opts.weight < 0:
         fail(f"{prefix}.weight: must be >= 0, got {opts.weight}")
     check_schedule(prefix, opts.schedule, opts.ramp_steps)
