@@ -40,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import numpy as np  # noqa: E402
 
+from bench._common import load_line  # noqa: E402
+
 KINDS = ("prev", "sink", "self", "content")
 
 
@@ -186,13 +188,6 @@ def time_round(cfg, tmp: str, analyses: int) -> tuple[float, float, float, float
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
     return t_wall, t_cpu, statistics.median(walls), statistics.median(cpus)
-
-
-def load_line() -> str:
-    try:
-        return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "load average n/a"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dynamics.train as train_mod  # noqa: E402
+from bench._common import load_line  # noqa: E402
 from dynamics import store  # noqa: E402
 from dynamics.config import RunConfig, load_config, replace_section  # noqa: E402
 from dynamics.record import Recorder, coords, snapshot_steps, variables  # noqa: E402
@@ -172,13 +173,6 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
             times[name].append(time.perf_counter() - t0)
     writer.finalize()
     return {k: (pieces[k][0], statistics.median(v)) for k, v in times.items()}, statistics.median(step_times)
-
-
-def load_line() -> str:
-    try:
-        return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "load average n/a"
 
 
 def main(argv: list[str] | None = None) -> int:
