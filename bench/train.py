@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from bench._common import load_line  # noqa: E402
 from dynamics.config import RunConfig, load_config, replace_section  # noqa: E402
 from dynamics.tasks import make_batch  # noqa: E402
 from dynamics.train import build, lr_at, make_optimizer, train_run  # noqa: E402
@@ -260,13 +261,6 @@ def make_cfg(args: argparse.Namespace) -> RunConfig:
     cfg = load_config(args.config) if args.config else RunConfig()
     # train_run sets torch's threads from train.threads: keep it equal to --threads
     return replace_section(cfg, "train", device=args.device, threads=args.threads)
-
-
-def load_line() -> str:
-    try:
-        return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "load average n/a"
 
 
 def cpu_name() -> str:
