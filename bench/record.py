@@ -138,7 +138,9 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
     grads_and_forward()
     blocks = recorder.snapshot(model)
     blob = train_mod._checkpoint_bytes(model, opt, 1, recorder, None)
-    losses = np.zeros(cfg.record.every, dtype=np.float32)
+    # train.py flushes the losses of the steps since the last snapshot: record.every of them,
+    # fewer in a run shorter than that.
+    losses = np.zeros(min(cfg.record.every, cfg.train.steps), dtype=np.float32)
 
     def grad_stats() -> None:  # snapshot() without its two forwards
         grads = model.head_grads()
