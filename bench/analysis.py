@@ -12,7 +12,7 @@
    ``--context``, as many snapshots as make the float16 attention array ``--store-mb``
    uncompressed; causal softmax rows that sharpen over snapshots, with previous-token,
    sink, self and content heads. Each store is analysed in a fresh subprocess; printed:
-   which path ``analyse_store`` took (runs under ``cli.ANALYSE_IN_MEMORY_BYTES`` are loaded
+   which path ``analyse_store`` took (runs under ``dynamics.analyse.IN_MEMORY_BYTES`` are loaded
    whole, larger ones analysed lazily with dask), its peak resident memory (``ru_maxrss``)
    less its resident memory just before the analysis (imports done), and that increment
    over the store's uncompressed bytes (attention alone, and all arrays); and, between the
@@ -135,11 +135,11 @@ def child(store_path: str, cap_mb: float | None) -> int:
     import dask  # noqa: F401  (imports first, so the baseline holds them)
     import xarray  # noqa: F401
 
-    from dynamics import cli, store
+    from dynamics import analyse, cli, store
     from dynamics.analysis import analyse_run  # noqa: F401
 
     (run_id,) = store.list_runs(store_path)
-    in_memory = store.open_run(store_path, run_id).nbytes < getattr(cli, "ANALYSE_IN_MEMORY_BYTES", 0)
+    in_memory = store.open_run(store_path, run_id).nbytes < analyse.IN_MEMORY_BYTES
     base_rss, base_vm = rss_bytes(), vm_bytes()
     if cap_mb is not None:
         limit = base_vm + int(cap_mb * 2**20)

@@ -15,7 +15,6 @@ from pathlib import Path
 from dynamics.config import ConfigError, load_config
 
 EXIT_BAD_INPUT = 2
-ANALYSE_IN_MEMORY_BYTES = 32 * 2**20  # larger runs are analysed lazily, a block of snapshots per task
 
 
 class UsageError(Exception):
@@ -138,24 +137,16 @@ def _print_table(header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=False)).rstrip())
 
 
-def analyse_store(path: str, run_ids: list[str] | None = None) -> list[dict]:
-    """Run every analyser on each run of a store and write analysis/<run_id>; one summary per run."""
-    from dynamics import store
-    from dynamics.analysis import analyse_run, summary_row
+def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | None = None) -> list[dict]:
+    """Run every analyser on each run of a store and write analysis/<run_id>; one summary per run.
 
-    rows = []
-    for run_id in run_ids or store.list_runs(path):
-        attrs = store.run_attrs(path, run_id)
-        if attrs.get("status") not in ("completed", "diverged"):
-            rows.append({"run": run_id, "status": attrs.get("status", "?"), "skipped": True})
-            continue
-        ds = store.open_run(path, run_id)
-        if ds.nbytes < ANALYSE_IN_MEMORY_BYTES:  # dask's per-task overhead dominates small runs
-            ds = ds.load()
-        result = analyse_run(ds).compute()
-        store.write_analysis(path, run_id, result)
-        rows.append({"run": run_id, "status": attrs["status"], **summary_row(result)})
-    return rows
+    ``workers`` processes at once, one per core by default (see dynamics.analyse).
+    """
+    import os
+
+    from dynamics.analyse import analyse_store as analyse
+
+    return analyse(path, run_ids, workers=workers or os.cpu_count() or 1)
 
 
 def seed_consistency(path: str) -> list[tuple[str, float, int]]:
@@ -201,7 +192,9 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     if not ids:
         raise UsageError(f"{args.store} holds no runs to analyse")
     t0 = time.perf_counter()
-    rows = analyse_store(args.store, [args.run] if args.run else None)
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers: must be >= 1, got {args.workers}")
+    rows = analyse_store(args.store, [args.run] if args.run else None, workers=args.workers)
     _print_analysis(rows)
     if not args.run:
         for group, sim, n in seed_consistency(args.store):
@@ -325,7 +318,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     print("== 2/4 analyse", flush=True)
     t1 = time.perf_counter()
-    _print_analysis(analyse_store(out))
+    _print_analysis(analyse_store(out, workers=args.workers))
     t_analyse = time.perf_counter() - t1
 
     print("== 3/4 predict: how early is each head's final role readable from its early gradients?", flush=True)
@@ -373,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("analyse", help="compute every analyser for every run; write results next to the recordings")
     p.add_argument("store")
     p.add_argument("--run", help="only this run id")
+    p.add_argument("--workers", type=int, help="processes analysing runs at once (default: one per core)")
     p.set_defaults(func=cmd_analyse)
     p = sub.add_parser("predict", help="predict each head's final specialisation from its early gradients (grouped CV)")
     p.add_argument("store")

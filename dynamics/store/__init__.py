@@ -57,7 +57,14 @@ from dynamics.store.checkpoints import (
     read_checkpoint,
     write_checkpoint,
 )
-from dynamics.store.readers import open_analysis, open_derived, open_run, open_sweep, write_analysis, write_derived
+from dynamics.store.readers import (
+    open_analysis,
+    open_derived,
+    open_run,
+    open_sweep,
+    write_analysis,
+    write_derived,
+)
 from dynamics.store.root import (
     deferred_index,
     init_store,

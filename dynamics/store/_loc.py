@@ -170,6 +170,8 @@ def _default_run(loc: _Loc, run_id: str | None) -> str:
     return run_id
 
 
-def _open_group_ds(loc: _Loc, gpath: str) -> xr.Dataset:
-    # consolidated=False: read the group's own metadata, never the (possibly stale) root index
-    return xr.open_zarr(loc.url, group=gpath, consolidated=False)
+def _open_group_ds(loc: _Loc, gpath: str, dask: bool = True) -> xr.Dataset:
+    # consolidated=False: read the group's own metadata, never the (possibly stale) root index.
+    if dask:
+        return xr.open_zarr(loc.url, group=gpath, consolidated=False)
+    return xr.open_zarr(loc.url, group=gpath, consolidated=False, chunks=None)  # lazily indexed, no dask

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import xarray as xr
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync as _sync
+from zarr.storage import MemoryStore
 
 from dynamics.schema import HEAD, LAYER, RUN
 from dynamics.store._loc import (
@@ -25,7 +29,7 @@ from dynamics.store.root import _index_update, _require_store, read_sweep_index,
 # --------------------------------------------------------------------------- reading
 
 
-def open_run(path: str | os.PathLike, run_id: str | None = None) -> xr.Dataset:
+def open_run(path: str | os.PathLike, run_id: str | None = None, *, dask: bool = True) -> xr.Dataset:
     """Open one run lazily (dask-backed), with the run's attributes.
 
     Parameters
@@ -33,6 +37,10 @@ def open_run(path: str | os.PathLike, run_id: str | None = None) -> xr.Dataset:
     path : str or PathLike
     run_id : str, optional
         Defaults to the only run in the store.
+    dask : bool
+        False: variables are still read only when used, but by plain zarr reads, without a
+        dask graph; for a run that fits in memory, ``open_run(..., dask=False).load()`` is
+        several times faster than loading the dask-backed dataset.
 
     Returns
     -------
@@ -53,7 +61,7 @@ def open_run(path: str | os.PathLike, run_id: str | None = None) -> xr.Dataset:
     loc = _Loc(path)
     _require_store(loc)
     run_id = _default_run(loc, run_id)
-    ds = _open_group_ds(loc, f"runs/{run_id}")
+    ds = _open_group_ds(loc, f"runs/{run_id}", dask=dask)
     ds.attrs.setdefault("run_id", run_id)
     return ds
 
@@ -195,7 +203,22 @@ def _write_whole(loc: _Loc, gpath: str, ds: xr.Dataset) -> None:
         if var.dtype.kind in "US":  # fixed-width strings have no stable zarr v3 dtype: store vlen
             ds[name] = var.astype(str).astype(object)
     ds.attrs = {k: _jsonable(v, k) for k, v in ds.attrs.items()}
-    ds.to_zarr(loc.url, group=gpath, mode="w", consolidated=False, zarr_format=3)
+    # xarray encodes into memory, then every key is written at once: to_zarr straight into the
+    # store makes one blocking round trip per array creation, attribute update and chunk (~20 ms
+    # per variable here, 0.5 s per analysis of 30 variables; bench/analysis.py).
+    staged = MemoryStore()
+    ds.to_zarr(staged, mode="w", consolidated=False, zarr_format=3)
+
+    async def replace() -> None:
+        keys = [k async for k in staged.list()]
+        proto = default_buffer_prototype()
+        values = await asyncio.gather(*(staged.get(k, prototype=proto) for k in keys))
+        await loc.store.delete_dir(gpath)
+        arrays = [(k, v) for k, v in zip(keys, values, strict=True) if k != "zarr.json"]
+        await asyncio.gather(*(loc.store.set(f"{gpath}/{k}", v) for k, v in arrays))
+        await loc.store.set(f"{gpath}/zarr.json", values[keys.index("zarr.json")])  # the group appears last
+
+    _sync(replace())
     _index_update(loc, gpath)
 
 

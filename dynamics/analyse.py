@@ -1,0 +1,97 @@
+"""`dynamics analyse`: every analyser over every finished run of a store, runs in parallel.
+
+Each run is independent (its own ``analysis/<run_id>`` group), so runs are spread over
+worker processes, one per core from the command line, like the sweep that trained them: the analysers
+are numpy and xarray code that holds the GIL for much of its time, so threads would not
+help. The calling process analyses runs too while the workers start, so a pool costs
+little even for a few runs. Results do not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import multiprocessing
+import threading
+
+IN_MEMORY_BYTES = 32 * 2**20
+"""Runs smaller than this are read whole and analysed in memory: dask's per-task overhead
+would dominate them. Larger runs are analysed lazily, a block of snapshots per task
+(``analysis.pipeline.STAGE_BYTES``), so memory stays bounded whatever their length."""
+
+
+def analyse_one(path: str, run_id: str) -> dict:
+    """Analyse one run and write ``analysis/<run_id>``; its summary row (skipped if unfinished)."""
+    from dynamics import store
+    from dynamics.analysis import analyse_run, summary_row
+
+    attrs = store.run_attrs(path, run_id)
+    if attrs.get("status") not in ("completed", "diverged"):
+        return {"run": run_id, "status": attrs.get("status", "?"), "skipped": True}
+    ds = store.open_run(path, run_id, dask=False)  # sizes only: nothing is read yet
+    ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else store.open_run(path, run_id)
+    result = analyse_run(ds).compute()
+    store.write_analysis(path, run_id, result)
+    return {"run": run_id, "status": attrs["status"], **summary_row(result)}
+
+
+def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1) -> list[dict]:
+    """Analyse runs of a store (default: all), ``workers`` at a time; rows in run order.
+
+    Parameters
+    ----------
+    path : str
+        Store path or URL.
+    run_ids : list of str, optional
+    workers : int
+        Processes analysing at once, this one included (``dynamics analyse`` uses one per
+        core). Workers are spawned, so a script that calls this with workers > 1 needs the
+        usual ``if __name__ == "__main__":`` guard. A URL store is analysed by this process
+        alone: its root index has no cross-process lock.
+
+    Returns
+    -------
+    list of dict
+        One :func:`analyse_one` row per run.
+    """
+    from dynamics import store
+
+    ids = list(run_ids or store.list_runs(path))
+    n = min(max(1, workers), len(ids))
+    if "://" in str(path) and not str(path).startswith("file://"):
+        n = 1
+    if n <= 1:
+        return [analyse_one(path, r) for r in ids]
+
+    queue, lock = collections.deque(ids), threading.Lock()
+    rows: dict[str, dict] = {}
+    errors: list[BaseException] = []
+
+    def take() -> str | None:
+        with lock:
+            return None if errors or not queue else queue.popleft()
+
+    def feed(pool: concurrent.futures.Executor) -> None:
+        # One thread per worker process keeps it busy with one run at a time.
+        try:
+            while (rid := take()) is not None:
+                rows[rid] = pool.submit(analyse_one, path, rid).result()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller below
+            errors.append(e)
+
+    # spawn: the caller may hold threads (a Dask client, torch's pools) that fork would copy.
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(n - 1, mp_context=ctx) as pool:
+        feeders = [threading.Thread(target=feed, args=(pool,), daemon=True) for _ in range(n - 1)]
+        for t in feeders:
+            t.start()
+        try:
+            while (rid := take()) is not None:
+                rows[rid] = analyse_one(path, rid)
+        except BaseException as e:
+            errors.append(e)
+        for t in feeders:
+            t.join()
+    if errors:
+        raise errors[0]
+    return [rows[r] for r in ids]
