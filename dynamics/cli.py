@@ -335,7 +335,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("== 4/4 report", flush=True)
     report_dir = Path(args.report or out.rstrip("/").removesuffix(".zarr") + "-report")
     page = write_report(out, report_dir)
-    print(f"training {t_train:.0f}s, analysis {t_analyse:.0f}s, total {time.perf_counter() - t0:.0f}s")
+    print(f"training {t_train:.1f}s, analysis {t_analyse:.1f}s ({t_analyse / t_train:.1%} of training), "
+          f"total {time.perf_counter() - t0:.0f}s")
     print(f"report: {page}\nopen {page.resolve().as_uri()}")
     return 0 if summary.ok else 1
 
