@@ -20,7 +20,7 @@ _MAX_ELEMENTS = 1 << 24  # logits elements per no-grad forward when scoring many
 
 @dataclass(frozen=True)
 class GateOptions:
-    """How gates are fitted and scored; the authors' defaults except clamp_start (module docstring)."""
+    """How gates are fitted and scored; the authors' defaults except clamp_start (package docstring, dynamics/gates/__init__.py)."""
 
     steps: int = 200
     """Adam updates of the G+ / G- stage (fitted together) and of a contrastive fit."""
@@ -31,7 +31,7 @@ class GateOptions:
 
     The authors' 0.1. On small attention-only pre-LN models a uniform down-scaling of every
     head costs little (LayerNorm undoes it), so G- separates heads more clearly at 0.3
-    (``--lam 0.3``; see the module docstring).
+    (``--lam 0.3``; see the package docstring).
     """
     lr: float = 1.0
     """Adam learning rate on the gate logits."""

@@ -3,7 +3,7 @@
 A batch is a pure function of ``(config, seed, step, split)``: every call builds its own
 ``numpy.random.Generator`` from ``SeedSequence([seed, step, split_id, task_key])``, so a
 resumed run needs no data-loader state and any batch can be regenerated for analysis.
-Batches are numpy (``int64`` tokens); the trainer converts them. This module never
+Batches are numpy (``int64`` tokens); the trainer converts them. This package never
 imports torch.
 
 Tasks (``cfg.task.name``) and the roles they target (see data/README.md):
