@@ -7,12 +7,13 @@
    (what ``dynamics analyse STORE`` does) --analyses times; printed: the analysis time as a
    fraction of that round's training time, wall clock and CPU time (all threads), the
    median over rounds. Goal: at most 10%.
-2. Memory. A synthetic run is written with ``store.RunWriter`` (the recorder's schema, see
-   ``record.variables``): ``--layers`` x ``--heads`` heads, ``--probes`` probes of length
-   ``--context``, as many snapshots as make the float16 attention array ``--store-mb``
-   uncompressed; causal softmax rows that sharpen over snapshots, with previous-token,
-   sink, self and content heads. Each store is analysed in a fresh subprocess; printed:
-   which path ``analyse_store`` took (runs under ``dynamics.analyse.IN_MEMORY_BYTES`` are loaded
+2. Memory. A synthetic sweep store of ``--runs`` runs is written with ``store.RunWriter``
+   (the recorder's schema, see ``record.variables``): ``--layers`` x ``--heads`` heads,
+   ``--probes`` probes of length ``--context``, as many snapshots per run as make the float16
+   attention arrays ``--store-mb`` uncompressed in all; causal softmax rows that sharpen over
+   snapshots, with previous-token, sink, self and content heads. Each store is analysed by
+   ``analyse_store`` with one process (``--workers 1``: N workers hold N runs at once) in a
+   fresh subprocess; printed: which path it took for each run (runs under ``dynamics.analyse.IN_MEMORY_BYTES`` are loaded
    whole, larger ones analysed lazily with dask), its peak resident memory (``ru_maxrss``)
    less its resident memory just before the analysis (imports done), and that increment
    over the store's uncompressed bytes (attention alone, and all arrays); and, between the
@@ -138,15 +139,14 @@ def child(store_path: str, cap_mb: float | None) -> int:
     from dynamics import analyse, cli, store
     from dynamics.analysis import analyse_run  # noqa: F401
 
-    (run_id,) = store.list_runs(store_path)
-    in_memory = store.open_run(store_path, run_id).nbytes < analyse.IN_MEMORY_BYTES
+    in_memory = all(store.open_run(store_path, r).nbytes < analyse.IN_MEMORY_BYTES for r in store.list_runs(store_path))
     base_rss, base_vm = rss_bytes(), vm_bytes()
     if cap_mb is not None:
         limit = base_vm + int(cap_mb * 2**20)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     w0, c0 = time.perf_counter(), time.process_time()
     try:
-        rows = cli.analyse_store(store_path)
+        rows = cli.analyse_store(store_path, workers=1)
         ok, err = True, ""
     except MemoryError as e:
         ok, err, rows = False, f"MemoryError: {e}", []
@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for training")
     parser.add_argument("--store-mb", type=float, nargs="+", default=[32.0, 288.0, 864.0],
                         help="uncompressed attention MB of each synthetic store")
+    parser.add_argument("--runs", type=int, default=3, help="runs per synthetic sweep store")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--probes", type=int, default=16)
@@ -230,22 +231,26 @@ def main(argv: list[str] | None = None) -> int:
                   f"analysis on dask's threads)")
 
         if not args.skip_memory:
-            print("\n2. memory: analyse_store in a fresh process on synthetic stores")
-            header = (f"   {'store':<28}{'attn MB':>9}{'all MB':>8}{'disk MB':>9}{'path':>11}{'peak-base MB':>14}"
+            print("\n2. memory: analyse_store, one process, fresh for each synthetic sweep store")
+            header = (f"   {'store':<34}{'attn MB':>9}{'all MB':>8}{'disk MB':>9}{'path':>11}{'peak-base MB':>14}"
                       f"{'/ attn':>8}{'/ all':>7}{'wall s':>8}")
-            print(header)
+            print(header)  # store: runs x the shape of each
             print("   " + "-" * (len(header) - 3))
             results = []
             for mb in sorted(args.store_mb):
                 path = os.path.join(tmp, f"synthetic-{mb:g}.zarr")
-                info = build_store(path, layers=args.layers, heads=args.heads, probes=args.probes,
-                                   context=args.context, attention_mb=mb)
+                parts = [build_store(path, layers=args.layers, heads=args.heads, probes=args.probes,
+                                     context=args.context, attention_mb=mb / args.runs, seed=i, run_id=f"synthetic{i}")
+                         for i in range(args.runs)]
+                info = {"shape": f"{args.runs} x {parts[0]['shape']}",
+                        "attention_bytes": sum(x["attention_bytes"] for x in parts),
+                        "total_bytes": sum(x["total_bytes"] for x in parts)}
                 disk = sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
                 r = run_child(path)
                 results.append((path, info, r))
                 inc = r["peak_rss"] - r["base_rss"]
                 status = "" if r["ok"] else f"  FAILED: {r['error']}"
-                print(f"   {info['shape']:<28}{info['attention_bytes'] / 2**20:>9.0f}{info['total_bytes'] / 2**20:>8.0f}"
+                print(f"   {info['shape']:<34}{info['attention_bytes'] / 2**20:>9.0f}{info['total_bytes'] / 2**20:>8.0f}"
                       f"{disk / 2**20:>9.0f}{r.get('path', '?'):>11}{inc / 2**20:>14.0f}{inc / info['attention_bytes']:>8.2f}"
                       f"{inc / info['total_bytes']:>7.2f}{r['wall']:>8.1f}{status}")
             same = [x for x in results if x[2].get("path") == results[-1][2].get("path") and x[2]["ok"]]

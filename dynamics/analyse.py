@@ -58,7 +58,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1)
 
     ids = list(run_ids or store.list_runs(path))
     n = min(max(1, workers), len(ids))
-    if "://" in str(path) and not str(path).startswith("file://"):
+    if store.is_remote(path):
         n = 1
     if n <= 1:
         return [analyse_one(path, r) for r in ids]

@@ -94,7 +94,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     out = xr.Dataset(coords={"step": ds["step"]})
 
     stage = _attention_stage_by_blocks(attn, tokens, opt, max_offset=min(opt.max_offset, T - 1))
-    scores = xr.Dataset({name[len("score_"):]: v for name, v in stage.data_vars.items() if name.startswith("score_")},
+    scores = xr.Dataset({name.removeprefix("score_"): v for name, v in stage.data_vars.items() if name.startswith("score_")},
                         attrs=stage.attrs)
     out["role_score"] = scores[list(SCORE_ROLES)].to_dataarray("role_name")
     out["slash_offset"] = scores["slash_offset"]

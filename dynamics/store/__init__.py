@@ -49,7 +49,7 @@ CPU, and zstd is a core Zarr v3 codec that any reader understands.
 # `name as name`: module-level names kept reachable as store.<name>, outside __all__.
 from dynamics.schema import STORE_VERSION as STORE_VERSION
 from dynamics.store._loc import SECTIONS as SECTIONS
-from dynamics.store._loc import StoreError
+from dynamics.store._loc import StoreError, is_remote
 from dynamics.store.checkpoints import (
     atomic_write_bytes,
     checkpoint_path,
@@ -91,6 +91,7 @@ __all__ = [
     "read_checkpoint",
     "write_checkpoint",
     "init_store",
+    "is_remote",
     "is_store",
     "list_runs",
     "open_analysis",

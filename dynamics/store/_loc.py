@@ -94,6 +94,11 @@ class _Loc:
             return []
 
 
+def is_remote(path: str | os.PathLike) -> bool:
+    """Whether a store path is an fsspec URL other than ``file://`` (no cross-process lock there)."""
+    return _Loc(path).local is None
+
+
 _THREAD_LOCK = threading.RLock()
 _HELD = threading.local()
 

@@ -58,7 +58,7 @@ def write_checkpoint(path: str | os.PathLike, run_id: str, data: bytes) -> None:
     """
     loc = _Loc(path)
     if loc.local is not None:
-        atomic_write_bytes(checkpoint_path(loc.local, run_id), data)
+        atomic_write_bytes(loc.local / _key(run_id), data)  # makes the parent directory
         return
     fs, root = _remote_fs(loc)
     target = f"{root.rstrip('/')}/{_key(run_id)}"

@@ -153,7 +153,7 @@ def run_sweep(
                         summary.failed.append(r["run_id"])
                         summary.errors[r["run_id"]] = r["error"] or "?"
         finally:
-            if _is_url(path):  # its tasks left the root index alone (store.deferred_index)
+            if store.is_remote(path):  # its tasks left the root index alone (store.deferred_index)
                 store.reindex(path)
     summary.wall_time = time.perf_counter() - t0
     return summary

@@ -65,6 +65,16 @@ def wait_until(cond, what: str, limit: float = 90.0, every: float = 0.1):
     pytest.fail(f"gave up waiting for {what}")
 
 
+def stop_all(procs: list[subprocess.Popen], logs: list) -> None:
+    """Kill whatever is still running, reap everything, close the log files."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    for f in logs:
+        f.close()
+
+
 def sweep_cmd(config: Path, out: Path, address: str) -> list[str]:
     return [sys.executable, "-m", "dynamics", "sweep", str(config), "--out", str(out), "--scheduler", address]
 
@@ -105,12 +115,7 @@ def cluster(tmp_path_factory):
     finally:
         if client is not None:
             client.close()
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        for f in logs:
-            f.close()
+        stop_all(procs, logs)
 
 
 @pytest.fixture
@@ -126,15 +131,7 @@ def launched(request):
         procs.append(p)
         return p
 
-    def cleanup():
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        for f in logs:
-            f.close()
-
-    request.addfinalizer(cleanup)
+    request.addfinalizer(lambda: stop_all(procs, logs))
     return start
 
 
