@@ -1,11 +1,13 @@
 """Training throughput and model-FLOP utilisation (MFU) of the default model.
 
     python bench/train.py [--device cpu|cuda] [--config experiments/induction.toml] [--threads 1]
-                          [--steps 5] [--repeats 7] [--no-threads] [--no-profile]
+                          [--set model.d_model=128 ...] [--steps 5] [--repeats 7]
+                          [--compile] [--no-threads] [--no-profile]
 
 The model is ``RunConfig()``'s defaults (ModelConfig: 2 layers, d_model 64, 4 heads of 16,
 d_mlp 256, vocab 64, context 64, RoPE, fixed gates; TrainConfig: batch 32, AdamW, grad clip
-1.0) unless ``--config`` names an experiment TOML. One training step is exactly train.py's
+1.0) unless ``--config`` names an experiment TOML; ``--set`` overrides keys as in
+``dynamics run``. One training step is exactly train.py's
 (batch generation, lr set, zero_grad, forward, cross-entropy, backward, clip, AdamW step),
 with no recording.
 
@@ -19,6 +21,8 @@ reduced to medians, because the machines are shared:
   trained parameters that take part in a matmul or an elementwise op, i.e. all but the
   W_E (and W_pos) lookup tables. Softmax, GELU, LayerNorm and the optimiser count 0 FLOPs,
   so they are part of the gap.
+- ``--compile``: the same step with ``torch.compile(model.forward)``, timed in blocks
+  alternated with the eager ones, and the compile time. Training does not compile: see README.
 - Where the gap is: the step split into phases (data, forward, backward, clip, optimiser)
   timed directly; within forward + backward, profiler self time per kernel family, and the
   framework share (wall time not spent inside any ATen kernel: Python, autograd, dispatch);
@@ -50,7 +54,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench._common import load_line  # noqa: E402
-from dynamics.config import RunConfig, load_config, replace_section  # noqa: E402
+from dynamics.config import ConfigError, RunConfig, load_config, parse_override, replace_section, with_values  # noqa: E402
 from dynamics.tasks import make_batch  # noqa: E402
 from dynamics.train import build, lr_at, make_optimizer, train_run  # noqa: E402
 
@@ -250,7 +254,8 @@ def threads_compare(args: argparse.Namespace, rounds: int) -> dict[str, float]:
         for name in order:
             v = variants[name]
             cmd = [sys.executable, __file__, "--worker", "--threads", str(v["threads"]), "--steps", str(args.steps),
-                   "--repeats", "3"] + (["--config", args.config] if args.config else [])
+                   "--repeats", "3"] + (["--config", args.config] if args.config else []) \
+                + [f"--set={t}" for t in args.set]
             env = {k: val for k, val in os.environ.items() if k != "OMP_WAIT_POLICY"} | v["env"]
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             times[name].append(json.loads(res.stdout.strip().splitlines()[-1])["step_s"])
@@ -258,7 +263,8 @@ def threads_compare(args: argparse.Namespace, rounds: int) -> dict[str, float]:
 
 
 def make_cfg(args: argparse.Namespace) -> RunConfig:
-    cfg = load_config(args.config) if args.config else RunConfig()
+    cfg = load_config(args.config, args.set) if args.config else \
+        with_values(RunConfig(), dict(parse_override(t) for t in args.set))
     # train_run sets torch's threads from train.threads: keep it equal to --threads
     return replace_section(cfg, "train", device=args.device, threads=args.threads)
 
@@ -277,12 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     parser.add_argument("--config", default=None, help="experiment TOML (default: RunConfig() defaults)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config key, as in `dynamics run` (e.g. model.d_model=128)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on cpu (sweeps use 1)")
     parser.add_argument("--steps", type=int, default=5, help="training steps per timed block")
     parser.add_argument("--repeats", type=int, default=7, help="alternated blocks per measurement")
     parser.add_argument("--peak-n", type=int, default=None, help="size of the peak matmul (2048 cpu, 8192 cuda)")
     parser.add_argument("--run-steps", type=int, default=100, help="steps of each train_run in the loop comparison")
     parser.add_argument("--pairs", type=int, default=5, help="alternated train_run / bare pairs")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time a torch.compile'd model, alternated with the eager one")
     parser.add_argument("--no-threads", action="store_true", help="skip the 1 vs 2 threads comparison")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiler breakdown")
     parser.add_argument("--no-train-run", action="store_true", help="skip train_run vs bare loop")
@@ -291,10 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args)
 
+    try:
+        cfg = make_cfg(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    cfg = make_cfg(args)
     m, B = cfg.model, cfg.train.batch_size
     tokens_per_step = B * m.context
     trainer = Trainer(cfg, device)
@@ -305,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
 
     where = f"cpu, {args.threads} thread(s) of {os.cpu_count()} CPUs ({cpu_name()})" if device.type == "cpu" \
         else torch.cuda.get_device_name(device)
-    print(f"model: {'--config ' + args.config if args.config else 'RunConfig() defaults'}: L={m.n_layers} "
+    source = ("--config " + args.config if args.config else "RunConfig() defaults") + \
+        "".join(f" --set {t}" for t in args.set)
+    print(f"model: {source}: L={m.n_layers} "
           f"d_model={m.d_model} H={m.n_heads} d_head={m.head_dim} d_mlp={0 if m.attn_only else m.d_mlp} "
           f"V={m.vocab_size} T={m.context} pos={m.pos}; batch {B} = {tokens_per_step} tokens/step; "
           f"torch {torch.__version__}")
@@ -315,10 +331,20 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- 1. throughput and MFU: training blocks alternated with the peak matmul
     trainer.timed(3)  # warm-up: allocator, kernels, lazy inits
-    step_t, peak = [], []
+    compiled = None
+    if args.compile:
+        # Same weights and data stream, forward (and so backward) through Inductor.
+        compiled = Trainer(cfg, device)
+        compiled.model.forward = torch.compile(compiled.model.forward, dynamic=False)
+        t0 = time.perf_counter()
+        compiled.timed(3)
+        compile_s = time.perf_counter() - t0
+    step_t, peak, comp_t = [], [], []
     for _ in range(args.repeats):
         step_t.append(trainer.timed(args.steps))
         peak.append(mm_rate(big, big, device, min_time=0.2))
+        if compiled is not None:
+            comp_t.append(compiled.timed(args.steps))
     t_step, peak_rate = median(step_t), median(peak)
     tok_s = tokens_per_step / t_step
     mfu = tok_s * fpt / peak_rate
@@ -326,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   step {t_step * 1e3:.1f} ms = {tok_s:,.0f} tokens/s; peak mm {peak_n}^2 float32 "
           f"{peak_rate / 1e9:.1f} GFLOP/s   [absolute: reference only on a shared CPU]")
     print(f"   MFU = {mfu:.1%} of the peak matmul rate measured alongside  (goal >= 50%)")
+    if compiled is not None:
+        t_comp = median(comp_t)
+        print(f"   torch.compile(model.forward), alternated with the eager blocks: step {t_comp * 1e3:.1f} ms, "
+              f"MFU {tokens_per_step / t_comp * fpt / peak_rate:.1%}, {t_step / t_comp:.2f}x the eager step; "
+              f"compiling and its first 3 steps took {compile_s:.1f} s (Inductor's cache warms on later runs)")
 
     # ---- 2. where the gap is
     print("\n2. where the step goes")
