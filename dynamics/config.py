@@ -181,12 +181,21 @@ class RunConfig:
 
     def run_id(self) -> str:
         """Stable id derived from the resolved config, sweep table excluded."""
-        d = self.to_dict()
-        d.pop("sweep")
-        d["train"].pop("device")  # the same run on another device is the same experiment
-        d["train"].pop("threads")
-        blob = json.dumps(d, sort_keys=True).encode()
+        blob = json.dumps(experiment_identity(self.to_dict()), sort_keys=True).encode()
         return "r" + hashlib.sha1(blob).hexdigest()[:10]
+
+
+# Where and how fast a run executes, not what it computes: the same run on another device or
+# thread count is the same experiment, with the same id and the same store entry.
+EXECUTION_KEYS = ("device", "threads")
+
+
+def experiment_identity(config: dict) -> dict:
+    """A config dict (``RunConfig.to_dict()`` or a run's stored ``config`` attr) without the
+    sweep table and :data:`EXECUTION_KEYS`: two runs are the same experiment iff these are equal."""
+    d = {k: v for k, v in config.items() if k != "sweep"}
+    d["train"] = {k: v for k, v in d.get("train", {}).items() if k not in EXECUTION_KEYS}
+    return d
 
 
 SECTIONS = {

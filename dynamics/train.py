@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 import dynamics
 from dynamics import interventions, store
-from dynamics.config import RunConfig
+from dynamics.config import RunConfig, experiment_identity
 from dynamics.model import Transformer
 from dynamics.record import Recorder, coords, snapshot_steps, variables
 from dynamics.tasks import data_hash, make_batch
@@ -129,6 +129,12 @@ def _checkpoint_bytes(model, optimizer, step: int, recorder: Recorder, intervent
     return buf.getvalue()
 
 
+def _load_checkpoint(path: str, run_id: str, device) -> dict | None:
+    """The run's checkpoint dict (the inverse of :func:`_checkpoint_bytes`), or None if it has none."""
+    blob = store.read_checkpoint(path, run_id)
+    return None if blob is None else torch.load(io.BytesIO(blob), map_location=device, weights_only=False)
+
+
 def _save_checkpoint(path: str, run_id: str, blob: bytes, attrs_writer: store.RunWriter, step: int) -> None:
     store.write_checkpoint(path, run_id, blob)
     attrs_writer.set_attrs(checkpoint_step=step)
@@ -183,13 +189,7 @@ def train_run(
         attrs = store.run_attrs(path, run_id)
         if attrs.get("status") in ("completed", "diverged"):
             return RunResult(run_id, attrs["status"], int(attrs.get("steps_done", 0)), skipped=True)
-        stored = {k: v for k, v in attrs.get("config", {}).items() if k != "sweep"}
-        mine = {k: v for k, v in cfg.to_dict().items() if k != "sweep"}
-        stored.get("train", {}).pop("device", None)
-        mine["train"].pop("device")
-        mine["train"].pop("threads")
-        stored.get("train", {}).pop("threads", None)
-        if stored != mine:
+        if experiment_identity(attrs.get("config", {})) != experiment_identity(cfg.to_dict()):
             raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
 
     base_attrs = {
@@ -217,9 +217,8 @@ def train_run(
         recorder = Recorder(cfg, device)
 
         start = 0
-        blob = store.read_checkpoint(path, run_id) if existing else None
-        if blob is not None:
-            ckpt = torch.load(io.BytesIO(blob), map_location=device, weights_only=False)
+        ckpt = _load_checkpoint(path, run_id, device) if existing else None
+        if ckpt is not None:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             recorder.prev_grads = ckpt["prev_grads"]
@@ -346,10 +345,9 @@ def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") ->
         raise store.StoreError(f"no run {run_id!r} in {path}")
     attrs = store.run_attrs(path, run_id)
     cfg = from_dict({k: v for k, v in attrs["config"].items() if k != "sweep"})
-    blob = store.read_checkpoint(path, run_id)
-    if blob is None:
+    ckpt = _load_checkpoint(path, run_id, device)
+    if ckpt is None:
         raise store.StoreError(f"run {run_id} in {path} has no checkpoint to load the model from")
-    ckpt = torch.load(io.BytesIO(blob), map_location=device, weights_only=False)
     model = Transformer(cfg.model).to(device)
     model.load_state_dict(ckpt["model"])
     model.eval()

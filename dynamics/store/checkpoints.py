@@ -23,11 +23,12 @@ def _key(run_id: str) -> str:
     return f"checkpoints/{_check_name('run id', run_id)}/{CHECKPOINT_FILE}"
 
 
-def _remote_fs(loc: _Loc):
-    """(sync fsspec filesystem, path of the store root in it) for a URL store."""
+def _remote_target(loc: _Loc, run_id: str):
+    """(sync fsspec filesystem, path of the run's checkpoint in it) for a URL store."""
     import fsspec.core
 
-    return fsspec.core.url_to_fs(loc.url)
+    fs, root = fsspec.core.url_to_fs(loc.url)
+    return fs, f"{root.rstrip('/')}/{_key(run_id)}"
 
 
 def checkpoint_path(path: str | os.PathLike, run_id: str) -> Path:
@@ -60,8 +61,7 @@ def write_checkpoint(path: str | os.PathLike, run_id: str, data: bytes) -> None:
     if loc.local is not None:
         atomic_write_bytes(loc.local / _key(run_id), data)  # makes the parent directory
         return
-    fs, root = _remote_fs(loc)
-    target = f"{root.rstrip('/')}/{_key(run_id)}"
+    fs, target = _remote_target(loc, run_id)
     tmp = f"{target}.{uuid.uuid4().hex}.tmp"
     fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
     try:
@@ -81,9 +81,9 @@ def read_checkpoint(path: str | os.PathLike, run_id: str) -> bytes | None:
             return (loc.local / _key(run_id)).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
-    fs, root = _remote_fs(loc)
+    fs, target = _remote_target(loc, run_id)
     try:
-        return fs.cat_file(f"{root.rstrip('/')}/{_key(run_id)}")
+        return fs.cat_file(target)
     except FileNotFoundError:
         return None
 
@@ -93,8 +93,8 @@ def has_checkpoint(path: str | os.PathLike, run_id: str) -> bool:
     loc = _Loc(path)
     if loc.local is not None:
         return (loc.local / _key(run_id)).is_file()
-    fs, root = _remote_fs(loc)
-    return bool(fs.exists(f"{root.rstrip('/')}/{_key(run_id)}"))
+    fs, target = _remote_target(loc, run_id)
+    return bool(fs.exists(target))
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynamics.config import ConfigError, RunConfig, with_values
+from dynamics.config import EXECUTION_KEYS, ConfigError, RunConfig, with_values
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
         run_id = point_cfg.run_id()
         if run_id in seen:
             raise ConfigError(f"sweep points {seen[run_id]} and {_label(values)} are the same run "
-                              f"({run_id}); the run id ignores train.device and train.threads")
+                              f"({run_id}); the run id ignores {' and '.join('train.' + k for k in EXECUTION_KEYS)}")
         seen[run_id] = _label(values)
         points.append(Point(run_id, values, point_cfg))
     return points

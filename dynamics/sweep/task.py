@@ -66,9 +66,8 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
     Returns a dict: run_id, status (completed | diverged | failed | interrupted |
     cancelled), steps_done, skipped, error (one line) and traceback (failed only).
     """
-    from dynamics.train import set_threads, train_run
+    from dynamics.train import train_run  # it sets torch's threads from train.threads (1 by default)
 
-    set_threads(1)
     _keep_freed_memory()
     reporter = _TaskReporter(run_id, token)
     out = {"run_id": run_id, "status": "cancelled", "steps_done": 0, "skipped": False, "error": None,
