@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import hashlib
+import json
 import multiprocessing
 import threading
 
@@ -95,3 +97,49 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1)
     if errors:
         raise errors[0]
     return [rows[r] for r in ids]
+
+
+def seed_consistency(path: str) -> list[tuple[str, float, int]]:
+    """Cross-seed reproducibility of the division of labour, per config, over analysed runs.
+
+    Runs whose configs differ only in ``train.seed`` (and in where they ran:
+    ``config.EXECUTION_KEYS``) form a group; their heads are matched by the Hungarian
+    assignment on final role-score profiles (:func:`analysis.cross_seed_consistency`).
+    Writes ``derived/consistency``.
+
+    Returns
+    -------
+    list of (label, similarity, runs)
+        One row per group of two or more runs. The label is the group's values of the sweep
+        axes other than the seed when the store has a sweep index, else a short hash of
+        the shared config.
+    """
+    import xarray as xr
+
+    from dynamics import store
+    from dynamics.analysis import cross_seed_consistency
+    from dynamics.config import experiment_identity
+
+    index = store.read_sweep_index(path) or {}
+    axes = [a for a in index.get("axes", []) if a != "train.seed"]
+    groups, labels, profiles = [], {}, []
+    for run_id in store.list_runs(path):
+        analysis = store.open_analysis(path, run_id)
+        if analysis is None:
+            continue
+        config = experiment_identity(store.run_attrs(path, run_id)["config"])
+        config["train"].pop("seed", None)
+        group = "config " + hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
+        if axes and run_id in index.get("runs", {}):
+            values = index["runs"][run_id]
+            labels[group] = json.dumps({a: values.get(a) for a in axes}, sort_keys=True)
+        groups.append(group)
+        profiles.append(analysis["role_score"].isel(snapshot=-1).load())
+    counts = collections.Counter(groups)
+    if not counts or max(counts.values()) < 2:
+        return []  # no config was run with more than one seed
+    stacked = xr.concat(profiles, dim="run", join="outer").transpose("run", "layer", "head", "role_name")
+    result = cross_seed_consistency(stacked.fillna(0.0), groups, feature_dim="role_name")
+    store.write_derived(path, "consistency", result.drop_vars([v for v in result.coords if v not in result.dims]))
+    return [(labels.get(g, g), float(result.similarity.sel(group=g)), counts[g])
+            for g in result.group.values.tolist() if counts[g] >= 2]

@@ -79,15 +79,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dynamics.train import train_run
 
     run_id = args.run_id or cfg.run_id()
+    from dynamics.store import StoreError
+
     try:
         result = train_run(cfg, out, run_id, progress=_progress_printer(run_id))
-    except (KeyboardInterrupt, ConfigError):
-        raise
+    except (ConfigError, StoreError):
+        raise  # bad input: main() prints it as one line, exit 2
     except Exception as e:  # noqa: BLE001 - the run's attributes hold the full traceback
-        from dynamics.store import StoreError
-
-        if isinstance(e, StoreError):
-            raise
         print(f"dynamics: run {run_id} failed: {type(e).__name__}: {e} (traceback in the run's attributes)",
               file=sys.stderr)
         return 1
@@ -149,39 +147,6 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | No
     return analyse(path, run_ids, workers=workers or os.cpu_count() or 1)
 
 
-def seed_consistency(path: str) -> list[tuple[str, float, int]]:
-    """Cross-seed reproducibility of the division of labour, per config of a sweep.
-
-    Runs that differ only in train.seed form a group; their heads are matched by the Hungarian
-    assignment on final role-score profiles (analysis.cross_seed_consistency). Writes
-    derived/consistency and returns (config label, mean matched similarity, runs) rows.
-    """
-    import json
-
-    import xarray as xr
-
-    from dynamics import store
-    from dynamics.analysis import cross_seed_consistency
-
-    index = store.read_sweep_index(path) or {}
-    axes = [a for a in index.get("axes", []) if a != "train.seed"]
-    runs = [r for r in store.list_runs(path) if store.open_analysis(path, r) is not None]
-    if len(runs) < 2:
-        return []
-    labels, profiles = [], []
-    for r in runs:
-        values = index.get("runs", {}).get(r, {})
-        labels.append(json.dumps({a: values.get(a) for a in axes}, sort_keys=True))
-        profiles.append(store.open_analysis(path, r)["role_score"].isel(snapshot=-1).load())
-    if len(set(labels)) == len(labels):
-        return []  # no config was run with more than one seed
-    stacked = xr.concat(profiles, dim="run", join="outer").transpose("run", "layer", "head", "role_name")
-    result = cross_seed_consistency(stacked.fillna(0.0), labels, feature_dim="role_name")
-    store.write_derived(path, "consistency", result.drop_vars([v for v in result.coords if v not in result.dims]))
-    counts = {g: labels.count(g) for g in set(labels)}
-    return [(g, float(result.similarity.sel(group=g)), counts[g]) for g in result.group.values.tolist()]
-
-
 def cmd_analyse(args: argparse.Namespace) -> int:
     _check_store(args.store)
     from dynamics import store
@@ -197,6 +162,8 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     rows = analyse_store(args.store, [args.run] if args.run else None, workers=args.workers)
     _print_analysis(rows)
     if not args.run:
+        from dynamics.analyse import seed_consistency
+
         for group, sim, n in seed_consistency(args.store):
             print(f"cross-seed consistency {group}: {sim:.3f} over {n} seeds (1 = same heads up to permutation)")
     print(f"analysed {sum(not r.get('skipped') for r in rows)} runs in {time.perf_counter() - t0:.1f}s "

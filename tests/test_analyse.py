@@ -7,7 +7,7 @@ import xarray as xr
 
 from dynamics import cli, store
 from dynamics.analyse import analyse_store
-from dynamics.config import load_config, with_values
+from dynamics.config import from_dict, load_config, with_values
 from dynamics.train import train_run
 
 
@@ -69,3 +69,28 @@ def test_bad_workers_is_one_line_exit_2(three_runs, capsys):
     assert cli.main(["analyse", path, "--workers", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "dynamics: error: --workers: must be >= 1, got 0"
+
+
+def test_seed_consistency_groups_runs_by_their_config(three_runs, tmp_path):
+    from dynamics.analyse import seed_consistency
+
+    path = str(tmp_path / "c.zarr")
+    shutil.copytree(three_runs[0], path)
+    base = store.run_attrs(path, store.list_runs(path)[0])["config"]
+    cfg = from_dict({k: v for k, v in base.items() if k != "sweep"})
+    other = with_values(cfg, {"train.lr": 1e-3})  # another config, one seed: a group of its own
+    train_run(other, path)
+    analyse_store(path, workers=1)
+    seeds = [r for r in store.list_runs(path)
+             if store.open_analysis(path, r) is not None and r != other.run_id()]
+    assert len(seeds) == 3
+    # Known answer: every seed's final profiles are the first seed's with its heads permuted
+    first = store.open_analysis(path, seeds[0]).load()
+    for r in seeds[1:]:
+        score = first.role_score
+        store.write_analysis(path, r, first.assign(role_score=(score.dims, score.isel(head=[1, 0]).values)))
+    [(label, similarity, n)] = seed_consistency(path)
+    assert n == 3 and label.startswith("config ")
+    assert similarity == pytest.approx(1.0, abs=1e-12)  # the lr=1e-3 run is not lumped in
+    derived = store.open_derived(path, "consistency")
+    assert derived is not None and derived.similarity.sizes["group"] == 2
