@@ -122,6 +122,19 @@ def test_commitment_step_missing_heads_and_single_snapshot():
 # ----------------------------------------------------------------------------- gini
 
 
+def test_steps_come_from_a_per_run_step_coordinate():
+    # open_sweep gives step dims (run, snapshot) when runs were recorded at different steps;
+    # the answer must be each run's own step, not the snapshot index.
+    steps = np.array([[0, 10, 20, 30, 40, 50, 60], [0, 100, 200, 300, 400, 500, 600]])
+    x = np.array([[1.0, 1.01, 0.99, 1.0, 2.0, 2.1, 2.2]] * 2)
+    c = xr.DataArray(x, dims=("run", "snapshot"), coords={"step": (("run", "snapshot"), steps)})
+    assert bifurcation_step(c).values.tolist() == [40.0, 400.0]
+    codes = np.array([[0, 1, 0, 2, 2, 2, 2]] * 2)[:, :, None, None]
+    lab = xr.DataArray(codes, dims=("run", "snapshot", "layer", "head"),
+                       coords={"step": (("run", "snapshot"), steps)})
+    assert commitment_step(lab).values.ravel().tolist() == [30.0, 300.0]
+
+
 @pytest.mark.parametrize("n", [2, 5, 12])
 def test_gini_equal_and_one_hot(n):
     assert float(gini(xr.DataArray(np.full(n, 3.7), dims="head"))) == 0.0

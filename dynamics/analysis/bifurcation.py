@@ -28,8 +28,9 @@ STEP = "step"  # the snapshot coordinate (schema: "step" is the snapshot coordin
 
 
 def _steps(da: xr.DataArray) -> xr.DataArray:
-    """Training step of each snapshot as a coord-free float (snapshot,) array."""
-    if STEP in da.coords and da[STEP].dims == (SNAPSHOT,):
+    """Training step of each snapshot as a coord-free float array: (snapshot,), or e.g.
+    (run, snapshot) when a sweep's runs were recorded at different steps."""
+    if STEP in da.coords and SNAPSHOT in da[STEP].dims:
         return xr.DataArray(da[STEP].variable.astype(np.float64))
     return xr.DataArray(np.arange(da.sizes[SNAPSHOT], dtype=np.float64), dims=SNAPSHOT)
 
