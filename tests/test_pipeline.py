@@ -77,3 +77,21 @@ def test_known_roles_and_missing_heads():
     assert (result["divergence_from_init"].isel(snapshot=0).sel(run="a") == 0).all()
     row = summary_row(result.sel(run="a"))
     assert row["roles"]["previous_token"] >= 1
+    # Padded heads have no role history: NaN, not the first step.
+    assert np.isnan(result["commitment_step"].sel(run="b", head=H - 1)).all()
+    assert result["commitment_step"].sel(run="a", layer=0, head=0).item() == 2.0
+
+
+def test_a_sink_head_is_not_slash_dominant():
+    # slash_score(T - 1) = A[T-1, 0] = 1 for a sink head, so the dominance window must stop at
+    # T // 2 like the slash role's; T = 10 here, within the stored offsets 0..min(16, T-1).
+    ds = sweep_like().sel(run="a", drop=True)
+    a = ds.attention.values.copy()
+    a[:, 1, 0] = 0
+    a[:, 1, 0, :, :, 0] = 1  # layer 1, head 0 attends only to key 0
+    ds["attention"] = (ds.attention.dims, a)
+    r = analyse_run(ds).load().sel(layer=1, head=0)
+    assert (np.asarray(pipeline.ROLES)[r.role.values] == "sink").all()
+    assert not r.slash_dominant.any()
+    assert (r.best_offset <= T // 2).all()
+    assert np.isnan(r.slash_emergence_step)

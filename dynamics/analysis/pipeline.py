@@ -93,22 +93,28 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     T = attn.sizes["query"]
     out = xr.Dataset(coords={"step": ds["step"]})
 
-    stage = _attention_stage_by_blocks(attn, tokens, opt, max_offset=min(opt.max_offset, T - 1))
+    max_stored = min(opt.max_offset, T - 1)
+    stage = _attention_stage_by_blocks(attn, tokens, opt, max_offset=max_stored)
     scores = xr.Dataset({name.removeprefix("score_"): v for name, v in stage.data_vars.items() if name.startswith("score_")},
                         attrs=stage.attrs)
     out["role_score"] = scores[list(SCORE_ROLES)].to_dataarray("role_name")
     out["slash_offset"] = scores["slash_offset"]
     out["role"] = assign_roles(scores, opt.roles)
-    out["commitment_step"] = commitment_step(out["role"])
+    present = stage["present"]
+    # Role codes are ints, so padded heads read "none"; mask them to NaN so their commitment
+    # step is NaN rather than step[0].
+    out["commitment_step"] = commitment_step(out["role"].where(present))
 
     slash = stage["slash"]
     out["slash_score"] = slash
-    offset, best = best_offset(slash, min_offset=opt.slash_min_offset)
+    # The same window as the slash role: past T // 2 a score rests on few rows, and
+    # slash_score(T - 1) = A[T-1, 0] is 1 for any sink head.
+    window = min(max_stored, T // 2 if opt.roles.slash_max_offset is None else opt.roles.slash_max_offset)
+    offset, best = best_offset(slash, min_offset=opt.slash_min_offset, max_offset=window)
     out["best_offset"], out["best_slash"] = offset, best
-    dominant = slash_dominant(slash, kappa=opt.kappa, min_offset=opt.slash_min_offset)
+    dominant = slash_dominant(slash, kappa=opt.kappa, min_offset=opt.slash_min_offset, max_offset=window)
     out["slash_dominant"] = dominant
     out["slash_emergence_step"] = emergence_step(dominant)
-    present = stage["present"]
     out["slash_dominant_share"] = dominant_share(dominant, present=present)
 
     share = stage["share"]
@@ -139,6 +145,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     out.attrs.update(
         roles=list(ROLES),
         kappa=opt.kappa,
+        slash_offsets=[opt.slash_min_offset, int(window)],
         cluster_threshold=opt.cluster_threshold,
         token_id=opt.roles.token_id,
         token_run_length=opt.token_run_length,
