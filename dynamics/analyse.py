@@ -25,16 +25,39 @@ would dominate them. Larger runs are analysed lazily, a block of snapshots per t
 def analyse_one(path: str, run_id: str) -> dict:
     """Analyse one run and write ``analysis/<run_id>``; its summary row (skipped if unfinished)."""
     from dynamics import store
-    from dynamics.analysis import analyse_run, summary_row
+    from dynamics.analysis import AnalysisOptions, analyse_run, summary_row
 
     attrs = store.run_attrs(path, run_id)
     if attrs.get("status") not in ("completed", "diverged"):
-        return {"run": run_id, "status": attrs.get("status", "?"), "skipped": True}
+        return {"run": run_id, "status": attrs.get("status", "?"), "skipped": True, "reason": "unfinished"}
     ds = store.open_run(path, run_id, dask=False)  # sizes only: nothing is read yet
     ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else store.open_run(path, run_id)
+    if attrs["status"] == "diverged":
+        ds = recorded_before_divergence(ds, attrs["diverged_step"])
+        need = AnalysisOptions().baseline_snapshots + 1  # the divergence curve's noise band needs them
+        if ds.sizes["snapshot"] < need:
+            return {"run": run_id, "status": "diverged", "skipped": True,
+                    "reason": f"diverged at step {attrs['diverged_step']} after {ds.sizes['snapshot']} "
+                              f"finite snapshots; analysis needs >= {need}"}
     result = analyse_run(ds).compute()
     store.write_analysis(path, run_id, result)
     return {"run": run_id, "status": attrs["status"], **summary_row(result)}
+
+
+def recorded_before_divergence(ds, diverged_step: int):
+    """The snapshots a diverged run really recorded, whose attention is finite.
+
+    Training stops at the first non-finite loss, so the schedule's later snapshots were never
+    written and read as the NaN fill value; analysed as they are, every "final" figure would
+    come from an empty snapshot. The snapshot taken at the diverging step itself is kept only
+    if its attention is finite (the weights may already be inf there).
+    """
+    step = ds["step"].values
+    keep = step < diverged_step
+    at = (step == diverged_step).nonzero()[0]
+    if at.size and bool(ds["attention"].isel(snapshot=int(at[0])).notnull().all()):
+        keep[at[0]] = True
+    return ds.isel(snapshot=keep.nonzero()[0])
 
 
 def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1) -> list[dict]:

@@ -176,7 +176,7 @@ def _print_analysis(rows: list[dict]) -> None:
     table = []
     for r in rows:
         if r.get("skipped"):
-            table.append([r["run"], r["status"], "-", "-", "-", "-", "not analysed (unfinished)"])
+            table.append([r["run"], r["status"], "-", "-", "-", "-", f"not analysed ({r.get('reason', 'unfinished')})"])
             continue
         roles = " ".join(f"{k}:{v}" for k, v in sorted(r["roles"].items(), key=lambda kv: -kv[1]))
         bif = "never" if r["bifurcation_step"] is None else str(r["bifurcation_step"])

@@ -94,3 +94,28 @@ def test_seed_consistency_groups_runs_by_their_config(three_runs, tmp_path):
     assert similarity == pytest.approx(1.0, abs=1e-12)  # the lr=1e-3 run is not lumped in
     derived = store.open_derived(path, "consistency")
     assert derived is not None and derived.similarity.sizes["group"] == 2
+
+
+def test_a_diverged_run_is_analysed_on_the_snapshots_it_recorded(tmp_path):
+    # SGD at lr 100 blows up a few steps in; every step is a snapshot, so the schedule's later
+    # snapshots are never written and read as NaN. The "final" figures must come from the last
+    # finite snapshot, not from that fill value.
+    from tests.conftest import TINY
+
+    cfg_path = tmp_path / "tiny.toml"
+    cfg_path.write_text(TINY.format(steps=60, every=1))
+    cfg = with_values(load_config(cfg_path), {"train.lr": 100.0, "train.grad_clip": 0.0, "train.optimizer": "sgd",
+                                              "train.warmup_steps": 50, "record.dense_until": 0})
+    path = str(tmp_path / "d.zarr")
+    assert train_run(cfg, path).status == "diverged"
+    diverged = store.run_attrs(path, cfg.run_id())["diverged_step"]
+    assert store.open_run(path).attention.isel(snapshot=-1).isnull().all()  # the unwritten tail
+
+    [row] = analyse_store(path)
+    assert not row.get("skipped")
+    result = store.open_analysis(path, cfg.run_id())
+    assert result.step.values.max() < diverged
+    assert result.sizes["snapshot"] >= 4
+    assert row["final_divergence"] == pytest.approx(float(result.mean_divergence[-1]))
+    assert result.mean_divergence.notnull().all() and result.redundancy_fraction.notnull().all()
+    assert "none" not in row["roles"] or row["roles"]["none"] < 4  # not every head an empty snapshot

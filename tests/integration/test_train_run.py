@@ -99,6 +99,10 @@ def test_absurd_learning_rate_ends_diverged_not_traceback(tiny_config, tmp_path)
     step = ds.attrs["diverged_step"]
     assert 0 < step < 60
     assert np.isfinite(ds.loss.values[:step]).all()
+    # Too few finite snapshots for the divergence curve's noise band: said, not analysed as NaN.
+    r = dyn("analyse", str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"not analysed (diverged at step {step} after" in r.stdout
 
 
 @pytest.mark.parametrize(
