@@ -42,7 +42,8 @@ def test_worker_processes_give_the_single_process_results(three_runs, tmp_path):
     rows = analyse_store(path, workers=2)  # spawned worker processes, as `dynamics analyse` does
     assert rows == rows_serial
     assert [r["run"] for r in rows] == store.list_runs(path)
-    assert [r for r in rows if r.get("skipped")] == [{"run": unfinished, "status": "interrupted", "skipped": True}]
+    assert [r for r in rows if r.get("skipped")] == [{"run": unfinished, "status": "interrupted", "skipped": True,
+                                                         "reason": "unfinished"}]
     for r in rows:
         if r.get("skipped"):
             assert store.open_analysis(path, r["run"]) is None
