@@ -3,7 +3,9 @@
 A snapshot turns the live model into named numpy blocks (see ``schema.RUN_VARIABLES``):
 attention on a fixed probe batch (one batched eager forward), per-head gradient norms
 and gate gradients taken from the gradients the training step already computed (no extra
-backward pass, Michel et al. 2019 importance), and held-out loss per task component.
+backward pass), and held-out loss per task component. The importance is |dL/dg| of the
+batch-mean loss: the batch form of Michel et al. 2019's E_x |dL(x)/dg|, which would need
+per-example gradients; per-example gradients that cancel within a batch make it smaller.
 The trainer hands the blocks to the store; nothing here touches zarr.
 """
 
@@ -58,8 +60,8 @@ def store_head_weights(cfg: RunConfig) -> bool:
     return mode == "on" or (mode == "auto" and cfg.model.d_model <= 256)
 
 
-def variables(cfg: RunConfig, n_snapshots: int) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], str]]:
-    """Name -> (dims, shape, dtype) of every recorded array of a run."""
+def variables(cfg: RunConfig, n_snapshots: int) -> dict[str, tuple]:
+    """Name -> (dims, shape, dtype[, fill]) of every recorded array of a run (see store.RunWriter)."""
     m, r = cfg.model, cfg.record
     L, H, P, T = m.n_layers, m.n_heads, r.n_probe, m.context
     S, C = n_snapshots, len(cfg.task.component_names)
@@ -76,9 +78,11 @@ def variables(cfg: RunConfig, n_snapshots: int) -> dict[str, tuple[tuple[str, ..
     if store_head_weights(cfg):
         shapes["head_weights"] = ((S, L, H, 4, m.d_model, m.head_dim), "float32")
     if r.chg_every:
+        from dynamics.gates import UNFITTED
+
         shapes["chg"] = ((S, L, H, 2), "float32")
-        shapes["chg_role"] = ((S, L, H), "int8")
-    return {name: (schema.RUN_VARIABLES[name], shape, dtype) for name, (shape, dtype) in shapes.items()}
+        shapes["chg_role"] = ((S, L, H), "int8", UNFITTED)  # 0 is "facilitating": unwritten must not read as it
+    return {name: (schema.RUN_VARIABLES[name], *spec) for name, spec in shapes.items()}
 
 
 def coords(cfg: RunConfig, steps_at: np.ndarray) -> dict[str, tuple[str, np.ndarray]]:

@@ -346,7 +346,7 @@ class Distill:
         return {
             "distill_kl": (*lh, "float32"),
             "distill_weight": (*lh, "float32"),
-            "distill_source": (*lh, "int32"),
+            "distill_source": (*lh, "int32", -1),  # flat teacher head index; 0 is a real head
             "distill_logits_kl": (("snapshot",), (n_snapshots,), "float32"),
         }
 

@@ -83,8 +83,9 @@ class RunWriter:
     run_id : str
         Name of the group ``runs/<run_id>``.
     variables : dict
-        ``name -> (dims, shape, dtype)`` with the full shape. Float arrays start as NaN, int
-        as 0. Chunks: one snapshot per chunk, ``train_step`` by 4096, full size otherwise.
+        ``name -> (dims, shape, dtype)`` or ``(dims, shape, dtype, fill)`` with the full
+        shape. What was never written reads as ``fill``: by default NaN for float, 0 for int,
+        so give an int array whose 0 is a real value its own "missing" code. Chunks: one snapshot per chunk, ``train_step`` by 4096, full size otherwise.
     coords : dict
         ``name -> (dim, values)``, written as 1-D coordinate arrays (strings allowed). A
         coordinate not named after its dim (e.g. ``step`` on ``snapshot``) is declared as a
@@ -140,11 +141,11 @@ class RunWriter:
         for name, (dim, _values) in coords.items():
             if name != dim:
                 coord_of.setdefault(dim, []).append(name)
-        used_dims = {d for dims, _, _ in specs.values() for d in dims}
+        used_dims = {d for dims, *_ in specs.values() for d in dims}
 
         self._arrays: dict[str, Any] = {}
         to_create: dict[str, dict] = {}  # name -> create_array kwargs, created concurrently below
-        for name, (dims, shape, dt) in specs.items():
+        for name, (dims, shape, dt, fill) in specs.items():
             if name in existing:
                 arr = self._arrays[name] = group[name]
                 stored = (tuple(arr.metadata.dimension_names or ()), tuple(arr.shape))
@@ -159,7 +160,7 @@ class RunWriter:
                 dtype=dt,
                 chunks=_chunks(dims, shape),
                 compressors=CODECS[codec]() if dt is not str else "auto",
-                fill_value=_fill(dt),
+                fill_value=fill,
                 dimension_names=dims,
                 attributes={"coordinates": " ".join(cnames)} if cnames else None,
             )
@@ -209,16 +210,19 @@ class RunWriter:
         for name, spec in variables.items():
             _check_name("variable name", name)
             try:
-                dims, shape, dtype = spec
+                dims, shape, dtype, *fill = spec
+                if len(fill) > 1:
+                    raise ValueError
             except (TypeError, ValueError):
-                raise StoreError(f"variable {name!r}: expected (dims, shape, dtype), got {spec!r}") from None
+                raise StoreError(f"variable {name!r}: expected (dims, shape, dtype[, fill]), got {spec!r}") from None
             dims, shape = tuple(dims), tuple(int(n) for n in shape)
             if len(dims) != len(shape):
                 raise StoreError(f"variable {name!r}: {len(dims)} dims {dims} but shape {shape}")
             for d, n in zip(dims, shape, strict=True):
                 if dim_sizes.setdefault(d, n) != n:
                     raise StoreError(f"variable {name!r}: dim {d!r} has size {n}, elsewhere {dim_sizes[d]}")
-            specs[name] = (dims, shape, _parse_dtype(name, dtype))
+            dt = _parse_dtype(name, dtype)
+            specs[name] = (dims, shape, dt, fill[0] if fill else _fill(dt))
         for name, spec in coords.items():
             _check_name("coordinate name", name)
             try:
