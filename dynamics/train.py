@@ -8,8 +8,12 @@ started again with the same command re-records the same values into the same pla
 and ends with arrays identical to an uninterrupted run's.
 
 Snapshot s records the model after s updates together with the gradient of training
-batch s at those weights (the gradient update s+1 is about to use), so per-head gradient
-norms and gate importances come from the backward pass training does anyway.
+batch s at those weights, so per-head gradient norms and gate importances come from the
+backward pass training does anyway. It is the raw gradient: update s+1 then clips it to
+``train.grad_clip`` (and, with learned gates, drops the gates' part during warm-up).
+
+One process trains a run at a time (``store.run_lock``); a resume checks that the config and
+the data are the ones the run was recorded with, before anything is written.
 """
 
 from __future__ import annotations
@@ -89,16 +93,28 @@ class _Writer:
     """Runs store writes and checkpoint saves in order on one background thread.
 
     Keeps zarr compression and disk I/O off the training thread; the order (arrays, then
-    losses, then checkpoint) is what makes a kill at any moment resumable.
+    losses, then checkpoint) is what makes a kill at any moment resumable. So once a job
+    fails, every job queued after it is dropped: a checkpoint saved past a failed write would
+    make a resume skip the data that write lost.
     """
 
     def __init__(self, writer: store.RunWriter):
         self.writer = writer
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dynamics-writer")
         self.pending: list[Future] = []
+        self.failed = False
+
+    def _run(self, fn, *args) -> None:
+        if self.failed:
+            raise RuntimeError("not run: an earlier store write failed")
+        try:
+            fn(*args)
+        except BaseException:
+            self.failed = True
+            raise
 
     def submit(self, fn, *args) -> None:
-        self.pending.append(self.pool.submit(fn, *args))
+        self.pending.append(self.pool.submit(self._run, fn, *args))
         done = [f for f in self.pending if f.done()]
         for f in done:
             f.result()  # surface write errors promptly
@@ -129,10 +145,12 @@ def _checkpoint_bytes(model, optimizer, step: int, recorder: Recorder, intervent
     return buf.getvalue()
 
 
-def _load_checkpoint(path: str, run_id: str, device) -> dict | None:
+def _load_checkpoint(path: str, run_id: str) -> dict | None:
     """The run's checkpoint dict (the inverse of :func:`_checkpoint_bytes`), or None if it has none."""
     blob = store.read_checkpoint(path, run_id)
-    return None if blob is None else torch.load(io.BytesIO(blob), map_location=device, weights_only=False)
+    # Loaded on the CPU: load_state_dict copies into tensors already on the device, and the RNG
+    # state must stay a CPU ByteTensor for torch.set_rng_state.
+    return None if blob is None else torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
 
 
 def _save_checkpoint(path: str, run_id: str, blob: bytes, attrs_writer: store.RunWriter, step: int) -> None:
@@ -180,17 +198,42 @@ def train_run(
     Returns
     -------
     RunResult
-        A completed run is not retrained: ``skipped`` is True and nothing is written.
+        A completed (or diverged) run of the same config is not retrained: ``skipped`` is True
+        and nothing is written.
+
+    Raises
+    ------
+    StoreError
+        Before anything is trained or written: the run exists with another config or was
+        recorded on other data, or another process is training it now.
     """
     run_id = run_id or cfg.run_id()
     store.init_store(path)
+    with store.run_lock(path, run_id):
+        return _train_locked(cfg, path, run_id, progress, extra_attrs, recording)
+
+
+PROVENANCE_KEYS = ("version", "torch_version", "device", "data_hash")
+"""Run attrs that describe where and with what a run was first started; a resume keeps them
+and appends its own to the ``resumes`` list."""
+
+
+def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | None, extra_attrs: dict | None,
+                  recording: bool) -> RunResult:
     existing = run_id in store.list_runs(path)
+    prior = store.run_attrs(path, run_id) if existing else {}
+    hash_now = data_hash(cfg)
     if existing:
-        attrs = store.run_attrs(path, run_id)
-        if attrs.get("status") in ("completed", "diverged"):
-            return RunResult(run_id, attrs["status"], int(attrs.get("steps_done", 0)), skipped=True)
-        if experiment_identity(attrs.get("config", {})) != experiment_identity(cfg.to_dict()):
+        # Checked before the status, so a finished run of another config is refused, not "skipped".
+        if experiment_identity(prior.get("config", {})) != experiment_identity(cfg.to_dict()):
             raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
+        if prior.get("status") in ("completed", "diverged"):
+            return RunResult(run_id, prior["status"], int(prior.get("steps_done", 0)), skipped=True)
+        if prior.get("data_hash", hash_now) != hash_now:
+            raise store.StoreError(
+                f"run {run_id} in {path} was recorded on data with hash {prior['data_hash']}, but this machine makes "
+                f"{hash_now} for task {cfg.task.name!r} (another Python's standard library, for the corpus?); "
+                f"refusing to resume it on other data")
 
     base_attrs = {
         "run_id": run_id,
@@ -199,7 +242,7 @@ def train_run(
         "version": dynamics.__version__,
         "torch_version": torch.__version__,
         "device": cfg.train.device,
-        "data_hash": data_hash(cfg),
+        "data_hash": hash_now,
         "status": "running",
         "steps_total": cfg.train.steps,
     }
@@ -217,7 +260,7 @@ def train_run(
         recorder = Recorder(cfg, device)
 
         start = 0
-        ckpt = _load_checkpoint(path, run_id, device) if existing else None
+        ckpt = _load_checkpoint(path, run_id) if existing else None
         if ckpt is not None:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
@@ -230,11 +273,15 @@ def train_run(
         _record_setup_failure(cfg, path, run_id, existing, base_attrs, traceback.format_exc())
         raise
     recorded = variables(cfg, len(steps_at)) | (intervention.variables(len(steps_at)) if intervention else {})
-    writer = store.RunWriter(path, run_id, variables=recorded, coords=coords(cfg, steps_at), attrs=base_attrs,
+    if existing:  # the first start's provenance stays; each resume adds its own
+        this_start = {k: base_attrs[k] for k in PROVENANCE_KEYS} | {"step": start, "threads": cfg.train.threads}
+        start_attrs = {k: v for k, v in base_attrs.items() if k not in PROVENANCE_KEYS}
+        start_attrs["resumes"] = [*prior.get("resumes", []), this_start]
+    else:
+        start_attrs = base_attrs
+    start_attrs |= {"starts": int(prior.get("starts", 0)) + 1, "steps_trained": int(prior.get("steps_trained", 0))}
+    writer = store.RunWriter(path, run_id, variables=recorded, coords=coords(cfg, steps_at), attrs=start_attrs,
                              resume=existing)
-    prior = store.run_attrs(path, run_id) if existing else {}
-    writer.set_attrs(**base_attrs, starts=int(prior.get("starts", 0)) + 1,
-                     steps_trained=int(prior.get("steps_trained", 0)))
     writer.write_region("probe_tokens", 0, recorder.probe_tokens)
 
     bg = _Writer(writer)
@@ -245,7 +292,16 @@ def train_run(
     step, last_loss = start, float("nan")
 
     def finish(status: str, **attrs) -> RunResult:
-        bg.close()
+        write_error = None
+        try:
+            bg.close()
+        except BaseException as e:  # a background write failed: the run is not whole, say so
+            note = traceback.format_exc()
+            if status in ("completed", "diverged"):
+                status, attrs, write_error = "failed", {"traceback": note}, e
+            elif status == "interrupted":
+                attrs = attrs | {"traceback": note}
+            # "failed" already holds the traceback that stopped the loop, often this very error
         done = min(step, cfg.train.steps)
         final = {"status": status, "steps_done": done,
                  "last_loss": last_loss if math.isfinite(last_loss) else None,
@@ -253,8 +309,11 @@ def train_run(
                  "wall_time": wall_before + time.perf_counter() - t0}
         writer.set_attrs(**(final | attrs))
         writer.finalize()
+        if write_error is not None:
+            raise write_error
         return RunResult(run_id, status, done)
 
+    outcome: tuple[str, dict] = ("completed", {})
     try:
         for step in range(start, cfg.train.steps + 1):
             batch = make_batch(cfg, "train", step, cfg.train.batch_size)
@@ -299,7 +358,8 @@ def train_run(
                 bg.submit(_save_checkpoint, path, run_id, blob, writer, step)
             if not math.isfinite(last_loss):
                 bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
-                return finish("diverged", diverged_step=step)
+                outcome = ("diverged", {"diverged_step": step})
+                break
             if step == cfg.train.steps:
                 break
             losses[step] = last_loss
@@ -311,15 +371,16 @@ def train_run(
             optimizer.step()
             if progress is not None and (step % 10 == 0):
                 progress(step, cfg.train.steps, last_loss)
-        if progress is not None:
+        if progress is not None and outcome[0] == "completed":
             progress(cfg.train.steps, cfg.train.steps, last_loss)
-        return finish("completed")
     except KeyboardInterrupt:
         finish("interrupted")
         raise
     except BaseException:
         finish("failed", traceback=traceback.format_exc())
         raise
+    # Outside the try: if the last writes fail here, finish records "failed" itself.
+    return finish(outcome[0], **outcome[1])
 
 
 def set_threads(n: int | None) -> None:
@@ -345,7 +406,7 @@ def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") ->
         raise store.StoreError(f"no run {run_id!r} in {path}")
     attrs = store.run_attrs(path, run_id)
     cfg = from_dict({k: v for k, v in attrs["config"].items() if k != "sweep"})
-    ckpt = _load_checkpoint(path, run_id, device)
+    ckpt = _load_checkpoint(path, run_id)
     if ckpt is None:
         raise store.StoreError(f"run {run_id} in {path} has no checkpoint to load the model from")
     model = Transformer(cfg.model).to(device)

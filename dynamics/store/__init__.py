@@ -8,6 +8,7 @@ This is the only module that imports zarr (and it never imports torch). Layout, 
     STORE/analysis/<run_id>/    derived per-run arrays (replaced whole when recomputed)
     STORE/derived/<name>/       sweep-level datasets
     STORE/checkpoints/<run_id>/ckpt.pt   torch checkpoints (plain files, not zarr)
+    STORE/checkpoints/<run_id>/train.lock  held (flock) by the process training the run
 
 Every array names its dimensions (zarr v3 ``dimension_names``), so a run opens without this
 package: ``xr.open_zarr(STORE, group="runs/<run_id>")``.
@@ -55,6 +56,7 @@ from dynamics.store.checkpoints import (
     checkpoint_path,
     has_checkpoint,
     read_checkpoint,
+    run_lock,
     write_checkpoint,
 )
 from dynamics.store.readers import (
@@ -89,6 +91,7 @@ __all__ = [
     "deferred_index",
     "has_checkpoint",
     "read_checkpoint",
+    "run_lock",
     "write_checkpoint",
     "init_store",
     "is_remote",

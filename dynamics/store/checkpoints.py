@@ -1,4 +1,5 @@
-"""Checkpoint files under ``STORE/checkpoints/<run_id>/ckpt.pt``, written atomically.
+"""Checkpoint files under ``STORE/checkpoints/<run_id>/ckpt.pt``, written atomically, and the
+lock ``train.lock`` beside them that keeps two processes from training one run at once.
 
 They live beside the zarr groups, not inside them (plain xarray never sees them), on
 whatever holds the store: a local directory, or the filesystem of an fsspec URL
@@ -9,14 +10,23 @@ storage resumes on whichever worker picks it up.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import socket
+import time
 import tempfile
 import uuid
 from pathlib import Path
 
 from dynamics.store._loc import StoreError, _check_name, _Loc
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no run lock
+    fcntl = None
+
 CHECKPOINT_FILE = "ckpt.pt"
+RUN_LOCK_FILE = "train.lock"
 
 
 def _key(run_id: str) -> str:
@@ -122,3 +132,46 @@ def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+@contextlib.contextmanager
+def run_lock(path: str | os.PathLike, run_id: str):
+    """Hold the right to train run ``run_id`` of the store at ``path``, or refuse at once.
+
+    Two processes training one run would both append to it and race on its loss chunks, so
+    ``dynamics run`` and sweep tasks take this lock before they look at the run. It is an
+    ``flock`` on ``STORE/checkpoints/<run_id>/train.lock``: the operating system drops it when
+    its holder dies however it dies, so a killed run never leaves a stale lock behind. The file
+    names its holder (pid, host, start time) for the error message. Stores behind an fsspec URL
+    have no flock, and are not locked.
+
+    Raises
+    ------
+    StoreError
+        Another process holds the lock; the message names it.
+    """
+    loc = _Loc(path)
+    if loc.local is None or fcntl is None:
+        yield
+        return
+    target = loc.local / f"checkpoints/{_check_name('run id', run_id)}/{RUN_LOCK_FILE}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                held = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            except ValueError:
+                held = {}
+            raise StoreError(
+                f"run {run_id} in {loc} is being trained by another process (pid {held.get('pid', '?')} "
+                f"on {held.get('host', '?')}, since {held.get('started', '?')}); wait for it to finish or stop it"
+            ) from None
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the flock

@@ -1,0 +1,136 @@
+"""train_run's bookkeeping: what a failed write, a second process, another config or other data
+may and may not do to a run that is already recorded."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dynamics import store
+from dynamics.config import load_config, with_values
+from dynamics.store.writer import RunWriter
+from dynamics.train import train_run
+from tests.conftest import TINY
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY.format(steps=30, every=10))
+    return load_config(p)
+
+
+def interrupt_at(n):
+    def progress(step, steps, loss):
+        if step >= n:
+            raise KeyboardInterrupt
+
+    return progress
+
+
+def test_a_failed_write_drops_the_checkpoint_behind_it_and_is_recorded(cfg, tmp_path, monkeypatch):
+    clean = str(tmp_path / "clean.zarr")
+    train_run(cfg, clean)
+    path = str(tmp_path / "s.zarr")
+    real = RunWriter.write_region
+
+    def fails_once(self, name, start, values):
+        if name == "loss" and start > 0 and not fails_once.done:  # the loss flush at the step-10 snapshot
+            fails_once.done = True
+            raise OSError("disk went away (injected)")
+        return real(self, name, start, values)
+
+    fails_once.done = False
+    monkeypatch.setattr(RunWriter, "write_region", fails_once)
+    with pytest.raises(OSError, match="injected"):
+        train_run(cfg, path)
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert attrs["status"] == "failed" and "injected" in attrs["traceback"]
+    # The checkpoint queued after the failed loss write was not saved: a resume must redo those steps.
+    assert attrs["checkpoint_step"] < 10
+
+    monkeypatch.setattr(RunWriter, "write_region", real)
+    assert train_run(cfg, path).status == "completed"
+    got, want = store.open_run(path).load(), store.open_run(clean).load()
+    assert not np.isnan(got.loss.values).any()
+    for name in want.data_vars:
+        np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+
+
+def test_a_finished_run_id_with_another_config_is_refused_not_skipped(cfg, tmp_path):
+    path = str(tmp_path / "s.zarr")
+    train_run(cfg, path, run_id="mine")
+    with pytest.raises(store.StoreError, match="recorded with a different config"):
+        train_run(with_values(cfg, {"train.lr": 1e-3}), path, run_id="mine")
+    again = train_run(cfg, path, run_id="mine")
+    assert again.skipped and again.status == "completed"
+
+
+def test_a_resume_on_other_data_is_refused_before_writing(cfg, tmp_path):
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))
+    store.update_run_attrs(path, cfg.run_id(), data_hash="0000aaaa0000")  # as if made from another stdlib
+    before = store.run_attrs(path, cfg.run_id())
+    with pytest.raises(store.StoreError, match="recorded on data with hash 0000aaaa0000"):
+        train_run(cfg, path)
+    assert store.run_attrs(path, cfg.run_id()) == before
+
+
+def test_a_resume_keeps_the_first_start_provenance_and_logs_its_own(cfg, tmp_path):
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))
+    first = store.run_attrs(path, cfg.run_id())
+    assert "resumes" not in first
+    store.update_run_attrs(path, cfg.run_id(), torch_version="0.0-first")
+    train_run(cfg, path)
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert attrs["status"] == "completed" and attrs["starts"] == 2
+    assert attrs["torch_version"] == "0.0-first" and attrs["data_hash"] == first["data_hash"]
+    [resume] = attrs["resumes"]
+    assert resume["step"] == first["checkpoint_step"] and resume["device"] == "cpu"
+    assert resume["torch_version"] != "0.0-first"
+
+
+HOLD = """
+import sys
+from dynamics import store
+with store.run_lock(sys.argv[1], sys.argv[2]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_one_process_trains_a_run_at_a_time(cfg, tmp_path):
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, path, cfg.run_id()], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(store.StoreError, match=f"being trained by another process \\(pid {holder.pid} "):
+            train_run(cfg, path)
+        assert cfg.run_id() not in store.list_runs(path)  # refused before anything was written
+        toml = tmp_path / "tiny.toml"
+        r = subprocess.run([sys.executable, "-m", "dynamics", "run", str(toml), "--out", path],
+                           capture_output=True, text=True)
+        assert r.returncode == 2
+        assert len(r.stderr.strip().splitlines()) == 1 and "being trained by another process" in r.stderr
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+        holder.stdout.close()
+    assert train_run(cfg, path).status == "completed"  # the lock went with its holder
+
+
+def test_never_written_snapshots_of_gate_fits_read_unfitted(cfg, tmp_path):
+    chg = with_values(cfg, {"record.chg_every": 4, "record.chg_steps": 5})
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(chg, path, progress=interrupt_at(12))
+    ds = store.open_run(path).load()
+    written = ds.step.values <= store.run_attrs(path, chg.run_id())["checkpoint_step"]
+    assert (ds.chg_role.values[~written] == -1).all()  # -1 = UNFITTED; 0 would read "facilitating"
+    assert (ds.chg_role.values[0] >= 0).all()  # snapshot 0 was fitted
