@@ -3,14 +3,14 @@
 One place for dimension and variable names, so that writers and readers agree without
 importing each other (the analysis side must not import torch-bearing modules).
 
-Store layout (a Zarr v3 group; see store.py)::
+Store layout (a Zarr v3 group; see dynamics/store/)::
 
     STORE/                      attrs: dynamics_store = STORE_VERSION
       runs/<run_id>/            one group per run, written only by that run
       analysis/<run_id>/        derived arrays written by `dynamics analyse`
       derived/<name>/           sweep-level results (predictor curves, ...)
       sweep                     attrs of the root: sweep index, written by the launcher only
-      checkpoints/<run_id>/     training checkpoints (torch files, not zarr)
+      checkpoints/<run_id>/     training checkpoint ckpt.pt (torch, not zarr) and train.lock
 """
 
 STORE_VERSION = 1
