@@ -282,6 +282,40 @@ def test_auroc_matches_sklearn():
     assert predict.score("auroc", y, np.zeros(60)) == 0.5
 
 
+def test_layer_baseline_is_the_layers_majority_class():
+    from dynamics.predict.models import _layer_prior
+
+    # Layer 0 is mostly class 1, layer 1 mostly class 2, class 0 spread over both, and one
+    # head of class 3 in layer 0: a class-balanced rule would hand layer 0 to that one head.
+    layer = np.r_[[0] * 40, [1] * 40, 0]
+    y = np.r_[[1] * 25, [0] * 15, [2] * 25, [0] * 15, 3].astype(float)
+    got = _layer_prior(layer, y, np.array([0, 1, 2]), "multiclass")
+    assert got.tolist() == [1.0, 2.0, 0.0]  # layer 2 unseen: the overall majority (class 0, 30 heads)
+    test_y = np.r_[[1] * 5, [0] * 5, [2] * 5, [0] * 5].astype(float)
+    pred = _layer_prior(layer, y, np.r_[[0] * 10, [1] * 10], "multiclass")
+    assert predict.score("balanced_accuracy", test_y, pred) == pytest.approx((0 + 1 + 1) / 3)
+
+
+def test_balanced_accuracy_chance_counts_the_classes_each_fold_holds():
+    # A constant names one of k classes: 1/k where the fold holds k classes, 0 if it names none.
+    assert predict.score("balanced_accuracy", [0, 0, 1, 1], [1, 1, 1, 1]) == 0.5
+    assert predict.score("balanced_accuracy", [1, 1, 2, 2], [0, 0, 0, 0]) == 0.0
+    runs = make_runs(n_seeds=3)
+    curve = predict.predict_runs(runs, PredictOptions(target="role", boosting_iter=10, n_splits=3, horizons=(0.1,)))
+    folds = [curve.target.values[curve.row_fold.values == k] for k in range(curve.sizes["fold"])]
+    assert curve.attrs["chance"] == pytest.approx(np.mean([1 / np.unique(f).size for f in folds]))
+
+
+def test_config_groups_ignore_where_a_run_ran():
+    from dynamics.predict.load import _config_of
+
+    def attrs(seed, device, lr=1e-3):
+        return {"config": {"train": {"seed": seed, "device": device, "threads": 2, "lr": lr}, "model": {"d_model": 64}}}
+
+    assert _config_of({}, [], attrs(0, "cpu")) == _config_of({}, [], attrs(1, "cuda"))
+    assert _config_of({}, [], attrs(0, "cpu")) != _config_of({}, [], attrs(0, "cpu", lr=3e-3))
+
+
 def test_group_splits_rejects_a_single_group():
     with pytest.raises(PredictError, match="at least 2"):
         predict.group_splits(["a"] * 5)

@@ -99,12 +99,16 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None) -> 
     if "offset" in rows:
         ds["target_offset"] = rows["offset"]
     classes = np.unique(rows["target"].values)
+    if spec.chance is None:  # balanced accuracy: a constant guess of a class each test fold holds
+        chance = float(np.mean([1.0 / np.unique(rows["target"].values[test]).size for _, test in splits]))
+    else:
+        chance = spec.chance
     ds.attrs.update(
         target=opt.target,
         description=spec.description,
         task=spec.task,
         metric=spec.metric,
-        chance=spec.chance if spec.chance is not None else 1.0 / classes.size,
+        chance=chance,
         horizon_unit=opt.unit,
         group_by=opt.group_by,
         n_splits=len(splits),

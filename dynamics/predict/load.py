@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from dynamics import store
+from dynamics.config import experiment_identity
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run
 
 # --------------------------------------------------------------------------- loading
@@ -25,10 +26,9 @@ def _seed_of(rid: str, point: Mapping, attrs: Mapping) -> Any:
 def _config_of(point: Mapping, axes: Sequence[str], attrs: Mapping) -> str:
     if axes:
         return ", ".join(f"{a}={point.get(a)}" for a in axes if a != SEED_AXIS)
-    # no sweep index: the whole resolved config less the seed names the config
-    cfg = json.loads(json.dumps(attrs.get("config", {})))
-    cfg.pop("sweep", None)
-    cfg.get("train", {}).pop("seed", None)
+    # no sweep index: the experiment (config less sweep table, device, threads) less the seed
+    cfg = experiment_identity(json.loads(json.dumps(attrs.get("config", {}))))
+    cfg["train"].pop("seed", None)
     return json.dumps(cfg, sort_keys=True)
 
 

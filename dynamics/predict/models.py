@@ -80,15 +80,14 @@ def _layer_prior(layer_train, y_train, layer_test, task: str) -> np.ndarray:
             m = layer_train == layer
             out[i] = (y_train[m].sum() + 1.0) / (m.sum() + 2.0) if m.any() else overall  # Laplace
         return out
-    # multiclass: argmax_c P(layer | c), the class-balanced decision (the models are balanced too)
-    classes = np.unique(y_train)
-    layers = np.unique(layer_train)
-    counts = np.array([[np.sum((y_train == c) & (layer_train == layer)) for layer in layers] for c in classes])
-    p_layer = (counts + 1.0) / (counts.sum(axis=1, keepdims=True) + layers.size)  # (C, layers)
-    majority = classes[np.argmax([np.sum(y_train == c) for c in classes])]
+    # multiclass: the chance model within the head's layer, i.e. the layer's majority class.
+    # A class-balanced rule (argmax_c P(layer | c), or a balanced classifier on the one-hot
+    # layer) lets a class seen once in a layer claim the whole layer, and scored below a
+    # constant guess whenever a test fold lacked that class.
+    overall = _chance(task, y_train, 1)[0]
     for i, layer in enumerate(layer_test):
-        j = np.flatnonzero(layers == layer)
-        out[i] = classes[np.argmax(p_layer[:, j[0]])] if j.size else majority
+        m = layer_train == layer
+        out[i] = _chance(task, y_train[m], 1)[0] if m.any() else overall
     return out
 
 
@@ -120,8 +119,8 @@ def score(metric: str, y_true, y_pred) -> float:
     """One fold's metric; NaN when it is undefined there.
 
     - ``auroc``: NaN when the fold has one class; constant predictions give 0.5.
-    - ``balanced_accuracy``: mean recall over the classes present in ``y_true``; any
-      constant prediction gives 1 / (number of classes).
+    - ``balanced_accuracy``: mean recall over the classes present in ``y_true``; a constant
+      prediction gives 1 / (number of classes present) if it names one of them, else 0.
     - ``spearman``: NaN when ``y_true`` is constant; constant predictions give 0 (no ranking).
 
     Examples

@@ -20,7 +20,8 @@ class TargetSpec:
     metric: str
     """"auroc", "balanced_accuracy" or "spearman"."""
     chance: float | None
-    """Metric of an uninformed predictor (None for balanced accuracy: 1 / number of classes)."""
+    """Metric of an uninformed predictor (None for balanced accuracy: it is the mean over test
+    folds of 1 / the number of classes the fold holds, what a constant guess of one scores)."""
     description: str
     """One line for tables and the report."""
 
@@ -38,8 +39,8 @@ MODELS = ("chance", "layer", "init_linear", "init_boosting", "linear", "boosting
 """Model names, in table order: the baselines first.
 
 - ``chance``: a constant (the training-fold prior, or its majority class).
-- ``layer``: the training-fold prior of the head's layer index (class-balanced for
-  multiclass targets, the layer mean for importance).
+- ``layer``: the head's layer index alone: the training fold's rate in that layer (binary),
+  its mean (importance), or its majority class (multiclass: ``chance`` within the layer).
 - ``init_linear``, ``init_boosting``: the models below on features of the first snapshot
   (initialisation) only; they do not depend on the horizon.
 - ``linear``: logistic regression (ridge regression for importance) on standardised features.
