@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import typing
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -206,8 +207,9 @@ SECTIONS = {
 }
 
 
-def _coerce(key: str, value: Any, default: Any) -> Any:
-    """Check `value` against the type of the field's default and convert lists to tuples."""
+def _coerce(key: str, value: Any, default: Any, item: type | None = None) -> Any:
+    """Check `value` against the type of the field's default and convert lists to tuples,
+    checking each element against ``item`` (the element type of a ``tuple[item, ...]`` field)."""
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true or false, got {value!r}")
@@ -219,6 +221,8 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
     if isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # nan or inf: no setting means that
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return float(value)
     if isinstance(default, str):
         if not isinstance(value, str):
@@ -227,6 +231,8 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
     if isinstance(default, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
+        if item is not None:
+            return tuple(_coerce(f"{key}[{i}]", v, item()) for i, v in enumerate(value))
         return tuple(value)
     return value
 
@@ -237,11 +243,13 @@ def _build_section(name: str, raw: dict) -> Any:
         raise ConfigError(f"{name}: expected a table, got {raw!r}")
     defaults = cls()
     known = {f.name for f in fields(cls)}
+    hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in raw.items():
         if key not in known:
             raise ConfigError(f"unknown key '{name}.{key}'")
-        kwargs[key] = _coerce(f"{name}.{key}", value, getattr(defaults, key))
+        item = next(iter(typing.get_args(hints[key])), None)  # tuple[float, ...] -> float
+        kwargs[key] = _coerce(f"{name}.{key}", value, getattr(defaults, key), item if isinstance(item, type) else None)
     return cls(**kwargs)
 
 
@@ -321,6 +329,8 @@ def from_dict(raw: dict) -> RunConfig:
     for section in raw:
         if section not in (*SECTIONS, "sweep", "intervene"):
             raise ConfigError(f"unknown section '{section}'")
+        if not isinstance(raw[section], dict):
+            raise ConfigError(f"{section}: expected a table, got {raw[section]!r}")
     cfg = RunConfig(
         model=_build_section("model", raw.get("model", {})),
         task=_build_section("task", raw.get("task", {})),
@@ -403,6 +413,7 @@ def validate(cfg: RunConfig) -> None:
     _require(m.init_scale > 0 and math.isfinite(m.init_scale), f"model.init_scale: must be > 0, got {m.init_scale}")
     _require(m.gates in ("fixed", "learned"), f"model.gates: expected fixed or learned, got {m.gates!r}")
     _require(m.gate_l1 >= 0, f"model.gate_l1: must be >= 0, got {m.gate_l1}")
+    _require(m.rope_base > 1, f"model.rope_base: must be > 1 (the slowest RoPE frequency is 1 / rope_base), got {m.rope_base}")
     _require(m.attn_only or m.d_mlp > 0, f"model.d_mlp: must be positive, got {m.d_mlp}")
 
     _require(t.name in TASKS, f"task.name: unknown task {t.name!r} ({' | '.join(TASKS)})")
