@@ -119,9 +119,16 @@ def test_invalid_point_is_named():
 
 
 def test_points_that_are_the_same_run_are_refused():
-    cfg = from_dict(tiny({"train.device": ["cpu", "cuda"]}))
-    with pytest.raises(ConfigError, match="same run"):
-        expand_grid(cfg)
+    for axis in ({"train.device": ["cpu", "cuda"]}, {"train.seed": [0, 1, 0]}):
+        with pytest.raises(ConfigError, match="are the same experiment .* a value repeats, or they differ only in"):
+            expand_grid(from_dict(tiny(axis)))
+
+
+def test_each_point_intervention_is_checked_before_any_work():
+    raw = tiny({"train.seed": [0, 1]})
+    raw["intervene"] = {"templates": {"heads": [{"layer": 5, "head": 0, "pattern": "uniform"}]}}
+    with pytest.raises(ConfigError, match=r"^sweep point train.seed=0: .*layer 5"):
+        expand_grid(from_dict(raw))
 
 
 def test_cli_invalid_point_exits_2_with_one_line_and_writes_nothing(tmp_path):

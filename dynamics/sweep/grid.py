@@ -82,12 +82,18 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
         values = {k: _plain(merged[k]) for k in axes}  # axis order, JSON-able
         try:
             point_cfg = with_values(cfg, values)
+            if point_cfg.intervene:  # as `dynamics run` does, so a bad point fails here, not in a worker
+                from dynamics import interventions
+
+                interventions.check(point_cfg)
         except ConfigError as e:
             raise ConfigError(f"sweep point {_label(values)}: {e}") from None
         run_id = point_cfg.run_id()
         if run_id in seen:
-            raise ConfigError(f"sweep points {seen[run_id]} and {_label(values)} are the same run "
-                              f"({run_id}); the run id ignores {' and '.join('train.' + k for k in EXECUTION_KEYS)}")
+            raise ConfigError(
+                f"sweep points {seen[run_id]} and {_label(values)} are the same experiment (run {run_id}): a value "
+                f"repeats, or they differ only in {' or '.join('train.' + k for k in EXECUTION_KEYS)}, "
+                f"which say where a run trains, not what it is")
         seen[run_id] = _label(values)
         points.append(Point(run_id, values, point_cfg))
     return points
