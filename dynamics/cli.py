@@ -8,6 +8,7 @@ commands so ``dynamics --help`` and input errors stay instant.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -57,6 +58,19 @@ def _check_out(path: str) -> None:
     p = Path(path)
     if "://" not in path and p.exists() and not store.is_store(path):
         raise UsageError(f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
+    if "://" not in path and not p.exists():
+        _check_creatable(p, "--out")
+
+
+def _check_creatable(p: Path, flag: str) -> None:
+    """A path that does not exist yet can be made: its nearest existing ancestor is a writable directory."""
+    parent = p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {p}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {p}: no permission to create it in {parent}")
 
 
 def _check_store(path: str) -> None:
@@ -74,15 +88,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.device:
         from dynamics.config import replace_section
         cfg = replace_section(cfg, "train", device=args.device)
+    _check_device(cfg.train.device)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
     _check_out(out)
-    from dynamics.train import train_run
+    from dynamics.store import StoreError, check_run_id
+    from dynamics.train import sigterm_as_interrupt, train_run
 
-    run_id = args.run_id or cfg.run_id()
-    from dynamics.store import StoreError
+    run_id = check_run_id(args.run_id) if args.run_id else cfg.run_id()
 
     try:
-        result = train_run(cfg, out, run_id, progress=_progress_printer(run_id))
+        with sigterm_as_interrupt():
+            result = train_run(cfg, out, run_id, progress=_progress_printer(run_id))
     except (ConfigError, StoreError):
         raise  # bad input: main() prints it as one line, exit 2
     except Exception as e:  # noqa: BLE001 - the run's attributes hold the full traceback
@@ -96,12 +112,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 1
 
 
+def _check_device(device: str) -> None:
+    """A CUDA device that this torch cannot use is bad input, found before any store is made."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"train.device {device!r}: this torch {torch.__version__} has no usable CUDA device")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise UsageError(f"train.device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+
+
+def _check_devices(cfg) -> None:
+    """Every device a sweep's points would train on (the base one and a train.device axis)."""
+    for device in {cfg.train.device, *cfg.sweep.axes.get("train.device", ())}:
+        _check_device(str(device))
+
+
+def _check_workers(workers: int | None) -> None:
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers: must be >= 1, got {workers}")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     from dynamics.sweep import run_sweep
 
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers: must be >= 1, got {args.workers}")
+    _check_workers(args.workers)
+    _check_devices(cfg)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
     _check_out(out)
     summary = run_sweep(cfg, out, workers=args.workers, scheduler=args.scheduler)
@@ -119,12 +158,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     axes = index.get("axes", [])
     header = ["run", *axes, "status", "steps", "last_loss"]
     rows = []
-    for run_id in store.list_runs(args.store):
+    recorded = store.list_runs(args.store)
+    for run_id in recorded:
         a = store.run_attrs(args.store, run_id)
         loss = a.get("last_loss")
         done = a.get("steps_done", a.get("checkpoint_step", 0))
-        rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], a.get("status", "?"),
+        status = a.get("status", "?")
+        if status == "running" and store.run_lock_held(args.store, run_id) is False:
+            status = "stopped"  # killed without a chance to say so: resumable with the same command
+        rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], status,
                      f"{done}/{a.get('steps_total', '?')}", "-" if loss is None else f"{loss:.4f}"])
+    for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet
+        rows.append([run_id, *[str(swept[run_id].get(k, "")) for k in axes], "pending", "0/?", "-"])
     _print_table(header, rows)
     return 0
 
@@ -157,8 +202,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     if not ids:
         raise UsageError(f"{args.store} holds no runs to analyse")
     t0 = time.perf_counter()
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers: must be >= 1, got {args.workers}")
+    _check_workers(args.workers)
     rows = analyse_store(args.store, [args.run] if args.run else None, workers=args.workers)
     _print_analysis(rows)
     if not args.run:
@@ -219,12 +263,20 @@ def cmd_report(args: argparse.Namespace) -> int:
         out = Path(args.out)
     else:  # next to a local store (runs/x.zarr -> runs/x-report, git-ignored with runs/); a URL's name in cwd
         base = Path(args.store.rstrip("/").rsplit("/", 1)[-1] if "://" in args.store else args.store.rstrip("/"))
+        base = base.absolute() if base.name in ("", ".", "..") else base  # `dynamics report .` inside a store
+        base = Path(os.path.normpath(base))
         out = base.with_name(base.name.removesuffix(".zarr") + "-report")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
+    _check_report_dir(out, "--out")
     page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute)
     print(f"report written to {page}\nopen {page.resolve().as_uri()}")
     return 0
+
+
+def _check_report_dir(out: Path, flag: str) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag} {out} exists and is not a directory")
+    if not out.exists():
+        _check_creatable(out, flag)
 
 
 def cmd_gates(args: argparse.Namespace) -> int:
@@ -234,6 +286,8 @@ def cmd_gates(args: argparse.Namespace) -> int:
     from dynamics.gates import GateOptions, gate_report, parse_contrast, report_lines, report_table
 
     runs = store.list_runs(args.store)
+    if not runs:
+        raise UsageError(f"{args.store} holds no runs")
     run_id = args.run or (runs[0] if len(runs) == 1 else None)
     if run_id not in runs:
         raise UsageError(f"no run {args.run!r} in {args.store}" if args.run else
@@ -270,8 +324,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: quickstart sweep -> analyse -> predict -> report."""
     config = _quickstart_config()
     cfg = load_config(config, args.set)
+    _check_workers(args.workers)
+    _check_devices(cfg)
     out = args.out or "runs/quickstart.zarr"
     _check_out(out)
+    report_dir = Path(args.report or out.rstrip("/").removesuffix(".zarr") + "-report")
+    _check_report_dir(report_dir, "--report")
     from dynamics import predict
     from dynamics.report import write_report
     from dynamics.sweep import run_sweep
@@ -300,7 +358,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         predict.write_curve(out, curve)
 
     print("== 4/4 report", flush=True)
-    report_dir = Path(args.report or out.rstrip("/").removesuffix(".zarr") + "-report")
     page = write_report(out, report_dir)
     print(f"training {t_train:.1f}s, analysis {t_analyse:.1f}s ({t_analyse / t_train:.1%} of training), "
           f"total {time.perf_counter() - t0:.0f}s")

@@ -16,8 +16,8 @@ import dataclasses
 import hashlib
 import json
 import math
-import typing
 import tomllib
+import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any

@@ -18,9 +18,12 @@ the data are the ones the run was recorded with, before anything is written.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -381,6 +384,24 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         raise
     # Outside the try: if the last writes fail here, finish records "failed" itself.
     return finish(outcome[0], **outcome[1])
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (``kill``, a batch system's time limit) stops training as Ctrl-C does, so the
+    run is recorded interrupted and stays resumable instead of dying marked "running"."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def set_threads(n: int | None) -> None:

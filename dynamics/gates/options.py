@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dynamics.config import ConfigError
@@ -67,13 +68,13 @@ class GateOptions:
     def __post_init__(self) -> None:
         positive = ("steps", "restarts", "batch_size", "fit_batches", "eval_batches", "lr", "clamp", "max_diff")
         for name in positive:
-            if not getattr(self, name) > 0:
+            if not getattr(self, name) > 0 or not math.isfinite(getattr(self, name)):
                 raise ConfigError(f"gates.{name}: must be positive, got {getattr(self, name)}")
         if self.init_steps is not None and self.init_steps < 0:
             raise ConfigError(f"gates.init_steps: must be >= 0, got {self.init_steps}")
-        if self.lam < 0:
+        if not self.lam >= 0 or not math.isfinite(self.lam):
             raise ConfigError(f"gates.lam: give |lambda| (>= 0); G- uses -lam, got {self.lam}")
-        if self.grad_clip < 0:
+        if not self.grad_clip >= 0 or not math.isfinite(self.grad_clip):
             raise ConfigError(f"gates.grad_clip: must be >= 0, got {self.grad_clip}")
         if not 0.0 < self.threshold < 1.0:
             raise ConfigError(f"gates.threshold: must be in (0, 1), got {self.threshold}")

@@ -50,13 +50,14 @@ CPU, and zstd is a core Zarr v3 codec that any reader understands.
 # `name as name`: module-level names kept reachable as store.<name>, outside __all__.
 from dynamics.schema import STORE_VERSION as STORE_VERSION
 from dynamics.store._loc import SECTIONS as SECTIONS
-from dynamics.store._loc import StoreError, is_remote
+from dynamics.store._loc import StoreError, check_run_id, is_remote
 from dynamics.store.checkpoints import (
     atomic_write_bytes,
     checkpoint_path,
     has_checkpoint,
     read_checkpoint,
     run_lock,
+    run_lock_held,
     write_checkpoint,
 )
 from dynamics.store.readers import (
@@ -87,11 +88,13 @@ __all__ = [
     "RunWriter",
     "StoreError",
     "atomic_write_bytes",
+    "check_run_id",
     "checkpoint_path",
     "deferred_index",
     "has_checkpoint",
     "read_checkpoint",
     "run_lock",
+    "run_lock_held",
     "write_checkpoint",
     "init_store",
     "is_remote",

@@ -128,6 +128,11 @@ def _locked(loc: _Loc) -> Iterator[None]:
 # --------------------------------------------------------------------------- small helpers
 
 
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it can name a run group, else StoreError saying why."""
+    return _check_name("run id", run_id)
+
+
 def _check_name(kind: str, name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise StoreError(f"invalid {kind} {name!r}: use letters, digits, '.', '_' or '-', not starting with a symbol")

@@ -13,8 +13,8 @@ import contextlib
 import json
 import os
 import socket
-import time
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -175,3 +175,23 @@ def run_lock(path: str | os.PathLike, run_id: str):
         yield
     finally:
         os.close(fd)  # releases the flock
+
+
+def run_lock_held(path: str | os.PathLike, run_id: str) -> bool | None:
+    """Whether some process holds run ``run_id``'s :func:`run_lock` now (None: cannot tell, for a
+    URL store). A run whose status says "running" while nobody holds its lock was killed."""
+    loc = _Loc(path)
+    if loc.local is None or fcntl is None:
+        return None
+    target = loc.local / f"checkpoints/{_check_name('run id', run_id)}/{RUN_LOCK_FILE}"
+    try:
+        fd = os.open(target, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False

@@ -6,20 +6,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
 
 from dynamics import store
-from dynamics.config import RunConfig
+from dynamics.config import ConfigError, RunConfig
 from dynamics.sweep.grid import Point, expand_grid
 from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
 from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _stop_name, run_point
+from dynamics.train import sigterm_as_interrupt
 
 MAX_RESUBMITS = 2
 """Extra submissions of a run whose task the scheduler gave up on (KilledWorker)."""
@@ -56,6 +55,27 @@ def _client(scheduler: str | None, n_workers: int):
     client = Client(cluster)
     client.register_plugin(_ignore_sigint_plugin())
     return client, cluster
+
+
+def check_scheduler(scheduler: str, timeout: float = 10.0) -> None:
+    """Connect to an existing cluster once and hang up, so that a wrong ``--scheduler`` is one
+    clear error before the store is touched, not a traceback from inside the sweep.
+
+    Raises
+    ------
+    ConfigError
+        Neither a ``tcp://`` style address nor an existing scheduler file, or nothing answers.
+    """
+    from distributed import Client
+
+    if "://" not in scheduler and not os.path.isfile(scheduler):
+        raise ConfigError(f"--scheduler {scheduler}: neither an address (tcp://host:port) nor a scheduler file")
+    try:
+        kw = {"address": scheduler} if "://" in scheduler else {"scheduler_file": scheduler}
+        Client(timeout=timeout, **kw).close()
+    except (OSError, TimeoutError, ValueError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler there ({reason})") from None
 
 
 def default_workers() -> int:
@@ -114,7 +134,7 @@ def run_sweep(
     Raises
     ------
     ConfigError
-        An invalid point (before anything is written).
+        An invalid point, or a ``scheduler`` that does not answer (before anything is written).
     SweepLockError
         Another sweep is writing this store.
     KeyboardInterrupt
@@ -128,11 +148,13 @@ def run_sweep(
     """
     t0 = time.perf_counter()
     points = expand_grid(cfg)
+    if scheduler:
+        check_scheduler(scheduler)
     if not _is_url(path):
         path = os.path.abspath(path)  # workers may run elsewhere
     store.init_store(path)
     summary = SweepSummary(total=len(points), labels={p.run_id: p.label for p in points})
-    with _sigterm_as_interrupt(), acquire_lock(path):
+    with sigterm_as_interrupt(), acquire_lock(path):
         existing = set(store.list_runs(path))
         todo = []
         for p in points:
@@ -157,23 +179,6 @@ def run_sweep(
                 store.reindex(path)
     summary.wall_time = time.perf_counter() - t0
     return summary
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM (``kill``, a batch system's time limit) stops the sweep as Ctrl-C does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int, display: _Display) -> list[dict]:

@@ -1,0 +1,85 @@
+"""Bad command-line input: one line naming the problem, exit code 2, nothing created."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dynamics import store
+from dynamics.config import load_config
+from dynamics.train import train_run
+from tests.conftest import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def dyn(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "dynamics", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or ROOT)
+
+
+def one_line_exit_2(r, needle):
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    cfg = d / "tiny.toml"
+    cfg.write_text(TINY.format(steps=10, every=5))
+    path = d / "s.zarr"
+    train_run(load_config(cfg), str(path))
+    (d / "afile").write_text("not a directory")
+    return d, cfg, path
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "{cfg}", "--out", "{d}/afile/sub.zarr"], "afile is a file, not a directory"),
+    (["sweep", "{cfg}", "--out", "{d}/afile/sub.zarr"], "afile is a file, not a directory"),
+    (["run", "{cfg}", "--out", "{d}/new1.zarr", "--run-id", "bad id!"], "invalid run id 'bad id!'"),
+    (["sweep", "{cfg}", "--out", "{d}/new2.zarr", "--scheduler", "{d}/nofile.json"],
+     "neither an address (tcp://host:port) nor a scheduler file"),
+    (["demo", "--workers", "0", "--out", "{d}/new3.zarr"], "--workers: must be >= 1, got 0"),
+    (["demo", "--workers", "-1", "--out", "{d}/new3.zarr"], "--workers: must be >= 1, got -1"),
+    (["report", "{path}", "--out", "{d}/afile/x"], "afile is a file, not a directory"),
+    (["gates", "{path}", "--lam", "nan"], "gates.lam"),
+])
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(tiny, args, needle):
+    d, cfg, path = tiny
+    before = sorted(p.name for p in d.iterdir())
+    one_line_exit_2(dyn(*(a.format(d=d, cfg=cfg, path=path) for a in args)), needle)
+    assert sorted(p.name for p in d.iterdir()) == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA")
+def test_cuda_without_cuda_is_refused_before_any_store(tiny):
+    d, cfg, _ = tiny
+    one_line_exit_2(dyn("run", cfg, "--out", d / "c.zarr", "--device", "cuda"), "has no usable CUDA device")
+    one_line_exit_2(dyn("sweep", cfg, "--out", d / "c.zarr", "--set", "train.device='cuda:1'"),
+                    "has no usable CUDA device")
+    assert not (d / "c.zarr").exists()
+
+
+def test_report_of_dot_inside_a_store_goes_next_to_it(tiny):
+    d, _, path = tiny
+    r = dyn("report", ".", "--no-compute", cwd=path)
+    assert r.returncode == 0, r.stderr
+    assert (d / "s-report" / "index.html").is_file()
+
+
+def test_status_names_stopped_and_pending_runs(tiny, tmp_path):
+    _, cfg, path = tiny
+    s = tmp_path / "s.zarr"
+    train_run(load_config(cfg), str(s))
+    rid = store.list_runs(s)[0]
+    store.update_run_attrs(s, rid, status="running")  # as a run killed by SIGKILL leaves it
+    store.write_sweep_index(s, {"axes": ["train.seed"], "runs": {rid: {"train.seed": 0}, "rnever": {"train.seed": 1}}})
+    r = dyn("status", s)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
+    assert rows[rid][2] == "stopped"
+    assert rows["rnever"][1:3] == ["1", "pending"]
