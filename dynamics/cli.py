@@ -257,6 +257,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from dynamics import store
     from dynamics.report import write_report
 
+    if not store.list_runs(args.store):
+        raise UsageError(f"{args.store} holds no runs to report on")
     if args.run and args.run not in store.list_runs(args.store):
         raise UsageError(f"no run {args.run!r} in {args.store}")
     if args.out:
@@ -300,6 +302,10 @@ def cmd_gates(args: argparse.Namespace) -> int:
     from dynamics.train import load_run_model
 
     model, cfg, step = load_run_model(args.store, run_id)  # StoreError (exit 2) when there is no checkpoint
+    status = store.run_attrs(args.store, run_id).get("status")
+    if status != "completed":
+        print(f"note: run {run_id} is {status}; these gates are fitted to its checkpoint at step {step} "
+              f"of {cfg.train.steps}, not to a finished model")
     ds = gate_report(model, cfg, options, contrast=contrast)
     print(f"{run_id} at step {step}: causal head gating, {options.restarts} restarts x {options.steps} updates")
     _print_table(*report_table(ds))
@@ -365,8 +371,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if summary.ok else 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the usage itself is in --help), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dynamics", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="dynamics", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="train one run (the base point of a config) into a store")

@@ -55,6 +55,15 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(tiny, args, needle):
     assert sorted(p.name for p in d.iterdir()) == before
 
 
+def test_usage_errors_are_one_line(tiny):
+    one_line_exit_2(dyn("run"), "the following arguments are required: config")
+    one_line_exit_2(dyn("frob"), "invalid choice: 'frob'")
+    d, _, _ = tiny
+    store.init_store(d / "empty.zarr")
+    one_line_exit_2(dyn("report", d / "empty.zarr"), "holds no runs to report on")
+    one_line_exit_2(dyn("gates", d / "empty.zarr"), "holds no runs")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA")
 def test_cuda_without_cuda_is_refused_before_any_store(tiny):
     d, cfg, _ = tiny

@@ -10,10 +10,10 @@ import xarray as xr
 from dynamics.analysis.divergence import js_distance
 from dynamics.analysis.pipeline import AnalysisOptions
 from dynamics.analysis.redundancy import cluster_heads
-from dynamics.analysis.roles import assign_roles, role_scores
+from dynamics.analysis.roles import ROLES, assign_roles, role_scores
 from dynamics.analysis.slash import best_offset, slash_dominant, slash_score
 from dynamics.predict.features import _rank_in_layer
-from dynamics.predict.options import TARGETS, PredictError, PredictOptions, Run
+from dynamics.predict.options import CHG_CLASSES, TARGETS, PredictError, PredictOptions, Run
 from dynamics.schema import HEAD, LAYER, SNAPSHOT
 
 # --------------------------------------------------------------------------- targets
@@ -155,7 +155,9 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
         raise PredictError(f"target {options.target!r}: {n} labelled head(s), need at least {options.min_heads}")
     values = np.unique(cat["target"])
     if values.size < 2:
-        raise PredictError(f"target {options.target!r} is constant: every one of {n} heads has the value {values[0]:g}")
+        names = {"role": ROLES, "chg": CHG_CLASSES}.get(options.target)
+        value = names[int(values[0])] if names is not None and 0 <= values[0] < len(names) else f"{values[0]:g}"
+        raise PredictError(f"target {options.target!r} is constant: every one of {n} heads has the value {value}")
     if len(set(cat["row_group"])) < 2:
         raise PredictError(f"target {options.target!r}: labelled heads fall in one group, so cross-validation is impossible")
     ds = xr.Dataset(
