@@ -298,9 +298,12 @@ def token_ratio(attn: xr.DataArray, tokens: xr.DataArray, token_id: int = ord("/
     where ``c_p(i)`` counts the visible occurrences and ``V_p`` is the set of queries with
     ``c_p(i) > 0`` (as in `token_share`).
 
-    Bounds: [0, T]. Uniform causal attention gives exactly 1. The post's "5-8 times the
-    response to other tokens" is a claim about this ratio. It is NaN where the token is never
-    visible.
+    Bounds: [0, T]. Uniform causal attention gives exactly 1. It is NaN where the token is
+    never visible. The post's "5-8 times the response to other tokens" is related but not the
+    same: this ratio's reference is uniform attention over every visible key, the token's own
+    occurrences included, not the attention a single other token gets, and queries that see
+    nothing but the token always score 1. Compare it with the post's figure as an order of
+    magnitude only.
 
     Parameters
     ----------
