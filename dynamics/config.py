@@ -113,7 +113,9 @@ class TrainConfig:
     optimizer: str = "adamw"
     """adamw | sgd."""
     weight_decay: float = 0.01
-    """Decoupled weight decay (AdamW) or L2 (SGD)."""
+    """Decoupled weight decay (AdamW) or L2 (SGD), applied to every trained parameter: matrices,
+    embeddings, biases, LayerNorm gains and learned gate logits alike (nanoGPT spares the
+    1-D ones; here one group keeps the sweep axis a single number)."""
     beta1: float = 0.9
     """Adam beta1, or SGD momentum."""
     beta2: float = 0.99
