@@ -134,8 +134,8 @@ def seed_consistency(path: str) -> list[tuple[str, float, int]]:
     -------
     list of (label, similarity, runs)
         One row per group of two or more runs. The label is the group's values of the sweep
-        axes other than the seed when the store has a sweep index, else a short hash of
-        the shared config.
+        axes other than the seed when the store has a sweep index, else its values of the
+        settings that differ between groups (a short hash of the config when only one group).
     """
     import xarray as xr
 
@@ -146,6 +146,7 @@ def seed_consistency(path: str) -> list[tuple[str, float, int]]:
     index = store.read_sweep_index(path) or {}
     axes = [a for a in index.get("axes", []) if a != "train.seed"]
     groups, labels, profiles = [], {}, []
+    flat: dict[str, dict] = {}  # group -> its config as {"section.key": value}
     for run_id in store.list_runs(path):
         analysis = store.open_analysis(path, run_id)
         if analysis is None:
@@ -156,11 +157,19 @@ def seed_consistency(path: str) -> list[tuple[str, float, int]]:
         if axes and run_id in index.get("runs", {}):
             values = index["runs"][run_id]
             labels[group] = json.dumps({a: values.get(a) for a in axes}, sort_keys=True)
+        flat.setdefault(group, {f"{sec}.{k}": v for sec, table in config.items() if isinstance(table, dict)
+                                for k, v in table.items()})
         groups.append(group)
         profiles.append(analysis["role_score"].isel(snapshot=-1).load())
     counts = collections.Counter(groups)
     if not counts or max(counts.values()) < 2:
         return []  # no config was run with more than one seed
+    # Without sweep labels, name each group by the settings that tell the groups apart.
+    keys = sorted({k for c in flat.values() for k in c})
+    varying = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in flat.values()}) > 1]
+    for g, c in flat.items():
+        if g not in labels and varying:
+            labels[g] = ", ".join(f"{k}={json.dumps(c.get(k))}" for k in varying)
     stacked = xr.concat(profiles, dim="run", join="outer").transpose("run", "layer", "head", "role_name")
     result = cross_seed_consistency(stacked.fillna(0.0), groups, feature_dim="role_name")
     store.write_derived(path, "consistency", result.drop_vars([v for v in result.coords if v not in result.dims]))

@@ -91,7 +91,7 @@ def test_seed_consistency_groups_runs_by_their_config(three_runs, tmp_path):
         score = first.role_score
         store.write_analysis(path, r, first.assign(role_score=(score.dims, score.isel(head=[1, 0]).values)))
     [(label, similarity, n)] = seed_consistency(path)
-    assert n == 3 and label.startswith("config ")
+    assert n == 3 and label == f"train.lr={base['train']['lr']}"  # what sets the group apart
     assert similarity == pytest.approx(1.0, abs=1e-12)  # the lr=1e-3 run is not lumped in
     derived = store.open_derived(path, "consistency")
     assert derived is not None and derived.similarity.sizes["group"] == 2
