@@ -12,9 +12,10 @@ Tasks (``cfg.task.name``) and the roles they target (see data/README.md):
   P defeats a fixed-offset (RoPE slash) shortcut, so induction heads are needed
   (Olsson et al. 2022; Bietti et al. 2023).
 - ``offset_copy``: token t copies token t - delta with probability p; slash-dominant heads
-  at offset delta (Cheng et al. 2026, arXiv 2601.08297).
-- ``markov``: a sparse random n-gram chain, fixed by the task config; previous-token and
-  local heads, and the "global bigram" stage of Bietti et al. 2023.
+  at offset delta - 1, since the query at t predicts token t + 1 (Cheng et al. 2026, arXiv
+  2601.08297).
+- ``markov``: a sparse random n-gram chain, fixed by the task config; self and local heads
+  over offsets 0 .. order - 1, and the "global bigram" stage of Bietti et al. 2023.
 - ``slash_text``: bytes of paths, URLs, dates and fractions in which "/" separates fields
   that depend on the field before; '/'-token-dominant heads (the slash-dominance post).
 - ``corpus``: byte windows of the running interpreter's standard-library ``.py`` files,
