@@ -17,11 +17,12 @@
    whole, larger ones analysed lazily with dask), its peak resident memory (``ru_maxrss``)
    less its resident memory just before the analysis (imports done), and that increment
    over the store's uncompressed bytes (attention alone, and all arrays); and, between the
-   two largest stores on the same path, how many bytes of peak memory each extra byte of
-   attention costs: about 0 when the analysis streams, 1 or more when it holds the run.
-   With ``--cap-mb`` the largest store is analysed once more under
-   ``resource.setrlimit(RLIMIT_AS)`` = baseline address space + cap (less than the store),
-   and the bench reports whether it finished.
+   two largest stores on the same path, how many bytes of peak memory each extra byte of one
+   run's attention costs (runs are analysed one at a time): about 0 when the analysis
+   streams, 1 or more when it holds the run.
+   With ``--cap-mb`` a single run as large as the largest store is analysed under
+   ``resource.setrlimit(RLIMIT_AS)`` = baseline address space + cap (less than the run's
+   attention), and the bench reports whether it finished. Sizes are MiB (2**20 bytes).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def build_store(path: str, *, layers: int, heads: int, probes: int, context: int
     writer.write_region("loss", 0, np.linspace(4, 1, steps).astype(np.float32))
     writer.set_attrs(status="completed", steps_done=steps)
     writer.finalize()
-    total = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for _, shape, dt in variables_.values())
+    total = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for _, shape, dt, *_ in variables_.values())
     return {"snapshots": n_snap, "attention_bytes": n_snap * per_snap, "total_bytes": total,
             "shape": f"S={n_snap} L={layers} H={heads} P={probes} T={context}"}
 
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if not args.skip_memory:
             print("\n2. memory: analyse_store, one process, fresh for each synthetic sweep store")
-            header = (f"   {'store':<34}{'attn MB':>9}{'all MB':>8}{'disk MB':>9}{'path':>11}{'peak-base MB':>14}"
+            header = (f"   {'store':<34}{'attn MiB':>9}{'all MiB':>8}{'disk MiB':>9}{'path':>11}{'peak-base MiB':>14}"
                       f"{'/ attn':>8}{'/ all':>7}{'wall s':>8}")
             print(header)  # store: runs x the shape of each
             print("   " + "-" * (len(header) - 3))
@@ -256,17 +257,23 @@ def main(argv: list[str] | None = None) -> int:
             same = [x for x in results if x[2].get("path") == results[-1][2].get("path") and x[2]["ok"]]
             if len(same) >= 2:
                 (_, i0, r0), (_, i1, r1) = same[-2], same[-1]
-                grow = ((r1["peak_rss"] - r1["base_rss"]) - (r0["peak_rss"] - r0["base_rss"])) / (
-                    i1["attention_bytes"] - i0["attention_bytes"])
-                print(f"   marginal ({r1.get('path')} path, {i0['attention_bytes'] / 2**20:.0f} -> "
-                      f"{i1['attention_bytes'] / 2**20:.0f} MB): peak memory grows {grow:.2f} bytes per extra byte "
-                      f"of attention (0: streams; >= 1: holds the run)")
+                # Runs are analysed one after another, so peak memory can only follow the size of
+                # one run: the increment is per extra byte of a run's attention.
+                per_run0, per_run1 = i0["attention_bytes"] / args.runs, i1["attention_bytes"] / args.runs
+                grow = ((r1["peak_rss"] - r1["base_rss"]) - (r0["peak_rss"] - r0["base_rss"])) / (per_run1 - per_run0)
+                print(f"   marginal ({r1.get('path')} path, {per_run0 / 2**20:.0f} -> {per_run1 / 2**20:.0f} MiB of "
+                      f"attention per run): peak memory grows {grow:.2f} bytes per extra byte of a run's attention "
+                      f"(0: streams; >= 1: holds the run)")
             if args.cap_mb:
-                path, info, _ = results[-1]
+                # One run as large as the largest store, so the run itself exceeds the cap.
+                path = os.path.join(tmp, "synthetic-one-run.zarr")
+                info = build_store(path, layers=args.layers, heads=args.heads, probes=args.probes,
+                                   context=args.context, attention_mb=max(args.store_mb), seed=0, run_id="synthetic0")
                 r = run_child(path, cap_mb=args.cap_mb)
                 verdict = "finished" if r["ok"] else f"failed ({r['error']})"
-                print(f"   under RLIMIT_AS = baseline + {args.cap_mb:.0f} MB "
-                      f"({args.cap_mb * 2**20 / info['attention_bytes']:.2f} x the attention array): {verdict}")
+                print(f"   one run of {info['attention_bytes'] / 2**20:.0f} MiB of attention ({info['shape']}) "
+                      f"under RLIMIT_AS = baseline + {args.cap_mb:.0f} MiB "
+                      f"({args.cap_mb * 2**20 / info['attention_bytes']:.2f} x the run's attention): {verdict}")
     print(f"\n{load_line()} at end")
     return 0
 

@@ -78,7 +78,8 @@ def main() -> None:
     times: dict[int, list[float]] = {n: [] for n in args.workers}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeat):
-            for n in args.workers:
+            # reversed every other round, so a drift in machine load favours neither side
+            for n in (args.workers if rep % 2 == 0 else args.workers[::-1]):
                 times[n].append(time_sweep(cfg, n, Path(tmp) / f"{rep}"))
                 print(f"{args.runs} runs x {args.steps} steps, {n} worker(s): {times[n][-1]:.1f} s", flush=True)
     best = {n: min(t) for n, t in times.items()}

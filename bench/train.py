@@ -16,11 +16,12 @@ reduced to medians, because the machines are shared:
 
 - MFU = tokens/s x FLOPs/token / the machine's own float32 matmul rate (``torch.mm`` on
   --peak-n square matrices, same thread count, timed between the training blocks).
-  FLOPs/token = 6 N + 12 L T H d_head (Chowdhery et al. 2022, PaLM, appendix B: dense
-  matmuls forward + backward, plus QK^T and AV over the full T x T square); N counts the
-  trained parameters that take part in a matmul or an elementwise op, i.e. all but the
-  W_E (and W_pos) lookup tables. Softmax, GELU, LayerNorm and the optimiser count 0 FLOPs,
-  so they are part of the gap.
+  FLOPs/token = 6 N + 6 L (T + 1) H d_head (Chowdhery et al. 2022, PaLM, appendix B: dense
+  matmuls forward + backward, plus QK^T and AV, here over the causal triangle only, T (T+1)/2
+  of the T x T square, which is the work the model needs; PaLM counts the square, which
+  would add 7% to the default model's MFU). N counts the weights of the matmuls: W_Q, W_K,
+  W_V, W_O, W_in, W_out, W_U, not the W_E / W_pos lookup tables, biases or LayerNorm gains.
+  Softmax, GELU, LayerNorm, biases and the optimiser count 0 FLOPs, so they are part of the gap.
 - ``--compile``: the same step with ``torch.compile(model.forward)``, timed in blocks
   alternated with the eager ones, and the compile time. Training does not compile: see README.
 - Where the gap is: the step split into phases (data, forward, backward, clip, optimiser)
@@ -122,12 +123,17 @@ class Trainer:
 PHASES = ("data", "forward", "backward", "clip", "optimizer")
 
 
+def attention_flops_per_token(m) -> float:
+    """QK^T and AV, forward + backward (x3), 2 FLOPs per multiply-add, over the causal triangle:
+    per token, (T + 1) / 2 keys on average, so 3 * 2 * 2 * L * H * d_head * (T + 1) / 2."""
+    return 6.0 * m.n_layers * (m.context + 1) * m.n_heads * m.head_dim
+
+
 def flops_per_token(cfg: RunConfig, model) -> tuple[float, int]:
-    m = cfg.model
     lookup = {id(model.W_E)} | ({id(model.W_pos)} if hasattr(model, "W_pos") else set())
-    n = sum(p.numel() for p in model.optim_parameters() if id(p) not in lookup)
-    attn = 12 * m.n_layers * m.context * m.n_heads * m.head_dim
-    return 6.0 * n + attn, n
+    # Matmul weights only: a bias or a LayerNorm gain is one FLOP per element, not six.
+    n = sum(p.numel() for p in model.optim_parameters() if id(p) not in lookup and p.ndim >= 2)
+    return 6.0 * n + attention_flops_per_token(cfg.model), n
 
 
 def mm_rate(a: torch.Tensor, b: torch.Tensor, device: torch.device, min_time: float = 0.05) -> float:
@@ -326,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
           f"V={m.vocab_size} T={m.context} pos={m.pos}; batch {B} = {tokens_per_step} tokens/step; "
           f"torch {torch.__version__}")
     print(f"device: {where}; {load_line()} at start")
-    print(f"FLOPs/token = 6 x {n_params} + 12 L T H d_head = {fpt / 1e6:.2f} MFLOP "
-          f"({12 * m.n_layers * m.context * m.n_heads * m.head_dim / fpt:.0%} attention)")
+    print(f"FLOPs/token = 6 x {n_params} + 6 L (T+1) H d_head = {fpt / 1e6:.2f} MFLOP "
+          f"({attention_flops_per_token(m) / fpt:.0%} attention, causal triangle)")
 
     # ---- 1. throughput and MFU: training blocks alternated with the peak matmul
     trainer.timed(3)  # warm-up: allocator, kernels, lazy inits
@@ -340,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         compiled.timed(3)
         compile_s = time.perf_counter() - t0
     step_t, peak, comp_t = [], [], []
+    mm_rate(big, big, device, min_time=0.2)  # warm-up: the first big matmul pays for its buffers
     for _ in range(args.repeats):
         step_t.append(trainer.timed(args.steps))
         peak.append(mm_rate(big, big, device, min_time=0.2))
@@ -355,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     if compiled is not None:
         t_comp = median(comp_t)
         print(f"   torch.compile(model.forward), alternated with the eager blocks: step {t_comp * 1e3:.1f} ms, "
-              f"MFU {tokens_per_step / t_comp * fpt / peak_rate:.1%}, {t_step / t_comp:.2f}x the eager step; "
+              f"MFU {tokens_per_step / t_comp * fpt / peak_rate:.1%}, speed-up {t_step / t_comp:.2f}x over eager; "
               f"compiling and its first 3 steps took {compile_s:.1f} s (Inductor's cache warms on later runs)")
 
     # ---- 2. where the gap is
