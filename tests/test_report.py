@@ -4,9 +4,11 @@ One session-scoped store holds three tiny runs of an init_scale x seed sweep:
 
 - A: completed, analysed by ``dynamics analyse``, with CHG gates in its ``chg`` variable;
 - B: completed, never analysed (the report analyses it in memory), with a derived
-  ``gates.<run_id>`` dataset in the schema of ``dynamics.gates.fit_chg``;
-- C: stopped after step 20 and marked ``running``, as a killed or still-running sweep
-  leaves it (6 of 9 snapshots recorded, no analysis);
+  ``gates.<run_id>`` dataset in the schema of ``dynamics.gates.fit_chg`` (3 restarts whose
+  majority role differs from the region of their mean gates for head L0H0);
+- C: stopped after step 20 and marked ``running`` with nobody holding its training lock, as
+  a killed sweep leaves it (6 of 9 snapshots recorded, no analysis);
+- P: in the sweep index only (init_scale 4.0): pending, never started;
 
 plus a derived ``predict.slash`` curve in the schema of ``dynamics.predict.predict_runs``.
 `build_report` is shared with tests/integration/test_report_browser.py (it reuses the
@@ -68,7 +70,8 @@ def _fill_chg(path: Path, run_id: str, cfg) -> None:
     for i in range(0, len(steps_at), 4):
         frac = i / (len(steps_at) - 1)  # gates drift apart as training goes on
         chg = np.clip(0.5 + (rng.random((L, H, 2)) - 0.5) * (0.2 + 0.8 * frac), 0, 1).astype(np.float32)
-        writer.write_snapshot(i, {"chg": chg, "chg_role": np.zeros((L, H), np.int8)})
+        role = np.array([CHG_LABELS.index(x) for x in chg_label(chg[..., 0], chg[..., 1]).ravel()], np.int8)
+        writer.write_snapshot(i, {"chg": chg, "chg_role": role.reshape(L, H)})
     writer.finalize()
 
 
@@ -89,11 +92,21 @@ def _predict_curve() -> xr.Dataset:
     )
 
 
-def _gates_dataset(cfg) -> xr.Dataset:
-    """A CHG fit in the schema of dynamics.gates.fit_chg: chg (restart, layer, head, fit)."""
+# Three restarts of head L0H0: facilitating, facilitating, interfering. Their mean gates
+# (0.6, 0.4) fall in the irrelevant region, while the majority role is facilitating.
+SPLIT_HEAD = np.array([[0.9, 0.6], [0.9, 0.6], [0.0, 0.0]], np.float32)
+
+
+def _gates_dataset(cfg, seed: int = 2) -> xr.Dataset:
+    """A CHG fit in the schema of dynamics.gates.fit_chg: chg (restart, layer, head, fit), per-restart
+    codes chg_role and their majority role, as `dynamics gates` stores them."""
     L, H = cfg.model.n_layers, cfg.model.n_heads
-    g = np.random.default_rng(2).random((3, L, H, 2)).astype(np.float32)
-    return xr.Dataset({"chg": (("restart", "layer", "head", "fit"), g)},
+    g = np.random.default_rng(seed).random((3, L, H, 2)).astype(np.float32)
+    g[:, 0, 0] = SPLIT_HEAD
+    codes = np.array([CHG_LABELS.index(x) for x in chg_label(g[..., 0], g[..., 1]).ravel()], np.int8).reshape(3, L, H)
+    counts = np.stack([(codes == c).sum(0) for c in range(4)])
+    return xr.Dataset({"chg": (("restart", "layer", "head", "fit"), g), "chg_role": (("restart", "layer", "head"), codes),
+                       "role": (("layer", "head"), counts.argmax(0).astype(np.int8))},
                       coords={"restart": np.arange(3), "layer": np.arange(L), "head": np.arange(H),
                               "fit": ["plus", "minus"]})
 
@@ -101,7 +114,7 @@ def _gates_dataset(cfg) -> xr.Dataset:
 def build_report(root: Path) -> tuple[Path, Path, dict]:
     """Train the store described in the module docstring and write its report (once per root).
 
-    Returns (store path, index.html, {"A": run id, "B": ..., "C": ...}).
+    Returns (store path, index.html, {"A": run id, "B": ..., "C": ..., "P": ...}).
     """
     from dynamics.config import from_dict, with_values
     from dynamics.train import set_threads, train_run
@@ -128,6 +141,8 @@ def build_report(root: Path) -> tuple[Path, Path, dict]:
             _fill_chg(path, rid, cfg)
         if name == "B":
             store.write_derived(path, f"gates.{rid}", _gates_dataset(cfg))
+    ids["P"] = "rpending000"  # in the sweep index, never started
+    index["runs"][ids["P"]] = {"model.init_scale": 4.0, "train.seed": 0}
     store.write_sweep_index(path, index)
     cli.analyse_store(str(path), [ids["A"]])
     store.write_derived(path, "predict.slash", _predict_curve())
@@ -204,9 +219,14 @@ def test_partial_store_runs_are_analysed_in_memory_and_said_so(built):
     path, page, ids = built
     text = page.read_text()
     row = {k: re.search(rf"<tr><td><code>{ids[k]}</code>.*?</tr>", text).group(0) for k in ids}
+    assert ">pending<" in row["P"] and "not started yet" in row["P"]  # in the sweep index, never started
+    assert "2 completed, 1 pending, 1 stopped (3 of 4 runs of the sweep index started)" in text
     assert "stored by `dynamics analyse`" in html.unescape(row["A"])
     assert "computed for this report (not stored)" in row["B"]
-    assert ">running<" in row["C"] and "computed for this report on 6 of 9 snapshots" in row["C"]
+    # "running" in its attrs, but nobody holds its training lock: killed, shown as `dynamics status` does.
+    assert store.run_attrs(path, ids["C"])["status"] == "running"
+    assert ">stopped<" in row["C"] and ">running<" not in row["C"]
+    assert "computed for this report on 6 of 9 snapshots" in row["C"]
     assert "6/9" in row["C"]
     assert store.open_analysis(path, ids["B"]) is None  # the report never writes to the store
     assert "derived/gates." in text and "recorded during training (chg)" in text
@@ -247,7 +267,8 @@ def test_store_with_a_just_started_run_names_every_missing_part(tmp_path):
     path = tmp_path / "s.zarr"
     store.RunWriter(path, "r0", variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
                     attrs={"status": "running", "config": cfg.to_dict()}).finalize()
-    page = write_report(path, tmp_path / "out")
+    with store.run_lock(path, "r0"):  # its trainer is alive: it holds the run's training lock
+        page = write_report(path, tmp_path / "out")
     text = page.read_text()
     for needle in ("Not available: attention maps because run r0 (running) has no recorded snapshot yet",
                    "Not available: emergence curves for 1 run(s)",
@@ -312,3 +333,189 @@ def test_report_never_imports_torch():
                 todo.append(name)
     assert {"dynamics.store", "dynamics.analysis"} <= seen
     assert not found, found
+
+
+# --------------------------------------------------------------------------- trust: colours, labels, status
+
+
+def _synthetic_store(path: Path, points: dict[str, dict], status: str = "completed") -> None:
+    """Runs with no recorded snapshot (cheap), each at its swept point, and the sweep index."""
+    from dynamics.config import from_dict
+    from dynamics.record import coords, snapshot_steps, variables
+
+    cfg = from_dict(TINY)
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    for rid in points:
+        store.RunWriter(path, rid, variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                        attrs={"status": status, "config": cfg.to_dict()}).finalize()
+    store.write_sweep_index(path, {"axes": sorted({a for p in points.values() for a in p}), "runs": points})
+
+
+def _capture_figures(monkeypatch, module) -> dict:
+    """Keep every Figure `module` saves, by its relative path, to read what it drew."""
+    from dynamics.report import draw
+
+    figs = {}
+
+    def keep(fig, out, rel):
+        figs[rel] = fig
+        return draw._save(fig, out, rel)
+
+    monkeypatch.setattr(module, "_save", keep)
+    return figs
+
+
+def test_groups_differing_only_in_the_second_axis_look_different():
+    from matplotlib.figure import Figure
+
+    from dynamics.report.draw import _curves, _groups, _legend
+
+    axes = ["model.init_scale", "train.lr", "train.seed"]
+    runs = [_Run(f"r{i}{j}{s}", "completed", {"model.init_scale": scale, "train.lr": lr, "train.seed": s},
+                 1.0, 3, np.ones(3, bool), np.arange(3))
+            for i, scale in enumerate((0.5, 2.0)) for j, lr in enumerate((1e-3, 1e-2)) for s in (0, 1)]
+    groups = _groups(runs, axes)
+    assert len(groups.keys) == 4 and all(len(m) == 2 for m in groups.members.values())  # seeds pooled
+    looks = {k: (groups.colours[k], str(groups.styles[k])) for k in groups.keys}
+    marks = {k: (groups.colours[k], groups.markers[k]) for k in groups.keys}
+    assert len(set(looks.values())) == 4 and len(set(marks.values())) == 4  # every group its own look
+    same_scale = [k for k in groups.keys if json.loads(k[0]) == 0.5]
+    assert groups.colours[same_scale[0]] == groups.colours[same_scale[1]]  # colour: init_scale, ranked
+    assert groups.styles[same_scale[0]] != groups.styles[same_scale[1]]  # line style: lr
+    assert {groups.labels[k] for k in same_scale} == {"init_scale=0.5, lr=0.001", "init_scale=0.5, lr=0.01"}
+    assert "init_scale" in groups.title and "lr" in groups.title
+
+    ax = Figure().subplots()
+    _curves(ax, groups, {r.run_id: (np.arange(3), np.arange(3.0) + i) for i, r in enumerate(runs)})
+    _legend(ax, groups)
+    assert "lr" in ax.get_legend().get_title().get_text()
+    means = {line.get_label(): line.get_linestyle() for line in ax.get_lines() if "mean of 2" in line.get_label()}
+    assert means["init_scale=0.5, lr=0.001 (mean of 2)"] != means["init_scale=0.5, lr=0.01 (mean of 2)"]
+
+
+def test_a_swept_value_keeps_its_colour_in_every_figure(tmp_path, monkeypatch):
+    from matplotlib import colormaps
+    from matplotlib.colors import to_rgba
+
+    from dynamics.config import from_dict
+    from dynamics.report import chg
+
+    points = {f"r{i}": {"model.init_scale": scale, "train.seed": 0} for i, scale in enumerate((0.5, 1.0, 2.0))}
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, points)
+    cfg = from_dict(TINY)
+    for rid in ("r1", "r2"):  # gates for the two larger scales only
+        store.write_derived(path, f"gates.{rid}", _gates_dataset(cfg, seed=int(rid[1])))
+    figs = _capture_figures(monkeypatch, chg)
+    write_report(path, tmp_path / "out", run_id="r1")
+    ax1 = figs["figures/chg.png"].axes[0]
+    dots = [c for c in ax1.collections if len(c.get_offsets()) == 4 and c.get_facecolors().shape[0]
+            and c.get_facecolors()[0, 3] > 0]  # the runs' dots: 4 heads each (rings are hollow)
+    viridis = colormaps["viridis"]
+    # Ranked among all three runs of the sweep (0.45: the middle of the 0..0.9 range), not among
+    # the two that have gates, where init_scale 1.0 would take the colour of 0.5 in the curves.
+    assert [tuple(np.round(c.get_facecolors()[0, :3], 4)) for c in dots] == [
+        tuple(np.round(to_rgba(viridis(x))[:3], 4)) for x in (0.45, 0.9)]
+
+
+def test_chg_labels_are_the_stored_majority_roles_not_the_mean_gates(tmp_path, monkeypatch):
+    from dynamics.config import from_dict
+    from dynamics.report import chg
+
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    gates = _gates_dataset(from_dict(TINY))
+    store.write_derived(path, "gates.r0", gates)
+    mean = gates["chg"].mean("restart")
+    assert chg_label(mean.sel(fit="plus"), mean.sel(fit="minus"))[0, 0] == "irrelevant"  # what averaging first says
+    assert CHG_LABELS[int(gates["role"][0, 0])] == "facilitating"  # what `dynamics gates` says
+
+    figs = _capture_figures(monkeypatch, chg)
+    page = write_report(path, tmp_path / "out")
+    share = {line.get_label(): line.get_ydata().tolist() for line in figs["figures/chg.png"].axes[2].get_lines()}
+    expected = (gates["role"].values.ravel()[None, :] == np.arange(4)[:, None]).mean(1)
+    assert [share[name][0] for name in CHG_LABELS[:3]] == expected[:3].tolist()
+    assert share["facilitating"][0] >= 0.25  # head L0H0 counted as facilitating
+    text = html.unescape(page.read_text())
+    by_mean = chg_label(mean.sel(fit="plus"), mean.sel(fit="minus")).ravel()
+    off = int((by_mean != np.asarray(CHG_LABELS)[gates["role"].values.ravel()]).sum())
+    assert off >= 1  # head L0H0 at least: ringed, and counted in the caption
+    assert "majority vote over restarts" in text and f"left: {off} of 4 heads" in text
+
+    run = _Run("r0", "completed", {}, None, 9, np.zeros(9, bool), np.arange(9))
+    pair, role, _ = chg._chg_of_run(path, run, ["gates.r0"])
+    labels, stored = chg._chg_classes(pair, role)
+    assert stored and labels.shape == (1, 4)
+    assert labels[0].tolist() == [CHG_LABELS[c] for c in gates["role"].values.ravel()]
+    # Without `role`, the majority of the per-restart codes: the same answer.
+    codes = chg._role_codes(gates.drop_vars("role"), ("snapshot", "layer", "head"))
+    assert codes.values.tolist() == gates["role"].values.tolist()
+
+
+def test_status_pending_and_stopped_runs(tmp_path):
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}}, status="running")
+    index = store.read_sweep_index(path)
+    index["runs"]["r9"] = {"model.init_scale": 2.0, "train.seed": 0}  # in the sweep, never started
+    store.write_sweep_index(path, index)
+
+    def rows(text):
+        return {m.group(1): m.group(0) for m in re.finditer(r"<tr><td><code>(\w+)</code>.*?</tr>", text)}
+
+    text = write_report(path, tmp_path / "a").read_text()
+    assert ">stopped<" in rows(text)["r0"]  # "running", but no process holds its training lock
+    assert ">pending<" in rows(text)["r9"] and "not started yet" in rows(text)["r9"]
+    assert "1 pending, 1 stopped (1 of 2 runs of the sweep index started)" in text
+    assert "have not started yet (pending): r9" in text
+    with store.run_lock(path, "r0"):  # a live trainer holds it
+        text = write_report(path, tmp_path / "b").read_text()
+    assert ">running<" in rows(text)["r0"]
+
+
+def _analysed_run(rid: str, status: str, scale: float, bifurcation: float, slash: float) -> _Run:
+    steps = np.array([0, 10, 20, 40])
+    analysis = xr.Dataset({"bifurcation_step": ((), bifurcation),
+                           "slash_emergence_step": (("layer", "head"), np.full((1, 2), slash))},
+                          coords={"step": ("snapshot", steps)}, attrs={"slash_offsets": [1, 5]})
+    return _Run(rid, status, {"model.init_scale": scale, "train.seed": 0}, 1.0, 4, np.ones(4, bool), steps,
+                analysis=analysis, analysis_source="stored")
+
+
+def test_bifurcation_marks_unfinished_runs_and_says_what_the_mean_is(tmp_path, monkeypatch):
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    runs = [_analysed_run("done10", "completed", 1.0, 10.0, 20.0),
+            _analysed_run("done30", "completed", 1.0, 30.0, np.nan),
+            _analysed_run("never", "diverged", 2.0, np.nan, np.nan),
+            _analysed_run("live", "running", 1.0, 4.0, np.nan),
+            _analysed_run("stopped", "stopped", 2.0, np.nan, 20.0)]
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, ["model.init_scale", "train.seed"],
+                                              tmp_path, True))
+    ax = figs["figures/bifurcation.png"].axes[0]  # bifurcation step against init_scale
+    ticks = dict(zip([t.get_text() for t in ax.get_yticklabels()], ax.get_yticks(), strict=True))
+    marks = []
+    for c in ax.collections:
+        face = c.get_facecolors()
+        hollow = face.shape[0] == 0 or face[0, 3] == 0
+        marks.extend((tuple(xy), hollow) for xy in c.get_offsets().tolist())
+    assert ((1.0, 10.0), False) in marks and ((1.0, 30.0), False) in marks  # finished: filled
+    assert ((1.0, 4.0), True) in marks  # unfinished, with a step so far: hollow
+    assert ((2.0, ticks["never"]), False) in marks  # finished without the event: "never"
+    assert ((2.0, ticks["not yet"]), True) in marks  # unfinished without it: "not yet", not "never"
+    (mean_line,) = ax.get_lines()
+    assert mean_line.get_xydata().tolist() == [[1.0, 20.0]]  # finished runs where it happened only
+    caption = sec.figures[0][1]
+    assert "live (running)" in caption and "stopped (stopped)" in caption and "not yet" in caption
+    assert "bifurcation: 1 of 3 finished run(s) never reached it, 1 of 2 unfinished run(s) not yet" in caption
+    assert "mean over the finished runs where the event happened" in caption
+
+
+def test_captions_name_the_slash_window_and_the_unfinished_run(built):
+    _, page, ids = built
+    text = html.unescape(page.read_text())
+    assert "best offset in 1..8" in text  # analyse_run's window: offsets 1..min(16, T // 2), T = 16
+    assert "best offset >= 1" not in text
+    assert f"Hollow marks: unfinished runs ({ids['C']} (stopped))" in text

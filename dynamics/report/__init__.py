@@ -7,13 +7,16 @@ loads nothing from the network. It shows
 1. the attention maps of every head of one run, one PNG per snapshot, scrubbed with a step
    slider (the reader watches the heads specialise);
 2. emergence curves against training step for every run (slash score, share of each role,
-   mean within-layer JS divergence), coloured by a swept parameter, with the mean and range
-   over seeds;
-3. bifurcation and slash-emergence steps against the swept init_scale, lr and n_heads;
+   mean within-layer JS divergence), coloured by the first swept parameter and styled (line
+   style, marker) by the others, with the mean and range over seeds; a swept value keeps
+   its colour in every figure;
+3. bifurcation and slash-emergence steps against the swept init_scale, lr and n_heads,
+   unfinished runs hollow ("not yet" rather than "never");
 4. the redundancy dendrogram and the JS distance matrix of one run at its last snapshot;
 5. causal head gating: G+ against G- per head with the taxonomy regions (Nam et al. 2025,
    Figure 1c) and the same over training (the runs' recorded ``chg``, or
-   ``derived/gates.<run_id>`` written by ``dynamics gates``);
+   ``derived/gates.<run_id>`` written by ``dynamics gates``); labels are the stored role codes
+   (majority over restarts, as ``dynamics gates``), positions the mean gates;
 6. the early-role predictor's metric against horizon (``derived/predict.<target>``, written by
    ``dynamics predict``).
 
@@ -25,6 +28,10 @@ analysed here, in memory, on the snapshots recorded so far (``compute_missing=Tr
 default; nothing is written to the store, so a report never races a running sweep); the
 runs table says which runs were analysed this way. With ``compute_missing=False`` those runs
 are left out of the analysis figures and named as missing.
+
+The runs table also lists the runs of the sweep index that have not started ("pending"), and
+shows a run whose status says "running" while no process holds its training lock as
+"stopped" (as ``dynamics status`` does).
 
 Sources: Nam, Conklin, Yang, Griffiths, Cohen, Leslie 2025, "Causal Head Gating"
 (arXiv 2505.13737, the G+/G- taxonomy, threshold 0.5); Clark et al. 2019 (JS distances and

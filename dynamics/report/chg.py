@@ -7,7 +7,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.report.data import _Ctx, _open_derived, _Run, _Section
-from dynamics.report.draw import _figure, _groups, _save, _short
+from dynamics.report.draw import _figure, _save
 
 CHG_THRESHOLD = 0.5
 """Gate value separating "high" from "low" G+ / G- (Nam et al. 2025, Figure 1c)."""
@@ -62,62 +62,138 @@ def _gate_pair(ds: xr.Dataset) -> xr.DataArray | None:
     return None
 
 
-def _chg_of_run(path, run: _Run, derived: list[str]) -> tuple[xr.DataArray | None, str]:
-    """CHG gates of one run, (snapshot, layer, head, fit), from the run or derived gates.<run_id>."""
+def _majority(codes: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Majority role code over `axis` (restarts), as ``dynamics.gates.label_agreement``.
+
+    Ties go to the lower code; unfitted restarts (-1) do not vote; a head no restart fitted
+    gets -1. Restated here because dynamics.gates imports torch.
+    """
+    codes = np.moveaxis(np.asarray(codes), axis, 0)
+    counts = np.stack([(codes == c).sum(0) for c in range(len(CHG_LABELS) - 1)])
+    return np.where(counts.sum(0) > 0, counts.argmax(0), -1).astype(np.int8)
+
+
+def _role_codes(ds: xr.Dataset, keep: tuple[str, ...]) -> xr.DataArray | None:
+    """Stored CHG role codes of a gates dataset: ``role`` (the majority over restarts that
+    `dynamics gates` prints), else the majority of the per-restart ``chg_role``; None if neither."""
+    if "role" in ds and ds["role"].dtype.kind in "iu":
+        role = ds["role"].load()
+    elif "chg_role" in ds and ds["chg_role"].dtype.kind in "iu":
+        role = ds["chg_role"].load()
+    else:
+        return None
+    for d in [d for d in role.dims if d not in keep]:  # restarts: majority vote, never a mean
+        role = xr.apply_ufunc(_majority, role, input_core_dims=[[d]], kwargs={"axis": -1})
+    return role
+
+
+def _chg_of_run(path, run: _Run, derived: list[str]) -> tuple[xr.DataArray | None, xr.DataArray | None, str]:
+    """CHG gates of one run from the run or derived gates.<run_id>.
+
+    Returns (gates (snapshot, layer, head, fit), stored role codes (snapshot, layer, head) or
+    None, source). With several restarts the gates are their mean (positions only) and the
+    codes their majority, as `dynamics gates` labels heads; codes that do not cover every
+    fitted head are dropped (the labels then come from the positions, and the caption says so).
+    """
     ds = store.open_run(path, run.run_id)
     if "chg" in ds:
         chg = ds["chg"].load().transpose("snapshot", "layer", "head", "fit")
         fitted = chg.notnull().any([d for d in chg.dims if d != "snapshot"]).values  # NaN: not fitted at that snapshot
         if fitted.any():
-            return chg.isel(snapshot=np.flatnonzero(fitted)), "recorded during training (chg)"
+            idx = np.flatnonzero(fitted)
+            role = _role_codes(ds[["chg_role"]], ("snapshot", "layer", "head")) if "chg_role" in ds else None
+            if role is not None:
+                role = role.transpose("snapshot", "layer", "head").isel(snapshot=idx)
+            pair = chg.isel(snapshot=idx)
+            return pair, _checked_roles(pair, role), "recorded during training (chg)"
     for name in (f"gates.{run.run_id}", f"gates/{run.run_id}"):
         if name in derived:
-            pair = _gate_pair(_open_derived(path, name))
+            gates = _open_derived(path, name)
+            pair = _gate_pair(gates)
             if pair is not None:
-                # Several restarts (gates.fit_chg): their mean, as gates.chg_snapshot records.
+                # Several restarts (gates.fit_chg): their mean as the position, as gates.chg_snapshot records.
                 pair = pair.load().mean([d for d in pair.dims if d not in ("snapshot", "layer", "head", "fit")])
+                role = _role_codes(gates, ("snapshot", "layer", "head"))
                 if "snapshot" not in pair.dims:
                     # `dynamics gates` fits the latest checkpoint, which is the last recorded snapshot.
                     last = int(run.steps[run.recorded][-1]) if run.recorded.any() else 0
                     pair = pair.expand_dims("snapshot").assign_coords(step=("snapshot", [last]))
-                return pair.transpose("snapshot", "layer", "head", "fit"), f"derived/{name} (`dynamics gates`)"
-    return None, ""
+                if role is not None and "snapshot" not in role.dims:
+                    role = role.expand_dims("snapshot")
+                pair = pair.transpose("snapshot", "layer", "head", "fit")
+                if role is not None:
+                    role = role.transpose("snapshot", "layer", "head")
+                return pair, _checked_roles(pair, role), f"derived/{name} (`dynamics gates`)"
+    return None, None, ""
+
+
+def _checked_roles(pair: xr.DataArray, role: xr.DataArray | None) -> xr.DataArray | None:
+    """`role` if it labels every head `pair` has gates for (shape matches, no -1 there); else None."""
+    if role is None or role.shape != pair.shape[:-1]:
+        return None
+    fitted = pair.notnull().all("fit").values
+    codes = role.values
+    if ((codes < -1) | (codes >= len(CHG_LABELS) - 1)).any() or (codes[fitted] < 0).any():
+        return None
+    return role
+
+
+def _chg_classes(pair: xr.DataArray, role: xr.DataArray | None, threshold: float = CHG_THRESHOLD) -> tuple[np.ndarray, bool]:
+    """CHG label of every head at every fitted snapshot, (snapshot, layer * head) str.
+
+    The stored role codes when there are any (True): with several restarts they are the
+    majority vote, which can differ from the region of the mean G+ / G-; else the taxonomy of
+    the gate values (False).
+    """
+    n = pair.sizes["snapshot"]
+    if role is not None:
+        codes = role.values.reshape(n, -1).astype(int)
+        return np.asarray(CHG_LABELS)[codes], True  # -1 (unfitted) indexes the last name
+    gp = pair.sel(fit="plus").values.reshape(n, -1)
+    gm = pair.sel(fit="minus").values.reshape(n, -1)
+    return chg_label(gp, gm, threshold), False
 
 
 def _chg_section(ctx: _Ctx) -> _Section:
-    path, runs, chosen, axes, out = ctx.path, ctx.runs, ctx.chosen, ctx.axes, ctx.out
+    path, runs, chosen, out = ctx.path, ctx.runs, ctx.chosen, ctx.out
     sec = _Section("chg", "Causal head gating: G+ against G-")
     derived = ctx.derived()
     found = {}
     for r in runs:
-        pair, source = _chg_of_run(path, r, derived)
+        pair, role, source = _chg_of_run(path, r, derived)
         if pair is not None:
-            found[r.run_id] = (pair, source)
+            found[r.run_id] = (pair, role, source)
     if not found:
         sec.missing.append("Not available: the CHG scatter because no run recorded fitted `chg` gates "
                            "(record.chg_every = 0, or no fit reached yet) and the store has no derived gates.<run_id> dataset.")
         return sec
     t = CHG_THRESHOLD
-    groups = _groups([r for r in runs if r.run_id in found], axes)
+    groups = ctx.groups([r for r in runs if r.run_id in found])
     fig = _figure(11.5, 4.4)
     ax1, ax2, ax3 = fig.subplots(1, 3, width_ratios=[1, 1, 1.1])
     for ax in (ax1, ax2):
         _chg_regions(ax, t)
+    ringed = heads = 0
     for key in groups.keys:
         for r in groups.members[key]:
-            pair = found[r.run_id][0].isel(snapshot=-1)
-            gp, gm = pair.sel(fit="plus").values.ravel(), pair.sel(fit="minus").values.ravel()
-            ax1.scatter(gp, gm, color=groups.colours[key], s=30, edgecolor="k", lw=0.4, zorder=3, alpha=0.85)
+            pair, role, _ = found[r.run_id]
+            labels, _stored = _chg_classes(pair, role, t)
+            last = pair.isel(snapshot=-1)
+            gp, gm = last.sel(fit="plus").values.ravel(), last.sel(fit="minus").values.ravel()
+            ax1.scatter(gp, gm, color=groups.colours[key], marker=groups.markers[key], s=30, edgecolor="k", lw=0.4,
+                        zorder=3, alpha=0.85)
+            ringed += _ring_disagreements(ax1, gp, gm, labels[-1], t)
+            heads += gp.size
     ax1.set_title("every head, last fitted snapshot", fontsize=9)
-    handles = [ax1.scatter([], [], color=groups.colours[k], s=30, edgecolor="k", lw=0.4, label=groups.labels[k]) for k in groups.keys]
+    handles = [ax1.scatter([], [], color=groups.colours[k], marker=groups.markers[k], s=30, edgecolor="k", lw=0.4,
+                           label=groups.labels[k]) for k in groups.keys]
     if len(handles) <= 12:  # below the panel: inside it would hide heads
         ax1.legend(handles=handles, fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2),
-                   ncol=min(4, len(handles)), title=_short(groups.colour_axis) if groups.colour_axis else "run",
-                   title_fontsize=7)
+                   ncol=min(4, len(handles)) if len(groups.group_axes) < 2 else 2, title=groups.title, title_fontsize=7)
 
     # Over training: the chosen run if it has fits, else the first run with fits.
     rid = chosen if chosen in found else next(iter(found))
-    pair, source = found[rid]
+    pair, role, source = found[rid]
     steps = pair["step"].values if "step" in pair.coords else np.arange(pair.sizes["snapshot"])
     gp = pair.sel(fit="plus").values.reshape(pair.sizes["snapshot"], -1)
     gm = pair.sel(fit="minus").values.reshape(pair.sizes["snapshot"], -1)
@@ -128,9 +204,10 @@ def _chg_section(ctx: _Ctx) -> _Section:
         ax2.plot(gp[:, h], gm[:, h], color="grey", lw=0.7, alpha=0.6, zorder=2)
     sc = ax2.scatter(gp.ravel(), gm.ravel(), c=np.repeat(steps, gp.shape[1]), cmap=cmap, s=18, zorder=3,
                      edgecolor="k", lw=0.2)
+    labels, stored = _chg_classes(pair, role, t)
+    _ring_disagreements(ax2, gp.ravel(), gm.ravel(), labels.ravel(), t)
     fig.colorbar(sc, ax=ax2, shrink=0.8, label="training step (steps)")
     ax2.set_title(f"run {rid}: each head over training", fontsize=9)
-    labels = chg_label(gp, gm, t)
     for name, colour in zip(CHG_LABELS, ("#2a9d8f", "#e9c46a", "#e76f51", "#7a5195", "#999999"), strict=True):
         share = (labels == name).mean(1)
         if share.any() or name in CHG_LABELS[:3]:
@@ -138,20 +215,38 @@ def _chg_section(ctx: _Ctx) -> _Section:
     ax3.set_ylim(-0.02, 1.02)
     ax3.set_xlabel("training step (steps)")
     ax3.set_ylabel("heads with this CHG label (fraction)")
-    ax3.set_title(f"run {rid}: taxonomy shares", fontsize=9)
+    ax3.set_title(f"run {rid}: taxonomy shares ({'stored labels' if stored else 'from mean gates'})", fontsize=9)
     ax3.legend(fontsize=7, frameon=False)
     ax3.grid(alpha=0.3)
-    sources = sorted({s for _, s in found.values()})
+    sources = sorted({s for _, _, s in found.values()})
+    unlabelled = [k for k, (_, role, _) in found.items() if role is None]
+    how = ("Labels (the shares on the right, and the rings) are the role codes stored with the fits: with several "
+           "restarts the majority vote over restarts, as `dynamics gates` reports them; dots sit at G+ and G- averaged "
+           "over restarts, so a dot can fall in another region than its head's label. ")
+    if unlabelled:
+        how += (f"Run(s) {', '.join(unlabelled)} have no stored role codes: their labels are the region of the "
+                f"plotted gates. ")
+    rings = (f"Red rings (left and middle): points whose label differs from the region they are drawn in; left: "
+             f"{ringed} of {heads} heads. " if ringed else "At the last fit no head's label differs from the region it is drawn in. ")
     sec.figures.append((_save(fig, out, "figures/chg.png"),
                         f"Causal head gating (Nam et al. 2025): each head's gate fitted toward open (G+, x) and toward shut "
                         f"(G-, y), both fractions in [0, 1], threshold {t}. Regions: facilitating (both high), irrelevant "
-                        f"(G+ high, G- low), interfering (both low). Left: every head of {len(found)} run(s) at its last fit; "
-                        f"middle and right: run {rid} over training. Source: {', '.join(sources)}."))
+                        f"(G+ high, G- low), interfering (both low). Left: every head of {len(found)} run(s) at its last fit, "
+                        f"{groups.description(scatter=True)}; middle and right: run {rid} over training. {how}{rings}"
+                        f"Source: {', '.join(sources)}."))
     lacking = [r.run_id for r in runs if r.run_id not in found]
     if lacking:
         sec.missing.append(f"Not available: CHG gates for {len(lacking)} run(s) ({', '.join(lacking)}) because they recorded "
                            f"no fitted chg and have no derived gates dataset.")
     return sec
+
+
+def _ring_disagreements(ax, gp: np.ndarray, gm: np.ndarray, labels: np.ndarray, t: float) -> int:
+    """Ring the points whose label is not the region they are drawn in; returns how many."""
+    off = (chg_label(gp, gm, t) != np.asarray(labels)) & np.isfinite(gp) & np.isfinite(gm)
+    if off.any():
+        ax.scatter(gp[off], gm[off], s=110, facecolor="none", edgecolor="red", lw=1.1, zorder=4)
+    return int(off.sum())
 
 
 def _chg_regions(ax, t: float) -> None:

@@ -68,8 +68,22 @@ class _Ctx:
     axes: list[str]
     out: Path
     compute_missing: bool
+    pending: list[_Run] = field(default_factory=list)  # in the sweep index, not started yet
     _chosen: tuple | None = None
     _derived: list[str] | None = None
+    _groups: Any = None
+
+    def groups(self, runs: list[_Run]):
+        """`runs` grouped with the colours and styles of the whole sweep (recorded and pending runs).
+
+        Built once, so a swept value keeps its colour in every figure, whichever runs the
+        figure shows.
+        """
+        from dynamics.report.draw import _groups  # draw imports this module
+
+        if self._groups is None:
+            self._groups = _groups([*self.runs, *self.pending], self.axes)
+        return self._groups.subset(runs)
 
     def chosen_analysis(self) -> tuple[xr.Dataset | None, str]:
         if self._chosen is None:
@@ -128,12 +142,44 @@ def _collect_or_note(path, run_id: str, index: dict | None, compute_missing: boo
         return _collect_run(path, run_id, index, compute_missing)
     except Exception as e:  # noqa: BLE001 - one unreadable run must not sink the page
         try:
-            status = str(store.run_attrs(path, run_id).get("status", "unknown"))
+            status = _status(path, run_id, store.run_attrs(path, run_id))
         except Exception:  # noqa: BLE001
             status = "unknown"
         point = (index or {}).get("runs", {}).get(run_id, {})
         return _Run(run_id, status, dict(point), None, 0, np.zeros(0, bool), np.zeros(0, np.int64),
                     analysis_note=f"could not be read ({type(e).__name__}: {e})")
+
+
+def _status(path, run_id: str, attrs: dict) -> str:
+    """The run's status attr, but "stopped" for a "running" run that no process trains any more.
+
+    A killed run has no chance to rewrite its status; its training lock tells (as `dynamics status`).
+    """
+    status = str(attrs.get("status", "unknown"))
+    if status == "running":
+        try:
+            held = store.run_lock_held(path, run_id)
+        except Exception:  # noqa: BLE001 - cannot tell: keep what the run says
+            held = None
+        if held is False:
+            return "stopped"
+    return status
+
+
+def _pending_runs(index: dict | None, recorded: list[str]) -> list[_Run]:
+    """Runs of the sweep index that the store does not hold yet (status "pending")."""
+    have = set(recorded)
+    return [_Run(rid, "pending", dict(point or {}), None, 0, np.zeros(0, bool), np.zeros(0, np.int64),
+                 analysis_note="not started yet")
+            for rid, point in (index or {}).get("runs", {}).items() if rid not in have]
+
+
+_FINISHED = ("completed", "diverged")
+
+
+def _finished(run: _Run) -> bool:
+    """Training ended on its own (completed or diverged): its analysis will not change any more."""
+    return run.status in _FINISHED
 
 
 def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -> _Run:
@@ -145,7 +191,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -
         point = {a: cfg.get(a.split(".")[0], {}).get(a.split(".")[-1]) for a in (index or {}).get("axes", [])}
     run = _Run(
         run_id=run_id,
-        status=str(attrs.get("status", "unknown")),
+        status=_status(path, run_id, attrs),
         params=dict(point),
         last_loss=_float_or_none(attrs.get("last_loss")),
         n_snapshots=int(ds.sizes.get("snapshot", 0)),

@@ -40,46 +40,118 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+# Second channel for groups that share a colour: line style in curves, marker in scatters.
+# Distinct dash patterns and filled marker shapes; beyond them, patterns are generated.
+_LINESTYLES = ["-", (0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (2, 3)), (0, (9, 2, 1, 2, 1, 2)),
+               (0, (3, 1, 3, 4)), (0, (1, 4))]
+_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p"]
+
+
+def _linestyle(i: int):
+    return _LINESTYLES[i] if i < len(_LINESTYLES) else (0, (2 + i, 2, 1, 2))
+
+
+def _marker(i: int) -> str:
+    return _MARKERS[i % len(_MARKERS)]
+
+
 @dataclass
 class _Groups:
-    """Runs grouped by their non-seed swept values, each group with one colour."""
+    """Runs grouped by their non-seed swept values; each group one (colour, style) pair.
 
-    colour_axis: str | None
+    The colour follows the first non-seed swept axis (viridis, by rank); the line style in
+    curves and the marker in scatters follow the other non-seed axes together, so groups that
+    differ only there still look different. Without such axes every run is its own group.
+    """
+
+    group_axes: list[str]
     keys: list[tuple]
     members: dict[tuple, list[_Run]]
     colours: dict[tuple, Any]
+    styles: dict[tuple, Any]  # matplotlib linestyle
+    markers: dict[tuple, str]
     labels: dict[tuple, str]
+
+    @property
+    def colour_axis(self) -> str | None:
+        return self.group_axes[0] if self.group_axes else None
+
+    @property
+    def title(self) -> str:
+        """Legend title: which axis the colour and which the line style / marker show."""
+        if not self.group_axes:
+            return "run"
+        if len(self.group_axes) == 1:
+            return _short(self.group_axes[0])
+        rest = ", ".join(_short(a) for a in self.group_axes[1:])
+        return f"{_short(self.group_axes[0])} (colour) x {rest} (line style / marker)"
+
+    def description(self, scatter: bool = False) -> str:
+        """Caption phrase: how groups are told apart (in curves, or in a scatter: markers)."""
+        second = "marker shape" if scatter else "line style"
+        if not self.group_axes:
+            return "one colour per run (no swept parameter)" + (
+                f", then a new {second} every 10 runs" if len(self.keys) > 10 else "")
+        if len(self.group_axes) == 1:
+            return f"coloured by {_short(self.group_axes[0])}"
+        rest = " and ".join(_short(a) for a in self.group_axes[1:])
+        return f"coloured by {_short(self.group_axes[0])}, {second} by {rest}"
+
+    def key_of(self, run: _Run) -> tuple:
+        return _group_key(run, self.group_axes)
+
+    def subset(self, runs: list[_Run]) -> _Groups:
+        """The groups of `runs` only, with the colours, styles and labels built for all runs."""
+        members: dict[tuple, list[_Run]] = {}
+        for r in runs:
+            members.setdefault(self.key_of(r), []).append(r)
+        unknown = [k for k in members if k not in self.colours]
+        if unknown:  # a run the mapping was not built from: rebuild over both (colours may shift)
+            full = _groups([*(r for m in self.members.values() for r in m), *runs], self.group_axes)
+            return full.subset(runs)
+        keys = [k for k in self.keys if k in members]
+        return _Groups(self.group_axes, keys, members, self.colours, self.styles, self.markers, self.labels)
+
+
+def _group_key(run: _Run, group_axes: list[str]) -> tuple:
+    return tuple(json.dumps(run.params.get(a)) for a in group_axes) if group_axes else (run.run_id,)
 
 
 def _groups(runs: list[_Run], axes: list[str]) -> _Groups:
-    """Group by every non-seed swept axis; colour by rank of the first one (viridis).
+    """Group by every non-seed swept axis; colour by rank of the first one (viridis), line
+    style and marker by rank of the others together.
 
     Rank, not value, sets the colour so a geometric grid (0.5, 1, 2, 4) spreads evenly.
-    Without a sweep index every run is its own group.
+    Without a sweep index every run is its own group (tab10, then a new style every 10 runs).
     """
     from matplotlib import colormaps
 
     group_axes = [a for a in axes if not _is_seed(a)]
     members: dict[tuple, list[_Run]] = {}
     for r in runs:
-        key = tuple(json.dumps(r.params.get(a)) for a in group_axes) if group_axes else (r.run_id,)
-        members.setdefault(key, []).append(r)
+        members.setdefault(_group_key(r, group_axes), []).append(r)
 
     def sort_key(key):
         return tuple((0, float(v), "") if _is_number(v) else (1, 0.0, v) for v in key)
 
     keys = sorted(members, key=sort_key)
-    cmap = colormaps["viridis"] if group_axes else colormaps["tab10"]
-    colour_axis = group_axes[0] if group_axes else None
-    if colour_axis:
+    if group_axes:
+        cmap = colormaps["viridis"]
         firsts = sorted({k[0] for k in keys}, key=lambda v: sort_key((v,)))
         pos = {v: (i / max(1, len(firsts) - 1)) * 0.9 for i, v in enumerate(firsts)}  # 0.9: skip pale yellow
+        rests = sorted({k[1:] for k in keys}, key=sort_key)
+        style_of = {v: i for i, v in enumerate(rests)}
         colours = {k: cmap(pos[k[0]]) for k in keys}
+        style_index = {k: style_of[k[1:]] for k in keys}
         labels = {k: ", ".join(f"{_short(a)}={_fmt(json.loads(v))}" for a, v in zip(group_axes, k, strict=True)) for k in keys}
     else:
+        cmap = colormaps["tab10"]
         colours = {k: cmap(i % 10) for i, k in enumerate(keys)}
+        style_index = {k: i // 10 for i, k in enumerate(keys)}
         labels = {k: k[0] for k in keys}
-    return _Groups(colour_axis, keys, members, colours, labels)
+    styles = {k: _linestyle(i) for k, i in style_index.items()}
+    markers = {k: _marker(i) for k, i in style_index.items()}
+    return _Groups(group_axes, keys, members, colours, styles, markers, labels)
 
 
 def _is_number(text: str) -> bool:
@@ -117,10 +189,11 @@ def _curves(ax, groups: _Groups, series: dict[str, tuple[np.ndarray, np.ndarray]
         members = [r for r in groups.members[key] if r.run_id in series]
         if not members:
             continue
+        style = groups.styles[key]
         for r in members:
             s, v = series[r.run_id]
-            ax.plot(s, v, color=colour, lw=0.8, alpha=0.45 if len(members) > 1 else 1.0,
-                    label=None if len(members) > 1 else groups.labels[key])
+            ax.plot(s, v, color=colour, ls=style, lw=0.8 if len(members) > 1 else 1.4,
+                    alpha=0.45 if len(members) > 1 else 1.0, label=None if len(members) > 1 else groups.labels[key])
         if len(members) > 1:
             grid = np.unique(np.concatenate([series[r.run_id][0] for r in members]))
             table = np.full((len(members), grid.size), np.nan)
@@ -130,7 +203,7 @@ def _curves(ax, groups: _Groups, series: dict[str, tuple[np.ndarray, np.ndarray]
             with np.errstate(all="ignore"), _quiet():
                 mean, lo, hi = np.nanmean(table, 0), np.nanmin(table, 0), np.nanmax(table, 0)
             ax.fill_between(grid, lo, hi, color=colour, alpha=0.15, lw=0)
-            ax.plot(grid, mean, color=colour, lw=2.2, label=f"{groups.labels[key]} (mean of {len(members)})")
+            ax.plot(grid, mean, color=colour, ls=style, lw=2.2, label=f"{groups.labels[key]} (mean of {len(members)})")
         drawn = True
     return drawn
 
@@ -152,8 +225,8 @@ class _quiet:
 def _legend(ax, groups: _Groups) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        title = _short(groups.colour_axis) if groups.colour_axis else "run"
-        ax.legend(handles, labels, title=title, fontsize=7, title_fontsize=8, loc="best", frameon=False)
+        ax.legend(handles, labels, title=groups.title, fontsize=7, title_fontsize=8, loc="best", frameon=False,
+                  handlelength=3.2)  # long enough to show each line style's dash pattern
 
 
 def _analysed(runs: list[_Run]) -> list[_Run]:

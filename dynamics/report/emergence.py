@@ -9,12 +9,11 @@ import numpy as np
 
 from dynamics.analysis import ROLES
 from dynamics.analysis.pipeline import AnalysisOptions
-from dynamics.report.data import _Ctx, _is_seed, _Section
+from dynamics.report.data import _Ctx, _finished, _is_seed, _Section
 from dynamics.report.draw import (
     _analysed,
     _curves,
     _figure,
-    _groups,
     _legend,
     _missing_runs_sentence,
     _save,
@@ -27,15 +26,17 @@ _BIFURCATION_AXES = ("model.init_scale", "train.lr", "model.n_heads")
 
 
 def _emergence_section(ctx: _Ctx) -> _Section:
-    runs, axes, out = ctx.runs, ctx.axes, ctx.out
+    runs, out = ctx.runs, ctx.out
     sec = _Section("emergence", "Emergence curves over training")
     done = _analysed(runs)
     note = _missing_runs_sentence(runs, "emergence curves")
     if not done:
         sec.missing.append(note or "Not available: emergence curves because the store holds no runs.")
+        if ctx.pending:
+            sec.missing.append(_pending_sentence(ctx.pending))
         return sec
-    groups = _groups(done, axes)
-    colour = f"coloured by {_short(groups.colour_axis)}" if groups.colour_axis else "one colour per run (no swept parameter)"
+    groups = ctx.groups(done)
+    colour = groups.description()
     spread = ("thick line: mean over seeds; band: range (min-max) over seeds; thin lines: single runs"
               if any(len(m) > 1 for m in groups.members.values()) else "one line per run")
 
@@ -48,7 +49,8 @@ def _emergence_section(ctx: _Ctx) -> _Section:
            for r in done if "slash_dominant" in r.analysis}
     _curves(ax1, groups, best)
     _curves(ax2, groups, dom)
-    kappa = AnalysisOptions().kappa
+    kappa = _attr_values(done, "kappa")
+    kappa = float(kappa[0]) if len(kappa) == 1 else AnalysisOptions().kappa
     for ax, label in ((ax1, "best slash score, head mean (fraction)"), (ax2, "slash-dominant heads (fraction of heads)")):
         _step_axis(ax, np.concatenate([r.analysis["step"].values for r in done]))
         ax.set_ylabel(label)
@@ -58,7 +60,8 @@ def _emergence_section(ctx: _Ctx) -> _Section:
     _legend(ax1, groups)
     sec.figures.append((_save(fig, out, "figures/emergence_slash.png"),
                         f"Slash pattern against training step, {colour}; {spread}. Left: best slash score "
-                        f"(attention on the single best offset >= 1, Cheng et al. 2026) averaged over heads, dotted: kappa = {kappa}. "
+                        f"(attention on the single best offset {_offset_window(done)}, Cheng et al. 2026) averaged over heads, "
+                        f"dotted: kappa = {kappa:g}. "
                         f"Right: fraction of heads that are slash-dominant (best slash score >= kappa)."))
 
     # Roles: one panel per role that occurs anywhere.
@@ -109,7 +112,50 @@ def _emergence_section(ctx: _Ctx) -> _Section:
                         f"0 = identical heads; the maximum is sqrt(ln 2) = 0.83."))
     if note:
         sec.missing.append(note)
+    if ctx.pending:
+        sec.missing.append(_pending_sentence(ctx.pending))
     return sec
+
+
+def _pending_sentence(pending) -> str:
+    return (f"Not available: {len(pending)} run(s) of the sweep index because they have not started yet (pending): "
+            f"{', '.join(r.run_id for r in pending)}.")
+
+
+def _attr_values(runs, name: str) -> list:
+    """The distinct values of analysis attr `name` over `runs` (JSON-comparable), in first-seen order."""
+    seen = []
+    for r in runs:
+        value = r.analysis.attrs.get(name) if r.analysis is not None else None
+        if value is None:
+            continue
+        value = value.tolist() if hasattr(value, "tolist") else value
+        if value not in seen:
+            seen.append(value)
+    return seen
+
+
+def _offset_window(runs) -> str:
+    """The offsets the best slash score was taken over, from the analyses' ``slash_offsets`` attrs.
+
+    `analyse_run` takes it over offsets slash_min_offset .. min(max_offset, T // 2) (T: the
+    context), so the window depends on the run; named per window when runs differ.
+    """
+    default = AnalysisOptions()
+    windows = []
+    for r in runs:
+        value = r.analysis.attrs.get("slash_offsets") if r.analysis is not None else None
+        windows.append(tuple(int(v) for v in value) if value is not None and len(value) == 2 else None)
+    known = sorted({w for w in windows if w is not None})
+    fallback = f"{default.slash_min_offset}..min({default.max_offset}, T // 2), T: context length"
+    if not known:
+        return f"in {fallback}"
+    text = " or ".join(f"{lo}..{hi}" for lo, hi in known)
+    if len(known) > 1:
+        text += f" (per run: {default.slash_min_offset}..min({default.max_offset}, T // 2) for context T)"
+    if None in windows:
+        text += f"; {fallback} for the runs whose analysis does not say"
+    return f"in {text}"
 
 
 def _bifurcation_section(ctx: _Ctx) -> _Section:
@@ -130,60 +176,116 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
         return sec
     if not done:
         sec.missing.append(_missing_runs_sentence(runs, "bifurcation and emergence steps") or "Not available: no runs.")
+        if ctx.pending:
+            sec.missing.append(_pending_sentence(ctx.pending))
         return sec
-    groups = _groups(done, axes)
+    groups = ctx.groups(done)
     rows = (("bifurcation_step", "bifurcation step (steps)"),
             ("slash_emergence_step", "first slash-dominant head (steps)"))
+    points = {var: _event_steps(done, var) for var, _ in rows}
     fig = _figure(3.6 * len(swept) + 0.4, 6.0)
     grid = fig.subplots(2, len(swept), squeeze=False)
     top = max(float(np.nanmax(r.analysis["step"].values)) for r in done)
-    never_y = top * 1.12
+    never_y, not_yet_y = top * 1.10, top * 1.22
     for j, axis in enumerate(swept):
         for i, (var, ylabel) in enumerate(rows):
             ax = grid[i, j]
-            xs, ys, cs, nev = [], [], [], []
-            for r in done:
-                if var not in r.analysis:
-                    continue
-                value = r.analysis[var].values
-                y = float(np.nanmin(value)) if value.size and np.isfinite(value).any() else math.nan
+            drawn = {"never": False, "not yet": False}
+            means: dict[float, list[float]] = {}
+            for r, y in points[var]:
                 x = r.params.get(axis)
-                if not isinstance(x, (int, float)):
+                if not isinstance(x, (int, float)) or isinstance(x, bool):
                     continue
-                key = next(k for k in groups.keys if r in groups.members[k])
-                (xs if math.isfinite(y) else nev).append((float(x), y))
+                key = groups.key_of(r)
+                colour, marker, finished = groups.colours[key], groups.markers[key], _finished(r)
                 if math.isfinite(y):
-                    ys.append(y)
-                    cs.append(groups.colours[key])
-            if xs:
-                x_arr = np.array([p[0] for p in xs])
-                ax.scatter(x_arr, ys, c=cs, s=28, edgecolor="k", lw=0.4, zorder=3)
-                means = {}
-                for x, y in xs:
-                    means.setdefault(x, []).append(y)
+                    # Filled: a finished run; hollow: unfinished, its step may still move or vanish.
+                    # Larger and on top, so a hollow mark stays visible over a finished run at the same point.
+                    ax.scatter([float(x)], [y], marker=marker, s=30 if finished else 60, zorder=3 if finished else 4,
+                               lw=0.4 if finished else 1.1, facecolor=colour if finished else "none",
+                               edgecolor="k" if finished else colour)
+                    if finished:
+                        means.setdefault(float(x), []).append(y)
+                elif finished:
+                    ax.scatter([float(x)], [never_y], marker="x", color="crimson", s=30, zorder=3)
+                    drawn["never"] = True
+                else:
+                    ax.scatter([float(x)], [not_yet_y], marker=marker, s=60, zorder=4, facecolor="none",
+                               edgecolor=colour, lw=1.1)
+                    drawn["not yet"] = True
+            if means:
                 mx = sorted(means)
-                ax.plot(mx, [np.mean(means[x]) for x in mx], color="k", lw=1, alpha=0.6, zorder=2, label="mean over runs")
-            if nev:
-                ax.scatter([p[0] for p in nev], [never_y] * len(nev), marker="x", color="crimson", s=30, zorder=3,
-                           label="never (within the run)")
+                ax.plot(mx, [np.mean(means[x]) for x in mx], color="k", lw=1, alpha=0.6, zorder=2)
             values = sorted({float(r.params[axis]) for r in runs if isinstance(r.params.get(axis), (int, float))})
             if values and min(values) > 0 and max(values) / min(values) >= 8:
                 ax.set_xscale("log", base=2 if axis != "train.lr" else 10)
             ax.set_xlabel(f"{_short(axis)} ({'learning rate' if axis == 'train.lr' else 'multiplier' if axis == 'model.init_scale' else 'heads per layer' if axis == 'model.n_heads' else 'swept value'})")
             ax.set_ylabel(ylabel)
-            ax.set_ylim(-0.03 * top, top * 1.18)
-            if nev:  # name the row the "never" crosses sit on (dropping step ticks it would overlap)
+            ax.set_ylim(-0.03 * top, top * 1.3)
+            extra = [(y, name) for y, name in ((never_y, "never"), (not_yet_y, "not yet")) if drawn[name]]
+            if extra:  # name the rows the "never" / "not yet" marks sit on (dropping step ticks they would overlap)
                 ticks = [t for t in ax.get_yticks() if -0.03 * top <= t <= top and never_y - t > 0.1 * top]
-                ax.set_yticks([*ticks, never_y], [f"{t:g}" for t in ticks] + ["never"])
+                ax.set_yticks([*ticks, *(y for y, _ in extra)], [f"{t:g}" for t in ticks] + [n for _, n in extra])
             ax.grid(alpha=0.3)
-            if i == 0 and j == 0 and (xs or nev):
-                ax.legend(fontsize=7, frameon=False, loc="upper right")
-    sec.figures.append((_save(fig, out, "figures/bifurcation.png"),
-                        "Top: bifurcation step of each run (the step at which the mean within-layer divergence leaves its "
-                        "initial noise band for good, dynamics.analysis.bifurcation) against each swept parameter. Bottom: "
-                        "step at which the first head becomes slash-dominant for good. Dots: runs (coloured as in the curves); "
-                        "line: mean over runs per value; red crosses at the top: runs where it never happens."))
+    _bifurcation_legend(fig, groups, points)
+    sec.figures.append((_save(fig, out, "figures/bifurcation.png"), _bifurcation_caption(groups, points)))
     note = _missing_runs_sentence(runs, "bifurcation points")
     if note:
         sec.missing.append(note)
+    if ctx.pending:
+        sec.missing.append(_pending_sentence(ctx.pending))
     return sec
+
+
+def _event_steps(runs, var: str) -> list[tuple]:
+    """(run, first step of the event or NaN: not reached) of every run whose analysis has `var`."""
+    out = []
+    for r in runs:
+        if var not in r.analysis:
+            continue
+        value = np.asarray(r.analysis[var].values, dtype=float)
+        out.append((r, float(np.nanmin(value)) if value.size and np.isfinite(value).any() else math.nan))
+    return out
+
+
+def _bifurcation_legend(fig, groups, points) -> None:
+    """One legend for the figure: the run groups, and what each kind of mark means."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], ls="none", marker=groups.markers[k], color=groups.colours[k], markeredgecolor="k",
+                      markeredgewidth=0.4, label=groups.labels[k]) for k in groups.keys]
+    everything = [p for rows in points.values() for p in rows]
+    unfinished = any(not _finished(r) for r, _ in everything)
+    handles.append(Line2D([], [], color="k", lw=1, alpha=0.6, label="mean over the finished runs where it happened"))
+    if any(_finished(r) and not math.isfinite(y) for r, y in everything):
+        handles.append(Line2D([], [], ls="none", marker="x", color="crimson", label="never (finished run)"))
+    if unfinished:
+        handles.append(Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="grey",
+                              label="hollow: unfinished run (provisional; top row: not yet)"))
+    ncol = max(1, min(len(handles), int(fig.get_figwidth() // 2.7)))  # columns that fit the figure's width
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=7, frameon=False,
+               title=groups.title, title_fontsize=7)
+
+
+def _bifurcation_caption(groups, points) -> str:
+    counts = []
+    for var, name in (("bifurcation_step", "bifurcation"), ("slash_emergence_step", "slash emergence")):
+        rows = points.get(var, [])
+        fin = [(r, y) for r, y in rows if _finished(r)]
+        never = sum(not math.isfinite(y) for _, y in fin)
+        unf = [(r, y) for r, y in rows if not _finished(r)]
+        not_yet = sum(not math.isfinite(y) for _, y in unf)
+        text = f"{name}: {never} of {len(fin)} finished run(s) never reached it"
+        if unf:
+            text += f", {not_yet} of {len(unf)} unfinished run(s) not yet"
+        counts.append(text)
+    unfinished = sorted({(r.run_id, r.status) for rows in points.values() for r, _ in rows if not _finished(r)})
+    named = ("Hollow marks: unfinished runs (" + ", ".join(f"{rid} ({status})" for rid, status in unfinished)
+             + "), whose step can still move or appear; those without the event sit on the top row, 'not yet', "
+               "and are left out of the mean. ") if unfinished else ""
+    return ("Top: bifurcation step of each run (the step at which the mean within-layer divergence leaves its "
+            "initial noise band for good, dynamics.analysis.bifurcation) against each swept parameter. Bottom: "
+            f"step at which the first head becomes slash-dominant for good. Marks: runs, {groups.description(scatter=True)} "
+            "(the colours of the curves); line: per swept value, the mean over the finished runs where the event "
+            "happened (runs where it never happens are not in it); red crosses on the 'never' row: finished runs "
+            f"where it never happened within the run. {named}Counts: {'; '.join(counts)}.")

@@ -12,7 +12,7 @@ from pathlib import Path
 from dynamics import store
 from dynamics.report.attention import _attention_section
 from dynamics.report.chg import _chg_section
-from dynamics.report.data import _choose_run, _collect_or_note, _colour_axes, _Ctx, _Run, _Section
+from dynamics.report.data import _choose_run, _collect_or_note, _colour_axes, _Ctx, _pending_runs, _Run, _Section
 from dynamics.report.draw import _fmt, _short
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
 from dynamics.report.predictor import _predict_section
@@ -75,16 +75,17 @@ def write_report(
 
     index = store.read_sweep_index(store_path)
     runs = [_collect_or_note(store_path, rid, index, compute_missing) for rid in ids]
+    pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
     chosen = run_id or _choose_run(runs)
-    axes = _colour_axes(runs, index)
+    axes = _colour_axes([*runs, *pending], index)  # pending runs too: colours stay put as the sweep fills in
 
-    ctx = _Ctx(store_path, runs, chosen, axes, out, compute_missing)
+    ctx = _Ctx(store_path, runs, chosen, axes, out, compute_missing, pending=pending)
     sections = [_safe(make, ctx) for make in (_attention_section, _emergence_section, _bifurcation_section,
                                                _redundancy_section, _chg_section, _predict_section)]
 
     page = out / "index.html"
     table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
-    page.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing), encoding="utf-8")
+    page.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending), encoding="utf-8")
     return page
 
 
@@ -233,26 +234,32 @@ window.addEventListener("unhandledrejection", function (e) { window.reportErrors
 
 
 def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
+    """One row per run, recorded or pending (status "pending": in the sweep index, not started)."""
     head = "".join(f"<th>{html.escape(_short(a))}</th>" for a in axes)
     rows = []
     for r in runs:
         cells = "".join(f"<td>{html.escape(_fmt(r.params.get(a, '')))}</td>" for a in axes)
         loss = "-" if r.last_loss is None else f"{r.last_loss:.4f}"
         mark = " (shown)" if r.run_id == chosen else ""
+        snaps = "-" if r.status == "pending" else f"{r.n_recorded}/{r.n_snapshots}"
         rows.append(f"<tr><td><code>{html.escape(r.run_id)}</code>{mark}</td>{cells}<td>{html.escape(r.status)}</td>"
-                    f"<td class=num>{r.n_recorded}/{r.n_snapshots}</td><td class=num>{loss}</td>"
+                    f"<td class=num>{snaps}</td><td class=num>{loss}</td>"
                     f"<td>{html.escape(r.analysis_note)}</td></tr>")
     return (f"<table><thead><tr><th>run</th>{head}<th>status</th><th>snapshots recorded</th>"
             f"<th>last training loss (nats)</th><th>analysis</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
-def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: bool) -> str:
+def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: bool,
+          pending: list[_Run] | None = None) -> str:
     title = f"dynamics report: {Path(os.fspath(path)).name}"
     when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    pending = pending or []
     counts: dict[str, int] = {}
-    for r in runs:
+    for r in [*runs, *pending]:
         counts[r.status] = counts.get(r.status, 0) + 1
     status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
+    if pending:  # a sweep with runs still to start must not look complete
+        status = f"{status} ({len(runs)} of {len(runs) + len(pending)} runs of the sweep index started)"
     policy = ("Runs without stored analysis are analysed here, in memory, on the snapshots recorded so far "
               "(nothing is written to the store)." if compute_missing else
               "Runs without stored analysis are left out of the analysis figures (--no-compute).")
@@ -280,7 +287,7 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
 Per-run figures show run <code>{html.escape(str(chosen))}</code>. {html.escape(policy)}</p>
 <nav>{nav}</nav>
 <h2>Runs</h2>
-{_runs_table(runs, axes, chosen)}
+{_runs_table([*runs, *pending], axes, chosen)}
 {"".join(body)}
 <pre id="selftest">pending</pre>
 <script>{_JS}</script>
