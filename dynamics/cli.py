@@ -119,7 +119,10 @@ def _check_device(device: str) -> None:
 
         if not torch.cuda.is_available():
             raise UsageError(f"train.device {device!r}: this torch {torch.__version__} has no usable CUDA device")
-        index = int(device.partition(":")[2] or 0)
+        text = device.partition(":")[2] or "0"
+        if not text.isdigit():
+            raise UsageError(f"train.device {device!r}: expected cuda or cuda:<index>")
+        index = int(text)
         if index >= torch.cuda.device_count():
             raise UsageError(f"train.device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
 
@@ -140,7 +143,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dynamics.sweep import run_sweep
 
     _check_workers(args.workers)
-    _check_devices(cfg)
+    if not args.scheduler:  # an existing cluster's workers may have the GPUs this machine lacks
+        _check_devices(cfg)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
     _check_out(out)
     summary = run_sweep(cfg, out, workers=args.workers, scheduler=args.scheduler)

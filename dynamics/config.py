@@ -234,8 +234,9 @@ def _coerce(key: str, value: Any, default: Any, item: type | None = None) -> Any
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         if item is not None:
-            return tuple(_coerce(f"{key}[{i}]", v, item()) for i, v in enumerate(value))
-        return tuple(value)
+            for i, v in enumerate(value):
+                _coerce(f"{key}[{i}]", v, item())
+        return tuple(value)  # as written: converting [1, 3] to floats would change the run id
     return value
 
 

@@ -212,6 +212,11 @@ def train_run(
     """
     run_id = run_id or cfg.run_id()
     store.init_store(path)
+    if run_id in store.list_runs(path):  # a finished run stays finished: no lock (or write) needed
+        prior = store.run_attrs(path, run_id)
+        if prior.get("status") in ("completed", "diverged") and \
+                experiment_identity(prior.get("config", {})) == experiment_identity(cfg.to_dict()):
+            return RunResult(run_id, prior["status"], int(prior.get("steps_done", 0)), skipped=True)
     with store.run_lock(path, run_id):
         return _train_locked(cfg, path, run_id, progress, extra_attrs, recording)
 
@@ -267,7 +272,8 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         if ckpt is not None:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
-            recorder.prev_grads = ckpt["prev_grads"]
+            prev = ckpt["prev_grads"]  # loaded on the CPU (see _load_checkpoint)
+            recorder.prev_grads = None if prev is None else prev.to(device)
             if intervention is not None:
                 intervention.load_state_dict(ckpt["intervention"])
             torch.set_rng_state(ckpt["torch_rng"])
@@ -295,13 +301,16 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     step, last_loss = start, float("nan")
 
     def finish(status: str, **attrs) -> RunResult:
-        write_error = None
+        raise_after: BaseException | None = None
         try:
             bg.close()
+        except KeyboardInterrupt as e:  # Ctrl-C / SIGTERM while the last writes drain
+            if status in ("completed", "diverged"):  # not all landed: a resume redoes them
+                status, attrs, raise_after = "interrupted", {}, e
         except BaseException as e:  # a background write failed: the run is not whole, say so
             note = traceback.format_exc()
             if status in ("completed", "diverged"):
-                status, attrs, write_error = "failed", {"traceback": note}, e
+                status, attrs, raise_after = "failed", {"traceback": note}, e
             elif status == "interrupted":
                 attrs = attrs | {"traceback": note}
             # "failed" already holds the traceback that stopped the loop, often this very error
@@ -310,10 +319,11 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                  "last_loss": last_loss if math.isfinite(last_loss) else None,
                  "steps_trained": int(prior.get("steps_trained", 0)) + max(0, done - start),
                  "wall_time": wall_before + time.perf_counter() - t0}
-        writer.set_attrs(**(final | attrs))
-        writer.finalize()
-        if write_error is not None:
-            raise write_error
+        with _signals_deferred():  # an interrupt here would leave the run marked "running"
+            writer.set_attrs(**(final | attrs))
+            writer.finalize()
+        if raise_after is not None:
+            raise raise_after
         return RunResult(run_id, status, done)
 
     outcome: tuple[str, dict] = ("completed", {})
@@ -384,6 +394,25 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         raise
     # Outside the try: if the last writes fail here, finish records "failed" itself.
     return finish(outcome[0], **outcome[1])
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Hold SIGINT and SIGTERM back for a short critical section (the final status write), then
+    deliver them to their own handlers. Python runs signal handlers in the main thread whichever
+    thread the kernel picks, so a blocked signal mask would not do: the handlers are swapped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in got[:1]:
+            os.kill(os.getpid(), signum)  # now, to the handler that was in place
 
 
 @contextlib.contextmanager

@@ -73,6 +73,22 @@ def test_cuda_without_cuda_is_refused_before_any_store(tiny):
     assert not (d / "c.zarr").exists()
 
 
+def test_a_sweep_on_an_existing_cluster_leaves_devices_to_its_workers(tiny):
+    d, cfg, _ = tiny
+    # The CUDA check is local; with --scheduler the workers decide, so the scheduler is what fails.
+    one_line_exit_2(dyn("sweep", cfg, "--out", d / "c2.zarr", "--set", "train.device='cuda'", "--scheduler",
+                        d / "nofile"), "neither an address")
+
+
+def test_check_scheduler_takes_a_host_port_address():
+    from distributed import LocalCluster
+
+    from dynamics.sweep.launcher import check_scheduler
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
+        check_scheduler(cluster.scheduler_address.removeprefix("tcp://"))  # as Dask's Client accepts
+
+
 def test_report_of_dot_inside_a_store_goes_next_to_it(tiny):
     d, _, path = tiny
     r = dyn("report", ".", "--no-compute", cwd=path)

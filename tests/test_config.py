@@ -94,3 +94,9 @@ def test_override_parsing():
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "none.toml")
+
+
+def test_list_items_are_kept_as_written():
+    # Checked item by item but not converted: [1, 3] -> (1.0, 3.0) would change the run id.
+    cfg = from_dict({"task": {"name": "mixture", "components": ["induction", "markov"], "weights": [1, 3]}})
+    assert cfg.task.weights == (1, 3) and all(type(w) is int for w in cfg.task.weights)

@@ -36,7 +36,7 @@ def test_a_failed_write_drops_the_checkpoint_behind_it_and_is_recorded(cfg, tmp_
     real = RunWriter.write_region
 
     def fails_once(self, name, start, values):
-        if name == "loss" and start > 0 and not fails_once.done:  # the loss flush at the step-10 snapshot
+        if name == "loss" and start > 0 and not fails_once.done:  # the loss flush at the step-2 snapshot
             fails_once.done = True
             raise OSError("disk went away (injected)")
         return real(self, name, start, values)
@@ -134,3 +134,76 @@ def test_never_written_snapshots_of_gate_fits_read_unfitted(cfg, tmp_path):
     written = ds.step.values <= store.run_attrs(path, chg.run_id())["checkpoint_step"]
     assert (ds.chg_role.values[~written] == -1).all()  # -1 = UNFITTED; 0 would read "facilitating"
     assert (ds.chg_role.values[0] >= 0).all()  # snapshot 0 was fitted
+
+
+def test_an_interrupt_while_the_last_writes_drain_is_recorded_interrupted(cfg, tmp_path, monkeypatch):
+    import dynamics.train as train
+
+    path = str(tmp_path / "s.zarr")
+    real = train._save_checkpoint
+
+    def slow_last(p, rid, blob, writer, step):
+        if step == cfg.train.steps:
+            raise KeyboardInterrupt("signal 15")  # as SIGTERM would, while the final checkpoint saves
+        return real(p, rid, blob, writer, step)
+
+    monkeypatch.setattr(train, "_save_checkpoint", slow_last)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path)
+    assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"  # not "failed": it is resumable
+    monkeypatch.setattr(train, "_save_checkpoint", real)
+    assert train_run(cfg, path).status == "completed"
+
+
+def test_a_signal_during_the_final_status_write_waits_for_it(cfg, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from dynamics.train import sigterm_as_interrupt
+
+    path = str(tmp_path / "s.zarr")
+    real = RunWriter.set_attrs
+
+    def signalled(self, **attrs):
+        if attrs.get("status") == "completed":
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives in the middle of the write
+        return real(self, **attrs)
+
+    monkeypatch.setattr(RunWriter, "set_attrs", signalled)
+    with sigterm_as_interrupt(), pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path)
+    assert store.run_attrs(path, cfg.run_id())["status"] == "completed"  # written, then the interrupt
+
+
+def test_probing_the_lock_never_makes_a_trainer_refuse(tmp_path):
+    import threading
+
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    stop = threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            store.run_lock_held(path, "r1")  # what `dynamics status` and the report do
+
+    t = threading.Thread(target=probe)
+    t.start()
+    try:
+        for _ in range(200):
+            with store.run_lock(path, "r1"):
+                pass
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_a_finished_run_is_skipped_without_taking_its_lock(cfg, tmp_path, monkeypatch):
+    # so that a read-only store of finished runs can be "re-run" (skipped) as before
+    path = str(tmp_path / "s.zarr")
+    train_run(cfg, path)
+
+    def no_lock(*args):
+        raise AssertionError("a finished run needs no lock")
+
+    monkeypatch.setattr(store, "run_lock", no_lock)
+    assert train_run(cfg, path).skipped

@@ -10,6 +10,7 @@ storage resumes on whichever worker picks it up.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -136,7 +137,7 @@ def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
 
 @contextlib.contextmanager
 def run_lock(path: str | os.PathLike, run_id: str):
-    """Hold the right to train run ``run_id`` of the store at ``path``, or refuse at once.
+    """Hold the right to train run ``run_id`` of the store at ``path``, or refuse (within 2 s).
 
     Two processes training one run would both append to it and race on its loss chunks, so
     ``dynamics run`` and sweep tasks take this lock before they look at the run. It is an
@@ -155,12 +156,13 @@ def run_lock(path: str | os.PathLike, run_id: str):
         yield
         return
     target = loc.local / f"checkpoints/{_check_name('run id', run_id)}/{RUN_LOCK_FILE}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise StoreError(f"run {run_id} in {loc}: cannot write its training lock {target}: {e.strerror}") from None
+    try:
+        if not _flock_exclusive(fd):
             try:
                 held = json.loads(os.pread(fd, 4096, 0) or b"{}")
             except ValueError:
@@ -175,6 +177,28 @@ def run_lock(path: str | os.PathLike, run_id: str):
         yield
     finally:
         os.close(fd)  # releases the flock
+
+
+def _flock_exclusive(fd: int, patience: float = 2.0) -> bool:
+    """Take the exclusive flock within ``patience`` seconds; False if someone holds it.
+
+    :func:`run_lock_held` probes with a brief shared lock, so a free run can look taken for a
+    moment; a trainer waits that out instead of refusing. A filesystem without flock (some
+    network mounts: ENOLCK) gives no lock, and training goes on unlocked.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        except OSError as e:
+            if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                return True
+            raise
 
 
 def run_lock_held(path: str | os.PathLike, run_id: str) -> bool | None:
@@ -192,6 +216,8 @@ def run_lock_held(path: str | os.PathLike, run_id: str) -> bool | None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
+    except OSError:  # no flock on this filesystem: cannot tell
+        return None
     finally:
         os.close(fd)
     return False

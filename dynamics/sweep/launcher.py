@@ -68,10 +68,12 @@ def check_scheduler(scheduler: str, timeout: float = 10.0) -> None:
     """
     from distributed import Client
 
-    if "://" not in scheduler and not os.path.isfile(scheduler):
+    # As _client: an existing file is a scheduler file, anything else an address (host:port too)
+    as_file = "://" not in scheduler and os.path.isfile(scheduler)
+    if not as_file and ":" not in scheduler:
         raise ConfigError(f"--scheduler {scheduler}: neither an address (tcp://host:port) nor a scheduler file")
     try:
-        kw = {"address": scheduler} if "://" in scheduler else {"scheduler_file": scheduler}
+        kw = {"scheduler_file": scheduler} if as_file else {"address": scheduler}
         Client(timeout=timeout, **kw).close()
     except (OSError, TimeoutError, ValueError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
