@@ -26,9 +26,10 @@ def analyse_one(path: str, run_id: str) -> dict:
     """Analyse one run and write ``analysis/<run_id>``; its summary row (skipped if unfinished)."""
     from dynamics import store
     from dynamics.analysis import AnalysisOptions, analyse_run, summary_row
+    from dynamics.schema import FINISHED_STATUSES
 
     attrs = store.run_attrs(path, run_id)
-    if attrs.get("status") not in ("completed", "diverged"):
+    if attrs.get("status") not in FINISHED_STATUSES:
         return {"run": run_id, "status": attrs.get("status", "?"), "skipped": True, "reason": "unfinished"}
     ds = store.open_run(path, run_id, dask=False)  # sizes only: nothing is read yet
     ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else store.open_run(path, run_id)

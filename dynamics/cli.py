@@ -167,9 +167,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         a = store.run_attrs(args.store, run_id)
         loss = a.get("last_loss")
         done = a.get("steps_done", a.get("checkpoint_step", 0))
-        status = a.get("status", "?")
-        if status == "running" and store.run_lock_held(args.store, run_id) is False:
-            status = "stopped"  # killed without a chance to say so: resumable with the same command
+        status = store.run_status(args.store, run_id, a)  # "stopped": killed, resumable with the same command
         rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], status,
                      f"{done}/{a.get('steps_total', '?')}", "-" if loss is None else f"{loss:.4f}"])
     for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet
@@ -261,9 +259,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from dynamics import store
     from dynamics.report import write_report
 
-    if not store.list_runs(args.store):
+    ids = store.list_runs(args.store)
+    if not ids:
         raise UsageError(f"{args.store} holds no runs to report on")
-    if args.run and args.run not in store.list_runs(args.store):
+    if args.run and args.run not in ids:
         raise UsageError(f"no run {args.run!r} in {args.store}")
     if args.out:
         out = Path(args.out)

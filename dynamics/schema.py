@@ -52,3 +52,5 @@ RUN_VARIABLES = {
 }
 
 RUN_STATUSES = ("running", "completed", "diverged", "failed", "interrupted")
+FINISHED_STATUSES = ("completed", "diverged")
+"""Statuses of a run whose training ended on its own: never retrained, analysed as final."""

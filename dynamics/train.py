@@ -39,6 +39,7 @@ from dynamics import interventions, store
 from dynamics.config import RunConfig, experiment_identity
 from dynamics.model import Transformer
 from dynamics.record import Recorder, coords, snapshot_steps, variables
+from dynamics.schema import FINISHED_STATUSES
 from dynamics.tasks import data_hash, make_batch
 
 Progress = Callable[[int, int, float], None]
@@ -212,13 +213,21 @@ def train_run(
     """
     run_id = run_id or cfg.run_id()
     store.init_store(path)
-    if run_id in store.list_runs(path):  # a finished run stays finished: no lock (or write) needed
-        prior = store.run_attrs(path, run_id)
-        if prior.get("status") in ("completed", "diverged") and \
-                experiment_identity(prior.get("config", {})) == experiment_identity(cfg.to_dict()):
-            return RunResult(run_id, prior["status"], int(prior.get("steps_done", 0)), skipped=True)
+    # A finished run stays finished: skipped without the lock, so read-only stores work too.
+    # Anything else is decided under the lock, where the attrs are read again.
+    prior = store.run_attrs(path, run_id) if run_id in store.list_runs(path) else {}
+    if prior.get("status") in FINISHED_STATUSES and _same_experiment(prior, cfg):
+        return _skipped(run_id, prior)
     with store.run_lock(path, run_id):
         return _train_locked(cfg, path, run_id, progress, extra_attrs, recording)
+
+
+def _same_experiment(attrs: dict, cfg: RunConfig) -> bool:
+    return experiment_identity(attrs.get("config", {})) == experiment_identity(cfg.to_dict())
+
+
+def _skipped(run_id: str, attrs: dict) -> RunResult:
+    return RunResult(run_id, attrs["status"], int(attrs.get("steps_done", 0)), skipped=True)
 
 
 PROVENANCE_KEYS = ("version", "torch_version", "device", "data_hash")
@@ -233,10 +242,10 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     hash_now = data_hash(cfg)
     if existing:
         # Checked before the status, so a finished run of another config is refused, not "skipped".
-        if experiment_identity(prior.get("config", {})) != experiment_identity(cfg.to_dict()):
+        if not _same_experiment(prior, cfg):
             raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
-        if prior.get("status") in ("completed", "diverged"):
-            return RunResult(run_id, prior["status"], int(prior.get("steps_done", 0)), skipped=True)
+        if prior.get("status") in FINISHED_STATUSES:  # finished since train_run looked
+            return _skipped(run_id, prior)
         if prior.get("data_hash", hash_now) != hash_now:
             raise store.StoreError(
                 f"run {run_id} in {path} was recorded on data with hash {prior['data_hash']}, but this machine makes "
@@ -305,11 +314,11 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         try:
             bg.close()
         except KeyboardInterrupt as e:  # Ctrl-C / SIGTERM while the last writes drain
-            if status in ("completed", "diverged"):  # not all landed: a resume redoes them
+            if status in FINISHED_STATUSES:  # not all landed: a resume redoes them
                 status, attrs, raise_after = "interrupted", {}, e
         except BaseException as e:  # a background write failed: the run is not whole, say so
             note = traceback.format_exc()
-            if status in ("completed", "diverged"):
+            if status in FINISHED_STATUSES:
                 status, attrs, raise_after = "failed", {"traceback": note}, e
             elif status == "interrupted":
                 attrs = attrs | {"traceback": note}

@@ -7,8 +7,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dynamics.analysis.chg import chg_roles as chg_roles  # the taxonomy, torch-free: the report reads it too
+from dynamics.analysis.chg import label_agreement as label_agreement
 from dynamics.config import RunConfig
-from dynamics.gates.options import CHG_ROLES, FACILITATING, INCONSISTENT, INTERFERING, IRRELEVANT, UNFITTED
 
 # ----------------------------------------------------------------------------- pure maths
 
@@ -73,46 +74,6 @@ def contrastive_loss(
     """
     forget = (logp_forget - logp_retain.detach()).clamp(min=-max_diff)  # (S,)
     return -logp_retain + forget - lam * logits.clamp(-clamp, clamp).flatten(1).mean(1)
-
-
-def chg_roles(plus: np.ndarray, minus: np.ndarray, threshold: float = 0.5) -> np.ndarray:
-    """Role codes into :data:`CHG_ROLES` from G+ and G- (any matching shapes).
-
-    facilitating (0): G+ >= t and G- >= t; irrelevant (1): G+ >= t, G- < t;
-    interfering (2): both < t; inconsistent (3): G+ < t, G- >= t; unfitted (-1): either is NaN
-    (Nam et al. 2025, arXiv 2505.13737, the causal taxonomy).
-
-    Example
-    -------
-    >>> chg_roles(np.array([0.9, 0.9, 0.1, 0.1]), np.array([0.9, 0.1, 0.1, 0.9])).tolist()
-    [0, 1, 2, 3]
-    """
-    plus, minus = np.asarray(plus, dtype=np.float64), np.asarray(minus, dtype=np.float64)
-    hp, hm = plus >= threshold, minus >= threshold
-    role = np.select([hp & hm, hp & ~hm, ~hp & ~hm], [FACILITATING, IRRELEVANT, INTERFERING], INCONSISTENT)
-    role[np.isnan(plus) | np.isnan(minus)] = UNFITTED
-    return role.astype(np.int8)
-
-
-def label_agreement(roles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Majority role across restarts (axis 0) and the fraction of restarts that give it.
-
-    Ties go to the lower code; unfitted restarts (-1) do not vote, and a head no restart
-    fitted gets role -1 and agreement NaN.
-
-    Example
-    -------
-    >>> maj, agree = label_agreement(np.array([[0, 1], [0, 2], [1, 2]]))
-    >>> maj.tolist(), agree.round(2).tolist()
-    ([0, 2], [0.67, 0.67])
-    """
-    roles = np.asarray(roles)
-    counts = np.stack([(roles == code).sum(0) for code in range(len(CHG_ROLES) - 1)])  # (4, ...)
-    fitted = counts.sum(0)
-    majority = np.where(fitted > 0, counts.argmax(0), UNFITTED).astype(np.int8)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        agreement = np.where(fitted > 0, counts.max(0) / fitted, np.nan)
-    return majority, agreement.astype(np.float32)
 
 
 def component_weights(cfg: RunConfig) -> np.ndarray:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dynamics.analysis.chg import CHG_ROLES as CHG_ROLES  # role names by int8 code; -1 is "unfitted"
+from dynamics.analysis.chg import FACILITATING as FACILITATING
+from dynamics.analysis.chg import INCONSISTENT as INCONSISTENT
+from dynamics.analysis.chg import INTERFERING as INTERFERING
+from dynamics.analysis.chg import IRRELEVANT as IRRELEVANT
+from dynamics.analysis.chg import UNFITTED as UNFITTED
 from dynamics.config import ConfigError
-
-CHG_ROLES = ("facilitating", "irrelevant", "interfering", "inconsistent", "unfitted")
-"""Role names by int8 code; code -1 (no fit) indexes the last entry, "unfitted"."""
-FACILITATING, IRRELEVANT, INTERFERING, INCONSISTENT, UNFITTED = 0, 1, 2, 3, -1
 
 RESTART = "restart"
 STAGES = ("init", "plus", "minus")  # lambda = 0, then +lambda and -lambda

@@ -11,12 +11,11 @@ import numpy as np
 import xarray as xr
 
 from dynamics import store
-from dynamics.analysis.roles import ROLES
 from dynamics.predict.features import feature_table
 from dynamics.predict.load import check_runs, load_runs
 from dynamics.predict.models import _mean_sd, cross_validate, group_splits, score
-from dynamics.predict.options import CHG_CLASSES, MODELS, TARGETS, PredictOptions, Run
-from dynamics.predict.targets import target_table
+from dynamics.predict.options import MODELS, TARGETS, PredictOptions, Run
+from dynamics.predict.targets import class_name, target_table
 
 # --------------------------------------------------------------------------- whole pipeline
 
@@ -125,8 +124,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None) -> 
         ds.attrs["classes"] = classes.astype(int).tolist()
         ds.attrs["class_counts"] = [int(np.sum(rows["target"].values == c)) for c in classes]
     if opt.target in ("role", "chg"):
-        names = ROLES if opt.target == "role" else CHG_CLASSES
-        ds.attrs["class_names"] = [names[int(c)] if 0 <= c < len(names) else str(int(c)) for c in classes]
+        ds.attrs["class_names"] = [class_name(opt.target, c) for c in classes]
     return ds
 
 

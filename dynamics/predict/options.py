@@ -8,6 +8,7 @@ from typing import Any
 
 import xarray as xr
 
+from dynamics.analysis.chg import CHG_ROLES
 from dynamics.analysis.pipeline import AnalysisOptions
 
 
@@ -54,9 +55,8 @@ GROUPINGS = ("seed", "run", "config")
 UNITS = ("fraction", "step")
 """How horizons are given: a fraction of each run's length, or a training step."""
 
-CHG_CLASSES = ("facilitating", "irrelevant", "interfering", "inconsistent")
-"""Names of the ``chg_role`` codes 0..3, as ``dynamics.gates.CHG_ROLES`` (not imported here:
-that module imports torch); -1 means not fitted."""
+CHG_CLASSES = CHG_ROLES[:-1]
+"""Names of the ``chg_role`` codes 0..3 (``dynamics.analysis.chg``); -1 means not fitted."""
 
 SEED_AXIS = "train.seed"
 

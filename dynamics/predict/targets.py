@@ -19,6 +19,12 @@ from dynamics.schema import HEAD, LAYER, SNAPSHOT
 # --------------------------------------------------------------------------- targets
 
 
+def class_name(target: str, code: float) -> str:
+    """Name of a code of the ``role`` or ``chg`` target; the number itself otherwise."""
+    names = {"role": ROLES, "chg": CHG_CLASSES}.get(target)
+    return names[int(code)] if names is not None and 0 <= code < len(names) else f"{code:g}"
+
+
 def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[str, ...]) -> xr.Dataset | None:
     # The stored analysis's final snapshot, if it has what is needed and covers the run's end.
     if analysis is None or any(v not in analysis for v in needed) or "step" not in analysis.coords:
@@ -155,9 +161,8 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
         raise PredictError(f"target {options.target!r}: {n} labelled head(s), need at least {options.min_heads}")
     values = np.unique(cat["target"])
     if values.size < 2:
-        names = {"role": ROLES, "chg": CHG_CLASSES}.get(options.target)
-        value = names[int(values[0])] if names is not None and 0 <= values[0] < len(names) else f"{values[0]:g}"
-        raise PredictError(f"target {options.target!r} is constant: every one of {n} heads has the value {value}")
+        raise PredictError(f"target {options.target!r} is constant: every one of {n} heads has the value "
+                           f"{class_name(options.target, values[0])}")
     if len(set(cat["row_group"])) < 2:
         raise PredictError(f"target {options.target!r}: labelled heads fall in one group, so cross-validation is impossible")
     ds = xr.Dataset(

@@ -6,14 +6,15 @@ import numpy as np
 import xarray as xr
 
 from dynamics import store
+from dynamics.analysis.chg import CHG_ROLES, chg_roles, label_agreement
 from dynamics.report.data import _Ctx, _open_derived, _Run, _Section
 from dynamics.report.draw import _figure, _save
 
 CHG_THRESHOLD = 0.5
 """Gate value separating "high" from "low" G+ / G- (Nam et al. 2025, Figure 1c)."""
 
-CHG_LABELS = ("facilitating", "irrelevant", "interfering", "inconsistent", "unfitted")
-"""CHG taxonomy, as ``dynamics.gates.CHG_ROLES``: G+ and G- high; G+ high, G- low; both low;
+CHG_LABELS = CHG_ROLES
+"""CHG taxonomy (``dynamics.analysis.chg``): G+ and G- high; G+ high, G- low; both low;
 G+ low, G- high (contradicts both fits); no fit (NaN)."""
 
 
@@ -24,7 +25,7 @@ def chg_label(g_plus, g_minus, threshold: float = CHG_THRESHOLD) -> np.ndarray:
     irrelevant: G+ >= t and G- < t (kept when free, dropped when pushed: not needed);
     interfering: G+ < t and G- < t (shut even when pushed open: removing it helps);
     inconsistent: G+ < t <= G- (contradicts both fits); unfitted: either value is NaN.
-    The same rule as ``dynamics.gates.chg_roles``, restated because gates imports torch.
+    The names of :func:`dynamics.analysis.chg.chg_roles`.
 
     Parameters
     ----------
@@ -41,13 +42,8 @@ def chg_label(g_plus, g_minus, threshold: float = CHG_THRESHOLD) -> np.ndarray:
     >>> chg_label([0.9, 0.9, 0.1], [0.9, 0.1, 0.1]).tolist()
     ['facilitating', 'irrelevant', 'interfering']
     """
-    gp, gm = np.asarray(g_plus, dtype=float), np.asarray(g_minus, dtype=float)
-    out = np.full(np.broadcast(gp, gm).shape, CHG_LABELS[3], dtype=object)
-    out[(gp >= threshold) & (gm >= threshold)] = CHG_LABELS[0]
-    out[(gp >= threshold) & (gm < threshold)] = CHG_LABELS[1]
-    out[(gp < threshold) & (gm < threshold)] = CHG_LABELS[2]
-    out[np.isnan(gp) | np.isnan(gm)] = CHG_LABELS[4]
-    return out.astype(str)
+    gp, gm = np.broadcast_arrays(np.asarray(g_plus, dtype=float), np.asarray(g_minus, dtype=float))
+    return np.asarray(CHG_LABELS)[chg_roles(gp, gm, threshold)]  # -1 (unfitted) indexes the last name
 
 
 def _gate_pair(ds: xr.Dataset) -> xr.DataArray | None:
@@ -63,14 +59,8 @@ def _gate_pair(ds: xr.Dataset) -> xr.DataArray | None:
 
 
 def _majority(codes: np.ndarray, axis: int = 0) -> np.ndarray:
-    """Majority role code over `axis` (restarts), as ``dynamics.gates.label_agreement``.
-
-    Ties go to the lower code; unfitted restarts (-1) do not vote; a head no restart fitted
-    gets -1. Restated here because dynamics.gates imports torch.
-    """
-    codes = np.moveaxis(np.asarray(codes), axis, 0)
-    counts = np.stack([(codes == c).sum(0) for c in range(len(CHG_LABELS) - 1)])
-    return np.where(counts.sum(0) > 0, counts.argmax(0), -1).astype(np.int8)
+    """Majority role code over `axis` (restarts), as `dynamics gates` reports it."""
+    return label_agreement(np.moveaxis(np.asarray(codes), axis, 0))[0]
 
 
 def _role_codes(ds: xr.Dataset, keep: tuple[str, ...]) -> xr.DataArray | None:

@@ -16,6 +16,7 @@ import xarray as xr
 from dynamics import store
 from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions
+from dynamics.schema import FINISHED_STATUSES
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
 _RUN_VARS = ("best_slash", "slash_dominant", "role", "mean_divergence", "bifurcation_step", "slash_emergence_step")
@@ -142,28 +143,12 @@ def _collect_or_note(path, run_id: str, index: dict | None, compute_missing: boo
         return _collect_run(path, run_id, index, compute_missing)
     except Exception as e:  # noqa: BLE001 - one unreadable run must not sink the page
         try:
-            status = _status(path, run_id, store.run_attrs(path, run_id))
+            status = store.run_status(path, run_id, store.run_attrs(path, run_id))
         except Exception:  # noqa: BLE001
             status = "unknown"
         point = (index or {}).get("runs", {}).get(run_id, {})
         return _Run(run_id, status, dict(point), None, 0, np.zeros(0, bool), np.zeros(0, np.int64),
                     analysis_note=f"could not be read ({type(e).__name__}: {e})")
-
-
-def _status(path, run_id: str, attrs: dict) -> str:
-    """The run's status attr, but "stopped" for a "running" run that no process trains any more.
-
-    A killed run has no chance to rewrite its status; its training lock tells (as `dynamics status`).
-    """
-    status = str(attrs.get("status", "unknown"))
-    if status == "running":
-        try:
-            held = store.run_lock_held(path, run_id)
-        except Exception:  # noqa: BLE001 - cannot tell: keep what the run says
-            held = None
-        if held is False:
-            return "stopped"
-    return status
 
 
 def _pending_runs(index: dict | None, recorded: list[str]) -> list[_Run]:
@@ -174,12 +159,9 @@ def _pending_runs(index: dict | None, recorded: list[str]) -> list[_Run]:
             for rid, point in (index or {}).get("runs", {}).items() if rid not in have]
 
 
-_FINISHED = ("completed", "diverged")
-
-
 def _finished(run: _Run) -> bool:
     """Training ended on its own (completed or diverged): its analysis will not change any more."""
-    return run.status in _FINISHED
+    return run.status in FINISHED_STATUSES
 
 
 def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -> _Run:
@@ -191,7 +173,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -
         point = {a: cfg.get(a.split(".")[0], {}).get(a.split(".")[-1]) for a in (index or {}).get("axes", [])}
     run = _Run(
         run_id=run_id,
-        status=_status(path, run_id, attrs),
+        status=store.run_status(path, run_id, attrs),
         params=dict(point),
         last_loss=_float_or_none(attrs.get("last_loss")),
         n_snapshots=int(ds.sizes.get("snapshot", 0)),

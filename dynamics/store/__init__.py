@@ -58,6 +58,7 @@ from dynamics.store.checkpoints import (
     read_checkpoint,
     run_lock,
     run_lock_held,
+    run_status,
     write_checkpoint,
 )
 from dynamics.store.readers import (
@@ -95,6 +96,7 @@ __all__ = [
     "read_checkpoint",
     "run_lock",
     "run_lock_held",
+    "run_status",
     "write_checkpoint",
     "init_store",
     "is_remote",

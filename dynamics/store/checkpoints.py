@@ -30,8 +30,8 @@ CHECKPOINT_FILE = "ckpt.pt"
 RUN_LOCK_FILE = "train.lock"
 
 
-def _key(run_id: str) -> str:
-    return f"checkpoints/{_check_name('run id', run_id)}/{CHECKPOINT_FILE}"
+def _key(run_id: str, name: str = CHECKPOINT_FILE) -> str:
+    return f"checkpoints/{_check_name('run id', run_id)}/{name}"
 
 
 def _remote_target(loc: _Loc, run_id: str):
@@ -155,7 +155,7 @@ def run_lock(path: str | os.PathLike, run_id: str):
     if loc.local is None or fcntl is None:
         yield
         return
-    target = loc.local / f"checkpoints/{_check_name('run id', run_id)}/{RUN_LOCK_FILE}"
+    target = loc.local / _key(run_id, RUN_LOCK_FILE)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
@@ -207,7 +207,7 @@ def run_lock_held(path: str | os.PathLike, run_id: str) -> bool | None:
     loc = _Loc(path)
     if loc.local is None or fcntl is None:
         return None
-    target = loc.local / f"checkpoints/{_check_name('run id', run_id)}/{RUN_LOCK_FILE}"
+    target = loc.local / _key(run_id, RUN_LOCK_FILE)
     try:
         fd = os.open(target, os.O_RDONLY)
     except FileNotFoundError:
@@ -221,3 +221,12 @@ def run_lock_held(path: str | os.PathLike, run_id: str) -> bool | None:
     finally:
         os.close(fd)
     return False
+
+
+def run_status(path: str | os.PathLike, run_id: str, attrs: dict) -> str:
+    """The run's ``status`` attr, except "stopped" for a "running" run whose lock nobody holds:
+    a killed run had no chance to rewrite its status (``dynamics status`` and the report)."""
+    status = str(attrs.get("status", "unknown"))
+    if status == "running" and run_lock_held(path, run_id) is False:
+        return "stopped"
+    return status

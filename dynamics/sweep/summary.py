@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FINISHED = ("completed", "diverged")
+from dynamics.schema import FINISHED_STATUSES as FINISHED
 
 
 @dataclass
