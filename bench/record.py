@@ -17,9 +17,10 @@ Printed, all as ratios measured in this one process:
 2. Where the time goes, per snapshot, each piece timed on its own (median of --calls,
    alternated with training steps) as a multiple of one training step: the probe forward
    (attention on the probe batch, eager path), the held-out eval loss, the gradient
-   statistics (per-head grads, norms, cosines, gates, weights), checkpoint serialisation
-   (torch.save on the training thread), and on the background thread the zarr writes of
-   the snapshot arrays and of the loss, and the atomic checkpoint write (fsync + attrs).
+   statistics (per-head grads, norms, cosines, gates, weights), the copy of the checkpoint
+   state (clones, on the training thread), and on the background thread the zarr writes of
+   the snapshot arrays and of the loss, and the checkpoint's torch.save and atomic write
+   (fsync + attrs).
    Its overhead columns are that multiple x snapshots / steps at each cadence: what the
    piece adds if nothing overlaps (the training-thread pieces always add; the background
    ones only when no core is free for them).
@@ -137,7 +138,7 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
         train_step()
     grads_and_forward()
     blocks = recorder.snapshot(model)
-    blob = train_mod._checkpoint_bytes(model, opt, 1, recorder, None)
+    state = train_mod._checkpoint_state(model, opt, 1, recorder, None)
     # train.py flushes the losses of the steps since the last snapshot: record.every of them,
     # fewer in a run shorter than that.
     losses = np.zeros(min(cfg.record.every, cfg.train.steps), dtype=np.float32)
@@ -157,11 +158,11 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
         "probe forward (attention)": ("training", lambda: recorder.attention(model)),
         "eval loss": ("training", lambda: recorder.eval_loss(model)),
         "gradient stats, gates, weights": ("training", grad_stats),
-        "checkpoint serialisation": ("training", lambda: train_mod._checkpoint_bytes(model, opt, 1, recorder, None)),
+        "checkpoint state copy": ("training", lambda: train_mod._checkpoint_state(model, opt, 1, recorder, None)),
         "zarr: snapshot arrays": ("writer", lambda: writer.write_snapshot(1, blocks)),
         "zarr: loss region": ("writer", lambda: writer.write_region("loss", 0, losses)),
-        "checkpoint file + attrs": ("writer", lambda: train_mod._save_checkpoint(
-            os.path.join(tmp, "parts.zarr"), "run", blob, writer, 1)),
+        "checkpoint pickle, file + attrs": ("writer", lambda: train_mod._save_checkpoint(
+            os.path.join(tmp, "parts.zarr"), "run", state, writer, 1)),
     }
     times: dict[str, list[float]] = {k: [] for k in pieces}
     step_times: list[float] = []

@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     mfu = tok_s * fpt / peak_rate
     print(f"\n1. throughput ({args.repeats} alternated blocks of {args.steps} steps, medians)")
     print(f"   step {t_step * 1e3:.1f} ms = {tok_s:,.0f} tokens/s; peak mm {peak_n}^2 float32 "
-          f"{peak_rate / 1e9:.1f} GFLOP/s   [absolute: reference only on a shared CPU]")
+          f"{peak_rate / 1e9:.1f} GFLOP/s" + ("   [absolute: reference only on a shared CPU]" if device.type == "cpu" else ""))
     print(f"   MFU = {mfu:.1%} of the peak matmul rate measured alongside  (goal >= 50%)")
     if compiled is not None:
         t_comp = median(comp_t)

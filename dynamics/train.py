@@ -136,16 +136,38 @@ class _Writer:
             self.pool.shutdown(wait=True)
 
 
-def _checkpoint_bytes(model, optimizer, step: int, recorder: Recorder, intervention) -> bytes:
-    buf = io.BytesIO()
-    torch.save({
+def _copy_tensors(obj):
+    """``obj`` with every tensor replaced by a detached clone on the same device."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _copy_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_copy_tensors(v) for v in obj)
+    return obj
+
+
+def _checkpoint_state(model, optimizer, step: int, recorder: Recorder, intervention) -> dict:
+    """A copy of everything a resume needs, taken on the training thread.
+
+    Only the copy is paid there: the next optimiser step updates the live tensors in place, so
+    they must be cloned now, but pickling them (and, on a GPU, the device-to-host transfers,
+    one synchronising copy per tensor) waits for the writer thread. On a GPU the clones are
+    asynchronous device copies, so a launch-bound training loop is not held up.
+    """
+    return _copy_tensors({
         "step": step,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "prev_grads": recorder.prev_grads,
         "intervention": intervention.state_dict() if intervention is not None else None,
         "torch_rng": torch.get_rng_state(),
-    }, buf)
+    })
+
+
+def _checkpoint_bytes(state: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
     return buf.getvalue()
 
 
@@ -157,8 +179,8 @@ def _load_checkpoint(path: str, run_id: str) -> dict | None:
     return None if blob is None else torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
 
 
-def _save_checkpoint(path: str, run_id: str, blob: bytes, attrs_writer: store.RunWriter, step: int) -> None:
-    store.write_checkpoint(path, run_id, blob)
+def _save_checkpoint(path: str, run_id: str, state: dict, attrs_writer: store.RunWriter, step: int) -> None:
+    store.write_checkpoint(path, run_id, _checkpoint_bytes(state))
     attrs_writer.set_attrs(checkpoint_step=step)
 
 
@@ -360,7 +382,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             if step in index_of and (recording or step == 0):
                 # The checkpoint is the state *before* this snapshot is recorded, so a resume
                 # from it records the snapshot again exactly (prev_grads included).
-                blob = _checkpoint_bytes(model, optimizer, step, recorder, intervention)
+                state = _checkpoint_state(model, optimizer, step, recorder, intervention)
                 if intervention is None:
                     blocks = recorder.snapshot(model)
                 else:  # record what the intervened model computes (hard templates, gates)
@@ -377,7 +399,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                 if step > flushed:
                     bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
                     flushed = step
-                bg.submit(_save_checkpoint, path, run_id, blob, writer, step)
+                bg.submit(_save_checkpoint, path, run_id, state, writer, step)
             if not math.isfinite(last_loss):
                 bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
                 outcome = ("diverged", {"diverged_step": step})

@@ -142,10 +142,10 @@ def test_an_interrupt_while_the_last_writes_drain_is_recorded_interrupted(cfg, t
     path = str(tmp_path / "s.zarr")
     real = train._save_checkpoint
 
-    def slow_last(p, rid, blob, writer, step):
+    def slow_last(p, rid, state, writer, step):
         if step == cfg.train.steps:
             raise KeyboardInterrupt("signal 15")  # as SIGTERM would, while the final checkpoint saves
-        return real(p, rid, blob, writer, step)
+        return real(p, rid, state, writer, step)
 
     monkeypatch.setattr(train, "_save_checkpoint", slow_last)
     with pytest.raises(KeyboardInterrupt):
@@ -207,3 +207,39 @@ def test_a_finished_run_is_skipped_without_taking_its_lock(cfg, tmp_path, monkey
 
     monkeypatch.setattr(store, "run_lock", no_lock)
     assert train_run(cfg, path).skipped
+
+
+def test_a_checkpoint_is_the_state_when_taken_though_serialised_after_more_steps(cfg):
+    # The writer thread pickles the checkpoint while training goes on; the next optimiser step
+    # updates parameters and Adam moments in place, which must not leak into it.
+    import io
+
+    import torch
+    import torch.nn.functional as F
+
+    import dynamics.train as train
+    from dynamics.record import Recorder
+    from dynamics.tasks import make_batch
+
+    model = train.build(cfg, torch.device("cpu"))
+    opt = train.make_optimizer(cfg, model)
+    recorder = Recorder(cfg, torch.device("cpu"))
+
+    def step(s):
+        tokens = torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens)  # (B, T+1)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        opt.step()
+
+    step(0)
+    at_once = train._checkpoint_bytes(train._checkpoint_state(model, opt, 1, recorder, None))
+    state = train._checkpoint_state(model, opt, 1, recorder, None)
+    step(1)
+    later = train._checkpoint_bytes(state)
+    a, b = (torch.load(io.BytesIO(x), weights_only=False) for x in (at_once, later))
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(b["model"][name], a["model"][name], rtol=0, atol=0)
+        assert not torch.equal(p, a["model"][name]) or "gate" in name  # step(1) did move it
+    for i, s in a["optimizer"]["state"].items():
+        for k, v in s.items():
+            torch.testing.assert_close(b["optimizer"]["state"][i][k], v, rtol=0, atol=0)
