@@ -47,3 +47,18 @@ def tiny_config(tmp_path):
         return str(p)
 
     return make
+
+
+def wait_for_checkpoint(path, run_id: str, at_least: int, timeout: float = 120.0) -> None:
+    """Poll a store until ``run_id``'s checkpoint has reached step ``at_least`` (or time runs out),
+    so a test can stop a training subprocess mid-run."""
+    import time
+
+    from dynamics import store
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if store.is_store(path) and run_id in store.list_runs(path):
+            if store.run_attrs(path, run_id).get("checkpoint_step", 0) >= at_least:
+                return
+        time.sleep(0.02)

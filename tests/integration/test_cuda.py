@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from dynamics import store
 from dynamics.config import ModelConfig, load_config, with_values
 from dynamics.model import Transformer
 from dynamics.train import train_run
+from tests.conftest import wait_for_checkpoint
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -88,13 +88,8 @@ def test_cuda_resume_after_sigkill(tiny_config, tmp_path):
     assert r.returncode == 0, r.stderr
 
     proc = subprocess.Popen(cmd + [str(killed)], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 180
     try:
-        while time.monotonic() < deadline:
-            if store.is_store(killed) and run_id in store.list_runs(killed):
-                if store.run_attrs(killed, run_id).get("checkpoint_step", 0) >= 40:
-                    break
-            time.sleep(0.02)
+        wait_for_checkpoint(killed, run_id, 40, timeout=180)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:

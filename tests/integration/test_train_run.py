@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 import warnings
 
@@ -14,6 +13,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.config import load_config
+from tests.conftest import wait_for_checkpoint
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"}
 
@@ -62,13 +62,8 @@ def test_resume_after_sigkill_equals_uninterrupted(tiny_config, tmp_path):
 
     proc = subprocess.Popen([sys.executable, "-m", "dynamics", "run", cfg, "--out", str(killed)],
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
     try:
-        while time.monotonic() < deadline:  # wait for a mid-run checkpoint, then kill without warning
-            if store.is_store(killed) and run_id in store.list_runs(killed):
-                if store.run_attrs(killed, run_id).get("checkpoint_step", 0) >= 40:
-                    break
-            time.sleep(0.05)
+        wait_for_checkpoint(killed, run_id, 40)  # a mid-run checkpoint, then kill without warning
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:
@@ -96,13 +91,8 @@ def test_sigterm_records_the_run_interrupted(tiny_config, tmp_path):
     out = tmp_path / "t.zarr"
     proc = subprocess.Popen([sys.executable, "-m", "dynamics", "run", cfg, "--out", str(out)],
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
     try:
-        while time.monotonic() < deadline:
-            if store.is_store(out) and run_id in store.list_runs(out):
-                if store.run_attrs(out, run_id).get("checkpoint_step", 0) >= 20:
-                    break
-            time.sleep(0.05)
+        wait_for_checkpoint(out, run_id, 20)
         proc.send_signal(signal.SIGTERM)  # what `kill` and batch schedulers send
         _, err = proc.communicate(timeout=60)
     finally:
