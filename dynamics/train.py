@@ -137,9 +137,12 @@ class _Writer:
 
 
 def _copy_tensors(obj):
-    """``obj`` with every tensor replaced by a detached clone on the same device."""
+    """``obj`` with every tensor replaced by a detached clone on the same device (and every
+    array by a copy): whatever the next step updates in place must not reach the checkpoint."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().clone()
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
     if isinstance(obj, dict):
         return {k: _copy_tensors(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
