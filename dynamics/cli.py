@@ -91,8 +91,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_device(cfg.train.device)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
     _check_out(out)
+    from dynamics.signals import sigterm_as_interrupt
     from dynamics.store import StoreError, check_run_id
-    from dynamics.train import sigterm_as_interrupt, train_run
+    from dynamics.train import train_run
 
     run_id = check_run_id(args.run_id) if args.run_id else cfg.run_id()
 

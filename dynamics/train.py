@@ -18,12 +18,9 @@ the data are the ones the run was recorded with, before anything is written.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
 import os
-import signal
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -40,6 +37,7 @@ from dynamics.config import RunConfig, experiment_identity
 from dynamics.model import Transformer
 from dynamics.record import Recorder, coords, snapshot_steps, variables
 from dynamics.schema import FINISHED_STATUSES
+from dynamics.signals import deferred_signals
 from dynamics.tasks import data_hash, make_batch
 
 Progress = Callable[[int, int, float], None]
@@ -353,7 +351,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                  "last_loss": last_loss if math.isfinite(last_loss) else None,
                  "steps_trained": int(prior.get("steps_trained", 0)) + max(0, done - start),
                  "wall_time": wall_before + time.perf_counter() - t0}
-        with _signals_deferred():  # an interrupt here would leave the run marked "running"
+        with deferred_signals():  # an interrupt here would leave the run marked "running"
             writer.set_attrs(**(final | attrs))
             writer.finalize()
         if raise_after is not None:
@@ -428,43 +426,6 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         raise
     # Outside the try: if the last writes fail here, finish records "failed" itself.
     return finish(outcome[0], **outcome[1])
-
-
-@contextlib.contextmanager
-def _signals_deferred():
-    """Hold SIGINT and SIGTERM back for a short critical section (the final status write), then
-    deliver them to their own handlers. Python runs signal handlers in the main thread whichever
-    thread the kernel picks, so a blocked signal mask would not do: the handlers are swapped."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        for signum in got[:1]:
-            os.kill(os.getpid(), signum)  # now, to the handler that was in place
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM (``kill``, a batch system's time limit) stops training as Ctrl-C does, so the
-    run is recorded interrupted and stays resumable instead of dying marked "running"."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def set_threads(n: int | None) -> None:

@@ -159,7 +159,7 @@ def test_a_signal_during_the_final_status_write_waits_for_it(cfg, tmp_path, monk
     import os
     import signal
 
-    from dynamics.train import sigterm_as_interrupt
+    from dynamics.signals import sigterm_as_interrupt
 
     path = str(tmp_path / "s.zarr")
     real = RunWriter.set_attrs

@@ -13,12 +13,12 @@ from collections import Counter
 
 from dynamics import store
 from dynamics.config import ConfigError, RunConfig
+from dynamics.signals import sigterm_as_interrupt
 from dynamics.sweep.grid import Point, expand_grid
 from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
 from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _stop_name, run_point
-from dynamics.train import sigterm_as_interrupt
 
 MAX_RESUBMITS = 2
 """Extra submissions of a run whose task the scheduler gave up on (KilledWorker)."""

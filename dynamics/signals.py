@@ -1,0 +1,51 @@
+"""Signal handling shared by training and sweeps, torch-free so that a sweep's coordinating
+process does not import torch for it.
+
+- :func:`sigterm_as_interrupt`: SIGTERM stops work as Ctrl-C does (a KeyboardInterrupt), so
+  what was running is recorded interrupted and stays resumable.
+- :func:`deferred_signals`: SIGINT and SIGTERM held back across a short critical section.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+
+@contextlib.contextmanager
+def deferred_signals():
+    """Hold SIGINT and SIGTERM back for a short critical section (the final status write), then
+    deliver them to their own handlers. Python runs signal handlers in the main thread whichever
+    thread the kernel picks, so a blocked signal mask would not do: the handlers are swapped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in got[:1]:
+            os.kill(os.getpid(), signum)  # now, to the handler that was in place
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (``kill``, a batch system's time limit) stops a run or a sweep as Ctrl-C does,
+    so a run is recorded interrupted and stays resumable instead of dying marked "running"."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
