@@ -152,8 +152,7 @@ def seed_consistency(path: str) -> list[tuple[str, float, int]]:
         analysis = store.open_analysis(path, run_id)
         if analysis is None:
             continue
-        config = experiment_identity(store.run_attrs(path, run_id)["config"])
-        config["train"].pop("seed", None)
+        config = experiment_identity(store.run_attrs(path, run_id)["config"], without_seed=True)
         group = "config " + hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
         if axes and run_id in index.get("runs", {}):
             values = index["runs"][run_id]

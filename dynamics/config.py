@@ -193,11 +193,13 @@ class RunConfig:
 EXECUTION_KEYS = ("device", "threads")
 
 
-def experiment_identity(config: dict) -> dict:
+def experiment_identity(config: dict, *, without_seed: bool = False) -> dict:
     """A config dict (``RunConfig.to_dict()`` or a run's stored ``config`` attr) without the
-    sweep table and :data:`EXECUTION_KEYS`: two runs are the same experiment iff these are equal."""
+    sweep table and :data:`EXECUTION_KEYS`: two runs are the same experiment iff these are equal.
+    With ``without_seed``, ``train.seed`` is dropped too: runs are seeds of one config iff equal."""
+    drop = (*EXECUTION_KEYS, "seed") if without_seed else EXECUTION_KEYS
     d = {k: v for k, v in config.items() if k != "sweep"}
-    d["train"] = {k: v for k, v in d.get("train", {}).items() if k not in EXECUTION_KEYS}
+    d["train"] = {k: v for k, v in d.get("train", {}).items() if k not in drop}
     return d
 
 

@@ -27,9 +27,7 @@ def _config_of(point: Mapping, axes: Sequence[str], attrs: Mapping) -> str:
     if axes:
         return ", ".join(f"{a}={point.get(a)}" for a in axes if a != SEED_AXIS)
     # no sweep index: the experiment (config less sweep table, device, threads) less the seed
-    cfg = experiment_identity(json.loads(json.dumps(attrs.get("config", {}))))
-    cfg["train"].pop("seed", None)
-    return json.dumps(cfg, sort_keys=True)
+    return json.dumps(experiment_identity(attrs.get("config", {}), without_seed=True), sort_keys=True)
 
 
 def load_runs(path: str, options: PredictOptions | None = None) -> list[Run]:
