@@ -85,7 +85,8 @@ class RunWriter:
     variables : dict
         ``name -> (dims, shape, dtype)`` or ``(dims, shape, dtype, fill)`` with the full
         shape. What was never written reads as ``fill``: by default NaN for float, 0 for int,
-        so give an int array whose 0 is a real value its own "missing" code. Chunks: one snapshot per chunk, ``train_step`` by 4096, full size otherwise.
+        so give an int array whose 0 is a real value its own "missing" code. Chunks: one
+        snapshot per chunk, ``train_step`` by 4096, full size otherwise.
     coords : dict
         ``name -> (dim, values)``, written as 1-D coordinate arrays (strings allowed). A
         coordinate not named after its dim (e.g. ``step`` on ``snapshot``) is declared as a
