@@ -372,6 +372,27 @@ def test_stored_analysis_gives_the_same_targets():
     assert predict.final_targets(r.data, "slash", stale).attrs["source"] == "computed from the final snapshot"
 
 
+def test_a_sink_head_is_not_a_slash_target_nor_a_long_offset_feature():
+    # A sink head puts all of every row on key 0, so slash_score(T - 1) = A[T-1, 0] = 1; the
+    # offset window (T // 2) must keep it out of the slash target however the target is read.
+    r = make_runs(n_seeds=1)[0]
+    attention = r.data["attention"].values.copy()
+    sink = np.zeros((P, T, T))
+    sink[..., 0] = 1.0
+    attention[:, 0, 0] = sink  # every snapshot: the feature below reads an early one
+    ds = r.data.assign(attention=(r.data["attention"].dims, attention))
+    stored = predict.final_targets(ds, "slash", analyse_run(ds).load())
+    fresh = predict.final_targets(ds, "slash")
+    assert fresh.attrs["source"] == "computed from the final snapshot"
+    for targets in (stored, fresh):
+        assert targets.target.values[0, 0] == 0.0
+        assert targets.offset.values[0, 0] <= T // 2
+    np.testing.assert_array_equal(stored.target.values, fresh.target.values)
+    np.testing.assert_array_equal(stored.offset.values, fresh.offset.values)
+    features = predict.head_features(ds.isel(snapshot=slice(0, 3)))
+    assert float(features.sel(layer=0, head=0, feature="best_offset_h")) <= T // 2
+
+
 def test_bad_options_and_runs():
     with pytest.raises(PredictError, match="unknown target"):
         PredictOptions(target="nope")

@@ -57,6 +57,16 @@ class AnalysisOptions:
     baseline_snapshots: int = 3
     """Snapshots that define the initial noise band of the divergence curve."""
 
+    def slash_window(self, n_query: int) -> int:
+        """Largest offset that counts for slash-dominance over `n_query` positions.
+
+        The slash role's window (T // 2 unless ``roles.slash_max_offset``), within the stored
+        ``max_offset``: past T // 2 a score rests on few rows, and slash_score(T - 1) =
+        A[T-1, 0] is 1 for any sink head. Every slash-dominance reader uses this one window.
+        """
+        role_window = n_query // 2 if self.roles.slash_max_offset is None else self.roles.slash_max_offset
+        return min(self.max_offset, n_query - 1, role_window)
+
 
 def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Dataset:
     """Every analyser over one recorded run (or a sweep with a leading ``run`` dim).
@@ -107,9 +117,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
 
     slash = stage["slash"]
     out["slash_score"] = slash
-    # The same window as the slash role: past T // 2 a score rests on few rows, and
-    # slash_score(T - 1) = A[T-1, 0] is 1 for any sink head.
-    window = min(max_stored, T // 2 if opt.roles.slash_max_offset is None else opt.roles.slash_max_offset)
+    window = opt.slash_window(T)
     offset, best = best_offset(slash, min_offset=opt.slash_min_offset, max_offset=window)
     out["best_offset"], out["best_slash"] = offset, best
     dominant = slash_dominant(slash, kappa=opt.kappa, min_offset=opt.slash_min_offset, max_offset=window)

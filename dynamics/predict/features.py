@@ -208,8 +208,9 @@ def head_features(early: xr.Dataset, options: AnalysisOptions | None = None) -> 
         for role in ROLES[:-1]:
             s = np.asarray(scores[role].values, dtype=np.float64)
             out[f"{role}_init"], out[f"{role}_h"], out[f"{role}_change"] = s[0], s[1], s[1] - s[0]
-        slash = slash_score(attn, max_offset=min(opt.max_offset, T - 1))
-        offset, best = best_offset(slash, min_offset=min(opt.slash_min_offset, T - 1))
+        window = opt.slash_window(T)  # the targets' window: a sink head is not a long slash
+        slash = slash_score(attn, max_offset=window)
+        offset, best = best_offset(slash, min_offset=min(opt.slash_min_offset, window), max_offset=window)
         best = np.asarray(best.values, dtype=np.float64)
         out["best_slash_init"], out["best_slash_h"] = best[0], best[1]
         out["best_offset_h"] = np.asarray(offset.values, dtype=np.float64)[1]

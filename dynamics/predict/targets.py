@@ -90,9 +90,10 @@ def final_targets(
             source = "computed from the final snapshot"
             attn = last["attention"].transpose(LAYER, HEAD, ...).load()
             if target == "slash":
-                scores = slash_score(attn, max_offset=min(opt.max_offset, attn.sizes["query"] - 1))
-                offset, _ = best_offset(scores, min_offset=opt.slash_min_offset)
-                dominant = slash_dominant(scores, kappa=opt.kappa, min_offset=opt.slash_min_offset)
+                window = opt.slash_window(attn.sizes["query"])
+                scores = slash_score(attn, max_offset=window)
+                offset, _ = best_offset(scores, min_offset=opt.slash_min_offset, max_offset=window)
+                dominant = slash_dominant(scores, kappa=opt.kappa, min_offset=opt.slash_min_offset, max_offset=window)
                 stored = xr.Dataset({"slash_dominant": dominant, "best_offset": offset})
             elif target == "role":
                 stored = xr.Dataset({"role": assign_roles(role_scores(attn, last["probe_tokens"].load(), opt.roles), opt.roles)})
