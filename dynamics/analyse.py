@@ -171,7 +171,10 @@ def seed_consistency(path: str) -> list[tuple[str, float, int]]:
         if g not in labels and varying:
             labels[g] = ", ".join(f"{k}={json.dumps(c.get(k))}" for k in varying)
     stacked = xr.concat(profiles, dim="run", join="outer").transpose("run", "layer", "head", "role_name")
-    result = cross_seed_consistency(stacked.fillna(0.0), groups, feature_dim="role_name")
+    # A role score the probes could not give (NaN) counts 0 for a head that exists; a head that
+    # is padding (all NaN: its run has fewer heads than another) stays missing, matched to nothing.
+    exists = stacked.notnull().any("role_name")
+    result = cross_seed_consistency(stacked.fillna(0.0).where(exists), groups, feature_dim="role_name")
     store.write_derived(path, "consistency", result.drop_vars([v for v in result.coords if v not in result.dims]))
     return [(labels.get(g, g), float(result.similarity.sel(group=g)), counts[g])
             for g in result.group.values.tolist() if counts[g] >= 2]

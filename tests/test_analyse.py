@@ -97,6 +97,34 @@ def test_seed_consistency_groups_runs_by_their_config(three_runs, tmp_path):
     assert derived is not None and derived.similarity.sizes["group"] == 2
 
 
+def test_seed_consistency_of_a_group_with_fewer_heads_than_the_store(three_runs, tmp_path):
+    # Runs of 2 and 4 heads share one stacked array, so the 2-head runs' heads 2-3 are padding:
+    # they must be missing (matched to nothing), not all-zero heads that match each other at 0.
+    from dynamics.analyse import seed_consistency
+
+    path = str(tmp_path / "h.zarr")
+    shutil.copytree(three_runs[0], path)
+    base = store.run_attrs(path, store.list_runs(path)[0])["config"]
+    wide = [with_values(from_dict({k: v for k, v in base.items() if k != "sweep"}),
+                        {"model.n_heads": 4, "model.d_model": 32, "train.seed": s}) for s in (0, 1)]
+    for cfg in wide:
+        train_run(cfg, path)
+    analyse_store(path, workers=1)
+    narrow = [r for r in store.list_runs(path) if store.open_analysis(path, r) is not None
+              and store.run_attrs(path, r)["config"]["model"]["n_heads"] == 2]
+    assert len(narrow) == 3
+    # Known answer: within each group, every seed's final profiles are its first seed's, heads permuted
+    for runs, perm in ((narrow, [1, 0]), ([c.run_id() for c in wide], [2, 0, 3, 1])):
+        first = store.open_analysis(path, runs[0]).load()
+        for r in runs[1:]:
+            score = first.role_score
+            store.write_analysis(path, r, first.assign(role_score=(score.dims, score.isel(head=perm).values)))
+    rows = seed_consistency(path)
+    assert sorted(n for _, _, n in rows) == [2, 3]
+    for _, similarity, _ in rows:
+        assert similarity == pytest.approx(1.0, abs=1e-12)
+
+
 def test_a_diverged_run_is_analysed_on_the_snapshots_it_recorded(tmp_path):
     # SGD at lr 100 blows up a few steps in; every step is a snapshot, so the schedule's later
     # snapshots are never written and read as NaN. The "final" figures must come from the last
