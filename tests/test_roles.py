@@ -122,6 +122,18 @@ def test_scores_known_values_for_uniform_attention():
     assert s.attrs["slash_max_offset"] == T // 2
 
 
+def test_a_self_head_on_adjacent_repeats_is_not_induction():
+    # In 5 5 5 5 the key after the previous 5 is, for the query at i, any k in 1..i; k = i is
+    # the query itself, so a pure self head would score 1 if the query's own position counted.
+    tokens = xr.DataArray([[5, 5, 5, 5]], dims=("probe", "position"))
+    self_head = xr.DataArray(np.eye(4)[None], dims=("probe", "query", "key"))
+    assert induction_score(self_head, tokens).item() == 0.0
+    back_one = xr.DataArray(np.eye(4, k=-1)[None] + np.diag([1.0, 0, 0, 0])[None], dims=("probe", "query", "key"))
+    assert induction_score(back_one, tokens).item() == 1.0  # queries 2, 3 look at keys 1, 2
+    scores = role_scores(self_head.expand_dims(snapshot=1, layer=1, head=1).transpose(*DIMS), tokens)
+    assert assign_roles(scores).item() == ROLES.index("self")
+
+
 def test_scores_match_loop_references_on_random_attention():
     rng = np.random.default_rng(1)
     t, p = 9, 4
@@ -133,7 +145,7 @@ def test_scores_match_loop_references_on_random_attention():
     mass, count = np.zeros((2, 3)), 0
     for q in range(p):
         for i in range(t):
-            keys = [j + 1 for j in range(i) if tokens[q, j] == tokens[q, i]]
+            keys = [j + 1 for j in range(i - 1) if tokens[q, j] == tokens[q, i]]  # key j + 1 < i
             if keys:
                 mass += a[:, :, q, i, keys].sum(-1)
                 count += 1

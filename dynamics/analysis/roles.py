@@ -112,8 +112,10 @@ def _positions(n: int, dim: str) -> xr.DataArray:
 def induction_score(attn: xr.DataArray, tokens: xr.DataArray) -> xr.DataArray:
     """Attention to the token after a previous occurrence of the current token (Olsson et al. 2022).
 
-    ``M_p[i, k] = 1 if 1 <= k <= i and tok_p[k - 1] = tok_p[i]``. Key k is the token after an
-    earlier occurrence j = k - 1 < i.
+    ``M_p[i, k] = 1 if 1 <= k < i and tok_p[k - 1] = tok_p[i]``. Key k is the token after an
+    earlier occurrence j = k - 1 < i. The query's own position (k = i, when tok_p[i - 1] =
+    tok_p[i]) is left out: attending there is the self role, and counting it credited a pure
+    self head with induction on text with adjacent repeats (runs of spaces, say).
 
     ``induction = sum_{(p, i) in V} sum_k A_p[i, k] M_p[i, k] / |V|``, where
     ``V = {(p, i) : M_p[i, :] has a 1}`` pools the queries with a previous occurrence over all
@@ -149,7 +151,7 @@ def induction_score(attn: xr.DataArray, tokens: xr.DataArray) -> xr.DataArray:
     # -1 before position 0: never a token id, so key 0 never matches.
     preceding = tokens.rename({POSITION: KEY}).shift({KEY: 1}, fill_value=-1)
     current = tokens.rename({POSITION: QUERY})
-    match = (preceding == current) & (_positions(n, KEY) <= _positions(n, QUERY))  # (probe, query, key)
+    match = (preceding == current) & (_positions(n, KEY) < _positions(n, QUERY))  # (probe, query, key)
     mass = xr.dot(attn.astype(np.float32), match.astype(np.float32), dim=KEY).astype(np.float64)
     valid = match.any(KEY)  # (probe, query)
     count = valid.sum([PROBE, QUERY])
