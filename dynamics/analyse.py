@@ -33,13 +33,16 @@ def analyse_one(path: str, run_id: str) -> dict:
         return {"run": run_id, "status": attrs.get("status", "?"), "skipped": True, "reason": "unfinished"}
     ds = store.open_run(path, run_id, dask=False)  # sizes only: nothing is read yet
     ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else store.open_run(path, run_id)
+    need = AnalysisOptions().baseline_snapshots + 1  # the divergence curve's noise band needs them
     if attrs["status"] == "diverged":
         ds = recorded_before_divergence(ds, attrs["diverged_step"])
-        need = AnalysisOptions().baseline_snapshots + 1  # the divergence curve's noise band needs them
         if ds.sizes["snapshot"] < need:
             return {"run": run_id, "status": "diverged", "skipped": True,
                     "reason": f"diverged at step {attrs['diverged_step']} after {ds.sizes['snapshot']} "
                               f"finite snapshots; analysis needs >= {need}"}
+    elif ds.sizes["snapshot"] < need:  # a very short run: its schedule took fewer snapshots
+        return {"run": run_id, "status": attrs["status"], "skipped": True,
+                "reason": f"only {ds.sizes['snapshot']} snapshot(s) recorded; analysis needs >= {need}"}
     result = analyse_run(ds).compute()
     store.write_analysis(path, run_id, result)
     return {"run": run_id, "status": attrs["status"], **summary_row(result)}

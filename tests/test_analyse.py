@@ -72,6 +72,20 @@ def test_bad_workers_is_one_line_exit_2(three_runs, capsys):
     assert err == "dynamics: error: --workers: must be >= 1, got 0"
 
 
+def test_a_run_too_short_for_the_noise_band_is_said_not_analysed(tmp_path, capsys):
+    from tests.conftest import TINY
+
+    cfg_path = tmp_path / "tiny.toml"
+    cfg_path.write_text(TINY.format(steps=2, every=10))
+    path = str(tmp_path / "short.zarr")
+    train_run(load_config(cfg_path), path)  # snapshots at steps 0, 1, 2
+    assert store.open_run(path).sizes["snapshot"] == 3
+    assert cli.main(["analyse", path]) == 0
+    out = capsys.readouterr().out
+    assert "not analysed (only 3 snapshot(s) recorded; analysis needs >= 4)" in out
+    assert store.open_analysis(path) is None
+
+
 def test_seed_consistency_groups_runs_by_their_config(three_runs, tmp_path):
     from dynamics.analyse import seed_consistency
 
