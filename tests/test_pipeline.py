@@ -95,3 +95,26 @@ def test_a_sink_head_is_not_slash_dominant():
     assert not r.slash_dominant.any()
     assert (r.best_offset <= T // 2).all()
     assert np.isnan(r.slash_emergence_step)
+
+
+def test_a_shorter_run_in_a_sweep_ends_at_its_own_last_snapshot():
+    # open_sweep pads a run with fewer snapshots with NaN at the end, step included (run,
+    # snapshot). The "from here to the end" analysers must end that run at its last recorded
+    # snapshot, as when it is analysed alone, not read the padding as its final stretch.
+    ds = sweep_like()
+    n = 5
+    alone = ds.sel(run="b").isel(snapshot=slice(0, n))
+    padded = ds.copy(deep=True)
+    for name in ("attention", "importance", "head_weights"):
+        values = padded[name].values
+        values[1, n:] = np.nan
+        padded[name] = (padded[name].dims, values)
+    step = np.tile(ds.step.values.astype(np.float64), (2, 1))
+    step[1, n:] = np.nan
+    padded = padded.drop_vars("step").assign_coords(step=(("run", "snapshot"), step))
+    got = analyse_run(padded).load().sel(run="b")
+    want = analyse_run(alone).load()
+    for name in ("bifurcation_step", "commitment_step", "slash_emergence_step", "token_emergence_step",
+                 "attention_correlation"):
+        np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+    assert np.isfinite(want["commitment_step"].sel(layer=0, head=0)), "the test needs a committed head"

@@ -35,6 +35,23 @@ def _steps(da: xr.DataArray) -> xr.DataArray:
     return xr.DataArray(np.arange(da.sizes[SNAPSHOT], dtype=np.float64), dims=SNAPSHOT)
 
 
+def recorded(da: xr.DataArray) -> xr.DataArray:
+    """True at the snapshots a run really took: (snapshot,), or (run, snapshot) in a sweep whose
+    runs have different schedules, where ``open_sweep`` pads the shorter runs' ``step`` (and
+    every array) with NaN at the end. Padding is not data: a run's last snapshot is its last
+    recorded one, not the sweep's."""
+    return _steps(da).notnull()
+
+
+def last_recorded(da: xr.DataArray) -> xr.DataArray:
+    """`da` at each run's last recorded snapshot (the last snapshot when nothing is padded)."""
+    if STEP not in da.coords or da[STEP].ndim < 2:
+        return da.isel({SNAPSHOT: -1})
+    position = xr.DataArray(np.arange(da.sizes[SNAPSHOT]), dims=SNAPSHOT)
+    last = xr.where(recorded(da), position, 0).max(SNAPSHOT)  # numpy: step is an in-memory coord
+    return da.isel({SNAPSHOT: last.variable.values.astype(np.intp)} if last.ndim == 0 else {SNAPSHOT: last})
+
+
 def _step_at(da: xr.DataArray, index: xr.DataArray) -> xr.DataArray:
     """Step of snapshot number ``index`` (NaN where index is out of range), without NaN
     reductions or dask-backed indexers: a one-hot dot product over snapshot."""
@@ -66,7 +83,8 @@ def bifurcation_step(
     relative floor ``rel_tol |mu|`` keeps a nearly flat baseline (sigma ~ 0) from flagging
     tiny drifts. With k >= 1.2 and n_b = 3 the baseline points always lie inside the
     band, so t* is after the baseline. A departure seen only at the last snapshot counts
-    (nothing later can contradict it). NaN points count as inside.
+    (nothing later can contradict it). NaN points count as inside, except a run's padding
+    past its last recorded snapshot (NaN ``step``), which is not data.
 
     Parameters
     ----------
@@ -100,7 +118,9 @@ def bifurcation_step(
     baseline = curve.isel({SNAPSHOT: slice(0, n_baseline)})
     mu = baseline.mean(SNAPSHOT)
     half_width = np.fmax(k * baseline.std(SNAPSHOT, ddof=1), rel_tol * abs(mu))
-    outside = abs(curve - mu) > half_width  # NaN compares False: inside
+    # NaN compares False: inside. Padding after a run's last recorded snapshot (ragged sweep)
+    # counts as outside: it is not data and cannot contradict a departure.
+    outside = (abs(curve - mu) > half_width) | ~recorded(curve)
     position = xr.DataArray(np.arange(n), dims=SNAPSHOT)
     last_inside = xr.where(outside, -1, position).max(SNAPSHOT)
     return _step_at(curve, last_inside + 1)
@@ -127,7 +147,8 @@ def commitment_step(labels: xr.DataArray) -> xr.DataArray:
     Returns
     -------
     DataArray
-        float64 step, dims (..., layer, head); NaN where the last label is NaN.
+        float64 step, dims (..., layer, head); NaN where the last label is NaN. In a sweep
+        padded by ``open_sweep`` each run ends at its last recorded snapshot.
 
     Examples
     --------
@@ -142,13 +163,15 @@ def commitment_step(labels: xr.DataArray) -> xr.DataArray:
     later = labels.isel({SNAPSHOT: slice(1, None)})
     earlier = labels.isel({SNAPSHOT: slice(None, -1)})
     # Positional comparison of neighbouring snapshots (Variables carry no coords to align).
-    changed = later.copy(data=(later.variable != earlier.variable).data)
+    # A step into a run's padding (ragged sweep) is not a change of label.
+    taken = recorded(labels).isel({SNAPSHOT: slice(1, None)}).variable
+    changed = later.copy(data=((later.variable != earlier.variable) & taken).data)
     position = xr.DataArray(np.arange(1, n), dims=SNAPSHOT)
     if n > 1:
         last_change = xr.where(changed, position, 0).max(SNAPSHOT)
     else:
         last_change = xr.zeros_like(labels.isel({SNAPSHOT: 0}, drop=True), dtype=np.int64)
-    out = _step_at(labels, last_change).where(labels.isel({SNAPSHOT: -1}, drop=True).notnull())
+    out = _step_at(labels, last_change).where(last_recorded(labels).drop_vars(STEP, errors="ignore").notnull())
     return out.transpose(*[d for d in labels.dims if d != SNAPSHOT])
 
 

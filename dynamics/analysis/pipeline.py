@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xarray as xr
 
-from dynamics.analysis.bifurcation import bifurcation_step, commitment_step, winner_take_all
+from dynamics.analysis.bifurcation import bifurcation_step, commitment_step, last_recorded, winner_take_all
 from dynamics.analysis.divergence import (
     js_distance,
     mean_within_layer_divergence,
@@ -144,7 +144,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     clusters = cluster_heads(jsd, threshold=opt.cluster_threshold)
     out["cluster"] = clusters
     out["redundancy_fraction"] = redundancy_fraction(clusters)
-    out["attention_correlation"] = attention_correlation(attn.isel(snapshot=-1))
+    out["attention_correlation"] = attention_correlation(last_recorded(attn))  # each run's own last
 
     if "head_weights" in ds:
         out["qk_cosine"] = qk_cosine(ds["head_weights"])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from dynamics.analysis.bifurcation import recorded
 from dynamics.schema import HEAD, KEY, LAYER, OFFSET, POSITION, PROBE, QUERY, SNAPSHOT
 
 __all__ = [
@@ -407,7 +408,9 @@ def emergence_step(dominant: xr.DataArray) -> xr.DataArray:
     dominant : DataArray
         bool ``(..., snapshot, layer, head)``, for example from `token_dominant` or
         `slash_dominant`. The ``step`` coordinate on ``snapshot`` gives the steps. Without it,
-        the snapshot coordinate (or index) is used. NaN counts as not dominant.
+        the snapshot coordinate (or index) is used. NaN counts as not dominant; a run's
+        padding in a ragged sweep (NaN step) is not data, so each run ends at its last
+        recorded snapshot.
 
     Returns
     -------
@@ -422,7 +425,9 @@ def emergence_step(dominant: xr.DataArray) -> xr.DataArray:
     >>> emergence_step(d).values.tolist()
     [30.0]
     """
-    flag = _as_flag(dominant)
+    # A run's padding past its last recorded snapshot (ragged sweep, NaN step) is not data: it
+    # neither breaks the final stretch nor can start it (its NaN step drops out of the min).
+    flag = _as_flag(dominant) | ~recorded(dominant)
     steps = dominant["step"] if "step" in dominant.coords else dominant[SNAPSHOT]
     reverse = slice(None, None, -1)
     # Misses from s to the end; zero exactly on the final stretch where the head stays dominant.
