@@ -118,3 +118,25 @@ def test_a_shorter_run_in_a_sweep_ends_at_its_own_last_snapshot():
                  "attention_correlation"):
         np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
     assert np.isfinite(want["commitment_step"].sel(layer=0, head=0)), "the test needs a committed head"
+
+
+def test_token_dominance_follows_the_token_threshold():
+    # Layer 1 head 1 puts 0.4 on key 0 (a '/') and 0.6 on a non-'/' key: its share of attention
+    # on visible '/' tokens is (1.0 + 9 * 0.4) / 10 = 0.46 in every probe.
+    from dynamics.analysis.roles import RoleThresholds
+
+    ds = sweep_like().sel(run="a", drop=True)
+    a = ds.attention.values.copy()
+    head = np.zeros((T, T))
+    head[0, 0] = 1.0
+    for i in range(1, T):
+        head[i, 0] = 0.4
+        head[i, i if i % 4 else i - 1] += 0.6
+    a[:, 1, 1] = head
+    ds["attention"] = (ds.attention.dims, a)
+    for threshold, dominant in ((0.45, True), (0.5, False)):
+        opt = pipeline.AnalysisOptions(roles=RoleThresholds(token=threshold), token_run_length=2)
+        r = analyse_run(ds, opt).load()
+        np.testing.assert_allclose(r.token_share.sel(layer=1, head=1), 0.46, rtol=1e-3)
+        assert (r.token_dominant.sel(layer=1, head=1).values == dominant).all(), threshold
+        assert r.attrs["token_threshold"] == threshold

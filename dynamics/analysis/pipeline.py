@@ -53,7 +53,9 @@ class AnalysisOptions:
     cluster_threshold: float = 0.1
     """JS-distance cut of the redundancy dendrogram (see redundancy.cluster_heads)."""
     token_run_length: int = 3
-    """Consecutive probe samples a token-dominant head must hold >= 50% on the token."""
+    """Consecutive probe samples a token-dominant head must hold >= ``roles.token`` (the post's
+    50%) of its attention on the token: one share threshold for the token role and for
+    token dominance."""
     baseline_snapshots: int = 3
     """Snapshots that define the initial noise band of the divergence curve."""
 
@@ -127,7 +129,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
 
     share = stage["share"]
     out["token_share"] = share.mean("probe", skipna=True)
-    tdom = token_dominant(share, run_length=opt.token_run_length)
+    tdom = token_dominant(share, threshold=opt.roles.token, run_length=opt.token_run_length)
     out["token_dominant"] = tdom
     out["token_emergence_step"] = emergence_step(tdom)
     out["token_dominant_share"] = dominant_share(tdom, present=present)
@@ -156,6 +158,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         slash_offsets=[opt.slash_min_offset, int(window)],
         cluster_threshold=opt.cluster_threshold,
         token_id=opt.roles.token_id,
+        token_threshold=opt.roles.token,
         token_run_length=opt.token_run_length,
         baseline_snapshots=opt.baseline_snapshots,
     )
