@@ -164,7 +164,9 @@ def sink_score(attn: xr.DataArray, position: int = 0) -> xr.DataArray:
     """Mean attention on one key position (Gu et al. 2025, alpha_k).
 
     ``alpha_k = mean_p [ 1 / (T - k) * sum_{i >= k} A_p[i, k] ]``. This is 0-indexed, and Gu
-    et al. write the same thing 1-indexed. A head sinks to k if ``alpha_k > 0.3``.
+    et al. write the same thing 1-indexed. Their head sinks to k if ``alpha_k > 0.3``; the sink
+    role here passes at ``alpha_0 >= RoleThresholds.sink``, inclusive like every threshold in
+    this package.
 
     Bounds: [0, 1]. Uniform causal attention gives ``alpha_0 = H_T / T``.
 
