@@ -126,7 +126,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1)
     return [rows[r] for r in ids]
 
 
-def seed_consistency(path: str) -> list[tuple[str, float, int]]:
+def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
     """Cross-seed reproducibility of the division of labour, per config, over analysed runs.
 
     Runs whose configs differ only in ``train.seed`` (and in where they ran:
@@ -136,8 +136,9 @@ def seed_consistency(path: str) -> list[tuple[str, float, int]]:
 
     Returns
     -------
-    list of (label, similarity, runs)
-        One row per group of two or more runs. The label is the group's values of the sweep
+    list of (label, similarity, unmatched, runs)
+        One row per group of two or more runs: its matched similarity and the unmatched
+        all-pairs reference it should be read against. The label is the group's values of the sweep
         axes other than the seed when the store has a sweep index, else its values of the
         settings that differ between groups (a short hash of the config when only one group).
     """
@@ -179,5 +180,6 @@ def seed_consistency(path: str) -> list[tuple[str, float, int]]:
     exists = stacked.notnull().any("role_name")
     result = cross_seed_consistency(stacked.fillna(0.0).where(exists), groups, feature_dim="role_name")
     store.write_derived(path, "consistency", result.drop_vars([v for v in result.coords if v not in result.dims]))
-    return [(labels.get(g, g), float(result.similarity.sel(group=g)), counts[g])
+    return [(labels.get(g, g), float(result.similarity.sel(group=g)), float(result.unmatched_similarity.sel(group=g)),
+             counts[g])
             for g in result.group.values.tolist() if counts[g] >= 2]

@@ -211,8 +211,9 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     if not args.run:
         from dynamics.analyse import seed_consistency
 
-        for group, sim, n in seed_consistency(args.store):
-            print(f"cross-seed consistency {group}: {sim:.3f} over {n} seeds (1 = same heads up to permutation)")
+        for group, sim, unmatched, n in seed_consistency(args.store):
+            print(f"cross-seed consistency {group}: {sim:.3f} over {n} seeds (1 = same heads up to permutation; "
+                  f"unmatched heads give {unmatched:.3f})")
     print(f"analysed {sum(not r.get('skipped') for r in rows)} runs in {time.perf_counter() - t0:.1f}s "
           f"-> {args.store} (analysis/<run_id>)")
     return 0

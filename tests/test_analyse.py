@@ -104,9 +104,15 @@ def test_seed_consistency_groups_runs_by_their_config(three_runs, tmp_path):
     for r in seeds[1:]:
         score = first.role_score
         store.write_analysis(path, r, first.assign(role_score=(score.dims, score.isel(head=[1, 0]).values)))
-    [(label, similarity, n)] = seed_consistency(path)
+    [(label, similarity, unmatched, n)] = seed_consistency(path)
     assert n == 3 and label == f"train.lr={base['train']['lr']}"  # what sets the group apart
     assert similarity == pytest.approx(1.0, abs=1e-12)  # the lr=1e-3 run is not lumped in
+    # the reference: the first seed's 2 heads of each layer set against each other, all pairs
+    final = first.role_score.isel(snapshot=-1).fillna(0.0)
+    unit = final / ((final**2).sum("role_name") ** 0.5)
+    cross = (unit.rename(head="h") * unit.rename(head="h_b")).sum("role_name").mean(["h", "h_b"])
+    assert unmatched == pytest.approx(float(cross.mean("layer")), abs=1e-12)
+    assert unmatched < similarity
     derived = store.open_derived(path, "consistency")
     assert derived is not None and derived.similarity.sizes["group"] == 2
 
@@ -134,8 +140,8 @@ def test_seed_consistency_of_a_group_with_fewer_heads_than_the_store(three_runs,
             score = first.role_score
             store.write_analysis(path, r, first.assign(role_score=(score.dims, score.isel(head=perm).values)))
     rows = seed_consistency(path)
-    assert sorted(n for _, _, n in rows) == [2, 3]
-    for _, similarity, _ in rows:
+    assert sorted(n for *_, n in rows) == [2, 3]
+    for _, similarity, _, _ in rows:
         assert similarity == pytest.approx(1.0, abs=1e-12)
 
 

@@ -201,6 +201,26 @@ def test_cross_seed_consistency_recovers_planted_permutation():
     xr.testing.assert_identical(by_name, out)
 
 
+def test_unmatched_similarity_is_the_all_pairs_reference():
+    # One-hot profiles: a head's cosine is 1 with its match and 0 with the other two heads, so
+    # the unmatched mean over the 3 x 3 pairs is 1/3 while the matched figure is 1.
+    f = np.eye(3)[None, None]  # (run, layer, head, feature)
+    prof = xr.DataArray(np.concatenate([f, f[:, :, [2, 0, 1]]]), dims=("run", "layer", "head", "feature"))
+    out = cross_seed_consistency(prof, ["cfg", "cfg"])
+    assert out.similarity.item() == pytest.approx(1.0)
+    assert out.unmatched_similarity.item() == pytest.approx(1 / 3)
+    # Identical non-negative profiles in every head: matching cannot tell the seeds' heads apart,
+    # and the reference says so by reaching the matched figure.
+    flat = xr.DataArray(np.ones((2, 2, 3, 4)), dims=("run", "layer", "head", "feature"))
+    same = cross_seed_consistency(flat, ["cfg", "cfg"])
+    assert same.similarity.item() == pytest.approx(1.0) and same.unmatched_similarity.item() == pytest.approx(1.0)
+    # Random non-negative profiles of unrelated seeds: matching lifts the figure above the reference.
+    rng = np.random.default_rng(0)
+    noise = xr.DataArray(rng.random((3, 2, 6, 8)), dims=("run", "layer", "head", "feature"))
+    rand = cross_seed_consistency(noise, ["cfg"] * 3)
+    assert 0.5 < rand.unmatched_similarity.item() < rand.similarity.item() < 1.0
+
+
 def test_cross_seed_consistency_three_seeds_partial_similarity_and_missing_heads():
     rng = np.random.default_rng(1)
     base = rng.random((2, 4, 5))

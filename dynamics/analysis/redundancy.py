@@ -300,6 +300,12 @@ def cross_seed_consistency(
     (permuting them leaves the network's function unchanged). A head with an all-zero
     profile has cosine 0 with everything.
 
+    Profiles of non-negative scores share a positive cone, so unrelated heads already have a
+    large cosine. ``unmatched_similarity`` is the reference: the same mean over each pair's
+    runs with every head of a layer set against every head of that layer in the other run
+    (mean_{l,h,h'} cos(f_{a,l,h}, f_{b,l,h'})). Matching can only raise the figure above it;
+    a similarity near it says the seeds' heads do not correspond.
+
     Parameters
     ----------
     profiles : DataArray
@@ -315,7 +321,8 @@ def cross_seed_consistency(
     -------
     Dataset
         ``similarity`` (..., group): mean matched similarity per group (NaN for a group
-        with one run); ``pair_similarity`` (..., pair): S_ab; ``match`` (..., pair, layer,
+        with one run); ``unmatched_similarity`` (..., group): its all-pairs reference;
+        ``pair_similarity`` (..., pair): S_ab; ``match`` (..., pair, layer,
         head) int: the head of run b (same layer) matched to each head of run a, -1 if
         missing; ``matched_similarity`` (..., pair, layer, head). Coords on pair:
         ``run_a``, ``run_b`` (run labels) and ``pair_group``.
@@ -373,10 +380,13 @@ def cross_seed_consistency(
     present = pair_sim.notnull()
     weight = (present * onehot).sum(PAIR)
     similarity = (pair_sim.fillna(0.0) * onehot).sum(PAIR) / weight.where(weight > 0)
+    pair_unmatched = _nanmean(cos, (LAYER, HEAD, HEAD_B))
+    unmatched = (pair_unmatched.fillna(0.0) * onehot).sum(PAIR) / weight.where(weight > 0)
 
     out = xr.Dataset(
         {
             "similarity": similarity,
+            "unmatched_similarity": unmatched,
             "pair_similarity": pair_sim,
             "match": match,
             "matched_similarity": sim,
