@@ -188,6 +188,12 @@ class RunConfig:
         return "r" + hashlib.sha1(blob).hexdigest()[:10]
 
 
+MAX_STEPS = 10**8
+"""Upper bound on train.steps: the loss curve and the snapshot schedule are allocated whole at
+the start (10^8 steps: a 400 MB loss array, weeks of training even for the smallest model), so
+a mistyped count fails here rather than exhausting memory."""
+
+
 # Where and how fast a run executes, not what it computes: the same run on another device or
 # thread count is the same experiment, with the same id and the same store entry.
 EXECUTION_KEYS = ("device", "threads")
@@ -375,9 +381,13 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (TOML is UTF-8): byte {e.start}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
     for text in overrides:
         key, value = parse_override(text)
         _apply_override(raw, key, value)
@@ -457,10 +467,10 @@ def validate(cfg: RunConfig) -> None:
     if any(c in ("induction", "offset_copy", "markov") for c in comps):
         _require(m.vocab_size >= 4, f"model.vocab_size: must be >= 4, got {m.vocab_size}")
 
-    _require(tr.steps > 0, f"train.steps: must be positive, got {tr.steps}")
+    _require(0 < tr.steps <= MAX_STEPS, f"train.steps: must be in [1, {MAX_STEPS:,}], got {tr.steps}")
     _require(tr.lr > 0 and math.isfinite(tr.lr), f"train.lr: must be > 0, got {tr.lr}")
     _require(tr.batch_size > 0, f"train.batch_size: must be positive, got {tr.batch_size}")
-    _require(tr.seed >= 0, f"train.seed: must be >= 0, got {tr.seed}")
+    _require(0 <= tr.seed < 2**63, f"train.seed: must be in [0, 2**63), got {tr.seed}")
     _require(tr.optimizer in ("adamw", "sgd"), f"train.optimizer: expected adamw or sgd, got {tr.optimizer!r}")
     _require(tr.weight_decay >= 0, f"train.weight_decay: must be >= 0, got {tr.weight_decay}")
     _require(0 <= tr.beta1 < 1 and 0 <= tr.beta2 < 1, "train.beta1/beta2: must be in [0, 1)")

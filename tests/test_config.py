@@ -55,6 +55,10 @@ def test_int_accepted_for_float_but_not_reverse():
         ({"train": {"weight_decay": float("inf")}}, "train.weight_decay: expected a finite number"),
         ({"model": {"gate_init": float("nan")}}, "model.gate_init: expected a finite number"),
         ({"sweep": {"train": {"seed": []}}}, "sweep.train.seed: empty list"),
+        # bounded before any work: the loss curve and schedule are allocated whole, and torch
+        # seeds are 64-bit
+        ({"train": {"steps": 10**8 + 1}}, "train.steps: must be in [1, 100,000,000], got 100000001"),
+        ({"train": {"seed": 2**63}}, "train.seed: must be in [0, 2**63)"),
     ],
 )
 def test_errors_name_the_key(raw, needle):
@@ -94,6 +98,14 @@ def test_override_parsing():
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "none.toml")
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(b"\xff\xfe[model]\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value) == f"{path}: not UTF-8 text (TOML is UTF-8): byte 0"
 
 
 def test_list_items_are_kept_as_written():
