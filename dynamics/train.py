@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -258,6 +259,24 @@ PROVENANCE_KEYS = ("version", "torch_version", "device", "data_hash")
 and appends its own to the ``resumes`` list."""
 
 
+def _note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int) -> None:
+    """Say so when a resume runs on another device or thread count than the session before it.
+
+    Both are execution keys (the same experiment, the same run id), so the resume goes ahead and
+    ``resumes`` records it; but reductions then sum in another order, so the remaining steps
+    match an uninterrupted run only to float rounding (~1e-7 in loss on the CPU), not bitwise.
+    """
+    before = prior.get("resumes", [])
+    last = before[-1] if before else {"device": prior.get("device"),
+                                      "threads": prior.get("config", {}).get("train", {}).get("threads")}
+    now = {"device": cfg.train.device, "threads": cfg.train.threads}
+    changed = [f"train.{k} {last.get(k)} -> {v}" for k, v in now.items() if last.get(k) is not None and last[k] != v]
+    if changed:
+        print(f"dynamics: note: {run_id} resumes at step {start} with {', '.join(changed)}; its later steps will "
+              f"match an uninterrupted run only to float rounding (recorded in the run's 'resumes')",
+              file=sys.stderr, flush=True)
+
+
 def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | None, extra_attrs: dict | None,
                   recording: bool) -> RunResult:
     existing = run_id in store.list_runs(path)
@@ -310,6 +329,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                 intervention.load_state_dict(ckpt["intervention"])
             torch.set_rng_state(ckpt["torch_rng"])
             start = int(ckpt["step"])
+            _note_execution_change(run_id, prior, cfg, start)
     except Exception:  # a run that cannot even start is still recorded, as failed
         _record_setup_failure(cfg, path, run_id, existing, base_attrs, traceback.format_exc())
         raise

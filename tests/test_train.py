@@ -94,6 +94,26 @@ def test_a_resume_keeps_the_first_start_provenance_and_logs_its_own(cfg, tmp_pat
     assert resume["torch_version"] != "0.0-first"
 
 
+def test_a_resume_on_another_thread_count_says_so(cfg, tmp_path, capsys):
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(22))  # the same command: nothing to say
+    assert "note" not in capsys.readouterr().err
+    at = store.run_attrs(path, cfg.run_id())["checkpoint_step"]
+    try:
+        train_run(with_values(cfg, {"train.threads": 2}), path)  # the same run id: an execution key
+    finally:
+        import torch
+
+        torch.set_num_threads(1)  # train_run set 2 for this process
+    err = capsys.readouterr().err
+    assert f"{cfg.run_id()} resumes at step {at} with train.threads 1 -> 2" in err
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert [r["threads"] for r in attrs["resumes"]] == [1, 2] and attrs["status"] == "completed"
+
+
 HOLD = """
 import sys
 from dynamics import store
