@@ -167,7 +167,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for run_id in recorded:
         a = store.run_attrs(args.store, run_id)
         loss = a.get("last_loss")
-        done = a.get("steps_done", a.get("checkpoint_step", 0))
+        # while a run trains, its checkpoint is the progress; steps_done is where it (re)started
+        done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))
         status = store.run_status(args.store, run_id, a)  # "stopped": killed, resumable with the same command
         rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], status,
                      f"{done}/{a.get('steps_total', '?')}", "-" if loss is None else f"{loss:.4f}"])

@@ -340,7 +340,10 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         start_attrs["resumes"] = [*prior.get("resumes", []), this_start]
     else:
         start_attrs = base_attrs
-    start_attrs |= {"starts": int(prior.get("starts", 0)) + 1, "steps_trained": int(prior.get("steps_trained", 0))}
+    # steps_done restarts at the checkpoint: the last session's count would stand for this one's
+    # progress in `dynamics status` until it passed it
+    start_attrs |= {"starts": int(prior.get("starts", 0)) + 1, "steps_trained": int(prior.get("steps_trained", 0)),
+                    "steps_done": start}
     writer = store.RunWriter(path, run_id, variables=recorded, coords=coords(cfg, steps_at), attrs=start_attrs,
                              resume=existing)
     writer.write_region("probe_tokens", 0, recorder.probe_tokens)

@@ -114,6 +114,20 @@ def test_a_resume_on_another_thread_count_says_so(cfg, tmp_path, capsys):
     assert [r["threads"] for r in attrs["resumes"]] == [1, 2] and attrs["status"] == "completed"
 
 
+def test_a_resumed_run_counts_its_progress_from_its_checkpoint(cfg, tmp_path):
+    # `dynamics status` reads steps_done: left at the last session's 20 it would stand still
+    # while the resume redid steps 8..20.
+    cfg = with_values(cfg, {"record.every": 25})  # snapshots (and checkpoints) 0..8, 25, 30
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))  # progress comes every 10 steps: stops at 20
+    before = store.run_attrs(path, cfg.run_id())
+    assert before["steps_done"] == 20 and before["checkpoint_step"] == 8
+    seen = []
+    train_run(cfg, path, progress=lambda step, steps, loss: seen.append(store.run_attrs(path, cfg.run_id())["steps_done"]))
+    assert seen[0] == 8 and store.run_attrs(path, cfg.run_id())["steps_done"] == 30
+
+
 HOLD = """
 import sys
 from dynamics import store
