@@ -55,6 +55,14 @@ def _progress_printer(label: str):
 def _check_out(path: str) -> None:
     from dynamics import store
 
+    if "://" in path:
+        import fsspec
+
+        scheme = path.split("://", 1)[0]
+        try:
+            fsspec.get_filesystem_class(scheme)
+        except (ValueError, ImportError) as e:
+            raise UsageError(f"--out {path}: no filesystem for the URL scheme {scheme!r} ({e})") from None
     p = Path(path)
     if "://" not in path and p.exists() and not store.is_store(path):
         raise UsageError(f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
@@ -453,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        for name, value in vars(args).items():  # an empty path or id would quietly become the default
+            if isinstance(value, str) and not value.strip() and name != "func":
+                raise UsageError(f"--{name.replace('_', '-')}: empty value")
         return args.func(args)
     except (ConfigError, UsageError) as e:
         print(f"dynamics: error: {e}", file=sys.stderr)

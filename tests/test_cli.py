@@ -47,6 +47,10 @@ def tiny(tmp_path_factory):
     (["demo", "--workers", "-1", "--out", "{d}/new3.zarr"], "--workers: must be >= 1, got -1"),
     (["report", "{path}", "--out", "{d}/afile/x"], "afile is a file, not a directory"),
     (["gates", "{path}", "--lam", "nan"], "gates.lam"),
+    (["run", "{cfg}", "--out", "{d}/new4.zarr", "--run-id", "zarr.json"], "invalid run id 'zarr.json': reserved by zarr"),
+    (["run", "{cfg}", "--out", "nosuch://bucket/x.zarr"], "no filesystem for the URL scheme 'nosuch'"),
+    (["run", "{cfg}", "--out", ""], "--out: empty value"),
+    (["run", "{cfg}", "--out", "{d}/new5.zarr", "--run-id", " "], "--run-id: empty value"),
 ])
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(tiny, args, needle):
     d, cfg, path = tiny

@@ -136,6 +136,8 @@ def check_run_id(run_id: str) -> str:
 def _check_name(kind: str, name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise StoreError(f"invalid {kind} {name!r}: use letters, digits, '.', '_' or '-', not starting with a symbol")
+    if name == "zarr.json":  # the group's own metadata key in zarr v3
+        raise StoreError(f"invalid {kind} {name!r}: reserved by zarr")
     return name
 
 
