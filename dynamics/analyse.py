@@ -15,6 +15,7 @@ import hashlib
 import json
 import multiprocessing
 import threading
+from collections.abc import Callable
 
 IN_MEMORY_BYTES = 32 * 2**20
 """Runs smaller than this are read whole and analysed in memory: dask's per-task overhead
@@ -64,7 +65,8 @@ def recorded_before_divergence(ds, diverged_step: int):
     return ds.isel(snapshot=keep.nonzero()[0])
 
 
-def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1) -> list[dict]:
+def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
+                  progress: Callable[[int, int, dict], None] | None = None) -> list[dict]:
     """Analyse runs of a store (default: all), ``workers`` at a time; rows in run order.
 
     Parameters
@@ -77,6 +79,8 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1)
         core). Workers are spawned, so a script that calls this with workers > 1 needs the
         usual ``if __name__ == "__main__":`` guard. A URL store is analysed by this process
         alone: its root index has no cross-process lock.
+    progress : callable, optional
+        ``progress(done, total, row)`` as each run's analysis is written, from any thread.
 
     Returns
     -------
@@ -89,11 +93,21 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1)
     n = min(max(1, workers), len(ids))
     if store.is_remote(path):
         n = 1
-    if n <= 1:
-        return [analyse_one(path, r) for r in ids]
-
-    queue, lock = collections.deque(ids), threading.Lock()
+    lock = threading.Lock()
     rows: dict[str, dict] = {}
+
+    def done(rid: str, row: dict) -> None:
+        with lock:
+            rows[rid] = row
+            if progress is not None:
+                progress(len(rows), len(ids), row)
+
+    if n <= 1:
+        for rid in ids:
+            done(rid, analyse_one(path, rid))
+        return [rows[r] for r in ids]
+
+    queue = collections.deque(ids)
     errors: list[BaseException] = []
 
     def take() -> str | None:
@@ -104,7 +118,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1)
         # One thread per worker process keeps it busy with one run at a time.
         try:
             while (rid := take()) is not None:
-                rows[rid] = pool.submit(analyse_one, path, rid).result()
+                done(rid, pool.submit(analyse_one, path, rid).result())
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller below
             errors.append(e)
 
@@ -116,7 +130,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1)
             t.start()
         try:
             while (rid := take()) is not None:
-                rows[rid] = analyse_one(path, rid)
+                done(rid, analyse_one(path, rid))
         except BaseException as e:
             errors.append(e)
         for t in feeders:

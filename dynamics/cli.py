@@ -195,13 +195,20 @@ def _print_table(header: list[str], rows: list[list[str]]) -> None:
 def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | None = None) -> list[dict]:
     """Run every analyser on each run of a store and write analysis/<run_id>; one summary per run.
 
-    ``workers`` processes at once, one per core by default (see dynamics.analyse).
+    ``workers`` processes at once, one per core by default (see dynamics.analyse). A line on
+    stderr per run; SIGTERM stops it as Ctrl-C does, worker processes included.
     """
     import os
 
     from dynamics.analyse import analyse_store as analyse
+    from dynamics.signals import sigterm_as_interrupt
 
-    return analyse(path, run_ids, workers=workers or os.cpu_count() or 1)
+    def log(done: int, total: int, row: dict) -> None:
+        what = f"not analysed ({row.get('reason', 'unfinished')})" if row.get("skipped") else "analysed"
+        print(f"[analyse] {done}/{total} {row['run']} {what}", file=sys.stderr, flush=True)
+
+    with sigterm_as_interrupt():
+        return analyse(path, run_ids, workers=workers or os.cpu_count() or 1, progress=log)
 
 
 def cmd_analyse(args: argparse.Namespace) -> int:

@@ -1,6 +1,11 @@
 """`dynamics analyse` over a store: every finished run, in worker processes, same results as one process."""
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import xarray as xr
@@ -63,6 +68,35 @@ def test_rewriting_an_analysis_replaces_it_whole(three_runs):
     [row] = analyse_store(path, [run_id])
     assert "role" in store.open_analysis(path, run_id) and "only" not in store.open_analysis(path, run_id)
     assert row["run"] == run_id
+
+
+def _children(pid: int) -> set[int]:
+    import pathlib
+
+    kids = set()
+    for task in pathlib.Path(f"/proc/{pid}/task").glob("*"):
+        kids |= {int(k) for k in (task / "children").read_text().split()}
+    return kids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for child processes")
+def test_sigterm_stops_a_multi_process_analyse_with_its_workers(three_runs, tmp_path):
+    path = str(tmp_path / "t.zarr")
+    shutil.copytree(three_runs[0], path)
+    proc = subprocess.Popen([sys.executable, "-m", "dynamics", "analyse", path, "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(kids := _children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the spawned worker and multiprocessing's resource tracker
+    assert len(kids) >= 2, "the worker process never started"
+    proc.send_signal(signal.SIGTERM)  # while the worker still imports: nothing can have finished
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "interrupted" in err.splitlines()[-1]
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{k}") for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [k for k in kids if os.path.exists(f"/proc/{k}")], "worker processes outlived the analyse"
 
 
 def test_bad_workers_is_one_line_exit_2(three_runs, capsys):
