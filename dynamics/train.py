@@ -344,9 +344,20 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     # progress in `dynamics status` until it passed it
     start_attrs |= {"starts": int(prior.get("starts", 0)) + 1, "steps_trained": int(prior.get("steps_trained", 0)),
                     "steps_done": start}
-    writer = store.RunWriter(path, run_id, variables=recorded, coords=coords(cfg, steps_at), attrs=start_attrs,
-                             resume=existing)
-    writer.write_region("probe_tokens", 0, recorder.probe_tokens)
+    writer = None
+    try:
+        # Created whole: a Ctrl-C amid its many writes left a half-made group marked "running"
+        # and zarr coroutines never awaited. Held back, the interrupt lands as the hold ends.
+        with deferred_signals():
+            writer = store.RunWriter(path, run_id, variables=recorded, coords=coords(cfg, steps_at),
+                                     attrs=start_attrs, resume=existing)
+            writer.write_region("probe_tokens", 0, recorder.probe_tokens)
+    except KeyboardInterrupt:
+        if writer is not None:
+            with deferred_signals():
+                writer.set_attrs(status="interrupted")
+                writer.finalize()
+        raise
 
     bg = _Writer(writer)
     losses = np.full(cfg.train.steps, np.nan, dtype=np.float32)

@@ -128,6 +128,25 @@ def test_a_resumed_run_counts_its_progress_from_its_checkpoint(cfg, tmp_path):
     assert seen[0] == 8 and store.run_attrs(path, cfg.run_id())["steps_done"] == 30
 
 
+def test_ctrl_c_while_the_run_group_is_created_leaves_it_interrupted(cfg, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    path = str(tmp_path / "s.zarr")
+    made = RunWriter.__init__
+
+    def init_then_ctrl_c(self, *args, **kwargs):
+        made(self, *args, **kwargs)  # the group now exists, marked "running"
+        os.kill(os.getpid(), signal.SIGINT)  # before training starts
+
+    monkeypatch.setattr(RunWriter, "__init__", init_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path)
+    assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"
+    monkeypatch.setattr(RunWriter, "__init__", made)
+    assert train_run(cfg, path).status == "completed"
+
+
 HOLD = """
 import sys
 from dynamics import store
