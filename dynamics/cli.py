@@ -66,6 +66,8 @@ def _check_out(path: str) -> None:
     p = Path(path)
     if "://" not in path and p.exists() and not store.is_store(path):
         raise UsageError(f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
+    if "://" not in path and p.exists():
+        _check_writable(path, "--out")
     if "://" not in path and not p.exists():
         _check_creatable(p, "--out")
 
@@ -79,6 +81,13 @@ def _check_creatable(p: Path, flag: str) -> None:
         raise UsageError(f"{flag} {p}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {p}: no permission to create it in {parent}")
+
+
+def _check_writable(path: str, what: str) -> None:
+    """A local store a command writes into is writable: said before the work, not after it."""
+    if "://" not in path and not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} {path}: the store is read-only here, and this command writes into it"
+                         + (" (--no-save writes nothing)" if what in ("predict", "gates") else ""))
 
 
 def _check_store(path: str) -> None:
@@ -213,6 +222,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | No
 
 def cmd_analyse(args: argparse.Namespace) -> int:
     _check_store(args.store)
+    _check_writable(args.store, "analyse")
     from dynamics import store
 
     ids = store.list_runs(args.store)
@@ -258,6 +268,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError(f"--horizons: expected numbers separated by commas, got {text!r}") from None
     _check_store(args.store)
+    if not args.no_save:
+        _check_writable(args.store, "predict")
     from dynamics import predict
 
     try:  # every PredictError is bad input found before any model is fitted: one line, exit 2
@@ -304,6 +316,8 @@ def _check_report_dir(out: Path, flag: str) -> None:
 
 def cmd_gates(args: argparse.Namespace) -> int:
     _check_store(args.store)
+    if not args.no_save:
+        _check_writable(args.store, "gates")
     from dynamics import store
     from dynamics.config import from_dict
     from dynamics.gates import GateOptions, gate_report, parse_contrast, report_lines, report_table

@@ -59,6 +59,45 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(tiny, args, needle):
     assert sorted(p.name for p in d.iterdir()) == before
 
 
+@pytest.fixture
+def read_only_store(tiny, tmp_path):
+    """A copy of the tiny store that cannot be written: file modes for a user, a read-only bind
+    mount for root (whom modes do not stop)."""
+    import os
+    import shutil
+
+    _, _, path = tiny
+    d = tmp_path / "ro"
+    shutil.copytree(path.parent, d, ignore=shutil.ignore_patterns("ro"))
+    if os.geteuid() != 0:
+        for p in [d, *d.rglob("*")]:
+            p.chmod(p.stat().st_mode & ~0o222)
+        yield d / path.name
+        for p in [d, *d.rglob("*")]:
+            p.chmod(p.stat().st_mode | 0o200)
+        return
+    mounted = subprocess.run(f"mount --bind {d} {d} && mount -o remount,bind,ro {d} {d}", shell=True,
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("root here cannot make a read-only mount")
+    try:
+        yield d / path.name
+    finally:
+        subprocess.run(["umount", str(d)], check=True)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["analyse", "{ro}"], "analyse {ro}: the store is read-only here, and this command writes into it"),
+    (["predict", "{ro}", "--target", "importance"], "(--no-save writes nothing)"),
+    (["gates", "{ro}"], "gates {ro}: the store is read-only here"),
+    (["run", "{cfg}", "--out", "{ro}"], "--out {ro}: the store is read-only here"),
+])
+def test_a_read_only_store_is_refused_before_any_work(tiny, read_only_store, args, needle):
+    _, cfg, _ = tiny
+    ro = read_only_store
+    one_line_exit_2(dyn(*(a.format(ro=ro, cfg=cfg) for a in args)), needle.format(ro=ro))
+
+
 def test_usage_errors_are_one_line(tiny):
     one_line_exit_2(dyn("run"), "the following arguments are required: config")
     one_line_exit_2(dyn("frob"), "invalid choice: 'frob'")
