@@ -8,6 +8,7 @@ commands so ``dynamics --help`` and input errors stay instant.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -334,10 +335,13 @@ def cmd_gates(args: argparse.Namespace) -> int:
     contrast = parse_contrast(args.contrast, cfg) if args.contrast else None
     given = {"steps": args.steps, "init_steps": args.init_steps, "restarts": args.restarts, "lam": args.lam}
     options = GateOptions(**{k: v for k, v in given.items() if v is not None})
-    from dynamics.train import load_run_model
+    from dynamics.train import batch_loss, load_run_model
 
     model, cfg, step = load_run_model(args.store, run_id)  # StoreError (exit 2) when there is no checkpoint
     status = store.run_attrs(args.store, run_id).get("status")
+    if not math.isfinite(loss := batch_loss(model, cfg)):  # every gate and NLL would be NaN, and saved
+        raise UsageError(f"run {run_id} ({status}) at its checkpoint step {step} gives a loss of {loss}; "
+                         f"there is no model to fit gates to")
     if status != "completed":
         print(f"note: run {run_id} is {status}; these gates are fitted to its checkpoint at step {step} "
               f"of {cfg.train.steps}, not to a finished model")

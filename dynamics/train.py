@@ -469,6 +469,14 @@ def set_threads(n: int | None) -> None:
         os.environ["OMP_NUM_THREADS"] = str(n)
 
 
+@torch.no_grad()
+def batch_loss(model: Transformer, cfg: RunConfig, batch_size: int = 8) -> float:
+    """Mean next-token loss of `model` on the first training batch: finite for a usable model."""
+    tokens = torch.from_numpy(make_batch(cfg, "train", 0, batch_size).tokens).to(next(model.parameters()).device)
+    logits = model(tokens[:, :-1])  # (B, T, V)
+    return float(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()))
+
+
 def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") -> tuple[Transformer, RunConfig, int]:
     """The model of a recorded run at its latest checkpoint, with its config and step.
 

@@ -263,3 +263,17 @@ def test_cli_gates_run_without_checkpoint_exits_2(trained, tmp_path, capsys):
     code = cli.main(["gates", str(copy), "--run", run_id, "--no-save"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "checkpoint" in err[0]
+
+
+def test_cli_gates_refuses_a_model_whose_loss_is_not_finite(tmp_path, capsys, one_thread):
+    # init_scale 1e30: finite float32 weights whose forward pass overflows, so the run diverges at
+    # step 0; every gate and NLL fitted to it would be NaN, and was saved as a result.
+    raw = {**TRAINED, "model": {**TRAINED["model"], "init_scale": 1e30}, "train": {**TRAINED["train"], "steps": 5}}
+    path = str(tmp_path / "d.zarr")
+    result = train_run(from_dict(raw), path)
+    assert result.status == "diverged"
+    code = cli.main(["gates", path, "--steps", "2", "--init-steps", "1", "--restarts", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert f"run {result.run_id} (diverged) at its checkpoint step 0 gives a loss of nan" in err[0]
+    assert store.open_derived(path, f"gates.{result.run_id}") is None
