@@ -65,6 +65,8 @@ def _check_out(path: str) -> None:
         except (ValueError, ImportError) as e:
             raise UsageError(f"--out {path}: no filesystem for the URL scheme {scheme!r} ({e})") from None
     p = Path(path)
+    if "://" not in path:
+        _check_not_in_store(p, "--out")
     if "://" not in path and p.exists() and not store.is_store(path):
         raise UsageError(f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
     if "://" not in path and p.exists():
@@ -308,9 +310,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_not_in_store(p: Path, flag: str) -> None:
+    """Nothing is written at or under a store other than through it: a run group or a report's
+    files there would be read as the store's own (a bogus run, unrecognised objects)."""
+    from dynamics import store
+
+    for parent in Path(os.path.normpath(p.absolute())).parents:
+        if store.is_store(str(parent)):
+            raise UsageError(f"{flag} {p} is inside the store {parent}; choose a path outside it")
+
+
 def _check_report_dir(out: Path, flag: str) -> None:
+    from dynamics import store
+
     if out.exists() and not out.is_dir():
         raise UsageError(f"{flag} {out} exists and is not a directory")
+    _check_not_in_store(out, flag)
+    if out.exists() and store.is_store(str(out)):
+        raise UsageError(f"{flag} {out} is a dynamics store; a report goes next to it, not into it")
+    page = out / "index.html"
+    if page.exists() and "<title>dynamics report" not in page.read_text(errors="replace")[:2000]:
+        raise UsageError(f"{flag} {out} holds an index.html that is not a dynamics report; refusing to replace it")
     if not out.exists():
         _check_creatable(out, flag)
 

@@ -48,6 +48,10 @@ def tiny(tmp_path_factory):
     (["report", "{path}", "--out", "{d}/afile/x"], "afile is a file, not a directory"),
     (["gates", "{path}", "--lam", "nan"], "gates.lam"),
     (["run", "{cfg}", "--out", "{d}/new4.zarr", "--run-id", "zarr.json"], "invalid run id 'zarr.json': reserved by zarr"),
+    (["run", "{cfg}", "--out", "{path}/runs/inner.zarr"], "is inside the store"),
+    (["report", "{path}", "--out", "{path}"], "is a dynamics store; a report goes next to it, not into it"),
+    (["report", "{path}", "--out", "{path}/rep"], "is inside the store"),
+    (["demo", "--out", "{d}/new6.zarr", "--report", "{path}"], "is a dynamics store; a report goes next to it"),
     (["run", "{cfg}", "--out", "nosuch://bucket/x.zarr"], "no filesystem for the URL scheme 'nosuch'"),
     (["run", "{cfg}", "--out", ""], "--out: empty value"),
     (["run", "{cfg}", "--out", "{d}/new5.zarr", "--run-id", " "], "--run-id: empty value"),
@@ -96,6 +100,15 @@ def test_a_read_only_store_is_refused_before_any_work(tiny, read_only_store, arg
     _, cfg, _ = tiny
     ro = read_only_store
     one_line_exit_2(dyn(*(a.format(ro=ro, cfg=cfg) for a in args)), needle.format(ro=ro))
+
+
+def test_a_report_does_not_replace_a_page_it_did_not_write(tiny, tmp_path):
+    _, _, path = tiny
+    mine = tmp_path / "site"
+    mine.mkdir()
+    (mine / "index.html").write_text("<html>my notes</html>")
+    one_line_exit_2(dyn("report", path, "--out", mine), "holds an index.html that is not a dynamics report")
+    assert (mine / "index.html").read_text() == "<html>my notes</html>"
 
 
 def test_usage_errors_are_one_line(tiny):
