@@ -117,6 +117,8 @@ class PredictOptions:
                 raise PredictError(f"horizon {h} out of range: a fraction of the run must lie in [0, 1]")
             if self.unit == "step" and h < 0:
                 raise PredictError(f"horizon step {h} out of range: must be >= 0")
+            if self.unit == "step" and h != int(h):
+                raise PredictError(f"horizon step {h} is not a whole step (a fraction of the run: --unit fraction)")
         if len(set(self.horizons)) != len(self.horizons):
             raise PredictError(f"horizons repeat: {list(self.horizons)}")
         if self.n_splits < 2:
