@@ -91,7 +91,10 @@ def test_sigterm_stops_a_multi_process_analyse_with_its_workers(three_runs, tmp_
     assert len(kids) >= 2, "the worker process never started"
     proc.send_signal(signal.SIGTERM)  # while the worker still imports: nothing can have finished
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, (out, err)
+    # 130 from main(); under `python -m` CPython 3.11 instead exits by SIGINT (-2) when the
+    # KeyboardInterrupt first escaped an exec'd string (a dataclass being defined mid-import)
+    # before it was caught. A shell sees 130 either way.
+    assert proc.returncode in (130, -signal.SIGINT), (out, err)
     assert "Traceback" not in err and "interrupted" in err.splitlines()[-1]
     deadline = time.monotonic() + 30
     while any(os.path.exists(f"/proc/{k}") for k in kids) and time.monotonic() < deadline:
