@@ -181,9 +181,11 @@ def _load_checkpoint(path: str, run_id: str) -> dict | None:
     return None if blob is None else torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
 
 
-def _save_checkpoint(path: str, run_id: str, state: dict, attrs_writer: store.RunWriter, step: int) -> None:
+def _save_checkpoint(path: str, run_id: str, state: dict, attrs_writer: store.RunWriter, step: int,
+                     steps_trained: int) -> None:
     store.write_checkpoint(path, run_id, _checkpoint_bytes(state))
-    attrs_writer.set_attrs(checkpoint_step=step)
+    # steps_trained too, so a session killed outright (SIGKILL) still counts up to its checkpoint
+    attrs_writer.set_attrs(checkpoint_step=step, steps_trained=steps_trained)
 
 
 def _record_setup_failure(cfg: RunConfig, path: str, run_id: str, existing: bool, attrs: dict, tb: str) -> None:
@@ -434,7 +436,8 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                 if step > flushed:
                     bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
                     flushed = step
-                bg.submit(_save_checkpoint, path, run_id, state, writer, step)
+                bg.submit(_save_checkpoint, path, run_id, state, writer, step,
+                          int(prior.get("steps_trained", 0)) + step - start)
             if not math.isfinite(last_loss):
                 bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
                 outcome = ("diverged", {"diverged_step": step})

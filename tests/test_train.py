@@ -195,10 +195,10 @@ def test_an_interrupt_while_the_last_writes_drain_is_recorded_interrupted(cfg, t
     path = str(tmp_path / "s.zarr")
     real = train._save_checkpoint
 
-    def slow_last(p, rid, state, writer, step):
+    def slow_last(p, rid, state, writer, step, trained):
         if step == cfg.train.steps:
             raise KeyboardInterrupt("signal 15")  # as SIGTERM would, while the final checkpoint saves
-        return real(p, rid, state, writer, step)
+        return real(p, rid, state, writer, step, trained)
 
     monkeypatch.setattr(train, "_save_checkpoint", slow_last)
     with pytest.raises(KeyboardInterrupt):

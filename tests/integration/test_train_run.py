@@ -71,6 +71,7 @@ def test_resume_after_sigkill_equals_uninterrupted(tiny_config, tmp_path):
     attrs = store.run_attrs(killed, run_id)
     assert attrs["status"] == "running", "the kill should land mid-run"
     assert 40 <= attrs["checkpoint_step"] < 200
+    assert attrs["steps_trained"] == attrs["checkpoint_step"]  # counted as checkpoints land, not only at the end
     # Nobody holds the run any more: status says so instead of showing it live.
     r = dyn("status", str(killed))
     assert r.returncode == 0 and f"{run_id}  stopped" in r.stdout, r.stdout
@@ -79,6 +80,7 @@ def test_resume_after_sigkill_equals_uninterrupted(tiny_config, tmp_path):
     assert r.returncode == 0, r.stderr
     attrs = store.run_attrs(killed, run_id)
     assert attrs["status"] == "completed" and attrs["starts"] == 2
+    assert attrs["steps_trained"] == 200  # up to the checkpoint, then from it: the lost tail was redone
     a, b = arrays(whole), arrays(killed)
     assert a.keys() == b.keys()
     for name in a:
