@@ -9,7 +9,6 @@ process does not import torch for it.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 
@@ -30,7 +29,7 @@ def deferred_signals():
         for s, handler in previous.items():
             signal.signal(s, handler)
         for signum in got[:1]:
-            os.kill(os.getpid(), signum)  # now, to the handler that was in place
+            signal.raise_signal(signum)  # now, to the handler that was in place, in this (the main) thread
 
 
 @contextlib.contextmanager

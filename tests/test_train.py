@@ -129,7 +129,6 @@ def test_a_resumed_run_counts_its_progress_from_its_checkpoint(cfg, tmp_path):
 
 
 def test_ctrl_c_while_the_run_group_is_created_leaves_it_interrupted(cfg, tmp_path, monkeypatch):
-    import os
     import signal
 
     path = str(tmp_path / "s.zarr")
@@ -137,7 +136,7 @@ def test_ctrl_c_while_the_run_group_is_created_leaves_it_interrupted(cfg, tmp_pa
 
     def init_then_ctrl_c(self, *args, **kwargs):
         made(self, *args, **kwargs)  # the group now exists, marked "running"
-        os.kill(os.getpid(), signal.SIGINT)  # before training starts
+        signal.raise_signal(signal.SIGINT)  # before training starts; to this (the main) thread
 
     monkeypatch.setattr(RunWriter, "__init__", init_then_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
