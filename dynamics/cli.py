@@ -64,15 +64,15 @@ def _check_out(path: str) -> None:
             fsspec.get_filesystem_class(scheme)
         except (ValueError, ImportError) as e:
             raise UsageError(f"--out {path}: no filesystem for the URL scheme {scheme!r} ({e})") from None
+        return
     p = Path(path)
-    if "://" not in path:
-        _check_not_in_store(p, "--out")
-    if "://" not in path and p.exists() and not store.is_store(path):
-        raise UsageError(f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
-    if "://" not in path and p.exists():
-        _check_writable(path, "--out")
-    if "://" not in path and not p.exists():
+    _check_not_in_store(p, "--out")
+    if not p.exists():
         _check_creatable(p, "--out")
+    elif not store.is_store(path):
+        raise UsageError(f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
+    else:
+        _check_writable(path, "--out")
 
 
 def _check_creatable(p: Path, flag: str) -> None:
@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         for name, value in vars(args).items():  # an empty path or id would quietly become the default
-            if isinstance(value, str) and not value.strip() and name != "func":
+            if isinstance(value, str) and not value.strip():
                 raise UsageError(f"--{name.replace('_', '-')}: empty value")
         return args.func(args)
     except (ConfigError, UsageError) as e:

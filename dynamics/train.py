@@ -344,8 +344,8 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         start_attrs = base_attrs
     # steps_done restarts at the checkpoint: the last session's count would stand for this one's
     # progress in `dynamics status` until it passed it
-    start_attrs |= {"starts": int(prior.get("starts", 0)) + 1, "steps_trained": int(prior.get("steps_trained", 0)),
-                    "steps_done": start}
+    trained_before = int(prior.get("steps_trained", 0))  # by earlier sessions
+    start_attrs |= {"starts": int(prior.get("starts", 0)) + 1, "steps_trained": trained_before, "steps_done": start}
     writer = None
     try:
         # Created whole: a Ctrl-C amid its many writes left a half-made group marked "running"
@@ -385,7 +385,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         done = min(step, cfg.train.steps)
         final = {"status": status, "steps_done": done,
                  "last_loss": last_loss if math.isfinite(last_loss) else None,
-                 "steps_trained": int(prior.get("steps_trained", 0)) + max(0, done - start),
+                 "steps_trained": trained_before + max(0, done - start),
                  "wall_time": wall_before + time.perf_counter() - t0}
         with deferred_signals():  # an interrupt here would leave the run marked "running"
             writer.set_attrs(**(final | attrs))
@@ -436,8 +436,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                 if step > flushed:
                     bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
                     flushed = step
-                bg.submit(_save_checkpoint, path, run_id, state, writer, step,
-                          int(prior.get("steps_trained", 0)) + step - start)
+                bg.submit(_save_checkpoint, path, run_id, state, writer, step, trained_before + step - start)
             if not math.isfinite(last_loss):
                 bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
                 outcome = ("diverged", {"diverged_step": step})

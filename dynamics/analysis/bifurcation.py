@@ -49,7 +49,7 @@ def last_recorded(da: xr.DataArray) -> xr.DataArray:
         return da.isel({SNAPSHOT: -1})
     position = xr.DataArray(np.arange(da.sizes[SNAPSHOT]), dims=SNAPSHOT)
     last = xr.where(recorded(da), position, 0).max(SNAPSHOT)  # numpy: step is an in-memory coord
-    return da.isel({SNAPSHOT: last.variable.values.astype(np.intp)} if last.ndim == 0 else {SNAPSHOT: last})
+    return da.isel({SNAPSHOT: last})  # pointwise along run
 
 
 def _step_at(da: xr.DataArray, index: xr.DataArray) -> xr.DataArray:
