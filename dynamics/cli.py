@@ -69,6 +69,11 @@ def _check_out(path: str) -> None:
     _check_not_in_store(p, "--out")
     if not p.exists():
         _check_creatable(p, "--out")
+    elif p.is_dir() and not any(p.iterdir()):
+        # An empty directory (made by hand for the results) holds nothing to overwrite: it
+        # becomes the store, as a file:// URL to it does.
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {path}: no permission to write into this empty directory")
     elif not store.is_store(path):
         raise UsageError(f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
     else:

@@ -151,6 +151,15 @@ def test_out_path_that_is_not_a_store_is_refused(tiny_config, tmp_path):
     assert (victim / "precious.txt").read_text() == "keep me" and len(list(victim.iterdir())) == 1
 
 
+def test_an_empty_directory_becomes_the_store(tiny_config, tmp_path):
+    # Nothing in it to overwrite; a file:// URL to the same directory was already accepted.
+    made = tmp_path / "results"
+    made.mkdir()
+    r = dyn("run", tiny_config(), "--out", str(made))
+    assert r.returncode == 0, r.stderr
+    assert store.is_store(made) and len(store.list_runs(made)) == 1
+
+
 def test_a_run_that_cannot_start_is_recorded_failed_with_its_traceback(tiny_config, tmp_path):
     # The CLI refuses a device it cannot use (tests/test_cli.py); the library records the failure.
     from dynamics.config import with_values
