@@ -1,5 +1,6 @@
 """`dynamics analyse` over a store: every finished run, in worker processes, same results as one process."""
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import xarray as xr
 
 from dynamics import cli, store
 from dynamics.analyse import analyse_store
+from dynamics.analysis.roles import RoleThresholds
 from dynamics.config import from_dict, load_config, with_values
 from dynamics.train import train_run
 
@@ -58,6 +60,8 @@ def test_worker_processes_give_the_single_process_results(three_runs, tmp_path):
         # plain xarray reads the group written through the in-memory staging
         plain = xr.open_zarr(path, group=f"analysis/{r['run']}")
         assert plain.role.dims == ("snapshot", "layer", "head") and plain.step.size == a.step.size
+        # the thresholds predict compares before it reads a stored role target survive the store
+        assert a.attrs["role_thresholds"] == dataclasses.asdict(RoleThresholds())
 
 
 def test_rewriting_an_analysis_replaces_it_whole(three_runs):

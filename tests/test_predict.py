@@ -8,6 +8,7 @@ last snapshot is near-uniform, so only the early gradients carry the fate.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -370,6 +371,29 @@ def test_stored_analysis_gives_the_same_targets():
         np.testing.assert_array_equal(stored.target.values, fresh.target.values)
     stale = analysis.isel(snapshot=slice(0, -1))  # analysed before the run finished
     assert predict.final_targets(r.data, "slash", stale).attrs["source"] == "computed from the final snapshot"
+
+
+def test_stored_analysis_under_other_thresholds_is_not_read_as_the_target():
+    # The curve records the thresholds of its options; a stored analysis made under others
+    # defines another target, so the target is recomputed (or refused without attention).
+    from dynamics.analysis.pipeline import AnalysisOptions
+
+    r = make_runs(n_seeds=1)[0]
+    analysis = analyse_run(r.data).load()  # kappa 0.5, cluster threshold 0.1
+    strict = AnalysisOptions(kappa=0.95)  # the planted slash heads put 0.9 on their offset
+    got = predict.final_targets(r.data, "slash", analysis, strict)
+    assert got.attrs["source"] == "computed from the final snapshot"
+    assert got.target.values.sum() == 0 < predict.final_targets(r.data, "slash", analysis).target.values.sum()
+    loose = AnalysisOptions(cluster_threshold=0.9)
+    np.testing.assert_array_equal(predict.final_targets(r.data, "redundant", analysis, loose).target.values,
+                                  predict.final_targets(r.data, "redundant", None, loose).target.values)
+    other_token = AnalysisOptions(roles=dataclasses.replace(strict.roles, token_id=3))
+    assert predict.final_targets(r.data, "role", analysis, other_token).attrs["source"] != "stored analysis"
+    other_induction = AnalysisOptions(roles=dataclasses.replace(strict.roles, induction=0.9))
+    assert predict.final_targets(r.data, "role", analysis, other_induction).attrs["source"] != "stored analysis"
+    assert predict.final_targets(r.data, "role", analysis).attrs["source"] == "stored analysis"
+    with pytest.raises(PredictError, match="kappa"):
+        predict.final_targets(r.data.drop_vars("attention"), "slash", analysis, strict)
 
 
 def test_a_sink_head_is_not_a_slash_target_nor_a_long_offset_feature():

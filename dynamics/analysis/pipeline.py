@@ -8,7 +8,7 @@ until the caller writes or loads it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import xarray as xr
@@ -159,6 +159,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         cluster_threshold=opt.cluster_threshold,
         token_id=opt.roles.token_id,
         token_threshold=opt.roles.token,
+        role_thresholds=asdict(opt.roles),  # predict reads stored roles only under the same ones
         token_run_length=opt.token_run_length,
         baseline_snapshots=opt.baseline_snapshots,
     )

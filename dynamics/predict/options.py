@@ -83,7 +83,8 @@ class PredictOptions:
     """Folds of GroupKFold; fewer when there are fewer groups (then one group per fold)."""
     use_stored_analysis: bool = True
     """Read final-snapshot targets from ``analysis/<run_id>`` when it covers the run's final
-    step; otherwise (or when False) they are computed from the final snapshot."""
+    step and was computed with the thresholds of `analysis`; otherwise (or when False) they are
+    computed from the final snapshot."""
     analysis: AnalysisOptions = field(default_factory=AnalysisOptions)
     """Thresholds of the analysers, for targets computed here and for early features."""
     min_heads: int = 10

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 
 import numpy as np
 import xarray as xr
@@ -25,12 +26,44 @@ def class_name(target: str, code: float) -> str:
     return names[int(code)] if names is not None and 0 <= code < len(names) else f"{code:g}"
 
 
-def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[str, ...]) -> xr.Dataset | None:
-    # The stored analysis's final snapshot, if it has what is needed and covers the run's end.
+def _settings(target: str, opt: AnalysisOptions, n_query: int) -> dict:
+    # The analysis attrs (as `analyse_run` writes them) that define each stored target.
+    if target == "slash":
+        return {"kappa": opt.kappa, "slash_offsets": [opt.slash_min_offset, opt.slash_window(n_query)]}
+    if target == "role":
+        return {"token_id": opt.roles.token_id, "token_threshold": opt.roles.token}
+    return {"cluster_threshold": opt.cluster_threshold}
+
+
+def _same(stored, wanted) -> bool:
+    # Attrs compared by value: a store round trip turns tuples into lists and may give numpy scalars.
+    if isinstance(wanted, dict):
+        return isinstance(stored, dict) and set(stored) == set(wanted) and all(_same(stored[k], wanted[k]) for k in wanted)
+    if stored is None or wanted is None:
+        return stored is None and wanted is None
+    return np.array_equal(np.asarray(stored, dtype=np.float64), np.asarray(wanted, dtype=np.float64))
+
+
+def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[str, ...], target: str,
+                  opt: AnalysisOptions) -> xr.Dataset | None:
+    # The stored analysis's final snapshot, if it has what is needed, covers the run's end and
+    # was computed with these thresholds: a target read under other thresholds than the ones
+    # the curve records (its analysis_options attrs) would be a different target.
     if analysis is None or any(v not in analysis for v in needed) or "step" not in analysis.coords:
         return None
     if float(analysis["step"].values[-1]) != float(np.max(run["step"].values)):
         return None  # analysed before the run finished: its last snapshot is not the final one
+    a = analysis.attrs
+    n_query = run["attention"].sizes["query"] if "attention" in run else run["probe_tokens"].shape[-1]
+    want = _settings(target, opt, n_query)
+    if target == "role" and "role_thresholds" in a:
+        want["role_thresholds"] = asdict(opt.roles)
+    for key, value in want.items():
+        if key not in a or not _same(a[key], value):
+            if "attention" not in run:
+                raise PredictError(f"target {target!r}: the stored analysis has {key} = {a.get(key)!r}, not {value!r}, "
+                                   f"and run {run.attrs.get('run_id', '?')!r} has no attention to recompute it from")
+            return None
     return analysis[list(needed)].isel({SNAPSHOT: -1})
 
 
@@ -42,8 +75,10 @@ def final_targets(
 ) -> xr.Dataset:
     """One target per head, read from the run's final snapshot.
 
-    From the stored analysis when it is given and covers the final step, else computed from
-    the final snapshot with the analysers (the same calls as `analyse_run`).
+    From the stored analysis when it is given, covers the final step and records the
+    thresholds of `options` (kappa and slash offsets, cluster threshold, the token role's
+    settings and, where recorded, every role threshold), else computed from the final
+    snapshot with the analysers (the same calls as `analyse_run`).
 
     Parameters
     ----------
@@ -83,7 +118,7 @@ def final_targets(
         out["target"] = ((LAYER, HEAD), np.where(codes >= 0, codes, np.nan))  # -1: not fitted
     else:
         needed = {"slash": ("slash_dominant", "best_offset"), "role": ("role",), "redundant": ("cluster",)}[target]
-        stored = _final_stored(run, analysis, needed)
+        stored = _final_stored(run, analysis, needed, target, opt)
         if stored is not None:
             source = "stored analysis"
         else:
