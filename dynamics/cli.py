@@ -346,7 +346,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
         _check_writable(args.store, "gates")
     from dynamics import store
     from dynamics.config import from_dict
-    from dynamics.gates import GateOptions, gate_report, parse_contrast, report_lines, report_table
+    from dynamics.gates import GateOptions, check_fittable, gate_report, parse_contrast, report_lines, report_table
 
     runs = store.list_runs(args.store)
     if not runs:
@@ -357,6 +357,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
                          f"{args.store} holds {len(runs)} runs; choose one with --run ({', '.join(runs[:8])})")
     cfg = from_dict({k: v for k, v in store.run_attrs(args.store, run_id)["config"].items() if k != "sweep"})
     # Component names are checked against the run before the model is loaded or anything fitted.
+    check_fittable(cfg)
     contrast = parse_contrast(args.contrast, cfg) if args.contrast else None
     given = {"steps": args.steps, "init_steps": args.init_steps, "restarts": args.restarts, "lam": args.lam}
     options = GateOptions(**{k: v for k, v in given.items() if v is not None})

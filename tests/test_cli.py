@@ -164,3 +164,13 @@ def test_status_names_stopped_and_pending_runs(tiny, tmp_path):
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
     assert rows[rid][2] == "stopped"
     assert rows["rnever"][1:3] == ["1", "pending"]
+
+
+def test_gates_refuses_a_run_trained_with_conditioned_gates(tmp_path):
+    # Its conditioned gates act through hooks a loaded checkpoint lacks: refused before loading.
+    cfg = tmp_path / "cg.toml"
+    cfg.write_text(TINY.format(steps=4, every=2) + "\n[intervene.conditioned_gates]\n")
+    path = tmp_path / "cg.zarr"
+    train_run(load_config(cfg), str(path))
+    one_line_exit_2(dyn("gates", path), "change its forward pass outside the checkpoint's weights")
+    assert store.open_derived(path, f"gates.{store.list_runs(path)[0]}") is None

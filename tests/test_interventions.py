@@ -269,6 +269,17 @@ def test_teacher_problems_are_config_errors(templated, tmp_path):
         iv.load_state_dict({"distill": {"teacher_run": run_id, "teacher_step": 1}})
 
 
+def test_a_teacher_with_default_conditioned_gates_is_refused(tmp_path):
+    # An empty [intervene.conditioned_gates] table (every option at its default) still gates the
+    # teacher's heads; its checkpoint alone is another network.
+    path = tmp_path / "gated_teacher.zarr"
+    train(path, config({"conditioned_gates": {}}, train={"steps": 2}))
+    with pytest.raises(ConfigError, match="change its forward pass"):
+        interventions.check(config({"distill": {"teacher": str(path)}}))
+    assert interventions.common.forward_changes({"conditioned_gates": {}}) == ["conditioned gates"]
+    assert interventions.common.forward_changes({"templates": {"heads": PINNED}, "distill": {}}) == []
+
+
 # ----------------------------------------------------------------------------- conditioned gates
 
 

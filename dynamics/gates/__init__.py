@@ -62,7 +62,7 @@ Modules
 - :mod:`~dynamics.gates.contrastive`: ``parse_contrast`` and ``fit_contrastive``.
 - :mod:`~dynamics.gates.ablation`: ``ablation_losses``, ``head_ablation``, ``set_ablation``.
 - :mod:`~dynamics.gates.pruning`: ``pruning_order`` and ``pruning_curves``.
-- :mod:`~dynamics.gates.report`: ``gate_report``, ``report_table``, ``report_lines`` (``dynamics gates``).
+- :mod:`~dynamics.gates.report`: ``check_fittable``, ``gate_report``, ``report_table``, ``report_lines`` (``dynamics gates``).
 """
 
 # `name as name`: module-level names kept reachable as gates.<name>, outside __all__.
@@ -88,11 +88,11 @@ from dynamics.gates.options import RESTART as RESTART
 from dynamics.gates.options import STAGES as STAGES
 from dynamics.gates.options import UNFITTED as UNFITTED
 from dynamics.gates.pruning import pruning_curves, pruning_order
-from dynamics.gates.report import gate_report, report_lines, report_table
+from dynamics.gates.report import check_fittable, gate_report, report_lines, report_table
 
 __all__ = [
     "CHG_ROLES", "GateOptions", "fit_chg", "chg_snapshot", "chg_roles", "label_agreement", "chg_loss",
     "contrastive_loss", "fit_contrastive", "parse_contrast", "ablation_losses", "head_ablation",
     "set_ablation", "component_weights", "pruning_order", "pruning_curves", "rank_agreement",
-    "gate_report", "report_table", "report_lines",
+    "check_fittable", "gate_report", "report_table", "report_lines",
 ]

@@ -6,16 +6,30 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from dynamics.config import RunConfig
+from dynamics.config import ConfigError, RunConfig
 from dynamics.gates.ablation import head_ablation
 from dynamics.gates.contrastive import fit_contrastive
 from dynamics.gates.fit import fit_chg
 from dynamics.gates.maths import component_weights, rank_agreement
 from dynamics.gates.options import CHG_ROLES, RESTART, GateOptions
+from dynamics.interventions.common import forward_changes
 from dynamics.model import Transformer
 from dynamics.schema import COMPONENT
 
 # ----------------------------------------------------------------------------- report
+
+
+def check_fittable(cfg: RunConfig) -> None:
+    """ConfigError for a run whose forward pass is not its checkpoint's weights alone.
+
+    Hard templates and conditioned gates act through hooks outside the weights: gates fitted
+    to the loaded model would describe another network than the one trained.
+    """
+    changed = forward_changes(cfg.intervene)
+    if changed:
+        raise ConfigError(f"gates: the run was trained with {' and '.join(changed)} (intervene), which change its "
+                          "forward pass outside the checkpoint's weights; gates fitted to the bare model would "
+                          "describe another network")
 
 
 def gate_report(
@@ -31,7 +45,14 @@ def gate_report(
     Returns the :func:`fit_chg` variables plus ``delta_loss`` (layer, head, component) and, with
     ``contrast=(retain, forget)``, the :func:`fit_contrastive` variables. Attr ``rho``:
     Spearman's rho between mean G- and the mixture-weighted delta (:func:`rank_agreement`).
+
+    Raises
+    ------
+    ConfigError
+        For a run trained with hard templates or conditioned gates: their hooks are not part
+        of ``model``, so gates fitted to it would describe another network than the one trained.
     """
+    check_fittable(cfg)
     opts = options or GateOptions()
     ds = fit_chg(model, cfg, opts)
     delta = head_ablation(model, cfg, method, opts)

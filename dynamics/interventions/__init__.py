@@ -208,8 +208,8 @@ class Interventions:
         """Hooks that change the forward (hard templates, conditioned gates) and capture nothing else.
 
         For forwards that should see the intervened model without feeding the losses or
-        changing any state, e.g. around the recorder's snapshot so that its attention and eval
-        loss see clamped heads and gated outputs (train.py does not do this yet).
+        changing any state: train.py wraps the recorder's snapshot in them, so its attention
+        and eval loss see clamped heads and gated outputs.
         """
         return self._hooks({}, capture=False)
 

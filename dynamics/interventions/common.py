@@ -164,6 +164,31 @@ def parse_heads(
     return tuple(heads)
 
 
+def forward_changes(intervene: Any) -> list[str]:
+    """The sections of a raw ``[intervene]`` table that change the trained model's forward pass.
+
+    Hard templates replace attention patterns and conditioned gates scale head outputs, both
+    through hooks that live outside the model's weights; a checkpoint loaded without them is
+    another network than the one trained. (Soft templates and distillation only add losses.)
+
+    Example
+    -------
+    >>> forward_changes({"templates": {"hard": True, "heads": [{"layer": 0, "head": 0, "pattern": "uniform"}]}})
+    ['hard templates']
+    """
+    if not isinstance(intervene, dict):
+        return []
+    out = []
+    raw = intervene.get("templates")
+    if isinstance(raw, dict):
+        default = raw.get("hard", False)
+        if any(h.get("hard", default) for h in raw.get("heads", []) if isinstance(h, dict)):
+            out.append("hard templates")
+    if intervene.get("conditioned_gates") is not None:
+        out.append("conditioned gates")
+    return out
+
+
 def check_schedule(prefix: str, name: str, ramp_steps: int) -> None:
     """ConfigError for an unknown schedule or a negative ramp."""
     if name not in SCHEDULES:

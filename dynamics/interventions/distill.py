@@ -41,7 +41,15 @@ import torch
 from torch import Tensor
 
 from dynamics.config import RunConfig, from_dict
-from dynamics.interventions.common import check_schedule, fail, kl_rows, parse_heads, parse_table, schedule_factor
+from dynamics.interventions.common import (
+    check_schedule,
+    fail,
+    forward_changes,
+    kl_rows,
+    parse_heads,
+    parse_table,
+    schedule_factor,
+)
 
 MAPS = ("layer", "heads")
 ORDERS = ("together", "shallow_first", "deep_first")
@@ -132,16 +140,10 @@ def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
         fail(f"{key}: teacher model.vocab_size {t.vocab_size} differs from the student's {s.vocab_size}")
     if t.pos == "learned" and t.context < s.context:
         fail(f"{key}: teacher has learned positions for {t.context} tokens, the student's batches have {s.context}")
-    ti = tcfg.intervene
-    if ti.get("conditioned_gates") or (ti.get("templates") and _any_hard(ti["templates"])):
+    if forward_changes(tcfg.intervene):
         fail(f"{key}: teacher run {run_id} was trained with interventions that change its forward pass "
              "(hard templates or conditioned gates); its checkpoint alone does not reproduce its attention")
     return Teacher(path, run_id, tcfg)
-
-
-def _any_hard(raw: dict) -> bool:
-    default = raw.get("hard", False)
-    return any(h.get("hard", default) for h in raw.get("heads", []) if isinstance(h, dict))
 
 
 def teacher_roles(path: str, run_id: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
