@@ -154,6 +154,44 @@ def test_run_writer_refuses_existing_run_unless_resume(tmp_path):
         store.RunWriter(path, "r1", variables=other_variables, coords=other_coords, attrs={}, resume=True)
 
 
+def test_a_refused_resume_leaves_the_run_attrs_as_they_were(tmp_path):
+    path = tmp_path / "s.zarr"
+    variables, coords = spec()
+    store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "interrupted", "starts": 1})
+    other_variables, other_coords = spec(n_heads=8)
+    with pytest.raises(StoreError, match="stored 'attention'"):
+        store.RunWriter(path, "r1", variables=other_variables, coords=other_coords,
+                        attrs={"status": "running", "starts": 2}, resume=True)
+    assert store.run_attrs(path, "r1") == {"status": "interrupted", "starts": 1}
+
+
+class Died(Exception):
+    """Stands for the process being killed: nothing after it runs."""
+
+
+def test_a_run_whose_creation_was_cut_short_resumes(tmp_path, monkeypatch):
+    # The group and its arrays exist, but the coordinates' values never landed (SIGKILL between
+    # the two): a resume writes them instead of refusing the run for ever.
+    import zarr.core.array
+
+    path = tmp_path / "s.zarr"
+    variables, coords = spec()
+
+    async def killed(self, *args, **kwargs):
+        raise Died
+
+    with monkeypatch.context() as m:
+        m.setattr(zarr.core.array.AsyncArray, "setitem", killed)
+        with pytest.raises(Died):
+            store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running"})
+    w = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"starts": 2}, resume=True)
+    w.write_snapshot(0, snapshot(np.random.default_rng(0)))
+    ds = xr.open_zarr(path, group="runs/r1")
+    assert list(ds.step.values) == [0, 5, 10] and [str(v) for v in ds.weight.values] == ["q", "k", "v", "o"]
+    assert list(ds.component.values) == ["induction", "markov"]
+    assert ds.attrs == {"status": "running", "starts": 2}
+
+
 def test_write_region_and_write_snapshot_check_their_input(tmp_path):
     path = tmp_path / "s.zarr"
     variables, coords = spec(steps=5000)  # spans two 4096-step chunks
@@ -210,6 +248,20 @@ def test_open_sweep_has_swept_coordinates(tmp_path):
     assert list(sub.run.values) == ["g3", "g1"] and list(sub.lr.values) == [1e-2, 1e-2]
     with pytest.raises(StoreError, match="not_started"):
         store.open_sweep(path, ["not_started"])
+
+
+def test_open_sweep_reads_a_nested_axis_missing_from_the_index_from_the_run_config(tmp_path):
+    # Two sweeps into one store merge their axes; a run of the second has no value for the
+    # first's axis in the index, so it comes from the run's own config, however deep the key.
+    path = tmp_path / "s.zarr"
+    for run_id, lr, weight in (("a", 1e-3, 0.0), ("b", 1e-2, 1.0)):
+        config = {"train": {"lr": lr}, "intervene": {"templates": {"weight": weight}}}
+        write_run(path, run_id, attrs={"status": "completed", "config": config})
+    store.write_sweep_index(path, {"axes": ["intervene.templates.weight", "train.lr"],
+                                   "runs": {"a": {"intervene.templates.weight": 0.0}, "b": {"train.lr": 1e-2}}})
+    sw = store.open_sweep(path)
+    assert list(sw.intervene_templates_weight.values) == [0.0, 1.0]  # not `weight`: that is a dim
+    assert list(sw.train_lr.values) == [1e-3, 1e-2]
 
 
 def test_open_sweep_pads_heads_and_snapshots(tmp_path):

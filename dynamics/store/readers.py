@@ -73,6 +73,16 @@ def _axis_value(value: Any) -> Any:
     return value
 
 
+def _config_value(config: dict, axis: str) -> Any:
+    """The value at dotted key `axis` (``intervene.templates.weight`` too) of a stored config, or None."""
+    value: Any = config
+    for part in axis.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
 def _coord_array(values: list) -> np.ndarray:
     """Values of one swept parameter across runs; a missing number becomes NaN."""
     present = [v for v in values if v is not None]
@@ -172,11 +182,10 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
     axes = list(index["axes"]) if index else []
     leaves = [a.split(".")[-1] for a in axes]
     for axis, leaf in zip(axes, leaves, strict=True):
-        section = axis.split(".")[0]
         values = []
         for rid, a in zip(run_ids, attrs, strict=True):
             point = index["runs"].get(rid, {})
-            v = point[axis] if axis in point else a.get("config", {}).get(section, {}).get(leaf)
+            v = point[axis] if axis in point else _config_value(a.get("config", {}), axis)
             values.append(_axis_value(v))
         arr = _coord_array(values)
         new_coords[axis.replace(".", "_")] = (RUN, arr)

@@ -92,7 +92,8 @@ class RunWriter:
         coordinate not named after its dim (e.g. ``step`` on ``snapshot``) is declared as a
         coordinate of every variable with that dim, so xarray reads it as one.
     attrs : dict
-        Group attributes (JSON-able). On resume they are merged into the existing ones.
+        Group attributes (JSON-able). On resume they are merged into the existing ones, once
+        the stored arrays are known to match: a refused resume changes nothing.
     resume : bool
         False: refuse an existing run. True: reopen it (after a kill), keeping written
         data; the variables and coords must match what is stored.
@@ -131,9 +132,8 @@ class RunWriter:
             exists = _group_exists(loc, gpath)
             if exists and not resume:
                 raise StoreError(f"run {run_id!r} already exists in {loc} (pass resume=True to continue it)")
-            if exists:
+            if exists:  # its attrs are merged below, once the stored arrays are known to match
                 group = zarr.open_group(loc.store, path=gpath, mode="r+", use_consolidated=False)
-                group.update_attributes(clean_attrs)
             else:
                 group = zarr.create_group(loc.store, path=gpath, zarr_format=3, attributes=clean_attrs)
 
@@ -166,11 +166,19 @@ class RunWriter:
                 attributes={"coordinates": " ".join(cnames)} if cnames else None,
             )
         coord_values: dict[str, np.ndarray] = {}
+        refill: dict[str, Any] = {}  # name -> stored coordinate array that never received its values
         for name, (dim, values) in coords.items():
             values = np.asarray(values)
             is_str = values.dtype.kind in "UTO"
             if name in existing:
-                stored = group[name][...]
+                arr = group[name]
+                if arr.nchunks_initialized == 0 and arr.shape == values.shape:
+                    # created, then the process died before its values landed: they are written now
+                    # (a coordinate equal to its fill value has no chunk either; rewriting it is a no-op)
+                    coord_values[name] = values.astype(str) if is_str else values
+                    refill[name] = arr.async_array
+                    continue
+                stored = arr[...]
                 same = stored.shape == values.shape and (
                     [str(v) for v in stored] == [str(v) for v in values] if is_str else np.array_equal(stored, values)
                 )
@@ -197,9 +205,12 @@ class RunWriter:
                 )
             )
             arrays = dict(zip(to_create, made, strict=True))
-            await asyncio.gather(*(arrays[n].setitem(..., v) for n, v in coord_values.items()))
+            targets = refill | arrays
+            await asyncio.gather(*(targets[n].setitem(..., v) for n, v in coord_values.items()))
             return arrays
 
+        if exists:  # only now: a refused resume leaves the run's attrs as they were
+            _update_group_attrs(loc, gpath, clean_attrs)
         for name, arr in _sync(create()).items():
             if name in specs:
                 self._arrays[name] = zarr.Array(arr)
