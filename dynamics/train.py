@@ -420,16 +420,15 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                 # The checkpoint is the state *before* this snapshot is recorded, so a resume
                 # from it records the snapshot again exactly (prev_grads included).
                 state = _checkpoint_state(model, optimizer, step, recorder, intervention)
-                if intervention is None:
+                # Record what the intervened model computes (hard templates, conditioned gates):
+                # its snapshot, and CHG fitted to that network rather than to the bare weights.
+                with model.hooks(intervention.eval_hooks() if intervention is not None else []):
                     blocks = recorder.snapshot(model)
-                else:  # record what the intervened model computes (hard templates, gates)
-                    with model.hooks(intervention.eval_hooks()):
-                        blocks = recorder.snapshot(model)
+                    if cfg.record.chg_every:
+                        fit = index_of[step] % cfg.record.chg_every == 0 or step == cfg.train.steps
+                        blocks |= recorder.chg(model, fit)
                 if intervention is not None:
                     blocks |= intervention.snapshot(model, recorder.probe_tokens)
-                if cfg.record.chg_every:
-                    fit = index_of[step] % cfg.record.chg_every == 0 or step == cfg.train.steps
-                    blocks |= recorder.chg(model, fit)
                 if step < cfg.train.steps and math.isfinite(last_loss):
                     losses[step] = last_loss
                 bg.submit(writer.write_snapshot, index_of[step], blocks)

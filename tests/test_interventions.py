@@ -310,6 +310,19 @@ def test_causal_gates_never_see_later_tokens(pool):
     assert same if pool == "causal" else not same  # mean pooling leaks, as documented
 
 
+def test_chg_recorded_in_training_is_fitted_to_the_gated_network(tmp_path):
+    # Layer 1's static gates sit at sigmoid(-8) ~ 3e-4: in the trained network those heads do
+    # nothing, so CHG must call them irrelevant (G+ open, G- shut). Fitted to the bare weights,
+    # as it was before the hooks wrapped the fit, they read as interfering (G+ 0.35, G- 5e-5).
+    from dynamics.gates import IRRELEVANT
+
+    cfg = config({"conditioned_gates": {"conditioned": False, "layers": [1], "init": -8.0}},
+                 record={"chg_every": 1, "chg_steps": 100})
+    ds = train(tmp_path / "g.zarr", cfg)
+    assert (ds.chg_role.values[-1, 1] == IRRELEVANT).all()
+    assert (ds.chg.values[-1, 1, :, 0] > 0.99).all() and (ds.chg.values[-1, 1, :, 1] < 0.01).all()
+
+
 def test_static_gate_baseline_has_no_input_weights():
     cfg = config({"conditioned_gates": {"conditioned": False, "layers": [1]}})
     iv = interventions.build(cfg, Transformer(cfg.model), torch.device("cpu"))
