@@ -54,3 +54,16 @@ RUN_VARIABLES = {
 RUN_STATUSES = ("running", "completed", "diverged", "failed", "interrupted")
 FINISHED_STATUSES = ("completed", "diverged")
 """Statuses of a run whose training ended on its own: never retrained, analysed as final."""
+
+
+def config_value(config: dict, key: str):
+    """The value at dotted `key` of a run's stored ``config`` attr, at any depth
+    (``intervene.templates.weight``), or None where the path is missing.
+
+    Sweep axes are dotted keys; readers fall back to a run's config for an axis its sweep
+    index entry lacks, and must follow the whole path, not its first and last parts.
+    """
+    node = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node

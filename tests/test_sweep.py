@@ -213,6 +213,24 @@ def test_live_lock_from_another_host_is_respected(tmp_path):
     assert read_lock(str(tmp_path))["token"] == "planted"
 
 
+def test_a_lock_being_written_is_not_taken_over_until_it_is_old(tmp_path):
+    # A launcher creates its lock (O_EXCL) and then writes it: in between, the file is empty.
+    # An unreadable lock is judged by its age (its modification time), so a second launcher
+    # must be refused while it is fresh, and take it over only once it is older than the limit.
+    target = Path(lock_path(str(tmp_path)))
+    target.write_bytes(b"")
+    assert lock_stale_reason(read_lock(str(tmp_path))) is None
+    with pytest.raises(SweepLockError, match="unreadable lock"):
+        acquire_lock(str(tmp_path))
+    assert target.read_bytes() == b""  # left alone
+    old = time.time() - 3600
+    os.utime(target, (old, old))  # a launcher that died between creating and writing its lock
+    assert "heartbeat" in lock_stale_reason(read_lock(str(tmp_path)))
+    with acquire_lock(str(tmp_path)) as lock:
+        assert read_lock(str(tmp_path))["token"] == lock.token
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_lock_on_an_fsspec_url():
     url = f"memory://dynamics-test-{os.getpid()}/store.zarr"
     with acquire_lock(url) as lock:
@@ -294,3 +312,19 @@ def test_experiment_configs_are_valid_sweeps():
     heads = load_config(ROOT / "experiments" / "head_count.toml")
     assert heads.model.d_model == 64 and heads.sweep.axes["model.n_heads"] == (2, 4, 8, 16)
     assert load_config(ROOT / "experiments" / "positional.toml").sweep.axes["model.pos"] == ("rope", "learned", "none")
+
+
+def test_a_later_sweep_into_the_store_keeps_every_runs_swept_values(tmp_path, threaded_cluster):
+    # Sweep init_scale, then seeds into the same store: the seed-0 point is the run already there
+    # (init_scale 1.0 is the default). The index must keep its init_scale and give the new run its
+    # own (from its config), so status and the report do not show them blank.
+    path = str(tmp_path / "s.zarr")
+    first = run_sweep(from_dict(tiny({"model.init_scale": [1.0]})), path, scheduler=threaded_cluster, progress=False)
+    second = run_sweep(from_dict(tiny({"train.seed": [0, 1]})), path, scheduler=threaded_cluster, progress=False)
+    assert first.ok and second.ok and len(second.skipped) == 1, second.lines()
+    index = store.read_sweep_index(path)
+    assert index["axes"] == ["model.init_scale", "train.seed"]
+    [old] = first.labels
+    [new] = [rid for rid in second.labels if rid != old]
+    assert index["runs"] == {old: {"model.init_scale": 1.0, "train.seed": 0},
+                             new: {"model.init_scale": 1.0, "train.seed": 1}}

@@ -13,7 +13,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as _sync
 from zarr.storage import MemoryStore
 
-from dynamics.schema import HEAD, LAYER, RUN
+from dynamics.schema import HEAD, LAYER, RUN, config_value
 from dynamics.store._loc import (
     StoreError,
     _check_name,
@@ -70,16 +70,6 @@ def _axis_value(value: Any) -> Any:
     # list-valued axes (e.g. task.components) become one hashable label for groupby
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value))
-    return value
-
-
-def _config_value(config: dict, axis: str) -> Any:
-    """The value at dotted key `axis` (``intervene.templates.weight`` too) of a stored config, or None."""
-    value: Any = config
-    for part in axis.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
     return value
 
 
@@ -185,7 +175,7 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
         values = []
         for rid, a in zip(run_ids, attrs, strict=True):
             point = index["runs"].get(rid, {})
-            v = point[axis] if axis in point else _config_value(a.get("config", {}), axis)
+            v = point[axis] if axis in point else config_value(a.get("config", {}), axis)
             values.append(_axis_value(v))
         arr = _coord_array(values)
         new_coords[axis.replace(".", "_")] = (RUN, arr)

@@ -13,8 +13,9 @@ from collections import Counter
 
 from dynamics import store
 from dynamics.config import ConfigError, RunConfig
+from dynamics.schema import config_value
 from dynamics.signals import sigterm_as_interrupt
-from dynamics.sweep.grid import Point, expand_grid
+from dynamics.sweep.grid import Point, _plain, expand_grid
 from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
@@ -89,15 +90,32 @@ def default_workers() -> int:
 
 
 def _write_index(path: str, points: list[Point]) -> None:
-    """Merge this sweep's axes and points into the store's sweep index (launcher only)."""
+    """Merge this sweep's axes and points into the store's sweep index (launcher only).
+
+    A run keeps the values an earlier sweep recorded for it, and every run gets a value for
+    every axis of the merged index: where no sweep gave one (an axis added by a later sweep, or
+    not swept by this one), the value in the run's config (a run of an earlier sweep that never
+    started has no stored config, and stays without it).
+    """
     index = store.read_sweep_index(path) or {}
     axes = list(index.get("axes", []))
     for p in points:
         for k in p.values:
             if k not in axes:
                 axes.append(k)
-    runs = dict(index.get("runs", {}))
-    runs.update({p.run_id: p.values for p in points})
+    runs = {rid: dict(values or {}) for rid, values in index.get("runs", {}).items()}
+    configs = {p.run_id: p.cfg.to_dict() for p in points}
+    for p in points:
+        runs[p.run_id] = {**runs.get(p.run_id, {}), **p.values}
+    present = set(store.list_runs(path))
+    for rid, values in runs.items():
+        missing = [a for a in axes if a not in values]
+        config = configs.get(rid)
+        if missing and config is None and rid in present:
+            config = store.run_attrs(path, rid).get("config")
+        if missing and isinstance(config, dict):
+            values.update({a: _plain(config_value(config, a)) for a in missing})
+        runs[rid] = {a: values[a] for a in axes if a in values}
     store.write_sweep_index(path, {"axes": axes, "runs": runs})
 
 
@@ -111,8 +129,10 @@ def run_sweep(
 ) -> SweepSummary:
     """Train every point of ``cfg``'s sweep grid into the store at ``path``.
 
-    Finished runs (completed or diverged) are skipped without contacting any cluster;
-    interrupted ones resume from their checkpoints. The store is locked for the duration.
+    Finished runs (completed or diverged) are skipped; with nothing left to train no cluster
+    is started or contacted (a ``scheduler`` is still checked once, before anything is
+    written). Interrupted ones resume from their checkpoints. The store is locked for the
+    duration.
 
     Parameters
     ----------
