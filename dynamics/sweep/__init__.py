@@ -16,7 +16,7 @@ skips finished runs and resumes interrupted ones from their checkpoints.
 Engine: dask.distributed. By default an embedded ``LocalCluster`` with one
 single-threaded worker process per core; ``scheduler="tcp://host:port"`` (or the path of
 a scheduler file) sends the same tasks to an existing cluster instead. Each task trains
-one run with torch limited to one thread and writes only its own run group; the sweep
+one run with torch limited to ``train.threads`` threads (1 by default) and writes only its own run group; the sweep
 index (axes and each run's values) is written by the launching process alone, before
 anything is submitted.
 

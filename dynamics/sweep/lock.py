@@ -55,11 +55,32 @@ def read_lock(path: str) -> dict | None:
                 blob = f.read()
     except (FileNotFoundError, OSError):
         return None
+    return _parse_lock(blob, target)
+
+
+def _parse_lock(blob: bytes, target: str) -> dict:
     try:
         info = json.loads(blob)
     except ValueError:
-        return {"corrupt": True, "heartbeat": 0.0}  # a torn write: judged by age alone below
-    return info if isinstance(info, dict) else {"corrupt": True, "heartbeat": 0.0}
+        info = None
+    if isinstance(info, dict):
+        return info
+    # A torn write (a launcher between creating its lock and writing it, or one that died
+    # there): judged by age alone below, the file's modification time standing in for the
+    # heartbeat, so a lock being written right now is not taken over.
+    return {"corrupt": True, "heartbeat": _mtime(target)}
+
+
+def _mtime(target: str) -> float:
+    """Modification time of the file `target` (seconds since the epoch); 0.0 if unknown."""
+    try:
+        if _is_url(target):
+            fs, p = _fs(target)
+            modified = fs.modified(p)
+            return float(modified.timestamp())
+        return os.stat(target).st_mtime
+    except Exception:  # noqa: BLE001 - no time known: as old as can be, as before
+        return 0.0
 
 
 def _pid_alive(pid: int) -> bool:
@@ -93,9 +114,9 @@ def lock_stale_reason(info: dict, *, stale_after: float = LOCK_STALE_AFTER, now:
 
 def _describe(info: dict, now: float | None = None) -> str:
     now = time.time() if now is None else now
-    if info.get("corrupt"):
-        return "an unreadable lock"
     age = now - float(info.get("heartbeat", now))
+    if info.get("corrupt"):
+        return f"an unreadable lock, last written {age:.0f} s ago"
     return (f"pid {info.get('pid')} on host {info.get('host')}, started {info.get('started', '?')}, "
             f"last heartbeat {age:.0f} s ago")
 
@@ -206,9 +227,10 @@ def _take_over(path: str, stale: dict) -> bool:
 def read_lock_file(file: str) -> dict | None:
     try:
         with open(file, "rb") as f:
-            return json.loads(f.read())
-    except (OSError, ValueError):
+            blob = f.read()
+    except OSError:
         return {"corrupt": True, "heartbeat": 0.0}
+    return _parse_lock(blob, file)
 
 
 def acquire_lock(
