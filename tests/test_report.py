@@ -519,3 +519,75 @@ def test_captions_name_the_slash_window_and_the_unfinished_run(built):
     assert "best offset in 1..8" in text  # analyse_run's window: offsets 1..min(16, T // 2), T = 16
     assert "best offset >= 1" not in text
     assert f"Hollow marks: unfinished runs ({ids['C']} (stopped))" in text
+
+
+def test_single_head_runs_are_not_drawn_as_never_bifurcating(tmp_path, monkeypatch):
+    # One head per layer: no head pair, so mean_divergence is NaN throughout and bifurcation_step
+    # is undefined; the figure must not put such a run on the "never" row as a finished run
+    # that never bifurcated, nor give it a legend entry in the divergence curves.
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    steps = np.array([0, 10, 20, 40])
+
+    def run(rid, heads, divergence, bifurcation):
+        analysis = xr.Dataset({"bifurcation_step": ((), bifurcation),
+                               "mean_divergence": (("snapshot",), np.asarray(divergence, float)),
+                               "best_slash": (("snapshot", "layer", "head"), np.full((4, 1, heads), 0.2)),
+                               "slash_dominant": (("snapshot", "layer", "head"), np.zeros((4, 1, heads), bool)),
+                               "slash_emergence_step": (("layer", "head"), np.full((1, heads), np.nan))},
+                              coords={"step": ("snapshot", steps)})
+        return _Run(rid, "completed", {"model.n_heads": heads, "train.seed": 0}, 1.0, 4, np.ones(4, bool), steps,
+                    analysis=analysis, analysis_source="stored")
+
+    runs = [run("one", 1, [np.nan] * 4, np.nan), run("two", 2, [0.1, 0.1, 0.3, 0.4], 20.0)]
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    ctx = _Ctx(tmp_path / "x", runs, None, ["model.n_heads"], tmp_path, True)
+    sec = emergence._bifurcation_section(ctx)
+    top = figs["figures/bifurcation.png"].axes[0]
+    assert "never" not in [t.get_text() for t in top.get_yticklabels()]
+    xs = [xy[0] for c in top.collections for xy in c.get_offsets().tolist()]
+    assert xs == [2.0]  # the two-head run only
+    caption = sec.figures[0][1]
+    assert "bifurcation: 0 of 1 finished run(s) never reached it" in caption
+    assert "one head per layer" in caption and "one" in caption.split("not 'never': ")[-1]
+
+    sec = emergence._emergence_section(ctx)
+    div = figs["figures/emergence_divergence.png"].axes[0]
+    assert [t.get_text() for t in div.get_legend().get_texts()] == ["n_heads=2"]
+    assert "one head per layer" in sec.figures[-1][1]
+
+
+def test_a_run_outside_the_sweep_index_shows_its_own_nested_swept_value(tmp_path):
+    # A run trained into a sweep's store by `dynamics run` is not in the sweep index: its value of
+    # each swept axis comes from its own config, at any depth (intervene.templates.weight).
+    from dynamics.config import from_dict
+    from dynamics.record import coords, snapshot_steps, variables
+
+    cfg = from_dict(TINY)
+    raw = cfg.to_dict()
+    raw.pop("sweep")
+    raw["intervene"] = {"templates": {"weight": 0.5, "heads": [{"layer": 0, "head": 0, "pattern": "previous_token"}]}}
+    path = tmp_path / "s.zarr"
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    store.RunWriter(path, "rextra", variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                    attrs={"status": "completed", "config": raw}).finalize()
+    store.write_sweep_index(path, {"axes": ["intervene.templates.weight", "train.seed"], "runs": {}})
+    text = write_report(path, tmp_path / "out", compute_missing=False).read_text()
+    row = re.search(r"<tr><td><code>rextra</code>.*?</tr>", text).group(0)
+    assert re.findall(r"<td>([^<]*)</td>", row)[:2] == ["0.5", "0"], row
+
+
+def test_started_count_is_over_the_sweep_index_only(tmp_path):
+    # rx was trained into the sweep's store by `dynamics run`: it is listed, but it is not one of
+    # the sweep index's runs, so it must not count as a started run of the sweep.
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0},
+                            "rx": {"model.init_scale": 2.0, "train.seed": 0}})
+    index = store.read_sweep_index(path)
+    del index["runs"]["rx"]
+    index["runs"]["r9"] = {"model.init_scale": 4.0, "train.seed": 0}  # in the sweep, never started
+    store.write_sweep_index(path, index)
+    text = write_report(path, tmp_path / "out", compute_missing=False).read_text()
+    assert "2 completed, 1 pending (1 of 2 runs of the sweep index started)" in text

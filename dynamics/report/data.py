@@ -16,7 +16,7 @@ import xarray as xr
 from dynamics import store
 from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions
-from dynamics.schema import FINISHED_STATUSES
+from dynamics.schema import FINISHED_STATUSES, config_value
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
 _RUN_VARS = ("best_slash", "slash_dominant", "role", "mean_divergence", "bifurcation_step", "slash_emergence_step")
@@ -169,8 +169,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -
     ds = store.open_run(path, run_id)
     point = (index or {}).get("runs", {}).get(run_id)
     if point is None:  # no sweep index entry: the swept axes' values from the run's own config
-        cfg = attrs.get("config", {})
-        point = {a: cfg.get(a.split(".")[0], {}).get(a.split(".")[-1]) for a in (index or {}).get("axes", [])}
+        point = {a: config_value(attrs.get("config", {}), a) for a in (index or {}).get("axes", [])}
     run = _Run(
         run_id=run_id,
         status=store.run_status(path, run_id, attrs),

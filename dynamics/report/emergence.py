@@ -36,6 +36,7 @@ def _emergence_section(ctx: _Ctx) -> _Section:
             sec.missing.append(_pending_sentence(ctx.pending))
         return sec
     groups = ctx.groups(done)
+    undefined = _no_head_pairs(done)
     colour = groups.description()
     spread = ("thick line: mean over seeds; band: range (min-max) over seeds; thin lines: single runs"
               if any(len(m) > 1 for m in groups.members.values()) else "one line per run")
@@ -99,7 +100,8 @@ def _emergence_section(ctx: _Ctx) -> _Section:
 
     fig = _figure(6.5, 3.8)
     ax = fig.subplots()
-    div = {r.run_id: (r.analysis["step"].values, r.analysis["mean_divergence"].values) for r in done if "mean_divergence" in r.analysis}
+    div = {r.run_id: (r.analysis["step"].values, r.analysis["mean_divergence"].values) for r in done
+           if "mean_divergence" in r.analysis and r.run_id not in undefined}
     _curves(ax, groups, div)
     _step_axis(ax, np.concatenate([r.analysis["step"].values for r in done]))
     ax.set_ylabel("mean within-layer JS distance (sqrt(nats))")
@@ -109,12 +111,26 @@ def _emergence_section(ctx: _Ctx) -> _Section:
     sec.figures.append((_save(fig, out, "figures/emergence_divergence.png"),
                         f"Divergence: JS distance between the attention of heads of the same layer (Clark et al. 2019), "
                         f"averaged over head pairs and layers, against training step, {colour}; {spread}. "
-                        f"0 = identical heads; the maximum is sqrt(ln 2) = 0.83."))
+                        f"0 = identical heads; the maximum is sqrt(ln 2) = 0.83.{_no_pairs_sentence(undefined, 'this figure')}"))
     if note:
         sec.missing.append(note)
     if ctx.pending:
         sec.missing.append(_pending_sentence(ctx.pending))
     return sec
+
+
+def _no_head_pairs(runs) -> list[str]:
+    """Runs whose within-layer divergence is NaN at every snapshot: one head per layer, so no
+    pair of heads to compare and no bifurcation step (undefined, not "never")."""
+    return [r.run_id for r in runs if "mean_divergence" in r.analysis and r.analysis.sizes.get("head", 1) == 1
+            and not np.isfinite(np.asarray(r.analysis["mean_divergence"].values, dtype=float)).any()]
+
+
+def _no_pairs_sentence(run_ids: list[str], where: str) -> str:
+    if not run_ids:
+        return ""
+    return (f" Left out of {where}: {len(run_ids)} run(s) with one head per layer (no pair of heads to compare), "
+            f"whose divergence and bifurcation step are undefined, not 'never': {', '.join(run_ids)}.")
 
 
 def _pending_sentence(pending) -> str:
@@ -182,7 +198,9 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
     groups = ctx.groups(done)
     rows = (("bifurcation_step", "bifurcation step (steps)"),
             ("slash_emergence_step", "first slash-dominant head (steps)"))
-    points = {var: _event_steps(done, var) for var, _ in rows}
+    undefined = _no_head_pairs(done)
+    points = {var: _event_steps(done, var, skip=undefined if var == "bifurcation_step" else ())
+              for var, _ in rows}
     fig = _figure(3.6 * len(swept) + 0.4, 6.0)
     grid = fig.subplots(2, len(swept), squeeze=False)
     top = max(float(np.nanmax(r.analysis["step"].values)) for r in done)
@@ -228,7 +246,8 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                 ax.set_yticks([*ticks, *(y for y, _ in extra)], [f"{t:g}" for t in ticks] + [n for _, n in extra])
             ax.grid(alpha=0.3)
     _bifurcation_legend(fig, groups, points)
-    sec.figures.append((_save(fig, out, "figures/bifurcation.png"), _bifurcation_caption(groups, points)))
+    sec.figures.append((_save(fig, out, "figures/bifurcation.png"),
+                        _bifurcation_caption(groups, points) + _no_pairs_sentence(undefined, "the top row")))
     note = _missing_runs_sentence(runs, "bifurcation points")
     if note:
         sec.missing.append(note)
@@ -237,11 +256,12 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
     return sec
 
 
-def _event_steps(runs, var: str) -> list[tuple]:
-    """(run, first step of the event or NaN: not reached) of every run whose analysis has `var`."""
+def _event_steps(runs, var: str, skip=()) -> list[tuple]:
+    """(run, first step of the event or NaN: not reached) of every run whose analysis has `var`,
+    except the runs in `skip` (where the event is undefined)."""
     out = []
     for r in runs:
-        if var not in r.analysis:
+        if var not in r.analysis or r.run_id in skip:
             continue
         value = np.asarray(r.analysis[var].values, dtype=float)
         out.append((r, float(np.nanmin(value)) if value.size and np.isfinite(value).any() else math.nan))

@@ -85,7 +85,9 @@ def write_report(
 
     page = out / "index.html"
     table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
-    page.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending), encoding="utf-8")
+    swept = set((index or {}).get("runs", {}))
+    page.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept),
+                    encoding="utf-8")
     return page
 
 
@@ -250,7 +252,7 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
 
 
 def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: bool,
-          pending: list[_Run] | None = None) -> str:
+          pending: list[_Run] | None = None, swept: set[str] | None = None) -> str:
     title = f"dynamics report: {Path(os.fspath(path)).name}"
     when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     pending = pending or []
@@ -259,7 +261,9 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
         counts[r.status] = counts.get(r.status, 0) + 1
     status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
     if pending:  # a sweep with runs still to start must not look complete
-        status = f"{status} ({len(runs)} of {len(runs) + len(pending)} runs of the sweep index started)"
+        # Counted over the sweep index: a run trained into the store by `dynamics run` is not one of its runs.
+        started = sum(r.run_id in swept for r in runs) if swept is not None else len(runs)
+        status = f"{status} ({started} of {started + len(pending)} runs of the sweep index started)"
     policy = ("Runs without stored analysis are analysed here, in memory, on the snapshots recorded so far "
               "(nothing is written to the store)." if compute_missing else
               "Runs without stored analysis are left out of the analysis figures (--no-compute).")
