@@ -372,6 +372,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
         print(f"note: run {run_id} is {status}; these gates are fitted to its checkpoint at step {step} "
               f"of {cfg.train.steps}, not to a finished model")
     ds = gate_report(model, cfg, options, contrast=contrast)
+    ds.attrs["step"] = step  # the checkpoint fitted; the run may be resumed past it later
     print(f"{run_id} at step {step}: causal head gating, {options.restarts} restarts x {options.steps} updates")
     _print_table(*report_table(ds))
     for line in report_lines(ds):

@@ -246,6 +246,7 @@ def test_cli_gates_prints_a_table_and_saves_the_fit(trained, capsys):
     assert all(r[4] in CHG_ROLES for r in rows)
     saved = store.open_derived(path, f"gates.{run_id}")
     assert saved is not None and saved.chg.dims == ("restart", "layer", "head", "fit")
+    assert saved.attrs["step"] == store.run_attrs(path, run_id)["checkpoint_step"]  # where the report puts it
 
 
 def test_cli_gates_unknown_component_exits_2(trained, capsys):

@@ -591,3 +591,19 @@ def test_started_count_is_over_the_sweep_index_only(tmp_path):
     store.write_sweep_index(path, index)
     text = write_report(path, tmp_path / "out", compute_missing=False).read_text()
     assert "2 completed, 1 pending (1 of 2 runs of the sweep index started)" in text
+
+
+def test_derived_gates_sit_at_the_checkpoint_step_they_were_fitted_at(tmp_path):
+    # `dynamics gates` on an interrupted run fits its checkpoint; the run may be resumed and
+    # finished later, so its last recorded snapshot is not where those gates belong.
+    from dynamics.config import from_dict
+    from dynamics.report import chg
+
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    run = _Run("r0", "completed", {}, None, 9, np.ones(9, bool), np.arange(9) * 10)
+    gates = _gates_dataset(from_dict(TINY))
+    store.write_derived(path, "gates.r0", gates)
+    assert chg._chg_of_run(path, run, ["gates.r0"])[0]["step"].values.tolist() == [80]  # no step recorded
+    store.write_derived(path, "gates.r0", gates.assign_attrs(step=30))
+    assert chg._chg_of_run(path, run, ["gates.r0"])[0]["step"].values.tolist() == [30]

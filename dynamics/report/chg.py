@@ -105,9 +105,11 @@ def _chg_of_run(path, run: _Run, derived: list[str]) -> tuple[xr.DataArray | Non
                 pair = pair.load().mean([d for d in pair.dims if d not in ("snapshot", "layer", "head", "fit")])
                 role = _role_codes(gates, ("snapshot", "layer", "head"))
                 if "snapshot" not in pair.dims:
-                    # `dynamics gates` fits the latest checkpoint, which is the last recorded snapshot.
+                    # `dynamics gates` fits the latest checkpoint and records its step; gates saved
+                    # before it did are placed at the last recorded snapshot.
                     last = int(run.steps[run.recorded][-1]) if run.recorded.any() else 0
-                    pair = pair.expand_dims("snapshot").assign_coords(step=("snapshot", [last]))
+                    fitted_at = int(gates.attrs.get("step", last))
+                    pair = pair.expand_dims("snapshot").assign_coords(step=("snapshot", [fitted_at]))
                 if role is not None and "snapshot" not in role.dims:
                     role = role.expand_dims("snapshot")
                 pair = pair.transpose("snapshot", "layer", "head", "fit")
