@@ -6,6 +6,7 @@ once (module fixture) and check CHG against single-head ablation, as Nam et al. 
 """
 
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -290,3 +291,17 @@ def test_gate_report_refuses_a_run_whose_forward_has_intervention_hooks():
             gate_report(build(cfg, torch.device("cpu")), cfg, FAST)
     soft = from_dict({**TINY, "intervene": {"templates": {"heads": [{"layer": 0, "head": 0, "pattern": "uniform"}]}}})
     assert gate_report(build(soft, torch.device("cpu")), soft, FAST).sizes["restart"] == 1  # losses only: allowed
+
+
+def test_chg_recorded_on_a_diverging_run_is_unfitted_without_warnings(tmp_path, one_thread):
+    # The run diverges at step 0 and its snapshot fits CHG to a NaN model: the record says
+    # unfitted (NaN gates, role -1) and the run is 'diverged'. numpy's empty-slice warning on the
+    # all-NaN agreement made it 'failed' wherever warnings are errors (as in the CLI tests).
+    raw = {**TRAINED, "model": {**TRAINED["model"], "init_scale": 1e30}, "train": {**TRAINED["train"], "steps": 5},
+           "record": {**TRAINED["record"], "chg_every": 1, "chg_steps": 2}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = train_run(from_dict(raw), str(tmp_path / "d.zarr"))
+    assert result.status == "diverged"
+    ds = store.open_run(str(tmp_path / "d.zarr"))
+    assert np.isnan(ds.chg.values[0]).all() and (ds.chg_role.values[0] == UNFITTED).all()

@@ -101,7 +101,8 @@ def fit_chg(
             "method": "causal head gating (Nam et al. 2025, arXiv 2505.13737)",
             "roles": list(CHG_ROLES),
             "nll_full": float(nll_full),
-            "mean_agreement": float(np.nanmean(agreement)),
+            # NaN with no fitted head (a diverged model), without numpy's empty-slice warning
+            "mean_agreement": float(np.nanmean(agreement)) if np.isfinite(agreement).any() else float("nan"),
             "options": asdict(opts),
         },
     )
