@@ -21,6 +21,7 @@ import ast
 import html
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -607,3 +608,17 @@ def test_derived_gates_sit_at_the_checkpoint_step_they_were_fitted_at(tmp_path):
     assert chg._chg_of_run(path, run, ["gates.r0"])[0]["step"].values.tolist() == [80]  # no step recorded
     store.write_derived(path, "gates.r0", gates.assign_attrs(step=30))
     assert chg._chg_of_run(path, run, ["gates.r0"])[0]["step"].values.tolist() == [30]
+
+
+def test_a_diverged_runs_captions_do_not_wait_for_more_snapshots(built, tmp_path):
+    # Run C's 6 of 9 snapshots, relabelled as a run that diverged there: it will record no more,
+    # so its captions must not say "so far", as they do for a run that may still be resumed.
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    store.update_run_attrs(copy, ids["C"], status="diverged")
+    text = html.unescape(write_report(copy, tmp_path / "out", run_id=ids["C"]).read_text())
+    assert "Only 6 of 9 snapshots were recorded (diverged)." in text
+    assert "(the last snapshot recorded before it diverged)" in text and "so far (diverged)" not in text
+    live = html.unescape(write_report(path, tmp_path / "live", run_id=ids["C"]).read_text())
+    assert "Only 6 of 9 snapshots are recorded so far (stopped)." in live

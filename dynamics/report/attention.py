@@ -12,6 +12,7 @@ from dynamics import store
 from dynamics.analysis import ROLES
 from dynamics.report.data import _Ctx, _Section
 from dynamics.report.draw import _figure
+from dynamics.schema import FINISHED_STATUSES
 
 
 def _attention_frames(fig, images, titles, suptitle, attn, run, roles_by_step, layers, heads, out: Path):
@@ -114,7 +115,12 @@ def _attention_section(ctx: _Ctx) -> _Section:
         "stored": "Panel titles: layer, head and the role assigned at that snapshot (stored analysis).",
         "computed": "Panel titles: layer, head and the role assigned at that snapshot (analysed for this report).",
     }.get(source, f"Panel titles: layer and head only; role labels not available because {source}.")
-    partial = "" if run.n_recorded == run.n_snapshots else f" Only {run.n_recorded} of {run.n_snapshots} snapshots are recorded so far ({run.status})."
+    if run.n_recorded == run.n_snapshots:
+        partial = ""
+    elif run.status in FINISHED_STATUSES:  # a diverged run records nothing more
+        partial = f" Only {run.n_recorded} of {run.n_snapshots} snapshots were recorded ({run.status})."
+    else:
+        partial = f" Only {run.n_recorded} of {run.n_snapshots} snapshots are recorded so far ({run.status})."
     caption = (f"Attention of every head (rows: layers, columns: heads) of run {run.run_id} on probe sequence 0 "
                f"(one fixed sequence of {P}; not a mean, which would blur content-dependent heads such as induction), "
                f"at the step chosen with the slider. Axes: query and key position (tokens); colour: attention weight (fraction "

@@ -10,6 +10,7 @@ from dynamics.analysis import ROLES, linkage_matrix
 from dynamics.analysis.pipeline import AnalysisOptions
 from dynamics.report.data import _Ctx, _Section
 from dynamics.report.draw import _figure, _save
+from dynamics.schema import FINISHED_STATUSES
 
 
 def _dendrogram_coords(Z: np.ndarray) -> dict:
@@ -66,7 +67,9 @@ def _redundancy_section(ctx: _Ctx) -> _Section:
     fig.colorbar(im, ax=ax2, shrink=0.85, label="JS distance (sqrt(nats), max sqrt(ln 2))")
     at = f"step {step}" if step is not None else "the last snapshot"
     how = "stored analysis" if source == "stored" else "analysed for this report"
-    partial = "" if run.n_recorded == run.n_snapshots else " (the last snapshot recorded so far)"
+    partial = ("" if run.n_recorded == run.n_snapshots else
+               f" (the last snapshot recorded before it {run.status})" if run.status in FINISHED_STATUSES else
+               " (the last snapshot recorded so far)")
     sec.figures.append((_save(fig, out, "figures/redundancy.png"),
                         f"Run {run.run_id} at {at}{partial}, {how}. Left: average-linkage dendrogram of the heads on their "
                         f"JS distances (Clark et al. 2019); heads merged below the dashed cut ({threshold:g}) count as redundant. "
