@@ -340,6 +340,20 @@ def _check_report_dir(out: Path, flag: str) -> None:
         _check_creatable(out, flag)
 
 
+def _gates_progress(run_id: str):
+    """Log lines on stderr through the fits: each stage's start and end, and every 5 s between."""
+    last = [-1.0]
+
+    def show(stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == 0 or done >= total or now - last[0] >= 5.0:
+            last[0] = now
+            unit = "passes" if stage == "ablation" else "updates"
+            print(f"[gates {run_id}] {stage}: {done}/{total} {unit}", file=sys.stderr, flush=True)
+
+    return show
+
+
 def cmd_gates(args: argparse.Namespace) -> int:
     _check_store(args.store)
     if not args.no_save:
@@ -371,7 +385,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     if status != "completed":
         print(f"note: run {run_id} is {status}; these gates are fitted to its checkpoint at step {step} "
               f"of {cfg.train.steps}, not to a finished model")
-    ds = gate_report(model, cfg, options, contrast=contrast)
+    ds = gate_report(model, cfg, options, contrast=contrast, progress=_gates_progress(run_id))
     ds.attrs["step"] = step  # the checkpoint fitted; the run may be resumed past it later
     print(f"{run_id} at step {step}: causal head gating, {options.restarts} restarts x {options.steps} updates")
     _print_table(*report_table(ds))

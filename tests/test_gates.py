@@ -239,7 +239,12 @@ def test_contrastive_fit_keeps_retain_and_raises_forget(trained):
 def test_cli_gates_prints_a_table_and_saves_the_fit(trained, capsys):
     path, run_id, _, _ = trained
     assert cli.main(["gates", path, "--steps", "4", "--init-steps", "2", "--restarts", "1"]) == 0
-    out = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
+    # Progress on stderr, each stage from its start to its end: the table alone is on stdout.
+    err = captured.err.splitlines()
+    for stage, total, unit in (("lambda=0", 2, "updates"), ("G+/G-", 4, "updates"), ("ablation", 1, "passes")):
+        assert f"[gates {run_id}] {stage}: 0/{total} {unit}" in err and f"[gates {run_id}] {stage}: {total}/{total} {unit}" in err
     header = out[1].split()
     assert header[:5] == ["layer", "head", "G+", "G-", "label"] and "dloss" in header
     rows = [line.split() for line in out[2:10]]

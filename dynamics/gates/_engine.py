@@ -48,7 +48,12 @@ def _nll_per_set(model: Transformer, tokens: Tensor, gates: Tensor, groups: int 
     return nll.view(S, groups, -1).mean(-1)  # (S, groups)
 
 
-def _optimise(logits0: Tensor, steps: int, opts: GateOptions, objective: Callable[[Tensor, int], Tensor]) -> Tensor:
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: called after each update of a fit (and at a stage's start, done 0)."""
+
+
+def _optimise(logits0: Tensor, steps: int, opts: GateOptions, objective: Callable[[Tensor, int], Tensor],
+              progress: Callable[[int, int], None] | None = None) -> Tensor:
     """Adam on gate logits (S, L, H) minimising ``objective(logits, step).sum()``; returns the logits.
 
     Summing keeps each set's gradient its own and clipping is per set, so restarts stay
@@ -59,6 +64,8 @@ def _optimise(logits0: Tensor, steps: int, opts: GateOptions, objective: Callabl
     b1, b2, eps = 0.9, 0.999, 1e-8
     logits = logits0.detach().clone().requires_grad_(True)  # (S, L, H)
     m, v = torch.zeros_like(logits), torch.zeros_like(logits)  # (S, L, H) Adam moments
+    if progress is not None:
+        progress(0, steps)
     with torch.enable_grad():  # the recorder calls in under no_grad
         for step in range(steps):
             loss = objective(logits, step).sum()
@@ -71,6 +78,8 @@ def _optimise(logits0: Tensor, steps: int, opts: GateOptions, objective: Callabl
             denom = (v / (1 - b2 ** (step + 1))).sqrt_().add_(eps)  # (S, L, H)
             with torch.no_grad():
                 logits.addcdiv_(m, denom, value=-opts.lr / (1 - b1 ** (step + 1)))
+            if progress is not None:
+                progress(step + 1, steps)
     return logits.detach()
 
 

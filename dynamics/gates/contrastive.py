@@ -11,7 +11,7 @@ import xarray as xr
 from torch import Tensor
 
 from dynamics.config import ConfigError, RunConfig
-from dynamics.gates._engine import _batches, _device, _init_logits, _nll_per_set, _optimise, _score
+from dynamics.gates._engine import Progress, _batches, _device, _init_logits, _nll_per_set, _optimise, _score
 from dynamics.gates.fit import _coords
 from dynamics.gates.maths import contrastive_loss
 from dynamics.gates.options import HELDOUT_STEP, RESTART, GateOptions
@@ -54,6 +54,7 @@ def fit_contrastive(
     options: GateOptions | None = None,
     *,
     init_logits: Tensor | None = None,
+    progress: Progress | None = None,
 ) -> xr.Dataset:
     """Contrastive CHG: gates that keep component ``retain`` and lose component ``forget``.
 
@@ -85,7 +86,8 @@ def fit_contrastive(
         nll = _nll_per_set(model, torch.cat([data_r[i], data_f[i]]), logits.sigmoid(), groups=2)  # (S, 2)
         return contrastive_loss(-nll[:, 0], -nll[:, 1], logits, opts.lam, opts.max_diff, opts.clamp)
 
-    gates = _optimise(logits0, opts.steps, opts, objective).sigmoid()  # (k, L, H)
+    stage = None if progress is None else (lambda done, total: progress("contrastive", done, total))
+    gates = _optimise(logits0, opts.steps, opts, objective, stage).sigmoid()  # (k, L, H)
     circuit = (gates >= opts.threshold).float()  # (k, L, H)
     sets = torch.cat([torch.ones_like(gates[:1]), gates, circuit])  # (1 + 2k, L, H)
     held = {n: _batches(cfg, HELDOUT_STEP, opts.eval_batches, opts.batch_size, device, n) for n in (retain, forget)}

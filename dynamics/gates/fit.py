@@ -12,7 +12,7 @@ import xarray as xr
 from torch import Tensor
 
 from dynamics.config import RunConfig
-from dynamics.gates._engine import _batches, _device, _init_logits, _nll_per_set, _optimise, _score
+from dynamics.gates._engine import Progress, _batches, _device, _init_logits, _nll_per_set, _optimise, _score
 from dynamics.gates.maths import chg_loss, chg_roles, label_agreement
 from dynamics.gates.options import CHG_ROLES, RESTART, STAGES, GateOptions
 from dynamics.model import Transformer
@@ -25,8 +25,13 @@ def _coords(cfg: RunConfig, k: int) -> dict:
     return {RESTART: np.arange(k), LAYER: np.arange(cfg.model.n_layers), HEAD: np.arange(cfg.model.n_heads)}
 
 
+def _stage(progress: Progress | None, stage: str):
+    return None if progress is None else (lambda done, total: progress(stage, done, total))
+
+
 def fit_chg(
-    model: Transformer, cfg: RunConfig, options: GateOptions | None = None, *, init_logits: Tensor | None = None
+    model: Transformer, cfg: RunConfig, options: GateOptions | None = None, *, init_logits: Tensor | None = None,
+    progress: Progress | None = None,
 ) -> xr.Dataset:
     """Fit causal head gating: lambda = 0, then G+ (+lambda) and G- (-lambda) from its result.
 
@@ -45,6 +50,8 @@ def fit_chg(
     options : GateOptions, optional
     init_logits : Tensor, shape (k, L, H), optional
         Initial logits instead of the seeded U(init_low, init_high) draw (k overrides restarts).
+    progress : callable, optional
+        ``progress(stage, done, total)`` after each update; stages ``"lambda=0"`` and ``"G+/G-"``.
 
     Returns
     -------
@@ -75,10 +82,10 @@ def fit_chg(
 
     zero = torch.zeros(k, device=device)
     init_steps = opts.steps if opts.init_steps is None else opts.init_steps
-    init = _optimise(logits0, init_steps, opts, objective(zero))  # (k, L, H)
+    init = _optimise(logits0, init_steps, opts, objective(zero), _stage(progress, "lambda=0"))  # (k, L, H)
     signs = torch.cat([torch.full((k,), opts.lam), torch.full((k,), -opts.lam)]).to(device)  # (2k,)
     start = init.clamp(-opts.clamp, opts.clamp) if opts.clamp_start else init  # (k, L, H)
-    pm = _optimise(torch.cat([start, start]), opts.steps, opts, objective(signs))  # (2k, L, H)
+    pm = _optimise(torch.cat([start, start]), opts.steps, opts, objective(signs), _stage(progress, "G+/G-"))  # (2k, L, H)
     gates = torch.cat([init, pm]).sigmoid()  # (3k, L, H): init, plus, minus
     nll = _score(model, data, gates).view(3, k).T  # (k, stage)
     nll_full = _score(model, data, torch.ones_like(gates[:1]))[0]

@@ -7,6 +7,7 @@ import numpy as np
 import xarray as xr
 
 from dynamics.config import ConfigError, RunConfig
+from dynamics.gates._engine import Progress
 from dynamics.gates.ablation import head_ablation
 from dynamics.gates.contrastive import fit_contrastive
 from dynamics.gates.fit import fit_chg
@@ -39,12 +40,15 @@ def gate_report(
     *,
     contrast: tuple[str, str] | None = None,
     method: str = "zero",
+    progress: Progress | None = None,
 ) -> xr.Dataset:
     """CHG fit, single-head ablation and (optionally) a contrastive fit, in one dataset.
 
     Returns the :func:`fit_chg` variables plus ``delta_loss`` (layer, head, component) and, with
     ``contrast=(retain, forget)``, the :func:`fit_contrastive` variables. Attr ``rho``:
     Spearman's rho between mean G- and the mixture-weighted delta (:func:`rank_agreement`).
+    ``progress(stage, done, total)`` is called through the fits (their stages) and around the
+    ablations (stage ``"ablation"``, 0 then 1 of 1).
 
     Raises
     ------
@@ -54,14 +58,18 @@ def gate_report(
     """
     check_fittable(cfg)
     opts = options or GateOptions()
-    ds = fit_chg(model, cfg, opts)
+    ds = fit_chg(model, cfg, opts, progress=progress)
+    if progress is not None:
+        progress("ablation", 0, 1)
     delta = head_ablation(model, cfg, method, opts)
+    if progress is not None:
+        progress("ablation", 1, 1)
     ds["delta_loss"] = delta
     weighted = (delta.values * component_weights(cfg)).sum(-1)  # (L, H)
     ds.attrs.update(ablation=method, loss_full=delta.attrs["loss_full"], weights=component_weights(cfg).tolist(),
                     rho=rank_agreement(ds.chg.sel(fit="minus").mean(RESTART).values, weighted))
     if contrast is not None:
-        c = fit_contrastive(model, cfg, *contrast, opts)
+        c = fit_contrastive(model, cfg, *contrast, opts, progress=progress)
         ds = ds.merge(c, combine_attrs="override")
         ds.attrs.update(retain=c.attrs["retain"], forget=c.attrs["forget"])
     return ds
