@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -231,9 +232,13 @@ def _coerce(key: str, value: Any, default: Any, item: type | None = None) -> Any
     if isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
-        if not math.isfinite(value):  # nan or inf: no setting means that
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past the float range (TOML integers have no bound)
+            raise ConfigError(f"{key}: expected a finite number, got an integer beyond the float range") from None
+        if not math.isfinite(number):  # nan or inf: no setting means that
             raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-        return float(value)
+        return number
     if isinstance(default, str):
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -278,6 +283,10 @@ def _flatten(prefix: str, table: dict) -> dict[str, Any]:
 def _build_sweep(raw: dict) -> SweepConfig:
     raw = dict(raw)
     zip_groups = raw.pop("zip", [])
+    # RunConfig.to_dict() nests the axes under "axes" (the SweepConfig field); TOML lists them
+    # at the top of [sweep]. "axes" is no section, so both forms read the same.
+    if isinstance(raw.get("axes"), dict):
+        raw.update(raw.pop("axes"))
     axes = {}
     for key, values in _flatten("", raw).items():
         section, _, leaf = key.partition(".")
@@ -326,10 +335,12 @@ def _apply_override(raw: dict, key: str, value: Any) -> None:
     section, _, leaf = key.partition(".")
     if section not in (*SECTIONS, "sweep", "intervene"):
         raise ConfigError(f"unknown section '{section}' in --set {key}")
-    node = raw.setdefault(section, {})
-    parts = leaf.split(".") if section in ("sweep", "intervene") else [leaf]
-    for part in parts[:-1]:
+    parts = [section, *(leaf.split(".") if section in ("sweep", "intervene") else [leaf])]
+    node = raw
+    for i, part in enumerate(parts[:-1]):
         node = node.setdefault(part, {})
+        if not isinstance(node, dict):  # e.g. `model = 3` in the file: nowhere to put the key
+            raise ConfigError(f"--set {key}: {'.'.join(parts[:i + 1])} is not a table, got {node!r}")
     node[parts[-1]] = value
 
 
@@ -477,7 +488,9 @@ def validate(cfg: RunConfig) -> None:
     _require(tr.warmup_steps >= 0, f"train.warmup_steps: must be >= 0, got {tr.warmup_steps}")
     _require(0 <= tr.min_lr_frac <= 1, f"train.min_lr_frac: must be in [0, 1], got {tr.min_lr_frac}")
     _require(tr.grad_clip >= 0, f"train.grad_clip: must be >= 0, got {tr.grad_clip}")
-    _require(tr.device == "cpu" or tr.device.startswith("cuda"), f"train.device: expected cpu or cuda, got {tr.device!r}")
+    # torch.device's own spelling: "cudaa" or "cuda:x" would pass a prefix test and fail only in training
+    _require(tr.device == "cpu" or re.fullmatch(r"cuda(:(0|[1-9][0-9]*))?", tr.device) is not None,
+             f"train.device: expected cpu, cuda or cuda:<index>, got {tr.device!r}")
     _require(tr.threads >= 1, f"train.threads: must be >= 1, got {tr.threads}")
     _require(tr.eval_batches >= 1, f"train.eval_batches: must be >= 1, got {tr.eval_batches}")
 

@@ -59,6 +59,12 @@ def test_int_accepted_for_float_but_not_reverse():
         # seeds are 64-bit
         ({"train": {"steps": 10**8 + 1}}, "train.steps: must be in [1, 100,000,000], got 100000001"),
         ({"train": {"seed": 2**63}}, "train.seed: must be in [0, 2**63)"),
+        # torch.device would refuse these only once training starts, after the store is written
+        ({"train": {"device": "cudaa"}}, "train.device: expected cpu, cuda or cuda:<index>, got 'cudaa'"),
+        ({"train": {"device": "cuda:"}}, "train.device: expected cpu, cuda or cuda:<index>, got 'cuda:'"),
+        ({"train": {"device": "cuda:x"}}, "train.device: expected cpu, cuda or cuda:<index>, got 'cuda:x'"),
+        # TOML integers are unbounded: one past the float range is no number a float key can hold
+        ({"train": {"lr": 10**400}}, "train.lr: expected a finite number, got an integer beyond the float range"),
     ],
 )
 def test_errors_name_the_key(raw, needle):
@@ -112,3 +118,28 @@ def test_list_items_are_kept_as_written():
     # Checked item by item but not converted: [1, 3] -> (1.0, 3.0) would change the run id.
     cfg = from_dict({"task": {"name": "mixture", "components": ["induction", "markov"], "weights": [1, 3]}})
     assert cfg.task.weights == (1, 3) and all(type(w) is int for w in cfg.task.weights)
+
+
+def test_devices_torch_accepts_pass():
+    for device in ("cpu", "cuda", "cuda:0", "cuda:12"):
+        assert from_dict({"train": {"device": device}}).train.device == device
+
+
+def test_override_into_a_key_that_is_not_a_table_is_one_line(tmp_path):
+    p = write(tmp_path, "model = 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, ["model.n_layers=2"])
+    assert str(e.value) == "--set model.n_layers: model is not a table, got 3"
+    p = write(tmp_path, "[intervene]\ntemplates = 3\n")
+    with pytest.raises(ConfigError, match="--set intervene.templates.weight: intervene.templates is not a table"):
+        load_config(p, ["intervene.templates.weight=1.0"])
+
+
+def test_to_dict_round_trips_through_from_dict(tmp_path):
+    p = write(tmp_path, '[task]\nname = "mixture"\ncomponents = ["induction", "markov"]\nweights = [1, 3]\n'
+                        '[sweep]\n"train.seed" = [0, 1]\nmodel = { init_scale = [0.5, 2.0] }\n'
+                        'zip = [["train.seed", "model.init_scale"]]\n')
+    cfg = load_config(p)
+    back = from_dict(cfg.to_dict())
+    assert back == cfg and back.run_id() == cfg.run_id()
+    assert back.sweep.axes == {"train.seed": (0, 1), "model.init_scale": (0.5, 2.0)}
