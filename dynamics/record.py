@@ -25,7 +25,8 @@ def snapshot_steps(steps: int, dense_until: int, every: int) -> np.ndarray:
     """Steps at which snapshots are taken.
 
     Step 0 (initialisation), then geometrically 1, 2, 4, ... up to ``dense_until``, then
-    every ``every`` steps, and always the last step ``steps`` (the state after all updates).
+    every ``every`` steps (the multiples of ``every`` past the last power of two), and always
+    the last step ``steps`` (the state after all updates).
 
     Parameters
     ----------
@@ -50,7 +51,10 @@ def snapshot_steps(steps: int, dense_until: int, every: int) -> np.ndarray:
     while s <= min(dense_until, steps):
         out.add(s)
         s *= 2
-    out.update(x for x in range(every, steps + 1, every) if x > dense_until)
+    # The cadence starts where the powers of two stop, not at dense_until itself: with
+    # dense_until 1000 and every 100, steps 600..1000 would otherwise go unrecorded.
+    last_dense = s // 2  # 0 when there is no dense phase
+    out.update(x for x in range(every, steps + 1, every) if x > last_dense)
     return np.array(sorted(out), dtype=np.int64)
 
 
@@ -160,7 +164,12 @@ class Recorder:
         if self.prev_grads is None:
             cosine = torch.full(flat.shape[:3], float("nan"))
         else:
-            cosine = F.cosine_similarity(flat, self.prev_grads.flatten(3), dim=-1, eps=1e-30)  # (L, H, 4)
+            prev = self.prev_grads.flatten(3)  # (L, H, 4, d_model*d_head)
+            cosine = F.cosine_similarity(flat, prev, dim=-1, eps=1e-30)  # (L, H, 4)
+            # No direction to compare where either gradient is zero (a hard-templated head's
+            # W_Q, W_K): undefined, NaN, rather than torch's 0, which would read as orthogonal.
+            zero = (flat == 0).all(dim=-1) | (prev == 0).all(dim=-1)  # (L, H, 4)
+            cosine = cosine.masked_fill(zero, float("nan"))
         self.prev_grads = grads  # a fresh stack, not a view of the live .grad tensors
         blocks = {
             "attention": self.attention(model),

@@ -71,6 +71,23 @@ def test_rope_relative_position():
     torch.testing.assert_close(r[:, 0], x[:, 0])  # position 0 is the identity
 
 
+def test_rope_pairs_channel_i_with_i_plus_half():
+    # Rotate-half (GPT-NeoX, Llama): channel i of the first half turns with channel i + d/2 by
+    # position * base ** (-2 i / d). The relative-position test above passes for any pairing
+    # (interleaved too), so this pins the convention on basis vectors with known images.
+    d, base, m = 4, 100.0, 3
+    basis = torch.eye(d, dtype=torch.float64).reshape(d, 1, 1, d)  # (B=d basis vectors, T=1, H=1, d)
+    out = apply_rope(basis, torch.tensor([m]), base)[:, 0, 0]  # (d, d): row j is the image of e_j
+    a0, a1 = m * 1.0, m * base ** (-2 * 1 / d)  # angles of pairs (0, 2) and (1, 3)
+    expected = torch.tensor([
+        [math.cos(a0), 0, math.sin(a0), 0],   # e0 -> cos e0 + sin e2
+        [0, math.cos(a1), 0, math.sin(a1)],   # e1 -> cos e1 + sin e3
+        [-math.sin(a0), 0, math.cos(a0), 0],  # e2 -> -sin e0 + cos e2
+        [0, -math.sin(a1), 0, math.cos(a1)],  # e3 -> -sin e1 + cos e3
+    ], dtype=torch.float64)
+    torch.testing.assert_close(out, expected)
+
+
 def test_zero_external_gate_equals_zero_W_O_slice():
     model, toks = make(), tokens()
     gates = torch.ones(L, H)
