@@ -135,6 +135,17 @@ def test_steps_come_from_a_per_run_step_coordinate():
     assert commitment_step(lab).values.ravel().tolist() == [30.0, 300.0]
 
 
+def test_bifurcation_step_is_nan_for_a_padded_run_that_never_departs():
+    # open_sweep pads a shorter run (step NaN at the end). A run whose recorded curve ends inside
+    # its band never bifurcated: NaN, not step 0 (the first padded snapshot's NaN step once read
+    # as 0 by a skipna sum).
+    x = np.array([[1.0, 1.01, 0.99, 1.0, 2.0, 2.1, 2.2], [1.0, 1.01, 0.99, 1.0, 1.0, np.nan, np.nan]])
+    steps = np.array([[0, 10, 20, 30, 40, 50, 60], [0, 10, 20, 30, 40, np.nan, np.nan]])
+    c = xr.DataArray(x, dims=("run", "snapshot"), coords={"step": (("run", "snapshot"), steps)})
+    np.testing.assert_array_equal(bifurcation_step(c).values, [40.0, np.nan])
+    np.testing.assert_array_equal(bifurcation_step(c.isel(run=[1], snapshot=slice(0, 5))).values, [np.nan])
+
+
 @pytest.mark.parametrize("n", [2, 5, 12])
 def test_gini_equal_and_one_hot(n):
     assert float(gini(xr.DataArray(np.full(n, 3.7), dims="head"))) == 0.0

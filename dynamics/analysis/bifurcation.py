@@ -53,11 +53,13 @@ def last_recorded(da: xr.DataArray) -> xr.DataArray:
 
 
 def _step_at(da: xr.DataArray, index: xr.DataArray) -> xr.DataArray:
-    """Step of snapshot number ``index`` (NaN where index is out of range), without NaN
-    reductions or dask-backed indexers: a one-hot dot product over snapshot."""
+    """Step of snapshot number ``index`` (NaN where index is out of range or points at a run's
+    padding, whose step is NaN), without NaN reductions or dask-backed indexers: a one-hot
+    selection summed over snapshot. The other snapshots add exact zeros, so a NaN step counts
+    only where it is selected (a plain product would give NaN * 0 = NaN, and skipna then 0)."""
     n = da.sizes[SNAPSHOT]
     position = xr.DataArray(np.arange(n), dims=SNAPSHOT)
-    step = (_steps(da) * (position == index)).sum(SNAPSHOT)
+    step = xr.where(position == index, _steps(da), 0.0).sum(SNAPSHOT, skipna=False)
     return step.where((index >= 0) & (index < n))
 
 
