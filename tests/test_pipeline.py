@@ -140,3 +140,39 @@ def test_token_dominance_follows_the_token_threshold():
         np.testing.assert_allclose(r.token_share.sel(layer=1, head=1), 0.46, rtol=1e-3)
         assert (r.token_dominant.sel(layer=1, head=1).values == dominant).all(), threshold
         assert r.attrs["token_threshold"] == threshold
+
+
+def test_summary_bifurcation_is_undefined_not_never_with_one_head_per_layer():
+    # One head per layer: no pair of heads, no divergence curve, so no bifurcation step to
+    # find. The analyse table printed "never" (None) for it, as for a curve that never departs.
+    one_head = analyse_run(sweep_like().sel(run="a", drop=True).isel(head=[0])).load()
+    assert one_head["mean_divergence"].isnull().all()
+    assert summary_row(one_head)["bifurcation_step"] == "undefined"
+    flat = analyse_run(sweep_like().sel(run="a", drop=True)).load()
+    assert np.isnan(flat["bifurcation_step"]) and flat["mean_divergence"].notnull().all()
+    assert summary_row(flat)["bifurcation_step"] is None
+
+
+def test_a_long_offset_slash_head_is_slash_dominant_where_its_role_is_slash():
+    # T = 64: the slash role looks at offsets up to T // 2 = 32. A perfect offset-20 head (the
+    # offset_copy task's kind) was labelled "slash" but scored for dominance only up to the
+    # stored max_offset 16: not slash-dominant, best offset 16, no emergence step.
+    rng = np.random.default_rng(0)
+    S_, T_, d = 5, 64, 20
+    uniform = np.tril(np.ones((T_, T_))) / np.arange(1, T_ + 1)[:, None]
+    attn = np.broadcast_to(uniform, (S_, 1, 2, 2, T_, T_)).copy()
+    i = np.arange(T_)
+    attn[:, 0, 1] = 0
+    attn[:, 0, 1, :, i, np.where(i >= d, i - d, 0)] = 1
+    ds = xr.Dataset(
+        {"attention": (("snapshot", "layer", "head", "probe", "query", "key"), attn.astype(np.float16)),
+         "probe_tokens": (("probe", "position"), rng.integers(0, 40, (2, T_))),
+         "importance": (("snapshot", "layer", "head"), rng.random((S_, 1, 2)))},
+        coords={"step": ("snapshot", np.arange(S_) * 10)},
+    )
+    r = analyse_run(ds).load().sel(layer=0, head=1)
+    assert (np.asarray(pipeline.ROLES)[r.role.values] == "slash").all()
+    assert (r.slash_offset == d).all() and (r.best_offset == d).all()
+    assert r.slash_dominant.all() and r.slash_emergence_step.item() == 0.0
+    np.testing.assert_allclose(r.best_slash, 1.0)
+    assert r.attrs["slash_offsets"] == [1, T_ // 2]

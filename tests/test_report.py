@@ -517,7 +517,7 @@ def test_bifurcation_marks_unfinished_runs_and_says_what_the_mean_is(tmp_path, m
 def test_captions_name_the_slash_window_and_the_unfinished_run(built):
     _, page, ids = built
     text = html.unescape(page.read_text())
-    assert "best offset in 1..8" in text  # analyse_run's window: offsets 1..min(16, T // 2), T = 16
+    assert "best offset in 1..8" in text  # analyse_run's window: offsets 1..T // 2, T = 16
     assert "best offset >= 1" not in text
     assert f"Hollow marks: unfinished runs ({ids['C']} (stopped))" in text
 

@@ -49,7 +49,9 @@ class AnalysisOptions:
     slash_min_offset: int = 1
     """Smallest offset that counts for slash-dominance emergence (0 would count 'self' heads)."""
     max_offset: int = 16
-    """Largest offset stored in slash_score (longer offsets rest on few queries)."""
+    """Offsets stored in slash_score: 0..max(max_offset, the slash window), within T - 1. It does
+    not narrow the slash window (`slash_window`), so a head the slash role finds at a long
+    offset is scored for slash-dominance too."""
     cluster_threshold: float = 0.1
     """JS-distance cut of the redundancy dendrogram (see redundancy.cluster_heads)."""
     token_run_length: int = 3
@@ -62,12 +64,13 @@ class AnalysisOptions:
     def slash_window(self, n_query: int) -> int:
         """Largest offset that counts for slash-dominance over `n_query` positions.
 
-        The slash role's window (T // 2 unless ``roles.slash_max_offset``), within the stored
-        ``max_offset``: past T // 2 a score rests on few rows, and slash_score(T - 1) =
-        A[T-1, 0] is 1 for any sink head. Every slash-dominance reader uses this one window.
+        The slash role's window (T // 2 unless ``roles.slash_max_offset``), within T - 1: past
+        T // 2 a score rests on few rows, and slash_score(T - 1) = A[T-1, 0] is 1 for any sink
+        head. Every slash-dominance reader uses this one window, and it is the role's, so a head
+        labelled "slash" at offset delta is scored for (kappa, delta)-dominance at that delta.
         """
         role_window = n_query // 2 if self.roles.slash_max_offset is None else self.roles.slash_max_offset
-        return min(self.max_offset, n_query - 1, role_window)
+        return min(n_query - 1, role_window)
 
 
 def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Dataset:
@@ -105,7 +108,8 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     T = attn.sizes["query"]
     out = xr.Dataset(coords={"step": ds["step"]})
 
-    max_stored = min(opt.max_offset, T - 1)
+    window = opt.slash_window(T)
+    max_stored = max(min(opt.max_offset, T - 1), window)
     stage = _attention_stage_by_blocks(attn, tokens, opt, max_offset=max_stored)
     scores = xr.Dataset({name.removeprefix("score_"): v for name, v in stage.data_vars.items() if name.startswith("score_")},
                         attrs=stage.attrs)
@@ -119,7 +123,6 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
 
     slash = stage["slash"]
     out["slash_score"] = slash
-    window = opt.slash_window(T)
     offset, best = best_offset(slash, min_offset=opt.slash_min_offset, max_offset=window)
     out["best_offset"], out["best_slash"] = offset, best
     dominant = slash_dominant(slash, kappa=opt.kappa, min_offset=opt.slash_min_offset, max_offset=window)
@@ -167,15 +170,24 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
 
 
 def summary_row(result: xr.Dataset) -> dict:
-    """One line of numbers per run for the `dynamics analyse` table (computes small arrays)."""
+    """One line of numbers per run for the `dynamics analyse` table (computes small arrays).
+
+    ``bifurcation_step`` is the step (int), None when the divergence curve never leaves its
+    noise band, or "undefined" when there is no curve at all (no layer has two heads to
+    compare), which is not the same as never bifurcating.
+    """
     from dynamics.analysis.roles import role_names
 
     last = result.isel(snapshot=-1)
     labels = role_names(last["role"].values).ravel()
     counts = {r: int((labels == r).sum()) for r in ROLES if (labels == r).any()}
     bif = float(result["bifurcation_step"].values)
+    if np.isnan(bif):
+        bif = None if bool(result["mean_divergence"].notnull().any()) else "undefined"
+    else:
+        bif = int(bif)
     return {
-        "bifurcation_step": None if np.isnan(bif) else int(bif),
+        "bifurcation_step": bif,
         "final_divergence": float(last["mean_divergence"].values),
         "redundancy": float(last["redundancy_fraction"].values),
         "slash_dominant": int(last["slash_dominant"].values.sum()),

@@ -154,8 +154,8 @@ def _attr_values(runs, name: str) -> list:
 def _offset_window(runs) -> str:
     """The offsets the best slash score was taken over, from the analyses' ``slash_offsets`` attrs.
 
-    `analyse_run` takes it over offsets slash_min_offset .. min(max_offset, T // 2) (T: the
-    context), so the window depends on the run; named per window when runs differ.
+    `analyse_run` takes it over offsets slash_min_offset .. T // 2 (T: the context; the slash
+    role's window), so the window depends on the run; named per window when runs differ.
     """
     default = AnalysisOptions()
     windows = []
@@ -163,12 +163,12 @@ def _offset_window(runs) -> str:
         value = r.analysis.attrs.get("slash_offsets") if r.analysis is not None else None
         windows.append(tuple(int(v) for v in value) if value is not None and len(value) == 2 else None)
     known = sorted({w for w in windows if w is not None})
-    fallback = f"{default.slash_min_offset}..min({default.max_offset}, T // 2), T: context length"
+    fallback = f"{default.slash_min_offset}..T // 2, T: context length"
     if not known:
         return f"in {fallback}"
     text = " or ".join(f"{lo}..{hi}" for lo, hi in known)
     if len(known) > 1:
-        text += f" (per run: {default.slash_min_offset}..min({default.max_offset}, T // 2) for context T)"
+        text += f" (per run: {default.slash_min_offset}..T // 2 for context T)"
     if None in windows:
         text += f"; {fallback} for the runs whose analysis does not say"
     return f"in {text}"
