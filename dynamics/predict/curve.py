@@ -196,6 +196,11 @@ def format_curve(curve: xr.Dataset) -> str:
         f"{curve.sizes['head_row']} heads in {a['n_runs']} runs; {a['n_splits']} folds holding out whole "
         f"{a['group_by']}s ({a['n_groups']} groups); {metric}, mean ± sd over folds (chance {a['chance']:.2f})",
     ]
+    if a["metric"] == "balanced_accuracy":
+        # The header's level guesses a class each test fold holds; the chance row guesses the
+        # training folds' majority, which scores 0 on a fold that lacks it (--group config).
+        lines[-1] = lines[-1].removesuffix(")") + ": one constant class present in each test fold; "
+        lines[-1] += "the chance row guesses the training folds' majority)"
     if "classes" in a:
         names = a.get("class_names", a["classes"])
         lines.append("classes: " + ", ".join(f"{n}={c}" for n, c in zip(names, a["class_counts"], strict=True)))
