@@ -356,6 +356,7 @@ def test_static_gate_baseline_has_no_input_weights():
     ({"conditioned_gates": {"pool": "max"}}, "intervene.conditioned_gates.pool"),
     ({"conditioned_gates": {"ema_decay": 1.0}}, "intervene.conditioned_gates.ema_decay"),
     ({"conditioned_gates": {"ema_mix": 2.0}}, "intervene.conditioned_gates.ema_mix"),
+    ({"conditioned_gates": {"ema_mix": 1.0}}, "intervene.conditioned_gates.ema_mix"),  # nothing would train
 ])
 def test_bad_options_name_the_key(table, key):
     with pytest.raises(ConfigError, match=key):
@@ -418,3 +419,35 @@ def test_state_dict_round_trip_resumes_exactly():
     assert torch.equal(iv.parts[1].ema, iv2.parts[1].ema)
     with pytest.raises(ConfigError, match="intervene"):
         iv2.load_state_dict({"templates": {}})
+
+
+def test_gate_ema_tracks_the_heads_own_gate_and_snapshot_s_has_seen_s_updates():
+    """m_{s+1} = d m_s + (1 - d) mean gbar_s with gbar the raw gate; snapshot s records m_s, the EMA step s applied."""
+    d, a = 0.5, 0.5
+    cfg = config({"conditioned_gates": {"conditioned": False, "init": 0.0, "ema_decay": d, "ema_mix": a}},
+                 train={"lr": 0.1, "warmup_steps": 0})
+    device = torch.device("cpu")
+    model = build_model(cfg, device)
+    iv = interventions.build(cfg, model, device)
+    opt = make_optimizer(cfg, model, iv.parameters())
+    probe = make_batch(cfg, "probe", 0, 4).tokens[:, :-1]
+    emas, own = [], []
+    for s in range(4):
+        tokens = torch.from_numpy(make_batch(cfg, "train", s, 8).tokens)  # (B, T+1)
+        opt.zero_grad(set_to_none=True)
+        with model.hooks(iv.fwd_hooks()):
+            logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        (loss + iv.loss(s, tokens, logits)).backward()
+        blocks = iv.snapshot(model, probe)
+        g = torch.sigmoid(iv.parts[0].b.detach()).numpy()  # (L, H): W = 0, so every input's own gate
+        emas.append(blocks["conditioned_gate_ema"])
+        own.append(g)
+        # the probes got the gate this step's training forward applied
+        np.testing.assert_allclose(blocks["conditioned_gate"], ((1 - a) * g + a * emas[-1])[..., None].repeat(4, -1),
+                                   rtol=1e-6)
+        opt.step()
+    np.testing.assert_array_equal(emas[0], np.full((2, 2), 0.5, dtype=np.float32))  # sigmoid(init): no update yet
+    assert not np.allclose(own[1], own[0])  # b moved, so the two definitions differ
+    for s in range(3):
+        np.testing.assert_allclose(emas[s + 1], d * emas[s] + (1 - d) * own[s], rtol=1e-6)

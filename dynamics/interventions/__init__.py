@@ -200,7 +200,13 @@ class Interventions:
         return out
 
     def fwd_hooks(self) -> list:
-        """Hooks for the training forward: capture what the losses need, apply clamps and gates."""
+        """Hooks for the training forward: capture what the losses need, apply clamps and gates.
+
+        Calling it begins a training step: state carried from the last step (the conditioned
+        gates' EMA) is brought up to date first.
+        """
+        for part in self.parts:
+            part.begin_step()
         self._cap = {}
         return self._hooks(self._cap, capture=True)
 

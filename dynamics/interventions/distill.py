@@ -326,6 +326,9 @@ class Distill:
         log_q = (logits.float() / tau).log_softmax(-1)  # (B, T, V)
         return tau**2 * kl_rows(p, log_q).mean()
 
+    def begin_step(self) -> None:
+        pass  # no state carried between steps
+
     def loss(self, step: int, tokens: Tensor, logits: Tensor, cap: dict) -> Tensor:
         self.last_step = step
         w_att = self.head_weights(step)

@@ -30,6 +30,12 @@ baseline). The seed's two extras:
 - EMA smoothing ``m <- ema_decay m + (1 - ema_decay) mean_b gbar_b`` of each head's gate over
   training steps; the applied gate is ``(1 - ema_mix) g + ema_mix m`` (m held constant in
   the backward pass), and m is recorded whatever ema_mix is.
+
+Here ``gbar_b`` is the mean over positions of sequence b's own gate g, before any EMA is
+mixed in: were m fed the applied gate, it would partly track itself (its decay would be
+``1 - (1 - ema_decay)(1 - ema_mix)``, not ema_decay). Step s's forward uses the EMA of steps
+0 .. s-1; the update with step s's gates lands when step s + 1 begins (:meth:`begin_step`),
+so a snapshot at step s, like the model it is taken of, has seen s updates.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ class GateOptions:
     ema_decay: float = 0.99
     """Decay of the per-head EMA of the batch-mean gate over training steps, in [0, 1)."""
     ema_mix: float = 0.0
-    """Share of the applied gate taken from the EMA, in [0, 1]; 0 applies the raw gate."""
+    """Share of the applied gate taken from the EMA, in [0, 1); 0 applies the raw gate."""
 
 
 def parse(cfg: RunConfig, raw: object) -> GateOptions:
@@ -80,8 +86,8 @@ def parse(cfg: RunConfig, raw: object) -> GateOptions:
         fail(f"{prefix}.pool: unknown pooling {opts.pool!r} ({' | '.join(POOLS)})")
     if not 0.0 <= opts.ema_decay < 1.0:
         fail(f"{prefix}.ema_decay: must be in [0, 1), got {opts.ema_decay}")
-    if not 0.0 <= opts.ema_mix <= 1.0:
-        fail(f"{prefix}.ema_mix: must be in [0, 1], got {opts.ema_mix}")
+    if not 0.0 <= opts.ema_mix < 1.0:  # at 1 the applied gate is the EMA alone, which no gradient reaches
+        fail(f"{prefix}.ema_mix: must be in [0, 1) (at 1 the gates could never learn), got {opts.ema_mix}")
     return opts
 
 
@@ -107,7 +113,7 @@ class ConditionedGates:
         self.W = nn.Parameter(W) if opts.conditioned else W
         self.b = nn.Parameter(torch.full((n, H), opts.init, device=device))  # (Lg, H)
         self.ema = torch.sigmoid(self.b.detach()).clone()  # (Lg, H)
-        self._ema_at_start: Tensor | None = None  # EMA as the forward of the last step saw it
+        self._pending: Tensor | None = None  # last step's batch-mean gates, folded in by begin_step
 
     def parameters(self) -> list[nn.Parameter]:
         return [self.W, self.b] if self.opts.conditioned else [self.b]
@@ -128,6 +134,7 @@ class ConditionedGates:
                 cbar = F.layer_norm(_pool(x, causal), (x.shape[-1],))  # (B, T, d)
                 inp = torch.cat([zbar, cbar[:, :, None, :].expand(B, T, H, -1)], dim=-1)  # (B, T, H, dh + d)
                 g = torch.sigmoid(torch.einsum("bthi,hi->bth", inp, self.W[i]) + self.b[i])  # (B, T, H)
+                cap[("own", layer)] = g.mean(1)  # (B, H): gbar, what the EMA and the variance term see
                 if self.opts.ema_mix:
                     g = (1 - self.opts.ema_mix) * g + self.opts.ema_mix * self.ema[i]  # (B, T, H)
                 cap[layer] = g.mean(1)  # (B, H): the gate each sequence got, averaged over positions
@@ -136,12 +143,16 @@ class ConditionedGates:
             out += [(f"blocks.{layer}.hook_resid_pre", keep), (f"blocks.{layer}.attn.hook_z", gate)]
         return out
 
+    def begin_step(self) -> None:
+        """Fold the previous training step's gates into the EMA (called as each training step begins)."""
+        if self._pending is not None:
+            d = self.opts.ema_decay
+            self.ema = d * self.ema + (1 - d) * self._pending  # (Lg, H)
+            self._pending = None
+
     def loss(self, step: int, tokens: Tensor, logits: Tensor, cap: dict) -> Tensor:
-        gbar = torch.stack([cap[layer] for layer in self.layers])  # (Lg, B, H)
-        # The EMA the forward of this step used is what a resume at this step must restore.
-        self._ema_at_start = self.ema.clone()
-        d = self.opts.ema_decay
-        self.ema = d * self.ema + (1 - d) * gbar.detach().mean(1)  # (Lg, H)
+        gbar = torch.stack([cap[("own", layer)] for layer in self.layers])  # (Lg, B, H)
+        self._pending = gbar.detach().mean(1)  # (Lg, H); the EMA moves when the next step begins
         if not self.opts.variance_weight:
             return logits.new_zeros(())
         return self.opts.variance_weight * gbar.var(dim=1, unbiased=False).mean()
@@ -163,17 +174,16 @@ class ConditionedGates:
         return {"conditioned_gate": gates, "conditioned_gate_ema": ema}
 
     def state_dict(self) -> dict:
-        """Weights and the EMA as at the start of the last step given to :meth:`loss`.
+        """Weights and the EMA as the forward of the last step given to :meth:`loss` saw them.
 
         train.py checkpoints after ``loss(step)`` and before the optimiser update, and resumes
-        by running that step again, so the EMA must be the one that step's forward saw.
+        by running that step again, which recomputes the pending EMA update.
         """
-        ema = self.ema if self._ema_at_start is None else self._ema_at_start
-        return {"W": self.W.detach().clone(), "b": self.b.detach().clone(), "ema": ema.clone()}
+        return {"W": self.W.detach().clone(), "b": self.b.detach().clone(), "ema": self.ema.clone()}
 
     def load_state_dict(self, state: dict) -> None:
         with torch.no_grad():
             self.W.copy_(state["W"])  # in place: the optimiser holds these tensors
             self.b.copy_(state["b"])
         self.ema = state["ema"].to(self.device).clone()
-        self._ema_at_start = None
+        self._pending = None

@@ -208,6 +208,9 @@ class Templates:
             out.extend((layer, h, kl[i]) for i, h in enumerate(heads))
         return out
 
+    def begin_step(self) -> None:
+        pass  # no state carried between steps
+
     def loss(self, step: int, tokens: Tensor, logits: Tensor, cap: dict) -> Tensor:
         self.last_step = step
         w = self.weight(step)
