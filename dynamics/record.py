@@ -166,8 +166,8 @@ class Recorder:
         else:
             prev = self.prev_grads.flatten(3)  # (L, H, 4, d_model*d_head)
             cosine = F.cosine_similarity(flat, prev, dim=-1, eps=1e-30)  # (L, H, 4)
-            # No direction to compare where either gradient is zero (a hard-templated head's
-            # W_Q, W_K): undefined, NaN, rather than torch's 0, which would read as orthogonal.
+            # No direction to compare where either gradient is zero (a hard-templated head's W_Q,
+            # W_K at template weight 0): undefined, NaN, rather than torch's 0, read as orthogonal.
             zero = (flat == 0).all(dim=-1) | (prev == 0).all(dim=-1)  # (L, H, 4)
             cosine = cosine.masked_fill(zero, float("nan"))
         self.prev_grads = grads  # a fresh stack, not a view of the live .grad tensors
