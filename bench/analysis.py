@@ -21,8 +21,10 @@
    run's attention costs (runs are analysed one at a time): about 0 when the analysis
    streams, 1 or more when it holds the run.
    With ``--cap-mb`` a single run as large as the largest store is analysed under
-   ``resource.setrlimit(RLIMIT_AS)`` = baseline address space + cap (less than the run's
-   attention), and the bench reports whether it finished. Sizes are MiB (2**20 bytes).
+   ``resource.setrlimit(RLIMIT_AS)`` = baseline address space + cap, and the bench reports
+   whether it finished. That limit bounds resident memory by limit - baseline RSS, which is
+   the cap plus whatever the baseline had mapped but not resident (printed: the memory the
+   run was really given, against its attention bytes). Sizes are MiB (2**20 bytes).
 """
 
 from __future__ import annotations
@@ -199,13 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--analyses", type=int, default=2, help="analyses per trained store (median)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for training")
     parser.add_argument("--store-mb", type=float, nargs="+", default=[32.0, 288.0, 864.0],
-                        help="uncompressed attention MB of each synthetic store")
+                        help="uncompressed attention MiB of each synthetic store")
     parser.add_argument("--runs", type=int, default=3, help="runs per synthetic sweep store")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--probes", type=int, default=16)
     parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--cap-mb", type=float, default=None, help="address-space cap for the largest store")
+    parser.add_argument("--cap-mb", type=float, default=None,
+                        help="address-space cap, MiB above the baseline address space, for one run as large as the largest store")
     parser.add_argument("--skip-time", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -272,8 +275,17 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_child(path, cap_mb=args.cap_mb)
                 verdict = "finished" if r["ok"] else f"failed ({r['error']})"
                 print(f"   one run of {info['attention_bytes'] / 2**20:.0f} MiB of attention ({info['shape']}) "
-                      f"under RLIMIT_AS = baseline + {args.cap_mb:.0f} MiB "
-                      f"({args.cap_mb * 2**20 / info['attention_bytes']:.2f} x the run's attention): {verdict}")
+                      f"under RLIMIT_AS = baseline address space + {args.cap_mb:.0f} MiB: {verdict}")
+                if "base_vm" in r:
+                    # RLIMIT_AS bounds the address space, not resident memory: what the baseline had
+                    # mapped but not resident (malloc arenas, thread stacks, BLAS buffers, libraries)
+                    # can become resident without growing it. So resident memory may grow by up to
+                    # limit - baseline RSS = cap + (baseline address space - baseline RSS).
+                    room = r["base_vm"] + args.cap_mb * 2**20 - r["base_rss"]
+                    print(f"     memory it was given: resident memory could grow by up to {room / 2**20:.0f} MiB "
+                          f"above its baseline ({room / info['attention_bytes']:.2f} x the run's attention: the cap "
+                          f"plus {(r['base_vm'] - r['base_rss']) / 2**20:.0f} MiB mapped but not resident at the "
+                          f"baseline); it grew by {(r['peak_rss'] - r['base_rss']) / 2**20:.0f} MiB")
     print(f"\n{load_line()} at end")
     return 0
 

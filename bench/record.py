@@ -138,7 +138,7 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
         train_step()
     grads_and_forward()
     blocks = recorder.snapshot(model)
-    state = train_mod._checkpoint_state(model, opt, 1, recorder, None)
+    ckpt = train_mod._checkpoint_state(model, opt, 1, recorder, None)  # not `state`: train_step reads that
     # train.py flushes the losses of the steps since the last snapshot: record.every of them,
     # fewer in a run shorter than that.
     losses = np.zeros(min(cfg.record.every, cfg.train.steps), dtype=np.float32)
@@ -162,7 +162,7 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
         "zarr: snapshot arrays": ("writer", lambda: writer.write_snapshot(1, blocks)),
         "zarr: loss region": ("writer", lambda: writer.write_region("loss", 0, losses)),
         "checkpoint pickle, file + attrs": ("writer", lambda: train_mod._save_checkpoint(
-            os.path.join(tmp, "parts.zarr"), "run", state, writer, 1, 1)),
+            os.path.join(tmp, "parts.zarr"), "run", ckpt, writer, 1, 1)),
     }
     times: dict[str, list[float]] = {k: [] for k in pieces}
     step_times: list[float] = []

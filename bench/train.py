@@ -338,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {where}; {load_line()} at start")
     print(f"FLOPs/token = 6 x {n_params} + 6 L (T+1) H d_head = {fpt / 1e6:.2f} MFLOP "
           f"({attention_flops_per_token(m) / fpt:.0%} attention, causal triangle)")
+    # What other conventions would add, so the MFU can be compared with theirs.
+    square = 12.0 * m.n_layers * m.context * m.n_heads * m.head_dim - attention_flops_per_token(m)
+    small = sum(p.numel() for p in trainer.model.optim_parameters() if p.ndim < 2)
+    print(f"   counting QK^T and AV over the full T x T square (PaLM) would add {square / fpt:.1%}; "
+          f"counting the {small} biases and LayerNorm parameters as weights (6 FLOPs each) {6.0 * small / fpt:.1%}")
 
     # ---- 1. throughput and MFU: training blocks alternated with the peak matmul
     trainer.timed(3)  # warm-up: allocator, kernels, lazy inits
