@@ -13,7 +13,8 @@ the best of --repeats; sizes are the chunk bytes on disk. At these chunk sizes t
 bounded by per-chunk file and task overhead as much as by the codec.
 Printed per codec: bytes per snapshot (all arrays, and attention alone), compression ratio
 (raw / stored), write throughput in MB/s of raw data (wall clock, and per CPU-second of the
-whole process, which other load on the machine does not distort), read throughput, and the
+whole process, which other load on the machine does not distort), read throughput (just after
+the write, so from the page cache, not the disk), and the
 codec the store uses next to the rule it was chosen by.
 """
 
