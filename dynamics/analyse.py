@@ -49,6 +49,27 @@ def analyse_one(path: str, run_id: str) -> dict:
     return {"run": run_id, "status": attrs["status"], **summary_row(result)}
 
 
+def analyse_or_report(path: str, run_id: str) -> dict:
+    """:func:`analyse_one`, but a run whose analysis raises (a corrupt chunk, an analyser's error on
+    an unusual run) gives a skipped row with ``error`` (one line) instead of ending the analysis
+    of every other run. KeyboardInterrupt still stops everything."""
+    import traceback
+
+    try:
+        return analyse_one(path, run_id)
+    except Exception as e:  # noqa: BLE001 - reported in the row; the other runs go on
+        status = "?"
+        try:
+            from dynamics import store
+
+            status = store.run_attrs(path, run_id).get("status", "?")
+        except Exception:  # noqa: BLE001 - the row still says why
+            pass
+        line = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()[0]
+        return {"run": run_id, "status": status, "skipped": True, "error": line,
+                "reason": f"analysis failed: {line}"}
+
+
 def recorded_before_divergence(ds, diverged_step: int):
     """The snapshots a diverged run really recorded, whose attention is finite.
 
@@ -85,7 +106,8 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
     Returns
     -------
     list of dict
-        One :func:`analyse_one` row per run.
+        One :func:`analyse_one` row per run; a run whose analysis raised has ``skipped`` and
+        ``error`` (see :func:`analyse_or_report`), and the others are analysed regardless.
     """
     from dynamics import store
 
@@ -104,7 +126,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
 
     if n <= 1:
         for rid in ids:
-            done(rid, analyse_one(path, rid))
+            done(rid, analyse_or_report(path, rid))
         return [rows[r] for r in ids]
 
     queue = collections.deque(ids)
@@ -118,7 +140,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
         # One thread per worker process keeps it busy with one run at a time.
         try:
             while (rid := take()) is not None:
-                done(rid, pool.submit(analyse_one, path, rid).result())
+                done(rid, pool.submit(analyse_or_report, path, rid).result())
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller below
             errors.append(e)
 
@@ -130,7 +152,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
             t.start()
         try:
             while (rid := take()) is not None:
-                done(rid, analyse_one(path, rid))
+                done(rid, analyse_or_report(path, rid))
         except BaseException as e:
             errors.append(e)
         for t in feeders:

@@ -103,6 +103,10 @@ def _check_store(path: str) -> None:
 
     if not store.is_store(path):
         raise UsageError(f"{path} is not a dynamics store")
+    try:
+        store.check_store(path)  # a newer version's store: refused by every command, as by `run`
+    except store.StoreError as e:
+        raise UsageError(str(e)) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -121,21 +125,52 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dynamics.train import train_run
 
     run_id = check_run_id(args.run_id) if args.run_id else cfg.run_id()
+    if cfg.sweep.axes:
+        print(f"dynamics: note: {args.config} has a [sweep] table; `dynamics run` trains only its base point "
+              f"(`dynamics sweep` trains the grid)", file=sys.stderr, flush=True)
+
+    printer = _progress_printer(run_id)
+    started = []  # progress is first called once training has begun: a StoreError after it is no refusal
+
+    def progress(step: int, total: int, loss: float) -> None:
+        started.append(True)
+        printer(step, total, loss)
 
     try:
         with sigterm_as_interrupt():
-            result = train_run(cfg, out, run_id, progress=_progress_printer(run_id))
-    except (ConfigError, StoreError):
-        raise  # bad input: main() prints it as one line, exit 2
-    except Exception as e:  # noqa: BLE001 - the run's attributes hold the full traceback
-        print(f"dynamics: run {run_id} failed: {type(e).__name__}: {e} (traceback in the run's attributes)",
-              file=sys.stderr)
-        return 1
+            result = train_run(cfg, out, run_id, progress=progress)
+    except StoreError as e:
+        if not started:
+            raise  # bad input, refused before any work: main() prints it as one line, exit 2
+        return _run_failed(out, run_id, e)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the run's attributes hold the full traceback, where they could
+        return _run_failed(out, run_id, e)
     if result.skipped:
         print(f"{run_id}: already {result.status} in {out}; nothing retrained")
     else:
         print(f"{run_id}: {result.status} after {result.steps_done} steps -> {out}")
     return 0 if result.status == "completed" else 1
+
+
+def _run_failed(out: str, run_id: str, e: BaseException) -> int:
+    """One line for a run that failed while training (exit 1), saying where its traceback is:
+    in the run's attributes only if the run could record it there (a full disk, or a store
+    deleted mid-run, may have left nothing, or only an earlier session's traceback)."""
+    import traceback
+
+    from dynamics import store
+
+    last = traceback.format_exception_only(type(e), e)[-1].strip()
+    try:
+        recorded = str(store.run_attrs(out, run_id).get("traceback") or "").strip().endswith(last)
+    except Exception:  # noqa: BLE001 - no store or no run left to read
+        recorded = False
+    where = "traceback in the run's attributes" if recorded else "its traceback could not be recorded in the store"
+    message = (str(e).splitlines() or [""])[0]
+    print(f"dynamics: run {run_id} failed: {type(e).__name__}: {message} ({where})", file=sys.stderr)
+    return 1
 
 
 def _check_device(device: str) -> None:
@@ -250,7 +285,15 @@ def cmd_analyse(args: argparse.Namespace) -> int:
                   f"unmatched heads give {unmatched:.3f})")
     print(f"analysed {sum(not r.get('skipped') for r in rows)} runs in {time.perf_counter() - t0:.1f}s "
           f"-> {args.store} (analysis/<run_id>)")
-    return 0
+    return 1 if _analysis_failures(rows) else 0
+
+
+def _analysis_failures(rows: list[dict]) -> list[str]:
+    """Runs whose analysis raised (the others were analysed), named in one line on stderr."""
+    failed = [r["run"] for r in rows if r.get("error")]
+    if failed:
+        print(f"dynamics: the analysis of {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return failed
 
 
 def _print_analysis(rows: list[dict]) -> None:
@@ -429,8 +472,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     print("== 2/4 analyse", flush=True)
     t1 = time.perf_counter()
-    _print_analysis(analyse_store(out, workers=args.workers))
+    rows = analyse_store(out, workers=args.workers)
+    _print_analysis(rows)
     t_analyse = time.perf_counter() - t1
+    failed = _analysis_failures(rows)
 
     print("== 3/4 predict: how early is each head's final role readable from its early gradients?", flush=True)
     for target in ("role",):  # the quickstart task (induction) grows few slash heads: role is the question
@@ -448,7 +493,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"training {t_train:.1f}s, analysis {t_analyse:.1f}s ({t_analyse / t_train:.1%} of training), "
           f"total {time.perf_counter() - t0:.0f}s")
     print(f"report: {page}\nopen {page.resolve().as_uri()}")
-    return 0 if summary.ok else 1
+    return 0 if summary.ok and not failed else 1
 
 
 class _Parser(argparse.ArgumentParser):

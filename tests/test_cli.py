@@ -174,3 +174,51 @@ def test_gates_refuses_a_run_trained_with_conditioned_gates(tmp_path):
     train_run(load_config(cfg), str(path))
     one_line_exit_2(dyn("gates", path), "change its forward pass outside the checkpoint's weights")
     assert store.open_derived(path, f"gates.{store.list_runs(path)[0]}") is None
+
+
+@pytest.mark.parametrize("args", [["status"], ["analyse"], ["predict", "--target", "importance"], ["gates"],
+                                  ["report", "--out", "{d}/rep"]])
+def test_a_store_of_a_newer_version_is_refused_by_every_command(tiny, tmp_path, args):
+    # `dynamics run` refused it, but analyse, predict and gates wrote their results into it.
+    import json
+    import shutil
+
+    _, _, path = tiny
+    newer = tmp_path / "newer.zarr"
+    shutil.copytree(path, newer)
+    root = json.loads((newer / "zarr.json").read_text())
+    root["attributes"]["dynamics_store"] = store.STORE_VERSION + 1
+    (newer / "zarr.json").write_text(json.dumps(root))
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    r = dyn(args[0], newer, *(a.format(d=tmp_path) for a in args[1:]))
+    one_line_exit_2(r, f"store version {store.STORE_VERSION + 1} is newer than this package supports")
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_run_of_a_config_with_a_sweep_table_says_it_trains_the_base_point_only(tiny, tmp_path):
+    _, cfg, _ = tiny
+    swept = tmp_path / "swept.toml"
+    swept.write_text(Path(cfg).read_text() + '\n[sweep]\n"train.seed" = [0, 1]\n')
+    r = dyn("run", swept, "--out", tmp_path / "s.zarr")
+    assert r.returncode == 0, r.stderr
+    assert "has a [sweep] table; `dynamics run` trains only its base point" in r.stderr
+    assert len(store.list_runs(tmp_path / "s.zarr")) == 1
+    assert "[sweep]" not in r.stdout
+
+
+def test_analyse_goes_on_past_a_run_whose_analysis_fails(tiny, tmp_path):
+    # A corrupt chunk in one run ended `dynamics analyse` with a traceback before the other runs.
+    _, cfg, _ = tiny
+    path = tmp_path / "two.zarr"
+    for seed in (0, 1):
+        train_run(load_config(cfg, [f"train.seed={seed}"]), str(path))
+    broken, good = store.list_runs(path)
+    chunk = sorted((path / "runs" / broken / "attention" / "c").rglob("*"))
+    next(p for p in chunk if p.is_file()).write_bytes(b"not zstd")
+    r = dyn("analyse", path, "--workers", "1")
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "not analysed (analysis failed: RuntimeError: Zstd decompression error" in r.stdout
+    assert r.stderr.strip().splitlines()[-1] == f"dynamics: the analysis of 1 run(s) failed: {broken}"
+    assert store.open_analysis(path, good) is not None
+    assert store.open_analysis(path, broken) is None

@@ -417,3 +417,19 @@ def test_checkpoint_path_and_atomic_write(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["ckpt.pt"]  # no temp files left
     xr.open_zarr(path)  # a checkpoints folder does not upset plain xarray
     assert store.list_runs(path) == []
+
+
+def test_a_store_of_a_newer_version_is_neither_read_nor_written(tmp_path):
+    # Its layout may differ: the API refuses it as the CLI does, before reading or writing anything.
+    import json
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    root = json.loads((path / "zarr.json").read_text())
+    root["attributes"]["dynamics_store"] = store.STORE_VERSION + 1
+    (path / "zarr.json").write_text(json.dumps(root))
+    for call in (lambda: store.open_run(path, "r1"), lambda: store.list_runs(path),
+                 lambda: store.write_derived(path, "x", xr.Dataset({"a": ("i", [1.0])}))):
+        with pytest.raises(StoreError, match="is newer than this package supports"):
+            call()
+    assert not (path / "derived" / "x").exists()

@@ -70,6 +70,7 @@ from dynamics.store.readers import (
     write_derived,
 )
 from dynamics.store.root import (
+    check_store,
     deferred_index,
     init_store,
     is_store,
@@ -90,6 +91,7 @@ __all__ = [
     "StoreError",
     "atomic_write_bytes",
     "check_run_id",
+    "check_store",
     "checkpoint_path",
     "deferred_index",
     "has_checkpoint",

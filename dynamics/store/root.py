@@ -173,9 +173,26 @@ def is_store(path: str | os.PathLike) -> bool:
     return bool(root and root.get("node_type") == "group" and "dynamics_store" in root.get("attributes", {}))
 
 
+def _check_version(loc: _Loc) -> None:
+    version = _read_root(loc)["attributes"]["dynamics_store"]
+    if not isinstance(version, int) or isinstance(version, bool) or version > STORE_VERSION:
+        raise StoreError(f"{loc}: store version {version!r} is newer than this package supports ({STORE_VERSION})")
+
+
+def check_store(path: str | os.PathLike) -> None:
+    """StoreError unless `path` is a dynamics store this version of the package can read and write.
+
+    Every command checks this before any work: a store of a newer version may be laid out
+    differently, and analyse, predict and gates would write into it.
+    """
+    _require_store(_Loc(path))
+
+
 def _require_store(loc: _Loc) -> None:
+    # Every reader and writer of the package calls this: a newer layout is neither read nor written.
     if not is_store(loc.url):
         raise StoreError(f"not a dynamics store: {loc}")
+    _check_version(loc)
 
 
 def init_store(path: str | os.PathLike) -> None:
@@ -212,9 +229,7 @@ def init_store(path: str | os.PathLike) -> None:
                     root.require_group(section)
                 _rebuild_index(loc)
                 return
-    version = _read_root(loc)["attributes"]["dynamics_store"]
-    if not isinstance(version, int) or version > STORE_VERSION:
-        raise StoreError(f"{loc}: store version {version!r} is newer than this package supports ({STORE_VERSION})")
+    _check_version(loc)
     if not all(_group_exists(loc, s) for s in SECTIONS) or "consolidated_metadata" not in _read_root(loc):
         with _locked(loc):
             root = zarr.open_group(loc.store, mode="r+", use_consolidated=False)

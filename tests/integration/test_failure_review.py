@@ -1,0 +1,116 @@
+"""Runs that fail while training, through the real CLI: a full disk, a store deleted mid-run.
+
+A run that fails is exit 1 with one line saying whether its traceback reached the run's
+attributes (exit 2 is bad input found before any work); a run failed by a full disk resumes,
+once there is room, to the arrays of an uninterrupted run.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dynamics import store
+from dynamics.config import load_config
+from tests.conftest import wait_for_checkpoint
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def dyn(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "dynamics", *map(str, args)], capture_output=True, text=True,
+                          env=ENV, **kw)
+
+
+def arrays(path):
+    ds = store.open_run(path).load()
+    return {name: ds[name].values for name in ds.data_vars}
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size) -> a fresh tmpfs of that size (root only); remount(path, size) resizes it."""
+    mounted = []
+
+    def mount(size: str):
+        d = tmp_path / f"fs{len(mounted)}"
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip("cannot mount a small filesystem here (needs root)")
+        mounted.append(d)
+        return d
+
+    def remount(d, size: str):
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(d)], check=True)
+
+    mount.remount = remount
+    yield mount
+    for d in mounted:
+        subprocess.run(["umount", str(d)], check=False)
+
+
+def failure_line(r):
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.stderr.strip().splitlines()[-1]
+
+
+def test_a_full_disk_fails_the_run_resumably_and_says_where_its_traceback_is(tiny_config, tmp_path, tmpfs):
+    cfg = tiny_config(steps=400, every=2)
+    fs = tmpfs("3M")  # fills up after ~90 of 400 steps of this config
+    out = fs / "s.zarr"
+    line = failure_line(dyn("run", cfg, "--out", out))
+    run_id = load_config(cfg).run_id()
+    assert line.startswith(f"dynamics: run {run_id} failed: OSError: [Errno 28] No space left on device")
+    assert line.endswith("(traceback in the run's attributes)")
+    attrs = store.run_attrs(out, run_id)
+    assert attrs["status"] == "failed" and "No space left on device" in attrs["traceback"]
+
+    tmpfs.remount(fs, "200M")
+    r = dyn("run", cfg, "--out", out)
+    assert r.returncode == 0, r.stderr
+    ref = tmp_path / "ref.zarr"
+    assert dyn("run", cfg, "--out", ref).returncode == 0
+    got, want = arrays(out), arrays(ref)
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_a_disk_too_full_to_make_the_store_does_not_point_at_a_traceback_nowhere(tiny_config, tmpfs):
+    # It said "(traceback in the run's attributes)" of a run that was never created.
+    cfg = tiny_config(steps=20, every=10)
+    fs = tmpfs("64k")
+    (fs / "fill").write_bytes(b"\0" * 60 * 1024)
+    out = fs / "s.zarr"
+    line = failure_line(dyn("run", cfg, "--out", out))
+    assert "No space left on device" in line
+    assert line.endswith("(its traceback could not be recorded in the store)")
+    assert not store.is_store(out) or load_config(cfg).run_id() not in store.list_runs(out)
+
+
+def test_a_store_deleted_mid_run_is_a_run_failure_not_bad_input(tiny_config, tmp_path):
+    # A StoreError raised while training ("not a dynamics store") was exit 2, the code for bad
+    # input found before any work.
+    cfg = tiny_config(steps=3000, every=5)
+    out = tmp_path / "s.zarr"
+    run_id = load_config(cfg).run_id()
+    p = subprocess.Popen([sys.executable, "-m", "dynamics", "run", cfg, "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        wait_for_checkpoint(out, run_id, 16)
+        while p.poll() is None and out.exists():  # the writer may recreate a directory while it goes
+            shutil.rmtree(out, ignore_errors=True)
+        stdout, stderr = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    r = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
+    line = failure_line(r)
+    assert line.startswith(f"dynamics: run {run_id} failed: ")
+    assert line.endswith("(its traceback could not be recorded in the store)")
