@@ -339,6 +339,11 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     if existing:  # the first start's provenance stays; each resume adds its own
         this_start = {k: base_attrs[k] for k in PROVENANCE_KEYS} | {"step": start, "threads": cfg.train.threads}
         start_attrs = {k: v for k, v in base_attrs.items() if k not in PROVENANCE_KEYS}
+        if prior.get("traceback"):
+            # The failure this start recovers from moves into its resume entry: a run that then
+            # completes must not still show a traceback as if it had failed.
+            this_start["after"] = {"status": prior.get("status"), "traceback": prior["traceback"]}
+            start_attrs["traceback"] = None
         start_attrs["resumes"] = [*prior.get("resumes", []), this_start]
     else:
         start_attrs = base_attrs

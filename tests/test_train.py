@@ -52,6 +52,10 @@ def test_a_failed_write_drops_the_checkpoint_behind_it_and_is_recorded(cfg, tmp_
 
     monkeypatch.setattr(RunWriter, "write_region", real)
     assert train_run(cfg, path).status == "completed"
+    attrs = store.run_attrs(path, cfg.run_id())
+    # the completed run shows no traceback; the failure it recovered from is in its resume entry
+    assert attrs["traceback"] is None
+    assert attrs["resumes"][-1]["after"]["status"] == "failed" and "injected" in attrs["resumes"][-1]["after"]["traceback"]
     got, want = store.open_run(path).load(), store.open_run(clean).load()
     assert not np.isnan(got.loss.values).any()
     for name in want.data_vars:
