@@ -427,7 +427,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
                          f"there is no model to fit gates to")
     if status != "completed":
         print(f"note: run {run_id} is {status}; these gates are fitted to its checkpoint at step {step} "
-              f"of {cfg.train.steps}, not to a finished model")
+              f"of {cfg.train.steps}, not to a finished model", file=sys.stderr)
     ds = gate_report(model, cfg, options, contrast=contrast, progress=_gates_progress(run_id))
     ds.attrs["step"] = step  # the checkpoint fitted; the run may be resumed past it later
     print(f"{run_id} at step {step}: causal head gating, {options.restarts} restarts x {options.steps} updates")

@@ -310,3 +310,20 @@ def test_chg_recorded_on_a_diverging_run_is_unfitted_without_warnings(tmp_path, 
     assert result.status == "diverged"
     ds = store.open_run(str(tmp_path / "d.zarr"))
     assert np.isnan(ds.chg.values[0]).all() and (ds.chg_role.values[0] == UNFITTED).all()
+
+
+def test_cli_gates_on_an_unfinished_run_says_so_on_stderr(tmp_path, capsys, one_thread):
+    # The table alone is on stdout; the note that the fit is of a checkpoint, not a finished model, is not.
+    raw = {**TRAINED, "train": {**TRAINED["train"], "steps": 40}, "record": {**TRAINED["record"], "every": 10}}
+    path = str(tmp_path / "u.zarr")
+
+    def stop(step, steps, loss):
+        if step >= 25:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_run(from_dict(raw), path, progress=stop)
+    assert cli.main(["gates", path, "--steps", "2", "--init-steps", "1", "--restarts", "1", "--no-save"]) == 0
+    captured = capsys.readouterr()
+    assert "is interrupted; these gates are fitted to its checkpoint at step 30 of 40" in captured.err
+    assert "note:" not in captured.out
