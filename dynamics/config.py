@@ -389,6 +389,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     >>> cfg = load_config("experiments/induction.toml", ["train.steps=50"])  # doctest: +SKIP
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not a config file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
@@ -399,8 +401,12 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"{path}: not UTF-8 text (TOML is UTF-8): byte {e.start}") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    given: set[str] = set()
     for text in overrides:
         key, value = parse_override(text)
+        if key in given:  # the last would win silently: one of the two is a mistake
+            raise ConfigError(f"--set {key}: given twice")
+        given.add(key)
         _apply_override(raw, key, value)
     return from_dict(raw)
 

@@ -104,6 +104,16 @@ def test_override_parsing():
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "none.toml")
+    with pytest.raises(ConfigError, match="is a directory, not a config file"):
+        load_config(tmp_path)
+
+
+def test_a_key_set_twice_is_refused(tmp_path):
+    # The last value would win silently; one of the two is a mistake.
+    p = write(tmp_path, "[train]\nsteps = 10\n")
+    with pytest.raises(ConfigError, match="--set train.lr: given twice"):
+        load_config(p, ["train.lr=1e-3", "model.n_heads=2", "train.lr=1e-2"])
+    assert load_config(p, ["train.lr=1e-3"]).train.lr == 1e-3
 
 
 def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
