@@ -425,6 +425,15 @@ def cmd_gates(args: argparse.Namespace) -> int:
     if not math.isfinite(loss := batch_loss(model, cfg)):  # every gate and NLL would be NaN, and saved
         raise UsageError(f"run {run_id} ({status}) at its checkpoint step {step} gives a loss of {loss}; "
                          f"there is no model to fit gates to")
+    from dynamics.tasks import data_hash
+
+    recorded_hash = store.run_attrs(args.store, run_id).get("data_hash")
+    if recorded_hash is not None and recorded_hash != data_hash(cfg):
+        # The fit draws the task's eval batches here; on the corpus task they depend on this
+        # machine's standard library, which differs from the one the run was trained on.
+        print(f"note: this machine makes other data for run {run_id}'s task than it was trained on (data_hash "
+              f"{data_hash(cfg)[:12]} here, {recorded_hash[:12]} recorded); the gates are fitted to this machine's data",
+              file=sys.stderr)
     if status != "completed":
         print(f"note: run {run_id} is {status}; these gates are fitted to its checkpoint at step {step} "
               f"of {cfg.train.steps}, not to a finished model", file=sys.stderr)

@@ -327,3 +327,18 @@ def test_cli_gates_on_an_unfinished_run_says_so_on_stderr(tmp_path, capsys, one_
     captured = capsys.readouterr()
     assert "is interrupted; these gates are fitted to its checkpoint at step 30 of 40" in captured.err
     assert "note:" not in captured.out
+
+
+def test_cli_gates_says_when_this_machine_makes_other_data_than_the_run_trained_on(trained, capsys):
+    # On the corpus task another machine's standard library is other data: the fit uses this one's.
+    path, run_id, _, _ = trained
+    recorded = store.run_attrs(path, run_id)["data_hash"]
+    store.update_run_attrs(path, run_id, data_hash="0" * 64)
+    try:
+        assert cli.main(["gates", path, "--steps", "2", "--init-steps", "1", "--restarts", "1", "--no-save"]) == 0
+    finally:
+        store.update_run_attrs(path, run_id, data_hash=recorded)
+    err = capsys.readouterr().err
+    assert "this machine makes other data" in err and "000000000000 recorded" in err
+    assert cli.main(["gates", path, "--steps", "2", "--init-steps", "1", "--restarts", "1", "--no-save"]) == 0
+    assert "other data" not in capsys.readouterr().err
