@@ -622,3 +622,29 @@ def test_a_diverged_runs_captions_do_not_wait_for_more_snapshots(built, tmp_path
     assert "(the last snapshot recorded before it diverged)" in text and "so far (diverged)" not in text
     live = html.unescape(write_report(path, tmp_path / "live", run_id=ids["C"]).read_text())
     assert "Only 6 of 9 snapshots are recorded so far (stopped)." in live
+
+
+def test_slash_caption_and_line_name_each_kappa_the_runs_were_analysed_with(tmp_path, monkeypatch):
+    # Runs analysed with kappa 0.3 and 0.7: the caption and the dotted lines must show those,
+    # not the default 0.5 that neither run used.
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    steps = np.array([0, 10, 20, 40])
+
+    def run(rid, kappa):
+        analysis = xr.Dataset({"best_slash": (("snapshot", "layer", "head"), np.full((4, 1, 2), 0.2)),
+                               "slash_dominant": (("snapshot", "layer", "head"), np.zeros((4, 1, 2), bool)),
+                               "mean_divergence": (("snapshot",), np.array([0.1, 0.1, 0.2, 0.3]))},
+                              coords={"step": ("snapshot", steps)}, attrs={"kappa": kappa})
+        return _Run(rid, "completed", {"model.init_scale": kappa, "train.seed": 0}, 1.0, 4, np.ones(4, bool), steps,
+                    analysis=analysis, analysis_source="stored")
+
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    ctx = _Ctx(tmp_path / "x", [run("a", 0.3), run("b", 0.7)], None, ["model.init_scale"], tmp_path, True)
+    caption = emergence._emergence_section(ctx).figures[0][1]
+    assert "kappa = 0.3 or 0.7" in caption and "kappa = 0.5" not in caption
+    ax = figs["figures/emergence_slash.png"].axes[0]
+    dotted = sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":")
+    assert dotted == [0.3, 0.7]

@@ -50,19 +50,19 @@ def _emergence_section(ctx: _Ctx) -> _Section:
            for r in done if "slash_dominant" in r.analysis}
     _curves(ax1, groups, best)
     _curves(ax2, groups, dom)
-    kappa = _attr_values(done, "kappa")
-    kappa = float(kappa[0]) if len(kappa) == 1 else AnalysisOptions().kappa
+    kappas, kappa_text = _kappas(done)
     for ax, label in ((ax1, "best slash score, head mean (fraction)"), (ax2, "slash-dominant heads (fraction of heads)")):
         _step_axis(ax, np.concatenate([r.analysis["step"].values for r in done]))
         ax.set_ylabel(label)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    ax1.axhline(kappa, color="grey", ls=":", lw=1)
+    for kappa in kappas:  # one dotted line per threshold the runs were analysed with
+        ax1.axhline(kappa, color="grey", ls=":", lw=1)
     _legend(ax1, groups)
     sec.figures.append((_save(fig, out, "figures/emergence_slash.png"),
                         f"Slash pattern against training step, {colour}; {spread}. Left: best slash score "
                         f"(attention on the single best offset {_offset_window(done)}, Cheng et al. 2026) averaged over heads, "
-                        f"dotted: kappa = {kappa:g}. "
+                        f"dotted: {kappa_text}. "
                         f"Right: fraction of heads that are slash-dominant (best slash score >= kappa)."))
 
     # Roles: one panel per role that occurs anywhere.
@@ -138,17 +138,23 @@ def _pending_sentence(pending) -> str:
             f"{', '.join(r.run_id for r in pending)}.")
 
 
-def _attr_values(runs, name: str) -> list:
-    """The distinct values of analysis attr `name` over `runs` (JSON-comparable), in first-seen order."""
-    seen = []
-    for r in runs:
-        value = r.analysis.attrs.get(name) if r.analysis is not None else None
-        if value is None:
-            continue
-        value = value.tolist() if hasattr(value, "tolist") else value
-        if value not in seen:
-            seen.append(value)
-    return seen
+def _kappas(runs) -> tuple[list[float], str]:
+    """The slash-dominance thresholds the runs were analysed with (analysis attr ``kappa``), and
+    the caption phrase naming them; the default for runs whose analysis does not say."""
+    values = [r.analysis.attrs.get("kappa") if r.analysis is not None else None for r in runs]
+    known = sorted({float(v) for v in values if v is not None})
+    lacking = any(v is None for v in values)
+    if not known:
+        default = AnalysisOptions().kappa
+        return [default], f"kappa = {default:g}"
+    text = "kappa = " + " or ".join(f"{k:g}" for k in known)
+    if len(known) > 1:
+        text += " (each run's own, from its analysis)"
+    if lacking:
+        default = AnalysisOptions().kappa
+        text += f"; {default:g} assumed for the runs whose analysis does not say"
+        known = sorted({*known, default})
+    return known, text
 
 
 def _offset_window(runs) -> str:
