@@ -212,6 +212,8 @@ def test_slider_scrubs_every_recorded_snapshot_of_the_median_run(built):
     assert [f["step"] for f in frames] == steps
     assert len({f["src"] for f in frames}) == len(frames)
     assert f'max="{len(frames) - 1}"' in text and 'type="range"' in text
+    # A browser that restores form values on reload (Firefox) would show frame 0 at another position.
+    assert re.search(r'<input type="range" id="step-slider" autocomplete="off"', text)
     assert "probe sequence 0" in text  # the caption says which probe is shown
     assert sorted(p.name for p in (page.parent / "figures" / "attention").iterdir()) == [Path(f["src"]).name for f in frames]
 
