@@ -247,6 +247,20 @@ def test_early_snapshots_cut_every_time_axis():
         predict.early_snapshots(ds.isel(snapshot=slice(1, None)), 2)
 
 
+def test_a_fraction_horizon_on_a_snapshot_keeps_that_snapshot():
+    # 0.575 of a 400-step run is step 230 exactly, but 0.575 * 400 is 229.99999999999997 in
+    # binary floating point: the snapshot at 230 must still be seen.
+    steps = np.array([0, 20, 40, 80, 160, 230, 400])
+    runs = [Run(r.run_id, r.data.assign_coords(step=("snapshot", steps)), r.seed, r.config)
+            for r in make_runs(n_seeds=2)]
+    assert predict.horizon_steps(runs[0].data, [0.575], "fraction").tolist() == [230.0]
+    opt = PredictOptions(horizons=(0.575,))
+    rows = predict.target_table(runs, opt)
+    feats = predict.feature_table(runs, rows, 0.575, opt)
+    assert feats.attrs["horizon_step"] == {r.run_id: 230.0 for r in runs}
+    assert feats.attrs["n_snapshots"] == {r.run_id: 6 for r in runs}
+
+
 # ----------------------------------------------------------------------------- grouping
 
 
@@ -305,6 +319,22 @@ def test_balanced_accuracy_chance_counts_the_classes_each_fold_holds():
     curve = predict.predict_runs(runs, PredictOptions(target="role", boosting_iter=10, n_splits=3, horizons=(0.1,)))
     folds = [curve.target.values[curve.row_fold.values == k] for k in range(curve.sizes["fold"])]
     assert curve.attrs["chance"] == pytest.approx(np.mean([1 / np.unique(f).size for f in folds]))
+
+
+def test_folds_where_auroc_is_undefined_are_named_and_one_fold_has_no_sd():
+    # Seeds 1 and 2 grow no slash head, so their test folds hold one class and AUROC is
+    # undefined there: the "mean ± sd over folds" rests on seed 0's fold alone.
+    fates = [np.random.default_rng(0).random((L, H)) < 0.5, np.zeros((L, H), bool), np.zeros((L, H), bool)]
+    runs = [Run(f"r{s}", make_run(s, fate), seed=s) for s, fate in enumerate(fates)]
+    curve = predict.predict_runs(runs, PredictOptions(horizons=(0.1,), n_splits=3, boosting_iter=10))
+    defined = np.isfinite(curve.score.values)
+    assert defined.sum(axis=-1).tolist() == [[1] * len(MODELS)]
+    assert np.isnan(curve.score_std.values).all()  # one fold: no spread to report, not 0
+    np.testing.assert_array_equal(curve.score_mean.values, curve.score.values[defined].reshape(1, -1))
+    text = predict.format_curve(curve)
+    assert "AUROC undefined on 2 of 3 test folds (one class: " in text
+    assert "seed=1" in text and "seed=2" in text and "means over the other 1" in text
+    assert "±" not in text.split("\n", 4)[-1]  # no "± 0.000" in the table
 
 
 def test_config_groups_ignore_where_a_run_ran():

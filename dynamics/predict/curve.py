@@ -145,7 +145,8 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
 
         - ``score`` (horizon, model, fold): the metric ``attrs["metric"]`` on each test fold
           (NaN where undefined, e.g. a fold with one class);
-        - ``score_mean``, ``score_std`` (horizon, model): over the folds where defined;
+        - ``score_mean``, ``score_std`` (horizon, model): over the folds where defined (the sd
+          NaN when only one is);
         - ``score_pooled`` (horizon, model): the metric over all out-of-fold predictions;
         - ``prediction`` (horizon, model, head_row): out-of-fold predictions;
         - ``target`` (head_row), and ``target_offset`` for the slash target;
@@ -201,6 +202,15 @@ def format_curve(curve: xr.Dataset) -> str:
         # training folds' majority, which scores 0 on a fold that lacks it (--group config).
         lines[-1] = lines[-1].removesuffix(")") + ": one constant class present in each test fold; "
         lines[-1] += "the chance row guesses the training folds' majority)"
+    # AUROC and Spearman are undefined on a test fold whose target is constant (one class):
+    # such a fold is left out of every mean and sd, so say which, and how many remain.
+    undefined = [k for k in range(curve.sizes["fold"]) if np.isnan(curve["score"].isel(fold=k).values).all()]
+    if undefined:
+        groups = "; ".join(str(curve["test_groups"].values[k]) for k in undefined)
+        left = curve.sizes["fold"] - len(undefined)
+        why = "one class" if a["metric"] == "auroc" else "a constant target or under 3 heads"
+        lines.append(f"{metric} undefined on {len(undefined)} of {curve.sizes['fold']} test folds ({why}: {groups}); "
+                     f"means over the other {left}" + (", no sd from one fold" if left == 1 else ""))
     if "classes" in a:
         names = a.get("class_names", a["classes"])
         lines.append("classes: " + ", ".join(f"{n}={c}" for n, c in zip(names, a["class_counts"], strict=True)))
@@ -211,7 +221,7 @@ def format_curve(curve: xr.Dataset) -> str:
         for h in curve["horizon"].values:
             mean = float(curve["score_mean"].sel(horizon=h, model=m))
             sd = float(curve["score_std"].sel(horizon=h, model=m))
-            cells.append("n/a" if math.isnan(mean) else f"{mean:.3f} ± {sd:.3f}")
+            cells.append("n/a" if math.isnan(mean) else f"{mean:.3f}" if math.isnan(sd) else f"{mean:.3f} ± {sd:.3f}")
         rows.append(cells)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:

@@ -74,10 +74,18 @@ def horizon_steps(run: xr.Dataset, horizons: Sequence[float], unit: str) -> np.n
     >>> ds = xr.Dataset(coords={"step": ("snapshot", [0, 10, 200])})
     >>> horizon_steps(ds, [0, 0.1, 1.0], "fraction").tolist()
     [0.0, 20.0, 200.0]
+    >>> horizon_steps(xr.Dataset(coords={"step": ("snapshot", [0, 400])}), [0.575], "fraction").tolist()
+    [230.0]
     """
     final = float(np.max(run["step"].values))
     h = np.asarray(horizons, dtype=np.float64)
-    return h * final if unit == "fraction" else h
+    if unit != "fraction":
+        return h
+    # Steps are whole numbers, and a fraction given in decimal is rarely exact in binary:
+    # 0.575 * 400 is 229.99999999999997, which would leave out the snapshot at step 230.
+    steps = h * final
+    whole = np.round(steps)
+    return np.where(np.abs(steps - whole) <= 1e-9 * max(final, 1.0), whole, steps)
 
 
 # --------------------------------------------------------------------------- features

@@ -155,7 +155,8 @@ def _mean_sd(values: np.ndarray) -> tuple[float, float]:
     ok = values[np.isfinite(values)]
     if ok.size == 0:
         return float("nan"), float("nan")
-    return float(ok.mean()), float(ok.std(ddof=1)) if ok.size > 1 else 0.0
+    # one fold leaves the spread unknown: NaN, not a "± 0" that reads as perfect agreement
+    return float(ok.mean()), float(ok.std(ddof=1)) if ok.size > 1 else float("nan")
 
 
 def cross_validate(
