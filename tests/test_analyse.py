@@ -13,6 +13,7 @@ import xarray as xr
 
 from dynamics import cli, store
 from dynamics.analyse import analyse_store
+from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.analysis.roles import RoleThresholds
 from dynamics.config import from_dict, load_config, with_values
 from dynamics.train import train_run
@@ -62,6 +63,7 @@ def test_worker_processes_give_the_single_process_results(three_runs, tmp_path):
         assert plain.role.dims == ("snapshot", "layer", "head") and plain.step.size == a.step.size
         # the thresholds predict compares before it reads a stored role target survive the store
         assert a.attrs["role_thresholds"] == dataclasses.asdict(RoleThresholds())
+        assert a.attrs["analysis_version"] == ANALYSIS_VERSION  # readers recompute any other
 
 
 def test_rewriting_an_analysis_replaces_it_whole(three_runs):

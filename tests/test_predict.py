@@ -424,6 +424,10 @@ def test_stored_analysis_under_other_thresholds_is_not_read_as_the_target():
     assert predict.final_targets(r.data, "role", analysis).attrs["source"] == "stored analysis"
     with pytest.raises(PredictError, match="kappa"):
         predict.final_targets(r.data.drop_vars("attention"), "slash", analysis, strict)
+    # An analysis stored by older analysers (no or another analysis_version) is not read either.
+    old = analysis.copy()
+    old.attrs = {k: v for k, v in analysis.attrs.items() if k != "analysis_version"}
+    assert predict.final_targets(r.data, "role", old).attrs["source"] == "computed from the final snapshot"
 
 
 def test_a_sink_head_is_not_a_slash_target_nor_a_long_offset_feature():

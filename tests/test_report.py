@@ -650,3 +650,17 @@ def test_slash_caption_and_line_name_each_kappa_the_runs_were_analysed_with(tmp_
     ax = figs["figures/emergence_slash.png"].axes[0]
     dotted = sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":")
     assert dotted == [0.3, 0.7]
+
+
+def test_an_analysis_stored_by_older_analysers_is_recomputed_and_said_so(built, tmp_path):
+    # Run A's stored analysis, stamped as another version: its numbers are not mixed with this version's.
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    stale = store.open_analysis(copy, ids["A"]).load()
+    stale.attrs["analysis_version"] = 1
+    store.write_analysis(copy, ids["A"], stale)
+    text = html.unescape(write_report(copy, tmp_path / "out").read_text())
+    row = re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
+    assert "computed for this report (not stored); the stored one is from an older version of the analysers" in row
+    assert "stored by `dynamics analyse`" not in row

@@ -38,6 +38,17 @@ from dynamics.schema import SNAPSHOT
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
 
 
+ANALYSIS_VERSION = 2
+"""Stamped on every analysis (attr ``analysis_version``) and raised whenever what the analysers
+compute changes; readers recompute a stored analysis of another version rather than mix it with
+this one's (version 2: slash window up to T // 2, induction keys k < i, ragged runs)."""
+
+
+def is_current(analysis: xr.Dataset) -> bool:
+    """Whether a stored analysis was computed by these analysers (its ``analysis_version``)."""
+    return analysis.attrs.get("analysis_version") == ANALYSIS_VERSION
+
+
 @dataclass(frozen=True)
 class AnalysisOptions:
     """Thresholds of every analyser, stored in the analysis attrs for provenance."""
@@ -156,6 +167,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         out["q_subspace_cos"] = principal_angles(ds["head_weights"], weight="q")
 
     out.attrs.update(
+        analysis_version=ANALYSIS_VERSION,
         roles=list(ROLES),
         kappa=opt.kappa,
         slash_offsets=[opt.slash_min_offset, int(window)],

@@ -9,7 +9,7 @@ import numpy as np
 import xarray as xr
 
 from dynamics.analysis.divergence import js_distance
-from dynamics.analysis.pipeline import AnalysisOptions
+from dynamics.analysis.pipeline import AnalysisOptions, is_current
 from dynamics.analysis.redundancy import cluster_heads
 from dynamics.analysis.roles import ROLES, assign_roles, role_scores
 from dynamics.analysis.slash import best_offset, slash_dominant, slash_score
@@ -51,6 +51,8 @@ def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[st
     # the curve records (its analysis_options attrs) would be a different target.
     if analysis is None or any(v not in analysis for v in needed) or "step" not in analysis.coords:
         return None
+    if not is_current(analysis):
+        return None  # computed by older analysers: recomputed from the final snapshot instead
     if float(analysis["step"].values[-1]) != float(np.max(run["step"].values)):
         return None  # analysed before the run finished: its last snapshot is not the final one
     a = analysis.attrs

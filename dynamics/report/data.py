@@ -15,7 +15,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.analysis import analyse_run
-from dynamics.analysis.pipeline import AnalysisOptions
+from dynamics.analysis.pipeline import AnalysisOptions, is_current
 from dynamics.schema import FINISHED_STATUSES, config_value
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
@@ -179,8 +179,11 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -
         recorded=_recorded_mask(ds) if "snapshot" in ds.dims else np.zeros(0, bool),
         steps=np.asarray(ds["step"].values) if "step" in ds.coords else np.arange(ds.sizes.get("snapshot", 0)),
     )
+    stale = False
     try:
         stored = store.open_analysis(path, run_id)
+        if stored is not None and not is_current(stored):
+            stored, stale = None, True  # older analysers' results: not mixed with this version's
         have = [v for v in _RUN_VARS if v in stored] if stored is not None else []
         run.analysis = stored[have].load() if stored is not None else None
     except Exception:  # noqa: BLE001 - e.g. being rewritten by `dynamics analyse` right now: analyse here
@@ -191,7 +194,8 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -
         run.analysis_note = "stored by `dynamics analyse`" + (f" (lacks {', '.join(lacking)})" if lacking else "")
         return run
     if not compute_missing:
-        run.analysis_note = "no stored analysis (run `dynamics analyse`)"
+        run.analysis_note = ("stored analysis is from an older version of the analysers (run `dynamics analyse`)"
+                             if stale else "no stored analysis (run `dynamics analyse`)")
         return run
     if run.n_recorded < _MIN_SNAPSHOTS:
         run.analysis_note = f"only {run.n_recorded} snapshot(s) recorded; analysis needs {_MIN_SNAPSHOTS}"
@@ -204,7 +208,8 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -
         return run
     run.analysis_source = "computed"
     partial = "" if run.n_recorded == run.n_snapshots else f" on {run.n_recorded} of {run.n_snapshots} snapshots"
-    run.analysis_note = f"computed for this report{partial} (not stored)"
+    run.analysis_note = f"computed for this report{partial} (not stored)" + (
+        "; the stored one is from an older version of the analysers (run `dynamics analyse`)" if stale else "")
     return run
 
 
@@ -224,7 +229,7 @@ def _analyse_recorded(ds: xr.Dataset, recorded: np.ndarray, names: list[str]) ->
 def _chosen_analysis(path, run: _Run, compute_missing: bool) -> tuple[xr.Dataset | None, str]:
     """Roles per snapshot and the last snapshot's JS distances of the chosen run."""
     stored = store.open_analysis(path, run.run_id)
-    if stored is not None and "js_distance" in stored:
+    if stored is not None and "js_distance" in stored and is_current(stored):
         out = stored[[v for v in ("role",) if v in stored]].load()
         out.attrs = dict(stored.attrs)
         return _with_last_js(out, stored["js_distance"].isel(snapshot=-1).load()), "stored"
