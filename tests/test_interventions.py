@@ -78,6 +78,16 @@ def gated(tmp_path_factory):
     return train(path, config({"conditioned_gates": {"init": 0.0}}))
 
 
+def _train_step(cfg, model, iv, opt, s):
+    """Training step s's forward and backward under the interventions, as train.py does (no update)."""
+    tokens = torch.from_numpy(make_batch(cfg, "train", s, 8).tokens)  # (B, T+1)
+    opt.zero_grad(set_to_none=True)
+    with model.hooks(iv.fwd_hooks()):
+        logits = model(tokens[:, :-1])  # (B, T, V)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    (loss + iv.loss(s, tokens, logits)).backward()
+
+
 # ----------------------------------------------------------------------------- pure pieces
 
 
@@ -387,12 +397,7 @@ def test_state_dict_round_trip_resumes_exactly():
         return model, iv, make_optimizer(cfg, model, iv.parameters())
 
     def step(model, iv, opt, s, probe):
-        tokens = torch.from_numpy(make_batch(cfg, "train", s, 8).tokens)  # (B, T+1)
-        opt.zero_grad(set_to_none=True)
-        with model.hooks(iv.fwd_hooks()):
-            logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
-        (loss + iv.loss(s, tokens, logits)).backward()
+        _train_step(cfg, model, iv, opt, s)
         blocks = iv.snapshot(model, probe)
         blob = io.BytesIO()
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "iv": iv.state_dict()}, blob)
@@ -433,12 +438,7 @@ def test_gate_ema_tracks_the_heads_own_gate_and_snapshot_s_has_seen_s_updates():
     probe = make_batch(cfg, "probe", 0, 4).tokens[:, :-1]
     emas, own = [], []
     for s in range(4):
-        tokens = torch.from_numpy(make_batch(cfg, "train", s, 8).tokens)  # (B, T+1)
-        opt.zero_grad(set_to_none=True)
-        with model.hooks(iv.fwd_hooks()):
-            logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
-        (loss + iv.loss(s, tokens, logits)).backward()
+        _train_step(cfg, model, iv, opt, s)
         blocks = iv.snapshot(model, probe)
         g = torch.sigmoid(iv.parts[0].b.detach()).numpy()  # (L, H): W = 0, so every input's own gate
         emas.append(blocks["conditioned_gate_ema"])
