@@ -167,14 +167,21 @@ def is_store(path: str | os.PathLike) -> bool:
         Never raises for a missing or foreign path.
     """
     try:
-        root = _Loc(path).get_json("zarr.json")
+        return _store_root(_Loc(path)) is not None
     except Exception:  # unreachable remote, bad URL: not a store we can use
         return False
-    return bool(root and root.get("node_type") == "group" and "dynamics_store" in root.get("attributes", {}))
 
 
-def _check_version(loc: _Loc) -> None:
-    version = _read_root(loc)["attributes"]["dynamics_store"]
+def _store_root(loc: _Loc) -> dict | None:
+    """The root group metadata if `loc` holds a dynamics store, else None."""
+    root = loc.get_json("zarr.json")
+    if root and root.get("node_type") == "group" and "dynamics_store" in root.get("attributes", {}):
+        return root
+    return None
+
+
+def _check_version(loc: _Loc, root: dict) -> None:
+    version = root["attributes"]["dynamics_store"]
     if not isinstance(version, int) or isinstance(version, bool) or version > STORE_VERSION:
         raise StoreError(f"{loc}: store version {version!r} is newer than this package supports ({STORE_VERSION})")
 
@@ -189,10 +196,15 @@ def check_store(path: str | os.PathLike) -> None:
 
 
 def _require_store(loc: _Loc) -> None:
-    # Every reader and writer of the package calls this: a newer layout is neither read nor written.
-    if not is_store(loc.url):
+    # Every reader and writer of the package calls this: a newer layout is neither read nor
+    # written. One read of the root metadata answers both questions.
+    try:
+        root = _store_root(loc)
+    except Exception:  # unreachable remote, bad URL: as is_store, not a store we can use
+        root = None
+    if root is None:
         raise StoreError(f"not a dynamics store: {loc}")
-    _check_version(loc)
+    _check_version(loc, root)
 
 
 def init_store(path: str | os.PathLike) -> None:
@@ -229,8 +241,9 @@ def init_store(path: str | os.PathLike) -> None:
                     root.require_group(section)
                 _rebuild_index(loc)
                 return
-    _check_version(loc)
-    if not all(_group_exists(loc, s) for s in SECTIONS) or "consolidated_metadata" not in _read_root(loc):
+    root = _read_root(loc)
+    _check_version(loc, root)
+    if not all(_group_exists(loc, s) for s in SECTIONS) or "consolidated_metadata" not in root:
         with _locked(loc):
             root = zarr.open_group(loc.store, mode="r+", use_consolidated=False)
             for section in SECTIONS:
