@@ -412,7 +412,8 @@ def cmd_gates(args: argparse.Namespace) -> int:
     if run_id not in runs:
         raise UsageError(f"no run {args.run!r} in {args.store}" if args.run else
                          f"{args.store} holds {len(runs)} runs; choose one with --run ({', '.join(runs[:8])})")
-    cfg = from_dict({k: v for k, v in store.run_attrs(args.store, run_id)["config"].items() if k != "sweep"})
+    attrs = store.run_attrs(args.store, run_id)
+    cfg = from_dict({k: v for k, v in attrs["config"].items() if k != "sweep"})
     # Component names are checked against the run before the model is loaded or anything fitted.
     check_fittable(cfg)
     contrast = parse_contrast(args.contrast, cfg) if args.contrast else None
@@ -421,18 +422,18 @@ def cmd_gates(args: argparse.Namespace) -> int:
     from dynamics.train import batch_loss, load_run_model
 
     model, cfg, step = load_run_model(args.store, run_id)  # StoreError (exit 2) when there is no checkpoint
-    status = store.run_attrs(args.store, run_id).get("status")
+    status = attrs.get("status")
     if not math.isfinite(loss := batch_loss(model, cfg)):  # every gate and NLL would be NaN, and saved
         raise UsageError(f"run {run_id} ({status}) at its checkpoint step {step} gives a loss of {loss}; "
                          f"there is no model to fit gates to")
     from dynamics.tasks import data_hash
 
-    recorded_hash = store.run_attrs(args.store, run_id).get("data_hash")
-    if recorded_hash is not None and recorded_hash != data_hash(cfg):
+    recorded_hash, hash_here = attrs.get("data_hash"), data_hash(cfg)
+    if recorded_hash is not None and recorded_hash != hash_here:
         # The fit draws the task's eval batches here; on the corpus task they depend on this
         # machine's standard library, which differs from the one the run was trained on.
         print(f"note: this machine makes other data for run {run_id}'s task than it was trained on (data_hash "
-              f"{data_hash(cfg)[:12]} here, {recorded_hash[:12]} recorded); the gates are fitted to this machine's data",
+              f"{hash_here[:12]} here, {recorded_hash[:12]} recorded); the gates are fitted to this machine's data",
               file=sys.stderr)
     if status != "completed":
         print(f"note: run {run_id} is {status}; these gates are fitted to its checkpoint at step {step} "
