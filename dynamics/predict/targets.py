@@ -31,7 +31,7 @@ def _settings(target: str, opt: AnalysisOptions, n_query: int) -> dict:
     if target == "slash":
         return {"kappa": opt.kappa, "slash_offsets": [opt.slash_min_offset, opt.slash_window(n_query)]}
     if target == "role":
-        return {"token_id": opt.roles.token_id, "token_threshold": opt.roles.token}
+        return {"role_thresholds": asdict(opt.roles)}  # every role's threshold, the token role's included
     return {"cluster_threshold": opt.cluster_threshold}
 
 
@@ -57,10 +57,7 @@ def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[st
         return None  # analysed before the run finished: its last snapshot is not the final one
     a = analysis.attrs
     n_query = run["attention"].sizes["query"] if "attention" in run else run["probe_tokens"].shape[-1]
-    want = _settings(target, opt, n_query)
-    if target == "role" and "role_thresholds" in a:
-        want["role_thresholds"] = asdict(opt.roles)
-    for key, value in want.items():
+    for key, value in _settings(target, opt, n_query).items():
         if key not in a or not _same(a[key], value):
             if "attention" not in run:
                 raise PredictError(f"target {target!r}: the stored analysis has {key} = {a.get(key)!r}, not {value!r}, "
@@ -77,10 +74,10 @@ def final_targets(
 ) -> xr.Dataset:
     """One target per head, read from the run's final snapshot.
 
-    From the stored analysis when it is given, covers the final step and records the
-    thresholds of `options` (kappa and slash offsets, cluster threshold, the token role's
-    settings and, where recorded, every role threshold), else computed from the final
-    snapshot with the analysers (the same calls as `analyse_run`).
+    From the stored analysis when it is given, was made by these analysers, covers the final
+    step and records the thresholds of `options` (kappa and slash offsets, cluster threshold,
+    every role threshold), else computed from the final snapshot with the analysers (the same
+    calls as `analyse_run`).
 
     Parameters
     ----------
