@@ -104,16 +104,20 @@ def _write_index(path: str, points: list[Point]) -> None:
             if k not in axes:
                 axes.append(k)
     runs = {rid: dict(values or {}) for rid, values in index.get("runs", {}).items()}
-    configs = {p.run_id: p.cfg.to_dict() for p in points}
+    new = {p.run_id: p for p in points}
     for p in points:
         runs[p.run_id] = {**runs.get(p.run_id, {}), **p.values}
-    present = set(store.list_runs(path))
+    present = None
     for rid, values in runs.items():
         missing = [a for a in axes if a not in values]
-        config = configs.get(rid)
-        if missing and config is None and rid in present:
-            config = store.run_attrs(path, rid).get("config")
-        if missing and isinstance(config, dict):
+        if not missing:
+            continue
+        if rid in new:
+            config = new[rid].cfg.to_dict()
+        else:  # a run of an earlier sweep: its stored config, if it ever started
+            present = set(store.list_runs(path)) if present is None else present
+            config = store.run_attrs(path, rid).get("config") if rid in present else None
+        if isinstance(config, dict):
             values.update({a: _plain(config_value(config, a)) for a in missing})
         runs[rid] = {a: values[a] for a in axes if a in values}
     store.write_sweep_index(path, {"axes": axes, "runs": runs})
