@@ -2,6 +2,7 @@
 
 import os
 
+import numpy as np
 import pytest
 
 # Tests run single-threaded torch: deterministic and fair on a shared 2-core machine.
@@ -62,3 +63,13 @@ def wait_for_checkpoint(path, run_id: str, at_least: int, timeout: float = 120.0
             if store.run_attrs(path, run_id).get("checkpoint_step", 0) >= at_least:
                 return
         time.sleep(0.02)
+
+
+def assert_same_run_arrays(a, b) -> None:
+    """The runs recorded at stores `a` and `b` hold the same variables, bitwise equal."""
+    from dynamics import store
+
+    got, want = store.open_run(a).load(), store.open_run(b).load()
+    assert set(got.data_vars) == set(want.data_vars)
+    for name in want.data_vars:
+        np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)

@@ -10,12 +10,11 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from dynamics import store
 from dynamics.config import load_config
-from tests.conftest import wait_for_checkpoint
+from tests.conftest import assert_same_run_arrays, wait_for_checkpoint
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -23,11 +22,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 def dyn(*args, **kw):
     return subprocess.run([sys.executable, "-m", "dynamics", *map(str, args)], capture_output=True, text=True,
                           env=ENV, **kw)
-
-
-def arrays(path):
-    ds = store.open_run(path).load()
-    return {name: ds[name].values for name in ds.data_vars}
 
 
 @pytest.fixture
@@ -75,10 +69,7 @@ def test_a_full_disk_fails_the_run_resumably_and_says_where_its_traceback_is(tin
     assert r.returncode == 0, r.stderr
     ref = tmp_path / "ref.zarr"
     assert dyn("run", cfg, "--out", ref).returncode == 0
-    got, want = arrays(out), arrays(ref)
-    assert got.keys() == want.keys()
-    for name in want:
-        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert_same_run_arrays(out, ref)
 
 
 def test_a_disk_too_full_to_make_the_store_does_not_point_at_a_traceback_nowhere(tiny_config, tmpfs):

@@ -13,18 +13,13 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.config import load_config
-from tests.conftest import wait_for_checkpoint
+from tests.conftest import assert_same_run_arrays, wait_for_checkpoint
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"}
 
 
 def dyn(*args, **kw):
     return subprocess.run([sys.executable, "-m", "dynamics", *args], capture_output=True, text=True, env=ENV, **kw)
-
-
-def arrays(path):
-    ds = store.open_run(path).load()
-    return {name: ds[name].values for name in ds.data_vars}
 
 
 def test_run_cli_writes_a_store_plain_xarray_can_open(tiny_config, tmp_path):
@@ -81,10 +76,7 @@ def test_resume_after_sigkill_equals_uninterrupted(tiny_config, tmp_path):
     attrs = store.run_attrs(killed, run_id)
     assert attrs["status"] == "completed" and attrs["starts"] == 2
     assert attrs["steps_trained"] == 200  # up to the checkpoint, then from it: the lost tail was redone
-    a, b = arrays(whole), arrays(killed)
-    assert a.keys() == b.keys()
-    for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert_same_run_arrays(killed, whole)
 
 
 def test_sigterm_records_the_run_interrupted(tiny_config, tmp_path):
@@ -195,7 +187,4 @@ def test_fsspec_url_store_interrupted_and_resumed_equals_local_run(tiny_config, 
     attrs = store.run_attrs(url, cfg.run_id())
     assert attrs["starts"] == 2  # resumed from the checkpoint, not retrained from step 0:
     assert attrs["steps_trained"] == first["steps_trained"] + 60 - first["checkpoint_step"]
-    a, b = arrays(url), arrays(tmp_path / "local.zarr")
-    assert a.keys() == b.keys()
-    for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert_same_run_arrays(url, tmp_path / "local.zarr")
