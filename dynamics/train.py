@@ -75,6 +75,13 @@ def gate_reg_weight(cfg: RunConfig, step: int) -> float:
     return cfg.model.gate_l1 * min(1.0, max(0.0, (frac - 0.1) / 0.6))
 
 
+def gates_held(cfg: RunConfig, step: int) -> bool:
+    """Whether the update from step ``step``'s gradient leaves learned gates unchanged: the first
+    10% of steps, the same fraction at which :func:`gate_reg_weight`'s ramp starts (an integer
+    ``steps // 10`` freed the gates a step early whenever steps is not a multiple of 10)."""
+    return cfg.model.gates == "learned" and 10 * step < cfg.train.steps
+
+
 def make_optimizer(cfg: RunConfig, model: Transformer, extra: list | None = None) -> torch.optim.Optimizer:
     tr = cfg.train
     params = model.optim_parameters() + list(extra or [])
@@ -448,7 +455,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             if step == cfg.train.steps:
                 break
             losses[step] = last_loss
-            if cfg.model.gates == "learned" and step < cfg.train.steps // 10:
+            if gates_held(cfg, step):
                 for block in model.blocks:
                     block.attn.gate_logit.grad = None  # gates held fixed during warm-up
             if cfg.train.grad_clip:

@@ -299,3 +299,26 @@ def test_a_checkpoint_is_the_state_when_taken_though_serialised_after_more_steps
     for i, s in a["optimizer"]["state"].items():
         for k, v in s.items():
             torch.testing.assert_close(b["optimizer"]["state"][i][k], v, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("steps", [19, 25, 100])
+def test_learned_gates_are_held_exactly_while_the_l1_ramp_has_not_begun(cfg, tmp_path, steps):
+    # Gates held for the first 10% of steps, then the L1 ramp from 0: both at the same step, also
+    # when steps is not a multiple of 10 (19 steps: steps 0 and 1 are under 10%, step 2 is not).
+    import dynamics
+    from dynamics.train import gate_reg_weight, gates_held
+
+    cfg = with_values(cfg, {"model.gates": "learned", "model.gate_l1": 0.5, "train.steps": steps,
+                            "train.lr": 3e-2, "record.every": 1, "record.dense_until": 0})
+    boundary = next(s for s in range(steps) if s / steps >= 0.1)
+    assert [gates_held(cfg, s) for s in range(steps)] == [s < boundary for s in range(steps)]
+    reg = [gate_reg_weight(cfg, s) for s in range(steps)]
+    assert all(w == 0 for w in reg[:boundary]) and all(w > 0 for w in reg[boundary + 1:])
+    assert [w == 0.5 for w in reg] == [s / steps >= 0.7 for s in range(steps)]
+    if steps != 19:
+        return
+    path = str(tmp_path / "g.zarr")
+    train_run(cfg, path)
+    gate = dynamics.open_run(path).gate.sel(step=[0, boundary, boundary + 1]).values
+    np.testing.assert_array_equal(gate[1], gate[0])  # model after `boundary` held updates
+    assert (gate[2] != gate[0]).all()
