@@ -111,9 +111,10 @@ def _check_store(path: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
-    from dynamics import interventions
+    from dynamics import interventions, tasks
 
     interventions.check(cfg)
+    tasks.check(cfg)
     if args.device:
         from dynamics.config import replace_section
         cfg = replace_section(cfg, "train", device=args.device)

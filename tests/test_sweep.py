@@ -118,6 +118,12 @@ def test_invalid_point_is_named():
         expand_grid(cfg)
 
 
+def test_a_point_whose_corpus_split_has_no_windows_is_named():
+    cfg = from_dict(tiny({"task.holdout": [0.1, 1e-9]}, task={"name": "corpus"}, model={"vocab_size": 256}))
+    with pytest.raises(ConfigError, match=r"^sweep point task.holdout=1e-09: task.holdout: 1e-09 leaves no held-out"):
+        expand_grid(cfg)
+
+
 def test_points_that_are_the_same_run_are_refused():
     for axis in ({"train.device": ["cpu", "cuda"]}, {"train.seed": [0, 1, 0]}):
         with pytest.raises(ConfigError, match="are the same experiment .* a value repeats, or they differ only in"):

@@ -250,6 +250,26 @@ def test_corpus_split_and_hash():
     assert held_names <= {n for n, h in zip(names, tasks._held_out(tuple(names), 0.3), strict=True) if h}
 
 
+def test_a_corpus_split_without_windows_is_a_config_error_before_any_batch():
+    # Which files a holdout keeps depends on this machine's standard library, so config
+    # validation passes these; tasks.check must refuse them, naming the key.
+    import hashlib
+
+    from dynamics.config import ConfigError
+
+    names = tasks._corpus_files().names
+    u = sorted(int.from_bytes(hashlib.sha256(n.encode()).digest()[:8], "big") / 2.0**64 for n in names)
+    tasks.check(cfg_for("corpus"))
+    with pytest.raises(ConfigError, match=r"^task\.holdout: .* no held-out \(eval and probe\) file"):
+        tasks.check(cfg_for("corpus", holdout=u[0] / 2))
+    with pytest.raises(ConfigError, match=r"^task\.holdout: .* no training file"):
+        tasks.check(cfg_for("corpus", holdout=(u[-1] + 1) / 2))
+    longest = int(tasks._corpus_files().lengths.max())
+    with pytest.raises(ConfigError, match=r"^model\.context: .* too long for the corpus"):
+        tasks.check(from_dict({"task": {"name": "mixture", "components": ["markov", "corpus"]},
+                               "model": {"vocab_size": 256, "context": longest, "pos": "none"}}))
+
+
 def test_corpus_windows_are_substrings_of_the_right_split():
     cfg = cfg_for("corpus", context=64)
     corpus = tasks._corpus_files()

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynamics import tasks
 from dynamics.config import EXECUTION_KEYS, ConfigError, RunConfig, with_values
 
 
@@ -82,6 +83,7 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
         values = {k: _plain(merged[k]) for k in axes}  # axis order, JSON-able
         try:
             point_cfg = with_values(cfg, values)
+            tasks.check(point_cfg)
             if point_cfg.intervene:  # as `dynamics run` does, so a bad point fails here, not in a worker
                 from dynamics import interventions
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dynamics.config import TASKS, RunConfig
-from dynamics.tasks.corpus import _corpus
+from dynamics.config import TASKS, ConfigError, RunConfig
+from dynamics.tasks.corpus import _corpus, check_corpus
 from dynamics.tasks.induction import _induction
 from dynamics.tasks.markov import _markov
 from dynamics.tasks.offset_copy import _offset_copy
@@ -111,6 +111,21 @@ def make_batch(cfg: RunConfig, split: str, step: int, batch_size: int, component
         if rows.size:
             tokens[rows], mask[rows] = _generate(cfg, name, split, key, rows.size)
     return Batch(tokens, comp, mask)
+
+
+def check(cfg: RunConfig) -> None:
+    """Raise ConfigError (one line naming the key) if the task cannot make this config's batches
+    on this machine: what :func:`dynamics.config.validate` cannot know (the corpus's files).
+
+    Example
+    -------
+    >>> from dynamics.config import from_dict
+    >>> check(from_dict({"task": {"name": "induction"}}))
+    """
+    if "corpus" in cfg.task.component_names:
+        problem = check_corpus(cfg.task.holdout, cfg.model.context + 1)
+        if problem:
+            raise ConfigError(problem)
 
 
 _POOL_KEY = 7919  # distinct SeedSequence entropy for drawing rows from the low-data pool

@@ -95,6 +95,23 @@ def _corpus(rng, n, L, holdout, split):
     return c.data[begin[:, None] + np.arange(L)[None, :]].astype(np.int64)
 
 
+def check_corpus(holdout: float, L: int) -> str | None:
+    """What keeps the corpus from giving windows of L bytes on both sides of the split, or None.
+
+    The split and the file lengths depend on this interpreter's standard library, so config
+    validation cannot see them; without this a run was created in the store and then failed.
+    """
+    c = _corpus_files()
+    held = _held_out(c.names, float(holdout))
+    for side, name in ((~held, "training"), (held, "held-out (eval and probe)")):
+        if not side.any():
+            return f"task.holdout: {holdout} leaves no {name} file of this Python's standard library"
+        if c.lengths[side].max() < L:
+            return (f"model.context: {L - 1} is too long for the corpus: no {name} file has the {L} bytes "
+                    f"a window needs (task.holdout {holdout})")
+    return None
+
+
 def corpus_info(holdout: float) -> dict:
     """Describe the standard-library corpus and its train / held-out split.
 

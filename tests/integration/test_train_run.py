@@ -123,6 +123,8 @@ def test_absurd_learning_rate_ends_diverged_not_traceback(tiny_config, tmp_path)
         (["--set", "model.foo=1"], "unknown key 'model.foo'"),
         (["--set", "model.context=4"], "model.context: 4 is too short"),
         (["--set", "model.d_model='big'"], "model.d_model: expected an integer"),
+        (["--set", "task.name='corpus'", "--set", "model.vocab_size=256", "--set", "task.holdout=1e-9"],
+         "task.holdout: 1e-09 leaves no held-out (eval and probe) file"),
     ],
 )
 def test_bad_config_one_line_exit_2_nothing_written(tiny_config, tmp_path, args, needle):
