@@ -175,8 +175,9 @@ def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
     list of (label, similarity, unmatched, runs)
         One row per group of two or more runs: its matched similarity and the unmatched
         all-pairs reference it should be read against. The label is the group's values of the sweep
-        axes other than the seed when the store has a sweep index, else its values of the
-        settings that differ between groups (a short hash of the config when only one group).
+        axes other than the seed when the store has a sweep index (and the settings that set it
+        apart from groups with the same values), else its values of the settings that differ
+        between groups (a short hash of the config when only one group).
     """
     import xarray as xr
 
@@ -204,12 +205,29 @@ def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
     counts = collections.Counter(groups)
     if not counts or max(counts.values()) < 2:
         return []  # no config was run with more than one seed
-    # Without sweep labels, name each group by the settings that tell the groups apart.
     keys = sorted({k for c in flat.values() for k in c})
-    varying = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in flat.values()}) > 1]
-    for g, c in flat.items():
+
+    def differing(among) -> list[str]:
+        return [k for k in keys if len({json.dumps(flat[g].get(k), sort_keys=True) for g in among}) > 1]
+
+    def settings(g: str, names: list[str]) -> str:
+        return ", ".join(f"{k}={json.dumps(flat[g].get(k))}" for k in names)
+
+    # Sweeps of different base configs into one store give groups with the same swept values:
+    # they also name the settings that tell them apart, or their lines would read alike.
+    sharing: dict[str, list[str]] = collections.defaultdict(list)
+    for g, text in labels.items():
+        sharing[text].append(g)
+    for text, peers in sharing.items():
+        if len(peers) > 1:
+            extra = differing(peers)
+            for g in peers:
+                labels[g] = f"{text}, {settings(g, extra)}"
+    # Without sweep labels, name each group by the settings that tell the groups apart.
+    varying = differing(flat)
+    for g in flat:
         if g not in labels and varying:
-            labels[g] = ", ".join(f"{k}={json.dumps(c.get(k))}" for k in varying)
+            labels[g] = settings(g, varying)
     stacked = xr.concat(profiles, dim="run", join="outer").transpose("run", "layer", "head", "role_name")
     # A role score the probes could not give (NaN) counts 0 for a head that exists; a head that
     # is padding (all NaN: its run has fewer heads than another) stays missing, matched to nothing.

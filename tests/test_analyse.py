@@ -1,6 +1,7 @@
 """`dynamics analyse` over a store: every finished run, in worker processes, same results as one process."""
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -158,6 +159,29 @@ def test_seed_consistency_groups_runs_by_their_config(three_runs, tmp_path):
     assert unmatched < similarity
     derived = store.open_derived(path, "consistency")
     assert derived is not None and derived.similarity.sizes["group"] == 2
+
+
+def test_seed_consistency_names_groups_that_share_their_swept_values(three_runs, tmp_path):
+    # A second sweep of the same axis from another base config (--set train.lr=...) into the store:
+    # both groups have the same swept values, and their lines must still say which is which.
+    from dynamics.analyse import seed_consistency
+
+    path = str(tmp_path / "m.zarr")
+    shutil.copytree(three_runs[0], path)
+    done = [r for r in store.list_runs(path) if store.run_attrs(path, r)["status"] == "completed"]
+    base = store.run_attrs(path, done[0])["config"]
+    cfg = from_dict({k: v for k, v in base.items() if k != "sweep"})
+    slow = [with_values(cfg, {"train.lr": 1e-3, "train.seed": s}) for s in (0, 1)]
+    for c in slow:
+        train_run(c, path)
+    scale = base["model"]["init_scale"]
+    points = {r: {"model.init_scale": scale, "train.seed": store.run_attrs(path, r)["config"]["train"]["seed"]}
+              for r in [*done, *(c.run_id() for c in slow)]}
+    store.write_sweep_index(path, {"axes": ["model.init_scale", "train.seed"], "runs": points})
+    analyse_store(path, workers=1)
+    rows = {label: n for label, _, _, n in seed_consistency(path)}
+    swept = json.dumps({"model.init_scale": scale})
+    assert rows == {f"{swept}, train.lr={base['train']['lr']}": 3, f"{swept}, train.lr=0.001": 2}
 
 
 def test_seed_consistency_of_a_group_with_fewer_heads_than_the_store(three_runs, tmp_path):
