@@ -396,6 +396,35 @@ def test_groups_differing_only_in_the_second_axis_look_different():
     assert means["init_scale=0.5, lr=0.001 (mean of 2)"] != means["init_scale=0.5, lr=0.01 (mean of 2)"]
 
 
+def test_runs_of_other_base_configs_at_one_swept_point_are_not_averaged_as_seeds(tmp_path):
+    # Two sweeps of init_scale x seed into one store, the second with --set train.lr=...: grouped by
+    # the swept values alone, the curves' "mean over seeds" averaged two configs (mean of 4).
+    from dynamics.config import from_dict, with_values
+    from dynamics.record import coords, snapshot_steps, variables
+    from dynamics.report.data import _collect_or_note, _colour_axes, _pending_runs, _setting_axes
+    from dynamics.report.draw import _groups
+
+    base = from_dict(TINY)
+    steps_at = snapshot_steps(base.train.steps, base.record.dense_until, base.record.every)
+    path = tmp_path / "s.zarr"
+    points = {}
+    for lr in (1e-2, 1e-3):
+        for seed in (0, 1):
+            cfg = with_values(base, {"train.lr": lr, "train.seed": seed})
+            store.RunWriter(path, cfg.run_id(), variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                            attrs={"status": "completed", "config": cfg.to_dict()}).finalize()
+            points[cfg.run_id()] = {"model.init_scale": 1.0, "train.seed": seed}
+    points["rother"] = {"model.init_scale": 2.0, "train.seed": 0}  # pending: varies init_scale
+    index = {"axes": ["model.init_scale", "train.seed"], "runs": points}
+    store.write_sweep_index(path, index)
+    runs = [_collect_or_note(path, rid, index, True) for rid in store.list_runs(path)]
+    axes = _colour_axes([*runs, *_pending_runs(index, store.list_runs(path))], index)  # as write_report does
+    axes += _setting_axes(runs, axes)
+    groups = _groups(runs, axes)
+    assert sorted(len(m) for m in groups.members.values()) == [2, 2]
+    assert sorted(groups.labels[k] for k in groups.keys) == ["init_scale=1, lr=0.001", "init_scale=1, lr=0.01"]
+
+
 def test_a_swept_value_keeps_its_colour_in_every_figure(tmp_path, monkeypatch):
     from matplotlib import colormaps
     from matplotlib.colors import to_rgba

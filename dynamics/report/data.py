@@ -16,6 +16,7 @@ import xarray as xr
 from dynamics import store
 from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions, is_current
+from dynamics.config import experiment_identity
 from dynamics.schema import FINISHED_STATUSES, config_value
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
@@ -42,6 +43,7 @@ class _Run:
     analysis: xr.Dataset | None = None  # _RUN_VARS, loaded; on the analysed snapshots
     analysis_source: str = "missing"  # stored | computed | missing
     analysis_note: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)  # config less seed and execution, "section.key" -> value
 
     @property
     def n_recorded(self) -> int:
@@ -178,6 +180,8 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -
         n_snapshots=int(ds.sizes.get("snapshot", 0)),
         recorded=_recorded_mask(ds) if "snapshot" in ds.dims else np.zeros(0, bool),
         steps=np.asarray(ds["step"].values) if "step" in ds.coords else np.arange(ds.sizes.get("snapshot", 0)),
+        settings={f"{sec}.{k}": v for sec, table in experiment_identity(attrs.get("config", {}), without_seed=True).items()
+                  if isinstance(table, dict) for k, v in table.items()},
     )
     stale = False
     try:
@@ -257,6 +261,31 @@ def _colour_axes(runs: list[_Run], index: dict | None) -> list[str]:
     axes = list((index or {}).get("axes", []))
     varied = [a for a in axes if len({json.dumps(r.params.get(a), sort_keys=True) for r in runs}) > 1]
     return [a for a in varied if not _is_seed(a)] + [a for a in varied if _is_seed(a)]
+
+
+def _setting_axes(runs: list[_Run], axes: list[str]) -> list[str]:
+    """Settings that tell apart runs with the same non-seed swept values, added to their params.
+
+    Sweeps of other base configs into one store (``--set train.lr=...``) give such runs; grouped
+    by the swept values alone, their curves would be averaged as if they were seeds of one config.
+    """
+    group_axes = [a for a in axes if not _is_seed(a)]
+    if not group_axes:
+        return []  # every run is its own group: nothing is averaged
+    points: dict[str, list[_Run]] = {}
+    for r in runs:
+        if r.settings:
+            points.setdefault(json.dumps([r.params.get(a) for a in group_axes], sort_keys=True), []).append(r)
+    extra: list[str] = []
+    for peers in points.values():
+        for key in sorted({k for r in peers for k in r.settings}):
+            values = {json.dumps(r.settings.get(key), sort_keys=True) for r in peers}
+            if key not in axes and key not in extra and len(values) > 1:
+                extra.append(key)
+    for r in runs:
+        if r.settings:
+            r.params.update({k: r.settings.get(k) for k in extra})
+    return extra
 
 
 def _is_seed(axis: str) -> bool:

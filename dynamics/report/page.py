@@ -12,7 +12,16 @@ from pathlib import Path
 from dynamics import store
 from dynamics.report.attention import _attention_section
 from dynamics.report.chg import _chg_section
-from dynamics.report.data import _choose_run, _collect_or_note, _colour_axes, _Ctx, _pending_runs, _Run, _Section
+from dynamics.report.data import (
+    _choose_run,
+    _collect_or_note,
+    _colour_axes,
+    _Ctx,
+    _pending_runs,
+    _Run,
+    _Section,
+    _setting_axes,
+)
 from dynamics.report.draw import _fmt, _short
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
 from dynamics.report.predictor import _predict_section
@@ -78,6 +87,7 @@ def write_report(
     pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
     chosen = run_id or _choose_run(runs)
     axes = _colour_axes([*runs, *pending], index)  # pending runs too: colours stay put as the sweep fills in
+    axes += _setting_axes(runs, axes)
 
     ctx = _Ctx(store_path, runs, chosen, axes, out, compute_missing, pending=pending)
     sections = [_safe(make, ctx) for make in (_attention_section, _emergence_section, _bifurcation_section,
