@@ -347,6 +347,23 @@ def test_config_groups_ignore_where_a_run_ran():
     assert _config_of({}, [], attrs(0, "cpu")) != _config_of({}, [], attrs(0, "cpu", lr=3e-3))
 
 
+def test_config_groups_tell_apart_configs_that_share_their_swept_values(tmp_path):
+    # A second sweep of the same grid from another base config (--set train.lr=...) into one
+    # store: grouped by swept values alone, "holding out whole configs (2 groups)" held out 4.
+    path = tmp_path / "m.zarr"
+    runs = make_runs(n_seeds=2, configs=("a", "b"))
+    write_store(path, runs)
+    points = {}
+    for r in runs:
+        lr = {"a": 1e-3, "b": 1e-2}[r.config]
+        store.update_run_attrs(path, r.run_id, config={"train": {"seed": r.seed, "lr": lr}, "model": {"init_scale": 1.0}})
+        points[r.run_id] = {"model.init_scale": 1.0, "train.seed": r.seed}
+    store.write_sweep_index(path, {"axes": ["model.init_scale", "train.seed"], "runs": points})
+    loaded = predict.load_runs(str(path), PredictOptions(group_by="config"))
+    assert {r.run_id: r.group("config") for r in loaded} == {
+        r.run_id: f"model.init_scale=1.0, train.lr={ {'a': 0.001, 'b': 0.01}[r.config]}" for r in runs}
+
+
 def test_group_splits_rejects_a_single_group():
     with pytest.raises(PredictError, match="at least 2"):
         predict.group_splits(["a"] * 5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,6 +29,28 @@ def _config_of(point: Mapping, axes: Sequence[str], attrs: Mapping) -> str:
         return ", ".join(f"{a}={point.get(a)}" for a in axes if a != SEED_AXIS)
     # no sweep index: the experiment (config less sweep table, device, threads) less the seed
     return json.dumps(experiment_identity(attrs.get("config", {}), without_seed=True), sort_keys=True)
+
+
+def _flat(config: Mapping) -> dict[str, Any]:
+    identity = experiment_identity(config, without_seed=True)
+    return {f"{sec}.{k}": v for sec, table in identity.items() if isinstance(table, dict) for k, v in table.items()}
+
+
+def _told_apart(runs: list[Run], configs: dict[str, dict]) -> list[Run]:
+    """`runs` whose config label (swept values) is shared by runs of other configs (a second sweep of
+    the grid from another base config) with the settings that tell them apart: one label, one config."""
+    sharing: dict[str, list[Run]] = {}
+    for r in runs:
+        sharing.setdefault(r.config, []).append(r)
+    out = {}
+    for label, peers in sharing.items():
+        flat = {r.run_id: _flat(configs[r.run_id]) for r in peers}
+        keys = sorted({k for f in flat.values() for k in f})
+        extra = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flat.values()}) > 1]
+        for r in peers:
+            text = ", ".join(f"{k}={flat[r.run_id].get(k)}" for k in extra)
+            out[r.run_id] = dataclasses.replace(r, config=f"{label}, {text}" if extra and label else label or text)
+    return [out[r.run_id] for r in runs]
 
 
 def load_runs(path: str, options: PredictOptions | None = None) -> list[Run]:
@@ -61,7 +84,7 @@ def load_runs(path: str, options: PredictOptions | None = None) -> list[Run]:
     present = store.list_runs(path)
     ids = [r for r in index.get("runs", {}) if r in present] if index else present
     axes = list(index.get("axes", []))
-    runs, skipped = [], []
+    runs, skipped, configs = [], [], {}
     for rid in ids:
         attrs = store.run_attrs(path, rid)
         if attrs.get("status") != "completed":
@@ -71,6 +94,9 @@ def load_runs(path: str, options: PredictOptions | None = None) -> list[Run]:
         data = store.open_run(path, rid)
         analysis = store.open_analysis(path, rid) if opt.use_stored_analysis else None
         runs.append(Run(rid, data, _seed_of(rid, point, attrs), _config_of(point, axes, attrs), analysis))
+        configs[rid] = attrs.get("config", {})
+    if axes:
+        runs = _told_apart(runs, configs)
     note = f" ({len(skipped)} not completed: {', '.join(skipped[:3])}{'...' if len(skipped) > 3 else ''})" if skipped else ""
     if len(runs) < 2:
         raise PredictError(f"{path}: {len(runs)} completed run(s){note}; prediction needs at least 2")

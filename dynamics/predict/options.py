@@ -142,7 +142,8 @@ class Run:
     seed: Any = None
     """The run's seed (grouping "seed")."""
     config: str = ""
-    """The run's swept values other than the seed, as one label (grouping "config")."""
+    """The run's swept values other than the seed, as one label (grouping "config"); with the
+    settings that set it apart where runs of another base config share those values."""
     analysis: xr.Dataset | None = None
     """Stored analysis, used for final-snapshot targets only."""
 
