@@ -572,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_gates)
     p = sub.add_parser("demo", help="the main job: quickstart sweep, analysis, predictor curve and report")
     p.add_argument("--out", help="store path (default runs/quickstart.zarr)")
-    p.add_argument("--report", help="report directory (default runs/quickstart-report)")
+    p.add_argument("--report", help="report directory (default <store>-report next to the store: runs/quickstart-report)")
     p.add_argument("--workers", type=int, help="worker processes (default: one per core)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config key")
     p.set_defaults(func=cmd_demo)

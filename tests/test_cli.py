@@ -222,3 +222,10 @@ def test_analyse_goes_on_past_a_run_whose_analysis_fails(tiny, tmp_path):
     assert r.stderr.strip().splitlines()[-1] == f"dynamics: the analysis of 1 run(s) failed: {broken}"
     assert store.open_analysis(path, good) is not None
     assert store.open_analysis(path, broken) is None
+
+
+def test_demo_help_gives_the_report_default_that_follows_out():
+    # cmd_demo puts the report next to --out (x.zarr -> x-report); the help said runs/quickstart-report always
+    r = dyn("demo", "--help")
+    assert r.returncode == 0
+    assert "<store>-report next to the store" in " ".join(r.stdout.split())
