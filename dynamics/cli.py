@@ -195,6 +195,18 @@ def _check_devices(cfg) -> None:
         _check_device(str(device))
 
 
+def _check_not_swept(cfg, overrides: list[str]) -> None:
+    """A --set of a key the [sweep] grid varies would be replaced at every point: silently, no run
+    would use the value asked for. The grid's own values are set with --set sweep.<key>=[...]."""
+    from dynamics.config import parse_override
+
+    for text in overrides:
+        key = parse_override(text)[0]
+        if key in cfg.sweep.axes:
+            raise UsageError(f"--set {key}: a [sweep] axis, which every point of the grid sets; "
+                             f"to change its values, --set 'sweep.{key}=[...]'")
+
+
 def _check_workers(workers: int | None) -> None:
     if workers is not None and workers < 1:
         raise UsageError(f"--workers: must be >= 1, got {workers}")
@@ -202,6 +214,7 @@ def _check_workers(workers: int | None) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
+    _check_not_swept(cfg, args.set)
     from dynamics.sweep import run_sweep
 
     _check_workers(args.workers)
@@ -464,6 +477,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: quickstart sweep -> analyse -> predict -> report."""
     config = _quickstart_config()
     cfg = load_config(config, args.set)
+    _check_not_swept(cfg, args.set)
     _check_workers(args.workers)
     _check_devices(cfg)
     out = args.out or "runs/quickstart.zarr"

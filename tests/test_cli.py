@@ -52,6 +52,10 @@ def tiny(tmp_path_factory):
     (["report", "{path}", "--out", "{path}"], "is a dynamics store; a report goes next to it, not into it"),
     (["report", "{path}", "--out", "{path}/rep"], "is inside the store"),
     (["demo", "--out", "{d}/new6.zarr", "--report", "{path}"], "is a dynamics store; a report goes next to it"),
+    # every point of the grid would replace the value: no run would train with it
+    (["demo", "--out", "{d}/new7.zarr", "--set", "train.seed=5"], "--set train.seed: a [sweep] axis"),
+    (["sweep", str(ROOT / "experiments" / "quickstart.toml"), "--out", "{d}/new8.zarr", "--set", "model.init_scale=3.0"],
+     "--set model.init_scale: a [sweep] axis"),
     (["run", "{cfg}", "--out", "nosuch://bucket/x.zarr"], "no filesystem for the URL scheme 'nosuch'"),
     (["run", "{cfg}", "--out", ""], "--out: empty value"),
     (["run", "{cfg}", "--out", "{d}/new5.zarr", "--run-id", " "], "--run-id: empty value"),
@@ -229,3 +233,10 @@ def test_demo_help_gives_the_report_default_that_follows_out():
     r = dyn("demo", "--help")
     assert r.returncode == 0
     assert "<store>-report next to the store" in " ".join(r.stdout.split())
+
+
+def test_a_sweep_axis_is_changed_through_the_sweep_table():
+    from dynamics.sweep.grid import expand_grid
+
+    cfg = load_config(ROOT / "experiments" / "quickstart.toml", ["sweep.train.seed=[5]"])
+    assert {p.values["train.seed"] for p in expand_grid(cfg)} == {5}
