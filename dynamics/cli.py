@@ -264,8 +264,6 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | No
     ``workers`` processes at once, one per core by default (see dynamics.analyse). A line on
     stderr per run; SIGTERM stops it as Ctrl-C does, worker processes included.
     """
-    import os
-
     from dynamics.analyse import analyse_store as analyse
     from dynamics.signals import sigterm_as_interrupt
 
@@ -274,7 +272,17 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | No
         print(f"[analyse] {done}/{total} {row['run']} {what}", file=sys.stderr, flush=True)
 
     with sigterm_as_interrupt():
-        return analyse(path, run_ids, workers=workers or os.cpu_count() or 1, progress=log)
+        return analyse(path, run_ids, workers=workers or _usable_cores(), progress=log)
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on, as the sweep's default_workers counts them: under a CPU
+    affinity mask (taskset, a cgroup cpuset, a batch scheduler's allocation) os.cpu_count()
+    counts the whole machine, and that many processes would each hold a run on fewer cores."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity masks on this platform
+        return max(1, os.cpu_count() or 1)
 
 
 def cmd_analyse(args: argparse.Namespace) -> int:

@@ -240,3 +240,18 @@ def test_a_sweep_axis_is_changed_through_the_sweep_table():
 
     cfg = load_config(ROOT / "experiments" / "quickstart.toml", ["sweep.train.seed=[5]"])
     assert {p.values["train.seed"] for p in expand_grid(cfg)} == {5}
+
+
+def test_analyse_defaults_to_the_cores_this_process_may_use(tiny, monkeypatch):
+    import os
+
+    import dynamics.analyse
+    from dynamics import cli
+
+    _, _, path = tiny
+    seen = []
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(dynamics.analyse, "analyse_store", lambda *a, workers, **k: seen.append(workers) or [])
+    cli.analyse_store(str(path))
+    assert seen == [1]  # as the sweep's default_workers: one process per usable core, not per machine core
