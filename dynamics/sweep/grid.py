@@ -61,7 +61,7 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
     -------
     >>> pts = expand_grid(load_config("experiments/quickstart.toml"))  # doctest: +SKIP
     >>> pts[0].label, pts[0].run_id  # doctest: +SKIP
-    ('model.init_scale=0.5, train.seed=0', 'r3f9c2a61d0')
+    ('model.init_scale=0.5, train.seed=0', 'r79f120039c')
     """
     axes = {k: list(v) for k, v in cfg.sweep.axes.items()}
     group_of = {key: group for group in cfg.sweep.zip for key in group}
