@@ -247,16 +247,35 @@ def train_run(
     run_id = run_id or cfg.run_id()
     store.init_store(path)
     # A finished run stays finished: skipped without the lock, so read-only stores work too.
-    # Anything else is decided under the lock, where the attrs are read again.
+    # Refusals come before the lock too: taking it rewrites the lock file's holder, and a
+    # refused command leaves the store as it found it. Both are decided again under the lock,
+    # where the attrs are read again.
     prior = store.run_attrs(path, run_id) if run_id in store.list_runs(path) else {}
-    if prior.get("status") in FINISHED_STATUSES and _same_experiment(prior, cfg):
+    _refuse_other_experiment(prior, cfg, path, run_id)
+    if prior.get("status") in FINISHED_STATUSES:
         return _skipped(run_id, prior)
+    hash_now = data_hash(cfg)
+    _refuse_other_data(prior, cfg, path, run_id, hash_now)
     with store.run_lock(path, run_id):
-        return _train_locked(cfg, path, run_id, progress, extra_attrs, recording)
+        return _train_locked(cfg, path, run_id, progress, extra_attrs, recording, hash_now)
 
 
 def _same_experiment(attrs: dict, cfg: RunConfig) -> bool:
     return experiment_identity(attrs.get("config", {})) == experiment_identity(cfg.to_dict())
+
+
+def _refuse_other_experiment(prior: dict, cfg: RunConfig, path: str, run_id: str) -> None:
+    # Checked before the status, so a finished run of another config is refused, not "skipped".
+    if prior and not _same_experiment(prior, cfg):
+        raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
+
+
+def _refuse_other_data(prior: dict, cfg: RunConfig, path: str, run_id: str, hash_now: str) -> None:
+    if prior.get("data_hash", hash_now) != hash_now:
+        raise store.StoreError(
+            f"run {run_id} in {path} was recorded on data with hash {prior['data_hash']}, but this machine makes "
+            f"{hash_now} for task {cfg.task.name!r} (another Python's standard library, for the corpus?); "
+            f"refusing to resume it on other data")
 
 
 def _skipped(run_id: str, attrs: dict) -> RunResult:
@@ -287,21 +306,14 @@ def _note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int)
 
 
 def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | None, extra_attrs: dict | None,
-                  recording: bool) -> RunResult:
+                  recording: bool, hash_now: str) -> RunResult:
     existing = run_id in store.list_runs(path)
     prior = store.run_attrs(path, run_id) if existing else {}
-    hash_now = data_hash(cfg)
-    if existing:
-        # Checked before the status, so a finished run of another config is refused, not "skipped".
-        if not _same_experiment(prior, cfg):
-            raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
-        if prior.get("status") in FINISHED_STATUSES:  # finished since train_run looked
-            return _skipped(run_id, prior)
-        if prior.get("data_hash", hash_now) != hash_now:
-            raise store.StoreError(
-                f"run {run_id} in {path} was recorded on data with hash {prior['data_hash']}, but this machine makes "
-                f"{hash_now} for task {cfg.task.name!r} (another Python's standard library, for the corpus?); "
-                f"refusing to resume it on other data")
+    # another process may have started or finished the run since train_run looked
+    _refuse_other_experiment(prior, cfg, path, run_id)
+    if prior.get("status") in FINISHED_STATUSES:
+        return _skipped(run_id, prior)
+    _refuse_other_data(prior, cfg, path, run_id, hash_now)
 
     base_attrs = {
         "run_id": run_id,

@@ -3,6 +3,7 @@ may and may not do to a run that is already recorded."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,10 +77,36 @@ def test_a_resume_on_other_data_is_refused_before_writing(cfg, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train_run(cfg, path, progress=interrupt_at(12))
     store.update_run_attrs(path, cfg.run_id(), data_hash="0000aaaa0000")  # as if made from another stdlib
-    before = store.run_attrs(path, cfg.run_id())
+    name_an_earlier_holder(path, cfg.run_id())
+    before = tree_bytes(path)
     with pytest.raises(store.StoreError, match="recorded on data with hash 0000aaaa0000"):
         train_run(cfg, path)
-    assert store.run_attrs(path, cfg.run_id()) == before
+    assert tree_bytes(path) == before
+
+
+def tree_bytes(path) -> dict:
+    return {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
+
+
+def name_an_earlier_holder(path, run_id: str) -> None:
+    # a start from this process within the same second would write the same pid and time
+    Path(path, "checkpoints", run_id, "train.lock").write_text('{"pid": 1, "host": "earlier"}')
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_run_id_with_another_config_is_refused_leaving_every_byte(cfg, tmp_path, finished):
+    # the lock file's holder line included: a refusal is not a start
+    path = str(tmp_path / "s.zarr")
+    if finished:
+        train_run(cfg, path, run_id="mine")
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            train_run(cfg, path, run_id="mine", progress=interrupt_at(12))
+    name_an_earlier_holder(path, "mine")
+    before = tree_bytes(path)
+    with pytest.raises(store.StoreError, match="recorded with a different config"):
+        train_run(with_values(cfg, {"train.lr": 1e-3}), path, run_id="mine")
+    assert tree_bytes(path) == before
 
 
 def test_a_resume_keeps_the_first_start_provenance_and_logs_its_own(cfg, tmp_path):
