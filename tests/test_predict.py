@@ -550,6 +550,17 @@ def test_cli_bad_input_exits_2(small_store, capsys, argv, message):
     assert message in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_run_outside_the_sweep_index_is_one_of_the_runs(tmp_path):
+    # as `dynamics run` leaves one in a sweep's store: analyse and report count it, and so must predict
+    runs = make_runs(n_seeds=4)
+    path = tmp_path / "mixed.zarr"
+    write_store(path, runs)
+    store.write_sweep_index(path, {"axes": ["train.seed"], "runs": {r.run_id: {"train.seed": r.seed} for r in runs[:3]}})
+    loaded = predict.load_runs(str(path))
+    assert [r.run_id for r in loaded] == [r.run_id for r in runs]
+    assert loaded[-1].seed == runs[-1].seed
+
+
 def test_cli_store_problems_exit_2(tmp_path, capsys):
     assert cli.main(["predict", str(tmp_path / "missing.zarr")]) == 2
     assert "not a dynamics store" in capsys.readouterr().err

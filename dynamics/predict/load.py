@@ -12,6 +12,7 @@ import numpy as np
 from dynamics import store
 from dynamics.config import experiment_identity
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run
+from dynamics.schema import config_value
 
 # --------------------------------------------------------------------------- loading
 
@@ -68,7 +69,7 @@ def load_runs(path: str, options: PredictOptions | None = None) -> list[Run]:
     Returns
     -------
     list of Run
-        In sweep-index order (store order without an index).
+        In sweep-index order, then the runs outside the index in store order.
 
     Raises
     ------
@@ -82,7 +83,10 @@ def load_runs(path: str, options: PredictOptions | None = None) -> list[Run]:
     opt = options or PredictOptions()
     index = store.read_sweep_index(path) or {}
     present = store.list_runs(path)
-    ids = [r for r in index.get("runs", {}) if r in present] if index else present
+    # A run trained into the store by `dynamics run` is in no sweep index, but it is one of the
+    # store's runs (analyse and report include it): left out, it would vanish from the counts.
+    ids = [r for r in index.get("runs", {}) if r in present]
+    ids += [r for r in present if r not in ids]
     axes = list(index.get("axes", []))
     runs, skipped, configs = [], [], {}
     for rid in ids:
@@ -90,7 +94,10 @@ def load_runs(path: str, options: PredictOptions | None = None) -> list[Run]:
         if attrs.get("status") != "completed":
             skipped.append(f"{rid} ({attrs.get('status', 'no status')})")
             continue
-        point = index.get("runs", {}).get(rid, {})
+        point = index.get("runs", {}).get(rid)
+        if point is None:  # as the report does: the swept axes' values from the run's own config
+            values = {a: config_value(attrs.get("config", {}), a) for a in axes}
+            point = {a: v for a, v in values.items() if v is not None}
         data = store.open_run(path, rid)
         analysis = store.open_analysis(path, rid) if opt.use_stored_analysis else None
         runs.append(Run(rid, data, _seed_of(rid, point, attrs), _config_of(point, axes, attrs), analysis))
