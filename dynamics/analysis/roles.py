@@ -289,7 +289,8 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
     - ``local``, see `local_score`, with ``thresholds.local_width``;
     - ``diffuse``, see `diffuse_score`.
 
-    All scores lie in [0, 1]. They are NaN for NaN-padded heads.
+    All scores lie in [0, 1]. They are NaN for NaN-padded heads, and ``slash`` (with
+    ``slash_offset``) and ``local`` are NaN where the probes are too short for their offsets.
 
     Returning a Dataset rather than a DataArray stacked on a "role" dim keeps ``slash_offset``,
     which is not a score, next to the scores. It also lets each score carry its own attrs.
@@ -323,10 +324,16 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
     n = _check_square(attn)
     max_offset = n // 2 if thresholds.slash_max_offset is None else thresholds.slash_max_offset
     max_offset = min(max(max_offset, 1), n - 1)
-    if thresholds.slash_min_offset > max_offset:
-        raise ValueError(f"slash offsets [{thresholds.slash_min_offset}, {max_offset}] are empty for T = {n}")
     diagonals = slash_score(attn, max_offset=max_offset)
-    slash_offset, slash = best_offset(diagonals, thresholds.slash_min_offset, max_offset)
+    # Probes too short for a role's offsets (T < 4 leaves the default slash window empty; the
+    # local band needs T > local_width) give it no score, NaN, which never passes: a run of any
+    # valid context (2 and 3 are, for markov and offset_copy) is analysed, with the roles its
+    # probes can show.
+    unscored = xr.full_like(diagonals.isel({OFFSET: 0}, drop=True), np.nan)
+    if thresholds.slash_min_offset <= max_offset:
+        slash_offset, slash = best_offset(diagonals, thresholds.slash_min_offset, max_offset)
+    else:
+        slash_offset, slash = unscored, unscored
     scores = {
         "previous_token": diagonals.sel({OFFSET: 1}, drop=True),
         "self": diagonals.sel({OFFSET: 0}, drop=True),
@@ -335,7 +342,7 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
         "induction": induction_score(attn, tokens),
         "sink": sink_score(attn),
         "token": token_share(attn, tokens, thresholds.token_id).mean(PROBE),  # NaN probes skipped
-        "local": local_score(attn, thresholds.local_width),
+        "local": local_score(attn, thresholds.local_width) if thresholds.local_width < n else unscored,
         "diffuse": diffuse_score(attn),
     }
     ds = xr.Dataset({name: value.rename(name) for name, value in scores.items()})
