@@ -434,6 +434,8 @@ def validate(cfg: RunConfig) -> None:
     m, t, tr, r = cfg.model, cfg.task, cfg.train, cfg.record
     for key in ("n_layers", "d_model", "n_heads", "vocab_size", "context"):
         _require(getattr(m, key) > 0, f"model.{key}: must be positive, got {getattr(m, key)}")
+    # One position's attention is 1 whatever a head does: there would be nothing to record or analyse.
+    _require(m.context >= 2, f"model.context: must be >= 2 (attention over one position is always 1), got {m.context}")
     _require(m.d_head >= 0, f"model.d_head: must be >= 0, got {m.d_head}")
     _require(
         m.d_head > 0 or m.d_model % m.n_heads == 0,

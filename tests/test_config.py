@@ -40,6 +40,8 @@ def test_int_accepted_for_float_but_not_reverse():
         ({"train": {"lr": -1e-3}}, "train.lr: must be > 0"),
         ({"model": {"context": 16}, "task": {"max_period": 16}}, "model.context: 16 is too short for induction"),
         ({"task": {"name": "nope"}}, "task.name: unknown task"),
+        # byte tasks have no look-back of their own; the analysers need a second position
+        ({"model": {"context": 1, "vocab_size": 256}, "task": {"name": "corpus"}}, "model.context: must be >= 2"),
         ({"model": {"pos": "alibi"}}, "model.pos: unknown scheme"),
         ({"task": {"name": "corpus"}}, "model.vocab_size: byte-level task needs >= 256"),
         ({"task": {"name": "mixture", "components": ["induction", "x"]}}, "unknown component 'x'"),
