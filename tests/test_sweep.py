@@ -25,6 +25,7 @@ from dynamics.sweep import (
     run_point,
     run_sweep,
 )
+from dynamics.train import train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -267,6 +268,24 @@ def test_run_point_returns_a_failure_instead_of_raising(tmp_path):
     out = run_point(cfg, str(tmp_path / "s.zarr"), cfg.run_id(), {"train.device": "cuda:7"})
     assert out["status"] == "failed" and out["run_id"] == cfg.run_id()
     assert out["error"] and "Traceback" in out["traceback"]
+
+
+def test_run_point_refused_by_a_run_in_training_leaves_its_status(tmp_path):
+    # `dynamics run` of the same point holds the run: the sweep task must not mark it failed
+    cfg = from_dict(tiny())
+    path = str(tmp_path / "s.zarr")
+
+    def stop(step, total, loss):
+        if step >= 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=stop)
+    before = store.run_attrs(path, cfg.run_id())
+    with store.run_lock(path, cfg.run_id()):
+        out = run_point(cfg, path, cfg.run_id(), {})
+    assert out["status"] == "failed" and "being trained by another process" in out["error"]
+    assert store.run_attrs(path, cfg.run_id()) == before
 
 
 @pytest.fixture

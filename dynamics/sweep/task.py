@@ -83,7 +83,11 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
         except Exception as e:  # noqa: BLE001 - recorded in the run (train_run) and in the summary
             tb = traceback.format_exc()
             out.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0], traceback=tb)
-            _record_failure(path, run_id, tb)
+            # A StoreError is train_run refusing the run (another process trains it, another config
+            # or other data), as `dynamics run` refuses it: the run is not this task's to mark failed.
+            # One raised by a write while training was recorded by train_run itself.
+            if not isinstance(e, store.StoreError):
+                _record_failure(path, run_id, tb)
     return out
 
 
