@@ -288,6 +288,23 @@ def test_run_point_refused_by_a_run_in_training_leaves_its_status(tmp_path):
     assert store.run_attrs(path, cfg.run_id()) == before
 
 
+def test_a_late_failure_record_never_overwrites_a_finished_run(tmp_path):
+    # A task failing after another process finished its run (or while it trains it, holding the
+    # lock) must leave that run as it is: its failure goes to the sweep summary only.
+    from dynamics.sweep.task import _record_failure
+
+    cfg = from_dict(tiny())
+    path = str(tmp_path / "s.zarr")
+    train_run(cfg, path)
+    _record_failure(path, cfg.run_id(), "Traceback: late")
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert attrs["status"] == "completed" and not attrs.get("traceback")
+    store.update_run_attrs(path, cfg.run_id(), status="running")
+    with store.run_lock(path, cfg.run_id()):
+        _record_failure(path, cfg.run_id(), "Traceback: late")
+    assert store.run_attrs(path, cfg.run_id())["status"] == "running"
+
+
 @pytest.fixture
 def threaded_cluster():
     """A one-worker cluster inside this process (threads: no worker start-up, torch already imported)."""

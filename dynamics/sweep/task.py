@@ -10,6 +10,7 @@ import traceback
 
 from dynamics import store
 from dynamics.config import RunConfig
+from dynamics.schema import FINISHED_STATUSES
 
 
 def _progress_topic(token: str) -> str:
@@ -116,8 +117,14 @@ def _keep_freed_memory() -> None:
 def _record_failure(path: str, run_id: str, tb: str) -> None:
     """If train_run failed before it could record the failure itself, record it in the run."""
     try:
-        if run_id in store.list_runs(path) and store.run_attrs(path, run_id).get("status") != "failed":
-            store.update_run_attrs(path, run_id, status="failed", traceback=tb)
+        if run_id not in store.list_runs(path):
+            return
+        # Under the run's lock: a task refused because another process is training this run
+        # (an orphaned task of a killed launcher, a `dynamics run`) must not mark that run
+        # failed, nor a run that process has finished meanwhile.
+        with store.run_lock(path, run_id):
+            if store.run_attrs(path, run_id).get("status") not in ("failed", *FINISHED_STATUSES):
+                store.update_run_attrs(path, run_id, status="failed", traceback=tb)
     except Exception:  # noqa: BLE001 - best effort; the summary carries the error anyway
         pass
 
