@@ -244,6 +244,18 @@ def test_open_sweep_has_swept_coordinates(tmp_path):
     assert "step" in sw.coords and sw.step.dims == ("snapshot",)
     assert bool(sw.head_mask.all())
 
+
+def test_open_sweep_says_stopped_for_a_killed_run_as_status_does(tmp_path):
+    # A run killed mid-training (SIGKILL) is still marked "running" in its attributes.
+    path = tmp_path / "s.zarr"
+    grid_store(path)
+    store.update_run_attrs(path, "g1", status="running")  # killed: nobody holds its run lock
+    store.update_run_attrs(path, "g2", status="running")
+    with store.run_lock(path, "g2"):  # still being trained
+        sw = store.open_sweep(path)
+    assert list(sw.status.values) == ["diverged", "stopped", "running", "completed"]
+    assert sw.attrs["runs"]["g1"]["status"] == "running"  # the recorded attribute is untouched
+
     sub = store.open_sweep(path, ["g3", "g1"])
     assert list(sub.run.values) == ["g3", "g1"] and list(sub.lr.values) == [1e-2, 1e-2]
     with pytest.raises(StoreError, match="not_started"):

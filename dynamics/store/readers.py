@@ -24,6 +24,7 @@ from dynamics.store._loc import (
     _Loc,
     _open_group_ds,
 )
+from dynamics.store.checkpoints import run_status
 from dynamics.store.root import _index_update, _require_store, read_sweep_index, run_attrs
 
 # --------------------------------------------------------------------------- reading
@@ -96,7 +97,8 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
     Returns
     -------
     xarray.Dataset
-        Coordinates on ``run``: the run ids; ``status``; for each sweep axis
+        Coordinates on ``run``: the run ids; ``status`` (``stopped`` for a run marked running
+        that no process trains: killed, resumable); for each sweep axis
         ``section.leaf`` a coordinate ``section_leaf`` and, when no other axis or variable
         shares the name, ``leaf`` too (values from the sweep index, else from the run's
         ``config`` attribute; list values joined with ","). Dims whose sizes differ between
@@ -167,7 +169,8 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
         sweep = sweep.assign_coords(head_mask=(dims, np.array(rows, dtype=bool)))
 
     new_coords: dict[str, tuple[str, np.ndarray]] = {
-        "status": (RUN, np.array([str(a.get("status", "unknown")) for a in attrs]))
+        # as `dynamics status` and the report: a run marked running that no process trains was killed
+        "status": (RUN, np.array([run_status(loc.url, rid, a) for rid, a in zip(run_ids, attrs, strict=True)]))
     }
     axes = list(index["axes"]) if index else []
     leaves = [a.split(".")[-1] for a in axes]
