@@ -340,6 +340,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         horizons = tuple(float(x) for x in text.split(","))
     except ValueError:
         raise UsageError(f"--horizons: expected numbers separated by commas, got {text!r}") from None
+    if args.folds < 2:  # PredictOptions would name it n_splits, which is no flag
+        raise UsageError(f"--folds: must be >= 2, got {args.folds}")
     _check_store(args.store)
     if not args.no_save:
         _check_writable(args.store, "predict")

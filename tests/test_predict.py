@@ -541,6 +541,7 @@ def test_cli_prints_the_curve_and_saves_it(small_store, capsys):
         (["--group", "config"], "one group"),
         (["--target", "chg"], "chg_role"),
         (["--unit", "step", "--horizon", "1000"], "ends at step"),
+        (["--folds", "1"], "--folds: must be >= 2, got 1"),
     ],
 )
 def test_cli_bad_input_exits_2(small_store, capsys, argv, message):
