@@ -183,7 +183,7 @@ def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
 
     from dynamics import store
     from dynamics.analysis import cross_seed_consistency
-    from dynamics.config import experiment_identity
+    from dynamics.config import differing_settings, experiment_identity, seed_settings
 
     index = store.read_sweep_index(path) or {}
     axes = [a for a in index.get("axes", []) if a != "train.seed"]
@@ -193,22 +193,20 @@ def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
         analysis = store.open_analysis(path, run_id)
         if analysis is None:
             continue
-        config = experiment_identity(store.run_attrs(path, run_id)["config"], without_seed=True)
+        stored = store.run_attrs(path, run_id)["config"]
+        config = experiment_identity(stored, without_seed=True)
         group = "config " + hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
         if axes and run_id in index.get("runs", {}):
             values = index["runs"][run_id]
             labels[group] = json.dumps({a: values.get(a) for a in axes}, sort_keys=True)
-        flat.setdefault(group, {f"{sec}.{k}": v for sec, table in config.items() if isinstance(table, dict)
-                                for k, v in table.items()})
+        flat.setdefault(group, seed_settings(stored))
         groups.append(group)
         profiles.append(analysis["role_score"].isel(snapshot=-1).load())
     counts = collections.Counter(groups)
     if not counts or max(counts.values()) < 2:
         return []  # no config was run with more than one seed
-    keys = sorted({k for c in flat.values() for k in c})
-
     def differing(among) -> list[str]:
-        return [k for k in keys if len({json.dumps(flat[g].get(k), sort_keys=True) for g in among}) > 1]
+        return differing_settings(flat[g] for g in among)
 
     def settings(g: str, names: list[str]) -> str:
         return ", ".join(f"{k}={json.dumps(flat[g].get(k))}" for k in names)

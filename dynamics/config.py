@@ -19,6 +19,7 @@ import math
 import re
 import tomllib
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,22 @@ def experiment_identity(config: dict, *, without_seed: bool = False) -> dict:
     d = {k: v for k, v in config.items() if k != "sweep"}
     d["train"] = {k: v for k, v in d.get("train", {}).items() if k not in drop}
     return d
+
+
+def seed_settings(config: dict) -> dict[str, Any]:
+    """A run's config (``RunConfig.to_dict()`` or its stored ``config`` attr) as flat
+    ``{"section.key": value}`` settings, less the sweep table, :data:`EXECUTION_KEYS` and the seed:
+    runs are seeds of one config iff these are equal."""
+    identity = experiment_identity(config, without_seed=True)
+    return {f"{sec}.{k}": v for sec, table in identity.items() if isinstance(table, dict) for k, v in table.items()}
+
+
+def differing_settings(settings: Iterable[dict[str, Any]]) -> list[str]:
+    """The keys, sorted, whose values are not the same in all of ``settings`` (a missing key counts
+    as a value): what names each of several configs apart from the others."""
+    settings = list(settings)
+    keys = sorted({k for s in settings for k in s})
+    return [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1]
 
 
 SECTIONS = {

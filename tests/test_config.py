@@ -155,3 +155,16 @@ def test_to_dict_round_trips_through_from_dict(tmp_path):
     back = from_dict(cfg.to_dict())
     assert back == cfg and back.run_id() == cfg.run_id()
     assert back.sweep.axes == {"train.seed": (0, 1), "model.init_scale": (0.5, 2.0)}
+
+
+def test_seed_settings_and_differing_settings_name_what_sets_configs_apart():
+    from dynamics.config import differing_settings, seed_settings
+
+    a = seed_settings(from_dict({"train": {"seed": 1, "lr": 0.01, "threads": 2}}).to_dict())
+    b = seed_settings(from_dict({"train": {"seed": 2, "lr": 0.01}}).to_dict())
+    c = seed_settings(from_dict({"train": {"seed": 3, "lr": 0.02}, "model": {"n_heads": 2}}).to_dict())
+    assert "train.seed" not in a and "train.threads" not in a and a["train.lr"] == 0.01
+    assert a == b  # seeds (and execution settings) do not make another config
+    assert differing_settings([a, b]) == []
+    assert differing_settings([a, b, c]) == ["model.n_heads", "train.lr"]
+    assert differing_settings([{"x": 1}, {}]) == ["x"]  # a missing key differs from a present one

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from dynamics import store
-from dynamics.config import experiment_identity
+from dynamics.config import differing_settings, experiment_identity, seed_settings
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run
 from dynamics.schema import config_value
 
@@ -32,11 +32,6 @@ def _config_of(point: Mapping, axes: Sequence[str], attrs: Mapping) -> str:
     return json.dumps(experiment_identity(attrs.get("config", {}), without_seed=True), sort_keys=True)
 
 
-def _flat(config: Mapping) -> dict[str, Any]:
-    identity = experiment_identity(config, without_seed=True)
-    return {f"{sec}.{k}": v for sec, table in identity.items() if isinstance(table, dict) for k, v in table.items()}
-
-
 def _told_apart(runs: list[Run], configs: dict[str, dict]) -> list[Run]:
     """`runs` whose config label (swept values) is shared by runs of other configs (a second sweep of
     the grid from another base config) with the settings that tell them apart: one label, one config."""
@@ -45,9 +40,8 @@ def _told_apart(runs: list[Run], configs: dict[str, dict]) -> list[Run]:
         sharing.setdefault(r.config, []).append(r)
     out = {}
     for label, peers in sharing.items():
-        flat = {r.run_id: _flat(configs[r.run_id]) for r in peers}
-        keys = sorted({k for f in flat.values() for k in f})
-        extra = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flat.values()}) > 1]
+        flat = {r.run_id: seed_settings(configs[r.run_id]) for r in peers}
+        extra = differing_settings(flat.values())
         for r in peers:
             text = ", ".join(f"{k}={flat[r.run_id].get(k)}" for k in extra)
             out[r.run_id] = dataclasses.replace(r, config=f"{label}, {text}" if extra and label else label or text)

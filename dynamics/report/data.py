@@ -16,7 +16,7 @@ import xarray as xr
 from dynamics import store
 from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions, is_current
-from dynamics.config import experiment_identity
+from dynamics.config import differing_settings, seed_settings
 from dynamics.schema import FINISHED_STATUSES, config_value
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
@@ -180,8 +180,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -
         n_snapshots=int(ds.sizes.get("snapshot", 0)),
         recorded=_recorded_mask(ds) if "snapshot" in ds.dims else np.zeros(0, bool),
         steps=np.asarray(ds["step"].values) if "step" in ds.coords else np.arange(ds.sizes.get("snapshot", 0)),
-        settings={f"{sec}.{k}": v for sec, table in experiment_identity(attrs.get("config", {}), without_seed=True).items()
-                  if isinstance(table, dict) for k, v in table.items()},
+        settings=seed_settings(attrs.get("config", {})),
     )
     stale = False
     try:
@@ -278,10 +277,7 @@ def _setting_axes(runs: list[_Run], axes: list[str]) -> list[str]:
             points.setdefault(json.dumps([r.params.get(a) for a in group_axes], sort_keys=True), []).append(r)
     extra: list[str] = []
     for peers in points.values():
-        for key in sorted({k for r in peers for k in r.settings}):
-            values = {json.dumps(r.settings.get(key), sort_keys=True) for r in peers}
-            if key not in axes and key not in extra and len(values) > 1:
-                extra.append(key)
+        extra += [k for k in differing_settings(r.settings for r in peers) if k not in axes and k not in extra]
     for r in runs:
         if r.settings:
             r.params.update({k: r.settings.get(k) for k in extra})
