@@ -73,3 +73,13 @@ def assert_same_run_arrays(a, b) -> None:
     assert set(got.data_vars) == set(want.data_vars)
     for name in want.data_vars:
         np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+
+
+def interrupt_at(n: int):
+    """A train_run progress callback that stops the run, as Ctrl-C would, once it reports step >= n."""
+
+    def progress(step, steps, loss):
+        if step >= n:
+            raise KeyboardInterrupt
+
+    return progress

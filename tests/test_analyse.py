@@ -23,7 +23,7 @@ from dynamics.train import train_run
 @pytest.fixture(scope="module")
 def three_runs(tmp_path_factory):
     """Three finished tiny runs and one that stopped half-way, in one store."""
-    from tests.conftest import TINY
+    from tests.conftest import TINY, interrupt_at
 
     d = tmp_path_factory.mktemp("analyse")
     cfg_path = d / "tiny.toml"
@@ -33,13 +33,9 @@ def three_runs(tmp_path_factory):
     for seed in (0, 1, 2):
         train_run(with_values(base, {"train.seed": seed}), path)
 
-    def stop(step, steps, loss):
-        if step >= 12:
-            raise KeyboardInterrupt
-
     unfinished = with_values(base, {"train.seed": 3})
     with pytest.raises(KeyboardInterrupt):
-        train_run(unfinished, path, progress=stop)
+        train_run(unfinished, path, progress=interrupt_at(12))
     return path, unfinished.run_id()
 
 

@@ -38,6 +38,7 @@ from dynamics.gates import (
     set_ablation,
 )
 from dynamics.train import build, load_run_model, train_run
+from tests.conftest import interrupt_at
 
 TINY = {
     "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
@@ -317,12 +318,8 @@ def test_cli_gates_on_an_unfinished_run_says_so_on_stderr(tmp_path, capsys, one_
     raw = {**TRAINED, "train": {**TRAINED["train"], "steps": 40}, "record": {**TRAINED["record"], "every": 10}}
     path = str(tmp_path / "u.zarr")
 
-    def stop(step, steps, loss):
-        if step >= 25:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        train_run(from_dict(raw), path, progress=stop)
+        train_run(from_dict(raw), path, progress=interrupt_at(25))
     assert cli.main(["gates", path, "--steps", "2", "--init-steps", "1", "--restarts", "1", "--no-save"]) == 0
     captured = capsys.readouterr()
     assert "is interrupted; these gates are fitted to its checkpoint at step 30 of 40" in captured.err

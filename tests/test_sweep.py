@@ -26,6 +26,7 @@ from dynamics.sweep import (
     run_sweep,
 )
 from dynamics.train import train_run
+from tests.conftest import interrupt_at
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -275,12 +276,8 @@ def test_run_point_refused_by_a_run_in_training_leaves_its_status(tmp_path):
     cfg = from_dict(tiny())
     path = str(tmp_path / "s.zarr")
 
-    def stop(step, total, loss):
-        if step >= 6:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        train_run(cfg, path, progress=stop)
+        train_run(cfg, path, progress=interrupt_at(6))
     before = store.run_attrs(path, cfg.run_id())
     with store.run_lock(path, cfg.run_id()):
         out = run_point(cfg, path, cfg.run_id(), {})

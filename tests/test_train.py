@@ -12,7 +12,7 @@ from dynamics import store
 from dynamics.config import load_config, with_values
 from dynamics.store.writer import RunWriter
 from dynamics.train import train_run
-from tests.conftest import TINY
+from tests.conftest import TINY, interrupt_at
 
 
 @pytest.fixture
@@ -20,14 +20,6 @@ def cfg(tmp_path):
     p = tmp_path / "tiny.toml"
     p.write_text(TINY.format(steps=30, every=10))
     return load_config(p)
-
-
-def interrupt_at(n):
-    def progress(step, steps, loss):
-        if step >= n:
-            raise KeyboardInterrupt
-
-    return progress
 
 
 def test_a_failed_write_drops_the_checkpoint_behind_it_and_is_recorded(cfg, tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.config import load_config
-from tests.conftest import assert_same_run_arrays, wait_for_checkpoint
+from tests.conftest import assert_same_run_arrays, interrupt_at, wait_for_checkpoint
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"}
 
@@ -174,12 +174,8 @@ def test_fsspec_url_store_interrupted_and_resumed_equals_local_run(tiny_config, 
     cfg = load_config(tiny_config(steps=60, every=10))
     url = f"memory://dynamics-test-{uuid.uuid4().hex}/s.zarr"
 
-    def stop_at_25(step, steps, loss):
-        if step >= 25:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        train_run(cfg, url, progress=stop_at_25)
+        train_run(cfg, url, progress=interrupt_at(25))
     first = store.run_attrs(url, cfg.run_id())
     assert first["status"] == "interrupted" and 0 < first["checkpoint_step"] < 60
     assert store.has_checkpoint(url, cfg.run_id())
