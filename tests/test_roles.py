@@ -125,23 +125,25 @@ def test_scores_known_values_for_uniform_attention():
 @pytest.mark.parametrize("t", [2, 3])
 def test_probes_too_short_for_a_role_leave_it_unscored(t):
     # a context of 2 or 3 is valid (markov, offset_copy with delta 1): its runs are analysed,
-    # with no slash window (offsets 2..T // 2) and no local band (offsets 0..2) to score
+    # with no slash window (offsets 2..T // 2) and no local band (offsets 0..2) to score, and no
+    # self score either: uniform attention passes it (H_T / T = 0.75, 0.61)
     attn = xr.DataArray(np.eye(t)[None, None, None, None], dims=DIMS)  # a self head
     tokens = xr.DataArray(np.arange(t)[None], dims=("probe", "position"))
     s = role_scores(attn, tokens)
     assert np.isnan(s["slash"].item()) and np.isnan(s["slash_offset"].item()) and np.isnan(s["local"].item())
-    assert s["self"].item() == 1.0 and s["previous_token"].item() == 0.0
-    assert role_names(assign_roles(s)).item() == "self"
+    assert np.isnan(s["self"].item()) and np.isnan(s["sink"].item())
+    assert role_names(assign_roles(s)).item() == "none"
 
 
 def test_a_self_head_on_adjacent_repeats_is_not_induction():
     # In 5 5 5 5 the key after the previous 5 is, for the query at i, any k in 1..i; k = i is
     # the query itself, so a pure self head would score 1 if the query's own position counted.
-    tokens = xr.DataArray([[5, 5, 5, 5]], dims=("probe", "position"))
-    self_head = xr.DataArray(np.eye(4)[None], dims=("probe", "query", "key"))
+    # (T = 5: at T = 4 uniform attention passes self, H_4 / 4 = 0.52, and self is not scored)
+    tokens = xr.DataArray([[5, 5, 5, 5, 5]], dims=("probe", "position"))
+    self_head = xr.DataArray(np.eye(5)[None], dims=("probe", "query", "key"))
     assert induction_score(self_head, tokens).item() == 0.0
-    back_one = xr.DataArray(np.eye(4, k=-1)[None] + np.diag([1.0, 0, 0, 0])[None], dims=("probe", "query", "key"))
-    assert induction_score(back_one, tokens).item() == 1.0  # queries 2, 3 look at keys 1, 2
+    back_one = xr.DataArray(np.eye(5, k=-1)[None] + np.diag([1.0, 0, 0, 0, 0])[None], dims=("probe", "query", "key"))
+    assert induction_score(back_one, tokens).item() == 1.0  # queries 2, 3, 4 look at keys 1, 2, 3
     scores = role_scores(self_head.expand_dims(snapshot=1, layer=1, head=1).transpose(*DIMS), tokens)
     assert assign_roles(scores).item() == ROLES.index("self")
 
@@ -264,3 +266,30 @@ def test_extra_run_dim_and_nan_padded_heads(planted):
     assert labels[0].ravel().tolist() == list(PLANTED)
     assert (labels[1, :, 3] == "none").all()
     assert labels[1, :, :3].ravel().tolist() == [r for k, r in enumerate(PLANTED) if k % 4 != 3]
+
+
+@pytest.mark.parametrize("T", [4, 8, 9])
+def test_short_probes_label_no_role_that_uniform_attention_or_a_sink_passes(T):
+    # alpha_0 of uniform causal attention is H_T / T: 0.34 at T = 8, over the sink threshold, so
+    # every diffuse head read "sink"; at T = 4 a sink head scored slash(2) = 0.5.
+    keep = np.tril(np.ones((T, T)))
+    uniform = keep / keep.sum(1, keepdims=True)
+    sink = np.zeros((T, T))
+    sink[:, 0] = 1
+    prev = np.eye(T, k=-1)
+    prev[0, 0] = 1
+    dims = ("snapshot", "layer", "head", "probe", "query", "key")
+    attn = xr.DataArray(np.stack([uniform, sink, prev])[None, None, :, None], dims=dims)
+    scores = role_scores(attn, xr.DataArray(np.arange(T)[None], dims=("probe", "position")))
+    assert np.isnan(scores["sink"]).all()
+    assert role_names(assign_roles(scores)).ravel().tolist() == ["diffuse", "none", "previous_token"]
+
+
+def test_probes_long_enough_keep_every_positional_role():
+    T = 10  # H_10 / 10 = 0.293 < 0.3: the first length at which uniform attention is no sink
+    sink = np.zeros((T, T))
+    sink[:, 0] = 1
+    attn = xr.DataArray(sink[None, None, None, None], dims=("snapshot", "layer", "head", "probe", "query", "key"))
+    scores = role_scores(attn, xr.DataArray(np.arange(T)[None], dims=("probe", "position")))
+    assert scores["sink"].item() == 1.0 and role_names(assign_roles(scores)).item() == "sink"
+    assert not any(np.isnan(scores[r]).any() for r in ("previous_token", "self", "slash", "local"))

@@ -38,10 +38,11 @@ from dynamics.schema import SNAPSHOT
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
 
 
-ANALYSIS_VERSION = 2
+ANALYSIS_VERSION = 3
 """Stamped on every analysis (attr ``analysis_version``) and raised whenever what the analysers
 compute changes; readers recompute a stored analysis of another version rather than mix it with
-this one's (version 2: slash window up to T // 2, induction keys k < i, ragged runs)."""
+this one's (version 2: slash window up to T // 2, induction keys k < i, ragged runs; version 3:
+no positional role score on probes so short that uniform attention passes it)."""
 
 
 def is_current(analysis: xr.Dataset) -> bool:

@@ -289,8 +289,12 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
     - ``local``, see `local_score`, with ``thresholds.local_width``;
     - ``diffuse``, see `diffuse_score`.
 
-    All scores lie in [0, 1]. They are NaN for NaN-padded heads, and ``slash`` (with
-    ``slash_offset``) and ``local`` are NaN where the probes are too short for their offsets.
+    All scores lie in [0, 1]. They are NaN for NaN-padded heads; ``slash`` (with
+    ``slash_offset``) and ``local`` are NaN where the probes are too short for their offsets,
+    and each positional role (previous_token, self, slash, sink, local) is NaN where uniform
+    causal attention over the probe's T positions, or (for all but sink) attention wholly on
+    the first token, already reaches its threshold (sink for T <= 9, self for T <= 4, slash at
+    T = 4): such probes cannot tell that role from no pattern, or from a sink.
 
     Returning a Dataset rather than a DataArray stacked on a "role" dim keeps ``slash_offset``,
     which is not a score, next to the scores. It also lets each score carry its own attrs.
@@ -334,7 +338,7 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
         slash_offset, slash = best_offset(diagonals, thresholds.slash_min_offset, max_offset)
     else:
         slash_offset, slash = unscored, unscored
-    scores = {
+    scores = _unless_confounded({
         "previous_token": diagonals.sel({OFFSET: 1}, drop=True),
         "self": diagonals.sel({OFFSET: 0}, drop=True),
         "slash": slash,
@@ -344,7 +348,7 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
         "token": token_share(attn, tokens, thresholds.token_id).mean(PROBE),  # NaN probes skipped
         "local": local_score(attn, thresholds.local_width) if thresholds.local_width < n else unscored,
         "diffuse": diffuse_score(attn),
-    }
+    }, n, max_offset, thresholds)
     ds = xr.Dataset({name: value.rename(name) for name, value in scores.items()})
     for name in ROLES[:-1]:
         ds[name].attrs = {"units": "1", "threshold": float(getattr(thresholds, name))}
@@ -356,6 +360,47 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
         "slash_max_offset": int(max_offset),
     }
     return ds
+
+
+# Roles read from positions alone: on short probes a head with no such pattern can pass them.
+_POSITIONAL_ROLES = ("previous_token", "self", "slash", "sink", "local")
+
+
+def _positional_baselines(attn: xr.DataArray, max_offset: int, thresholds: RoleThresholds) -> dict[str, float]:
+    """The positional role scores of one (probe, query, key) pattern."""
+    n = attn.sizes[QUERY]
+    diagonals = slash_score(attn, max_offset=max_offset)
+    window = slice(thresholds.slash_min_offset, max_offset)
+    return {
+        "previous_token": diagonals.sel({OFFSET: 1}).item(),
+        "self": diagonals.sel({OFFSET: 0}).item(),
+        "slash": diagonals.sel({OFFSET: window}).max().item() if thresholds.slash_min_offset <= max_offset else np.nan,
+        "sink": sink_score(attn).item(),
+        "local": local_score(attn, thresholds.local_width).item() if thresholds.local_width < n else np.nan,
+    }
+
+
+def _unless_confounded(scores: dict, n: int, max_offset: int, thresholds: RoleThresholds) -> dict:
+    """`scores` with NaN for each positional role that uniform causal attention, or (for the roles
+    other than sink) all attention on the first token, already passes over ``n`` positions.
+
+    Probes that short cannot tell such a head from no pattern, or from a sink: alpha_0 = H_T / T
+    reaches the sink threshold 0.3 up to T = 9 and self's 0.5 up to T = 4, so every head read
+    "sink" there; at T = 4 a sink head scores slash(2) = 0.5. NaN never passes.
+    """
+    keep = np.tril(np.ones((n, n)))
+    uniform = xr.DataArray((keep / keep.sum(1, keepdims=True))[None], dims=(PROBE, QUERY, KEY))  # (1, T, T)
+    first = xr.DataArray(np.eye(n)[[0] * n][None], dims=(PROBE, QUERY, KEY))  # (1, T, T): all on key 0
+    by_uniform = _positional_baselines(uniform, max_offset, thresholds)
+    by_first = _positional_baselines(first, max_offset, thresholds)
+    out = dict(scores)
+    for role in _POSITIONAL_ROLES:
+        limit = getattr(thresholds, role)
+        if by_uniform[role] >= limit or (role != "sink" and by_first[role] >= limit):
+            out[role] = xr.full_like(scores[role], np.nan)
+            if role == "slash":
+                out["slash_offset"] = xr.full_like(scores["slash_offset"], np.nan)
+    return out
 
 
 def assign_roles(scores: xr.Dataset, thresholds: RoleThresholds | None = None) -> xr.DataArray:
