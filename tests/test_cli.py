@@ -170,6 +170,20 @@ def test_status_names_stopped_and_pending_runs(tiny, tmp_path):
     assert rows["rnever"][1:3] == ["1", "pending"]
 
 
+def test_analyse_of_one_head_per_layer_prints_divergence_undefined_with_the_reason(tiny, tmp_path):
+    # The divergence column printed "nan" beside the bifurcation column's "undefined".
+    _, cfg, _ = tiny
+    path = tmp_path / "h1.zarr"
+    train_run(load_config(cfg, ["model.n_heads=1"]), str(path))
+    r = dyn("analyse", path, "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    header, row = lines[0].split(), lines[1].split()
+    assert row[header.index("bifurcation")] == "undefined" and row[header.index("divergence")] == "undefined"
+    assert "nan" not in r.stdout
+    assert lines[2].startswith("undefined: one head per layer, so no pair of heads to compare")
+
+
 def test_gates_refuses_a_run_trained_with_conditioned_gates(tmp_path):
     # Its conditioned gates act through hooks a loaded checkpoint lacks: refused before loading.
     cfg = tmp_path / "cg.toml"

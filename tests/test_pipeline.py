@@ -153,6 +153,14 @@ def test_summary_bifurcation_is_undefined_not_never_with_one_head_per_layer():
     assert summary_row(flat)["bifurcation_step"] is None
 
 
+def test_summary_divergence_is_undefined_with_one_head_per_layer():
+    # The analyse table printed the NaN as "nan" beside an "undefined" bifurcation step.
+    one_head = analyse_run(sweep_like().sel(run="a", drop=True).isel(head=[0])).load()
+    assert summary_row(one_head)["final_divergence"] == "undefined"
+    flat = analyse_run(sweep_like().sel(run="a", drop=True)).load()
+    assert summary_row(flat)["final_divergence"] == pytest.approx(float(flat.mean_divergence[-1]))
+
+
 def test_a_long_offset_slash_head_is_slash_dominant_where_its_role_is_slash():
     # T = 64: the slash role looks at offsets up to T // 2 = 32. A perfect offset-20 head (the
     # offset_copy task's kind) was labelled "slash" but scored for dominance only up to the

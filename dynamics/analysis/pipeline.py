@@ -187,21 +187,23 @@ def summary_row(result: xr.Dataset) -> dict:
 
     ``bifurcation_step`` is the step (int), None when the divergence curve never leaves its
     noise band, or "undefined" when there is no curve at all (no layer has two heads to
-    compare), which is not the same as never bifurcating.
+    compare), which is not the same as never bifurcating. ``final_divergence`` is then
+    "undefined" too: NaN there means no pair of heads, not a distance.
     """
     from dynamics.analysis.roles import role_names
 
     last = result.isel(snapshot=-1)
     labels = role_names(last["role"].values).ravel()
     counts = {r: int((labels == r).sum()) for r in ROLES if (labels == r).any()}
+    no_pairs = not bool(result["mean_divergence"].notnull().any())
     bif = float(result["bifurcation_step"].values)
     if np.isnan(bif):
-        bif = None if bool(result["mean_divergence"].notnull().any()) else "undefined"
+        bif = "undefined" if no_pairs else None
     else:
         bif = int(bif)
     return {
         "bifurcation_step": bif,
-        "final_divergence": float(last["mean_divergence"].values),
+        "final_divergence": "undefined" if no_pairs else float(last["mean_divergence"].values),
         "redundancy": float(last["redundancy_fraction"].values),
         "slash_dominant": int(last["slash_dominant"].values.sum()),
         "roles": counts,
