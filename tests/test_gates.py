@@ -35,6 +35,8 @@ from dynamics.gates import (
     label_agreement,
     parse_contrast,
     pruning_curves,
+    rank_agreement,
+    report_lines,
     set_ablation,
 )
 from dynamics.train import build, load_run_model, train_run
@@ -114,6 +116,22 @@ def test_label_agreement_is_the_majority_share():
     majority, agreement = label_agreement(roles)
     assert majority.tolist() == [0, 2, -1]
     assert agreement[:2].tolist() == pytest.approx([0.75, 0.75]) and np.isnan(agreement[2])
+
+
+def test_rank_agreement_is_undefined_below_three_heads_and_where_a_side_is_constant():
+    # Two heads rank (1, 2) on both sides: rho was +-1 whatever the fits, printed as 1.000.
+    assert np.isnan(rank_agreement(np.array([0.1, 0.9]), np.array([0.2, 0.3])))
+    assert np.isnan(rank_agreement(np.array([0.5, 0.5, 0.5]), np.array([0.1, 0.2, 0.3])))
+    assert rank_agreement(np.array([0.1, 0.5, 0.9]), np.array([0.2, 0.3, 0.1])) == pytest.approx(-0.5)
+
+
+def test_report_says_rho_is_undefined_with_two_heads_and_why():
+    # One head per layer, two layers: the report printed "Spearman rho(...) = 1.000" (or -1.000).
+    cfg = from_dict({**TINY, "model": {**TINY["model"], "n_heads": 1}})
+    ds = gate_report(build(cfg, torch.device("cpu")), cfg, FAST)
+    [line] = [x for x in report_lines(ds) if x.startswith("Spearman rho")]
+    assert line == "Spearman rho(G-, zero-ablation delta) = undefined (2 heads; a rank correlation needs 3 or more)"
+    assert np.isnan(ds.attrs["rho"])
 
 
 def test_batched_restarts_equal_sequential_fits_from_the_same_init(tiny):

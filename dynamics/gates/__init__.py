@@ -56,7 +56,7 @@ Modules
 - :mod:`~dynamics.gates.options`: role codes (``CHG_ROLES``, ``FACILITATING`` ...), stages,
   ``HELDOUT_STEP`` and :class:`GateOptions`.
 - :mod:`~dynamics.gates.maths`: the objectives (``chg_loss``, ``contrastive_loss``), role labels and
-  their agreement, ``component_weights``, ``rank_agreement``.
+  their agreement, ``component_weights``, ``rank_agreement`` (and why it is undefined).
 - :mod:`~dynamics.gates._engine`: eval batches, initial logits, NLL per gate set, Adam, scoring.
 - :mod:`~dynamics.gates.fit`: ``fit_chg`` and the recorder's ``chg_snapshot``.
 - :mod:`~dynamics.gates.contrastive`: ``parse_contrast`` and ``fit_contrastive``.
@@ -76,6 +76,7 @@ from dynamics.gates.maths import (
     contrastive_loss,
     label_agreement,
     rank_agreement,
+    rank_agreement_undefined,
 )
 from dynamics.gates.options import CHG_ROLES, GateOptions
 from dynamics.gates.options import FACILITATING as FACILITATING
@@ -94,5 +95,6 @@ __all__ = [
     "CHG_ROLES", "GateOptions", "fit_chg", "chg_snapshot", "chg_roles", "label_agreement", "chg_loss",
     "contrastive_loss", "fit_contrastive", "parse_contrast", "ablation_losses", "head_ablation",
     "set_ablation", "component_weights", "pruning_order", "pruning_curves", "rank_agreement",
+    "rank_agreement_undefined",
     "check_fittable", "gate_report", "report_table", "report_lines",
 ]

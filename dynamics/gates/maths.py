@@ -83,15 +83,31 @@ def component_weights(cfg: RunConfig) -> np.ndarray:
     return w / w.sum()
 
 
+def rank_agreement_undefined(minus: np.ndarray, delta: np.ndarray) -> str | None:
+    """Why :func:`rank_agreement` of these heads is undefined (NaN), or None where it is defined."""
+    a, b = np.asarray(minus, dtype=np.float64).ravel(), np.asarray(delta, dtype=np.float64).ravel()
+    if a.size < 3:
+        # Two heads have ranks (1, 2) on either side, so rho is +-1 whatever the fits: a sign, not a correlation.
+        return f"{a.size} head{'s' if a.size != 1 else ''}; a rank correlation needs 3 or more"
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return "G- or the ablation delta is not finite for some head"
+    if np.ptp(a) == 0:
+        return "G- is the same for every head"
+    if np.ptp(b) == 0:
+        return "the ablation delta is the same for every head"
+    return None
+
+
 def rank_agreement(minus: np.ndarray, delta: np.ndarray) -> float:
     """Spearman's rho between G- and the single-head ablation delta-loss over all heads.
 
     Both say how much the model needs a head; CHG's validation is that they rank heads alike
-    (Nam et al. 2025, arXiv 2505.13737). NaN when either is constant.
+    (Nam et al. 2025, arXiv 2505.13737). NaN where :func:`rank_agreement_undefined` gives a
+    reason: fewer than 3 heads, a non-finite value, or either side constant.
     """
     from scipy.stats import spearmanr
 
-    a, b = np.asarray(minus, dtype=np.float64).ravel(), np.asarray(delta, dtype=np.float64).ravel()
-    if np.ptp(a) == 0 or np.ptp(b) == 0:
+    if rank_agreement_undefined(minus, delta) is not None:
         return float("nan")
+    a, b = np.asarray(minus, dtype=np.float64).ravel(), np.asarray(delta, dtype=np.float64).ravel()
     return float(spearmanr(a, b).statistic)

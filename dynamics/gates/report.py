@@ -11,7 +11,7 @@ from dynamics.gates._engine import Progress
 from dynamics.gates.ablation import head_ablation
 from dynamics.gates.contrastive import fit_contrastive
 from dynamics.gates.fit import fit_chg
-from dynamics.gates.maths import component_weights, rank_agreement
+from dynamics.gates.maths import component_weights, rank_agreement, rank_agreement_undefined
 from dynamics.gates.options import CHG_ROLES, RESTART, GateOptions
 from dynamics.interventions.common import forward_changes
 from dynamics.model import Transformer
@@ -46,7 +46,8 @@ def gate_report(
 
     Returns the :func:`fit_chg` variables plus ``delta_loss`` (layer, head, component) and, with
     ``contrast=(retain, forget)``, the :func:`fit_contrastive` variables. Attr ``rho``:
-    Spearman's rho between mean G- and the mixture-weighted delta (:func:`rank_agreement`).
+    Spearman's rho between mean G- and the mixture-weighted delta (:func:`rank_agreement`);
+    NaN where it is undefined, with the reason in attr ``rho_undefined`` ("" where defined).
     ``progress(stage, done, total)`` is called through the fits (their stages) and around the
     ablations (stage ``"ablation"``, 0 then 1 of 1).
 
@@ -66,8 +67,9 @@ def gate_report(
         progress("ablation", 1, 1)
     ds["delta_loss"] = delta
     weighted = (delta.values * component_weights(cfg)).sum(-1)  # (L, H)
+    minus = ds.chg.sel(fit="minus").mean(RESTART).values
     ds.attrs.update(ablation=method, loss_full=delta.attrs["loss_full"], weights=component_weights(cfg).tolist(),
-                    rho=rank_agreement(ds.chg.sel(fit="minus").mean(RESTART).values, weighted))
+                    rho=rank_agreement(minus, weighted), rho_undefined=rank_agreement_undefined(minus, weighted) or "")
     if contrast is not None:
         c = fit_contrastive(model, cfg, *contrast, opts, progress=progress)
         ds = ds.merge(c, combine_attrs="override")
@@ -111,7 +113,9 @@ def report_lines(ds: xr.Dataset) -> list[str]:
         f"NLL on the fit data: all gates open {ds.attrs['nll_full']:.4f}, lambda=0 {float(nll.sel(stage='init')):.4f}, "
         f"G+ {float(nll.sel(stage='plus')):.4f}, G- {float(nll.sel(stage='minus')):.4f}",
         f"labels: {ds.sizes[RESTART]} restarts, mean agreement with the majority {ds.attrs['mean_agreement']:.2f}",
-        f"Spearman rho(G-, {ds.attrs['ablation']}-ablation delta) = {ds.attrs['rho']:.3f}",
+        f"Spearman rho(G-, {ds.attrs['ablation']}-ablation delta) = "
+        + (f"{ds.attrs['rho']:.3f}" if np.isfinite(ds.attrs["rho"]) else
+           f"undefined ({ds.attrs.get('rho_undefined') or 'NaN'})"),
     ]
     if "contrast_loss" in ds:
         loss = ds.contrast_loss.mean(RESTART)
