@@ -593,7 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", help="run id (default: the store's only run)")
     p.add_argument("--contrast", metavar="retain=A,forget=B", help="also fit gates that keep component A and lose B")
     p.add_argument("--steps", type=int, help="Adam updates of the G+/G- (and contrastive) fits")
-    p.add_argument("--init-steps", type=int, help="Adam updates of the lambda=0 fit")
+    p.add_argument("--init-steps", type=int,
+                   help="Adam updates of the lambda=0 fit (0: G+/G- start from the random initial gates)")
     p.add_argument("--restarts", type=int, help="gate sets fitted in parallel from random inits")
     p.add_argument("--lam", type=float, help="|lambda| of the G+/G- fits")
     p.add_argument("--no-save", action="store_true", help="print only; do not write derived/gates.<run>")

@@ -134,6 +134,21 @@ def test_report_says_rho_is_undefined_with_two_heads_and_why():
     assert np.isnan(ds.attrs["rho"])
 
 
+def test_report_with_no_lambda_zero_updates_calls_its_nll_the_unfitted_initial_gates(tiny):
+    # --init-steps 0: the 'init' stage is the random draw, but its NLL was reported as "lambda=0".
+    from dataclasses import replace
+
+    model, cfg = tiny
+    logits = torch.linspace(-2.0, 2.0, 4).view(1, 2, 2)
+    ds = gate_report(model, cfg, replace(FAST, init_steps=0))
+    np.testing.assert_allclose(fit_chg(model, cfg, replace(FAST, init_steps=0), init_logits=logits).chg_init[0],
+                               logits[0].sigmoid().numpy(), rtol=1e-6)
+    [line] = [x for x in report_lines(ds) if x.startswith("NLL")]
+    assert f"unfitted initial gates {float(ds.nll.sel(stage='init').mean()):.4f}," in line and "lambda=0" not in line
+    [line] = [x for x in report_lines(gate_report(model, cfg, FAST)) if x.startswith("NLL")]
+    assert "lambda=0" in line and "unfitted" not in line
+
+
 def test_batched_restarts_equal_sequential_fits_from_the_same_init(tiny):
     model, cfg = tiny
     init = torch.randn(3, 2, 2, generator=torch.Generator().manual_seed(0)) * 2

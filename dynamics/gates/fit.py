@@ -57,10 +57,11 @@ def fit_chg(
     -------
     xarray.Dataset
         ``chg`` (restart, layer, head, fit) G+ / G-; ``chg_init`` (restart, layer, head) the
-        lambda = 0 gates; ``chg_role`` (restart, layer, head) int8 codes into CHG_ROLES;
-        ``role`` (layer, head) majority code and ``agreement`` (layer, head) the fraction of
-        restarts giving it; ``nll`` (restart, stage) mean NLL on the fit batches with each
-        stage's gates. Attrs: ``nll_full`` (all gates 1), ``roles``, ``options``.
+        lambda = 0 gates (the unfitted initial draw when ``init_steps`` is 0); ``chg_role``
+        (restart, layer, head) int8 codes into CHG_ROLES; ``role`` (layer, head) majority code
+        and ``agreement`` (layer, head) the fraction of restarts giving it; ``nll`` (restart,
+        stage) mean NLL on the fit batches with each stage's gates. Attrs: ``nll_full`` (all
+        gates 1), ``roles``, ``options``.
 
     Example
     -------

@@ -109,8 +109,10 @@ def report_table(ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
 def report_lines(ds: xr.Dataset) -> list[str]:
     """Summary lines of a :func:`gate_report`: NLLs, label stability, rho, and the contrastive losses."""
     nll = ds.nll.mean(RESTART)
+    # With no lambda = 0 updates the 'init' stage is the random initial draw, not a fit.
+    init = "unfitted initial gates" if ds.attrs.get("options", {}).get("init_steps") == 0 else "lambda=0"
     lines = [
-        f"NLL on the fit data: all gates open {ds.attrs['nll_full']:.4f}, lambda=0 {float(nll.sel(stage='init')):.4f}, "
+        f"NLL on the fit data: all gates open {ds.attrs['nll_full']:.4f}, {init} {float(nll.sel(stage='init')):.4f}, "
         f"G+ {float(nll.sel(stage='plus')):.4f}, G- {float(nll.sel(stage='minus')):.4f}",
         f"labels: {ds.sizes[RESTART]} restarts, mean agreement with the majority {ds.attrs['mean_agreement']:.2f}",
         f"Spearman rho(G-, {ds.attrs['ablation']}-ablation delta) = "
