@@ -58,7 +58,9 @@ class RunResult:
 
 
 def lr_at(cfg: RunConfig, step: int) -> float:
-    """Linear warm-up to train.lr, then cosine decay to min_lr_frac * lr at the last step."""
+    """The learning rate of the update made from step ``step``'s gradient: linear warm-up to
+    train.lr, then cosine decay reaching min_lr_frac * lr at step train.steps, one past the
+    last update (steps 0 .. steps - 1 update)."""
     tr = cfg.train
     if step < tr.warmup_steps:
         return tr.lr * (step + 1) / tr.warmup_steps
