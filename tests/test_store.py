@@ -165,6 +165,30 @@ def test_a_refused_resume_leaves_the_run_attrs_as_they_were(tmp_path):
     assert store.run_attrs(path, "r1") == {"status": "interrupted", "starts": 1}
 
 
+def test_a_run_with_unreadable_metadata_is_named_by_readers_and_left_alone_by_writers(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    write_run(path, "r2", seed=1)
+    meta = tmp_path / "s.zarr" / "runs" / "r1" / "zarr.json"
+    damaged = meta.read_bytes()[:40]  # cut short: not JSON any more
+    meta.write_bytes(damaged)
+    variables, coords = spec()
+    for call in (
+        lambda: store.list_runs(path),
+        lambda: store.run_attrs(path, "r1"),
+        lambda: store.open_run(path, "r2"),
+        lambda: store.open_sweep(path),
+        lambda: store.update_run_attrs(path, "r1", status="failed"),
+        lambda: store.write_analysis(path, "r1", xr.Dataset()),
+        lambda: store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running"}),
+        lambda: store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={}, resume=True),
+    ):
+        with pytest.raises(StoreError, match=r"runs/r1 exists but its metadata .* cannot be read"):
+            call()
+    assert meta.read_bytes() == damaged
+    assert not (tmp_path / "s.zarr" / "analysis" / "r1").exists()
+
+
 class Died(Exception):
     """Stands for the process being killed: nothing after it runs."""
 

@@ -161,8 +161,28 @@ def _jsonable(value: Any, key: str) -> Any:
 
 
 def _group_exists(loc: _Loc, gpath: str) -> bool:
-    meta = loc.get_json(f"{gpath}/zarr.json")
-    return meta is not None and meta.get("node_type") == "group"
+    return _group_meta(loc, gpath) is not None
+
+
+def _group_meta(loc: _Loc, gpath: str) -> dict | None:
+    """The metadata of group `gpath`, or None where there is none.
+
+    A run group whose ``zarr.json`` is there but unreadable (cut short, not a group) is
+    recorded data, not an absence: taken as missing, every reader would hide the run and
+    ``dynamics run`` would create the group again over its arrays. So it raises StoreError,
+    and every reader and writer that looks the run up refuses. (``analysis/`` and ``derived/``
+    groups are recomputed whole, so an unreadable one is simply replaced.)
+    """
+    key = f"{gpath}/zarr.json"
+    meta = loc.get_json(key)
+    if meta is not None and meta.get("node_type") == "group":
+        return meta
+    if gpath.startswith("runs/") and loc.get(key) is not None:
+        raise StoreError(
+            f"{loc}: run group {gpath} exists but its metadata {key} cannot be read (damaged); restore that "
+            f"file from a backup, or move {gpath} out of the store to go on without that run"
+        )
+    return None
 
 
 def _children(loc: _Loc, section: str) -> list[str]:

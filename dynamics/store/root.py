@@ -22,6 +22,7 @@ from dynamics.store._loc import (
     _check_name,
     _children,
     _group_exists,
+    _group_meta,
     _jsonable,
     _Loc,
     _locked,
@@ -291,7 +292,7 @@ def run_attrs(path: str | os.PathLike, run_id: str) -> dict:
     """
     loc = _Loc(path)
     _require_store(loc)
-    meta = loc.get_json(f"runs/{_check_name('run id', run_id)}/zarr.json")
+    meta = _group_meta(loc, f"runs/{_check_name('run id', run_id)}")
     if meta is None:
         raise StoreError(f"no run {run_id!r} in {loc}")
     return meta.get("attributes", {})
