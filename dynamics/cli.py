@@ -101,10 +101,9 @@ def _check_writable(path: str, what: str) -> None:
 def _check_store(path: str) -> None:
     from dynamics import store
 
-    if not store.is_store(path):
-        raise UsageError(f"{path} is not a dynamics store")
     try:
-        store.check_store(path)  # a newer version's store: refused by every command, as by `run`
+        # not a store, a damaged root or a newer version's store: refused by every command, as by `run`
+        store.check_store(path)
     except store.StoreError as e:
         raise UsageError(str(e)) from None
 

@@ -189,6 +189,21 @@ def test_a_run_with_unreadable_metadata_is_named_by_readers_and_left_alone_by_wr
     assert not (tmp_path / "s.zarr" / "analysis" / "r1").exists()
 
 
+def test_a_store_whose_root_metadata_is_unreadable_is_named_as_damaged_and_left_alone(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    root = path / "zarr.json"
+    damaged = root.read_bytes()[:40]
+    root.write_bytes(damaged)
+    for call in (lambda: store.check_store(path), lambda: store.list_runs(path), lambda: store.open_run(path),
+                 lambda: store.init_store(path)):
+        with pytest.raises(StoreError, match="root metadata zarr.json cannot be read"):
+            call()
+    assert root.read_bytes() == damaged
+    with pytest.raises(StoreError, match="^not a dynamics store"):
+        store.check_store(tmp_path / "elsewhere")
+
+
 class Died(Exception):
     """Stands for the process being killed: nothing after it runs."""
 

@@ -204,8 +204,20 @@ def _require_store(loc: _Loc) -> None:
     except Exception:  # unreachable remote, bad URL: as is_store, not a store we can use
         root = None
     if root is None:
-        raise StoreError(f"not a dynamics store: {loc}")
+        raise StoreError(_unreadable_root(loc) or f"not a dynamics store: {loc}")
     _check_version(loc, root)
+
+
+def _unreadable_root(loc: _Loc) -> str | None:
+    # A store whose root zarr.json was cut short is not "not a store": said so, its runs would
+    # look like a wrong path, not like recorded data to restore.
+    try:
+        damaged = loc.get("zarr.json") is not None and loc.get_json("zarr.json") is None
+    except Exception:  # unreachable remote: not a store we can use, as above
+        return None
+    if not damaged:
+        return None
+    return f"{loc}: the store's root metadata zarr.json cannot be read (damaged); restore it from a backup"
 
 
 def init_store(path: str | os.PathLike) -> None:
@@ -236,7 +248,7 @@ def init_store(path: str | os.PathLike) -> None:
         with _locked(loc):  # check again inside: another process may be creating it right now
             if not is_store(loc.url):
                 if loc.list_dir(""):
-                    raise StoreError(f"{loc} exists, is not empty and is not a dynamics store")
+                    raise StoreError(_unreadable_root(loc) or f"{loc} exists, is not empty and is not a dynamics store")
                 root = zarr.create_group(loc.store, zarr_format=3, attributes={"dynamics_store": STORE_VERSION})
                 for section in SECTIONS:
                     root.require_group(section)
