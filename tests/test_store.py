@@ -204,6 +204,25 @@ def test_a_store_whose_root_metadata_is_unreadable_is_named_as_damaged_and_left_
         store.check_store(tmp_path / "elsewhere")
 
 
+def test_an_array_with_unreadable_metadata_is_named_and_a_resume_changes_nothing(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1", attrs={"status": "interrupted"})
+    meta = path / "runs" / "r1" / "attention" / "zarr.json"
+    meta.write_bytes(meta.read_bytes()[:40])
+    run_meta = (path / "runs" / "r1" / "zarr.json").read_bytes()
+    variables, coords = spec()
+    for call in (
+        lambda: store.open_run(path),
+        lambda: store.open_run(path, dask=False),
+        lambda: store.open_sweep(path),
+        lambda: store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running"},
+                                resume=True),
+    ):
+        with pytest.raises(StoreError, match="runs/r1/attention/zarr.json of runs/r1 cannot be read"):
+            call()
+    assert (path / "runs" / "r1" / "zarr.json").read_bytes() == run_meta
+
+
 class Died(Exception):
     """Stands for the process being killed: nothing after it runs."""
 

@@ -202,8 +202,27 @@ def _default_run(loc: _Loc, run_id: str | None) -> str:
     return run_id
 
 
+def _unreadable_member(loc: _Loc, gpath: str) -> StoreError | None:
+    """StoreError naming an array of group `gpath` whose ``zarr.json`` cannot be read, if one has one.
+
+    Zarr fails on such a file with a bare JSON error that names neither the run nor the file.
+    """
+    for name in loc.list_dir(gpath):
+        key = f"{gpath}/{name}/zarr.json"
+        if loc.get(key) is not None and loc.get_json(key) is None:
+            return StoreError(f"{loc}: the metadata {key} of {gpath} cannot be read (damaged); restore that file "
+                              f"from a backup")
+    return None
+
+
 def _open_group_ds(loc: _Loc, gpath: str, dask: bool = True) -> xr.Dataset:
     # consolidated=False: read the group's own metadata, never the (possibly stale) root index.
-    if dask:
-        return xr.open_zarr(loc.url, group=gpath, consolidated=False)
-    return xr.open_zarr(loc.url, group=gpath, consolidated=False, chunks=None)  # lazily indexed, no dask
+    try:
+        if dask:
+            return xr.open_zarr(loc.url, group=gpath, consolidated=False)
+        return xr.open_zarr(loc.url, group=gpath, consolidated=False, chunks=None)  # lazily indexed, no dask
+    except ValueError as e:  # json.JSONDecodeError among them
+        damaged = _unreadable_member(loc, gpath)
+        if damaged is None:
+            raise
+        raise damaged from e

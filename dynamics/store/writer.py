@@ -14,7 +14,15 @@ from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.core.sync import sync as _sync
 
 from dynamics.schema import SNAPSHOT, TRAIN_STEP
-from dynamics.store._loc import StoreError, _check_name, _group_exists, _jsonable, _Loc, _locked
+from dynamics.store._loc import (
+    StoreError,
+    _check_name,
+    _group_exists,
+    _jsonable,
+    _Loc,
+    _locked,
+    _unreadable_member,
+)
 from dynamics.store.root import _index_update, _update_group_attrs, init_store
 
 TRAIN_STEP_CHUNK = 4096
@@ -137,7 +145,13 @@ class RunWriter:
             else:
                 group = zarr.create_group(loc.store, path=gpath, zarr_format=3, attributes=clean_attrs)
 
-        existing = set(group.array_keys()) if exists else set()
+        try:
+            existing = set(group.array_keys()) if exists else set()
+        except ValueError as e:  # json.JSONDecodeError among them: refused before the attrs below change
+            damaged = _unreadable_member(loc, gpath)
+            if damaged is None:
+                raise
+            raise damaged from e
         coord_of: dict[str, list[str]] = {}  # dim -> non-index coordinate names on it
         for name, (dim, _values) in coords.items():
             if name != dim:
