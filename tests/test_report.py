@@ -285,6 +285,24 @@ def test_store_with_a_just_started_run_names_every_missing_part(tmp_path):
     assert "failed (" not in text  # every gap is an expected one, not a crashed section
 
 
+def test_a_run_whose_arrays_cannot_be_read_is_not_said_to_have_no_snapshots(tmp_path):
+    from dynamics.config import from_dict
+    from dynamics.record import coords, snapshot_steps, variables
+
+    cfg = from_dict(TINY)
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    path = tmp_path / "s.zarr"
+    store.RunWriter(path, "r0", variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                    attrs={"status": "completed", "config": cfg.to_dict()}).finalize()
+    meta = path / "runs" / "r0" / "attention" / "zarr.json"
+    meta.write_bytes(meta.read_bytes()[:40])
+    text = html.unescape(write_report(path, tmp_path / "out").read_text())
+    assert ("Not available: attention maps because run r0 (completed) could not be read (StoreError: "
+            in text)
+    assert "runs/r0/attention/zarr.json of runs/r0 cannot be read" in text
+    assert "no recorded snapshot" not in text
+
+
 # --------------------------------------------------------------------------- small pieces
 
 

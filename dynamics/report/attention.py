@@ -63,6 +63,10 @@ def _attention_section(ctx: _Ctx) -> _Section:
     if run is None:
         sec.missing.append("Not available: attention maps because the store holds no runs.")
         return sec
+    if run.n_recorded == 0 and run.analysis_note.startswith("could not be read"):
+        # a run whose arrays cannot be opened has recordings that cannot be read, not none
+        sec.missing.append(f"Not available: attention maps because run {run.run_id} ({run.status}) {run.analysis_note}.")
+        return sec
     if run.n_recorded == 0:
         sec.missing.append(f"Not available: attention maps because run {run.run_id} ({run.status}) has no recorded snapshot yet.")
         return sec
