@@ -189,6 +189,24 @@ def test_a_run_with_unreadable_metadata_is_named_by_readers_and_left_alone_by_wr
     assert not (tmp_path / "s.zarr" / "analysis" / "r1").exists()
 
 
+def test_a_run_whose_metadata_is_gone_from_beside_its_arrays_is_not_created_again(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    (path / "runs" / "r1" / "zarr.json").unlink()
+    (path / "runs" / "r2").mkdir()  # no arrays: nothing recorded, so no run (a group being made)
+    variables, coords = spec()
+    for call in (
+        lambda: store.list_runs(path),
+        lambda: store.run_attrs(path, "r1"),
+        lambda: store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running"}),
+    ):
+        with pytest.raises(StoreError, match=r"runs/r1 exists but its metadata runs/r1/zarr.json is missing"):
+            call()
+    assert not (path / "runs" / "r1" / "zarr.json").exists()
+    with pytest.raises(StoreError, match="no run 'r2'"):
+        store.run_attrs(path, "r2")
+
+
 def test_a_store_whose_root_metadata_is_unreadable_is_named_as_damaged_and_left_alone(tmp_path):
     path = tmp_path / "s.zarr"
     write_run(path, "r1")

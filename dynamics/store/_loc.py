@@ -167,8 +167,8 @@ def _group_exists(loc: _Loc, gpath: str) -> bool:
 def _group_meta(loc: _Loc, gpath: str) -> dict | None:
     """The metadata of group `gpath`, or None where there is none.
 
-    A run group whose ``zarr.json`` is there but unreadable (cut short, not a group) is
-    recorded data, not an absence: taken as missing, every reader would hide the run and
+    A run group whose ``zarr.json`` is unreadable (cut short, not a group), or gone from
+    beside its arrays, is recorded data, not an absence: taken as missing, every reader would hide the run and
     ``dynamics run`` would create the group again over its arrays. So it raises StoreError,
     and every reader and writer that looks the run up refuses. (``analysis/`` and ``derived/``
     groups are recomputed whole, so an unreadable one is simply replaced.)
@@ -177,12 +177,18 @@ def _group_meta(loc: _Loc, gpath: str) -> dict | None:
     meta = loc.get_json(key)
     if meta is not None and meta.get("node_type") == "group":
         return meta
-    if gpath.startswith("runs/") and loc.get(key) is not None:
-        raise StoreError(
-            f"{loc}: run group {gpath} exists but its metadata {key} cannot be read (damaged); restore that "
-            f"file from a backup, or move {gpath} out of the store to go on without that run"
-        )
-    return None
+    if not gpath.startswith("runs/"):
+        return None
+    if loc.get(key) is not None:
+        problem = "cannot be read (damaged)"
+    elif any(loc.get(f"{gpath}/{name}/zarr.json") is not None for name in loc.list_dir(gpath)):
+        problem = "is missing"  # RunWriter writes it before any array: these arrays lost it afterwards
+    else:
+        return None
+    raise StoreError(
+        f"{loc}: run group {gpath} exists but its metadata {key} {problem}; restore that file from a backup, "
+        f"or move {gpath} out of the store to go on without that run"
+    )
 
 
 def _children(loc: _Loc, section: str) -> list[str]:
