@@ -187,7 +187,7 @@ def _group_meta(loc: _Loc, gpath: str) -> dict | None:
         return None
     raise StoreError(
         f"{loc}: run group {gpath} exists but its metadata {key} {problem}; restore that file from a backup, "
-        f"or move {gpath} out of the store to go on without that run"
+        f"or move {gpath} and checkpoints/{gpath[5:]} out of the store to go on without that run"
     )
 
 
