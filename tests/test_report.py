@@ -261,15 +261,20 @@ def test_cli_without_computing_names_the_missing_runs_and_replaces_frames(built,
     assert cli.main(["report", str(tmp_path), "--out", str(tmp_path / "x")]) == cli.EXIT_BAD_INPUT
 
 
-def test_store_with_a_just_started_run_names_every_missing_part(tmp_path):
+def _unwritten_run(path, status: str) -> None:
+    """A store at `path` holding run r0 of the TINY config, its arrays made but no snapshot written."""
     from dynamics.config import from_dict
     from dynamics.record import coords, snapshot_steps, variables
 
     cfg = from_dict(TINY)
     steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
-    path = tmp_path / "s.zarr"
     store.RunWriter(path, "r0", variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
-                    attrs={"status": "running", "config": cfg.to_dict()}).finalize()
+                    attrs={"status": status, "config": cfg.to_dict()}).finalize()
+
+
+def test_store_with_a_just_started_run_names_every_missing_part(tmp_path):
+    path = tmp_path / "s.zarr"
+    _unwritten_run(path, "running")
     with store.run_lock(path, "r0"):  # its trainer is alive: it holds the run's training lock
         page = write_report(path, tmp_path / "out")
     text = page.read_text()
@@ -286,14 +291,8 @@ def test_store_with_a_just_started_run_names_every_missing_part(tmp_path):
 
 
 def test_a_run_whose_arrays_cannot_be_read_is_not_said_to_have_no_snapshots(tmp_path):
-    from dynamics.config import from_dict
-    from dynamics.record import coords, snapshot_steps, variables
-
-    cfg = from_dict(TINY)
-    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
     path = tmp_path / "s.zarr"
-    store.RunWriter(path, "r0", variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
-                    attrs={"status": "completed", "config": cfg.to_dict()}).finalize()
+    _unwritten_run(path, "completed")
     meta = path / "runs" / "r0" / "attention" / "zarr.json"
     meta.write_bytes(meta.read_bytes()[:40])
     text = html.unescape(write_report(path, tmp_path / "out").read_text())
