@@ -54,8 +54,8 @@ def failure_line(r):
 
 
 def test_a_full_disk_fails_the_run_resumably_and_says_where_its_traceback_is(tiny_config, tmp_path, tmpfs):
-    cfg = tiny_config(steps=400, every=2)
-    fs = tmpfs("3M")  # fills up after ~90 of 400 steps of this config
+    cfg = tiny_config(steps=200, every=2)
+    fs = tmpfs("3M")  # fills up after ~90 of 200 steps of this config
     out = fs / "s.zarr"
     line = failure_line(dyn("run", cfg, "--out", out))
     run_id = load_config(cfg).run_id()
