@@ -205,6 +205,7 @@ def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
     counts = collections.Counter(groups)
     if not counts or max(counts.values()) < 2:
         return []  # no config was run with more than one seed
+
     def differing(among) -> list[str]:
         return differing_settings(flat[g] for g in among)
 

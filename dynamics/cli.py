@@ -1,8 +1,9 @@
 """Command line: ``dynamics <command>`` (or ``python -m dynamics <command>``).
 
 The only module that may import everything. Bad input is reported as one line naming the
-problem, with exit code 2, before any work starts; heavy modules are imported inside the
-commands so ``dynamics --help`` and input errors stay instant.
+problem, with exit code 2, before any work starts (the checks the commands share are in
+:mod:`dynamics.usage`); heavy modules are imported inside the commands so ``dynamics --help``
+and input errors stay instant.
 """
 
 from __future__ import annotations
@@ -15,12 +16,19 @@ import time
 from pathlib import Path
 
 from dynamics.config import ConfigError, load_config
+from dynamics.usage import (
+    UsageError,
+    check_device,
+    check_devices,
+    check_not_swept,
+    check_out,
+    check_report_dir,
+    check_store,
+    check_workers,
+    check_writable,
+)
 
 EXIT_BAD_INPUT = 2
-
-
-class UsageError(Exception):
-    """Bad input found before any work: printed as one line, exit code 2."""
 
 
 def _progress_printer(label: str):
@@ -53,61 +61,6 @@ def _progress_printer(label: str):
     return log
 
 
-def _check_out(path: str) -> None:
-    from dynamics import store
-
-    if "://" in path:
-        import fsspec
-
-        scheme = path.split("://", 1)[0]
-        try:
-            fsspec.get_filesystem_class(scheme)
-        except (ValueError, ImportError) as e:
-            raise UsageError(f"--out {path}: no filesystem for the URL scheme {scheme!r} ({e})") from None
-        return
-    p = Path(path)
-    _check_not_in_store(p, "--out")
-    if not p.exists():
-        _check_creatable(p, "--out")
-    elif p.is_dir() and not any(p.iterdir()):
-        # An empty directory (made by hand for the results) holds nothing to overwrite: it
-        # becomes the store, as a file:// URL to it does.
-        if not os.access(p, os.W_OK | os.X_OK):
-            raise UsageError(f"--out {path}: no permission to write into this empty directory")
-    elif not store.is_store(path):
-        raise UsageError(f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
-    else:
-        _check_writable(path, "--out")
-
-
-def _check_creatable(p: Path, flag: str) -> None:
-    """A path that does not exist yet can be made: its nearest existing ancestor is a writable directory."""
-    parent = p.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {p}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {p}: no permission to create it in {parent}")
-
-
-def _check_writable(path: str, what: str) -> None:
-    """A local store a command writes into is writable: said before the work, not after it."""
-    if "://" not in path and not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(f"{what} {path}: the store is read-only here, and this command writes into it"
-                         + (" (--no-save writes nothing)" if what in ("predict", "gates") else ""))
-
-
-def _check_store(path: str) -> None:
-    from dynamics import store
-
-    try:
-        # not a store, a damaged root or a newer version's store: refused by every command, as by `run`
-        store.check_store(path)
-    except store.StoreError as e:
-        raise UsageError(str(e)) from None
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     from dynamics import interventions, tasks
@@ -117,9 +70,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.device:
         from dynamics.config import replace_section
         cfg = replace_section(cfg, "train", device=args.device)
-    _check_device(cfg.train.device)
+    check_device(cfg.train.device)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
-    _check_out(out)
+    check_out(out)
     from dynamics.signals import sigterm_as_interrupt
     from dynamics.store import StoreError, check_run_id
     from dynamics.train import train_run
@@ -173,54 +126,16 @@ def _run_failed(out: str, run_id: str, e: BaseException) -> int:
     return 1
 
 
-def _check_device(device: str) -> None:
-    """A CUDA device that this torch cannot use is bad input, found before any store is made."""
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError(f"train.device {device!r}: this torch {torch.__version__} has no usable CUDA device")
-        text = device.partition(":")[2] or "0"
-        if not text.isdigit():
-            raise UsageError(f"train.device {device!r}: expected cuda or cuda:<index>")
-        index = int(text)
-        if index >= torch.cuda.device_count():
-            raise UsageError(f"train.device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-
-
-def _check_devices(cfg) -> None:
-    """Every device a sweep's points would train on (the base one and a train.device axis)."""
-    for device in {cfg.train.device, *cfg.sweep.axes.get("train.device", ())}:
-        _check_device(str(device))
-
-
-def _check_not_swept(cfg, overrides: list[str]) -> None:
-    """A --set of a key the [sweep] grid varies would be replaced at every point: silently, no run
-    would use the value asked for. The grid's own values are set with --set sweep.<key>=[...]."""
-    from dynamics.config import parse_override
-
-    for text in overrides:
-        key = parse_override(text)[0]
-        if key in cfg.sweep.axes:
-            raise UsageError(f"--set {key}: a [sweep] axis, which every point of the grid sets; "
-                             f"to change its values, --set 'sweep.{key}=[...]'")
-
-
-def _check_workers(workers: int | None) -> None:
-    if workers is not None and workers < 1:
-        raise UsageError(f"--workers: must be >= 1, got {workers}")
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
-    _check_not_swept(cfg, args.set)
+    check_not_swept(cfg, args.set)
     from dynamics.sweep import run_sweep
 
-    _check_workers(args.workers)
+    check_workers(args.workers)
     if not args.scheduler:  # an existing cluster's workers may have the GPUs this machine lacks
-        _check_devices(cfg)
+        check_devices(cfg)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
-    _check_out(out)
+    check_out(out)
     summary = run_sweep(cfg, out, workers=args.workers, scheduler=args.scheduler)
     for line in summary.lines():
         print(line)
@@ -228,7 +143,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    _check_store(args.store)
+    check_store(args.store)
     from dynamics import store
 
     index = store.read_sweep_index(args.store) or {}
@@ -285,8 +200,8 @@ def _usable_cores() -> int:
 
 
 def cmd_analyse(args: argparse.Namespace) -> int:
-    _check_store(args.store)
-    _check_writable(args.store, "analyse")
+    check_store(args.store)
+    check_writable(args.store, "analyse")
     from dynamics import store
 
     ids = store.list_runs(args.store)
@@ -295,7 +210,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     if not ids:
         raise UsageError(f"{args.store} holds no runs to analyse")
     t0 = time.perf_counter()
-    _check_workers(args.workers)
+    check_workers(args.workers)
     rows = analyse_store(args.store, [args.run] if args.run else None, workers=args.workers)
     _print_analysis(rows)
     if not args.run:
@@ -345,9 +260,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise UsageError(f"--horizons: expected numbers separated by commas, got {text!r}") from None
     if args.folds < 2:  # PredictOptions would name it n_splits, which is no flag
         raise UsageError(f"--folds: must be >= 2, got {args.folds}")
-    _check_store(args.store)
+    check_store(args.store)
     if not args.no_save:
-        _check_writable(args.store, "predict")
+        check_writable(args.store, "predict")
     from dynamics import predict
 
     try:  # every PredictError is bad input found before any model is fitted: one line, exit 2
@@ -363,7 +278,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    _check_store(args.store)
+    check_store(args.store)
     from dynamics import store
     from dynamics.report import write_report
 
@@ -379,35 +294,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         base = base.absolute() if base.name in ("", ".", "..") else base  # `dynamics report .` inside a store
         base = Path(os.path.normpath(base))
         out = base.with_name(base.name.removesuffix(".zarr") + "-report")
-    _check_report_dir(out, "--out")
+    check_report_dir(out, "--out")
     page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute)
     print(f"report written to {page}\nopen {page.resolve().as_uri()}")
     return 0
-
-
-def _check_not_in_store(p: Path, flag: str) -> None:
-    """Nothing is written at or under a store other than through it: a run group or a report's
-    files there would be read as the store's own (a bogus run, unrecognised objects)."""
-    from dynamics import store
-
-    for parent in Path(os.path.normpath(p.absolute())).parents:
-        if store.is_store(str(parent)):
-            raise UsageError(f"{flag} {p} is inside the store {parent}; choose a path outside it")
-
-
-def _check_report_dir(out: Path, flag: str) -> None:
-    from dynamics import store
-
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{flag} {out} exists and is not a directory")
-    _check_not_in_store(out, flag)
-    if out.exists() and store.is_store(str(out)):
-        raise UsageError(f"{flag} {out} is a dynamics store; a report goes next to it, not into it")
-    page = out / "index.html"
-    if page.exists() and "<title>dynamics report" not in page.read_text(errors="replace")[:2000]:
-        raise UsageError(f"{flag} {out} holds an index.html that is not a dynamics report; refusing to replace it")
-    if not out.exists():
-        _check_creatable(out, flag)
 
 
 def _gates_progress(run_id: str):
@@ -425,9 +315,9 @@ def _gates_progress(run_id: str):
 
 
 def cmd_gates(args: argparse.Namespace) -> int:
-    _check_store(args.store)
+    check_store(args.store)
     if not args.no_save:
-        _check_writable(args.store, "gates")
+        check_writable(args.store, "gates")
     from dynamics import store
     from dynamics.config import from_dict
     from dynamics.gates import GateOptions, check_fittable, gate_report, parse_contrast, report_lines, report_table
@@ -490,13 +380,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: quickstart sweep -> analyse -> predict -> report."""
     config = _quickstart_config()
     cfg = load_config(config, args.set)
-    _check_not_swept(cfg, args.set)
-    _check_workers(args.workers)
-    _check_devices(cfg)
+    check_not_swept(cfg, args.set)
+    check_workers(args.workers)
+    check_devices(cfg)
     out = args.out or "runs/quickstart.zarr"
-    _check_out(out)
+    check_out(out)
     report_dir = Path(args.report or out.rstrip("/").removesuffix(".zarr") + "-report")
-    _check_report_dir(report_dir, "--report")
+    check_report_dir(report_dir, "--report")
     from dynamics import predict
     from dynamics.report import write_report
     from dynamics.sweep import run_sweep

@@ -1,0 +1,139 @@
+"""Command input, checked before any work: each check raises :class:`UsageError`, which the
+command line prints as one line naming the problem, with exit code 2.
+
+Kept apart from the commands (dynamics/cli.py) because every command shares them: paths to
+write (a store, a report folder), stores to read, devices, worker counts and --set overrides.
+Heavy modules (store, torch) are imported inside the checks that need them, so ``dynamics --help``
+and input errors stay instant.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class UsageError(Exception):
+    """Bad input found before any work: printed as one line, exit code 2."""
+
+
+def check_out(path: str) -> None:
+    """--out of a command that makes or extends a store: a URL with a filesystem, an empty or new
+    writable path outside any store, or a writable dynamics store; never something else to overwrite."""
+    from dynamics import store
+
+    if "://" in path:
+        import fsspec
+
+        scheme = path.split("://", 1)[0]
+        try:
+            fsspec.get_filesystem_class(scheme)
+        except (ValueError, ImportError) as e:
+            raise UsageError(f"--out {path}: no filesystem for the URL scheme {scheme!r} ({e})") from None
+        return
+    p = Path(path)
+    check_not_in_store(p, "--out")
+    if not p.exists():
+        check_creatable(p, "--out")
+    elif p.is_dir() and not any(p.iterdir()):
+        # An empty directory (made by hand for the results) holds nothing to overwrite: it
+        # becomes the store, as a file:// URL to it does.
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {path}: no permission to write into this empty directory")
+    elif not store.is_store(path):
+        raise UsageError(f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
+    else:
+        check_writable(path, "--out")
+
+
+def check_creatable(p: Path, flag: str) -> None:
+    """A path that does not exist yet can be made: its nearest existing ancestor is a writable directory."""
+    parent = p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {p}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {p}: no permission to create it in {parent}")
+
+
+def check_writable(path: str, what: str) -> None:
+    """A local store a command writes into is writable: said before the work, not after it."""
+    if "://" not in path and not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} {path}: the store is read-only here, and this command writes into it"
+                         + (" (--no-save writes nothing)" if what in ("predict", "gates") else ""))
+
+
+def check_store(path: str) -> None:
+    """A store a command reads: a readable dynamics store of a version this package knows."""
+    from dynamics import store
+
+    try:
+        # not a store, a damaged root or a newer version's store: refused by every command, as by `run`
+        store.check_store(path)
+    except store.StoreError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_device(device: str) -> None:
+    """A CUDA device that this torch cannot use is bad input, found before any store is made."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"train.device {device!r}: this torch {torch.__version__} has no usable CUDA device")
+        text = device.partition(":")[2] or "0"
+        if not text.isdigit():
+            raise UsageError(f"train.device {device!r}: expected cuda or cuda:<index>")
+        index = int(text)
+        if index >= torch.cuda.device_count():
+            raise UsageError(f"train.device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+
+
+def check_devices(cfg) -> None:
+    """Every device a sweep's points would train on (the base one and a train.device axis)."""
+    for device in {cfg.train.device, *cfg.sweep.axes.get("train.device", ())}:
+        check_device(str(device))
+
+
+def check_not_swept(cfg, overrides: list[str]) -> None:
+    """A --set of a key the [sweep] grid varies would be replaced at every point: silently, no run
+    would use the value asked for. The grid's own values are set with --set sweep.<key>=[...]."""
+    from dynamics.config import parse_override
+
+    for text in overrides:
+        key = parse_override(text)[0]
+        if key in cfg.sweep.axes:
+            raise UsageError(f"--set {key}: a [sweep] axis, which every point of the grid sets; "
+                             f"to change its values, --set 'sweep.{key}=[...]'")
+
+
+def check_workers(workers: int | None) -> None:
+    """--workers, where given, is a positive count."""
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers: must be >= 1, got {workers}")
+
+
+def check_not_in_store(p: Path, flag: str) -> None:
+    """Nothing is written at or under a store other than through it: a run group or a report's
+    files there would be read as the store's own (a bogus run, unrecognised objects)."""
+    from dynamics import store
+
+    for parent in Path(os.path.normpath(p.absolute())).parents:
+        if store.is_store(str(parent)):
+            raise UsageError(f"{flag} {p} is inside the store {parent}; choose a path outside it")
+
+
+def check_report_dir(out: Path, flag: str) -> None:
+    from dynamics import store
+
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag} {out} exists and is not a directory")
+    check_not_in_store(out, flag)
+    if out.exists() and store.is_store(str(out)):
+        raise UsageError(f"{flag} {out} is a dynamics store; a report goes next to it, not into it")
+    page = out / "index.html"
+    if page.exists() and "<title>dynamics report" not in page.read_text(errors="replace")[:2000]:
+        raise UsageError(f"{flag} {out} holds an index.html that is not a dynamics report; refusing to replace it")
+    if not out.exists():
+        check_creatable(out, flag)
