@@ -184,3 +184,32 @@ def test_a_long_offset_slash_head_is_slash_dominant_where_its_role_is_slash():
     assert r.slash_dominant.all() and r.slash_emergence_step.item() == 0.0
     np.testing.assert_allclose(r.best_slash, 1.0)
     assert r.attrs["slash_offsets"] == [1, T_ // 2]
+
+
+@pytest.mark.parametrize("T_", [2, 3, 4])
+def test_short_probes_leave_uniform_and_sink_heads_not_slash_dominant(T_):
+    # Over T <= 4 positions uniform attention (T = 2: slash_score(1) = 0.5) or a sink head
+    # (T = 3, 4: 1 / (T - delta) = 0.5 at the window's last offset) reached kappa = 0.5, so the
+    # table counted them slash-dominant while the roles already left those offsets unscored.
+    rng = np.random.default_rng(0)
+    uniform = np.tril(np.ones((T_, T_))) / np.arange(1, T_ + 1)[:, None]
+    attn = np.broadcast_to(uniform, (4, 1, 2, 2, T_, T_)).copy()
+    attn[:, 0, 1] = 0
+    attn[:, 0, 1, :, :, 0] = 1  # head 1 attends only to key 0
+    ds = xr.Dataset(
+        {"attention": (("snapshot", "layer", "head", "probe", "query", "key"), attn.astype(np.float16)),
+         "probe_tokens": (("probe", "position"), rng.integers(0, 40, (2, T_))),
+         "importance": (("snapshot", "layer", "head"), rng.random((4, 1, 2)))},
+        coords={"step": ("snapshot", np.arange(4) * 10)},
+    )
+    r = analyse_run(ds).load()
+    assert not r.slash_dominant.any()
+    assert summary_row(r)["slash_dominant"] == 0
+    assert r.attrs["slash_offsets_unscored"] == {2: [1], 3: [1], 4: [2]}[T_]
+    if T_ == 4:  # offset 1 still tells a previous-token head from these two
+        assert r.best_offset.isel(snapshot=-1).values.tolist() == [[1.0, 1.0]]
+
+
+def test_uninformative_offsets_only_on_contexts_of_four_or_less():
+    opt = pipeline.AnalysisOptions()
+    assert [pipeline.uninformative_offsets(t, opt) for t in (2, 3, 4, 5, 16)] == [[1], [1], [2], [], []]

@@ -38,11 +38,12 @@ from dynamics.schema import SNAPSHOT
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
 
 
-ANALYSIS_VERSION = 3
+ANALYSIS_VERSION = 4
 """Stamped on every analysis (attr ``analysis_version``) and raised whenever what the analysers
 compute changes; readers recompute a stored analysis of another version rather than mix it with
 this one's (version 2: slash window up to T // 2, induction keys k < i, ragged runs; version 3:
-no positional role score on probes so short that uniform attention passes it)."""
+no positional role score on probes so short that uniform attention passes it; version 4: the
+same rule for slash-dominance, `uninformative_offsets`)."""
 
 
 def is_current(analysis: xr.Dataset) -> bool:
@@ -135,9 +136,8 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
 
     slash = stage["slash"]
     out["slash_score"] = slash
-    offset, best = best_offset(slash, min_offset=opt.slash_min_offset, max_offset=window)
+    offset, best, dominant = slash_dominance(slash, opt, T)
     out["best_offset"], out["best_slash"] = offset, best
-    dominant = slash_dominant(slash, kappa=opt.kappa, min_offset=opt.slash_min_offset, max_offset=window)
     out["slash_dominant"] = dominant
     out["slash_emergence_step"] = emergence_step(dominant)
     out["slash_dominant_share"] = dominant_share(dominant, present=present)
@@ -172,6 +172,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         roles=list(ROLES),
         kappa=opt.kappa,
         slash_offsets=[opt.slash_min_offset, int(window)],
+        slash_offsets_unscored=uninformative_offsets(T, opt),
         cluster_threshold=opt.cluster_threshold,
         token_id=opt.roles.token_id,
         token_threshold=opt.roles.token,
@@ -180,6 +181,47 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         baseline_snapshots=opt.baseline_snapshots,
     )
     return out
+
+
+def uninformative_offsets(n_query: int, opt: AnalysisOptions) -> list[int]:
+    """Offsets of the slash-dominance window at which no pattern, or a sink, already reaches kappa.
+
+    Over T positions uniform causal attention scores ``mean_{i >= delta} 1 / (i + 1)`` at offset
+    delta, and attention wholly on the first token scores ``1 / (T - delta)``. Where either
+    reaches kappa, ``slash_score(delta) >= kappa`` cannot tell a slash from no pattern or from a
+    sink: at kappa = 0.5 every uniform head was slash-dominant at T = 2, and every sink head at
+    T = 3 and 4. This is the slash and previous-token roles' rule (`roles.role_scores`), so only
+    contexts of 4 or less lose offsets at the defaults.
+    """
+    window = opt.slash_window(n_query)
+    if opt.slash_min_offset > window:
+        return []
+    i = np.arange(n_query)
+    delta = np.arange(opt.slash_min_offset, window + 1)
+    uniform = np.array([np.mean(1.0 / (i[d:] + 1)) for d in delta])
+    first = 1.0 / (n_query - delta)
+    return [int(d) for d in delta[(uniform >= opt.kappa) | (first >= opt.kappa)]]
+
+
+def slash_dominance(slash: xr.DataArray, opt: AnalysisOptions, n_query: int):
+    """Best offset, its score and (kappa, delta)-slash-dominance over the window of `opt`.
+
+    The window is ``opt.slash_min_offset .. opt.slash_window(n_query)`` less the
+    `uninformative_offsets`, whose scores are left out (no best offset, not dominant, where none
+    is left). `analyse_run` and the predictor's targets both read it here.
+
+    Returns
+    -------
+    offset, score, dominant : DataArray
+        ``(..., snapshot, layer, head)``: float offset (NaN where no offset is scored), its
+        slash score, and the bool flag.
+    """
+    window = opt.slash_window(n_query)
+    skipped = uninformative_offsets(n_query, opt)
+    scored = slash.where(~slash["offset"].isin(skipped)) if skipped else slash
+    offset, best = best_offset(scored, min_offset=opt.slash_min_offset, max_offset=window)
+    dominant = slash_dominant(scored, kappa=opt.kappa, min_offset=opt.slash_min_offset, max_offset=window)
+    return offset, best, dominant
 
 
 def summary_row(result: xr.Dataset) -> dict:

@@ -9,10 +9,10 @@ import numpy as np
 import xarray as xr
 
 from dynamics.analysis.divergence import js_distance
-from dynamics.analysis.pipeline import AnalysisOptions, is_current
+from dynamics.analysis.pipeline import AnalysisOptions, is_current, slash_dominance
 from dynamics.analysis.redundancy import cluster_heads
 from dynamics.analysis.roles import ROLES, assign_roles, role_scores
-from dynamics.analysis.slash import best_offset, slash_dominant, slash_score
+from dynamics.analysis.slash import slash_score
 from dynamics.predict.features import _rank_in_layer
 from dynamics.predict.options import CHG_CLASSES, TARGETS, PredictError, PredictOptions, Run
 from dynamics.schema import HEAD, LAYER, SNAPSHOT
@@ -124,10 +124,8 @@ def final_targets(
             source = "computed from the final snapshot"
             attn = last["attention"].transpose(LAYER, HEAD, ...).load()
             if target == "slash":
-                window = opt.slash_window(attn.sizes["query"])
-                scores = slash_score(attn, max_offset=window)
-                offset, _ = best_offset(scores, min_offset=opt.slash_min_offset, max_offset=window)
-                dominant = slash_dominant(scores, kappa=opt.kappa, min_offset=opt.slash_min_offset, max_offset=window)
+                scores = slash_score(attn, max_offset=opt.slash_window(attn.sizes["query"]))
+                offset, _, dominant = slash_dominance(scores, opt, attn.sizes["query"])
                 stored = xr.Dataset({"slash_dominant": dominant, "best_offset": offset})
             elif target == "role":
                 stored = xr.Dataset({"role": assign_roles(role_scores(attn, last["probe_tokens"].load(), opt.roles), opt.roles)})
