@@ -213,3 +213,17 @@ def test_short_probes_leave_uniform_and_sink_heads_not_slash_dominant(T_):
 def test_uninformative_offsets_only_on_contexts_of_four_or_less():
     opt = pipeline.AnalysisOptions()
     assert [pipeline.uninformative_offsets(t, opt) for t in (2, 3, 4, 5, 16)] == [[1], [1], [2], [], []]
+
+
+def test_a_sweep_whose_runs_differ_in_context_is_refused():
+    # open_sweep pads the shorter run's query, key and position with NaN; every score then came
+    # out NaN for that run and every head was labelled "none", with no error.
+    ds = sweep_like()
+    dims = ("query", "key", "position")
+    short = ds.sel(run=["a"]).isel({d: slice(0, T - 2) for d in dims})
+    # As open_sweep does it: label the ragged dims 0..n-1, outer-join, drop the labels.
+    runs = [x.assign_coords({d: np.arange(x.sizes[d]) for d in dims}) for x in (short, ds.sel(run=["b"]))]
+    ragged = xr.concat(runs, dim="run", join="outer").drop_vars(dims)
+    assert ragged["probe_tokens"].isnull().any()
+    with pytest.raises(ValueError, match="differ in context or n_probe"):
+        analyse_run(ragged)

@@ -94,7 +94,9 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     ds : Dataset
         A run as returned by ``dynamics.open_run``: ``attention`` (snapshot, layer, head,
         probe, query, key), ``probe_tokens`` (probe, position), ``importance``, optionally
-        ``head_weights``, with the ``step`` coordinate on snapshot.
+        ``head_weights``, with the ``step`` coordinate on snapshot. A sweep from
+        ``open_sweep`` may pad heads and snapshots, but not context or probes: runs that
+        differ in those are refused (ValueError) and must be analysed one at a time.
     options : AnalysisOptions, optional
 
     Returns
@@ -118,6 +120,12 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     opt = options or AnalysisOptions()
     attn = ds["attention"]
     tokens = ds["probe_tokens"]
+    if tokens.dtype.kind == "f":
+        # open_sweep pads ragged dims with NaN, so int token ids turn float only when runs differ
+        # in context or probe count: every score sums over probes, queries and keys with NaN
+        # kept, so the shorter runs would come out all NaN, labelled "none", without a word.
+        raise ValueError("these runs differ in context or n_probe (their probe_tokens are NaN-padded); "
+                         "analyse them one run at a time, as `dynamics analyse` does")
     T = attn.sizes["query"]
     out = xr.Dataset(coords={"step": ds["step"]})
 
