@@ -138,6 +138,10 @@ def test_token_dominance_follows_the_token_threshold():
         opt = pipeline.AnalysisOptions(roles=RoleThresholds(token=threshold), token_run_length=2)
         r = analyse_run(ds, opt).load()
         np.testing.assert_allclose(r.token_share.sel(layer=1, head=1), 0.46, rtol=1e-3)
+        # the share against uniform causal attention's, c(i) / (i + 1): query i sees 1 + i // 4 '/'
+        i = np.arange(1, T)
+        ratio = (1.0 + sum(0.4 * (i + 1) / (1 + i // 4))) / T
+        np.testing.assert_allclose(r.token_ratio.sel(layer=1, head=1), ratio, rtol=1e-3)
         assert (r.token_dominant.sel(layer=1, head=1).values == dominant).all(), threshold
         assert r.attrs["token_threshold"] == threshold
 

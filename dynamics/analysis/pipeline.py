@@ -31,6 +31,7 @@ from dynamics.analysis.slash import (
     slash_dominant,
     slash_score,
     token_dominant,
+    token_ratio,
     token_share,
 )
 from dynamics.schema import SNAPSHOT
@@ -43,7 +44,7 @@ ANALYSIS_VERSION = 4
 compute changes; readers recompute a stored analysis of another version rather than mix it with
 this one's (version 2: slash window up to T // 2, induction keys k < i, ragged runs; version 3:
 no positional role score on probes so short that uniform attention passes it; version 4: the
-same rule for slash-dominance, `uninformative_offsets`)."""
+same rule for slash-dominance, `uninformative_offsets`; ``token_ratio`` stored)."""
 
 
 def is_current(analysis: xr.Dataset) -> bool:
@@ -103,7 +104,9 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     -------
     Dataset (lazy) with, per snapshot, layer and head unless stated:
     ``role_score`` (+ role_name), ``role`` (int8 codes into ROLES), ``slash_score`` (+ offset),
-    ``best_offset``, ``best_slash``, ``slash_dominant``, ``token_share``, ``token_dominant``,
+    ``best_offset``, ``best_slash``, ``slash_dominant``, ``token_share``, ``token_ratio`` (the
+    share's ratio to uniform causal attention; both are means over the probes that hold the
+    token), ``token_dominant``,
     ``commitment_step`` / ``slash_emergence_step`` / ``token_emergence_step`` (layer, head),
     ``slash_dominant_share`` / ``token_dominant_share`` / ``winner_take_all``
     (snapshot, layer), ``js_distance`` (snapshot, layer, head, layer_b, head_b),
@@ -152,6 +155,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
 
     share = stage["share"]
     out["token_share"] = share.mean("probe", skipna=True)
+    out["token_ratio"] = stage["ratio"].mean("probe", skipna=True)
     tdom = token_dominant(share, threshold=opt.roles.token, run_length=opt.token_run_length)
     out["token_dominant"] = tdom
     out["token_emergence_step"] = emergence_step(tdom)
@@ -273,6 +277,7 @@ def _attention_stage(attn: xr.DataArray, tokens: xr.DataArray, attn0: xr.DataArr
     out["slash"] = slash_score(attn, max_offset=max_offset)
     out["present"] = attn.isel(probe=0, query=0, key=0).notnull()
     out["share"] = token_share(attn, tokens, opt.roles.token_id)
+    out["ratio"] = token_ratio(attn, tokens, opt.roles.token_id)
     out["jsd"] = js_distance(attn)
     out["from_init"] = js_distance(attn, attn0)  # divergence_from_init, with the run's snapshot 0
     return out
