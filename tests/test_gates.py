@@ -18,6 +18,7 @@ from dynamics.config import ConfigError, from_dict
 from dynamics.gates import (
     CHG_ROLES,
     FACILITATING,
+    HELDOUT_STEP,
     INCONSISTENT,
     INTERFERING,
     IRRELEVANT,
@@ -32,6 +33,7 @@ from dynamics.gates import (
     fit_contrastive,
     gate_report,
     head_ablation,
+    head_importance,
     label_agreement,
     parse_contrast,
     pruning_curves,
@@ -197,6 +199,30 @@ def test_ablating_a_head_whose_W_O_is_zero_changes_nothing(tiny):
     assert np.abs(set_ablation(model, cfg, sets, "mean", opts).values).max() < 1e-6
 
 
+def test_head_importance_is_the_per_sequence_absolute_gate_gradient_normalised_within_each_layer(tiny):
+    # The guide's I_h = E_x |dL(x)/dxi_h| / l2 norm within the layer. The pruning curves'
+    # "importance" order was the single-head ablation delta instead.
+    from dynamics.gates._engine import _batches
+
+    model, cfg = tiny
+    with torch.no_grad():
+        model.blocks[0].attn.W_O[1].zero_()  # writes nothing: no gradient reaches its gate
+    opts = GateOptions(batch_size=3, eval_batches=2)
+    imp = head_importance(model, cfg, opts)
+    assert imp.dims == ("layer", "head")
+    raw = np.zeros((2, 2))
+    for name, weight in zip(cfg.task.component_names, component_weights(cfg), strict=True):
+        rows = _batches(cfg, HELDOUT_STEP, 2, 3, "cpu", name).flatten(0, 1)  # (6, T + 1)
+        for row in rows:  # one sequence at a time: the expectation over x of |dL(x)/dxi|
+            xi = torch.ones(2, 2, requires_grad=True)
+            loss = F.cross_entropy(model(row[None, :-1], head_gates=xi)[0], row[1:])
+            raw += weight * torch.autograd.grad(loss, [xi])[0].abs().numpy() / len(rows)
+    np.testing.assert_allclose(imp.attrs["raw"], raw, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(imp.values, raw / np.linalg.norm(raw, axis=1, keepdims=True), rtol=1e-4, atol=1e-7)
+    assert imp.values[0, 1] == 0 and imp.values[0, 0] == pytest.approx(1.0)
+    assert all(p.grad is None for p in model.parameters())  # the model stays untouched
+
+
 def test_parse_contrast_names_the_bad_component():
     cfg = from_dict(TINY)
     assert parse_contrast("retain=markov, forget=offset_copy", cfg) == ("markov", "offset_copy")
@@ -250,11 +276,16 @@ def test_chg_agrees_with_single_head_ablation(trained, report):
 
     curves = pruning_curves(model, cfg, plus, minus, delta, n_random=6, options=REPORT)
     loss = curves.loss
-    print("pruning loss (chg, importance, random):\n", loss.values.round(3))
+    print("pruning loss (chg, importance, ablation, random):\n", loss.values.round(3))
     inner = slice(1, -1)  # all heads kept / all removed are the same model in every order
     assert (loss.sel(order="chg")[inner] < loss.sel(order="random")[inner]).all()
     np.testing.assert_allclose(loss.values[:, 0], loss.values[0, 0], rtol=1e-6)
     np.testing.assert_allclose(loss.values[:, -1], loss.values[0, -1], rtol=1e-6)
+    order = np.argsort(head_importance(model, cfg, REPORT).values.ravel(), kind="stable")
+    assert curves.order_heads.sel(order="importance").values.tolist() == order.tolist()
+    assert curves.order_heads.sel(order="ablation").values.tolist() == np.argsort(delta.ravel(), kind="stable").tolist()
+    with pytest.raises(ConfigError, match="n_random"):
+        pruning_curves(model, cfg, plus, minus, delta, n_random=0, options=REPORT)
 
 
 def test_contrastive_fit_keeps_retain_and_raises_forget(trained):

@@ -56,17 +56,18 @@ Modules
 - :mod:`~dynamics.gates.options`: role codes (``CHG_ROLES``, ``FACILITATING`` ...), stages,
   ``HELDOUT_STEP`` and :class:`GateOptions`.
 - :mod:`~dynamics.gates.maths`: the objectives (``chg_loss``, ``contrastive_loss``), role labels and
-  their agreement, ``component_weights``, ``rank_agreement`` (and why it is undefined).
+  their agreement, ``component_weights``, ``layer_normalised``, ``rank_agreement`` (and why it is undefined).
 - :mod:`~dynamics.gates._engine`: eval batches, initial logits, NLL per gate set, Adam, scoring.
 - :mod:`~dynamics.gates.fit`: ``fit_chg`` and the recorder's ``chg_snapshot``.
 - :mod:`~dynamics.gates.contrastive`: ``parse_contrast`` and ``fit_contrastive``.
-- :mod:`~dynamics.gates.ablation`: ``ablation_losses``, ``head_ablation``, ``set_ablation``.
+- :mod:`~dynamics.gates.ablation`: ``ablation_losses``, ``head_ablation``, ``set_ablation``,
+  ``head_importance`` (Michel et al. 2019's gradient importance, an order of the pruning curves).
 - :mod:`~dynamics.gates.pruning`: ``pruning_order`` and ``pruning_curves``.
 - :mod:`~dynamics.gates.report`: ``check_fittable``, ``gate_report``, ``report_table``, ``report_lines`` (``dynamics gates``).
 """
 
 # `name as name`: module-level names kept reachable as gates.<name>, outside __all__.
-from dynamics.gates.ablation import ablation_losses, head_ablation, set_ablation
+from dynamics.gates.ablation import ablation_losses, head_ablation, head_importance, set_ablation
 from dynamics.gates.contrastive import fit_contrastive, parse_contrast
 from dynamics.gates.fit import chg_snapshot, fit_chg
 from dynamics.gates.maths import (
@@ -94,7 +95,7 @@ from dynamics.gates.report import check_fittable, gate_report, report_lines, rep
 __all__ = [
     "CHG_ROLES", "GateOptions", "fit_chg", "chg_snapshot", "chg_roles", "label_agreement", "chg_loss",
     "contrastive_loss", "fit_contrastive", "parse_contrast", "ablation_losses", "head_ablation",
-    "set_ablation", "component_weights", "pruning_order", "pruning_curves", "rank_agreement",
+    "set_ablation", "head_importance", "component_weights", "pruning_order", "pruning_curves", "rank_agreement",
     "rank_agreement_undefined",
     "check_fittable", "gate_report", "report_table", "report_lines",
 ]

@@ -83,6 +83,21 @@ def component_weights(cfg: RunConfig) -> np.ndarray:
     return w / w.sum()
 
 
+def layer_normalised(importance: np.ndarray) -> np.ndarray:
+    """Head importance (L, H) divided by its l2 norm over each layer's heads (Michel et al. 2019).
+
+    A layer whose heads all have importance 0 stays 0 rather than 0/0.
+
+    Example
+    -------
+    >>> layer_normalised(np.array([[3.0, 4.0], [0.0, 0.0]])).tolist()
+    [[0.6, 0.8], [0.0, 0.0]]
+    """
+    imp = np.asarray(importance, dtype=np.float64)
+    norm = np.linalg.norm(imp, axis=-1, keepdims=True)  # (L, 1)
+    return imp / np.where(norm > 0, norm, 1.0)
+
+
 def rank_agreement_undefined(minus: np.ndarray, delta: np.ndarray) -> str | None:
     """Why :func:`rank_agreement` of these heads is undefined (NaN), or None where it is defined."""
     a, b = np.asarray(minus, dtype=np.float64).ravel(), np.asarray(delta, dtype=np.float64).ravel()

@@ -15,7 +15,7 @@ from dynamics.config import ConfigError
 
 RESTART = "restart"
 STAGES = ("init", "plus", "minus")  # lambda = 0, then +lambda and -lambda
-PRUNE_ORDERS = ("chg", "importance", "random")
+PRUNE_ORDERS = ("chg", "importance", "ablation", "random")
 HELDOUT_STEP = 1_000_000
 """First eval-split step of the batches that score ablations (fits use steps 0, 1, ...)."""
 _MAX_ELEMENTS = 1 << 24  # logits elements per no-grad forward when scoring many gate sets

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from dynamics.config import RunConfig
-from dynamics.gates.ablation import ablation_losses
+from dynamics.config import ConfigError, RunConfig
+from dynamics.gates.ablation import ablation_losses, head_importance
 from dynamics.gates.maths import component_weights
 from dynamics.gates.options import PRUNE_ORDERS, GateOptions
 from dynamics.model import Transformer
@@ -33,10 +33,12 @@ def pruning_curves(
     method: str = "zero",
     options: GateOptions | None = None,
 ) -> xr.Dataset:
-    """Held-out loss against the number of heads removed, in three orders.
+    """Held-out loss against the number of heads removed, in four orders.
 
     - ``chg``: :func:`pruning_order` (G- ascending, then G+): least needed first.
-    - ``importance``: single-head ablation delta ascending (least important first).
+    - ``importance``: Michel et al. 2019's head importance ascending (:func:`head_importance`:
+      E_x |dL(x)/dxi_h|, l2-normalised within each layer), least important first, as they prune.
+    - ``ablation``: single-head ablation delta ascending (least costly to remove first).
     - ``random``: the mean over ``n_random`` seeded random orders.
 
     The loss is the mixture-weighted mean of the per-component held-out NLL. Heads are removed
@@ -53,13 +55,18 @@ def pruning_curves(
     -------
     xarray.Dataset
         ``loss`` (order, removed), ``random_loss`` (draw, removed), ``order_heads`` (order, rank)
-        flat head indices (-1 for random); coordinate ``fraction`` = removed / (L * H).
+        flat head indices (-1 for random), ``importance`` (layer, head) the normalised head
+        importance that ordered ``importance``; coordinate ``fraction`` = removed / (L * H).
     """
+    if n_random < 1:
+        raise ConfigError(f"pruning_curves: n_random must be >= 1 (the random order is their mean), got {n_random}")
     opts = options or GateOptions()
     L, H = cfg.model.n_layers, cfg.model.n_heads
     n = L * H
     rng = np.random.default_rng(np.random.SeedSequence([cfg.train.seed, opts.seed, 0x5052]))
-    orders = [pruning_order(plus, minus), np.argsort(np.asarray(delta).ravel(), kind="stable")]
+    importance = head_importance(model, cfg, opts)  # (L, H)
+    orders = [pruning_order(plus, minus), np.argsort(importance.values.ravel(), kind="stable"),
+              np.argsort(np.asarray(delta).ravel(), kind="stable")]
     orders += [rng.permutation(n) for _ in range(n_random)]
     masks = np.zeros((len(orders), n + 1, n), dtype=bool)
     for i, order in enumerate(orders):
@@ -67,14 +74,15 @@ def pruning_curves(
             masks[i, j, order[:j]] = True
     loss = ablation_losses(model, cfg, masks.reshape(-1, L, H), method, opts).values  # (orders * (n+1), C)
     total = (loss @ component_weights(cfg)).reshape(len(orders), n + 1)
-    curves = np.stack([total[0], total[1], total[2:].mean(0)])
-    heads = np.full((3, n), -1)
-    heads[0], heads[1] = orders[0], orders[1]
+    fixed = len(PRUNE_ORDERS) - 1  # every order but random
+    curves = np.stack([*total[:fixed], total[fixed:].mean(0)])
+    heads = np.full((len(PRUNE_ORDERS), n), -1)
+    heads[:fixed] = orders[:fixed]
     removed = np.arange(n + 1)
     return xr.Dataset(
         {"loss": (("order", "removed"), curves.astype(np.float32)),
-         "random_loss": (("draw", "removed"), total[2:].astype(np.float32)),
-         "order_heads": (("order", "rank"), heads)},
+         "random_loss": (("draw", "removed"), total[fixed:].astype(np.float32)),
+         "order_heads": (("order", "rank"), heads), "importance": importance.drop_attrs()},
         coords={"order": list(PRUNE_ORDERS), "removed": removed, "fraction": ("removed", removed / n)},
         attrs={"method": method, "n_random": n_random},
     )
