@@ -136,6 +136,18 @@ def test_report_says_rho_is_undefined_with_two_heads_and_why():
     assert np.isnan(ds.attrs["rho"])
 
 
+def test_report_does_not_call_the_labels_of_one_restart_stable(tiny):
+    # With one restart the agreement is 1.00 by construction; it was printed as a measured stability.
+    import xarray as xr
+
+    model, cfg = tiny
+    ds = gate_report(model, cfg, FAST)
+    [line] = [x for x in report_lines(ds) if x.startswith("labels")]
+    assert line == "labels: 1 restart, so their stability across restarts is not measured"
+    [line] = [x for x in report_lines(xr.concat([ds, ds], "restart", data_vars="minimal")) if x.startswith("labels")]
+    assert line == "labels: 2 restarts, mean agreement with the majority 1.00"
+
+
 def test_report_with_no_lambda_zero_updates_calls_its_nll_the_unfitted_initial_gates(tiny):
     # --init-steps 0: the 'init' stage is the random draw, but its NLL was reported as "lambda=0".
     from dataclasses import replace

@@ -114,7 +114,9 @@ def report_lines(ds: xr.Dataset) -> list[str]:
     lines = [
         f"NLL on the fit data: all gates open {ds.attrs['nll_full']:.4f}, {init} {float(nll.sel(stage='init')):.4f}, "
         f"G+ {float(nll.sel(stage='plus')):.4f}, G- {float(nll.sel(stage='minus')):.4f}",
-        f"labels: {ds.sizes[RESTART]} restarts, mean agreement with the majority {ds.attrs['mean_agreement']:.2f}",
+        # One restart agrees with itself: 1.00 would read as stable labels that were never tested.
+        (f"labels: {ds.sizes[RESTART]} restarts, mean agreement with the majority {ds.attrs['mean_agreement']:.2f}"
+         if ds.sizes[RESTART] > 1 else "labels: 1 restart, so their stability across restarts is not measured"),
         f"Spearman rho(G-, {ds.attrs['ablation']}-ablation delta) = "
         + (f"{ds.attrs['rho']:.3f}" if np.isfinite(ds.attrs["rho"]) else
            f"undefined ({ds.attrs.get('rho_undefined') or 'NaN'})"),
