@@ -261,6 +261,14 @@ def test_a_fraction_horizon_on_a_snapshot_keeps_that_snapshot():
     assert feats.attrs["n_snapshots"] == {r.run_id: 6 for r in runs}
 
 
+def test_horizons_are_kept_in_increasing_order():
+    # The curve's x axis: the report draws its lines through the horizons in stored order, so
+    # "--horizons 0.5,0,0.1" drew a zigzag (0.5 -> 0 -> 0.1) and the table's columns were out of order.
+    # (predict_runs builds every axis, table and stored option from these.)
+    assert PredictOptions(horizons=(0.5, 0, 0.1)).horizons == (0, 0.1, 0.5)
+    assert PredictOptions(horizons=(200, 20), unit="step").horizons == (20, 200)
+
+
 # ----------------------------------------------------------------------------- grouping
 
 

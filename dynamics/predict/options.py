@@ -72,7 +72,8 @@ class PredictOptions:
     target: str = "slash"
     """One of `TARGETS`."""
     horizons: tuple[float, ...] = (0.1,)
-    """Horizons h: features see the snapshots with step <= h (see `unit`)."""
+    """Horizons h: features see the snapshots with step <= h (see `unit`). Kept in increasing
+    order, whatever order they are given in: they are the curve's x axis."""
     unit: str = "fraction"
     """"fraction": h in [0, 1] of each run's length (its final snapshot's step; h = 1 sees
     the final snapshot, which defines the target: a ceiling, not a prediction). "step": h is a
@@ -122,6 +123,8 @@ class PredictOptions:
                 raise PredictError(f"horizon step {h} is not a whole step (a fraction of the run: --unit fraction)")
         if len(set(self.horizons)) != len(self.horizons):
             raise PredictError(f"horizons repeat: {list(self.horizons)}")
+        # The report draws the curve through the horizons in stored order: "0.5,0,0.1" drew a zigzag.
+        object.__setattr__(self, "horizons", tuple(sorted(self.horizons)))
         if self.n_splits < 2:
             raise PredictError(f"n_splits must be >= 2; got {self.n_splits}")
         if self.min_heads < 2:
