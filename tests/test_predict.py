@@ -294,6 +294,20 @@ def test_no_group_on_both_sides_of_a_split(group_by):
     assert len(splits) == {"run": 3, "seed": 3, "config": 2}[group_by]
 
 
+def test_folds_whose_test_runs_have_a_seed_twin_in_training_are_flagged(planted):
+    # Runs of one seed share init and data order: with twins (same seed, same fate, no early
+    # signal) in 2 configs, --group config let init_boosting reach AUROC 0.998 by matching
+    # twins, under a header that only said "holding out whole configs"; --group seed is at 0.46.
+    fates = [np.random.default_rng(0).random((L, H)) < 0.5 for _ in range(2)]
+    runs = [Run(f"r{s}-{c}", make_run(s, fates[s], signal=0.0), seed=s, config=c) for c in ("a", "b") for s in range(2)]
+    curve = predict.predict_runs(runs, PredictOptions(horizons=(0.0,), group_by="config", boosting_iter=5))
+    assert curve.attrs["folds_sharing_seeds"] == 2
+    assert "caution: in 2 of 2 folds a test run shares its seed" in predict.format_curve(curve)
+    _, _, by_seed = planted
+    assert by_seed.attrs["folds_sharing_seeds"] == 0
+    assert "caution" not in predict.format_curve(by_seed)
+
+
 def test_auroc_matches_sklearn():
     from sklearn.metrics import roc_auc_score
 

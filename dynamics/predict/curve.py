@@ -97,6 +97,13 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None) -> 
     )
     if "offset" in rows:
         ds["target_offset"] = rows["offset"]
+    # Runs of one seed share their initial weights and data order whatever else differs: with
+    # --group run or config a held-out head's twin can sit in training, and a model that matches
+    # twins scores well without predicting anything (init features included).
+    seed_of = {r.run_id: None if r.seed is None else str(r.seed) for r in runs}
+    row_run = rows["row_run"].values
+    sharing = sum(bool(({seed_of[r] for r in set(row_run[test])} & {seed_of[r] for r in set(row_run[train])}) - {None})
+                  for train, test in splits)
     classes = np.unique(rows["target"].values)
     if spec.chance is None:  # balanced accuracy: a constant guess of a class each test fold holds
         chance = float(np.mean([1.0 / np.unique(rows["target"].values[test]).size for _, test in splits]))
@@ -113,6 +120,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None) -> 
         n_splits=len(splits),
         n_runs=len(run_ids),
         n_groups=int(np.unique(groups).size),
+        folds_sharing_seeds=int(sharing),
         features=tables[opt.horizons[0]]["feature"].values.tolist(),
         init_features=init["feature"].values.tolist(),
         target_sources=rows.attrs["sources"],
@@ -155,8 +163,9 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
         - coords ``row_run``, ``row_layer``, ``row_head``, ``row_group``, ``row_fold``.
 
         ``attrs``: target, description, task, metric, chance, horizon_unit, group_by,
-        n_splits, n_runs, n_groups, features, init_features, target_sources, options,
-        classes / class_counts (classification), class_names (role, chg).
+        n_splits, n_runs, n_groups, folds_sharing_seeds (folds whose test runs share a seed
+        with their training runs; 0 when grouped by seed), features, init_features,
+        target_sources, options, classes / class_counts (classification), class_names (role, chg).
 
     Example
     -------
@@ -211,6 +220,10 @@ def format_curve(curve: xr.Dataset) -> str:
         why = "one class" if a["metric"] == "auroc" else "a constant target or under 3 heads"
         lines.append(f"{metric} undefined on {len(undefined)} of {curve.sizes['fold']} test folds ({why}: {groups}); "
                      f"means over the other {left}" + (", no sd from one fold" if left == 1 else ""))
+    if a.get("folds_sharing_seeds"):
+        lines.append(f"caution: in {a['folds_sharing_seeds']} of {a['n_splits']} folds a test run shares its seed (initial "
+                     "weights, data order) with a training run; a model can match such twins, init features included, "
+                     "so scores may overstate prediction (--group seed holds out whole seeds)")
     if "classes" in a:
         names = a.get("class_names", a["classes"])
         lines.append("classes: " + ", ".join(f"{n}={c}" for n, c in zip(names, a["class_counts"], strict=True)))
