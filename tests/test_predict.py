@@ -188,6 +188,20 @@ def test_baselines_in_the_table(planted):
     assert "AUROC" in text and "h=0.1" in text
 
 
+def test_the_table_says_which_step_each_horizon_saw_and_marks_the_ceiling(planted):
+    # A horizon is an upper bound: the features see the last snapshot at or before it (h=0.05 of
+    # the demo's 500 steps saw step 16), and a horizon at the final snapshot sees the target.
+    _, _, curve = planted
+    text = predict.format_curve(curve)
+    assert "features saw snapshots up to step h=0: 0, h=0.1: 10 (final step 100)" in text
+    assert "ceiling" not in text
+    seen = curve.horizon_step.values.copy()
+    seen[1, 0] = 100.0  # one run seen to its end at h=0.1
+    text = predict.format_curve(curve.assign(horizon_step=(curve.horizon_step.dims, seen)))
+    assert "h=0.1: 10-100 (final step 100)" in text
+    assert "h=0.1: features see a run's final snapshot, which defines the target: a ceiling" in text
+
+
 def test_shuffled_targets_are_at_chance(planted, tables):
     _, opt, _ = planted
     rows, feats, init, splits = tables

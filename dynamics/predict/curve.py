@@ -73,6 +73,8 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None) -> 
     run_ids = list(dict.fromkeys(rows["row_run"].values.tolist()))
     horizon_step = np.array([[tables[h].attrs["horizon_step"][r] for r in run_ids] for h in opt.horizons])
     n_seen = np.array([[tables[h].attrs["n_snapshots"][r] for r in run_ids] for h in opt.horizons])
+    by_id = {r.run_id: r for r in runs}
+    final_step = np.array([float(np.max(by_id[r].data["step"].values)) for r in run_ids])
     ds = xr.Dataset(
         {
             "score": (("horizon", "model", "fold"), scores),
@@ -85,6 +87,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None) -> 
             "test_groups": ("fold", np.array([", ".join(sorted(set(groups[test]))) for _, test in splits])),
             "horizon_step": (("horizon", "run"), horizon_step),
             "n_snapshots_seen": (("horizon", "run"), n_seen),
+            "final_step": ("run", final_step),
         },
         coords={
             "horizon": np.asarray(opt.horizons, dtype=np.float64),
@@ -160,6 +163,7 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
         - ``target`` (head_row), and ``target_offset`` for the slash target;
         - ``n_test``, ``test_groups`` (fold); ``horizon_step``, ``n_snapshots_seen``
           (horizon, run): the step each run was cut at and the snapshots its features saw;
+          ``final_step`` (run): the step of its final snapshot, where the target is read;
         - coords ``row_run``, ``row_layer``, ``row_head``, ``row_group``, ``row_fold``.
 
         ``attrs``: target, description, task, metric, chance, horizon_unit, group_by,
@@ -192,6 +196,11 @@ def _horizon_label(h: float, unit: str) -> str:
     return f"h={h:g}" if unit == "fraction" else f"step {h:g}"
 
 
+def _span(values) -> str:
+    lo, hi = float(np.min(values)), float(np.max(values))
+    return f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"
+
+
 def format_curve(curve: xr.Dataset) -> str:
     """The curve as a text table: one row per model, one column per horizon, mean ± sd over folds.
 
@@ -220,6 +229,17 @@ def format_curve(curve: xr.Dataset) -> str:
         why = "one class" if a["metric"] == "auroc" else "a constant target or under 3 heads"
         lines.append(f"{metric} undefined on {len(undefined)} of {curve.sizes['fold']} test folds ({why}: {groups}); "
                      f"means over the other {left}" + (", no sd from one fold" if left == 1 else ""))
+    if "horizon_step" in curve and "final_step" in curve:
+        # A horizon is an upper bound: the features see the last snapshot at or before it, which
+        # on a geometric-then-every-N schedule can be well before it (h=0.05 of 500 steps: 16).
+        seen, final = curve["horizon_step"].values, curve["final_step"].values
+        labels = [_horizon_label(float(h), a["horizon_unit"]) for h in curve["horizon"].values]
+        lines.append("features saw snapshots up to step " + ", ".join(f"{lab}: {_span(s)}" for lab, s in zip(labels, seen, strict=True))
+                     + f" (final step {_span(final)})")
+        ceiling = [lab for lab, s in zip(labels, seen, strict=True) if np.any(s >= final)]
+        if ceiling:
+            lines.append(f"{', '.join(ceiling)}: features see a run's final snapshot, which defines the target: "
+                         "a ceiling, not a prediction")
     if a.get("folds_sharing_seeds"):
         lines.append(f"caution: in {a['folds_sharing_seeds']} of {a['n_splits']} folds a test run shares its seed (initial "
                      "weights, data order) with a training run; a model can match such twins, init features included, "
