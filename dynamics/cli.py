@@ -268,7 +268,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     try:  # every PredictError is bad input found before any model is fitted: one line, exit 2
         opts = predict.PredictOptions(target=args.target, horizons=horizons, unit=args.unit, group_by=args.group,
                                       n_splits=args.folds, use_stored_analysis=not args.recompute)
-        curve = predict.predict_runs(predict.load_runs(args.store, opts), opts)
+        curve = predict.predict_store(args.store, opts)
     except predict.PredictError as e:
         raise UsageError(str(e)) from None
     print(predict.format_curve(curve))
@@ -409,7 +409,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for target in ("role",):  # the quickstart task (induction) grows few slash heads: role is the question
         opts = predict.PredictOptions(target=target, horizons=(0.0, 0.05, 0.1, 0.2, 0.5))
         try:
-            curve = predict.predict_runs(predict.load_runs(out, opts), opts)
+            curve = predict.predict_store(out, opts)
         except predict.PredictError as e:  # e.g. no head became slash-dominant in this sweep
             print(f"predict --target {target}: not possible on this sweep: {e}")
             continue

@@ -598,6 +598,20 @@ def test_a_run_outside_the_sweep_index_is_one_of_the_runs(tmp_path):
     assert loaded[-1].seed == runs[-1].seed
 
 
+def test_runs_left_out_are_named_with_their_status(tmp_path, capsys):
+    # a curve over the runs that finished says nothing of those that diverged: a reader must be told
+    runs = make_runs(n_seeds=3)
+    path = tmp_path / "survivors.zarr"
+    write_store(path, runs, statuses={runs[1].run_id: "diverged"})
+    loaded, left_out = predict.load_store(str(path))
+    assert [r.run_id for r in loaded] == [runs[0].run_id, runs[2].run_id]
+    assert left_out == [f"{runs[1].run_id} (diverged)"]
+    assert cli.main(["predict", str(path), "--horizon", "0", "--folds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"left out: 1 run(s) not completed, so without a final role: {runs[1].run_id} (diverged)" in out
+    assert store.open_derived(str(path), predict.derived_name("slash")).attrs["runs_left_out"] == left_out
+
+
 def test_cli_store_problems_exit_2(tmp_path, capsys):
     assert cli.main(["predict", str(tmp_path / "missing.zarr")]) == 2
     assert "not a dynamics store" in capsys.readouterr().err

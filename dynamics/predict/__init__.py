@@ -60,7 +60,7 @@ This module never imports torch: it reads the store and the analysers only.
 # `name as name`: module-level names kept reachable as predict.<name>, outside __all__.
 from dynamics.predict.curve import derived_name, format_curve, predict_runs, predict_store, write_curve
 from dynamics.predict.features import early_snapshots, feature_table, head_features, horizon_steps
-from dynamics.predict.load import check_runs, load_runs
+from dynamics.predict.load import check_runs, load_runs, load_store
 from dynamics.predict.models import cross_validate, group_splits, score
 from dynamics.predict.options import (
     CHG_CLASSES,
@@ -97,6 +97,7 @@ __all__ = [
     "head_features",
     "horizon_steps",
     "load_runs",
+    "load_store",
     "predict_runs",
     "predict_store",
     "score",

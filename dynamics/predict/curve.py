@@ -12,7 +12,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.predict.features import feature_table
-from dynamics.predict.load import check_runs, load_runs
+from dynamics.predict.load import check_runs, load_store
 from dynamics.predict.models import _mean_sd, cross_validate, group_splits, score
 from dynamics.predict.options import MODELS, TARGETS, PredictOptions, Run
 from dynamics.predict.targets import class_name, target_table
@@ -30,7 +30,8 @@ def _preload(data: xr.Dataset) -> xr.Dataset:
     return data.assign(loaded.data_vars).assign_coords(loaded.coords)
 
 
-def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None) -> xr.Dataset:
+def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
+                 left_out: Sequence[str] = ()) -> xr.Dataset:
     """Targets, features at every horizon, grouped cross-validation, as one dataset.
 
     Parameters
@@ -38,6 +39,9 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None) -> 
     runs : sequence of Run
         From `load_runs`, or built in memory.
     options : PredictOptions, optional
+    left_out : sequence of str, optional
+        The store's runs not among `runs` (from `load_store`), kept as attr ``runs_left_out``
+        and named by `format_curve`.
 
     Returns
     -------
@@ -124,6 +128,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None) -> 
         n_runs=len(run_ids),
         n_groups=int(np.unique(groups).size),
         folds_sharing_seeds=int(sharing),
+        runs_left_out=list(left_out),
         features=tables[opt.horizons[0]]["feature"].values.tolist(),
         init_features=init["feature"].values.tolist(),
         target_sources=rows.attrs["sources"],
@@ -167,7 +172,8 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
         - coords ``row_run``, ``row_layer``, ``row_head``, ``row_group``, ``row_fold``.
 
         ``attrs``: target, description, task, metric, chance, horizon_unit, group_by,
-        n_splits, n_runs, n_groups, folds_sharing_seeds (folds whose test runs share a seed
+        n_splits, n_runs, n_groups, runs_left_out ("<run_id> (<status>)" of the runs not
+        completed), folds_sharing_seeds (folds whose test runs share a seed
         with their training runs; 0 when grouped by seed), features, init_features,
         target_sources, options, classes / class_counts (classification), class_names (role, chg).
 
@@ -177,7 +183,8 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
     >>> curve.score_mean.sel(model="boosting") - curve.score_mean.sel(model="init_boosting")  # doctest: +SKIP
     """
     opt = options or PredictOptions()
-    return predict_runs(load_runs(path, opt), opt)
+    runs, left_out = load_store(path, opt)
+    return predict_runs(runs, opt, left_out)
 
 
 def derived_name(target: str) -> str:
@@ -220,6 +227,12 @@ def format_curve(curve: xr.Dataset) -> str:
         # training folds' majority, which scores 0 on a fold that lacks it (--group config).
         lines[-1] = lines[-1].removesuffix(")") + ": one constant class present in each test fold; "
         lines[-1] += "the chance row guesses the training folds' majority)"
+    if a.get("runs_left_out"):
+        # Runs that diverged or failed have no final role: the curve speaks for the runs that
+        # finished, and without this line a reader would not know the others existed.
+        out = a["runs_left_out"]
+        lines.append(f"left out: {len(out)} run(s) not completed, so without a final role: "
+                     + ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else ""))
     # AUROC and Spearman are undefined on a test fold whose target is constant (one class):
     # such a fold is left out of every mean and sd, so say which, and how many remain.
     undefined = [k for k in range(curve.sizes["fold"]) if np.isnan(curve["score"].isel(fold=k).values).all()]

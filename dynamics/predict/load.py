@@ -51,6 +51,14 @@ def _told_apart(runs: list[Run], configs: dict[str, dict]) -> list[Run]:
 def load_runs(path: str, options: PredictOptions | None = None) -> list[Run]:
     """The completed runs of a store, opened lazily, with their groups; checks before any work.
 
+    `load_store` without the list of runs left out.
+    """
+    return load_store(path, options)[0]
+
+
+def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[Run], list[str]]:
+    """The completed runs of a store, opened lazily, with their groups, and the runs left out.
+
     Runs whose status is not "completed" (running, diverged, failed...) are left out: their
     last snapshot is not a final specialisation. Reads only metadata.
 
@@ -62,8 +70,11 @@ def load_runs(path: str, options: PredictOptions | None = None) -> list[Run]:
 
     Returns
     -------
-    list of Run
+    runs : list of Run
         In sweep-index order, then the runs outside the index in store order.
+    left_out : list of str
+        ``"<run_id> (<status>)"`` for each run left out: a curve over the runs that finished
+        says nothing of those that diverged, and a reader must be told they exist.
 
     Raises
     ------
@@ -102,7 +113,7 @@ def load_runs(path: str, options: PredictOptions | None = None) -> list[Run]:
     if len(runs) < 2:
         raise PredictError(f"{path}: {len(runs)} completed run(s){note}; prediction needs at least 2")
     check_runs(runs, opt)
-    return runs
+    return runs, skipped
 
 
 def check_runs(runs: Sequence[Run], options: PredictOptions) -> None:
