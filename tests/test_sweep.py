@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -157,6 +158,30 @@ def test_cli_unknown_axis_exits_2(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["dynamics: error: sweep: unknown axis 'model.nope'"]
     assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{}", 'not a scheduler file (no "address" in its JSON)'),
+    ("[1, 2]", 'not a scheduler file (no "address" in its JSON)'),
+    ('{"address": 5}', 'not a scheduler file (no "address" in its JSON)'),
+    ("", "not a readable scheduler file"),
+    ("garbage", "not a readable scheduler file"),
+])
+def test_a_damaged_scheduler_file_is_refused_in_one_line(tmp_path, content, needle):
+    # Dask's own reading of these raised a bare AssertionError (or TypeError): a traceback, exit 1
+    from dynamics.sweep.launcher import check_scheduler
+
+    (tmp_path / "scheduler.json").write_text(content)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        check_scheduler(str(tmp_path / "scheduler.json"))
+
+
+def test_a_scheduler_address_dask_cannot_use_is_refused_in_one_line():
+    from dynamics.sweep.launcher import check_scheduler
+
+    # tls:// without TLS settings: Dask raised a TypeError, not a connection error
+    with pytest.raises(ConfigError, match="cannot reach a Dask scheduler there .*TLS"):
+        check_scheduler("tls://127.0.0.1:1")
 
 
 # --------------------------------------------------------------------------- lock

@@ -73,12 +73,30 @@ def check_scheduler(scheduler: str, timeout: float = 10.0) -> None:
     as_file = "://" not in scheduler and os.path.isfile(scheduler)
     if not as_file and ":" not in scheduler:
         raise ConfigError(f"--scheduler {scheduler}: neither an address (tcp://host:port) nor a scheduler file")
+    address = _scheduler_file_address(scheduler) if as_file else scheduler
     try:
-        kw = {"scheduler_file": scheduler} if as_file else {"address": scheduler}
-        Client(timeout=timeout, **kw).close()
-    except (OSError, TimeoutError, ValueError) as e:
+        Client(address=address, timeout=timeout).close()
+    # Any failure to connect is the same bad input: Dask also raises TypeError (tls:// without TLS
+    # settings, ucx:// without ucx) and AssertionError (an address without a host) from deep inside.
+    except Exception as e:  # noqa: BLE001
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler there ({reason})") from None
+
+
+def _scheduler_file_address(file: str) -> str:
+    """The scheduler address a scheduler file (the JSON that ``dask scheduler --scheduler-file``
+    writes) holds: Dask itself fails on a damaged one with a bare AssertionError or KeyError."""
+    import json
+
+    try:
+        with open(file, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"--scheduler {file}: not a readable scheduler file ({e})") from None
+    address = info.get("address") if isinstance(info, dict) else None
+    if not isinstance(address, str) or not address:
+        raise ConfigError(f"--scheduler {file}: not a scheduler file (no \"address\" in its JSON)")
+    return address
 
 
 def default_workers() -> int:
