@@ -340,6 +340,16 @@ def test_open_sweep_says_stopped_for_a_killed_run_as_status_does(tmp_path):
         store.open_sweep(path, ["not_started"])
 
 
+def test_open_sweep_refuses_a_run_given_twice_or_a_bare_string(tmp_path):
+    # Twice on the run dim, a run would count twice in every mean over runs; a bare string was
+    # iterated into its characters and refused as runs 'g', '1'.
+    path = tmp_path / "s.zarr"
+    grid_store(path)
+    with pytest.raises(StoreError, match="'g1' given more than once"):
+        store.open_sweep(path, ["g1", "g3", "g1"])
+    with pytest.raises(StoreError, match="expected a list of run ids, got the string 'g1'"):
+        store.open_sweep(path, "g1")
+
 def test_open_sweep_reads_a_nested_axis_missing_from_the_index_from_the_run_config(tmp_path):
     # Two sweeps into one store merge their axes; a run of the second has no value for the
     # first's axis in the index, so it comes from the run's own config, however deep the key.

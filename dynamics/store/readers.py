@@ -119,6 +119,12 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
     if run_ids is None:
         run_ids = [r for r in index["runs"] if r in present] if index else present
     else:
+        if isinstance(run_ids, str):  # iterated, a run id is its characters: "no run(s) 'r', '5', ..."
+            raise StoreError(f"run_ids: expected a list of run ids, got the string {run_ids!r}")
+        # a run twice on the run dim would count twice in every mean or groupby over runs
+        twice = sorted({r for r in run_ids if list(run_ids).count(r) > 1})
+        if twice:
+            raise StoreError(f"run_ids: {', '.join(map(repr, twice))} given more than once")
         missing = [r for r in run_ids if r not in present]
         if missing:
             raise StoreError(f"no run(s) {', '.join(map(repr, missing))} in {loc}")
