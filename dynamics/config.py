@@ -289,14 +289,29 @@ def _build_section(name: str, raw: dict) -> Any:
 
 
 def _flatten(prefix: str, table: dict) -> dict[str, Any]:
-    out = {}
+    """Nested tables to dotted keys. TOML spells one axis two ways (``"model.init_scale"`` and a
+    ``model`` table's ``init_scale``): given both, one list would silently replace the other."""
+    out: dict[str, Any] = {}
     for k, v in table.items():
         key = f"{prefix}.{k}" if prefix else k
-        if isinstance(v, dict):
-            out.update(_flatten(key, v))
-        else:
-            out[key] = v
+        for dotted, value in (_flatten(key, v) if isinstance(v, dict) else {key: v}).items():
+            if dotted in out:
+                raise ConfigError(f"sweep.{dotted}: given twice (as a dotted key and in a table)")
+            out[dotted] = value
     return out
+
+
+def _replace_spelling(table: dict, dotted: str, value: Any) -> bool:
+    """Put `value` where `table` already holds the dotted key `dotted`, however it is spelled
+    there (``"a.b"``, or ``b`` in table ``a``), keeping its place; False if it holds none."""
+    for k in table:
+        if k == dotted:
+            table[k] = value
+            return True
+        if isinstance(table[k], dict) and dotted.startswith(f"{k}.") \
+                and _replace_spelling(table[k], dotted[len(k) + 1:], value):
+            return True
+    return False
 
 
 def _build_sweep(raw: dict) -> SweepConfig:
@@ -355,6 +370,10 @@ def _apply_override(raw: dict, key: str, value: Any) -> None:
     if section not in (*SECTIONS, "sweep", "intervene"):
         raise ConfigError(f"unknown section '{section}' in --set {key}")
     parts = [section, *(leaf.split(".") if section in ("sweep", "intervene") else [leaf])]
+    # --set sweep.model.init_scale=[...] replaces the file's axis however the file spells it (a
+    # second spelling would be refused as the axis given twice), in its place in the grid order
+    if section == "sweep" and isinstance(raw.get("sweep"), dict) and _replace_spelling(raw["sweep"], leaf, value):
+        return
     node = raw
     for i, part in enumerate(parts[:-1]):
         node = node.setdefault(part, {})

@@ -83,6 +83,16 @@ def test_sweep_table_and_zip(tmp_path):
     assert cfg.sweep.zip == (("train.seed", "model.init_scale"),)
 
 
+def test_a_sweep_axis_spelled_twice_is_refused_and_set_replaces_either_spelling(tmp_path):
+    # Quoted and as a table's key, one axis used to keep only the last list, silently.
+    p = write(tmp_path, '[sweep]\n"model.init_scale" = [0.5]\nmodel.init_scale = [2.0, 4.0]\n')
+    with pytest.raises(ConfigError, match=r"sweep.model.init_scale: given twice"):
+        load_config(p)
+    for axis in ('"model.init_scale" = [0.5, 1.0]', "model = { init_scale = [0.5, 1.0] }"):
+        p = write(tmp_path, f'[sweep]\n{axis}\n"train.seed" = [0, 1]\n')
+        cfg = load_config(p, ["sweep.model.init_scale=[3.0]"])
+        assert list(cfg.sweep.axes.items()) == [("model.init_scale", (3.0,)), ("train.seed", (0, 1))], axis
+
 def test_zip_lengths_must_match():
     with pytest.raises(ConfigError, match="different lengths"):
         from_dict({"sweep": {"train": {"seed": [0, 1]}, "model": {"init_scale": [1.0]}, "zip": [["train.seed", "model.init_scale"]]}})
