@@ -335,10 +335,14 @@ def _build_sweep(raw: dict) -> SweepConfig:
             raise ConfigError(f"sweep.{key}: empty list of values")
         axes[key] = tuple(values)
     groups = []
-    if not isinstance(zip_groups, list) or not all(isinstance(g, list) for g in zip_groups):
+    if not isinstance(zip_groups, list) or not all(isinstance(g, list) and all(isinstance(k, str) for k in g)
+                                                   for g in zip_groups):
         raise ConfigError("sweep.zip: expected a list of lists of axis names")
     seen: set[str] = set()
     for group in zip_groups:
+        twice = sorted({k for k in group if group.count(k) > 1}, key=str)
+        if twice:  # not "in two zip groups": this one names it twice
+            raise ConfigError(f"sweep.zip: {twice[0]!r} appears twice in the group {group}")
         for key in group:
             if key not in axes:
                 raise ConfigError(f"sweep.zip: '{key}' is not a sweep axis")

@@ -98,6 +98,14 @@ def test_zip_lengths_must_match():
         from_dict({"sweep": {"train": {"seed": [0, 1]}, "model": {"init_scale": [1.0]}, "zip": [["train.seed", "model.init_scale"]]}})
 
 
+def test_an_axis_twice_in_one_zip_group_is_named_as_such():
+    with pytest.raises(ConfigError, match=r"'train.seed' appears twice in the group \['train.seed', 'train.seed'\]"):
+        from_dict({"sweep": {"train": {"seed": [0, 1]}, "zip": [["train.seed", "train.seed"]]}})
+    for group in (["train.seed", ["train.seed"]], [{"a": 1}]):  # were TypeError: unhashable type
+        with pytest.raises(ConfigError, match="sweep.zip: expected a list of lists of axis names"):
+            from_dict({"sweep": {"train": {"seed": [0, 1]}, "zip": [group]}})
+
+
 def test_run_id_is_stable_and_depends_on_config():
     a, b = RunConfig(), from_dict({})
     assert a.run_id() == b.run_id()
