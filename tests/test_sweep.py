@@ -312,7 +312,9 @@ def test_run_point_refused_by_a_run_in_training_leaves_its_status(tmp_path):
 
 def test_a_late_failure_record_never_overwrites_a_finished_run(tmp_path):
     # A task failing after another process finished its run (or while it trains it, holding the
-    # lock) must leave that run as it is: its failure goes to the sweep summary only.
+    # lock) must leave that run as it is: its failure goes to the sweep summary only. Likewise the
+    # launcher's marking of runs left "running" after Ctrl-C: a locked one is another's, live.
+    from dynamics.sweep.launcher import _mark_interrupted
     from dynamics.sweep.task import _record_failure
 
     cfg = from_dict(tiny())
@@ -324,7 +326,10 @@ def test_a_late_failure_record_never_overwrites_a_finished_run(tmp_path):
     store.update_run_attrs(path, cfg.run_id(), status="running")
     with store.run_lock(path, cfg.run_id()):
         _record_failure(path, cfg.run_id(), "Traceback: late")
+        _mark_interrupted(path, [cfg.run_id()])
     assert store.run_attrs(path, cfg.run_id())["status"] == "running"
+    _mark_interrupted(path, [cfg.run_id()])  # nobody holds it now: it was cut short
+    assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"
 
 
 @pytest.fixture

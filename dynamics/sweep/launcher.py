@@ -321,8 +321,16 @@ def _stop_running(client, stop, pending: dict, collect) -> None:
 
 
 def _mark_interrupted(path: str, run_ids: list[str]) -> None:
-    """After the embedded cluster is gone, runs still marked running were cut short."""
+    """After the embedded cluster is gone, runs still marked running were cut short.
+
+    Under each run's lock, as `task._record_failure`: a run still marked running may be one that
+    another process (`dynamics run`, another launcher) is training right now, which holds the
+    lock, and is left alone (run_lock refuses).
+    """
     for run_id in run_ids:
         with contextlib.suppress(Exception):
-            if run_id in store.list_runs(path) and store.run_attrs(path, run_id).get("status") == "running":
-                store.update_run_attrs(path, run_id, status="interrupted")
+            if run_id not in store.list_runs(path):
+                continue
+            with store.run_lock(path, run_id):
+                if store.run_attrs(path, run_id).get("status") == "running":
+                    store.update_run_attrs(path, run_id, status="interrupted")
