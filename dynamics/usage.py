@@ -30,6 +30,11 @@ def check_out(path: str) -> None:
             fsspec.get_filesystem_class(scheme)
         except (ValueError, ImportError) as e:
             raise UsageError(f"--out {path}: no filesystem for the URL scheme {scheme!r} ({e})") from None
+        if scheme == "memory":
+            # fsspec's memory filesystem is one process's dict: the store would vanish when the
+            # command exits (a sweep's workers, other processes, would each write their own).
+            raise UsageError(f"--out {path}: a memory:// store lives only as long as this command; "
+                             "give a path or a URL that outlasts it")
         return
     p = Path(path)
     check_not_in_store(p, "--out")

@@ -67,6 +67,18 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(tiny, args, needle):
     assert sorted(p.name for p in d.iterdir()) == before
 
 
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_memory_url_out_is_refused(tiny, command, capsys):
+    # fsspec's memory:// is this process's dict: the store would vanish when the command exits,
+    # and a sweep's worker processes would each record into their own, all reported completed
+    from dynamics import cli
+
+    _, cfg, _ = tiny
+    assert cli.main([command, str(cfg), "--out", "memory://dynamics-cli/s.zarr"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "a memory:// store lives only as long as this command" in line
+
+
 @pytest.fixture
 def read_only_store(tiny, tmp_path):
     """A copy of the tiny store that cannot be written: file modes for a user, a read-only bind
