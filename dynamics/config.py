@@ -460,8 +460,12 @@ def with_values(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
     for key, value in values.items():
         section, *path = key.split(".")
         node = raw.setdefault(section, {})
-        for part in path[:-1]:
+        for i, part in enumerate(path[:-1]):
             node = node.setdefault(part, {})
+            # intervene.* axes are free-form: one may run into a value (a list, a number) of the base
+            if not isinstance(node, dict):
+                raise ConfigError(f"sweep axis '{key}': {'.'.join([section, *path[:i + 1]])} is not a table, "
+                                  f"got {node!r}")
         node[path[-1]] = value
     return from_dict(raw)
 

@@ -114,6 +114,15 @@ def test_run_id_is_stable_and_depends_on_config():
     assert with_values(a, {"train.device": "cuda"}).run_id() == a.run_id()
 
 
+def test_an_intervene_axis_through_a_value_is_a_config_error():
+    # intervene.* axes are free-form; one descending into a number or a list raised a TypeError
+    base = from_dict({"intervene": {"templates": {"weight": 1.0, "heads": [{"layer": 0, "head": 0, "pattern": "uniform"}]}}})
+    for key, parent in (("intervene.templates.weight.x", "intervene.templates.weight"),
+                        ("intervene.templates.heads.layer", "intervene.templates.heads")):
+        with pytest.raises(ConfigError, match=f"sweep axis '{key}': {parent} is not a table"):
+            with_values(base, {key: 1})
+
+
 def test_override_parsing():
     assert parse_override("train.lr=1e-3") == ("train.lr", 1e-3)
     assert parse_override("task.name=induction") == ("task.name", "induction")
