@@ -247,6 +247,7 @@ def train_run(
         recorded on other data, or another process is training it now.
     """
     run_id = run_id or cfg.run_id()
+    interventions.check_output(cfg, path)  # before the store is made: a refusal leaves nothing behind
     store.init_store(path)
     # A finished run stays finished: skipped without the lock, so read-only stores work too.
     # Refusals come before the lock too: taking it rewrites the lock file's holder, and a

@@ -17,7 +17,7 @@ import xarray as xr
 from dynamics import interventions, store
 from dynamics.analysis import slash_score
 from dynamics.cli import main
-from dynamics.config import ConfigError, from_dict, load_config
+from dynamics.config import ConfigError, from_dict, load_config, with_values
 from dynamics.interventions import distill
 from dynamics.model import Transformer
 from dynamics.tasks import make_batch
@@ -277,6 +277,26 @@ def test_teacher_problems_are_config_errors(templated, tmp_path):
     iv.load_state_dict(iv.state_dict())
     with pytest.raises(ConfigError, match="intervene.distill.teacher"):
         iv.load_state_dict({"distill": {"teacher_run": run_id, "teacher_step": 1}})
+
+
+def test_a_student_into_its_teachers_store_must_name_the_teacher_run(templated, tmp_path):
+    # Its own run group would make the store hold two runs: every later start (rerun, resume, the
+    # sweep's next point) was refused for not naming the teacher, and the sweep's workers failed.
+    from dynamics.sweep import run_sweep
+
+    path = templated[0]
+    teacher_id = store.list_runs(path)[0]
+    cfg = config({"distill": {"teacher": path}})
+    for out in (path, path + "/"):
+        with pytest.raises(ConfigError, match=f"intervene.distill.run: required .* name the teacher run "
+                                              f"\\(run = '{teacher_id}'\\)"):
+            train_run(cfg, out)
+    swept = with_values(cfg, {"sweep.train.seed": [1, 2]})
+    with pytest.raises(ConfigError, match="intervene.distill.run: required"):
+        run_sweep(swept, path, workers=1)
+    assert store.list_runs(path) == [teacher_id]
+    interventions.check_output(cfg, str(tmp_path / "elsewhere.zarr"))  # another store: no run needed
+    interventions.check_output(config({"distill": {"teacher": path, "run": teacher_id}}), path)
 
 
 def test_a_teacher_with_default_conditioned_gates_is_refused(tmp_path):

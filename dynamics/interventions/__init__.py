@@ -24,7 +24,7 @@ Schema (every section optional, any combination allowed; see each module for the
 
     [intervene.distill]                   # dynamics.interventions.distill
     teacher = "runs/teacher.zarr"         # store of a completed run (required)
-    run = ""                              # its run id; optional when the store holds one run
+    run = ""                              # its run id; optional when the store holds one run (and is not the student's)
     map = "layer"                         # layer (depth-proportional, head h <- h) | heads
     layers = []                           # map = layer: student layers to distil (empty: all)
     heads = [                             # map = heads
@@ -87,6 +87,7 @@ __all__ = [
     "Options",
     "build",
     "check",
+    "check_output",
     "kl_rows",
     "parse",
     "schedule_factor",
@@ -159,6 +160,18 @@ def check(cfg: RunConfig) -> Options:
     dynamics.config.ConfigError: intervene.templates.heads[0].layer: layer 5 does not exist (model.n_layers = 2)
     """
     return _check(cfg)[0]
+
+
+def check_output(cfg: RunConfig, out: str) -> None:
+    """ConfigError for interventions that cannot be written to the store at `out`.
+
+    A distilled run going into its teacher's own store must name the teacher run
+    (``intervene.distill.run``); see :func:`dynamics.interventions.distill.check_output`.
+    """
+    if cfg.intervene:
+        opts = parse(cfg)
+        if opts.distill is not None:
+            distill.check_output(opts.distill, out)
 
 
 def _check(cfg: RunConfig) -> tuple[Options, tuple | None]:

@@ -33,6 +33,7 @@ r-th shallowest at step ``r * stage_steps``; ``deep_first`` is the reverse, for 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +79,7 @@ class DistillOptions:
     teacher: str
     """Store path of the finished teacher run (relative paths are to the working directory)."""
     run: str = ""
-    """Teacher run id; may be omitted when the store holds one run."""
+    """Teacher run id; may be omitted when the store holds one run and the student is written to another store."""
     map: str = "layer"
     """Head mapping: layer (layer-to-layer, head h to head h) | heads (the explicit `heads` list)."""
     layers: tuple[int, ...] = ()
@@ -144,6 +145,30 @@ def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
         fail(f"{key}: teacher run {run_id} was trained with interventions that change its forward pass "
              "(hard templates or conditioned gates); its checkpoint alone does not reproduce its attention")
     return Teacher(path, run_id, tcfg)
+
+
+def _same_place(a: str, b: str) -> bool:
+    """Whether two store paths (or URLs) name one store."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_output(opts: DistillOptions, out: str) -> None:
+    """ConfigError when the student is to be written into its teacher's store with no teacher run named.
+
+    ``run`` may be left out only while the store holds one run: the student's own run group
+    would make it two, and every later start (a resume, a rerun, the sweep's next point) would
+    then be refused for not naming the teacher.
+    """
+    if opts.run or not _same_place(opts.teacher, out):
+        return
+    from dynamics import store
+
+    runs = store.list_runs(opts.teacher) if store.is_store(opts.teacher) else []
+    hint = f" (run = {runs[0]!r})" if len(runs) == 1 else ""
+    fail(f"intervene.distill.run: required when the student is written into its teacher's store {out}, which "
+         f"then holds more than one run; name the teacher run{hint}")
 
 
 def teacher_roles(path: str, run_id: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:

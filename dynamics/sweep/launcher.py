@@ -196,6 +196,11 @@ def run_sweep(
         check_scheduler(scheduler)
     if not _is_url(path):
         path = os.path.abspath(path)  # workers may run elsewhere
+    for p in points:
+        if p.cfg.intervene:  # a student into its teacher's store: refused here, not in every worker
+            from dynamics import interventions
+
+            interventions.check_output(p.cfg, path)
     store.init_store(path)
     summary = SweepSummary(total=len(points), labels={p.run_id: p.label for p in points})
     with sigterm_as_interrupt(), acquire_lock(path):
