@@ -338,6 +338,8 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         index_of = {int(s): i for i, s in enumerate(steps_at)}
         model = build(cfg, device)
         intervention = interventions.build(cfg, model, device)
+        if intervention is not None:  # the options as resolved (the teacher run, say), beside the table as written
+            base_attrs["interventions"] = intervention.describe()
         trained = model.optim_parameters() + (intervention.parameters() if intervention else [])
         optimizer = make_optimizer(cfg, model, intervention.parameters() if intervention else None)
         recorder = Recorder(cfg, device)

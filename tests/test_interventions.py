@@ -211,6 +211,22 @@ def test_distilled_student_attention_moves_toward_the_teacher(students):
     assert np.isfinite(students["distilled"]["distill_logits_kl"].values).all()
 
 
+def test_run_attrs_hold_the_resolved_interventions(templated, students, gated):
+    # config holds the [intervene] table as written: no defaults, no teacher run when it was left out
+    attrs = store.run_attrs(templated[0], store.list_runs(templated[0])[0])
+    assert attrs["config"]["intervene"]["templates"] == {"weight": 3.0, "heads": PINNED}
+    got = attrs["interventions"]["templates"]
+    assert (got["schedule"], got["ramp_steps"], got["hard"]) == ("constant", 50, False)
+    assert [h["hard"] for h in got["heads"]] == [False, False]
+    distilled = students["distilled"].attrs["interventions"]["distill"]
+    assert distilled["teacher_run"] == attrs["run_id"] and distilled["teacher_step"] == 50
+    assert distilled["pairs"] == [[0, 0, 0, 0], [0, 1, 0, 1], [1, 0, 1, 0], [1, 1, 1, 1]]
+    assert distilled["run"] == "" and distilled["attention_weight"] == 1.0
+    assert gated.attrs["interventions"]["conditioned_gates"] == {
+        "layers": [0, 1], "pool": "causal", "conditioned": True, "init": 0.0, "variance_weight": 0.0,
+        "ema_decay": 0.99, "ema_mix": 0.0}
+
+
 def test_layer_map_is_depth_proportional(templated):
     cfg = config({"distill": {"teacher": templated[0]}}, model={"n_layers": 3, "n_heads": 1})
     _, pairs = distill.resolve(interventions.parse(cfg).distill, cfg)

@@ -67,6 +67,7 @@ active (so a layer after a clamped head sees what training sees).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -268,6 +269,15 @@ class Interventions:
         for part in self.parts:
             out |= part.blocks(tokens, logits, cap[part.name])
         return out
+
+    def describe(self) -> dict:
+        """What each section does, as a JSON-able dict (the run attribute ``interventions``).
+
+        The options with their defaults filled in, and what was resolved from them: each
+        template head's own ``hard``, the distilled teacher's run id, checkpoint step and head
+        pairs, the gated layers. The ``config`` attribute holds the table only as written.
+        """
+        return json.loads(json.dumps({part.name: part.describe() for part in self.parts}))
 
     def state_dict(self) -> dict:
         """State for checkpoints: as at the start of the last step given to :meth:`loss`."""

@@ -34,7 +34,7 @@ r-th shallowest at step ``r * stage_steps``; ``deep_first`` is the reverse, for 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -394,6 +394,12 @@ class Distill:
             "distill_source": source,
             "distill_logits_kl": np.float32(self._logits_kl(t_logits, logits).item()),
         }
+
+    def describe(self) -> dict:
+        o = self.opts
+        return asdict(o) | {"ramp_steps": o.ramp_steps or self.cfg.train.steps, "stage_steps": self.stage,
+                            "teacher_run": self.teacher_info.run_id, "teacher_step": self.teacher_step,
+                            "pairs": [list(p) for p in self.pairs]}  # (layer, head, teacher_layer, teacher_head)
 
     def state_dict(self) -> dict:
         # Nothing trains here; the identity of the teacher is kept so a resume cannot switch teachers.

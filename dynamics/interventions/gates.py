@@ -40,7 +40,7 @@ so a snapshot at step s, like the model it is taken of, has seen s updates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -172,6 +172,9 @@ class ConditionedGates:
             gates[layer] = cap[layer].T.float().cpu().numpy()  # (H, P)
             ema[layer] = self.ema[i].float().cpu().numpy()
         return {"conditioned_gate": gates, "conditioned_gate_ema": ema}
+
+    def describe(self) -> dict:
+        return asdict(self.opts) | {"layers": self.layers}
 
     def state_dict(self) -> dict:
         """Weights and the EMA as the forward of the last step given to :meth:`loss` saw them.

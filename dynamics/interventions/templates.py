@@ -26,7 +26,7 @@ Queries with no key at the template's offset (``i < delta``) attend to the first
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -231,6 +231,10 @@ class Templates:
         for layer, head, value in self._kl(cap):
             kl[layer, head] = value.item()
         return {"template_kl": kl, "template_weight": np.float32(self.weight(self.last_step))}
+
+    def describe(self) -> dict:
+        heads = [asdict(h) | {"hard": self._hard(h)} for h in self.opts.heads]
+        return asdict(self.opts) | {"heads": heads, "ramp_steps": self.opts.ramp_steps or self.cfg.train.steps}
 
     def state_dict(self) -> dict:
         return {}  # the weight is a pure function of the step
