@@ -111,6 +111,11 @@ def check_not_swept(cfg, overrides: list[str]) -> None:
         if key in cfg.sweep.axes:
             raise UsageError(f"--set {key}: a [sweep] axis, which every point of the grid sets; "
                              f"to change its values, --set 'sweep.{key}=[...]'")
+        # an intervene.* axis may be a whole table, which replaces any key set inside it
+        outer = next((axis for axis in cfg.sweep.axes if key.startswith(axis + ".")), None)
+        if outer is not None:
+            raise UsageError(f"--set {key}: inside the [sweep] axis {outer}, whose values replace it at every "
+                             f"point of the grid; to change them, --set 'sweep.{outer}=[...]'")
 
 
 def check_workers(workers: int | None) -> None:

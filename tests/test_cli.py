@@ -79,6 +79,19 @@ def test_a_memory_url_out_is_refused(tiny, command, capsys):
     assert "a memory:// store lives only as long as this command" in line
 
 
+def test_a_set_inside_a_table_valued_sweep_axis_is_refused():
+    # the axis replaces the whole intervene.templates table at every point: the --set was silently lost
+    from dynamics.config import from_dict
+    from dynamics.usage import UsageError, check_not_swept
+
+    tables = [{"heads": [{"layer": 0, "head": h, "pattern": "uniform"}]} for h in (0, 1)]
+    cfg = from_dict({"sweep": {"intervene.templates": tables}})
+    with pytest.raises(UsageError, match=r"--set intervene.templates.weight: inside the \[sweep\] axis "
+                                         r"intervene.templates, whose values replace it"):
+        check_not_swept(cfg, ["intervene.templates.weight=2.0"])
+    check_not_swept(cfg, ["intervene.templatesx.weight=2.0", "train.seed=1"])  # beside the axis: kept
+
+
 @pytest.fixture
 def read_only_store(tiny, tmp_path):
     """A copy of the tiny store that cannot be written: file modes for a user, a read-only bind
