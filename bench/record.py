@@ -162,7 +162,7 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
         "zarr: snapshot arrays": ("writer", lambda: writer.write_snapshot(1, blocks)),
         "zarr: loss region": ("writer", lambda: writer.write_region("loss", 0, losses)),
         "checkpoint pickle, file + attrs": ("writer", lambda: train_mod._save_checkpoint(
-            os.path.join(tmp, "parts.zarr"), "run", ckpt, writer, 1, 1)),
+            os.path.join(tmp, "parts.zarr"), "run", ckpt, writer, 1, 1, 0.0)),
     }
     times: dict[str, list[float]] = {k: [] for k in pieces}
     step_times: list[float] = []

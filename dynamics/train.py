@@ -191,10 +191,11 @@ def _load_checkpoint(path: str, run_id: str) -> dict | None:
 
 
 def _save_checkpoint(path: str, run_id: str, state: dict, attrs_writer: store.RunWriter, step: int,
-                     steps_trained: int) -> None:
+                     steps_trained: int, wall_time: float) -> None:
     store.write_checkpoint(path, run_id, _checkpoint_bytes(state))
-    # steps_trained too, so a session killed outright (SIGKILL) still counts up to its checkpoint
-    attrs_writer.set_attrs(checkpoint_step=step, steps_trained=steps_trained)
+    # steps_trained and wall_time too, so a session killed outright (SIGKILL) still counts its
+    # steps and its time up to its checkpoint: the resume adds its own to these
+    attrs_writer.set_attrs(checkpoint_step=step, steps_trained=steps_trained, wall_time=wall_time)
 
 
 def _record_setup_failure(cfg: RunConfig, path: str, run_id: str, existing: bool, attrs: dict, tb: str) -> None:
@@ -464,7 +465,8 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                 if step > flushed:
                     bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
                     flushed = step
-                bg.submit(_save_checkpoint, path, run_id, state, writer, step, trained_before + step - start)
+                bg.submit(_save_checkpoint, path, run_id, state, writer, step, trained_before + step - start,
+                          wall_before + time.perf_counter() - t0)
             if not math.isfinite(last_loss):
                 bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
                 outcome = ("diverged", {"diverged_step": step})

@@ -151,6 +151,25 @@ def test_a_resumed_run_counts_its_progress_from_its_checkpoint(cfg, tmp_path):
     assert seen[0] == 8 and store.run_attrs(path, cfg.run_id())["steps_done"] == 30
 
 
+def test_a_session_killed_outright_keeps_its_training_time_up_to_its_checkpoint(cfg, tmp_path):
+    # wall_time was written only when a session ended: a run SIGKILLed and resumed reported the
+    # resume's time alone (1.7 s for a 400-step run, half of which the killed session trained),
+    # while steps_trained, saved with each checkpoint, counted both sessions.
+    from tests.conftest import wait_for_checkpoint
+
+    path = str(tmp_path / "s.zarr")
+    seen = {}
+
+    def look_mid_run(step, steps, loss):
+        if step == 20:  # checkpoints at 0..8 and 10 are on their way; a kill here ends everything
+            wait_for_checkpoint(path, cfg.run_id(), 10)
+            seen.update(store.run_attrs(path, cfg.run_id()))
+
+    train_run(cfg, path, progress=look_mid_run)
+    assert seen["status"] == "running" and seen["checkpoint_step"] >= 10
+    assert 0 < seen["wall_time"] <= store.run_attrs(path, cfg.run_id())["wall_time"]
+
+
 def test_ctrl_c_while_the_run_group_is_created_leaves_it_interrupted(cfg, tmp_path, monkeypatch):
     import signal
 
@@ -217,10 +236,10 @@ def test_an_interrupt_while_the_last_writes_drain_is_recorded_interrupted(cfg, t
     path = str(tmp_path / "s.zarr")
     real = train._save_checkpoint
 
-    def slow_last(p, rid, state, writer, step, trained):
+    def slow_last(p, rid, state, writer, step, *counts):
         if step == cfg.train.steps:
             raise KeyboardInterrupt("signal 15")  # as SIGTERM would, while the final checkpoint saves
-        return real(p, rid, state, writer, step, trained)
+        return real(p, rid, state, writer, step, *counts)
 
     monkeypatch.setattr(train, "_save_checkpoint", slow_last)
     with pytest.raises(KeyboardInterrupt):
