@@ -277,6 +277,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_report_dir(store_path: str) -> Path:
+    """Where `report` and `demo` put a store's report without --out / --report: next to a local
+    store (runs/x.zarr -> runs/x-report, git-ignored with runs/); for a URL, its name in the
+    working directory (a path built from the URL would be a folder named "s3:" or "file:")."""
+    base = Path(store_path.rstrip("/").rsplit("/", 1)[-1] if "://" in store_path else store_path.rstrip("/"))
+    base = base.absolute() if base.name in ("", ".", "..") else base  # `dynamics report .` inside a store
+    base = Path(os.path.normpath(base))
+    return base.with_name(base.name.removesuffix(".zarr") + "-report")
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     check_store(args.store)
     from dynamics import store
@@ -287,13 +297,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.store} holds no runs to report on")
     if args.run and args.run not in ids:
         raise UsageError(f"no run {args.run!r} in {args.store}")
-    if args.out:
-        out = Path(args.out)
-    else:  # next to a local store (runs/x.zarr -> runs/x-report, git-ignored with runs/); a URL's name in cwd
-        base = Path(args.store.rstrip("/").rsplit("/", 1)[-1] if "://" in args.store else args.store.rstrip("/"))
-        base = base.absolute() if base.name in ("", ".", "..") else base  # `dynamics report .` inside a store
-        base = Path(os.path.normpath(base))
-        out = base.with_name(base.name.removesuffix(".zarr") + "-report")
+    out = Path(args.out) if args.out else default_report_dir(args.store)
     check_report_dir(out, "--out")
     page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute)
     print(f"report written to {page}\nopen {page.resolve().as_uri()}")
@@ -385,7 +389,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_devices(cfg)
     out = args.out or "runs/quickstart.zarr"
     check_out(out)
-    report_dir = Path(args.report or out.rstrip("/").removesuffix(".zarr") + "-report")
+    report_dir = Path(args.report) if args.report else default_report_dir(out)
     check_report_dir(report_dir, "--report")
     from dynamics import predict
     from dynamics.report import write_report

@@ -274,6 +274,19 @@ def test_demo_help_gives_the_report_default_that_follows_out():
     assert "<store>-report next to the store" in " ".join(r.stdout.split())
 
 
+def test_demo_report_default_for_a_url_store_is_its_name_in_cwd(tmp_path, monkeypatch, capsys):
+    # as `dynamics report` does; the demo made Path("file:///x/d.zarr" - ".zarr" + "-report"), a
+    # folder "file:" in the working directory. Both defaults are made unusable here, so the demo
+    # is refused before any work and the refusal names the one it chose.
+    from dynamics.cli import main
+
+    (tmp_path / "file:").write_text("")
+    (tmp_path / "d-report").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--out", f"file://{tmp_path}/d.zarr"]) == 2
+    assert capsys.readouterr().err == "dynamics: error: --report d-report exists and is not a directory\n"
+
+
 def test_a_sweep_axis_is_changed_through_the_sweep_table():
     from dynamics.sweep.grid import expand_grid
 
