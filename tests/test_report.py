@@ -710,3 +710,49 @@ def test_an_analysis_stored_by_older_analysers_is_recomputed_and_said_so(built, 
     row = re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
     assert "computed for this report (not stored); the stored one is from an older version of the analysers" in row
     assert "stored by `dynamics analyse`" not in row
+
+
+def _role_curve(chance_attr: float) -> xr.Dataset:
+    """A role curve in the schema of dynamics.predict.predict_runs: 3 folds of 4 heads holding
+    2, 2 and 4 of the 4 classes, so a constant guess of a class a fold holds scores 1/2, 1/2, 1/4."""
+    models = ["chance", "layer", "init_linear", "init_boosting", "linear", "boosting"]
+    target = np.array([0, 0, 0, 1, 0, 0, 0, 2, 0, 1, 2, 3], float)
+    row_fold = np.repeat(np.arange(3), 4)
+    score = np.full((2, len(models), 3), 0.4)
+    return xr.Dataset(
+        {"score": (("horizon", "model", "fold"), score), "target": ("head_row", target),
+         "test_groups": ("fold", np.array(["seed=0", "seed=1", "seed=2"]))},
+        coords={"horizon": [0.0, 0.5], "model": models, "fold": np.arange(3), "row_fold": ("head_row", row_fold)},
+        attrs={"target": "role", "description": "role label at the final snapshot", "metric": "balanced_accuracy",
+               "chance": chance_attr, "horizon_unit": "fraction", "group_by": "seed"})
+
+
+def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_folds_are_named(tmp_path, monkeypatch):
+    # A curve stored before predict's chance level counted classes per test fold says 1/4 (the
+    # table's classes): the dotted line sat below the chance model's own score, unexplained.
+    from dynamics.report import predictor
+    from dynamics.report.data import _Ctx
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)  # no runs: the section reads only derived/
+    store.write_derived(path, "predict.role", _role_curve(chance_attr=0.25))
+    slash = _predict_curve()
+    slash["score"][:, :, :2] = np.nan  # two test folds with one class: AUROC undefined there
+    slash["test_groups"] = ("fold", np.array(["seed=0", "seed=1", "seed=2"]))
+    store.write_derived(path, "predict.slash", slash)
+    figs = {}
+    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)  # read, not drawn
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    captions = dict(sec.figures)
+
+    role_ax = figs["figures/predict_role.png"].axes[0]
+    dotted = [ln for ln in role_ax.get_lines() if ln.get_label().startswith("chance level")]
+    assert len(dotted) == 1 and dotted[0].get_ydata()[0] == pytest.approx((0.5 + 0.5 + 0.25) / 3)
+    assert dotted[0].get_label() == "chance level (0.42)"
+    assert "chance level 0.42, what a constant guess of a class each test fold holds scores" in captions["figures/predict_role.png"]
+    assert "the training folds' majority class" in captions["figures/predict_role.png"]
+
+    text = captions["figures/predict_slash.png"]
+    assert "over 3 cross-validation folds" not in text
+    assert ("AUROC is undefined on 2 of 3 cross-validation folds holding out whole seeds (seed=0; seed=1), whose "
+            "test targets are one class: points are means over the other 1, no band from one fold") in text

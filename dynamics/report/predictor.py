@@ -50,10 +50,10 @@ def _predict_section(ctx: _Ctx) -> _Section:
                               label=label + (" (baseline)" if baseline else ""))
             if sd is not None:
                 ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.12, lw=0)
-        chance = _float_or_none(ds.attrs.get("chance"))
+        metric_key = str(ds.attrs.get("metric", ""))
+        chance, chance_text = _chance_level(ds, metric_key, fold)
         if chance is not None:
             ax.axhline(chance, color="grey", ls=":", lw=1, label=f"chance level ({chance:.2f})")
-        metric_key = str(ds.attrs.get("metric", ""))
         metric, unit = _METRICS.get(metric_key, (metric_key or "score", "score"))
         horizon_unit = str(ds.attrs.get("horizon_unit") or ds["horizon"].attrs.get("units") or "step")
         ax.set_xlabel("horizon: fraction of each run's training seen by the features (fraction)"
@@ -61,9 +61,7 @@ def _predict_section(ctx: _Ctx) -> _Section:
         ax.set_ylabel(f"{metric} ({unit})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
-        spread = (f"band: +-1 s.d. over {ds.sizes[fold]} cross-validation folds"
-                  f"{' holding out whole ' + str(ds.attrs['group_by']) + 's' if ds.attrs.get('group_by') else ''}"
-                  if fold else "no fold dimension, so no spread")
+        spread = _spread_text(ds, fold, metric)
         ceiling = " h = 1 sees the final snapshot that defines the target: a ceiling, not a prediction." \
             if horizon_unit == "fraction" and float(ds["horizon"].max()) >= 1 else ""
         description = ds.attrs.get("description") or target
@@ -71,7 +69,8 @@ def _predict_section(ctx: _Ctx) -> _Section:
         sec.figures.append((_save(fig, out, f"figures/predict_{safe}.png"),
                             f"Predicting, for every head, the target {target!r} ({description}; derived/{name}) from "
                             f"features of the training seen up to each horizon: {metric} against horizon, one line per model; dashed: "
-                            f"baselines (chance, layer prior, initialisation-only features); {spread}.{ceiling}"))
+                            f"baselines (chance: a constant, the training folds' majority class or prior; layer prior; "
+                            f"initialisation-only features); {chance_text}{spread}.{ceiling}"))
     return sec
 
 
@@ -109,3 +108,51 @@ def _predict_lines(ds: xr.Dataset) -> tuple[list[tuple], str | None]:
             baseline = lab in _BASELINES or "baseline" in f"{var} {lab}".lower()
             lines.append((name, ds["horizon"].values.astype(float), mean, sd, baseline))
     return lines, fold
+
+
+def _chance_level(ds: xr.Dataset, metric: str, fold: str | None) -> tuple[float | None, str]:
+    """The dotted chance level and the caption phrase saying what it is.
+
+    For balanced accuracy a constant guess scores 1 / (classes the test fold holds) when it
+    names one of them, so the level is the mean of that over the test folds, counted from the
+    stored targets (``target``, ``row_fold``) when the curve has them: curves written before
+    `dynamics.predict` used that definition carry ``attrs["chance"]`` = 1 / (classes in the
+    whole table), a level no constant guess reaches when a fold lacks classes.
+    """
+    stored = _float_or_none(ds.attrs.get("chance"))
+    if metric == "balanced_accuracy" and "target" in ds and "row_fold" in ds.coords and fold:
+        target = np.asarray(ds["target"].values, dtype=float)
+        row_fold = np.asarray(ds["row_fold"].values)
+        counts = [np.unique(target[(row_fold == k) & np.isfinite(target)]).size for k in ds[fold].values]
+        counts = [c for c in counts if c > 0]
+        if counts:
+            level = float(np.mean([1.0 / c for c in counts]))
+            return level, (f"dotted: chance level {level:.2f}, what a constant guess of a class each test fold holds "
+                           f"scores (1 / the classes in the fold, mean over folds); ")
+    if stored is None:
+        return None, ""
+    if metric == "balanced_accuracy":
+        return stored, f"dotted: chance level {stored:.2f} as stored with the curve; "
+    return stored, f"dotted: chance level {stored:.2f}; "
+
+
+def _spread_text(ds: xr.Dataset, fold: str | None, metric: str) -> str:
+    """Caption phrase for the band: over how many folds, and which folds the metric is undefined on."""
+    if not fold:
+        return "no fold dimension, so no spread"
+    n = ds.sizes[fold]
+    held = f" holding out whole {ds.attrs['group_by']}s" if ds.attrs.get("group_by") else ""
+    undefined: list[int] = []
+    if "score" in ds and fold in ds["score"].dims:
+        values = np.asarray(ds["score"].transpose(fold, ...).values, dtype=float).reshape(n, -1)
+        undefined = [k for k in range(n) if not np.isfinite(values[k]).any()]
+    if not undefined:
+        return f"band: +-1 s.d. over {n} cross-validation folds{held}"
+    left = n - len(undefined)
+    which = ""
+    if "test_groups" in ds and fold in ds["test_groups"].dims:
+        which = " (" + "; ".join(str(ds["test_groups"].values[k]) for k in undefined) + ")"
+    why = {"AUROC": ", whose test targets are one class", "Spearman correlation": ", whose test targets are constant"}
+    band = "no band from one fold" if left == 1 else f"band: +-1 s.d. over those {left}"
+    return (f"{metric} is undefined on {len(undefined)} of {n} cross-validation folds{held}{which}"
+            f"{why.get(metric, '')}: points are means over the other {left}, {band}")
