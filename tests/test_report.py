@@ -756,3 +756,15 @@ def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_fol
     assert "over 3 cross-validation folds" not in text
     assert ("AUROC is undefined on 2 of 3 cross-validation folds holding out whole seeds (seed=0; seed=1), whose "
             "test targets are one class: points are means over the other 1, no band from one fold") in text
+
+
+def test_emergence_captions_say_where_the_mean_covers_fewer_seeds(built):
+    # Runs B and C share init_scale 2, but C stopped after 6 of 9 snapshots: past them the
+    # "mean of 2" line is B alone, and the caption must say so.
+    _, page, _ = built
+    captions = [c for c in re.findall(r"<figcaption>(.*?)</figcaption>", html.unescape(page.read_text()), re.S)
+                if "against training step" in c]
+    assert len(captions) == 3
+    for caption in captions:
+        assert ("(in init_scale=2, not every seed has a value at every step, e.g. a run still going, stopped or "
+                "diverged: there the mean and band are over the seeds that have one)") in caption

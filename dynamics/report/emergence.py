@@ -40,6 +40,10 @@ def _emergence_section(ctx: _Ctx) -> _Section:
     colour = groups.description()
     spread = ("thick line: mean over seeds; band: range (min-max) over seeds; thin lines: single runs"
               if any(len(m) > 1 for m in groups.members.values()) else "one line per run")
+    ragged = _ragged_groups(groups)
+    if ragged:  # "(mean of N)" in the legend would otherwise claim N seeds where fewer have reached
+        spread += (f" (in {', '.join(ragged)}, not every seed has a value at every step, e.g. a run still going, "
+                   f"stopped or diverged: there the mean and band are over the seeds that have one)")
 
     # Slash: the mean best-slash score over heads, and the share of slash-dominant heads.
     fig = _figure(10, 3.6)
@@ -117,6 +121,18 @@ def _emergence_section(ctx: _Ctx) -> _Section:
     if ctx.pending:
         sec.missing.append(_pending_sentence(ctx.pending))
     return sec
+
+
+def _ragged_groups(groups) -> list[str]:
+    """Labels of the groups with several runs whose analysed steps differ: `_curves` aligns such
+    runs on the union of their steps, so the mean and band at some steps cover fewer seeds."""
+    out = []
+    for key in groups.keys:
+        members = groups.members[key]
+        steps = {tuple(np.asarray(r.analysis["step"].values).tolist()) for r in members}
+        if len(members) > 1 and len(steps) > 1:
+            out.append(groups.labels[key])
+    return out
 
 
 def _no_head_pairs(runs) -> list[str]:
