@@ -145,5 +145,10 @@ def check_report_dir(out: Path, flag: str) -> None:
     page = out / "index.html"
     if page.exists() and "<title>dynamics report" not in page.read_text(errors="replace")[:2000]:
         raise UsageError(f"{flag} {out} holds an index.html that is not a dynamics report; refusing to replace it")
+    figs = out / "figures"
+    if not page.exists() and figs.is_dir() and any([*figs.glob("*.png"), *figs.glob("attention/*.png")]):
+        # a report deletes figures/*.png before writing its own: here they are someone else's
+        raise UsageError(f"{flag} {out} holds figures/*.png but no report index.html; refusing to delete PNG files "
+                         f"a dynamics report did not write")
     if not out.exists():
         check_creatable(out, flag)

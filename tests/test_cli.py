@@ -10,6 +10,7 @@ import torch
 from dynamics import store
 from dynamics.config import load_config
 from dynamics.train import train_run
+from dynamics.usage import UsageError, check_report_dir
 from tests.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,6 +139,13 @@ def test_a_report_does_not_replace_a_page_it_did_not_write(tiny, tmp_path):
     (mine / "index.html").write_text("<html>my notes</html>")
     one_line_exit_2(dyn("report", path, "--out", mine), "holds an index.html that is not a dynamics report")
     assert (mine / "index.html").read_text() == "<html>my notes</html>"
+    # No page, but PNGs of the user's own in figures/: a report would delete them before writing its own.
+    paper = tmp_path / "paper"
+    (paper / "figures").mkdir(parents=True)
+    (paper / "figures" / "fig1.png").write_bytes(b"mine")
+    with pytest.raises(UsageError, match=r"--report .* holds figures/\*\.png but no report index.html"):
+        check_report_dir(paper, "--report")  # what `report` and `demo` (before training) check
+    assert (paper / "figures" / "fig1.png").read_bytes() == b"mine"
 
 
 def test_usage_errors_are_one_line(tiny):

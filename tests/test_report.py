@@ -768,3 +768,22 @@ def test_emergence_captions_say_where_the_mean_covers_fewer_seeds(built):
     for caption in captions:
         assert ("(in init_scale=2, not every seed has a value at every step, e.g. a run still going, stopped or "
                 "diverged: there the mean and band are over the seeds that have one)") in caption
+
+
+def test_write_report_keeps_files_no_report_wrote(tmp_path):
+    # write_report deletes figures/*.png before drawing: in a folder with no report page those
+    # were the user's own figures, and were lost (the index.html check was in the CLI only).
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    paper = tmp_path / "paper"
+    (paper / "figures" / "attention").mkdir(parents=True)
+    (paper / "figures" / "attention" / "fig1.png").write_bytes(b"mine")
+    with pytest.raises(store.StoreError, match=r"holds figures/\*\.png but no report index.html"):
+        write_report(path, paper)
+    assert (paper / "figures" / "attention" / "fig1.png").read_bytes() == b"mine"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("<html>my notes</html>")
+    with pytest.raises(store.StoreError, match="holds an index.html that is not a dynamics report"):
+        write_report(path, site)
+    assert (site / "index.html").read_text() == "<html>my notes</html>"

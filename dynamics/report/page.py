@@ -62,7 +62,8 @@ def write_report(
     Raises
     ------
     StoreError
-        If `store_path` is not a store, or `run_id` is not one of its runs.
+        If `store_path` is not a store, `run_id` is not one of its runs, or `out_dir` holds
+        an index.html or figures/*.png that no report wrote.
 
     Example
     -------
@@ -77,6 +78,7 @@ def write_report(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise store.StoreError(f"report directory {out} exists and is not a directory")
+    _check_ours(out)
     figdir = out / "figures"
     (figdir / "attention").mkdir(parents=True, exist_ok=True)
     for old in [*figdir.glob("*.png"), *(figdir / "attention").glob("*.png")]:
@@ -99,6 +101,22 @@ def write_report(
     page.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept),
                     encoding="utf-8")
     return page
+
+
+def _check_ours(out: Path) -> None:
+    """Refuse a directory whose index.html or figures/*.png a report did not write.
+
+    The report replaces index.html and deletes the PNGs of figures/ (frames of an earlier,
+    longer run would otherwise linger); in a folder that is not a report's, those are the
+    user's files.
+    """
+    page, figdir = out / "index.html", out / "figures"
+    if page.exists():
+        if "<title>dynamics report" not in page.read_text(errors="replace")[:2000]:
+            raise store.StoreError(f"{out} holds an index.html that is not a dynamics report; refusing to replace it")
+    elif figdir.is_dir() and any([*figdir.glob("*.png"), *figdir.glob("attention/*.png")]):
+        raise store.StoreError(f"{out} holds figures/*.png but no report index.html; refusing to delete PNG files "
+                               f"a dynamics report did not write")
 
 
 def _safe(make: Callable, *args) -> _Section:
