@@ -215,6 +215,8 @@ def test_slider_scrubs_every_recorded_snapshot_of_the_median_run(built):
     # A browser that restores form values on reload (Firefox) would show frame 0 at another position.
     assert re.search(r'<input type="range" id="step-slider" autocomplete="off"', text)
     assert "probe sequence 0" in text  # the caption says which probe is shown
+    # "one fixed sequence of 2" read as a 2-token sequence: say what the count is, and the length.
+    assert "the first of the 2 fixed probe sequences, 16 tokens long" in text
     assert sorted(p.name for p in (page.parent / "figures" / "attention").iterdir()) == [Path(f["src"]).name for f in frames]
 
 

@@ -126,7 +126,7 @@ def _attention_section(ctx: _Ctx) -> _Section:
     else:
         partial = f" Only {run.n_recorded} of {run.n_snapshots} snapshots are recorded so far ({run.status})."
     caption = (f"Attention of every head (rows: layers, columns: heads) of run {run.run_id} on probe sequence 0 "
-               f"(one fixed sequence of {P}; not a mean, which would blur content-dependent heads such as induction), "
+               f"(the first of the {P} fixed probe sequences, {T} tokens long; not a mean, which would blur content-dependent heads such as induction), "
                f"at the step chosen with the slider. Axes: query and key position (tokens); colour: attention weight (fraction "
                f"of the query's attention, 0-1, square-root scale; grey: future keys, masked). "
                f"{role_note}{partial}")
