@@ -17,6 +17,7 @@ import xarray as xr
 
 from dynamics import cli, predict, store
 from dynamics.analysis import analyse_run
+from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.predict import MODELS, PredictError, PredictOptions, Run
 
 STEPS = np.array([0, 5, 10, 20, 40, 70, 100])
@@ -355,6 +356,8 @@ def test_balanced_accuracy_chance_counts_the_classes_each_fold_holds():
     curve = predict.predict_runs(runs, PredictOptions(target="role", boosting_iter=10, n_splits=3, horizons=(0.1,)))
     folds = [curve.target.values[curve.row_fold.values == k] for k in range(curve.sizes["fold"])]
     assert curve.attrs["chance"] == pytest.approx(np.mean([1 / np.unique(f).size for f in folds]))
+    # Stamped, so the report can tell a curve of older analysers (other targets) from a current one.
+    assert curve.attrs["analysis_version"] == ANALYSIS_VERSION
 
 
 def test_folds_where_auroc_is_undefined_are_named_and_one_fold_has_no_sd():

@@ -30,6 +30,7 @@ import xarray as xr
 from PIL import Image
 
 from dynamics import cli, store
+from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.report import CHG_LABELS, _choose_run, _Run, chg_label, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +90,7 @@ def _predict_curve() -> xr.Dataset:
          "score_std": (("horizon", "model"), score.std(-1))},
         coords={"horizon": horizons, "model": models, "fold": np.arange(3)},
         attrs={"target": "slash", "description": "slash-dominant at the final snapshot", "metric": "auroc",
-               "chance": 0.5, "horizon_unit": "fraction", "group_by": "seed"},
+               "chance": 0.5, "horizon_unit": "fraction", "group_by": "seed", "analysis_version": ANALYSIS_VERSION},
     )
 
 
@@ -753,9 +754,13 @@ def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_fol
     assert dotted[0].get_label() == "chance level (0.42)"
     assert "chance level 0.42, what a constant guess of a class each test fold holds scores" in captions["figures/predict_role.png"]
     assert "the training folds' majority class" in captions["figures/predict_role.png"]
+    # Written before curves were stamped with the analysers' version: its role targets may be old ones.
+    assert (f"Stale: this curve was computed with analysers older than version stamping (this page: version "
+            f"{ANALYSIS_VERSION})") in captions["figures/predict_role.png"]
 
     text = captions["figures/predict_slash.png"]
     assert "over 3 cross-validation folds" not in text
+    assert "Stale" not in text
     assert ("AUROC is undefined on 2 of 3 cross-validation folds holding out whole seeds (seed=0; seed=1), whose "
             "test targets are one class: points are means over the other 1, no band from one fold") in text
 

@@ -11,6 +11,7 @@ import numpy as np
 import xarray as xr
 
 from dynamics import store
+from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.predict.features import feature_table
 from dynamics.predict.load import check_runs, load_store
 from dynamics.predict.models import _mean_sd, cross_validate, group_splits, score
@@ -132,6 +133,8 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         features=tables[opt.horizons[0]]["feature"].values.tolist(),
         init_features=init["feature"].values.tolist(),
         target_sources=rows.attrs["sources"],
+        # Targets and role/slash features come from these analysers: the report flags a curve of other ones.
+        analysis_version=ANALYSIS_VERSION,
         options={k: v for k, v in asdict(opt).items() if k != "analysis"},
         analysis_options={k: v for k, v in asdict(opt.analysis).items() if k != "roles"},
         role_thresholds=asdict(opt.analysis.roles),
@@ -172,10 +175,11 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
         - coords ``row_run``, ``row_layer``, ``row_head``, ``row_group``, ``row_fold``.
 
         ``attrs``: target, description, task, metric, chance, horizon_unit, group_by,
-        n_splits, n_runs, n_groups, runs_left_out ("<run_id> (<status>)" of the runs not
-        completed), folds_sharing_seeds (folds whose test runs share a seed
-        with their training runs; 0 when grouped by seed), features, init_features,
-        target_sources, options, classes / class_counts (classification), class_names (role, chg).
+        analysis_version (of the analysers that gave targets and features), n_splits, n_runs,
+        n_groups, runs_left_out ("<run_id> (<status>)" of the runs not completed),
+        folds_sharing_seeds (folds whose test runs share a seed with their training runs; 0 when
+        grouped by seed), features, init_features, target_sources, options, classes /
+        class_counts (classification), class_names (role, chg).
 
     Example
     -------

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import xarray as xr
 
+from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.report.data import _Ctx, _float_or_none, _open_derived, _Section
 from dynamics.report.draw import _figure, _quiet, _save
 
@@ -65,12 +66,16 @@ def _predict_section(ctx: _Ctx) -> _Section:
         ceiling = " h = 1 sees the final snapshot that defines the target: a ceiling, not a prediction." \
             if horizon_unit == "fraction" and float(ds["horizon"].max()) >= 1 else ""
         description = ds.attrs.get("description") or target
+        version = ds.attrs.get("analysis_version")
+        stale = "" if version == ANALYSIS_VERSION else (
+            f" Stale: this curve was computed with {'analysers of version ' + str(version) if version is not None else 'analysers older than version stamping'} "
+            f"(this page: version {ANALYSIS_VERSION}), so its targets may not be the roles shown above; rerun `dynamics predict`.")
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", target)
         sec.figures.append((_save(fig, out, f"figures/predict_{safe}.png"),
                             f"Predicting, for every head, the target {target!r} ({description}; derived/{name}) from "
                             f"features of the training seen up to each horizon: {metric} against horizon, one line per model; dashed: "
                             f"baselines (chance: a constant, the training folds' majority class or prior; layer prior; "
-                            f"initialisation-only features); {chance_text}{spread}.{ceiling}"))
+                            f"initialisation-only features); {chance_text}{spread}.{ceiling}{stale}"))
     return sec
 
 
