@@ -742,6 +742,7 @@ def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_fol
     slash = _predict_curve()
     slash["score"][:, :, :2] = np.nan  # two test folds with one class: AUROC undefined there
     slash["test_groups"] = ("fold", np.array(["seed=0", "seed=1", "seed=2"]))
+    slash.attrs.update(runs_left_out=["rdiv (diverged)"], folds_sharing_seeds=1, n_splits=3)  # as predict tells them
     store.write_derived(path, "predict.slash", slash)
     figs = {}
     monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)  # read, not drawn
@@ -763,6 +764,9 @@ def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_fol
     assert "Stale" not in text
     assert ("AUROC is undefined on 2 of 3 cross-validation folds holding out whole seeds (seed=0; seed=1), whose "
             "test targets are one class: points are means over the other 1, no band from one fold") in text
+    assert "Left out: 1 run(s) not completed, so without a final role (rdiv (diverged))." in text
+    assert "Caution: in 1 of 3 folds a test run shares its seed" in text
+    assert "Left out" not in captions["figures/predict_role.png"] and "Caution" not in captions["figures/predict_role.png"]
 
 
 def test_emergence_captions_say_where_the_mean_covers_fewer_seeds(built):

@@ -70,12 +70,21 @@ def _predict_section(ctx: _Ctx) -> _Section:
         stale = "" if version == ANALYSIS_VERSION else (
             f" Stale: this curve was computed with {'analysers of version ' + str(version) if version is not None else 'analysers older than version stamping'} "
             f"(this page: version {ANALYSIS_VERSION}), so its targets may not be the roles shown above; rerun `dynamics predict`.")
+        # Told as `dynamics predict` tells them: runs left out of the curve (survivorship), and
+        # folds whose test runs share a seed with training runs (twins, not prediction).
+        left_out = list(ds.attrs.get("runs_left_out") or [])
+        caveats = (f" Left out: {len(left_out)} run(s) not completed, so without a final role ({', '.join(left_out[:5])}"
+                   f"{' and more' if len(left_out) > 5 else ''}).") if left_out else ""
+        if ds.attrs.get("folds_sharing_seeds"):
+            caveats += (f" Caution: in {ds.attrs['folds_sharing_seeds']} of {ds.attrs.get('n_splits', '?')} folds a test "
+                        "run shares its seed (initial weights, data order) with a training run, so scores may "
+                        "overstate prediction.")
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", target)
         sec.figures.append((_save(fig, out, f"figures/predict_{safe}.png"),
                             f"Predicting, for every head, the target {target!r} ({description}; derived/{name}) from "
                             f"features of the training seen up to each horizon: {metric} against horizon, one line per model; dashed: "
                             f"baselines (chance: a constant, the training folds' majority class or prior; layer prior; "
-                            f"initialisation-only features); {chance_text}{spread}.{ceiling}{stale}"))
+                            f"initialisation-only features); {chance_text}{spread}.{ceiling}{caveats}{stale}"))
     return sec
 
 
