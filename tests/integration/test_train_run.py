@@ -53,16 +53,20 @@ def test_resume_after_sigkill_equals_uninterrupted(tiny_config, tmp_path):
     cfg = tiny_config(steps=200, every=20)
     run_id = load_config(cfg).run_id()
     whole, killed = tmp_path / "whole.zarr", tmp_path / "killed.zarr"
-    assert dyn("run", cfg, "--out", str(whole)).returncode == 0
-
+    # The uninterrupted reference trains alongside (one thread each, two cores): the suite's time
+    reference = subprocess.Popen([sys.executable, "-m", "dynamics", "run", cfg, "--out", str(whole)],
+                                 env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     proc = subprocess.Popen([sys.executable, "-m", "dynamics", "run", cfg, "--out", str(killed)],
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_checkpoint(killed, run_id, 40)  # a mid-run checkpoint, then kill without warning
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
+        _, err = reference.communicate(timeout=300)
+        assert reference.returncode == 0, err
     finally:
         proc.kill()
+        reference.kill()
     attrs = store.run_attrs(killed, run_id)
     assert attrs["status"] == "running", "the kill should land mid-run"
     assert 40 <= attrs["checkpoint_step"] < 200
