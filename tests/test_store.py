@@ -382,7 +382,7 @@ def test_open_sweep_pads_heads_and_snapshots(tmp_path):
     assert int(sw.gate.where(sw.head_mask).count()) == 3 * L * 4 + 5 * L * 8
 
 
-def test_analysis_and_derived_round_trip(tmp_path):
+def test_analysis_and_derived_round_trip(tmp_path, monkeypatch):
     path = tmp_path / "s.zarr"
     write_run(path, "r1")
     raw_before = store.open_run(path).attention.values
@@ -411,6 +411,24 @@ def test_analysis_and_derived_round_trip(tmp_path):
     store.write_derived(path, "curves", curves)
     xr.testing.assert_identical(store.open_derived(path, "curves").load(), curves)
     assert store.list_runs(path) == ["r1"]
+
+    # A write that breaks half way (a full disk; a kill) leaves the previous result whole: the
+    # old group was deleted first, and `derived/curves` read as never written.
+    from zarr.storage import LocalStore
+
+    real_set = LocalStore.set
+
+    async def disk_full(self, key, value):
+        if key.endswith("/c/0"):
+            raise OSError(28, "No space left on device")
+        await real_set(self, key, value)
+
+    with monkeypatch.context() as m:
+        m.setattr(LocalStore, "set", disk_full)
+        with pytest.raises(OSError, match="No space"):
+            store.write_derived(path, "curves", curves * 2)
+    xr.testing.assert_identical(store.open_derived(path, "curves").load(), curves)
+    assert sorted(p.name for p in path.iterdir()) == ["analysis", "derived", "runs", "zarr.json"]  # nothing staged left
 
 
 def test_root_index_survives_sweep_index_and_concurrent_writers(tmp_path):

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,9 +15,10 @@ import pandas as pd
 import xarray as xr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as _sync
-from zarr.storage import MemoryStore
+from zarr.storage import LocalStore, MemoryStore
 
 from dynamics.schema import HEAD, LAYER, RUN, config_value
+from dynamics.signals import deferred_signals
 from dynamics.store._loc import (
     StoreError,
     _check_name,
@@ -22,6 +27,7 @@ from dynamics.store._loc import (
     _group_exists,
     _jsonable,
     _Loc,
+    _locked,
     _open_group_ds,
 )
 from dynamics.store.checkpoints import run_status
@@ -217,17 +223,63 @@ def _write_whole(loc: _Loc, gpath: str, ds: xr.Dataset) -> None:
     staged = MemoryStore()
     ds.to_zarr(staged, mode="w", consolidated=False, zarr_format=3)
 
-    async def replace() -> None:
+    async def copy(target: Any, prefix: str) -> None:
         keys = [k async for k in staged.list()]
         proto = default_buffer_prototype()
         values = await asyncio.gather(*(staged.get(k, prototype=proto) for k in keys))
-        await loc.store.delete_dir(gpath)
+        if prefix:
+            await target.delete_dir(prefix)
+        at = f"{prefix}/" if prefix else ""
         arrays = [(k, v) for k, v in zip(keys, values, strict=True) if k != "zarr.json"]
-        await asyncio.gather(*(loc.store.set(f"{gpath}/{k}", v) for k, v in arrays))
-        await loc.store.set(f"{gpath}/zarr.json", values[keys.index("zarr.json")])  # the group appears last
+        # every write ends before a failure is raised: one still running would write into the
+        # staging directory after it was removed
+        done = await asyncio.gather(*(target.set(f"{at}{k}", v) for k, v in arrays), return_exceptions=True)
+        for outcome in done:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        await target.set(f"{at}zarr.json", values[keys.index("zarr.json")])  # the group appears last
 
-    _sync(replace())
+    if loc.local is None:  # no rename on object stores: the old group goes, then the new one is written
+        _sync(copy(loc.store, gpath))
+    else:
+        _replace_local(loc, gpath, lambda tmp: _sync(copy(LocalStore(tmp), "")))
     _index_update(loc, gpath)
+
+
+_STAGING = ".staging"
+"""Directory at the store root where a derived group is written before it is renamed into place.
+Its name is no group name (they start with a letter or digit), so no reader lists it."""
+
+
+def _replace_local(loc: _Loc, gpath: str, write: Any) -> None:
+    """Replace the local group directory `gpath` with one that ``write(directory)`` fills.
+
+    Written in a staging directory first, then swapped in by two renames under the store
+    lock, with SIGINT and SIGTERM held back: deleting the old group and writing the new one
+    in place left, for the whole write, a group that readers (``dynamics report``,
+    ``predict`` during an ``analyse``) read as missing or half-written without any error, and
+    a kill or a full disk in the middle lost the previous result with no new one. Now a
+    failure leaves the previous group as it was, and two writers of one group leave one
+    of them whole.
+    """
+    target = loc.local / gpath
+    work = loc.local / _STAGING
+    with _locked(loc):  # another writer removes `work` under the lock once it is empty
+        work.mkdir(exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=work, prefix=gpath.replace("/", ".") + "."))
+    old = tmp.with_name(tmp.name + ".old")
+    try:
+        write(tmp)
+        with _locked(loc), deferred_signals():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                os.rename(target, old)
+            os.rename(tmp, target)
+    finally:
+        for leftover in (tmp, old):
+            shutil.rmtree(leftover, ignore_errors=True)
+        with _locked(loc), contextlib.suppress(OSError):
+            work.rmdir()  # only once empty: another writer may be staging its group there
 
 
 def write_analysis(path: str | os.PathLike, run_id: str, ds: xr.Dataset) -> None:
