@@ -501,6 +501,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a stopped command leaves: only training resumes; the others' results are saved whole or
+# not at all (store.write_analysis, write_derived), so "resumable" would promise what they do not do.
+_AFTER_INTERRUPT = {
+    "run": "runs are resumable with the same command",
+    "sweep": "runs are resumable with the same command",
+    "demo": "runs are resumable with the same command",
+    "analyse": "the analyses written before are whole; the other runs keep their previous analysis, if any "
+               "(run the same command again to analyse them)",
+    "predict": "a curve is saved whole or not at all; the store holds the previous one otherwise",
+    "gates": "the gates are saved whole or not at all; the store holds the previous ones otherwise",
+    "report": "the report folder may hold a partial report; run the same command again",
+    "status": "nothing was written",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -513,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dynamics: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("dynamics: interrupted; runs are resumable with the same command", file=sys.stderr)
+        print(f"dynamics: interrupted; {_AFTER_INTERRUPT.get(args.command, _AFTER_INTERRUPT['run'])}", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - a one-line message for store problems found up front
         from dynamics.store import StoreError

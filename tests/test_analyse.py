@@ -99,6 +99,7 @@ def test_sigterm_stops_a_multi_process_analyse_with_its_workers(three_runs, tmp_
     # before it was caught. A shell sees 130 either way.
     assert proc.returncode in (130, -signal.SIGINT), (out, err)
     assert "Traceback" not in err and "interrupted" in err.splitlines()[-1]
+    assert "resumable" not in err and "previous analysis" in err  # no run is resumed by analysing it again
     deadline = time.monotonic() + 30
     while any(os.path.exists(f"/proc/{k}") for k in kids) and time.monotonic() < deadline:
         time.sleep(0.1)
