@@ -282,6 +282,28 @@ def _refuse_other_data(prior: dict, cfg: RunConfig, path: str, run_id: str, hash
             f"refusing to resume it on other data")
 
 
+def _refuse_unrecorded_snapshots(path: str, run_id: str, steps_at, start: int) -> None:
+    """StoreError when snapshots before the checkpoint's step hold no data.
+
+    A run writes each snapshot before the checkpoint taken at its step, so in its own store
+    they are all there. A store copied while the run trained (``cp -r`` of ``runs/`` before
+    ``checkpoints/``) can hold a later checkpoint than recordings: a resume from it would
+    never record the steps between, and the run would end "completed" with them empty.
+    """
+    ds = store.open_run(path, run_id, dask=False)
+    before = np.flatnonzero(np.asarray(steps_at) < start)
+    if "importance" not in ds or not before.size:
+        return
+    imp = ds["importance"].isel(snapshot=before).values
+    empty = before[np.isnan(imp).reshape(len(before), -1).all(axis=1)]
+    if empty.size:
+        missing = ", ".join(str(int(steps_at[i])) for i in empty[:5]) + (" ..." if empty.size > 5 else "")
+        raise store.StoreError(
+            f"run {run_id} in {path}: its checkpoint is at step {start}, but the snapshots at steps {missing} "
+            f"were never recorded (a store copied while the run trained?); a resume would leave them empty: "
+            f"copy the store again once the run has stopped, or train it under another --run-id")
+
+
 def _skipped(run_id: str, attrs: dict) -> RunResult:
     return RunResult(run_id, attrs["status"], int(attrs.get("steps_done", 0)), skipped=True)
 
@@ -360,6 +382,8 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     except Exception:  # a run that cannot even start is still recorded, as failed
         _record_setup_failure(cfg, path, run_id, existing, base_attrs, traceback.format_exc())
         raise
+    if start:
+        _refuse_unrecorded_snapshots(path, run_id, steps_at, start)
     recorded = variables(cfg, len(steps_at)) | (intervention.variables(len(steps_at)) if intervention else {})
     if existing:  # the first start's provenance stays; each resume adds its own
         this_start = {k: base_attrs[k] for k in PROVENANCE_KEYS} | {"step": start, "threads": cfg.train.threads}

@@ -11,6 +11,7 @@ import pytest
 from dynamics import store
 from dynamics.config import load_config, with_values
 from dynamics.store.writer import RunWriter
+from dynamics.tasks import data_hash
 from dynamics.train import train_run
 from tests.conftest import TINY, interrupt_at
 
@@ -74,6 +75,17 @@ def test_a_resume_on_other_data_is_refused_before_writing(cfg, tmp_path):
     with pytest.raises(store.StoreError, match="recorded on data with hash 0000aaaa0000"):
         train_run(cfg, path)
     assert tree_bytes(path) == before
+
+    # A store copied while the run trained (runs/ before snapshot step 10 landed, checkpoints/
+    # later): a resume from the later checkpoint would never record step 10.
+    store.update_run_attrs(path, cfg.run_id(), data_hash=data_hash(cfg))
+    steps = store.open_run(path).step.values.tolist()
+    for chunk in Path(path, "runs", cfg.run_id(), "importance", "c", str(steps.index(10))).rglob("*"):
+        if chunk.is_file():
+            chunk.unlink()
+    with pytest.raises(store.StoreError, match=r"checkpoint is at step \d+, but the snapshots at steps 10 were never"):
+        train_run(cfg, path)
+    assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"
 
 
 def tree_bytes(path) -> dict:
