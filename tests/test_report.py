@@ -744,6 +744,13 @@ def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_fol
     slash["test_groups"] = ("fold", np.array(["seed=0", "seed=1", "seed=2"]))
     slash.attrs.update(runs_left_out=["rdiv (diverged)"], folds_sharing_seeds=1, n_splits=3)  # as predict tells them
     store.write_derived(path, "predict.slash", slash)
+    # Every test fold one class (3 seeds, each all redundant or all not): predict prints n/a
+    # throughout; the report said the curve "holds no numeric variable over horizon".
+    unscored = _predict_curve().drop_vars(["score_mean", "score_std"])
+    unscored["score"][:] = np.nan
+    unscored["test_groups"] = ("fold", np.array(["seed=0", "seed=1", "seed=2"]))
+    unscored.attrs.update(target="redundant")
+    store.write_derived(path, "predict.redundant", unscored)
     figs = {}
     monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)  # read, not drawn
     sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
@@ -767,6 +774,9 @@ def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_fol
     assert "Left out: 1 run(s) not completed, so without a final role (rdiv (diverged))." in text
     assert "Caution: in 1 of 3 folds a test run shares its seed" in text
     assert "Left out" not in captions["figures/predict_role.png"] and "Caution" not in captions["figures/predict_role.png"]
+    assert "figures/predict_redundant.png" not in captions
+    assert sec.missing == ["Not available: predictor curves for redundant because its AUROC is undefined on every test "
+                           "fold of derived/predict.redundant (seed=0; seed=1; seed=2), whose test targets are one class."]
 
 
 def test_emergence_captions_say_where_the_mean_covers_fewer_seeds(built):

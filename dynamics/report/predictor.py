@@ -40,6 +40,13 @@ def _predict_section(ctx: _Ctx) -> _Section:
             sec.missing.append(f"Not available: predictor curves for {target} because derived/{name} has no horizon dim.")
             continue
         lines, fold = _predict_lines(ds)
+        if not lines and "score" in ds and fold in ds["score"].dims:
+            # The curve is there, but every test fold held one class (or a constant target), as
+            # `dynamics predict` says with n/a throughout: "no numeric variable" would be untrue.
+            metric = _METRICS.get(str(ds.attrs.get("metric", "")), ("score",))[0]
+            sec.missing.append(f"Not available: predictor curves for {target} because its {metric} is undefined on "
+                               f"every test fold of derived/{name}{_undefined_folds(ds, fold, metric)}.")
+            continue
         if not lines:
             sec.missing.append(f"Not available: predictor curves for {target} because derived/{name} holds no numeric "
                                f"variable over horizon.")
@@ -163,10 +170,16 @@ def _spread_text(ds: xr.Dataset, fold: str | None, metric: str) -> str:
     if not undefined:
         return f"band: +-1 s.d. over {n} cross-validation folds{held}"
     left = n - len(undefined)
+    band = "no band from one fold" if left == 1 else f"band: +-1 s.d. over those {left}"
+    return (f"{metric} is undefined on {len(undefined)} of {n} cross-validation folds{held}"
+            f"{_undefined_folds(ds, fold, metric, undefined)}: points are means over the other {left}, {band}")
+
+
+def _undefined_folds(ds: xr.Dataset, fold: str, metric: str, undefined: list[int] | None = None) -> str:
+    """Caption phrase naming the test folds (default: all) whose metric is undefined, and why."""
+    undefined = list(range(ds.sizes[fold])) if undefined is None else undefined
     which = ""
     if "test_groups" in ds and fold in ds["test_groups"].dims:
         which = " (" + "; ".join(str(ds["test_groups"].values[k]) for k in undefined) + ")"
     why = {"AUROC": ", whose test targets are one class", "Spearman correlation": ", whose test targets are constant"}
-    band = "no band from one fold" if left == 1 else f"band: +-1 s.d. over those {left}"
-    return (f"{metric} is undefined on {len(undefined)} of {n} cross-validation folds{held}{which}"
-            f"{why.get(metric, '')}: points are means over the other {left}, {band}")
+    return which + why.get(metric, "")
