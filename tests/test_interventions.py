@@ -225,6 +225,19 @@ def test_run_attrs_hold_the_resolved_interventions(templated, students, gated):
     assert gated.attrs["interventions"]["conditioned_gates"] == {
         "layers": [0, 1], "pool": "causal", "conditioned": True, "init": 0.0, "variance_weight": 0.0,
         "ema_decay": 0.99, "ema_mix": 0.0}
+    # the report's attention caption reads this attribute to name the heads the run did not learn freely
+    from dynamics.report.attention import _intervention_note
+
+    assert ("Trained with interventions: templates pull L0H0 previous_token, L1H1 first_token (weight 3, constant)."
+            in _intervention_note(attrs["interventions"]))
+    assert (f"attention of L0H0, L0H1, L1H0, L1H1 distilled from run {attrs['run_id']}."
+            in _intervention_note(students["distilled"].attrs["interventions"]))
+    assert "conditioned gates scale the heads of layer(s) 0, 1." in _intervention_note(gated.attrs["interventions"])
+    assert _intervention_note(None) == ""
+    unpulled = {"templates": got | {"weight": 0.0}}  # a weight-0 control point: nothing pulls
+    assert _intervention_note(unpulled) == ""
+    clamped = {"templates": got | {"weight": 0.0, "heads": [h | {"hard": True} for h in got["heads"]]}}
+    assert "L0H0 previous_token (clamped: hard)" in _intervention_note(clamped)
 
 
 def test_layer_map_is_depth_proportional(templated):

@@ -15,6 +15,34 @@ from dynamics.report.draw import _figure
 from dynamics.schema import FINISHED_STATUSES
 
 
+def _intervention_note(described: dict | None) -> str:
+    """Caption sentence naming the heads a run's interventions acted on, from its ``interventions``
+    attribute: a templated or distilled head's map is pulled toward what the intervention asked
+    for (clamped to it where hard), so a reader must not take its role for one it learned."""
+    if not described:
+        return ""
+    parts = []
+    t = described.get("templates")
+    if t and (float(t.get("weight", 0)) > 0 or any(h.get("hard") for h in t.get("heads", []))):
+        heads = [f"L{h['layer']}H{h['head']} {h['pattern']}" + (" (clamped: hard)" if h.get("hard") else "")
+                 for h in t.get("heads", [])]
+        parts.append(f"templates pull {', '.join(heads)} (weight {float(t['weight']):g}, {t.get('schedule', 'constant')})")
+    d = described.get("distill")
+    if d:
+        heads = sorted({(int(p[0]), int(p[1])) for p in d.get("pairs", [])})
+        if float(d.get("attention_weight", 0)) > 0 and heads:
+            parts.append(f"attention of {', '.join(f'L{l}H{h}' for l, h in heads)} distilled from run {d.get('teacher_run')}")
+        elif float(d.get("logits_weight", 0)) > 0:
+            parts.append(f"logits (no head's attention) distilled from run {d.get('teacher_run')}")
+    g = described.get("conditioned_gates")
+    if g:
+        parts.append(f"conditioned gates scale the heads of layer(s) {', '.join(map(str, g.get('layers', [])))}")
+    if not parts:
+        return ""
+    return (" Trained with interventions: " + "; ".join(parts) + ". Those heads' maps and roles are shaped by the "
+            "intervention, not learned freely (run attribute `interventions`).")
+
+
 def _attention_frames(fig, images, titles, suptitle, attn, run, roles_by_step, layers, heads, out: Path):
     """Write one PNG per recorded snapshot; yields (relative path, step).
 
@@ -129,7 +157,7 @@ def _attention_section(ctx: _Ctx) -> _Section:
                f"(the first of the {P} fixed probe sequences, {T} tokens long; not a mean, which would blur content-dependent heads such as induction), "
                f"at the step chosen with the slider. Axes: query and key position (tokens); colour: attention weight (fraction "
                f"of the query's attention, 0-1, square-root scale; grey: future keys, masked). "
-               f"{role_note}{partial}")
+               f"{role_note}{partial}{_intervention_note(ds.attrs.get('interventions'))}")
     first = frames[0]
     data = json.dumps(frames).replace("</", "<\\/")
     sec.html = f"""
