@@ -179,7 +179,9 @@ def test_a_session_killed_outright_keeps_its_training_time_up_to_its_checkpoint(
 
     train_run(cfg, path, progress=look_mid_run)
     assert seen["status"] == "running" and seen["checkpoint_step"] >= 10
-    assert 0 < seen["wall_time"] <= store.run_attrs(path, cfg.run_id())["wall_time"]
+    # not a speed check: the killed-session time is in the attrs mid-run, and the end only adds to it
+    at_checkpoint, at_end = seen["wall_time"], store.run_attrs(path, cfg.run_id())["wall_time"]
+    assert at_checkpoint > 0 and at_end >= at_checkpoint
 
 
 def test_ctrl_c_while_the_run_group_is_created_leaves_it_interrupted(cfg, tmp_path, monkeypatch):
