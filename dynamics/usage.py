@@ -142,13 +142,11 @@ def check_report_dir(out: Path, flag: str) -> None:
     check_not_in_store(out, flag)
     if out.exists() and store.is_store(str(out)):
         raise UsageError(f"{flag} {out} is a dynamics store; a report goes next to it, not into it")
-    page = out / "index.html"
-    if page.exists() and "<title>dynamics report" not in page.read_text(errors="replace")[:2000]:
-        raise UsageError(f"{flag} {out} holds an index.html that is not a dynamics report; refusing to replace it")
-    figs = out / "figures"
-    if not page.exists() and figs.is_dir() and any([*figs.glob("*.png"), *figs.glob("attention/*.png")]):
-        # a report deletes figures/*.png before writing its own: here they are someone else's
-        raise UsageError(f"{flag} {out} holds figures/*.png but no report index.html; refusing to delete PNG files "
-                         f"a dynamics report did not write")
+    from dynamics.report.page import refuse_foreign_files
+
+    try:  # the report's own rule, asked before any work (demo trains for minutes before it reports)
+        refuse_foreign_files(out)
+    except store.StoreError as e:
+        raise UsageError(f"{flag} {e}") from None
     if not out.exists():
         check_creatable(out, flag)

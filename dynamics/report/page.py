@@ -78,7 +78,7 @@ def write_report(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise store.StoreError(f"report directory {out} exists and is not a directory")
-    _check_ours(out)
+    refuse_foreign_files(out)
     figdir = out / "figures"
     (figdir / "attention").mkdir(parents=True, exist_ok=True)
     for old in [*figdir.glob("*.png"), *(figdir / "attention").glob("*.png")]:
@@ -103,12 +103,12 @@ def write_report(
     return page
 
 
-def _check_ours(out: Path) -> None:
-    """Refuse a directory whose index.html or figures/*.png a report did not write.
+def refuse_foreign_files(out: Path) -> None:
+    """StoreError for a directory whose index.html or figures/*.png a report did not write.
 
     The report replaces index.html and deletes the PNGs of figures/ (frames of an earlier,
     longer run would otherwise linger); in a folder that is not a report's, those are the
-    user's files.
+    user's files. The CLI asks the same before any work (`usage.check_report_dir`).
     """
     page, figdir = out / "index.html", out / "figures"
     if page.exists():

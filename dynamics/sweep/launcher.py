@@ -332,10 +332,11 @@ def _mark_interrupted(path: str, run_ids: list[str]) -> None:
     another process (`dynamics run`, another launcher) is training right now, which holds the
     lock, and is left alone (run_lock refuses).
     """
-    for run_id in run_ids:
-        with contextlib.suppress(Exception):
-            if run_id not in store.list_runs(path):
-                continue
-            with store.run_lock(path, run_id):
-                if store.run_attrs(path, run_id).get("status") == "running":
-                    store.update_run_attrs(path, run_id, status="interrupted")
+    try:
+        present = set(store.list_runs(path))  # one listing; run_lock would make a lock file for a run not there
+    except Exception:  # noqa: BLE001 - best effort: the runs stay "running", which status shows as stopped
+        return
+    for run_id in (r for r in run_ids if r in present):
+        with contextlib.suppress(Exception), store.run_lock(path, run_id):
+            if store.run_attrs(path, run_id).get("status") == "running":
+                store.update_run_attrs(path, run_id, status="interrupted")
