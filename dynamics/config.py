@@ -90,9 +90,9 @@ class TaskConfig:
     holdout: float = 0.1
     """corpus: fraction of stdlib files held out for evaluation and probes."""
     components: tuple[str, ...] = ()
-    """mixture: component task names."""
+    """mixture: component task names; refused under any other task."""
     weights: tuple[float, ...] = ()
-    """mixture: component weights (normalised); empty means equal."""
+    """mixture: component weights (normalised); empty means equal; refused under any other task."""
     pool_size: int = 0
     """Low-data regime: > 0 draws every training row from one fixed pool of this many sequences."""
 
@@ -497,6 +497,12 @@ def validate(cfg: RunConfig) -> None:
     _require(m.attn_only or m.d_mlp > 0, f"model.d_mlp: must be positive, got {m.d_mlp}")
 
     _require(t.name in TASKS, f"task.name: unknown task {t.name!r} ({' | '.join(TASKS)})")
+    # Only a mixture reads them: under another task they were silently ignored, and a sweep over
+    # task.components then trained the same data under different run ids.
+    for key in ("components", "weights"):
+        _require(t.name == "mixture" or not getattr(t, key),
+                 f"task.{key}: only a mixture has {key}, but task.name is {t.name!r} "
+                 f"(set task.name = \"mixture\" or drop task.{key})")
     if t.name == "mixture":
         _require(len(t.components) > 0, "task.components: a mixture needs at least one component")
         for c in t.components:

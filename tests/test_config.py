@@ -195,3 +195,21 @@ def test_seed_settings_and_differing_settings_name_what_sets_configs_apart():
     assert differing_settings([a, b]) == []
     assert differing_settings([a, b, c]) == ["model.n_heads", "train.lr"]
     assert differing_settings([{"x": 1}, {}]) == ["x"]  # a missing key differs from a present one
+
+
+def test_mixture_keys_under_another_task_are_refused(tmp_path):
+    # Silently ignored before: a config meant as a mixture but named "induction" trained pure
+    # induction, and a sweep over task.components trained the same data under different run ids.
+    for key, value in (("components", ["induction", "markov"]), ("weights", [1.0, 2.0])):
+        with pytest.raises(ConfigError) as e:
+            from_dict({"task": {"name": "induction", key: value}})
+        assert str(e.value) == (f"task.{key}: only a mixture has {key}, but task.name is 'induction' "
+                                f"(set task.name = \"mixture\" or drop task.{key})")
+    p = write(tmp_path, '[task]\nname = "mixture"\ncomponents = ["induction", "markov"]\n')
+    with pytest.raises(ConfigError, match="task.components: only a mixture has components"):
+        load_config(p, ["task.name=markov"])
+    # the sweep's way to compare a mixture with one of its components: pair the name with the list
+    cfg = from_dict({"task": {"name": "mixture", "components": ["induction", "markov"]}})
+    assert with_values(cfg, {"task.name": "markov", "task.components": []}).task.component_names == ("markov",)
+    with pytest.raises(ConfigError, match="task.components: only a mixture"):
+        with_values(cfg, {"task.name": "markov"})
