@@ -270,6 +270,31 @@ def test_a_corpus_split_without_windows_is_a_config_error_before_any_batch():
                                "model": {"vocab_size": 256, "context": longest, "pos": "none"}}))
 
 
+def test_a_standard_library_without_py_files_is_one_line_exit_2_before_any_store(tmp_path, monkeypatch):
+    # A stripped install (or a root at an empty folder) raised RuntimeError from tasks.check:
+    # a traceback from `dynamics run`. A fresh cache over the empty root; monkeypatch puts the
+    # module's own cached corpus back afterwards, so other tests do not read it again.
+    import functools
+
+    from dynamics.cli import main
+    from dynamics.config import ConfigError
+    from dynamics.tasks import corpus
+
+    empty = tmp_path / "lib"
+    empty.mkdir()
+    (empty / "README.txt").write_text("no python here\n")
+    monkeypatch.setattr(corpus, "_stdlib_root", lambda: str(empty))
+    monkeypatch.setattr(corpus, "_corpus_files", functools.lru_cache(maxsize=1)(corpus._corpus_files.__wrapped__))
+    message = f"task.name: the corpus task reads this Python's standard library, but no .py file was found under {empty}"
+    with pytest.raises(ConfigError) as e:
+        tasks.check(cfg_for("corpus"))
+    assert str(e.value) == message
+    config = tmp_path / "c.toml"
+    config.write_text('[model]\nvocab_size = 256\ncontext = 16\n[task]\nname = "corpus"\n[train]\nsteps = 2\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "out.zarr")]) == 2
+    assert not (tmp_path / "out.zarr").exists()
+
+
 def test_corpus_windows_are_substrings_of_the_right_split():
     cfg = cfg_for("corpus", context=64)
     corpus = tasks._corpus_files()

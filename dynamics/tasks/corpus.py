@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dynamics.config import ConfigError
+
 # ----------------------------------------------------------------------------- corpus
 
 _EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
@@ -44,13 +46,20 @@ def _corpus_files() -> _Corpus:
             full = os.path.join(dirpath, name)
             if name.endswith(".py") and os.path.isfile(full):
                 found.append((os.path.relpath(full, root).replace(os.sep, "/"), full))
+    # ConfigError, not a traceback: a stripped install, or a file it cannot read, is bad input
+    # for the corpus task, found by tasks.check before any store is made.
     if not found:
-        raise RuntimeError(f"no .py files found under the stdlib directory {root}")
+        raise ConfigError(f"task.name: the corpus task reads this Python's standard library, but no .py file "
+                          f"was found under {root}")
     found.sort()
     chunks = []
     for _, full in found:
-        with open(full, "rb") as f:
-            chunks.append(f.read())
+        try:
+            with open(full, "rb") as f:
+                chunks.append(f.read())
+        except OSError as e:
+            raise ConfigError(f"task.name: the corpus task cannot read the standard-library file {full}: "
+                              f"{e.strerror or e}") from None
     lengths = np.array([len(c) for c in chunks], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     data = np.frombuffer(b"".join(chunks), dtype=np.uint8)
@@ -101,7 +110,10 @@ def check_corpus(holdout: float, L: int) -> str | None:
     The split and the file lengths depend on this interpreter's standard library, so config
     validation cannot see them; without this a run was created in the store and then failed.
     """
-    c = _corpus_files()
+    try:
+        c = _corpus_files()
+    except ConfigError as e:  # no standard library to read
+        return str(e)
     held = _held_out(c.names, float(holdout))
     for side, name in ((~held, "training"), (held, "held-out (eval and probe)")):
         if not side.any():
