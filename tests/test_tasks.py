@@ -250,6 +250,20 @@ def test_corpus_split_and_hash():
     assert held_names <= {n for n, h in zip(names, tasks._held_out(tuple(names), 0.3), strict=True) if h}
 
 
+def test_corpus_data_hash_counts_the_generator_version(monkeypatch):
+    # The corpus hash left GENERATOR_VERSIONS out: a changed window sampler would have claimed
+    # the data of every run made before it. Version 1 keeps the content hash stores hold.
+    from dynamics.tasks import hashing
+
+    cfg = cfg_for("corpus")
+    mixed = from_dict({"task": {"name": "mixture", "components": ["markov", "corpus"]}, "model": {"vocab_size": 256}})
+    v1, mixed_v1 = data_hash(cfg), data_hash(mixed)
+    assert v1 == corpus_info(0.1)["hash"]
+    monkeypatch.setitem(hashing.GENERATOR_VERSIONS, "corpus", 2)
+    v2 = data_hash(cfg)
+    assert re.fullmatch(r"[0-9a-f]{64}", v2) and v2 != v1 and data_hash(mixed) != mixed_v1
+
+
 def test_a_corpus_split_without_windows_is_a_config_error_before_any_batch():
     # Which files a holdout keeps depends on this machine's standard library, so config
     # validation passes these; tasks.check must refuse them, naming the key.

@@ -11,7 +11,9 @@ from dynamics.tasks.corpus import _corpus_hash
 from dynamics.tasks.slash_text import _slash_pool
 
 # Bump a task's version whenever the arrays it produces for a given config change; the
-# version enters data_hash, so runs made with different generators are told apart.
+# version enters data_hash, so runs made with different generators are told apart. The corpus
+# is the exception at version 1: its hash was the bare content hash before the version counted,
+# and stores hold it (a resume compares it), so version 1 keeps it and later versions wrap it.
 GENERATOR_VERSIONS = {
     "induction": 1,
     "offset_copy": 1,
@@ -25,7 +27,9 @@ def data_hash(cfg: RunConfig) -> str:
     """SHA-256 hex digest identifying the data a config trains on.
 
     For ``corpus`` it is the corpus content hash (sorted relative file names and bytes, as
-    in :func:`corpus_info`); for synthetic tasks a hash of the generator version and the
+    in :func:`corpus_info`) while its generator is at version 1, and a hash of that and the
+    version after a bump; it does not cover ``task.holdout`` or ``model.context``, which the
+    run's config (and id) hold. For synthetic tasks a hash of the generator version and the
     task parameters that affect the output; for ``mixture`` a hash of the components'
     hashes and the normalised weights.
 
@@ -59,7 +63,8 @@ def _sha(obj) -> str:
 def _component_hash(cfg: RunConfig, name: str) -> str:
     t, V = cfg.task, cfg.model.vocab_size
     if name == "corpus":
-        return _corpus_hash()
+        version = GENERATOR_VERSIONS["corpus"]
+        return _corpus_hash() if version == 1 else _sha({"task": name, "version": version, "content": _corpus_hash()})
     if name == "slash_text":  # the record pool (tree, dates, fractions) is the definition
         params = {"pool": hashlib.sha256(_slash_pool()[0].tobytes()).hexdigest()}
     else:
