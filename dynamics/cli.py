@@ -73,6 +73,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_device(cfg.train.device)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
     check_out(out)
+    if cfg.train.device == "cpu" and cfg.train.threads > (cores := _usable_cores()):
+        # Not refused: the config may be meant for a larger machine, and the numbers are the same
+        # up to float rounding; but threads beyond the cores fight each other (README: 3.4x slower).
+        print(f"dynamics: note: train.threads {cfg.train.threads} is more than the {cores} core"
+              f"{'s' if cores > 1 else ''} this process may use; its threads would share cores and train slower",
+              file=sys.stderr, flush=True)
     from dynamics.signals import sigterm_as_interrupt
     from dynamics.store import StoreError, check_run_id
     from dynamics.train import train_run

@@ -134,7 +134,8 @@ class TrainConfig:
     """torch device: cpu | cuda | cuda:N."""
     threads: int = 1
     """torch intra-op threads on CPU. These models are small: one thread is several times
-    faster than two on a 2-core machine, where a second thread fights the recorder's writer."""
+    faster than two on a 2-core machine, where a second thread fights the recorder's writer.
+    At most MAX_THREADS (1024); `dynamics run` notes a count above the cores it may use."""
     eval_batches: int = 1
     """Held-out batches per task component at each snapshot (the recorder's largest cost: bench/record.py)."""
 
@@ -196,6 +197,14 @@ MAX_STEPS = 10**8
 """Upper bound on train.steps: the loss curve and the snapshot schedule are allocated whole at
 the start (10^8 steps: a 400 MB loss array, weeks of training even for the smallest model), so
 a mistyped count fails here rather than exhausting memory."""
+
+
+MAX_THREADS = 1024
+"""Upper bound on train.threads, past the core count of any one machine these runs are made on:
+torch hands the count to OpenMP as given, which tries to start that many threads at the first
+parallel op, so a mistyped count (10**6) failed the run there, after the store was made. Counts
+above this machine's cores but within the bound are allowed (a config may be written for a
+larger machine); `dynamics run` notes them."""
 
 
 # Where and how fast a run executes, not what it computes: the same run on another device or
@@ -551,7 +560,7 @@ def validate(cfg: RunConfig) -> None:
     # torch.device's own spelling: "cudaa" or "cuda:x" would pass a prefix test and fail only in training
     _require(tr.device == "cpu" or re.fullmatch(r"cuda(:(0|[1-9][0-9]*))?", tr.device) is not None,
              f"train.device: expected cpu, cuda or cuda:<index>, got {tr.device!r}")
-    _require(tr.threads >= 1, f"train.threads: must be >= 1, got {tr.threads}")
+    _require(1 <= tr.threads <= MAX_THREADS, f"train.threads: must be in [1, {MAX_THREADS}], got {tr.threads}")
     _require(tr.eval_batches >= 1, f"train.eval_batches: must be >= 1, got {tr.eval_batches}")
 
     _require(r.dense_until >= 0, f"record.dense_until: must be >= 0, got {r.dense_until}")

@@ -315,3 +315,18 @@ def test_analyse_defaults_to_the_cores_this_process_may_use(tiny, monkeypatch):
     monkeypatch.setattr(dynamics.analyse, "analyse_store", lambda *a, workers, **k: seen.append(workers) or [])
     cli.analyse_store(str(path))
     assert seen == [1]  # as the sweep's default_workers: one process per usable core, not per machine core
+
+
+def test_run_notes_threads_beyond_the_cores_it_may_use(tiny, monkeypatch, capsys):
+    # Not refused (a config may be meant for a larger machine), but said: the threads share cores.
+    import os
+
+    from dynamics.cli import main
+
+    _, cfg, path = tiny
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert main(["run", str(cfg), "--out", str(path), "--set", "train.threads=2"]) == 0  # completed: skipped
+    assert ("dynamics: note: train.threads 2 is more than the 1 core this process may use; its threads would "
+            "share cores and train slower") in capsys.readouterr().err
+    assert main(["run", str(cfg), "--out", str(path)]) == 0
+    assert "train.threads" not in capsys.readouterr().err

@@ -61,6 +61,9 @@ def test_int_accepted_for_float_but_not_reverse():
         # seeds are 64-bit
         ({"train": {"steps": 10**8 + 1}}, "train.steps: must be in [1, 100,000,000], got 100000001"),
         ({"train": {"seed": 2**63}}, "train.seed: must be in [0, 2**63)"),
+        # torch hands a mistyped count to OpenMP, which died starting threads after the store was made
+        ({"train": {"threads": 10**6}}, "train.threads: must be in [1, 1024], got 1000000"),
+        ({"train": {"threads": 0}}, "train.threads: must be in [1, 1024], got 0"),
         # torch.device would refuse these only once training starts, after the store is written
         ({"train": {"device": "cudaa"}}, "train.device: expected cpu, cuda or cuda:<index>, got 'cudaa'"),
         ({"train": {"device": "cuda:"}}, "train.device: expected cpu, cuda or cuda:<index>, got 'cuda:'"),
