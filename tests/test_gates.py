@@ -247,6 +247,14 @@ def test_parse_contrast_names_the_bad_component():
         GateOptions(steps=0)
 
 
+def test_an_absurd_restart_count_is_refused_before_the_fit():
+    # Restarts are one batch: --restarts 1000000 asked for 32 GB at the first forward, a traceback
+    assert GateOptions(restarts=256).restarts == 256
+    with pytest.raises(ConfigError) as e:
+        GateOptions(restarts=10**6)
+    assert str(e.value) == "gates.restarts: must be at most 256 (fitted as one batch), got 1000000"
+
+
 # ----------------------------------------------------------------------------- a trained model
 
 TRAINED = {

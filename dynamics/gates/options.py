@@ -19,6 +19,10 @@ PRUNE_ORDERS = ("chg", "importance", "ablation", "random")
 HELDOUT_STEP = 1_000_000
 """First eval-split step of the batches that score ablations (fits use steps 0, 1, ...)."""
 _MAX_ELEMENTS = 1 << 24  # logits elements per no-grad forward when scoring many gate sets
+MAX_RESTARTS = 256
+"""Upper bound on restarts: they are fitted as one batch (G+ and G- together: 2 x restarts x
+batch_size rows per update, 16,384 at the bound with the default batch), so a mistyped count
+(--restarts 1000000) failed allocating the batch with a traceback after the model was loaded."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,8 @@ class GateOptions:
     clamp: float = 4.0
     """The regulariser sees clamp(logit, -clamp, clamp)."""
     restarts: int = 4
-    """Gate sets fitted in parallel from independent random inits (one batch of restarts * B rows)."""
+    """Gate sets fitted in parallel from independent random inits (one batch of restarts * B rows);
+    at most MAX_RESTARTS."""
     batch_size: int = 32
     """Sequences per update (per component in contrastive fits) and per scoring batch."""
     fit_batches: int = 8
@@ -72,6 +77,8 @@ class GateOptions:
         for name in positive:
             if not getattr(self, name) > 0 or not math.isfinite(getattr(self, name)):
                 raise ConfigError(f"gates.{name}: must be positive, got {getattr(self, name)}")
+        if self.restarts > MAX_RESTARTS:
+            raise ConfigError(f"gates.restarts: must be at most {MAX_RESTARTS} (fitted as one batch), got {self.restarts}")
         if self.init_steps is not None and self.init_steps < 0:
             raise ConfigError(f"gates.init_steps: must be >= 0, got {self.init_steps}")
         if not self.lam >= 0 or not math.isfinite(self.lam):
