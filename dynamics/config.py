@@ -70,6 +70,15 @@ class ModelConfig:
         """Resolved per-head width."""
         return self.d_head or self.d_model // self.n_heads
 
+    @property
+    def weight_entries(self) -> int:
+        """Entries of the model's weight matrices (embedding, positions, W_Q/W_K/W_V/W_O, MLP,
+        unembedding): its parameter count less the biases, LayerNorms and gates."""
+        d, per_layer = self.d_model, 4 * self.n_heads * self.d_model * self.head_dim
+        if not self.attn_only:
+            per_layer += 2 * d * self.d_mlp
+        return 2 * self.vocab_size * d + (self.context * d if self.pos == "learned" else 0) + self.n_layers * per_layer
+
 
 @dataclass(frozen=True)
 class TaskConfig:
@@ -197,6 +206,13 @@ MAX_STEPS = 10**8
 """Upper bound on train.steps: the loss curve and the snapshot schedule are allocated whole at
 the start (10^8 steps: a 400 MB loss array, weeks of training even for the smallest model), so
 a mistyped count fails here rather than exhausting memory."""
+
+
+MAX_WEIGHTS = 10**10
+"""Upper bound on ModelConfig.weight_entries: 40 GB of float32 weights, 160 GB with their
+gradients and AdamW's two moments, past any machine these runs are made on. A mistyped size
+(model.d_model = 640000) passed validation and failed allocating the model after the store
+and a 'failed' run were made."""
 
 
 MAX_THREADS = 1024
@@ -504,6 +520,10 @@ def validate(cfg: RunConfig) -> None:
     _require(m.gate_l1 >= 0, f"model.gate_l1: must be >= 0, got {m.gate_l1}")
     _require(m.rope_base > 1, f"model.rope_base: must be > 1 (the slowest RoPE frequency is 1 / rope_base), got {m.rope_base}")
     _require(m.attn_only or m.d_mlp > 0, f"model.d_mlp: must be positive, got {m.d_mlp}")
+    _require(m.weight_entries <= MAX_WEIGHTS,
+             f"model: {m.weight_entries:,} weights (vocab_size {m.vocab_size}, d_model {m.d_model}, n_layers "
+             f"{m.n_layers}, n_heads {m.n_heads} x head width {m.head_dim}, d_mlp {m.d_mlp}) is more than the "
+             f"{MAX_WEIGHTS:,} a run may have")
 
     _require(t.name in TASKS, f"task.name: unknown task {t.name!r} ({' | '.join(TASKS)})")
     # Only a mixture reads them: under another task they were silently ignored, and a sweep over

@@ -64,6 +64,9 @@ def test_int_accepted_for_float_but_not_reverse():
         # torch hands a mistyped count to OpenMP, which died starting threads after the store was made
         ({"train": {"threads": 10**6}}, "train.threads: must be in [1, 1024], got 1000000"),
         ({"train": {"threads": 0}}, "train.threads: must be in [1, 1024], got 0"),
+        # allocating the model failed after the store and a 'failed' run were made
+        ({"model": {"d_model": 640000}}, "model: 3,277,537,280,000 weights (vocab_size 64, d_model 640000"),
+        ({"model": {"vocab_size": 10**9}}, "is more than the 10,000,000,000 a run may have"),
         # torch.device would refuse these only once training starts, after the store is written
         ({"train": {"device": "cudaa"}}, "train.device: expected cpu, cuda or cuda:<index>, got 'cudaa'"),
         ({"train": {"device": "cuda:"}}, "train.device: expected cpu, cuda or cuda:<index>, got 'cuda:'"),
@@ -216,3 +219,13 @@ def test_mixture_keys_under_another_task_are_refused(tmp_path):
     assert with_values(cfg, {"task.name": "markov", "task.components": []}).task.component_names == ("markov",)
     with pytest.raises(ConfigError, match="task.components: only a mixture"):
         with_values(cfg, {"task.name": "markov"})
+
+
+@pytest.mark.parametrize("model", [{}, {"pos": "learned", "attn_only": True, "n_heads": 3, "d_head": 8, "vocab_size": 50},
+                                   {"gates": "learned", "n_layers": 3, "d_mlp": 7}])
+def test_weight_entries_count_the_models_matrices(model):
+    # The bound on model size is only as good as this count: it must be the built model's own.
+    from dynamics.model import Transformer
+
+    m = from_dict({"model": model}).model
+    assert m.weight_entries == sum(p.numel() for p in Transformer(m).parameters() if p.dim() >= 2)
