@@ -531,7 +531,7 @@ def validate(cfg: RunConfig) -> None:
     for key in ("components", "weights"):
         _require(t.name == "mixture" or not getattr(t, key),
                  f"task.{key}: only a mixture has {key}, but task.name is {t.name!r} "
-                 f"(set task.name = \"mixture\" or drop task.{key})")
+                 f"(set task.name = \"mixture\", or task.{key} = [])")
     if t.name == "mixture":
         _require(len(t.components) > 0, "task.components: a mixture needs at least one component")
         for c in t.components:

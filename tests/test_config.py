@@ -210,7 +210,7 @@ def test_mixture_keys_under_another_task_are_refused(tmp_path):
         with pytest.raises(ConfigError) as e:
             from_dict({"task": {"name": "induction", key: value}})
         assert str(e.value) == (f"task.{key}: only a mixture has {key}, but task.name is 'induction' "
-                                f"(set task.name = \"mixture\" or drop task.{key})")
+                                f"(set task.name = \"mixture\", or task.{key} = [])")
     p = write(tmp_path, '[task]\nname = "mixture"\ncomponents = ["induction", "markov"]\n')
     with pytest.raises(ConfigError, match="task.components: only a mixture has components"):
         load_config(p, ["task.name=markov"])
