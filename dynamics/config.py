@@ -95,7 +95,7 @@ class TaskConfig:
     markov_order: int = 1
     """markov: n-gram order of the chain (how many previous tokens the next depends on)."""
     markov_branching: int = 3
-    """markov: number of allowed successors per context (sparsity of the chain)."""
+    """markov: successors allowed per context, at most (sparsity of the chain; drawn ids that repeat merge)."""
     holdout: float = 0.1
     """corpus: fraction of stdlib files held out for evaluation and probes."""
     components: tuple[str, ...] = ()
