@@ -269,6 +269,19 @@ def test_principal_angles_known_angle():
         principal_angles(head_weights(w), weight="x")
 
 
+def test_principal_angles_with_heads_wider_than_the_model():
+    # d_head > d_model: reduced QR keeps d_model columns, so there are d_model angles. Dask was
+    # told d_head of them and failed at compute ("replacement data must match the Variable's
+    # shape"). Every full-rank W spans all of R^d_model: every angle is 0.
+    w = head_weights(np.random.default_rng(3).normal(size=(2, 1, 3, 4, 4, 6)))
+    eager = principal_angles(w, kind="angles")
+    lazy = principal_angles(w.chunk({"snapshot": 1}), kind="angles")
+    assert eager.sizes["angle"] == lazy.sizes["angle"] == 4
+    np.testing.assert_allclose(lazy.compute().values, eager.values, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(eager.values, 0.0, atol=1e-6)
+    np.testing.assert_allclose(principal_angles(w.chunk({"snapshot": 1})).compute().values, 1.0, rtol=1e-12)
+
+
 def test_qk_cosine_self_negated_scaled_and_reference():
     rng = np.random.default_rng(1)
     w = rng.normal(size=(2, 1, 4, 4, 6, 3))

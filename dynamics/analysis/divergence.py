@@ -434,12 +434,13 @@ def principal_angles(head_weights: xr.DataArray, weight: str = "q", *, kind: str
 
     .. math::
 
-        \\cos\\theta_i = \\sigma_i(Q_a^T Q_b), \\quad i = 1..d_{head},
-        \\qquad \\text{mean\\_cos} = \\frac{1}{d_{head}} \\sum_i \\cos\\theta_i \\in [0, 1].
+        \\cos\\theta_i = \\sigma_i(Q_a^T Q_b), \\quad i = 1..r,\\ r = \\min(d_{model}, d_{head}),
+        \\qquad \\text{mean\\_cos} = \\frac{1}{r} \\sum_i \\cos\\theta_i \\in [0, 1].
 
     mean_cos = 1 for the same subspace, 0 for orthogonal subspaces, and well below 1 for
     random subspaces when d_head << d_model. A rank-deficient W gives an arbitrary QR
-    completion, so its angles are not meaningful.
+    completion, so its angles are not meaningful. With d_head >= d_model every full-rank W
+    spans all of R^d_model, so there are d_model angles, all 0 (mean_cos = 1).
 
     Parameters
     ----------
@@ -450,7 +451,8 @@ def principal_angles(head_weights: xr.DataArray, weight: str = "q", *, kind: str
     kind : {"mean_cos", "angles"}
         "mean_cos" (default): mean cosine of the principal angles, dims
         (..., layer, head, head_b). "angles": the angles themselves in radians,
-        ascending, dims (..., layer, head, head_b, angle).
+        ascending, dims (..., layer, head, head_b, angle), angle of length
+        min(d_model, d_head).
 
     Returns
     -------
@@ -471,6 +473,8 @@ def principal_angles(head_weights: xr.DataArray, weight: str = "q", *, kind: str
         raise ValueError(f"kind={kind!r} is not one of {sorted(kernels)}")
     kernel, extra = kernels[kind]
     w = _single_chunk(_select_weight(head_weights, weight), (HEAD, D_MODEL, D_HEAD))
+    # Reduced QR of a (d_model, d_head) W keeps min(d_model, d_head) columns, so that many angles.
+    n_angle = min(w.sizes[D_MODEL], w.sizes[D_HEAD])
     out = xr.apply_ufunc(
         kernel,
         w,
@@ -478,7 +482,7 @@ def principal_angles(head_weights: xr.DataArray, weight: str = "q", *, kind: str
         output_core_dims=[[HEAD, HEAD_B, *extra]],
         dask="parallelized",
         output_dtypes=[np.float64],
-        dask_gufunc_kwargs={"output_sizes": {HEAD_B: w.sizes[HEAD], **{a: w.sizes[D_HEAD] for a in extra}}},
+        dask_gufunc_kwargs={"output_sizes": {HEAD_B: w.sizes[HEAD], **{a: n_angle for a in extra}}},
     )
     return _copy_b_coords(out, w, (HEAD,))
 
