@@ -247,13 +247,14 @@ def _print_analysis(rows: list[dict]) -> None:
             continue
         roles = " ".join(f"{k}:{v}" for k, v in sorted(r["roles"].items(), key=lambda kv: -kv[1]))
         bif = "never" if r["bifurcation_step"] is None else str(r["bifurcation_step"])
-        div = r["final_divergence"]
+        div, red = r["final_divergence"], r["redundancy"]
         table.append([r["run"], r["status"], bif, div if isinstance(div, str) else f"{div:.3f}",
-                      f"{r['redundancy']:.2f}", str(r["slash_dominant"]), roles])
+                      red if isinstance(red, str) else f"{red:.2f}", str(r["slash_dominant"]), roles])
     _print_table(header, table)
     if any(r.get("final_divergence") == "undefined" for r in rows):
+        lone = any(r.get("redundancy") == "undefined" for r in rows)
         print("undefined: one head per layer, so no pair of heads to compare (bifurcation and divergence are "
-              "measured between the heads of a layer)")
+              "measured between the heads of a layer" + (", redundancy between the heads of the model)" if lone else ")"))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

@@ -184,3 +184,11 @@ def test_winner_take_all_dims_lazy_and_run_dim():
     assert lazy.chunks is not None
     np.testing.assert_allclose(lazy.compute().values, out.values)
     np.testing.assert_array_equal(out["step"].values, np.arange(5))
+
+
+def test_winner_take_all_is_undefined_for_a_layer_of_one_head():
+    # The Gini of one value is 0, which read as "importance evenly spread" for every layer of a
+    # one-head model; a layer with one head present (the others padded) is the same case.
+    imp = xr.DataArray([[[2.0, np.nan, np.nan], [1.0, 3.0, np.nan], [0.0, 0.0, 5.0]]], dims=("snapshot", "layer", "head"))
+    np.testing.assert_allclose(winner_take_all(imp).values, [[np.nan, 0.25, 2 / 3]])
+    assert np.isnan(winner_take_all(imp.isel(head=[0]))).all()

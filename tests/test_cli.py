@@ -217,6 +217,21 @@ def test_analyse_of_one_head_per_layer_prints_divergence_undefined_with_the_reas
     assert lines[2].startswith("undefined: one head per layer, so no pair of heads to compare")
 
 
+def test_analyse_table_of_a_one_head_model_prints_redundancy_undefined(capsys):
+    # summary_row gives "undefined" for a model of one head (no pair to be redundant); the table
+    # formatted every redundancy with :.2f.
+    from dynamics.cli import _print_analysis
+
+    row = {"run": "r1", "status": "completed", "bifurcation_step": "undefined", "final_divergence": "undefined",
+           "redundancy": "undefined", "slash_dominant": 0, "roles": {"previous_token": 1}}
+    _print_analysis([row, row | {"run": "r2", "redundancy": 0.5}])
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    assert lines[1].split()[header.index("redundancy")] == "undefined"
+    assert lines[2].split()[header.index("redundancy")] == "0.50"
+    assert lines[3].endswith("redundancy between the heads of the model)")
+
+
 def test_gates_refuses_a_run_trained_with_conditioned_gates(tmp_path):
     # Its conditioned gates act through hooks a loaded checkpoint lacks: refused before loading.
     cfg = tmp_path / "cg.toml"

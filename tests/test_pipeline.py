@@ -165,6 +165,19 @@ def test_summary_divergence_is_undefined_with_one_head_per_layer():
     assert summary_row(flat)["final_divergence"] == pytest.approx(float(flat.mean_divergence[-1]))
 
 
+def test_a_one_head_model_has_no_redundancy_and_no_winner_take_all():
+    # A one-layer, one-head model: the redundancy fraction and winner-take-all read 0.00 ("every
+    # head unique", "importance evenly spread") where there is no second head to compare with.
+    short = sweep_like().sel(run="a", drop=True).isel(snapshot=slice(0, 4))
+    lone = analyse_run(short.isel(layer=[0], head=[0])).load()
+    assert lone["redundancy_fraction"].isnull().all() and lone["winner_take_all"].isnull().all()
+    assert summary_row(lone)["redundancy"] == "undefined"
+    # One head per layer, two layers: two heads in the model, so redundancy is defined.
+    per_layer = analyse_run(short.isel(head=[0])).load()
+    assert per_layer["winner_take_all"].isnull().all() and per_layer["redundancy_fraction"].notnull().all()
+    assert summary_row(per_layer)["redundancy"] == float(per_layer.redundancy_fraction[-1])
+
+
 def test_a_long_offset_slash_head_is_slash_dominant_where_its_role_is_slash():
     # T = 64: the slash role looks at offsets up to T // 2 = 32. A perfect offset-20 head (the
     # offset_copy task's kind) was labelled "slash" but scored for dominance only up to the

@@ -100,6 +100,15 @@ def test_redundancy_fraction_known_values_and_missing_heads():
     np.testing.assert_allclose(redundancy_fraction(lab).values, [0.5, 0.0, 1.0])
 
 
+def test_redundancy_fraction_is_undefined_without_a_pair_of_heads():
+    # One head (a one-layer, one-head model, or a sweep's run with one head left) has no other
+    # head to be redundant with: it read 0.00, "every head unique", in the analyse table.
+    lab = xr.DataArray([[[0, -1]], [[-1, -1]], [[0, 0]]], dims=("snapshot", "layer", "head"))
+    np.testing.assert_allclose(redundancy_fraction(lab).values, [np.nan, np.nan, 1.0])
+    one = js_distance(two_snapshots().isel(layer=[0], head=[0]))
+    assert np.isnan(redundancy_fraction(cluster_heads(one))).all()
+
+
 def test_clustering_lazy_run_dim_and_missing_heads():
     attn = two_snapshots()
     padded = attn.where(~((attn["layer"] == 1) & (attn["head"] == 2)))  # run 1 lacks head (1, 2)

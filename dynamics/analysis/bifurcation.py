@@ -224,7 +224,9 @@ def winner_take_all(importance: xr.DataArray) -> xr.DataArray:
         WTA_l = G(I_{l,1}, \\dots, I_{l,H}) \\in [0, (H-1)/H]
 
     with I the head importance of Michel et al. 2019 (non-negative). 0: all heads of a
-    layer matter equally; (H-1)/H: one head carries the layer.
+    layer matter equally; (H-1)/H: one head carries the layer. A layer with fewer than two
+    (non-missing) heads has no heads to compare: NaN, not the Gini of one value (0), which
+    would read as "importance evenly spread".
 
     Parameters
     ----------
@@ -234,7 +236,7 @@ def winner_take_all(importance: xr.DataArray) -> xr.DataArray:
     Returns
     -------
     DataArray
-        Dims (..., snapshot, layer).
+        Dims (..., snapshot, layer); NaN for a layer with fewer than two heads present.
 
     Examples
     --------
@@ -243,4 +245,4 @@ def winner_take_all(importance: xr.DataArray) -> xr.DataArray:
     >>> winner_take_all(imp).values.tolist()
     [[0.0, 0.5]]
     """
-    return gini(importance, HEAD)
+    return gini(importance, HEAD).where(importance.count(HEAD) >= 2)

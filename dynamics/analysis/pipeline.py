@@ -39,12 +39,13 @@ from dynamics.schema import SNAPSHOT
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
 
 
-ANALYSIS_VERSION = 4
+ANALYSIS_VERSION = 5
 """Stamped on every analysis (attr ``analysis_version``) and raised whenever what the analysers
 compute changes; readers recompute a stored analysis of another version rather than mix it with
 this one's (version 2: slash window up to T // 2, induction keys k < i, ragged runs; version 3:
 no positional role score on probes so short that uniform attention passes it; version 4: the
-same rule for slash-dominance, `uninformative_offsets`; ``token_ratio`` stored)."""
+same rule for slash-dominance, `uninformative_offsets`; ``token_ratio`` stored; version 5: ``redundancy_fraction`` NaN with fewer
+than two heads, ``winner_take_all`` NaN for a layer of one head, where both read 0)."""
 
 
 def is_current(analysis: xr.Dataset) -> bool:
@@ -242,7 +243,8 @@ def summary_row(result: xr.Dataset) -> dict:
     ``bifurcation_step`` is the step (int), None when the divergence curve never leaves its
     noise band, or "undefined" when there is no curve at all (no layer has two heads to
     compare), which is not the same as never bifurcating. ``final_divergence`` is then
-    "undefined" too: NaN there means no pair of heads, not a distance.
+    "undefined" too: NaN there means no pair of heads, not a distance. ``redundancy`` is
+    "undefined" when the model has fewer than two heads (no pair to be redundant).
     """
     from dynamics.analysis.roles import role_names
 
@@ -250,6 +252,7 @@ def summary_row(result: xr.Dataset) -> dict:
     labels = role_names(last["role"].values).ravel()
     counts = {r: int((labels == r).sum()) for r in ROLES if (labels == r).any()}
     no_pairs = not bool(result["mean_divergence"].notnull().any())
+    redundancy = float(last["redundancy_fraction"].values)
     bif = float(result["bifurcation_step"].values)
     if np.isnan(bif):
         bif = "undefined" if no_pairs else None
@@ -258,7 +261,7 @@ def summary_row(result: xr.Dataset) -> dict:
     return {
         "bifurcation_step": bif,
         "final_divergence": "undefined" if no_pairs else float(last["mean_divergence"].values),
-        "redundancy": float(last["redundancy_fraction"].values),
+        "redundancy": "undefined" if np.isnan(redundancy) else redundancy,
         "slash_dominant": int(last["slash_dominant"].values.sum()),
         "roles": counts,
     }

@@ -138,7 +138,9 @@ def redundancy_fraction(labels: xr.DataArray) -> xr.DataArray:
         R = \\frac{1}{N} \\#\\{h : |C(h)| \\ge 2\\} \\in [0, 1]
 
     over the N non-missing heads (label >= 0), with C(h) the cluster of head h from
-    :func:`cluster_heads`. R = 0 when every head is unique, 1 when none is.
+    :func:`cluster_heads`. R = 0 when every head is unique, 1 when none is. With N < 2 there
+    is no pair of heads, so R is undefined (NaN), not 0: a lone head is not "unique" among
+    others.
 
     Parameters
     ----------
@@ -148,7 +150,7 @@ def redundancy_fraction(labels: xr.DataArray) -> xr.DataArray:
     Returns
     -------
     DataArray
-        float64, dims (...,) e.g. (snapshot,); NaN if no head is present.
+        float64, dims (...,) e.g. (snapshot,); NaN if fewer than two heads are present.
 
     Examples
     --------
@@ -161,7 +163,7 @@ def redundancy_fraction(labels: xr.DataArray) -> xr.DataArray:
     same = (labels == _as_b(labels, [LAYER, HEAD])) & valid
     shares = same.sum((LAYER_B, HEAD_B)) >= 2  # the head itself plus at least one other
     n_valid = valid.sum((LAYER, HEAD))
-    return (shares & valid).sum((LAYER, HEAD)) / n_valid.where(n_valid > 0)
+    return (shares & valid).sum((LAYER, HEAD)) / n_valid.where(n_valid >= 2)
 
 
 def attention_correlation(attn: xr.DataArray) -> xr.DataArray:
