@@ -73,10 +73,11 @@ def analyse_or_report(path: str, run_id: str) -> dict:
 def recorded_before_divergence(ds, diverged_step: int):
     """The snapshots a diverged run really recorded, whose attention is finite.
 
-    Training stops at the first non-finite loss, so the schedule's later snapshots were never
-    written and read as the NaN fill value; analysed as they are, every "final" figure would
-    come from an empty snapshot. The snapshot taken at the diverging step itself is kept only
-    if its attention is finite (the weights may already be inf there).
+    Training stops at the first non-finite loss or gradient, so the schedule's later snapshots
+    were never written and read as the NaN fill value; analysed as they are, every "final"
+    figure would come from an empty snapshot. The snapshot taken at the diverging step itself is
+    kept only if its attention is finite (the weights may already be inf there; after a
+    non-finite gradient under a finite loss they are not, and only its gradients are NaN).
     """
     step = ds["step"].values
     keep = step < diverged_step

@@ -374,3 +374,37 @@ def test_learned_gates_are_held_exactly_while_the_l1_ramp_has_not_begun(cfg, tmp
     gate = dynamics.open_run(path).gate.sel(step=[0, boundary, boundary + 1]).values
     np.testing.assert_array_equal(gate[1], gate[0])  # model after `boundary` held updates
     assert (gate[2] != gate[0]).all()
+
+
+def test_a_non_finite_gradient_under_a_finite_loss_diverges_at_its_own_step(tmp_path, monkeypatch):
+    # sqrt at 0 in the objective: the loss is unchanged and finite, its gradient NaN (inf * 0).
+    # The run applied that update and stopped one step later, at the first NaN loss, so
+    # diverged_step named a step whose weights were already NaN, and the step that broke
+    # training read as a healthy one.
+    import torch
+    import torch.nn.functional as F
+
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY.format(steps=6, every=2))
+    cfg = load_config(p)
+    real, calls = F.cross_entropy, []
+
+    def nan_gradient_at_step_4(logits, target, *args, **kwargs):
+        loss = real(logits, target, *args, **kwargs)
+        if torch.is_grad_enabled() and logits.requires_grad:  # the training objective, once a step
+            calls.append(len(calls))
+            if calls[-1] == 4:
+                return loss + torch.sqrt(logits.sum() * 0.0)
+        return loss
+
+    monkeypatch.setattr(F, "cross_entropy", nan_gradient_at_step_4)
+    path = str(tmp_path / "g.zarr")
+    assert train_run(cfg, path).status == "diverged"
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert attrs["diverged_step"] == 4 and attrs["steps_done"] == 4
+    ds = store.open_run(path).load()
+    assert np.isfinite(ds.loss.values[:5]).all()  # step 4's loss is finite, and recorded
+    assert np.isnan(ds.loss.values[5:]).all()
+    at = ds.sel(snapshot=int(np.flatnonzero(ds.step.values == 4)[0]))
+    assert np.isfinite(at.head_weights.values).all()  # the weights that gave it: no update applied
+    assert np.isnan(at.grad_norm.values).all()
