@@ -501,14 +501,18 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             if gates_held(cfg, step):
                 for block in model.blocks:
                     block.attn.gate_logit.grad = None  # gates held fixed during warm-up
-            if not _finite_gradients(trained):
+            grads = [p.grad for p in trained if p.grad is not None]
+            # One fused pass gives both the divergence check and the clipping norm.
+            norm = torch.nn.utils.get_total_norm(grads) if grads else None
+            if norm is not None and not torch.isfinite(norm):
                 # A finite loss with a non-finite gradient: applying it would make the weights NaN
                 # and the next step's loss NaN, naming the step after the one that broke training.
                 bg.submit(writer.write_region, "loss", flushed, losses[flushed:step + 1].copy())
                 outcome = ("diverged", {"diverged_step": step})
                 break
-            if cfg.train.grad_clip:
-                torch.nn.utils.clip_grad_norm_(trained, cfg.train.grad_clip)
+            if cfg.train.grad_clip and norm is not None:
+                # what clip_grad_norm_ does, with the norm already taken
+                torch.nn.utils.clip_grads_with_norm_(trained, cfg.train.grad_clip, norm)
             optimizer.step()
             if progress is not None and (step % 10 == 0):
                 progress(step, cfg.train.steps, last_loss)
@@ -522,12 +526,6 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         raise
     # Outside the try: if the last writes fail here, finish records "failed" itself.
     return finish(outcome[0], **outcome[1])
-
-
-def _finite_gradients(params: list) -> bool:
-    """Whether every gradient an update would apply is finite (None: no gradient, nothing applied)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    return not grads or bool(torch.stack([g.isfinite().all() for g in grads]).all())
 
 
 def set_threads(n: int | None) -> None:
