@@ -459,6 +459,15 @@ def test_stored_analysis_gives_the_same_targets():
     assert predict.final_targets(r.data, "slash", stale).attrs["source"] == "computed from the final snapshot"
 
 
+def test_a_lone_head_has_no_redundancy_target():
+    # It was labelled 0 ("not redundant"), a claim about a comparison that cannot be made.
+    r = make_runs(n_seeds=1)[0]
+    one = r.data.isel(layer=[0], head=[0])
+    assert np.isnan(predict.final_targets(one, "redundant").target.values).all()
+    two = r.data.isel(layer=[0], head=[0, 1])
+    assert np.isfinite(predict.final_targets(two, "redundant").target.values).all()
+
+
 def test_stored_analysis_under_other_thresholds_is_not_read_as_the_target():
     # The curve records the thresholds of its options; a stored analysis made under others
     # defines another target, so the target is recomputed (or refused without attention).

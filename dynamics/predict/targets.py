@@ -94,7 +94,8 @@ def final_targets(
     -------
     Dataset
         ``(layer, head)``: ``target`` float64, NaN where a head has no label (no CHG fit,
-        missing head, a lone head for the importance rank); for ``slash`` also ``offset``, the
+        missing head, a lone head for the importance rank and
+        for redundancy); for ``slash`` also ``offset``, the
         best slash offset. ``attrs["source"]`` says where the targets came from.
 
     Examples
@@ -145,7 +146,9 @@ def final_targets(
             valid = labels >= 0
             counts = np.bincount(labels[valid].ravel(), minlength=1) if valid.any() else np.zeros(1, int)
             shared = counts[np.where(valid, labels, 0)] >= 2
-            out["target"] = ((LAYER, HEAD), np.where(valid, shared.astype(np.float64), np.nan))
+            # A lone head has nothing to be redundant with: no label, as for the importance rank.
+            label = valid if valid.sum() >= 2 else np.zeros_like(valid)
+            out["target"] = ((LAYER, HEAD), np.where(label, shared.astype(np.float64), np.nan))
     out = out.assign_coords({d: last[d].values for d in (LAYER, HEAD) if d in last.coords})
     out.attrs["source"] = source
     return out
