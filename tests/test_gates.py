@@ -148,6 +148,22 @@ def test_report_does_not_call_the_labels_of_one_restart_stable(tiny):
     assert line == "labels: 2 restarts, mean agreement with the majority 1.00"
 
 
+def test_optimise_returns_each_gates_change_over_the_last_tenth_of_updates():
+    # A constant gradient of -1 makes each bias-corrected Adam update exactly +lr (clipping off),
+    # so after 20 updates every logit is 20 lr and moved 2 lr over the last tenth (2 updates).
+    from dataclasses import replace
+
+    from dynamics.gates._engine import _optimise
+
+    opts = replace(FAST, lr=0.1, grad_clip=0.0)
+    logits, settle = _optimise(torch.zeros(3, 2, 2), 20, opts, lambda lg, step: -lg.flatten(1).sum(1))
+    np.testing.assert_allclose(logits.numpy(), 2.0, rtol=1e-5)
+    expected = torch.sigmoid(torch.tensor(2.0)) - torch.sigmoid(torch.tensor(1.8))
+    np.testing.assert_allclose(settle.numpy(), expected.item(), rtol=1e-4)
+    _, none = _optimise(torch.zeros(3, 2, 2), 0, opts, lambda lg, step: -lg.flatten(1).sum(1))
+    assert none.shape == (3, 2, 2) and not none.any()  # no updates: nothing moved
+
+
 def test_report_with_no_lambda_zero_updates_calls_its_nll_the_unfitted_initial_gates(tiny):
     # --init-steps 0: the 'init' stage is the random draw, but its NLL was reported as "lambda=0".
     from dataclasses import replace
@@ -306,6 +322,32 @@ def test_chg_agrees_with_single_head_ablation(trained, report):
     assert curves.order_heads.sel(order="ablation").values.tolist() == np.argsort(delta.ravel(), kind="stable").tolist()
     with pytest.raises(ConfigError, match="n_random"):
         pruning_curves(model, cfg, plus, minus, delta, n_random=0, options=REPORT)
+
+
+def test_report_names_the_heads_whose_labels_a_fit_left_unsettled(report):
+    # A fit stopped while its gates still moved gave labels with no sign they were provisional.
+    from dynamics.gates.maths import unsettled
+
+    assert unsettled(np.array([0.55, 0.9, 0.5]), np.array([0.1, 0.1, 0.0]), 0.5).tolist() == [True, False, True]
+    ds = report  # the trained model's fit, shared with the tests around it
+    assert ds.settle.dims == ("restart", "stage", "layer", "head")
+    [fits] = [x for x in report_lines(ds) if x.startswith("convergence of the fits")]
+    moved = ds.settle.max(("restart", "layer", "head"))
+    assert f"{float(moved.sel(stage='minus')):.3f} (G-, last 12 of 120 updates)" in fits
+    assert "(lambda=0, last 1 of 10 updates)" in fits
+    calm = ds.copy(deep=True)
+    calm["settle"] = calm.settle * 0.0
+    calm["chg"] = calm.chg * 0.0 + 0.9  # every gate 0.4 from the threshold, and none moved
+    assert [x for x in report_lines(calm) if x.startswith("convergence of the labels")] == [
+        "convergence of the labels: settled (every G+ and G- gate sits farther from the 0.5 threshold than it "
+        "moved over its last tenth)"]
+    calm["settle"].loc[{"stage": "minus", "layer": 1, "head": 0}] = 0.5  # one G- gate moved 0.5 at the end
+    [labels] = [x for x in report_lines(calm) if x.startswith("convergence of the labels")]
+    assert labels.startswith("convergence of the labels: not settled at L1H0 (")
+    calm["settle"].loc[{"stage": "minus"}] = 0.0
+    calm["settle"].loc[{"stage": "init"}] = 0.5  # the lambda = 0 stage labels nothing
+    [labels] = [x for x in report_lines(calm) if x.startswith("convergence of the labels")]
+    assert labels.startswith("convergence of the labels: settled")
 
 
 def test_contrastive_fit_keeps_retain_and_raises_forget(trained):

@@ -52,9 +52,19 @@ Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: called after each update of a fit (and at a stage's start, done 0)."""
 
 
+def settle_window(steps: int) -> int:
+    """Updates over which a fit's last movement is measured: the final tenth, at least one."""
+    return max(1, steps // 10)
+
+
 def _optimise(logits0: Tensor, steps: int, opts: GateOptions, objective: Callable[[Tensor, int], Tensor],
-              progress: Callable[[int, int], None] | None = None) -> Tensor:
-    """Adam on gate logits (S, L, H) minimising ``objective(logits, step).sum()``; returns the logits.
+              progress: Callable[[int, int], None] | None = None) -> tuple[Tensor, Tensor]:
+    """Adam on gate logits (S, L, H) minimising ``objective(logits, step).sum()``.
+
+    Returns the logits and, (S, L, H), each gate's (sigmoid of its logit) absolute change over
+    the last :func:`settle_window` updates: how far the fit was from settled when it stopped
+    (0 for a fit of no updates). The loss alone cannot say it, since the
+    regulariser keeps pulling while the NLL is flat.
 
     Summing keeps each set's gradient its own and clipping is per set, so restarts stay
     independent. Adam is written out (torch.optim.Adam's defaults: betas 0.9, 0.999, eps 1e-8)
@@ -66,8 +76,12 @@ def _optimise(logits0: Tensor, steps: int, opts: GateOptions, objective: Callabl
     m, v = torch.zeros_like(logits), torch.zeros_like(logits)  # (S, L, H) Adam moments
     if progress is not None:
         progress(0, steps)
+    window = settle_window(steps)
+    before = logits.detach().sigmoid()  # (S, L, H), replaced when the last window starts
     with torch.enable_grad():  # the recorder calls in under no_grad
         for step in range(steps):
+            if step == steps - window:
+                before = logits.detach().sigmoid()
             loss = objective(logits, step).sum()
             (grad,) = torch.autograd.grad(loss, [logits])  # model .grads untouched
             if opts.grad_clip:
@@ -80,7 +94,8 @@ def _optimise(logits0: Tensor, steps: int, opts: GateOptions, objective: Callabl
                 logits.addcdiv_(m, denom, value=-opts.lr / (1 - b1 ** (step + 1)))
             if progress is not None:
                 progress(step + 1, steps)
-    return logits.detach()
+    settle = (logits.detach().sigmoid() - before).abs()  # (S, L, H)
+    return logits.detach(), settle
 
 
 @torch.no_grad()

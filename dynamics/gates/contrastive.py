@@ -68,7 +68,8 @@ def fit_contrastive(
     xarray.Dataset
         ``contrast_gate`` (restart, layer, head); ``contrast_loss`` (restart, side, state):
         held-out NLL on retain / forget data with all gates 1 ("full"), the fitted gates
-        ("gated"), and the binarised sub-circuit ("circuit"). Attrs ``retain``, ``forget``.
+        ("gated"), and the binarised sub-circuit ("circuit"); ``contrast_settle`` (restart, layer,
+        head) each gate's absolute change over the fit's last tenth of updates. Attrs ``retain``, ``forget``.
     """
     opts = options or GateOptions()
     names = cfg.task.component_names
@@ -87,7 +88,8 @@ def fit_contrastive(
         return contrastive_loss(-nll[:, 0], -nll[:, 1], logits, opts.lam, opts.max_diff, opts.clamp)
 
     stage = None if progress is None else (lambda done, total: progress("contrastive", done, total))
-    gates = _optimise(logits0, opts.steps, opts, objective, stage).sigmoid()  # (k, L, H)
+    logits, settle = _optimise(logits0, opts.steps, opts, objective, stage)  # (k, L, H) each
+    gates = logits.sigmoid()  # (k, L, H)
     circuit = (gates >= opts.threshold).float()  # (k, L, H)
     sets = torch.cat([torch.ones_like(gates[:1]), gates, circuit])  # (1 + 2k, L, H)
     held = {n: _batches(cfg, HELDOUT_STEP, opts.eval_batches, opts.batch_size, device, n) for n in (retain, forget)}
@@ -100,6 +102,7 @@ def fit_contrastive(
         {
             "contrast_gate": ((RESTART, LAYER, HEAD), gates.cpu().numpy().astype(np.float32)),
             "contrast_loss": ((RESTART, "side", "state"), loss),
+            "contrast_settle": ((RESTART, LAYER, HEAD), settle.cpu().numpy().astype(np.float32)),
         },
         coords={**_coords(cfg, k), "side": ["retain", "forget"], "state": ["full", "gated", "circuit"]},
         attrs={"method": "contrastive causal head gating (Nam et al. 2025, arXiv 2505.13737)",

@@ -60,7 +60,9 @@ def fit_chg(
         lambda = 0 gates (the unfitted initial draw when ``init_steps`` is 0); ``chg_role``
         (restart, layer, head) int8 codes into CHG_ROLES; ``role`` (layer, head) majority code
         and ``agreement`` (layer, head) the fraction of restarts giving it; ``nll`` (restart,
-        stage) mean NLL on the fit batches with each stage's gates. Attrs: ``nll_full`` (all
+        stage) mean NLL on the fit batches with each stage's gates; ``settle`` (restart, stage,
+        layer, head) each gate's absolute change over its stage's last tenth of updates
+        (:func:`~dynamics.gates._engine._optimise`), 0 for a stage of no updates. Attrs: ``nll_full`` (all
         gates 1), ``roles``, ``options``.
 
     Example
@@ -83,15 +85,17 @@ def fit_chg(
 
     zero = torch.zeros(k, device=device)
     init_steps = opts.steps if opts.init_steps is None else opts.init_steps
-    init = _optimise(logits0, init_steps, opts, objective(zero), _stage(progress, "lambda=0"))  # (k, L, H)
+    init, settle0 = _optimise(logits0, init_steps, opts, objective(zero), _stage(progress, "lambda=0"))  # (k, L, H) each
     signs = torch.cat([torch.full((k,), opts.lam), torch.full((k,), -opts.lam)]).to(device)  # (2k,)
     start = init.clamp(-opts.clamp, opts.clamp) if opts.clamp_start else init  # (k, L, H)
-    pm = _optimise(torch.cat([start, start]), opts.steps, opts, objective(signs), _stage(progress, "G+/G-"))  # (2k, L, H)
+    pm, settle_pm = _optimise(torch.cat([start, start]), opts.steps, opts, objective(signs),
+                              _stage(progress, "G+/G-"))  # (2k, L, H) each
     gates = torch.cat([init, pm]).sigmoid()  # (3k, L, H): init, plus, minus
     nll = _score(model, data, gates).view(3, k).T  # (k, stage)
     nll_full = _score(model, data, torch.ones_like(gates[:1]))[0]
 
     g = gates.view(3, k, *gates.shape[1:]).cpu().numpy().astype(np.float32)  # (stage, k, L, H)
+    settle = torch.cat([settle0, settle_pm]).view(3, k, *gates.shape[1:]).cpu().numpy().astype(np.float32)  # (stage, k, L, H)
     roles = chg_roles(g[1], g[2], opts.threshold)  # (k, L, H)
     majority, agreement = label_agreement(roles)
     dims3 = (RESTART, LAYER, HEAD)
@@ -103,6 +107,7 @@ def fit_chg(
             "role": ((LAYER, HEAD), majority),
             "agreement": ((LAYER, HEAD), agreement),
             "nll": ((RESTART, "stage"), nll.cpu().numpy().astype(np.float32)),
+            "settle": ((RESTART, "stage", LAYER, HEAD), settle.transpose(1, 0, 2, 3)),
         },
         coords={**_coords(cfg, k), FIT: list(FITS), "stage": list(STAGES)},
         attrs={

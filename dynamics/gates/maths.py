@@ -126,3 +126,19 @@ def rank_agreement(minus: np.ndarray, delta: np.ndarray) -> float:
         return float("nan")
     a, b = np.asarray(minus, dtype=np.float64).ravel(), np.asarray(delta, dtype=np.float64).ravel()
     return float(spearmanr(a, b).statistic)
+
+
+def unsettled(gates: np.ndarray, settle: np.ndarray, threshold: float) -> np.ndarray:
+    """Where a thresholded label may still change: ``|gate - threshold| <= settle`` (same shapes).
+
+    ``settle`` is how far each gate moved over its fit's last updates. A gate that moved at
+    least as far as it now sits from the threshold could cross it with as many updates
+    again, so its high/low reading (and the CHG role built from it) is not yet settled. A
+    heuristic, not a bound: Adam's steps shrink as a fit settles.
+
+    Example
+    -------
+    >>> unsettled(np.array([0.55, 0.9, 0.5]), np.array([0.1, 0.1, 0.0]), 0.5).tolist()
+    [True, False, True]
+    """
+    return np.abs(gates - threshold) <= settle

@@ -7,15 +7,15 @@ import numpy as np
 import xarray as xr
 
 from dynamics.config import ConfigError, RunConfig
-from dynamics.gates._engine import Progress
+from dynamics.gates._engine import Progress, settle_window
 from dynamics.gates.ablation import head_ablation
 from dynamics.gates.contrastive import fit_contrastive
 from dynamics.gates.fit import fit_chg
-from dynamics.gates.maths import component_weights, rank_agreement, rank_agreement_undefined
+from dynamics.gates.maths import component_weights, rank_agreement, rank_agreement_undefined, unsettled
 from dynamics.gates.options import CHG_ROLES, RESTART, GateOptions
 from dynamics.interventions.common import forward_changes
 from dynamics.model import Transformer
-from dynamics.schema import COMPONENT
+from dynamics.schema import COMPONENT, HEAD, LAYER
 
 # ----------------------------------------------------------------------------- report
 
@@ -107,7 +107,8 @@ def report_table(ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
 
 
 def report_lines(ds: xr.Dataset) -> list[str]:
-    """Summary lines of a :func:`gate_report`: NLLs, label stability, rho, and the contrastive losses."""
+    """Summary lines of a :func:`gate_report`: NLLs, label stability, rho, how settled the fits
+    were when they stopped, and the contrastive losses."""
     nll = ds.nll.mean(RESTART)
     # With no lambda = 0 updates the 'init' stage is the random initial draw, not a fit.
     init = "unfitted initial gates" if ds.attrs.get("options", {}).get("init_steps") == 0 else "lambda=0"
@@ -121,10 +122,39 @@ def report_lines(ds: xr.Dataset) -> list[str]:
         + (f"{ds.attrs['rho']:.3f}" if np.isfinite(ds.attrs["rho"]) else
            f"undefined ({ds.attrs.get('rho_undefined') or 'NaN'})"),
     ]
+    lines += _settle_lines(ds)
     if "contrast_loss" in ds:
         loss = ds.contrast_loss.mean(RESTART)
         for side in ("retain", "forget"):
             full, gated, circuit = (float(loss.sel(side=side, state=s)) for s in ("full", "gated", "circuit"))
             lines.append(f"contrast {side} {ds.attrs[side]}: held-out NLL {full:.4f} -> {gated:.4f} gated, "
                          f"{circuit:.4f} with only the kept heads (gate >= threshold)")
+    return lines
+
+
+def _settle_lines(ds: xr.Dataset) -> list[str]:
+    """How far each stage's gates still moved at the end, and the heads whose labels that leaves open."""
+    if "settle" not in ds:  # a fit saved before settle was recorded
+        return []
+    opts = ds.attrs.get("options", {})
+    steps, init_steps = opts.get("steps"), opts.get("init_steps")
+    moved = ds.settle.max((RESTART, LAYER, HEAD))
+    stages = [("lambda=0", "init", steps if init_steps is None else init_steps), ("G+", "plus", steps),
+              ("G-", "minus", steps)]
+    parts = [f"{float(moved.sel(stage=s)):.3f} ({name}, last {settle_window(n)} of {n} updates)"
+             for name, s, n in stages if n]
+    lines = ["convergence of the fits: the largest change of any gate over a stage's last tenth: " + ", ".join(parts)]
+    threshold = opts.get("threshold", 0.5)
+    open_ = np.zeros(ds.role.shape, dtype=bool)  # (L, H)
+    for fit, stage in (("plus", "plus"), ("minus", "minus")):
+        gates = ds.chg.sel(fit=fit).transpose(RESTART, LAYER, HEAD).values
+        near = unsettled(gates, ds.settle.sel(stage=stage).transpose(RESTART, LAYER, HEAD).values, threshold)
+        open_ |= near.any(0)
+    if open_.any():
+        heads = ", ".join(f"L{layer}H{head}" for layer, head in zip(*np.nonzero(open_), strict=True))
+        lines.append(f"convergence of the labels: not settled at {heads} (a G+ or G- gate moved over its last tenth at least as far "
+                     f"as it now sits from the {threshold:g} threshold); refit with more --steps")
+    else:
+        lines.append(f"convergence of the labels: settled (every G+ and G- gate sits farther from the {threshold:g} threshold than it "
+                     "moved over its last tenth)")
     return lines
