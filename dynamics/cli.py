@@ -330,7 +330,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     if not args.no_save:
         check_writable(args.store, "gates")
     from dynamics import store
-    from dynamics.config import from_dict
+    from dynamics.config import recorded_config
     from dynamics.gates import GateOptions, check_fittable, gate_report, parse_contrast, report_lines, report_table
 
     runs = store.list_runs(args.store)
@@ -341,7 +341,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
         raise UsageError(f"no run {args.run!r} in {args.store}" if args.run else
                          f"{args.store} holds {len(runs)} runs; choose one with --run ({', '.join(runs[:8])})")
     attrs = store.run_attrs(args.store, run_id)
-    cfg = from_dict({k: v for k, v in attrs["config"].items() if k != "sweep"})
+    cfg = recorded_config(attrs["config"])
     # Component names are checked against the run before the model is loaded or anything fitted.
     check_fittable(cfg)
     contrast = parse_contrast(args.contrast, cfg) if args.contrast else None

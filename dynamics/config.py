@@ -432,6 +432,21 @@ def from_dict(raw: dict) -> RunConfig:
     return cfg
 
 
+def recorded_config(raw: dict) -> RunConfig:
+    """The RunConfig of a recorded run, from its ``config`` attribute (``sweep`` dropped).
+
+    Like :func:`from_dict`, except that ``task.components`` and ``task.weights`` under a task
+    other than mixture are dropped, not refused: earlier versions accepted and ignored them,
+    so a run recorded with them trained exactly the config without them, and it must stay
+    loadable (gates, resume, a distillation teacher).
+    """
+    raw = {k: v for k, v in raw.items() if k != "sweep"}
+    task = raw.get("task")
+    if isinstance(task, dict) and task.get("name", TaskConfig.name) != "mixture":
+        raw["task"] = {k: v for k, v in task.items() if k not in ("components", "weights")}
+    return from_dict(raw)
+
+
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Read a TOML config, apply ``--set`` overrides, validate.
 

@@ -548,7 +548,7 @@ def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") ->
 
     Raises StoreError when the run has no checkpoint (nothing to load).
     """
-    from dynamics.config import from_dict
+    from dynamics.config import recorded_config
 
     ids = store.list_runs(path)
     if run_id is None:
@@ -558,7 +558,7 @@ def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") ->
     if run_id not in ids:
         raise store.StoreError(f"no run {run_id!r} in {path}")
     attrs = store.run_attrs(path, run_id)
-    cfg = from_dict({k: v for k, v in attrs["config"].items() if k != "sweep"})
+    cfg = recorded_config(attrs["config"])
     ckpt = _load_checkpoint(path, run_id)
     if ckpt is None:
         raise store.StoreError(f"run {run_id} in {path} has no checkpoint to load the model from")

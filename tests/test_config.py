@@ -221,6 +221,21 @@ def test_mixture_keys_under_another_task_are_refused(tmp_path):
         with_values(cfg, {"task.name": "markov"})
 
 
+def test_a_recorded_run_with_mixture_keys_under_another_task_still_loads():
+    # Runs recorded before the refusal above trained the config without those keys; gates,
+    # resume and distillation read their recorded config and must not lose them.
+    from dynamics.config import recorded_config
+
+    raw = {"task": {"name": "induction", "components": ["induction", "markov"], "weights": [1.0, 2.0]},
+           "sweep": {"train.seed": [0, 1]}}
+    assert recorded_config(raw) == from_dict({"task": {"name": "induction"}})
+    assert raw["task"]["components"] == ["induction", "markov"]  # the caller's dict is left alone
+    mixture = {"task": {"name": "mixture", "components": ["induction", "markov"], "weights": [1.0, 2.0]}}
+    assert recorded_config(mixture) == from_dict(mixture)
+    with pytest.raises(ConfigError, match="task.weights: 1 weights for 2 components"):
+        recorded_config({"task": {"name": "mixture", "components": ["induction", "markov"], "weights": [1.0]}})
+
+
 @pytest.mark.parametrize("model", [{}, {"pos": "learned", "attn_only": True, "n_heads": 3, "d_head": 8, "vocab_size": 50},
                                    {"gates": "learned", "n_layers": 3, "d_mlp": 7}])
 def test_weight_entries_count_the_models_matrices(model):

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dynamics.config import RunConfig, from_dict
+from dynamics.config import RunConfig, recorded_config
 from dynamics.interventions.common import (
     check_schedule,
     fail,
@@ -135,7 +135,7 @@ def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
         fail(f"{key}: teacher run {run_id} is {attrs.get('status', 'unknown')}, not completed")
     if not store.has_checkpoint(path, run_id):
         fail(f"{key}: teacher run {run_id} in {path} has no checkpoint to load")
-    tcfg = from_dict({k: v for k, v in attrs["config"].items() if k != "sweep"})
+    tcfg = recorded_config(attrs["config"])
     t, s = tcfg.model, cfg.model
     if t.vocab_size != s.vocab_size:
         fail(f"{key}: teacher model.vocab_size {t.vocab_size} differs from the student's {s.vocab_size}")
