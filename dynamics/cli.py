@@ -151,11 +151,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     check_store(args.store)
     from dynamics import store
+    from dynamics.schema import FINISHED_STATUSES
 
     index = store.read_sweep_index(args.store) or {}
     swept = index.get("runs", {})
     axes = index.get("axes", [])
-    header = ["run", *axes, "status", "steps", "last_loss"]
+    header = ["run", *axes, "status", "steps", "resumes_at", "last_loss"]
     rows = []
     recorded = store.list_runs(args.store)
     for run_id in recorded:
@@ -164,12 +165,36 @@ def cmd_status(args: argparse.Namespace) -> int:
         # while a run trains, its checkpoint is the progress; steps_done is where it (re)started
         done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))
         status = store.run_status(args.store, run_id, a)  # "stopped": killed, resumable with the same command
+        # A stopped run reached `done` but resumes from its last checkpoint, up to `record.every` steps
+        # earlier; a finished one is never retrained.
+        resumes = "-" if a.get("status") in FINISHED_STATUSES else str(int(a.get("checkpoint_step", 0)))
         rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], status,
-                     f"{done}/{a.get('steps_total', '?')}", "-" if loss is None else f"{loss:.4f}"])
+                     f"{done}/{a.get('steps_total', '?')}", resumes, "-" if loss is None else f"{loss:.4f}"])
     for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet
-        rows.append([run_id, *[str(swept[run_id].get(k, "")) for k in axes], "pending", "0/?", "-"])
-    _print_table(header, rows)
+        rows.append([run_id, *[str(swept[run_id].get(k, "")) for k in axes], "pending", "0/?", "0", "-"])
+    order = _grid_order(index)  # runs outside any sweep after the grid, by id
+    _print_table(header, sorted(rows, key=lambda row: (row[0] not in order, order.get(row[0], ()), row[0])))
     return 0
+
+
+def _grid_order(index: dict) -> dict[str, tuple]:
+    """Sort keys of the sweep index's runs for `status`: the grid's order, not the run ids' (hashes).
+
+    By each axis of the index in turn, its values ranked in the order the index first lists
+    them (the config's order; a later sweep's new values after): the first axis varies
+    slowest, as in the config's grid. A run without a value for an axis sorts after the values.
+    """
+    import json
+
+    axes, swept = index.get("axes", []), index.get("runs", {})
+    text = {rid: {a: json.dumps(v[a], sort_keys=True) for a in axes if a in v} for rid, v in swept.items()}
+    rank: list[dict[str, int]] = [{} for _ in axes]
+    for values in text.values():
+        for seen, axis in zip(rank, axes, strict=True):
+            if axis in values:
+                seen.setdefault(values[axis], len(seen))
+    return {rid: tuple(seen[values[axis]] if axis in values else len(seen)
+                       for seen, axis in zip(rank, axes, strict=True)) + (rid,) for rid, values in text.items()}
 
 
 def _print_table(header: list[str], rows: list[list[str]]) -> None:
@@ -462,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", metavar="ADDRESS", help="run on an existing Dask cluster (tcp://host:port or a scheduler file)")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("status", help="runs in a store: swept values, status, steps done, last loss")
+    p = sub.add_parser("status", help="runs in a store, in grid order: swept values, status, steps done, the step a resume restarts from, last loss")
     p.add_argument("store")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("analyse", help="compute every analyser for every run; write results next to the recordings")

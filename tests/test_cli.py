@@ -11,7 +11,7 @@ from dynamics import store
 from dynamics.config import load_config
 from dynamics.train import train_run
 from dynamics.usage import UsageError, check_report_dir
-from tests.conftest import TINY
+from tests.conftest import TINY, interrupt_at
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,6 +201,54 @@ def test_status_names_stopped_and_pending_runs(tiny, tmp_path):
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
     assert rows[rid][2] == "stopped"
     assert rows["rnever"][1:3] == ["1", "pending"]
+
+
+def status_rows(capsys, path) -> tuple[list[str], list[list[str]]]:
+    from dynamics.cli import main
+
+    assert main(["status", str(path)]) == 0
+    header, *rows = (line.split() for line in capsys.readouterr().out.splitlines())
+    return header, rows
+
+
+def test_status_says_where_an_interrupted_run_resumes(tiny, tmp_path, capsys):
+    # Interrupted at step 10, it showed "10/20" alone: a resume restarts from its checkpoint at 8.
+    _, cfg, _ = tiny
+    s = tmp_path / "s.zarr"
+    with pytest.raises(KeyboardInterrupt):
+        train_run(load_config(cfg, ["train.steps=20", "record.every=15"]), str(s), progress=interrupt_at(10))
+    [rid] = store.list_runs(s)
+    header, [row] = status_rows(capsys, s)
+    got = dict(zip(header, row, strict=True))
+    assert (got["status"], got["steps"], got["resumes_at"]) == ("interrupted", "10/20", "8")
+    store.update_run_attrs(s, rid, status="running")  # as a run killed by SIGKILL leaves it
+    _, [row] = status_rows(capsys, s)
+    assert row[1:4] == ["stopped", "10/20", "8"]
+    store.update_run_attrs(s, rid, status="completed")
+    _, [row] = status_rows(capsys, s)
+    assert row[1:4] == ["completed", "10/20", "-"]  # a finished run is never resumed
+
+
+def test_status_lists_runs_in_the_grid_order_not_by_id(tiny, tmp_path, capsys):
+    # Sorted by run id (hashes), recorded runs first, a grid read as a shuffle. The index lists the
+    # grid in the config's order (seed slowest, init_scale 2.0 before 0.5); a later sweep's new value
+    # comes after; a run outside any sweep last.
+    import shutil
+
+    _, _, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    [rid] = store.list_runs(s)  # recorded, and placed in the middle of the grid
+    runs = {"rd": (0, 2.0), "rb": (0, 0.5), rid: (1, 2.0), "ra": (1, 0.5), "re": (0, 1.0)}
+    store.write_sweep_index(s, {"axes": ["train.seed", "model.init_scale"],
+                                "runs": {r: {"train.seed": a, "model.init_scale": b} for r, (a, b) in runs.items()}})
+    header, rows = status_rows(capsys, s)
+    assert header[:3] == ["run", "train.seed", "model.init_scale"]
+    assert [r[0] for r in rows] == ["rd", "rb", "re", rid, "ra"]
+    assert rows[3][3] == "completed" and all(r[3:6] == ["pending", "0/?", "0"] for r in rows if r[0] != rid)
+    store.write_sweep_index(s, {"axes": ["train.seed"], "runs": {"rz": {"train.seed": 0}}})
+    _, rows = status_rows(capsys, s)
+    assert [r[0] for r in rows] == ["rz", rid]
 
 
 def test_analyse_of_one_head_per_layer_prints_divergence_undefined_with_the_reason(tiny, tmp_path):
