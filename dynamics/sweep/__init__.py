@@ -36,8 +36,8 @@ Workers of an existing cluster need this package importable (installed, or on
 
 Progress: each task sends ``(run, step, total, loss)`` as scheduler events
 (``Worker.log_event``) at most twice a second; the launcher draws an overall tqdm bar (runs
-done of total, with ETA) and one step bar per running run on a terminal, and writes plain
-log lines otherwise.
+finished, completed or diverged, of total, with ETA) and one step bar per running run on a
+terminal, and writes plain log lines otherwise (one per run that ends, with the same count).
 
 Faults:
 

@@ -11,7 +11,12 @@ from dynamics.sweep.summary import FINISHED
 
 
 class _Display:
-    """Plain log lines (not a terminal): one line per finished run, running runs every 10 s."""
+    """Plain log lines (not a terminal): one line per run that ends, running runs every 10 s.
+
+    ``done`` counts finished runs (completed or diverged) only: a failed, interrupted or
+    cancelled one is trained again by the next launch, so counting it would say the sweep
+    is further along than it is (after Ctrl-C, "4/4" with two runs cancelled).
+    """
 
     def __init__(self, total: int, done: int, stream=sys.stderr, every: float = 10.0):
         self.total, self.done, self.stream, self.every = total, done, stream, every
@@ -22,23 +27,23 @@ class _Display:
         self.steps[run_id] = (step, total)
 
     def finished(self, run_id: str, status: str, note: str = "") -> None:
-        self.done += 1
+        self.done += status in FINISHED
         self.steps.pop(run_id, None)
-        print(f"[sweep] {self.done}/{self.total} {run_id} {status}{note}", file=self.stream, flush=True)
+        print(f"[sweep] {run_id} {status}{note} ({self.done}/{self.total} finished)", file=self.stream, flush=True)
 
     def tick(self) -> None:
         now = time.monotonic()
         if self.steps and now - self.last >= self.every:
             self.last = now
             running = ", ".join(f"{r} {s}/{t}" for r, (s, t) in sorted(self.steps.items()))
-            print(f"[sweep] {self.done}/{self.total} done; running: {running}", file=self.stream, flush=True)
+            print(f"[sweep] {self.done}/{self.total} finished; running: {running}", file=self.stream, flush=True)
 
     def close(self) -> None:
         pass
 
 
 class _Bars(_Display):
-    """tqdm: an overall bar (runs done of total, ETA) and one step bar per running run."""
+    """tqdm: an overall bar (runs finished of total, ETA) and one step bar per running run."""
 
     def __init__(self, total: int, done: int, stream=sys.stderr):
         from tqdm import tqdm
@@ -63,14 +68,15 @@ class _Bars(_Display):
         bar.refresh()
 
     def finished(self, run_id: str, status: str, note: str = "") -> None:
-        self.done += 1
         bar = self.bars.pop(run_id, None)
         self.slot.pop(run_id, None)
         if bar is not None:
             bar.close()
         if status not in FINISHED or note:
-            self.overall.write(f"{run_id} {status}{note}")
-        self.overall.update(1)
+            self.tqdm.write(f"{run_id} {status}{note}", file=self.stream)
+        if status in FINISHED:  # as the log lines count: the bar's ETA is for the runs still to finish
+            self.done += 1
+            self.overall.update(1)
 
     def tick(self) -> None:
         pass
@@ -83,7 +89,7 @@ class _Bars(_Display):
 
 class _Quiet(_Display):
     def finished(self, run_id: str, status: str, note: str = "") -> None:
-        self.done += 1
+        self.done += status in FINISHED
 
     def tick(self) -> None:
         pass
