@@ -396,6 +396,39 @@ def test_run_sweep_then_rerun_skips_everything(tmp_path, threaded_cluster):
     assert {p.run_id: store.run_attrs(path, p.run_id) for p in points} == before
 
 
+def test_a_task_cancelled_on_the_cluster_ends_the_sweep_with_a_summary(tmp_path, threaded_cluster):
+    # A task cancelled on the cluster (another client; the scheduler lost, whose futures Dask cancels
+    # as "scheduler-connection-lost") made Dask's wait() raise FuturesCancelledError: a 30-line
+    # traceback from `dynamics sweep`, no summary, the other runs' results unreported.
+    import threading
+
+    from distributed import Client, Future
+
+    cfg = from_dict(tiny({"train.steps": [24, 12]}))
+    slow, cut = expand_grid(cfg)
+    path = str(tmp_path / "s.zarr")
+
+    def cancel_second() -> None:  # the one-thread worker trains the first point; the second is queued
+        with Client(threaded_cluster, timeout=30) as other:
+            for _ in range(3000):
+                keys = other.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
+                mine = [k for k in keys if str(k).startswith(f"dynamics-train-{cut.run_id}-")]
+                if mine:
+                    Future(mine[0], other).cancel(force=True)
+                    return
+                time.sleep(0.005)
+
+    canceller = threading.Thread(target=cancel_second)
+    canceller.start()
+    summary = run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
+    canceller.join()
+    assert summary.counts == {"completed": 1, "cancelled": 1} and not summary.ok, summary.lines()
+    assert summary.cancelled == [cut.run_id] and summary.failed == []
+    assert f"  cancelled {cut.run_id} [train.steps=12]: its task was cancelled on the cluster (" in summary.lines()[1]
+    assert store.run_attrs(path, slow.run_id)["status"] == "completed"
+    assert cut.run_id not in store.list_runs(path)  # queued when cancelled: nothing written
+
+
 def test_experiment_configs_are_valid_sweeps():
     for name in ("quickstart", "init_scale", "learning_rate", "head_count", "positional"):
         cfg = load_config(ROOT / "experiments" / f"{name}.toml")

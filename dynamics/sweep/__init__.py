@@ -48,6 +48,9 @@ Faults:
 - a worker that dies mid-run: the scheduler reschedules its task (up to the scheduler's
   ``allowed-failures``, 3 by default; after that the launcher resubmits it itself,
   ``MAX_RESUBMITS`` more times) and the run resumes from its last checkpoint;
+- a task cancelled on the cluster (the launcher lost its scheduler, or another client cancelled
+  it): recorded ``cancelled`` in the summary with Dask's reason, the sweep ends with a non-zero
+  exit code, and the next launch resumes the run;
 - Ctrl-C (or SIGTERM): the launcher sets a cluster-wide stop event; running tasks notice it within a
   second or so, and ``train_run`` records them ``interrupted`` (their checkpoints stay);
   queued tasks are cancelled. Runs that could not be stopped in time keep their

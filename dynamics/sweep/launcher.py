@@ -220,8 +220,8 @@ def run_sweep(
                 results = _launch(todo, path, scheduler, n, _display(progress, len(points), len(summary.skipped)))
                 for r in results:
                     summary.counts[r["status"]] = summary.counts.get(r["status"], 0) + 1
-                    if r["status"] == "failed":
-                        summary.failed.append(r["run_id"])
+                    if r["status"] in ("failed", "cancelled"):
+                        getattr(summary, r["status"]).append(r["run_id"])
                         summary.errors[r["run_id"]] = r["error"] or "?"
         finally:
             if store.is_remote(path):  # its tasks left the root index alone (store.deferred_index)
@@ -234,7 +234,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     """Submit the points, follow them to the end, return one result dict per point."""
     import queue
 
-    from distributed import Event, KilledWorker, wait
+    from distributed import Event, KilledWorker
 
     token = uuid.uuid4().hex[:12]
     events: queue.SimpleQueue = queue.SimpleQueue()
@@ -263,6 +263,10 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     def collect(f, run_id: str) -> None:
         if f.status == "finished":
             r = f.result()
+        elif f.status == "cancelled":  # on the cluster, not by Ctrl-C here: the run was not trained to its end
+            r = {"run_id": run_id, "status": "cancelled", "steps_done": 0, "skipped": False, "traceback": None,
+                 "error": f"its task was cancelled on the cluster ({cancelled.get(f.key, 'reason unknown')}); "
+                          f"the same command resumes it"}
         else:
             exc = f.exception()
             if isinstance(exc, KilledWorker) and tries[run_id] <= MAX_RESUBMITS:
@@ -271,54 +275,80 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
             r = {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False,
                  "error": f"{type(exc).__name__}: {exc}".splitlines()[0], "traceback": None}
         results[run_id] = r
-        note = f": {r['error']}" if r["status"] == "failed" else ""
+        note = f": {r['error']}" if r["status"] in ("failed", "cancelled") and r["error"] else ""
         if r.get("skipped"):
             note = " (already finished)"
         display.finished(run_id, r["status"], note)
 
     pending: dict = {}
+    cancelled: dict = {}  # key -> why, for tasks cancelled on the cluster
     try:
         client.subscribe_topic(_progress_topic(token), events.put)
         for p in todo:
             pending[submit(p)] = p.run_id
         while pending:
-            try:
-                done, _ = wait(list(pending), timeout=0.5, return_when="FIRST_COMPLETED")
-            except TimeoutError:
-                done = ()
+            done = _settled(pending, cancelled)
             drain()
             for f in done:
                 collect(f, pending.pop(f))
             display.tick()
     except KeyboardInterrupt:
-        _stop_running(client, stop, pending, collect)
+        _stop_running(client, stop, pending, collect, cancelled)
         raise
     finally:
         display.close()
-        with contextlib.suppress(Exception):
-            client.close()
+        with contextlib.suppress(Exception), _quiet("distributed.client"):
+            client.close()  # after a lost scheduler, Dask logs the cancelled reconnection as an error traceback
         if cluster is not None:
             with contextlib.suppress(Exception):
                 cluster.close()
-            _mark_interrupted(path, [r for r in by_run if r not in results])
+            _mark_interrupted(path, [r for r in by_run if results.get(r, {}).get("status", "cancelled") == "cancelled"])
     return [results[p.run_id] for p in todo if p.run_id in results]
 
 
-def _stop_running(client, stop, pending: dict, collect) -> None:
-    """After Ctrl-C: ask running tasks to stop, cancel queued ones, wait a little."""
-    from distributed import wait
+@contextlib.contextmanager
+def _quiet(name: str):
+    """Mute the logger ``name`` for the duration."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
+
+def _settled(pending: dict, cancelled: dict, timeout: float = 0.5) -> list:
+    """The futures of ``pending`` done within ``timeout`` (maybe none), cancelled ones included.
+
+    Dask's ``wait`` raises for a future cancelled on the cluster (the scheduler lost, a task
+    cancelled from another client) instead of returning it: that was a traceback from the sweep,
+    with no summary. Their reasons go into ``cancelled`` (key -> why).
+    """
+    from distributed import wait
+    from distributed.client import FuturesCancelledError
+
+    try:
+        done, _ = wait(list(pending), timeout=timeout, return_when="FIRST_COMPLETED")
+        return list(done)
+    except TimeoutError:
+        return []
+    except FuturesCancelledError as e:
+        for group in e.error_groups:
+            for error in group.errors:
+                cancelled[error.key] = group.reason + (f": {error.msg}" if error.msg else "")
+        return [f for f in pending if f.status != "pending"]
+
+
+def _stop_running(client, stop, pending: dict, collect, cancelled: dict) -> None:
+    """After Ctrl-C: ask running tasks to stop, cancel queued ones, wait a little."""
     print("dynamics: stopping the sweep (Ctrl-C again to abort at once); runs stay resumable",
           file=sys.stderr, flush=True)
     try:
         stop.set()
         deadline = time.monotonic() + STOP_GRACE
         while pending and time.monotonic() < deadline:
-            try:
-                done, _ = wait(list(pending), timeout=0.5, return_when="FIRST_COMPLETED")
-            except TimeoutError:
-                continue
-            for f in done:
+            for f in _settled(pending, cancelled):
                 collect(f, pending.pop(f))
         client.cancel(list(pending), force=True)
     except KeyboardInterrupt:

@@ -19,8 +19,10 @@ class SweepSummary:
     """Runs already finished before this launch (nothing retrained)."""
     failed: list[str] = field(default_factory=list)
     """Run ids that failed."""
+    cancelled: list[str] = field(default_factory=list)
+    """Run ids whose task was cancelled on the cluster (e.g. the scheduler was lost); resumable."""
     errors: dict[str, str] = field(default_factory=dict)
-    """run id -> one-line error, for failed runs."""
+    """run id -> one-line error, for failed and cancelled runs."""
     labels: dict[str, str] = field(default_factory=dict)
     """run id -> point label (``model.n_heads=4, train.seed=0``)."""
     wall_time: float = 0.0
@@ -38,6 +40,7 @@ class SweepSummary:
         if self.skipped:
             head += f" ({len(self.skipped)} already finished, not retrained)"
         out = [head + f" in {self.wall_time:.1f} s"]
-        for run_id in self.failed:
-            out.append(f"  failed {run_id} [{self.labels.get(run_id, '?')}]: {self.errors.get(run_id, '?')}")
+        for status, run_ids in (("failed", self.failed), ("cancelled", self.cancelled)):
+            for run_id in run_ids:
+                out.append(f"  {status} {run_id} [{self.labels.get(run_id, '?')}]: {self.errors.get(run_id, '?')}")
         return out
