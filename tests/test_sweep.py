@@ -407,21 +407,24 @@ def test_a_task_cancelled_on_the_cluster_ends_the_sweep_with_a_summary(tmp_path,
     cfg = from_dict(tiny({"train.steps": [24, 12]}))
     slow, cut = expand_grid(cfg)
     path = str(tmp_path / "s.zarr")
+    other = Client(threaded_cluster, timeout=30)  # connected before the sweep starts: the race is only the poll's
 
     def cancel_second() -> None:  # the one-thread worker trains the first point; the second is queued
-        with Client(threaded_cluster, timeout=30) as other:
-            for _ in range(3000):
-                keys = other.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
-                mine = [k for k in keys if str(k).startswith(f"dynamics-train-{cut.run_id}-")]
-                if mine:
-                    Future(mine[0], other).cancel(force=True)
-                    return
-                time.sleep(0.005)
+        for _ in range(3000):
+            keys = other.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
+            mine = [k for k in keys if str(k).startswith(f"dynamics-train-{cut.run_id}-")]
+            if mine:
+                Future(mine[0], other).cancel(force=True)
+                return
+            time.sleep(0.005)
 
     canceller = threading.Thread(target=cancel_second)
     canceller.start()
-    summary = run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
-    canceller.join()
+    try:
+        summary = run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
+    finally:
+        canceller.join()
+        other.close()
     assert summary.counts == {"completed": 1, "cancelled": 1} and not summary.ok, summary.lines()
     assert summary.cancelled == [cut.run_id] and summary.failed == []
     assert f"  cancelled {cut.run_id} [train.steps=12]: its task was cancelled on the cluster (" in summary.lines()[1]
