@@ -543,7 +543,7 @@ _AFTER_INTERRUPT = {
                "(run the same command again to analyse them)",
     "predict": "a curve is saved whole or not at all; the store holds the previous one otherwise",
     "gates": "the gates are saved whole or not at all; the store holds the previous ones otherwise",
-    "report": "the report folder may hold a partial report; run the same command again",
+    "report": "the report folder still holds the previous report, if any, whole; run the same command again",
     "status": "nothing was written",
 }
 

@@ -218,7 +218,7 @@ def test_slider_scrubs_every_recorded_snapshot_of_the_median_run(built):
     assert "probe sequence 0" in text  # the caption says which probe is shown
     # "one fixed sequence of 2" read as a 2-token sequence: say what the count is, and the length.
     assert "the first of the 2 fixed probe sequences, 16 tokens long" in text
-    assert sorted(p.name for p in (page.parent / "figures" / "attention").iterdir()) == [Path(f["src"]).name for f in frames]
+    assert sorted(p.name for p in (page.parent / frames[0]["src"]).parent.iterdir()) == [Path(f["src"]).name for f in frames]
 
 
 def test_partial_store_runs_are_analysed_in_memory_and_said_so(built):
@@ -253,7 +253,8 @@ def test_cli_without_computing_names_the_missing_runs_and_replaces_frames(built,
     text = (out / "index.html").read_text()
     frames = _frames(text)
     assert len(frames) == 6
-    assert len(list((out / "figures" / "attention").glob("*.png"))) == 6  # stale frames removed
+    assert len(list((out / frames[0]["src"]).parent.glob("*.png"))) == 6  # stale frames removed
+    assert [p.name for p in (out / "figures").iterdir()] == [Path(frames[0]["src"]).parts[1]]  # the old report's went
     assert "Not available: emergence curves for 2 run(s) because they have no analysis" in text
     assert "role labels not available because the run has no stored analysis" in text
     assert f"Not available: the dendrogram and JS matrix of run {ids['C']}" in text
@@ -460,7 +461,7 @@ def test_a_swept_value_keeps_its_colour_in_every_figure(tmp_path, monkeypatch):
         store.write_derived(path, f"gates.{rid}", _gates_dataset(cfg, seed=int(rid[1])))
     figs = _capture_figures(monkeypatch, chg)
     write_report(path, tmp_path / "out", run_id="r1")
-    ax1 = figs["figures/chg.png"].axes[0]
+    ax1 = figs["chg.png"].axes[0]
     dots = [c for c in ax1.collections if len(c.get_offsets()) == 4 and c.get_facecolors().shape[0]
             and c.get_facecolors()[0, 3] > 0]  # the runs' dots: 4 heads each (rings are hollow)
     viridis = colormaps["viridis"]
@@ -484,7 +485,7 @@ def test_chg_labels_are_the_stored_majority_roles_not_the_mean_gates(tmp_path, m
 
     figs = _capture_figures(monkeypatch, chg)
     page = write_report(path, tmp_path / "out")
-    share = {line.get_label(): line.get_ydata().tolist() for line in figs["figures/chg.png"].axes[2].get_lines()}
+    share = {line.get_label(): line.get_ydata().tolist() for line in figs["chg.png"].axes[2].get_lines()}
     expected = (gates["role"].values.ravel()[None, :] == np.arange(4)[:, None]).mean(1)
     assert [share[name][0] for name in CHG_LABELS[:3]] == expected[:3].tolist()
     assert share["facilitating"][0] >= 0.25  # head L0H0 counted as facilitating
@@ -546,7 +547,7 @@ def test_bifurcation_marks_unfinished_runs_and_says_what_the_mean_is(tmp_path, m
     figs = _capture_figures(monkeypatch, emergence)
     sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, ["model.init_scale", "train.seed"],
                                               tmp_path, True))
-    ax = figs["figures/bifurcation.png"].axes[0]  # bifurcation step against init_scale
+    ax = figs["bifurcation.png"].axes[0]  # bifurcation step against init_scale
     ticks = dict(zip([t.get_text() for t in ax.get_yticklabels()], ax.get_yticks(), strict=True))
     marks = []
     for c in ax.collections:
@@ -597,7 +598,7 @@ def test_single_head_runs_are_not_drawn_as_never_bifurcating(tmp_path, monkeypat
     figs = _capture_figures(monkeypatch, emergence)
     ctx = _Ctx(tmp_path / "x", runs, None, ["model.n_heads"], tmp_path, True)
     sec = emergence._bifurcation_section(ctx)
-    top = figs["figures/bifurcation.png"].axes[0]
+    top = figs["bifurcation.png"].axes[0]
     assert "never" not in [t.get_text() for t in top.get_yticklabels()]
     xs = [xy[0] for c in top.collections for xy in c.get_offsets().tolist()]
     assert xs == [2.0]  # the two-head run only
@@ -606,7 +607,7 @@ def test_single_head_runs_are_not_drawn_as_never_bifurcating(tmp_path, monkeypat
     assert "one head per layer" in caption and "one" in caption.split("not 'never': ")[-1]
 
     sec = emergence._emergence_section(ctx)
-    div = figs["figures/emergence_divergence.png"].axes[0]
+    div = figs["emergence_divergence.png"].axes[0]
     assert [t.get_text() for t in div.get_legend().get_texts()] == ["n_heads=2"]
     assert "one head per layer" in sec.figures[-1][1]
 
@@ -696,7 +697,7 @@ def test_slash_caption_and_line_name_each_kappa_the_runs_were_analysed_with(tmp_
     ctx = _Ctx(tmp_path / "x", [run("a", 0.3), run("b", 0.7)], None, ["model.init_scale"], tmp_path, True)
     caption = emergence._emergence_section(ctx).figures[0][1]
     assert "kappa = 0.3 or 0.7" in caption and "kappa = 0.5" not in caption
-    ax = figs["figures/emergence_slash.png"].axes[0]
+    ax = figs["emergence_slash.png"].axes[0]
     dotted = sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":")
     assert dotted == [0.3, 0.7]
 
@@ -756,25 +757,25 @@ def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_fol
     sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
     captions = dict(sec.figures)
 
-    role_ax = figs["figures/predict_role.png"].axes[0]
+    role_ax = figs["predict_role.png"].axes[0]
     dotted = [ln for ln in role_ax.get_lines() if ln.get_label().startswith("chance level")]
     assert len(dotted) == 1 and dotted[0].get_ydata()[0] == pytest.approx((0.5 + 0.5 + 0.25) / 3)
     assert dotted[0].get_label() == "chance level (0.42)"
-    assert "chance level 0.42, what a constant guess of a class each test fold holds scores" in captions["figures/predict_role.png"]
-    assert "the training folds' majority class" in captions["figures/predict_role.png"]
+    assert "chance level 0.42, what a constant guess of a class each test fold holds scores" in captions["predict_role.png"]
+    assert "the training folds' majority class" in captions["predict_role.png"]
     # Written before curves were stamped with the analysers' version: its role targets may be old ones.
     assert (f"Stale: this curve was computed with analysers older than version stamping (this page: version "
-            f"{ANALYSIS_VERSION})") in captions["figures/predict_role.png"]
+            f"{ANALYSIS_VERSION})") in captions["predict_role.png"]
 
-    text = captions["figures/predict_slash.png"]
+    text = captions["predict_slash.png"]
     assert "over 3 cross-validation folds" not in text
     assert "Stale" not in text
     assert ("AUROC is undefined on 2 of 3 cross-validation folds holding out whole seeds (seed=0; seed=1), whose "
             "test targets are one class: points are means over the other 1, no band from one fold") in text
     assert "Left out: 1 run(s) not completed, so without a final role (rdiv (diverged))." in text
     assert "Caution: in 1 of 3 folds a test run shares its seed" in text
-    assert "Left out" not in captions["figures/predict_role.png"] and "Caution" not in captions["figures/predict_role.png"]
-    assert "figures/predict_redundant.png" not in captions
+    assert "Left out" not in captions["predict_role.png"] and "Caution" not in captions["predict_role.png"]
+    assert "predict_redundant.png" not in captions
     assert sec.missing == ["Not available: predictor curves for redundant because its AUROC is undefined on every test "
                            "fold of derived/predict.redundant (seed=0; seed=1; seed=2), whose test targets are one class."]
 
@@ -808,3 +809,37 @@ def test_write_report_keeps_files_no_report_wrote(tmp_path):
     with pytest.raises(store.StoreError, match="holds an index.html that is not a dynamics report"):
         write_report(path, site)
     assert (site / "index.html").read_text() == "<html>my notes</html>"
+
+
+def test_a_report_stopped_part_way_leaves_the_previous_one_whole(tmp_path, monkeypatch):
+    # write_report deleted the old figures first and replaced index.html last: stopped in between
+    # (Ctrl-C, SIGKILL), the old page linked to PNGs that were gone.
+    from dynamics.report import page as page_module
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)  # no runs: one figure, the predictor curve (derived/ only)
+    store.write_derived(path, "predict.slash", _predict_curve())
+    out = tmp_path / "out"
+    before = write_report(path, out).read_text()
+    linked = _srcs(before)
+    assert [Path(s).name for s in linked] == ["predict_slash.png"]
+
+    def stopped(ctx):
+        raise KeyboardInterrupt  # as Ctrl-C, in the first section
+
+    monkeypatch.setattr(page_module, "_attention_section", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(path, out)
+    monkeypatch.undo()
+    assert (out / "index.html").read_text() == before
+    assert _png_ok(out / linked[0])
+    assert [p.name for p in (out / "figures").iterdir()] == [Path(linked[0]).parts[1]]  # the unfinished one went
+
+    killed = out / "figures" / "20000101-000000-0"  # what a SIGKILL part-way leaves: a folder no page links to
+    (killed / "attention").mkdir(parents=True)
+    (out / ".index.html.20000101-000000-0.tmp").write_text("half a page")
+    (out / "figures" / "mine").mkdir()  # not a name a report gives: the user's, kept
+    after = _srcs(write_report(path, out).read_text())
+    assert _png_ok(out / after[0]) and after != linked
+    assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(["mine", Path(after[0]).parts[1]])
+    assert sorted(p.name for p in out.iterdir()) == ["figures", "index.html"]

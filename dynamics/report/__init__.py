@@ -1,6 +1,8 @@
 """The report: PNG figures (matplotlib, Agg) and one self-contained HTML page per store.
 
-``write_report(store, out_dir)`` writes ``out_dir/index.html`` and ``out_dir/figures/*.png``.
+``write_report(store, out_dir)`` writes ``out_dir/index.html`` and ``out_dir/figures/<generation>/*.png``
+(a new folder per report, linked from the page once whole: a report stopped part-way leaves the
+previous one as it was).
 The page opens from ``file://`` with no server: its script is inline, plain JavaScript, and
 loads nothing from the network. It shows
 

@@ -79,7 +79,7 @@ def _attention_frames(fig, images, titles, suptitle, attn, run, roles_by_step, l
         canvas.restore_region(background)
         for artist in moving:
             fig.draw_artist(artist)
-        rel = f"figures/attention/snapshot_{n:04d}.png"
+        rel = f"attention/snapshot_{n:04d}.png"
         Image.fromarray(np.asarray(canvas.buffer_rgba())).convert("RGB").save(out / rel, optimize=False)
         yield rel, step
 
@@ -138,7 +138,7 @@ def _attention_section(ctx: _Ctx) -> _Section:
     fig.colorbar(images[0], ax=grid, shrink=0.8, label="attention weight (fraction of row, sqrt scale)")
     suptitle = fig.suptitle(f"run {run.run_id} · step {int(run.steps.max())} · probe 0", fontsize=9)
     frames = [
-        {"src": src, "step": step, "label": f"step {step} (snapshot {n + 1} of {run.n_recorded})"}
+        {"src": ctx.href + src, "step": step, "label": f"step {step} (snapshot {n + 1} of {run.n_recorded})"}
         for n, (src, step) in enumerate(_attention_frames(
             fig, images, titles, suptitle, attn, run, roles_by_step, layers, heads, out))
     ]

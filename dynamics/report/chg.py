@@ -220,7 +220,7 @@ def _chg_section(ctx: _Ctx) -> _Section:
                 f"plotted gates. ")
     rings = (f"Red rings (left and middle): points whose label differs from the region they are drawn in; left: "
              f"{ringed} of {heads} heads. " if ringed else "At the last fit no head's label differs from the region it is drawn in. ")
-    sec.figures.append((_save(fig, out, "figures/chg.png"),
+    sec.figures.append((_save(fig, out, "chg.png"),
                         f"Causal head gating (Nam et al. 2025): each head's gate fitted toward open (G+, x) and toward shut "
                         f"(G-, y), both fractions in [0, 1], threshold {t}. Regions: facilitating (both high), irrelevant "
                         f"(G+ high, G- low), interfering (both low). Left: every head of {len(found)} run(s) at its last fit, "

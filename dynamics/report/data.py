@@ -72,6 +72,7 @@ class _Ctx:
     out: Path
     compute_missing: bool
     pending: list[_Run] = field(default_factory=list)  # in the sweep index, not started yet
+    href: str = ""  # `out` as the page links to it ("figures/<generation>/"); figures are saved under `out`
     _chosen: tuple | None = None
     _derived: list[str] | None = None
     _groups: Any = None

@@ -63,7 +63,7 @@ def _emergence_section(ctx: _Ctx) -> _Section:
     for kappa in kappas:  # one dotted line per threshold the runs were analysed with
         ax1.axhline(kappa, color="grey", ls=":", lw=1)
     _legend(ax1, groups)
-    sec.figures.append((_save(fig, out, "figures/emergence_slash.png"),
+    sec.figures.append((_save(fig, out, "emergence_slash.png"),
                         f"Slash pattern against training step, {colour}; {spread}. Left: best slash score "
                         f"(attention on the single best offset {_offset_window(done)}, Cheng et al. 2026) averaged over heads, "
                         f"dotted: {kappa_text}. "
@@ -96,7 +96,7 @@ def _emergence_section(ctx: _Ctx) -> _Section:
         for ax in panels[len(present):]:
             ax.set_visible(False)
         _legend(panels[0], groups)
-        sec.figures.append((_save(fig, out, "figures/emergence_roles.png"),
+        sec.figures.append((_save(fig, out, "emergence_roles.png"),
                             f"Fraction of heads holding each role (one label per head, dynamics.analysis.roles) against "
                             f"training step, {colour}; {spread}. Roles that never occur are not drawn."))
     else:
@@ -112,7 +112,7 @@ def _emergence_section(ctx: _Ctx) -> _Section:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     _legend(ax, groups)
-    sec.figures.append((_save(fig, out, "figures/emergence_divergence.png"),
+    sec.figures.append((_save(fig, out, "emergence_divergence.png"),
                         f"Divergence: JS distance between the attention of heads of the same layer (Clark et al. 2019), "
                         f"averaged over head pairs and layers, against training step, {colour}; {spread}. "
                         f"0 = identical heads; the maximum is sqrt(ln 2) = 0.83.{_no_pairs_sentence(undefined, 'this figure')}"))
@@ -268,7 +268,7 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                 ax.set_yticks([*ticks, *(y for y, _ in extra)], [f"{t:g}" for t in ticks] + [n for _, n in extra])
             ax.grid(alpha=0.3)
     _bifurcation_legend(fig, groups, points)
-    sec.figures.append((_save(fig, out, "figures/bifurcation.png"),
+    sec.figures.append((_save(fig, out, "bifurcation.png"),
                         _bifurcation_caption(groups, points) + _no_pairs_sentence(undefined, "the top row")))
     note = _missing_runs_sentence(runs, "bifurcation points")
     if note:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import os
+import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,15 +39,22 @@ def write_report(
     *,
     compute_missing: bool = True,
 ) -> Path:
-    """Write the HTML report of a store: ``out_dir/index.html`` plus ``out_dir/figures/``.
+    """Write the HTML report of a store: ``out_dir/index.html`` plus ``out_dir/figures/<generation>/``.
+
+    The write is atomic from a reader's view: the figures are drawn into a new folder
+    ``figures/<generation>/`` that nothing links to yet, the page is written beside index.html
+    and moved onto it (one rename), and only then are the previous report's figures deleted.
+    At every moment the folder holds the previous complete report or the new one; a report
+    stopped part-way (Ctrl-C, SIGKILL) leaves the previous one as it was, and its unlinked
+    folder is removed by the next report.
 
     Parameters
     ----------
     store_path : str or PathLike
         A dynamics store (local path or fsspec URL); only read.
     out_dir : str or PathLike
-        Local directory, created if missing. ``index.html`` and ``figures/`` in it are
-        replaced; nothing else in it is touched.
+        Local directory, created if missing. ``index.html`` and the report's folders in
+        ``figures/`` are replaced; nothing else in it is touched.
     run_id : str, optional
         The run whose attention maps, dendrogram and JS matrix are shown. Default: the
         completed run with the median final loss (a typical run, not the luckiest seed);
@@ -79,36 +88,79 @@ def write_report(
     if out.exists() and not out.is_dir():
         raise store.StoreError(f"report directory {out} exists and is not a directory")
     refuse_foreign_files(out)
-    figdir = out / "figures"
-    (figdir / "attention").mkdir(parents=True, exist_ok=True)
-    for old in [*figdir.glob("*.png"), *(figdir / "attention").glob("*.png")]:
-        old.unlink()  # frames of an earlier report of a longer run would otherwise linger
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    stage = _new_generation(out / "figures")
+    page, draft = out / "index.html", out / f".index.html.{stage.name}.tmp"
+    try:
+        (stage / "attention").mkdir()
+        index = store.read_sweep_index(store_path)
+        runs = [_collect_or_note(store_path, rid, index, compute_missing) for rid in ids]
+        pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
+        chosen = run_id or _choose_run(runs)
+        axes = _colour_axes([*runs, *pending], index)  # pending runs too: colours stay put as the sweep fills in
+        axes += _setting_axes(runs, axes)
 
-    index = store.read_sweep_index(store_path)
-    runs = [_collect_or_note(store_path, rid, index, compute_missing) for rid in ids]
-    pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
-    chosen = run_id or _choose_run(runs)
-    axes = _colour_axes([*runs, *pending], index)  # pending runs too: colours stay put as the sweep fills in
-    axes += _setting_axes(runs, axes)
+        href = f"figures/{stage.name}/"
+        ctx = _Ctx(store_path, runs, chosen, axes, stage, compute_missing, pending=pending, href=href)
+        sections = [_safe(make, ctx) for make in (_attention_section, _emergence_section, _bifurcation_section,
+                                                   _redundancy_section, _chg_section, _predict_section)]
 
-    ctx = _Ctx(store_path, runs, chosen, axes, out, compute_missing, pending=pending)
-    sections = [_safe(make, ctx) for make in (_attention_section, _emergence_section, _bifurcation_section,
-                                               _redundancy_section, _chg_section, _predict_section)]
-
-    page = out / "index.html"
-    table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
-    swept = set((index or {}).get("runs", {}))
-    page.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept),
-                    encoding="utf-8")
+        table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
+        swept = set((index or {}).get("runs", {}))
+        draft.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept, href),
+                         encoding="utf-8")
+        os.replace(draft, page)  # the switch: one rename, so a reader sees the old page or the new one
+    except BaseException:  # Ctrl-C included: the previous report stays whole, the new figures go
+        draft.unlink(missing_ok=True)
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    _remove_earlier_reports(out, keep=stage.name)
     return page
+
+
+# Figure folders of a report: figures/<date>-<time>-<n>; only names of this form are ever deleted.
+_GENERATION = re.compile(r"\d{8}-\d{6}-\d+")
+_DRAFT = re.compile(r"\.index\.html\.\d{8}-\d{6}-\d+\.tmp")
+
+
+def _new_generation(figures: Path) -> Path:
+    """Create and return an unused ``figures/<date>-<time>-<n>`` folder (sortable by age)."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    n = 0
+    while True:
+        folder = figures / f"{stamp}-{n}"
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            n += 1
+
+
+def _remove_earlier_reports(out: Path, keep: str) -> None:
+    """Delete what earlier reports left in `out`: their figure folders (the one the old page
+    linked to, and those of reports stopped part-way), their page drafts, and the PNGs of
+    reports written before figures went into folders of their own (figures/*.png and
+    figures/attention/*.png). Names of other forms are the user's and stay."""
+    figures = out / "figures"
+    for entry in figures.iterdir():
+        if entry.is_dir() and entry.name != keep and _GENERATION.fullmatch(entry.name):
+            shutil.rmtree(entry, ignore_errors=True)
+    for old in [*figures.glob("*.png"), *(figures / "attention").glob("*.png")]:
+        old.unlink(missing_ok=True)
+    if (figures / "attention").is_dir() and not any((figures / "attention").iterdir()):
+        (figures / "attention").rmdir()
+    for entry in out.iterdir():
+        if _DRAFT.fullmatch(entry.name):
+            entry.unlink(missing_ok=True)
 
 
 def refuse_foreign_files(out: Path) -> None:
     """StoreError for a directory whose index.html or figures/*.png a report did not write.
 
-    The report replaces index.html and deletes the PNGs of figures/ (frames of an earlier,
-    longer run would otherwise linger); in a folder that is not a report's, those are the
-    user's files. The CLI asks the same before any work (`usage.check_report_dir`).
+    The report replaces index.html and deletes the PNGs of figures/ (those of reports written
+    before figures went into ``figures/<generation>/`` folders); in a folder that is not a
+    report's, those are the user's files. The CLI asks the same before any work
+    (`usage.check_report_dir`).
     """
     page, figdir = out / "index.html", out / "figures"
     if page.exists():
@@ -280,7 +332,7 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
 
 
 def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: bool,
-          pending: list[_Run] | None = None, swept: set[str] | None = None) -> str:
+          pending: list[_Run] | None = None, swept: set[str] | None = None, href: str = "") -> str:
     title = f"dynamics report: {Path(os.fspath(path)).name}"
     when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     pending = pending or []
@@ -300,7 +352,7 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
     for s in sections:
         parts = [f'<section id="{s.anchor}"><h2>{html.escape(s.title)}</h2>', s.html]
         for rel, caption in s.figures:
-            parts.append(f'<figure><img src="{html.escape(rel)}" alt="{html.escape(caption[:120])}">'
+            parts.append(f'<figure><img src="{html.escape(href + rel)}" alt="{html.escape(caption[:120])}">'
                          f"<figcaption>{html.escape(caption)}</figcaption></figure>")
         parts.extend(f'<p class="missing">{html.escape(m)}</p>' for m in s.missing)
         parts.append("</section>")

@@ -87,7 +87,7 @@ def _predict_section(ctx: _Ctx) -> _Section:
                         "run shares its seed (initial weights, data order) with a training run, so scores may "
                         "overstate prediction.")
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", target)
-        sec.figures.append((_save(fig, out, f"figures/predict_{safe}.png"),
+        sec.figures.append((_save(fig, out, f"predict_{safe}.png"),
                             f"Predicting, for every head, the target {target!r} ({description}; derived/{name}) from "
                             f"features of the training seen up to each horizon: {metric} against horizon, one line per model; dashed: "
                             f"baselines (chance: a constant, the training folds' majority class or prior; layer prior; "

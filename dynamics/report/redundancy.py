@@ -70,7 +70,7 @@ def _redundancy_section(ctx: _Ctx) -> _Section:
     partial = ("" if run.n_recorded == run.n_snapshots else
                f" (the last snapshot recorded before it {run.status})" if run.status in FINISHED_STATUSES else
                " (the last snapshot recorded so far)")
-    sec.figures.append((_save(fig, out, "figures/redundancy.png"),
+    sec.figures.append((_save(fig, out, "redundancy.png"),
                         f"Run {run.run_id} at {at}{partial}, {how}. Left: average-linkage dendrogram of the heads on their "
                         f"JS distances (Clark et al. 2019); heads merged below the dashed cut ({threshold:g}) count as redundant. "
                         f"Right: the JS distance matrix between every pair of heads, in dendrogram order (0 = identical attention)."))
