@@ -843,3 +843,25 @@ def test_a_report_stopped_part_way_leaves_the_previous_one_whole(tmp_path, monke
     assert _png_ok(out / after[0]) and after != linked
     assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(["mine", Path(after[0]).parts[1]])
     assert sorted(p.name for p in out.iterdir()) == ["figures", "index.html"]
+
+
+def test_swept_values_with_dollar_signs_are_drawn_as_written():
+    # A pair of `$` in a legend label is mathtext to matplotlib: a swept teacher store path
+    # "runs/$a_$.zarr" raised ValueError at savefig, and the report lost the whole section.
+    import io
+
+    from dynamics.report.draw import _curves, _figure, _groups, _legend
+
+    axes = ["intervene.distill.teacher", "train.seed"]
+    paths = ["runs/$a_$.zarr", "runs/$b$.zarr"]
+    runs = [_Run(f"r{i}", "completed", {"intervene.distill.teacher": p, "train.seed": 0}, 1.0, 3, np.ones(3, bool),
+                 np.arange(3)) for i, p in enumerate(paths)]
+    groups = _groups(runs, axes)
+    fig = _figure(4, 3)
+    ax = fig.subplots()
+    _curves(ax, groups, {r.run_id: (np.arange(3), np.arange(3.0)) for r in runs})
+    _legend(ax, groups)
+    fig.savefig(io.BytesIO(), format="png")
+    shown = [t._preprocess_math(t.get_text()) for t in ax.get_legend().get_texts()]  # (text drawn, as mathtext?)
+    assert shown == [(f"teacher={p}", False) for p in paths]
+    assert sorted(groups.labels.values()) == [f"teacher={p}" for p in paths]  # captions (HTML) keep the value as is

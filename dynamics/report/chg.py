@@ -8,7 +8,7 @@ import xarray as xr
 from dynamics import store
 from dynamics.analysis.chg import CHG_ROLES, chg_roles, label_agreement
 from dynamics.report.data import _Ctx, _open_derived, _Run, _Section
-from dynamics.report.draw import _figure, _save
+from dynamics.report.draw import _figure, _no_mathtext, _save
 
 CHG_THRESHOLD = 0.5
 """Gate value separating "high" from "low" G+ / G- (Nam et al. 2025, Figure 1c)."""
@@ -178,10 +178,11 @@ def _chg_section(ctx: _Ctx) -> _Section:
             heads += gp.size
     ax1.set_title("every head, last fitted snapshot", fontsize=9)
     handles = [ax1.scatter([], [], color=groups.colours[k], marker=groups.markers[k], s=30, edgecolor="k", lw=0.4,
-                           label=groups.labels[k]) for k in groups.keys]
+                           label=groups.legend_label(k)) for k in groups.keys]
     if len(handles) <= 12:  # below the panel: inside it would hide heads
         ax1.legend(handles=handles, fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2),
-                   ncol=min(4, len(handles)) if len(groups.group_axes) < 2 else 2, title=groups.title, title_fontsize=7)
+                   ncol=min(4, len(handles)) if len(groups.group_axes) < 2 else 2, title=_no_mathtext(groups.title),
+                   title_fontsize=7)
 
     # Over training: the chosen run if it has fits, else the first run with fits.
     rid = chosen if chosen in found else next(iter(found))

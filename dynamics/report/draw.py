@@ -34,6 +34,12 @@ def _short(axis: str) -> str:
     return axis.split(".")[-1]
 
 
+def _no_mathtext(text: str) -> str:
+    """`text` as matplotlib shows it literally: a pair of `$` would start mathtext (a teacher store
+    path "runs/$a_$.zarr" swept as an axis raised ValueError and lost the whole section)."""
+    return text.replace("$", r"\$")
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
@@ -96,6 +102,10 @@ class _Groups:
             return f"coloured by {_short(self.group_axes[0])}"
         rest = " and ".join(_short(a) for a in self.group_axes[1:])
         return f"coloured by {_short(self.group_axes[0])}, {second} by {rest}"
+
+    def legend_label(self, key: tuple) -> str:
+        """`labels[key]` for a legend (drawn as written, never as mathtext)."""
+        return _no_mathtext(self.labels[key])
 
     def key_of(self, run: _Run) -> tuple:
         return _group_key(run, self.group_axes)
@@ -193,7 +203,7 @@ def _curves(ax, groups: _Groups, series: dict[str, tuple[np.ndarray, np.ndarray]
         for r in members:
             s, v = series[r.run_id]
             ax.plot(s, v, color=colour, ls=style, lw=0.8 if len(members) > 1 else 1.4,
-                    alpha=0.45 if len(members) > 1 else 1.0, label=None if len(members) > 1 else groups.labels[key])
+                    alpha=0.45 if len(members) > 1 else 1.0, label=None if len(members) > 1 else groups.legend_label(key))
         if len(members) > 1:
             grid = np.unique(np.concatenate([series[r.run_id][0] for r in members]))
             table = np.full((len(members), grid.size), np.nan)
@@ -203,7 +213,7 @@ def _curves(ax, groups: _Groups, series: dict[str, tuple[np.ndarray, np.ndarray]
             with np.errstate(all="ignore"), _quiet():
                 mean, lo, hi = np.nanmean(table, 0), np.nanmin(table, 0), np.nanmax(table, 0)
             ax.fill_between(grid, lo, hi, color=colour, alpha=0.15, lw=0)
-            ax.plot(grid, mean, color=colour, ls=style, lw=2.2, label=f"{groups.labels[key]} (mean of {len(members)})")
+            ax.plot(grid, mean, color=colour, ls=style, lw=2.2, label=f"{groups.legend_label(key)} (mean of {len(members)})")
         drawn = True
     return drawn
 
@@ -225,7 +235,7 @@ class _quiet:
 def _legend(ax, groups: _Groups) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        ax.legend(handles, labels, title=groups.title, fontsize=7, title_fontsize=8, loc="best", frameon=False,
+        ax.legend(handles, labels, title=_no_mathtext(groups.title), fontsize=7, title_fontsize=8, loc="best", frameon=False,
                   handlelength=3.2)  # long enough to show each line style's dash pattern
 
 

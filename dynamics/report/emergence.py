@@ -16,6 +16,7 @@ from dynamics.report.draw import (
     _figure,
     _legend,
     _missing_runs_sentence,
+    _no_mathtext,
     _save,
     _short,
     _step_axis,
@@ -295,7 +296,7 @@ def _bifurcation_legend(fig, groups, points) -> None:
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], ls="none", marker=groups.markers[k], color=groups.colours[k], markeredgecolor="k",
-                      markeredgewidth=0.4, label=groups.labels[k]) for k in groups.keys]
+                      markeredgewidth=0.4, label=groups.legend_label(k)) for k in groups.keys]
     everything = [p for rows in points.values() for p in rows]
     unfinished = any(not _finished(r) for r, _ in everything)
     handles.append(Line2D([], [], color="k", lw=1, alpha=0.6, label="mean over the finished runs where it happened"))
@@ -306,7 +307,7 @@ def _bifurcation_legend(fig, groups, points) -> None:
                               label="hollow: unfinished run (provisional; top row: not yet)"))
     ncol = max(1, min(len(handles), int(fig.get_figwidth() // 2.7)))  # columns that fit the figure's width
     fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=7, frameon=False,
-               title=groups.title, title_fontsize=7)
+               title=_no_mathtext(groups.title), title_fontsize=7)
 
 
 def _bifurcation_caption(groups, points) -> str:
