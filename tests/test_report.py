@@ -865,3 +865,48 @@ def test_swept_values_with_dollar_signs_are_drawn_as_written():
     shown = [t._preprocess_math(t.get_text()) for t in ax.get_legend().get_texts()]  # (text drawn, as mathtext?)
     assert shown == [(f"teacher={p}", False) for p in paths]
     assert sorted(groups.labels.values()) == [f"teacher={p}" for p in paths]  # captions (HTML) keep the value as is
+
+
+def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisional(tmp_path, monkeypatch):
+    # A run with gates recorded during training (steps 0 and 8) and a `dynamics gates` re-fit at
+    # step 16: the "last fit" panel showed the step-8 fit, with no word of the re-fit, and nothing
+    # said the run was still going (fits up to step 16 of 40).
+    from dynamics.config import from_dict, with_values
+    from dynamics.record import coords, snapshot_steps, variables
+    from dynamics.report import chg
+    from dynamics.report.data import _Ctx
+
+    cfg = with_values(from_dict(TINY), {"record.chg_every": 4})
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    path = tmp_path / "s.zarr"
+    writer = store.RunWriter(path, "r0", variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                             attrs={"status": "running", "config": cfg.to_dict()})
+    recorded = np.full((2, 2, 2, 2), 0.8, np.float32)  # (fit snapshot, layer, head, fit): all facilitating
+    for n, i in enumerate((0, 4)):  # steps 0 and 8
+        writer.write_snapshot(i, {"chg": recorded[n], "chg_role": np.zeros((2, 2), np.int8)})
+    writer.finalize()
+    gates = _gates_dataset(cfg)
+    run = _Run("r0", "running", {}, None, len(steps_at), np.zeros(len(steps_at), bool), np.asarray(steps_at))
+
+    def left_step(step):
+        store.write_derived(path, "gates.r0", gates.assign_attrs(step=step))
+        pair, _, source = chg._chg_of_run(path, run, ["gates.r0"])
+        return int(pair["step"][-1]), source
+
+    assert left_step(4) == (8, "recorded during training (chg)")  # the re-fit is of an earlier checkpoint
+    assert left_step(8) == (8, "derived/gates.r0 (`dynamics gates`)")  # same step: the explicit re-fit
+    assert left_step(16) == (16, "derived/gates.r0 (`dynamics gates`)")
+
+    figs = {}
+    monkeypatch.setattr(chg, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)  # read, not drawn
+    sec = chg._chg_section(_Ctx(path, [run], "r0", [], tmp_path, False))
+    left, middle = figs["chg.png"].axes[:2]
+    dots = next(c for c in left.collections if len(c.get_offsets()) == 4)
+    np.testing.assert_allclose(dots.get_offsets(), gates["chg"].mean("restart").values.reshape(4, 2), rtol=1e-6)
+    path_dots = next(c for c in middle.collections if len(c.get_offsets()) == 8)  # 2 recorded fits x 4 heads
+    assert np.allclose(path_dots.get_offsets(), 0.8)
+    assert middle.get_title() == "run r0: each head over training so far"
+    caption = sec.figures[0][1]
+    assert "Left: derived/gates.r0 (`dynamics gates`) for run(s) r0. Middle and right: recorded during training (chg)." in caption
+    assert "Run(s) r0 have fits recorded during training and a `dynamics gates` fit" in caption
+    assert "so provisional (a run still training, stopped, or a fit of an earlier checkpoint): r0 (running, step 16 of 40)." in caption

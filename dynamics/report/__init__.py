@@ -17,8 +17,11 @@ loads nothing from the network. It shows
 4. the redundancy dendrogram and the JS distance matrix of one run at its last snapshot;
 5. causal head gating: G+ against G- per head with the taxonomy regions (Nam et al. 2025,
    Figure 1c) and the same over training (the runs' recorded ``chg``, or
-   ``derived/gates.<run_id>`` written by ``dynamics gates``); labels are the stored role codes
-   (majority over restarts, as ``dynamics gates``), positions the mean gates;
+   ``derived/gates.<run_id>`` written by ``dynamics gates``: for a run with both, the G+/G-
+   scatter shows the fit at the later step, the ``dynamics gates`` one at a tie, and the
+   panels over training the recorded fits; the caption names each, and the runs fitted before
+   training ended); labels are the stored role codes (majority over restarts, as
+   ``dynamics gates``), positions the mean gates;
 6. the early-role predictor's metric against horizon (``derived/predict.<target>``, written by
    ``dynamics predict``).
 

@@ -9,6 +9,7 @@ from dynamics import store
 from dynamics.analysis.chg import CHG_ROLES, chg_roles, label_agreement
 from dynamics.report.data import _Ctx, _open_derived, _Run, _Section
 from dynamics.report.draw import _figure, _no_mathtext, _save
+from dynamics.schema import FINISHED_STATUSES
 
 CHG_THRESHOLD = 0.5
 """Gate value separating "high" from "low" G+ / G- (Nam et al. 2025, Figure 1c)."""
@@ -77,14 +78,16 @@ def _role_codes(ds: xr.Dataset, keep: tuple[str, ...]) -> xr.DataArray | None:
     return role
 
 
-def _chg_of_run(path, run: _Run, derived: list[str]) -> tuple[xr.DataArray | None, xr.DataArray | None, str]:
-    """CHG gates of one run from the run or derived gates.<run_id>.
+def _chg_fits(path, run: _Run, derived: list[str]) -> list[tuple[xr.DataArray, xr.DataArray | None, str]]:
+    """Every CHG fit of one run: the gates recorded during training (``chg``), then the
+    `dynamics gates` fit (derived ``gates.<run_id>``), each where present.
 
-    Returns (gates (snapshot, layer, head, fit), stored role codes (snapshot, layer, head) or
+    Each is (gates (snapshot, layer, head, fit), stored role codes (snapshot, layer, head) or
     None, source). With several restarts the gates are their mean (positions only) and the
     codes their majority, as `dynamics gates` labels heads; codes that do not cover every
     fitted head are dropped (the labels then come from the positions, and the caption says so).
     """
+    fits = []
     ds = store.open_run(path, run.run_id)
     if "chg" in ds:
         chg = ds["chg"].load().transpose("snapshot", "layer", "head", "fit")
@@ -95,7 +98,7 @@ def _chg_of_run(path, run: _Run, derived: list[str]) -> tuple[xr.DataArray | Non
             if role is not None:
                 role = role.transpose("snapshot", "layer", "head").isel(snapshot=idx)
             pair = chg.isel(snapshot=idx)
-            return pair, _checked_roles(pair, role), "recorded during training (chg)"
+            fits.append((pair, _checked_roles(pair, role), "recorded during training (chg)"))
     for name in (f"gates.{run.run_id}", f"gates/{run.run_id}"):
         if name in derived:
             gates = _open_derived(path, name)
@@ -115,8 +118,23 @@ def _chg_of_run(path, run: _Run, derived: list[str]) -> tuple[xr.DataArray | Non
                 pair = pair.transpose("snapshot", "layer", "head", "fit")
                 if role is not None:
                     role = role.transpose("snapshot", "layer", "head")
-                return pair, _checked_roles(pair, role), f"derived/{name} (`dynamics gates`)"
-    return None, None, ""
+                fits.append((pair, _checked_roles(pair, role), f"derived/{name} (`dynamics gates`)"))
+                break
+    return fits
+
+
+def _last_step(pair: xr.DataArray) -> float:
+    return float(pair["step"].values[-1]) if "step" in pair.coords else float("nan")
+
+
+def _chg_of_run(path, run: _Run, derived: list[str]) -> tuple[xr.DataArray | None, xr.DataArray | None, str]:
+    """The fit of one run that the "last fit" panel shows: of the recorded and the `dynamics
+    gates` fit, the one at the later step; at the same step the `dynamics gates` one (an
+    explicit re-fit, often with more restarts). (None, None, "") for a run without fits."""
+    fits = _chg_fits(path, run, derived)
+    if not fits:
+        return None, None, ""
+    return max(reversed(fits), key=lambda f: _last_step(f[0]) if np.isfinite(_last_step(f[0])) else -1.0)
 
 
 def _checked_roles(pair: xr.DataArray, role: xr.DataArray | None) -> xr.DataArray | None:
@@ -150,11 +168,16 @@ def _chg_section(ctx: _Ctx) -> _Section:
     path, runs, chosen, out = ctx.path, ctx.runs, ctx.chosen, ctx.out
     sec = _Section("chg", "Causal head gating: G+ against G-")
     derived = ctx.derived()
-    found = {}
+    found, over, both = {}, {}, []
     for r in runs:
-        pair, role, source = _chg_of_run(path, r, derived)
-        if pair is not None:
-            found[r.run_id] = (pair, role, source)
+        try:
+            fits = _chg_fits(path, r, derived)
+        except Exception:  # noqa: BLE001 - a run whose arrays cannot be read (named in the runs table)
+            fits = []
+        if fits:
+            found[r.run_id] = _chg_of_run(path, r, derived) if len(fits) > 1 else fits[0]
+            over[r.run_id] = fits[0]  # over training: the fits recorded during training, where there are any
+            both += [r.run_id] if len(fits) > 1 else []
     if not found:
         sec.missing.append("Not available: the CHG scatter because no run recorded fitted `chg` gates "
                            "(record.chg_every = 0, or no fit reached yet) and the store has no derived gates.<run_id> dataset.")
@@ -184,9 +207,10 @@ def _chg_section(ctx: _Ctx) -> _Section:
                    ncol=min(4, len(handles)) if len(groups.group_axes) < 2 else 2, title=_no_mathtext(groups.title),
                    title_fontsize=7)
 
+    by_id = {r.run_id: r for r in runs}
     # Over training: the chosen run if it has fits, else the first run with fits.
     rid = chosen if chosen in found else next(iter(found))
-    pair, role, source = found[rid]
+    pair, role, source = over[rid]
     steps = pair["step"].values if "step" in pair.coords else np.arange(pair.sizes["snapshot"])
     gp = pair.sel(fit="plus").values.reshape(pair.sizes["snapshot"], -1)
     gm = pair.sel(fit="minus").values.reshape(pair.sizes["snapshot"], -1)
@@ -200,7 +224,8 @@ def _chg_section(ctx: _Ctx) -> _Section:
     labels, stored = _chg_classes(pair, role, t)
     _ring_disagreements(ax2, gp.ravel(), gm.ravel(), labels.ravel(), t)
     fig.colorbar(sc, ax=ax2, shrink=0.8, label="training step (steps)")
-    ax2.set_title(f"run {rid}: each head over training", fontsize=9)
+    so_far = "" if by_id[rid].status in FINISHED_STATUSES else " so far"  # still training, or stopped
+    ax2.set_title(f"run {rid}: each head over training{so_far}", fontsize=9)
     for name, colour in zip(CHG_LABELS, ("#2a9d8f", "#e9c46a", "#e76f51", "#7a5195", "#999999"), strict=True):
         share = (labels == name).mean(1)
         if share.any() or name in CHG_LABELS[:3]:
@@ -211,7 +236,21 @@ def _chg_section(ctx: _Ctx) -> _Section:
     ax3.set_title(f"run {rid}: taxonomy shares ({'stored labels' if stored else 'from mean gates'})", fontsize=9)
     ax3.legend(fontsize=7, frameon=False)
     ax3.grid(alpha=0.3)
-    sources = sorted({s for _, _, s in found.values()})
+    by_source: dict[str, list[str]] = {}
+    for k, (_, _, s) in found.items():
+        by_source.setdefault(s, []).append(k)
+    sources = "Left: " + "; ".join(f"{s} for run(s) {', '.join(ks)}" for s, ks in sorted(by_source.items()))
+    sources += f". Middle and right: {source}."
+    if both:  # a later `dynamics gates` re-fit must not be hidden behind the fits made during training
+        sources += (f" Run(s) {', '.join(both)} have fits recorded during training and a `dynamics gates` fit: the left "
+                    f"panel shows the one at the later step (the `dynamics gates` one at the same step), the middle and "
+                    f"right panels the fits recorded during training.")
+    early = [(k, by_id[k], _last_step(p)) for k, (p, _, _) in found.items()]
+    early = [f"{k} ({r.status}, step {s:g} of {int(r.steps.max())})" for k, r, s in early
+             if r.steps.size and np.isfinite(s) and s < r.steps.max()]
+    if early:
+        sources += (f" Fitted before the end of training, so provisional (a run still training, stopped, or a fit of "
+                    f"an earlier checkpoint): {', '.join(early)}.")
     unlabelled = [k for k, (_, role, _) in found.items() if role is None]
     how = ("Labels (the shares on the right, and the rings) are the role codes stored with the fits: with several "
            "restarts the majority vote over restarts, as `dynamics gates` reports them; dots sit at G+ and G- averaged "
@@ -224,9 +263,9 @@ def _chg_section(ctx: _Ctx) -> _Section:
     sec.figures.append((_save(fig, out, "chg.png"),
                         f"Causal head gating (Nam et al. 2025): each head's gate fitted toward open (G+, x) and toward shut "
                         f"(G-, y), both fractions in [0, 1], threshold {t}. Regions: facilitating (both high), irrelevant "
-                        f"(G+ high, G- low), interfering (both low). Left: every head of {len(found)} run(s) at its last fit, "
+                        f"(G+ high, G- low), interfering (both low). Left: every head of {len(found)} run(s) at its latest fit, "
                         f"{groups.description(scatter=True)}; middle and right: run {rid} over training. {how}{rings}"
-                        f"Source: {', '.join(sources)}."))
+                        f"Sources: {sources}"))
     lacking = [r.run_id for r in runs if r.run_id not in found]
     if lacking:
         sec.missing.append(f"Not available: CHG gates for {len(lacking)} run(s) ({', '.join(lacking)}) because they recorded "
