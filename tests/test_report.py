@@ -811,6 +811,19 @@ def test_write_report_keeps_files_no_report_wrote(tmp_path):
     assert (site / "index.html").read_text() == "<html>my notes</html>"
 
 
+def test_a_file_named_figures_is_refused_in_one_line(tmp_path, capsys):
+    # It crashed with a FileExistsError traceback when the report made its figures folder.
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "figures").write_text("mine")
+    assert cli.main(["report", str(path), "--out", str(out)]) == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds a file named figures" in err
+    assert (out / "figures").read_text() == "mine" and not (out / "index.html").exists()
+
+
 def test_a_report_stopped_part_way_leaves_the_previous_one_whole(tmp_path, monkeypatch):
     # write_report deleted the old figures first and replaced index.html last: stopped in between
     # (Ctrl-C, SIGKILL), the old page linked to PNGs that were gone.

@@ -199,7 +199,7 @@ def _chg_section(ctx: _Ctx) -> _Section:
                         zorder=3, alpha=0.85)
             ringed += _ring_disagreements(ax1, gp, gm, labels[-1], t)
             heads += gp.size
-    ax1.set_title("every head, last fitted snapshot", fontsize=9)
+    ax1.set_title("every head, latest fit", fontsize=9)
     handles = [ax1.scatter([], [], color=groups.colours[k], marker=groups.markers[k], s=30, edgecolor="k", lw=0.4,
                            label=groups.legend_label(k)) for k in groups.keys]
     if len(handles) <= 12:  # below the panel: inside it would hide heads
