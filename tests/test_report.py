@@ -898,7 +898,7 @@ def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisio
     for n, i in enumerate((0, 4)):  # steps 0 and 8
         writer.write_snapshot(i, {"chg": recorded[n], "chg_role": np.zeros((2, 2), np.int8)})
     writer.finalize()
-    gates = _gates_dataset(cfg)
+    gates = _gates_dataset(cfg).assign_attrs(options={"restarts": 3, "steps": 500, "lam": 0.3, "threshold": 0.5})
     run = _Run("r0", "running", {}, None, len(steps_at), np.zeros(len(steps_at), bool), np.asarray(steps_at))
 
     def left_step(step):
@@ -907,8 +907,9 @@ def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisio
         return int(pair["step"][-1]), source
 
     assert left_step(4) == (8, "recorded during training (chg)")  # the re-fit is of an earlier checkpoint
-    assert left_step(8) == (8, "derived/gates.r0 (`dynamics gates`)")  # same step: the explicit re-fit
-    assert left_step(16) == (16, "derived/gates.r0 (`dynamics gates`)")
+    refit = "derived/gates.r0 (`dynamics gates`, 3 restart(s) x 500 updates, lambda 0.3)"  # how it was fitted
+    assert left_step(8) == (8, refit)  # same step: the explicit re-fit
+    assert left_step(16) == (16, refit)
 
     figs = {}
     monkeypatch.setattr(chg, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)  # read, not drawn
@@ -920,6 +921,6 @@ def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisio
     assert np.allclose(path_dots.get_offsets(), 0.8)
     assert middle.get_title() == "run r0: each head over training so far"
     caption = sec.figures[0][1]
-    assert "Left: derived/gates.r0 (`dynamics gates`) for run(s) r0. Middle and right: recorded during training (chg)." in caption
+    assert f"Left: {refit} for run(s) r0. Middle and right: recorded during training (chg)." in caption
     assert "Run(s) r0 have fits recorded during training and a `dynamics gates` fit" in caption
     assert "so provisional (a run still training, stopped, or a fit of an earlier checkpoint): r0 (running, step 16 of 40)." in caption

@@ -118,9 +118,23 @@ def _chg_fits(path, run: _Run, derived: list[str]) -> list[tuple[xr.DataArray, x
                 pair = pair.transpose("snapshot", "layer", "head", "fit")
                 if role is not None:
                     role = role.transpose("snapshot", "layer", "head")
-                fits.append((pair, _checked_roles(pair, role), f"derived/{name} (`dynamics gates`)"))
+                fits.append((pair, _checked_roles(pair, role), f"derived/{name} (`dynamics gates`{_fit_options(gates)})"))
                 break
     return fits
+
+
+def _fit_options(gates: xr.Dataset) -> str:
+    """", 4 restarts x 500 updates, lambda 0.1": how a `dynamics gates` fit was made (attrs
+    ``options`` of gates.fit_chg), so a reader can tell a re-fit from the first one; "" if unsaid."""
+    opts = gates.attrs.get("options")
+    if not isinstance(opts, dict):
+        return ""
+    parts = []
+    if "restarts" in opts:
+        parts.append(f"{opts['restarts']} restart(s)" + (f" x {opts['steps']} updates" if "steps" in opts else ""))
+    if "lam" in opts:
+        parts.append(f"lambda {float(opts['lam']):g}")
+    return "".join(f", {p}" for p in parts)
 
 
 def _last_step(pair: xr.DataArray) -> float:
