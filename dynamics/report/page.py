@@ -124,7 +124,7 @@ _DRAFT = re.compile(r"\.index\.html\.\d{8}-\d{6}-\d+\.tmp")
 
 
 def _new_generation(figures: Path) -> Path:
-    """Create and return an unused ``figures/<date>-<time>-<n>`` folder (sortable by age)."""
+    """Create and return an unused ``figures/<date>-<time>-<n>`` folder (named by when it was made)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     n = 0
     while True:
