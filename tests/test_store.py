@@ -431,6 +431,39 @@ def test_analysis_and_derived_round_trip(tmp_path, monkeypatch):
     assert sorted(p.name for p in path.iterdir()) == ["analysis", "derived", "runs", "zarr.json"]  # nothing staged left
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_a_staged_write_clears_what_killed_writers_left_and_nothing_a_live_writer_holds(tmp_path):
+    import fcntl
+    import os
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    curves = xr.Dataset({"auc": ("fold", [0.7, 0.8])})
+    store.write_derived(path, "curves", curves)
+    staging = path / ".staging"
+    staging.mkdir()
+    # SIGKILLed while writing its group: a staging directory nobody holds
+    killed = staging / "analysis.r1.k1ll3d00"
+    (killed / "score").mkdir(parents=True)
+    (killed / "score" / "zarr.json").write_text("{}")
+    # SIGKILLed between the swap's two renames: the previous group moved aside, none in its place
+    os.rename(path / "derived" / "curves", staging / "derived.curves.m0v3d000.old")
+    # another process writing its group now (it holds its claim until it swaps)
+    live = staging / "analysis.r1.l1v3w000"
+    live.mkdir()
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        store.write_analysis(path, "r1", xr.Dataset({"score": ("head", [1.0, 2.0])}))
+        assert [p.name for p in staging.iterdir()] == [live.name]
+    finally:
+        os.close(fd)
+    xr.testing.assert_identical(store.open_derived(path, "curves").load(), curves)
+    assert list(store.open_analysis(path, "r1").score.values) == [1.0, 2.0]
+    store.write_derived(path, "other", curves)  # the writer above died too: its directory goes now
+    assert not staging.exists()
+
+
 def test_root_index_survives_sweep_index_and_concurrent_writers(tmp_path):
     path = tmp_path / "s.zarr"
     store.init_store(path)

@@ -8,6 +8,7 @@ This is the only module that imports zarr (and it never imports torch). Layout, 
     STORE/analysis/<run_id>/    derived per-run arrays (replaced whole when recomputed)
     STORE/derived/<name>/       sweep-level datasets
     STORE/.staging/             a local analysis or derived group while it is written, then renamed into place
+                                (what a killed writer left there, no live writer's, the next write clears)
     STORE/checkpoints/<run_id>/ckpt.pt   torch checkpoints (plain files, not zarr)
     STORE/checkpoints/<run_id>/train.lock  held (flock) by the process training the run
 

@@ -17,9 +17,16 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as _sync
 from zarr.storage import LocalStore, MemoryStore
 
+try:  # POSIX only; without it, staging leftovers of killed writers are not cleared
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
 from dynamics.schema import HEAD, LAYER, RUN, config_value
 from dynamics.signals import deferred_signals
 from dynamics.store._loc import (
+    _NAME,
+    SECTIONS,
     StoreError,
     _check_name,
     _children,
@@ -266,7 +273,9 @@ def _replace_local(loc: _Loc, gpath: str, write: Any) -> None:
     work = loc.local / _STAGING
     with _locked(loc):  # another writer removes `work` under the lock once it is empty
         work.mkdir(exist_ok=True)
+        _clear_stale_staging(loc, work)
         tmp = Path(tempfile.mkdtemp(dir=work, prefix=gpath.replace("/", ".") + "."))
+        claim = _claim(tmp)  # taken under the lock: no cleaner ever sees `tmp` unclaimed
     old = tmp.with_name(tmp.name + ".old")
     try:
         write(tmp)
@@ -278,8 +287,64 @@ def _replace_local(loc: _Loc, gpath: str, write: Any) -> None:
     finally:
         for leftover in (tmp, old):
             shutil.rmtree(leftover, ignore_errors=True)
+        if claim is not None:
+            os.close(claim)  # releases the flock
         with _locked(loc), contextlib.suppress(OSError):
             work.rmdir()  # only once empty: another writer may be staging its group there
+
+
+def _claim(directory: Path) -> int | None:
+    """An open descriptor holding an exclusive flock on `directory` (None: no flock here).
+
+    A writer holds it on its staging directory until the write ends; the operating system
+    drops it when the writer dies however it dies (SIGKILL, power), so an unclaimed staging
+    directory has no live owner.
+    """
+    if fcntl is None:
+        return None
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # no flock on this filesystem (ENOLCK): unclaimed, never cleared either
+        os.close(fd)
+        return None
+    return fd
+
+
+def _clear_stale_staging(loc: _Loc, work: Path) -> None:
+    """Remove what killed writers left in the staging directory; called under the store lock.
+
+    A write killed before its swap leaves its staging directory behind for ever (nothing else
+    ever looks in ``.staging``), with a copy of a whole analysis in it. An entry is stale when
+    no process holds its flock (:func:`_claim`). A ``.old`` entry is the previous group moved
+    aside by a swap; the swap is two renames under this lock, so a ``.old`` whose group is
+    missing was left by a writer killed between them: it is put back, not deleted.
+    """
+    if fcntl is None:
+        return
+    for entry in work.iterdir():
+        try:
+            fd = os.open(entry, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held by a live writer (or no flock here: cannot tell)
+                continue
+            if entry.name.endswith(".old"):
+                # "<section>.<name>.<random>.old"; mkdtemp's random part has no "."
+                section, _, name = entry.name.removesuffix(".old").rpartition(".")[0].partition(".")
+                target = loc.local / section / name
+                if section in SECTIONS[1:] and _NAME.match(name) and not target.exists():
+                    os.rename(entry, target)
+                    continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
 
 def write_analysis(path: str | os.PathLike, run_id: str, ds: xr.Dataset) -> None:
