@@ -55,17 +55,22 @@ def analyse_or_report(path: str, run_id: str) -> dict:
     of every other run. KeyboardInterrupt still stops everything."""
     import traceback
 
+    from dynamics import store
+
     try:
         return analyse_one(path, run_id)
     except Exception as e:  # noqa: BLE001 - reported in the row; the other runs go on
         status = "?"
         try:
-            from dynamics import store
-
             status = store.run_attrs(path, run_id).get("status", "?")
+        except store.StoreError:  # its group's metadata cannot be read: the row's error names it
+            status = "damaged"
         except Exception:  # noqa: BLE001 - the row still says why
             pass
-        line = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()[0]
+        if isinstance(e, store.StoreError):  # one line naming the run's problem; its module path says nothing
+            line = f"StoreError: {e}"
+        else:
+            line = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()[0]
         return {"run": run_id, "status": status, "skipped": True, "error": line,
                 "reason": f"analysis failed: {line}"}
 
@@ -112,7 +117,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
     """
     from dynamics import store
 
-    ids = list(run_ids or store.list_runs(path))
+    ids = list(run_ids or store.list_runs(path, damaged="include"))  # a damaged run: its row says so
     n = min(max(1, workers), len(ids))
     if store.is_remote(path):
         n = 1
@@ -190,7 +195,7 @@ def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
     axes = [a for a in index.get("axes", []) if a != "train.seed"]
     groups, labels, profiles = [], {}, []
     flat: dict[str, dict] = {}  # group -> its config as {"section.key": value}
-    for run_id in store.list_runs(path):
+    for run_id in store.list_runs(path, damaged="skip"):  # `analyse` names a damaged run in its table
         analysis = store.open_analysis(path, run_id)
         if analysis is None:
             continue

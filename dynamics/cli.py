@@ -158,8 +158,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     axes = index.get("axes", [])
     header = ["run", *axes, "status", "steps", "resumes_at", "last_loss"]
     rows = []
-    recorded = store.list_runs(args.store)
+    recorded = store.list_runs(args.store, damaged="include")
+    damaged = _damaged_runs(args.store, recorded)  # named on stderr; the others are shown
     for run_id in recorded:
+        if run_id in damaged:
+            rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], "damaged", "-", "-", "-"])
+            continue
         a = store.run_attrs(args.store, run_id)
         loss = a.get("last_loss")
         # while a run trains, its checkpoint is the progress; steps_done is where it (re)started
@@ -174,7 +178,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         rows.append([run_id, *[str(swept[run_id].get(k, "")) for k in axes], "pending", "0/?", "0", "-"])
     order = _grid_order(index)  # runs outside any sweep after the grid, by id
     _print_table(header, sorted(rows, key=lambda row: (row[0] not in order, order.get(row[0], ()), row[0])))
-    return 0
+    return 1 if damaged else 0
 
 
 def _grid_order(index: dict) -> dict[str, tuple]:
@@ -235,11 +239,14 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     check_writable(args.store, "analyse")
     from dynamics import store
 
-    ids = store.list_runs(args.store)
+    # a damaged run is listed: its row says why it was not analysed, and the others are analysed
+    ids = store.list_runs(args.store, damaged="include")
     if args.run and args.run not in ids:
         raise UsageError(f"no run {args.run!r} in {args.store}")
     if not ids:
         raise UsageError(f"{args.store} holds no runs to analyse")
+    if args.run:
+        store.run_attrs(args.store, args.run)  # the one run asked for is damaged: StoreError naming it, exit 2
     t0 = time.perf_counter()
     check_workers(args.workers)
     rows = analyse_store(args.store, [args.run] if args.run else None, workers=args.workers)
@@ -324,16 +331,36 @@ def cmd_report(args: argparse.Namespace) -> int:
     from dynamics import store
     from dynamics.report import write_report
 
-    ids = store.list_runs(args.store)
+    ids = store.list_runs(args.store, damaged="include")  # the page names a damaged run as unreadable
     if not ids:
         raise UsageError(f"{args.store} holds no runs to report on")
     if args.run and args.run not in ids:
         raise UsageError(f"no run {args.run!r} in {args.store}")
+    if args.run:
+        store.run_attrs(args.store, args.run)  # the run to show is damaged: StoreError naming it, exit 2
+    damaged = _damaged_runs(args.store, ids)
     out = Path(args.out) if args.out else default_report_dir(args.store)
     check_report_dir(out, "--out")
     page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute)
     print(f"report written to {page}\nopen {page.resolve().as_uri()}")
-    return 0
+    return 1 if damaged else 0
+
+
+def _damaged_runs(path: str, ids: list[str]) -> list[str]:
+    """The runs of `ids` whose group cannot be read, each named on stderr with why, then in one line."""
+    from dynamics import store
+
+    damaged = []
+    for run_id in ids:
+        try:
+            store.run_attrs(path, run_id)
+        except store.StoreError as e:
+            print(f"dynamics: {e}", file=sys.stderr)
+            damaged.append(run_id)
+    if damaged:
+        print(f"dynamics: {len(damaged)} run(s) could not be read (damaged), skipped: {', '.join(damaged)}",
+              file=sys.stderr)
+    return damaged
 
 
 def _gates_progress(run_id: str):
@@ -358,7 +385,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     from dynamics.config import recorded_config
     from dynamics.gates import GateOptions, check_fittable, gate_report, parse_contrast, report_lines, report_table
 
-    runs = store.list_runs(args.store)
+    runs = store.list_runs(args.store, damaged="include")  # a damaged one, if chosen: run_attrs names it
     if not runs:
         raise UsageError(f"{args.store} holds no runs")
     run_id = args.run or (runs[0] if len(runs) == 1 else None)

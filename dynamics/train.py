@@ -254,7 +254,8 @@ def train_run(
     # Refusals come before the lock too: taking it rewrites the lock file's holder, and a
     # refused command leaves the store as it found it. Both are decided again under the lock,
     # where the attrs are read again.
-    prior = store.run_attrs(path, run_id) if run_id in store.list_runs(path) else {}
+    # another run's damaged group is no reason to refuse this one (a damaged run_id: run_attrs names it)
+    prior = store.run_attrs(path, run_id) if run_id in store.list_runs(path, damaged="include") else {}
     _refuse_other_experiment(prior, cfg, path, run_id)
     if prior.get("status") in FINISHED_STATUSES:
         return _skipped(run_id, prior)
@@ -333,7 +334,7 @@ def _note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int)
 
 def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | None, extra_attrs: dict | None,
                   recording: bool, hash_now: str) -> RunResult:
-    existing = run_id in store.list_runs(path)
+    existing = run_id in store.list_runs(path, damaged="include")
     prior = store.run_attrs(path, run_id) if existing else {}
     # another process may have started or finished the run since train_run looked
     _refuse_other_experiment(prior, cfg, path, run_id)
@@ -550,7 +551,7 @@ def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") ->
     """
     from dynamics.config import recorded_config
 
-    ids = store.list_runs(path)
+    ids = store.list_runs(path, damaged="include")  # a damaged run of them: run_attrs below names it if chosen
     if run_id is None:
         if len(ids) != 1:
             raise store.StoreError(f"{path} holds {len(ids)} runs; choose one with --run ({', '.join(ids[:8])})")

@@ -393,3 +393,46 @@ def test_run_notes_threads_beyond_the_cores_it_may_use(tiny, monkeypatch, capsys
             "share cores and train slower") in capsys.readouterr().err
     assert main(["run", str(cfg), "--out", str(path)]) == 0
     assert "train.threads" not in capsys.readouterr().err
+
+
+def test_one_damaged_run_is_named_and_the_other_runs_are_still_processed(tiny, tmp_path, capsys):
+    # A run group whose zarr.json was cut short made status, analyse and report refuse the whole store.
+    import shutil
+
+    from dynamics import cli
+
+    _, _, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    good = store.list_runs(s)[0]
+    shutil.copytree(s / "runs" / good, s / "runs" / "broken")
+    meta = s / "runs" / "broken" / "zarr.json"
+    damaged = meta.read_bytes()[:40]
+    meta.write_bytes(damaged)
+    named = "runs/broken exists but its metadata runs/broken/zarr.json cannot be read (damaged)"
+    last = "dynamics: 1 run(s) could not be read (damaged), skipped: broken"
+
+    assert cli.main(["status", str(s)]) == 1
+    out, err = capsys.readouterr()
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert rows["broken"][1:] == ["damaged", "-", "-", "-"] and rows[good][1] == "completed"
+    assert named in err and err.strip().splitlines()[-1] == last
+
+    # analyse and report go on run by run (their other runs: test_analyse_goes_on_past_a_run_whose_analysis_fails,
+    # test_report); here, cheaply, the damaged run alone
+    shutil.rmtree(s / "runs" / good)
+    assert cli.main(["analyse", str(s), "--workers", "1"]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1].split()[:3] == ["broken", "damaged", "-"]
+    assert f"not analysed (analysis failed: StoreError: {s}: run group {named}" in out
+    assert err.strip().splitlines()[-1] == "dynamics: the analysis of 1 run(s) failed: broken"
+    assert cli.main(["report", str(s), "--out", str(tmp_path / "rep"), "--no-compute"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == last
+    assert named in (tmp_path / "rep" / "index.html").read_text()
+    for args in (["analyse", str(s), "--run", "broken"],
+                 ["report", str(s), "--run", "broken", "--out", str(tmp_path / "rep2")]):
+        assert cli.main(args) == 2  # the one run asked for is the damaged one: refused, named
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert named in line
+    assert meta.read_bytes() == damaged
+    assert not (s / "analysis" / "broken").exists() and not (tmp_path / "rep2").exists()

@@ -168,7 +168,7 @@ def test_a_refused_resume_leaves_the_run_attrs_as_they_were(tmp_path):
 def test_a_run_with_unreadable_metadata_is_named_by_readers_and_left_alone_by_writers(tmp_path):
     path = tmp_path / "s.zarr"
     write_run(path, "r1")
-    write_run(path, "r2", seed=1)
+    snaps = write_run(path, "r2", seed=1)
     meta = tmp_path / "s.zarr" / "runs" / "r1" / "zarr.json"
     damaged = meta.read_bytes()[:40]  # cut short: not JSON any more
     meta.write_bytes(damaged)
@@ -176,8 +176,10 @@ def test_a_run_with_unreadable_metadata_is_named_by_readers_and_left_alone_by_wr
     for call in (
         lambda: store.list_runs(path),
         lambda: store.run_attrs(path, "r1"),
-        lambda: store.open_run(path, "r2"),
+        lambda: store.open_run(path),  # "the only run" may be the damaged one
+        lambda: store.open_run(path, "r1"),
         lambda: store.open_sweep(path),
+        lambda: store.open_sweep(path, ["r1", "r2"]),
         lambda: store.update_run_attrs(path, "r1", status="failed"),
         lambda: store.write_analysis(path, "r1", xr.Dataset()),
         lambda: store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running"}),
@@ -187,6 +189,19 @@ def test_a_run_with_unreadable_metadata_is_named_by_readers_and_left_alone_by_wr
             call()
     assert meta.read_bytes() == damaged
     assert not (tmp_path / "s.zarr" / "analysis" / "r1").exists()
+    # One damaged run no longer hides the others from whoever works run by run: listed ("include")
+    # it is named by its own reads; the other run reads, is analysed and is opened in a sweep.
+    assert store.list_runs(path, damaged="skip") == ["r2"]
+    assert store.list_runs(path, damaged="include") == ["r1", "r2"]
+    np.testing.assert_array_equal(store.open_run(path, "r2").gate.isel(snapshot=2).values, snaps[2]["gate"])
+    assert store.run_attrs(path, "r2") == {"status": "completed"}
+    store.write_analysis(path, "r2", xr.Dataset({"score": ("head", [1.0])}))
+    assert list(store.open_analysis(path, "r2").score.values) == [1.0]
+    assert list(store.open_sweep(path, ["r2"]).run.values) == ["r2"]
+    with pytest.raises(StoreError, match=r"no run 'r3' in .*; runs: r1, r2"):
+        store.open_run(path, "r3")
+    with pytest.raises(StoreError, match="damaged: expected one of raise, skip, include"):
+        store.list_runs(path, damaged="ignore")
 
 
 def test_a_run_whose_metadata_is_gone_from_beside_its_arrays_is_not_created_again(tmp_path):

@@ -182,19 +182,24 @@ def _chg_section(ctx: _Ctx) -> _Section:
     path, runs, chosen, out = ctx.path, ctx.runs, ctx.chosen, ctx.out
     sec = _Section("chg", "Causal head gating: G+ against G-")
     derived = ctx.derived()
-    found, over, both = {}, {}, []
+    found, over, both, unreadable = {}, {}, [], []
     for r in runs:
         try:
             fits = _chg_fits(path, r, derived)
-        except Exception:  # noqa: BLE001 - a run whose arrays cannot be read (named in the runs table)
-            fits = []
+        except Exception:  # noqa: BLE001 - a damaged run (the runs table says why): the others' gates still shown
+            unreadable.append(r.run_id)
+            continue
         if fits:
             found[r.run_id] = _chg_of_run(path, r, derived) if len(fits) > 1 else fits[0]
             over[r.run_id] = fits[0]  # over training: the fits recorded during training, where there are any
             both += [r.run_id] if len(fits) > 1 else []
+    unread = (f"Not available: CHG gates for {len(unreadable)} run(s) ({', '.join(unreadable)}) because they could "
+              f"not be read (see Runs).")
     if not found:
-        sec.missing.append("Not available: the CHG scatter because no run recorded fitted `chg` gates "
-                           "(record.chg_every = 0, or no fit reached yet) and the store has no derived gates.<run_id> dataset.")
+        sec.missing.append(f"Not available: the CHG scatter because no {'readable ' if unreadable else ''}run recorded "
+                           "fitted `chg` gates (record.chg_every = 0, or no fit reached yet) and the store has no derived "
+                           "gates.<run_id> dataset.")
+        sec.missing += [unread] if unreadable else []
         return sec
     t = CHG_THRESHOLD
     groups = ctx.groups([r for r in runs if r.run_id in found])
@@ -280,7 +285,8 @@ def _chg_section(ctx: _Ctx) -> _Section:
                         f"(G+ high, G- low), interfering (both low). Left: every head of {len(found)} run(s) at its latest fit, "
                         f"{groups.description(scatter=True)}; middle and right: run {rid} over training. {how}{rings}"
                         f"Sources: {sources}"))
-    lacking = [r.run_id for r in runs if r.run_id not in found]
+    sec.missing += [unread] if unreadable else []
+    lacking = [r.run_id for r in runs if r.run_id not in found and r.run_id not in unreadable]
     if lacking:
         sec.missing.append(f"Not available: CHG gates for {len(lacking)} run(s) ({', '.join(lacking)}) because they recorded "
                            f"no fitted chg and have no derived gates dataset.")

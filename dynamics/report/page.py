@@ -81,7 +81,7 @@ def write_report(
     """
     if not store.is_store(store_path):
         raise store.StoreError(f"not a dynamics store: {store_path}")
-    ids = store.list_runs(store_path)
+    ids = store.list_runs(store_path, damaged="include")  # a damaged run is listed as unreadable
     if run_id is not None and run_id not in ids:
         raise store.StoreError(f"no run {run_id!r} in {store_path}; runs: {', '.join(ids) or '(none)'}")
     out = Path(out_dir)

@@ -191,19 +191,41 @@ def _group_meta(loc: _Loc, gpath: str) -> dict | None:
     )
 
 
-def _children(loc: _Loc, section: str) -> list[str]:
-    return [n for n in loc.list_dir(section) if _NAME.match(n) and _group_exists(loc, f"{section}/{n}")]
+DAMAGED = ("raise", "skip", "include")
+"""What a listing of runs does with a damaged run group (see :func:`_group_meta`): raise the
+StoreError naming it, leave it out, or list it (every read of that run then raises it)."""
+
+
+def _children(loc: _Loc, section: str, damaged: str = "raise") -> list[str]:
+    if damaged not in DAMAGED:
+        raise StoreError(f"damaged: expected one of {', '.join(DAMAGED)}, got {damaged!r}")
+    out = []
+    for n in loc.list_dir(section):
+        if not _NAME.match(n):
+            continue
+        try:
+            if _group_exists(loc, f"{section}/{n}"):
+                out.append(n)
+        except StoreError:
+            if damaged == "raise":
+                raise
+            if damaged == "include":
+                out.append(n)
+    return out
 
 
 def _default_run(loc: _Loc, run_id: str | None) -> str:
-    runs = _children(loc, "runs")
     if run_id is None:
+        runs = _children(loc, "runs")  # a damaged run may be the one meant: named, not passed over
         if len(runs) == 1:
             return runs[0]
         if not runs:
             raise StoreError(f"no runs in {loc}")
         raise StoreError(f"{loc} holds {len(runs)} runs; pass run_id, one of: {', '.join(runs)}")
-    if run_id not in runs:
+    # Only this run's own group is looked at: another run's damage is no reason to refuse this one.
+    named = isinstance(run_id, str) and bool(_NAME.match(run_id)) and run_id != "zarr.json"
+    if not (named and _group_exists(loc, f"runs/{run_id}")):
+        runs = _children(loc, "runs", damaged="include")
         raise StoreError(f"no run {run_id!r} in {loc}; runs: {', '.join(runs) or '(none)'}")
     return run_id
 
@@ -223,6 +245,12 @@ def _unreadable_member(loc: _Loc, gpath: str) -> StoreError | None:
 
 def _open_group_ds(loc: _Loc, gpath: str, dask: bool = True) -> xr.Dataset:
     # consolidated=False: read the group's own metadata, never the (possibly stale) root index.
+    if loc.local is not None:
+        # Checked first where it is cheap: zarr reads the members concurrently, and the reads still
+        # pending when one fails print "Task was destroyed but it is pending!" at exit.
+        damaged = _unreadable_member(loc, gpath)
+        if damaged is not None:
+            raise damaged
     try:
         if dask:
             return xr.open_zarr(loc.url, group=gpath, consolidated=False)

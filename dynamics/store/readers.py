@@ -32,6 +32,7 @@ from dynamics.store._loc import (
     _children,
     _default_run,
     _group_exists,
+    _group_meta,
     _jsonable,
     _Loc,
     _locked,
@@ -127,11 +128,13 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
     """
     loc = _Loc(path)
     _require_store(loc)
-    present = _children(loc, "runs")
     index = read_sweep_index(loc.url)
     if run_ids is None:
+        present = _children(loc, "runs")  # a damaged run is named: the sweep would lack it unsaid
         run_ids = [r for r in index["runs"] if r in present] if index else present
     else:
+        # runs asked for by name: another run's damage does not matter, theirs is named below
+        present = _children(loc, "runs", damaged="include")
         if isinstance(run_ids, str):  # iterated, a run id is its characters: "no run(s) 'r', '5', ..."
             raise StoreError(f"run_ids: expected a list of run ids, got the string {run_ids!r}")
         # a run twice on the run dim would count twice in every mean or groupby over runs
@@ -145,6 +148,8 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
     if not run_ids:
         raise StoreError(f"no runs to open in {loc}")
 
+    for rid in run_ids:
+        _group_meta(loc, f"runs/{rid}")  # StoreError naming a damaged run given by name
     opened = [_open_group_ds(loc, f"runs/{rid}") for rid in run_ids]
     sizes: dict[str, set[int]] = {}
     for ds in opened:

@@ -264,12 +264,18 @@ def init_store(path: str | os.PathLike) -> None:
             _rebuild_index(loc)
 
 
-def list_runs(path: str | os.PathLike) -> list[str]:
+def list_runs(path: str | os.PathLike, *, damaged: str = "raise") -> list[str]:
     """Sorted ids of the run groups in a store.
 
     Parameters
     ----------
     path : str or PathLike
+    damaged : {"raise", "skip", "include"}
+        A run group whose ``zarr.json`` cannot be read, or is gone from beside its arrays:
+        "raise" its StoreError (a caller that works on the store as a whole); "skip" it;
+        "include" it, for a caller that works run by run and names the runs it could not
+        read (:func:`run_attrs` and :func:`open_run` of that run raise the StoreError naming
+        it; those of the other runs work).
 
     Returns
     -------
@@ -278,11 +284,11 @@ def list_runs(path: str | os.PathLike) -> list[str]:
     Raises
     ------
     StoreError
-        If `path` is not a dynamics store.
+        If `path` is not a dynamics store, or (``damaged="raise"``) names a damaged run.
     """
     loc = _Loc(path)
     _require_store(loc)
-    return _children(loc, "runs")
+    return _children(loc, "runs", damaged)
 
 
 def run_attrs(path: str | os.PathLike, run_id: str) -> dict:
