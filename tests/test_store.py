@@ -585,6 +585,18 @@ def test_checkpoint_path_and_atomic_write(tmp_path):
     assert store.list_runs(path) == []
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_the_run_lock_clears_a_temporary_checkpoint_a_killed_trainer_left(tmp_path):
+    path = tmp_path / "s.zarr"
+    store.write_checkpoint(path, "r1", b"step 10")
+    folder = path / "checkpoints" / "r1"
+    (folder / ".ckpt.pt.k1ll3d.tmp").write_bytes(b"half of step 20")  # SIGKILL inside atomic_write_bytes
+    (folder / "notes.txt").write_text("mine")
+    with store.run_lock(path, "r1"):
+        assert sorted(p.name for p in folder.iterdir()) == ["ckpt.pt", "notes.txt", "train.lock"]
+    assert store.read_checkpoint(path, "r1") == b"step 10"
+
+
 def test_a_store_of_a_newer_version_is_neither_read_nor_written(tmp_path):
     # Its layout may differ: the API refuses it as the CLI does, before reading or writing anything.
     import json

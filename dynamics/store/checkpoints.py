@@ -162,7 +162,8 @@ def run_lock(path: str | os.PathLike, run_id: str):
     except OSError as e:
         raise StoreError(f"run {run_id} in {loc}: cannot write its training lock {target}: {e.strerror}") from None
     try:
-        if not _flock_exclusive(fd):
+        locked = _flock_exclusive(fd)
+        if locked is False:
             try:
                 held = json.loads(os.pread(fd, 4096, 0) or b"{}")
             except ValueError:
@@ -174,17 +175,23 @@ def run_lock(path: str | os.PathLike, run_id: str):
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
+        # Only the holder of this lock writes the run's checkpoint, so a temporary checkpoint
+        # here now is a killed holder's (SIGKILL mid-write): a checkpoint's size, left for ever.
+        # Without flock (None) another trainer may be writing it.
+        for stale in target.parent.glob(f".{CHECKPOINT_FILE}.*.tmp") if locked else ():
+            with contextlib.suppress(OSError):
+                stale.unlink()
         yield
     finally:
         os.close(fd)  # releases the flock
 
 
-def _flock_exclusive(fd: int, patience: float = 2.0) -> bool:
+def _flock_exclusive(fd: int, patience: float = 2.0) -> bool | None:
     """Take the exclusive flock within ``patience`` seconds; False if someone holds it.
 
     :func:`run_lock_held` probes with a brief shared lock, so a free run can look taken for a
     moment; a trainer waits that out instead of refusing. A filesystem without flock (some
-    network mounts: ENOLCK) gives no lock, and training goes on unlocked.
+    network mounts: ENOLCK) gives no lock (None), and training goes on unlocked.
     """
     deadline = time.monotonic() + patience
     while True:
@@ -197,7 +204,7 @@ def _flock_exclusive(fd: int, patience: float = 2.0) -> bool:
             time.sleep(0.02)
         except OSError as e:
             if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                return True
+                return None
             raise
 
 
