@@ -239,6 +239,22 @@ def test_a_store_whose_root_metadata_is_unreadable_is_named_as_damaged_and_left_
         store.check_store(tmp_path / "elsewhere")
 
 
+def test_a_section_whose_metadata_was_cut_short_is_written_again_and_its_runs_left_alone(tmp_path):
+    # runs/zarr.json cut short: zarr's require_group in init_store raised a bare JSONDecodeError, so
+    # no run could be created (`dynamics run` said the run failed, exit 1).
+    path = tmp_path / "s.zarr"
+    snaps = write_run(path, "r1")
+    for section in ("runs", "analysis"):
+        meta = path / section / "zarr.json"
+        meta.write_bytes(meta.read_bytes()[:30])
+    write_run(path, "r2", seed=1)
+    assert store.list_runs(path) == ["r1", "r2"]
+    np.testing.assert_array_equal(store.open_run(path, "r1").gate.isel(snapshot=1).values, snaps[1]["gate"])
+    for section in ("runs", "analysis"):
+        assert json.loads((path / section / "zarr.json").read_text())["node_type"] == "group"
+    xr.open_zarr(path, group="runs/r1")
+
+
 def test_an_array_with_unreadable_metadata_is_named_and_a_resume_changes_nothing(tmp_path):
     path = tmp_path / "s.zarr"
     write_run(path, "r1", attrs={"status": "interrupted"})

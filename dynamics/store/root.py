@@ -258,9 +258,13 @@ def init_store(path: str | os.PathLike) -> None:
     _check_version(loc, root)
     if not all(_group_exists(loc, s) for s in SECTIONS) or "consolidated_metadata" not in root:
         with _locked(loc):
-            root = zarr.open_group(loc.store, mode="r+", use_consolidated=False)
             for section in SECTIONS:
-                root.require_group(section)
+                if not _group_exists(loc, section):
+                    # Missing, or cut short: zarr's require_group failed on the latter with a bare
+                    # JSONDecodeError, and no run could be created. A section's zarr.json holds no
+                    # attributes (nothing recorded), and writing it leaves the groups below alone.
+                    meta = GroupMetadata(zarr_format=3).to_buffer_dict(default_buffer_prototype())
+                    loc.set(f"{section}/zarr.json", meta["zarr.json"].to_bytes())
             _rebuild_index(loc)
 
 
