@@ -436,3 +436,25 @@ def test_one_damaged_run_is_named_and_the_other_runs_are_still_processed(tiny, t
         assert named in line
     assert meta.read_bytes() == damaged
     assert not (s / "analysis" / "broken").exists() and not (tmp_path / "rep2").exists()
+
+
+@pytest.mark.parametrize("args", [["run", "{cfg}", "--out"], ["sweep", "{cfg}", "--out"], ["status"], ["analyse"],
+                                  ["predict"], ["gates"], ["report", "--out", "{d}/rep"]])
+def test_a_store_whose_root_metadata_is_cut_short_is_named_as_damaged_by_every_command(tiny, tmp_path, args, capsys):
+    # run and sweep called it a folder that "exists and is not a dynamics store"
+    import shutil
+
+    from dynamics import cli
+
+    _, cfg, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    (s / "zarr.json").write_bytes((path / "zarr.json").read_bytes()[:30])
+    before = sorted((str(p), p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
+    argv = [a.format(cfg=cfg, d=tmp_path) for a in args]
+    argv.insert(argv.index("--out") + 1 if argv[-1] == "--out" else 1, str(s))
+    assert cli.main(argv) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == f"dynamics: error: {s}: the store's root metadata zarr.json cannot be read (damaged); restore it " \
+                   f"from a backup"
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
