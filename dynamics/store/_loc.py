@@ -170,7 +170,8 @@ def _group_meta(loc: _Loc, gpath: str) -> dict | None:
     A run group whose ``zarr.json`` is unreadable (cut short, not a group), or gone from
     beside its arrays, is recorded data, not an absence: taken as missing, every reader would hide the run and
     ``dynamics run`` would create the group again over its arrays. So it raises StoreError,
-    and every reader and writer that looks the run up refuses. (``analysis/`` and ``derived/``
+    and every reader and writer that looks the run up refuses; a listing of the runs raises it
+    too, or, asked to (``damaged=``), leaves the run out or lists it for its reads to name it. (``analysis/`` and ``derived/``
     groups are recomputed whole, so an unreadable one is simply replaced.)
     """
     key = f"{gpath}/zarr.json"
