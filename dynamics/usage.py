@@ -9,7 +9,6 @@ and input errors stay instant.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -47,13 +46,8 @@ def check_out(path: str) -> None:
         if not os.access(p, os.W_OK | os.X_OK):
             raise UsageError(f"--out {path}: no permission to write into this empty directory")
     elif not store.is_store(path):
-        try:
-            json.loads((p / "zarr.json").read_bytes())
-        except ValueError:  # a store whose root metadata was cut short is no foreign folder: named as such
-            store.check_store(path)
-        except OSError:
-            pass
-        raise UsageError(f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
+        raise UsageError(store.damaged_root(path)
+                         or f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
     else:
         check_writable(path, "--out")
 

@@ -438,7 +438,7 @@ def test_one_damaged_run_is_named_and_the_other_runs_are_still_processed(tiny, t
     assert not (s / "analysis" / "broken").exists() and not (tmp_path / "rep2").exists()
 
 
-@pytest.mark.parametrize("args", [["run", "{cfg}", "--out"], ["sweep", "{cfg}", "--out"], ["status"], ["analyse"],
+@pytest.mark.parametrize("args", [["run", "{cfg}", "--out"], ["sweep", "{cfg}", "--out"], ["demo", "--out"], ["status"], ["analyse"],
                                   ["predict"], ["gates"], ["report", "--out", "{d}/rep"]])
 def test_a_store_whose_root_metadata_is_cut_short_is_named_as_damaged_by_every_command(tiny, tmp_path, args, capsys):
     # run and sweep called it a folder that "exists and is not a dynamics store"

@@ -73,6 +73,7 @@ from dynamics.store.readers import (
 )
 from dynamics.store.root import (
     check_store,
+    damaged_root,
     deferred_index,
     init_store,
     is_store,
@@ -95,6 +96,7 @@ __all__ = [
     "check_run_id",
     "check_store",
     "checkpoint_path",
+    "damaged_root",
     "deferred_index",
     "has_checkpoint",
     "read_checkpoint",

@@ -208,6 +208,15 @@ def _require_store(loc: _Loc) -> None:
     _check_version(loc, root)
 
 
+def damaged_root(path: str | os.PathLike) -> str | None:
+    """The one-line problem when `path` holds a store whose root zarr.json cannot be read, else None.
+
+    For commands that check a path before writing to it: such a path is recorded data to
+    restore, which "not a dynamics store" would hide.
+    """
+    return _unreadable_root(_Loc(path))
+
+
 def _unreadable_root(loc: _Loc) -> str | None:
     # A store whose root zarr.json was cut short is not "not a store": said so, its runs would
     # look like a wrong path, not like recorded data to restore.
