@@ -395,6 +395,9 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             this_start["after"] = {"status": prior.get("status"), "traceback": prior["traceback"]}
             start_attrs["traceback"] = None
         start_attrs["resumes"] = [*prior.get("resumes", []), this_start]
+        # As steps_done below: the last session's loss, at a step this one redoes, would stand in
+        # `dynamics status` as this session's, and stay there if it is killed
+        start_attrs["last_loss"] = None
     else:
         start_attrs = base_attrs
     # steps_done restarts at the checkpoint: the last session's count would stand for this one's
