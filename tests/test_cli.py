@@ -338,6 +338,17 @@ def test_analyse_goes_on_past_a_run_whose_analysis_fails(tiny, tmp_path):
     assert store.open_analysis(path, broken) is None
 
 
+def test_demo_timing_gives_a_share_of_training_only_when_it_trained_every_run():
+    # a second `dynamics demo` of one store trained nothing and printed
+    # "training 0.0s, analysis 4.9s (26694.6% of training)"
+    from dynamics.cli import demo_timing
+
+    assert demo_timing(80.0, 8.0, 95.4, 0, 12) == "training 80.0s, analysis 8.0s (10.0% of training), total 95s"
+    assert demo_timing(0.02, 4.9, 9.0, 12, 12) == ("training 0.0s, analysis 4.9s (no share of training: 12 of 12 "
+                                                   "runs were already finished, not retrained), total 9s")
+    assert "% of training" not in demo_timing(40.0, 8.0, 50.0, 6, 12)
+
+
 def test_demo_help_gives_the_report_default_that_follows_out():
     # cmd_demo puts the report next to --out (x.zarr -> x-report); the help said runs/quickstart-report always
     r = dyn("demo", "--help")
