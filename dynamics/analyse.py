@@ -31,7 +31,8 @@ def analyse_one(path: str, run_id: str) -> dict:
 
     attrs = store.run_attrs(path, run_id)
     if attrs.get("status") not in FINISHED_STATUSES:
-        return {"run": run_id, "status": attrs.get("status", "?"), "skipped": True, "reason": "unfinished"}
+        # "stopped", not "running", for a killed run, as `dynamics status` names it
+        return {"run": run_id, "status": store.run_status(path, run_id, attrs), "skipped": True, "reason": "unfinished"}
     ds = store.open_run(path, run_id, dask=False)  # sizes only: nothing is read yet
     ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else store.open_run(path, run_id)
     need = AnalysisOptions().baseline_snapshots + 1  # the divergence curve's noise band needs them

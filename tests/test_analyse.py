@@ -113,6 +113,19 @@ def test_bad_workers_is_one_line_exit_2(three_runs, capsys):
     assert err == "dynamics: error: --workers: must be >= 1, got 0"
 
 
+def test_a_killed_run_is_listed_as_stopped_as_status_lists_it(three_runs, tmp_path):
+    # analyse's table said "running" for a run that `dynamics status` called "stopped" (killed:
+    # marked running, its lock held by no process)
+    from dynamics.analyse import analyse_one
+
+    path, unfinished = three_runs
+    copy = str(tmp_path / "s.zarr")
+    shutil.copytree(path, copy)
+    store.update_run_attrs(copy, unfinished, status="running")  # as SIGKILL leaves it
+    row = analyse_one(copy, unfinished)
+    assert row["skipped"] and row["status"] == "stopped" == store.run_status(copy, unfinished, store.run_attrs(copy, unfinished))
+
+
 def test_a_run_too_short_for_the_noise_band_is_said_not_analysed(tmp_path, capsys):
     from tests.conftest import TINY
 
