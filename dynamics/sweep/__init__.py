@@ -47,7 +47,9 @@ Faults:
   and ends with a summary and a non-zero exit code;
 - a worker that dies mid-run: the scheduler reschedules its task (up to the scheduler's
   ``allowed-failures``, 3 by default; after that the launcher resubmits it itself,
-  ``MAX_RESUBMITS`` more times) and the run resumes from its last checkpoint;
+  ``MAX_RESUBMITS`` more times) and the run resumes from its last checkpoint; when the worker of
+  its last submission dies too, the launcher records the run ``failed`` with that reason (under
+  the run's lock, so never a run a live process trains), and the next launch resumes it;
 - a task cancelled on the cluster (the launcher lost its scheduler, or another client cancelled
   it): recorded ``cancelled`` in the summary with Dask's reason, the sweep ends with a non-zero
   exit code, and the next launch resumes the run;

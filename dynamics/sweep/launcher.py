@@ -19,7 +19,7 @@ from dynamics.sweep.grid import Point, _plain, expand_grid
 from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
-from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _stop_name, run_point
+from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _record_failure, _stop_name, run_point
 
 MAX_RESUBMITS = 2
 """Extra submissions of a run whose task the scheduler gave up on (KilledWorker)."""
@@ -244,6 +244,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     by_run = {p.run_id: p for p in todo}
     order = {p.run_id: i for i, p in enumerate(todo)}
     tries: Counter = Counter()
+    deaths: Counter = Counter()  # run id -> deaths of the workers that ran it, all tries together
 
     def submit(p: Point):
         tries[p.run_id] += 1
@@ -269,11 +270,19 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                           f"the same command resumes it"}
         else:
             exc = f.exception()
-            if isinstance(exc, KilledWorker) and tries[run_id] <= MAX_RESUBMITS:
-                pending[submit(by_run[run_id])] = run_id
-                return
-            r = {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False,
-                 "error": f"{type(exc).__name__}: {exc}".splitlines()[0], "traceback": None}
+            if isinstance(exc, KilledWorker):
+                deaths[run_id] += exc.allowed_failures + 1  # the scheduler gave up after that many
+                if tries[run_id] <= MAX_RESUBMITS:
+                    pending[submit(by_run[run_id])] = run_id
+                    return
+                error = _killed_reason(deaths[run_id], getattr(exc.last_worker, "address", "?"))
+                # The task never returned, so nothing recorded the run's end: it would stay
+                # "running" (`dynamics status`: stopped) while the summary says failed.
+                _record_failure(path, run_id, error)
+            else:
+                error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            r = {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False, "error": error,
+                 "traceback": None}
         results[run_id] = r
         note = f": {r['error']}" if r["status"] in ("failed", "cancelled") and r["error"] else ""
         if r.get("skipped"):
@@ -304,6 +313,13 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 cluster.close()
             _mark_interrupted(path, [r for r in by_run if results.get(r, {}).get("status", "cancelled") == "cancelled"])
     return [results[p.run_id] for p in todo if p.run_id in results]
+
+
+def _killed_reason(deaths: int, last_worker: str) -> str:
+    """The one-line error of a run whose task the scheduler gave up on (KilledWorker) for good:
+    Dask's own message counts the workers of the last submission only."""
+    times = "once" if deaths == 1 else f"{deaths} times"
+    return f"KilledWorker: the worker training it died {times} (last {last_worker}); the same command resumes it"
 
 
 @contextlib.contextmanager

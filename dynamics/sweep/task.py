@@ -115,7 +115,10 @@ def _keep_freed_memory() -> None:
 
 
 def _record_failure(path: str, run_id: str, tb: str) -> None:
-    """If train_run failed before it could record the failure itself, record it in the run."""
+    """If train_run failed before it could record the failure itself, record it in the run.
+
+    ``tb`` is the traceback, or the launcher's one-line reason for a task that never returned
+    (its workers died)."""
     try:
         if run_id not in store.list_runs(path):
             return

@@ -2,7 +2,12 @@
 
 One worker is SIGKILLed mid-run; the sweep must still complete with whole arrays and the
 killed run resumed from its checkpoint. Then: a rerun retrains nothing, a failing run does
-not stop the others, and a second launcher on a locked store is refused.
+not stop the others, a second launcher on a locked store is refused, and a run whose last
+try's worker dies too is recorded failed and resumed by the next launch.
+
+The scheduler gives a task up after one worker death (``allowed-failures`` 0): the launcher's
+own resubmission (``MAX_RESUBMITS``) is what resumes a killed run here, and one kill is enough
+to exhaust it where a test sets ``MAX_RESUBMITS`` to 0.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,6 +42,8 @@ ENV = {
     "FSSPEC_LOCAL": '{"auto_mkdir": true}',
 }
 STEPS = 150
+WORKERS = 3
+"""Two tests each SIGKILL one; the last one does the other tests' runs."""
 
 CONFIG = {
     "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
@@ -94,22 +102,22 @@ def cluster(tmp_path_factory):
     logs = []
     client = None
 
-    def spawn(*args: str) -> subprocess.Popen:
+    def spawn(*args: str, env: dict = ENV) -> subprocess.Popen:
         logs.append(open(d / f"proc{len(procs)}.log", "w"))  # noqa: SIM115 - closed at the end
-        p = subprocess.Popen([sys.executable, "-m", "dask", *args], cwd=d, env=ENV, stdout=logs[-1],
+        p = subprocess.Popen([sys.executable, "-m", "dask", *args], cwd=d, env=env, stdout=logs[-1],
                              stderr=subprocess.STDOUT)
         procs.append(p)
         return p
 
     try:
         spawn("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-              "--scheduler-file", str(scheduler_file))
+              "--scheduler-file", str(scheduler_file), env={**ENV, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"})
         wait_until(lambda: scheduler_file.exists() and scheduler_file.stat().st_size > 0, "the scheduler file")
-        for i in range(2):
+        for i in range(WORKERS):
             spawn("worker", "--nthreads", "1", "--no-nanny", "--no-dashboard", "--memory-limit", "0",
                   "--name", f"w{i}", "--scheduler-file", str(scheduler_file))
         client = Client(scheduler_file=str(scheduler_file), timeout=60)
-        client.wait_for_workers(2, timeout=120)
+        client.wait_for_workers(WORKERS, timeout=120)
         client.run(exec, WARM)
         yield SimpleNamespace(address=client.scheduler.address, client=client, pids=client.run(os.getpid), dir=d)
     finally:
@@ -247,3 +255,51 @@ def test_sweep_into_an_fsspec_url_store(cluster, tmp_path, monkeypatch):
     before = {r: store.run_attrs(url, r) for r in runs}
     again = run_cli(sweep_cmd(config, url, cluster.address))
     assert again.returncode == 0 and {r: store.run_attrs(url, r) for r in runs} == before
+
+
+def test_a_run_whose_workers_keep_dying_is_recorded_failed_and_resumes(cluster, tmp_path, monkeypatch, capsys):
+    # When the scheduler gave up on a run's task for good (KilledWorker after its last resubmission),
+    # the summary said failed while the store still said "running" (`dynamics status`: stopped, or
+    # running on a URL store): nothing recorded how the run ended. The scheduler gives up after one
+    # death and the launcher resubmits nothing here, so one SIGKILL is the last one.
+    from dynamics import cli
+
+    monkeypatch.setattr("dynamics.sweep.launcher.MAX_RESUBMITS", 0)
+    config = write_config(tmp_path / "dies.toml", {"train.seed": [30]})
+    out = tmp_path / "store.zarr"
+
+    def victim():
+        for addr, keys in cluster.client.processing().items():
+            for key in keys:
+                a = attrs_or_none(out, str(key).split("-")[2])
+                if a and a.get("status") == "running" and a.get("checkpoint_step", 0) >= 1:
+                    return addr
+        return None
+
+    def kill_when_running() -> None:
+        os.kill(cluster.pids[wait_until(victim, "a run in progress", every=0.05)], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_running)
+    killer.start()
+    try:
+        summary = run_sweep(load_config(config), str(out), scheduler=cluster.address, progress=False)
+    finally:
+        killer.join()
+    [run_id] = store.list_runs(str(out))
+    reason = "KilledWorker: the worker training it died once (last tcp://127.0.0.1:"
+    assert summary.counts == {"failed": 1} and summary.failed == [run_id], summary.lines()
+    assert summary.errors[run_id].startswith(reason) and summary.errors[run_id].endswith("the same command resumes it")
+    a = store.run_attrs(str(out), run_id)
+    assert a["status"] == "failed" and a["traceback"] == summary.errors[run_id], a
+    checkpoint = a["checkpoint_step"]
+    assert cli.main(["status", str(out)]) == 0
+    [row] = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(run_id)]
+    assert row[2:5] == ["failed", f"{checkpoint}/{STEPS}", str(checkpoint)], row
+
+    # The same sweep again (on a worker left) resumes it from its checkpoint.
+    again = run_sweep(load_config(config), str(out), scheduler=cluster.address, progress=False)
+    assert again.counts == {"completed": 1} and again.skipped == [], again.lines()
+    a = store.run_attrs(str(out), run_id)
+    assert a["status"] == "completed" and a["steps_done"] == STEPS and a["starts"] == 2 and not a.get("traceback")
+    assert a["resumes"][-1]["step"] == checkpoint
+    assert a["resumes"][-1]["after"] == {"status": "failed", "traceback": summary.errors[run_id]}
