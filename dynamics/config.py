@@ -116,7 +116,8 @@ class TrainConfig:
     steps: int = 1000
     """Number of optimiser steps."""
     lr: float = 1e-3
-    """Peak learning rate (after warm-up)."""
+    """Peak learning rate: the updates from steps warmup_steps - 1 and warmup_steps run at it
+    (never reached when warmup_steps > steps; see dynamics.train.lr_at)."""
     batch_size: int = 32
     """Sequences per step."""
     seed: int = 0
@@ -132,11 +133,15 @@ class TrainConfig:
     beta2: float = 0.99
     """Adam beta2."""
     warmup_steps: int = 50
-    """Linear warm-up length; a cosine decay to min_lr_frac * lr follows."""
+    """Linear warm-up length: the update from step s < warmup_steps runs at
+    lr * (s + 1) / warmup_steps (the first at lr / warmup_steps, not 0); a cosine decay from lr
+    to min_lr_frac * lr follows. With warmup_steps >= steps the run ends inside the warm-up:
+    its last update runs at lr * steps / warmup_steps and nothing decays."""
     min_lr_frac: float = 0.1
     """Learning rate the cosine decays to, as a fraction of lr. It is reached at step
-    ``steps``, one past the last update, so the last update runs just above it (0.1009 lr at
-    100 steps with 50 of warm-up; 0.1859 lr at 10 steps with 5)."""
+    ``steps``, one past the last update, so the last update runs above it (0.1009 lr at
+    100 steps with 50 of warm-up; 0.1859 lr at 10 steps with 5; lr itself at 6 steps with 5).
+    No effect when warmup_steps >= steps."""
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 disables."""
     device: str = "cpu"
@@ -152,9 +157,10 @@ class TrainConfig:
 @dataclass(frozen=True)
 class RecordConfig:
     dense_until: int = 64
-    """Snapshots at 0, 1, 2, 4, ... up to this step, then every `every` steps, and the last."""
+    """Snapshots at 0, 1, 2, 4, ... up to this step, then at every multiple of `every` past the
+    last of those powers of two (not only past this step), and at the last step."""
     every: int = 100
-    """Snapshot cadence after the dense phase."""
+    """Snapshot cadence after the dense phase (dense_until 100, every 30: ..., 32, 64, 90, 120, ...)."""
     n_probe: int = 8
     """Probe sequences drawn once per run; attention is recorded on them."""
     attention_dtype: str = "float16"

@@ -58,9 +58,22 @@ class RunResult:
 
 
 def lr_at(cfg: RunConfig, step: int) -> float:
-    """The learning rate of the update made from step ``step``'s gradient: linear warm-up to
-    train.lr, then cosine decay reaching min_lr_frac * lr at step train.steps, one past the
-    last update (steps 0 .. steps - 1 update)."""
+    """The learning rate of the update made from step ``step``'s gradient (steps 0 .. steps - 1
+    update).
+
+    Linear warm-up: step s < warmup_steps gives lr * (s + 1) / warmup_steps, so the first update
+    runs at lr / warmup_steps and the one from step warmup_steps - 1 at lr. Then a cosine decay
+    from lr at step warmup_steps to min_lr_frac * lr at step train.steps, one past the last
+    update, which therefore runs above min_lr_frac * lr. With warmup_steps >= steps every update
+    is in the warm-up: the last runs at lr * steps / warmup_steps and nothing decays.
+
+    Example
+    -------
+    >>> from dynamics.config import from_dict
+    >>> cfg = from_dict({"train": {"steps": 10, "lr": 1.0, "warmup_steps": 5}})
+    >>> [round(lr_at(cfg, s), 4) for s in range(10)]
+    [0.2, 0.4, 0.6, 0.8, 1.0, 1.0, 0.9141, 0.6891, 0.4109, 0.1859]
+    """
     tr = cfg.train
     if step < tr.warmup_steps:
         return tr.lr * (step + 1) / tr.warmup_steps

@@ -410,3 +410,26 @@ def test_a_non_finite_gradient_under_a_finite_loss_diverges_at_its_own_step(tmp_
     at = ds.sel(snapshot=int(np.flatnonzero(ds.step.values == 4)[0]))
     assert np.isfinite(at.head_weights.values).all()  # the weights that gave it: no update applied
     assert np.isnan(at.grad_norm.values).all()
+
+
+def test_the_learning_rate_schedule_has_its_documented_known_values():
+    # TrainConfig's docstrings and lr_at's: update s < W at lr (s + 1) / W, lr at steps W - 1 and W,
+    # the cosine's floor min_lr_frac * lr at step `steps` (one past the last update), and a run
+    # no longer than its warm-up never reaching lr nor decaying.
+    import math
+
+    from dynamics.config import from_dict
+    from dynamics.train import lr_at
+
+    def lrs(steps, warmup, upto=None):
+        cfg = from_dict({"train": {"steps": steps, "lr": 2.0, "warmup_steps": warmup, "min_lr_frac": 0.1}})
+        return [lr_at(cfg, s) / 2.0 for s in range(steps + 1 if upto is None else upto)]
+
+    ten = lrs(10, 5)
+    assert ten[:6] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1.0])
+    assert ten[9] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 4 / 5)))  # 0.1859, the last update
+    assert round(ten[9], 4) == 0.1859 and ten[10] == pytest.approx(0.1)
+    assert round(lrs(100, 50)[99], 4) == 0.1009
+    assert lrs(6, 5)[5] == 1.0  # a one-step decay: its only update runs at lr
+    assert lrs(4, 5, upto=4) == pytest.approx([0.2, 0.4, 0.6, 0.8])  # last update lr * steps / warmup
+    assert lrs(4, 0)[0] == 1.0 and lrs(4, 0)[4] == pytest.approx(0.1)  # no warm-up: the decay starts at lr
