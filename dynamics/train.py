@@ -524,6 +524,8 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             if norm is not None and not torch.isfinite(norm):
                 # A finite loss with a non-finite gradient: applying it would make the weights NaN
                 # and the next step's loss NaN, naming the step after the one that broke training.
+                # A finite gradient whose norm overflows float32 lands here too: clipping would scale
+                # it to zero, and unclipped it would leave AdamW's second moment inf (weights frozen).
                 bg.submit(writer.write_region, "loss", flushed, losses[flushed:step + 1].copy())
                 outcome = ("diverged", {"diverged_step": step})
                 break

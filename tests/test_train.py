@@ -378,25 +378,32 @@ def test_learned_gates_are_held_exactly_while_the_l1_ramp_has_not_begun(cfg, tmp
     assert (gate[2] != gate[0]).all()
 
 
-def test_a_non_finite_gradient_under_a_finite_loss_diverges_at_its_own_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("broken", ["nan", "norm_overflow"])
+def test_a_non_finite_gradient_under_a_finite_loss_diverges_at_its_own_step(tmp_path, monkeypatch, broken):
     # sqrt at 0 in the objective: the loss is unchanged and finite, its gradient NaN (inf * 0).
     # The run applied that update and stopped one step later, at the first NaN loss, so
     # diverged_step named a step whose weights were already NaN, and the step that broke
-    # training read as a healthy one.
+    # training read as a healthy one. A finite gradient of ~1e25 per logit has a global norm that
+    # overflows float32: diverged too, as README says (unclipped, grad_clip = 0 here, AdamW's
+    # second moment would go inf and freeze the weights; clipped, the update would be zero).
     import torch
     import torch.nn.functional as F
 
     p = tmp_path / "tiny.toml"
     p.write_text(TINY.format(steps=6, every=2))
     cfg = load_config(p)
+    if broken == "norm_overflow":
+        cfg = with_values(cfg, {"train.grad_clip": 0.0})
     real, calls = F.cross_entropy, []
 
     def nan_gradient_at_step_4(logits, target, *args, **kwargs):
         loss = real(logits, target, *args, **kwargs)
         if torch.is_grad_enabled() and logits.requires_grad:  # the training objective, once a step
             calls.append(len(calls))
-            if calls[-1] == 4:
+            if calls[-1] == 4 and broken == "nan":
                 return loss + torch.sqrt(logits.sum() * 0.0)
+            if calls[-1] == 4:
+                return loss + 1e25 * (logits.sum() - logits.sum().detach())  # + 0, gradient 1e25
         return loss
 
     monkeypatch.setattr(F, "cross_entropy", nan_gradient_at_step_4)
@@ -409,7 +416,7 @@ def test_a_non_finite_gradient_under_a_finite_loss_diverges_at_its_own_step(tmp_
     assert np.isnan(ds.loss.values[5:]).all()
     at = ds.sel(snapshot=int(np.flatnonzero(ds.step.values == 4)[0]))
     assert np.isfinite(at.head_weights.values).all()  # the weights that gave it: no update applied
-    assert np.isnan(at.grad_norm.values).all()
+    assert np.isnan(at.grad_norm.values).all() if broken == "nan" else np.isinf(at.grad_norm.values).any()
 
 
 def test_the_learning_rate_schedule_has_its_documented_known_values():
