@@ -440,3 +440,48 @@ def test_the_learning_rate_schedule_has_its_documented_known_values():
     assert lrs(6, 5)[5] == 1.0  # a one-step decay: its only update runs at lr
     assert lrs(4, 5, upto=4) == pytest.approx([0.2, 0.4, 0.6, 0.8])  # last update lr * steps / warmup
     assert lrs(4, 0)[0] == 1.0 and lrs(4, 0)[4] == pytest.approx(0.1)  # no warm-up: the decay starts at lr
+
+
+def test_a_snapshot_holds_its_checkpoint_weights_and_their_gradient_on_that_steps_batch(tmp_path):
+    # Known answers from autograd, independently of Recorder: the last snapshot (step 6) against
+    # the last checkpoint's weights and training batch 6. Learned gates, so g != 1 and importance
+    # goes through the gate probe; here it is checked against dL/dlogit / (g (1 - g)).
+    import torch
+    import torch.nn.functional as F
+
+    from dynamics.model import Transformer
+    from dynamics.tasks import make_batch
+    from dynamics.train import _load_checkpoint
+
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY.format(steps=6, every=2))
+    cfg = with_values(load_config(p), {"model.gates": "learned", "model.gate_l1": 0.5})
+    path = str(tmp_path / "s.zarr")
+    train_run(cfg, path)
+    ckpt = _load_checkpoint(path, cfg.run_id())
+    assert ckpt["step"] == 6
+    model = Transformer(cfg.model)
+    model.load_state_dict(ckpt["model"])
+    ds = store.open_run(path).load().isel(snapshot=-1)
+    assert int(ds.step) == 6
+
+    tokens = torch.from_numpy(make_batch(cfg, "train", 6, cfg.train.batch_size).tokens)  # (B, T+1)
+    loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+    attn = [b.attn for b in model.blocks]
+    weights = [w for a in attn for w in (a.W_Q, a.W_K, a.W_V, a.W_O)]
+    grads = torch.autograd.grad(loss, weights + [a.gate_logit for a in attn])
+    norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads[:len(weights)]])  # (L*4, H)
+    norms = norms.view(len(attn), 4, -1).transpose(1, 2)  # (L, H, 4), weight order q, k, v, o
+    np.testing.assert_allclose(ds.grad_norm.values, norms.numpy(), rtol=1e-5)
+    g = torch.stack([torch.sigmoid(a.gate_logit.detach()) for a in attn])  # (L, H)
+    np.testing.assert_array_equal(ds.gate.values, g.numpy())
+    dl_dg = torch.stack(grads[len(weights):]) / (g * (1 - g))  # (L, H)
+    np.testing.assert_allclose(ds.importance.values, dl_dg.abs().numpy(), rtol=1e-4)
+    assert store.run_attrs(path, cfg.run_id())["last_loss"] == loss.item()
+
+    probe = torch.from_numpy(ds.probe_tokens.values)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(probe, names=lambda n: n.endswith("hook_pattern"))
+    pattern = torch.stack([cache[f"blocks.{i}.attn.hook_pattern"] for i in range(len(attn))]).transpose(1, 2)
+    np.testing.assert_allclose(ds.attention.values.astype(np.float32), pattern.numpy(), atol=5e-4)  # float16
+    np.testing.assert_array_equal(ds.head_weights.values, model.head_weights().numpy())
