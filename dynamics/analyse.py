@@ -173,7 +173,7 @@ def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
     """Cross-seed reproducibility of the division of labour, per config, over analysed runs.
 
     Runs whose configs differ only in ``train.seed`` (and in where they ran:
-    ``config.EXECUTION_KEYS``) form a group; their heads are matched by the Hungarian
+    ``identity.EXECUTION_KEYS``) form a group; their heads are matched by the Hungarian
     assignment on final role-score profiles (:func:`analysis.cross_seed_consistency`).
     Writes ``derived/consistency``.
 
@@ -190,7 +190,7 @@ def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
 
     from dynamics import store
     from dynamics.analysis import cross_seed_consistency
-    from dynamics.config import differing_settings, experiment_identity, seed_settings
+    from dynamics.identity import differing_settings, experiment_identity, seed_settings
 
     index = store.read_sweep_index(path) or {}
     axes = [a for a in index.get("axes", []) if a != "train.seed"]

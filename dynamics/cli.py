@@ -150,55 +150,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     check_store(args.store)
-    from dynamics import store
-    from dynamics.schema import FINISHED_STATUSES
+    from dynamics.status import status_table
 
-    index = store.read_sweep_index(args.store) or {}
-    swept = index.get("runs", {})
-    axes = index.get("axes", [])
-    header = ["run", *axes, "status", "steps", "resumes_at", "last_loss"]
-    rows = []
-    recorded = store.list_runs(args.store, damaged="include")
-    damaged = _damaged_runs(args.store, recorded)  # named on stderr; the others are shown
-    for run_id in recorded:
-        if run_id in damaged:
-            rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], "damaged", "-", "-", "-"])
-            continue
-        a = store.run_attrs(args.store, run_id)
-        loss = a.get("last_loss")
-        # while a run trains, its checkpoint is the progress; steps_done is where it (re)started
-        done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))
-        status = store.run_status(args.store, run_id, a)  # "stopped": killed, resumable with the same command
-        # A stopped run reached `done` but resumes from its last checkpoint, up to `record.every` steps
-        # earlier; a finished one is never retrained.
-        resumes = "-" if a.get("status") in FINISHED_STATUSES else str(int(a.get("checkpoint_step", 0)))
-        rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], status,
-                     f"{done}/{a.get('steps_total', '?')}", resumes, "-" if loss is None else f"{loss:.4f}"])
-    for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet
-        rows.append([run_id, *[str(swept[run_id].get(k, "")) for k in axes], "pending", "0/?", "0", "-"])
-    order = _grid_order(index)  # runs outside any sweep after the grid, by id
-    _print_table(header, sorted(rows, key=lambda row: (row[0] not in order, order.get(row[0], ()), row[0])))
+    header, rows, damaged = status_table(args.store)
+    _name_damaged(damaged)  # on stderr; the others are shown
+    _print_table(header, rows)
     return 1 if damaged else 0
-
-
-def _grid_order(index: dict) -> dict[str, tuple]:
-    """Sort keys of the sweep index's runs for `status`: the grid's order, not the run ids' (hashes).
-
-    By each axis of the index in turn, its values ranked in the order the index first lists
-    them (the config's order; a later sweep's new values after): the first axis varies
-    slowest, as in the config's grid. A run without a value for an axis sorts after the values.
-    """
-    import json
-
-    axes, swept = index.get("axes", []), index.get("runs", {})
-    text = {rid: {a: json.dumps(v[a], sort_keys=True) for a in axes if a in v} for rid, v in swept.items()}
-    rank: list[dict[str, int]] = [{} for _ in axes]
-    for values in text.values():
-        for seen, axis in zip(rank, axes, strict=True):
-            if axis in values:
-                seen.setdefault(values[axis], len(seen))
-    return {rid: tuple(seen[values[axis]] if axis in values else len(seen)
-                       for seen, axis in zip(rank, axes, strict=True)) + (rid,) for rid, values in text.items()}
 
 
 def _print_table(header: list[str], rows: list[list[str]]) -> None:
@@ -348,19 +305,19 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _damaged_runs(path: str, ids: list[str]) -> list[str]:
     """The runs of `ids` whose group cannot be read, each named on stderr with why, then in one line."""
-    from dynamics import store
+    from dynamics.status import damaged_runs
 
-    damaged = []
-    for run_id in ids:
-        try:
-            store.run_attrs(path, run_id)
-        except store.StoreError as e:
-            print(f"dynamics: {e}", file=sys.stderr)
-            damaged.append(run_id)
+    damaged = damaged_runs(path, ids)
+    _name_damaged(damaged)
+    return list(damaged)
+
+
+def _name_damaged(damaged: dict[str, str]) -> None:
+    for reason in damaged.values():
+        print(f"dynamics: {reason}", file=sys.stderr)
     if damaged:
         print(f"dynamics: {len(damaged)} run(s) could not be read (damaged), skipped: {', '.join(damaged)}",
               file=sys.stderr)
-    return damaged
 
 
 def _gates_progress(run_id: str):

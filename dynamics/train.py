@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 import dynamics
 from dynamics import interventions, store
-from dynamics.config import RunConfig, experiment_identity
+from dynamics.config import RunConfig
+from dynamics.identity import experiment_identity
 from dynamics.model import Transformer
 from dynamics.record import Recorder, coords, snapshot_steps, variables
 from dynamics.schema import FINISHED_STATUSES

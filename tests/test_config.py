@@ -191,7 +191,7 @@ def test_to_dict_round_trips_through_from_dict(tmp_path):
 
 
 def test_seed_settings_and_differing_settings_name_what_sets_configs_apart():
-    from dynamics.config import differing_settings, seed_settings
+    from dynamics.identity import differing_settings, seed_settings
 
     a = seed_settings(from_dict({"train": {"seed": 1, "lr": 0.01, "threads": 2}}).to_dict())
     b = seed_settings(from_dict({"train": {"seed": 2, "lr": 0.01}}).to_dict())

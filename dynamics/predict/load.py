@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from dynamics import store
-from dynamics.config import differing_settings, experiment_identity, seed_settings
+from dynamics.identity import differing_settings, experiment_identity, seed_settings
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run
 from dynamics.schema import config_value
 

@@ -16,7 +16,7 @@ import xarray as xr
 from dynamics import store
 from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions, is_current
-from dynamics.config import differing_settings, seed_settings
+from dynamics.identity import differing_settings, seed_settings
 from dynamics.schema import FINISHED_STATUSES, config_value
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).

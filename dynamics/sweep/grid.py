@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynamics import tasks
-from dynamics.config import EXECUTION_KEYS, ConfigError, RunConfig, with_values
+from dynamics.config import ConfigError, RunConfig, with_values
+from dynamics.identity import EXECUTION_KEYS
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,74 @@
+"""What ``dynamics status`` shows: one row per run of a store, in the sweep grid's order, and
+which runs cannot be read at all (damaged)."""
+
+from __future__ import annotations
+
+import json
+
+from dynamics import store
+from dynamics.schema import FINISHED_STATUSES
+
+
+def damaged_runs(path: str, ids: list[str]) -> dict[str, str]:
+    """The runs of `ids` whose group cannot be read, each with the store's one-line reason."""
+    damaged = {}
+    for run_id in ids:
+        try:
+            store.run_attrs(path, run_id)
+        except store.StoreError as e:
+            damaged[run_id] = str(e)
+    return damaged
+
+
+def grid_order(index: dict) -> dict[str, tuple]:
+    """Sort keys of the sweep index's runs: the grid's order, not the run ids' (hashes).
+
+    By each axis of the index in turn, its values ranked in the order the index first lists
+    them (the config's order; a later sweep's new values after): the first axis varies
+    slowest, as in the config's grid. A run without a value for an axis sorts after the values.
+    """
+    axes, swept = index.get("axes", []), index.get("runs", {})
+    text = {rid: {a: json.dumps(v[a], sort_keys=True) for a in axes if a in v} for rid, v in swept.items()}
+    rank: list[dict[str, int]] = [{} for _ in axes]
+    for values in text.values():
+        for seen, axis in zip(rank, axes, strict=True):
+            if axis in values:
+                seen.setdefault(values[axis], len(seen))
+    return {rid: tuple(seen[values[axis]] if axis in values else len(seen)
+                       for seen, axis in zip(rank, axes, strict=True)) + (rid,) for rid, values in text.items()}
+
+
+def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]:
+    """Header, rows and damaged runs (id -> reason) of ``dynamics status STORE``.
+
+    Columns: run id, the sweep index's axes, status (:func:`dynamics.store.run_status`, or
+    ``damaged``, or ``pending`` for a sweep point not started), steps done of total,
+    ``resumes_at`` (the last checkpoint's step for an unfinished run, ``-`` for a finished
+    one) and the last loss. Rows in the grid's order; runs outside any sweep after it, by id.
+    """
+    index = store.read_sweep_index(path) or {}
+    swept = index.get("runs", {})
+    axes = index.get("axes", [])
+    header = ["run", *axes, "status", "steps", "resumes_at", "last_loss"]
+    rows = []
+    recorded = store.list_runs(path, damaged="include")
+    damaged = damaged_runs(path, recorded)
+    for run_id in recorded:
+        if run_id in damaged:
+            rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], "damaged", "-", "-", "-"])
+            continue
+        a = store.run_attrs(path, run_id)
+        loss = a.get("last_loss")
+        # while a run trains, its checkpoint is the progress; steps_done is where it (re)started
+        done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))
+        status = store.run_status(path, run_id, a)  # "stopped": killed, resumable with the same command
+        # A stopped run reached `done` but resumes from its last checkpoint, up to `record.every` steps
+        # earlier; a finished one is never retrained.
+        resumes = "-" if a.get("status") in FINISHED_STATUSES else str(int(a.get("checkpoint_step", 0)))
+        rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], status,
+                     f"{done}/{a.get('steps_total', '?')}", resumes, "-" if loss is None else f"{loss:.4f}"])
+    for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet
+        rows.append([run_id, *[str(swept[run_id].get(k, "")) for k in axes], "pending", "0/?", "0", "-"])
+    order = grid_order(index)
+    rows.sort(key=lambda row: (row[0] not in order, order.get(row[0], ()), row[0]))
+    return header, rows, damaged
