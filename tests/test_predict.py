@@ -203,6 +203,15 @@ def test_the_table_says_which_step_each_horizon_saw_and_marks_the_ceiling(plante
     assert "h=0.1: features see a run's final snapshot, which defines the target: a ceiling" in text
 
 
+def test_the_step_line_reads_once_with_step_horizons(planted):
+    # With --unit step the horizon labels are "step 10" themselves: the line read "up to step step 10: 10".
+    _, _, curve = planted
+    stepped = curve.assign_coords(horizon=[0.0, 10.0]).assign_attrs(horizon_unit="step")
+    text = predict.format_curve(stepped)
+    assert "step step" not in text
+    assert "features saw snapshots up to step, by horizon: step 0: 0, step 10: 10 (final step 100)" in text
+
+
 def test_shuffled_targets_are_at_chance(planted, tables):
     _, opt, _ = planted
     rows, feats, init, splits = tables

@@ -166,11 +166,15 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
           (NaN where undefined, e.g. a fold with one class);
         - ``score_mean``, ``score_std`` (horizon, model): over the folds where defined (the sd
           NaN when only one is);
-        - ``score_pooled`` (horizon, model): the metric over all out-of-fold predictions;
+        - ``score_pooled`` (horizon, model): the metric over all out-of-fold predictions, whose
+          scale differs between folds: a constant per fold is no constant when pooled, so the
+          chance and layer rows' pooled AUROC can sit well below 0.5 (a fold's training prior
+          falls as its test fold's rises); compare models by ``score_mean``;
         - ``prediction`` (horizon, model, head_row): out-of-fold predictions;
         - ``target`` (head_row), and ``target_offset`` for the slash target;
         - ``n_test``, ``test_groups`` (fold); ``horizon_step``, ``n_snapshots_seen``
-          (horizon, run): the step each run was cut at and the snapshots its features saw;
+          (horizon, run): the step of the last snapshot each run's features saw (at or before
+          the horizon) and how many snapshots they saw;
           ``final_step`` (run): the step of its final snapshot, where the target is read;
         - coords ``row_run``, ``row_layer``, ``row_head``, ``row_group``, ``row_fold``.
 
@@ -251,7 +255,10 @@ def format_curve(curve: xr.Dataset) -> str:
         # on a geometric-then-every-N schedule can be well before it (h=0.05 of 500 steps: 16).
         seen, final = curve["horizon_step"].values, curve["final_step"].values
         labels = [_horizon_label(float(h), a["horizon_unit"]) for h in curve["horizon"].values]
-        lines.append("features saw snapshots up to step " + ", ".join(f"{lab}: {_span(s)}" for lab, s in zip(labels, seen, strict=True))
+        # In steps the labels begin with "step" themselves: "up to step step 10: 10" read as a typo.
+        lead = "features saw snapshots up to step " if a["horizon_unit"] == "fraction" else \
+            "features saw snapshots up to step, by horizon: "
+        lines.append(lead + ", ".join(f"{lab}: {_span(s)}" for lab, s in zip(labels, seen, strict=True))
                      + f" (final step {_span(final)})")
         ceiling = [lab for lab, s in zip(labels, seen, strict=True) if np.any(s >= final)]
         if ceiling:

@@ -262,7 +262,8 @@ def feature_table(runs: Sequence[Run], rows: xr.Dataset, horizon: float | None, 
     -------
     DataArray
         float64 ``(head_row, feature)``; only the features every run provides. ``attrs``
-        ``horizon_step`` and ``n_snapshots`` per run id: the step cut at and snapshots seen.
+        ``horizon_step`` and ``n_snapshots`` per run id: the step of the last snapshot seen (at or before the horizon)
+        and how many were seen.
     """
     by_id = {r.run_id: r for r in runs}
     wanted = list(dict.fromkeys(rows["row_run"].values.tolist()))
