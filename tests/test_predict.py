@@ -468,6 +468,15 @@ def test_stored_analysis_gives_the_same_targets():
     assert predict.final_targets(r.data, "slash", stale).attrs["source"] == "computed from the final snapshot"
 
 
+def test_use_stored_analysis_false_computes_targets_even_when_runs_carry_an_analysis():
+    # predict_runs read each Run's analysis whatever the option said: a curve recording
+    # use_stored_analysis=False had its targets from the stored analysis.
+    runs = [dataclasses.replace(r, analysis=analyse_run(r.data).load()) for r in make_runs(n_seeds=2)]
+    assert predict.target_table(runs, PredictOptions()).attrs["sources"] == {"stored analysis": 2}
+    fresh = predict.target_table(runs, PredictOptions(use_stored_analysis=False))
+    assert fresh.attrs["sources"] == {"computed from the final snapshot": 2}
+
+
 def test_a_lone_head_has_no_redundancy_target():
     # It was labelled 0 ("not redundant"), a claim about a comparison that cannot be made.
     r = make_runs(n_seeds=1)[0]

@@ -175,7 +175,10 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
     for r in runs:
         if options.target == "chg" and "chg_role" not in r.data:
             continue  # CHG not fitted in this run: its heads have no label
-        ft = final_targets(r.data, options.target, r.analysis, options.analysis)
+        # A Run built in memory may carry its analysis whatever the options say; the curve records
+        # use_stored_analysis, so honour it here, not only where load_store opens the analysis.
+        analysis = r.analysis if options.use_stored_analysis else None
+        ft = final_targets(r.data, options.target, analysis, options.analysis)
         sources[ft.attrs["source"]] = sources.get(ft.attrs["source"], 0) + 1
         L, H = ft.sizes[LAYER], ft.sizes[HEAD]
         layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
