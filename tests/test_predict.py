@@ -475,6 +475,10 @@ def test_use_stored_analysis_false_computes_targets_even_when_runs_carry_an_anal
     assert predict.target_table(runs, PredictOptions()).attrs["sources"] == {"stored analysis": 2}
     fresh = predict.target_table(runs, PredictOptions(use_stored_analysis=False))
     assert fresh.attrs["sources"] == {"computed from the final snapshot": 2}
+    blind = [dataclasses.replace(r, data=r.data.drop_vars("attention")) for r in runs]
+    predict.check_runs(blind, PredictOptions())  # the stored analysis gives the targets
+    with pytest.raises(PredictError, match="no attention to compute it from"):  # was a KeyError mid-way
+        predict.check_runs(blind, PredictOptions(use_stored_analysis=False))
 
 
 def test_a_lone_head_has_no_redundancy_target():

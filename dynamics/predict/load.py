@@ -133,9 +133,11 @@ def check_runs(runs: Sequence[Run], options: PredictOptions) -> None:
         if lacking:
             raise PredictError(f"target 'importance': run {lacking[0]!r} records no importance")
     if t in ("slash", "role", "redundant"):
-        lacking = [r.run_id for r in runs if "attention" not in r.data and r.analysis is None]
+        stored = options.use_stored_analysis  # False: an analysis a Run carries is not read (target_table)
+        lacking = [r.run_id for r in runs if "attention" not in r.data and (r.analysis is None or not stored)]
         if lacking:
-            raise PredictError(f"target {t!r}: run {lacking[0]!r} has neither attention nor a stored analysis")
+            why = "neither attention nor a stored analysis" if stored else "no attention to compute it from"
+            raise PredictError(f"target {t!r}: run {lacking[0]!r} has {why}")
     if not any(v in r.data for r in runs for v in ("grad_norm", "importance", "attention")):
         raise PredictError("no run records grad_norm, importance or attention: nothing to build features from")
     if options.unit == "step":
