@@ -63,16 +63,21 @@ def _progress_printer(label: str):
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
-    from dynamics import interventions, tasks
-
-    interventions.check(cfg)
-    tasks.check(cfg)
     if args.device:
         from dynamics.config import replace_section
         cfg = replace_section(cfg, "train", device=args.device)
     check_device(cfg.train.device)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
     check_out(out)
+    from dynamics.store import StoreError, check_run_id
+
+    run_id = check_run_id(args.run_id) if args.run_id else cfg.run_id()
+    # After the checks that need no torch: a mistyped path is refused in a second, not after
+    # the seconds torch takes to import.
+    from dynamics import interventions, tasks
+
+    interventions.check(cfg)
+    tasks.check(cfg)
     if cfg.train.device == "cpu" and cfg.train.threads > (cores := _usable_cores()):
         # Not refused: the config may be meant for a larger machine, and the numbers are the same
         # up to float rounding; but threads beyond the cores fight each other (README: 3.4x slower).
@@ -80,10 +85,8 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{'s' if cores > 1 else ''} this process may use; its threads would share cores and train slower",
               file=sys.stderr, flush=True)
     from dynamics.signals import sigterm_as_interrupt
-    from dynamics.store import StoreError, check_run_id
     from dynamics.train import train_run
 
-    run_id = check_run_id(args.run_id) if args.run_id else cfg.run_id()
     if cfg.sweep.axes:
         print(f"dynamics: note: {args.config} has a [sweep] table; `dynamics run` trains only its base point "
               f"(`dynamics sweep` trains the grid)", file=sys.stderr, flush=True)
@@ -135,13 +138,12 @@ def _run_failed(out: str, run_id: str, e: BaseException) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     check_not_swept(cfg, args.set)
-    from dynamics.sweep import run_sweep
-
     check_workers(args.workers)
     if not args.scheduler:  # an existing cluster's workers may have the GPUs this machine lacks
         check_devices(cfg)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
     check_out(out)
+    from dynamics.sweep import run_sweep  # imports torch: after the checks that need none
     summary = run_sweep(cfg, out, workers=args.workers, scheduler=args.scheduler)
     for line in summary.lines():
         print(line)
