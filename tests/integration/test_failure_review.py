@@ -54,8 +54,8 @@ def failure_line(r):
 
 
 def test_a_full_disk_fails_the_run_resumably_and_says_where_its_traceback_is(tiny_config, tmp_path, tmpfs):
-    cfg = tiny_config(steps=200, every=2)
-    fs = tmpfs("3M")  # fills up after ~90 of 200 steps of this config
+    cfg = tiny_config(steps=100, every=2)
+    fs = tmpfs("1500k")  # fills up part-way through the 100 steps of this config
     out = fs / "s.zarr"
     # The uninterrupted reference trains alongside (one thread each, two cores): the suite's time
     ref = tmp_path / "ref.zarr"
