@@ -52,12 +52,14 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
     header = ["run", *axes, "status", "steps", "resumes_at", "last_loss"]
     rows = []
     recorded = store.list_runs(path, damaged="include")
-    damaged = damaged_runs(path, recorded)
+    damaged = {}
     for run_id in recorded:
-        if run_id in damaged:
+        try:
+            a = store.run_attrs(path, run_id)
+        except store.StoreError as e:  # its group cannot be read: named, and the others shown
+            damaged[run_id] = str(e)
             rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], "damaged", "-", "-", "-"])
             continue
-        a = store.run_attrs(path, run_id)
         loss = a.get("last_loss")
         # while a run trains, its checkpoint is the progress; steps_done is where it (re)started
         done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))
