@@ -197,9 +197,10 @@ def test_ctrl_c_while_the_run_group_is_created_leaves_it_interrupted(cfg, tmp_pa
         signal.raise_signal(signal.SIGINT)  # before training starts; to this (the main) thread
 
     monkeypatch.setattr(RunWriter, "__init__", init_then_ctrl_c)
-    # Python's own Ctrl-C handler, as a terminal gives it: in 2 of 5 full-suite runs something
-    # earlier in the same process had left SIGINT ignored (SIG_IGN; not found which), and the
-    # interrupt this test sends never arrived. The test is about what train_run does with one.
+    # Python's own Ctrl-C handler, as a terminal gives it: a suite started in the background of
+    # a non-interactive shell (`pytest &`) inherits SIGINT ignored (POSIX: asynchronous commands
+    # ignore SIGINT without job control, and Python then keeps SIG_IGN), so the interrupt this
+    # test sends would never arrive. The test is about what train_run does with one.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
