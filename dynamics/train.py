@@ -438,7 +438,9 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     flushed = start
     t0 = time.perf_counter()
     wall_before = float(prior.get("wall_time", 0.0))
-    step, last_loss = start, float("nan")
+    # Updates applied, counted as each lands: the loop's `step` is one short of them from the
+    # optimiser step to the next iteration, where a Ctrl-C in the progress callback arrives.
+    updates, last_loss = start, float("nan")
 
     def finish(status: str, **attrs) -> RunResult:
         raise_after: BaseException | None = None
@@ -454,7 +456,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             elif status == "interrupted":
                 attrs = attrs | {"traceback": note}
             # "failed" already holds the traceback that stopped the loop, often this very error
-        done = min(step, cfg.train.steps)
+        done = updates
         final = {"status": status, "steps_done": done,
                  "last_loss": last_loss if math.isfinite(last_loss) else None,
                  "steps_trained": trained_before + max(0, done - start),
@@ -534,6 +536,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                 # what clip_grad_norm_ does, with the norm already taken
                 torch.nn.utils.clip_grads_with_norm_(trained, cfg.train.grad_clip, norm)
             optimizer.step()
+            updates = step + 1
             if progress is not None and (step % 10 == 0):
                 progress(step, cfg.train.steps, last_loss)
         if progress is not None and outcome[0] == "completed":

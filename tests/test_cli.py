@@ -212,7 +212,8 @@ def status_rows(capsys, path) -> tuple[list[str], list[list[str]]]:
 
 
 def test_status_says_where_an_interrupted_run_resumes(tiny, tmp_path, capsys):
-    # Interrupted at step 10, it showed "10/20" alone: a resume restarts from its checkpoint at 8.
+    # Interrupted in progress(10), once update 10 is made, it showed "11/20" alone: a resume
+    # restarts from its checkpoint at 8.
     _, cfg, _ = tiny
     s = tmp_path / "s.zarr"
     with pytest.raises(KeyboardInterrupt):
@@ -220,13 +221,13 @@ def test_status_says_where_an_interrupted_run_resumes(tiny, tmp_path, capsys):
     [rid] = store.list_runs(s)
     header, [row] = status_rows(capsys, s)
     got = dict(zip(header, row, strict=True))
-    assert (got["status"], got["steps"], got["resumes_at"]) == ("interrupted", "10/20", "8")
+    assert (got["status"], got["steps"], got["resumes_at"]) == ("interrupted", "11/20", "8")
     store.update_run_attrs(s, rid, status="running")  # as a run killed by SIGKILL leaves it
     _, [row] = status_rows(capsys, s)
-    assert row[1:4] == ["stopped", "10/20", "8"]
+    assert row[1:4] == ["stopped", "11/20", "8"]
     store.update_run_attrs(s, rid, status="completed")
     _, [row] = status_rows(capsys, s)
-    assert row[1:4] == ["completed", "10/20", "-"]  # a finished run is never resumed
+    assert row[1:4] == ["completed", "11/20", "-"]  # a finished run is never resumed
 
 
 def test_status_lists_runs_in_the_grid_order_not_by_id(tiny, tmp_path, capsys):

@@ -150,19 +150,37 @@ def test_a_resume_on_another_thread_count_says_so(cfg, tmp_path, capsys):
 
 
 def test_a_resumed_run_counts_its_progress_from_its_checkpoint(cfg, tmp_path):
-    # `dynamics status` reads steps_done: left at the last session's 20 it would stand still
-    # while the resume redid steps 8..20. It reads last_loss too: left at the loss of step 20, it
+    # `dynamics status` reads steps_done: left at the last session's 21 it would stand still
+    # while the resume redid steps 8..21. It reads last_loss too: left at the loss of step 20, it
     # stood beside the resume's progress from step 8 (and stayed if the resume was killed).
     cfg = with_values(cfg, {"record.every": 25})  # snapshots (and checkpoints) 0..8, 25, 30
     path = str(tmp_path / "s.zarr")
     with pytest.raises(KeyboardInterrupt):
         train_run(cfg, path, progress=interrupt_at(12))  # progress comes every 10 steps: stops at 20
     before = store.run_attrs(path, cfg.run_id())
-    assert before["steps_done"] == 20 and before["checkpoint_step"] == 8 and before["last_loss"] is not None
+    assert before["steps_done"] == 21 and before["checkpoint_step"] == 8 and before["last_loss"] is not None
     seen = []
     train_run(cfg, path, progress=lambda step, steps, loss: seen.append(store.run_attrs(path, cfg.run_id())))
     assert seen[0]["steps_done"] == 8 and store.run_attrs(path, cfg.run_id())["steps_done"] == 30
     assert seen[0]["last_loss"] is None and store.run_attrs(path, cfg.run_id())["last_loss"] is not None
+
+
+def test_an_interrupt_in_the_progress_callback_counts_the_update_it_follows(cfg, tmp_path):
+    # progress(step) comes once update `step` is applied, but steps_done (and steps_trained) read
+    # `step`: stopped in progress(20), the run recorded 20 steps done after 21 updates.
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    path = str(tmp_path / "s.zarr")
+    made = []
+    counting = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: made.append(None))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_run(cfg, path, progress=interrupt_at(20))
+    finally:
+        counting.remove()
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert (attrs["steps_done"], attrs["steps_trained"], attrs["checkpoint_step"]) == (len(made), len(made), 20)
+    assert len(made) == 21
 
 
 def test_a_session_killed_outright_keeps_its_training_time_up_to_its_checkpoint(cfg, tmp_path):
