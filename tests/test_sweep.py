@@ -461,3 +461,44 @@ def test_a_later_sweep_into_the_store_keeps_every_runs_swept_values(tmp_path, th
     [new] = [rid for rid in second.labels if rid != old]
     assert index["runs"] == {old: {"model.init_scale": 1.0, "train.seed": 0},
                              new: {"model.init_scale": 1.0, "train.seed": 1}}
+
+
+SUBMITTED_CWDS: list = []
+
+
+def _run_point_recording_cwd(cfg, path, run_id, values, token="", cwd=None):
+    SUBMITTED_CWDS.append(cwd)  # module-level, so the in-process worker finds this very list
+    return {"run_id": run_id, "status": "completed", "steps_done": 0, "skipped": False, "error": None,
+            "traceback": None}  # what run_point does with it is the test's second half
+
+
+def test_a_relative_teacher_path_is_to_the_launchers_directory(tmp_path, monkeypatch, threaded_cluster):
+    # On an external cluster a worker runs in its own working directory: the student's relative
+    # teacher path failed there "not found", or named another store that happened to be there.
+    launcher, worker = tmp_path / "launcher", tmp_path / "worker"
+    launcher.mkdir()
+    worker.mkdir()
+    monkeypatch.chdir(launcher)
+    teacher = train_run(from_dict(tiny()), "runs/teacher.zarr")
+    raw = tiny({"train.seed": [0]})
+    raw["intervene"] = {"distill": {"teacher": "runs/teacher.zarr"}}
+    [point] = expand_grid(from_dict(raw))
+    path = str(launcher / "s.zarr")
+
+    # the launcher sends its directory with each task (the threaded worker shares this process's cwd)
+    import dynamics.sweep.launcher
+
+    SUBMITTED_CWDS.clear()
+    monkeypatch.setattr(dynamics.sweep.launcher, "run_point", _run_point_recording_cwd)
+    summary = run_sweep(from_dict(raw), path, scheduler=threaded_cluster, progress=False)
+    assert summary.ok and SUBMITTED_CWDS == [str(launcher)], (summary.lines(), SUBMITTED_CWDS)
+
+    # and the task resolves against it, wherever the worker runs
+    monkeypatch.chdir(worker)
+    out = run_point(point.cfg, path, point.run_id, point.values, "", str(launcher))
+    assert out["status"] == "completed", out["error"]
+    attrs = store.run_attrs(path, point.run_id)
+    assert attrs["config"]["intervene"]["distill"]["teacher"] == "runs/teacher.zarr"  # as written: the same run id
+    distilled = attrs["interventions"]["distill"]
+    assert distilled["teacher_store"] == str(launcher / "runs" / "teacher.zarr")
+    assert distilled["teacher_run"] == teacher.run_id

@@ -33,7 +33,10 @@ r-th shallowest at step ``r * stage_steps``; ``deep_first`` is the reverse, for 
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -77,7 +80,8 @@ class DistillOptions:
     """``[intervene.distill]``."""
 
     teacher: str
-    """Store path of the finished teacher run (relative paths are to the working directory)."""
+    """Store path of the finished teacher run (relative paths are to the working directory; in a
+    sweep, the launcher's, wherever its workers run)."""
     run: str = ""
     """Teacher run id; may be omitted when the store holds one run and the student is written to another store."""
     map: str = "layer"
@@ -111,12 +115,40 @@ class Teacher:
     cfg: RunConfig
 
 
+_BASE: ContextVar[str | None] = ContextVar("dynamics_teacher_base", default=None)
+
+
+@contextlib.contextmanager
+def relative_to(directory: str) -> Iterator[None]:
+    """Within this block (this thread or task only), relative teacher paths are to ``directory``.
+
+    A relative teacher path is to the working directory of the command that names it. A sweep's
+    tasks run in workers whose working directory may be another (an external cluster), so a task
+    resolves it against its launcher's: otherwise the run failed "not found" there, or, worse,
+    distilled from whatever store that path named in the worker's directory.
+    """
+    token = _BASE.set(directory)
+    try:
+        yield
+    finally:
+        _BASE.reset(token)
+
+
+def teacher_path(written: str) -> str:
+    """Where a teacher path as written points: a relative local path joined to the directory of
+    :func:`relative_to` when inside one, else left to the working directory."""
+    base = _BASE.get()
+    if base is None or "://" in written or os.path.isabs(written):
+        return written
+    return os.path.join(base, written)
+
+
 def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
     """Find the teacher run and check it against the student; ConfigError naming the key."""
     from dynamics import store
 
     key = "intervene.distill.teacher"
-    path = opts.teacher
+    path = teacher_path(opts.teacher)
     if "://" not in path and not Path(path).exists():
         fail(f"{key}: teacher store {path} not found")
     if not store.is_store(path):
@@ -154,6 +186,10 @@ def _same_place(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+def _absolute(path: str) -> str:
+    return path if "://" in path else os.path.abspath(path)
+
+
 def check_output(opts: DistillOptions, out: str) -> None:
     """ConfigError when the student is to be written into its teacher's store with no teacher run named.
 
@@ -161,11 +197,12 @@ def check_output(opts: DistillOptions, out: str) -> None:
     would make it two, and every later start (a resume, a rerun, the sweep's next point) would
     then be refused for not naming the teacher.
     """
-    if opts.run or not _same_place(opts.teacher, out):
+    teacher = teacher_path(opts.teacher)
+    if opts.run or not _same_place(teacher, out):
         return
     from dynamics import store
 
-    runs = store.list_runs(opts.teacher) if store.is_store(opts.teacher) else []
+    runs = store.list_runs(teacher) if store.is_store(teacher) else []
     hint = f" (run = {runs[0]!r})" if len(runs) == 1 else ""
     fail(f"intervene.distill.run: required when the student is written into its teacher's store {out}, which "
          f"then holds more than one run; name the teacher run{hint}")
@@ -399,6 +436,8 @@ class Distill:
         o = self.opts
         return asdict(o) | {"ramp_steps": o.ramp_steps or self.cfg.train.steps, "stage_steps": self.stage,
                             "teacher_run": self.teacher_info.run_id, "teacher_step": self.teacher_step,
+                            # where the teacher was read: `teacher` is as written, maybe relative
+                            "teacher_store": _absolute(self.teacher_info.path),
                             "pairs": [list(p) for p in self.pairs]}  # (layer, head, teacher_layer, teacher_head)
 
     def state_dict(self) -> dict:

@@ -191,6 +191,7 @@ def run_sweep(
     {'completed': 12}
     """
     t0 = time.perf_counter()
+    cwd = os.getcwd()  # relative paths in the config (a teacher) are to it, where the tasks run too
     points = expand_grid(cfg)
     if scheduler:
         check_scheduler(scheduler)
@@ -217,7 +218,8 @@ def run_sweep(
         try:
             if todo:
                 n = min(workers or default_workers(), len(todo))
-                results = _launch(todo, path, scheduler, n, _display(progress, len(points), len(summary.skipped)))
+                display = _display(progress, len(points), len(summary.skipped))
+                results = _launch(todo, path, scheduler, n, display, cwd)
                 for r in results:
                     summary.counts[r["status"]] = summary.counts.get(r["status"], 0) + 1
                     if r["status"] in ("failed", "cancelled"):
@@ -230,8 +232,10 @@ def run_sweep(
     return summary
 
 
-def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int, display: _Display) -> list[dict]:
-    """Submit the points, follow them to the end, return one result dict per point."""
+def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int, display: _Display,
+            cwd: str) -> list[dict]:
+    """Submit the points, follow them to the end, return one result dict per point (``cwd``: the
+    directory relative paths in their configs are to)."""
     import queue
 
     from distributed import Event, KilledWorker
@@ -249,7 +253,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     def submit(p: Point):
         tries[p.run_id] += 1
         key = f"dynamics-train-{p.run_id}-{token}-{tries[p.run_id]}"
-        return client.submit(run_point, p.cfg, path, p.run_id, p.values, token, key=key, pure=False,
+        return client.submit(run_point, p.cfg, path, p.run_id, p.values, token, cwd, key=key, pure=False,
                              priority=len(todo) - order[p.run_id])  # grid order
 
     def drain() -> None:

@@ -61,12 +61,17 @@ class _TaskReporter:
                 raise KeyboardInterrupt("sweep stopped by its launcher")
 
 
-def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str = "") -> dict:
+def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str = "",
+              cwd: str | None = None) -> dict:
     """Train one sweep point (the Dask task); never raises for a run's own failure.
+
+    ``cwd`` is the launcher's working directory: relative paths in ``cfg`` (a distillation
+    teacher) are to it, not to this worker's, which on an external cluster may be another.
 
     Returns a dict: run_id, status (completed | diverged | failed | interrupted |
     cancelled), steps_done, skipped, error (one line) and traceback (failed only).
     """
+    from dynamics.interventions.distill import relative_to
     from dynamics.train import train_run  # it sets torch's threads from train.threads (1 by default)
 
     _keep_freed_memory()
@@ -75,7 +80,8 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
            "traceback": None}
     if reporter.stopped():
         return out  # queued behind a Ctrl-C: never started, nothing written
-    with store.deferred_index(path):  # a URL store's root index is the launcher's to rebuild
+    # A URL store's root index is the launcher's to rebuild
+    with store.deferred_index(path), relative_to(cwd or os.getcwd()):
         try:
             result = train_run(cfg, path, run_id, progress=reporter, extra_attrs={"sweep_values": values})
             out.update(status=result.status, steps_done=result.steps_done, skipped=result.skipped)
