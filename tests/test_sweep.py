@@ -480,9 +480,9 @@ def test_a_relative_teacher_path_is_to_the_launchers_directory(tmp_path, monkeyp
     worker.mkdir()
     monkeypatch.chdir(launcher)
     teacher = train_run(from_dict(tiny()), "runs/teacher.zarr")
-    raw = tiny({"train.seed": [0]})
+    raw = tiny()
     raw["intervene"] = {"distill": {"teacher": "runs/teacher.zarr"}}
-    [point] = expand_grid(from_dict(raw))
+    student = from_dict(raw)  # no axes: the sweep's one point is this config
     path = str(launcher / "s.zarr")
 
     # the launcher sends its directory with each task (the threaded worker shares this process's cwd)
@@ -490,14 +490,14 @@ def test_a_relative_teacher_path_is_to_the_launchers_directory(tmp_path, monkeyp
 
     SUBMITTED_CWDS.clear()
     monkeypatch.setattr(dynamics.sweep.launcher, "run_point", _run_point_recording_cwd)
-    summary = run_sweep(from_dict(raw), path, scheduler=threaded_cluster, progress=False)
+    summary = run_sweep(student, path, scheduler=threaded_cluster, progress=False)
     assert summary.ok and SUBMITTED_CWDS == [str(launcher)], (summary.lines(), SUBMITTED_CWDS)
 
     # and the task resolves against it, wherever the worker runs
     monkeypatch.chdir(worker)
-    out = run_point(point.cfg, path, point.run_id, point.values, "", str(launcher))
+    out = run_point(student, path, student.run_id(), {}, "", str(launcher))
     assert out["status"] == "completed", out["error"]
-    attrs = store.run_attrs(path, point.run_id)
+    attrs = store.run_attrs(path, student.run_id())
     assert attrs["config"]["intervene"]["distill"]["teacher"] == "runs/teacher.zarr"  # as written: the same run id
     distilled = attrs["interventions"]["distill"]
     assert distilled["teacher_store"] == str(launcher / "runs" / "teacher.zarr")
