@@ -23,7 +23,8 @@ anything is submitted.
 Storage on a cluster: the workers open the store by the same path as the launcher, so
 it must be a filesystem they all see (NFS, Lustre, ...) or an fsspec URL
 (``s3://bucket/sweep.zarr``, ``gcs://...``) that each worker can reach; relative local
-paths are made absolute before they are sent. Checkpoints go through fsspec too
+paths are made absolute before they are sent, and a distillation teacher's relative path is
+resolved in the task against the launcher's working directory (the task gets it). Checkpoints go through fsspec too
 (``store.write_checkpoint``), so a run resumes on whichever worker picks it up. On a URL
 store the tasks write only their own run group and leave the root index to the launcher,
 which rebuilds it when the runs are done (``store.deferred_index``): there is no
