@@ -26,13 +26,34 @@ would dominate them. Larger runs are analysed lazily, a block of snapshots per t
 def analyse_one(path: str, run_id: str) -> dict:
     """Analyse one run and write ``analysis/<run_id>``; its summary row (skipped if unfinished)."""
     from dynamics import store
-    from dynamics.analysis import AnalysisOptions, analyse_run, summary_row
+    from dynamics.analysis import summary_row
     from dynamics.schema import FINISHED_STATUSES
 
     attrs = store.run_attrs(path, run_id)
     if attrs.get("status") not in FINISHED_STATUSES:
         # "stopped", not "running", for a killed run, as `dynamics status` names it
         return {"run": run_id, "status": store.run_status(path, run_id, attrs), "skipped": True, "reason": "unfinished"}
+    # A chunk file gone from the run reads as NaN (or 0) without a word: named, not analysed.
+    store.check_recorded(path, run_id)
+    try:
+        result = _analysis_of(path, run_id, attrs)
+    except Exception as e:
+        # a chunk cut short fails in its codec naming neither the run nor the array: found and named
+        damaged = store.unreadable_chunk(path, run_id)
+        if damaged is None:
+            raise
+        raise damaged from e
+    if isinstance(result, dict):  # too few snapshots: its row says so
+        return result
+    store.write_analysis(path, run_id, result)
+    return {"run": run_id, "status": attrs["status"], **summary_row(result)}
+
+
+def _analysis_of(path: str, run_id: str, attrs: dict):
+    """The computed analysis of a finished run, or its skipped row when it recorded too few snapshots."""
+    from dynamics import store
+    from dynamics.analysis import AnalysisOptions, analyse_run
+
     ds = store.open_run(path, run_id, dask=False)  # sizes only: nothing is read yet
     ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else store.open_run(path, run_id)
     need = AnalysisOptions().baseline_snapshots + 1  # the divergence curve's noise band needs them
@@ -45,9 +66,7 @@ def analyse_one(path: str, run_id: str) -> dict:
     elif ds.sizes["snapshot"] < need:  # a very short run: its schedule took fewer snapshots
         return {"run": run_id, "status": attrs["status"], "skipped": True,
                 "reason": f"only {ds.sizes['snapshot']} snapshot(s) recorded; analysis needs >= {need}"}
-    result = analyse_run(ds).compute()
-    store.write_analysis(path, run_id, result)
-    return {"run": run_id, "status": attrs["status"], **summary_row(result)}
+    return analyse_run(ds).compute()
 
 
 def analyse_or_report(path: str, run_id: str) -> dict:

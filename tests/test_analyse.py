@@ -245,3 +245,28 @@ def test_a_diverged_run_is_analysed_on_the_snapshots_it_recorded(tmp_path):
     assert row["final_divergence"] == pytest.approx(float(result.mean_divergence[-1]))
     assert result.mean_divergence.notnull().all() and result.redundancy_fraction.notnull().all()
     assert "none" not in row["roles"] or row["roles"]["none"] < 4  # not every head an empty snapshot
+
+
+def test_a_lost_or_damaged_chunk_is_named_not_analysed_as_nan(three_runs, tmp_path):
+    # A deleted attention chunk read as NaN: the run was analysed "bifurcation never, roles none:4",
+    # exit 0. A chunk cut short failed as "RuntimeError: Zstd decompression error", naming no array.
+    from dynamics.analyse import analyse_or_report
+
+    path, _ = three_runs
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    rid = store.list_runs(s)[0]
+    step = store.open_run(s, rid).step.values
+    attention = s / "runs" / rid / "attention" / "c"
+    (attention / "3" / "0" / "0" / "0" / "0" / "0").unlink()
+    row = analyse_or_report(str(s), rid)
+    assert row["skipped"] and row["error"].startswith(f"StoreError: {s}: run {rid}: array attention at snapshot 3 "
+                                                      f"(step {step[3]}): its chunk runs/{rid}/attention/c/3/0/0/0/0/0 is "
+                                                      f"missing, though the run wrote it: zarr would read it as nan")
+    chunk = attention / "4" / "0" / "0" / "0" / "0" / "0"
+    shutil.copy(chunk, attention / "3" / "0" / "0" / "0" / "0" / "0")
+    chunk.write_bytes(chunk.read_bytes()[:50])
+    row = analyse_or_report(str(s), rid)
+    assert row["error"].startswith(f"StoreError: {s}: run {rid}: array attention at snapshot 4 (step {step[4]}): its chunk "
+                                   f"runs/{rid}/attention/c/4/0/0/0/0/0 cannot be decoded (damaged: ")
+    assert not (s / "analysis" / rid).exists() or store.open_analysis(s, rid) is not None  # nothing half-written

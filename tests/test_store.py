@@ -627,3 +627,55 @@ def test_a_store_of_a_newer_version_is_neither_read_nor_written(tmp_path):
         with pytest.raises(StoreError, match="is newer than this package supports"):
             call()
     assert not (path / "derived" / "x").exists()
+
+
+def write_whole_run(path, run_id, **kw):
+    """`write_run`, and its loss and probe tokens, as a run of `dynamics run` writes them."""
+    write_run(path, run_id, **kw)
+    variables, coords = spec(kw.get("n_heads", 4))
+    w = store.RunWriter(path, run_id, variables=variables, coords=coords, attrs={}, resume=True)
+    w.write_region("loss", 0, np.arange(10, dtype=np.float32))
+    w.write_region("probe_tokens", 0, np.arange(1, P * (T + 1) + 1).reshape(P, T + 1))
+
+
+def test_a_chunk_a_finished_run_wrote_that_is_gone_is_named_not_read_as_nan(tmp_path):
+    # zarr reads a missing chunk file as the fill value: a deleted snapshot of attention read as NaN
+    # (`dynamics analyse` then said "bifurcation never, roles none:4", exit 0), a lost step chunk as step 0.
+    path = tmp_path / "s.zarr"
+    write_whole_run(path, "r1")
+    store.check_recorded(path, "r1")
+    run = path / "runs" / "r1"
+    (run / "attention" / "c" / "2" / "0" / "0" / "0" / "0" / "0").unlink()
+    with pytest.raises(StoreError, match=r"run r1: array attention at snapshot 2 \(step 10\): its chunk "
+                                         r"runs/r1/attention/c/2/0/0/0/0/0 is missing, though the run wrote it: "
+                                         r"zarr would read it as nan; restore runs/r1"):
+        store.check_recorded(path, "r1")
+    (run / "step" / "c" / "0").unlink()
+    with pytest.raises(StoreError, match=r"array attention at snapshot 2: .* \(and 1 more chunk"):
+        store.check_recorded(path, "r1")
+
+    # what a run may leave unwritten is not damage: a run still training, a one-head coordinate [0]
+    # (its fill value), and a diverged run's snapshots from its diverging step on
+    store.update_run_attrs(path, "r1", status="running")
+    store.check_recorded(path, "r1")
+    write_whole_run(path, "div", n_heads=1, attrs={"status": "diverged", "diverged_step": 5})  # steps 0, 5, 10
+    assert not (path / "runs" / "div" / "head" / "c").exists()
+    (path / "runs" / "div" / "gate" / "c" / "1" / "0" / "0").unlink()
+    (path / "runs" / "div" / "gate" / "c" / "2" / "0" / "0").unlink()
+    store.check_recorded(path, "div")
+    (path / "runs" / "div" / "gate" / "c" / "0" / "0" / "0").unlink()
+    with pytest.raises(StoreError, match=r"run div: array gate at snapshot 0 \(step 0\)"):
+        store.check_recorded(path, "div")
+
+
+def test_a_chunk_cut_short_is_named_with_its_run_and_array(tmp_path):
+    # zarr's own error, "Zstd decompression error: invalid input data", named neither
+    path = tmp_path / "s.zarr"
+    write_whole_run(path, "r1")
+    assert store.unreadable_chunk(path, "r1") is None
+    chunk = path / "runs" / "r1" / "grad_norm" / "c" / "1" / "0" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:5])
+    e = store.unreadable_chunk(path, "r1")
+    assert isinstance(e, StoreError)
+    assert f"{path}: run r1: array grad_norm at snapshot 1 (step 5): its chunk runs/r1/grad_norm/c/1/0/0/0 cannot be " \
+           f"decoded (damaged: " in str(e) and "\n" not in str(e)

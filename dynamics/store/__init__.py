@@ -63,6 +63,7 @@ from dynamics.store.checkpoints import (
     run_status,
     write_checkpoint,
 )
+from dynamics.store.integrity import check_recorded, unreadable_chunk
 from dynamics.store.readers import (
     open_analysis,
     open_derived,
@@ -93,6 +94,7 @@ __all__ = [
     "RunWriter",
     "StoreError",
     "atomic_write_bytes",
+    "check_recorded",
     "check_run_id",
     "check_store",
     "checkpoint_path",
@@ -115,6 +117,7 @@ __all__ = [
     "read_sweep_index",
     "reindex",
     "run_attrs",
+    "unreadable_chunk",
     "update_run_attrs",
     "write_analysis",
     "write_derived",

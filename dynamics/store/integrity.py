@@ -1,0 +1,171 @@
+"""Whether the chunks a finished run wrote are all there and decode: lost or damaged chunk files, named.
+
+Zarr reads a chunk file that is gone as the array's fill value, without a word: a deleted
+snapshot of ``attention`` reads as NaN (its heads then have no role, no bifurcation), a lost
+``probe_tokens`` chunk as token 0 everywhere (every role score computed against the wrong
+tokens), a lost ``step`` chunk as step 0 at every snapshot. And a chunk cut short fails deep in
+a codec ("Zstd decompression error") naming neither the run nor the array.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.core.sync import sync as _sync
+
+from dynamics.schema import FINISHED_STATUSES, SNAPSHOT, TRAIN_STEP
+from dynamics.store._loc import StoreError, _default_run, _Loc, _unreadable_member
+from dynamics.store.root import _require_store, run_attrs
+
+WRITTEN_EVERY_SNAPSHOT = ("attention", "grad_norm", "importance", "gate", "eval_loss", "head_weights")
+"""Recorded variables that hold finite values at every snapshot a run recorded before it diverged.
+Zarr writes no chunk whose values all equal the fill value (NaN), so a snapshot of these never
+lacks its chunk unless the file was lost. Not ``grad_cosine`` (NaN at the first snapshot, which
+has no previous gradient), nor ``chg``/``chg_role`` (written only where fitted)."""
+
+
+def _recorded_extent(attrs: dict, steps: Any) -> tuple[list[int], int | None] | None:
+    """(snapshot indices, leading train steps) a finished run wrote, or None for an unfinished one."""
+    status = attrs.get("status")
+    if status == "completed":
+        return list(range(len(steps))), None
+    if status == "diverged" and isinstance(attrs.get("diverged_step"), int):
+        # the snapshot at the diverging step may hold NaN gradients, whose chunk is never written
+        end = attrs["diverged_step"]
+        return [i for i, s in enumerate(steps) if s < end], end
+    return None
+
+
+def _open(loc: _Loc, gpath: str) -> Any:
+    if loc.local is not None:
+        damaged = _unreadable_member(loc, gpath)
+        if damaged is not None:
+            raise damaged
+    return zarr.open_group(loc.store, path=gpath, mode="r", use_consolidated=False)
+
+
+def _keys(group: Any, prefix: str) -> set[str]:
+    async def collect() -> set[str]:
+        return {k async for k in group.store.list_prefix(prefix)}
+
+    return _sync(collect())
+
+
+def _where(loc: _Loc, run_id: str, steps: Any, name: str, arr: Any, coords: tuple[int, ...]) -> str:
+    dims = tuple(arr.metadata.dimension_names or ())
+    at = ""
+    if SNAPSHOT in dims and name != "step":
+        i = coords[dims.index(SNAPSHOT)]
+        at = f" at snapshot {i}" + (f" (step {int(steps[i])})" if steps is not None and i < len(steps) else "")
+    elif TRAIN_STEP in dims:
+        chunk = arr.chunks[dims.index(TRAIN_STEP)]
+        lo = coords[dims.index(TRAIN_STEP)] * chunk
+        at = f" at train steps {lo}..{min(lo + chunk, arr.shape[0]) - 1}"
+    return f"{loc}: run {run_id}: array {name}{at}: its chunk runs/{run_id}/{name}/{arr.metadata.encode_chunk_key(coords)}"
+
+
+def _go_on(run_id: str) -> str:
+    return (f"restore runs/{run_id} from a backup, or move runs/{run_id} and checkpoints/{run_id} out of the "
+            f"store to go on without that run")
+
+
+def check_recorded(path: str | os.PathLike, run_id: str | None = None) -> None:
+    """StoreError naming the first chunk a finished run wrote that is missing from the store.
+
+    Checked, from the file listing alone (no chunk is read): every coordinate (a numeric one of
+    a single value may be its fill value 0, which zarr stores as no chunk, and is passed over),
+    ``probe_tokens``, the :data:`WRITTEN_EVERY_SNAPSHOT` variables at every snapshot the run
+    recorded, and ``loss`` over the steps it trained. Runs not finished are not checked (their
+    later snapshots are not written yet), nor variables that may legitimately lack chunks.
+
+    Raises
+    ------
+    StoreError
+        One line: the run, the array, the snapshot and its step (or the train steps), how many
+        chunks are missing in all, and what to do.
+    """
+    loc = _Loc(path)
+    _require_store(loc)
+    run_id = _default_run(loc, run_id)
+    attrs = run_attrs(loc.url, run_id)
+    gpath = f"runs/{run_id}"
+    group = _open(loc, gpath)
+    arrays = dict(group.arrays())
+    if attrs.get("status") not in FINISHED_STATUSES:
+        return
+    # read as 0s if its own chunk is gone, which is then the first thing named
+    try:
+        steps = arrays["step"][...] if "step" in arrays else np.zeros(0, np.int64)
+    except Exception as e:
+        raise (unreadable_chunk(loc.url, run_id) or e) from e
+    extent = _recorded_extent(attrs, steps)
+    if extent is None:
+        return
+    snapshots, train_steps = extent
+    missing: list[tuple[str, tuple[int, ...]]] = []
+    for name in sorted(arrays):
+        arr = arrays[name]
+        dims = tuple(arr.metadata.dimension_names or ())
+        is_coord = len(dims) == 1 and name in (dims[0], "step")
+        if is_coord:
+            if arr.shape[0] <= 1 and arr.dtype.kind in "biuf":
+                continue
+        elif name == "probe_tokens":
+            pass
+        elif name == "loss" and dims == (TRAIN_STEP,):
+            pass
+        elif name not in WRITTEN_EVERY_SNAPSHOT or SNAPSHOT not in dims:
+            continue
+        ranges = [range(n) for n in arr.cdata_shape]
+        if SNAPSHOT in dims and not is_coord:
+            ranges[dims.index(SNAPSHOT)] = snapshots
+        if TRAIN_STEP in dims and not is_coord and train_steps is not None:
+            chunk = arr.chunks[dims.index(TRAIN_STEP)]
+            ranges[dims.index(TRAIN_STEP)] = range(-(-train_steps // chunk))
+        present = _keys(group, f"{gpath}/{name}/")
+        missing += [(name, c) for c in itertools.product(*ranges)
+                    if f"{gpath}/{name}/{arr.metadata.encode_chunk_key(c)}" not in present]
+    if not missing:
+        return
+    name, coords = missing[0]
+    if any(n == "step" for n, _ in missing):
+        steps = None
+    more = f" (and {len(missing) - 1} more chunk(s) of its arrays)" if len(missing) > 1 else ""
+    raise StoreError(f"{_where(loc, run_id, steps, name, arrays[name], coords)} is missing{more}, though the run "
+                     f"wrote it: zarr would read it as {_plain(arrays[name].fill_value)}; {_go_on(run_id)}")
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def unreadable_chunk(path: str | os.PathLike, run_id: str) -> StoreError | None:
+    """StoreError naming the first chunk of run `run_id` that cannot be decoded, or None.
+
+    Reads every chunk of every array of the run: for after a read of the run has failed, to
+    name what failed, which zarr's codec error does not.
+    """
+    loc = _Loc(path)
+    gpath = f"runs/{run_id}"
+    try:
+        arrays = dict(_open(loc, gpath).arrays())
+    except StoreError as e:
+        return e
+    try:
+        steps = arrays["step"][...] if "step" in arrays else None
+    except Exception:  # noqa: BLE001 - the step coordinate is the damaged one: found below
+        steps = None
+    for name in sorted(arrays):
+        arr = arrays[name]
+        for coords in itertools.product(*(range(n) for n in arr.cdata_shape)):
+            try:
+                arr.get_block_selection(coords)
+            except Exception as e:  # noqa: BLE001 - any codec's error: named with its chunk
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                return StoreError(f"{_where(loc, run_id, steps, name, arr, coords)} cannot be decoded "
+                                  f"(damaged: {why}); {_go_on(run_id)}")
+    return None
