@@ -272,7 +272,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(predict.format_curve(curve))
     if not args.no_save:
         print(f"saved derived/{predict.write_curve(args.store, curve)} in {args.store}")
-    return 0
+    # left out of the curve (its "left out" line): named with why on stderr, exit 1, as by analyse and report
+    damaged = [r.removesuffix(" (damaged)") for r in curve.attrs["runs_left_out"] if r.endswith(" (damaged)")]
+    return 1 if _damaged_runs(args.store, damaged, chunks=True) else 0
 
 
 def default_report_dir(store_path: str) -> Path:
@@ -305,11 +307,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if damaged else 0
 
 
-def _damaged_runs(path: str, ids: list[str]) -> list[str]:
+def _damaged_runs(path: str, ids: list[str], chunks: bool = False) -> list[str]:
     """The runs of `ids` whose group cannot be read, each named on stderr with why, then in one line."""
     from dynamics.status import damaged_runs
 
-    damaged = damaged_runs(path, ids)
+    damaged = damaged_runs(path, ids, chunks)
     _name_damaged(damaged)
     return list(damaged)
 

@@ -9,12 +9,17 @@ from dynamics import store
 from dynamics.schema import FINISHED_STATUSES
 
 
-def damaged_runs(path: str, ids: list[str]) -> dict[str, str]:
-    """The runs of `ids` whose group cannot be read, each with the store's one-line reason."""
+def damaged_runs(path: str, ids: list[str], chunks: bool = False) -> dict[str, str]:
+    """The runs of `ids` whose group cannot be read, each with the store's one-line reason.
+
+    ``chunks``: also a finished run missing a chunk it wrote (:func:`dynamics.store.check_recorded`).
+    """
     damaged = {}
     for run_id in ids:
         try:
             store.run_attrs(path, run_id)
+            if chunks:
+                store.check_recorded(path, run_id)
         except store.StoreError as e:
             damaged[run_id] = str(e)
     return damaged

@@ -632,17 +632,27 @@ def test_a_run_outside_the_sweep_index_is_one_of_the_runs(tmp_path):
     assert loaded[-1].seed == runs[-1].seed
 
 
-def test_runs_left_out_are_named_with_their_status(tmp_path, capsys):
-    # a curve over the runs that finished says nothing of those that diverged: a reader must be told
-    runs = make_runs(n_seeds=3)
+def test_runs_left_out_are_named_with_their_status_or_as_damaged(tmp_path, capsys):
+    # a curve over the runs that finished says nothing of those that diverged: a reader must be told.
+    # One damaged run among many refused the whole store (exit 2), and a run whose attention chunk
+    # was lost was predicted from the NaN zarr reads in its place: both left out and named, exit 1.
+    runs = make_runs(n_seeds=5)
     path = tmp_path / "survivors.zarr"
     write_store(path, runs, statuses={runs[1].run_id: "diverged"})
+    cut, lost = runs[2].run_id, runs[3].run_id
+    meta = path / "runs" / cut / "zarr.json"
+    meta.write_bytes(meta.read_bytes()[:40])
+    (path / "runs" / lost / "attention" / "c" / "2" / "0" / "0" / "0" / "0" / "0").unlink()
     loaded, left_out = predict.load_store(str(path))
-    assert [r.run_id for r in loaded] == [runs[0].run_id, runs[2].run_id]
-    assert left_out == [f"{runs[1].run_id} (diverged)"]
-    assert cli.main(["predict", str(path), "--horizon", "0", "--folds", "2"]) == 0
-    out = capsys.readouterr().out
+    assert [r.run_id for r in loaded] == [runs[0].run_id, runs[4].run_id]
+    assert left_out == [f"{runs[1].run_id} (diverged)", f"{cut} (damaged)", f"{lost} (damaged)"]
+    assert cli.main(["predict", str(path), "--horizon", "0", "--folds", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert "heads in 2 runs" in out
     assert f"left out: 1 run(s) not completed, so without a final role: {runs[1].run_id} (diverged)" in out
+    assert f"left out: 2 run(s) that could not be read (damaged): {cut}, {lost}" in out
+    assert f"runs/{cut} exists but its metadata" in err and f"run {lost}: array attention at snapshot 2" in err
+    assert err.strip().splitlines()[-1] == f"dynamics: 2 run(s) could not be read (damaged), skipped: {cut}, {lost}"
     assert store.open_derived(str(path), predict.derived_name("slash")).attrs["runs_left_out"] == left_out
 
 
@@ -655,3 +665,4 @@ def test_cli_store_problems_exit_2(tmp_path, capsys):
     assert cli.main(["predict", str(path)]) == 2
     err = capsys.readouterr().err
     assert "1 completed run" in err and len(err.strip().splitlines()) == 1
+

@@ -238,9 +238,12 @@ def format_curve(curve: xr.Dataset) -> str:
     if a.get("runs_left_out"):
         # Runs that diverged or failed have no final role: the curve speaks for the runs that
         # finished, and without this line a reader would not know the others existed.
-        out = a["runs_left_out"]
-        lines.append(f"left out: {len(out)} run(s) not completed, so without a final role: "
-                     + ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else ""))
+        unread = [r for r in a["runs_left_out"] if r.endswith(" (damaged)")]
+        for out, why in (([r for r in a["runs_left_out"] if r not in unread], "not completed, so without a final role"),
+                         ([r.removesuffix(" (damaged)") for r in unread], "that could not be read (damaged)")):
+            if out:
+                lines.append(f"left out: {len(out)} run(s) {why}: "
+                             + ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else ""))
     # AUROC and Spearman are undefined on a test fold whose target is constant (one class):
     # such a fold is left out of every mean and sd, so say which, and how many remain.
     undefined = [k for k in range(curve.sizes["fold"]) if np.isnan(curve["score"].isel(fold=k).values).all()]

@@ -74,7 +74,8 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
         In sweep-index order, then the runs outside the index in store order.
     left_out : list of str
         ``"<run_id> (<status>)"`` for each run left out: a curve over the runs that finished
-        says nothing of those that diverged, and a reader must be told they exist.
+        says nothing of those that diverged, and a reader must be told they exist. A run that
+        cannot be read (see ``dynamics.status.damaged_runs``) is ``"<run_id> (damaged)"``.
 
     Raises
     ------
@@ -87,7 +88,9 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
     """
     opt = options or PredictOptions()
     index = store.read_sweep_index(path) or {}
-    present = store.list_runs(path)
+    # A damaged run (group metadata unreadable, or a chunk it wrote gone) is left out and named, as
+    # analyse and report do: refusing the store made one damaged run of a hundred stop every prediction.
+    present = store.list_runs(path, damaged="include")
     # A run trained into the store by `dynamics run` is in no sweep index, but it is one of the
     # store's runs (analyse and report include it): left out, it would vanish from the counts.
     ids = [r for r in index.get("runs", {}) if r in present]
@@ -95,7 +98,13 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
     axes = list(index.get("axes", []))
     runs, skipped, configs = [], [], {}
     for rid in ids:
-        attrs = store.run_attrs(path, rid)
+        try:
+            attrs = store.run_attrs(path, rid)
+            if attrs.get("status") == "completed":
+                store.check_recorded(path, rid)
+        except store.StoreError:
+            skipped.append(f"{rid} (damaged)")
+            continue
         if attrs.get("status") != "completed":
             skipped.append(f"{rid} ({attrs.get('status', 'no status')})")
             continue
@@ -109,7 +118,7 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
         configs[rid] = attrs.get("config", {})
     if axes:
         runs = _told_apart(runs, configs)
-    note = f" ({len(skipped)} not completed: {', '.join(skipped[:3])}{'...' if len(skipped) > 3 else ''})" if skipped else ""
+    note = f" ({len(skipped)} left out: {', '.join(skipped[:3])}{'...' if len(skipped) > 3 else ''})" if skipped else ""
     if len(runs) < 2:
         raise PredictError(f"{path}: {len(runs)} completed run(s){note}; prediction needs at least 2")
     check_runs(runs, opt)
