@@ -148,9 +148,10 @@ class TrainConfig:
     device: str = "cpu"
     """torch device: cpu | cuda | cuda:N."""
     threads: int = 1
-    """torch intra-op threads on CPU. These models are small: one thread is several times
-    faster than two on a 2-core machine, where a second thread fights the recorder's writer.
-    At most MAX_THREADS (1024); `dynamics run` notes a count above the cores it may use."""
+    """torch intra-op threads on CPU. These models are small: on a 2-core machine a second
+    thread gained nothing with the other core idle, and made training about 3.4x slower with
+    the other core busy (README, Performance), as it is in a sweep or beside the recorder's
+    writer. At most MAX_THREADS (1024); `dynamics run` notes a count above the cores it may use."""
     eval_batches: int = 1
     """Held-out batches per task component at each snapshot (the recorder's largest cost: bench/record.py)."""
 
