@@ -850,12 +850,45 @@ def test_a_report_stopped_part_way_leaves_the_previous_one_whole(tmp_path, monke
 
     killed = out / "figures" / "20000101-000000-0"  # what a SIGKILL part-way leaves: a folder no page links to
     (killed / "attention").mkdir(parents=True)
+    (killed / page_module._MARK).write_text("")  # made by a report
     (out / ".index.html.20000101-000000-0.tmp").write_text("half a page")
     (out / "figures" / "mine").mkdir()  # not a name a report gives: the user's, kept
     after = _srcs(write_report(path, out).read_text())
     assert _png_ok(out / after[0]) and after != linked
     assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(["mine", Path(after[0]).parts[1]])
     assert sorted(p.name for p in out.iterdir()) == ["figures", "index.html"]
+
+
+def test_a_report_deletes_only_figure_folders_it_made_or_its_page_linked_to(tmp_path):
+    # Every folder of figures/ named like a report's (<date>-<time>-<n>) was deleted by the next
+    # report, so a user's figures/20240101-120000-0/ went; and with a report page present, every
+    # figures/*.png went too, the user's included.
+    path = tmp_path / "s.zarr"
+    store.init_store(path)  # no runs: no figures are drawn, only folders made and deleted
+    out = tmp_path / "out"
+    figures = out / "figures"
+    mine = figures / "20240101-120000-0"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    write_report(path, out)
+    first = next(p.name for p in figures.iterdir() if p != mine)
+    (figures / "fig1.png").write_bytes(b"mine")  # the user's, beside a report
+    # A page written before figures went into folders (and before folders had the marker): it
+    # links to figures/*.png, figures/attention/*.png and an unmarked generation folder; those go.
+    old = figures / "20230101-000000-0"
+    old.mkdir()
+    (figures / "attention").mkdir()
+    for f in (figures / "emergence.png", figures / "attention" / "snapshot_0000.png", old / "bifurcation.png"):
+        f.write_bytes(b"old")
+    frames = json.dumps([{"src": "figures/attention/snapshot_0000.png", "step": 0, "label": "step 0"}])
+    (out / "index.html").write_text(
+        f'<!DOCTYPE html><html><head><title>dynamics report: s.zarr</title></head><body>'
+        f'<img src="figures/emergence.png"><img src="figures/20230101-000000-0/bifurcation.png">'
+        f'<img src="figures/{first}/x.png"><script type="application/json" id="frames-data">{frames}</script></body></html>')
+    write_report(path, out)
+    left = {p.name for p in figures.iterdir()} - {mine.name, "fig1.png"}
+    assert (mine / "notes.txt").read_text() == "mine" and (figures / "fig1.png").read_bytes() == b"mine"
+    assert len(left) == 1 and left != {first}  # the new report's folder only
 
 
 def test_swept_values_with_dollar_signs_are_drawn_as_written():

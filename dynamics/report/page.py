@@ -88,6 +88,7 @@ def write_report(
     if out.exists() and not out.is_dir():
         raise store.StoreError(f"report directory {out} exists and is not a directory")
     refuse_foreign_files(out)
+    earlier = _linked_figures(out / "index.html")  # read before the page is replaced
     (out / "figures").mkdir(parents=True, exist_ok=True)
     stage = _new_generation(out / "figures")
     page, draft = out / "index.html", out / f".index.html.{stage.name}.tmp"
@@ -114,39 +115,64 @@ def write_report(
         draft.unlink(missing_ok=True)
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    _remove_earlier_reports(out, keep=stage.name)
+    _remove_earlier_reports(out, keep=stage.name, linked=earlier)
     return page
 
 
-# Figure folders of a report: figures/<date>-<time>-<n>; only names of this form are ever deleted.
+# Figure folders of a report: figures/<date>-<time>-<n>, each holding the marker file _MARK from its
+# start. A folder is deleted only with both, or when the previous page linked to it: a user's folder
+# that happens to be named like one is not the report's to delete.
 _GENERATION = re.compile(r"\d{8}-\d{6}-\d+")
 _DRAFT = re.compile(r"\.index\.html\.\d{8}-\d{6}-\d+\.tmp")
+_MARK = ".dynamics-report"
+# What a page links to: figures/<generation>/..., or figures/*.png and figures/attention/*.png
+# (reports written before figures went into folders of their own). In img src and the frames' JSON.
+_LINK = re.compile(r"figures/[^\"'<>\s\\]+")
 
 
 def _new_generation(figures: Path) -> Path:
-    """Create and return an unused ``figures/<date>-<time>-<n>`` folder (named by when it was made)."""
+    """Create and return an unused ``figures/<date>-<time>-<n>`` folder (named by when it was made),
+    with the marker that says a report made it."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     n = 0
     while True:
         folder = figures / f"{stamp}-{n}"
         try:
             folder.mkdir()
-            return folder
+            break
         except FileExistsError:
             n += 1
+    (folder / _MARK).write_text("figures of a dynamics report; deleted by the next report into this folder\n")
+    return folder
 
 
-def _remove_earlier_reports(out: Path, keep: str) -> None:
-    """Delete what earlier reports left in `out`: their figure folders (the one the old page
-    linked to, and those of reports stopped part-way), their page drafts, and the PNGs of
-    reports written before figures went into folders of their own (figures/*.png and
-    figures/attention/*.png). Names of other forms are the user's and stay."""
+def _linked_figures(page: Path) -> set[str]:
+    """The paths under figures/ (as "figures/...") that a report page links to; none without a page.
+
+    Only a dynamics report's page is read here: `refuse_foreign_files` refused any other.
+    """
+    try:
+        text = page.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return set()
+    return {html.unescape(m) for m in _LINK.findall(text)}
+
+
+def _remove_earlier_reports(out: Path, keep: str, linked: set[str]) -> None:
+    """Delete what earlier reports left in `out`: the figure folders the old page linked to and
+    those carrying the report's marker (of reports stopped part-way), their page drafts, and
+    the PNGs that a page written before figures went into folders of their own linked to
+    (figures/*.png and figures/attention/*.png). Everything else is the user's and stays."""
     figures = out / "figures"
+    folders = {Path(rel).parts[1] for rel in linked if len(Path(rel).parts) > 2}
     for entry in figures.iterdir():
-        if entry.is_dir() and entry.name != keep and _GENERATION.fullmatch(entry.name):
+        if (entry.is_dir() and entry.name != keep and _GENERATION.fullmatch(entry.name)
+                and (entry.name in folders or (entry / _MARK).is_file())):
             shutil.rmtree(entry, ignore_errors=True)
-    for old in [*figures.glob("*.png"), *(figures / "attention").glob("*.png")]:
-        old.unlink(missing_ok=True)
+    for rel in linked:
+        old = out / rel
+        if old.suffix == ".png" and old.parent in (figures, figures / "attention") and old.is_file():
+            old.unlink(missing_ok=True)
     if (figures / "attention").is_dir() and not any((figures / "attention").iterdir()):
         (figures / "attention").rmdir()
     for entry in out.iterdir():
@@ -157,10 +183,10 @@ def _remove_earlier_reports(out: Path, keep: str) -> None:
 def refuse_foreign_files(out: Path) -> None:
     """StoreError for a directory whose index.html or figures/*.png a report did not write.
 
-    The report replaces index.html and deletes the PNGs of figures/ (those of reports written
-    before figures went into ``figures/<generation>/`` folders); in a folder that is not a
-    report's, those are the user's files. The CLI asks the same before any work
-    (`usage.check_report_dir`).
+    The report replaces index.html, and figures/*.png are what reports written before figures
+    went into ``figures/<generation>/`` folders left; in a folder with no report page, those are
+    the user's files (the report would leave them, but does not mix its page into their folder).
+    The CLI asks the same before any work (`usage.check_report_dir`).
     """
     page, figdir = out / "index.html", out / "figures"
     if figdir.exists() and not figdir.is_dir():  # the report's figures go in folders under it
