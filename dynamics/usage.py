@@ -151,3 +151,6 @@ def check_report_dir(out: Path, flag: str) -> None:
         raise UsageError(f"{flag} {e}") from None
     if not out.exists():
         check_creatable(out, flag)
+    for folder in (out, out / "figures"):  # where the report makes its folder, and renames its page
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {out}: no permission to write in {folder}")

@@ -824,6 +824,32 @@ def test_a_file_named_figures_is_refused_in_one_line(tmp_path, capsys):
     assert (out / "figures").read_text() == "mine" and not (out / "index.html").exists()
 
 
+def test_a_report_folder_without_write_permission_is_refused_in_one_line(tmp_path, capsys):
+    # An existing folder was not checked for permission: a PermissionError traceback when the
+    # report made its figures folder.
+    import os
+    import subprocess
+
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o555)
+    immutable = os.access(out, os.W_OK)  # root writes anyway: make the folder immutable instead
+    if immutable and subprocess.run(["chattr", "+i", str(out)], capture_output=True).returncode != 0:
+        out.chmod(0o755)
+        pytest.skip("no way to make a folder unwritable here (root, and chattr +i refused)")
+    try:
+        assert cli.main(["report", str(path), "--out", str(out)]) == cli.EXIT_BAD_INPUT
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(out)], check=True)
+        out.chmod(0o755)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out {out}: no permission to write in {out}" in err
+    assert not any(out.iterdir())
+
+
 def test_a_report_stopped_part_way_leaves_the_previous_one_whole(tmp_path, monkeypatch):
     # write_report deleted the old figures first and replaced index.html last: stopped in between
     # (Ctrl-C, SIGKILL), the old page linked to PNGs that were gone.
