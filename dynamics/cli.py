@@ -299,10 +299,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(f"no run {args.run!r} in {args.store}")
     if args.run:
         store.run_attrs(args.store, args.run)  # the run to show is damaged: StoreError naming it, exit 2
-    damaged = _damaged_runs(args.store, ids)
     out = Path(args.out) if args.out else default_report_dir(args.store)
     check_report_dir(out, "--out")
-    page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute)
+    damaged: dict[str, str] = {}  # found by the report's own read of each run's attributes
+    page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute,
+                        on_damaged=damaged.__setitem__)
+    _name_damaged(damaged)
     print(f"report written to {page}\nopen {page.resolve().as_uri()}")
     return 1 if damaged else 0
 

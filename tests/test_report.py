@@ -850,6 +850,27 @@ def test_a_report_folder_without_write_permission_is_refused_in_one_line(tmp_pat
     assert not any(out.iterdir())
 
 
+def test_report_reads_each_runs_attributes_once_and_lists_a_damaged_run_as_damaged(tmp_path, monkeypatch, capsys):
+    # The CLI read every run's attributes to look for damage, then the report read them again for
+    # its rows (a damaged run three times, and listed with status "unknown").
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0},
+                            "r1": {"model.init_scale": 2.0, "train.seed": 0}})
+    meta = path / "runs" / "r1" / "zarr.json"
+    meta.write_bytes(meta.read_bytes()[:40])
+    reads = []
+    real = store.run_attrs
+    monkeypatch.setattr(store, "run_attrs", lambda p, rid: reads.append(rid) or real(p, rid))
+    assert cli.main(["report", str(path), "--out", str(tmp_path / "out"), "--no-compute"]) == 1
+    assert sorted(reads) == ["r0", "r1"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "dynamics: 1 run(s) could not be read (damaged), skipped: r1"
+    assert "runs/r1/zarr.json cannot be read (damaged)" in err[0]
+    text = (tmp_path / "out" / "index.html").read_text()
+    assert re.search(r"<code>r1</code></td><td>2</td><td>0</td><td>damaged</td>", text)  # not the run shown
+    assert "<code>r0</code> (shown)" in text
+
+
 def test_a_report_stopped_part_way_leaves_the_previous_one_whole(tmp_path, monkeypatch):
     # write_report deleted the old figures first and replaced index.html last: stopped in between
     # (Ctrl-C, SIGKILL), the old page linked to PNGs that were gone.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,8 @@ def _choose_run(runs: list[_Run]) -> str | None:
     """Default run of the per-run figures: the completed run with the median final loss.
 
     The median (lower median for an even count) shows a typical run rather than the luckiest
-    seed. Without completed runs, the run with the most recorded snapshots; None for no runs.
+    seed. Without completed runs, the run with the most recorded snapshots, a damaged one last;
+    None for no runs.
     """
     done = [r for r in runs if r.status == "completed" and r.last_loss is not None and math.isfinite(r.last_loss)]
     if done:
@@ -114,7 +116,7 @@ def _choose_run(runs: list[_Run]) -> str | None:
         return done[(len(done) - 1) // 2].run_id
     if not runs:
         return None
-    return max(runs, key=lambda r: (r.n_recorded, r.run_id)).run_id
+    return max(runs, key=lambda r: (r.status != "damaged", r.n_recorded, r.run_id)).run_id
 
 
 # --------------------------------------------------------------------------- collecting
@@ -136,20 +138,29 @@ def _recorded_mask(ds: xr.Dataset) -> np.ndarray:
     return probe.notnull().values
 
 
-def _collect_or_note(path, run_id: str, index: dict | None, compute_missing: bool) -> _Run:
+def _collect_or_note(path, run_id: str, index: dict | None, compute_missing: bool,
+                     on_damaged: Callable[[str, str], None] | None = None) -> _Run:
     """`_collect_run`, or a placeholder naming why the run could not be read.
 
     A live store can hold a group whose arrays are still being created; the page lists
-    such a run instead of failing.
+    such a run instead of failing. A run whose group metadata cannot be read is "damaged"
+    (as `dynamics status` says), and `on_damaged` gets its id and the store's reason.
     """
+    point = (index or {}).get("runs", {}).get(run_id, {})
     try:
-        return _collect_run(path, run_id, index, compute_missing)
+        attrs = store.run_attrs(path, run_id)  # read once: the damage check and the run's data
+    except store.StoreError as e:
+        if on_damaged is not None:
+            on_damaged(run_id, str(e))
+        return _Run(run_id, "damaged", dict(point), None, 0, np.zeros(0, bool), np.zeros(0, np.int64),
+                    analysis_note=f"could not be read ({type(e).__name__}: {e})")
+    try:
+        return _collect_run(path, run_id, index, compute_missing, attrs)
     except Exception as e:  # noqa: BLE001 - one unreadable run must not sink the page
         try:
-            status = store.run_status(path, run_id, store.run_attrs(path, run_id))
+            status = store.run_status(path, run_id, attrs)
         except Exception:  # noqa: BLE001
             status = "unknown"
-        point = (index or {}).get("runs", {}).get(run_id, {})
         return _Run(run_id, status, dict(point), None, 0, np.zeros(0, bool), np.zeros(0, np.int64),
                     analysis_note=f"could not be read ({type(e).__name__}: {e})")
 
@@ -167,8 +178,7 @@ def _finished(run: _Run) -> bool:
     return run.status in FINISHED_STATUSES
 
 
-def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool) -> _Run:
-    attrs = store.run_attrs(path, run_id)
+def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, attrs: dict) -> _Run:
     ds = store.open_run(path, run_id)
     point = (index or {}).get("runs", {}).get(run_id)
     if point is None:  # no sweep index entry: the swept axes' values from the run's own config

@@ -38,6 +38,7 @@ def write_report(
     run_id: str | None = None,
     *,
     compute_missing: bool = True,
+    on_damaged: Callable[[str, str], None] | None = None,
 ) -> Path:
     """Write the HTML report of a store: ``out_dir/index.html`` plus ``out_dir/figures/<generation>/``.
 
@@ -62,6 +63,9 @@ def write_report(
     compute_missing : bool
         Analyse runs that have no stored analysis in memory, on their recorded snapshots
         (True), or name them as missing (False).
+    on_damaged : callable, optional
+        Called with the run id and the store's one-line reason for each run whose group
+        cannot be read (damaged); the page lists such a run as "damaged" either way.
 
     Returns
     -------
@@ -95,7 +99,7 @@ def write_report(
     try:
         (stage / "attention").mkdir()
         index = store.read_sweep_index(store_path)
-        runs = [_collect_or_note(store_path, rid, index, compute_missing) for rid in ids]
+        runs = [_collect_or_note(store_path, rid, index, compute_missing, on_damaged) for rid in ids]
         pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
         chosen = run_id or _choose_run(runs)
         axes = _colour_axes([*runs, *pending], index)  # pending runs too: colours stay put as the sweep fills in
