@@ -938,6 +938,32 @@ def test_a_report_deletes_only_figure_folders_it_made_or_its_page_linked_to(tmp_
     assert len(left) == 1 and left != {first}  # the new report's folder only
 
 
+def test_the_new_report_is_on_disk_before_its_page_is_switched(tmp_path, monkeypatch):
+    # Nothing was fsynced: after a power cut, the renamed index.html could link to figures whose
+    # data never reached the disk, the previous figures deleted. A power cut cannot be staged
+    # here, so the order of the real system calls is recorded instead.
+    import os
+
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc to name the file an fsync'd descriptor is")
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    out = tmp_path / "out"
+    calls = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: calls.append(("replace", str(b))) or replace(a, b))
+    write_report(path, out)
+    monkeypatch.undo()
+    switch = calls.index(("replace", str(out / "index.html")))
+    before = {p for _, p in calls[:switch]}
+    stage = next((out / "figures").iterdir())
+    made = [stage, *stage.rglob("*"), out / "figures"]
+    assert all(str(p) in before for p in made), (made, before)
+    assert any(Path(p).name.startswith(".index.html.") for p in before)  # the page's draft
+    assert ("fsync", str(out)) in calls[switch:]  # the rename itself, before the old figures go
+
+
 def test_swept_values_with_dollar_signs_are_drawn_as_written():
     # A pair of `$` in a legend label is mathtext to matplotlib: a swept teacher store path
     # "runs/$a_$.zarr" raised ValueError at savefig, and the report lost the whole section.

@@ -47,7 +47,8 @@ def write_report(
     and moved onto it (one rename), and only then are the previous report's figures deleted.
     At every moment the folder holds the previous complete report or the new one; a report
     stopped part-way (Ctrl-C, SIGKILL) leaves the previous one as it was, and its unlinked
-    folder is removed by the next report.
+    folder is removed by the next report. The new files are fsynced before the rename, so a
+    power cut does not leave a page linking to empty figures either.
 
     Parameters
     ----------
@@ -114,7 +115,9 @@ def write_report(
         swept = set((index or {}).get("runs", {}))
         draft.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept, href),
                          encoding="utf-8")
+        _fsync_tree(stage, draft)
         os.replace(draft, page)  # the switch: one rename, so a reader sees the old page or the new one
+        _fsync(out)  # the rename is on disk before the old figures are deleted
     except BaseException:  # Ctrl-C included: the previous report stays whole, the new figures go
         draft.unlink(missing_ok=True)
         shutil.rmtree(stage, ignore_errors=True)
@@ -148,6 +151,38 @@ def _new_generation(figures: Path) -> Path:
             n += 1
     (folder / _MARK).write_text("figures of a dynamics report; deleted by the next report into this folder\n")
     return folder
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's or a folder's entries to disk (best effort: some systems cannot open a folder)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(stage: Path, draft: Path) -> None:
+    """Put the new figures and page on disk before the page is switched.
+
+    Without it, a power cut within seconds of a report (ext4's default delayed allocation)
+    can leave the new index.html, written back on its rename, linking to PNGs still empty,
+    and the previous figures deleted. fsync in threads: the file system commits them together
+    (25 files: 0.01 s, against 0.1 s one after another).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    folders = [stage, *(p for p in stage.rglob("*") if p.is_dir())]
+    files = [p for p in stage.rglob("*") if p.is_file()] + [draft]
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        list(pool.map(_fsync, files))
+    for folder in [*folders, stage.parent]:  # the entries: the files in their folders, the folder in figures/
+        _fsync(folder)
 
 
 def _linked_figures(page: Path) -> set[str]:
