@@ -871,6 +871,27 @@ def test_report_reads_each_runs_attributes_once_and_lists_a_damaged_run_as_damag
     assert "<code>r0</code> (shown)" in text
 
 
+def test_a_second_report_into_a_folder_being_written_is_refused_in_one_line(tmp_path, capsys):
+    # Two reports into one folder at once: the first to end deleted the other's figures folder
+    # (and page draft), so the page left behind linked to PNGs that were gone.
+    fcntl = pytest.importorskip("fcntl")
+    import os
+
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the report being written holds it
+        assert cli.main(["report", str(path), "--out", str(out)]) == cli.EXIT_BAD_INPUT
+    finally:
+        os.close(fd)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"another dynamics report is being written into {out}" in err
+    assert not any(out.iterdir())
+
+
 def test_a_report_stopped_part_way_leaves_the_previous_one_whole(tmp_path, monkeypatch):
     # write_report deleted the old figures first and replaced index.html last: stopped in between
     # (Ctrl-C, SIGKILL), the old page linked to PNGs that were gone.

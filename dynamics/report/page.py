@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import html
 import os
@@ -10,6 +11,11 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 from dynamics import store
 from dynamics.report.attention import _attention_section
@@ -76,8 +82,9 @@ def write_report(
     Raises
     ------
     StoreError
-        If `store_path` is not a store, `run_id` is not one of its runs, or `out_dir` holds
-        an index.html or figures/*.png that no report wrote.
+        If `store_path` is not a store, `run_id` is not one of its runs, `out_dir` holds
+        an index.html or figures/*.png that no report wrote, or another report is being
+        written into `out_dir`.
 
     Example
     -------
@@ -92,38 +99,40 @@ def write_report(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise store.StoreError(f"report directory {out} exists and is not a directory")
-    refuse_foreign_files(out)
-    earlier = _linked_figures(out / "index.html")  # read before the page is replaced
-    (out / "figures").mkdir(parents=True, exist_ok=True)
-    stage = _new_generation(out / "figures")
-    page, draft = out / "index.html", out / f".index.html.{stage.name}.tmp"
-    try:
-        (stage / "attention").mkdir()
-        index = store.read_sweep_index(store_path)
-        runs = [_collect_or_note(store_path, rid, index, compute_missing, on_damaged) for rid in ids]
-        pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
-        chosen = run_id or _choose_run(runs)
-        axes = _colour_axes([*runs, *pending], index)  # pending runs too: colours stay put as the sweep fills in
-        axes += _setting_axes(runs, axes)
+    refuse_foreign_files(out)  # before the folder is made: a refused one is left as it was
+    out.mkdir(parents=True, exist_ok=True)
+    with _sole_writer(out):  # two reports at once deleted each other's figures
+        earlier = _linked_figures(out / "index.html")  # read before the page is replaced
+        (out / "figures").mkdir(parents=True, exist_ok=True)
+        stage = _new_generation(out / "figures")
+        page, draft = out / "index.html", out / f".index.html.{stage.name}.tmp"
+        try:
+            (stage / "attention").mkdir()
+            index = store.read_sweep_index(store_path)
+            runs = [_collect_or_note(store_path, rid, index, compute_missing, on_damaged) for rid in ids]
+            pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
+            chosen = run_id or _choose_run(runs)
+            axes = _colour_axes([*runs, *pending], index)  # pending runs too: colours stay put as the sweep fills in
+            axes += _setting_axes(runs, axes)
 
-        href = f"figures/{stage.name}/"
-        ctx = _Ctx(store_path, runs, chosen, axes, stage, compute_missing, pending=pending, href=href)
-        sections = [_safe(make, ctx) for make in (_attention_section, _emergence_section, _bifurcation_section,
-                                                   _redundancy_section, _chg_section, _predict_section)]
+            href = f"figures/{stage.name}/"
+            ctx = _Ctx(store_path, runs, chosen, axes, stage, compute_missing, pending=pending, href=href)
+            sections = [_safe(make, ctx) for make in (_attention_section, _emergence_section, _bifurcation_section,
+                                                       _redundancy_section, _chg_section, _predict_section)]
 
-        table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
-        swept = set((index or {}).get("runs", {}))
-        draft.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept, href),
-                         encoding="utf-8")
-        _fsync_tree(stage, draft)
-        os.replace(draft, page)  # the switch: one rename, so a reader sees the old page or the new one
-        _fsync(out)  # the rename is on disk before the old figures are deleted
-    except BaseException:  # Ctrl-C included: the previous report stays whole, the new figures go
-        draft.unlink(missing_ok=True)
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    _remove_earlier_reports(out, keep=stage.name, linked=earlier)
-    return page
+            table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
+            swept = set((index or {}).get("runs", {}))
+            draft.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept, href),
+                             encoding="utf-8")
+            _fsync_tree(stage, draft)
+            os.replace(draft, page)  # the switch: one rename, so a reader sees the old page or the new one
+            _fsync(out)  # the rename is on disk before the old figures are deleted
+        except BaseException:  # Ctrl-C included: the previous report stays whole, the new figures go
+            draft.unlink(missing_ok=True)
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        _remove_earlier_reports(out, keep=stage.name, linked=earlier)
+        return page
 
 
 # Figure folders of a report: figures/<date>-<time>-<n>, each holding the marker file _MARK from its
@@ -135,6 +144,29 @@ _MARK = ".dynamics-report"
 # What a page links to: figures/<generation>/..., or figures/*.png and figures/attention/*.png
 # (reports written before figures went into folders of their own). In img src and the frames' JSON.
 _LINK = re.compile(r"figures/[^\"'<>\s\\]+")
+
+
+@contextlib.contextmanager
+def _sole_writer(out: Path):
+    """Hold an exclusive ``flock`` on the report folder, or raise StoreError at once.
+
+    Each report deletes the figure folders of the others when it ends, so a second report
+    into the same folder while one is being written (a second terminal, a loop) left a page
+    whose figures were gone. Without fcntl (Windows) nothing is held.
+    """
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise store.StoreError(f"another dynamics report is being written into {out}; "
+                                   f"wait for it to finish, or choose another folder") from None
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def _new_generation(figures: Path) -> Path:
