@@ -809,6 +809,15 @@ def test_write_report_keeps_files_no_report_wrote(tmp_path):
     with pytest.raises(store.StoreError, match="holds an index.html that is not a dynamics report"):
         write_report(path, site)
     assert (site / "index.html").read_text() == "<html>my notes</html>"
+    # A folder named index.html was a traceback (IsADirectoryError); a link to nothing was replaced.
+    (site / "index.html").unlink()
+    (site / "index.html").mkdir()
+    (tmp_path / "link").mkdir()
+    (tmp_path / "link" / "index.html").symlink_to(tmp_path / "nowhere")
+    for folder in (site, tmp_path / "link"):
+        with pytest.raises(store.StoreError, match="holds an index.html that is not a file"):
+            write_report(path, folder)
+    assert (site / "index.html").is_dir() and (tmp_path / "link" / "index.html").is_symlink()
 
 
 def test_a_file_named_figures_is_refused_in_one_line(tmp_path, capsys):

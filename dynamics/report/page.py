@@ -262,6 +262,9 @@ def refuse_foreign_files(out: Path) -> None:
     page, figdir = out / "index.html", out / "figures"
     if figdir.exists() and not figdir.is_dir():  # the report's figures go in folders under it
         raise store.StoreError(f"{out} holds a file named figures; a report keeps its figures in a figures/ folder")
+    if page.is_dir() or (page.is_symlink() and not page.exists()):  # the page is renamed onto it
+        raise store.StoreError(f"{out} holds an index.html that is not a file (a folder, or a link to nothing); "
+                               f"refusing to replace it")
     if page.exists():
         if "<title>dynamics report" not in page.read_text(errors="replace")[:2000]:
             raise store.StoreError(f"{out} holds an index.html that is not a dynamics report; refusing to replace it")
