@@ -960,6 +960,7 @@ def test_a_report_deletes_only_figure_folders_it_made_or_its_page_linked_to(tmp_
     frames = json.dumps([{"src": "figures/attention/snapshot_0000.png", "step": 0, "label": "step 0"}])
     (out / "index.html").write_text(
         f'<!DOCTYPE html><html><head><title>dynamics report: s.zarr</title></head><body>'
+        f'<p>Store <code>/data/figures/{mine.name}/s.zarr</code></p>'  # a path named on the page is no link
         f'<img src="figures/emergence.png"><img src="figures/20230101-000000-0/bifurcation.png">'
         f'<img src="figures/{first}/x.png"><script type="application/json" id="frames-data">{frames}</script></body></html>')
     write_report(path, out)

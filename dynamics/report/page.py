@@ -142,8 +142,9 @@ _GENERATION = re.compile(r"\d{8}-\d{6}-\d+")
 _DRAFT = re.compile(r"\.index\.html\.\d{8}-\d{6}-\d+\.tmp")
 _MARK = ".dynamics-report"
 # What a page links to: figures/<generation>/..., or figures/*.png and figures/attention/*.png
-# (reports written before figures went into folders of their own). In img src and the frames' JSON.
-_LINK = re.compile(r"figures/[^\"'<>\s\\]+")
+# (reports written before figures went into folders of their own). Only img src and the frames'
+# JSON "src" count: a caption naming a path (a store in a folder named figures/...) is no link.
+_LINK = re.compile(r'(?:<img[^>]*\ssrc="|"src": ")(figures/[^"]+)"')
 
 
 @contextlib.contextmanager
