@@ -947,14 +947,15 @@ def test_a_report_deletes_only_figure_folders_it_made_or_its_page_linked_to(tmp_
     mine = figures / "20240101-120000-0"
     mine.mkdir(parents=True)
     (mine / "notes.txt").write_text("mine")
+    (figures / "attention").mkdir()  # empty, and no page links into it: the user's
     write_report(path, out)
-    first = next(p.name for p in figures.iterdir() if p != mine)
+    assert (figures / "attention").is_dir()
+    first = next(p.name for p in figures.iterdir() if p not in (mine, figures / "attention"))
     (figures / "fig1.png").write_bytes(b"mine")  # the user's, beside a report
     # A page written before figures went into folders (and before folders had the marker): it
     # links to figures/*.png, figures/attention/*.png and an unmarked generation folder; those go.
     old = figures / "20230101-000000-0"
     old.mkdir()
-    (figures / "attention").mkdir()
     for f in (figures / "emergence.png", figures / "attention" / "snapshot_0000.png", old / "bifurcation.png"):
         f.write_bytes(b"old")
     frames = json.dumps([{"src": "figures/attention/snapshot_0000.png", "step": 0, "label": "step 0"}])

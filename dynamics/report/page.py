@@ -245,8 +245,9 @@ def _remove_earlier_reports(out: Path, keep: str, linked: set[str]) -> None:
         old = out / rel
         if old.suffix == ".png" and old.parent in (figures, figures / "attention") and old.is_file():
             old.unlink(missing_ok=True)
-    if (figures / "attention").is_dir() and not any((figures / "attention").iterdir()):
-        (figures / "attention").rmdir()
+    legacy = figures / "attention"  # the old layout's frames folder, gone once the page's frames are
+    if "attention" in folders and legacy.is_dir() and not any(legacy.iterdir()):
+        legacy.rmdir()
     for entry in out.iterdir():
         if _DRAFT.fullmatch(entry.name):
             entry.unlink(missing_ok=True)
