@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from dynamics.budget import check_fits
 from dynamics.config import ConfigError, load_config
 from dynamics.usage import (
     UsageError,
@@ -67,6 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from dynamics.config import replace_section
         cfg = replace_section(cfg, "train", device=args.device)
     check_device(cfg.train.device)
+    check_fits(cfg)  # imports torch only for a GPU run, which check_device has imported already
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
     check_out(out)
     from dynamics.store import StoreError, check_run_id

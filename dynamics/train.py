@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import dynamics
-from dynamics import interventions, store
+from dynamics import budget, interventions, store
 from dynamics.config import RunConfig
 from dynamics.identity import experiment_identity
 from dynamics.model import Transformer
@@ -260,8 +260,11 @@ def train_run(
     StoreError
         Before anything is trained or written: the run exists with another config or was
         recorded on other data, or another process is training it now.
+    ConfigError
+        Before anything is written: the run cannot fit in this machine's memory (dynamics.budget).
     """
     run_id = run_id or cfg.run_id()
+    budget.check_fits(cfg)  # on the machine that trains (a sweep's worker): a refusal leaves nothing behind
     interventions.check_output(cfg, path)  # before the store is made: a refusal leaves nothing behind
     store.init_store(path)
     # A finished run stays finished: skipped without the lock, so read-only stores work too.

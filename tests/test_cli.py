@@ -60,12 +60,25 @@ def tiny(tmp_path_factory):
     (["run", "{cfg}", "--out", "nosuch://bucket/x.zarr"], "no filesystem for the URL scheme 'nosuch'"),
     (["run", "{cfg}", "--out", ""], "--out: empty value"),
     (["run", "{cfg}", "--out", "{d}/new5.zarr", "--run-id", " "], "--run-id: empty value"),
+    # made the store and a "failed" run, which died of a MemoryError 30 s later (or pushed the machine into swap)
+    (["run", "{cfg}", "--out", "{d}/new9.zarr", "--set", "train.batch_size=100000000"],
+     "for a training step), more than the"),
 ])
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(tiny, args, needle):
     d, cfg, path = tiny
     before = sorted(p.name for p in d.iterdir())
     one_line_exit_2(dyn(*(a.format(d=d, cfg=cfg, path=path) for a in args)), needle)
     assert sorted(p.name for p in d.iterdir()) == before
+
+
+def test_demo_refuses_a_point_that_cannot_fit_in_memory(tiny, capsys):
+    from dynamics import cli
+
+    d, _, _ = tiny
+    assert cli.main(["demo", "--out", str(d / "demo.zarr"), "--set", "record.n_probe=100000000"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("dynamics: error: sweep point model.init_scale=") and "for an attention snapshot" in line
+    assert not (d / "demo.zarr").exists() and not (d / "demo.zarr-report").exists()
 
 
 @pytest.mark.parametrize("command", ["run", "sweep"])

@@ -140,6 +140,16 @@ def test_each_point_intervention_is_checked_before_any_work():
         expand_grid(from_dict(raw))
 
 
+def test_a_point_that_cannot_fit_in_memory_is_refused_before_the_store_is_made(tmp_path):
+    # checked for every point: the typo was trained by a worker, which failed with a MemoryError
+    cfg = from_dict(tiny({"train.batch_size": [16, 10**8]}))
+    out = tmp_path / "s.zarr"
+    with pytest.raises(ConfigError, match=r"^sweep point train.batch_size=100000000: config needs at least .* for a "
+                                          r"training step\), more than the"):
+        run_sweep(cfg, str(out), workers=1, progress=False)
+    assert not out.exists()
+
+
 def test_cli_invalid_point_exits_2_with_one_line_and_writes_nothing(tmp_path):
     config = write_toml(tmp_path / "bad.toml", tiny({"model.n_heads": [2, 5], "train.seed": [0, 1]}))
     out = tmp_path / "store.zarr"

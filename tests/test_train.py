@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dynamics import store
-from dynamics.config import load_config, with_values
+from dynamics.config import ConfigError, load_config, with_values
 from dynamics.store.writer import RunWriter
 from dynamics.tasks import data_hash
 from dynamics.train import train_run
@@ -54,6 +54,16 @@ def test_a_failed_write_drops_the_checkpoint_behind_it_and_is_recorded(cfg, tmp_
     assert not np.isnan(got.loss.values).any()
     for name in want.data_vars:
         np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+
+
+def test_a_run_that_cannot_fit_in_memory_is_refused_before_the_store_is_made(cfg, tmp_path, monkeypatch):
+    # the API (and a sweep's worker on a cluster, where the launcher cannot know its memory) checks it
+    # too: a store and a "failed" run were made, and the run died of a MemoryError in its first step
+    monkeypatch.delenv("DYNAMICS_MEMORY_GB", raising=False)
+    path = tmp_path / "s.zarr"
+    with pytest.raises(ConfigError, match=r"^config needs at least .* for a training step\), more than the"):
+        train_run(with_values(cfg, {"train.batch_size": 10**8}), str(path))
+    assert not path.exists()
 
 
 def test_a_finished_run_id_with_another_config_is_refused_not_skipped(cfg, tmp_path):

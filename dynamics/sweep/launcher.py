@@ -12,6 +12,7 @@ import uuid
 from collections import Counter
 
 from dynamics import store
+from dynamics.budget import check_fits
 from dynamics.config import ConfigError, RunConfig
 from dynamics.schema import config_value
 from dynamics.signals import sigterm_as_interrupt
@@ -178,7 +179,8 @@ def run_sweep(
     Raises
     ------
     ConfigError
-        An invalid point, or a ``scheduler`` that does not answer (before anything is written).
+        An invalid point, one that cannot fit in this machine's memory (without ``scheduler``;
+        see dynamics.budget), or a ``scheduler`` that does not answer (before anything is written).
     SweepLockError
         Another sweep is writing this store.
     KeyboardInterrupt
@@ -195,6 +197,12 @@ def run_sweep(
     points = expand_grid(cfg)
     if scheduler:
         check_scheduler(scheduler)
+    else:  # an existing cluster's workers have their own memory: each run's train_run checks it there
+        for p in points:
+            try:
+                check_fits(p.cfg)
+            except ConfigError as e:
+                raise ConfigError(f"sweep point {p.label}: {e}") from None
     if not _is_url(path):
         path = os.path.abspath(path)  # workers may run elsewhere
     for p in points:
