@@ -300,10 +300,23 @@ def test_a_run_whose_arrays_cannot_be_read_is_not_said_to_have_no_snapshots(tmp_
     meta = path / "runs" / "r0" / "attention" / "zarr.json"
     meta.write_bytes(meta.read_bytes()[:40])
     text = html.unescape(write_report(path, tmp_path / "out").read_text())
-    assert ("Not available: attention maps because run r0 (completed) could not be read (StoreError: "
+    assert ("Not available: attention maps because run r0 (damaged) could not be read (StoreError: "
             in text)
     assert "runs/r0/attention/zarr.json of runs/r0 cannot be read" in text
     assert "no recorded snapshot" not in text
+
+
+def test_a_finished_run_missing_a_chunk_it_wrote_is_damaged_not_drawn_as_nan(tmp_path):
+    # zarr reads a lost chunk file as the fill value: a completed run whose attention chunks are
+    # gone was drawn and analysed as NaN maps ("no role"), and the report exited 0.
+    path = tmp_path / "s.zarr"
+    _unwritten_run(path, "completed")  # arrays made, no chunk on disk: as if every chunk were lost
+    damaged: dict[str, str] = {}
+    text = html.unescape(write_report(path, tmp_path / "out", on_damaged=damaged.__setitem__).read_text())
+    assert list(damaged) == ["r0"]
+    assert "run r0: array attention at snapshot 0 (step 0): its chunk runs/r0/attention/c/0/" in damaged["r0"]
+    assert "more chunk(s) of its arrays), though the run wrote it: zarr would read it as nan" in damaged["r0"]
+    assert "run r0 (damaged) could not be read (StoreError: " in text
 
 
 # --------------------------------------------------------------------------- small pieces
@@ -362,16 +375,28 @@ def test_report_never_imports_torch():
 # --------------------------------------------------------------------------- trust: colours, labels, status
 
 
-def _synthetic_store(path: Path, points: dict[str, dict], status: str = "completed") -> None:
-    """Runs with no recorded snapshot (cheap), each at its swept point, and the sweep index."""
-    from dynamics.config import from_dict
+def _written_run(path: Path, run_id: str, cfg, status: str, config: dict | None = None) -> None:
+    """Run `run_id` of `cfg`, no training: a finished one with every chunk written (ones), as a
+    finished run has them; an unfinished one with none recorded yet."""
     from dynamics.record import coords, snapshot_steps, variables
 
-    cfg = from_dict(TINY)
     steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    recorded = variables(cfg, len(steps_at))
+    writer = store.RunWriter(path, run_id, variables=recorded, coords=coords(cfg, steps_at),
+                             attrs={"status": status, "config": config or cfg.to_dict()})
+    if status in ("completed", "diverged"):  # a finished run's chunks are all there (store.check_recorded)
+        for name, (_, shape, dtype) in recorded.items():
+            writer.write_region(name, 0, np.ones(shape, dtype))
+    writer.finalize()
+
+
+def _synthetic_store(path: Path, points: dict[str, dict], status: str = "completed") -> None:
+    """Runs with constant arrays (cheap: no training), each at its swept point, and the sweep index."""
+    from dynamics.config import from_dict
+
+    cfg = from_dict(TINY)
     for rid in points:
-        store.RunWriter(path, rid, variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
-                        attrs={"status": status, "config": cfg.to_dict()}).finalize()
+        _written_run(path, rid, cfg, status)
     store.write_sweep_index(path, {"axes": sorted({a for p in points.values() for a in p}), "runs": points})
 
 
@@ -421,24 +446,21 @@ def test_runs_of_other_base_configs_at_one_swept_point_are_not_averaged_as_seeds
     # Two sweeps of init_scale x seed into one store, the second with --set train.lr=...: grouped by
     # the swept values alone, the curves' "mean over seeds" averaged two configs (mean of 4).
     from dynamics.config import from_dict, with_values
-    from dynamics.record import coords, snapshot_steps, variables
     from dynamics.report.data import _collect_or_note, _colour_axes, _pending_runs, _setting_axes
     from dynamics.report.draw import _groups
 
     base = from_dict(TINY)
-    steps_at = snapshot_steps(base.train.steps, base.record.dense_until, base.record.every)
     path = tmp_path / "s.zarr"
     points = {}
     for lr in (1e-2, 1e-3):
         for seed in (0, 1):
             cfg = with_values(base, {"train.lr": lr, "train.seed": seed})
-            store.RunWriter(path, cfg.run_id(), variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
-                            attrs={"status": "completed", "config": cfg.to_dict()}).finalize()
+            _written_run(path, cfg.run_id(), cfg, "completed")
             points[cfg.run_id()] = {"model.init_scale": 1.0, "train.seed": seed}
     points["rother"] = {"model.init_scale": 2.0, "train.seed": 0}  # pending: varies init_scale
     index = {"axes": ["model.init_scale", "train.seed"], "runs": points}
     store.write_sweep_index(path, index)
-    runs = [_collect_or_note(path, rid, index, True) for rid in store.list_runs(path)]
+    runs = [_collect_or_note(path, rid, index, False) for rid in store.list_runs(path)]  # grouping needs no analysis
     axes = _colour_axes([*runs, *_pending_runs(index, store.list_runs(path))], index)  # as write_report does
     axes += _setting_axes(runs, axes)
     groups = _groups(runs, axes)
@@ -460,7 +482,7 @@ def test_a_swept_value_keeps_its_colour_in_every_figure(tmp_path, monkeypatch):
     for rid in ("r1", "r2"):  # gates for the two larger scales only
         store.write_derived(path, f"gates.{rid}", _gates_dataset(cfg, seed=int(rid[1])))
     figs = _capture_figures(monkeypatch, chg)
-    write_report(path, tmp_path / "out", run_id="r1")
+    write_report(path, tmp_path / "out", run_id="r1", compute_missing=False)  # the CHG figure needs no analysis
     ax1 = figs["chg.png"].axes[0]
     dots = [c for c in ax1.collections if len(c.get_offsets()) == 4 and c.get_facecolors().shape[0]
             and c.get_facecolors()[0, 3] > 0]  # the runs' dots: 4 heads each (rings are hollow)
@@ -484,7 +506,7 @@ def test_chg_labels_are_the_stored_majority_roles_not_the_mean_gates(tmp_path, m
     assert CHG_LABELS[int(gates["role"][0, 0])] == "facilitating"  # what `dynamics gates` says
 
     figs = _capture_figures(monkeypatch, chg)
-    page = write_report(path, tmp_path / "out")
+    page = write_report(path, tmp_path / "out", compute_missing=False)  # the CHG figure needs no analysis
     share = {line.get_label(): line.get_ydata().tolist() for line in figs["chg.png"].axes[2].get_lines()}
     expected = (gates["role"].values.ravel()[None, :] == np.arange(4)[:, None]).mean(1)
     assert [share[name][0] for name in CHG_LABELS[:3]] == expected[:3].tolist()
@@ -616,16 +638,13 @@ def test_a_run_outside_the_sweep_index_shows_its_own_nested_swept_value(tmp_path
     # A run trained into a sweep's store by `dynamics run` is not in the sweep index: its value of
     # each swept axis comes from its own config, at any depth (intervene.templates.weight).
     from dynamics.config import from_dict
-    from dynamics.record import coords, snapshot_steps, variables
 
     cfg = from_dict(TINY)
     raw = cfg.to_dict()
     raw.pop("sweep")
     raw["intervene"] = {"templates": {"weight": 0.5, "heads": [{"layer": 0, "head": 0, "pattern": "previous_token"}]}}
     path = tmp_path / "s.zarr"
-    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
-    store.RunWriter(path, "rextra", variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
-                    attrs={"status": "completed", "config": raw}).finalize()
+    _written_run(path, "rextra", cfg, "completed", config=raw)
     store.write_sweep_index(path, {"axes": ["intervene.templates.weight", "train.seed"], "runs": {}})
     text = write_report(path, tmp_path / "out", compute_missing=False).read_text()
     row = re.search(r"<tr><td><code>rextra</code>.*?</tr>", text).group(0)

@@ -73,8 +73,10 @@ def _go_on(run_id: str) -> str:
             f"store to go on without that run")
 
 
-def check_recorded(path: str | os.PathLike, run_id: str | None = None) -> None:
+def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: dict | None = None) -> None:
     """StoreError naming the first chunk a finished run wrote that is missing from the store.
+
+    ``attrs``: the run's attributes when the caller has just read them (not read again).
 
     Checked, from the file listing alone (no chunk is read): every coordinate (a numeric one of
     a single value may be its fill value 0, which zarr stores as no chunk, and is passed over),
@@ -91,12 +93,13 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None) -> None:
     loc = _Loc(path)
     _require_store(loc)
     run_id = _default_run(loc, run_id)
-    attrs = run_attrs(loc.url, run_id)
+    if attrs is None:
+        attrs = run_attrs(loc.url, run_id)
+    if attrs.get("status") not in FINISHED_STATUSES:
+        return  # before opening its arrays: a live run's may still be being created
     gpath = f"runs/{run_id}"
     group = _open(loc, gpath)
     arrays = dict(group.arrays())
-    if attrs.get("status") not in FINISHED_STATUSES:
-        return
     # read as 0s if its own chunk is gone, which is then the first thing named
     try:
         steps = arrays["step"][...] if "step" in arrays else np.zeros(0, np.int64)
