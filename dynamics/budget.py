@@ -7,19 +7,22 @@ run failed tens of seconds later with a MemoryError (or, with overcommit, pushed
 into swap). :func:`check_memory` refuses such a config as one line, before anything is made.
 
 The estimate counts only arrays a run cannot do without, at the moment of its largest phase,
-so it stays *below* the real peak (tests/test_budget.py measures that): it refuses what cannot
-possibly fit, never a run that would. What it counts, in bytes:
+so it stays *below* the real peak (measured 1.4 to 3.5 times it above torch's own 270 MiB, on
+configs whose estimate was 330 to 630 MiB, set by each phase and by the pool): it refuses what
+cannot possibly fit, never a run that would. A finished run is let through (it is skipped). What it counts, in bytes:
 
 - state, held throughout: float32 weights, their gradients and the optimiser's moments (two for
   AdamW, one for SGD with momentum), the previous snapshot's per-head gradients, the loss curve
-  (4 per step), the probe, eval and pooled training tokens (int64);
+  (4 per step), the probe, eval and pooled training tokens (int64; on a GPU the pool stays in
+  the machine's memory);
 - a training step: its int64 tokens, and the activations autograd keeps for the backward pass
   (per layer the LayerNorm output, q/k/v, z and the MLP's two hidden layers; the logits and
   their log-softmax);
 - an evaluation: the logits and log-softmax of ``eval_batches * eval_batch_size`` rows;
 - an attention snapshot: the probe's L x H x n_probe x T x T maps, cached in float32, stacked
   in float32 and converted to ``record.attention_dtype``;
-- the snapshot schedule, built before training (a Python int and a list slot per snapshot).
+- the snapshot schedule: built before training (a set, a list and an array), then held as an
+  array and a dict from step to snapshot (see ``SCHEDULE_HELD``).
 
 Pure functions of the config and this module's imports only: no torch, no zarr.
 """
@@ -27,6 +30,7 @@ Pure functions of the config and this module's imports only: no torch, no zarr.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dynamics.config import ConfigError, RunConfig
@@ -39,27 +43,55 @@ bytes): a lower figure for a machine shared with other work, a higher one to go 
 (swap, or a machine whose reported memory is wrong)."""
 
 
+class DoesNotFit(ConfigError):
+    """The run cannot fit. Apart from other ConfigErrors (a bad ``DYNAMICS_MEMORY_GB``) so that a
+    caller can let a finished run through (it is skipped and needs no memory) and a sweep names
+    the point only when the point is the problem."""
+
+
 @dataclass(frozen=True)
 class Estimate:
-    """A lower bound on a run's peak memory, by phase, in bytes."""
+    """A lower bound on a run's peak memory, by part and phase, in bytes."""
 
-    state: int
-    """Held for the whole run: weights, gradients, optimiser moments, loss curve, tokens."""
+    held: dict[str, int]
+    """Held for the whole run, by what holds it (keys of ``_KEYS``)."""
     phases: dict[str, int]
-    """Largest transient of each phase, on top of ``state``; the phases do not overlap."""
+    """Largest transient of each phase, on top of ``held``; the phases do not overlap."""
     schedule: int
-    """The snapshot schedule, built (and dropped) before the state exists."""
+    """Building the snapshot schedule, done (and its set dropped) before anything is held."""
+
+    @property
+    def state(self) -> int:
+        return sum(self.held.values())
 
     @property
     def peak(self) -> int:
         return max(self.schedule, self.state + max(self.phases.values()))
 
     @property
-    def largest(self) -> str:
+    def phase(self) -> str:
         """The phase that sets the peak."""
         if self.schedule >= self.state + max(self.phases.values()):
-            return "the snapshot schedule"
+            return "building the snapshot schedule"
         return max(self.phases, key=self.phases.__getitem__)
+
+    @property
+    def largest(self) -> str:
+        """The largest single part of the peak: its phase, or a part held throughout (whose keys
+        to lower: a huge pool is not made smaller by a smaller batch)."""
+        phase = self.phase
+        if phase == "building the snapshot schedule":
+            return phase
+        part = max(self.held, key=self.held.__getitem__)
+        return part if self.held[part] > self.phases[phase] else phase
+
+
+# Bytes per snapshot of the schedule, measured 75 to build and 110 held (record.snapshot_steps,
+# train's index_of) at 5 million snapshots; counted here as the least CPython can take: building,
+# a set slot (16), an int (28), a list slot (8) and the array entry (8); held, the array entry (8)
+# and the index's dict entry (24), key and value ints (56). Ints up to 256 are shared, which
+# matters only for schedules too short to count.
+SCHEDULE_BUILT, SCHEDULE_HELD = 60, 88
 
 
 def n_snapshots(steps: int, dense_until: int, every: int) -> int:
@@ -102,31 +134,37 @@ def estimate(cfg: RunConfig, part: str = "all") -> Estimate:
     mlp = 0 if m.attn_only else m.d_mlp
     moments = 2 if tr.optimizer == "adamw" else (1 if tr.beta1 > 0 else 0)
     eval_rows = tr.eval_batches * r.eval_batch_size
-    tokens = 8 * (T + 1) * (r.n_probe + len(cfg.task.component_names) * eval_rows + cfg.task.pool_size)
+    row = 8 * (T + 1)  # one int64 token row
     itemsize = 2 if r.attention_dtype == "float16" else 4
     maps = L * H * r.n_probe * T * T
+    snapshots = n_snapshots(tr.steps, r.dense_until, r.every)
+    curve = {"the loss curve and snapshot schedule": 4 * tr.steps + SCHEDULE_HELD * snapshots}
     if part == "host":
-        return Estimate(4 * tr.steps + tokens,
-                        {"a training step": 8 * (T + 1) * tr.batch_size, "an attention snapshot": (4 + itemsize) * maps},
-                        36 * n_snapshots(tr.steps, r.dense_until, r.every))
-    state = (4 * m.weight_entries * (2 + moments)
-             + 4 * 4 * L * H * d * dh  # the previous snapshot's W_Q/W_K/W_V/W_O gradients
-             + tokens)
+        # the probe stays here (its tokens are written to the store) and the pool is drawn from here
+        return Estimate(curve | {"the tokens": row * (r.n_probe + cfg.task.pool_size)},
+                        {"a training step": row * tr.batch_size, "an attention snapshot": (4 + itemsize) * maps},
+                        SCHEDULE_BUILT * snapshots)
+    model = (4 * m.weight_entries * (2 + moments)
+             + 4 * 4 * L * H * d * dh)  # the previous snapshot's W_Q/W_K/W_V/W_O gradients
+    # the probe and eval batches move to the run's device; the pool does not (only its batches do)
+    tokens = row * (r.n_probe + len(cfg.task.component_names) * eval_rows + (cfg.task.pool_size if part == "all" else 0))
     per_position = L * (2 * d + 4 * H * dh + 2 * mlp) + 2 * V  # float32 values autograd keeps per token
     phases = {
-        "a training step": tr.batch_size * (8 * (T + 1) + 4 * T * per_position),
+        "a training step": tr.batch_size * (row + 4 * T * per_position),
         "an evaluation": 4 * eval_rows * T * 2 * V,
         # cached, then stacked, in float32; on the CPU the conversion to the stored dtype joins them
         "an attention snapshot": (8 + (itemsize if part == "all" else 0)) * maps,
     }
+    held = {"the model": model, "the tokens": tokens}
     if part == "device":
-        return Estimate(state, phases, 0)
-    return Estimate(state + 4 * tr.steps, phases, 36 * n_snapshots(tr.steps, r.dense_until, r.every))
+        return Estimate(held, phases, 0)
+    return Estimate(held | curve, phases, SCHEDULE_BUILT * snapshots)
 
 
 def machine_memory() -> int | None:
-    """Bytes of memory a run may use here: ``DYNAMICS_MEMORY_GB`` if set, else the physical
-    memory (``os.sysconf``), lowered to a cgroup v2 limit (a container's); None if unknown."""
+    """Bytes of memory a run may use here: ``DYNAMICS_MEMORY_GB`` if set (empty is unset), else
+    the physical memory (``os.sysconf``), lowered to a cgroup limit (:func:`cgroup_limit`); None
+    if unknown."""
     given = os.environ.get(MEMORY_ENV, "").strip()
     if given:
         try:
@@ -140,19 +178,47 @@ def machine_memory() -> int | None:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not on this platform
         return None
-    try:
-        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as f:
-            limit = f.read().strip()
-        if limit.isdigit():
-            total = min(total, int(limit))
-    except OSError:  # no cgroup v2 here, or not readable: the physical memory stands
-        pass
+    limit = cgroup_limit()
+    total = min(total, limit) if limit else total
     return total if total > 0 else None
+
+
+def cgroup_limit(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> int | None:
+    """The lowest memory limit of this process's cgroup (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``), read where a container shows it (the mount's root) and where a
+    host shows it (the process's own group, from ``proc``); None where none is set or readable.
+
+    v2 writes "max" for no limit, v1 a number past any memory: both leave the physical memory.
+    """
+    own = {}  # hierarchy ("" for v2) -> this process's group path in it
+    try:
+        with open(proc, encoding="ascii") as f:
+            for line in f:
+                _, controllers, group = line.rstrip("\n").split(":", 2)
+                for c in controllers.split(",") if controllers else [""]:
+                    own[c] = group.strip("/")
+    except (OSError, ValueError):  # no /proc, or a line not hierarchy:controllers:path
+        pass
+    found = []
+    for hierarchy, name in (("", "memory.max"), ("memory", "memory.limit_in_bytes")):
+        base = os.path.join(root, hierarchy)
+        for group in {"", own.get(hierarchy, "")}:
+            try:
+                with open(os.path.join(base, group, name), encoding="ascii") as f:
+                    value = f.read().strip()
+            except OSError:
+                continue
+            if value.isdigit() and int(value) > 0:
+                found.append(int(value))
+    return min(found, default=None)
 
 
 def gpu_memory(device: str) -> int | None:
     """Total memory of a CUDA ``device`` (torch is imported only then), None for the CPU or a
-    device this torch cannot see (refused elsewhere: usage.check_device, or the run's setup)."""
+    device this torch cannot see (refused elsewhere: usage.check_device, or the run's setup).
+
+    The total, not ``torch.cuda.mem_get_info``'s free memory: what another process holds now may
+    be gone when the run starts, and asking for it would make a CUDA context in this process."""
     if not device.startswith("cuda"):
         return None
     import torch
@@ -168,10 +234,13 @@ def _size(n: int) -> str:
 
 
 _KEYS = {
+    "the model": "model.d_model, model.n_layers, model.d_mlp or model.vocab_size",
+    "the tokens": "task.pool_size, record.n_probe, record.eval_batch_size or train.eval_batches",
+    "the loss curve and snapshot schedule": "train.steps or record.every",
+    "building the snapshot schedule": "train.steps or record.every",
     "a training step": "train.batch_size, model.context or model.vocab_size",
     "an evaluation": "train.eval_batches, record.eval_batch_size, model.context or model.vocab_size",
     "an attention snapshot": "record.n_probe or model.context",
-    "the snapshot schedule": "train.steps or record.every",
 }
 
 
@@ -192,15 +261,18 @@ def check_memory(cfg: RunConfig, available: int | None = None, *, part: str = "a
 
     Raises
     ------
+    DoesNotFit
+        Naming the estimate, the phase that sets it, the keys that size its largest part, and how
+        to go around it.
     ConfigError
-        Naming the estimate, its largest phase, the keys that size it, and how to go around it.
+        A bad ``DYNAMICS_MEMORY_GB``.
 
     Example
     -------
     >>> from dynamics.config import RunConfig, replace_section
     >>> check_memory(replace_section(RunConfig(), "train", batch_size=10**8), 2**34)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    dynamics.config.ConfigError: config needs at least 45,824.8 GiB of memory (... for a training step), ...
+    dynamics.budget.DoesNotFit: config needs at least 45,824.8 GiB of memory (... for a training step), ...
     """
     if available is None:
         available = machine_memory()
@@ -211,18 +283,34 @@ def check_memory(cfg: RunConfig, available: int | None = None, *, part: str = "a
     est = estimate(cfg, part)
     if est.peak <= available:
         return
-    largest = est.largest
-    parts = (f"{_size(est.schedule)} for it" if largest == "the snapshot schedule"
-             else f"{_size(est.state)} held throughout + {_size(est.peak - est.state)} for {largest}")
-    raise ConfigError(
+    phase, largest = est.phase, est.largest
+    if phase == "building the snapshot schedule":
+        parts = f"for {phase}"
+    else:
+        most = f", {_size(est.held[largest])} of it for {largest}," if largest in est.held else ""
+        parts = f"{_size(est.state)} held throughout{most} + {_size(est.peak - est.state)} for {phase}"
+    raise DoesNotFit(
         f"config needs at least {_size(est.peak)} of memory ({parts}), more than the {_size(available)} {where}: "
         f"lower {_KEYS[largest]}, or set {MEMORY_ENV} to the GB a run may use "
         f"(the estimate counts only what no run can do without: dynamics/budget.py)")
 
 
-def check_fits(cfg: RunConfig) -> None:
+def check_fits(cfg: RunConfig, finished: Callable[[], bool] | None = None) -> None:
     """:func:`check_memory` against this machine's memory, and a GPU run's also against the GPU's
-    (both against ``DYNAMICS_MEMORY_GB`` where it is set)."""
+    (both against ``DYNAMICS_MEMORY_GB`` where it is set).
+
+    ``finished`` is asked only when the run does not fit: True (the run is finished in its store,
+    so it is skipped and needs no memory: a store copied from a larger machine) lets it through.
+    A bad ``DYNAMICS_MEMORY_GB`` is refused either way.
+    """
+    try:
+        _check_fits(cfg)
+    except DoesNotFit:
+        if finished is None or not finished():
+            raise
+
+
+def _check_fits(cfg: RunConfig) -> None:
     if cfg.train.device == "cpu":
         check_memory(cfg)
         return

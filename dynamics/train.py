@@ -261,10 +261,10 @@ def train_run(
         Before anything is trained or written: the run exists with another config or was
         recorded on other data, or another process is training it now.
     ConfigError
-        Before anything is written: the run cannot fit in this machine's memory (dynamics.budget).
+        Before anything is written: the run, unless finished, cannot fit in memory (dynamics.budget).
     """
     run_id = run_id or cfg.run_id()
-    budget.check_fits(cfg)  # on the machine that trains (a sweep's worker): a refusal leaves nothing behind
+    budget.check_fits(cfg, lambda: store.is_finished(path, run_id))  # here, where it trains; finished: skipped below
     interventions.check_output(cfg, path)  # before the store is made: a refusal leaves nothing behind
     store.init_store(path)
     # A finished run stays finished: skipped without the lock, so read-only stores work too.

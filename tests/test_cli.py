@@ -81,6 +81,19 @@ def test_demo_refuses_a_point_that_cannot_fit_in_memory(tiny, capsys):
     assert not (d / "demo.zarr").exists() and not (d / "demo.zarr-report").exists()
 
 
+def test_a_finished_run_is_skipped_on_a_machine_it_would_not_fit(tiny, capsys, monkeypatch):
+    # a store copied from a larger machine, rerun to confirm nothing is left: refused before
+    from dynamics import cli
+
+    d, cfg, path = tiny
+    monkeypatch.setenv("DYNAMICS_MEMORY_GB", "0.0001")
+    assert cli.main(["run", str(cfg), "--out", str(path)]) == 0
+    assert "already completed" in capsys.readouterr().out
+    assert cli.main(["run", str(cfg), "--out", str(d / "new10.zarr")]) == 2  # an unfinished one still is
+    assert "more than the 0.1 MiB DYNAMICS_MEMORY_GB allows" in capsys.readouterr().err
+    assert not (d / "new10.zarr").exists()
+
+
 @pytest.mark.parametrize("command", ["run", "sweep"])
 def test_a_memory_url_out_is_refused(tiny, command, capsys):
     # fsspec's memory:// is this process's dict: the store would vanish when the command exits,

@@ -14,7 +14,7 @@ import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.group import GroupMetadata
 
-from dynamics.schema import STORE_VERSION
+from dynamics.schema import FINISHED_STATUSES, STORE_VERSION
 from dynamics.store._loc import (
     _NAME,
     SECTIONS,
@@ -327,6 +327,18 @@ def run_attrs(path: str | os.PathLike, run_id: str) -> dict:
     if meta is None:
         raise StoreError(f"no run {run_id!r} in {loc}")
     return meta.get("attributes", {})
+
+
+def is_finished(path: str | os.PathLike, run_id: str) -> bool:
+    """Whether the store at `path` holds `run_id` finished (completed or diverged), so that a run
+    command would skip it. Reads only, and never raises: no store, no such run, a damaged or
+    unreachable one is False (the command then finds and names what is wrong)."""
+    try:
+        loc = _Loc(path)
+        meta = _group_meta(loc, f"runs/{_check_name('run id', run_id)}") if _store_root(loc) else None
+    except Exception:  # noqa: BLE001 - as is_store: an answer, never the error
+        return False
+    return meta is not None and meta.get("attributes", {}).get("status") in FINISHED_STATUSES
 
 
 def _update_group_attrs(loc: _Loc, gpath: str, attrs: dict) -> None:

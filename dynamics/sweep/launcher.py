@@ -4,6 +4,7 @@ one, submission and resubmission of the tasks, and stopping them on Ctrl-C or SI
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -12,7 +13,7 @@ import uuid
 from collections import Counter
 
 from dynamics import store
-from dynamics.budget import check_fits
+from dynamics.budget import DoesNotFit, check_fits
 from dynamics.config import ConfigError, RunConfig
 from dynamics.schema import config_value
 from dynamics.signals import sigterm_as_interrupt
@@ -179,8 +180,9 @@ def run_sweep(
     Raises
     ------
     ConfigError
-        An invalid point, one that cannot fit in this machine's memory (without ``scheduler``;
-        see dynamics.budget), or a ``scheduler`` that does not answer (before anything is written).
+        An invalid point, an unfinished one that cannot fit in this machine's memory, each point
+        checked alone (without ``scheduler``; see dynamics.budget), or a ``scheduler`` that does
+        not answer (before anything is written).
     SweepLockError
         Another sweep is writing this store.
     KeyboardInterrupt
@@ -199,10 +201,10 @@ def run_sweep(
         check_scheduler(scheduler)
     else:  # an existing cluster's workers have their own memory: each run's train_run checks it there
         for p in points:
-            try:
-                check_fits(p.cfg)
-            except ConfigError as e:
-                raise ConfigError(f"sweep point {p.label}: {e}") from None
+            try:  # a point finished in the store is skipped below, needing no memory
+                check_fits(p.cfg, functools.partial(store.is_finished, path, p.run_id))
+            except DoesNotFit as e:  # not a bad DYNAMICS_MEMORY_GB, which is no point's fault
+                raise DoesNotFit(f"sweep point {p.label}: {e}") from None
     if not _is_url(path):
         path = os.path.abspath(path)  # workers may run elsewhere
     for p in points:
