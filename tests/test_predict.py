@@ -367,6 +367,34 @@ def test_balanced_accuracy_chance_counts_the_classes_each_fold_holds():
     assert curve.attrs["chance"] == pytest.approx(np.mean([1 / np.unique(f).size for f in folds]))
     # Stamped, so the report can tell a curve of older analysers (other targets) from a current one.
     assert curve.attrs["analysis_version"] == ANALYSIS_VERSION
+    # every fold names the classes it tests that its training rows lack (here computed by hand)
+    names = dict(zip(curve.attrs["classes"], curve.attrs["class_names"], strict=True))
+    for k, f in enumerate(folds):
+        rest = curve.target.values[curve.row_fold.values != k]
+        lacking = [names[int(c)] for c in np.setdiff1d(f, rest)]
+        assert [x.split(" (")[0] for x in str(curve.unseen_classes.values[k]).split(", ") if x] == lacking
+
+
+def test_a_class_its_training_folds_lack_is_named_as_never_in_training(planted):
+    # The quickstart store's one previous-token head sits in seed 0: in the fold testing seed 0
+    # no model has seen that class, so it is a miss whatever the features say, and the table
+    # said nothing of it. Known answer: class 2 held by seed 0 alone.
+    from dynamics.predict.models import unseen_classes
+
+    groups = np.repeat(["seed=0", "seed=1", "seed=2"], 4)
+    y = np.array([0, 1, 2, 2, 0, 1, 1, 0, 0, 0, 1, 1], dtype=float)
+    splits = predict.group_splits(groups, 3)
+    got = {groups[test][0]: u.tolist() for (_, test), u in zip(splits, unseen_classes(y, splits), strict=True)}
+    assert got == {"seed=0": [2.0], "seed=1": [], "seed=2": []}
+    # the best a model of classes 0 and 1 can do on seed 0's fold: 2 of its 3 classes recalled
+    assert predict.score("balanced_accuracy", y[:4], [0, 1, 1, 1]) == pytest.approx(2 / 3)
+    _, _, curve = planted
+    assert "never in training" not in predict.format_curve(curve)
+    unseen = [""] * curve.sizes["fold"]
+    unseen[1] = "1 (2 heads)"
+    text = predict.format_curve(curve.assign(unseen_classes=("fold", unseen)))
+    assert (f"classes never in training: 1 (2 heads) in the fold testing {curve.test_groups.values[1]} (absent from "
+            "that fold's training folds: no model can predict them there, so they count as misses)") in text
 
 
 def test_folds_where_auroc_is_undefined_are_named_and_one_fold_has_no_sd():

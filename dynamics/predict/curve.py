@@ -14,7 +14,7 @@ from dynamics import store
 from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.predict.features import feature_table
 from dynamics.predict.load import check_runs, load_store
-from dynamics.predict.models import _mean_sd, cross_validate, group_splits, score
+from dynamics.predict.models import _mean_sd, cross_validate, group_splits, score, unseen_classes
 from dynamics.predict.options import MODELS, TARGETS, PredictOptions, Run
 from dynamics.predict.targets import class_name, target_table
 
@@ -75,6 +75,12 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
                        for i in range(len(opt.horizons))])
     summary = np.array([[_mean_sd(scores[i, m]) for m in range(len(MODELS))] for i in range(len(opt.horizons))])
 
+    # A class a fold's training rows lack is a miss there for every model: said, not averaged in silently.
+    y = rows["target"].values
+    unseen = ["" if spec.task == "regression" else ", ".join(
+        f"{class_name(opt.target, c)} ({int(np.sum(y[test] == c))} head{'s' if np.sum(y[test] == c) > 1 else ''})"
+        for c in missing) for (_, test), missing in zip(splits, unseen_classes(y, splits), strict=True)]
+
     run_ids = list(dict.fromkeys(rows["row_run"].values.tolist()))
     horizon_step = np.array([[tables[h].attrs["horizon_step"][r] for r in run_ids] for h in opt.horizons])
     n_seen = np.array([[tables[h].attrs["n_snapshots"][r] for r in run_ids] for h in opt.horizons])
@@ -90,6 +96,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
             "target": rows["target"],
             "n_test": ("fold", np.array([test.size for _, test in splits])),
             "test_groups": ("fold", np.array([", ".join(sorted(set(groups[test]))) for _, test in splits])),
+            "unseen_classes": ("fold", np.array(unseen, dtype=str)),
             "horizon_step": (("horizon", "run"), horizon_step),
             "n_snapshots_seen": (("horizon", "run"), n_seen),
             "final_step": ("run", final_step),
@@ -172,7 +179,8 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
           falls as its test fold's rises); compare models by ``score_mean``;
         - ``prediction`` (horizon, model, head_row): out-of-fold predictions;
         - ``target`` (head_row), and ``target_offset`` for the slash target;
-        - ``n_test``, ``test_groups`` (fold); ``horizon_step``, ``n_snapshots_seen``
+        - ``n_test``, ``test_groups``, ``unseen_classes`` (fold: the classes, with their head
+          counts, that the fold tests but its training rows lack; "" for none); ``horizon_step``, ``n_snapshots_seen``
           (horizon, run): the step of the last snapshot each run's features saw (at or before
           the horizon) and how many snapshots they saw;
           ``final_step`` (run): the step of its final snapshot, where the target is read;
@@ -253,6 +261,13 @@ def format_curve(curve: xr.Dataset) -> str:
         why = "one class" if a["metric"] == "auroc" else "a constant target or under 3 heads"
         lines.append(f"{metric} undefined on {len(undefined)} of {curve.sizes['fold']} test folds ({why}: {groups}); "
                      f"means over the other {left}" + (", no sd from one fold" if left == 1 else ""))
+    unseen = [k for k in range(curve.sizes["fold"]) if "unseen_classes" in curve and curve["unseen_classes"].values[k]]
+    if unseen:
+        # Balanced accuracy there is capped below 1 whatever the features say (a rare role held by
+        # one seed): a reader comparing models across folds must know which folds are capped.
+        lines.append("classes never in training: " + "; ".join(
+            f"{curve['unseen_classes'].values[k]} in the fold testing {curve['test_groups'].values[k]}" for k in unseen)
+            + " (absent from that fold's training folds: no model can predict them there, so they count as misses)")
     if "horizon_step" in curve and "final_step" in curve:
         # A horizon is an upper bound: the features see the last snapshot at or before it, which
         # on a geometric-then-every-N schedule can be well before it (h=0.05 of 500 steps: 16).

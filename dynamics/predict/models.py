@@ -51,6 +51,23 @@ def group_splits(groups: Sequence, n_splits: int = 5) -> list[tuple[np.ndarray, 
     return [(train, test) for train, test in splitter.split(np.zeros((groups.size, 1)), groups=groups)]
 
 
+def unseen_classes(target, splits: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+    """Per fold, the classes its test rows hold that its training rows lack.
+
+    No model learns a class it never saw: in such a fold those heads are misses whatever the
+    features say (balanced accuracy there is at most 1 - u/k for u of the k classes the fold
+    holds), and a binary fold whose training rows are one class gets constant predictions.
+
+    Examples
+    --------
+    >>> splits = group_splits(["a", "a", "b", "b"], 2)
+    >>> [u.tolist() for u in unseen_classes([0, 2, 0, 1], splits)]
+    [[1.0], [2.0]]
+    """
+    target = np.asarray(target, dtype=np.float64)
+    return [np.setdiff1d(np.unique(target[test]), np.unique(target[train])) for train, test in splits]
+
+
 def _estimator(kind: str, task: str, options: PredictOptions, n_train: int):
     if kind == "linear":
         # median imputation, fitted on the training fold only (boosting takes NaN as is)
