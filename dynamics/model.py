@@ -257,6 +257,9 @@ class Transformer(nn.Module):
     ----------
     cfg : ModelConfig
         Architecture; construction is deterministic given ``torch.manual_seed`` beforehand.
+    generator : torch.Generator, optional
+        Draw the initial weights from this (CPU) generator instead of torch's global one; seeded
+        with ``manual_seed(s)`` it gives the same weights as ``torch.manual_seed(s)`` does.
 
     Notes
     -----
@@ -271,7 +274,7 @@ class Transformer(nn.Module):
     torch.Size([3, 8, 64])
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, generator: torch.Generator | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.W_E = nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
@@ -285,26 +288,26 @@ class Transformer(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
                 module.name = name
-        self._init_weights()
+        self._init_weights(generator)
 
     @torch.no_grad()
-    def _init_weights(self) -> None:
+    def _init_weights(self, gen: torch.Generator | None) -> None:
         cfg = self.cfg
         H, d, dh = cfg.n_heads, cfg.d_model, cfg.head_dim
 
         def init(w: Tensor, fan_in: int, fan_out: int, scale: float = 1.0) -> None:
             if cfg.init == "xavier_uniform":
                 bound = math.sqrt(6.0 / (fan_in + fan_out))
-                w.uniform_(-bound, bound)
+                w.uniform_(-bound, bound, generator=gen)
             elif cfg.init == "xavier_normal":
-                w.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)))
+                w.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)), generator=gen)
             else:
-                w.normal_(0.0, 0.02)
+                w.normal_(0.0, 0.02, generator=gen)
             w.mul_(scale)
 
-        self.W_E.normal_(0.0, 0.02)
+        self.W_E.normal_(0.0, 0.02, generator=gen)
         if cfg.pos == "learned":
-            self.W_pos.normal_(0.0, 0.02)
+            self.W_pos.normal_(0.0, 0.02, generator=gen)
         for block in self.blocks:
             for w in (block.attn.W_Q, block.attn.W_K, block.attn.W_V, block.attn.W_O):
                 init(w, d, H * dh, cfg.init_scale)  # the full d_model x H*d_head matrix

@@ -110,9 +110,11 @@ def make_optimizer(cfg: RunConfig, model: Transformer, extra: list | None = None
 
 
 def build(cfg: RunConfig, device: torch.device) -> Transformer:
-    """The model at initialisation: deterministic in train.seed."""
-    torch.manual_seed(cfg.train.seed)
-    return Transformer(cfg.model).to(device)
+    """The model at initialisation: deterministic in train.seed, the same weights torch.manual_seed gave.
+
+    A generator of its own: the global one is shared by the process's threads, so two runs built
+    at once (a Dask worker with --nthreads 2) drew from each other's stream."""
+    return Transformer(cfg.model, generator=torch.Generator().manual_seed(cfg.train.seed)).to(device)
 
 
 class _Writer:

@@ -10,6 +10,7 @@ import pytest
 
 from dynamics import store
 from dynamics.config import ConfigError, load_config, with_values
+from dynamics.model import Transformer
 from dynamics.store.writer import RunWriter
 from dynamics.tasks import data_hash
 from dynamics.train import train_run
@@ -389,6 +390,40 @@ def test_a_checkpoint_is_the_state_when_taken_though_serialised_after_more_steps
     for i, s in a["optimizer"]["state"].items():
         for k, v in s.items():
             torch.testing.assert_close(b["optimizer"]["state"][i][k], v, rtol=0, atol=0)
+
+
+def test_initial_weights_are_the_seeds_whoever_else_draws_from_torchs_global_generator(cfg):
+    # build seeded torch's global generator and drew the weights from it; a second run built at once
+    # in the same process (a Dask worker with --nthreads 2) drew from the same stream, so both got
+    # other weights under their run ids (168 of 200 concurrent builds of seeds 0 and 1, measured).
+    import threading
+
+    import torch
+
+    from dynamics.train import build
+
+    cpu = torch.device("cpu")
+    torch.manual_seed(cfg.train.seed)
+    want = Transformer(cfg.model).state_dict()  # what torch.manual_seed(seed) gave: recorded runs keep their weights
+    stop = threading.Event()
+
+    def other_run() -> None:
+        while not stop.is_set():
+            torch.manual_seed(1)
+            torch.empty(4096).normal_()
+
+    drawer = threading.Thread(target=other_run)
+    drawer.start()
+    try:
+        for _ in range(20):
+            got = build(cfg, cpu).state_dict()
+            assert all(torch.equal(got[k], v) for k, v in want.items())
+    finally:
+        stop.set()
+        drawer.join()
+    state = torch.get_rng_state()
+    build(cfg, cpu)
+    assert torch.equal(torch.get_rng_state(), state)  # nor does it reseed the caller's stream
 
 
 @pytest.mark.parametrize("steps", [19, 25, 100])
