@@ -33,6 +33,18 @@ from dynamics.config import ModelConfig
 HookFn = Callable[[Tensor, str], Tensor | None]
 
 
+def require_float32() -> None:
+    """RuntimeError unless torch's default dtype is float32, the dtype runs train in.
+
+    The parameters, and every tensor made without a dtype, follow the default: a run trained in a
+    process that set float64 (for an analysis, say) recorded other arrays under the same run id,
+    and a resume there mixed the two.
+    """
+    if (dtype := torch.get_default_dtype()) != torch.float32:
+        raise RuntimeError(f"torch's default dtype is {dtype} in this process, but runs train in float32 (one run id, "
+                           f"one set of arrays): call torch.set_default_dtype(torch.float32) before training")
+
+
 class HookPoint(nn.Module):
     """Identity module marking an activation; hooks may read or replace the tensor.
 

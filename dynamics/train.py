@@ -36,7 +36,7 @@ import dynamics
 from dynamics import budget, interventions, store
 from dynamics.config import RunConfig
 from dynamics.identity import experiment_identity
-from dynamics.model import Transformer
+from dynamics.model import Transformer, require_float32
 from dynamics.record import Recorder, coords, snapshot_steps, variables
 from dynamics.schema import FINISHED_STATUSES
 from dynamics.signals import deferred_signals
@@ -110,10 +110,8 @@ def make_optimizer(cfg: RunConfig, model: Transformer, extra: list | None = None
 
 
 def build(cfg: RunConfig, device: torch.device) -> Transformer:
-    """The model at initialisation: deterministic in train.seed, the same weights torch.manual_seed gave.
-
-    A generator of its own: the global one is shared by the process's threads, so two runs built
-    at once (a Dask worker with --nthreads 2) drew from each other's stream."""
+    """The model at initialisation: deterministic in train.seed (the weights torch.manual_seed gave)."""
+    # A generator of its own: torch's is shared by the process's threads, two runs built at once mixed streams
     return Transformer(cfg.model, generator=torch.Generator().manual_seed(cfg.train.seed)).to(device)
 
 
@@ -188,7 +186,7 @@ def _checkpoint_state(model, optimizer, step: int, recorder: Recorder, intervent
         "optimizer": optimizer.state_dict(),
         "prev_grads": recorder.prev_grads,
         "intervention": intervention.state_dict() if intervention is not None else None,
-        "torch_rng": torch.get_rng_state(),
+        "torch_rng": torch.get_rng_state(),  # unused (no run draws from it); older versions' resumes read it
     })
 
 
@@ -264,8 +262,11 @@ def train_run(
         recorded on other data, or another process is training it now.
     ConfigError
         Before anything is written: the run, unless finished, cannot fit in memory (dynamics.budget).
+    RuntimeError
+        Before anything is written: torch's default dtype is not float32 (dynamics.model.require_float32).
     """
     run_id = run_id or cfg.run_id()
+    require_float32()
     budget.check_fits(cfg, lambda: store.is_finished(path, run_id))  # here, where it trains; finished: skipped below
     interventions.check_output(cfg, path)  # before the store is made: a refusal leaves nothing behind
     store.init_store(path)
@@ -280,7 +281,8 @@ def train_run(
         return _skipped(run_id, prior)
     hash_now = data_hash(cfg)
     _refuse_other_data(prior, cfg, path, run_id, hash_now)
-    with store.run_lock(path, run_id):
+    # a caller's no_grad or inference_mode (thread-local) would fail the run at its first backward
+    with torch.inference_mode(False), torch.enable_grad(), store.run_lock(path, run_id):
         return _train_locked(cfg, path, run_id, progress, extra_attrs, recording, hash_now)
 
 
@@ -396,7 +398,6 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             recorder.prev_grads = None if prev is None else prev.to(device)
             if intervention is not None:
                 intervention.load_state_dict(ckpt["intervention"])
-            torch.set_rng_state(ckpt["torch_rng"])
             start = int(ckpt["step"])
             _note_execution_change(run_id, prior, cfg, start)
     except Exception:  # a run that cannot even start is still recorded, as failed

@@ -14,7 +14,7 @@ from dynamics.model import Transformer
 from dynamics.store.writer import RunWriter
 from dynamics.tasks import data_hash
 from dynamics.train import train_run
-from tests.conftest import TINY, interrupt_at
+from tests.conftest import TINY, assert_same_run_arrays, interrupt_at
 
 
 @pytest.fixture
@@ -424,6 +424,26 @@ def test_initial_weights_are_the_seeds_whoever_else_draws_from_torchs_global_gen
     state = torch.get_rng_state()
     build(cfg, cpu)
     assert torch.equal(torch.get_rng_state(), state)  # nor does it reseed the caller's stream
+
+
+def test_a_run_follows_neither_the_callers_grad_mode_nor_its_default_dtype(cfg, tmp_path):
+    # Under a caller's inference_mode (or no_grad) the run was recorded failed at its first backward;
+    # under its float64 default it trained in float64 and recorded other arrays under the same run id.
+    import torch
+
+    cfg = with_values(cfg, {"train.steps": 6})
+    plain, path, f64 = (str(tmp_path / f"{name}.zarr") for name in ("plain", "s", "f64"))
+    train_run(cfg, plain)
+    with torch.inference_mode():
+        assert train_run(cfg, path).status == "completed"
+    assert_same_run_arrays(path, plain)
+    torch.set_default_dtype(torch.float64)
+    try:
+        with pytest.raises(RuntimeError, match=r"^torch's default dtype is torch.float64 in this process, but runs"):
+            train_run(cfg, f64)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert not Path(f64).exists()
 
 
 @pytest.mark.parametrize("steps", [19, 25, 100])
