@@ -151,7 +151,8 @@ class TrainConfig:
     """torch intra-op threads on CPU. These models are small: on a 2-core machine a second
     thread gained nothing with the other core idle, and made training about 3.4x slower with
     the other core busy (README, Performance), as it is in a sweep or beside the recorder's
-    writer. At most MAX_THREADS (1024); `dynamics run` notes a count above the cores it may use."""
+    writer. At most MAX_THREADS (1024); `dynamics run` notes a count above the cores it may use.
+    Outside the run id: another count sums in another order, the same run to float rounding only."""
     eval_batches: int = 1
     """Held-out batches per task component at each snapshot (the recorder's largest cost: bench/record.py)."""
 
