@@ -83,3 +83,72 @@ def interrupt_at(n: int):
             raise KeyboardInterrupt
 
     return progress
+
+
+def cli_in_process(*args, cwd=None, warnings_as_errors: bool = False):
+    """``dynamics ARGS`` run by calling :func:`dynamics.cli.main` in this process, for checks of what
+    the command says and its exit code that do not depend on it being a process of its own (a
+    ``python -m dynamics`` costs seconds of imports, torch's above all). Returns what
+    ``subprocess.run(..., capture_output=True, text=True)`` would: returncode, stdout, stderr.
+
+    As a fresh ``python -m dynamics`` would show them, warnings raised during the call (Python's
+    default filters: DeprecationWarning and the like ignored) and log records of WARNING and above
+    (the lastResort handler's) are written on its stderr, so a check that stderr is one line still
+    sees them; ``warnings_as_errors`` raises them instead, as ``PYTHONWARNINGS=error`` does. What the
+    command may change in this process is put back: the working directory, SIGINT and SIGTERM
+    handlers, the environment, torch's thread count.
+    """
+    import contextlib
+    import io
+    import logging
+    import signal
+    import subprocess
+    import sys
+    import warnings
+
+    from dynamics import cli
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    cwd_before, env_before = os.getcwd(), dict(os.environ)
+    handlers_before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    torch = sys.modules.get("torch")
+    threads_before = torch.get_num_threads() if torch is not None else None
+    log_handler = logging.StreamHandler(err)
+    log_handler.setLevel(logging.WARNING)
+    root = logging.getLogger()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        root.addHandler(log_handler)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            warnings.resetwarnings()
+            if warnings_as_errors:
+                warnings.simplefilter("error")
+            else:
+                warnings.simplefilter("always")
+                for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                    warnings.simplefilter("ignore", category)
+
+            def show(message, category, filename, lineno, file=None, line=None):  # on stderr, in order
+                err.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+            warnings.showwarning = show  # put back by catch_warnings
+            try:
+                code = cli.main(argv)
+            except SystemExit as e:  # argparse: usage errors and --help
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        root.removeHandler(log_handler)
+        os.chdir(cwd_before)
+        for s, handler in handlers_before.items():
+            if handler is not None:
+                signal.signal(s, handler)
+        if os.environ != env_before:
+            os.environ.clear()
+            os.environ.update(env_before)
+        if threads_before is not None and torch.get_num_threads() != threads_before:
+            torch.set_num_threads(threads_before)
+    return subprocess.CompletedProcess(["dynamics", *argv], code, out.getvalue(), err.getvalue())

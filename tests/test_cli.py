@@ -11,12 +11,15 @@ from dynamics import store
 from dynamics.config import load_config
 from dynamics.train import train_run
 from dynamics.usage import UsageError, check_report_dir
-from tests.conftest import TINY, interrupt_at
+from tests.conftest import TINY, cli_in_process, interrupt_at
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def dyn(*args, cwd=None):
+    """`python -m dynamics ARGS` as a process of its own: for what is about the process (its exit
+    status from the real entry point); the checks of what a command says call cli.main in this
+    process (cli_in_process), sparing each the seconds of a fresh interpreter's imports."""
     return subprocess.run([sys.executable, "-m", "dynamics", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd or ROOT)
 
@@ -67,7 +70,16 @@ def tiny(tmp_path_factory):
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(tiny, args, needle):
     d, cfg, path = tiny
     before = sorted(p.name for p in d.iterdir())
-    one_line_exit_2(dyn(*(a.format(d=d, cfg=cfg, path=path) for a in args)), needle)
+    one_line_exit_2(cli_in_process(*(a.format(d=d, cfg=cfg, path=path) for a in args), cwd=ROOT), needle)
+    assert sorted(p.name for p in d.iterdir()) == before
+
+
+def test_bad_input_through_python_dash_m_is_one_line_exit_2_and_creates_nothing(tiny):
+    # The cases above call cli.main in this process; this one goes through the real entry point,
+    # whose exit status is main()'s return value.
+    d, cfg, _ = tiny
+    before = sorted(p.name for p in d.iterdir())
+    one_line_exit_2(dyn("run", cfg, "--out", d / "afile" / "sub.zarr"), "afile is a file, not a directory")
     assert sorted(p.name for p in d.iterdir()) == before
 
 
@@ -155,7 +167,7 @@ def read_only_store(tiny, tmp_path):
 def test_a_read_only_store_is_refused_before_any_work(tiny, read_only_store, args, needle):
     _, cfg, _ = tiny
     ro = read_only_store
-    one_line_exit_2(dyn(*(a.format(ro=ro, cfg=cfg) for a in args)), needle.format(ro=ro))
+    one_line_exit_2(cli_in_process(*(a.format(ro=ro, cfg=cfg) for a in args)), needle.format(ro=ro))
 
 
 def test_a_report_does_not_replace_a_page_it_did_not_write(tiny, tmp_path):
@@ -163,7 +175,7 @@ def test_a_report_does_not_replace_a_page_it_did_not_write(tiny, tmp_path):
     mine = tmp_path / "site"
     mine.mkdir()
     (mine / "index.html").write_text("<html>my notes</html>")
-    one_line_exit_2(dyn("report", path, "--out", mine), "holds an index.html that is not a dynamics report")
+    one_line_exit_2(cli_in_process("report", path, "--out", mine), "holds an index.html that is not a dynamics report")
     assert (mine / "index.html").read_text() == "<html>my notes</html>"
     # No page, but PNGs of the user's own in figures/: a report would delete them before writing its own.
     paper = tmp_path / "paper"
@@ -175,19 +187,20 @@ def test_a_report_does_not_replace_a_page_it_did_not_write(tiny, tmp_path):
 
 
 def test_usage_errors_are_one_line(tiny):
+    # argparse's errors through the real entry point (SystemExit from the parser, not main's return)
     one_line_exit_2(dyn("run"), "the following arguments are required: config")
     one_line_exit_2(dyn("frob"), "invalid choice: 'frob'")
     d, _, _ = tiny
     store.init_store(d / "empty.zarr")
-    one_line_exit_2(dyn("report", d / "empty.zarr"), "holds no runs to report on")
-    one_line_exit_2(dyn("gates", d / "empty.zarr"), "holds no runs")
+    one_line_exit_2(cli_in_process("report", d / "empty.zarr"), "holds no runs to report on")
+    one_line_exit_2(cli_in_process("gates", d / "empty.zarr"), "holds no runs")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA")
 def test_cuda_without_cuda_is_refused_before_any_store(tiny):
     d, cfg, _ = tiny
-    one_line_exit_2(dyn("run", cfg, "--out", d / "c.zarr", "--device", "cuda"), "has no usable CUDA device")
-    one_line_exit_2(dyn("sweep", cfg, "--out", d / "c.zarr", "--set", "train.device='cuda:1'"),
+    one_line_exit_2(cli_in_process("run", cfg, "--out", d / "c.zarr", "--device", "cuda"), "has no usable CUDA device")
+    one_line_exit_2(cli_in_process("sweep", cfg, "--out", d / "c.zarr", "--set", "train.device='cuda:1'"),
                     "has no usable CUDA device")
     assert not (d / "c.zarr").exists()
 
@@ -195,7 +208,7 @@ def test_cuda_without_cuda_is_refused_before_any_store(tiny):
 def test_a_sweep_on_an_existing_cluster_leaves_devices_to_its_workers(tiny):
     d, cfg, _ = tiny
     # The CUDA check is local; with --scheduler the workers decide, so the scheduler is what fails.
-    one_line_exit_2(dyn("sweep", cfg, "--out", d / "c2.zarr", "--set", "train.device='cuda'", "--scheduler",
+    one_line_exit_2(cli_in_process("sweep", cfg, "--out", d / "c2.zarr", "--set", "train.device='cuda'", "--scheduler",
                         d / "nofile"), "neither an address")
 
 
@@ -210,7 +223,7 @@ def test_check_scheduler_takes_a_host_port_address():
 
 def test_report_of_dot_inside_a_store_goes_next_to_it(tiny):
     d, _, path = tiny
-    r = dyn("report", ".", "--no-compute", cwd=path)
+    r = cli_in_process("report", ".", "--no-compute", cwd=path)
     assert r.returncode == 0, r.stderr
     assert (d / "s-report" / "index.html").is_file()
 
@@ -222,7 +235,7 @@ def test_status_names_stopped_and_pending_runs(tiny, tmp_path):
     rid = store.list_runs(s)[0]
     store.update_run_attrs(s, rid, status="running")  # as a run killed by SIGKILL leaves it
     store.write_sweep_index(s, {"axes": ["train.seed"], "runs": {rid: {"train.seed": 0}, "rnever": {"train.seed": 1}}})
-    r = dyn("status", s)
+    r = cli_in_process("status", s)
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
     assert rows[rid][2] == "stopped"
@@ -283,7 +296,7 @@ def test_analyse_of_one_head_per_layer_prints_divergence_undefined_with_the_reas
     _, cfg, _ = tiny
     path = tmp_path / "h1.zarr"
     train_run(load_config(cfg, ["model.n_heads=1"]), str(path))
-    r = dyn("analyse", path, "--workers", "1")
+    r = cli_in_process("analyse", path, "--workers", "1")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     header, row = lines[0].split(), lines[1].split()
@@ -313,7 +326,7 @@ def test_gates_refuses_a_run_trained_with_conditioned_gates(tmp_path):
     cfg.write_text(TINY.format(steps=4, every=2) + "\n[intervene.conditioned_gates]\n")
     path = tmp_path / "cg.zarr"
     train_run(load_config(cfg), str(path))
-    one_line_exit_2(dyn("gates", path), "change its forward pass outside the checkpoint's weights")
+    one_line_exit_2(cli_in_process("gates", path), "change its forward pass outside the checkpoint's weights")
     assert store.open_derived(path, f"gates.{store.list_runs(path)[0]}") is None
 
 
@@ -331,7 +344,7 @@ def test_a_store_of_a_newer_version_is_refused_by_every_command(tiny, tmp_path, 
     root["attributes"]["dynamics_store"] = store.STORE_VERSION + 1
     (newer / "zarr.json").write_text(json.dumps(root))
     before = sorted(str(p) for p in tmp_path.rglob("*"))
-    r = dyn(args[0], newer, *(a.format(d=tmp_path) for a in args[1:]))
+    r = cli_in_process(args[0], newer, *(a.format(d=tmp_path) for a in args[1:]))
     one_line_exit_2(r, f"store version {store.STORE_VERSION + 1} is newer than this package supports")
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
@@ -340,7 +353,7 @@ def test_run_of_a_config_with_a_sweep_table_says_it_trains_the_base_point_only(t
     _, cfg, _ = tiny
     swept = tmp_path / "swept.toml"
     swept.write_text(Path(cfg).read_text() + '\n[sweep]\n"train.seed" = [0, 1]\n')
-    r = dyn("run", swept, "--out", tmp_path / "s.zarr")
+    r = cli_in_process("run", swept, "--out", tmp_path / "s.zarr")
     assert r.returncode == 0, r.stderr
     assert "has a [sweep] table; `dynamics run` trains only its base point" in r.stderr
     assert len(store.list_runs(tmp_path / "s.zarr")) == 1
@@ -356,7 +369,7 @@ def test_analyse_goes_on_past_a_run_whose_analysis_fails(tiny, tmp_path):
     broken, good = store.list_runs(path)
     chunk = sorted((path / "runs" / broken / "attention" / "c").rglob("*"))
     next(p for p in chunk if p.is_file()).write_bytes(b"not zstd")
-    r = dyn("analyse", path, "--workers", "1")
+    r = cli_in_process("analyse", path, "--workers", "1")
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert "not analysed (analysis failed: RuntimeError: Zstd decompression error" in r.stdout
