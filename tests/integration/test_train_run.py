@@ -13,13 +13,19 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.config import load_config
-from tests.conftest import assert_same_run_arrays, interrupt_at, wait_for_checkpoint
+from tests.conftest import assert_same_run_arrays, cli_in_process, interrupt_at, wait_for_checkpoint
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"}
 
 
 def dyn(*args, **kw):
     return subprocess.run([sys.executable, "-m", "dynamics", *args], capture_output=True, text=True, env=ENV, **kw)
+
+
+def dyn_here(*args):
+    """The same command through cli.main in this process, warnings raised as PYTHONWARNINGS=error
+    does: for what does not depend on a process of its own (a fresh one costs seconds of imports)."""
+    return cli_in_process(*args, warnings_as_errors=True)
 
 
 def test_run_cli_writes_a_store_plain_xarray_can_open(tiny_config, tmp_path):
@@ -38,7 +44,7 @@ def test_run_cli_writes_a_store_plain_xarray_can_open(tiny_config, tmp_path):
     np.testing.assert_allclose(rows, 1.0, atol=1e-2)
     assert np.isfinite(ds.loss.values).all() and np.isfinite(ds.grad_norm.values).all()
     # running it again retrains nothing
-    r2 = dyn("run", cfg, "--out", str(out))
+    r2 = dyn_here("run", cfg, "--out", str(out))
     assert r2.returncode == 0 and "nothing retrained" in r2.stdout
     assert store.run_attrs(out, run_id)["starts"] == 1
 
@@ -72,10 +78,10 @@ def test_resume_after_sigkill_equals_uninterrupted(tiny_config, tmp_path):
     assert 40 <= attrs["checkpoint_step"] < 200
     assert attrs["steps_trained"] == attrs["checkpoint_step"]  # counted as checkpoints land, not only at the end
     # Nobody holds the run any more: status says so instead of showing it live.
-    r = dyn("status", str(killed))
+    r = dyn_here("status", str(killed))
     assert r.returncode == 0 and f"{run_id}  stopped" in r.stdout, r.stdout
 
-    r = dyn("run", cfg, "--out", str(killed))
+    r = dyn_here("run", cfg, "--out", str(killed))  # the same command; the kill is what needs a process
     assert r.returncode == 0, r.stderr
     attrs = store.run_attrs(killed, run_id)
     assert attrs["status"] == "completed" and attrs["starts"] == 2
@@ -104,7 +110,7 @@ def test_sigterm_records_the_run_interrupted(tiny_config, tmp_path):
 def test_absurd_learning_rate_ends_diverged_not_traceback(tiny_config, tmp_path):
     cfg = tiny_config(steps=60, every=10)
     out = tmp_path / "d.zarr"
-    r = dyn("run", cfg, "--out", str(out), "--set", "train.lr=1e6", "--set", "train.grad_clip=0",
+    r = dyn_here("run", cfg, "--out", str(out), "--set", "train.lr=1e6", "--set", "train.grad_clip=0",
             "--set", "train.optimizer='sgd'", "--set", "train.warmup_steps=0")
     assert "Traceback" not in r.stderr
     assert r.returncode == 1
@@ -114,7 +120,7 @@ def test_absurd_learning_rate_ends_diverged_not_traceback(tiny_config, tmp_path)
     assert 0 < step < 60
     assert np.isfinite(ds.loss.values[:step]).all()
     # Too few finite snapshots for the divergence curve's noise band: said, not analysed as NaN.
-    r = dyn("analyse", str(out))
+    r = dyn_here("analyse", str(out))
     assert r.returncode == 0, r.stderr
     assert f"not analysed (diverged at step {step} after" in r.stdout
 
@@ -133,7 +139,7 @@ def test_absurd_learning_rate_ends_diverged_not_traceback(tiny_config, tmp_path)
 )
 def test_bad_config_one_line_exit_2_nothing_written(tiny_config, tmp_path, args, needle):
     out = tmp_path / "x.zarr"
-    r = dyn("run", tiny_config(), "--out", str(out), *args)
+    r = dyn_here("run", tiny_config(), "--out", str(out), *args)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
@@ -144,7 +150,7 @@ def test_out_path_that_is_not_a_store_is_refused(tiny_config, tmp_path):
     victim = tmp_path / "notes"
     victim.mkdir()
     (victim / "precious.txt").write_text("keep me")
-    r = dyn("run", tiny_config(), "--out", str(victim))
+    r = dyn_here("run", tiny_config(), "--out", str(victim))
     assert r.returncode == 2 and "not a dynamics store" in r.stderr
     assert (victim / "precious.txt").read_text() == "keep me" and len(list(victim.iterdir())) == 1
 
@@ -153,7 +159,7 @@ def test_an_empty_directory_becomes_the_store(tiny_config, tmp_path):
     # Nothing in it to overwrite; a file:// URL to the same directory was already accepted.
     made = tmp_path / "results"
     made.mkdir()
-    r = dyn("run", tiny_config(), "--out", str(made))
+    r = dyn_here("run", tiny_config(), "--out", str(made))
     assert r.returncode == 0, r.stderr
     assert store.is_store(made) and len(store.list_runs(made)) == 1
 
