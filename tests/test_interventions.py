@@ -376,8 +376,9 @@ def test_chg_recorded_in_training_is_fitted_to_the_gated_network(tmp_path):
     from dynamics.gates import IRRELEVANT
 
     cfg = config({"conditioned_gates": {"conditioned": False, "layers": [1], "init": -8.0}},
-                 record={"chg_every": 1, "chg_steps": 100})
+                 record={"chg_every": 2, "chg_steps": 100})  # fits at steps 0 and 50 (the last), not 25 too
     ds = train(tmp_path / "g.zarr", cfg)
+    assert ds.chg.notnull().any(["layer", "head", "fit"]).values.tolist() == [True, False, True]
     assert (ds.chg_role.values[-1, 1] == IRRELEVANT).all()
     assert (ds.chg.values[-1, 1, :, 0] > 0.99).all() and (ds.chg.values[-1, 1, :, 1] < 0.01).all()
 
