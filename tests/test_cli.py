@@ -372,7 +372,9 @@ def test_analyse_goes_on_past_a_run_whose_analysis_fails(tiny, tmp_path):
     r = cli_in_process("analyse", path, "--workers", "1")
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr
-    assert "not analysed (analysis failed: RuntimeError: Zstd decompression error" in r.stdout
+    assert (f"not analysed (analysis failed: StoreError: {path}: run {broken}: array attention at snapshot 0 (step 0): "
+            f"its chunk runs/{broken}/attention/c/0/0/0/0/0/0 cannot be decoded (damaged: Zstd decompression error"
+            in r.stdout)
     assert r.stderr.strip().splitlines()[-1] == f"dynamics: the analysis of 1 run(s) failed: {broken}"
     assert store.open_analysis(path, good) is not None
     assert store.open_analysis(path, broken) is None
