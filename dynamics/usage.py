@@ -54,8 +54,10 @@ def check_out(path: str) -> None:
 
 def check_creatable(p: Path, flag: str) -> None:
     """A path that does not exist yet can be made: its nearest existing ancestor is a writable directory."""
-    parent = p.absolute().parent
+    parent = p.absolute()
     while not parent.exists():
+        if parent.is_symlink():  # mkdir would fail on it with FileExistsError, after the work
+            raise UsageError(f"{flag} {p}: {parent} is a symbolic link to {os.readlink(parent)}, which does not exist")
         parent = parent.parent
     if not parent.is_dir():
         raise UsageError(f"{flag} {p}: {parent} is a file, not a directory")
@@ -130,7 +132,9 @@ def check_not_in_store(p: Path, flag: str) -> None:
     files there would be read as the store's own (a bogus run, unrecognised objects)."""
     from dynamics import store
 
-    for parent in Path(os.path.normpath(p.absolute())).parents:
+    # as written and with links resolved: a link to a folder inside a store leads into it
+    parents = {*Path(os.path.normpath(p.absolute())).parents, *Path(os.path.realpath(p)).parents}
+    for parent in sorted(parents, key=lambda q: len(q.parts), reverse=True):
         if store.is_store(str(parent)):
             raise UsageError(f"{flag} {p} is inside the store {parent}; choose a path outside it")
 

@@ -511,3 +511,38 @@ def test_a_store_whose_root_metadata_is_cut_short_is_named_as_damaged_by_every_c
     assert line == f"dynamics: error: {s}: the store's root metadata zarr.json cannot be read (damaged); restore it " \
                    f"from a backup"
     assert sorted((str(p), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+
+
+def _refused(argv, needle, capsys):
+    """In-process: exit 2 and one line on stderr holding `needle`."""
+    from dynamics import cli
+
+    assert cli.main([str(a) for a in argv]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert needle in line, line
+    return line
+
+
+@pytest.mark.parametrize("args", [["run", "{cfg}", "--out", "{link}"], ["sweep", "{cfg}", "--out", "{link}"],
+                                  ["run", "{cfg}", "--out", "{link}/sub/x.zarr"], ["report", "{path}", "--out", "{link}"],
+                                  ["demo", "--out", "{new}", "--report", "{link}"], ["demo", "--out", "{link}"]])
+def test_a_link_to_nothing_is_refused_before_any_work(tiny, tmp_path, args, capsys):
+    # run: "run failed: FileExistsError" (exit 1); sweep, report: a traceback; demo --report: after the whole sweep
+    _, cfg, path = tiny
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone")
+    argv = [a.format(cfg=cfg, path=path, link=link, new=tmp_path / "new.zarr") for a in args]
+    _refused(argv, f"{link} is a symbolic link to {tmp_path / 'gone'}, which does not exist", capsys)
+    assert sorted(tmp_path.iterdir()) == [link]
+
+
+@pytest.mark.parametrize("args", [["run", "{cfg}", "--out", "{link}/x.zarr"], ["report", "{path}", "--out", "{link}/rep"]])
+def test_a_path_through_a_link_into_a_store_is_inside_it(tiny, tmp_path, args, capsys):
+    # the link hid the store: a second store, or a report, was written into its analysis/ folder
+    _, cfg, path = tiny
+    link = tmp_path / "results"
+    link.symlink_to(path / "analysis")
+    before = sorted(p.name for p in (path / "analysis").iterdir())
+    _refused([a.format(cfg=cfg, path=path, link=link) for a in args], f"is inside the store {path}", capsys)
+    assert sorted(p.name for p in (path / "analysis").iterdir()) == before
+
