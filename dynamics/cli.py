@@ -19,6 +19,7 @@ from dynamics.budget import check_fits
 from dynamics.config import ConfigError, load_config
 from dynamics.usage import (
     UsageError,
+    check_args,
     check_device,
     check_devices,
     check_not_swept,
@@ -558,9 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        for name, value in vars(args).items():  # an empty path or id would quietly become the default
-            if isinstance(value, str) and not value.strip():
-                raise UsageError(f"--{name.replace('_', '-')}: empty value")
+        check_args(args)  # no empty value; ~ in a path expanded
         return args.func(args)
     except (ConfigError, UsageError) as e:
         print(f"dynamics: error: {e}", file=sys.stderr)

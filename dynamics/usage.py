@@ -23,18 +23,7 @@ def check_out(path: str) -> None:
     from dynamics import store
 
     if "://" in path:
-        import fsspec
-
-        scheme = path.split("://", 1)[0]
-        try:
-            fsspec.get_filesystem_class(scheme)
-        except (ValueError, ImportError) as e:
-            raise UsageError(f"--out {path}: no filesystem for the URL scheme {scheme!r} ({e})") from None
-        if scheme == "memory":
-            # fsspec's memory filesystem is one process's dict: the store would vanish when the
-            # command exits (a sweep's workers, other processes, would each write their own).
-            raise UsageError(f"--out {path}: a memory:// store lives only as long as this command; "
-                             "give a path or a URL that outlasts it")
+        check_url(path, "--out ")
         return
     p = Path(path)
     check_not_in_store(p, "--out")
@@ -50,6 +39,39 @@ def check_out(path: str) -> None:
                          or f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
     else:
         check_writable(path, "--out")
+
+
+def check_url(path: str, what: str = "") -> None:
+    """A store URL names a filesystem that this Python has, and one that outlasts the command:
+    without it every read would fail alike and be reported as "not a dynamics store"."""
+    import fsspec
+
+    scheme = path.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except (ValueError, ImportError) as e:
+        raise UsageError(f"{what}{path}: no filesystem for the URL scheme {scheme!r} ({e})") from None
+    if scheme == "memory":
+        # fsspec's memory filesystem is one process's dict: the store would vanish when the
+        # command exits (a sweep's workers, other processes, would each write their own).
+        raise UsageError(f"{what}{path}: a memory:// store lives only as long as this command; "
+                         "give a path or a URL that outlasts it")
+
+
+def check_args(args) -> None:
+    """What every command's arguments share: no empty value (it would quietly become the default),
+    and ``~`` in a path expanded as the shell would (``--out=~/x`` reaches us unexpanded; stores
+    expand it, so a report or config path left as a folder named ``~`` in the working directory
+    would be another path than the store's)."""
+    for name, value in vars(args).items():
+        if isinstance(value, str) and not value.strip():
+            raise UsageError(f"{name.upper() if name in _POSITIONAL else '--' + name.replace('_', '-')}: empty value")
+        if name in _PATHS and isinstance(value, str) and value.startswith("~"):
+            setattr(args, name, os.path.expanduser(value))
+
+
+_POSITIONAL = ("config", "store")
+_PATHS = ("config", "store", "out", "report")
 
 
 def check_creatable(p: Path, flag: str) -> None:
@@ -76,6 +98,8 @@ def check_store(path: str) -> None:
     """A store a command reads: a readable dynamics store of a version this package knows."""
     from dynamics import store
 
+    if "://" in path:
+        check_url(path)
     try:
         # not a store, a damaged root or a newer version's store: refused by every command, as by `run`
         store.check_store(path)

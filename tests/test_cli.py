@@ -546,3 +546,23 @@ def test_a_path_through_a_link_into_a_store_is_inside_it(tiny, tmp_path, args, c
     _refused([a.format(cfg=cfg, path=path, link=link) for a in args], f"is inside the store {path}", capsys)
     assert sorted(p.name for p in (path / "analysis").iterdir()) == before
 
+
+@pytest.mark.parametrize("command", ["status", "analyse", "predict", "gates", "report"])
+def test_a_store_url_without_its_filesystem_is_named(command, capsys):
+    # was "not a dynamics store: s3://..." when s3fs is not installed, as for a wrong path
+    _refused([command, "nosuch://bucket/x.zarr"], "nosuch://bucket/x.zarr: no filesystem for the URL scheme 'nosuch'",
+             capsys)
+    _refused([command, "memory://x.zarr"], "a memory:// store lives only as long as this command", capsys)
+
+
+def test_a_tilde_in_a_path_is_the_home_folder_everywhere(tiny, tmp_path, monkeypatch, capsys):
+    # bash leaves --out=~/x as it is: stores read it as $HOME/x, but a report went to ./~/x
+    # and a config ~/x.toml was "not found"
+    d, cfg, path = tiny
+    monkeypatch.setenv("HOME", str(d))
+    monkeypatch.chdir(tmp_path)
+    _refused(["report", f"~/{path.name}", "--out", "~/afile/rep"], f"{d}/afile is a file, not a directory", capsys)
+    _refused(["run", f"~/{cfg.name}", "--out=~/afile/x.zarr"], f"{d}/afile is a file, not a directory", capsys)
+    assert not any(tmp_path.iterdir())
+    _refused(["status", ""], "STORE: empty value", capsys)  # was "--store", a flag there is not
+    _refused(["run", " "], "CONFIG: empty value", capsys)
