@@ -28,6 +28,7 @@ from dynamics.usage import (
     check_store,
     check_workers,
     check_writable,
+    report_dir,
 )
 
 EXIT_BAD_INPUT = 2
@@ -303,7 +304,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(f"no run {args.run!r} in {args.store}")
     if args.run:
         store.run_attrs(args.store, args.run)  # the run to show is damaged: StoreError naming it, exit 2
-    out = Path(args.out) if args.out else default_report_dir(args.store)
+    out = report_dir(args.out, "--out") if args.out else default_report_dir(args.store)
     check_report_dir(out, "--out")
     damaged: dict[str, str] = {}  # found by the report's own read of each run's attributes
     page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute,
@@ -415,8 +416,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_devices(cfg)
     out = args.out or "runs/quickstart.zarr"
     check_out(out)
-    report_dir = Path(args.report) if args.report else default_report_dir(out)
-    check_report_dir(report_dir, "--report")
+    report_out = report_dir(args.report, "--report") if args.report else default_report_dir(out)
+    check_report_dir(report_out, "--report")
     from dynamics import predict
     from dynamics.report import write_report
     from dynamics.sweep import run_sweep
@@ -447,7 +448,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         predict.write_curve(out, curve)
 
     print("== 4/4 report", flush=True)
-    page = write_report(out, report_dir)
+    page = write_report(out, report_out)
     print(demo_timing(t_train, t_analyse, time.perf_counter() - t0, len(summary.skipped), summary.total))
     print(f"report: {page}\nopen {page.resolve().as_uri()}")
     return 0 if summary.ok and not failed else 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import unquote
 
 
 class UsageError(Exception):
@@ -22,7 +23,9 @@ def check_out(path: str) -> None:
     writable path outside any store, or a writable dynamics store; never something else to overwrite."""
     from dynamics import store
 
-    if "://" in path:
+    if path.startswith("file://"):
+        path = unquote(path[len("file://"):])  # a local path, as the store reads it: checked as one
+    elif "://" in path:
         check_url(path, "--out ")
         return
     p = Path(path)
@@ -161,6 +164,16 @@ def check_not_in_store(p: Path, flag: str) -> None:
     for parent in sorted(parents, key=lambda q: len(q.parts), reverse=True):
         if store.is_store(str(parent)):
             raise UsageError(f"{flag} {p} is inside the store {parent}; choose a path outside it")
+
+
+def report_dir(text: str, flag: str) -> Path:
+    """The folder a report is written to: a local path (a file:// URL is one); another URL is refused,
+    as Path() would make it a folder named "s3:" (or "file:") in the working directory."""
+    if text.startswith("file://"):
+        return Path(unquote(text[len("file://"):]))
+    if "://" in text:
+        raise UsageError(f"{flag} {text}: a report is written to a local folder; give a path")
+    return Path(text)
 
 
 def check_report_dir(out: Path, flag: str) -> None:

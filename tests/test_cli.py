@@ -566,3 +566,19 @@ def test_a_tilde_in_a_path_is_the_home_folder_everywhere(tiny, tmp_path, monkeyp
     assert not any(tmp_path.iterdir())
     _refused(["status", ""], "STORE: empty value", capsys)  # was "--store", a flag there is not
     _refused(["run", " "], "CONFIG: empty value", capsys)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "{cfg}", "--out", "file://{d}/afile/x.zarr"], "afile is a file, not a directory"),  # was exit 1, "run failed"
+    (["sweep", "{cfg}", "--out", "file://{path}/analysis/x.zarr"], "is inside the store"),  # was written there
+    (["report", "{path}", "--out", "file://{d}/afile/rep"], "afile is a file, not a directory"),  # was ./file:/...
+    (["report", "{path}", "--out", "s3://bucket/rep"], "--out s3://bucket/rep: a report is written to a local folder"),
+    (["demo", "--out", "{d}/new.zarr", "--report", "s3://bucket/rep"], "--report s3://bucket/rep: a report is written"),
+])
+def test_a_file_url_is_checked_as_the_local_path_it_names(tiny, tmp_path, monkeypatch, args, needle, capsys):
+    d, cfg, path = tiny
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in (path / "analysis").iterdir())
+    _refused([a.format(d=d, cfg=cfg, path=path) for a in args], needle, capsys)
+    assert not any(tmp_path.iterdir()) and not (d / "new.zarr").exists()
+    assert sorted(p.name for p in (path / "analysis").iterdir()) == before
