@@ -84,16 +84,28 @@ def _children(pid: int) -> set[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for child processes")
 def test_sigterm_stops_a_multi_process_analyse_with_its_workers(three_runs, tmp_path):
-    path = str(tmp_path / "t.zarr")
-    shutil.copytree(three_runs[0], path)
-    proc = subprocess.Popen([sys.executable, "-m", "dynamics", "analyse", path, "--workers", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while len(kids := _children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # the spawned worker and multiprocessing's resource tracker
-    assert len(kids) >= 2, "the worker process never started"
-    proc.send_signal(signal.SIGTERM)  # while the worker still imports: nothing can have finished
-    out, err = proc.communicate(timeout=120)
+    # The launcher analyses runs in its own main thread while the worker starts: on a loaded
+    # machine it once analysed all four before the worker was seen, and the signal was never
+    # sent (Popen.send_signal sends nothing to a process that has exited; exit 0). An attempt
+    # whose signal was not sent, or came after the work, tests nothing: made again on a fresh copy.
+    for attempt in range(3):
+        path = str(tmp_path / f"t{attempt}.zarr")
+        shutil.copytree(three_runs[0], path)
+        proc = subprocess.Popen([sys.executable, "-m", "dynamics", "analyse", path, "--workers", "2"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while len(kids := _children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the spawned worker and multiprocessing's resource tracker
+        assert len(kids) >= 2 or proc.returncode is not None, "the worker process never started"
+        proc.send_signal(signal.SIGTERM)  # while the worker still imports: nothing can have finished
+        not_sent = proc.returncode is not None  # send_signal found it exited and sent nothing
+        out, err = proc.communicate(timeout=120)
+        # or it arrived once every run was analysed, where the default action (exit -15) is right
+        too_late = proc.returncode == -signal.SIGTERM and "[analyse] 4/4" in err
+        if not (not_sent or too_late):
+            break
+    else:
+        pytest.skip("the analysis finished before SIGTERM could reach it, 3 times (machine too loaded)")
     # 130 from main(); under `python -m` CPython 3.11 instead exits by SIGINT (-2) when the
     # KeyboardInterrupt first escaped an exec'd string (a dataclass being defined mid-import)
     # before it was caught. A shell sees 130 either way.
