@@ -41,6 +41,7 @@ from dynamics.gates import (
     report_lines,
     set_ablation,
 )
+from dynamics.tasks import make_batch
 from dynamics.train import build, load_run_model, train_run
 from tests.conftest import interrupt_at
 
@@ -101,6 +102,39 @@ def test_positive_lambda_opens_and_negative_lambda_shuts_a_head_that_does_not_ma
     assert plus > 0.95 and minus < 0.05
     assert ds.chg_role.sel(restart=0, layer=1, head=1).item() == IRRELEVANT
     assert np.isfinite(ds.nll.values).all()
+
+
+def test_a_head_the_model_needs_is_facilitating_and_one_that_hurts_is_interfering():
+    # One layer, two heads: head 0 is trained to copy (removing it costs nats); head 1 is head 0
+    # with W_O = -0.7 W_O[0], so it cancels most of head 0 and removing it lowers the loss.
+    # The regulariser is a mean over L * H = 2 heads, so at the default lambda it moves one
+    # head's loss by up to 0.1 * 8 / 2 = 0.4 nats and outweighs both; lambda 0.005 keeps it
+    # below what either head does to the NLL, and the labels are then the paper's.
+    cfg = from_dict({"model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16,
+                               "context": 8}, "task": {"name": "offset_copy", "delta": 2}})
+    torch.manual_seed(0)
+    model = build(cfg, torch.device("cpu"))
+    params = model.optim_parameters()
+    for step in range(80):  # sign descent: no optimiser to construct (torch.optim imports for seconds)
+        tokens = torch.from_numpy(make_batch(cfg, "train", step, 16).tokens)
+        loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        with torch.no_grad():
+            for p, g in zip(params, torch.autograd.grad(loss, params), strict=True):
+                p -= 0.01 * g.sign()
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        for w in (attn.W_Q, attn.W_K, attn.W_V):
+            w[1] = w[0]
+        attn.W_O[1] = -0.7 * attn.W_O[0]
+    opts = GateOptions(steps=60, init_steps=10, restarts=2, batch_size=8, fit_batches=2, eval_batches=1, lam=0.005)
+    delta = head_ablation(model, cfg, "zero", opts).values[0, :, 0]
+    assert delta[0] > 1.0 and delta[1] < -0.05  # the known answer: needed, and harmful
+    ds = fit_chg(model, cfg, opts)
+    assert ds.role.values[0].tolist() == [FACILITATING, INTERFERING]
+    assert ds.agreement.values.min() == 1.0
+    plus, minus = ds.chg.mean("restart").values[0].T  # (H,) each
+    assert plus[0] > 0.95 and minus[0] > 0.7  # kept open even when pushed shut
+    assert plus[1] < 0.4 and minus[1] < 0.05  # shut even when pushed open
 
 
 def test_taxonomy_from_planted_gates():
