@@ -161,6 +161,31 @@ def test_templated_heads_converge_to_their_templates(templated, free):
     assert previous_token(ds) > 0.5 > previous_token(free)  # 0.5: RoleThresholds.previous_token
 
 
+def test_soft_template_loss_is_the_scheduled_weight_times_the_mean_kl_over_pinned_heads():
+    # w(step) * mean over pinned heads of KL(template || attention), per query, averaged over
+    # batch and queries; warm-up of 10 steps at step 5 halves the weight (and is what is recorded).
+    pinned = [{"layer": 0, "head": 1, "pattern": "offset", "delta": 2}, {"layer": 1, "head": 0, "pattern": "local", "width": 2}]
+    cfg = config({"templates": {"weight": 2.0, "schedule": "warmup", "ramp_steps": 10, "heads": pinned}},
+                 model={"d_model": 16, "context": 8})
+    model = build_model(cfg, torch.device("cpu"))
+    iv = interventions.build(cfg, model, torch.device("cpu"))
+    tokens = torch.from_numpy(make_batch(cfg, "train", 0, 4).tokens)  # (B, T+1)
+    with model.hooks(iv.fwd_hooks()):
+        logits = model(tokens[:, :-1])
+    loss = iv.loss(5, tokens, logits)
+    names = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    _, cache = model.run_with_cache(tokens[:, :-1], names)
+    kl = []
+    for (layer, head), (kind, kw) in zip(((0, 1), (1, 0)), (("offset", {"delta": 2}), ("local", {"width": 2})), strict=True):
+        tmpl = torch.tensor(interventions.template_pattern(kind, 8, **kw), dtype=torch.float32).expand(4, 8, 8)
+        kl.append(torch.distributions.kl_divergence(torch.distributions.Categorical(probs=tmpl),
+                                                    torch.distributions.Categorical(probs=cache[names[layer]][:, head])).mean())
+    torch.testing.assert_close(loss, 2.0 * 0.5 * torch.stack(kl).mean())
+    blocks = iv.snapshot(model, make_batch(cfg, "eval", 0, 3).tokens[:, :-1])
+    assert blocks["template_weight"] == 1.0
+    assert np.isnan(blocks["template_kl"][[0, 1], [0, 1]]).all() and np.isfinite(blocks["template_kl"][[0, 1], [1, 0]]).all()
+
+
 def test_hard_mode_returns_exactly_the_template():
     pinned = [{"layer": 1, "head": 0, "pattern": "offset", "delta": 2}, {"layer": 0, "head": 1, "pattern": "uniform"}]
     cfg = config({"templates": {"hard": True, "heads": pinned}})
@@ -265,6 +290,31 @@ def test_shallow_first_switches_layers_on_in_order(templated):
     cfg = config({"distill": {"teacher": templated[0], "order": "deep_first", "stage_steps": 30}})
     d = interventions.build(cfg, Transformer(cfg.model), torch.device("cpu")).parts[0]
     assert d.head_weights(0).tolist() == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_attention_distillation_is_the_weighted_kl_of_each_pair_over_all_pairs(templated):
+    # Crossed pairs (student L0H1 <- teacher L1H0, student L1H1 <- teacher L0H0), deep_first:
+    # layer 1 is on from step 0, layer 0 from stage_steps on; an off pair still counts in |pairs|.
+    heads = [{"layer": 0, "head": 1, "teacher_layer": 1, "teacher_head": 0},
+             {"layer": 1, "head": 1, "teacher_layer": 0, "teacher_head": 0}]
+    cfg = config({"distill": {"teacher": templated[0], "map": "heads", "heads": heads, "attention_weight": 3.0,
+                              "order": "deep_first", "stage_steps": 2}})
+    model = build_model(cfg, torch.device("cpu"))
+    iv = interventions.build(cfg, model, torch.device("cpu"))
+    tokens = torch.from_numpy(make_batch(cfg, "train", 0, 4).tokens)  # (B, T+1)
+    names = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    _, student = model.run_with_cache(tokens[:, :-1], names)
+    _, teacher = iv.parts[0].teacher.run_with_cache(tokens[:, :-1], names)
+    cat = torch.distributions.Categorical
+    kl_0 = torch.distributions.kl_divergence(cat(probs=teacher[names[1]][:, 0]), cat(probs=student[names[0]][:, 1])).mean()
+    kl_1 = torch.distributions.kl_divergence(cat(probs=teacher[names[0]][:, 0]), cat(probs=student[names[1]][:, 1])).mean()
+    for step, want in ((1, 3.0 * kl_1 / 2), (2, 3.0 * (kl_0 + kl_1) / 2)):
+        with model.hooks(iv.fwd_hooks()):
+            logits = model(tokens[:, :-1])
+        torch.testing.assert_close(iv.loss(step, tokens, logits), want)
+    blocks = iv.snapshot(model, make_batch(cfg, "eval", 0, 3).tokens[:, :-1])
+    assert blocks["distill_source"].tolist() == [[-1, 2], [-1, 0]]  # teacher_layer * 2 + teacher_head
+    assert blocks["distill_weight"].tolist() == [[0.0, 3.0], [0.0, 3.0]]
 
 
 def test_logits_only_distillation_is_the_tempered_kl(templated):
