@@ -244,3 +244,16 @@ def test_a_sweep_whose_runs_differ_in_context_is_refused():
     assert ragged["probe_tokens"].isnull().any()
     with pytest.raises(ValueError, match="differ in context or n_probe"):
         analyse_run(ragged)
+
+
+def test_a_sweep_padded_to_more_heads_is_analysed_lazily_as_in_memory():
+    # open_sweep's outer join on head leaves a run padded to more heads in two head chunks
+    # (here as in a store: (H - 1, 1)); the block stage refused them (inconsistent chunks).
+    ds = sweep_like().isel(run=[1], snapshot=slice(0, 2))  # run b: its last head is padding
+    opt = pipeline.AnalysisOptions()
+    expected = pipeline._attention_stage_by_blocks(ds.attention, ds.probe_tokens, opt, max_offset=5)
+    lazy = ds.chunk({"snapshot": 1, "head": (H - 1, 1), "probe": 1})
+    with dask.config.set(scheduler="synchronous"):
+        got = pipeline._attention_stage_by_blocks(lazy.attention, lazy.probe_tokens, opt, max_offset=5).load()
+    for name in expected.data_vars:
+        xr.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-9)

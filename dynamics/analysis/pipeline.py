@@ -34,7 +34,7 @@ from dynamics.analysis.slash import (
     token_ratio,
     token_share,
 )
-from dynamics.schema import SNAPSHOT
+from dynamics.schema import HEAD, KEY, LAYER, PROBE, QUERY, SNAPSHOT
 
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
 
@@ -303,7 +303,11 @@ def _attention_stage_by_blocks(attn: xr.DataArray, tokens: xr.DataArray, opt: An
     extra = [c for c in attn.coords if c not in attn.dims]
     bare = attn.drop_vars(extra)
     per_snapshot = max(1, attn.nbytes // max(1, attn.sizes[SNAPSHOT]))
-    bare = bare.chunk({SNAPSHOT: int(max(1, STAGE_BYTES // per_snapshot))})
+    # A block is whole along every dim but snapshot and run: each analyser reads all heads and
+    # probes of a snapshot, and open_sweep's outer join leaves a run padded to more heads in two
+    # head chunks, which map_blocks refused (inconsistent chunks along head).
+    whole = {d: -1 for d in (LAYER, HEAD, PROBE, QUERY, KEY) if d in bare.dims}
+    bare = bare.chunk({**whole, SNAPSHOT: int(max(1, STAGE_BYTES // per_snapshot))})
     # The other inputs are chunked alike along the dims they share (a sweep's run dim).
     tokens, attn0 = (x.chunk({d: bare.chunksizes[d] for d in x.dims if d in bare.chunksizes})
                      for x in (tokens, attn0.drop_vars([c for c in extra if c in attn0.coords])))
