@@ -668,6 +668,18 @@ def test_a_chunk_a_finished_run_wrote_that_is_gone_is_named_not_read_as_nan(tmp_
         store.check_recorded(path, "div")
 
 
+def test_a_probe_of_token_0_alone_is_not_a_lost_chunk(tmp_path):
+    # a markov chain whose token 0 leads only to itself (vocab_size 4, markov_branching 1, seed 0,
+    # n_probe 1) draws a probe of 0s: zarr stores it as no chunk, and a healthy run was "damaged"
+    path = tmp_path / "s.zarr"
+    write_whole_run(path, "r1")
+    variables, coords = spec()
+    w = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={}, resume=True)
+    w.write_region("probe_tokens", 0, np.zeros((P, T + 1), np.int64))
+    assert not (path / "runs" / "r1" / "probe_tokens" / "c" / "0" / "0").exists()
+    store.check_recorded(path, "r1")
+
+
 def test_a_chunk_cut_short_is_named_with_its_run_and_array(tmp_path):
     # zarr's own error, "Zstd decompression error: invalid input data", named neither
     path = tmp_path / "s.zarr"

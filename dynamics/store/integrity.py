@@ -5,6 +5,10 @@ snapshot of ``attention`` reads as NaN (its heads then have no role, no bifurcat
 ``probe_tokens`` chunk as token 0 everywhere (every role score computed against the wrong
 tokens), a lost ``step`` chunk as step 0 at every snapshot. And a chunk cut short fails deep in
 a codec ("Zstd decompression error") naming neither the run nor the array.
+
+Only a chunk the run cannot have left unwritten is named as lost. A lost ``probe_tokens`` chunk
+is not: it reads as token 0 everywhere, which is also a real probe (a markov chain whose token 0
+leads only to itself, n_probe 1), and zarr stores that one as no chunk too.
 """
 
 from __future__ import annotations
@@ -80,8 +84,8 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
 
     Checked, from the file listing alone (no chunk is read): every coordinate (a numeric one of
     a single value may be its fill value 0, which zarr stores as no chunk, and is passed over),
-    ``probe_tokens``, the :data:`WRITTEN_EVERY_SNAPSHOT` variables at every snapshot the run
-    recorded, and ``loss`` over the steps it trained. Runs not finished are not checked (their
+    the :data:`WRITTEN_EVERY_SNAPSHOT` variables at every snapshot the run recorded, and ``loss``
+    over the steps it trained. Not ``probe_tokens``: all token 0, it has no chunk either. Runs not finished are not checked (their
     later snapshots are not written yet), nor variables that may legitimately lack chunks.
 
     Raises
@@ -117,8 +121,6 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
         if is_coord:
             if arr.shape[0] <= 1 and arr.dtype.kind in "biuf":
                 continue
-        elif name == "probe_tokens":
-            pass
         elif name == "loss" and dims == (TRAIN_STEP,):
             pass
         elif name not in WRITTEN_EVERY_SNAPSHOT or SNAPSHOT not in dims:
