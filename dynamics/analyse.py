@@ -34,7 +34,7 @@ def analyse_one(path: str, run_id: str) -> dict:
         # "stopped", not "running", for a killed run, as `dynamics status` names it
         return {"run": run_id, "status": store.run_status(path, run_id, attrs), "skipped": True, "reason": "unfinished"}
     # A chunk file gone from the run reads as NaN (or 0) without a word: named, not analysed.
-    store.check_recorded(path, run_id)
+    store.check_recorded(path, run_id, attrs=attrs)
     try:
         result = _analysis_of(path, run_id, attrs)
     except Exception as e:

@@ -17,9 +17,9 @@ def damaged_runs(path: str, ids: list[str], chunks: bool = False) -> dict[str, s
     damaged = {}
     for run_id in ids:
         try:
-            store.run_attrs(path, run_id)
+            attrs = store.run_attrs(path, run_id)
             if chunks:
-                store.check_recorded(path, run_id)
+                store.check_recorded(path, run_id, attrs=attrs)
         except store.StoreError as e:
             damaged[run_id] = str(e)
     return damaged

@@ -101,7 +101,7 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
         try:
             attrs = store.run_attrs(path, rid)
             if attrs.get("status") == "completed":
-                store.check_recorded(path, rid)
+                store.check_recorded(path, rid, attrs=attrs)
         except store.StoreError:
             skipped.append(f"{rid} (damaged)")
             continue
