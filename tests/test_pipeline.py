@@ -114,9 +114,12 @@ def test_a_shorter_run_in_a_sweep_ends_at_its_own_last_snapshot():
     padded = padded.drop_vars("step").assign_coords(step=(("run", "snapshot"), step))
     got = analyse_run(padded).load().sel(run="b")
     want = analyse_run(alone).load()
-    for name in ("bifurcation_step", "commitment_step", "slash_emergence_step", "token_emergence_step",
-                 "attention_correlation"):
+    for name in ("bifurcation_step", "commitment_step", "slash_emergence_step", "token_emergence_step"):
         np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+    # a float reduction over differently shaped blocks: another numpy (2.5.2 on the GPU machine)
+    # sums it in another order, 3e-16 apart
+    np.testing.assert_allclose(got["attention_correlation"].values, want["attention_correlation"].values,
+                               rtol=1e-12, atol=1e-12)
     assert np.isfinite(want["commitment_step"].sel(layer=0, head=0)), "the test needs a committed head"
 
 
