@@ -21,7 +21,18 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
+_SUBMODULES = frozenset({
+    "analyse", "analysis", "budget", "cli", "config", "gates", "identity", "interventions", "model",
+    "predict", "record", "report", "schema", "signals", "status", "store", "sweep", "tasks", "train", "usage",
+})
+"""Imported on first use as ``dynamics.<name>``: the README's ``dynamics.train.load_run_model``
+after a plain ``import dynamics`` raised AttributeError, as a package's submodules are not
+attributes until something imports them."""
+
+
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
+    if name in _SUBMODULES:
+        return import_module(f"dynamics.{name}")
     raise AttributeError(f"module 'dynamics' has no attribute {name!r}")
