@@ -260,3 +260,51 @@ def test_a_sweep_padded_to_more_heads_is_analysed_lazily_as_in_memory():
         got = pipeline._attention_stage_by_blocks(lazy.attention, lazy.probe_tokens, opt, max_offset=5).load()
     for name in expected.data_vars:
         xr.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-9)
+
+
+def unwritten_after(ds, n, run=None):
+    """`ds` as a run (or one run of a sweep) stopped after snapshot n reads: NaN from there on."""
+    ds = ds.copy(deep=True)
+    for name in ("attention", "importance", "head_weights"):
+        values = ds[name].values
+        if run is None:
+            values[n:] = np.nan
+        else:
+            values[list(ds.run.values).index(run), n:] = np.nan
+        ds[name] = (ds[name].dims, values)
+    return ds
+
+
+def test_an_unfinished_run_is_refused_with_the_snapshots_it_recorded():
+    # open_run of an interrupted (or running) run reads the snapshots training never reached as
+    # NaN; analysed, every head's final role was "none" and its commitment step NaN, without a word.
+    run = sweep_like().sel(run="a", drop=True)
+    run.attrs = {"run_id": "r1", "status": "interrupted"}
+    stopped = unwritten_after(run, 5)
+    with pytest.raises(ValueError, match=r"^run r1 \(interrupted\): its snapshot at step 20 was never written "
+                                         r"\(NaN\); analyse what it recorded: ds.isel\(snapshot=slice\(0, 5\)\)$"):
+        analyse_run(stopped)
+    with pytest.raises(ValueError, match="never written"):
+        analyse_run(stopped.chunk({"snapshot": 1}))  # lazy, as open_run gives it
+    assert analyse_run(stopped.isel(snapshot=slice(0, 5))).sizes["snapshot"] == 5  # the cut it names
+
+
+def test_a_diverged_run_is_pointed_to_the_cut_analyse_makes():
+    run = unwritten_after(sweep_like().sel(run="a", drop=True), 4)
+    run.attrs = {"run_id": "r1", "status": "diverged", "diverged_step": 8}
+    with pytest.raises(ValueError, match=r"recorded_before_divergence\(ds, 8\)$"):
+        analyse_run(run)
+
+
+def test_a_sweep_with_an_unfinished_run_names_it():
+    sweep = unwritten_after(sweep_like(), 5, run="b").assign_coords(status=("run", ["completed", "running"]))
+    sweep.attrs = {"runs": {"a": {"status": "completed"}, "b": {"status": "running"}}}
+    with pytest.raises(ValueError, match=r"^run b \(running\): its snapshot at step 20 was never written"):
+        analyse_run(sweep)
+    assert analyse_run(sweep.sel(run=sweep.status == "completed")).sizes["run"] == 1  # the selection it names
+
+
+def test_too_few_snapshots_are_refused_naming_how_many_are_needed():
+    # bifurcation_step raised "n_baseline=3 must be >= 2 and < the 2 snapshots", an option's inner name
+    with pytest.raises(ValueError, match=r"^2 snapshot\(s\) given; the analysis needs >= 4 "):
+        analyse_run(sweep_like().isel(snapshot=[0, 1]))

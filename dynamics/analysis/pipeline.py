@@ -116,6 +116,13 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     ``redundancy_fraction`` (snapshot), ``attention_correlation`` (last snapshot), and when
     head weights were recorded ``qk_cosine`` and ``q_subspace_cos`` (snapshot, layer, head, head_b).
 
+    Raises
+    ------
+    ValueError
+        Fewer than ``options.baseline_snapshots + 1`` snapshots; or a run whose last snapshot
+        was never written (running, interrupted, failed or diverged: what training never
+        reached reads as NaN), naming the selection of what it recorded.
+
     Example
     -------
     >>> result = analyse_run(dynamics.open_run("runs/induction.zarr"))  # doctest: +SKIP
@@ -130,6 +137,11 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         # kept, so the shorter runs would come out all NaN, labelled "none", without a word.
         raise ValueError("these runs differ in context or n_probe (their probe_tokens are NaN-padded); "
                          "analyse them one run at a time, as `dynamics analyse` does")
+    _refuse_unwritten(ds)
+    need = opt.baseline_snapshots + 1
+    if ds.sizes.get(SNAPSHOT, 0) < need:  # bifurcation_step said only "n_baseline=3 must be ... < the 1 snapshots"
+        raise ValueError(f"{ds.sizes.get(SNAPSHOT, 0)} snapshot(s) given; the analysis needs >= {need} "
+                         f"(options.baseline_snapshots + 1: the divergence curve's noise band and one more)")
     T = attn.sizes["query"]
     out = xr.Dataset(coords={"step": ds["step"]})
 
@@ -194,6 +206,40 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         baseline_snapshots=opt.baseline_snapshots,
     )
     return out
+
+
+def _refuse_unwritten(ds: xr.Dataset) -> None:
+    """ValueError when a run's last snapshot was never written (the run is unfinished or diverged).
+
+    Arrays are created at full size, so what training never reached reads as NaN: analysed, those
+    snapshots made every head's final role "none" and its commitment step NaN, without a word
+    (``dynamics analyse`` skips such runs and cuts a diverged one to what it recorded). Unwritten
+    snapshots are the trailing ones, so only each run's last snapshot with a step is read (one
+    chunk); a sweep's padding past a shorter run's end has no step and is not looked at.
+    """
+    step = ds["step"]
+    probe = ds["attention"].isel(probe=0, query=0, key=0)  # key 0 is visible to every query
+    last = step.notnull().cumsum(SNAPSHOT).argmax(SNAPSHOT).compute()  # last snapshot with a step, per run
+    unwritten = probe.isel({SNAPSHOT: last}).isnull().all([LAYER, HEAD]).compute()
+    if not unwritten.any():
+        return
+    first = {d: int(i) for d, i in zip(unwritten.dims, np.argwhere(unwritten.values)[0], strict=True)}
+    at = float(step.isel({SNAPSHOT: last}).broadcast_like(unwritten).isel(first).values)
+    if "run" in first:
+        run = str(ds["run"].values[first["run"]])
+        status = ds.attrs.get("runs", {}).get(run, {}).get("status", "?")
+        raise ValueError(f"run {run} ({status}): its snapshot at step {at:g} was never written (NaN); analyse "
+                         f"finished runs, e.g. sweep.sel(run=sweep.status == 'completed'), and a diverged or "
+                         f"unfinished one alone, cut to what it recorded")
+    status = ds.attrs.get("status", "?")
+    if status == "diverged" and "diverged_step" in ds.attrs:
+        fix = (f"cut it as `dynamics analyse` does: dynamics.analyse.recorded_before_divergence(ds, "
+               f"{ds.attrs['diverged_step']})")
+    else:
+        written = int(probe.notnull().any([LAYER, HEAD]).sum())
+        fix = f"analyse what it recorded: ds.isel(snapshot=slice(0, {written}))"
+    raise ValueError(f"run {ds.attrs.get('run_id', '?')} ({status}): its snapshot at step {at:g} was never written "
+                     f"(NaN); {fix}")
 
 
 def uninformative_offsets(n_query: int, opt: AnalysisOptions) -> list[int]:
