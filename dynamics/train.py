@@ -575,17 +575,21 @@ def batch_loss(model: Transformer, cfg: RunConfig, batch_size: int = 8) -> float
 def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") -> tuple[Transformer, RunConfig, int]:
     """The model of a recorded run at its latest checkpoint, with its config and step.
 
-    Raises StoreError when the run has no checkpoint (nothing to load).
+    ``run_id`` defaults to the only run of the store. Raises StoreError when the store holds no
+    such run (naming the runs it holds) or the run has no checkpoint (nothing to load).
     """
     from dynamics.config import recorded_config
 
     ids = store.list_runs(path, damaged="include")  # a damaged run of them: run_attrs below names it if chosen
+    # as open_run says it: "choose one with --run ()" named a command-line flag, and no run, to a caller
+    if not ids:
+        raise store.StoreError(f"no runs in {path}")
     if run_id is None:
         if len(ids) != 1:
-            raise store.StoreError(f"{path} holds {len(ids)} runs; choose one with --run ({', '.join(ids[:8])})")
+            raise store.StoreError(f"{path} holds {len(ids)} runs; pass run_id, one of: {', '.join(ids)}")
         run_id = ids[0]
     if run_id not in ids:
-        raise store.StoreError(f"no run {run_id!r} in {path}")
+        raise store.StoreError(f"no run {run_id!r} in {path}; runs: {', '.join(ids)}")
     attrs = store.run_attrs(path, run_id)
     cfg = recorded_config(attrs["config"])
     ckpt = _load_checkpoint(path, run_id)

@@ -576,3 +576,19 @@ def test_a_snapshot_holds_its_checkpoint_weights_and_their_gradient_on_that_step
     pattern = torch.stack([cache[f"blocks.{i}.attn.hook_pattern"] for i in range(len(attn))]).transpose(1, 2)
     np.testing.assert_allclose(ds.attention.values.astype(np.float32), pattern.numpy(), atol=5e-4)  # float16
     np.testing.assert_array_equal(ds.head_weights.values, model.head_weights().numpy())
+
+
+def test_load_run_model_names_the_runs_to_choose_from_not_a_command_line_flag(tmp_path):
+    # An empty store said "holds 0 runs; choose one with --run ()" to a Python caller.
+    from dynamics.train import load_run_model
+
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    with pytest.raises(store.StoreError, match=r"^no runs in "):
+        load_run_model(path)
+    for run_id in ("r1", "r2"):
+        RunWriter(path, run_id, variables={}, coords={}, attrs={"status": "completed"})
+    with pytest.raises(store.StoreError, match=r"holds 2 runs; pass run_id, one of: r1, r2$"):
+        load_run_model(path)
+    with pytest.raises(store.StoreError, match=r"^no run 'r3' in .*; runs: r1, r2$"):
+        load_run_model(path, "r3")
