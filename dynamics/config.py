@@ -19,6 +19,7 @@ import math
 import re
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -461,6 +462,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"{path}: not UTF-8 text (TOML is UTF-8): byte {e.start}") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    if isinstance(overrides, (str, Mapping)):  # iterated, a string is its characters: "--set 't': expected ..."
+        raise ConfigError(f"overrides: expected a list of 'section.key=value' strings, got {overrides!r}")
     given: set[str] = set()
     for text in overrides:
         key, value = parse_override(text)

@@ -244,3 +244,12 @@ def test_weight_entries_count_the_models_matrices(model):
 
     m = from_dict({"model": model}).model
     assert m.weight_entries == sum(p.numel() for p in Transformer(m).parameters() if p.dim() >= 2)
+
+
+@pytest.mark.parametrize("overrides", ["train.lr=0.1", {"train.lr": 0.1}])
+def test_overrides_not_given_as_a_list_are_refused_as_such(tmp_path, overrides):
+    # A string was iterated character by character: "--set 't': expected section.key=value".
+    path = tmp_path / "c.toml"
+    path.write_text("")
+    with pytest.raises(ConfigError, match=r"^overrides: expected a list of 'section.key=value' strings, got "):
+        load_config(path, overrides)
