@@ -4,6 +4,7 @@ Public entry points are re-exported lazily, so ``import dynamics`` stays cheap a
 analysis side can be used without importing torch.
 """
 
+import pkgutil
 from importlib import import_module
 
 __version__ = "0.1.0"
@@ -21,13 +22,11 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-_SUBMODULES = frozenset({
-    "analyse", "analysis", "budget", "cli", "config", "gates", "identity", "interventions", "model",
-    "predict", "record", "report", "schema", "signals", "status", "store", "sweep", "tasks", "train", "usage",
-})
+_SUBMODULES = frozenset(info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_"))
 """Imported on first use as ``dynamics.<name>``: the README's ``dynamics.train.load_run_model``
 after a plain ``import dynamics`` raised AttributeError, as a package's submodules are not
-attributes until something imports them."""
+attributes until something imports them. Listed from the package folder, so a new module
+needs no entry here."""
 
 
 def __getattr__(name: str):
