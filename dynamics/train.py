@@ -186,7 +186,10 @@ def _checkpoint_state(model, optimizer, step: int, recorder: Recorder, intervent
         "optimizer": optimizer.state_dict(),
         "prev_grads": recorder.prev_grads,
         "intervention": intervention.state_dict() if intervention is not None else None,
-        "torch_rng": torch.get_rng_state(),  # unused (no run draws from it); older versions' resumes read it
+        # Unused (no run draws from torch's global generator), but older versions' resumes restore
+        # it. A fixed state, not the process's: torch seeds that at random per process, so the
+        # checkpoint of the same run differed from one process to the next.
+        "torch_rng": torch.Generator().get_state(),
     })
 
 

@@ -392,6 +392,28 @@ def test_a_checkpoint_is_the_state_when_taken_though_serialised_after_more_steps
             torch.testing.assert_close(b["optimizer"]["state"][i][k], v, rtol=0, atol=0)
 
 
+def test_a_checkpoint_is_the_same_bytes_whatever_torchs_global_generator_holds(cfg):
+    # It held torch.get_rng_state(), which torch seeds at random in each process: the same run's
+    # checkpoint differed from one process to the next, against README's "bitwise the same
+    # arrays and checkpoint on CPU". Drawing from the global generator stands in for that here.
+    import torch
+
+    import dynamics.train as train
+    from dynamics.record import Recorder
+
+    model = train.build(cfg, torch.device("cpu"))
+    opt = train.make_optimizer(cfg, model)
+    recorder = Recorder(cfg, torch.device("cpu"))
+
+    def blob() -> bytes:
+        return train._checkpoint_bytes(train._checkpoint_state(model, opt, 0, recorder, None))
+
+    first = blob()
+    torch.manual_seed(1234)
+    torch.rand(3)
+    assert blob() == first
+
+
 def test_initial_weights_are_the_seeds_whoever_else_draws_from_torchs_global_generator(cfg):
     # build seeded torch's global generator and drew the weights from it; a second run built at once
     # in the same process (a Dask worker with --nthreads 2) drew from the same stream, so both got
