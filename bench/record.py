@@ -44,7 +44,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import dynamics.train as train_mod  # noqa: E402
 from bench._common import load_line  # noqa: E402
-from dynamics import store  # noqa: E402
+from dynamics import checkpoint, store  # noqa: E402
 from dynamics.config import RunConfig, load_config, replace_section  # noqa: E402
 from dynamics.record import Recorder, coords, snapshot_steps, variables  # noqa: E402
 from dynamics.tasks import make_batch  # noqa: E402
@@ -138,7 +138,7 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
         train_step()
     grads_and_forward()
     blocks = recorder.snapshot(model)
-    ckpt = train_mod._checkpoint_state(model, opt, 1, recorder, None)  # not `state`: train_step reads that
+    ckpt = checkpoint.checkpoint_state(model, opt, 1, recorder.prev_grads, None)  # not `state`: train_step reads that
     # train.py flushes the losses of the steps since the last snapshot: record.every of them,
     # fewer in a run shorter than that.
     losses = np.zeros(min(cfg.record.every, cfg.train.steps), dtype=np.float32)
@@ -158,7 +158,7 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
         "probe forward (attention)": ("training", lambda: recorder.attention(model)),
         "eval loss": ("training", lambda: recorder.eval_loss(model)),
         "gradient stats, gates, weights": ("training", grad_stats),
-        "checkpoint state copy": ("training", lambda: train_mod._checkpoint_state(model, opt, 1, recorder, None)),
+        "checkpoint state copy": ("training", lambda: checkpoint.checkpoint_state(model, opt, 1, recorder.prev_grads, None)),
         "zarr: snapshot arrays": ("writer", lambda: writer.write_snapshot(1, blocks)),
         "zarr: loss region": ("writer", lambda: writer.write_region("loss", 0, losses)),
         "checkpoint pickle, file + attrs": ("writer", lambda: train_mod._save_checkpoint(

@@ -367,7 +367,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     contrast = parse_contrast(args.contrast, cfg) if args.contrast else None
     given = {"steps": args.steps, "init_steps": args.init_steps, "restarts": args.restarts, "lam": args.lam}
     options = GateOptions(**{k: v for k, v in given.items() if v is not None})
-    from dynamics.train import batch_loss, load_run_model
+    from dynamics.checkpoint import batch_loss, load_run_model
 
     model, cfg, step = load_run_model(args.store, run_id)  # StoreError (exit 2) when there is no checkpoint
     status = attrs.get("status")

@@ -18,7 +18,6 @@ the data are the ones the run was recorded with, before anything is written.
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import sys
@@ -33,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 import dynamics
-from dynamics import budget, interventions, store
+from dynamics import budget, checkpoint, interventions, store
+from dynamics.checkpoint import batch_loss, load_run_model  # noqa: F401  (callers of dynamics.train.load_run_model)
 from dynamics.config import RunConfig
 from dynamics.identity import experiment_identity
 from dynamics.model import Transformer, require_float32
@@ -158,58 +158,9 @@ class _Writer:
             self.pool.shutdown(wait=True)
 
 
-def _copy_tensors(obj):
-    """``obj`` with every tensor replaced by a detached clone on the same device (and every
-    array by a copy): whatever the next step updates in place must not reach the checkpoint."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, np.ndarray):
-        return obj.copy()
-    if isinstance(obj, dict):
-        return {k: _copy_tensors(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_copy_tensors(v) for v in obj)
-    return obj
-
-
-def _checkpoint_state(model, optimizer, step: int, recorder: Recorder, intervention) -> dict:
-    """A copy of everything a resume needs, taken on the training thread.
-
-    Only the copy is paid there: the next optimiser step updates the live tensors in place, so
-    they must be cloned now, but pickling them (and, on a GPU, the device-to-host transfers,
-    one synchronising copy per tensor) waits for the writer thread. On a GPU the clones are
-    asynchronous device copies, so a launch-bound training loop is not held up.
-    """
-    return _copy_tensors({
-        "step": step,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "prev_grads": recorder.prev_grads,
-        "intervention": intervention.state_dict() if intervention is not None else None,
-        # Unused (no run draws from torch's global generator), but older versions' resumes restore
-        # it. A fixed state, not the process's: torch seeds that at random per process, so the
-        # checkpoint of the same run differed from one process to the next.
-        "torch_rng": torch.Generator().get_state(),
-    })
-
-
-def _checkpoint_bytes(state: dict) -> bytes:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
-
-
-def _load_checkpoint(path: str, run_id: str) -> dict | None:
-    """The run's checkpoint dict (the inverse of :func:`_checkpoint_bytes`), or None if it has none."""
-    blob = store.read_checkpoint(path, run_id)
-    # Loaded on the CPU: load_state_dict copies into tensors already on the device, and the RNG
-    # state must stay a CPU ByteTensor for torch.set_rng_state.
-    return None if blob is None else torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
-
-
 def _save_checkpoint(path: str, run_id: str, state: dict, attrs_writer: store.RunWriter, step: int,
                      steps_trained: int, wall_time: float) -> None:
-    store.write_checkpoint(path, run_id, _checkpoint_bytes(state))
+    store.write_checkpoint(path, run_id, checkpoint.checkpoint_bytes(state))
     # steps_trained and wall_time too, so a session killed outright (SIGKILL) still counts its
     # steps and its time up to its checkpoint: the resume adds its own to these
     attrs_writer.set_attrs(checkpoint_step=step, steps_trained=steps_trained, wall_time=wall_time)
@@ -393,11 +344,11 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         recorder = Recorder(cfg, device)
 
         start = 0
-        ckpt = _load_checkpoint(path, run_id) if existing else None
+        ckpt = checkpoint.load_checkpoint(path, run_id) if existing else None
         if ckpt is not None:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
-            prev = ckpt["prev_grads"]  # loaded on the CPU (see _load_checkpoint)
+            prev = ckpt["prev_grads"]  # loaded on the CPU (see checkpoint.load_checkpoint)
             recorder.prev_grads = None if prev is None else prev.to(device)
             if intervention is not None:
                 intervention.load_state_dict(ckpt["intervention"])
@@ -502,7 +453,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             if step in index_of and (recording or step == 0):
                 # The checkpoint is the state *before* this snapshot is recorded, so a resume
                 # from it records the snapshot again exactly (prev_grads included).
-                state = _checkpoint_state(model, optimizer, step, recorder, intervention)
+                state = checkpoint.checkpoint_state(model, optimizer, step, recorder.prev_grads, intervention)
                 # Record what the intervened model computes (hard templates, conditioned gates):
                 # its snapshot, and CHG fitted to that network rather than to the bare weights.
                 with model.hooks(intervention.eval_hooks() if intervention is not None else []):
@@ -565,40 +516,3 @@ def set_threads(n: int | None) -> None:
     if n:
         torch.set_num_threads(n)
         os.environ["OMP_NUM_THREADS"] = str(n)
-
-
-@torch.no_grad()
-def batch_loss(model: Transformer, cfg: RunConfig, batch_size: int = 8) -> float:
-    """Mean next-token loss of `model` on the first training batch: finite for a usable model."""
-    tokens = torch.from_numpy(make_batch(cfg, "train", 0, batch_size).tokens).to(next(model.parameters()).device)
-    logits = model(tokens[:, :-1])  # (B, T, V)
-    return float(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()))
-
-
-def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") -> tuple[Transformer, RunConfig, int]:
-    """The model of a recorded run at its latest checkpoint, with its config and step.
-
-    ``run_id`` defaults to the only run of the store. Raises StoreError when the store holds no
-    such run (naming the runs it holds) or the run has no checkpoint (nothing to load).
-    """
-    from dynamics.config import recorded_config
-
-    ids = store.list_runs(path, damaged="include")  # a damaged run of them: run_attrs below names it if chosen
-    # as open_run says it: "choose one with --run ()" named a command-line flag, and no run, to a caller
-    if not ids:
-        raise store.StoreError(f"no runs in {path}")
-    if run_id is None:
-        if len(ids) != 1:
-            raise store.StoreError(f"{path} holds {len(ids)} runs; pass run_id, one of: {', '.join(ids)}")
-        run_id = ids[0]
-    if run_id not in ids:
-        raise store.StoreError(f"no run {run_id!r} in {path}; runs: {', '.join(ids)}")
-    attrs = store.run_attrs(path, run_id)
-    cfg = recorded_config(attrs["config"])
-    ckpt = _load_checkpoint(path, run_id)
-    if ckpt is None:
-        raise store.StoreError(f"run {run_id} in {path} has no checkpoint to load the model from")
-    model = Transformer(cfg.model).to(device)
-    model.load_state_dict(ckpt["model"])
-    model.eval()
-    return model, cfg, int(ckpt["step"])

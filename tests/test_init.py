@@ -11,11 +11,11 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_every_dotted_name_the_readme_shows_resolves_after_a_plain_import():
-    # `dynamics.train.load_run_model(...)` after `import dynamics` raised AttributeError: a package's
+    # `dynamics.checkpoint.load_run_model(...)` after `import dynamics` raised AttributeError: a package's
     # submodules are attributes only once something imports them. Module __getattr__ is called
     # directly, as a fresh process would reach it, since this test process imported them already.
     names = sorted(set(re.findall(r"\bdynamics\.([a-z_]+)\.([A-Za-z_][\w.]*)", README.read_text())))
-    assert ("train", "load_run_model") in names
+    assert ("checkpoint", "load_run_model") in names
     for module, attr in names:
         obj = dynamics.__getattr__(module)
         for part in attr.split("."):

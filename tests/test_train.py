@@ -356,64 +356,6 @@ def test_a_finished_run_is_skipped_without_taking_its_lock(cfg, tmp_path, monkey
     assert train_run(cfg, path).skipped
 
 
-def test_a_checkpoint_is_the_state_when_taken_though_serialised_after_more_steps(cfg):
-    # The writer thread pickles the checkpoint while training goes on; the next optimiser step
-    # updates parameters and Adam moments in place, which must not leak into it.
-    import io
-
-    import torch
-    import torch.nn.functional as F
-
-    import dynamics.train as train
-    from dynamics.record import Recorder
-    from dynamics.tasks import make_batch
-
-    model = train.build(cfg, torch.device("cpu"))
-    opt = train.make_optimizer(cfg, model)
-    recorder = Recorder(cfg, torch.device("cpu"))
-
-    def step(s):
-        tokens = torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens)  # (B, T+1)
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        opt.step()
-
-    step(0)
-    at_once = train._checkpoint_bytes(train._checkpoint_state(model, opt, 1, recorder, None))
-    state = train._checkpoint_state(model, opt, 1, recorder, None)
-    step(1)
-    later = train._checkpoint_bytes(state)
-    a, b = (torch.load(io.BytesIO(x), weights_only=False) for x in (at_once, later))
-    for name, p in model.state_dict().items():
-        torch.testing.assert_close(b["model"][name], a["model"][name], rtol=0, atol=0)
-        assert not torch.equal(p, a["model"][name]) or "gate" in name  # step(1) did move it
-    for i, s in a["optimizer"]["state"].items():
-        for k, v in s.items():
-            torch.testing.assert_close(b["optimizer"]["state"][i][k], v, rtol=0, atol=0)
-
-
-def test_a_checkpoint_is_the_same_bytes_whatever_torchs_global_generator_holds(cfg):
-    # It held torch.get_rng_state(), which torch seeds at random in each process: the same run's
-    # checkpoint differed from one process to the next, against README's "bitwise the same
-    # arrays and checkpoint on CPU". Drawing from the global generator stands in for that here.
-    import torch
-
-    import dynamics.train as train
-    from dynamics.record import Recorder
-
-    model = train.build(cfg, torch.device("cpu"))
-    opt = train.make_optimizer(cfg, model)
-    recorder = Recorder(cfg, torch.device("cpu"))
-
-    def blob() -> bytes:
-        return train._checkpoint_bytes(train._checkpoint_state(model, opt, 0, recorder, None))
-
-    first = blob()
-    torch.manual_seed(1234)
-    torch.rand(3)
-    assert blob() == first
-
-
 def test_initial_weights_are_the_seeds_whoever_else_draws_from_torchs_global_generator(cfg):
     # build seeded torch's global generator and drew the weights from it; a second run built at once
     # in the same process (a Dask worker with --nthreads 2) drew from the same stream, so both got
@@ -562,16 +504,16 @@ def test_a_snapshot_holds_its_checkpoint_weights_and_their_gradient_on_that_step
     import torch
     import torch.nn.functional as F
 
+    from dynamics.checkpoint import load_checkpoint
     from dynamics.model import Transformer
     from dynamics.tasks import make_batch
-    from dynamics.train import _load_checkpoint
 
     p = tmp_path / "tiny.toml"
     p.write_text(TINY.format(steps=6, every=2))
     cfg = with_values(load_config(p), {"model.gates": "learned", "model.gate_l1": 0.5})
     path = str(tmp_path / "s.zarr")
     train_run(cfg, path)
-    ckpt = _load_checkpoint(path, cfg.run_id())
+    ckpt = load_checkpoint(path, cfg.run_id())
     assert ckpt["step"] == 6
     model = Transformer(cfg.model)
     model.load_state_dict(ckpt["model"])
@@ -598,19 +540,3 @@ def test_a_snapshot_holds_its_checkpoint_weights_and_their_gradient_on_that_step
     pattern = torch.stack([cache[f"blocks.{i}.attn.hook_pattern"] for i in range(len(attn))]).transpose(1, 2)
     np.testing.assert_allclose(ds.attention.values.astype(np.float32), pattern.numpy(), atol=5e-4)  # float16
     np.testing.assert_array_equal(ds.head_weights.values, model.head_weights().numpy())
-
-
-def test_load_run_model_names_the_runs_to_choose_from_not_a_command_line_flag(tmp_path):
-    # An empty store said "holds 0 runs; choose one with --run ()" to a Python caller.
-    from dynamics.train import load_run_model
-
-    path = str(tmp_path / "s.zarr")
-    store.init_store(path)
-    with pytest.raises(store.StoreError, match=r"^no runs in "):
-        load_run_model(path)
-    for run_id in ("r1", "r2"):
-        RunWriter(path, run_id, variables={}, coords={}, attrs={"status": "completed"})
-    with pytest.raises(store.StoreError, match=r"holds 2 runs; pass run_id, one of: r1, r2$"):
-        load_run_model(path)
-    with pytest.raises(store.StoreError, match=r"^no run 'r3' in .*; runs: r1, r2$"):
-        load_run_model(path, "r3")

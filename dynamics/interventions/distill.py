@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dynamics.checkpoint import load_run_model
 from dynamics.config import RunConfig, recorded_config
 from dynamics.interventions.common import (
     check_schedule,
@@ -325,8 +326,6 @@ class Distill:
 
     def __init__(self, opts: DistillOptions, cfg: RunConfig, device: torch.device,
                  resolved: tuple[Teacher, list[tuple[int, int, int, int]]] | None = None):
-        from dynamics.train import load_run_model  # train imports this package: import at use
-
         self.opts, self.cfg, self.device = opts, cfg, device
         self.teacher_info, self.pairs = resolved or resolve(opts, cfg)
         self.teacher, _, self.teacher_step = load_run_model(self.teacher_info.path, self.teacher_info.run_id,

@@ -1,0 +1,105 @@
+"""A run's checkpoint: what a resume needs, its bytes, and the model a finished run holds.
+
+The checkpoint is (model, optimiser, step, the recorder's previous gradients, the
+intervention's state), copied on the training thread and pickled on the writer thread
+(``train``). Loaded on the CPU, whatever device wrote it.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dynamics import store
+from dynamics.config import RunConfig, recorded_config
+from dynamics.model import Transformer
+from dynamics.tasks import make_batch
+
+
+def copy_tensors(obj):
+    """``obj`` with every tensor replaced by a detached clone on the same device (and every
+    array by a copy): whatever the next step updates in place must not reach the checkpoint."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    if isinstance(obj, dict):
+        return {k: copy_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(copy_tensors(v) for v in obj)
+    return obj
+
+
+def checkpoint_state(model, optimizer, step: int, prev_grads, intervention) -> dict:
+    """A copy of everything a resume needs, taken on the training thread.
+
+    Only the copy is paid there: the next optimiser step updates the live tensors in place, so
+    they must be cloned now, but pickling them (and, on a GPU, the device-to-host transfers,
+    one synchronising copy per tensor) waits for the writer thread. On a GPU the clones are
+    asynchronous device copies, so a launch-bound training loop is not held up.
+    """
+    return copy_tensors({
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "prev_grads": prev_grads,
+        "intervention": intervention.state_dict() if intervention is not None else None,
+        # Unused (no run draws from torch's global generator), but older versions' resumes restore
+        # it. A fixed state, not the process's: torch seeds that at random per process, so the
+        # checkpoint of the same run differed from one process to the next.
+        "torch_rng": torch.Generator().get_state(),
+    })
+
+
+def checkpoint_bytes(state: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def load_checkpoint(path: str, run_id: str) -> dict | None:
+    """The run's checkpoint dict (the inverse of :func:`checkpoint_bytes`), or None if it has none."""
+    blob = store.read_checkpoint(path, run_id)
+    # Loaded on the CPU: load_state_dict copies into tensors already on the device, and the RNG
+    # state must stay a CPU ByteTensor for torch.set_rng_state.
+    return None if blob is None else torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+
+
+@torch.no_grad()
+def batch_loss(model: Transformer, cfg: RunConfig, batch_size: int = 8) -> float:
+    """Mean next-token loss of `model` on the first training batch: finite for a usable model."""
+    tokens = torch.from_numpy(make_batch(cfg, "train", 0, batch_size).tokens).to(next(model.parameters()).device)
+    logits = model(tokens[:, :-1])  # (B, T, V)
+    return float(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()))
+
+
+def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") -> tuple[Transformer, RunConfig, int]:
+    """The model of a recorded run at its latest checkpoint, with its config and step.
+
+    ``run_id`` defaults to the only run of the store. Raises StoreError when the store holds no
+    such run (naming the runs it holds) or the run has no checkpoint (nothing to load).
+    """
+    ids = store.list_runs(path, damaged="include")  # a damaged run of them: run_attrs below names it if chosen
+    # as open_run says it: "choose one with --run ()" named a command-line flag, and no run, to a caller
+    if not ids:
+        raise store.StoreError(f"no runs in {path}")
+    if run_id is None:
+        if len(ids) != 1:
+            raise store.StoreError(f"{path} holds {len(ids)} runs; pass run_id, one of: {', '.join(ids)}")
+        run_id = ids[0]
+    if run_id not in ids:
+        raise store.StoreError(f"no run {run_id!r} in {path}; runs: {', '.join(ids)}")
+    attrs = store.run_attrs(path, run_id)
+    cfg = recorded_config(attrs["config"])
+    ckpt = load_checkpoint(path, run_id)
+    if ckpt is None:
+        raise store.StoreError(f"run {run_id} in {path} has no checkpoint to load the model from")
+    # A generator of its own: the weights are overwritten, and drawing them from torch's global one
+    # moved the caller's random stream
+    model = Transformer(cfg.model, generator=torch.Generator()).to(device)
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    return model, cfg, int(ckpt["step"])

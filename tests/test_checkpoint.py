@@ -1,0 +1,93 @@
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dynamics import store
+from dynamics.checkpoint import checkpoint_bytes, checkpoint_state, load_run_model
+from dynamics.config import load_config
+from dynamics.record import Recorder
+from dynamics.store.writer import RunWriter
+from dynamics.tasks import make_batch
+from dynamics.train import build, make_optimizer, train_run
+from tests.conftest import TINY
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY.format(steps=6, every=2))
+    return load_config(p)
+
+
+def test_a_checkpoint_is_the_state_when_taken_though_serialised_after_more_steps(cfg):
+    # The writer thread pickles the checkpoint while training goes on; the next optimiser step
+    # updates parameters and Adam moments in place, which must not leak into it.
+    model = build(cfg, torch.device("cpu"))
+    opt = make_optimizer(cfg, model)
+    recorder = Recorder(cfg, torch.device("cpu"))
+
+    def step(s):
+        tokens = torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens)  # (B, T+1)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        opt.step()
+
+    step(0)
+    at_once = checkpoint_bytes(checkpoint_state(model, opt, 1, recorder.prev_grads, None))
+    state = checkpoint_state(model, opt, 1, recorder.prev_grads, None)
+    step(1)
+    later = checkpoint_bytes(state)
+    a, b = (torch.load(io.BytesIO(x), weights_only=False) for x in (at_once, later))
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(b["model"][name], a["model"][name], rtol=0, atol=0)
+        assert not torch.equal(p, a["model"][name]) or "gate" in name  # step(1) did move it
+    for i, s in a["optimizer"]["state"].items():
+        for k, v in s.items():
+            torch.testing.assert_close(b["optimizer"]["state"][i][k], v, rtol=0, atol=0)
+
+
+def test_a_checkpoint_is_the_same_bytes_whatever_torchs_global_generator_holds(cfg):
+    # It held torch.get_rng_state(), which torch seeds at random in each process: the same run's
+    # checkpoint differed from one process to the next, against README's "bitwise the same
+    # arrays and checkpoint on CPU". Drawing from the global generator stands in for that here.
+
+    model = build(cfg, torch.device("cpu"))
+    opt = make_optimizer(cfg, model)
+    recorder = Recorder(cfg, torch.device("cpu"))
+
+    def blob() -> bytes:
+        return checkpoint_bytes(checkpoint_state(model, opt, 0, recorder.prev_grads, None))
+
+    first = blob()
+    torch.manual_seed(1234)
+    torch.rand(3)
+    assert blob() == first
+
+
+def test_load_run_model_names_the_runs_to_choose_from_not_a_command_line_flag(tmp_path):
+    # An empty store said "holds 0 runs; choose one with --run ()" to a Python caller.
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    with pytest.raises(store.StoreError, match=r"^no runs in "):
+        load_run_model(path)
+    for run_id in ("r1", "r2"):
+        RunWriter(path, run_id, variables={}, coords={}, attrs={"status": "completed"})
+    with pytest.raises(store.StoreError, match=r"holds 2 runs; pass run_id, one of: r1, r2$"):
+        load_run_model(path)
+    with pytest.raises(store.StoreError, match=r"^no run 'r3' in .*; runs: r1, r2$"):
+        load_run_model(path, "r3")
+
+
+def test_loading_a_runs_model_leaves_the_callers_random_stream_alone(cfg, tmp_path):
+    # The model was built from torch's global generator before its weights were overwritten:
+    # a notebook's seeded draws after load_run_model came out different from the same draws without it.
+    path = str(tmp_path / "s.zarr")
+    train_run(cfg, path)
+    torch.manual_seed(0)
+    want = torch.rand(4)
+    torch.manual_seed(0)
+    model, _, step = load_run_model(path)
+    assert torch.equal(torch.rand(4), want)
+    assert step == cfg.train.steps and not model.training
