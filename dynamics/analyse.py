@@ -188,13 +188,23 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
     return [rows[r] for r in ids]
 
 
-def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
+def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[str, float, float, int]]:
     """Cross-seed reproducibility of the division of labour, per config, over analysed runs.
 
     Runs whose configs differ only in ``train.seed`` (and in where they ran:
     ``identity.EXECUTION_KEYS``) form a group; their heads are matched by the Hungarian
     assignment on final role-score profiles (:func:`analysis.cross_seed_consistency`).
-    Writes ``derived/consistency``.
+    Only completed runs whose stored analysis is of this version count: a diverged run's last
+    finite snapshot is no final profile (it may be a few steps from init), and an older
+    analysers' result is not mixed with this version's. Writes ``derived/consistency``, with
+    each group's ``label`` and each pair's runs (``run_a``, ``run_b``).
+
+    Parameters
+    ----------
+    path : str
+    run_ids : list of str, optional
+        Runs to consider (default: every run of the store); ``dynamics analyse`` passes the ones
+        it has just analysed, so a run whose analysis failed is not counted from an earlier one.
 
     Returns
     -------
@@ -205,21 +215,29 @@ def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
         apart from groups with the same values), else its values of the settings that differ
         between groups (a short hash of the config when only one group).
     """
+    import pandas as pd
     import xarray as xr
 
     from dynamics import store
     from dynamics.analysis import cross_seed_consistency
+    from dynamics.analysis.pipeline import is_current
     from dynamics.identity import differing_settings, experiment_identity, seed_settings
 
     index = store.read_sweep_index(path) or {}
     axes = [a for a in index.get("axes", []) if a != "train.seed"]
     groups, labels, profiles = [], {}, []
     flat: dict[str, dict] = {}  # group -> its config as {"section.key": value}
-    for run_id in store.list_runs(path, damaged="skip"):  # `analyse` names a damaged run in its table
-        analysis = store.open_analysis(path, run_id)
-        if analysis is None:
+    ids = store.list_runs(path, damaged="skip") if run_ids is None else run_ids  # `analyse` names a damaged run
+    kept = []
+    for run_id in ids:
+        attrs = store.run_attrs(path, run_id)
+        if attrs.get("status") != "completed":
             continue
-        stored = store.run_attrs(path, run_id)["config"]
+        analysis = store.open_analysis(path, run_id)
+        if analysis is None or not is_current(analysis):
+            continue
+        kept.append(run_id)
+        stored = attrs["config"]
         config = experiment_identity(stored, without_seed=True)
         group = "config " + hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
         if axes and run_id in index.get("runs", {}):
@@ -253,12 +271,16 @@ def seed_consistency(path: str) -> list[tuple[str, float, float, int]]:
     for g in flat:
         if g not in labels and varying:
             labels[g] = settings(g, varying)
-    stacked = xr.concat(profiles, dim="run", join="outer").transpose("run", "layer", "head", "role_name")
+    stacked = xr.concat(profiles, dim=pd.Index(kept, name="run"), join="outer").transpose("run", "layer", "head", "role_name")
     # A role score the probes could not give (NaN) counts 0 for a head that exists; a head that
     # is padding (all NaN: its run has fewer heads than another) stays missing, matched to nothing.
     exists = stacked.notnull().any("role_name")
     result = cross_seed_consistency(stacked.fillna(0.0).where(exists), groups, feature_dim="role_name")
-    store.write_derived(path, "consistency", result.drop_vars([v for v in result.coords if v not in result.dims]))
+    result = result.assign_coords(label=("group", [labels.get(g, g) for g in result.group.values.tolist()]))
+    # the final snapshot's step, a scalar, is the first run's only: runs of other lengths differ
+    keep = {"label", "run_a", "run_b", "pair_group"}
+    store.write_derived(path, "consistency", result.drop_vars([v for v in result.coords
+                                                               if v not in result.dims and v not in keep]))
     return [(labels.get(g, g), float(result.similarity.sel(group=g)), float(result.unmatched_similarity.sel(group=g)),
              counts[g])
             for g in result.group.values.tolist() if counts[g] >= 2]

@@ -216,14 +216,28 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     rows = analyse_store(args.store, [args.run] if args.run else None, workers=args.workers)
     _print_analysis(rows)
     if not args.run:
-        from dynamics.analyse import seed_consistency
-
-        for group, sim, unmatched, n in seed_consistency(args.store):
-            print(f"cross-seed consistency {group}: {sim:.3f} over {n} seeds (1 = same heads up to permutation; "
-                  f"unmatched heads give {unmatched:.3f})")
+        _print_consistency(args.store, rows)
     print(f"analysed {sum(not r.get('skipped') for r in rows)} runs in {time.perf_counter() - t0:.1f}s "
           f"-> {args.store} (analysis/<run_id>)")
     return 1 if _analysis_failures(rows) else 0
+
+
+def _print_consistency(path: str, rows: list[dict]) -> None:
+    """Cross-seed consistency of the runs `analyse_store` has just analysed (its `rows`), and the
+    finished runs it leaves out."""
+    from dynamics.analyse import seed_consistency
+    from dynamics.schema import FINISHED_STATUSES
+
+    # only what this command analysed, completed: a failed analysis leaves an earlier one in the store
+    compared = [r["run"] for r in rows if not r.get("skipped") and r["status"] == "completed"]
+    for group, sim, unmatched, n in seed_consistency(path, compared):
+        print(f"cross-seed consistency {group}: {sim:.3f} over {n} seeds (1 = same heads up to permutation; "
+              f"unmatched heads give {unmatched:.3f})")
+    left_out = [f"{r['run']} ({'diverged' if r['status'] == 'diverged' else 'not analysed'})" for r in rows
+                if r["status"] in FINISHED_STATUSES and r["run"] not in compared]
+    if left_out and len(rows) > 1:
+        print(f"cross-seed consistency leaves out {len(left_out)} finished run(s) without a final profile "
+              f"(it compares completed, analysed runs): {', '.join(left_out)}")
 
 
 def _analysis_failures(rows: list[dict]) -> list[str]:

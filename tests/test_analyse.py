@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import xarray as xr
 
@@ -232,6 +233,39 @@ def test_seed_consistency_of_a_group_with_fewer_heads_than_the_store(three_runs,
     assert sorted(n for *_, n in rows) == [2, 3]
     for _, similarity, _, _ in rows:
         assert similarity == pytest.approx(1.0, abs=1e-12)
+
+
+def test_seed_consistency_compares_completed_runs_with_this_versions_analysis_only(three_runs, tmp_path, capsys):
+    # `dynamics analyse` printed "over 3 seeds" for a group holding a run that diverged (its last finite
+    # snapshot may sit a few steps from init: no final profile), and counted a run whose analysis had just
+    # failed from the analysis an earlier version had left in the store; derived/consistency named
+    # its groups by config hash only and its pairs by no run.
+    from dynamics.analyse import seed_consistency
+    from dynamics.analysis import ROLES
+
+    path = str(tmp_path / "c.zarr")
+    shutil.copytree(three_runs[0], path)
+    seeds = [r for r in store.list_runs(path) if store.run_attrs(path, r)["status"] == "completed"]
+    store.update_run_attrs(path, seeds[2], status="diverged", diverged_step=20)
+    # Known answer: seed 1 is seed 0 with its heads swapped (1.0); the diverged seed 2 is unlike both
+    profile = np.random.default_rng(0).random((len(ROLES) - 1, 1, 2, 2))  # (role_name, snapshot, layer, head)
+    for rid, p in zip(seeds, (profile, profile[..., ::-1], profile[::-1] ** 4), strict=True):
+        store.write_analysis(path, rid, xr.Dataset({"role_score": (("role_name", "snapshot", "layer", "head"), p)},
+                                                   coords={"role_name": list(ROLES[:-1]), "layer": [0, 1], "head": [0, 1]},
+                                                   attrs={"analysis_version": ANALYSIS_VERSION}))
+    rows = [{"run": r, "status": store.run_attrs(path, r)["status"]} for r in seeds]  # as analyse_store gives them
+    cli._print_consistency(path, rows)
+    out = capsys.readouterr().out
+    assert ": 1.000 over 2 seeds" in out and "over 3 seeds" not in out
+    assert out.endswith(f"cross-seed consistency leaves out 1 finished run(s) without a final profile (it compares "
+                        f"completed, analysed runs): {seeds[2]} (diverged)\n")
+    derived = store.open_derived(path, "consistency").load()
+    assert f"cross-seed consistency {derived.label.item()}: " in out
+    assert [derived.run_a.item(), derived.run_b.item()] == seeds[:2]
+    # an older analysers' result (left by an analysis that failed this time) is not mixed in
+    old = store.open_analysis(path, seeds[1]).load()
+    store.write_analysis(path, seeds[1], old.assign_attrs(analysis_version=ANALYSIS_VERSION - 1))
+    assert seed_consistency(path) == []
 
 
 def test_a_diverged_run_is_analysed_on_the_snapshots_it_recorded(tmp_path):
