@@ -466,6 +466,14 @@ def test_runs_of_other_base_configs_at_one_swept_point_are_not_averaged_as_seeds
     groups = _groups(runs, axes)
     assert sorted(len(m) for m in groups.members.values()) == [2, 2]
     assert sorted(groups.labels[k] for k in groups.keys) == ["init_scale=1, lr=0.001", "init_scale=1, lr=0.01"]
+    # The runs table names what the legends tell apart: it listed init_scale and seed only, so a
+    # run could not be told to be in the lr=0.001 group or the lr=0.01 one.
+    page = write_report(path, tmp_path / "out", compute_missing=False).read_text()
+    table = page[page.index("<table>"):page.index("</table>")]
+    assert "<th>init_scale</th><th>seed</th><th>lr</th>" in table
+    for r in runs:
+        lr = store.run_attrs(path, r.run_id)["config"]["train"]["lr"]
+        assert re.search(f"<code>{r.run_id}</code>(?: \\(shown\\))?</td><td>1</td><td>{r.params['train.seed']}</td><td>{lr:g}</td>", table)
 
 
 def test_a_swept_value_keeps_its_colour_in_every_figure(tmp_path, monkeypatch):
