@@ -214,7 +214,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     check_workers(args.workers)
     rows = analyse_store(args.store, [args.run] if args.run else None, workers=args.workers)
-    _print_analysis(rows)
+    _print_analysis(rows, args.store)
     if not args.run:
         _print_consistency(args.store, rows)
     print(f"analysed {sum(not r.get('skipped') for r in rows)} runs in {time.perf_counter() - t0:.1f}s "
@@ -248,17 +248,26 @@ def _analysis_failures(rows: list[dict]) -> list[str]:
     return failed
 
 
-def _print_analysis(rows: list[dict]) -> None:
-    header = ["run", "status", "bifurcation", "divergence", "redundancy", "slash_dom", "final roles"]
+def _print_analysis(rows: list[dict], path: str | None = None) -> None:
+    from dynamics import store
+    from dynamics.status import grid_order
+
+    # As `dynamics status` lists them: each run's swept values, in the grid's order (run ids are hashes)
+    index = (store.read_sweep_index(path) if path is not None else None) or {}
+    axes, swept, order = index.get("axes", []), index.get("runs", {}), grid_order(index)
+    rows = sorted(rows, key=lambda r: (r["run"] not in order, order.get(r["run"], ()), r["run"]))
+    header = ["run", *axes, "status", "bifurcation", "divergence", "redundancy", "slash_dom", "final roles"]
     table = []
     for r in rows:
+        point = [str(swept.get(r["run"], {}).get(a, "")) for a in axes]
         if r.get("skipped"):
-            table.append([r["run"], r["status"], "-", "-", "-", "-", f"not analysed ({r.get('reason', 'unfinished')})"])
+            table.append([r["run"], *point, r["status"], "-", "-", "-", "-",
+                          f"not analysed ({r.get('reason', 'unfinished')})"])
             continue
         roles = " ".join(f"{k}:{v}" for k, v in sorted(r["roles"].items(), key=lambda kv: -kv[1]))
         bif = "never" if r["bifurcation_step"] is None else str(r["bifurcation_step"])
         div, red = r["final_divergence"], r["redundancy"]
-        table.append([r["run"], r["status"], bif, div if isinstance(div, str) else f"{div:.3f}",
+        table.append([r["run"], *point, r["status"], bif, div if isinstance(div, str) else f"{div:.3f}",
                       red if isinstance(red, str) else f"{red:.2f}", str(r["slash_dominant"]), roles])
     _print_table(header, table)
     if any(r.get("final_divergence") == "undefined" for r in rows):
@@ -446,7 +455,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("== 2/4 analyse", flush=True)
     t1 = time.perf_counter()
     rows = analyse_store(out, workers=args.workers)
-    _print_analysis(rows)
+    _print_analysis(rows, out)
     t_analyse = time.perf_counter() - t1
     failed = _analysis_failures(rows)
 
