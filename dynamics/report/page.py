@@ -124,7 +124,8 @@ def write_report(
             # and the settings that tell apart runs at one swept point, which the figures' legends name
             table_axes += [a for a in axes if a not in table_axes]
             swept = set((index or {}).get("runs", {}))
-            draft.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept, href),
+            draft.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept, href,
+                                   index),
                              encoding="utf-8")
             _fsync_tree(stage, draft)
             os.replace(draft, page)  # the switch: one rename, so a reader sees the old page or the new one
@@ -437,8 +438,18 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
             f"<th>last training loss (nats)</th><th>analysis</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
+def _in_grid_order(runs: list[_Run], index: dict | None) -> list[_Run]:
+    """`runs` as `dynamics status` lists them: in the sweep grid's order (run ids are hashes), runs
+    outside the sweep index last, by id."""
+    from dynamics.status import grid_order
+
+    order = grid_order(index or {})
+    return sorted(runs, key=lambda r: (r.run_id not in order, order.get(r.run_id, ()), r.run_id))
+
+
 def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: bool,
-          pending: list[_Run] | None = None, swept: set[str] | None = None, href: str = "") -> str:
+          pending: list[_Run] | None = None, swept: set[str] | None = None, href: str = "",
+          index: dict | None = None) -> str:
     title = f"dynamics report: {Path(os.fspath(path)).name}"
     when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     pending = pending or []
@@ -477,7 +488,7 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
 Per-run figures show run <code>{html.escape(str(chosen))}</code>. {html.escape(policy)}</p>
 <nav>{nav}</nav>
 <h2>Runs</h2>
-{_runs_table([*runs, *pending], axes, chosen)}
+{_runs_table(_in_grid_order([*runs, *pending], index), axes, chosen)}
 {"".join(body)}
 <pre id="selftest">pending</pre>
 <script>{_JS}</script>
