@@ -121,8 +121,6 @@ def write_report(
                                                        _redundancy_section, _chg_section, _predict_section)]
 
             table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
-            # and the settings that tell apart runs at one swept point, which the figures' legends name
-            table_axes += [a for a in axes if a not in table_axes]
             swept = set((index or {}).get("runs", {}))
             draft.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept, href,
                                    index),
