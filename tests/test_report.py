@@ -479,6 +479,37 @@ def test_runs_of_other_base_configs_at_one_swept_point_are_not_averaged_as_seeds
         assert re.search(f"<code>{r.run_id}</code>(?: \\(shown\\))?</td><td>1</td><td>{r.params['train.seed']}</td><td>{lr:g}</td>", table)
 
 
+def test_the_runs_table_names_the_setting_that_tells_runs_at_one_swept_point_apart():
+    # A seed sweep from two base configs (--set train.lr=...) into one store, and a seed sweep of
+    # conditioned gates beside its free runs (README, Configs): the runs table showed only the swept
+    # columns, so the two runs of one seed were two identical rows.
+    from dynamics.config import from_dict, with_values
+    from dynamics.identity import seed_settings
+    from dynamics.report.data import _table_settings
+    from dynamics.report.page import _runs_table
+
+    base = from_dict(TINY)
+    gated = from_dict({**TINY, "intervene": {"conditioned_gates": {"pool": "mean"}}})
+
+    def run(rid, cfg, seed):
+        return _Run(rid, "completed", {"train.seed": seed}, 1.0, 3, np.ones(3, bool), np.arange(3),
+                    settings=seed_settings(with_values(cfg, {"train.seed": seed}).to_dict()))
+
+    pending = _Run("rp", "pending", {"train.seed": 1}, None, 3, np.zeros(3, bool), np.arange(3))
+
+    def table(runs):
+        axes = ["train.seed", *_table_settings(runs, ["train.seed"], ["train.seed"])]
+        text = _runs_table([*runs, pending], axes, None)
+        return text, {r.split("</code>")[0]: re.findall(r"<td>([^<]*)</td>", r)[:len(axes)]
+                      for r in text.split("<tr><td><code>")[1:]}
+
+    text, rows = table([run("ra", with_values(base, {"train.lr": 3e-3}), 0), run("rb", base, 0)])
+    assert "<th>seed</th><th>lr</th>" in text
+    assert rows == {"ra": ["0", "0.003"], "rb": ["0", "0.01"], "rp": ["1", ""]}  # pending: no settings to show
+    text, rows = table([run("ra", gated, 0), run("rb", base, 0)])
+    assert "<th>conditioned_gates</th>" in text and rows["rb"] == ["0", "none"] and "mean" in rows["ra"][1]
+
+
 def test_a_swept_value_keeps_its_colour_in_every_figure(tmp_path, monkeypatch):
     from matplotlib import colormaps
     from matplotlib.colors import to_rgba

@@ -298,6 +298,21 @@ def _setting_axes(runs: list[_Run], axes: list[str]) -> list[str]:
     return extra
 
 
+def _table_settings(runs: list[_Run], swept: list[str], axes: list[str]) -> list[str]:
+    """Settings the runs table shows past the swept axes: those the figures group by (`axes`), and
+    any that tell apart runs at one swept point, seed included. Without them the table showed such
+    runs as identical rows: two sweeps of one grid from other base configs, or a seed-only sweep of
+    conditioned gates beside its free runs (README, Configs), which the figures draw run by run."""
+    extra = [a for a in axes if a not in swept]
+    points: dict[str, list[_Run]] = {}
+    for r in runs:
+        if r.settings:
+            points.setdefault(json.dumps([r.params.get(a) for a in swept], sort_keys=True), []).append(r)
+    for peers in points.values():
+        extra += [k for k in differing_settings(r.settings for r in peers) if k not in swept and k not in extra]
+    return extra
+
+
 def _is_seed(axis: str) -> bool:
     return axis.split(".")[-1] == "seed"
 

@@ -29,6 +29,7 @@ from dynamics.report.data import (
     _Run,
     _Section,
     _setting_axes,
+    _table_settings,
 )
 from dynamics.report.draw import _fmt, _short
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
@@ -121,6 +122,7 @@ def write_report(
                                                        _redundancy_section, _chg_section, _predict_section)]
 
             table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
+            table_axes += _table_settings(runs, table_axes, axes)
             swept = set((index or {}).get("runs", {}))
             draft.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept, href,
                                    index),
@@ -425,7 +427,9 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
     head = "".join(f"<th>{html.escape(_short(a))}</th>" for a in axes)
     rows = []
     for r in runs:
-        cells = "".join(f"<td>{html.escape(_fmt(r.params.get(a, '')))}</td>" for a in axes)
+        # a setting a recorded run lacks is an [intervene] section it has none of; a pending run has no settings
+        values = [r.params[a] if a in r.params else r.settings.get(a, "none") if r.settings else "" for a in axes]
+        cells = "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in values)
         loss = "-" if r.last_loss is None else f"{r.last_loss:.4f}"
         mark = " (shown)" if r.run_id == chosen else ""
         snaps = "-" if r.status == "pending" else f"{r.n_recorded}/{r.n_snapshots}"
