@@ -215,6 +215,7 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
         apart from groups with the same values), else its values of the settings that differ
         between groups (a short hash of the config when only one group).
     """
+    import numpy as np
     import pandas as pd
     import xarray as xr
 
@@ -248,7 +249,13 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
         profiles.append(analysis["role_score"].isel(snapshot=-1).load())
     counts = collections.Counter(groups)
     if not counts or max(counts.values()) < 2:
-        return []  # no config was run with more than one seed
+        # An empty result, not none: the one an earlier analysis wrote (those runs all completed and
+        # analysed then) would stay behind and read as current.
+        empty = xr.Dataset({v: ("group", np.zeros(0)) for v in ("similarity", "unmatched_similarity")},
+                           coords={"group": np.array([], dtype=str), "label": ("group", np.array([], dtype=str))},
+                           attrs={"note": "no config has two or more completed runs analysed by this version"})
+        store.write_derived(path, "consistency", empty)
+        return []
 
     def differing(among) -> list[str]:
         return differing_settings(flat[g] for g in among)

@@ -266,6 +266,8 @@ def test_seed_consistency_compares_completed_runs_with_this_versions_analysis_on
     old = store.open_analysis(path, seeds[1]).load()
     store.write_analysis(path, seeds[1], old.assign_attrs(analysis_version=ANALYSIS_VERSION - 1))
     assert seed_consistency(path) == []
+    # and the group written above is gone from derived/consistency, not left to read as current
+    assert store.open_derived(path, "consistency").sizes["group"] == 0
 
 
 def test_a_diverged_run_is_analysed_on_the_snapshots_it_recorded(tmp_path):
