@@ -537,8 +537,10 @@ def validate(cfg: RunConfig) -> None:
             not t.weights or len(t.weights) == len(t.components),
             f"task.weights: {len(t.weights)} weights for {len(t.components)} components",
         )
-        _require(all(w >= 0 for w in t.weights) and (not t.weights or sum(t.weights) > 0),
-                 "task.weights: must be non-negative with a positive sum")
+        # A sum that overflows to inf normalises every weight to 0: the first batch then failed
+        # the run it had already made in the store.
+        _require(all(w >= 0 for w in t.weights) and (not t.weights or 0 < sum(t.weights) < math.inf),
+                 "task.weights: must be non-negative with a positive, finite sum")
     comps = t.component_names
     if "induction" in comps:
         _require(2 <= t.min_period <= t.max_period,

@@ -52,6 +52,9 @@ def test_int_accepted_for_float_but_not_reverse():
          "task.weights[0]: expected a number, got 'a'"),
         ({"task": {"name": "mixture", "components": ["induction", "markov"], "weights": [float("inf"), 1.0]}},
          "task.weights[0]: expected a finite number"),
+        # each finite, but their sum overflows: every normalised weight was 0 and the run failed
+        ({"task": {"name": "mixture", "components": ["induction", "markov"], "weights": [1e308, 1e308]}},
+         "task.weights: must be non-negative with a positive, finite sum"),
         ({"task": {"name": "mixture", "components": ["induction", 3]}}, "task.components[1]: expected a string"),
         ({"model": {"rope_base": -1.0}}, "model.rope_base: must be > 1"),
         ({"train": {"weight_decay": float("inf")}}, "train.weight_decay: expected a finite number"),
