@@ -133,6 +133,22 @@ def test_points_that_are_the_same_run_are_refused():
             expand_grid(from_dict(tiny(axis)))
 
 
+def test_an_axis_over_a_task_key_the_task_does_not_read_is_refused():
+    # task.delta under induction: two runs of bitwise the same data and model under two run ids,
+    # read as "delta has no effect"
+    with pytest.raises(ConfigError, match=r"^sweep points task.delta=2 and task.delta=3 train the same data and "
+                                          r"model: they differ only in task.delta, which induction does not read$"):
+        expand_grid(from_dict(tiny({"task.delta": [2, 3]})))
+    crossed = tiny({"task.name": ["offset_copy", "induction"], "task.p": [0.5, 0.9]})
+    with pytest.raises(ConfigError, match=r'task.name="induction", task.p=0.5 and task.name="induction", task.p=0.9'):
+        expand_grid(from_dict(crossed))
+    # read by a component of the mixture, or zipped with the task that reads it: every point differs
+    mixture = tiny({"task.delta": [2, 3]}, task={"name": "mixture", "components": ["induction", "offset_copy"]})
+    assert len(expand_grid(from_dict(mixture))) == 2
+    crossed["sweep"]["zip"] = [["task.name", "task.p"]]
+    assert len(expand_grid(from_dict(crossed))) == 2
+
+
 def test_each_point_intervention_is_checked_before_any_work():
     raw = tiny({"train.seed": [0, 1]})
     raw["intervene"] = {"templates": {"heads": [{"layer": 5, "head": 0, "pattern": "uniform"}]}}

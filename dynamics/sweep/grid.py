@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dynamics import tasks
-from dynamics.config import ConfigError, RunConfig, with_values
+from dynamics.config import TASK_KEYS, ConfigError, RunConfig, TaskConfig, with_values
 from dynamics.identity import EXECUTION_KEYS
 
 
@@ -77,6 +77,7 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
                       for combo in zip(*(axes[k] for k in group), strict=True)])
     points: list[Point] = []
     seen: dict[str, str] = {}
+    same_as: dict[str, Point] = {}  # by _read_identity
     for parts in itertools.product(*units):
         merged: dict[str, Any] = {}
         for part in parts:
@@ -98,8 +99,30 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
                 f"repeats, or they differ only in {' or '.join('train.' + k for k in EXECUTION_KEYS)}, "
                 f"which say where a run trains, not what it is")
         seen[run_id] = _label(values)
-        points.append(Point(run_id, values, point_cfg))
+        # A task key that none of the point's tasks reads (task.delta under induction) left
+        # points that trained bitwise the same data and model under different run ids, which
+        # read as "this axis has no effect".
+        same = _read_identity(point_cfg)
+        if same in same_as:
+            other = same_as[same]
+            differ = [k for k in axes if other.values[k] != values[k]]
+            names = point_cfg.task.component_names
+            raise ConfigError(
+                f"sweep points {other.label} and {_label(values)} train the same data and model: they differ "
+                f"only in {', '.join(differ)}, which {' and '.join(names)} {'does' if len(names) == 1 else 'do'} "
+                f"not read")
+        point = Point(run_id, values, point_cfg)
+        same_as[same] = point
+        points.append(point)
     return points
+
+
+def _read_identity(cfg: RunConfig) -> str:
+    """The run id with every task key that the config's tasks do not read set to its default."""
+    read = {k for name in cfg.task.component_names for k in TASK_KEYS[name]}
+    default = TaskConfig()
+    unread = {k: getattr(default, k) for keys in TASK_KEYS.values() for k in keys if k not in read}
+    return replace(cfg, task=replace(cfg.task, **unread)).run_id()
 
 
 def _plain(value: Any) -> Any:
