@@ -28,14 +28,6 @@ from dynamics.identity import experiment_identity
 
 TASKS = ("induction", "offset_copy", "markov", "slash_text", "corpus", "mixture")
 BYTE_TASKS = ("slash_text", "corpus")  # byte-level: need vocab_size >= 256
-TASK_KEYS = {
-    "induction": ("min_period", "max_period"),
-    "offset_copy": ("delta", "p"),
-    "markov": ("markov_order", "markov_branching"),
-    "slash_text": (),
-    "corpus": ("holdout",),
-}
-"""The ``task`` keys each generator reads, besides model.context and model.vocab_size."""
 
 
 class ConfigError(ValueError):

@@ -87,16 +87,14 @@ def test_data_hash_synthetic(name):
 
 @pytest.mark.parametrize("name", ["induction", "offset_copy", "markov", "slash_text"])
 def test_task_keys_lists_exactly_the_keys_the_generator_reads(name):
-    # config.TASK_KEYS decides which sweep points are the same run (a key the task does not read);
+    # tasks.TASK_KEYS decides which sweep points are the same run (a key the task does not read);
     # a key missing there would refuse a real sweep, an extra one let duplicate runs through
-    from dynamics.config import TASK_KEYS
-
     other = {"min_period": 5, "max_period": 9, "delta": 2, "p": 0.5, "markov_order": 2, "markov_branching": 2,
              "holdout": 0.3}
-    assert set(other) == {k for keys in TASK_KEYS.values() for k in keys}
+    assert set(other) == {k for keys in tasks.TASK_KEYS.values() for k in keys}
     h = data_hash(cfg_for(name))
     for key, value in other.items():
-        assert (data_hash(cfg_for(name, **{key: value})) != h) == (key in TASK_KEYS[name]), key
+        assert (data_hash(cfg_for(name, **{key: value})) != h) == (key in tasks.TASK_KEYS[name]), key
 
 
 # ----------------------------------------------------------------------------- induction

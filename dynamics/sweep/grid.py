@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dynamics import tasks
-from dynamics.config import TASK_KEYS, ConfigError, RunConfig, TaskConfig, with_values
+from dynamics.config import ConfigError, RunConfig, TaskConfig, with_values
 from dynamics.identity import EXECUTION_KEYS
 
 
@@ -119,9 +119,9 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
 
 def _read_identity(cfg: RunConfig) -> str:
     """The run id with every task key that the config's tasks do not read set to its default."""
-    read = {k for name in cfg.task.component_names for k in TASK_KEYS[name]}
+    read = {k for name in cfg.task.component_names for k in tasks.TASK_KEYS[name]}
     default = TaskConfig()
-    unread = {k: getattr(default, k) for keys in TASK_KEYS.values() for k in keys if k not in read}
+    unread = {k: getattr(default, k) for keys in tasks.TASK_KEYS.values() for k in keys if k not in read}
     return replace(cfg, task=replace(cfg.task, **unread)).run_id()
 
 

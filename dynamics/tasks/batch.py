@@ -14,6 +14,16 @@ from dynamics.tasks.markov import _markov
 from dynamics.tasks.offset_copy import _offset_copy
 from dynamics.tasks.slash_text import _slash_text
 
+TASK_KEYS = {
+    "induction": ("min_period", "max_period"),
+    "offset_copy": ("delta", "p"),
+    "markov": ("markov_order", "markov_branching"),
+    "slash_text": (),
+    "corpus": ("holdout",),
+}
+"""The ``task`` keys each generator reads, besides model.context and model.vocab_size: a sweep
+axis over a key no task of a point reads would train the same run twice (``sweep.grid``)."""
+
 SPLITS = ("train", "eval", "probe")
 
 _MIXTURE_KEY = 0  # seed-stream key for the per-row component draw; tasks use TASKS index + 1
