@@ -684,6 +684,25 @@ def test_runs_left_out_are_named_with_their_status_or_as_damaged(tmp_path, capsy
     assert store.open_derived(str(path), predict.derived_name("slash")).attrs["runs_left_out"] == left_out
 
 
+def test_sweep_points_not_started_are_named_as_left_out(tmp_path, capsys):
+    # predict on a sweep still running (or stopped part-way): its points not started yet are runs
+    # of the sweep, as `status` and the report list them; unnamed, 3 of 5 points read as 3 of 3
+    runs = make_runs(n_seeds=3)
+    path = tmp_path / "partway.zarr"
+    write_store(path, runs)
+    points = {r.run_id: {"train.seed": r.seed} for r in runs}
+    store.write_sweep_index(path, {"axes": ["train.seed"], "runs": {**points, "rnotstarted1": {"train.seed": 3},
+                                                                    "rnotstarted2": {"train.seed": 4}}})
+    loaded, left_out = predict.load_store(str(path))
+    assert [r.run_id for r in loaded] == [r.run_id for r in runs]
+    assert left_out == ["rnotstarted1 (pending)", "rnotstarted2 (pending)"]
+    assert cli.main(["predict", str(path), "--horizon", "0", "--folds", "2", "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "heads in 3 runs" in out
+    assert ("left out: 2 run(s) not completed, so without a final role: rnotstarted1 (pending), "
+            "rnotstarted2 (pending)") in out
+
+
 def test_cli_store_problems_exit_2(tmp_path, capsys):
     assert cli.main(["predict", str(tmp_path / "missing.zarr")]) == 2
     assert "not a dynamics store" in capsys.readouterr().err

@@ -60,7 +60,8 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
     """The completed runs of a store, opened lazily, with their groups, and the runs left out.
 
     Runs whose status is not "completed" (running, diverged, failed...) are left out: their
-    last snapshot is not a final specialisation. Reads only metadata.
+    last snapshot is not a final specialisation; so are the sweep index's points not started yet
+    (``pending``). Reads only metadata.
 
     Parameters
     ----------
@@ -93,11 +94,16 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
     present = store.list_runs(path, damaged="include")
     # A run trained into the store by `dynamics run` is in no sweep index, but it is one of the
     # store's runs (analyse and report include it): left out, it would vanish from the counts.
-    ids = [r for r in index.get("runs", {}) if r in present]
+    # A sweep point not started yet (a sweep still running, or stopped part-way) is a run of the
+    # sweep too, as `status` and the report list it: a curve over 3 of 6 points read as 3 of 4.
+    ids = list(index.get("runs", {}))
     ids += [r for r in present if r not in ids]
     axes = list(index.get("axes", []))
     runs, skipped, configs = [], [], {}
     for rid in ids:
+        if rid not in present:
+            skipped.append(f"{rid} (pending)")
+            continue
         try:
             attrs = store.run_attrs(path, rid)
             if attrs.get("status") == "completed":
