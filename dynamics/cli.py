@@ -214,7 +214,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     check_workers(args.workers)
     rows = analyse_store(args.store, [args.run] if args.run else None, workers=args.workers)
-    _print_analysis(rows, args.store)
+    _print_analysis(rows, args.store, pending=not args.run)
     if not args.run:
         _print_consistency(args.store, rows)
     print(f"analysed {sum(not r.get('skipped') for r in rows)} runs in {time.perf_counter() - t0:.1f}s "
@@ -248,13 +248,17 @@ def _analysis_failures(rows: list[dict]) -> list[str]:
     return failed
 
 
-def _print_analysis(rows: list[dict], path: str | None = None) -> None:
+def _print_analysis(rows: list[dict], path: str | None = None, pending: bool = False) -> None:
     from dynamics import store
     from dynamics.status import grid_order
 
     # As `dynamics status` lists them: each run's swept values, in the grid's order (run ids are hashes)
     index = (store.read_sweep_index(path) if path is not None else None) or {}
     axes, swept, order = index.get("axes", []), index.get("runs", {}), grid_order(index)
+    if pending:  # sweep points not started yet (a sweep running, or stopped part-way), as status lists them
+        listed = {r["run"] for r in rows}
+        rows = [*rows, *({"run": rid, "status": "pending", "skipped": True, "reason": "not started"}
+                         for rid in swept if rid not in listed)]
     rows = sorted(rows, key=lambda r: (r["run"] not in order, order.get(r["run"], ()), r["run"]))
     header = ["run", *axes, "status", "bifurcation", "divergence", "redundancy", "slash_dom", "final roles"]
     table = []

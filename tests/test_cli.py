@@ -339,6 +339,26 @@ def test_analyse_table_gives_each_runs_swept_values_in_the_grid_order(tmp_path, 
     assert lines[3][:2] == ["rx", "completed"]  # outside the sweep: last, no swept values
 
 
+def test_analyse_table_lists_the_sweep_points_not_started(tiny, tmp_path):
+    # On a sweep still running, or stopped part-way, the table left out the points not started
+    # while `status` and the report list them: 1 row of a 3-point sweep read as the whole sweep.
+    import shutil
+
+    _, _, path = tiny
+    partway = tmp_path / "partway.zarr"
+    shutil.copytree(path, partway)
+    (done,) = store.list_runs(partway)
+    store.write_sweep_index(partway, {"axes": ["train.seed"], "runs": {
+        "rlater": {"train.seed": 1}, done: {"train.seed": 0}, "rlast": {"train.seed": 2}}})
+    r = cli_in_process("analyse", partway, "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()[1:4]]
+    assert rows[0][:3] == ["rlater", "1", "pending"] and rows[2][:3] == ["rlast", "2", "pending"]
+    assert r.stdout.splitlines()[1].endswith("not analysed (not started)")
+    assert rows[1][:3] == [done, "0", "completed"]
+    assert "analysed 1 runs" in r.stdout
+
+
 def test_gates_refuses_a_run_trained_with_conditioned_gates(tmp_path):
     # Its conditioned gates act through hooks a loaded checkpoint lacks: refused before loading.
     cfg = tmp_path / "cg.toml"
