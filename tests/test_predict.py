@@ -703,6 +703,17 @@ def test_sweep_points_not_started_are_named_as_left_out(tmp_path, capsys):
             "rnotstarted2 (pending)") in out
 
 
+def test_a_killed_run_is_left_out_as_stopped_not_running(tmp_path):
+    # A killed run's attrs still say "running": predict named it so while status, analyse and the
+    # report said "stopped"; one being trained (its lock held) is still "running".
+    runs = make_runs(n_seeds=4)
+    path = tmp_path / "killed.zarr"
+    write_store(path, runs, statuses={runs[2].run_id: "running", runs[3].run_id: "running"})
+    with store.run_lock(str(path), runs[3].run_id):
+        _, left_out = predict.load_store(str(path))
+    assert left_out == [f"{runs[2].run_id} (stopped)", f"{runs[3].run_id} (running)"]
+
+
 def test_cli_store_problems_exit_2(tmp_path, capsys):
     assert cli.main(["predict", str(tmp_path / "missing.zarr")]) == 2
     assert "not a dynamics store" in capsys.readouterr().err

@@ -112,7 +112,9 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
             skipped.append(f"{rid} (damaged)")
             continue
         if attrs.get("status") != "completed":
-            skipped.append(f"{rid} ({attrs.get('status', 'no status')})")
+            # "stopped" for a killed run, as status, analyse and the report name it: its attrs
+            # still say "running", which it is not
+            skipped.append(f"{rid} ({store.run_status(path, rid, attrs) if 'status' in attrs else 'no status'})")
             continue
         point = index.get("runs", {}).get(rid)
         if point is None:  # as the report does: the swept axes' values from the run's own config
