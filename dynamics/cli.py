@@ -397,7 +397,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     from dynamics.checkpoint import batch_loss, load_run_model
 
     model, cfg, step = load_run_model(args.store, run_id)  # StoreError (exit 2) when there is no checkpoint
-    status = attrs.get("status")
+    status = store.run_status(args.store, run_id, attrs)  # "stopped" for a killed run, as status names it
     if not math.isfinite(loss := batch_loss(model, cfg)):  # every gate and NLL would be NaN, and saved
         raise UsageError(f"run {run_id} ({status}) at its checkpoint step {step} gives a loss of {loss}; "
                          f"there is no model to fit gates to")

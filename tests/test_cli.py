@@ -359,6 +359,20 @@ def test_analyse_table_lists_the_sweep_points_not_started(tiny, tmp_path):
     assert "analysed 1 runs" in r.stdout
 
 
+def test_gates_on_a_killed_run_names_it_stopped_not_running(tiny, tmp_path):
+    # A run killed outright still says "running" in its attrs; gates' note repeated that, while
+    # `dynamics status` calls it "stopped" (nothing trains it).
+    _, cfg, _ = tiny
+    path = tmp_path / "killed.zarr"
+    with pytest.raises(KeyboardInterrupt):
+        train_run(load_config(cfg), str(path), progress=interrupt_at(5))
+    (rid,) = store.list_runs(path)
+    store.update_run_attrs(path, rid, status="running")  # as SIGKILL leaves it: no chance to say otherwise
+    r = cli_in_process("gates", path, "--steps", "2", "--init-steps", "0", "--restarts", "1", "--no-save")
+    assert r.returncode == 0, r.stderr
+    assert f"note: run {rid} is stopped; these gates are fitted to its checkpoint at step" in r.stderr
+
+
 def test_gates_refuses_a_run_trained_with_conditioned_gates(tmp_path):
     # Its conditioned gates act through hooks a loaded checkpoint lacks: refused before loading.
     cfg = tmp_path / "cg.toml"
