@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dynamics.budget import check_fits
 from dynamics.config import ConfigError, load_config
+from dynamics.tables import analysis_failures, print_analysis, print_consistency, print_table
 from dynamics.usage import (
     UsageError,
     check_args,
@@ -161,14 +162,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     header, rows, damaged = status_table(args.store)
     _name_damaged(damaged)  # on stderr; the others are shown
-    _print_table(header, rows)
+    print_table(header, rows)
     return 1 if damaged else 0
-
-
-def _print_table(header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    for row in [header, *rows]:
-        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=False)).rstrip())
 
 
 def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | None = None) -> list[dict]:
@@ -214,70 +209,12 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     check_workers(args.workers)
     rows = analyse_store(args.store, [args.run] if args.run else None, workers=args.workers)
-    _print_analysis(rows, args.store, pending=not args.run)
+    print_analysis(rows, args.store, pending=not args.run)
     if not args.run:
-        _print_consistency(args.store, rows)
+        print_consistency(args.store, rows)
     print(f"analysed {sum(not r.get('skipped') for r in rows)} runs in {time.perf_counter() - t0:.1f}s "
           f"-> {args.store} (analysis/<run_id>)")
-    return 1 if _analysis_failures(rows) else 0
-
-
-def _print_consistency(path: str, rows: list[dict]) -> None:
-    """Cross-seed consistency of the runs `analyse_store` has just analysed (its `rows`), and the
-    finished runs it leaves out."""
-    from dynamics.analyse import seed_consistency
-    from dynamics.schema import FINISHED_STATUSES
-
-    # only what this command analysed, completed: a failed analysis leaves an earlier one in the store
-    compared = [r["run"] for r in rows if not r.get("skipped") and r["status"] == "completed"]
-    for group, sim, unmatched, n in seed_consistency(path, compared):
-        print(f"cross-seed consistency {group}: {sim:.3f} over {n} seeds (1 = same heads up to permutation; "
-              f"unmatched heads give {unmatched:.3f})")
-    left_out = [f"{r['run']} ({'diverged' if r['status'] == 'diverged' else 'not analysed'})" for r in rows
-                if r["status"] in FINISHED_STATUSES and r["run"] not in compared]
-    if left_out and len(rows) > 1:
-        print(f"cross-seed consistency leaves out {len(left_out)} finished run(s) without a final profile "
-              f"(it compares completed, analysed runs): {', '.join(left_out)}")
-
-
-def _analysis_failures(rows: list[dict]) -> list[str]:
-    """Runs whose analysis raised (the others were analysed), named in one line on stderr."""
-    failed = [r["run"] for r in rows if r.get("error")]
-    if failed:
-        print(f"dynamics: the analysis of {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
-    return failed
-
-
-def _print_analysis(rows: list[dict], path: str | None = None, pending: bool = False) -> None:
-    from dynamics import store
-    from dynamics.status import grid_order
-
-    # As `dynamics status` lists them: each run's swept values, in the grid's order (run ids are hashes)
-    index = (store.read_sweep_index(path) if path is not None else None) or {}
-    axes, swept, order = index.get("axes", []), index.get("runs", {}), grid_order(index)
-    if pending:  # sweep points not started yet (a sweep running, or stopped part-way), as status lists them
-        listed = {r["run"] for r in rows}
-        rows = [*rows, *({"run": rid, "status": "pending", "skipped": True, "reason": "not started"}
-                         for rid in swept if rid not in listed)]
-    rows = sorted(rows, key=lambda r: (r["run"] not in order, order.get(r["run"], ()), r["run"]))
-    header = ["run", *axes, "status", "bifurcation", "divergence", "redundancy", "slash_dom", "final roles"]
-    table = []
-    for r in rows:
-        point = [str(swept.get(r["run"], {}).get(a, "")) for a in axes]
-        if r.get("skipped"):
-            table.append([r["run"], *point, r["status"], "-", "-", "-", "-",
-                          f"not analysed ({r.get('reason', 'unfinished')})"])
-            continue
-        roles = " ".join(f"{k}:{v}" for k, v in sorted(r["roles"].items(), key=lambda kv: -kv[1]))
-        bif = "never" if r["bifurcation_step"] is None else str(r["bifurcation_step"])
-        div, red = r["final_divergence"], r["redundancy"]
-        table.append([r["run"], *point, r["status"], bif, div if isinstance(div, str) else f"{div:.3f}",
-                      red if isinstance(red, str) else f"{red:.2f}", str(r["slash_dominant"]), roles])
-    _print_table(header, table)
-    if any(r.get("final_divergence") == "undefined" for r in rows):
-        lone = any(r.get("redundancy") == "undefined" for r in rows)
-        print("undefined: one head per layer, so no pair of heads to compare (bifurcation and divergence are "
-              "measured between the heads of a layer" + (", redundancy between the heads of the model)" if lone else ")"))
+    return 1 if analysis_failures(rows) else 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -416,7 +353,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     ds = gate_report(model, cfg, options, contrast=contrast, progress=_gates_progress(run_id))
     ds.attrs["step"] = step  # the checkpoint fitted; the run may be resumed past it later
     print(f"{run_id} at step {step}: causal head gating, {options.restarts} restarts x {options.steps} updates")
-    _print_table(*report_table(ds))
+    print_table(*report_table(ds))
     for line in report_lines(ds):
         print(line)
     if not args.no_save:
@@ -459,9 +396,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("== 2/4 analyse", flush=True)
     t1 = time.perf_counter()
     rows = analyse_store(out, workers=args.workers)
-    _print_analysis(rows, out)
+    print_analysis(rows, out)
     t_analyse = time.perf_counter() - t1
-    failed = _analysis_failures(rows)
+    failed = analysis_failures(rows)
 
     print("== 3/4 predict: how early is each head's final role readable from its early gradients?", flush=True)
     for target in ("role",):  # the quickstart task (induction) grows few slash heads: role is the question

@@ -18,6 +18,7 @@ from dynamics.analyse import analyse_store
 from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.analysis.roles import RoleThresholds
 from dynamics.config import from_dict, load_config, with_values
+from dynamics.tables import print_consistency
 from dynamics.train import train_run
 
 
@@ -254,7 +255,7 @@ def test_seed_consistency_compares_completed_runs_with_this_versions_analysis_on
                                                    coords={"role_name": list(ROLES[:-1]), "layer": [0, 1], "head": [0, 1]},
                                                    attrs={"analysis_version": ANALYSIS_VERSION}))
     rows = [{"run": r, "status": store.run_attrs(path, r)["status"]} for r in seeds]  # as analyse_store gives them
-    cli._print_consistency(path, rows)
+    print_consistency(path, rows)
     out = capsys.readouterr().out
     assert ": 1.000 over 2 seeds" in out and "over 3 seeds" not in out
     assert out.endswith(f"cross-seed consistency leaves out 1 finished run(s) without a final profile (it compares "

@@ -1,0 +1,69 @@
+"""The tables and summary lines the commands print (``dynamics status``, ``analyse``, ``demo``)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    for row in [header, *rows]:
+        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=False)).rstrip())
+
+
+def print_consistency(path: str, rows: list[dict]) -> None:
+    """Cross-seed consistency of the runs `analyse_store` has just analysed (its `rows`), and the
+    finished runs it leaves out."""
+    from dynamics.analyse import seed_consistency
+    from dynamics.schema import FINISHED_STATUSES
+
+    # only what this command analysed, completed: a failed analysis leaves an earlier one in the store
+    compared = [r["run"] for r in rows if not r.get("skipped") and r["status"] == "completed"]
+    for group, sim, unmatched, n in seed_consistency(path, compared):
+        print(f"cross-seed consistency {group}: {sim:.3f} over {n} seeds (1 = same heads up to permutation; "
+              f"unmatched heads give {unmatched:.3f})")
+    left_out = [f"{r['run']} ({'diverged' if r['status'] == 'diverged' else 'not analysed'})" for r in rows
+                if r["status"] in FINISHED_STATUSES and r["run"] not in compared]
+    if left_out and len(rows) > 1:
+        print(f"cross-seed consistency leaves out {len(left_out)} finished run(s) without a final profile "
+              f"(it compares completed, analysed runs): {', '.join(left_out)}")
+
+
+def analysis_failures(rows: list[dict]) -> list[str]:
+    """Runs whose analysis raised (the others were analysed), named in one line on stderr."""
+    failed = [r["run"] for r in rows if r.get("error")]
+    if failed:
+        print(f"dynamics: the analysis of {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return failed
+
+
+def print_analysis(rows: list[dict], path: str | None = None, pending: bool = False) -> None:
+    from dynamics import store
+    from dynamics.status import grid_order
+
+    # As `dynamics status` lists them: each run's swept values, in the grid's order (run ids are hashes)
+    index = (store.read_sweep_index(path) if path is not None else None) or {}
+    axes, swept, order = index.get("axes", []), index.get("runs", {}), grid_order(index)
+    if pending:  # sweep points not started yet (a sweep running, or stopped part-way), as status lists them
+        listed = {r["run"] for r in rows}
+        rows = [*rows, *({"run": rid, "status": "pending", "skipped": True, "reason": "not started"}
+                         for rid in swept if rid not in listed)]
+    rows = sorted(rows, key=lambda r: (r["run"] not in order, order.get(r["run"], ()), r["run"]))
+    header = ["run", *axes, "status", "bifurcation", "divergence", "redundancy", "slash_dom", "final roles"]
+    table = []
+    for r in rows:
+        point = [str(swept.get(r["run"], {}).get(a, "")) for a in axes]
+        if r.get("skipped"):
+            table.append([r["run"], *point, r["status"], "-", "-", "-", "-",
+                          f"not analysed ({r.get('reason', 'unfinished')})"])
+            continue
+        roles = " ".join(f"{k}:{v}" for k, v in sorted(r["roles"].items(), key=lambda kv: -kv[1]))
+        bif = "never" if r["bifurcation_step"] is None else str(r["bifurcation_step"])
+        div, red = r["final_divergence"], r["redundancy"]
+        table.append([r["run"], *point, r["status"], bif, div if isinstance(div, str) else f"{div:.3f}",
+                      red if isinstance(red, str) else f"{red:.2f}", str(r["slash_dominant"]), roles])
+    print_table(header, table)
+    if any(r.get("final_divergence") == "undefined" for r in rows):
+        lone = any(r.get("redundancy") == "undefined" for r in rows)
+        print("undefined: one head per layer, so no pair of heads to compare (bifurcation and divergence are "
+              "measured between the heads of a layer" + (", redundancy between the heads of the model)" if lone else ")"))
