@@ -28,7 +28,6 @@ Printed, all as ratios measured in this one process:
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -43,11 +42,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dynamics.train as train_mod  # noqa: E402
-from bench._common import load_line  # noqa: E402
+from bench._common import Parser, at_least, bad_input, load_line  # noqa: E402
 from dynamics import checkpoint, store  # noqa: E402
-from dynamics.config import RunConfig, load_config, replace_section  # noqa: E402
+from dynamics.config import ConfigError, RunConfig, load_config, replace_section  # noqa: E402
 from dynamics.record import Recorder, coords, snapshot_steps, variables  # noqa: E402
 from dynamics.tasks import make_batch  # noqa: E402
+from dynamics.usage import UsageError, check_device  # noqa: E402
 
 
 class _SyncWriter:
@@ -179,22 +179,26 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=None, help="experiment TOML (default: RunConfig() defaults)")
-    parser.add_argument("--steps", type=int, default=1000, help="training steps of the default-cadence runs")
-    parser.add_argument("--dense-steps", type=int, default=100, help="training steps of the every-step runs")
-    parser.add_argument("--repeats", type=int, default=3, help="alternated rounds of whole runs")
-    parser.add_argument("--calls", type=int, default=9, help="timed calls per snapshot piece")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (sweeps use 1)")
+    parser.add_argument("--steps", type=at_least(1), default=1000, help="training steps of the default-cadence runs")
+    parser.add_argument("--dense-steps", type=at_least(1), default=100, help="training steps of the every-step runs")
+    parser.add_argument("--repeats", type=at_least(1), default=3, help="alternated rounds of whole runs")
+    parser.add_argument("--calls", type=at_least(1), default=9, help="timed calls per snapshot piece")
+    parser.add_argument("--threads", type=at_least(1), default=1, help="torch intra-op threads (sweeps use 1)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--skip-runs", action="store_true", help="only the per-piece table (fast)")
     args = parser.parse_args(argv)
 
+    try:
+        base = load_config(args.config) if args.config else RunConfig()
+        base = replace_section(base, "train", device=args.device, threads=args.threads)  # train_run applies it
+        cfg = replace_section(base, "train", steps=args.steps)
+        dense = replace_section(replace_section(base, "train", steps=args.dense_steps), "record", every=1, dense_until=0)
+        check_device(args.device)
+    except (ConfigError, UsageError) as e:
+        return bad_input(str(e))
     torch.set_num_threads(args.threads)
-    base = load_config(args.config) if args.config else RunConfig()
-    base = replace_section(base, "train", device=args.device, threads=args.threads)  # train_run applies it
-    cfg = replace_section(base, "train", steps=args.steps)
-    dense = replace_section(replace_section(base, "train", steps=args.dense_steps), "record", every=1, dense_until=0)
     n_default = len(snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every))
     n_dense = len(snapshot_steps(dense.train.steps, 0, 1))
     r = cfg.record

@@ -20,7 +20,6 @@ codec the store uses next to the rule it was chosen by.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._common import Parser, at_least  # noqa: E402
 from dynamics import store  # noqa: E402
 
 L, H, P, T, D_MODEL, D_HEAD, STEPS = 2, 4, 8, 64, 64, 16, 3000
@@ -142,9 +142,9 @@ def bench_codec(codec: str, variables, coords, snapshots, loss, repeats: int, tm
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--snapshots", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--snapshots", type=at_least(1), default=30)
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     args = parser.parse_args(argv)
 
     variables, coords, snapshots, loss = make_run(args.snapshots)

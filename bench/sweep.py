@@ -13,7 +13,6 @@ to 2x is the launcher, the scheduler and the store writes sharing those 2 cores.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -21,6 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not an install
+
+from bench._common import Parser, at_least, bad_input  # noqa: E402
 
 
 def grid(runs: int, steps: int):
@@ -64,14 +65,19 @@ def time_sweep(cfg, n_workers: int, root: Path) -> float:
     return elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=4, help="grid points (seeds)")
-    parser.add_argument("--steps", type=int, default=300, help="training steps per run")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeat", type=int, default=2, help="rounds over the worker counts; the best time counts")
-    args = parser.parse_args()
-    cfg = grid(args.runs, args.steps)
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=at_least(1), default=4, help="grid points (seeds)")
+    parser.add_argument("--steps", type=at_least(1), default=300, help="training steps per run")
+    parser.add_argument("--workers", type=at_least(1), nargs="+", default=[1, 2])
+    parser.add_argument("--repeat", type=at_least(1), default=2, help="rounds over the worker counts; the best time counts")
+    args = parser.parse_args(argv)
+    from dynamics.config import ConfigError
+
+    try:
+        cfg = grid(args.runs, args.steps)
+    except ConfigError as e:
+        return bad_input(str(e))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{os.cpu_count()} cores, load average {load:.1f} before starting "
           "(other busy processes take cores from the workers: the ratio means something on an idle machine)")
@@ -87,7 +93,8 @@ def main() -> None:
     for n in args.workers[1:]:
         print(f"speedup {n} vs {base} worker(s): {best[base] / best[n]:.2f}x (best of {args.repeat}: "
               f"{best[base]:.1f} s vs {best[n]:.1f} s)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

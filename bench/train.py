@@ -54,10 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench._common import load_line  # noqa: E402
+from bench._common import Parser, at_least, bad_input, load_line  # noqa: E402
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override, replace_section, with_values  # noqa: E402
 from dynamics.tasks import make_batch  # noqa: E402
 from dynamics.train import build, lr_at, make_optimizer, train_run  # noqa: E402
+from dynamics.usage import UsageError, check_device  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
@@ -127,6 +128,11 @@ def attention_flops_per_token(m) -> float:
     """QK^T and AV, forward + backward (x3), 2 FLOPs per multiply-add, over the causal triangle:
     per token, (T + 1) / 2 keys on average, so 3 * 2 * 2 * L * H * d_head * (T + 1) / 2."""
     return 6.0 * m.n_layers * (m.context + 1) * m.n_heads * m.head_dim
+
+
+# train_run reports progress every 10 steps; its step time needs two reports after step 0's
+# snapshot (steps 10 and 20), both before the final step.
+MIN_RUN_STEPS = 21
 
 
 def flops_per_token(cfg: RunConfig, model) -> tuple[float, int]:
@@ -235,8 +241,6 @@ def train_run_step_time(cfg: RunConfig, steps: int, tmp: str) -> float:
     path = tempfile.mkdtemp(dir=tmp, suffix=".zarr")
     train_run(cfg, path, progress=progress, recording=False)
     marks = sorted(s for s in stamps if 10 <= s < cfg.train.steps)  # step 0 records; skip it
-    if len(marks) < 2:
-        raise SystemExit("--steps too small for the train_run comparison (needs >= 30)")
     return (stamps[marks[-1]] - stamps[marks[0]]) / (marks[-1] - marks[0])
 
 
@@ -290,17 +294,18 @@ def cpu_name() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     parser.add_argument("--config", default=None, help="experiment TOML (default: RunConfig() defaults)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config key, as in `dynamics run` (e.g. model.d_model=128)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on cpu (sweeps use 1)")
-    parser.add_argument("--steps", type=int, default=5, help="training steps per timed block")
-    parser.add_argument("--repeats", type=int, default=7, help="alternated blocks per measurement")
-    parser.add_argument("--peak-n", type=int, default=None, help="size of the peak matmul (2048 cpu, 8192 cuda)")
-    parser.add_argument("--run-steps", type=int, default=100, help="steps of each train_run in the loop comparison")
-    parser.add_argument("--pairs", type=int, default=5, help="alternated train_run / bare pairs")
+    parser.add_argument("--threads", type=at_least(1), default=1, help="torch intra-op threads on cpu (sweeps use 1)")
+    parser.add_argument("--steps", type=at_least(1), default=5, help="training steps per timed block")
+    parser.add_argument("--repeats", type=at_least(1), default=7, help="alternated blocks per measurement")
+    parser.add_argument("--peak-n", type=at_least(1), default=None, help="size of the peak matmul (2048 cpu, 8192 cuda)")
+    parser.add_argument("--run-steps", type=int, default=100,
+                        help=f"steps of each train_run in the loop comparison (at least {MIN_RUN_STEPS})")
+    parser.add_argument("--pairs", type=at_least(1), default=5, help="alternated train_run / bare pairs")
     parser.add_argument("--compile", action="store_true",
                         help="also time a torch.compile'd model, alternated with the eager one")
     parser.add_argument("--no-threads", action="store_true", help="skip the 1 vs 2 threads comparison")
@@ -310,12 +315,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
+    if not args.no_train_run and args.run_steps < MIN_RUN_STEPS:
+        parser.error(f"argument --run-steps: must be at least {MIN_RUN_STEPS} for the train_run comparison "
+                     f"(its progress comes every 10 steps), got {args.run_steps}; or pass --no-train-run")
 
     try:
         cfg = make_cfg(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        check_device(args.device)
+    except (ConfigError, UsageError) as e:
+        return bad_input(str(e))
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
