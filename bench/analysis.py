@@ -14,17 +14,21 @@
    snapshots, with previous-token, sink, self and content heads. Each store is analysed by
    ``analyse_store`` with one process (``--workers 1``: N workers hold N runs at once) in a
    fresh subprocess; printed: which path it took for each run (runs under ``dynamics.analyse.IN_MEMORY_BYTES`` are loaded
-   whole, larger ones analysed lazily with dask), its peak resident memory (``ru_maxrss``)
-   less its resident memory just before the analysis (imports done), and that increment
+   whole, larger ones analysed lazily with dask), its peak resident memory during the analysis
+   (the process's own high-water mark ``VmHWM``, reset just before the analysis where
+   ``/proc/self/clear_refs`` allows; not ``ru_maxrss``, which starts at the peak of the parent
+   that spawned it) less its resident memory just before the analysis (imports done), and that increment
    over the store's uncompressed bytes (attention alone, and all arrays); and, between the
    two largest stores on the same path, how many bytes of peak memory each extra byte of one
    run's attention costs (runs are analysed one at a time): about 0 when the analysis
    streams, 1 or more when it holds the run.
    With ``--cap-mb`` a single run as large as the largest store is analysed under
    ``resource.setrlimit(RLIMIT_AS)`` = baseline address space + cap, and the bench reports
-   whether it finished. That limit bounds resident memory by limit - baseline RSS, which is
-   the cap plus whatever the baseline had mapped but not resident (printed: the memory the
-   run was really given, against its attention bytes). Sizes are MiB (2**20 bytes).
+   whether it finished (every run analysed: a run whose analysis raised, MemoryError included,
+   is reported by ``analyse_store`` as not analysed, and counts as a failure). That limit
+   bounds resident memory by limit - baseline RSS, which is the cap plus whatever the baseline
+   had mapped but not resident (printed: the memory the run was really given, against its
+   attention bytes). Sizes are MiB (2**20 bytes).
 """
 
 from __future__ import annotations
@@ -44,9 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import numpy as np  # noqa: E402
 
-from bench._common import load_line  # noqa: E402
+from bench._common import Parser, at_least, bad_input, load_line, positive  # noqa: E402
 
 KINDS = ("prev", "sink", "self", "content")
+SYNTHETIC_D_MODEL = 64  # build_store's default: each head's W_Q/W_K/W_V/W_O slices are d_model x d_head
 
 
 # --------------------------------------------------------------------------- synthetic store
@@ -75,7 +80,7 @@ def attention_maps(rng: np.random.Generator, noise: np.ndarray, sharpness: float
 
 
 def build_store(path: str, *, layers: int, heads: int, probes: int, context: int, attention_mb: float,
-                d_model: int = 64, seed: int = 0, run_id: str = "synthetic") -> dict:
+                d_model: int = SYNTHETIC_D_MODEL, seed: int = 0, run_id: str = "synthetic") -> dict:
     """Write a synthetic completed run; returns its sizes."""
     from dynamics import store
     from dynamics.config import ModelConfig, RecordConfig, RunConfig, TrainConfig
@@ -131,6 +136,37 @@ def vm_bytes() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def reset_peak_rss() -> bool:
+    """Reset this process's resident high-water mark (VmHWM) to its current RSS, where allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    """This process's own peak resident memory (VmHWM).
+
+    Not ``ru_maxrss``: for a process started by fork/vfork + exec it is at least the parent's
+    peak RSS at the spawn (the kernel carries the old address space's high-water mark over
+    the exec), so a child spawned by a parent that had built a large store reported that as
+    its own peak, and an analysis that did nothing showed as growing.
+    """
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # no /proc status: kB on Linux
+
+
+def analysis_failures(rows: list[dict]) -> list[str]:
+    """'run: why' for each run analyse_store did not analyse (it reports a run whose analysis
+    raised, MemoryError included, as a skipped row rather than raising)."""
+    return [f"{r['run']}: {r.get('reason', r.get('error', 'not analysed'))}" for r in rows if r.get("skipped")]
+
+
 def child(store_path: str, cap_mb: float | None) -> int:
     """Analyse a store in this fresh process; print JSON with times and memory."""
     import threading
@@ -143,6 +179,7 @@ def child(store_path: str, cap_mb: float | None) -> int:
     from dynamics.analysis import analyse_run  # noqa: F401
 
     in_memory = all(store.open_run(store_path, r).nbytes < analyse.IN_MEMORY_BYTES for r in store.list_runs(store_path))
+    reset_peak_rss()  # the peak of the imports is no part of the analysis
     base_rss, base_vm = rss_bytes(), vm_bytes()
     if cap_mb is not None:
         limit = base_vm + int(cap_mb * 2**20)
@@ -150,11 +187,12 @@ def child(store_path: str, cap_mb: float | None) -> int:
     w0, c0 = time.perf_counter(), time.process_time()
     try:
         rows = cli.analyse_store(store_path, workers=1)
-        ok, err = True, ""
+        failures = analysis_failures(rows)
+        ok, err = not failures, "; ".join(failures)
     except MemoryError as e:
         ok, err, rows = False, f"MemoryError: {e}", []
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+    peak = peak_rss_bytes()
     print(json.dumps({"ok": ok, "error": err, "wall": wall, "cpu": cpu, "base_rss": base_rss, "base_vm": base_vm,
                       "path": "in memory" if in_memory else "lazy",
                       "peak_rss": peak, "runs": len(rows)}))
@@ -187,27 +225,30 @@ def time_round(cfg, tmp: str, analyses: int) -> tuple[float, float, float, float
     walls, cpus = [], []
     for _ in range(analyses):
         w0, c0 = time.perf_counter(), time.process_time()
-        cli.analyse_store(path)
+        rows = cli.analyse_store(path)
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
+        if failures := analysis_failures(rows):
+            # the time of an analysis that stopped early is no analysis time
+            raise SystemExit(f"bench analysis: the trained run was not analysed: {'; '.join(failures)}")
     return t_wall, t_cpu, statistics.median(walls), statistics.median(cpus)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=None, help="experiment TOML for part 1 (default: RunConfig() defaults)")
-    parser.add_argument("--steps", type=int, default=1000, help="training steps of part 1's runs")
-    parser.add_argument("--rounds", type=int, default=2, help="train + analyse rounds in part 1")
-    parser.add_argument("--analyses", type=int, default=2, help="analyses per trained store (median)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for training")
-    parser.add_argument("--store-mb", type=float, nargs="+", default=[32.0, 288.0, 864.0],
+    parser.add_argument("--steps", type=at_least(1), default=1000, help="training steps of part 1's runs")
+    parser.add_argument("--rounds", type=at_least(1), default=2, help="train + analyse rounds in part 1")
+    parser.add_argument("--analyses", type=at_least(1), default=2, help="analyses per trained store (median)")
+    parser.add_argument("--threads", type=at_least(1), default=1, help="torch intra-op threads for training")
+    parser.add_argument("--store-mb", type=positive, nargs="+", default=[32.0, 288.0, 864.0],
                         help="uncompressed attention MiB of each synthetic store")
-    parser.add_argument("--runs", type=int, default=3, help="runs per synthetic sweep store")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--probes", type=int, default=16)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--cap-mb", type=float, default=None,
+    parser.add_argument("--runs", type=at_least(1), default=3, help="runs per synthetic sweep store")
+    parser.add_argument("--layers", type=at_least(1), default=2)
+    parser.add_argument("--heads", type=at_least(1), default=8)
+    parser.add_argument("--probes", type=at_least(1), default=16)
+    parser.add_argument("--context", type=at_least(1), default=64)
+    parser.add_argument("--cap-mb", type=positive, default=None,
                         help="address-space cap, MiB above the baseline address space, for one run as large as the largest store")
     parser.add_argument("--skip-time", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
@@ -216,16 +257,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(args.child, args.cap_mb)
 
+    from dynamics.config import ConfigError, RunConfig, load_config, replace_section
+
+    try:
+        if not args.skip_time:
+            cfg = load_config(args.config) if args.config else RunConfig()
+            cfg = replace_section(cfg, "train", steps=args.steps, threads=args.threads)  # train_run applies it
+    except ConfigError as e:
+        return bad_input(str(e))
+    if not args.skip_memory and SYNTHETIC_D_MODEL % args.heads:
+        return bad_input(f"--heads {args.heads} does not divide the synthetic model's d_model {SYNTHETIC_D_MODEL}")
+
     print(f"{os.cpu_count()} CPUs, {load_line()}")
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_time:
             import torch
 
-            from dynamics.config import RunConfig, load_config, replace_section
-
             torch.set_num_threads(args.threads)
-            cfg = load_config(args.config) if args.config else RunConfig()
-            cfg = replace_section(cfg, "train", steps=args.steps, threads=args.threads)  # train_run applies it
             rows = [time_round(cfg, tmp, args.analyses) for _ in range(args.rounds)]
             wall = statistics.median(r[2] / r[0] for r in rows)
             cpu = statistics.median(r[3] / r[1] for r in rows)

@@ -1,0 +1,98 @@
+"""The bench scripts (bench/): the figures README's Performance section quotes come from them."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import analysis as bench_analysis
+from bench import record as bench_record
+from bench import store as bench_store
+from bench import sweep as bench_sweep
+from bench import train as bench_train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_flops_per_token_of_the_default_model_matches_a_hand_count():
+    # RunConfig(): L 2, d_model 64, H 4 x d_head 16, d_mlp 256, V 64, T 64, RoPE (no W_pos).
+    # Matmul weights per layer: W_Q, W_K, W_V, W_O 4 x 64 x 64 + W_in, W_out 2 x 64 x 256 = 49,152;
+    # two layers plus W_U 64 x 64: N = 102,400. Attention over the causal triangle, forward and
+    # backward: 6 L (T + 1) H d_head = 6 x 2 x 65 x 4 x 16 = 49,920.
+    from dynamics.config import RunConfig
+    from dynamics.train import build
+
+    cfg = RunConfig()
+    fpt, n = bench_train.flops_per_token(cfg, build(cfg, bench_train.torch.device("cpu")))
+    assert n == 102_400
+    assert fpt == 6 * 102_400 + 49_920
+
+
+@pytest.mark.parametrize("main, argv", [
+    (bench_train.main, ["--steps", "0"]),
+    (bench_train.main, ["--repeats", "0"]),
+    (bench_train.main, ["--run-steps", "20"]),  # its progress comes every 10 steps: too few to time
+    (bench_record.main, ["--repeats", "0"]),
+    (bench_record.main, ["--calls", "0", "--skip-runs"]),
+    (bench_record.main, ["--threads", "0"]),
+    (bench_store.main, ["--snapshots", "0"]),
+    (bench_store.main, ["--repeats", "0"]),
+    (bench_sweep.main, ["--workers", "0"]),  # hung: a LocalCluster of no workers
+    (bench_sweep.main, ["--repeat", "0"]),
+    (bench_analysis.main, ["--runs", "0"]),
+    (bench_analysis.main, ["--store-mb", "-1"]),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else v.__module__)
+def test_a_bad_flag_is_one_line_and_exit_2_before_any_work(main, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and argv[0] in err, err
+
+
+@pytest.mark.parametrize("main, argv, names", [
+    (bench_record.main, ["--steps", "10", "--config", "no-such.toml"], "no-such.toml"),
+    (bench_record.main, ["--device", "tpu"], "train.device"),
+    (bench_train.main, ["--set", "model.d_model=65"], "model.d_model"),
+    (bench_sweep.main, ["--steps", str(10**9)], "train.steps"),
+    (bench_analysis.main, ["--skip-time", "--heads", "3"], "--heads 3"),  # 3 heads do not divide d_model 64
+], ids=lambda v: " ".join(v) if isinstance(v, list) else v.__module__ if callable(v) else "")
+def test_a_bad_config_is_one_line_and_exit_2(main, argv, names, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and names in err, err
+
+
+def test_record_bench_refuses_a_cuda_device_this_torch_cannot_use(capsys):
+    if bench_record.torch.cuda.is_available():
+        pytest.skip("CUDA is usable here")
+    assert bench_record.main(["--device", "cuda", "--skip-runs"]) == 2
+    assert "CUDA" in capsys.readouterr().err
+
+
+def test_analysis_child_reports_a_run_it_could_not_analyse_as_failed(tmp_path, capsys):
+    # analyse_store reports a run whose analysis raised (a MemoryError under the bench's
+    # RLIMIT_AS among them) as a skipped row instead of raising: the child said "ok", and the
+    # bench printed "finished" under a cap the analysis had not got through.
+    path = tmp_path / "s.zarr"
+    bench_analysis.build_store(str(path), layers=1, heads=2, probes=1, context=8, attention_mb=0.001,
+                               run_id="synthetic0")
+    chunks = sorted((path / "runs" / "synthetic0" / "attention").rglob("c/*"))
+    shutil.rmtree(chunks[0]) if chunks[0].is_dir() else chunks[0].unlink()  # a chunk gone
+    assert bench_analysis.child(str(path), None) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["ok"] is False and "synthetic0" in out["error"]
+
+
+def test_analysis_peak_rss_is_the_childs_own_not_its_parents():
+    # ru_maxrss of a process spawned by fork/vfork + exec starts at its parent's peak RSS: the
+    # bench's child, spawned by a parent that had just built a store, reported that as its peak.
+    ballast = np.ones(256 * 2**20 // 8)  # this process's peak rises past 256 MiB
+    del ballast
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from bench.analysis import peak_rss_bytes; print(peak_rss_bytes())"
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True)
+    assert int(res.stdout) < 128 * 2**20
