@@ -8,7 +8,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-EXIT_BAD_INPUT = 2
+# the package's own: a bad flag is one line, exit 2, before any work, as in `dynamics`
+from dynamics.cli import EXIT_BAD_INPUT
+from dynamics.cli import OneLineParser as Parser  # noqa: F401  (the bench scripts' parser)
 
 
 def load_line() -> str:
@@ -17,14 +19,6 @@ def load_line() -> str:
         return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "load average n/a"
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line with exit code 2, as in ``dynamics``: a bad flag is
-    refused before any work, not found as a traceback after minutes of timing."""
-
-    def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

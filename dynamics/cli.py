@@ -432,7 +432,7 @@ def demo_timing(t_train: float, t_analyse: float, t_total: float, n_skipped: int
     return f"training {t_train:.1f}s, analysis {t_analyse:.1f}s ({share}), total {t_total:.0f}s"
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the usage itself is in --help), exit code 2."""
 
     def error(self, message: str):
@@ -440,7 +440,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dynamics", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="dynamics", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="train one run (the base point of a config) into a store")

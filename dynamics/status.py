@@ -4,6 +4,7 @@ which runs cannot be read at all (damaged)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from dynamics import store
 from dynamics.schema import FINISHED_STATUSES
@@ -43,6 +44,13 @@ def grid_order(index: dict) -> dict[str, tuple]:
                        for seen, axis in zip(rank, axes, strict=True)) + (rid,) for rid, values in text.items()}
 
 
+def grid_key(index: dict) -> Callable[[str], tuple]:
+    """Sort key on run ids: the grid's order (:func:`grid_order`), runs outside the index after it,
+    by id. `status`, the analyse table and the report's runs table list runs by it."""
+    order = grid_order(index)
+    return lambda run_id: (run_id not in order, order.get(run_id, ()), run_id)
+
+
 def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]:
     """Header, rows and damaged runs (id -> reason) of ``dynamics status STORE``.
 
@@ -76,6 +84,6 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
                      f"{done}/{a.get('steps_total', '?')}", resumes, "-" if loss is None else f"{loss:.4f}"])
     for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet
         rows.append([run_id, *[str(swept[run_id].get(k, "")) for k in axes], "pending", "0/?", "0", "-"])
-    order = grid_order(index)
-    rows.sort(key=lambda row: (row[0] not in order, order.get(row[0], ()), row[0]))
+    key = grid_key(index)
+    rows.sort(key=lambda row: key(row[0]))
     return header, rows, damaged

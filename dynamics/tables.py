@@ -39,16 +39,16 @@ def analysis_failures(rows: list[dict]) -> list[str]:
 
 def print_analysis(rows: list[dict], path: str | None = None, pending: bool = False) -> None:
     from dynamics import store
-    from dynamics.status import grid_order
+    from dynamics.status import grid_key
 
     # As `dynamics status` lists them: each run's swept values, in the grid's order (run ids are hashes)
     index = (store.read_sweep_index(path) if path is not None else None) or {}
-    axes, swept, order = index.get("axes", []), index.get("runs", {}), grid_order(index)
+    axes, swept, key = index.get("axes", []), index.get("runs", {}), grid_key(index)
     if pending:  # sweep points not started yet (a sweep running, or stopped part-way), as status lists them
         listed = {r["run"] for r in rows}
         rows = [*rows, *({"run": rid, "status": "pending", "skipped": True, "reason": "not started"}
                          for rid in swept if rid not in listed)]
-    rows = sorted(rows, key=lambda r: (r["run"] not in order, order.get(r["run"], ()), r["run"]))
+    rows = sorted(rows, key=lambda r: key(r["run"]))
     header = ["run", *axes, "status", "bifurcation", "divergence", "redundancy", "slash_dom", "final roles"]
     table = []
     for r in rows:

@@ -35,6 +35,7 @@ from dynamics.report.draw import _fmt, _short
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
 from dynamics.report.predictor import _predict_section
 from dynamics.report.redundancy import _redundancy_section
+from dynamics.status import grid_key
 
 # --------------------------------------------------------------------------- public API
 
@@ -440,15 +441,6 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
             f"<th>last training loss (nats)</th><th>analysis</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
-def _in_grid_order(runs: list[_Run], index: dict | None) -> list[_Run]:
-    """`runs` as `dynamics status` lists them: in the sweep grid's order (run ids are hashes), runs
-    outside the sweep index last, by id."""
-    from dynamics.status import grid_order
-
-    order = grid_order(index or {})
-    return sorted(runs, key=lambda r: (r.run_id not in order, order.get(r.run_id, ()), r.run_id))
-
-
 def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: bool,
           pending: list[_Run] | None = None, swept: set[str] | None = None, href: str = "",
           index: dict | None = None) -> str:
@@ -490,7 +482,7 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
 Per-run figures show run <code>{html.escape(str(chosen))}</code>. {html.escape(policy)}</p>
 <nav>{nav}</nav>
 <h2>Runs</h2>
-{_runs_table(_in_grid_order([*runs, *pending], index), axes, chosen)}
+{_runs_table(sorted([*runs, *pending], key=lambda r: grid_key(index or {})(r.run_id)), axes, chosen)}
 {"".join(body)}
 <pre id="selftest">pending</pre>
 <script>{_JS}</script>
