@@ -224,6 +224,29 @@ def test_a_run_whose_metadata_is_gone_from_beside_its_arrays_is_not_created_agai
         store.run_attrs(path, "r2")
 
 
+def test_a_run_created_while_the_runs_are_listed_is_not_called_damaged(tmp_path, monkeypatch):
+    # zarr makes runs/<id>/ before it renames zarr.json into it. A listing that read zarr.json as
+    # absent, and then found it there on a second read, named a run being created as damaged
+    # (seen in CI: a test polling a store while `dynamics run` started).
+    from dynamics.store import _loc
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    (path / "runs" / "r2").mkdir()
+    real_get, created = _loc._Loc.get, []
+
+    def get_then_create(self, key):
+        got = real_get(self, key)
+        if key == "runs/r2/zarr.json" and not created:
+            created.append(key)  # the writer's own lookups read as usual
+            write_run(path, "r2", seed=1)
+        return got
+
+    monkeypatch.setattr(_loc._Loc, "get", get_then_create)
+    assert store.list_runs(path) == ["r1", "r2"]
+    assert created == ["runs/r2/zarr.json"]
+
+
 def test_a_store_whose_root_metadata_is_unreadable_is_named_as_damaged_and_left_alone(tmp_path):
     path = tmp_path / "s.zarr"
     write_run(path, "r1")

@@ -160,6 +160,17 @@ def _jsonable(value: Any, key: str) -> Any:
     raise StoreError(f"attribute {key!r}: {type(value).__name__} is not JSON-serialisable")
 
 
+def _group_json(raw: bytes | None) -> dict | None:
+    """`raw` parsed as a group's ``zarr.json``; None where it is absent, not JSON or not a group."""
+    if raw is None:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return None
+    return meta if isinstance(meta, dict) and meta.get("node_type") == "group" else None
+
+
 def _group_exists(loc: _Loc, gpath: str) -> bool:
     return _group_meta(loc, gpath) is not None
 
@@ -175,17 +186,21 @@ def _group_meta(loc: _Loc, gpath: str) -> dict | None:
     groups are recomputed whole, so an unreadable one is simply replaced.)
     """
     key = f"{gpath}/zarr.json"
-    meta = loc.get_json(key)
-    if meta is not None and meta.get("node_type") == "group":
+    raw = loc.get(key)
+    meta = _group_json(raw)
+    if meta is not None or not gpath.startswith("runs/"):
         return meta
-    if not gpath.startswith("runs/"):
-        return None
-    if loc.get(key) is not None:
+    if raw is not None:
         problem = "cannot be read (damaged)"
     elif any(loc.get(f"{gpath}/{name}/zarr.json") is not None for name in loc.list_dir(gpath)):
         problem = "is missing"  # RunWriter writes it before any array: these arrays lost it afterwards
     else:
         return None
+    # A writer may have created the group since the read above (zarr writes zarr.json whole, by a
+    # rename, and before any array): a reader polling a run being made must not call it damaged.
+    meta = _group_json(loc.get(key))
+    if meta is not None:
+        return meta
     raise StoreError(
         f"{loc}: run group {gpath} exists but its metadata {key} {problem}; restore that file from a backup, "
         f"or move {gpath} and checkpoints/{gpath[5:]} out of the store to go on without that run"
