@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from dynamics import store
-from dynamics.config import RunConfig, recorded_config
+from dynamics.config import ConfigError, RunConfig, recorded_config
 from dynamics.model import Transformer
 from dynamics.tasks import make_batch
 
@@ -76,11 +76,18 @@ def batch_loss(model: Transformer, cfg: RunConfig, batch_size: int = 8) -> float
     return float(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()))
 
 
-def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") -> tuple[Transformer, RunConfig, int]:
+def load_run_model(
+    path: str, run_id: str | None = None, device: str = "cpu", *, bare: bool = False
+) -> tuple[Transformer, RunConfig, int]:
     """The model of a recorded run at its latest checkpoint, with its config and step.
 
     ``run_id`` defaults to the only run of the store. Raises StoreError when the store holds no
     such run (naming the runs it holds) or the run has no checkpoint (nothing to load).
+
+    A run trained with hard templates or conditioned gates (``[intervene]``) computed its forward
+    pass through hooks its checkpoint does not hold: the weights alone are another network, and
+    every loss, ablation or gate measured on them would be read as the trained model's. Such a
+    run raises ConfigError, unless ``bare=True`` asks for its weights alone, knowingly.
     """
     ids = store.list_runs(path, damaged="include")  # a damaged run of them: run_attrs below names it if chosen
     # as open_run says it: "choose one with --run ()" named a command-line flag, and no run, to a caller
@@ -94,6 +101,12 @@ def load_run_model(path: str, run_id: str | None = None, device: str = "cpu") ->
         raise store.StoreError(f"no run {run_id!r} in {path}; runs: {', '.join(ids)}")
     attrs = store.run_attrs(path, run_id)
     cfg = recorded_config(attrs["config"])
+    from dynamics.interventions.common import forward_changes  # here: interventions.distill imports this module
+
+    if (changed := forward_changes(cfg.intervene)) and not bare:
+        raise ConfigError(f"run {run_id} in {path} was trained with {' and '.join(changed)} (intervene), which "
+                          "act through hooks its checkpoint does not hold; its weights alone are another network "
+                          "(pass bare=True to load them anyway)")
     ckpt = load_checkpoint(path, run_id)
     if ckpt is None:
         raise store.StoreError(f"run {run_id} in {path} has no checkpoint to load the model from")

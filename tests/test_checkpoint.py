@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from dynamics import store
 from dynamics.checkpoint import checkpoint_bytes, checkpoint_state, load_run_model
-from dynamics.config import load_config
+from dynamics.config import ConfigError, load_config
 from dynamics.record import Recorder
 from dynamics.store.writer import RunWriter
 from dynamics.tasks import make_batch
@@ -91,3 +91,19 @@ def test_loading_a_runs_model_leaves_the_callers_random_stream_alone(cfg, tmp_pa
     model, _, step = load_run_model(path)
     assert torch.equal(torch.rand(4), want)
     assert step == cfg.train.steps and not model.training
+
+
+def test_loading_a_run_trained_through_forward_hooks_needs_bare(tmp_path):
+    # A hard template replaced head (0, 0)'s attention through a hook the checkpoint does not hold:
+    # the loaded weights gave another loss than the trained network, without a word.
+    p = tmp_path / "hard.toml"
+    p.write_text(TINY.format(steps=6, every=2) + '\n[intervene.templates]\nhard = true\n'
+                 'heads = [{ layer = 0, head = 0, pattern = "uniform" }]\n')
+    cfg = load_config(p)
+    path = str(tmp_path / "s.zarr")
+    run_id = train_run(cfg, path).run_id
+    with pytest.raises(ConfigError, match=rf"run {run_id} in .* was trained with hard templates \(intervene\).*"
+                                          r"pass bare=True"):
+        load_run_model(path)
+    model, got, step = load_run_model(path, bare=True)
+    assert got == cfg and step == cfg.train.steps
