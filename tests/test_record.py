@@ -65,3 +65,63 @@ def test_grad_cosine_known_answers_and_nan_for_a_zero_gradient():
     assert np.isnan(second[0, 1, 0])  # undefined, not 0 ("orthogonal")
     rest = np.delete(second.reshape(-1), np.ravel_multi_index((0, 1, 0), second.shape))
     np.testing.assert_allclose(rest, -1.0, atol=1e-6)
+
+
+def test_a_completed_run_whose_last_gradient_is_nan_is_not_called_damaged(tmp_path):
+    # The gradient of training batch `train.steps` is recorded but applied by no update, so nothing
+    # checks that it is finite: a NaN gradient there, with a finite loss, leaves the run completed.
+    # Its grad_norm, grad_cosine and importance at the last snapshot are then all NaN, zarr's fill
+    # value, so zarr writes no chunk: `dynamics analyse`, `predict`, `report` and `sweep` called the
+    # run damaged ("its chunk ... is missing, though the run wrote it").
+    import tomllib
+
+    import pytest
+    import torch
+
+    from dynamics import store
+    from dynamics.config import from_dict
+    from dynamics.model import Transformer
+    from dynamics.record import Recorder, coords, snapshot_steps, variables
+    from dynamics.train import train_run
+    from tests.conftest import TINY
+
+    path = str(tmp_path / "s.zarr")
+    cfg = from_dict(tomllib.loads(TINY.format(steps=10, every=5)))
+    result = train_run(cfg, path)
+    assert result.status == "completed"
+    run_id = result.run_id
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    last = len(steps_at) - 1
+
+    # What the recorder makes of a NaN gradient at a later snapshot (prev_grads set: not the first)
+    rec, model = Recorder(cfg, torch.device("cpu")), Transformer(cfg.model)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    rec.snapshot(model)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    blocks = rec.snapshot(model)
+    nan = {k: blocks[k] for k in ("grad_norm", "grad_cosine", "importance")}
+    assert all(np.isnan(v).all() for v in nan.values())
+
+    run = tmp_path / "s.zarr" / "runs" / run_id
+    kept = run / "grad_cosine" / "c" / str(last) / "0" / "0" / "0"
+    store.check_recorded(path, run_id)
+    # grad_cosine's final chunk is there while grad_norm's is not: the gradient was not NaN, a chunk was lost
+    (run / "grad_norm" / "c" / str(last) / "0" / "0" / "0").unlink()
+    with pytest.raises(store.StoreError, match=rf"array grad_norm at snapshot {last} \(step 10\).* is missing"):
+        store.check_recorded(path, run_id)
+
+    w = store.RunWriter(path, run_id, variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                        attrs={}, resume=True)
+    w.write_snapshot(last, nan)
+    assert not kept.exists()  # all fill value: zarr wrote no chunk, as it would have in training
+    store.check_recorded(path, run_id)  # completed, every chunk it wrote is there
+    assert np.isnan(store.open_run(path, run_id).grad_norm.isel(snapshot=-1).values).all()
+
+    # a snapshot before the last: its gradient was checked before its update, so NaN there would
+    # have ended the run diverged; in a completed run its missing chunk is a lost one
+    (run / "grad_norm" / "c" / str(last - 1) / "0" / "0" / "0").unlink()
+    (run / "grad_cosine" / "c" / str(last - 1) / "0" / "0" / "0").unlink()
+    with pytest.raises(store.StoreError, match=rf"array grad_norm at snapshot {last - 1} \(step 8\)"):
+        store.check_recorded(path, run_id)

@@ -6,7 +6,8 @@ snapshot of ``attention`` reads as NaN (its heads then have no role, no bifurcat
 tokens), a lost ``step`` chunk as step 0 at every snapshot. And a chunk cut short fails deep in
 a codec ("Zstd decompression error") naming neither the run nor the array.
 
-Only a chunk the run cannot have left unwritten is named as lost. A lost ``probe_tokens`` chunk
+Only a chunk the run cannot have left unwritten is named as lost: not the gradient statistics of
+a completed run's last snapshot when its gradient was NaN (:data:`GRADIENT_VARIABLES`). A lost ``probe_tokens`` chunk
 is not: it reads as token 0 everywhere, which is also a real probe (a markov chain whose token 0
 leads only to itself, n_probe 1), and zarr stores that one as no chunk too.
 """
@@ -28,7 +29,7 @@ from dynamics.store.root import _require_store, run_attrs
 WRITTEN_EVERY_SNAPSHOT = ("attention", "grad_norm", "importance", "gate", "eval_loss", "head_weights")
 """Recorded variables that hold finite values at every snapshot a run recorded before it diverged.
 Zarr writes no chunk whose values all equal the fill value (NaN), so a snapshot of these never
-lacks its chunk unless the file was lost. Not ``grad_cosine`` (NaN at the first snapshot, which
+lacks its chunk unless the file was lost (but :data:`GRADIENT_VARIABLES`). Not ``grad_cosine`` (NaN at the first snapshot, which
 has no previous gradient), nor ``chg``/``chg_role`` (written only where fitted)."""
 
 
@@ -86,7 +87,8 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
     a single value may be its fill value 0, which zarr stores as no chunk, and is passed over),
     the :data:`WRITTEN_EVERY_SNAPSHOT` variables at every snapshot the run recorded, and ``loss``
     over the steps it trained. Not ``probe_tokens``: all token 0, it has no chunk either. Runs not finished are not checked (their
-    later snapshots are not written yet), nor variables that may legitimately lack chunks.
+    later snapshots are not written yet), nor variables that may legitimately lack chunks, nor the
+    :data:`GRADIENT_VARIABLES` of a completed run's last snapshot when its gradient was NaN.
 
     Raises
     ------
@@ -134,6 +136,7 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
         present = _keys(group, f"{gpath}/{name}/")
         missing += [(name, c) for c in itertools.product(*ranges)
                     if f"{gpath}/{name}/{arr.metadata.encode_chunk_key(c)}" not in present]
+    missing = _unexplained(group, gpath, arrays, missing, snapshots, attrs)
     if not missing:
         return
     name, coords = missing[0]
@@ -142,6 +145,42 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
     more = f" (and {len(missing) - 1} more chunk(s) of its arrays)" if len(missing) > 1 else ""
     raise StoreError(f"{_where(loc, run_id, steps, name, arrays[name], coords)} is missing{more}, though the run "
                      f"wrote it: zarr would read it as {_plain(arrays[name].fill_value)}; {_go_on(run_id)}")
+
+
+GRADIENT_VARIABLES = ("grad_norm", "importance")
+"""Recorded from the training batch's gradient. That of a completed run's last snapshot (batch
+``train.steps``) is applied by no update, so no divergence check sees it: a NaN there leaves the
+run completed, and these NaN at that snapshot, which zarr writes as no chunk."""
+
+
+def _unexplained(group: Any, gpath: str, arrays: dict, missing: list, snapshots: list[int],
+                 attrs: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """`missing` less the chunks a NaN gradient at a completed run's last snapshot left unwritten.
+
+    Which it was is told by ``grad_cosine`` at that snapshot (not the first: a run has two or more):
+    a NaN gradient makes every cosine NaN too, so its chunk is absent as well; while it is there,
+    some head's gradient was finite, and a missing ``grad_norm`` chunk was lost. (Losing both
+    files of that one snapshot would go unnamed; the values read as NaN, which they may have been.)
+    """
+    if attrs.get("status") != "completed" or len(snapshots) < 2 or "grad_cosine" not in arrays:
+        return missing
+    last = snapshots[-1]
+
+    def at_last(name: str, coords: tuple[int, ...]) -> bool:
+        dims = tuple(arrays[name].metadata.dimension_names or ())
+        return name in GRADIENT_VARIABLES and coords[dims.index(SNAPSHOT)] == last
+
+    if not any(at_last(n, c) for n, c in missing):
+        return missing
+    cosine = arrays["grad_cosine"]
+    dims = tuple(cosine.metadata.dimension_names or ())
+    present = _keys(group, f"{gpath}/grad_cosine/")
+    keys = [f"{gpath}/grad_cosine/{cosine.metadata.encode_chunk_key(c)}"
+            for c in itertools.product(*(range(n) if d != SNAPSHOT else [last]
+                                         for d, n in zip(dims, cosine.cdata_shape, strict=True)))]
+    if any(k in present for k in keys):
+        return missing
+    return [(n, c) for n, c in missing if not at_last(n, c)]
 
 
 def _plain(value: Any) -> Any:
