@@ -51,28 +51,67 @@ def grid_key(index: dict) -> Callable[[str], tuple]:
     return lambda run_id: (run_id not in order, order.get(run_id, ()), run_id)
 
 
+def setting_columns(settings: dict[str, dict], points: dict[str, list[str]]) -> list[str]:
+    """Settings that tell apart runs shown with the same swept values, sorted.
+
+    ``settings``: run id -> its :func:`dynamics.identity.seed_settings` (recorded runs; a pending
+    one has no config); ``points``: run id -> the values its row shows for the sweep's axes. Two
+    sweeps of one grid from other base configs (``--set train.lr=...``), or a seed sweep of
+    conditioned gates beside its free runs, give runs whose swept values are the same: the report's
+    runs table (``report.data._table_settings``) shows these settings too, or such runs read as
+    identical rows. A setting a run lacks (an ``[intervene]`` section it has none of) differs too.
+    """
+    from dynamics.identity import differing_settings
+
+    peers: dict[str, list[dict]] = {}
+    for run_id, flat in settings.items():
+        peers.setdefault(json.dumps(points.get(run_id, []), sort_keys=True), []).append(flat)
+    return sorted({k for group in peers.values() for k in differing_settings(group)})
+
+
+def _cell(value) -> str:
+    # compact JSON for a table (an [intervene] section): no spaces, so the columns stay aligned
+    return json.dumps(value, sort_keys=True, separators=(",", ":")) if isinstance(value, dict | list) else str(value)
+
+
 def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]:
     """Header, rows and damaged runs (id -> reason) of ``dynamics status STORE``.
 
-    Columns: run id, the sweep index's axes, status (:func:`dynamics.store.run_status`, or
+    Columns: run id, the sweep index's axes, the settings that tell apart runs with the same
+    swept values (:func:`setting_columns`; ``none`` where a run lacks it, blank for a run whose
+    config is unknown: pending or damaged), status (:func:`dynamics.store.run_status`, or
     ``damaged``, or ``pending`` for a sweep point not started), steps done of total,
-    ``resumes_at`` (the last checkpoint's step for an unfinished run, ``-`` for a finished
-    one) and the last loss. Rows in the grid's order; runs outside any sweep after it, by id.
+    ``resumes_at`` (the last checkpoint's step for an unfinished run, ``-`` for a finished one) and
+    the last loss. Rows in the grid's order; runs outside any sweep after it, by id.
     """
+    from dynamics.identity import seed_settings
+
     index = store.read_sweep_index(path) or {}
     swept = index.get("runs", {})
     axes = index.get("axes", [])
-    header = ["run", *axes, "status", "steps", "resumes_at", "last_loss"]
-    rows = []
     recorded = store.list_runs(path, damaged="include")
-    damaged = {}
+    damaged, attrs = {}, {}
     for run_id in recorded:
         try:
-            a = store.run_attrs(path, run_id)
+            attrs[run_id] = store.run_attrs(path, run_id)
         except store.StoreError as e:  # its group cannot be read: named, and the others shown
             damaged[run_id] = str(e)
-            rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], "damaged", "-", "-", "-"])
+    points = {r: [_cell(swept.get(r, {}).get(k, "")) for k in axes] for r in [*recorded, *swept]}
+    settings = {r: seed_settings(a["config"]) for r, a in attrs.items() if isinstance(a.get("config"), dict)}
+    extra = setting_columns(settings, points)
+
+    def shown(run_id: str) -> list[str]:
+        if run_id not in settings:
+            return [*points[run_id], *("" for _ in extra)]
+        return [*points[run_id], *(_cell(settings[run_id].get(k, "none")) for k in extra)]
+
+    header = ["run", *axes, *extra, "status", "steps", "resumes_at", "last_loss"]
+    rows = []
+    for run_id in recorded:
+        if run_id in damaged:
+            rows.append([run_id, *shown(run_id), "damaged", "-", "-", "-"])
             continue
+        a = attrs[run_id]
         loss = a.get("last_loss")
         # while a run trains, its checkpoint is the progress; steps_done is where it (re)started
         done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))
@@ -80,10 +119,10 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
         # A stopped run reached `done` but resumes from its last checkpoint, up to `record.every` steps
         # earlier; a finished one is never retrained.
         resumes = "-" if a.get("status") in FINISHED_STATUSES else str(int(a.get("checkpoint_step", 0)))
-        rows.append([run_id, *[str(swept.get(run_id, {}).get(k, "")) for k in axes], status,
+        rows.append([run_id, *shown(run_id), status,
                      f"{done}/{a.get('steps_total', '?')}", resumes, "-" if loss is None else f"{loss:.4f}"])
     for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet
-        rows.append([run_id, *[str(swept[run_id].get(k, "")) for k in axes], "pending", "0/?", "0", "-"])
+        rows.append([run_id, *shown(run_id), "pending", "0/?", "0", "-"])
     key = grid_key(index)
     rows.sort(key=lambda row: key(row[0]))
     return header, rows, damaged

@@ -601,3 +601,38 @@ def test_a_file_url_is_checked_as_the_local_path_it_names(tiny, tmp_path, monkey
     _refused([a.format(d=d, cfg=cfg, path=path) for a in args], needle, capsys)
     assert not any(tmp_path.iterdir()) and not (d / "new.zarr").exists()
     assert sorted(p.name for p in (path / "analysis").iterdir()) == before
+
+
+def test_status_tells_apart_runs_at_one_swept_point_by_the_settings_that_differ(tiny, tmp_path):
+    # A seed sweep from two base configs (--set train.lr=...) into one store, and a seed sweep of
+    # conditioned gates beside its free runs (README, Configs): status showed only the swept columns,
+    # so the three runs of seed 0 were three identical rows, while the report's runs table names them.
+    import shutil
+    import tomllib
+
+    from dynamics.config import from_dict, with_values
+    from dynamics.status import status_table
+
+    d, cfg, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    [free] = store.list_runs(s)
+    base = from_dict(tomllib.loads(cfg.read_text()))
+    slow = train_run(with_values(base, {"train.lr": 1e-3}), str(s)).run_id
+    gated = train_run(from_dict({**tomllib.loads(cfg.read_text()),
+                                 "intervene": {"conditioned_gates": {"pool": "mean"}}}), str(s)).run_id
+    store.write_sweep_index(s, {"axes": ["train.seed"], "runs": {free: {"train.seed": 0}, slow: {"train.seed": 0},
+                                                                 gated: {"train.seed": 0}, "rp": {"train.seed": 1}}})
+    header, rows, damaged = status_table(str(s))
+    assert not damaged
+    assert header[:4] == ["run", "train.seed", "intervene.conditioned_gates", "train.lr"]
+    got = {r[0]: r[1:4] for r in rows}
+    assert got[free] == ["0", "none", "0.003"] and got[slow] == ["0", "none", "0.001"]
+    assert got[gated][0::2] == ["0", "0.003"] and '"pool":"mean"' in got[gated][1] and " " not in got[gated][1]
+    assert got["rp"] == ["1", "", ""]  # pending: no config to show
+    assert len({tuple(r[1:4]) for r in rows}) == 4
+
+    # one base config: nothing to tell apart, no extra column
+    store.write_sweep_index(s, {"axes": ["train.seed"], "runs": {free: {"train.seed": 0}, slow: {"train.seed": 1}}})
+    header, _, _ = status_table(str(s))
+    assert "train.lr" not in header  # the two are at different points; gated, outside the index, alone there
