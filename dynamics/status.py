@@ -81,8 +81,8 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
     swept values (:func:`setting_columns`; ``none`` where a run lacks it, blank for a run whose
     config is unknown: pending or damaged), status (:func:`dynamics.store.run_status`, or
     ``damaged``, or ``pending`` for a sweep point not started), steps done of total,
-    ``resumes_at`` (the last checkpoint's step for an unfinished run, ``-`` for a finished one) and
-    the last loss. Rows in the grid's order; runs outside any sweep after it, by id.
+    ``resumes_at`` (the last checkpoint's step for an unfinished run, ``-`` for a finished one,
+    never retrained, and for a pending one, which has no checkpoint) and the last loss. Rows in the grid's order; runs outside any sweep after it, by id.
     """
     from dynamics.identity import seed_settings
 
@@ -121,8 +121,8 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
         resumes = "-" if a.get("status") in FINISHED_STATUSES else str(int(a.get("checkpoint_step", 0)))
         rows.append([run_id, *shown(run_id), status,
                      f"{done}/{a.get('steps_total', '?')}", resumes, "-" if loss is None else f"{loss:.4f}"])
-    for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet
-        rows.append([run_id, *shown(run_id), "pending", "0/?", "0", "-"])
+    for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet: no checkpoint to resume
+        rows.append([run_id, *shown(run_id), "pending", "0/?", "-", "-"])
     key = grid_key(index)
     rows.sort(key=lambda row: key(row[0]))
     return header, rows, damaged

@@ -239,7 +239,7 @@ def test_status_names_stopped_and_pending_runs(tiny, tmp_path):
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
     assert rows[rid][2] == "stopped"
-    assert rows["rnever"][1:3] == ["1", "pending"]
+    assert rows["rnever"][1:] == ["1", "pending", "0/?", "-", "-"]
 
 
 def status_rows(capsys, path) -> tuple[list[str], list[list[str]]]:
@@ -285,7 +285,8 @@ def test_status_lists_runs_in_the_grid_order_not_by_id(tiny, tmp_path, capsys):
     header, rows = status_rows(capsys, s)
     assert header[:3] == ["run", "train.seed", "model.init_scale"]
     assert [r[0] for r in rows] == ["rd", "rb", "re", rid, "ra"]
-    assert rows[3][3] == "completed" and all(r[3:6] == ["pending", "0/?", "0"] for r in rows if r[0] != rid)
+    # a point never started has nothing to resume from: its resumes_at said 0, a checkpoint it does not have
+    assert rows[3][3] == "completed" and all(r[3:6] == ["pending", "0/?", "-"] for r in rows if r[0] != rid)
     store.write_sweep_index(s, {"axes": ["train.seed"], "runs": {"rz": {"train.seed": 0}}})
     _, rows = status_rows(capsys, s)
     assert [r[0] for r in rows] == ["rz", rid]
