@@ -54,6 +54,7 @@ from dynamics.schema import STORE_VERSION as STORE_VERSION
 from dynamics.store._loc import SECTIONS as SECTIONS
 from dynamics.store._loc import StoreError, check_run_id, is_remote
 from dynamics.store.checkpoints import (
+    RunLocked,
     atomic_write_bytes,
     checkpoint_path,
     has_checkpoint,
@@ -92,6 +93,7 @@ from dynamics.store.writer import TRAIN_STEP_CHUNK as TRAIN_STEP_CHUNK
 __all__ = [
     "CODECS",
     "DEFAULT_CODEC",
+    "RunLocked",
     "RunWriter",
     "StoreError",
     "atomic_write_bytes",

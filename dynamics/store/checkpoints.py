@@ -135,6 +135,17 @@ def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
             os.close(dfd)
 
 
+class RunLocked(StoreError):
+    """Another process holds the run's :func:`run_lock`: it is training the run now.
+
+    ``holder``: who, as its lock file names it ("pid 123 on host, since 2026-01-01 10:00:00").
+    """
+
+    def __init__(self, message: str, holder: str):
+        super().__init__(message)
+        self.holder = holder
+
+
 @contextlib.contextmanager
 def run_lock(path: str | os.PathLike, run_id: str):
     """Hold the right to train run ``run_id`` of the store at ``path``, or refuse (within 2 s).
@@ -148,7 +159,7 @@ def run_lock(path: str | os.PathLike, run_id: str):
 
     Raises
     ------
-    StoreError
+    RunLocked
         Another process holds the lock; the message names it.
     """
     loc = _Loc(path)
@@ -168,10 +179,9 @@ def run_lock(path: str | os.PathLike, run_id: str):
                 held = json.loads(os.pread(fd, 4096, 0) or b"{}")
             except ValueError:
                 held = {}
-            raise StoreError(
-                f"run {run_id} in {loc} is being trained by another process (pid {held.get('pid', '?')} "
-                f"on {held.get('host', '?')}, since {held.get('started', '?')}); wait for it to finish or stop it"
-            ) from None
+            holder = f"pid {held.get('pid', '?')} on {held.get('host', '?')}, since {held.get('started', '?')}"
+            raise RunLocked(f"run {run_id} in {loc} is being trained by another process ({holder}); "
+                            f"wait for it to finish or stop it", holder) from None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)

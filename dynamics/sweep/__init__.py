@@ -51,6 +51,10 @@ Faults:
   ``MAX_RESUBMITS`` more times) and the run resumes from its last checkpoint; when the worker of
   its last submission dies too, the launcher records the run ``failed`` with that reason (under
   the run's lock, so never a run a live process trains), and the next launch resumes it;
+- a run another process is training (``dynamics run`` of the point, an orphaned task of a killed
+  launcher; it holds the run's lock): the task waits for it, tells the launcher so, then takes the
+  run up (skipped if that process finished it, resumed if not); the summary lists it under
+  ``waited``, counted by its final status, not failed;
 - a task cancelled on the cluster (the launcher lost its scheduler, or another client cancelled
   it): recorded ``cancelled`` in the summary with Dask's reason, the sweep ends with a non-zero
   exit code, and the next launch resumes the run;

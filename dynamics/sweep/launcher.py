@@ -235,6 +235,8 @@ def run_sweep(
                     if r["status"] in ("failed", "cancelled"):
                         getattr(summary, r["status"]).append(r["run_id"])
                         summary.errors[r["run_id"]] = r["error"] or "?"
+                    if r.get("waited"):
+                        summary.waited[r["run_id"]] = _waited_note(r)
         finally:
             if store.is_remote(path):  # its tasks left the root index alone (store.deferred_index)
                 store.reindex(path)
@@ -272,7 +274,11 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 _, msg = events.get_nowait()
             except queue.Empty:
                 return
-            if msg["run"] not in results:
+            if msg["run"] in results:
+                continue
+            if "waiting" in msg:  # another process trains the run: its task waits for it
+                display.waiting(msg["run"], msg["waiting"])
+            else:
                 display.step(msg["run"], msg["step"], msg["total"], msg["loss"])
 
     def collect(f, run_id: str) -> None:
@@ -300,7 +306,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
         results[run_id] = r
         note = f": {r['error']}" if r["status"] in ("failed", "cancelled") and r["error"] else ""
         if r.get("skipped"):
-            note = " (already finished)"
+            note = " (finished by another process)" if r.get("waited") else " (already finished)"
         display.finished(run_id, r["status"], note)
 
     pending: dict = {}
@@ -327,6 +333,13 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 cluster.close()
             _mark_interrupted(path, [r for r in by_run if results.get(r, {}).get("status", "cancelled") == "cancelled"])
     return [results[p.run_id] for p in todo if p.run_id in results]
+
+
+def _waited_note(r: dict) -> str:
+    """What came of a run whose task waited for another process training it (``r["waited"]``)."""
+    then = (f"that process ended it {r['status']}; nothing retrained" if r.get("skipped")
+            else f"it stopped before the end, and this sweep took the run up: {r['status']}")
+    return f"another process ({r['waited']}) was training it; {then}"
 
 
 def _killed_reason(deaths: int, last_worker: str) -> str:

@@ -18,13 +18,18 @@ class _Display:
     is further along than it is (after Ctrl-C, "4/4" with two runs cancelled).
     """
 
-    def __init__(self, total: int, done: int, stream=sys.stderr, every: float = 10.0):
-        self.total, self.done, self.stream, self.every = total, done, stream, every
+    def __init__(self, total: int, done: int, stream=None, every: float = 10.0):
+        # sys.stderr as it is now, not as it was at import (a caller may have replaced it)
+        self.total, self.done, self.stream, self.every = total, done, stream or sys.stderr, every
         self.steps: dict[str, tuple[int, int]] = {}
         self.last = time.monotonic()
 
     def step(self, run_id: str, step: int, total: int, loss: float) -> None:
         self.steps[run_id] = (step, total)
+
+    def waiting(self, run_id: str, text: str) -> None:
+        """The run's task waits for another process that is training it."""
+        print(f"[sweep] {run_id} waiting: {text}", file=self.stream, flush=True)
 
     def finished(self, run_id: str, status: str, note: str = "") -> None:
         self.done += status in FINISHED
@@ -45,10 +50,11 @@ class _Display:
 class _Bars(_Display):
     """tqdm: an overall bar (runs finished of total, ETA) and one step bar per running run."""
 
-    def __init__(self, total: int, done: int, stream=sys.stderr):
+    def __init__(self, total: int, done: int, stream=None):
         from tqdm import tqdm
 
         super().__init__(total, done, stream)
+        stream = self.stream
         self.tqdm = tqdm
         self.overall = tqdm(total=total, initial=done, desc="sweep", unit="run", position=0,
                             dynamic_ncols=True, file=stream)
@@ -66,6 +72,9 @@ class _Bars(_Display):
         bar.n = step
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         bar.refresh()
+
+    def waiting(self, run_id: str, text: str) -> None:
+        self.tqdm.write(f"{run_id} waiting: {text}", file=self.stream)
 
     def finished(self, run_id: str, status: str, note: str = "") -> None:
         bar = self.bars.pop(run_id, None)
@@ -88,6 +97,9 @@ class _Bars(_Display):
 
 
 class _Quiet(_Display):
+    def waiting(self, run_id: str, text: str) -> None:
+        pass
+
     def finished(self, run_id: str, status: str, note: str = "") -> None:
         self.done += status in FINISHED
 

@@ -23,6 +23,9 @@ class SweepSummary:
     """Run ids whose task was cancelled on the cluster (e.g. the scheduler was lost); resumable."""
     errors: dict[str, str] = field(default_factory=dict)
     """run id -> one-line error, for failed and cancelled runs."""
+    waited: dict[str, str] = field(default_factory=dict)
+    """run id -> what came of it, for runs another process was training when their task reached them
+    (``dynamics run`` of the point, an orphaned task of a killed launcher): waited for, not failed."""
     labels: dict[str, str] = field(default_factory=dict)
     """run id -> point label (``model.n_heads=4, train.seed=0``)."""
     wall_time: float = 0.0
@@ -43,4 +46,6 @@ class SweepSummary:
         for status, run_ids in (("failed", self.failed), ("cancelled", self.cancelled)):
             for run_id in run_ids:
                 out.append(f"  {status} {run_id} [{self.labels.get(run_id, '?')}]: {self.errors.get(run_id, '?')}")
+        for run_id, note in self.waited.items():
+            out.append(f"  waited for {run_id} [{self.labels.get(run_id, '?')}]: {note}")
         return out

@@ -41,6 +41,11 @@ class _TaskReporter:
         self.stop = Event(_stop_name(token)) if self.worker is not None else None
         self.last_report = self.last_check = 0.0
 
+    def waiting(self, text: str) -> None:
+        """Tell the launcher this run waits for another process (shown as it happens)."""
+        if self.worker is not None:
+            self.worker.log_event(self.topic, {"run": self.run_id, "waiting": text})
+
     def stopped(self) -> bool:
         if self.stop is None:
             return False
@@ -68,8 +73,15 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
     ``cwd`` is the launcher's working directory: relative paths in ``cfg`` (a distillation
     teacher) are to it, not to this worker's, which on an external cluster may be another.
 
+    A run that another process is training (``dynamics run`` of the point, or an orphaned task of
+    a killed launcher: it holds the run's lock) is waited for, not failed: the launcher is told
+    once, and when that process ends the run is taken up as any other, skipped if it finished
+    (its status is then that process's outcome), resumed if not. Stopping the sweep while waiting
+    returns it cancelled, untouched.
+
     Returns a dict: run_id, status (completed | diverged | failed | interrupted |
-    cancelled), steps_done, skipped, error (one line) and traceback (failed only).
+    cancelled), steps_done, skipped, error (one line), traceback (failed only) and waited (the
+    process it waited for, as its lock names it, or None).
     """
     from dynamics.interventions.distill import relative_to
     from dynamics.train import train_run  # it sets torch's threads from train.threads (1 by default)
@@ -77,25 +89,49 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
     _keep_freed_memory()
     reporter = _TaskReporter(run_id, token)
     out = {"run_id": run_id, "status": "cancelled", "steps_done": 0, "skipped": False, "error": None,
-           "traceback": None}
+           "traceback": None, "waited": None}
     if reporter.stopped():
         return out  # queued behind a Ctrl-C: never started, nothing written
     # A URL store's root index is the launcher's to rebuild
     with store.deferred_index(path), relative_to(cwd or os.getcwd()):
-        try:
-            result = train_run(cfg, path, run_id, progress=reporter, extra_attrs={"sweep_values": values})
-            out.update(status=result.status, steps_done=result.steps_done, skipped=result.skipped)
-        except KeyboardInterrupt:
-            out.update(status="interrupted")
-        except Exception as e:  # noqa: BLE001 - recorded in the run (train_run) and in the summary
-            tb = traceback.format_exc()
-            out.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0], traceback=tb)
-            # A StoreError is train_run refusing the run (another process trains it, another config
-            # or other data), as `dynamics run` refuses it: the run is not this task's to mark failed.
-            # One raised by a write while training was recorded by train_run itself.
-            if not isinstance(e, store.StoreError):
-                _record_failure(path, run_id, tb)
-    return out
+        while True:
+            try:
+                result = train_run(cfg, path, run_id, progress=reporter, extra_attrs={"sweep_values": values})
+                out.update(status=result.status, steps_done=result.steps_done, skipped=result.skipped)
+            except store.RunLocked as e:
+                # Refused before anything was written: the holder's outcome is the run's, so the
+                # sweep waits for it rather than report a failure of a run that goes on training.
+                if out["waited"] is None:
+                    reporter.waiting(f"{str(e).rsplit('; ', 1)[0]}; the sweep takes it up when that process ends")
+                out["waited"] = e.holder
+                if not _wait_for_holder(path, run_id, reporter):
+                    out["error"] = f"stopped while another process ({e.holder}) was training it"
+                    return out
+                continue  # taken up now: skipped if the holder finished it, resumed if not
+            except KeyboardInterrupt:
+                out.update(status="interrupted")
+            except Exception as e:  # noqa: BLE001 - recorded in the run (train_run) and in the summary
+                tb = traceback.format_exc()
+                out.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0], traceback=tb)
+                # Another StoreError is train_run refusing the run (another config or other data), as
+                # `dynamics run` refuses it: the run is not this task's to mark failed. One raised by
+                # a write while training was recorded by train_run itself.
+                if not isinstance(e, store.StoreError):
+                    _record_failure(path, run_id, tb)
+            return out
+
+
+WAIT_POLL = 0.5
+"""Seconds between looks at a run lock another process holds (the flock is dropped when it ends)."""
+
+
+def _wait_for_holder(path: str, run_id: str, reporter: _TaskReporter) -> bool:
+    """Wait while another process holds run `run_id`'s lock; False if the sweep was stopped meanwhile."""
+    while store.run_lock_held(path, run_id):
+        if reporter.stopped():
+            return False
+        time.sleep(WAIT_POLL)
+    return True
 
 
 def _keep_freed_memory() -> None:
