@@ -261,6 +261,31 @@ def test_features_never_read_past_the_horizon(planted, tables):
     assert not np.array_equal(changed, before.values[: changed.shape[0]], equal_nan=True)
 
 
+def test_the_features_attr_lists_only_features_with_a_value(planted, tables):
+    # attrs["features"] listed every column of the first horizon's table, values or not: at h=0
+    # gradient agreement (NaN at the first snapshot) and, here, the sink and token scores (the
+    # probe never holds the token) are NaN for every head, and no model can use them.
+    runs, opt, curve = planted
+    rows, _, init, _ = tables
+    by_h = {h: predict.feature_table(runs, rows, h, opt) for h in opt.horizons}
+    valued = {f for t in by_h.values() for f, ok in zip(t.feature.values, np.isfinite(t.values).any(0)) if ok}
+    assert set(curve.attrs["features"]) == valued
+    assert set(curve.attrs["init_features"]) == {f for f, ok in zip(init.feature.values, np.isfinite(init.values).any(0))
+                                                 if ok}
+    assert set(curve.attrs["features_empty"]) == set(init.feature.values) - valued
+    # known by construction: gradient agreement has no value at init (h=0), one for every head at h=0.1
+    assert "grad_cosine_q_h" in curve.attrs["features"] and "grad_cosine_q_h" not in curve.attrs["init_features"]
+    n = curve.n_feature_values.sel(feature="grad_cosine_q_h")
+    assert n.values.tolist() == [0, curve.sizes["head_row"]]
+    # a recording with no value at all (gradient agreement NaN in every run) is named empty, not a feature
+    blank = [Run(r.run_id, r.data.assign(grad_cosine=r.data.grad_cosine * np.nan), r.seed, r.config) for r in runs[:3]]
+    empty = predict.predict_runs(blank, PredictOptions(horizons=(0.1,), n_splits=3, boosting_iter=5))
+    cosines = {f"grad_cosine_{w}_{s}" for w in "qkvo" for s in ("mean", "h")}
+    assert cosines <= set(empty.attrs["features_empty"])
+    assert not cosines & set(empty.attrs["features"])
+    assert (empty.n_feature_values.sel(feature=sorted(cosines)) == 0).all()
+
+
 def test_early_snapshots_cut_every_time_axis():
     ds = make_run(0, np.zeros((L, H), bool))
     early = predict.early_snapshots(ds, H_STEP)

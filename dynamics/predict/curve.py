@@ -84,6 +84,9 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     run_ids = list(dict.fromkeys(rows["row_run"].values.tolist()))
     horizon_step = np.array([[tables[h].attrs["horizon_step"][r] for r in run_ids] for h in opt.horizons])
     n_seen = np.array([[tables[h].attrs["n_snapshots"][r] for r in run_ids] for h in opt.horizons])
+    names = tables[opt.horizons[0]]["feature"].values.tolist()  # the same columns at every horizon
+    valued = np.array([np.isfinite(tables[h].values).sum(axis=0) for h in opt.horizons])
+    init_names, init_valued = init["feature"].values.tolist(), np.isfinite(init.values).sum(axis=0)
     by_id = {r.run_id: r for r in runs}
     final_step = np.array([float(np.max(by_id[r].data["step"].values)) for r in run_ids])
     ds = xr.Dataset(
@@ -100,12 +103,14 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
             "horizon_step": (("horizon", "run"), horizon_step),
             "n_snapshots_seen": (("horizon", "run"), n_seen),
             "final_step": ("run", final_step),
+            "n_feature_values": (("horizon", "feature"), valued),
         },
         coords={
             "horizon": np.asarray(opt.horizons, dtype=np.float64),
             "model": list(MODELS),
             "fold": np.arange(len(splits)),
             "run": run_ids,
+            "feature": names,
             **{k: rows[k] for k in ("row_run", "row_layer", "row_head", "row_group")},
             "row_fold": ("head_row", fold_of),
         },
@@ -137,8 +142,11 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         n_groups=int(np.unique(groups).size),
         folds_sharing_seeds=int(sharing),
         runs_left_out=list(left_out),
-        features=tables[opt.horizons[0]]["feature"].values.tolist(),
-        init_features=init["feature"].values.tolist(),
+        # Only features with a value for some head: grad_cosine before a second snapshot, or a
+        # token score when the token never appears, is NaN everywhere and no model can use it.
+        features=[f for f, n in zip(names, valued.max(axis=0), strict=True) if n > 0],
+        init_features=[f for f, n in zip(init_names, init_valued, strict=True) if n > 0],
+        features_empty=[f for f, n in zip(names, valued.max(axis=0), strict=True) if n == 0],
         target_sources=rows.attrs["sources"],
         # Targets and role/slash features come from these analysers: the report flags a curve of other ones.
         analysis_version=ANALYSIS_VERSION,
@@ -184,13 +192,17 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
           (horizon, run): the step of the last snapshot each run's features saw (at or before
           the horizon) and how many snapshots they saw;
           ``final_step`` (run): the step of its final snapshot, where the target is read;
+        - ``n_feature_values`` (horizon, feature): how many heads have a value of each feature
+          (0: empty there, e.g. gradient agreement before a second snapshot);
         - coords ``row_run``, ``row_layer``, ``row_head``, ``row_group``, ``row_fold``.
 
         ``attrs``: target, description, task, metric, chance, horizon_unit, group_by,
         analysis_version (of the analysers that gave targets and features), n_splits, n_runs,
         n_groups, runs_left_out ("<run_id> (<status>)" of the runs not completed),
         folds_sharing_seeds (folds whose test runs share a seed with their training runs; 0 when
-        grouped by seed), features, init_features, target_sources, options, classes /
+        grouped by seed), features (those with a value for some head at some horizon),
+        init_features (with a value at initialisation), features_empty (computed for every run
+        but without a value at any horizon, so no model used them), target_sources, options, classes /
         class_counts (classification), class_names (role, chg).
 
     Example
