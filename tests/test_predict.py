@@ -226,6 +226,144 @@ def test_shuffled_targets_are_at_chance(planted, tables):
         assert abs(fold.mean() - 0.5) < 4 * fold.std(ddof=1) / math.sqrt(fold.size) + 1e-9
 
 
+# ----------------------------------------------------------------------------- how early
+
+
+def table(rows: dict[str, list[tuple[float, float]]]) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, sd) arrays (horizon, model) in MODELS order from {model: [(mean, sd) per horizon]}."""
+    cells = np.array([rows[m] for m in MODELS], dtype=float)  # (model, horizon, 2)
+    return cells[..., 0].T, cells[..., 1].T
+
+
+def flat(mean_sd, n=3):
+    return [mean_sd] * n
+
+
+def test_baselines_and_early_models_are_the_models():
+    assert (*predict.BASELINES, *predict.EARLY) == MODELS
+
+
+def test_how_early_is_the_first_horizon_clearly_above_every_baseline():
+    # Known answer: the baselines' bands reach 0.6 at most (init_boosting 0.55 + 0.05); linear
+    # clears it from h=0.2 (0.8 - 0.05 = 0.75 > 0.6), boosting never (0.62 - 0.1 = 0.52).
+    mean, sd = table({"chance": flat((0.5, 0.0)), "layer": flat((0.5, 0.0)), "init_linear": flat((0.5, 0.05)),
+                      "init_boosting": flat((0.55, 0.05)), "linear": [(0.5, 0.05), (0.8, 0.05), (0.9, 0.05)],
+                      "boosting": flat((0.62, 0.1))})
+    got = predict.judge([0.0, 0.2, 0.5], mean, sd, "auroc")
+    assert got.readable == (False, True, True)
+    assert (got.horizon, got.model, got.baseline) == (0.2, "linear", "init_boosting")
+    assert got.line == ("how early: first readable at h=0.2: linear 0.800 (band 0.750 to 0.850) clears the best "
+                        "baseline, init_boosting 0.550 (band 0.500 to 0.600); also at h=0.5")
+
+
+def test_how_early_says_not_readable_when_no_band_clears_and_names_the_nearest():
+    mean, sd = table({"chance": flat((0.2, 0.04)), "layer": flat((0.2, 0.04)), "init_linear": flat((0.35, 0.1)),
+                      "init_boosting": flat((0.44, 0.14)), "linear": [(0.35, 0.1), (0.46, 0.13), (0.52, 0.15)],
+                      "boosting": [(0.44, 0.14), (0.52, 0.14), (0.37, 0.07)]})
+    got = predict.judge([0.0, 0.1, 0.5], mean, sd, "balanced_accuracy")
+    assert got.readable == (False, False, False) and got.horizon is None and got.model is None
+    assert got.line == ("how early: not readable at any horizon measured (h=0 to h=0.5): no early-training model's "
+                        "band clears the best baseline's, init_boosting 0.440 (band 0.300 to 0.580); nearest: "
+                        "boosting 0.520 (band 0.380 to 0.660) at h=0.1")
+
+
+def test_bands_that_touch_are_a_tie_not_a_reading():
+    # exact in binary: init_boosting's band tops at 0.625, linear's starts at 0.625
+    mean, sd = table({"chance": flat((0.5, 0.0), 2), "layer": flat((0.5, 0.0), 2), "init_linear": flat((0.5, 0.125), 2),
+                      "init_boosting": flat((0.5, 0.125), 2), "linear": [(0.5, 0.125), (0.75, 0.125)],
+                      "boosting": [(0.5, 0.125), (0.625, 0.0)]})
+    assert predict.judge([0.0, 0.1], mean, sd, "auroc").readable == (False, False)
+    mean[1, MODELS.index("linear")] += 2 ** -10  # a hair above: now it clears
+    assert predict.judge([0.0, 0.1], mean, sd, "auroc").readable == (False, True)
+
+
+def test_a_ceiling_horizon_is_never_readable_and_a_later_miss_is_named():
+    mean, sd = table({"chance": flat((0.5, 0.0), 4), "layer": flat((0.5, 0.0), 4), "init_linear": flat((0.5, 0.05), 4),
+                      "init_boosting": flat((0.5, 0.05), 4),
+                      "linear": [(0.5, 0.05), (0.7, 0.05), (0.55, 0.05), (1.0, 0.0)], "boosting": flat((0.5, 0.05), 4)})
+    got = predict.judge([0.0, 0.1, 0.2, 1.0], mean, sd, "auroc", ceiling=[False, False, False, True])
+    assert got.readable == (False, True, False, False) and got.horizon == 0.1
+    assert got.line.endswith("; not at h=0.2; h=1 not judged: features see a run's final snapshot (a ceiling)")
+    only_ceiling = predict.judge([0.0, 1.0], mean[[0, 3]], sd[[0, 3]], "auroc", ceiling=[False, True])
+    assert only_ceiling.horizon is None and "not readable" in only_ceiling.line
+
+
+def test_without_a_spread_nothing_is_judged():
+    # one defined fold: no sd, so no band and no claim either way
+    mean, sd = table({m: flat((0.9 if m in ("linear", "boosting") else 0.5, float("nan")), 2) for m in MODELS})
+    got = predict.judge([0.0, 0.1], mean, sd, "auroc")
+    assert got.horizon is None and got.readable == (False, False)
+    assert got.line == "how early: cannot be judged: the metric has a spread on fewer than 2 folds"
+
+
+def test_bands_are_capped_to_the_metrics_range():
+    # with 2 or 3 folds mean + sd passes 1 (0.878 +- 0.190 reaches 1.068): no fold can score there
+    low, high = predict.score_band([0.878, 0.1, 0.5], [0.190, 0.3, 0.1], "balanced_accuracy")
+    np.testing.assert_allclose(low, [0.688, 0.0, 0.4])
+    np.testing.assert_allclose(high, [1.0, 0.4, 0.6])
+    low, high = predict.score_band([-0.95, 0.95], [0.1, 0.1], "spearman")
+    np.testing.assert_allclose(low, [-1.0, 0.85])
+    np.testing.assert_allclose(high, [-0.85, 1.0])
+
+
+def test_how_early_on_the_tables_readme_quotes():
+    # README quotes these three tables (measured before the how-early line existed) with
+    # the line this criterion gives on their numbers: a pure function of the means and sds.
+    def quoted(text):
+        rows = [r.split(" | ")[1:] for r in text.strip().splitlines()]
+        return table({m: [tuple(float(x) for x in c.strip(" |").split(" +- ")) for c in r]
+                      for m, r in zip(MODELS, rows, strict=True)})
+
+    quickstart = quoted("""
+| chance | 0.306 +- 0.048 | 0.306 +- 0.048 | 0.306 +- 0.048 | 0.306 +- 0.048 | 0.306 +- 0.048 |
+| layer | 0.306 +- 0.048 | 0.306 +- 0.048 | 0.306 +- 0.048 | 0.306 +- 0.048 | 0.306 +- 0.048 |
+| init_linear | 0.427 +- 0.152 | 0.427 +- 0.152 | 0.427 +- 0.152 | 0.427 +- 0.152 | 0.427 +- 0.152 |
+| init_boosting | 0.396 +- 0.181 | 0.396 +- 0.181 | 0.396 +- 0.181 | 0.396 +- 0.181 | 0.396 +- 0.181 |
+| linear | 0.427 +- 0.152 | 0.314 +- 0.039 | 0.321 +- 0.085 | 0.418 +- 0.144 | 0.501 +- 0.069 |
+| boosting | 0.396 +- 0.181 | 0.420 +- 0.168 | 0.337 +- 0.109 | 0.381 +- 0.043 | 0.501 +- 0.111 |""")
+    got = predict.judge([0, 0.05, 0.1, 0.2, 0.5], *quickstart, "balanced_accuracy")
+    assert got.line == ("how early: not readable at any horizon measured (h=0 to h=0.5): no early-training model's "
+                        "band clears the best baseline's, init_linear 0.427 (band 0.275 to 0.579); nearest: "
+                        "linear 0.501 (band 0.432 to 0.570) at h=0.5")
+    init_scale = quoted("""
+| chance | 0.222 +- 0.048 | 0.222 +- 0.048 | 0.222 +- 0.048 | 0.222 +- 0.048 | 0.222 +- 0.048 |
+| layer | 0.349 +- 0.076 | 0.349 +- 0.076 | 0.349 +- 0.076 | 0.349 +- 0.076 | 0.349 +- 0.076 |
+| init_linear | 0.468 +- 0.091 | 0.468 +- 0.091 | 0.468 +- 0.091 | 0.468 +- 0.091 | 0.468 +- 0.091 |
+| init_boosting | 0.496 +- 0.058 | 0.496 +- 0.058 | 0.496 +- 0.058 | 0.496 +- 0.058 | 0.496 +- 0.058 |
+| linear | 0.468 +- 0.091 | 0.530 +- 0.113 | 0.489 +- 0.067 | 0.610 +- 0.115 | 0.878 +- 0.190 |
+| boosting | 0.496 +- 0.058 | 0.554 +- 0.173 | 0.546 +- 0.170 | 0.661 +- 0.158 | 0.785 +- 0.285 |""")
+    got = predict.judge([0, 0.05, 0.1, 0.2, 0.5], *init_scale, "balanced_accuracy")
+    assert got.readable == (False, False, False, False, True)
+    assert got.line == ("how early: first readable at h=0.5: linear 0.878 (band 0.688 to 1) clears the best baseline, "
+                        "init_linear 0.468 (band 0.377 to 0.559)")
+    head_count = quoted("""
+| chance | 0.206 +- 0.042 | 0.206 +- 0.042 | 0.206 +- 0.042 | 0.206 +- 0.042 | 0.206 +- 0.042 |
+| layer | 0.206 +- 0.042 | 0.206 +- 0.042 | 0.206 +- 0.042 | 0.206 +- 0.042 | 0.206 +- 0.042 |
+| init_linear | 0.349 +- 0.095 | 0.349 +- 0.095 | 0.349 +- 0.095 | 0.349 +- 0.095 | 0.349 +- 0.095 |
+| init_boosting | 0.437 +- 0.143 | 0.437 +- 0.143 | 0.437 +- 0.143 | 0.437 +- 0.143 | 0.437 +- 0.143 |
+| linear | 0.349 +- 0.095 | 0.457 +- 0.130 | 0.451 +- 0.157 | 0.403 +- 0.120 | 0.523 +- 0.149 |
+| boosting | 0.437 +- 0.143 | 0.462 +- 0.175 | 0.515 +- 0.140 | 0.476 +- 0.112 | 0.374 +- 0.069 |""")
+    got = predict.judge([0, 0.05, 0.1, 0.2, 0.5], *head_count, "balanced_accuracy")
+    assert got.horizon is None
+    assert got.line == ("how early: not readable at any horizon measured (h=0 to h=0.5): no early-training model's "
+                        "band clears the best baseline's, init_boosting 0.437 (band 0.294 to 0.580); nearest: "
+                        "boosting 0.515 (band 0.375 to 0.655) at h=0.1")
+
+
+def test_the_planted_curve_is_readable_at_the_horizon_that_sees_the_plant(planted):
+    # The plant starts at step 5: h=0 sees initialisation only (where a model on its features
+    # is the init baseline itself, so never readable), h=0.1 sees steps 0-10.
+    _, _, curve = planted
+    assert curve.readable.values.tolist() == [False, True]
+    assert curve.attrs["readable_horizon"] == 0.1 and curve.attrs["readable_model"] in ("linear", "boosting")
+    assert curve.attrs["readable_summary"].startswith("how early: first readable at h=0.1 (step 10): ")
+    assert ((curve.score_low >= 0) & (curve.score_high <= 1)).all()
+    np.testing.assert_allclose(curve.score_high.values, np.minimum(1, curve.score_mean + curve.score_std))
+    text = predict.format_curve(curve)
+    assert curve.attrs["readable_summary"] in text.splitlines()
+    assert "not a significance test" in text.splitlines()[-1]
+
+
 # ----------------------------------------------------------------------------- no leakage
 
 
@@ -267,11 +405,12 @@ def test_the_features_attr_lists_only_features_with_a_value(planted, tables):
     # probe never holds the token) are NaN for every head, and no model can use them.
     runs, opt, curve = planted
     rows, _, init, _ = tables
-    by_h = {h: predict.feature_table(runs, rows, h, opt) for h in opt.horizons}
-    valued = {f for t in by_h.values() for f, ok in zip(t.feature.values, np.isfinite(t.values).any(0)) if ok}
+    def with_values(t):
+        return {f for f, ok in zip(t.feature.values, np.isfinite(t.values).any(0), strict=True) if ok}
+
+    valued = set().union(*(with_values(predict.feature_table(runs, rows, h, opt)) for h in opt.horizons))
     assert set(curve.attrs["features"]) == valued
-    assert set(curve.attrs["init_features"]) == {f for f, ok in zip(init.feature.values, np.isfinite(init.values).any(0))
-                                                 if ok}
+    assert set(curve.attrs["init_features"]) == with_values(init)
     assert set(curve.attrs["features_empty"]) == set(init.feature.values) - valued
     # known by construction: gradient agreement has no value at init (h=0), one for every head at h=0.1
     assert "grad_cosine_q_h" in curve.attrs["features"] and "grad_cosine_q_h" not in curve.attrs["init_features"]
@@ -436,6 +575,8 @@ def test_folds_where_auroc_is_undefined_are_named_and_one_fold_has_no_sd():
     assert "AUROC undefined on 2 of 3 test folds (one class: " in text
     assert "seed=1" in text and "seed=2" in text and "means over the other 1" in text
     assert "±" not in text.split("\n", 4)[-1]  # no "± 0.000" in the table
+    assert text.splitlines()[-1] == "how early: cannot be judged: the metric has a spread on fewer than 2 folds"
+    assert curve.attrs["readable_horizon"] is None
 
 
 def test_config_groups_ignore_where_a_run_ran():
@@ -652,6 +793,19 @@ def test_cli_prints_the_curve_and_saves_it(small_store, capsys):
     assert curve.horizon.values.tolist() == [0.0, 0.1]
     assert curve.attrs["target_sources"] == {"computed from the final snapshot": 3}
     assert curve.horizon_step.sel(horizon=0.1).values.tolist() == [10.0] * 3
+    assert curve.attrs["readable_summary"] in out.splitlines()
+    assert curve.readable.values.tolist() == [False, curve.attrs["readable_horizon"] == 0.1]
+
+
+def test_cli_says_when_nothing_is_readable_and_stores_none(small_store, capsys):
+    # at h=0 the early models see initialisation only: they are the init baselines, never above them
+    assert cli.main(["predict", small_store, "--horizons", "0", "--folds", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "how early: not readable at any horizon measured (h=0 (step 0)): " in out
+    assert "(mean ± 1 sd over the 3 folds, capped to [0, 1])" in out
+    curve = store.open_derived(small_store, predict.derived_name("slash"))
+    assert curve.attrs["readable_horizon"] is None and curve.attrs["readable_model"] is None
+    assert curve.readable.values.tolist() == [False]
 
 
 @pytest.mark.parametrize(

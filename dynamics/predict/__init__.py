@@ -4,7 +4,9 @@ The question: how early is a head's fate decided? For every head (run, layer, he
 target is read from the run's FINAL snapshot, features are computed from the snapshots up
 to a horizon step h only, and grouped cross-validation scores how well the features predict
 the target, next to baselines that know only the head's layer or only its initialisation.
-Sweeping h gives the "how early can we know" curve.
+Sweeping h gives the "how early can we know" curve, and `dynamics.predict.readable` its answer:
+the first horizon where an early-training model's band (mean ± sd over folds, capped to the
+metric's range) lies wholly above every init-only baseline's.
 
 Targets (``TARGETS``), all at the final snapshot:
 
@@ -74,16 +76,20 @@ from dynamics.predict.options import (
     TargetSpec,
 )
 from dynamics.predict.options import SEED_AXIS as SEED_AXIS
+from dynamics.predict.readable import BASELINES, EARLY, Readable, judge, readable_of, score_band
 from dynamics.predict.targets import final_targets, target_table
 
 __all__ = [
+    "BASELINES",
     "CHG_CLASSES",
+    "EARLY",
     "GROUPINGS",
     "MODELS",
     "TARGETS",
     "UNITS",
     "PredictError",
     "PredictOptions",
+    "Readable",
     "Run",
     "TargetSpec",
     "check_runs",
@@ -96,11 +102,14 @@ __all__ = [
     "group_splits",
     "head_features",
     "horizon_steps",
+    "judge",
     "load_runs",
     "load_store",
     "predict_runs",
     "predict_store",
+    "readable_of",
     "score",
+    "score_band",
     "target_table",
     "write_curve",
 ]

@@ -16,6 +16,7 @@ from dynamics.predict.features import feature_table
 from dynamics.predict.load import check_runs, load_store
 from dynamics.predict.models import _mean_sd, cross_validate, group_splits, score, unseen_classes
 from dynamics.predict.options import MODELS, TARGETS, PredictOptions, Run
+from dynamics.predict.readable import CRITERION, METRIC_RANGE, readable_of
 from dynamics.predict.targets import class_name, target_table
 
 # --------------------------------------------------------------------------- whole pipeline
@@ -154,6 +155,14 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         analysis_options={k: v for k, v in asdict(opt.analysis).items() if k != "roles"},
         role_thresholds=asdict(opt.analysis.roles),
     )
+    # The answer to "how early", stored with the curve so that Python and the report read the
+    # same one the command prints (None where no horizon is readable: a JSON null in the store).
+    answer = readable_of(ds, _readable_labels(ds))
+    ds["score_low"] = (("horizon", "model"), answer.low)
+    ds["score_high"] = (("horizon", "model"), answer.high)
+    ds["readable"] = ("horizon", np.array(answer.readable, dtype=bool))
+    ds.attrs.update(readable_horizon=answer.horizon, readable_model=answer.model, readable_baseline=answer.baseline,
+                    readable_summary=answer.line, readable_criterion=CRITERION)
     if spec.task != "regression":
         ds.attrs["classes"] = classes.astype(int).tolist()
         ds.attrs["class_counts"] = [int(np.sum(rows["target"].values == c)) for c in classes]
@@ -192,6 +201,9 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
           (horizon, run): the step of the last snapshot each run's features saw (at or before
           the horizon) and how many snapshots they saw;
           ``final_step`` (run): the step of its final snapshot, where the target is read;
+        - ``score_low``, ``score_high`` (horizon, model): the band, mean -/+ sd capped to the
+          metric's range (NaN without an sd); ``readable`` (horizon): the how-early criterion
+          holds there (`dynamics.predict.readable`);
         - ``n_feature_values`` (horizon, feature): how many heads have a value of each feature
           (0: empty there, e.g. gradient agreement before a second snapshot);
         - coords ``row_run``, ``row_layer``, ``row_head``, ``row_group``, ``row_fold``.
@@ -200,10 +212,12 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
         analysis_version (of the analysers that gave targets and features), n_splits, n_runs,
         n_groups, runs_left_out ("<run_id> (<status>)" of the runs not completed),
         folds_sharing_seeds (folds whose test runs share a seed with their training runs; 0 when
-        grouped by seed), features (those with a value for some head at some horizon),
-        init_features (with a value at initialisation), features_empty (computed for every run
-        but without a value at any horizon, so no model used them), target_sources, options, classes /
-        class_counts (classification), class_names (role, chg).
+        grouped by seed), readable_horizon (the first horizon where the criterion holds, None
+        if none), readable_model, readable_baseline, readable_summary (the "how early" line the
+        command prints), readable_criterion, features (those with a value for some head at some
+        horizon), init_features (with a value at initialisation), features_empty (computed for
+        every run but without a value at any horizon, so no model used them), target_sources,
+        options, classes / class_counts (classification), class_names (role, chg).
 
     Example
     -------
@@ -236,8 +250,31 @@ def _span(values) -> str:
     return f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"
 
 
+def _readable_labels(curve: xr.Dataset) -> list[str]:
+    # "h=0.2 (step 300)": a fraction alone hides how much training the answer needed
+    unit = curve.attrs["horizon_unit"]
+    labels = [_horizon_label(float(h), unit) for h in curve["horizon"].values]
+    if unit == "fraction" and "horizon_step" in curve:
+        seen = curve["horizon_step"].transpose("horizon", "run").values
+        labels = [f"{lab} (step {_span(s)})" for lab, s in zip(labels, seen, strict=True)]
+    return labels
+
+
+def _criterion_line(curve: xr.Dataset, capped: int) -> str:
+    lo, hi = METRIC_RANGE[curve.attrs["metric"]]
+    defined = np.isfinite(curve["score"].values).any(axis=(0, 1)).sum()
+    line = (f"readable: an early-training model's band (mean ± 1 sd over the {defined} folds, capped to [{lo:g}, {hi:g}]) "
+            "lies wholly above every init-only baseline's (chance, layer, init_linear, init_boosting); ")
+    if capped:
+        line += (f"{capped} of the table's mean ± sd {'reaches' if capped == 1 else 'reach'} past that range, "
+                 "capped there; ")
+    return line + (f"a description of the spread over {defined} folds, not a significance test" +
+                   (": with so few, the sd itself is rough" if defined <= 3 else ""))
+
+
 def format_curve(curve: xr.Dataset) -> str:
-    """The curve as a text table: one row per model, one column per horizon, mean ± sd over folds.
+    """The curve as a text table: one row per model, one column per horizon, mean ± sd over folds,
+    closed by the "how early" line of `dynamics.predict.readable` and the criterion it used.
 
     Example
     -------
@@ -313,4 +350,11 @@ def format_curve(curve: xr.Dataset) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    # Recomputed, not read from attrs: a curve saved before the answer existed gets one too.
+    answer = readable_of(curve, _readable_labels(curve))
+    mean, sd = curve["score_mean"].values, curve["score_std"].values
+    lo, hi = METRIC_RANGE[a["metric"]]
+    with np.errstate(invalid="ignore"):
+        capped = int(np.sum((mean - sd < lo) | (mean + sd > hi)))
+    lines += [answer.line, _criterion_line(curve, capped)] if answer.judged else [answer.line]
     return "\n".join(lines)

@@ -1,0 +1,189 @@
+"""How early: the first horizon at which early training beats every init-only baseline beyond the fold spread.
+
+The curve answers "how early can a head's final role be read" only once someone decides what
+"can be read" means. The criterion here is deliberately plain, and a pure function of the
+table's means and sds, so it can be checked by hand against a printed table:
+
+- A model's *band* at a horizon is its mean ± 1 sd over the folds, capped to the metric's
+  range ([0, 1] for AUROC and balanced accuracy, [-1, 1] for Spearman): no fold can score past
+  it, and with 2 or 3 folds mean + sd often does (0.878 ± 0.190 reaches 1.068).
+- The target is *readable* at a horizon when the band of an early-training model (``linear``
+  or ``boosting``) lies wholly above the band of every baseline (``chance``, ``layer``,
+  ``init_linear``, ``init_boosting``): its mean - sd exceeds each baseline's mean + sd. Bands
+  that touch or overlap are a tie, not a reading.
+- Horizons whose features saw a run's final snapshot (which defines the target) are a ceiling,
+  not a prediction, and are never readable; nor is a horizon without a spread (a metric defined
+  on fewer than 2 folds).
+
+This is a description of the spread, not a significance test: the folds share training runs,
+so their scores are not independent, and an sd over 2 or 3 folds is itself rough. No p-value
+is computed and none is claimed; more seeds (more folds) are what narrows the bands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+
+from dynamics.predict.options import MODELS
+
+BASELINES = ("chance", "layer", "init_linear", "init_boosting")
+"""Models that know nothing of training after initialisation (a subset of `MODELS`)."""
+
+EARLY = ("linear", "boosting")
+"""Models on features of the training seen up to the horizon (the rest of `MODELS`)."""
+
+METRIC_RANGE = {"auroc": (0.0, 1.0), "balanced_accuracy": (0.0, 1.0), "spearman": (-1.0, 1.0)}
+"""Attrs ``metric`` -> the range its fold scores lie in, where bands are capped."""
+
+CRITERION = ("readable: an early-training model's band (mean ± 1 sd over folds, capped to the metric's range) "
+             "lies wholly above every init-only baseline's; a horizon whose features see a run's final snapshot is "
+             "a ceiling, never readable; a description of the fold spread, not a significance test")
+"""The criterion in one line, stored with the curve (attrs ``readable_criterion``)."""
+
+
+@dataclass(frozen=True)
+class Readable:
+    """The how-early answer of one curve."""
+
+    readable: tuple[bool, ...]
+    """Per horizon (in curve order): does the criterion hold there."""
+    horizon: float | None
+    """The first horizon where it holds; None when it holds nowhere (or cannot be judged)."""
+    model: str | None
+    """The early model whose band clears the baselines' at `horizon` (the higher, if both do)."""
+    baseline: str | None
+    """The baseline whose band reaches highest at `horizon` (at the best horizon when none is readable)."""
+    low: np.ndarray
+    """(horizon, model) mean - sd capped to the metric's range; NaN without a spread."""
+    high: np.ndarray
+    """(horizon, model) mean + sd capped likewise."""
+    line: str
+    """The answer in one line, with its numbers."""
+    judged: bool
+    """Some horizon had bands to compare (False: every horizon a ceiling, or no spread)."""
+
+
+def score_band(mean, sd, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Mean ∓ sd, capped to the metric's range; NaN where the sd is (one fold, no spread).
+
+    Examples
+    --------
+    >>> low, high = score_band([0.878, 0.05], [0.190, 0.1], "auroc")
+    >>> [round(float(x), 3) for x in low], [round(float(x), 3) for x in high]
+    ([0.688, 0.0], [1.0, 0.15])
+    """
+    lo, hi = METRIC_RANGE.get(metric, (-np.inf, np.inf))
+    mean, sd = np.asarray(mean, dtype=np.float64), np.asarray(sd, dtype=np.float64)
+    return np.clip(mean - sd, lo, hi), np.clip(mean + sd, lo, hi)
+
+
+def _num(x: float) -> str:
+    # capped ends print as the bound itself ("1", not "1.000"): a reader sees where the cap bit
+    return f"{x:g}" if x in (0.0, 1.0, -1.0) else f"{x:.3f}"
+
+
+def _cell(model: str, mean: float, low: float, high: float) -> str:
+    return f"{model} {mean:.3f} (band {_num(low)} to {_num(high)})"
+
+
+def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[str] = MODELS,
+          ceiling: Sequence[bool] | None = None, labels: Sequence[str] | None = None) -> Readable:
+    """The how-early answer from a table of means and sds (see the module docstring).
+
+    Parameters
+    ----------
+    horizons : sequence of float
+        The curve's horizons, increasing.
+    mean, sd : array (horizon, model)
+        ``score_mean`` and ``score_std`` (NaN where undefined).
+    metric : str
+        ``"auroc"``, ``"balanced_accuracy"`` or ``"spearman"``.
+    models : sequence of str
+        The model of each column; must include the `BASELINES` and `EARLY` models.
+    ceiling : sequence of bool, optional
+        Per horizon: its features saw a run's final snapshot. Default: none.
+    labels : sequence of str, optional
+        How each horizon is named in the line (default ``h=<horizon>``).
+
+    Returns
+    -------
+    Readable
+
+    Examples
+    --------
+    >>> mean = [[0.5, 0.5, 0.6, 0.6, 0.6, 0.6], [0.5, 0.5, 0.6, 0.6, 0.9, 0.7]]
+    >>> sd = [[0.05] * 6, [0.05] * 6]
+    >>> judge([0.0, 0.1], mean, sd, "auroc").horizon
+    0.1
+    """
+    models = list(models)
+    mean, sd = np.asarray(mean, dtype=np.float64), np.asarray(sd, dtype=np.float64)
+    low, high = score_band(mean, sd, metric)
+    ceiling = [False] * len(horizons) if ceiling is None else [bool(c) for c in ceiling]
+    labels = [f"h={h:g}" for h in horizons] if labels is None else list(labels)
+    base = [models.index(m) for m in BASELINES]
+    early = [models.index(m) for m in EARLY]
+
+    def best_baseline(i: int) -> int | None:
+        tops = high[i, base]
+        if not np.isfinite(tops).any():
+            return None
+        return base[int(np.nanargmax(tops))]
+
+    # margin: how far an early model's band bottom sits above the highest baseline band top
+    margin = np.full((len(horizons), len(early)), np.nan)
+    for i in range(len(horizons)):
+        b = best_baseline(i)
+        if b is None or ceiling[i]:
+            continue
+        margin[i] = low[i, early] - high[i, b]
+    readable = tuple(bool(np.any(row > 0)) for row in margin)  # NaN (no band) never clears
+
+    judged = [i for i in range(len(horizons)) if not ceiling[i] and np.isfinite(margin[i]).any()]
+    skipped = [labels[i] for i in range(len(horizons)) if ceiling[i]]
+    tail = f"; {', '.join(skipped)} not judged: features see a run's final snapshot (a ceiling)" if skipped else ""
+    if not judged:
+        why = "every horizon is a ceiling" if all(ceiling) else "the metric has a spread on fewer than 2 folds"
+        return Readable(readable, None, None, None, low, high, f"how early: cannot be judged: {why}{tail}", False)
+    if any(readable):
+        i = readable.index(True)
+        m = early[int(np.nanargmax(margin[i]))]
+        b = best_baseline(i)
+        later = [labels[j] for j in judged if j > i]
+        also = [lab for lab, r in zip(labels, readable, strict=True) if r and lab in later]
+        not_at = [lab for lab in later if lab not in also]
+        rest = (f"; also at {', '.join(also)}" if also else "") + (f"; not at {', '.join(not_at)}" if not_at else "")
+        line = (f"how early: first readable at {labels[i]}: {_cell(models[m], mean[i, m], low[i, m], high[i, m])} "
+                f"clears the best baseline, {_cell(models[b], mean[i, b], low[i, b], high[i, b])}{rest}{tail}")
+        return Readable(readable, float(horizons[i]), models[m], models[b], low, high, line, True)
+    # none readable: say how close the nearest came, so a reader sees the size of the gap
+    flat = np.where(np.isfinite(margin), margin, -np.inf)
+    i, k = np.unravel_index(int(np.argmax(flat)), flat.shape)
+    m, b = early[k], best_baseline(i)
+    span = labels[judged[0]] if len(judged) == 1 else f"{labels[judged[0]]} to {labels[judged[-1]]}"
+    line = (f"how early: not readable at any horizon measured ({span}): no early-training model's band clears the best "
+            f"baseline's, {_cell(models[b], mean[i, b], low[i, b], high[i, b])}; nearest: "
+            f"{_cell(models[m], mean[i, m], low[i, m], high[i, m])} at {labels[i]}{tail}")
+    return Readable(readable, None, None, models[b], low, high, line, True)
+
+
+def ceiling_horizons(curve: xr.Dataset) -> list[bool]:
+    """Per horizon of `curve`: did its features see some run's final snapshot."""
+    if "horizon_step" in curve and "final_step" in curve:
+        seen = np.asarray(curve["horizon_step"].transpose("horizon", "run").values, dtype=np.float64)
+        final = np.asarray(curve["final_step"].values, dtype=np.float64)
+        return [bool(np.any(s >= final)) for s in seen]
+    # a curve without the steps it saw: a fraction of 1 is the final snapshot
+    whole = curve.attrs.get("horizon_unit") == "fraction"
+    return [whole and float(h) >= 1.0 for h in curve["horizon"].values]
+
+
+def readable_of(curve: xr.Dataset, labels: Sequence[str] | None = None) -> Readable:
+    """`judge` applied to a curve from `predict_runs` (its ``score_mean``, ``score_std``, steps seen)."""
+    return judge(curve["horizon"].values.tolist(), curve["score_mean"].transpose("horizon", "model").values,
+                 curve["score_std"].transpose("horizon", "model").values, str(curve.attrs["metric"]),
+                 models=[str(m) for m in curve["model"].values], ceiling=ceiling_horizons(curve), labels=labels)
