@@ -284,23 +284,28 @@ def _skipped(run_id: str, attrs: dict) -> RunResult:
     return RunResult(run_id, attrs["status"], int(attrs.get("steps_done", 0)), skipped=True)
 
 
-PROVENANCE_KEYS = ("version", "torch_version", "device", "data_hash")
+PROVENANCE_KEYS = ("version", "torch_version", "device", "cpu_capability", "data_hash")
 """Run attrs that describe where and with what a run was first started; a resume keeps them
-and appends its own to the ``resumes`` list."""
+and appends its own to the ``resumes`` list. ``cpu_capability`` is the vector instruction set
+torch's CPU kernels dispatch to (AVX2, AVX512, ...): another one rounds differently, so it is
+what a bitwise comparison of two machines' runs must match (bench/rounding.py measures how far
+apart they end)."""
 
 
 def _note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int) -> None:
-    """Say so when a resume runs on another device or thread count than the session before it.
+    """Say so when a resume runs on another device, thread count or CPU kernels than the session before it.
 
     Both are execution keys (the same experiment, the same run id), so the resume goes ahead and
     ``resumes`` records it; but reductions then sum in another order, so the remaining steps
     match an uninterrupted run only to float rounding (~1e-7 in loss on the CPU), not bitwise.
     """
     before = prior.get("resumes", [])
-    last = before[-1] if before else {"device": prior.get("device"),
+    last = before[-1] if before else {"device": prior.get("device"), "cpu_capability": prior.get("cpu_capability"),
                                       "threads": prior.get("config", {}).get("train", {}).get("threads")}
-    now = {"device": cfg.train.device, "threads": cfg.train.threads}
-    changed = [f"train.{k} {last.get(k)} -> {v}" for k, v in now.items() if last.get(k) is not None and last[k] != v]
+    now = {"train.device": ("device", cfg.train.device), "train.threads": ("threads", cfg.train.threads),
+           "CPU kernels": ("cpu_capability", torch.backends.cpu.get_cpu_capability())}
+    changed = [f"{name} {last.get(k)} -> {v}" for name, (k, v) in now.items()
+               if last.get(k) is not None and last[k] != v]
     if changed:
         print(f"dynamics: note: {run_id} resumes at step {start} with {', '.join(changed)}; its later steps will "
               f"match an uninterrupted run only to float rounding (recorded in the run's 'resumes')",
@@ -324,6 +329,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         "version": dynamics.__version__,
         "torch_version": torch.__version__,
         "device": cfg.train.device,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "data_hash": hash_now,
         "status": "running",
         "steps_total": cfg.train.steps,

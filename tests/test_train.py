@@ -160,6 +160,31 @@ def test_a_resume_on_another_thread_count_says_so(cfg, tmp_path, capsys):
     assert [r["threads"] for r in attrs["resumes"]] == [1, 2] and attrs["status"] == "completed"
 
 
+def test_a_resume_on_other_cpu_kernels_says_so_and_records_them(cfg, tmp_path):
+    # Another vector instruction set (another machine, or ATEN_CPU_CAPABILITY) rounds differently:
+    # measured on the demo, 3 of 96 final roles moved. A run records the kernels it started on, and
+    # a resume on others says so, as for threads. Here the resume really runs torch's DEFAULT kernels.
+    import os
+
+    import torch
+
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))
+    here = torch.backends.cpu.get_cpu_capability()
+    assert store.run_attrs(path, cfg.run_id())["cpu_capability"] == here
+    if here == "DEFAULT":
+        pytest.skip("this CPU has no vector kernels to switch away from")
+    toml = tmp_path / "tiny.toml"
+    at = store.run_attrs(path, cfg.run_id())["checkpoint_step"]
+    r = subprocess.run([sys.executable, "-m", "dynamics", "run", str(toml), "--out", path], capture_output=True,
+                       text=True, env={**os.environ, "ATEN_CPU_CAPABILITY": "default"}, cwd=Path(__file__).parents[1])
+    assert r.returncode == 0, r.stderr
+    assert f"{cfg.run_id()} resumes at step {at} with CPU kernels {here} -> DEFAULT" in r.stderr
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert attrs["cpu_capability"] == here and [x["cpu_capability"] for x in attrs["resumes"]] == ["DEFAULT"]
+
+
 def test_a_resumed_run_counts_its_progress_from_its_checkpoint(cfg, tmp_path):
     # `dynamics status` reads steps_done: left at the last session's 21 it would stand still
     # while the resume redid steps 8..21. It reads last_loss too: left at the loss of step 20, it
