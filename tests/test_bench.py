@@ -11,6 +11,7 @@ import pytest
 
 from bench import analysis as bench_analysis
 from bench import record as bench_record
+from bench import rounding as bench_rounding
 from bench import store as bench_store
 from bench import sweep as bench_sweep
 from bench import train as bench_train
@@ -96,3 +97,46 @@ def test_analysis_peak_rss_is_the_childs_own_not_its_parents():
     code = "import sys; sys.path.insert(0, sys.argv[1]); from bench.analysis import peak_rss_bytes; print(peak_rss_bytes())"
     res = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True)
     assert int(res.stdout) < 128 * 2**20
+
+
+def test_rounding_compares_two_stores_of_the_same_run_with_known_differences(tmp_path, capsys):
+    import tomllib
+
+    from dynamics import store
+    from dynamics.analyse import analyse_store
+    from dynamics.config import from_dict
+    from dynamics.record import coords, snapshot_steps, variables
+    from dynamics.train import train_run
+    from tests.conftest import TINY
+
+    cfg = from_dict(tomllib.loads(TINY.format(steps=10, every=5)))
+    a, b = str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")
+    run_id = train_run(cfg, a).run_id
+    shutil.copytree(a, b)
+    analyse_store(a)
+    analyse_store(b)
+    same = bench_rounding.compare_run(a, b, run_id)
+    assert same["first_step"] is None and same["loss_rel"] == 0 and same["attention"] == 0 and same["roles"] == 0
+
+    # b: the loss from step 3 on half as large again, one final attention weight moved by 0.25
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    run = store.open_run(b, run_id)
+    loss = run.loss.values
+    att = run.attention.isel(snapshot=-1).values.copy()  # (layer, head, probe, query, key)
+    att[0, 0, 0, 5, 2] += np.float16(0.25)
+    w = store.RunWriter(b, run_id, variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                        attrs={}, resume=True)
+    w.write_region("loss", 3, loss[3:] * np.float32(1.5))
+    w.write_snapshot(len(steps_at) - 1, {"attention": att})
+    got = bench_rounding.compare_run(a, b, run_id)
+    assert got["first_step"] == 3
+    assert got["loss_rel"] == pytest.approx(1 / 3, rel=1e-6)  # |l - 1.5 l| / (1.5 l)
+    assert got["attention"] == pytest.approx(0.25, abs=1e-3)  # float16 rounding of the moved weight
+    assert got["heads"] == cfg.model.n_layers * cfg.model.n_heads
+
+    assert bench_rounding.main([a, b]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == [run_id, "3", "3.33e-01", "0.25", f"0/{got['heads']}"]  # no swept values: one run
+    assert out[-1] == f"final roles differing: 0 of {got['heads']} heads"
+    assert bench_rounding.main([a, str(tmp_path / "none.zarr")]) == 2
+    assert "none.zarr is not a dynamics store" in capsys.readouterr().err
