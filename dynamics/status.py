@@ -74,6 +74,30 @@ def _cell(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":")) if isinstance(value, dict | list) else str(value)
 
 
+def row_labels(index: dict, attrs: dict[str, dict], run_ids) -> tuple[list[str], Callable[[str], list[str]]]:
+    """The columns that say which run a row is, and a function giving them for a run id.
+
+    ``index``: the store's sweep index; ``attrs``: run id -> run attrs of the recorded runs that
+    could be read; ``run_ids``: every run the table lists (pending ones too). The columns are the
+    sweep's axes, then the settings that tell apart runs with the same swept values
+    (:func:`setting_columns`; ``none`` where a run lacks one, blank for a run whose config is
+    unknown: pending or damaged). ``dynamics status`` and the ``analyse`` table share them.
+    """
+    from dynamics.identity import seed_settings
+
+    axes, swept = index.get("axes", []), index.get("runs", {})
+    points = {r: [_cell(swept.get(r, {}).get(k, "")) for k in axes] for r in run_ids}
+    settings = {r: seed_settings(a["config"]) for r, a in attrs.items() if isinstance(a.get("config"), dict)}
+    extra = setting_columns(settings, points)
+
+    def shown(run_id: str) -> list[str]:
+        if run_id not in settings:
+            return [*points[run_id], *("" for _ in extra)]
+        return [*points[run_id], *(_cell(settings[run_id].get(k, "none")) for k in extra)]
+
+    return [*axes, *extra], shown
+
+
 def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]:
     """Header, rows and damaged runs (id -> reason) of ``dynamics status STORE``.
 
@@ -84,11 +108,8 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
     ``resumes_at`` (the last checkpoint's step for an unfinished run, ``-`` for a finished one,
     never retrained, and for a pending one, which has no checkpoint) and the last loss. Rows in the grid's order; runs outside any sweep after it, by id.
     """
-    from dynamics.identity import seed_settings
-
     index = store.read_sweep_index(path) or {}
     swept = index.get("runs", {})
-    axes = index.get("axes", [])
     recorded = store.list_runs(path, damaged="include")
     damaged, attrs = {}, {}
     for run_id in recorded:
@@ -96,16 +117,8 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
             attrs[run_id] = store.run_attrs(path, run_id)
         except store.StoreError as e:  # its group cannot be read: named, and the others shown
             damaged[run_id] = str(e)
-    points = {r: [_cell(swept.get(r, {}).get(k, "")) for k in axes] for r in [*recorded, *swept]}
-    settings = {r: seed_settings(a["config"]) for r, a in attrs.items() if isinstance(a.get("config"), dict)}
-    extra = setting_columns(settings, points)
-
-    def shown(run_id: str) -> list[str]:
-        if run_id not in settings:
-            return [*points[run_id], *("" for _ in extra)]
-        return [*points[run_id], *(_cell(settings[run_id].get(k, "none")) for k in extra)]
-
-    header = ["run", *axes, *extra, "status", "steps", "resumes_at", "last_loss"]
+    labels, shown = row_labels(index, attrs, [*recorded, *swept])
+    header = ["run", *labels, "status", "steps", "resumes_at", "last_loss"]
     rows = []
     for run_id in recorded:
         if run_id in damaged:

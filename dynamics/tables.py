@@ -39,20 +39,28 @@ def analysis_failures(rows: list[dict]) -> list[str]:
 
 def print_analysis(rows: list[dict], path: str | None = None, pending: bool = False) -> None:
     from dynamics import store
-    from dynamics.status import grid_key
+    from dynamics.status import grid_key, row_labels
 
-    # As `dynamics status` lists them: each run's swept values, in the grid's order (run ids are hashes)
+    # As `dynamics status` lists them: each run's swept values and the settings that tell apart
+    # runs with the same ones, in the grid's order (run ids are hashes)
     index = (store.read_sweep_index(path) if path is not None else None) or {}
-    axes, swept, key = index.get("axes", []), index.get("runs", {}), grid_key(index)
+    swept, key = index.get("runs", {}), grid_key(index)
     if pending:  # sweep points not started yet (a sweep running, or stopped part-way), as status lists them
         listed = {r["run"] for r in rows}
         rows = [*rows, *({"run": rid, "status": "pending", "skipped": True, "reason": "not started"}
                          for rid in swept if rid not in listed)]
     rows = sorted(rows, key=lambda r: key(r["run"]))
-    header = ["run", *axes, "status", "bifurcation", "divergence", "redundancy", "slash_dom", "final roles"]
+    attrs = {}
+    for r in rows if path is not None else ():
+        try:
+            attrs[r["run"]] = store.run_attrs(path, r["run"])
+        except store.StoreError:  # pending, or its group unreadable: the row says why
+            pass
+    labels, shown = row_labels(index, attrs, [r["run"] for r in rows])
+    header = ["run", *labels, "status", "bifurcation", "divergence", "redundancy", "slash_dom", "final roles"]
     table = []
     for r in rows:
-        point = [str(swept.get(r["run"], {}).get(a, "")) for a in axes]
+        point = shown(r["run"])
         if r.get("skipped"):
             table.append([r["run"], *point, r["status"], "-", "-", "-", "-",
                           f"not analysed ({r.get('reason', 'unfinished')})"])

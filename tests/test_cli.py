@@ -604,7 +604,7 @@ def test_a_file_url_is_checked_as_the_local_path_it_names(tiny, tmp_path, monkey
     assert sorted(p.name for p in (path / "analysis").iterdir()) == before
 
 
-def test_status_tells_apart_runs_at_one_swept_point_by_the_settings_that_differ(tiny, tmp_path):
+def test_status_tells_apart_runs_at_one_swept_point_by_the_settings_that_differ(tiny, tmp_path, capsys):
     # A seed sweep from two base configs (--set train.lr=...) into one store, and a seed sweep of
     # conditioned gates beside its free runs (README, Configs): status showed only the swept columns,
     # so the three runs of seed 0 were three identical rows, while the report's runs table names them.
@@ -632,6 +632,20 @@ def test_status_tells_apart_runs_at_one_swept_point_by_the_settings_that_differ(
     assert got[gated][0::2] == ["0", "0.003"] and '"pool":"mean"' in got[gated][1] and " " not in got[gated][1]
     assert got["rp"] == ["1", "", ""]  # pending: no config to show
     assert len({tuple(r[1:4]) for r in rows}) == 4
+
+    # the analyse (and demo) table had the same identical rows: it shares status's columns
+    from dynamics.tables import print_analysis
+
+    row = {"status": "completed", "bifurcation_step": 10, "final_divergence": 0.25, "redundancy": 0.0,
+           "slash_dominant": 0, "roles": {"none": 4}}
+    capsys.readouterr()
+    print_analysis([{"run": r} | row for r in (free, slow, gated)], str(s), pending=True)
+    table = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert table[0][:5] == ["run", "train.seed", "intervene.conditioned_gates", "train.lr", "status"]
+    shown = {line[0]: line[1:4] for line in table[1:]}
+    assert shown[free] == ["0", "none", "0.003"] and shown[slow] == ["0", "none", "0.001"]
+    assert shown[gated][0::2] == ["0", "0.003"] and '"pool":"mean"' in shown[gated][1]
+    assert shown["rp"][:2] == ["1", "pending"]  # no config: blank settings
 
     # one base config: nothing to tell apart, no extra column
     store.write_sweep_index(s, {"axes": ["train.seed"], "runs": {free: {"train.seed": 0}, slow: {"train.seed": 1}}})
