@@ -1123,3 +1123,33 @@ def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisio
     assert f"Left: {refit} for run(s) r0. Middle and right: recorded during training (chg)." in caption
     assert "Run(s) r0 have fits recorded during training and a `dynamics gates` fit" in caption
     assert "so provisional (a run still training, stopped, or a fit of an earlier checkpoint): r0 (running, step 16 of 40)." in caption
+
+
+def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_its_answer(tmp_path, monkeypatch):
+    # With 2 folds mean + sd passes 1, which no fold can score: the figure filled mean -+ sd while
+    # `dynamics predict` judged "how early" on the band capped to [0, 1], and the caption did not
+    # say what it had answered.
+    from dynamics.predict.readable import readable_of
+    from dynamics.report import predictor
+    from dynamics.report.data import _Ctx
+
+    curve = _predict_curve().isel(fold=[0, 1])
+    curve["score"].loc[{"model": "linear"}] = [[0.5, 0.6], [0.55, 0.6], [0.7, 0.8], [0.8, 1.0], [0.9, 1.0]]
+    curve["score_mean"] = curve["score"].mean("fold")
+    curve["score_std"] = curve["score"].std("fold", ddof=1)
+    assert float((curve["score_mean"] + curve["score_std"]).max()) > 1
+    answer = readable_of(curve)
+    curve["score_low"] = (("horizon", "model"), answer.low)
+    curve["score_high"] = (("horizon", "model"), answer.high)
+    curve.attrs["readable_summary"] = answer.line
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_derived(path, "predict.slash", curve)
+    figs = {}
+    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    ax = figs["predict_slash.png"].axes[0]
+    tops = [float(p.vertices[:, 1].max()) for c in ax.collections for p in c.get_paths()]
+    assert len(tops) == 6 and max(tops) == 1.0  # linear's band reaches 1, capped; none passes it
+    caption = dict(sec.figures)["predict_slash.png"]
+    assert answer.line.startswith("how early: ") and f" How early: {answer.line[len('how early: '):]}." in caption

@@ -53,11 +53,11 @@ def _predict_section(ctx: _Ctx) -> _Section:
             continue
         fig = _figure(8.6, 4.2)
         ax = fig.subplots()
-        for label, x, mean, sd, baseline in lines:
+        for label, x, mean, band, baseline in lines:
             (line,) = ax.plot(x, mean, marker="o", ms=3.5, ls="--" if baseline else "-", lw=1.1 if baseline else 1.8,
                               label=label + (" (baseline)" if baseline else ""))
-            if sd is not None:
-                ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.12, lw=0)
+            if band is not None:
+                ax.fill_between(x, *band, color=line.get_color(), alpha=0.12, lw=0)
         metric_key = str(ds.attrs.get("metric", ""))
         chance, chance_text = _chance_level(ds, metric_key, fold)
         if chance is not None:
@@ -91,17 +91,27 @@ def _predict_section(ctx: _Ctx) -> _Section:
                             f"Predicting, for every head, the target {target!r} ({description}; derived/{name}) from "
                             f"features of the training seen up to each horizon: {metric} against horizon, one line per model; dashed: "
                             f"baselines (chance: a constant, the training folds' majority class or prior; layer prior; "
-                            f"initialisation-only features); {chance_text}{spread}.{ceiling}{caveats}{stale}"))
+                            f"initialisation-only features); {chance_text}{spread}.{ceiling}{_how_early(ds)}{caveats}"
+                            f"{stale}"))
     return sec
 
 
+def _how_early(ds: xr.Dataset) -> str:
+    """The curve's answer to "how early", as `dynamics predict` printed it, for the caption."""
+    summary = ds.attrs.get("readable_summary")
+    return f" {summary[0].upper()}{summary[1:]}." if isinstance(summary, str) and summary else ""
+
+
 def _predict_lines(ds: xr.Dataset) -> tuple[list[tuple], str | None]:
-    """(label, horizon, mean, sd or None, is_baseline) per model, and the fold dim used.
+    """(label, horizon, mean, band (low, high) or None, is_baseline) per model, and the fold dim used.
 
     Reads the per-fold ``score`` of `dynamics.predict` (horizon, model, fold) when present
-    (mean and s.d. over the folds where defined); otherwise every numeric variable over
-    horizon, split by a model-like dim and summarised over a fold-like dim.
+    (mean over the folds where defined, and the band `dynamics predict` saved with it,
+    ``score_low`` / ``score_high``: mean -+ s.d. capped to the metric's range, as its "how early"
+    line judges it; mean -+ s.d. for a curve saved without them); otherwise every numeric
+    variable over horizon, split by a model-like dim and summarised over a fold-like dim.
     """
+    saved_band = "score_low" in ds and "score_high" in ds
     fold = next((d for d in _FOLD_DIMS if d in ds.dims), None)
     model = next((d for d in _MODEL_DIMS if d in ds.dims), None)
     if "score" in ds and "horizon" in ds["score"].dims:
@@ -125,9 +135,13 @@ def _predict_lines(ds: xr.Dataset) -> tuple[list[tuple], str | None]:
                 sd = np.nanstd(values, 1, ddof=1) if use_fold and values.shape[1] > 1 else None
             if not np.isfinite(mean).any():
                 continue
+            band = None if sd is None else (mean - sd, mean + sd)
+            if sd is not None and saved_band and var == "score" and lab is not None:
+                band = tuple(ds[b].sel({model: lab}).transpose("horizon").values.astype(float)
+                             for b in ("score_low", "score_high"))
             name = (var if lab is None else lab) if len(metrics) == 1 else f"{var}: {lab}"
             baseline = lab in _BASELINES or "baseline" in f"{var} {lab}".lower()
-            lines.append((name, ds["horizon"].values.astype(float), mean, sd, baseline))
+            lines.append((name, ds["horizon"].values.astype(float), mean, band, baseline))
     return lines, fold
 
 
