@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
+import functools
 import os
 import shutil
 import tempfile
@@ -266,8 +269,9 @@ Its name is no group name (they start with a letter or digit), so no reader list
 def _replace_local(loc: _Loc, gpath: str, write: Any) -> None:
     """Replace the local group directory `gpath` with one that ``write(directory)`` fills.
 
-    Written in a staging directory first, then swapped in by two renames under the store
-    lock, with SIGINT and SIGTERM held back: deleting the old group and writing the new one
+    Written in a staging directory first, then swapped in under the store lock, with SIGINT
+    and SIGTERM held back, by one atomic exchange (:func:`_exchange`; two renames where there is
+    none, between which a reader finds no group): deleting the old group and writing the new one
     in place left, for the whole write, a group that readers (``dynamics report``,
     ``predict`` during an ``analyse``) read as missing or half-written without any error, and
     a kill or a full disk in the middle lost the previous result with no new one. Now a
@@ -286,9 +290,13 @@ def _replace_local(loc: _Loc, gpath: str, write: Any) -> None:
         write(tmp)
         with _locked(loc), deferred_signals():
             target.parent.mkdir(parents=True, exist_ok=True)
-            if target.exists():
-                os.rename(target, old)
-            os.rename(tmp, target)
+            # One atomic exchange where the kernel has it: readers take no lock, and between two
+            # renames they found no group at all (the report said "not analysed", the predictor
+            # left the run out). The old group lands in `tmp`, removed below.
+            if not (target.exists() and _exchange(tmp, target)):
+                if target.exists():
+                    os.rename(target, old)
+                os.rename(tmp, target)
     finally:
         for leftover in (tmp, old):
             shutil.rmtree(leftover, ignore_errors=True)
@@ -296,6 +304,29 @@ def _replace_local(loc: _Loc, gpath: str, write: Any) -> None:
             os.close(claim)  # releases the flock
         with _locked(loc), contextlib.suppress(OSError):
             work.rmdir()  # only once empty: another writer may be staging its group there
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the directories `a` and `b` in one atomic step (Linux ``renameat2`` with
+    ``RENAME_EXCHANGE``); False where the platform or filesystem cannot, and nothing moved."""
+    rename2 = getattr(_libc(), "renameat2", None)
+    if rename2 is None:
+        return False
+    at_cwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE from <fcntl.h> and <linux/fs.h>
+    if rename2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # no exchange here: two renames instead
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+@functools.cache
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:  # pragma: no cover - no C library to load (not POSIX)
+        return None
 
 
 def _claim(directory: Path) -> int | None:

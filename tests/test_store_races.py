@@ -1,0 +1,59 @@
+"""Readers of a store while a writer changes it: each concurrent write is injected at the exact
+point between a reader's (or a writer's) steps where it once made the read wrong, so the race is
+reproduced every time rather than by chance."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics import store
+from dynamics.store import readers
+from tests.test_store import write_run
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+
+def analysis(marker: float) -> xr.Dataset:
+    return xr.Dataset({"score": ("head", np.full(4, marker))}, attrs={"marker": marker})
+
+
+def test_a_reader_during_an_analysis_rewrite_sees_the_old_group_or_the_new_one(tmp_path, monkeypatch):
+    # The rewrite swapped the group in by two renames, the old one aside and then the new one in:
+    # `dynamics report` or `predict` reading between them found no analysis, and the predictor
+    # left that run out without a word.
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    store.write_analysis(path, "r1", analysis(1.0))
+    seen = []
+
+    def observing(step):
+        def wrapped(*args, **kwargs):
+            out = step(*args, **kwargs)
+            got = store.open_analysis(path, "r1")  # what a reader in another process finds right now
+            seen.append(None if got is None else got.attrs["marker"])
+            return out
+
+        return wrapped
+
+    monkeypatch.setattr(os, "rename", observing(os.rename))
+    if hasattr(readers, "_exchange"):
+        monkeypatch.setattr(readers, "_exchange", observing(readers._exchange))
+    store.write_analysis(path, "r1", analysis(2.0))
+    assert seen and set(seen) <= {1.0, 2.0}, seen
+    assert seen[-1] == 2.0
+    np.testing.assert_array_equal(store.open_analysis(path, "r1").score.values, np.full(4, 2.0))
+
+
+def test_where_there_is_no_atomic_exchange_the_group_is_still_replaced_whole(tmp_path, monkeypatch):
+    # Other platforms and filesystems swap by two renames, as before.
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    store.write_analysis(path, "r1", analysis(1.0))
+    monkeypatch.setattr(readers, "_exchange", lambda a, b: False)
+    store.write_analysis(path, "r1", analysis(2.0))
+    assert store.open_analysis(path, "r1").attrs["marker"] == 2.0
+    assert sorted(p.name for p in path.iterdir()) == ["analysis", "derived", "runs", "zarr.json"]
