@@ -57,3 +57,30 @@ def test_where_there_is_no_atomic_exchange_the_group_is_still_replaced_whole(tmp
     store.write_analysis(path, "r1", analysis(2.0))
     assert store.open_analysis(path, "r1").attrs["marker"] == 2.0
     assert sorted(p.name for p in path.iterdir()) == ["analysis", "derived", "runs", "zarr.json"]
+
+
+def test_a_run_that_finishes_while_its_status_is_read_is_not_called_stopped(tmp_path, monkeypatch):
+    # run_status read the attrs ("running"), then probed the run lock. A run that finished in
+    # between (its final status written, then its lock released) read as "stopped", killed:
+    # `dynamics status`, the report and analyse said so of a run that had just completed.
+    from dynamics.store import checkpoints
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1", attrs={"status": "running"})
+    trainer = store.run_lock(path, "r1")
+    trainer.__enter__()
+    attrs = store.run_attrs(path, "r1")
+    real_probe = checkpoints.run_lock_held
+
+    def finish_then_probe(*args):
+        if trainer is not None:
+            store.update_run_attrs(path, "r1", status="completed")
+            trainer.__exit__(None, None, None)
+        return real_probe(*args)
+
+    monkeypatch.setattr(checkpoints, "run_lock_held", finish_then_probe)
+    assert store.run_status(path, "r1", attrs) == "completed"
+    # A run killed (its lock free, its attrs still "running") is still named stopped.
+    store.update_run_attrs(path, "r1", status="running")
+    trainer = None
+    assert store.run_status(path, "r1", store.run_attrs(path, "r1")) == "stopped"

@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from dynamics.store._loc import StoreError, _check_name, _Loc
+from dynamics.store._loc import StoreError, _check_name, _group_meta, _Loc
 
 try:
     import fcntl
@@ -245,5 +245,12 @@ def run_status(path: str | os.PathLike, run_id: str, attrs: dict) -> str:
     a killed run had no chance to rewrite its status (``dynamics status`` and the report)."""
     status = str(attrs.get("status", "unknown"))
     if status == "running" and run_lock_held(path, run_id) is False:
-        return "stopped"
+        # The run may have ended since `attrs` were read: a trainer writes its last status and
+        # only then lets go of the lock, so the status read now is the one it ended with.
+        try:
+            now = (_group_meta(_Loc(path), f"runs/{_check_name('run id', run_id)}") or {}).get("attributes", {})
+        except StoreError:  # gone or damaged since: as read, with nobody training it
+            now = {}
+        status = str(now.get("status", "running"))
+        return "stopped" if status == "running" else status
     return status
