@@ -84,3 +84,47 @@ def test_a_run_that_finishes_while_its_status_is_read_is_not_called_stopped(tmp_
     store.update_run_attrs(path, "r1", status="running")
     trainer = None
     assert store.run_status(path, "r1", store.run_attrs(path, "r1")) == "stopped"
+
+
+def test_an_analysis_rewritten_while_it_is_opened_is_not_called_damaged(tmp_path, monkeypatch):
+    # Before zarr opens a group, each member's zarr.json is checked: read once to see it is
+    # there, and again to parse it. A rewrite without that member in between (a newer analyser
+    # version drops a variable) made the second read find nothing: "cannot be read (damaged)".
+    from dynamics.store import _loc
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    store.write_analysis(path, "r1", analysis(1.0).assign(extra=("head", np.zeros(4))))
+    real_get, rewritten = _loc._Loc.get, []
+
+    def get_then_rewrite(self, key):
+        got = real_get(self, key)
+        if key == "analysis/r1/extra/zarr.json" and not rewritten:
+            rewritten.append(key)  # the rewrite's own reads go as usual
+            store.write_analysis(path, "r1", analysis(2.0))
+        return got
+
+    monkeypatch.setattr(_loc._Loc, "get", get_then_rewrite)
+    got = store.open_analysis(path, "r1")
+    assert rewritten and got.attrs["marker"] == 2.0 and "extra" not in got
+
+
+def test_a_store_deleted_while_its_root_is_checked_is_not_called_damaged(tmp_path, monkeypatch):
+    # damaged_root read the root zarr.json twice, to see it there and then to parse it; a store
+    # removed between the reads was named damaged ("restore it from a backup"), not absent.
+    import shutil
+
+    from dynamics.store import _loc
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    real_get = _loc._Loc.get
+
+    def get_then_delete(self, key):
+        got = real_get(self, key)
+        if key == "zarr.json" and path.exists():
+            shutil.rmtree(path)
+        return got
+
+    monkeypatch.setattr(_loc._Loc, "get", get_then_delete)
+    assert store.damaged_root(path) is None

@@ -68,14 +68,7 @@ class _Loc:
         return None if buf is None else buf.to_bytes()
 
     def get_json(self, key: str) -> dict | None:
-        raw = self.get(key)
-        if raw is None:
-            return None
-        try:
-            out = json.loads(raw)
-        except ValueError:
-            return None
-        return out if isinstance(out, dict) else None
+        return _json_dict(self.get(key))
 
     def set(self, key: str, data: bytes) -> None:
         _sync(self.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
@@ -158,6 +151,21 @@ def _jsonable(value: Any, key: str) -> Any:
             raise StoreError(f"attribute {key!r}: dict keys must be strings")
         return {k: _jsonable(v, f"{key}.{k}") for k, v in value.items()}
     raise StoreError(f"attribute {key!r}: {type(value).__name__} is not JSON-serialisable")
+
+
+def _json_dict(raw: bytes | None) -> dict | None:
+    """`raw` parsed as a JSON object; None where it is absent or is not one.
+
+    A caller that must tell absent from unreadable reads the key once and parses those bytes:
+    two reads may find two different files, a writer having swapped or removed it in between.
+    """
+    if raw is None:
+        return None
+    try:
+        out = json.loads(raw)
+    except ValueError:
+        return None
+    return out if isinstance(out, dict) else None
 
 
 def _group_json(raw: bytes | None) -> dict | None:
@@ -253,7 +261,8 @@ def _unreadable_member(loc: _Loc, gpath: str) -> StoreError | None:
     """
     for name in loc.list_dir(gpath):
         key = f"{gpath}/{name}/zarr.json"
-        if loc.get(key) is not None and loc.get_json(key) is None:
+        raw = loc.get(key)  # once: an analysis rewritten meanwhile may lack this member
+        if raw is not None and _json_dict(raw) is None:
             return StoreError(f"{loc}: the metadata {key} of {gpath} cannot be read (damaged); restore that file "
                               f"from a backup")
     return None

@@ -23,6 +23,7 @@ from dynamics.store._loc import (
     _children,
     _group_exists,
     _group_meta,
+    _json_dict,
     _jsonable,
     _Loc,
     _locked,
@@ -221,7 +222,8 @@ def _unreadable_root(loc: _Loc) -> str | None:
     # A store whose root zarr.json was cut short is not "not a store": said so, its runs would
     # look like a wrong path, not like recorded data to restore.
     try:
-        damaged = loc.get("zarr.json") is not None and loc.get_json("zarr.json") is None
+        raw = loc.get("zarr.json")  # once: a store removed meanwhile is gone, not damaged
+        damaged = raw is not None and _json_dict(raw) is None
     except Exception:  # unreachable remote: not a store we can use, as above
         return None
     if not damaged:
