@@ -128,3 +128,33 @@ def test_a_store_deleted_while_its_root_is_checked_is_not_called_damaged(tmp_pat
 
     monkeypatch.setattr(_loc._Loc, "get", get_then_delete)
     assert store.damaged_root(path) is None
+
+
+def test_an_analysis_swapped_while_zarr_reads_its_members_opens_as_one_version(tmp_path, monkeypatch):
+    # zarr reads a group's zarr.json, then each member's. An analysis swapped in between (an
+    # `analyse` finishing while the report opens it) opened as a mix: the old group's attributes
+    # and members, the new group's chunks, and NaN for an old member the new group lacks.
+    from zarr.storage import LocalStore
+
+    path, other = tmp_path / "s.zarr", tmp_path / "new.zarr"
+    for p in (path, other):
+        write_run(p, "r1")
+    store.write_analysis(path, "r1", analysis(1.0).assign(extra=("head", np.zeros(4))))
+    store.write_analysis(other, "r1", analysis(2.0))  # the rewrite, staged whole in advance
+    real_get, swapped = LocalStore.get, []
+
+    async def get_then_swap(self, key, *args, **kwargs):
+        got = await real_get(self, key, *args, **kwargs)
+        if key.endswith("analysis/r1/extra/zarr.json") and not swapped:
+            # what `analyse`'s swap does, done here at this very moment (zarr's own writes
+            # cannot run inside its event loop)
+            os.rename(path / "analysis" / "r1", tmp_path / "old")
+            os.rename(other / "analysis" / "r1", path / "analysis" / "r1")
+            swapped.append(key)
+        return got
+
+    monkeypatch.setattr(LocalStore, "get", get_then_swap)
+    got = store.open_analysis(path, "r1").load()
+    assert swapped
+    assert got.attrs["marker"] == 2.0 and set(got.data_vars) == {"score"}, got
+    np.testing.assert_array_equal(got.score.values, np.full(4, 2.0))

@@ -268,7 +268,40 @@ def _unreadable_member(loc: _Loc, gpath: str) -> StoreError | None:
     return None
 
 
+_OPEN_TRIES = 5
+"""Opens of a local group that a writer keeps swapping, before the reader gives up."""
+
+
 def _open_group_ds(loc: _Loc, gpath: str, dask: bool = True) -> xr.Dataset:
+    """Open group `gpath` lazily; on a local store, from one version of it.
+
+    ``analyse`` swaps a whole new analysis (or derived) group in while readers take no lock,
+    and zarr reads the group's metadata, then its members' one by one: a swap in between
+    opened a mix of both, whose old members read the new chunks or, gone, NaN. So the group's
+    directory is the same one before and after the open, or it is opened again. (Chunks are
+    read later, when used: a dataset opened before a swap and read after it still mixes.)
+    """
+    if loc.local is None:
+        return _open_group_once(loc, gpath, dask)
+    for _ in range(_OPEN_TRIES):
+        before = _identity(loc, gpath)
+        ds = _open_group_once(loc, gpath, dask)
+        if before is not None and _identity(loc, gpath) == before:
+            return ds
+    raise StoreError(f"{loc}: {gpath} was rewritten {_OPEN_TRIES} times while being opened; open it once the "
+                     f"command rewriting it has finished")
+
+
+def _identity(loc: _Loc, gpath: str) -> tuple[int, int] | None:
+    """Which directory is at `gpath` now: a swap puts another one there (None: none is)."""
+    try:
+        st = os.stat(loc.local / gpath)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _open_group_once(loc: _Loc, gpath: str, dask: bool) -> xr.Dataset:
     # consolidated=False: read the group's own metadata, never the (possibly stale) root index.
     if loc.local is not None:
         # Checked first where it is cheap: zarr reads the members concurrently, and the reads still
