@@ -50,18 +50,34 @@ def tiny_config(tmp_path):
     return make
 
 
-def wait_for_checkpoint(path, run_id: str, at_least: int, timeout: float = 120.0) -> None:
-    """Poll a store until ``run_id``'s checkpoint has reached step ``at_least`` (or time runs out),
-    so a test can stop a training subprocess mid-run."""
+def wait_for_checkpoint(path, run_id: str, at_least: int, proc=None, timeout: float = 300.0) -> dict:
+    """Poll a store until ``run_id``'s checkpoint has reached step ``at_least``, so a test can stop
+    a training subprocess mid-run; returns the run's attributes as they were then.
+
+    Fails the test, saying why, when `proc` (the training subprocess, if given) exits before
+    that checkpoint, or when `timeout` seconds pass: it returned silently then, and the test went
+    on to check a kill or an interrupt that had landed on a run never started, or already done.
+    The deadline is no timed assertion, only far past what any run here takes on a loaded machine.
+    """
     import time
 
     from dynamics import store
 
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    attrs: dict = {}
+    while True:
+        exited = proc is not None and proc.poll() is not None  # before the read: its last checkpoint counts
         if store.is_store(path) and run_id in store.list_runs(path):
-            if store.run_attrs(path, run_id).get("checkpoint_step", 0) >= at_least:
-                return
+            attrs = store.run_attrs(path, run_id)
+            if attrs.get("checkpoint_step", 0) >= at_least:
+                return attrs
+        seen = {k: attrs.get(k) for k in ("status", "checkpoint_step")} if attrs else "no run yet"
+        if exited:
+            err = proc.stderr.read() if getattr(proc, "stderr", None) is not None else ""
+            pytest.fail(f"the training process exited ({proc.returncode}) before run {run_id} checkpointed "
+                        f"step {at_least} ({seen}){': ' + err.strip()[-2000:] if err else ''}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"run {run_id} in {path} did not checkpoint step {at_least} within {timeout:g} s ({seen})")
         time.sleep(0.02)
 
 

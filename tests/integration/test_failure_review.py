@@ -102,7 +102,7 @@ def test_a_store_deleted_mid_run_is_a_run_failure_not_bad_input(tiny_config, tmp
     p = subprocess.Popen([sys.executable, "-m", "dynamics", "run", cfg, "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        wait_for_checkpoint(out, run_id, 16)
+        wait_for_checkpoint(out, run_id, 16, p)
         while p.poll() is None and out.exists():  # the writer may recreate a directory while it goes
             shutil.rmtree(out, ignore_errors=True)
         stdout, stderr = p.communicate(timeout=300)

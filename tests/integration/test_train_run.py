@@ -65,7 +65,7 @@ def test_resume_after_sigkill_equals_uninterrupted(tiny_config, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "dynamics", "run", cfg, "--out", str(killed)],
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_checkpoint(killed, run_id, 40)  # a mid-run checkpoint, then kill without warning
+        wait_for_checkpoint(killed, run_id, 40, proc)  # a mid-run checkpoint, then kill without warning
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         _, err = reference.communicate(timeout=300)
@@ -96,7 +96,7 @@ def test_sigterm_records_the_run_interrupted(tiny_config, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "dynamics", "run", cfg, "--out", str(out)],
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for_checkpoint(out, run_id, 20)
+        wait_for_checkpoint(out, run_id, 20, proc)
         proc.send_signal(signal.SIGTERM)  # what `kill` and batch schedulers send
         _, err = proc.communicate(timeout=60)
     finally:
@@ -105,6 +105,20 @@ def test_sigterm_records_the_run_interrupted(tiny_config, tmp_path):
     assert "interrupted; runs are resumable" in err
     attrs = store.run_attrs(out, run_id)
     assert attrs["status"] == "interrupted" and attrs["steps_done"] < 400
+
+
+def test_waiting_for_a_checkpoint_fails_saying_why_when_it_never_comes(tmp_path):
+    # The wait returned silently at its deadline, and a test went on to kill a run that had
+    # never started; a trainer that died at start-up was waited for the whole deadline.
+    from tests.conftest import wait_for_checkpoint
+
+    with pytest.raises(pytest.fail.Exception, match="did not checkpoint step 1 within 0.1 s \\(no run yet\\)"):
+        wait_for_checkpoint(tmp_path / "none.zarr", "r1", 1, timeout=0.1)
+    died = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit('no torch here')"], stderr=subprocess.PIPE,
+                            text=True)
+    died.wait()
+    with pytest.raises(pytest.fail.Exception, match="exited \\(1\\) before run r1 checkpointed step 1 .*no torch here"):
+        wait_for_checkpoint(tmp_path / "none.zarr", "r1", 1, died)
 
 
 def test_absurd_learning_rate_ends_diverged_not_traceback(tiny_config, tmp_path):
