@@ -125,10 +125,12 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
             rows.append([run_id, *shown(run_id), "damaged", "-", "-", "-"])
             continue
         a = attrs[run_id]
+        status = store.run_status(path, run_id, a)  # "stopped": killed, resumable with the same command
+        if status not in (str(a.get("status", "unknown")), "stopped"):  # it ended since `a` was read: as it ended
+            a = store.run_attrs(path, run_id)
         loss = a.get("last_loss")
         # while a run trains, its checkpoint is the progress; steps_done is where it (re)started
         done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))
-        status = store.run_status(path, run_id, a)  # "stopped": killed, resumable with the same command
         # A stopped run reached `done` but resumes from its last checkpoint, up to `record.every` steps
         # earlier; a finished one is never retrained.
         resumes = "-" if a.get("status") in FINISHED_STATUSES else str(int(a.get("checkpoint_step", 0)))

@@ -158,3 +158,26 @@ def test_an_analysis_swapped_while_zarr_reads_its_members_opens_as_one_version(t
     assert swapped
     assert got.attrs["marker"] == 2.0 and set(got.data_vars) == {"score"}, got
     np.testing.assert_array_equal(got.score.values, np.full(4, 2.0))
+
+
+def test_a_status_row_of_a_run_that_finishes_while_it_is_read_is_all_of_one_moment(tmp_path, monkeypatch):
+    # The status now read again (above), the rest of the row came from the attributes read
+    # before: "completed  40/200  40", a finished run shown with a checkpoint to resume from.
+    from dynamics.status import status_table
+    from dynamics.store import checkpoints
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1", attrs={"status": "running", "steps_total": 200, "steps_done": 0, "checkpoint_step": 40})
+    trainer = store.run_lock(path, "r1")
+    trainer.__enter__()
+    real_probe = checkpoints.run_lock_held
+
+    def finish_then_probe(*args):
+        store.update_run_attrs(path, "r1", status="completed", steps_done=200, checkpoint_step=200, last_loss=0.5)
+        trainer.__exit__(None, None, None)
+        monkeypatch.setattr(checkpoints, "run_lock_held", real_probe)
+        return real_probe(*args)
+
+    monkeypatch.setattr(checkpoints, "run_lock_held", finish_then_probe)
+    _, [row], _ = status_table(str(path))
+    assert row == ["r1", "completed", "200/200", "-", "0.5000"], row
