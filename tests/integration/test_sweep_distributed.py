@@ -74,6 +74,16 @@ def wait_until(cond, what: str, limit: float = 90.0, every: float = 0.1):
     pytest.fail(f"gave up waiting for {what}")
 
 
+def _parses(path: Path) -> bool:
+    """Whether `path` holds whole JSON: the scheduler writes its file in place, not by a rename,
+    and a client reading it half-written failed on a JSON error."""
+    try:
+        json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return True
+
+
 def stop_all(procs: list[subprocess.Popen], logs: list) -> None:
     """Kill whatever is still running, reap everything, close the log files."""
     for p in procs:
@@ -113,7 +123,7 @@ def cluster(tmp_path_factory):
     try:
         spawn("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
               "--scheduler-file", str(scheduler_file), env={**ENV, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"})
-        wait_until(lambda: scheduler_file.exists() and scheduler_file.stat().st_size > 0, "the scheduler file")
+        wait_until(lambda: _parses(scheduler_file), "the scheduler file")
         for i in range(WORKERS):
             spawn("worker", "--nthreads", "1", "--no-nanny", "--no-dashboard", "--memory-limit", "0",
                   "--name", f"w{i}", "--scheduler-file", str(scheduler_file))
