@@ -1,6 +1,7 @@
 """Known-answer and property tests for dynamics.analysis.divergence."""
 
 import ast
+import tracemalloc
 from pathlib import Path
 
 import dask
@@ -134,6 +135,54 @@ def test_query_blocks_do_not_change_the_answer():
     whole = js_distance(attn)
     blocked = js_distance(attn, block_bytes=1)  # one query per block
     np.testing.assert_allclose(blocked.values, whole.values, rtol=1e-12, atol=1e-15)
+
+
+def out_of_place_distance(a, b, eps=1e-3):
+    """The aligned distance as its formula reads, one full-size temporary per operation."""
+    n_key = a.shape[-1]
+    mask = np.tril(np.ones((n_key, n_key), bool))
+
+    def smoothed(x):
+        x = np.where(mask, x.astype(np.float64), 0.0)
+        total = x.sum(-1, keepdims=True)
+        x = x / np.where(total > 0, total, 1.0)
+        return np.where(mask, eps / np.maximum(mask.sum(-1, keepdims=True), 1) + (1.0 - eps) * x, 0.0)
+
+    def xlogx(x):
+        return x * np.log(np.where(x > 0, x, 1.0))
+
+    p, q = smoothed(a), smoothed(b)
+    js = (0.5 * (xlogx(p) + xlogx(q)) - xlogx(0.5 * (p + q))).sum(-1).mean((-2, -1))
+    return np.sqrt(np.clip(js, 0.0, None))
+
+
+@pytest.mark.parametrize("block_bytes", [1, 3 * 2 * 8 * 8 * 8, 2 * 3 * 2 * 8 * 8 * 8 + 1, 2**30])
+def test_aligned_distance_built_in_place_is_the_formula_bit_for_bit(block_bytes):
+    # Blocks of one head, of three heads (across layers), of a snapshot and a bit, and all:
+    # the in-place kernel, the first snapshot smoothed once or per block, gives the formula's bits.
+    a = random_attn(seed=11, shape=(5, 2, 3, 2, 8)).values.astype(np.float16)
+    a[:, 1, 2] = np.nan  # a missing head stays NaN
+    attn = attn_da(a)
+    got = js_distance(attn, attn.isel(snapshot=0, drop=True), block_bytes=block_bytes).values
+    np.testing.assert_array_equal(got, out_of_place_distance(a, a[:1]))
+    assert np.isnan(got[:, 1, 2]).all() and (got[0][~np.isnan(got[0])] == 0).all()
+
+
+def test_aligned_distance_stays_within_its_blocks():
+    # One snapshot here is 4 blocks of float64: the kernel took a whole snapshot at a time
+    # (the first leading dim's items) and made ~7 temporaries of it, 32 blocks in all, so a
+    # chunk of a long-context model went far past block_bytes. Now a few temporaries of at
+    # most one block (p, its x ln x, and f(m); the other operand's two).
+    attn = random_attn(seed=12, shape=(4, 2, 4, 4, 32)).astype(np.float16)
+    first = attn.isel(snapshot=0, drop=True)
+    block = 2 * 4 * 32 * 32 * 8  # two heads' maps in float64
+    tracemalloc.start()
+    try:
+        js_distance(attn, first, block_bytes=block).load()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= 6 * block, f"peak {peak / block:.1f} blocks"
 
 
 def test_query_key_coords_define_the_causal_mask():

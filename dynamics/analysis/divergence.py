@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from dynamics.analysis.js_kernels import BLOCK_BYTES, js_aligned_kernel, js_pairwise_kernel
 from dynamics.schema import D_HEAD, D_MODEL, HEAD, KEY, LAYER, PROBE, QUERY, SNAPSHOT, WEIGHT, WEIGHTS
 
 LAYER_B = f"{LAYER}_b"
@@ -29,8 +30,6 @@ HEAD_B = f"{HEAD}_b"
 ANGLE = "angle"
 
 _ATTN_CORE = (PROBE, QUERY, KEY)
-# Bytes of one pairwise temporary in the head-by-head JS kernel; peak use is a few times this.
-_BLOCK_BYTES = 16 * 2**20
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -73,118 +72,6 @@ def _causal_mask(attn: xr.DataArray) -> np.ndarray:
     return k[None, :] <= q[:, None]
 
 
-def _xlogx(x: np.ndarray) -> np.ndarray:
-    """x ln x with 0 ln 0 = 0; NaN stays NaN so missing heads propagate."""
-    return x * np.log(np.where(x > 0, x, 1.0))
-
-
-def _smooth(a: np.ndarray, mask: np.ndarray, eps: float) -> np.ndarray:
-    """Renormalise rows over visible keys, then p' = eps/n + (1 - eps) p (Clark et al. 2019).
-
-    ``a`` (..., Q, K); ``mask`` (Q, K). Renormalising undoes float16 storage rounding, so
-    the smoothed rows are exact distributions and the JS bound holds.
-    """
-    a = np.where(mask, a.astype(np.float64), 0.0)
-    total = a.sum(-1, keepdims=True)
-    a = a / np.where(total > 0, total, 1.0)
-    n = np.maximum(mask.sum(-1, keepdims=True), 1)  # (Q, 1) visible keys per query
-    return np.where(mask, eps / n + (1.0 - eps) * a, 0.0)
-
-
-def _js_terms(p, q, fp, fq):
-    """Per-key JS terms (f(p) + f(q))/2 - f((p+q)/2), f(x) = x ln x.
-
-    Each term is >= 0 by convexity of f, is exactly 0 when p == q, and is symmetric in
-    (p, q) bit for bit, so identical heads get distance exactly 0.
-    """
-    return 0.5 * (fp + fq) - _xlogx(0.5 * (p + q))
-
-
-def _leading_blocks(shape: tuple[int, ...], per_item: int, block_bytes: int) -> list:
-    """Slices of the first axis of ``shape``, each about ``block_bytes`` at ``per_item`` bytes per element."""
-    if not shape:
-        return [...]
-    inner = int(np.prod(shape[1:], dtype=np.int64)) * per_item
-    step = int(max(1, block_bytes // max(inner, 1)))
-    return [slice(i, i + step) for i in range(0, shape[0], step)] or [slice(0, 0)]
-
-
-def _js_aligned_kernel(a, b, mask, eps, block_bytes=_BLOCK_BYTES):
-    # a, b broadcastable (..., P, Q, K) -> (...,) JS distance, mean over probe and query.
-    # Taken a block of the leading axis at a time, so a whole in-memory run costs a few
-    # block_bytes of float64 on top of its input; each output reduces only its own trailing
-    # (P, Q, K) block, so the values do not depend on the blocking.
-    lead = np.broadcast_shapes(a.shape[:-3], b.shape[:-3])
-    core = np.broadcast_shapes(a.shape[-3:], b.shape[-3:])
-    a = a.reshape((1,) * (len(lead) + 3 - a.ndim) + a.shape)
-    b = b.reshape((1,) * (len(lead) + 3 - b.ndim) + b.shape)
-    out = np.empty(lead)
-    for sl in _leading_blocks(lead, int(np.prod(core)) * 8, block_bytes):
-        a_i = a[sl] if lead and a.shape[0] != 1 else a
-        b_i = b[sl] if lead and b.shape[0] != 1 else b
-        p, q = _smooth(a_i, mask, eps), _smooth(b_i, mask, eps)
-        js = _js_terms(p, q, _xlogx(p), _xlogx(q)).sum(-1).mean((-2, -1))
-        out[sl] = np.broadcast_to(js, out[sl].shape)
-    return np.sqrt(np.clip(out, 0.0, None))
-
-
-def _pair_terms_sum(pq, fq, iu, ju):
-    """``_js_terms(pq[:, iu], pq[:, ju], fq[:, iu], fq[:, ju]).sum((-3, -2, -1))``, the same
-    operations in the same order (so the same bits), with fewer full-size temporaries."""
-    m = np.take(pq, iu, axis=1)
-    m += np.take(pq, ju, axis=1)
-    m *= 0.5  # m = (p + q) / 2
-    f = np.take(fq, iu, axis=1)
-    f += np.take(fq, ju, axis=1)
-    f *= 0.5  # (f(p) + f(q)) / 2
-    fm = np.zeros_like(m)
-    np.log(m, out=fm, where=m > 0)  # _xlogx: ln 1 = 0 where m is 0 (or NaN)
-    fm *= m
-    f -= fm
-    return f.sum(axis=(-3, -2, -1))
-
-
-def _js_pairwise_kernel(a, mask, eps, block_bytes):
-    # a (..., L, H, P, Q, K) -> (..., L, H, L, H)
-    *lead, n_layer, n_head, n_probe, n_query, n_key = a.shape
-    n = n_layer * n_head
-    flat = a.reshape(-1, n, n_probe, n_query, n_key)  # (S, N, P, Q, K)
-    # Keys beyond the last visible one of a query block contribute exact zeros: skip them.
-    any_visible = mask.any(-1)
-    key_end = np.where(any_visible, n_key - np.argmax(mask[:, ::-1], axis=-1), 0)  # (Q,)
-    # The pairwise tensor of m = (p + q)/2 has no einsum shortcut (ln of a sum), so it is
-    # built for a block of queries at a time, sized to ``block_bytes`` for one snapshot.
-    # The loop runs over memory blocks, not single queries: one pass when it fits. The
-    # blocks depend on one snapshot's shape only, so every snapshot sums the same blocks in
-    # the same order whatever the chunking (in memory, or one snapshot per dask chunk).
-    per_query = max(1, n * n * n_probe * n_key * 8)
-    q_block = int(max(1, min(n_query, block_bytes // per_query)))
-    # The terms are symmetric in (p, q) bit for bit, so only pairs i <= j are computed and
-    # mirrored; the diagonal is kept (0, or NaN for a missing head).
-    iu, ju = np.triu_indices(n)
-    total = np.empty((flat.shape[0], n, n))
-    # As many snapshots at a time as fit in block_bytes (at least one): p and f(p), and the
-    # pairwise block, stay a few block_bytes even for a whole run held in memory.
-    per_snapshot = max(2 * n * n_probe * n_query * n_key * 8, n * n * n_probe * q_block * n_key * 8)
-    s_step = int(max(1, block_bytes // per_snapshot))
-    for s0 in range(0, flat.shape[0], s_step):
-        sl = slice(s0, s0 + s_step)
-        p = _smooth(flat[sl], mask, eps)  # (s, N, P, Q, K)
-        fp = _xlogx(p)
-        pairs = np.zeros((p.shape[0], iu.size))
-        for q0 in range(0, n_query, q_block):
-            q1 = min(n_query, q0 + q_block)
-            k1 = int(key_end[q0:q1].max())
-            if k1 == 0:
-                continue
-            pairs += _pair_terms_sum(p[..., q0:q1, :k1], fp[..., q0:q1, :k1], iu, ju)  # (s, pairs)
-        total[sl, iu, ju] = pairs
-        total[sl, ju, iu] = pairs
-    js = 0.5 * (total + total.swapaxes(-1, -2)) / (n_probe * n_query)
-    dist = np.sqrt(np.clip(js, 0.0, None))
-    return dist.reshape(*lead, n_layer, n_head, n_layer, n_head)
-
-
 def _check_eps(eps: float) -> None:
     if not 0.0 <= eps <= 1.0:
         raise ValueError(f"eps must lie in [0, 1], got eps={eps!r}")
@@ -198,7 +85,7 @@ def js_distance(
     attn_b: xr.DataArray | None = None,
     *,
     eps: float = 1e-3,
-    block_bytes: int = _BLOCK_BYTES,
+    block_bytes: int = BLOCK_BYTES,
 ) -> xr.DataArray:
     """Smoothed Jensen-Shannon distance between attention patterns (Clark et al. 2019).
 
@@ -258,7 +145,7 @@ def js_distance(
         a = _single_chunk(attn_a, _ATTN_CORE)
         b = _single_chunk(attn_b, _ATTN_CORE)
         return xr.apply_ufunc(
-            _js_aligned_kernel,
+            js_aligned_kernel,
             a,
             b,
             input_core_dims=[list(_ATTN_CORE)] * 2,
@@ -269,7 +156,7 @@ def js_distance(
     core = [LAYER, HEAD, *_ATTN_CORE]
     a = _single_chunk(attn_a, core)
     out = xr.apply_ufunc(
-        _js_pairwise_kernel,
+        js_pairwise_kernel,
         a,
         input_core_dims=[core],
         output_core_dims=[[LAYER, HEAD, LAYER_B, HEAD_B]],
