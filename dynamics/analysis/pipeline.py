@@ -34,7 +34,7 @@ from dynamics.analysis.slash import (
     token_ratio,
     token_share,
 )
-from dynamics.schema import HEAD, KEY, LAYER, PROBE, QUERY, SNAPSHOT
+from dynamics.schema import HEAD, KEY, LAYER, PROBE, QUERY, RUN, SNAPSHOT
 
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
 
@@ -181,7 +181,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     out["mean_divergence"] = curve
     out["divergence_from_init"] = stage["from_init"]
     out["bifurcation_step"] = bifurcation_step(curve, n_baseline=opt.baseline_snapshots)
-    out["winner_take_all"] = winner_take_all(ds["importance"])
+    out["winner_take_all"] = winner_take_all(_in_blocks(ds["importance"]))
 
     clusters = cluster_heads(jsd, threshold=opt.cluster_threshold)
     out["cluster"] = clusters
@@ -189,8 +189,9 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     out["attention_correlation"] = attention_correlation(last_recorded(attn))  # each run's own last
 
     if "head_weights" in ds:
-        out["qk_cosine"] = qk_cosine(ds["head_weights"])
-        out["q_subspace_cos"] = principal_angles(ds["head_weights"], weight="q")
+        weights = _in_blocks(ds["head_weights"])
+        out["qk_cosine"] = qk_cosine(weights)
+        out["q_subspace_cos"] = principal_angles(weights, weight="q")
 
     out.attrs.update(
         analysis_version=ANALYSIS_VERSION,
@@ -314,8 +315,24 @@ def summary_row(result: xr.Dataset) -> dict:
 
 
 STAGE_BYTES = 8 * 2**20
-"""Attention bytes per task of the per-snapshot stage (dask input): peak memory is a few
-times this per thread, whatever the run's length."""
+"""Attention bytes per task of the per-snapshot stage (dask input). A task's peak memory is a
+few times this (43 MiB on bench/analysis.py's blocks of 4 snapshots: the float64 temporaries
+of the head-by-head JS kernel, `js_kernels`), per thread, whatever the run's length."""
+
+
+def _in_blocks(da: xr.DataArray) -> xr.DataArray:
+    """Dask input in chunks of about STAGE_BYTES along snapshot, whole along the rest.
+
+    A store is chunked one snapshot per chunk, and an analyser of these small per-snapshot
+    arrays (importance, head weights) added a dozen tasks per snapshot: most of the graph of a
+    long run, held in memory while it runs. The values are the same: each analyser is per
+    snapshot. In-memory input is returned as it is.
+    """
+    if da.chunks is None or SNAPSHOT not in da.dims:
+        return da
+    per_snapshot = max(1, da.nbytes // max(1, da.sizes[SNAPSHOT]))
+    whole = {d: -1 for d in da.dims if d not in (SNAPSHOT, RUN)}
+    return da.chunk({**whole, SNAPSHOT: int(max(1, STAGE_BYTES // per_snapshot))})
 
 
 def _attention_stage(attn: xr.DataArray, tokens: xr.DataArray, attn0: xr.DataArray, opt: AnalysisOptions,
@@ -328,7 +345,10 @@ def _attention_stage(attn: xr.DataArray, tokens: xr.DataArray, attn0: xr.DataArr
     out["share"] = token_share(attn, tokens, opt.roles.token_id)
     out["ratio"] = token_ratio(attn, tokens, opt.roles.token_id)
     out["jsd"] = js_distance(attn)
-    out["from_init"] = js_distance(attn, attn0)  # divergence_from_init, with the run's snapshot 0
+    # divergence_from_init, with the run's snapshot 0. Its values do not depend on the blocking;
+    # blocks of STAGE_BYTES keep its three float64 temporaries within the head-by-head
+    # kernel's peak, which sets the stage's (the default block made it the largest, 1.5x that).
+    out["from_init"] = js_distance(attn, attn0, block_bytes=STAGE_BYTES)
     return out
 
 
@@ -360,4 +380,10 @@ def _attention_stage_by_blocks(attn: xr.DataArray, tokens: xr.DataArray, opt: An
     template = _attention_stage(bare, tokens, attn0, opt, max_offset)  # lazy: names, dims, dtypes
     stage = xr.map_blocks(_attention_stage, bare, args=[tokens, attn0],
                           kwargs={"opt": opt, "max_offset": max_offset}, template=template)
+    # The stage's results are small (no query or key dims: about 0.6% of the attention at
+    # T = 64), so they are gathered into one chunk along snapshot. Left in the blocks, every
+    # later analyser added tasks per block and, with the per-snapshot tasks of importance and
+    # head weights (`_in_blocks`), the graph, held while it runs, grew with the run: 27k
+    # tasks, 76 MiB, for 432 snapshots (0.09 bytes per byte of attention; now 3.9k tasks).
+    stage = stage.chunk({SNAPSHOT: -1})
     return stage.assign_coords({c: attn[c].load() for c in extra})
