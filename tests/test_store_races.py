@@ -59,6 +59,31 @@ def test_where_there_is_no_atomic_exchange_the_group_is_still_replaced_whole(tmp
     assert sorted(p.name for p in path.iterdir()) == ["analysis", "derived", "runs", "zarr.json"]
 
 
+def test_an_analysis_is_rewritten_where_there_is_no_c_library_to_ask(tmp_path, monkeypatch):
+    # Windows: ctypes.CDLL(None) raises TypeError there (it tests `'/' in name`), not OSError,
+    # so looking for renameat2 made every analysis write fail on a platform the store supports
+    # with two renames. Both facts of that platform are set here, as Windows has them.
+    import ctypes
+    import sys
+
+    def windows_cdll(name, *args, **kwargs):
+        if name is None:
+            raise TypeError("argument of type 'NoneType' is not iterable")
+        raise OSError(f"no {name} here")
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    store.write_analysis(path, "r1", analysis(1.0))
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(ctypes, "CDLL", windows_cdll)
+    readers._libc.cache_clear()
+    try:
+        store.write_analysis(path, "r1", analysis(2.0))
+    finally:
+        readers._libc.cache_clear()  # this machine's libc for the tests after this one
+    assert store.open_analysis(path, "r1").attrs["marker"] == 2.0
+
+
 def test_a_run_that_finishes_while_its_status_is_read_is_not_called_stopped(tmp_path, monkeypatch):
     # run_status read the attrs ("running"), then probed the run lock. A run that finished in
     # between (its final status written, then its lock released) read as "stopped", killed:

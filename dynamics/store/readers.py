@@ -9,6 +9,7 @@ import errno
 import functools
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -323,9 +324,13 @@ def _exchange(a: Path, b: Path) -> bool:
 
 @functools.cache
 def _libc() -> Any:
+    # renameat2 is a Linux system call: elsewhere there is nothing to find, and Windows' CDLL(None)
+    # raises TypeError, not OSError, which failed every analysis write there.
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         return ctypes.CDLL(None, use_errno=True)
-    except OSError:  # pragma: no cover - no C library to load (not POSIX)
+    except OSError:  # pragma: no cover - no C library to load
         return None
 
 
