@@ -170,13 +170,8 @@ def _json_dict(raw: bytes | None) -> dict | None:
 
 def _group_json(raw: bytes | None) -> dict | None:
     """`raw` parsed as a group's ``zarr.json``; None where it is absent, not JSON or not a group."""
-    if raw is None:
-        return None
-    try:
-        meta = json.loads(raw)
-    except ValueError:
-        return None
-    return meta if isinstance(meta, dict) and meta.get("node_type") == "group" else None
+    meta = _json_dict(raw)
+    return meta if meta is not None and meta.get("node_type") == "group" else None
 
 
 def _group_exists(loc: _Loc, gpath: str) -> bool:
