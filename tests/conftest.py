@@ -168,3 +168,18 @@ def cli_in_process(*args, cwd=None, warnings_as_errors: bool = False):
         if threads_before is not None and torch.get_num_threads() != threads_before:
             torch.set_num_threads(threads_before)
     return subprocess.CompletedProcess(["dynamics", *argv], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def threaded_cluster():
+    """A one-worker cluster inside this process (threads: no worker start-up, torch already imported)."""
+    import logging
+
+    import torch
+    from distributed import LocalCluster
+
+    threads = torch.get_num_threads()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
+                      scheduler_kwargs={"dashboard_address": ":0"}, silence_logs=logging.ERROR) as cluster:
+        yield cluster.scheduler_address
+    torch.set_num_threads(threads)  # run_point limits torch to one thread in its worker
