@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -97,3 +99,34 @@ def test_a_point_another_process_trains_is_waited_for_not_failed(then, tmp_path,
         assert got.endswith("was training it; it stopped before the end, and this sweep took the run up: "
                             "completed"), got
         assert attrs["starts"] == 2 and attrs["steps_done"] == TINY["train"]["steps"]  # resumed by the sweep
+
+
+def test_a_sweep_stopped_while_it_waits_says_it_took_nothing_up(tmp_path, threaded_cluster):
+    # Ctrl-C while a task waits for a holder: the task returns cancelled, the holder still training,
+    # and the summary said "it stopped before the end, and this sweep took the run up: cancelled",
+    # of a run the sweep never touched and that process was still training. The holder here is
+    # this test itself (a flock of another open file conflicts within one process too).
+    from distributed import Client, Event
+
+    from dynamics.sweep.launcher import _waited_note
+    from dynamics.sweep.task import _progress_topic, _stop_name, run_point
+
+    [point] = expand_grid(from_dict(tiny({"train.seed": [0]})))
+    path, token = str(tmp_path / "s.zarr"), "waiting-stopped"
+    store.init_store(path)
+    with Client(threaded_cluster) as client, store.run_lock(path, point.run_id):
+        task = client.submit(run_point, point.cfg, path, point.run_id, point.values, token, pure=False)
+        while not any("waiting" in msg for _, msg in client.get_events(_progress_topic(token))):
+            assert not task.done(), task.result()  # it returned without waiting: say what it returned
+            time.sleep(0.05)
+        Event(_stop_name(token), client=client).set()  # what the launcher does on Ctrl-C
+        r = task.result()
+        assert store.run_lock_held(path, point.run_id)  # the holder is still at it
+    assert r["status"] == "cancelled" and r["waited"] == f"pid {os.getpid()} on {socket.gethostname()}, " \
+        f"since {r['waited'].rsplit('since ', 1)[1]}" and not r["skipped"]
+    assert "stopped while another process" in r["error"]
+    note = _waited_note(r)
+    assert "took the run up" not in note, note
+    assert note == f"another process ({r['waited']}) was training it; the sweep was stopped while it waited, and " \
+                   "left the run to that process", note
+    assert point.run_id not in store.list_runs(path)  # nothing written by the task

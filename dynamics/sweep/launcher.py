@@ -337,8 +337,12 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
 
 def _waited_note(r: dict) -> str:
     """What came of a run whose task waited for another process training it (``r["waited"]``)."""
-    then = (f"that process ended it {r['status']}; nothing retrained" if r.get("skipped")
-            else f"it stopped before the end, and this sweep took the run up: {r['status']}")
+    if r.get("skipped"):
+        then = f"that process ended it {r['status']}; nothing retrained"
+    elif r["status"] == "cancelled":  # the sweep stopped while it waited: that process may train on
+        then = "the sweep was stopped while it waited, and left the run to that process"
+    else:
+        then = f"it stopped before the end, and this sweep took the run up: {r['status']}"
     return f"another process ({r['waited']}) was training it; {then}"
 
 
