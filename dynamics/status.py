@@ -58,8 +58,8 @@ def setting_columns(settings: dict[str, dict], points: dict[str, list[str]]) -> 
     one has no config); ``points``: run id -> the values its row shows for the sweep's axes. Two
     sweeps of one grid from other base configs (``--set train.lr=...``), or a seed sweep of
     conditioned gates beside its free runs, give runs whose swept values are the same: the report's
-    runs table (``report.data._table_settings``) shows these settings too, or such runs read as
-    identical rows. A setting a run lacks (an ``[intervene]`` section it has none of) differs too.
+    runs table (``report.data._table_settings``) shows these settings too, taken from here, or such
+    runs read as identical rows. A setting a run lacks (an ``[intervene]`` section it has none of) differs too.
     """
     from dynamics.identity import differing_settings
 

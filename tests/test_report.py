@@ -510,6 +510,28 @@ def test_the_runs_table_names_the_setting_that_tells_runs_at_one_swept_point_apa
     assert "<th>conditioned_gates</th>" in text and rows["rb"] == ["0", "none"] and "mean" in rows["ra"][1]
 
 
+def test_the_runs_table_and_status_name_the_same_settings_in_the_same_order():
+    # Two copies of one grouping: status sorted the settings that differ at some swept point, the
+    # report listed them point by point, so one store's two tables put them in other orders when
+    # two points differ in different settings (lr at seed 0, the gates at seed 1).
+    from dynamics.config import from_dict, with_values
+    from dynamics.identity import seed_settings
+    from dynamics.report.data import _table_settings
+    from dynamics.status import setting_columns
+
+    base = from_dict(TINY)
+    gated = from_dict({**TINY, "intervene": {"conditioned_gates": {"pool": "mean"}}})
+    runs = [(rid, with_values(cfg, {"train.seed": seed}))
+            for rid, cfg, seed in (("ra", with_values(base, {"train.lr": 3e-3}), 0), ("rb", base, 0),
+                                   ("rc", base, 1), ("rd", gated, 1))]
+    report = [_Run(rid, "completed", {"train.seed": cfg.train.seed}, 1.0, 3, np.ones(3, bool), np.arange(3),
+                   settings=seed_settings(cfg.to_dict())) for rid, cfg in runs]
+    status = setting_columns({rid: seed_settings(cfg.to_dict()) for rid, cfg in runs},
+                             {rid: [str(cfg.train.seed)] for rid, cfg in runs})
+    assert status == ["intervene.conditioned_gates", "train.lr"]
+    assert _table_settings(report, ["train.seed"], ["train.seed"]) == status
+
+
 def test_a_swept_value_keeps_its_colour_in_every_figure(tmp_path, monkeypatch):
     from matplotlib import colormaps
     from matplotlib.colors import to_rgba

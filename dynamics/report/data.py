@@ -302,15 +302,14 @@ def _table_settings(runs: list[_Run], swept: list[str], axes: list[str]) -> list
     """Settings the runs table shows past the swept axes: those the figures group by (`axes`), and
     any that tell apart runs at one swept point, seed included. Without them the table showed such
     runs as identical rows: two sweeps of one grid from other base configs, or a seed-only sweep of
-    conditioned gates beside its free runs (README, Configs), which the figures draw run by run."""
+    conditioned gates beside its free runs (README, Configs), which the figures draw run by run.
+    The same columns, in the same order, as ``dynamics status`` (:func:`dynamics.status.setting_columns`)."""
+    from dynamics.status import setting_columns  # one grouping, so both tables name them alike
+
     extra = [a for a in axes if a not in swept]
-    points: dict[str, list[_Run]] = {}
-    for r in runs:
-        if r.settings:
-            points.setdefault(json.dumps([r.params.get(a) for a in swept], sort_keys=True), []).append(r)
-    for peers in points.values():
-        extra += [k for k in differing_settings(r.settings for r in peers) if k not in swept and k not in extra]
-    return extra
+    differ = setting_columns({r.run_id: r.settings for r in runs if r.settings},
+                             {r.run_id: [r.params.get(a) for a in swept] for r in runs})
+    return extra + [k for k in differ if k not in swept and k not in extra]
 
 
 def _is_seed(axis: str) -> bool:
