@@ -58,9 +58,7 @@ def _js_terms_sum(p, q, fp, fq, *, overwrite: bool = False):
     """
     m = np.add(p, q, out=p if overwrite else None)
     m *= 0.5  # (p + q) / 2
-    fm = np.zeros_like(m)
-    np.log(m, out=fm, where=m > 0)  # _xlogx(m)
-    fm *= m
+    fm = _xlogx(m)
     f = np.add(fp, fq, out=fp if overwrite else None)
     f *= 0.5  # (f(p) + f(q)) / 2
     f -= fm
@@ -129,9 +127,7 @@ def _pair_terms_sum(pq, fq, iu, ju):
     f = np.take(fq, iu, axis=1)
     f += np.take(fq, ju, axis=1)
     f *= 0.5  # (f(p) + f(q)) / 2
-    fm = np.zeros_like(m)
-    np.log(m, out=fm, where=m > 0)  # _xlogx: ln 1 = 0 where m is 0 (or NaN)
-    fm *= m
+    fm = _xlogx(m)
     f -= fm
     return f.sum(axis=(-3, -2, -1))
 
