@@ -13,8 +13,9 @@ on one x86 machine::
 
 Printed, for each run both stores hold (matched by run id, which the kernels do not enter): its
 swept values, the first training step whose loss differs, the largest relative difference of
-the training loss, the largest absolute difference of the final snapshot's attention weights,
-and how many heads' final roles differ (both stores must be analysed by this version). A run
+the training loss, the largest absolute difference of the final snapshot's attention weights
+(inf where one store has a value the other lacks: a run diverged in one only), and how many
+heads' final roles differ (both stores must be analysed by this version). A run
 whose attention differs by ~1 at the end went elsewhere: rounding differences grew, not shrank.
 """
 
@@ -43,10 +44,14 @@ def compare_run(a: str, b: str, run_id: str) -> dict:
     differ = ~((la == lb) | (np.isnan(la) & np.isnan(lb)))
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.abs(la - lb) / np.abs(lb)
+    # A value one store lacks (a run diverged in one only) is as far apart as can be; nanmax
+    # below would pass over it, and a run gone elsewhere would print no difference.
+    rel[np.isnan(la) != np.isnan(lb)] = np.inf
     # float16 maps at the last snapshot both runs wrote: (layer, head, probe, query, key)
     last = min(x.sizes["snapshot"], y.sizes["snapshot"]) - 1
-    att = np.abs(x.attention.isel(snapshot=last).values.astype(np.float32)
-                 - y.attention.isel(snapshot=last).values.astype(np.float32))
+    ma = x.attention.isel(snapshot=last).values.astype(np.float32)
+    mb = y.attention.isel(snapshot=last).values.astype(np.float32)
+    att = np.where(np.isnan(ma) != np.isnan(mb), np.inf, np.abs(ma - mb))
     roles = None
     xa, ya = store.open_analysis(a, run_id), store.open_analysis(b, run_id)
     if xa is not None and ya is not None and is_current(xa) and is_current(ya):

@@ -140,3 +140,32 @@ def test_rounding_compares_two_stores_of_the_same_run_with_known_differences(tmp
     assert out[-1] == f"final roles differing: 0 of {got['heads']} heads"
     assert bench_rounding.main([a, str(tmp_path / "none.zarr")]) == 2
     assert "none.zarr is not a dynamics store" in capsys.readouterr().err
+
+
+def test_rounding_counts_a_value_one_store_lacks_as_a_difference(tmp_path):
+    # A run that diverged in one store only (NaN losses from then on, its last attention unwritten)
+    # printed a loss difference of 0 and an attention difference of 0 or nan: the differences were
+    # taken with nanmax, which passes over a NaN against a number. They are inf now.
+    import tomllib
+
+    from dynamics import store
+    from dynamics.config import from_dict
+    from dynamics.record import coords, snapshot_steps, variables
+    from dynamics.train import train_run
+    from tests.conftest import TINY
+
+    cfg = from_dict(tomllib.loads(TINY.format(steps=10, every=5)))
+    a, b = str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")
+    run_id = train_run(cfg, a).run_id
+    shutil.copytree(a, b)
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    run = store.open_run(b, run_id)
+    w = store.RunWriter(b, run_id, variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                        attrs={}, resume=True)
+    w.write_region("loss", 6, np.full(run.loss.size - 6, np.nan, np.float32))
+    got = bench_rounding.compare_run(a, b, run_id)
+    assert got["first_step"] == 6 and got["loss_rel"] == np.inf and got["attention"] == 0
+    att = run.attention.isel(snapshot=-1).values.copy()
+    att[0, 0, 0, 5, :] = np.nan  # one map's row unwritten in b: NaN against a's weights
+    w.write_snapshot(len(steps_at) - 1, {"attention": att})
+    assert bench_rounding.compare_run(a, b, run_id)["attention"] == np.inf
