@@ -338,5 +338,11 @@ def test_a_run_whose_workers_keep_dying_is_recorded_failed_and_resumes(cluster, 
     assert again.counts == {"completed": 1} and again.skipped == [], again.lines()
     a = store.run_attrs(str(out), run_id)
     assert a["status"] == "completed" and a["steps_done"] == steps and a["starts"] == 2 and not a.get("traceback")
-    assert a["resumes"][-1]["step"] == checkpoint
+    # The checkpoint's file is written before its step goes into the attrs: a SIGKILL between the
+    # two leaves the attrs one snapshot behind the file the resume starts from (seen in a full run).
+    from dynamics.record import snapshot_steps
+
+    rec = CONFIG["record"]
+    after = [int(s) for s in snapshot_steps(steps, rec["dense_until"], rec["every"]) if s > checkpoint]
+    assert a["resumes"][-1]["step"] in (checkpoint, after[0]), (a["resumes"], checkpoint)
     assert a["resumes"][-1]["after"] == {"status": "failed", "traceback": summary.errors[run_id]}
