@@ -234,7 +234,7 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
         attrs = store.run_attrs(path, run_id)
         if attrs.get("status") != "completed":
             continue
-        analysis = store.open_analysis(path, run_id)
+        analysis = store.open_analysis(path, run_id, stale="allow")
         if analysis is None or not is_current(analysis):
             continue
         kept.append(run_id)

@@ -714,3 +714,24 @@ def test_a_chunk_cut_short_is_named_with_its_run_and_array(tmp_path):
     assert isinstance(e, StoreError)
     assert f"{path}: run r1: array grad_norm at snapshot 1 (step 5): its chunk runs/r1/grad_norm/c/1/0/0/0 cannot be " \
            f"decoded (damaged: " in str(e) and "\n" not in str(e)
+
+
+def test_open_analysis_warns_on_another_analysers_version(tmp_path):
+    from dynamics.schema import ANALYSIS_VERSION
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    old = xr.Dataset({"score": ("head", [1.0, 2.0])}, attrs={"analysis_version": ANALYSIS_VERSION - 1})
+    store.write_analysis(path, "r1", old)
+    with pytest.warns(store.StaleAnalysisWarning) as caught:
+        got = store.open_analysis(path, "r1")
+    message = str(caught[0].message)
+    assert f"version {ANALYSIS_VERSION - 1}, these are version {ANALYSIS_VERSION}" in message
+    assert f"dynamics analyse {path}" in message
+    np.testing.assert_array_equal(got.score.values, [1.0, 2.0])  # still returned: a warning, not a refusal
+    # callers that check is_current themselves, and a current analysis, open silently
+    store.open_analysis(path, "r1", stale="allow")
+    store.write_analysis(path, "r1", old.assign_attrs(analysis_version=ANALYSIS_VERSION))
+    store.open_analysis(path, "r1")
+    with pytest.raises(ValueError, match="stale: expected 'warn' or 'allow', got 'no'"):
+        store.open_analysis(path, "r1", stale="no")

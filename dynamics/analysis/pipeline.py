@@ -34,18 +34,10 @@ from dynamics.analysis.slash import (
     token_ratio,
     token_share,
 )
+from dynamics.schema import ANALYSIS_VERSION as ANALYSIS_VERSION  # re-exported: its home before it moved to schema
 from dynamics.schema import HEAD, KEY, LAYER, PROBE, QUERY, RUN, SNAPSHOT
 
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
-
-
-ANALYSIS_VERSION = 5
-"""Stamped on every analysis (attr ``analysis_version``) and raised whenever what the analysers
-compute changes; readers recompute a stored analysis of another version rather than mix it with
-this one's (version 2: slash window up to T // 2, induction keys k < i, ragged runs; version 3:
-no positional role score on probes so short that uniform attention passes it; version 4: the
-same rule for slash-dominance, `uninformative_offsets`; ``token_ratio`` stored; version 5: ``redundancy_fraction`` NaN with fewer
-than two heads, ``winner_take_all`` NaN for a layer of one head, where both read 0)."""
 
 
 def is_current(analysis: xr.Dataset) -> bool:

@@ -121,7 +121,7 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
             values = {a: config_value(attrs.get("config", {}), a) for a in axes}
             point = {a: v for a, v in values.items() if v is not None}
         data = store.open_run(path, rid)
-        analysis = store.open_analysis(path, rid) if opt.use_stored_analysis else None
+        analysis = store.open_analysis(path, rid, stale="allow") if opt.use_stored_analysis else None
         runs.append(Run(rid, data, _seed_of(rid, point, attrs), _config_of(point, axes, attrs), analysis))
         configs[rid] = attrs.get("config", {})
     if axes:

@@ -198,7 +198,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
     )
     stale = False
     try:
-        stored = store.open_analysis(path, run_id)
+        stored = store.open_analysis(path, run_id, stale="allow")
         if stored is not None and not is_current(stored):
             stored, stale = None, True  # older analysers' results: not mixed with this version's
         have = [v for v in _RUN_VARS if v in stored] if stored is not None else []
@@ -245,7 +245,7 @@ def _analyse_recorded(ds: xr.Dataset, recorded: np.ndarray, names: list[str]) ->
 
 def _chosen_analysis(path, run: _Run, compute_missing: bool) -> tuple[xr.Dataset | None, str]:
     """Roles per snapshot and the last snapshot's JS distances of the chosen run."""
-    stored = store.open_analysis(path, run.run_id)
+    stored = store.open_analysis(path, run.run_id, stale="allow")
     if stored is not None and "js_distance" in stored and is_current(stored):
         out = stored[[v for v in ("role",) if v in stored]].load()
         out.attrs = dict(stored.attrs)

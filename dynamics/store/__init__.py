@@ -66,6 +66,7 @@ from dynamics.store.checkpoints import (
 )
 from dynamics.store.integrity import check_recorded, unreadable_chunk
 from dynamics.store.readers import (
+    StaleAnalysisWarning,
     open_analysis,
     open_derived,
     open_run,

@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ try:  # POSIX only; without it, staging leftovers of killed writers are not clea
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-from dynamics.schema import HEAD, LAYER, RUN, config_value
+from dynamics.schema import ANALYSIS_VERSION, HEAD, LAYER, RUN, config_value
 from dynamics.signals import deferred_signals
 from dynamics.store._loc import (
     _NAME,
@@ -406,7 +407,12 @@ def write_analysis(path: str | os.PathLike, run_id: str, ds: xr.Dataset) -> None
     _write_whole(loc, f"analysis/{run_id}", ds)
 
 
-def open_analysis(path: str | os.PathLike, run_id: str | None = None) -> xr.Dataset | None:
+class StaleAnalysisWarning(UserWarning):
+    """An opened analysis was written by another version of the analysers than these."""
+
+
+def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
+                  stale: str = "warn") -> xr.Dataset | None:
     """Open ``analysis/<run_id>`` lazily, or None if it was never written.
 
     Parameters
@@ -414,13 +420,30 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None) -> xr.Data
     path : str or PathLike
     run_id : str, optional
         Defaults to the only run (as :func:`open_run`).
+    stale : {"warn", "allow"}
+        An analysis whose ``analysis_version`` is not this package's
+        (`dynamics.schema.ANALYSIS_VERSION`) was computed by other analysers (one without
+        the attr was not written by `dynamics analyse`, and is returned as it is), and its figures
+        may not mean what these docs say: "warn" (the default) returns it with a
+        :class:`StaleAnalysisWarning` naming both versions and the command that recomputes it;
+        "allow" returns it silently, for callers that check
+        `dynamics.analysis.pipeline.is_current` themselves.
     """
+    if stale not in ("warn", "allow"):
+        raise ValueError(f"stale: expected 'warn' or 'allow', got {stale!r}")
     loc = _Loc(path)
     _require_store(loc)
     run_id = _default_run(loc, run_id)
     if not _group_exists(loc, f"analysis/{run_id}"):
         return None
-    return _open_group_ds(loc, f"analysis/{run_id}")
+    ds = _open_group_ds(loc, f"analysis/{run_id}")
+    version = ds.attrs.get("analysis_version")
+    if stale == "warn" and version is not None and version != ANALYSIS_VERSION:
+        warnings.warn(
+            f"analysis/{run_id} in {loc} was written by analysers version {version}, these are version "
+            f"{ANALYSIS_VERSION}: its figures may differ from theirs; `dynamics analyse {path}` recomputes it",
+            StaleAnalysisWarning, stacklevel=2)
+    return ds
 
 
 def write_derived(path: str | os.PathLike, name: str, ds: xr.Dataset) -> None:
