@@ -63,6 +63,9 @@ def tiny(tmp_path_factory):
     (["run", "{cfg}", "--out", "nosuch://bucket/x.zarr"], "no filesystem for the URL scheme 'nosuch'"),
     (["run", "{cfg}", "--out", ""], "--out: empty value"),
     (["run", "{cfg}", "--out", "{d}/new5.zarr", "--run-id", " "], "--run-id: empty value"),
+    # trained the same data and model as the config without it, under a run id of its own
+    (["run", "{cfg}", "--out", "{d}/new11.zarr", "--set", "task.delta=5"],
+     "task.delta = 5: the induction task does not read it (only offset_copy does)"),
     # made the store and a "failed" run, which died of a MemoryError 30 s later (or pushed the machine into swap)
     (["run", "{cfg}", "--out", "{d}/new9.zarr", "--set", "train.batch_size=100000000"],
      "for a training step), more than the"),

@@ -97,6 +97,20 @@ def test_task_keys_lists_exactly_the_keys_the_generator_reads(name):
         assert (data_hash(cfg_for(name, **{key: value})) != h) == (key in tasks.TASK_KEYS[name]), key
 
 
+def test_a_task_key_no_task_of_the_config_reads_is_named():
+    from dynamics.config import ConfigError
+
+    # at its default, a key is not "set": every config carries every task key
+    assert tasks.unread_keys(from_dict({"task": {"name": "induction"}})) == {}
+    assert tasks.unread_keys(from_dict({"task": {"name": "induction", "min_period": 5, "delta": 5, "p": 0.8}})) == {"delta": 5}
+    mixture = {"name": "mixture", "components": ["induction", "markov"], "delta": 2, "markov_order": 2, "holdout": 0.3}
+    assert tasks.unread_keys(from_dict({"task": mixture})) == {"delta": 2, "holdout": 0.3}
+    with pytest.raises(ConfigError, match=r"^task\.delta = 2: the induction and markov tasks do not read it "
+                                          r"\(only offset_copy does\)"):
+        tasks.check_read(from_dict({"task": mixture}))
+    tasks.check_read(from_dict({"task": {"name": "offset_copy", "delta": 2}}))
+
+
 # ----------------------------------------------------------------------------- induction
 
 

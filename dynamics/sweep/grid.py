@@ -119,10 +119,9 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
 
 def _read_identity(cfg: RunConfig) -> str:
     """The run id with every task key that the config's tasks do not read set to its default."""
-    read = {k for name in cfg.task.component_names for k in tasks.TASK_KEYS[name]}
     default = TaskConfig()
-    unread = {k: getattr(default, k) for keys in tasks.TASK_KEYS.values() for k in keys if k not in read}
-    return replace(cfg, task=replace(cfg.task, **unread)).run_id()
+    reset = {k: getattr(default, k) for k in tasks.unread_keys(cfg)}
+    return replace(cfg, task=replace(cfg.task, **reset)).run_id()
 
 
 def _plain(value: Any) -> Any:

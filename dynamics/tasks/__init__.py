@@ -34,7 +34,7 @@ Modules
 
 # `name as name`: module-level names kept reachable as tasks.<name>, outside __all__
 # (the private ones are those the tests call).
-from dynamics.tasks.batch import SPLITS, TASK_KEYS, Batch, check, make_batch
+from dynamics.tasks.batch import SPLITS, TASK_KEYS, Batch, check, check_read, make_batch, unread_keys
 from dynamics.tasks.corpus import _corpus_files as _corpus_files
 from dynamics.tasks.corpus import _held_out as _held_out
 from dynamics.tasks.corpus import corpus_info
@@ -45,4 +45,4 @@ from dynamics.tasks.slash_text import SLASH_KINDS as SLASH_KINDS
 from dynamics.tasks.slash_text import _slash_records as _slash_records
 from dynamics.tasks.slash_text import _slash_tree as _slash_tree
 
-__all__ = ["Batch", "SPLITS", "TASK_KEYS", "GENERATOR_VERSIONS", "check", "make_batch", "data_hash", "corpus_info", "markov_transitions"]
+__all__ = ["Batch", "SPLITS", "TASK_KEYS", "GENERATOR_VERSIONS", "check", "check_read", "make_batch", "unread_keys", "data_hash", "corpus_info", "markov_transitions"]

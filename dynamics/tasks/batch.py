@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dynamics.config import TASKS, ConfigError, RunConfig
+from dynamics.config import TASKS, ConfigError, RunConfig, TaskConfig
 from dynamics.tasks.corpus import _corpus, check_corpus
 from dynamics.tasks.induction import _induction
 from dynamics.tasks.markov import _markov
@@ -136,6 +136,39 @@ def check(cfg: RunConfig) -> None:
         problem = check_corpus(cfg.task.holdout, cfg.model.context + 1)
         if problem:
             raise ConfigError(problem)
+
+
+def unread_keys(cfg: RunConfig) -> dict[str, object]:
+    """Task keys (:data:`TASK_KEYS`) set away from their defaults that none of the config's
+    tasks reads, ``{key: value}``: they change the run id and nothing the run trains on.
+
+    Example
+    -------
+    >>> from dynamics.config import from_dict
+    >>> unread_keys(from_dict({"task": {"name": "induction", "delta": 5, "min_period": 6}}))
+    {'delta': 5}
+    """
+    read = {k for name in cfg.task.component_names for k in TASK_KEYS[name]}
+    default = TaskConfig()
+    return {k: getattr(cfg.task, k) for keys in TASK_KEYS.values() for k in keys
+            if k not in read and getattr(cfg.task, k) != getattr(default, k)}
+
+
+def check_read(cfg: RunConfig) -> None:
+    """Raise ConfigError (one line) if the config sets a task key its tasks do not read: a single
+    run with ``task.delta = 5`` under induction would train the default's data and model under
+    another run id, as if delta had been studied. Sweeps allow such keys on points whose task
+    does not read them (a grid over task.name shares one base config); ``sweep.grid`` refuses
+    points that then train the same run."""
+    unread = unread_keys(cfg)
+    if unread:
+        key, value = next(iter(unread.items()))
+        readers = [name for name, keys in TASK_KEYS.items() if key in keys]
+        tasks = " and ".join(cfg.task.component_names)
+        raise ConfigError(
+            f"task.{key} = {value!r}: the {tasks} task{'s do' if len(cfg.task.component_names) > 1 else ' does'} "
+            f"not read it (only {' and '.join(readers)} {'does' if len(readers) == 1 else 'do'}), so the run would "
+            f"train what the config without it trains, under another run id; drop the setting, or set task.name")
 
 
 _POOL_KEY = 7919  # distinct SeedSequence entropy for drawing rows from the low-data pool
