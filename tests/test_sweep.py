@@ -146,6 +146,11 @@ def test_an_axis_over_a_task_key_the_task_does_not_read_is_refused():
     assert len(expand_grid(from_dict(mixture))) == 2
     crossed["sweep"]["zip"] = [["task.name", "task.p"]]
     assert len(expand_grid(from_dict(crossed))) == 2
+    # set in the base config, read by no point: every run id changes, and no run trains with it
+    with pytest.raises(ConfigError, match=r"^task.delta = 5: no point of the sweep trains a task that reads it "
+                                          r"\(only offset_copy does\)"):
+        expand_grid(from_dict(tiny({"train.seed": [0, 1]}, task={"name": "induction", "delta": 5})))
+    assert len(expand_grid(from_dict(tiny({"task.name": ["induction", "offset_copy"]}, task={"delta": 5})))) == 2
 
 
 def test_each_point_intervention_is_checked_before_any_work():

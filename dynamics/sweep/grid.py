@@ -114,6 +114,16 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
         point = Point(run_id, values, point_cfg)
         same_as[same] = point
         points.append(point)
+    # A key that no point's task reads changes every run id and nothing any point trains on, as
+    # under `dynamics run` (tasks.check_read); one that some point reads is the grid's business.
+    unread = set.intersection(*(set(tasks.unread_keys(p.cfg)) for p in points))
+    if unread:
+        key = sorted(unread)[0]
+        readers = " and ".join(name for name, keys in tasks.TASK_KEYS.items() if key in keys)
+        raise ConfigError(
+            f"task.{key} = {getattr(points[0].cfg.task, key)!r}: no point of the sweep trains a task that reads it "
+            f"(only {readers} {'does' if ' and ' not in readers else 'do'}), so every run would train what it trains "
+            f"without it, under another run id; drop the setting, or sweep task.name")
     return points
 
 

@@ -156,10 +156,10 @@ def unread_keys(cfg: RunConfig) -> dict[str, object]:
 
 def check_read(cfg: RunConfig) -> None:
     """Raise ConfigError (one line) if the config sets a task key its tasks do not read: a single
-    run with ``task.delta = 5`` under induction would train the default's data and model under
+    run with ``task.delta = 5`` under induction would train the data and model of the config without it, under
     another run id, as if delta had been studied. Sweeps allow such keys on points whose task
     does not read them (a grid over task.name shares one base config); ``sweep.grid`` refuses
-    points that then train the same run."""
+    points that then train the same run, and a key that no point reads."""
     unread = unread_keys(cfg)
     if unread:
         key, value = next(iter(unread.items()))
