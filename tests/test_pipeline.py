@@ -359,3 +359,18 @@ def test_the_graph_of_a_run_in_blocks_gives_the_in_memory_values(monkeypatch):
         got = analyse_run(ds).load()
     for name in expected.data_vars:
         xr.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-9)
+
+
+def test_analysis_options_refuse_what_no_analyser_can_use():
+    from dynamics.analysis.roles import RoleThresholds
+
+    # a role window below the slash-dominance start raised "no offsets in [1, 0]" from analyse_run
+    with pytest.raises(ValueError, match=r"roles.slash_max_offset 0 leaves slash-dominance no offsets"):
+        pipeline.AnalysisOptions(roles=RoleThresholds(slash_min_offset=0, slash_max_offset=0))
+    for kw, needle in [({"kappa": 0.0}, "kappa must be in"), ({"kappa": 1.5}, "kappa must be in"),
+                       ({"max_offset": 0}, "max_offset must be >= 1"), ({"baseline_snapshots": 0}, "baseline_snapshots"),
+                       ({"cluster_threshold": float("nan")}, "cluster_threshold must be > 0"),
+                       ({"slash_min_offset": -1}, "slash_min_offset must be >= 0")]:
+        with pytest.raises(ValueError, match=needle):
+            pipeline.AnalysisOptions(**kw)
+    pipeline.AnalysisOptions(roles=RoleThresholds(slash_min_offset=1, slash_max_offset=1), kappa=1.0)  # a window of one offset is one

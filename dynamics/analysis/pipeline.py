@@ -68,6 +68,22 @@ class AnalysisOptions:
     baseline_snapshots: int = 3
     """Snapshots that define the initial noise band of the divergence curve."""
 
+    def __post_init__(self):
+        if not 0.0 < self.kappa <= 1.0:
+            raise ValueError(f"AnalysisOptions.kappa must be in (0, 1]; got {self.kappa!r}")
+        if self.slash_min_offset < 0:
+            raise ValueError(f"AnalysisOptions.slash_min_offset must be >= 0; got {self.slash_min_offset!r}")
+        window = self.roles.slash_max_offset
+        if window is not None and window < self.slash_min_offset:
+            # analyse_run raised "no offsets in [1, 0]" on the first run instead
+            raise ValueError(f"AnalysisOptions: roles.slash_max_offset {window} leaves slash-dominance no offsets "
+                             f"(it starts at slash_min_offset {self.slash_min_offset})")
+        for name in ("max_offset", "token_run_length", "baseline_snapshots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AnalysisOptions.{name} must be >= 1; got {getattr(self, name)!r}")
+        if not self.cluster_threshold > 0:
+            raise ValueError(f"AnalysisOptions.cluster_threshold must be > 0; got {self.cluster_threshold!r}")
+
     def slash_window(self, n_query: int) -> int:
         """Largest offset that counts for slash-dominance over `n_query` positions.
 

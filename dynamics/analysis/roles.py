@@ -71,7 +71,7 @@ class RoleThresholds:
     0.4 asks for a clear majority of the mass of a clean induction head."""
     sink: float = 0.3
     """alpha_0, the mean attention on position 0. Gu et al.'s epsilon. Uniform causal attention
-    gives H_T / T, which is 0.21 at T = 16 but 0.34 at T = 8, so probes need T >= 11 or so."""
+    gives H_T / T, which is 0.21 at T = 16 but 0.34 at T = 8: probes need T >= 10 (0.293)."""
     token: float = 0.5
     """Mean share of attention on visible occurrences of `token_id`. The post uses 50%."""
     local: float = 0.8
