@@ -684,6 +684,24 @@ def test_a_lone_head_has_no_redundancy_target():
     assert np.isfinite(predict.final_targets(two, "redundant").target.values).all()
 
 
+def test_a_nan_importance_leaves_its_peers_ranked():
+    # rankdata made the whole layer NaN: one head's NaN importance took every head of its layer
+    # out of the importance target and out of both rank features
+    from dynamics.predict.features import head_features
+
+    imp = np.array([[[1.0, np.nan, 3.0, 2.0], [4.0, 3.0, 2.0, 1.0]]])  # (snapshot, layer, head)
+    ds = xr.Dataset({"importance": (("snapshot", "layer", "head"), imp)},
+                    coords={"step": ("snapshot", [100]), "layer": [0, 1], "head": [0, 1, 2, 3]})
+    expected = [[0.0, np.nan, 1.0, 0.5], [1.0, 2 / 3, 1 / 3, 0.0]]
+    np.testing.assert_allclose(predict.final_targets(ds, "importance").target.values, expected)
+    np.testing.assert_allclose(head_features(ds).sel(feature="importance_rank_h").values, expected)
+    # one importance left in a layer: no peer to rank against, so no target (a feature of 0.5)
+    lone = ds.copy(data={"importance": np.array([[[1.0, np.nan, np.nan, np.nan], [4.0, 3.0, 2.0, 1.0]]])})
+    assert np.isnan(predict.final_targets(lone, "importance").target.values[0]).all()
+    np.testing.assert_allclose(head_features(lone).sel(feature="importance_rank_h").values[0],
+                               [0.5, np.nan, np.nan, np.nan])
+
+
 def test_stored_analysis_under_other_thresholds_is_not_read_as_the_target():
     # The curve records the thresholds of its options; a stored analysis made under others
     # defines another target, so the target is recomputed (or refused without attention).

@@ -98,11 +98,14 @@ def _rel(x: np.ndarray) -> np.ndarray:
 
 
 def _rank_in_layer(x: np.ndarray) -> np.ndarray:
-    # (L, H) -> rank in [0, 1] within each layer (average ties); 0.5 for a lone head.
-    n = x.shape[1]
-    if n < 2:
-        return np.full(x.shape, 0.5)
-    return (rankdata(x, axis=1) - 1.0) / (n - 1.0)
+    # (L, H) -> rank in [0, 1] among each layer's non-NaN heads (average ties); 0.5 for a head
+    # with no peer; NaN where x is. Plain rankdata made a whole layer NaN for one NaN head.
+    ok = ~np.isnan(x)
+    n = ok.sum(axis=1, keepdims=True)  # (L, 1)
+    if not ok.any():
+        return np.full(x.shape, np.nan)
+    rank = rankdata(x, axis=1, nan_policy="omit")  # (L, H), 1..n per layer, NaN where x is
+    return np.where(ok, np.where(n > 1, (rank - 1.0) / np.maximum(n - 1.0, 1.0), 0.5), np.nan)
 
 
 def _masked_mean(x: np.ndarray, axis: int = 0) -> np.ndarray:

@@ -111,8 +111,9 @@ def final_targets(
 
     if target == "importance":
         imp = np.asarray(last["importance"].transpose(LAYER, HEAD).values, dtype=np.float64)
-        rank = _rank_in_layer(imp) if imp.shape[1] > 1 else np.full(imp.shape, np.nan)
-        out["target"] = ((LAYER, HEAD), np.where(np.isnan(imp), np.nan, rank))
+        # a head with no peer in its layer (a layer of one, or one importance left) has no rank
+        peers = (~np.isnan(imp)).sum(axis=1, keepdims=True) > 1  # (L, 1)
+        out["target"] = ((LAYER, HEAD), np.where(peers, _rank_in_layer(imp), np.nan))
     elif target == "chg":
         codes = np.asarray(last["chg_role"].transpose(LAYER, HEAD).values, dtype=np.float64)
         out["target"] = ((LAYER, HEAD), np.where(codes >= 0, codes, np.nan))  # -1: not fitted
