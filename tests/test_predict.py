@@ -525,6 +525,9 @@ def test_balanced_accuracy_chance_counts_the_classes_each_fold_holds():
     # A constant names one of k classes: 1/k where the fold holds k classes, 0 if it names none.
     assert predict.score("balanced_accuracy", [0, 0, 1, 1], [1, 1, 1, 1]) == 0.5
     assert predict.score("balanced_accuracy", [1, 1, 2, 2], [0, 0, 0, 0]) == 0.0
+    # one class: a constant guess of it scored 1 (a chance row of 0.875 +- 0.25 with three such
+    # folds of four), so the fold is not scored, as under AUROC
+    assert np.isnan(predict.score("balanced_accuracy", [2, 2, 2], [2, 2, 2]))
     runs = make_runs(n_seeds=3)
     curve = predict.predict_runs(runs, PredictOptions(target="role", boosting_iter=10, n_splits=3, horizons=(0.1,)))
     folds = [curve.target.values[curve.row_fold.values == k] for k in range(curve.sizes["fold"])]
@@ -559,6 +562,20 @@ def test_a_class_its_training_folds_lack_is_named_as_never_in_training(planted):
     text = predict.format_curve(curve.assign(unseen_classes=("fold", unseen)))
     assert (f"classes never in training: 1 (2 heads) in the fold testing {curve.test_groups.values[1]} (absent from "
             "that fold's training folds: no model can predict them there, so they count as misses)") in text
+
+
+def test_folds_of_one_role_are_not_scored_by_balanced_accuracy():
+    # Seeds 1 and 2 grow no slash head: every head of theirs is "diffuse", and a constant guess
+    # of it scored 1 on their folds, so chance read (1 + 1 + 1/2) / 3 = 0.83 and every model as much.
+    fates = [np.random.default_rng(0).random((L, H)) < 0.5, np.zeros((L, H), bool), np.zeros((L, H), bool)]
+    runs = [Run(f"r{s}", make_run(s, fate), seed=s) for s, fate in enumerate(fates)]
+    curve = predict.predict_runs(runs, PredictOptions(target="role", horizons=(0.1,), n_splits=3, boosting_iter=10))
+    one_class = [np.unique(curve.target.values[curve.row_fold.values == k]).size == 1 for k in range(3)]
+    assert sorted(one_class) == [False, True, True]
+    assert np.isnan(curve.score.values[..., one_class]).all()
+    assert np.isfinite(curve.score.values[..., [not c for c in one_class]]).all()
+    assert curve.attrs["chance"] == 0.5  # the two-class fold's alone
+    assert "balanced accuracy undefined on 2 of 3 test folds (one class: " in predict.format_curve(curve)
 
 
 def test_folds_where_auroc_is_undefined_are_named_and_one_fold_has_no_sd():

@@ -127,7 +127,9 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
                   for train, test in splits)
     classes = np.unique(rows["target"].values)
     if spec.chance is None:  # balanced accuracy: a constant guess of a class each test fold holds
-        chance = float(np.mean([1.0 / np.unique(rows["target"].values[test]).size for _, test in splits]))
+        # over the folds that are scored: a fold of one class is not (models.score)
+        k = [np.unique(rows["target"].values[test]).size for _, test in splits]
+        chance = float(np.mean([1.0 / n for n in k if n > 1])) if any(n > 1 for n in k) else float("nan")
     else:
         chance = spec.chance
     ds.attrs.update(
@@ -301,13 +303,14 @@ def format_curve(curve: xr.Dataset) -> str:
             if out:
                 lines.append(f"left out: {len(out)} run(s) {why}: "
                              + ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else ""))
-    # AUROC and Spearman are undefined on a test fold whose target is constant (one class):
+    # AUROC and Spearman are undefined on a test fold whose target is constant (one class), and
+    # balanced accuracy is left undefined there (a constant guess of the one class scores 1):
     # such a fold is left out of every mean and sd, so say which, and how many remain.
     undefined = [k for k in range(curve.sizes["fold"]) if np.isnan(curve["score"].isel(fold=k).values).all()]
     if undefined:
         groups = "; ".join(str(curve["test_groups"].values[k]) for k in undefined)
         left = curve.sizes["fold"] - len(undefined)
-        why = "one class" if a["metric"] == "auroc" else "a constant target or under 3 heads"
+        why = "a constant target or under 3 heads" if a["metric"] == "spearman" else "one class"
         lines.append(f"{metric} undefined on {len(undefined)} of {curve.sizes['fold']} test folds ({why}: {groups}); "
                      f"means over the other {left}" + (", no sd from one fold" if left == 1 else ""))
     unseen = [k for k in range(curve.sizes["fold"]) if "unseen_classes" in curve and curve["unseen_classes"].values[k]]

@@ -137,7 +137,9 @@ def score(metric: str, y_true, y_pred) -> float:
 
     - ``auroc``: NaN when the fold has one class; constant predictions give 0.5.
     - ``balanced_accuracy``: mean recall over the classes present in ``y_true``; a constant
-      prediction gives 1 / (number of classes present) if it names one of them, else 0.
+      prediction gives 1 / (number of classes present) if it names one of them, else 0. NaN when
+      the fold has one class: there a constant guess of it scores 1, so the fold would not be
+      scored against the same chance level as the others.
     - ``spearman``: NaN when ``y_true`` is constant; constant predictions give 0 (no ranking).
 
     Examples
@@ -146,6 +148,8 @@ def score(metric: str, y_true, y_pred) -> float:
     0.75
     >>> score("balanced_accuracy", [0, 0, 0, 1], [0, 0, 0, 0])
     0.5
+    >>> score("balanced_accuracy", [2, 2, 2], [2, 2, 2])
+    nan
     """
     y_true, y_pred = np.asarray(y_true, dtype=np.float64), np.asarray(y_pred, dtype=np.float64)
     if metric == "auroc":
@@ -158,7 +162,7 @@ def score(metric: str, y_true, y_pred) -> float:
         return float((rankdata(y_pred)[positive].sum() - n1 * (n1 + 1) / 2.0) / (n1 * n0))
     if metric == "balanced_accuracy":
         classes = np.unique(y_true)
-        return float(np.mean([np.mean(y_pred[y_true == c] == c) for c in classes])) if classes.size else float("nan")
+        return float(np.mean([np.mean(y_pred[y_true == c] == c) for c in classes])) if classes.size > 1 else float("nan")
     if metric == "spearman":
         if y_true.size < 3 or np.ptp(y_true) == 0:
             return float("nan")
