@@ -267,6 +267,17 @@ def test_how_early_says_not_readable_when_no_band_clears_and_names_the_nearest()
                         "boosting 0.520 (band 0.380 to 0.660) at h=0.1")
 
 
+def test_a_baseline_with_a_score_but_no_band_is_not_passed_over():
+    # init_boosting scores 0.9 with no spread (one fold); linear's band clears the other
+    # baselines only. Judged against the banded baselines alone it read "first readable".
+    mean, sd = table({"chance": flat((0.5, 0.01), 2), "layer": flat((0.5, 0.01), 2), "init_linear": flat((0.5, 0.01), 2),
+                      "init_boosting": flat((0.9, float("nan")), 2), "linear": [(0.5, 0.01), (0.7, 0.01)],
+                      "boosting": [(0.5, 0.01), (0.5, 0.01)]})
+    got = predict.judge([0.0, 0.1], mean, sd, "auroc")
+    assert got.readable == (False, False) and got.horizon is None
+    assert got.line.startswith("how early: cannot be judged")
+
+
 def test_bands_that_touch_are_a_tie_not_a_reading():
     # exact in binary: init_boosting's band tops at 0.625, linear's starts at 0.625
     mean, sd = table({"chance": flat((0.5, 0.0), 2), "layer": flat((0.5, 0.0), 2), "init_linear": flat((0.5, 0.125), 2),

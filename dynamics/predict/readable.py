@@ -130,7 +130,9 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
 
     def best_baseline(i: int) -> int | None:
         tops = high[i, base]
-        if not np.isfinite(tops).any():
+        # A baseline with a score but no band (a spread on one fold) could be the best: nothing
+        # can be said to clear it, so the horizon is not judged rather than judged without it.
+        if not np.isfinite(tops).any() or (np.isfinite(mean[i, base]) & ~np.isfinite(tops)).any():
             return None
         return base[int(np.nanargmax(tops))]
 
