@@ -293,8 +293,8 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
     ``slash_offset``) and ``local`` are NaN where the probes are too short for their offsets,
     and each positional role (previous_token, self, slash, sink, local) is NaN where uniform
     causal attention over the probe's T positions, or (for all but sink) attention wholly on
-    the first token, already reaches its threshold (sink for T <= 9, self for T <= 4, slash at
-    T = 4): such probes cannot tell that role from no pattern, or from a sink.
+    the first token, already reaches its threshold (sink for T <= 9, self for T <= 4,
+    previous_token for T <= 3, slash at T = 4): such probes cannot tell that role from no pattern, or from a sink.
 
     Returning a Dataset rather than a DataArray stacked on a "role" dim keeps ``slash_offset``,
     which is not a score, next to the scores. It also lets each score carry its own attrs.
@@ -386,7 +386,8 @@ def _unless_confounded(scores: dict, n: int, max_offset: int, thresholds: RoleTh
 
     Probes that short cannot tell such a head from no pattern, or from a sink: alpha_0 = H_T / T
     reaches the sink threshold 0.3 up to T = 9 and self's 0.5 up to T = 4, so every head read
-    "sink" there; at T = 4 a sink head scores slash(2) = 0.5. NaN never passes.
+    "sink" there; at T = 4 a sink head scores slash(2) = 0.5, and at T <= 3 previous_token(1) = 0.5.
+    NaN never passes.
     """
     keep = np.tril(np.ones((n, n)))
     uniform = xr.DataArray((keep / keep.sum(1, keepdims=True))[None], dims=(PROBE, QUERY, KEY))  # (1, T, T)
