@@ -533,6 +533,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dynamics: interrupted; {_AFTER_INTERRUPT.get(args.command, _AFTER_INTERRUPT['run'])}", file=sys.stderr)
         return 130
+    except OSError as e:
+        import errno
+
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A full disk is no bug to trace: analyses, derived results and report pages are written
+        # beside what they replace and swapped in whole, so the earlier version stands.
+        where = f" writing {e.filename}" if e.filename else ""
+        print(f"dynamics: {args.command} stopped: {e.strerror}{where}; what it was replacing is kept: free some space "
+              f"and run it again", file=sys.stderr)
+        return 1
     except Exception as e:  # noqa: BLE001 - a one-line message for store problems found up front
         from dynamics.store import StoreError
 

@@ -173,6 +173,46 @@ def test_a_read_only_store_is_refused_before_any_work(tiny, read_only_store, arg
     one_line_exit_2(cli_in_process(*(a.format(ro=ro, cfg=cfg) for a in args)), needle.format(ro=ro))
 
 
+def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmp_path):
+    """`analyse` and `report` on a full disk printed a traceback (the derived consistency and the
+    report page are written after each run's analysis). Needs a small filesystem: a tmpfs, which
+    only root can mount."""
+    import os
+    import shutil
+
+    import xarray as xr
+
+    from dynamics import store
+
+    if os.geteuid() != 0 or sys.platform != "linux":
+        pytest.skip("a full disk needs a tmpfs mount, which needs root")
+    _, _, path = tiny
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("root here cannot mount a tmpfs")
+    try:
+        copy = disk / path.name
+        shutil.copytree(path, copy)
+        assert cli_in_process("analyse", copy).returncode == 0
+        assert cli_in_process("report", copy, "--out", disk / "rep").returncode == 0
+        run_id = store.list_runs(copy)[0]
+        before = store.open_analysis(copy, run_id).load()
+        page = (disk / "rep" / "index.html").read_bytes()
+        free = shutil.disk_usage(disk).free
+        with open(disk / "filler", "wb") as f:  # every free block taken
+            f.write(b"\0" * free)
+        for args in (["analyse", copy], ["report", copy, "--out", disk / "rep"]):
+            r = cli_in_process(*args)
+            assert r.returncode == 1, (r.stdout, r.stderr)
+            last = r.stderr.strip().splitlines()[-1]
+            assert "Traceback" not in r.stderr and last.startswith(f"dynamics: {args[0]} stopped: No space left on device")
+        xr.testing.assert_identical(store.open_analysis(copy, run_id).load(), before)
+        assert (disk / "rep" / "index.html").read_bytes() == page
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
 def test_a_report_does_not_replace_a_page_it_did_not_write(tiny, tmp_path):
     _, _, path = tiny
     mine = tmp_path / "site"
