@@ -115,9 +115,24 @@ def test_a_completed_run_whose_last_gradient_is_nan_is_not_called_damaged(tmp_pa
     w = store.RunWriter(path, run_id, variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
                         attrs={}, resume=True)
     w.write_snapshot(last, nan)
-    assert not kept.exists()  # all fill value: zarr wrote no chunk, as it would have in training
+    assert kept.exists()  # all fill value, written all the same: no chunk of this run is ever "all NaN"
     store.check_recorded(path, run_id)  # completed, every chunk it wrote is there
     assert np.isnan(store.open_run(path, run_id).grad_norm.isel(snapshot=-1).values).all()
+    # so losing it is named, where a run from before could only pass it over (below)
+    (run / "grad_norm" / "c" / str(last) / "0" / "0" / "0").unlink()
+    with pytest.raises(store.StoreError, match=rf"array grad_norm at snapshot {last} \(step 10\).* is missing"):
+        store.check_recorded(path, run_id)
+
+    # A run from before the writer stored all-NaN chunks had none for that snapshot: its missing
+    # gradient chunks are told from lost ones by grad_cosine's, missing too.
+    store.update_run_attrs(path, run_id, empty_chunks_written=False)
+    with pytest.raises(store.StoreError, match=rf"array grad_norm at snapshot {last} "):
+        store.check_recorded(path, run_id)  # grad_cosine's chunk is there: the gradient was finite
+    for name in ("grad_cosine", "importance"):
+        for chunk in (run / name / "c" / str(last)).rglob("*"):
+            if chunk.is_file():
+                chunk.unlink()
+    store.check_recorded(path, run_id)
 
     # a snapshot before the last: its gradient was checked before its update, so NaN there would
     # have ended the run diverged; in a completed run its missing chunk is a lost one

@@ -87,7 +87,8 @@ def test_plain_open_zarr_round_trip(tmp_path):
     np.testing.assert_array_equal(ds.attention.values[:2], np.stack([s["attention"] for s in snaps]))
     assert np.isnan(ds.attention.values[2]).all() and np.isnan(ds.loss.values).all()
     assert ds.probe_tokens.dtype == np.int64 and ds.probe_tokens.values[1, 0] == T + 1
-    assert ds.attrs == {"status": "completed", "config": {"a": 1}, "last_loss": 0.5, "shape": [1, 2]}
+    assert ds.attrs == {"status": "completed", "config": {"a": 1}, "last_loss": 0.5, "shape": [1, 2],
+                        "empty_chunks_written": True}
     assert ds.attention.encoding["chunks"] == (1, L, 4, P, T, T)
     assert xr.open_zarr(path).attrs["dynamics_store"] == store.STORE_VERSION
 
@@ -147,7 +148,7 @@ def test_run_writer_refuses_existing_run_unless_resume(tmp_path):
     np.testing.assert_array_equal(ds.attention.isel(snapshot=0).values, first["attention"])
     assert not np.isnan(ds.gate.isel(snapshot=1).values).any()
     np.testing.assert_array_equal(ds.loss.values[:8], np.arange(8))
-    assert store.run_attrs(path, "r1") == {"status": "running", "starts": 2}
+    assert store.run_attrs(path, "r1") == {"status": "running", "starts": 2, "empty_chunks_written": True}
 
     other_variables, other_coords = spec(n_heads=8)
     with pytest.raises(StoreError, match="attention"):
@@ -162,7 +163,7 @@ def test_a_refused_resume_leaves_the_run_attrs_as_they_were(tmp_path):
     with pytest.raises(StoreError, match="stored 'attention'"):
         store.RunWriter(path, "r1", variables=other_variables, coords=other_coords,
                         attrs={"status": "running", "starts": 2}, resume=True)
-    assert store.run_attrs(path, "r1") == {"status": "interrupted", "starts": 1}
+    assert store.run_attrs(path, "r1") == {"status": "interrupted", "starts": 1, "empty_chunks_written": True}
 
 
 def test_a_run_with_unreadable_metadata_is_named_by_readers_and_left_alone_by_writers(tmp_path):
@@ -194,7 +195,7 @@ def test_a_run_with_unreadable_metadata_is_named_by_readers_and_left_alone_by_wr
     assert store.list_runs(path, damaged="skip") == ["r2"]
     assert store.list_runs(path, damaged="include") == ["r1", "r2"]
     np.testing.assert_array_equal(store.open_run(path, "r2").gate.isel(snapshot=2).values, snaps[2]["gate"])
-    assert store.run_attrs(path, "r2") == {"status": "completed"}
+    assert store.run_attrs(path, "r2") == {"status": "completed", "empty_chunks_written": True}
     store.write_analysis(path, "r2", xr.Dataset({"score": ("head", [1.0])}))
     assert list(store.open_analysis(path, "r2").score.values) == [1.0]
     assert list(store.open_sweep(path, ["r2"]).run.values) == ["r2"]
@@ -321,7 +322,7 @@ def test_a_run_whose_creation_was_cut_short_resumes(tmp_path, monkeypatch):
     ds = xr.open_zarr(path, group="runs/r1")
     assert list(ds.step.values) == [0, 5, 10] and [str(v) for v in ds.weight.values] == ["q", "k", "v", "o"]
     assert list(ds.component.values) == ["induction", "markov"]
-    assert ds.attrs == {"status": "running", "starts": 2}
+    assert ds.attrs == {"status": "running", "starts": 2, "empty_chunks_written": True}
 
 
 def test_write_region_and_write_snapshot_check_their_input(tmp_path):
@@ -538,7 +539,7 @@ def test_root_index_survives_sweep_index_and_concurrent_writers(tmp_path):
     assert store.read_sweep_index(path)["runs"]["t3"] == {"train.seed": 3}
     for i in range(4):
         ds = xr.open_zarr(path, group=f"runs/t{i}")  # through the root index
-        assert ds.attrs == {"status": "completed", "progress": 4}
+        assert ds.attrs == {"status": "completed", "progress": 4, "empty_chunks_written": True}
 
     root = json.loads((path / "zarr.json").read_text())
     del root["consolidated_metadata"]["metadata"]["runs/t0"]
@@ -677,12 +678,19 @@ def test_a_chunk_a_finished_run_wrote_that_is_gone_is_named_not_read_as_nan(tmp_
     with pytest.raises(StoreError, match=r"array attention at snapshot 2: .* \(and 1 more chunk"):
         store.check_recorded(path, "r1")
 
-    # what a run may leave unwritten is not damage: a run still training, a one-head coordinate [0]
-    # (its fill value), and a diverged run's snapshots from its diverging step on
+    # what a run may leave unwritten is not damage: a run still training, and a diverged run's
+    # snapshots from its diverging step on
     store.update_run_attrs(path, "r1", status="running")
     store.check_recorded(path, "r1")
     write_whole_run(path, "div", n_heads=1, attrs={"status": "diverged", "diverged_step": 5})  # steps 0, 5, 10
-    assert not (path / "runs" / "div" / "head" / "c").exists()
+    # a one-head coordinate [0] is all fill value: written all the same, so its loss is named
+    head = path / "runs" / "div" / "head" / "c" / "0"
+    assert head.exists()
+    head.unlink()
+    with pytest.raises(StoreError, match=r"run div: array head: its chunk runs/div/head/c/0 is missing"):
+        store.check_recorded(path, "div")
+    store.update_run_attrs(path, "div", empty_chunks_written=False)  # as written before: no chunk for [0]
+    store.check_recorded(path, "div")
     (path / "runs" / "div" / "gate" / "c" / "1" / "0" / "0").unlink()
     (path / "runs" / "div" / "gate" / "c" / "2" / "0" / "0").unlink()
     store.check_recorded(path, "div")
@@ -691,15 +699,24 @@ def test_a_chunk_a_finished_run_wrote_that_is_gone_is_named_not_read_as_nan(tmp_
         store.check_recorded(path, "div")
 
 
-def test_a_probe_of_token_0_alone_is_not_a_lost_chunk(tmp_path):
-    # a markov chain whose token 0 leads only to itself (vocab_size 4, markov_branching 1, seed 0,
-    # n_probe 1) draws a probe of 0s: zarr stores it as no chunk, and a healthy run was "damaged"
+def test_a_lost_probe_is_named_and_a_probe_of_token_0_alone_is_not_a_lost_chunk(tmp_path):
+    # A markov chain whose token 0 leads only to itself (vocab_size 4, markov_branching 1, seed 0,
+    # n_probe 1) draws a probe of 0s, which zarr stored as no chunk: a lost probe chunk (every role
+    # score then computed against token 0) could not be told from it. The writer now stores it.
     path = tmp_path / "s.zarr"
     write_whole_run(path, "r1")
     variables, coords = spec()
     w = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={}, resume=True)
     w.write_region("probe_tokens", 0, np.zeros((P, T + 1), np.int64))
-    assert not (path / "runs" / "r1" / "probe_tokens" / "c" / "0" / "0").exists()
+    chunk = path / "runs" / "r1" / "probe_tokens" / "c" / "0" / "0"
+    assert chunk.exists()
+    store.check_recorded(path, "r1")
+    chunk.unlink()
+    with pytest.raises(StoreError, match=r"run r1: array probe_tokens: its chunk runs/r1/probe_tokens/c/0/0 is "
+                                         r"missing, though the run wrote it: zarr would read it as 0"):
+        store.check_recorded(path, "r1")
+    # a run from before the writer stored such chunks: its probe of 0s had none, and is not damage
+    store.update_run_attrs(path, "r1", empty_chunks_written=False)
     store.check_recorded(path, "r1")
 
 

@@ -6,10 +6,14 @@ snapshot of ``attention`` reads as NaN (its heads then have no role, no bifurcat
 tokens), a lost ``step`` chunk as step 0 at every snapshot. And a chunk cut short fails deep in
 a codec ("Zstd decompression error") naming neither the run nor the array.
 
-Only a chunk the run cannot have left unwritten is named as lost: not the gradient statistics of
-a completed run's last snapshot when its gradient was NaN (:data:`GRADIENT_VARIABLES`). A lost ``probe_tokens`` chunk
-is not: it reads as token 0 everywhere, which is also a real probe (a markov chain whose token 0
-leads only to itself, n_probe 1), and zarr stores that one as no chunk too.
+A run created by this version's writer (attr :data:`~dynamics.store.writer.EMPTY_CHUNKS_WRITTEN`)
+stored every chunk it wrote, even one of nothing but the fill value, so every chunk it wrote is
+checked, ``probe_tokens`` and single-value coordinates included. In a run from before, zarr
+stored no chunk whose values all equal the fill value, so only a chunk the run cannot have left
+unwritten is named as lost: not the gradient statistics of a completed run's last snapshot when
+its gradient was NaN (:data:`GRADIENT_VARIABLES`), nor ``probe_tokens`` (token 0 everywhere is
+also a real probe: a markov chain whose token 0 leads only to itself, n_probe 1), nor a
+coordinate of one value that may be its fill value 0.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from zarr.core.sync import sync as _sync
 from dynamics.schema import FINISHED_STATUSES, SNAPSHOT, TRAIN_STEP
 from dynamics.store._loc import StoreError, _default_run, _Loc, _unreadable_member
 from dynamics.store.root import _require_store, run_attrs
+from dynamics.store.writer import EMPTY_CHUNKS_WRITTEN
 
 WRITTEN_EVERY_SNAPSHOT = ("attention", "grad_norm", "importance", "gate", "eval_loss", "head_weights")
 """Recorded variables that hold finite values at every snapshot a run recorded before it diverged.
@@ -83,12 +88,14 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
 
     ``attrs``: the run's attributes when the caller has just read them (not read again).
 
-    Checked, from the file listing alone (no chunk is read): every coordinate (a numeric one of
-    a single value may be its fill value 0, which zarr stores as no chunk, and is passed over),
-    the :data:`WRITTEN_EVERY_SNAPSHOT` variables at every snapshot the run recorded, and ``loss``
-    over the steps it trained. Not ``probe_tokens``: all token 0, it has no chunk either. Runs not finished are not checked (their
-    later snapshots are not written yet), nor variables that may legitimately lack chunks, nor the
-    :data:`GRADIENT_VARIABLES` of a completed run's last snapshot when its gradient was NaN.
+    Checked, from the file listing alone (no chunk is read): every coordinate, the
+    :data:`WRITTEN_EVERY_SNAPSHOT` variables at every snapshot the run recorded, ``loss`` over the
+    steps it trained, and ``probe_tokens``. Runs not finished are not checked (their later
+    snapshots are not written yet), nor variables that may legitimately lack chunks. In a run
+    from before :data:`~dynamics.store.writer.EMPTY_CHUNKS_WRITTEN` (see the module docstring)
+    neither ``probe_tokens`` nor a numeric coordinate of a single value (its fill value 0 had no
+    chunk) is checked, nor the :data:`GRADIENT_VARIABLES` of a completed run's last snapshot
+    when its gradient was NaN.
 
     Raises
     ------
@@ -115,15 +122,18 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
     if extent is None:
         return
     snapshots, train_steps = extent
+    every = attrs.get(EMPTY_CHUNKS_WRITTEN) is True
     missing: list[tuple[str, tuple[int, ...]]] = []
     for name in sorted(arrays):
         arr = arrays[name]
         dims = tuple(arr.metadata.dimension_names or ())
         is_coord = len(dims) == 1 and name in (dims[0], "step")
         if is_coord:
-            if arr.shape[0] <= 1 and arr.dtype.kind in "biuf":
+            if arr.shape[0] <= 1 and arr.dtype.kind in "biuf" and not every:
                 continue
         elif name == "loss" and dims == (TRAIN_STEP,):
+            pass
+        elif name == "probe_tokens" and every:
             pass
         elif name not in WRITTEN_EVERY_SNAPSHOT or SNAPSHOT not in dims:
             continue
@@ -136,7 +146,8 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
         present = _keys(group, f"{gpath}/{name}/")
         missing += [(name, c) for c in itertools.product(*ranges)
                     if f"{gpath}/{name}/{arr.metadata.encode_chunk_key(c)}" not in present]
-    missing = _unexplained(group, gpath, arrays, missing, snapshots, attrs)
+    if not every:
+        missing = _unexplained(group, gpath, arrays, missing, snapshots, attrs)
     if not missing:
         return
     name, coords = missing[0]

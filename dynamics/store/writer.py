@@ -27,6 +27,14 @@ from dynamics.store.root import _index_update, _update_group_attrs, init_store
 
 TRAIN_STEP_CHUNK = 4096
 
+EMPTY_CHUNKS_WRITTEN = "empty_chunks_written"
+"""Run attribute, true for a run created by a writer that stores every chunk it writes, even one
+whose values all equal the fill value (zarr's ``write_empty_chunks``). In such a run a chunk file
+that is not there was never written or was lost, never "all NaN" or "all 0", so
+`check_recorded` can name a lost ``probe_tokens`` chunk or a lost gradient chunk at a run's last
+snapshot, which in earlier runs read like values that were written (all token 0; a NaN gradient)."""
+_WRITE_ALL = {"write_empty_chunks": True}
+
 
 # name -> factory of the bytes->bytes codecs for numeric arrays. bench/store.py measures them all.
 CODECS: dict[str, Callable[[], tuple]] = {
@@ -143,7 +151,8 @@ class RunWriter:
             if exists:  # its attrs are merged below, once the stored arrays are known to match
                 group = zarr.open_group(loc.store, path=gpath, mode="r+", use_consolidated=False)
             else:
-                group = zarr.create_group(loc.store, path=gpath, zarr_format=3, attributes=clean_attrs)
+                group = zarr.create_group(loc.store, path=gpath, zarr_format=3,
+                                          attributes={**clean_attrs, EMPTY_CHUNKS_WRITTEN: True})
 
         try:
             existing = set(group.array_keys()) if exists else set()
@@ -162,7 +171,9 @@ class RunWriter:
         to_create: dict[str, dict] = {}  # name -> create_array kwargs, created concurrently below
         for name, (dims, shape, dt, fill) in specs.items():
             if name in existing:
-                arr = self._arrays[name] = group[name]
+                # write_empty_chunks is a runtime setting, not stored: set again on every open, though a
+                # run begun before it (no EMPTY_CHUNKS_WRITTEN attr) stays checked as such runs are
+                arr = self._arrays[name] = group[name].with_config(_WRITE_ALL)
                 stored = (tuple(arr.metadata.dimension_names or ()), tuple(arr.shape))
                 if stored != (dims, shape) or (dt is not str and arr.dtype != dt):
                     raise StoreError(
@@ -178,6 +189,7 @@ class RunWriter:
                 fill_value=fill,
                 dimension_names=dims,
                 attributes={"coordinates": " ".join(cnames)} if cnames else None,
+                config=_WRITE_ALL,
             )
         coord_values: dict[str, np.ndarray] = {}
         refill: dict[str, Any] = {}  # name -> stored coordinate array that never received its values
@@ -185,7 +197,7 @@ class RunWriter:
             values = np.asarray(values)
             is_str = values.dtype.kind in "UTO"
             if name in existing:
-                arr = group[name]
+                arr = group[name].with_config(_WRITE_ALL)
                 if arr.nchunks_initialized == 0 and arr.shape == values.shape:
                     # created, then the process died before its values landed: they are written now
                     # (a coordinate equal to its fill value has no chunk either; rewriting it is a no-op)
@@ -208,6 +220,7 @@ class RunWriter:
                 chunks=(max(len(values), 1),),
                 dimension_names=(dim,),
                 attributes=own,
+                config=_WRITE_ALL,
             )
 
         async def create() -> dict[str, Any]:
