@@ -814,6 +814,29 @@ def _role_curve(chance_attr: float) -> xr.Dataset:
                "chance": chance_attr, "horizon_unit": "fraction", "group_by": "seed"})
 
 
+def test_predictor_chance_line_leaves_out_folds_of_one_class(tmp_path, monkeypatch):
+    # predict does not score a test fold of one class (a constant guess of it scores 1); the report
+    # still counted such a fold at 1/1, and drew chance above every model.
+    from dynamics.report import predictor
+    from dynamics.report.data import _Ctx
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    curve = _role_curve(chance_attr=0.375)
+    curve["target"][:4] = 0.0  # fold 0: one class
+    curve["score"][:, :, 0] = np.nan
+    store.write_derived(path, "predict.role", curve)
+    figs = {}
+    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    dotted = [ln for ln in figs["predict_role.png"].axes[0].get_lines() if ln.get_label().startswith("chance level")]
+    assert len(dotted) == 1 and dotted[0].get_ydata()[0] == pytest.approx((0.5 + 0.25) / 2)
+    caption = dict(sec.figures)["predict_role.png"]
+    assert "mean over the scored folds" in caption
+    assert ("balanced accuracy is undefined on 1 of 3 cross-validation folds holding out whole seeds (seed=0), whose "
+            "test targets are one class") in caption
+
+
 def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_folds_are_named(tmp_path, monkeypatch):
     # A curve stored before predict's chance level counted classes per test fold says 1/4 (the
     # table's classes): the dotted line sat below the chance model's own score, unexplained.

@@ -149,21 +149,24 @@ def _chance_level(ds: xr.Dataset, metric: str, fold: str | None) -> tuple[float 
     """The dotted chance level and the caption phrase saying what it is.
 
     For balanced accuracy a constant guess scores 1 / (classes the test fold holds) when it
-    names one of them, so the level is the mean of that over the test folds, counted from the
-    stored targets (``target``, ``row_fold``) when the curve has them: curves written before
-    `dynamics.predict` used that definition carry ``attrs["chance"]`` = 1 / (classes in the
-    whole table), a level no constant guess reaches when a fold lacks classes.
+    names one of them, so the level is the mean of that over the scored test folds (a fold of
+    one class is not scored: `dynamics.predict.models.score`), counted from the stored targets
+    (``target``, ``row_fold``) when the curve has them, as `dynamics.predict.curve` counts it
+    (not imported: it would import sklearn): curves written before `dynamics.predict` used that
+    definition carry ``attrs["chance"]`` = 1 / (classes in the whole table), a level no constant
+    guess reaches when a fold lacks classes.
     """
     stored = _float_or_none(ds.attrs.get("chance"))
     if metric == "balanced_accuracy" and "target" in ds and "row_fold" in ds.coords and fold:
         target = np.asarray(ds["target"].values, dtype=float)
         row_fold = np.asarray(ds["row_fold"].values)
         counts = [np.unique(target[(row_fold == k) & np.isfinite(target)]).size for k in ds[fold].values]
-        counts = [c for c in counts if c > 0]
+        counts = [c for c in counts if c > 1]
         if counts:
             level = float(np.mean([1.0 / c for c in counts]))
             return level, (f"dotted: chance level {level:.2f}, what a constant guess of a class each test fold holds "
-                           f"scores (1 / the classes in the fold, mean over folds); ")
+                           f"scores (1 / the classes in the fold, mean over the scored folds); ")
+        return None, ""  # no fold is scored: no level to draw
     if stored is None:
         return None, ""
     if metric == "balanced_accuracy":
@@ -195,5 +198,6 @@ def _undefined_folds(ds: xr.Dataset, fold: str, metric: str, undefined: list[int
     which = ""
     if "test_groups" in ds and fold in ds["test_groups"].dims:
         which = " (" + "; ".join(str(ds["test_groups"].values[k]) for k in undefined) + ")"
-    why = {"AUROC": ", whose test targets are one class", "Spearman correlation": ", whose test targets are constant"}
+    why = {"AUROC": ", whose test targets are one class", "balanced accuracy": ", whose test targets are one class",
+           "Spearman correlation": ", whose test targets are constant"}
     return which + why.get(metric, "")
