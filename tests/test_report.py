@@ -646,10 +646,28 @@ def test_bifurcation_marks_unfinished_runs_and_says_what_the_mean_is(tmp_path, m
     assert ((2.0, ticks["not yet"]), True) in marks  # unfinished without it: "not yet", not "never"
     (mean_line,) = ax.get_lines()
     assert mean_line.get_xydata().tolist() == [[1.0, 20.0]]  # finished runs where it happened only
+    assert mean_line.get_marker() not in (None, "None", "", " ")  # one point: a bare line drew nothing
     caption = sec.figures[0][1]
     assert "live (running)" in caption and "stopped (stopped)" in caption and "not yet" in caption
     assert "bifurcation: 1 of 3 finished run(s) never reached it, 1 of 2 unfinished run(s) not yet" in caption
     assert "mean over the finished runs where the event happened" in caption
+
+
+def test_step_axis_is_symlog_for_a_geometric_schedule_only_however_many_runs():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dynamics.report.draw import _step_axis
+
+    linear, geometric = np.arange(0, 1001, 100.0), np.array([0, 1, 2, 4, 8, 16, 32, 100, 500, 1000.0])
+    for steps, scale in ((linear, "linear"), (np.r_[linear, linear], "linear"),  # two runs' steps at once
+                         (geometric, "symlog"), (np.r_[geometric, geometric, np.nan], "symlog")):
+        fig, ax = plt.subplots()
+        _step_axis(ax, steps)
+        assert ax.get_xscale() == scale, (steps, scale)
+        plt.close(fig)
 
 
 def test_captions_name_the_slash_window_and_the_unfinished_run(built):

@@ -174,8 +174,10 @@ def _is_number(text: str) -> bool:
 
 def _step_axis(ax, steps: np.ndarray) -> None:
     """Symlog x axis when snapshots are geometric early on, so the dense phase is visible."""
+    # unique: callers pass several runs' steps at once, and a second run's step 0 taken as the
+    # "second snapshot" made any schedule look geometric (symlog for steps 0, 100, ..., 1000)
     steps = np.asarray(steps, dtype=float)
-    steps = steps[np.isfinite(steps)]
+    steps = np.unique(steps[np.isfinite(steps)])
     if steps.size > 2 and steps.max() > 20 * max(1.0, np.sort(steps)[1]):
         from matplotlib.ticker import FuncFormatter
 

@@ -256,7 +256,8 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                     drawn["not yet"] = True
             if means:
                 mx = sorted(means)
-                ax.plot(mx, [np.mean(means[x]) for x in mx], color="k", lw=1, alpha=0.6, zorder=2)
+                # a marker too: events at one swept value give a one-point "line", drawn as nothing
+                ax.plot(mx, [np.mean(means[x]) for x in mx], color="k", lw=1, alpha=0.6, zorder=2, marker="_", ms=14)
             values = sorted({float(r.params[axis]) for r in runs if isinstance(r.params.get(axis), (int, float))})
             if values and min(values) > 0 and max(values) / min(values) >= 8:
                 ax.set_xscale("log", base=2 if axis != "train.lr" else 10)
