@@ -288,6 +288,11 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
     keep = {"label", "run_a", "run_b", "pair_group"}
     store.write_derived(path, "consistency", result.drop_vars([v for v in result.coords
                                                                if v not in result.dims and v not in keep]))
+    # in the grid's order, as the analyse table above them lists the runs (group names are hashes)
+    from dynamics.status import grid_key
+
+    key = grid_key(index)
+    first = {g: min(key(r) for r, gr in zip(kept, groups, strict=True) if gr == g) for g in counts}
     return [(labels.get(g, g), float(result.similarity.sel(group=g)), float(result.unmatched_similarity.sel(group=g)),
              counts[g])
-            for g in result.group.values.tolist() if counts[g] >= 2]
+            for g in sorted(result.group.values.tolist(), key=first.__getitem__) if counts[g] >= 2]

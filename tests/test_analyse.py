@@ -208,6 +208,29 @@ def test_seed_consistency_names_groups_that_share_their_swept_values(three_runs,
     assert rows == {f"{swept}, train.lr={base['train']['lr']}": 3, f"{swept}, train.lr=0.001": 2}
 
 
+def test_seed_consistency_lines_come_in_the_grids_order(three_runs, tmp_path):
+    # They came in the order of their groups' config hashes, under a table in the grid's order.
+    from dynamics.analyse import seed_consistency
+
+    path = str(tmp_path / "o.zarr")
+    shutil.copytree(three_runs[0], path)
+    done = [r for r in store.list_runs(path) if store.run_attrs(path, r)["status"] == "completed"]
+    base = store.run_attrs(path, done[0])["config"]
+    cfg = from_dict({k: v for k, v in base.items() if k != "sweep"})
+    slow = [with_values(cfg, {"train.lr": 1e-3, "train.seed": s}) for s in (0, 1)]
+    for c in slow:
+        train_run(c, path)
+    analyse_store(path, workers=1)
+    lr = base["train"]["lr"]
+    runs = {r: {"train.lr": lr, "train.seed": store.run_attrs(path, r)["config"]["train"]["seed"]} for r in done}
+    runs |= {c.run_id(): {"train.lr": 1e-3, "train.seed": c.train.seed} for c in slow}
+    for first in (lr, 1e-3):  # the index lists this lr's runs first: its line comes first
+        ordered = dict(sorted(runs.items(), key=lambda kv: kv[1]["train.lr"] != first))
+        store.write_sweep_index(path, {"axes": ["train.lr", "train.seed"], "runs": ordered})
+        labels = [label for label, *_ in seed_consistency(path)]
+        assert labels == [json.dumps({"train.lr": v}) for v in (first, 1e-3 if first == lr else lr)]
+
+
 def test_seed_consistency_of_a_group_with_fewer_heads_than_the_store(three_runs, tmp_path):
     # Runs of 2 and 4 heads share one stacked array, so the 2-head runs' heads 2-3 are padding:
     # they must be missing (matched to nothing), not all-zero heads that match each other at 0.
