@@ -153,6 +153,30 @@ def test_an_axis_over_a_task_key_the_task_does_not_read_is_refused():
     assert len(expand_grid(from_dict(tiny({"task.name": ["induction", "offset_copy"]}, task={"delta": 5})))) == 2
 
 
+def test_points_whose_tasks_come_to_the_same_data_are_refused():
+    import numpy as np
+
+    from dynamics.tasks import make_batch
+
+    # equal weights, however written, draw the same rows; a mixture of one component makes the
+    # very batches of that task: each pair trained bitwise the same run under two run ids
+    mix = {"name": "mixture", "components": ["induction", "markov"]}
+    with pytest.raises(ConfigError, match=r"^sweep points task.weights=\[\] and task.weights=\[1, 1\] train the "
+                                          r"same data and model: they differ only in task.weights, which come to "
+                                          r"the same task"):
+        expand_grid(from_dict(tiny({"task.weights": [[], [1, 1], [2, 2]]}, task=mix)))
+    assert len(expand_grid(from_dict(tiny({"task.weights": [[1, 2], [2, 1], [2, 4.5]]}, task=mix)))) == 3
+    one = tiny({"task.name": ["induction", "mixture"], "task.components": [[], ["induction"]],
+                "zip": [["task.name", "task.components"]]})
+    with pytest.raises(ConfigError, match=r"differ only in task.name, task.components, which come to the same task"):
+        expand_grid(from_dict(one))
+    plain = from_dict(tiny())
+    alone = from_dict(tiny(task={"name": "mixture", "components": ["induction"]}))
+    for split in ("train", "eval", "probe"):  # the known answer the refusal rests on
+        a, b = make_batch(plain, split, 3, 8), make_batch(alone, split, 3, 8)
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
 def test_each_point_intervention_is_checked_before_any_work():
     raw = tiny({"train.seed": [0, 1]})
     raw["intervene"] = {"templates": {"heads": [{"layer": 5, "head": 0, "pattern": "uniform"}]}}

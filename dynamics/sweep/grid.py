@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from dynamics import tasks
 from dynamics.config import ConfigError, RunConfig, TaskConfig, with_values
 from dynamics.identity import EXECUTION_KEYS
@@ -107,10 +109,15 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
             other = same_as[same]
             differ = [k for k in axes if other.values[k] != values[k]]
             names = point_cfg.task.component_names
+            unread = set(tasks.unread_keys(point_cfg)) | set(tasks.unread_keys(other.cfg))
+            if all(k.startswith("task.") and k[5:] in unread for k in differ):
+                why = f"which {' and '.join(names)} {'does' if len(names) == 1 else 'do'} not read"
+            else:  # normalised mixture weights, or a mixture of one component
+                why = ("which come to the same task (mixture weights count as the probabilities they give, and a "
+                       "mixture of one component is that task)")
             raise ConfigError(
                 f"sweep points {other.label} and {_label(values)} train the same data and model: they differ "
-                f"only in {', '.join(differ)}, which {' and '.join(names)} {'does' if len(names) == 1 else 'do'} "
-                f"not read")
+                f"only in {', '.join(differ)}, {why}")
         point = Point(run_id, values, point_cfg)
         same_as[same] = point
         points.append(point)
@@ -128,10 +135,21 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
 
 
 def _read_identity(cfg: RunConfig) -> str:
-    """The run id with every task key that the config's tasks do not read set to its default."""
+    """The run id of the config with its task written one way for one dataset: every task key its
+    tasks do not read at its default, mixture weights as the probabilities they give (none when
+    equal: ``[]``, ``[1, 1]`` and ``[2, 2]`` draw the same rows), and a mixture of one component
+    as that task (it makes the task's very batches)."""
+    from dynamics.tasks.batch import _mixture_weights
+
     default = TaskConfig()
-    reset = {k: getattr(default, k) for k in tasks.unread_keys(cfg)}
-    return replace(cfg, task=replace(cfg.task, **reset)).run_id()
+    task = replace(cfg.task, **{k: getattr(default, k) for k in tasks.unread_keys(cfg)})
+    if task.name == "mixture":
+        p = _mixture_weights(cfg)  # what the generator draws with, so equal here means equal rows
+        weights = () if np.all(p == p[0]) else tuple(float(x) for x in p)
+        task = replace(task, weights=weights)
+        if len(task.components) == 1:
+            task = replace(task, name=task.components[0], components=(), weights=())
+    return replace(cfg, task=task).run_id()
 
 
 def _plain(value: Any) -> Any:
