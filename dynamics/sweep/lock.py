@@ -17,7 +17,8 @@ from dynamics import store
 
 LOCK_NAME = "sweep.lock"
 LOCK_STALE_AFTER = 120.0
-"""Seconds without a heartbeat after which a lock held from another host is stale."""
+"""Seconds without a heartbeat after which a lock is stale, whatever host holds it (on this host a
+holder whose pid is gone makes it stale at once: `lock_stale_reason`)."""
 LOCK_HEARTBEAT_EVERY = 10.0
 """Seconds between heartbeats of a held lock."""
 
