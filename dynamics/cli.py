@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 from dynamics.budget import check_fits
 from dynamics.config import ConfigError, load_config
@@ -372,6 +373,12 @@ def _quickstart_config() -> Path:
     raise UsageError("experiments/quickstart.toml not found: run the demo from a clone of the repository")
 
 
+def _within(path: Path, folder: Path) -> bool:
+    """Whether `path` is `folder` or under it, both resolved (symlinks, ``..``) as far as they exist."""
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: quickstart sweep -> analyse -> predict -> report."""
     config = _quickstart_config()
@@ -383,6 +390,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_out(out)
     report_out = report_dir(args.report, "--report") if args.report else default_report_dir(out)
     check_report_dir(report_out, "--report")
+    local = unquote(out[len("file://"):]) if out.startswith("file://") else None if "://" in out else out
+    if local is not None and _within(report_out, Path(local)):
+        # the store is made only by the sweep below, so check_report_dir could not see it yet
+        raise UsageError(f"--report {report_out} is {'the' if _within(Path(local), report_out) else 'inside the'} "
+                         f"store --out {out} is to become; a report goes next to it, not into it")
     from dynamics import predict
     from dynamics.report import write_report
     from dynamics.sweep import run_sweep

@@ -56,6 +56,9 @@ def tiny(tmp_path_factory):
     (["report", "{path}", "--out", "{path}"], "is a dynamics store; a report goes next to it, not into it"),
     (["report", "{path}", "--out", "{path}/rep"], "is inside the store"),
     (["demo", "--out", "{d}/new6.zarr", "--report", "{path}"], "is a dynamics store; a report goes next to it"),
+    # the store did not exist yet when the report folder was checked: the demo trained, then wrote its page into it
+    (["demo", "--out", "{d}/new12.zarr", "--report", "{d}/new12.zarr"], "is the store --out"),
+    (["demo", "--out", "{d}/new13.zarr", "--report", "{d}/new13.zarr/rep"], "is inside the store --out"),
     # every point of the grid would replace the value: no run would train with it
     (["demo", "--out", "{d}/new7.zarr", "--set", "train.seed=5"], "--set train.seed: a [sweep] axis"),
     (["sweep", str(ROOT / "experiments" / "quickstart.toml"), "--out", "{d}/new8.zarr", "--set", "model.init_scale=3.0"],
