@@ -67,10 +67,28 @@ def check_args(args) -> None:
     expand it, so a report or config path left as a folder named ``~`` in the working directory
     would be another path than the store's)."""
     for name, value in vars(args).items():
+        label = name.upper() if name in _POSITIONAL else "--" + name.replace("_", "-")
         if isinstance(value, str) and not value.strip():
-            raise UsageError(f"{name.upper() if name in _POSITIONAL else '--' + name.replace('_', '-')}: empty value")
+            raise UsageError(f"{label}: empty value")
         if name in _PATHS and isinstance(value, str) and value.startswith("~"):
-            setattr(args, name, os.path.expanduser(value))
+            value = os.path.expanduser(value)
+            setattr(args, name, value)
+        if name in _PATHS and isinstance(value, str):
+            _check_examinable(value, label)
+
+
+def _check_examinable(value: str, label: str) -> None:
+    """A local path whose stat fails but for "not there" (a name too long, a folder on the way
+    this user may not enter) is bad input: every later check's exists() raised it as a traceback."""
+    if "://" in value and not value.startswith("file://"):
+        return
+    local = unquote(value[len("file://"):]) if value.startswith("file://") else value
+    try:
+        os.stat(local)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # not there (yet): the command's own checks say whether that is right
+    except OSError as e:
+        raise UsageError(f"{label} {value}: cannot be looked at: {e.strerror or e}") from None
 
 
 _POSITIONAL = ("config", "store")

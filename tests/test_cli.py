@@ -56,6 +56,10 @@ def tiny(tmp_path_factory):
     (["report", "{path}", "--out", "{path}"], "is a dynamics store; a report goes next to it, not into it"),
     (["report", "{path}", "--out", "{path}/rep"], "is inside the store"),
     (["demo", "--out", "{d}/new6.zarr", "--report", "{path}"], "is a dynamics store; a report goes next to it"),
+    # stat of a name too long raised OSError from exists(), a traceback with exit 1
+    (["run", "{cfg}", "--out", "{d}/" + "x" * 300 + ".zarr"], "cannot be looked at: File name too long"),
+    (["run", "{d}/" + "x" * 300 + ".toml"], "cannot be looked at: File name too long"),
+    (["report", "{path}", "--out", "{d}/" + "x" * 300], "cannot be looked at: File name too long"),
     # the store did not exist yet when the report folder was checked: the demo trained, then wrote its page into it
     (["demo", "--out", "{d}/new12.zarr", "--report", "{d}/new12.zarr"], "is the store --out"),
     (["demo", "--out", "{d}/new13.zarr", "--report", "{d}/new13.zarr/rep"], "is inside the store --out"),
