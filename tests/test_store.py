@@ -752,3 +752,25 @@ def test_open_analysis_warns_on_another_analysers_version(tmp_path):
     store.open_analysis(path, "r1")
     with pytest.raises(ValueError, match="stale: expected 'warn' or 'allow', got 'no'"):
         store.open_analysis(path, "r1", stale="no")
+
+
+def test_what_the_store_writes_is_readable_as_the_umask_says(tmp_path):
+    # mkdtemp (0700) and mkstemp (0600) made every analysis, derived group and checkpoint readable by
+    # its writer alone: a colleague with read access to the store got PermissionError from predict,
+    # gates and report. Known answer: umask 022 gives 0755 folders and 0644 files, as zarr's own.
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "s.zarr"
+        write_run(path, "r1")
+        store.write_analysis(path, "r1", xr.Dataset({"score": ("head", [1.0, 2.0])}))
+        store.write_derived(path, "curves", xr.Dataset({"auc": ("fold", [0.7])}))
+        store.write_checkpoint(path, "r1", b"weights")
+    finally:
+        os.umask(old)
+    for p in (path / "analysis" / "r1", path / "derived" / "curves", path / "runs" / "r1"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o755, p
+    for p in (path / "analysis" / "r1" / "zarr.json", path / "checkpoints" / "r1" / "ckpt.pt"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o644, p

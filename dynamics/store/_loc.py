@@ -313,3 +313,34 @@ def _open_group_once(loc: _Loc, gpath: str, dask: bool) -> xr.Dataset:
         if damaged is None:
             raise
         raise damaged from e
+
+
+def _unique(folder: Path, prefix: str, suffix: str, make: Any) -> Path:
+    """``make(path)`` at the first free ``folder / (prefix + random hex + suffix)``."""
+    import secrets
+
+    for _ in range(1000):
+        path = folder / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            make(path)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name {prefix}*{suffix} in {folder}")
+
+
+def new_dir(folder: Path, prefix: str) -> Path:
+    """A new empty folder, like tempfile.mkdtemp but with the umask's mode: mkdtemp's 0700 left
+    every analysis and derived group readable by their writer alone once renamed into place, so a
+    colleague with read access to the store got PermissionError from predict and report. The
+    random part is hex, with no "." (stale staging folders are told by their dotted suffixes)."""
+    return _unique(folder, prefix, "", lambda p: os.mkdir(p, 0o777))
+
+
+def new_file(folder: Path, prefix: str, suffix: str) -> tuple[int, Path]:
+    """(fd open for writing, path) of a new empty file, like tempfile.mkstemp but with the
+    umask's mode (mkstemp's 0600 left checkpoints readable by their writer alone)."""
+    fd: list[int] = []
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    path = _unique(folder, prefix, suffix, lambda p: fd.append(os.open(p, flags, 0o666)))
+    return fd[0], path

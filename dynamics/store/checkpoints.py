@@ -14,12 +14,11 @@ import errno
 import json
 import os
 import socket
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from dynamics.store._loc import StoreError, _check_name, _group_meta, _Loc
+from dynamics.store._loc import StoreError, _check_name, _group_meta, _Loc, new_file
 
 try:
     import fcntl
@@ -116,7 +115,7 @@ def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    fd, tmp = new_file(target.parent, f".{target.name}.", ".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -10,7 +10,6 @@ import functools
 import os
 import shutil
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from dynamics.store._loc import (
     _Loc,
     _locked,
     _open_group_ds,
+    new_dir,
 )
 from dynamics.store.checkpoints import run_status
 from dynamics.store.root import _index_update, _require_store, read_sweep_index, run_attrs
@@ -285,7 +285,7 @@ def _replace_local(loc: _Loc, gpath: str, write: Any) -> None:
     with _locked(loc):  # another writer removes `work` under the lock once it is empty
         work.mkdir(exist_ok=True)
         _clear_stale_staging(loc, work)
-        tmp = Path(tempfile.mkdtemp(dir=work, prefix=gpath.replace("/", ".") + "."))
+        tmp = new_dir(work, gpath.replace("/", ".") + ".")
         claim = _claim(tmp)  # taken under the lock: no cleaner ever sees `tmp` unclaimed
     old = tmp.with_name(tmp.name + ".old")
     try:
@@ -375,7 +375,7 @@ def _clear_stale_staging(loc: _Loc, work: Path) -> None:
             except OSError:  # held by a live writer (or no flock here: cannot tell)
                 continue
             if entry.name.endswith(".old"):
-                # "<section>.<name>.<random>.old"; mkdtemp's random part has no "."
+                # "<section>.<name>.<random>.old"; new_dir's random part has no "."
                 section, _, name = entry.name.removesuffix(".old").rpartition(".")[0].partition(".")
                 target = loc.local / section / name
                 if section in SECTIONS[1:] and _NAME.match(name) and not target.exists():
