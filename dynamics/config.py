@@ -514,6 +514,7 @@ def validate(cfg: RunConfig) -> None:
     _require(m.init_scale > 0 and math.isfinite(m.init_scale), f"model.init_scale: must be > 0, got {m.init_scale}")
     _require(m.gates in ("fixed", "learned"), f"model.gates: expected fixed or learned, got {m.gates!r}")
     _require(m.gate_l1 >= 0, f"model.gate_l1: must be >= 0, got {m.gate_l1}")
+    _require(abs(m.gate_init) <= 100, f"model.gate_init: must be within +-100 (sigmoid is 0 or 1 in float32 past +-17), got {m.gate_init}")
     _require(m.rope_base > 1, f"model.rope_base: must be > 1 (the slowest RoPE frequency is 1 / rope_base), got {m.rope_base}")
     _require(m.attn_only or m.d_mlp > 0, f"model.d_mlp: must be positive, got {m.d_mlp}")
     _require(m.weight_entries <= MAX_WEIGHTS,

@@ -57,6 +57,9 @@ def test_int_accepted_for_float_but_not_reverse():
          "task.weights: must be non-negative with a positive, finite sum"),
         ({"task": {"name": "mixture", "components": ["induction", 3]}}, "task.components[1]: expected a string"),
         ({"model": {"rope_base": -1.0}}, "model.rope_base: must be > 1"),
+        # finite, accepted, then "value cannot be converted to type float without overflow" in a
+        # failed run in the store
+        ({"model": {"gates": "learned", "gate_init": 1e39}}, "model.gate_init: must be within"),
         ({"train": {"weight_decay": float("inf")}}, "train.weight_decay: expected a finite number"),
         ({"model": {"gate_init": float("nan")}}, "model.gate_init: expected a finite number"),
         ({"sweep": {"train": {"seed": []}}}, "sweep.train.seed: empty list"),

@@ -467,6 +467,7 @@ def test_static_gate_baseline_has_no_input_weights():
     ({"conditioned_gates": {"ema_decay": 1.0}}, "intervene.conditioned_gates.ema_decay"),
     ({"conditioned_gates": {"ema_mix": 2.0}}, "intervene.conditioned_gates.ema_mix"),
     ({"conditioned_gates": {"ema_mix": 1.0}}, "intervene.conditioned_gates.ema_mix"),  # nothing would train
+    ({"conditioned_gates": {"init": 1e39}}, "intervene.conditioned_gates.init"),  # overflowed float32 mid-run
 ])
 def test_bad_options_name_the_key(table, key):
     with pytest.raises(ConfigError, match=key):

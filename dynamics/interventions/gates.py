@@ -84,6 +84,8 @@ def parse(cfg: RunConfig, raw: object) -> GateOptions:
         fail(f"{prefix}.layers: duplicate layer")
     if opts.pool not in POOLS:
         fail(f"{prefix}.pool: unknown pooling {opts.pool!r} ({' | '.join(POOLS)})")
+    if not abs(opts.init) <= 100:  # as model.gate_init: a float32 logit, saturated long before
+        fail(f"{prefix}.init: must be within +-100 (sigmoid is 0 or 1 in float32 past +-17), got {opts.init}")
     if not 0.0 <= opts.ema_decay < 1.0:
         fail(f"{prefix}.ema_decay: must be in [0, 1), got {opts.ema_decay}")
     if not 0.0 <= opts.ema_mix < 1.0:  # at 1 the applied gate is the EMA alone, which no gradient reaches
