@@ -452,7 +452,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory, not a config file")
-    if not path.is_file():
+    if not path.exists():  # a pipe (`dynamics run <(...)`) is no regular file, but is read
         raise ConfigError(f"config file not found: {path}")
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))

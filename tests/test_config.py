@@ -149,6 +149,20 @@ def test_missing_file(tmp_path):
         load_config(tmp_path)
 
 
+
+def test_a_config_from_a_pipe_is_read(tmp_path):
+    # `dynamics run <(sed ... base.toml)`: /dev/fd/N is no regular file, and was "not found"
+    import os
+    import threading
+
+    fifo = tmp_path / "cfg.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("[train]\nsteps = 7\n"))
+    writer.start()
+    assert load_config(fifo).train.steps == 7
+    writer.join()
+
+
 def test_a_key_set_twice_is_refused(tmp_path):
     # The last value would win silently; one of the two is a mistake.
     p = write(tmp_path, "[train]\nsteps = 10\n")

@@ -348,6 +348,10 @@ def test_teacher_problems_are_config_errors(templated, tmp_path):
     for table, model, key in cases:
         with pytest.raises(ConfigError, match=key):
             interventions.check(config({"distill": table}, model=model))
+    # an empty store said "holds 0 runs; name one ()"
+    store.init_store(tmp_path / "empty.zarr")
+    with pytest.raises(ConfigError, match=r"^intervene.distill.teacher: teacher store .*empty.zarr holds no runs$"):
+        interventions.check(config({"distill": {"teacher": str(tmp_path / "empty.zarr")}}))
     both = config({"distill": {"teacher": path}, "templates": {"heads": PINNED}})
     with pytest.raises(ConfigError, match="intervene.distill: head"):
         interventions.check(both)

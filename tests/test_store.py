@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -651,6 +652,13 @@ def test_a_store_of_a_newer_version_is_neither_read_nor_written(tmp_path):
         with pytest.raises(StoreError, match="is newer than this package supports"):
             call()
     assert not (path / "derived" / "x").exists()
+    # not an integer at all: a damaged root, not a newer one ("store version 'abc' is newer")
+    for bad in ("abc", 1.0, None, True, 0):
+        root["attributes"]["dynamics_store"] = bad
+        (path / "zarr.json").write_text(json.dumps(root))
+        with pytest.raises(StoreError, match=rf"store version {re.escape(repr(bad))} in its zarr.json is no version "
+                                             r"this package writes .*: the root is damaged"):
+            store.list_runs(path)
 
 
 def write_whole_run(path, run_id, **kw):

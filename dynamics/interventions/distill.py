@@ -152,9 +152,13 @@ def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
     path = teacher_path(opts.teacher)
     if "://" not in path and not Path(path).exists():
         fail(f"{key}: teacher store {path} not found")
-    if not store.is_store(path):
-        fail(f"{key}: {path} is not a dynamics store")
+    try:
+        store.check_store(path)  # a damaged root or a newer version said as every command says it
+    except store.StoreError as e:
+        fail(f"{key}: {e}")
     runs = store.list_runs(path)
+    if not runs:
+        fail(f"{key}: teacher store {path} holds no runs")
     if opts.run:
         if opts.run not in runs:
             fail(f"intervene.distill.run: no run {opts.run!r} in {path} (runs: {', '.join(runs[:8]) or 'none'})")

@@ -184,7 +184,10 @@ def _store_root(loc: _Loc) -> dict | None:
 
 def _check_version(loc: _Loc, root: dict) -> None:
     version = root["attributes"]["dynamics_store"]
-    if not isinstance(version, int) or isinstance(version, bool) or version > STORE_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise StoreError(f"{loc}: store version {version!r} in its zarr.json is no version this package writes "
+                         f"(an integer, {STORE_VERSION} here): the root is damaged")
+    if version > STORE_VERSION:
         raise StoreError(f"{loc}: store version {version!r} is newer than this package supports ({STORE_VERSION})")
 
 
