@@ -86,6 +86,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     interventions.check(cfg)
     tasks.check(cfg)
     tasks.check_read(cfg)
+    from dynamics.identity import unread_model_problem
+
+    if (problem := unread_model_problem(cfg.to_dict())) is not None:
+        raise ConfigError(problem)
     if cfg.train.device == "cpu" and cfg.train.threads > (cores := _usable_cores()):
         # Not refused: the config may be meant for a larger machine, and the numbers are the same
         # up to float rounding; but threads beyond the cores fight each other (README: 3.4x slower).

@@ -39,3 +39,29 @@ def differing_settings(settings: Iterable[dict[str, Any]]) -> list[str]:
     settings = list(settings)
     keys = sorted({k for s in settings for k in s})
     return [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1]
+
+
+LEARNED_GATE_KEYS = ("gate_init", "gate_l1")
+"""Model keys that only learned gates read: under ``model.gates = "fixed"`` no gate is learned."""
+
+
+def unread_model_keys(config: dict) -> dict[str, Any]:
+    """``{"model.<key>": value}`` of the :data:`LEARNED_GATE_KEYS` a config dict
+    (``RunConfig.to_dict()``) sets away from their defaults under fixed gates: they change the
+    run id and nothing the run trains."""
+    from dynamics.config import ModelConfig
+
+    model = config.get("model", {})
+    if model.get("gates", ModelConfig.gates) != "fixed":
+        return {}
+    return {f"model.{k}": model[k] for k in LEARNED_GATE_KEYS if k in model and model[k] != getattr(ModelConfig, k)}
+
+
+def unread_model_problem(config: dict) -> str | None:
+    """One line for `dynamics run` on the first of :func:`unread_model_keys`, or None."""
+    unread = unread_model_keys(config)
+    if not unread:
+        return None
+    key, value = next(iter(unread.items()))
+    return (f"{key} = {value!r}: fixed gates (model.gates = \"fixed\") do not read it, so the run would train what "
+            f"the config without it trains, under another run id; drop the setting, or set model.gates = \"learned\"")

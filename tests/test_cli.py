@@ -73,6 +73,8 @@ def tiny(tmp_path_factory):
     # trained the same data and model as the config without it, under a run id of its own
     (["run", "{cfg}", "--out", "{d}/new11.zarr", "--set", "task.delta=5"],
      "task.delta = 5: the induction task does not read it (only offset_copy does)"),
+    (["run", "{cfg}", "--out", "{d}/new14.zarr", "--set", "model.gate_l1=0.5"],
+     'model.gate_l1 = 0.5: fixed gates (model.gates = "fixed") do not read it'),
     # made the store and a "failed" run, which died of a MemoryError 30 s later (or pushed the machine into swap)
     (["run", "{cfg}", "--out", "{d}/new9.zarr", "--set", "train.batch_size=100000000"],
      "for a training step), more than the"),

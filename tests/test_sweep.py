@@ -153,6 +153,19 @@ def test_an_axis_over_a_task_key_the_task_does_not_read_is_refused():
     assert len(expand_grid(from_dict(tiny({"task.name": ["induction", "offset_copy"]}, task={"delta": 5})))) == 2
 
 
+def test_learned_gate_keys_under_fixed_gates_are_refused_as_unread():
+    # gate_init and gate_l1 are read by learned gates alone: under fixed gates an axis over them
+    # trained one run several times under several run ids
+    with pytest.raises(ConfigError, match=r"differ only in model.gate_l1, which fixed gates \(model.gates = "
+                                          r"\"fixed\"\) do not read$"):
+        expand_grid(from_dict(tiny({"model.gate_l1": [0.01, 0.1]})))
+    with pytest.raises(ConfigError, match=r"^model.gate_init = 5.0: no point of the sweep has learned gates"):
+        expand_grid(from_dict(tiny({"train.seed": [0, 1]}, model={"gate_init": 5.0})))
+    assert len(expand_grid(from_dict(tiny({"model.gate_l1": [0.01, 0.1]}, model={"gates": "learned"})))) == 2
+    crossed = tiny({"model.gates": ["fixed", "learned"]}, model={"gate_init": 5.0})  # read by the learned point
+    assert len(expand_grid(from_dict(crossed))) == 2
+
+
 def test_points_whose_tasks_come_to_the_same_data_are_refused():
     import numpy as np
 
