@@ -47,8 +47,13 @@ def compare_run(a: str, b: str, run_id: str) -> dict:
     # A value one store lacks (a run diverged in one only) is as far apart as can be; nanmax
     # below would pass over it, and a run gone elsewhere would print no difference.
     rel[np.isnan(la) != np.isnan(lb)] = np.inf
-    # float16 maps at the last snapshot both runs wrote: (layer, head, probe, query, key)
-    last = min(x.sizes["snapshot"], y.sizes["snapshot"]) - 1
+    # float16 maps at the last snapshot either run wrote: (layer, head, probe, query, key). Not the
+    # schedule's last slot: a run that diverged never wrote it, and two identical diverged runs
+    # compared all-NaN maps there ("nan", not 0); a snapshot one run lacks still counts as inf.
+    n_snap = min(x.sizes["snapshot"], y.sizes["snapshot"])
+    written = [np.flatnonzero(d.attention.isel(snapshot=slice(0, n_snap)).notnull()
+                              .any([k for k in d.attention.dims if k != "snapshot"]).values) for d in (x, y)]
+    last = max((int(w[-1]) for w in written if w.size), default=n_snap - 1)
     ma = x.attention.isel(snapshot=last).values.astype(np.float32)
     mb = y.attention.isel(snapshot=last).values.astype(np.float32)
     att = np.where(np.isnan(ma) != np.isnan(mb), np.inf, np.abs(ma - mb))

@@ -169,3 +169,23 @@ def test_rounding_counts_a_value_one_store_lacks_as_a_difference(tmp_path):
     att[0, 0, 0, 5, :] = np.nan  # one map's row unwritten in b: NaN against a's weights
     w.write_snapshot(len(steps_at) - 1, {"attention": att})
     assert bench_rounding.compare_run(a, b, run_id)["attention"] == np.inf
+
+
+
+def test_rounding_compares_two_identical_diverged_runs_as_equal(tmp_path):
+    # The schedule's last snapshot was compared, which a diverged run never writes: two bitwise
+    # copies printed an attention difference of nan
+    import tomllib
+
+    from dynamics.config import from_dict
+    from dynamics.train import train_run
+    from tests.conftest import TINY
+
+    raw = tomllib.loads(TINY.format(steps=40, every=10))
+    raw["train"].update(lr=1e6, grad_clip=0.0)
+    a, b = str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")
+    result = train_run(from_dict(raw), a)
+    assert result.status == "diverged"
+    shutil.copytree(a, b)
+    got = bench_rounding.compare_run(a, b, result.run_id)
+    assert got["attention"] == 0.0 and got["loss_rel"] == 0.0 and got["first_step"] is None
