@@ -185,12 +185,10 @@ def test_seed_consistency_groups_runs_by_their_config(three_runs, tmp_path):
     assert derived is not None and derived.similarity.sizes["group"] == 2
 
 
-def test_seed_consistency_names_groups_that_share_their_swept_values(three_runs, tmp_path):
-    # A second sweep of the same axis from another base config (--set train.lr=...) into the store:
-    # both groups have the same swept values, and their lines must still say which is which.
-    from dynamics.analyse import seed_consistency
-
-    path = str(tmp_path / "m.zarr")
+def _with_two_slow_seeds(three_runs, path):
+    """A copy of the store with two seeds of its config at train.lr 1e-3 added: (path, its completed
+    runs before, their stored config, the added configs)."""
+    path = str(path)
     shutil.copytree(three_runs[0], path)
     done = [r for r in store.list_runs(path) if store.run_attrs(path, r)["status"] == "completed"]
     base = store.run_attrs(path, done[0])["config"]
@@ -198,6 +196,15 @@ def test_seed_consistency_names_groups_that_share_their_swept_values(three_runs,
     slow = [with_values(cfg, {"train.lr": 1e-3, "train.seed": s}) for s in (0, 1)]
     for c in slow:
         train_run(c, path)
+    return path, done, base, slow
+
+
+def test_seed_consistency_names_groups_that_share_their_swept_values(three_runs, tmp_path):
+    # A second sweep of the same axis from another base config (--set train.lr=...) into the store:
+    # both groups have the same swept values, and their lines must still say which is which.
+    from dynamics.analyse import seed_consistency
+
+    path, done, base, slow = _with_two_slow_seeds(three_runs, tmp_path / "m.zarr")
     scale = base["model"]["init_scale"]
     points = {r: {"model.init_scale": scale, "train.seed": store.run_attrs(path, r)["config"]["train"]["seed"]}
               for r in [*done, *(c.run_id() for c in slow)]}
@@ -212,14 +219,7 @@ def test_seed_consistency_lines_come_in_the_grids_order(three_runs, tmp_path):
     # They came in the order of their groups' config hashes, under a table in the grid's order.
     from dynamics.analyse import seed_consistency
 
-    path = str(tmp_path / "o.zarr")
-    shutil.copytree(three_runs[0], path)
-    done = [r for r in store.list_runs(path) if store.run_attrs(path, r)["status"] == "completed"]
-    base = store.run_attrs(path, done[0])["config"]
-    cfg = from_dict({k: v for k, v in base.items() if k != "sweep"})
-    slow = [with_values(cfg, {"train.lr": 1e-3, "train.seed": s}) for s in (0, 1)]
-    for c in slow:
-        train_run(c, path)
+    path, done, base, slow = _with_two_slow_seeds(three_runs, tmp_path / "o.zarr")
     analyse_store(path, workers=1)
     lr = base["train"]["lr"]
     runs = {r: {"train.lr": lr, "train.seed": store.run_attrs(path, r)["config"]["train"]["seed"]} for r in done}
