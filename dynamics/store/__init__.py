@@ -96,6 +96,7 @@ __all__ = [
     "DEFAULT_CODEC",
     "RunLocked",
     "RunWriter",
+    "StaleAnalysisWarning",
     "StoreError",
     "atomic_write_bytes",
     "check_recorded",
