@@ -145,10 +145,10 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
 
 
 def _read_identity(cfg: RunConfig) -> str:
-    """The run id of the config with its task written one way for one dataset (and learned-gate
-    keys under fixed gates at their defaults): every task key its tasks do not read at its default, mixture weights as the probabilities they give (none when
-    equal: ``[]``, ``[1, 1]`` and ``[2, 2]`` draw the same rows), and a mixture of one component
-    as that task (it makes the task's very batches)."""
+    """The run id of the config written one way for one training: every task key its tasks do
+    not read at its default, and the learned-gate keys under fixed gates; mixture weights as the
+    probabilities they give (none when equal: ``[]``, ``[1, 1]`` and ``[2, 2]`` draw the same
+    rows); a mixture of one component as that task (it makes the task's very batches)."""
     from dynamics.tasks.batch import _mixture_weights
 
     default = TaskConfig()
