@@ -102,8 +102,6 @@ def _rank_in_layer(x: np.ndarray) -> np.ndarray:
     # with no peer; NaN where x is. Plain rankdata made a whole layer NaN for one NaN head.
     ok = ~np.isnan(x)
     n = ok.sum(axis=1, keepdims=True)  # (L, 1)
-    if not ok.any():
-        return np.full(x.shape, np.nan)
     rank = rankdata(x, axis=1, nan_policy="omit")  # (L, H), 1..n per layer, NaN where x is
     return np.where(ok, np.where(n > 1, (rank - 1.0) / np.maximum(n - 1.0, 1.0), 0.5), np.nan)
 
