@@ -37,12 +37,13 @@ except KeyboardInterrupt:
 
 
 @pytest.mark.parametrize("then", ["finish", "stop"])
-def test_a_point_another_process_trains_is_waited_for_not_failed(then, tmp_path, threaded_cluster, capsys):
+def test_a_point_another_process_trains_is_waited_for_not_failed(then, tmp_path, threaded_cluster, capsys,
+                                                                  monkeypatch):
     # `dynamics run` of a sweep point (or an orphaned task of a killed launcher) holds the run's
     # lock: the sweep's task was refused, the summary said "1 failed" and the sweep exited 1,
     # though that run completed. The task now waits for the holder, says so, and then takes the
     # run up: skipped if the holder finished it, resumed if not.
-    import threading
+    from dynamics.sweep import progress
 
     raw = tiny({"train.seed": [0]})
     cfg = from_dict(raw)
@@ -59,24 +60,21 @@ def test_a_point_another_process_trains_is_waited_for_not_failed(then, tmp_path,
             assert holder.poll() is None and time.monotonic() < deadline, "the holder never took the run's lock"
             time.sleep(0.05)
 
-        seen: list[str] = []
+        # The holder is let go once the sweep says it waits for it. Read from the display itself:
+        # a thread polling capsys could drop that line (pytest's snap reads, then truncates),
+        # leaving the holder and the sweep waiting for each other.
+        real_waiting = progress._Display.waiting
 
-        def watch() -> None:  # lets the holder go on once the sweep says it waits for it
-            while not release.exists():
-                seen.append(capsys.readouterr().err)
-                if "waiting" in "".join(seen) or done.is_set():
-                    release.touch()
-                time.sleep(0.05)
+        def waiting_then_release(self, run_id: str, text: str) -> None:
+            real_waiting(self, run_id, text)
+            release.touch()
 
-        done = threading.Event()
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
+        monkeypatch.setattr(progress._Display, "waiting", waiting_then_release)
         try:
             summary = run_sweep(cfg, path, scheduler=threaded_cluster, progress=None)
         finally:
-            done.set()
-            watcher.join(timeout=30)
-        log = "".join(seen) + capsys.readouterr().err
+            release.touch()  # never leave the holder paused, whatever the sweep did
+        log = capsys.readouterr().err
         ended = "completed" if then == "finish" else "interrupted"
         assert holder.wait(timeout=120) == 0 and holder.stdout.read().strip() == ended
     finally:
