@@ -143,11 +143,12 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
         n = 1
     lock = threading.Lock()
     rows: dict[str, dict] = {}
+    quiet: list[bool] = []  # set once this call raises: no progress after it, from any thread
 
     def done(rid: str, row: dict) -> None:
         with lock:
             rows[rid] = row
-            if progress is not None:
+            if progress is not None and not quiet:
                 progress(len(rows), len(ids), row)
 
     if n <= 1:
@@ -181,8 +182,22 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
                 done(rid, analyse_or_report(path, rid))
         except BaseException as e:
             errors.append(e)
-        for t in feeders:
-            t.join()
+        # A first interrupt here (the main thread's runs done, the workers' still going) stops
+        # the feeders taking more and waits for the runs in hand, whose lines are printed, as
+        # after one in the loop above; left at once, a feeder printed its run's line after
+        # the caller's "interrupted". A second leaves at once, and nothing prints after it.
+        while any(t.is_alive() for t in feeders):
+            try:
+                for t in feeders:
+                    t.join()
+            except BaseException as e:
+                with lock:
+                    again = bool(errors)
+                    errors.append(e)
+                    if again:
+                        quiet.append(True)
+                if again:
+                    raise
     if errors:
         raise errors[0]
     return [rows[r] for r in ids]

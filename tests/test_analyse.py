@@ -84,6 +84,59 @@ def _children(pid: int) -> set[int]:
     return kids
 
 
+def _interrupted_in_the_join(monkeypatch, path: str, interrupts: int) -> list[str]:
+    """analyse_store(workers=2) with `interrupts` KeyboardInterrupts raised in the main thread's
+    wait for the worker's feeder, as SIGTERM lands there once the main thread's runs are done;
+    what happened, in order: the progress calls and the raise."""
+    import threading
+    import types
+
+    import dynamics.analyse as mod
+
+    interrupted, events, left = threading.Event(), [], [interrupts]
+
+    class Feeder(threading.Thread):
+        def join(self, timeout=None):
+            if left[0]:
+                left[0] -= 1
+                interrupted.set()
+                raise KeyboardInterrupt("signal 15")
+            return super().join(timeout)
+
+    def progress(done, total, row):
+        if threading.current_thread() is not threading.main_thread():
+            # the worker's run ends only after the interrupt, and its line takes a while
+            assert interrupted.wait(120)
+            time.sleep(1.0)
+        events.append(f"progress {row['run']}")
+
+    monkeypatch.setattr(mod, "threading", types.SimpleNamespace(Thread=Feeder, Lock=threading.Lock))
+    with pytest.raises(KeyboardInterrupt):
+        analyse_store(path, workers=2, progress=progress)
+    events.append("raised")
+    time.sleep(2.0)  # a feeder still going would print now
+    return events
+
+
+def test_an_interrupt_while_the_workers_finish_waits_for_their_lines(three_runs, tmp_path, monkeypatch):
+    # Interrupted there, analyse_store raised at once and the feeder printed its worker's
+    # "[analyse] n/4" line after the caller's "dynamics: interrupted". The first interrupt now
+    # waits for the runs in hand, as one during the main thread's own runs did.
+    path = str(tmp_path / "s.zarr")
+    shutil.copytree(three_runs[0], path)
+    events = _interrupted_in_the_join(monkeypatch, path, 1)
+    assert events[-1] == "raised" and len(events) == 5, events  # all four runs: one was in hand
+    assert sorted(events[:-1]) == sorted(f"progress {r}" for r in store.list_runs(path)), events
+
+
+def test_a_second_interrupt_leaves_at_once_and_nothing_prints_after_it(three_runs, tmp_path, monkeypatch):
+    path = str(tmp_path / "s.zarr")
+    shutil.copytree(three_runs[0], path)
+    events = _interrupted_in_the_join(monkeypatch, path, 2)
+    # the main thread's three runs, and the worker's only if its line was already being printed
+    assert events[-1] == "raised" and len(events) in (4, 5), events
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for child processes")
 def test_sigterm_stops_a_multi_process_analyse_with_its_workers(three_runs, tmp_path):
     # The launcher analyses runs in its own main thread while the worker starts: on a loaded
