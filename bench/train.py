@@ -27,7 +27,8 @@ reduced to medians, because the machines are shared:
 - Where the gap is: the step split into phases (data, forward, backward, clip, optimiser)
   timed directly; within forward + backward, profiler self time per kernel family, and the
   framework share (wall time not spent inside any ATen kernel: Python, autograd, dispatch);
-  and the rate each of the model's matmul shapes reaches on its own, against the peak.
+  and the rate each of the model's matmul shapes reaches on its own, against the peak; and
+  the model's attention alone under each SDPA backend that runs here.
 - train_run's loop against the bare step: ``train_run(recording=False)`` step time read
   from its progress callback (setup excluded), alternated with the bare loop.
 - Threads (cpu): 1 vs 2 intra-op threads, and 2 with OMP_WAIT_POLICY=PASSIVE, each in a
@@ -40,6 +41,7 @@ mean anything, on a GPU the absolute ones do too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -231,6 +233,46 @@ def profile_breakdown(trainer: Trainer, steps: int) -> dict[str, float] | None:
     return shares
 
 
+def attention_backends(cfg: RunConfig, device: torch.device, gen: torch.Generator) -> None:
+    """Per-layer forward + backward of the model's causal attention, alone, under each SDPA
+    backend that runs here, alternated: whether the fused kernel the model takes (the default
+    dispatch) is the fastest one at this shape, or a slower one is part of the gap."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    m = cfg.model
+    shape = (cfg.train.batch_size, m.n_heads, m.context, m.head_dim)
+    q, k, v = (torch.randn(*shape, device=device, generator=gen, requires_grad=True) for _ in range(3))
+    backends = {"default dispatch (the model's)": None, "flash": SDPBackend.FLASH_ATTENTION,
+                "math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+    def once(backend) -> None:
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    times: dict[str, list[float]] = {}
+    for name, backend in backends.items():
+        try:
+            once(backend)  # warm-up, and whether this backend runs here at all
+        except RuntimeError:
+            continue
+        times[name] = []
+    for _ in range(5):
+        for name in times:
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(10):
+                once(backends[name])
+            sync(device)
+            times[name].append((time.perf_counter() - t0) / 10)
+    base = median(times["default dispatch (the model's)"])
+    print(f"   attention alone, {' x '.join(map(str, shape))} (B x H x T x d_head), causal, forward + backward "
+          f"per layer (5 alternated rounds, medians):")
+    for name, ts in times.items():
+        print(f"     {name:<34}{median(ts) * 1e3:>8.2f} ms  {median(ts) / base:>6.2f}x")
+    if missing := [name for name in backends if name not in times]:
+        print(f"     (no kernel here for: {', '.join(missing)})")
+
+
 def train_run_step_time(cfg: RunConfig, steps: int, tmp: str) -> float:
     """Per-step wall time inside train_run(recording=False), from its progress callback."""
     stamps: dict[int, float] = {}
@@ -412,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
           f"of peak (FLOP-weighted) on their own: small shapes are not the gap. At those rates they would take "
           f"{gemm_time / t2:.0%} of a step (step timed alongside); the rest of the step is the gap.")
     del operands
+    attention_backends(cfg, device, gen)
 
     if not args.no_profile:
         try:
