@@ -88,12 +88,21 @@ def _interrupted_in_the_join(monkeypatch, path: str, interrupts: int) -> list[st
     """analyse_store(workers=2) with `interrupts` KeyboardInterrupts raised in the main thread's
     wait for the worker's feeder, as SIGTERM lands there once the main thread's runs are done;
     what happened, in order: the progress calls and the raise."""
+    import concurrent.futures
     import threading
     import types
 
     import dynamics.analyse as mod
 
     interrupted, events, left = threading.Event(), [], [interrupts]
+
+    class Pool(concurrent.futures.ProcessPoolExecutor):
+        def submit(self, *args, **kwargs):
+            # the feeder's run ends only after the interrupt (waited for here, not in progress(),
+            # which runs under analyse_store's lock: the main thread could not take its runs)
+            future = super().submit(*args, **kwargs)
+            assert interrupted.wait(120)
+            return future
 
     class Feeder(threading.Thread):
         def join(self, timeout=None):
@@ -105,12 +114,11 @@ def _interrupted_in_the_join(monkeypatch, path: str, interrupts: int) -> list[st
 
     def progress(done, total, row):
         if threading.current_thread() is not threading.main_thread():
-            # the worker's run ends only after the interrupt, and its line takes a while
-            assert interrupted.wait(120)
-            time.sleep(1.0)
+            time.sleep(1.0)  # the worker's line takes a while
         events.append(f"progress {row['run']}")
 
     monkeypatch.setattr(mod, "threading", types.SimpleNamespace(Thread=Feeder, Lock=threading.Lock))
+    monkeypatch.setattr(mod, "concurrent", types.SimpleNamespace(futures=types.SimpleNamespace(ProcessPoolExecutor=Pool)))
     with pytest.raises(KeyboardInterrupt):
         analyse_store(path, workers=2, progress=progress)
     events.append("raised")
