@@ -344,6 +344,8 @@ def _build_sweep(raw: dict) -> SweepConfig:
         raise ConfigError("sweep.zip: expected a list of lists of axis names")
     seen: set[str] = set()
     for group in zip_groups:
+        if len(group) < 2:  # accepted silently, [[]] would only store a group that does nothing
+            raise ConfigError(f"sweep.zip: the group {group} pairs nothing: a zip group names two or more axes")
         twice = sorted({k for k in group if group.count(k) > 1}, key=str)
         if twice:  # not "in two zip groups": this one names it twice
             raise ConfigError(f"sweep.zip: {twice[0]!r} appears twice in the group {group}")

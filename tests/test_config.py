@@ -1,5 +1,7 @@
 """Config: TOML in, overrides, and one-line errors that name the key."""
 
+import re
+
 import pytest
 
 from dynamics.config import ConfigError, RunConfig, from_dict, load_config, parse_override, with_values
@@ -115,6 +117,12 @@ def test_an_axis_twice_in_one_zip_group_is_named_as_such():
         from_dict({"sweep": {"train": {"seed": [0, 1]}, "zip": [["train.seed", "train.seed"]]}})
     for group in (["train.seed", ["train.seed"]], [{"a": 1}]):  # were TypeError: unhashable type
         with pytest.raises(ConfigError, match="sweep.zip: expected a list of lists of axis names"):
+            from_dict({"sweep": {"train": {"seed": [0, 1]}, "zip": [group]}})
+
+
+def test_a_zip_group_of_fewer_than_two_axes_is_refused():
+    for group in ([], ["train.seed"]):
+        with pytest.raises(ConfigError, match=rf"sweep.zip: the group {re.escape(str(group))} pairs nothing"):
             from_dict({"sweep": {"train": {"seed": [0, 1]}, "zip": [group]}})
 
 
