@@ -226,11 +226,16 @@ def cmd_analyse(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     if args.horizon is not None and args.horizons is not None:
         raise UsageError("give --horizon or --horizons, not both")
-    text = args.horizons if args.horizons is not None else (args.horizon if args.horizon is not None else "0.1")
-    try:
-        horizons = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise UsageError(f"--horizons: expected numbers separated by commas, got {text!r}") from None
+    if args.horizons is not None:
+        try:
+            horizons = tuple(float(x) for x in args.horizons.split(","))
+        except ValueError:
+            raise UsageError(f"--horizons: expected numbers separated by commas, got {args.horizons!r}") from None
+    else:
+        try:
+            horizons = (float(args.horizon if args.horizon is not None else "0.1"),)
+        except ValueError:  # "0.1,0.2" here was read as two horizons
+            raise UsageError(f"--horizon: expected one number, got {args.horizon!r} (--horizons takes several)") from None
     if args.folds < 2:  # PredictOptions would name it n_splits, which is no flag
         raise UsageError(f"--folds: must be >= 2, got {args.folds}")
     check_store(args.store)
