@@ -86,9 +86,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     interventions.check(cfg)
     tasks.check(cfg)
     tasks.check_read(cfg)
-    from dynamics.identity import unread_model_problem
+    from dynamics.identity import unread_setting_problem
 
-    if (problem := unread_model_problem(cfg.to_dict())) is not None:
+    if (problem := unread_setting_problem(cfg.to_dict())) is not None:
         raise ConfigError(problem)
     if cfg.train.device == "cpu" and cfg.train.threads > (cores := _usable_cores()):
         # Not refused: the config may be meant for a larger machine, and the numbers are the same

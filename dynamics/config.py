@@ -45,7 +45,7 @@ class ModelConfig:
     d_head: int = 0
     """Width of each head; 0 means d_model // n_heads (then n_heads must divide d_model)."""
     d_mlp: int = 256
-    """Hidden width of each MLP (ignored when attn_only)."""
+    """Hidden width of each MLP (not read when attn_only: setting it then is refused, identity.CONDITIONAL_KEYS)."""
     attn_only: bool = False
     """Drop the MLPs: attention-only models make head roles easier to read."""
     vocab_size: int = 64

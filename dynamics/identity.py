@@ -7,7 +7,8 @@ readers of a store need no RunConfig to group its runs.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 # Where and how fast a run executes, not what it computes: the same run on another device or
@@ -45,23 +46,81 @@ LEARNED_GATE_KEYS = ("gate_init", "gate_l1")
 """Model keys that only learned gates read: under ``model.gates = "fixed"`` no gate is learned."""
 
 
-def unread_model_keys(config: dict) -> dict[str, Any]:
-    """``{"model.<key>": value}`` of the :data:`LEARNED_GATE_KEYS` a config dict
-    (``RunConfig.to_dict()``) sets away from their defaults under fixed gates: they change the
-    run id and nothing the run trains."""
-    from dynamics.config import ModelConfig
+@dataclass(frozen=True)
+class _Reader:
+    """When a setting is read: under ``condition`` (a dotted key) at a value ``reads`` accepts."""
 
-    model = config.get("model", {})
-    if model.get("gates", ModelConfig.gates) != "fixed":
-        return {}
-    return {f"model.{k}": model[k] for k in LEARNED_GATE_KEYS if k in model and model[k] != getattr(ModelConfig, k)}
+    condition: str
+    reads: Callable[[Any], bool]
+    who: str
+    """Who does not read it, with the condition's value as ``{}``: 'fixed gates (model.gates = {})'."""
+    plural: bool
+    remedy: str
+    """What else to do than drop the setting."""
 
 
-def unread_model_problem(config: dict) -> str | None:
-    """One line for `dynamics run` on the first of :func:`unread_model_keys`, or None."""
-    unread = unread_model_keys(config)
+_LEARNED = _Reader("model.gates", lambda v: v == "learned", "fixed gates (model.gates = {})", True,
+                   'set model.gates = "learned"')
+CONDITIONAL_KEYS: dict[str, _Reader] = {
+    "model.gate_init": _LEARNED,
+    "model.gate_l1": _LEARNED,
+    "model.d_mlp": _Reader("model.attn_only", lambda v: not v, "an attention-only model (model.attn_only = {})",
+                           False, "set model.attn_only = false"),
+    "model.rope_base": _Reader("model.pos", lambda v: v == "rope", "a model without RoPE (model.pos = {})", False,
+                               'set model.pos = "rope"'),
+    "train.beta2": _Reader("train.optimizer", lambda v: v != "sgd", "SGD (train.optimizer = {})", False,
+                           'set train.optimizer = "adamw"'),
+    "record.chg_steps": _Reader("record.chg_every", lambda v: v > 0,
+                                "a run that fits no gates while it trains (record.chg_every = {})", False,
+                                "set record.chg_every"),
+}
+"""Settings read only under a condition on another (task keys are :func:`dynamics.tasks.unread_keys`'):
+set away from their defaults where it does not hold, they change the run id and nothing the run
+trains or records."""
+
+
+def _get(config: dict, dotted: str) -> Any:
+    from dynamics.config import SECTIONS
+
+    section, key = dotted.split(".")
+    return config.get(section, {}).get(key, getattr(SECTIONS[section], key))
+
+
+def unread_settings(config: dict) -> dict[str, Any]:
+    """``{"section.key": value}`` of the :data:`CONDITIONAL_KEYS` a config dict
+    (``RunConfig.to_dict()``) sets away from their defaults where it does not read them."""
+    from dynamics.config import SECTIONS
+
+    out = {}
+    for dotted, reader in CONDITIONAL_KEYS.items():
+        section, key = dotted.split(".")
+        table = config.get(section, {})
+        if key in table and table[key] != getattr(SECTIONS[section], key) and not reader.reads(_get(config, reader.condition)):
+            out[dotted] = table[key]
+    return out
+
+
+def not_read_by(dotted: str, config: dict) -> str:
+    """Who, in ``config``, does not read the setting: 'fixed gates (model.gates = "fixed") do not read'."""
+    reader = CONDITIONAL_KEYS[dotted]
+    value = json.dumps(_get(config, reader.condition))
+    return f"{reader.who.format(value)} {'do' if reader.plural else 'does'} not read"
+
+
+def remedy(dotted: str) -> str:
+    """The other way out than dropping the setting, and the key a sweep would vary to read it."""
+    return CONDITIONAL_KEYS[dotted].remedy
+
+
+def condition_key(dotted: str) -> str:
+    return CONDITIONAL_KEYS[dotted].condition
+
+
+def unread_setting_problem(config: dict) -> str | None:
+    """One line for `dynamics run` on the first of :func:`unread_settings`, or None."""
+    unread = unread_settings(config)
     if not unread:
         return None
     key, value = next(iter(unread.items()))
-    return (f"{key} = {value!r}: fixed gates (model.gates = \"fixed\") do not read it, so the run would train what "
-            f"the config without it trains, under another run id; drop the setting, or set model.gates = \"learned\"")
+    return (f"{key} = {value!r}: {not_read_by(key, config)} it, so the run would train what the config without it "
+            f"trains, under another run id; drop the setting, or {remedy(key)}")

@@ -75,6 +75,16 @@ def tiny(tmp_path_factory):
      "task.delta = 5: the induction task does not read it (only offset_copy does)"),
     (["run", "{cfg}", "--out", "{d}/new14.zarr", "--set", "model.gate_l1=0.5"],
      'model.gate_l1 = 0.5: fixed gates (model.gates = "fixed") do not read it'),
+    # each trained bitwise the run without the setting, under another run id
+    (["run", "{cfg}", "--out", "{d}/new15.zarr", "--set", "model.d_mlp=128"],
+     "model.d_mlp = 128: an attention-only model (model.attn_only = true) does not read it, so the run would "
+     "train what the config without it trains, under another run id; drop the setting, or set model.attn_only = false"),
+    (["run", "{cfg}", "--out", "{d}/new16.zarr", "--set", "model.pos=\"learned\"", "--set", "model.rope_base=500.0"],
+     'model.rope_base = 500.0: a model without RoPE (model.pos = "learned") does not read it'),
+    (["run", "{cfg}", "--out", "{d}/new17.zarr", "--set", "train.optimizer=\"sgd\"", "--set", "train.beta2=0.9"],
+     'train.beta2 = 0.9: SGD (train.optimizer = "sgd") does not read it'),
+    (["run", "{cfg}", "--out", "{d}/new18.zarr", "--set", "record.chg_steps=5"],
+     "record.chg_steps = 5: a run that fits no gates while it trains (record.chg_every = 0) does not read it"),
     # made the store and a "failed" run, which died of a MemoryError 30 s later (or pushed the machine into swap)
     (["run", "{cfg}", "--out", "{d}/new9.zarr", "--set", "train.batch_size=100000000"],
      "for a training step), more than the"),

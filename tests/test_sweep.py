@@ -159,11 +159,35 @@ def test_learned_gate_keys_under_fixed_gates_are_refused_as_unread():
     with pytest.raises(ConfigError, match=r"differ only in model.gate_l1, which fixed gates \(model.gates = "
                                           r"\"fixed\"\) do not read$"):
         expand_grid(from_dict(tiny({"model.gate_l1": [0.01, 0.1]})))
-    with pytest.raises(ConfigError, match=r"^model.gate_init = 5.0: no point of the sweep has learned gates"):
+    with pytest.raises(ConfigError, match=r"^model.gate_init = 5.0: no point of the sweep reads it \(fixed gates "
+                                          r"\(model.gates = \"fixed\"\) do not read it\), so every run .* or sweep "
+                                          r"model.gates$"):
         expand_grid(from_dict(tiny({"train.seed": [0, 1]}, model={"gate_init": 5.0})))
     assert len(expand_grid(from_dict(tiny({"model.gate_l1": [0.01, 0.1]}, model={"gates": "learned"})))) == 2
     crossed = tiny({"model.gates": ["fixed", "learned"]}, model={"gate_init": 5.0})  # read by the learned point
     assert len(expand_grid(from_dict(crossed))) == 2
+
+
+def test_settings_read_only_under_a_condition_are_refused_where_no_point_reads_them():
+    # TINY is attention-only: an axis over d_mlp trained one run twice, reading as "d_mlp has no effect"
+    with pytest.raises(ConfigError, match=r"differ only in model.d_mlp, which an attention-only model "
+                                          r"\(model.attn_only = true\) does not read$"):
+        expand_grid(from_dict(tiny({"model.d_mlp": [64, 128]})))
+    assert len(expand_grid(from_dict(tiny({"model.d_mlp": [64, 128]}, model={"attn_only": False})))) == 2
+    sgd = {"optimizer": "sgd"}
+    with pytest.raises(ConfigError, match=r"differ only in train.beta2, which SGD \(train.optimizer = \"sgd\"\)"):
+        expand_grid(from_dict(tiny({"train.beta2": [0.9, 0.99]}, train=sgd)))
+    with pytest.raises(ConfigError, match=r"^record.chg_steps = 5: no point of the sweep reads it .* or sweep "
+                                          r"record.chg_every$"):
+        expand_grid(from_dict(tiny({"train.seed": [0, 1]}, record={"chg_steps": 5})))
+    # read by one point: both train differently
+    crossed = tiny({"model.pos": ["rope", "learned"]}, model={"rope_base": 500.0})
+    assert len(expand_grid(from_dict(crossed))) == 2
+    # two kinds at once are both named
+    both = tiny({"model.d_mlp": [64, 128], "model.gate_l1": [0.01, 0.5], "zip": [["model.d_mlp", "model.gate_l1"]]})
+    with pytest.raises(ConfigError, match=r"which an attention-only model \(model.attn_only = true\) does not read, "
+                                          r"nor which fixed gates \(model.gates = \"fixed\"\) do not read$"):
+        expand_grid(from_dict(both))
 
 
 def test_points_whose_tasks_come_to_the_same_data_are_refused():

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from dynamics import tasks
-from dynamics.config import ConfigError, ModelConfig, RunConfig, TaskConfig, with_values
-from dynamics.identity import EXECUTION_KEYS, unread_model_keys
+from dynamics.config import SECTIONS, ConfigError, RunConfig, TaskConfig, with_values
+from dynamics.identity import EXECUTION_KEYS, condition_key, not_read_by, unread_settings
 
 
 @dataclass(frozen=True)
@@ -110,11 +110,12 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
             differ = [k for k in axes if other.values[k] != values[k]]
             names = point_cfg.task.component_names
             unread = {"task." + k for c in (point_cfg, other.cfg) for k in tasks.unread_keys(c)}
-            unread_model = {k for c in (point_cfg, other.cfg) for k in unread_model_keys(c.to_dict())}
+            settings = {k: c for c in (point_cfg, other.cfg) for k in unread_settings(c.to_dict())}
             if all(k in unread for k in differ):
                 why = f"which {' and '.join(names)} {'does' if len(names) == 1 else 'do'} not read"
-            elif all(k in unread | unread_model for k in differ):
-                why = "which fixed gates (model.gates = \"fixed\") do not read" + (
+            elif all(k in unread or k in settings for k in differ):
+                whos = dict.fromkeys(not_read_by(k, settings[k].to_dict()) for k in differ if k in settings)
+                why = "which " + ", nor which ".join(whos) + (
                     f", nor {' and '.join(names)}" if any(k in unread for k in differ) else "")
             else:  # normalised mixture weights, or a mixture of one component
                 why = ("which come to the same task (mixture weights count as the probabilities they give, and a "
@@ -135,33 +136,38 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
             f"task.{key} = {getattr(points[0].cfg.task, key)!r}: no point of the sweep trains a task that reads it "
             f"(only {readers} {'does' if ' and ' not in readers else 'do'}), so every run would train what it trains "
             f"without it, under another run id; drop the setting, or sweep task.name")
-    unread_model = set.intersection(*(set(unread_model_keys(p.cfg.to_dict())) for p in points))
-    if unread_model:
-        key = sorted(unread_model)[0]
-        raise ConfigError(f"{key} = {unread_model_keys(points[0].cfg.to_dict())[key]!r}: no point of the sweep has "
-                          f"learned gates (model.gates = \"learned\"), which alone read it, so every run would train "
-                          f"what it trains without it, under another run id; drop the setting, or sweep model.gates")
+    unread_everywhere = set.intersection(*(set(unread_settings(p.cfg.to_dict())) for p in points))
+    if unread_everywhere:
+        key = sorted(unread_everywhere)[0]
+        first = points[0].cfg.to_dict()
+        raise ConfigError(f"{key} = {unread_settings(first)[key]!r}: no point of the sweep reads it ("
+                          f"{not_read_by(key, first)} it), so every run would train what it trains without it, "
+                          f"under another run id; drop the setting, or sweep {condition_key(key)}")
     return points
 
 
 def _read_identity(cfg: RunConfig) -> str:
     """The run id of the config written one way for one training: every task key its tasks do
-    not read at its default, and the learned-gate keys under fixed gates; mixture weights as the
-    probabilities they give (none when equal: ``[]``, ``[1, 1]`` and ``[2, 2]`` draw the same
-    rows); a mixture of one component as that task (it makes the task's very batches)."""
+    not read at its default, and so each :data:`~dynamics.identity.CONDITIONAL_KEYS` setting it
+    does not read (learned-gate keys under fixed gates, d_mlp without MLPs, ...); mixture weights
+    as the probabilities they give (none when equal: ``[]``, ``[1, 1]`` and ``[2, 2]`` draw the
+    same rows); a mixture of one component as that task (it makes the task's very batches)."""
     from dynamics.tasks.batch import _mixture_weights
 
     default = TaskConfig()
     task = replace(cfg.task, **{k: getattr(default, k) for k in tasks.unread_keys(cfg)})
-    model = replace(cfg.model, **{k[len("model."):]: getattr(ModelConfig, k[len("model."):])
-                                  for k in unread_model_keys(cfg.to_dict())})
+    defaults = {}  # section -> {key: its default}, for the conditional settings this config does not read
+    for dotted in unread_settings(cfg.to_dict()):
+        section, key = dotted.split(".")
+        defaults.setdefault(section, {})[key] = getattr(SECTIONS[section], key)
     if task.name == "mixture":
         p = _mixture_weights(cfg)  # what the generator draws with, so equal here means equal rows
         weights = () if np.all(p == p[0]) else tuple(float(x) for x in p)
         task = replace(task, weights=weights)
         if len(task.components) == 1:
             task = replace(task, name=task.components[0], components=(), weights=())
-    return replace(cfg, task=task, model=model).run_id()
+    sections = {name: replace(getattr(cfg, name), **changes) for name, changes in defaults.items()}
+    return replace(cfg, **{**sections, "task": task}).run_id()
 
 
 def _plain(value: Any) -> Any:
