@@ -341,7 +341,13 @@ def cmd_gates(args: argparse.Namespace) -> int:
     check_fittable(cfg)
     contrast = parse_contrast(args.contrast, cfg) if args.contrast else None
     given = {"steps": args.steps, "init_steps": args.init_steps, "restarts": args.restarts, "lam": args.lam}
-    options = GateOptions(**{k: v for k, v in given.items() if v is not None})
+    try:
+        options = GateOptions(**{k: v for k, v in given.items() if v is not None})
+    except ConfigError as e:  # named as the flag given, not as the option's field
+        message = str(e)
+        for key in given:
+            message = message.replace(f"gates.{key}:", f"--{key.replace('_', '-')}:")
+        raise UsageError(message) from None
     from dynamics.checkpoint import batch_loss, load_run_model
 
     model, cfg, step = load_run_model(args.store, run_id)  # StoreError (exit 2) when there is no checkpoint

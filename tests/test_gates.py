@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from dynamics import cli, store
-from dynamics.config import ConfigError, from_dict
+from dynamics.config import MAX_STEPS, ConfigError, from_dict
 from dynamics.gates import (
     CHG_ROLES,
     FACILITATING,
@@ -303,6 +303,17 @@ def test_an_absurd_restart_count_is_refused_before_the_fit():
     with pytest.raises(ConfigError) as e:
         GateOptions(restarts=10**6)
     assert str(e.value) == "gates.restarts: must be at most 256 (fitted as one batch), got 1000000"
+
+
+def test_counts_past_the_step_limit_and_a_lambda_float32_cannot_hold_are_refused():
+    # --steps 10**13 ran until killed; --lam 1e39 raised a traceback from torch.full after the first stage
+    for key in ("steps", "init_steps"):
+        assert getattr(GateOptions(**{key: MAX_STEPS}), key) == MAX_STEPS
+        with pytest.raises(ConfigError, match=f"^gates.{key}: must be .*{MAX_STEPS:,}"):
+            GateOptions(**{key: MAX_STEPS + 1})
+    assert GateOptions(lam=3.4e38).lam == 3.4e38
+    with pytest.raises(ConfigError, match=r"^gates.lam: must be at most 3.403e\+38 \(float32\), got 1e\+39$"):
+        GateOptions(lam=1e39)
 
 
 # ----------------------------------------------------------------------------- a trained model

@@ -11,13 +11,14 @@ from dynamics.analysis.chg import INCONSISTENT as INCONSISTENT
 from dynamics.analysis.chg import INTERFERING as INTERFERING
 from dynamics.analysis.chg import IRRELEVANT as IRRELEVANT
 from dynamics.analysis.chg import UNFITTED as UNFITTED
-from dynamics.config import ConfigError
+from dynamics.config import MAX_STEPS, ConfigError
 
 RESTART = "restart"
 STAGES = ("init", "plus", "minus")  # lambda = 0, then +lambda and -lambda
 PRUNE_ORDERS = ("chg", "importance", "ablation", "random")
 HELDOUT_STEP = 1_000_000
 """First eval-split step of the batches that score ablations (fits use steps 0, 1, ...)."""
+_FLOAT32_MAX = 3.4028234663852886e38
 _MAX_ELEMENTS = 1 << 24  # logits elements per no-grad forward when scoring many gate sets
 MAX_RESTARTS = 256
 """Upper bound on restarts: they are fitted as one batch (G+ and G- together: 2 x restarts x
@@ -79,10 +80,15 @@ class GateOptions:
                 raise ConfigError(f"gates.{name}: must be positive, got {getattr(self, name)}")
         if self.restarts > MAX_RESTARTS:
             raise ConfigError(f"gates.restarts: must be at most {MAX_RESTARTS} (fitted as one batch), got {self.restarts}")
-        if self.init_steps is not None and self.init_steps < 0:
-            raise ConfigError(f"gates.init_steps: must be >= 0, got {self.init_steps}")
+        # As train.steps: a mistyped count (--steps 10000000000000) ran until killed.
+        if self.steps > MAX_STEPS:
+            raise ConfigError(f"gates.steps: must be at most {MAX_STEPS:,}, got {self.steps}")
+        if self.init_steps is not None and not 0 <= self.init_steps <= MAX_STEPS:
+            raise ConfigError(f"gates.init_steps: must be in [0, {MAX_STEPS:,}], got {self.init_steps}")
         if not self.lam >= 0 or not math.isfinite(self.lam):
             raise ConfigError(f"gates.lam: give |lambda| (>= 0); G- uses -lam, got {self.lam}")
+        if self.lam > _FLOAT32_MAX:  # the fit holds it in a float32 tensor: a traceback after fitting began
+            raise ConfigError(f"gates.lam: must be at most {_FLOAT32_MAX:.4g} (float32), got {self.lam}")
         if not self.grad_clip >= 0 or not math.isfinite(self.grad_clip):
             raise ConfigError(f"gates.grad_clip: must be >= 0, got {self.grad_clip}")
         if not 0.0 < self.threshold < 1.0:
