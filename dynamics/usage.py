@@ -70,6 +70,10 @@ def check_args(args) -> None:
         label = name.upper() if name in _POSITIONAL else "--" + name.replace("_", "-")
         if isinstance(value, str) and not value.strip():
             raise UsageError(f"{label}: empty value")
+        if name in _PATHS and isinstance(value, str) and value.startswith("file://") \
+                and not unquote(value[len("file://"):]).strip():
+            # read as the local path "", which every later step took for the working directory
+            raise UsageError(f"{label} {value}: a file:// URL with no path")
         if name in _PATHS and isinstance(value, str) and value.startswith("~"):
             value = os.path.expanduser(value)
             setattr(args, name, value)

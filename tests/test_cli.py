@@ -72,6 +72,10 @@ def tiny(tmp_path_factory):
      "--set model.init_scale: a [sweep] axis"),
     (["run", "{cfg}", "--out", "nosuch://bucket/x.zarr"], "no filesystem for the URL scheme 'nosuch'"),
     (["run", "{cfg}", "--out", ""], "--out: empty value"),
+    # the working directory became the store, or received the report's index.html
+    (["run", "{cfg}", "--out", "file://"], "--out file://: a file:// URL with no path"),
+    (["report", "{path}", "--out", "file://"], "--out file://: a file:// URL with no path"),
+    (["status", "file://%20"], "STORE file://%20: a file:// URL with no path"),
     (["run", "{cfg}", "--out", "{d}/new5.zarr", "--run-id", " "], "--run-id: empty value"),
     # trained the same data and model as the config without it, under a run id of its own
     (["run", "{cfg}", "--out", "{d}/new11.zarr", "--set", "task.delta=5"],
