@@ -369,10 +369,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or "." not in key:
         raise ConfigError(f"--set {text!r}: expected section.key=value")
     try:
-        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+        doc = tomllib.loads(f"v = {value.strip()}")
     except tomllib.TOMLDecodeError:
-        parsed = value.strip()
-    return key, parsed
+        return key, value.strip()
+    if len(doc) > 1:  # "5\ntrain.lr=-1": the lines after the value were dropped unread
+        raise ConfigError(f"--set {key}: one value per --set, got more lines: {value.strip()!r}")
+    return key, doc["v"]
 
 
 def _apply_override(raw: dict, key: str, value: Any) -> None:

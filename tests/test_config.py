@@ -120,6 +120,12 @@ def test_an_axis_twice_in_one_zip_group_is_named_as_such():
             from_dict({"sweep": {"train": {"seed": [0, 1]}, "zip": [group]}})
 
 
+def test_an_override_holds_one_value():
+    assert parse_override("sweep.train.seed=[0,\n 1]") == ("sweep.train.seed", [0, 1])  # a TOML array may span lines
+    with pytest.raises(ConfigError, match=r"^--set train.steps: one value per --set, got more lines: '5\\ntrain.lr=-1'$"):
+        parse_override("train.steps=5\ntrain.lr=-1")
+
+
 def test_a_zip_group_of_fewer_than_two_axes_is_refused():
     for group in ([], ["train.seed"]):
         with pytest.raises(ConfigError, match=rf"sweep.zip: the group {re.escape(str(group))} pairs nothing"):
