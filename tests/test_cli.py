@@ -72,6 +72,11 @@ def tiny(tmp_path_factory):
      "--set model.init_scale: a [sweep] axis"),
     (["run", "{cfg}", "--out", "nosuch://bucket/x.zarr"], "no filesystem for the URL scheme 'nosuch'"),
     (["run", "{cfg}", "--out", ""], "--out: empty value"),
+    # argparse kept the last of a flag given twice: the run went to new19.zarr
+    (["run", "{cfg}", "--out", "{d}/new20.zarr", "--out", "{d}/new19.zarr"], "argument --out: given twice"),
+    (["gates", "{path}", "--run", "a", "--run", "b"], "argument --run: given twice"),
+    (["run", "{cfg}", "--out", "{d}/new21.zarr", "--device", "cpu", "--set", "train.device=\"cuda\""],
+     "give --device or --set train.device, not both"),
     # the working directory became the store, or received the report's index.html
     (["run", "{cfg}", "--out", "file://"], "--out file://: a file:// URL with no path"),
     (["report", "{path}", "--out", "file://"], "--out file://: a file:// URL with no path"),
