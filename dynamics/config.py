@@ -212,6 +212,8 @@ class RunConfig:
         return "r" + hashlib.sha1(blob).hexdigest()[:10]
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: a setting that scales the model's float32 numbers must fit in one."""
 MAX_STEPS = 10**8
 """Upper bound on train.steps: the loss curve and the snapshot schedule are allocated whole at
 the start (10^8 steps: a 400 MB loss array, weeks of training even for the smallest model), so
@@ -516,6 +518,11 @@ def validate(cfg: RunConfig) -> None:
     _require(m.pos != "rope" or m.head_dim % 2 == 0, f"model.d_head: RoPE needs an even head width, got {m.head_dim}")
     _require(m.init in ("xavier_uniform", "xavier_normal", "normal"), f"model.init: unknown init {m.init!r}")
     _require(m.init_scale > 0 and math.isfinite(m.init_scale), f"model.init_scale: must be > 0, got {m.init_scale}")
+    # Past float32's range the first weights, or the first update, are inf: a run was made and
+    # recorded "diverged after 0 steps" for a value the model's float32 cannot hold.
+    for key, value in (("model.init_scale", m.init_scale), ("train.lr", cfg.train.lr),
+                       ("train.weight_decay", cfg.train.weight_decay)):
+        _require(not value > FLOAT32_MAX, f"{key}: must be at most {FLOAT32_MAX:.4g} (float32), got {value}")
     _require(m.gates in ("fixed", "learned"), f"model.gates: expected fixed or learned, got {m.gates!r}")
     _require(m.gate_l1 >= 0, f"model.gate_l1: must be >= 0, got {m.gate_l1}")
     _require(abs(m.gate_init) <= 100, f"model.gate_init: must be within +-100 (sigmoid is 0 or 1 in float32 past +-17), got {m.gate_init}")

@@ -63,6 +63,10 @@ def test_int_accepted_for_float_but_not_reverse():
         # failed run in the store
         ({"model": {"gates": "learned", "gate_init": 1e39}}, "model.gate_init: must be within"),
         ({"train": {"weight_decay": float("inf")}}, "train.weight_decay: expected a finite number"),
+        # finite, but inf in the model's float32: the run was made and recorded "diverged after 0 steps"
+        ({"model": {"init_scale": 1e300}}, "model.init_scale: must be at most 3.403e+38 (float32), got 1e+300"),
+        ({"train": {"lr": 1e305}}, "train.lr: must be at most 3.403e+38 (float32), got 1e+305"),
+        ({"train": {"weight_decay": 1e39}}, "train.weight_decay: must be at most 3.403e+38 (float32), got 1e+39"),
         ({"model": {"gate_init": float("nan")}}, "model.gate_init: expected a finite number"),
         ({"sweep": {"train": {"seed": []}}}, "sweep.train.seed: empty list"),
         # bounded before any work: the loss curve and schedule are allocated whole, and torch

@@ -11,14 +11,13 @@ from dynamics.analysis.chg import INCONSISTENT as INCONSISTENT
 from dynamics.analysis.chg import INTERFERING as INTERFERING
 from dynamics.analysis.chg import IRRELEVANT as IRRELEVANT
 from dynamics.analysis.chg import UNFITTED as UNFITTED
-from dynamics.config import MAX_STEPS, ConfigError
+from dynamics.config import FLOAT32_MAX, MAX_STEPS, ConfigError
 
 RESTART = "restart"
 STAGES = ("init", "plus", "minus")  # lambda = 0, then +lambda and -lambda
 PRUNE_ORDERS = ("chg", "importance", "ablation", "random")
 HELDOUT_STEP = 1_000_000
 """First eval-split step of the batches that score ablations (fits use steps 0, 1, ...)."""
-_FLOAT32_MAX = 3.4028234663852886e38
 _MAX_ELEMENTS = 1 << 24  # logits elements per no-grad forward when scoring many gate sets
 MAX_RESTARTS = 256
 """Upper bound on restarts: they are fitted as one batch (G+ and G- together: 2 x restarts x
@@ -87,8 +86,8 @@ class GateOptions:
             raise ConfigError(f"gates.init_steps: must be in [0, {MAX_STEPS:,}], got {self.init_steps}")
         if not self.lam >= 0 or not math.isfinite(self.lam):
             raise ConfigError(f"gates.lam: give |lambda| (>= 0); G- uses -lam, got {self.lam}")
-        if self.lam > _FLOAT32_MAX:  # the fit holds it in a float32 tensor: a traceback after fitting began
-            raise ConfigError(f"gates.lam: must be at most {_FLOAT32_MAX:.4g} (float32), got {self.lam}")
+        if self.lam > FLOAT32_MAX:  # the fit holds it in a float32 tensor: a traceback after fitting began
+            raise ConfigError(f"gates.lam: must be at most {FLOAT32_MAX:.4g} (float32), got {self.lam}")
         if not self.grad_clip >= 0 or not math.isfinite(self.grad_clip):
             raise ConfigError(f"gates.grad_clip: must be >= 0, got {self.grad_clip}")
         if not 0.0 < self.threshold < 1.0:
