@@ -113,8 +113,10 @@ class PredictOptions:
         if not self.horizons:
             raise PredictError("no horizons given")
         for h in self.horizons:
-            if not isinstance(h, (int, float)) or not math.isfinite(h):
+            if not isinstance(h, (int, float)):
                 raise PredictError(f"horizon {h!r} is not a number")
+            if not math.isfinite(h):  # 1e400 reads as inf: say what it became
+                raise PredictError(f"horizon {h} is not a finite number")
             if self.unit == "fraction" and not 0.0 <= h <= 1.0:
                 raise PredictError(f"horizon {h} out of range: a fraction of the run must lie in [0, 1]")
             if self.unit == "step" and h < 0:
