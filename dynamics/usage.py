@@ -123,8 +123,11 @@ def check_store(path: str) -> None:
     """A store a command reads: a readable dynamics store of a version this package knows."""
     from dynamics import store
 
-    if "://" in path:
+    if "://" in path and not path.startswith("file://"):
         check_url(path)
+    elif not Path(unquote(path[len("file://"):]) if path.startswith("file://") else path).exists():
+        # a mistyped path, not something else at that path: say which
+        raise UsageError(f"no store at {path}: the path does not exist")
     try:
         # not a store, a damaged root or a newer version's store: refused by every command, as by `run`
         store.check_store(path)

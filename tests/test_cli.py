@@ -72,6 +72,7 @@ def tiny(tmp_path_factory):
      "--set model.init_scale: a [sweep] axis"),
     (["run", "{cfg}", "--out", "nosuch://bucket/x.zarr"], "no filesystem for the URL scheme 'nosuch'"),
     (["run", "{cfg}", "--out", ""], "--out: empty value"),
+    (["status", "{d}/nope.zarr"], "nope.zarr: the path does not exist"),
     # argparse kept the last of a flag given twice: the run went to new19.zarr
     (["run", "{cfg}", "--out", "{d}/new20.zarr", "--out", "{d}/new19.zarr"], "argument --out: given twice"),
     (["gates", "{path}", "--run", "a", "--run", "b"], "argument --run: given twice"),

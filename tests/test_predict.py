@@ -943,7 +943,7 @@ def test_a_killed_run_is_left_out_as_stopped_not_running(tmp_path):
 
 def test_cli_store_problems_exit_2(tmp_path, capsys):
     assert cli.main(["predict", str(tmp_path / "missing.zarr")]) == 2
-    assert "not a dynamics store" in capsys.readouterr().err
+    assert "missing.zarr: the path does not exist" in capsys.readouterr().err
     runs = make_runs(n_seeds=2)
     path = tmp_path / "few.zarr"
     write_store(path, runs, statuses={runs[0].run_id: "diverged"})
