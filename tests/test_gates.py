@@ -39,7 +39,9 @@ from dynamics.gates import (
     pruning_curves,
     rank_agreement,
     report_lines,
+    report_table,
     set_ablation,
+    tied_majority,
 )
 from dynamics.tasks import make_batch
 from dynamics.train import build, load_run_model, train_run
@@ -152,6 +154,46 @@ def test_label_agreement_is_the_majority_share():
     majority, agreement = label_agreement(roles)
     assert majority.tolist() == [0, 2, -1]
     assert agreement[:2].tolist() == pytest.approx([0.75, 0.75]) and np.isnan(agreement[2])
+
+
+def test_a_tie_is_where_two_roles_share_the_top_count():
+    roles = np.array([[0, 1, 2, -1], [1, 1, 2, -1], [2, 0, 3, -1], [3, 0, 3, -1]])  # 4 restarts x 4 heads
+    assert tied_majority(roles).tolist() == [True, True, True, False]  # 1-1-1-1, 2-2, 2-2; none fitted
+    assert tied_majority(roles[:3]).tolist() == [True, False, False, False]  # 1-1-1; 2-1; 2-1
+
+
+def test_the_table_marks_tied_labels_and_shows_where_contrastive_restarts_split(tiny):
+    # A 1-1 split of two restarts was printed as "facilitating" beside G+ 1.000, G- 0.419 (irrelevant by
+    # the means), and restarts keeping and dropping a head as keep 0.500 with one averaged loss line.
+    import xarray as xr
+
+    model, cfg = tiny
+    ds = xr.concat([gate_report(model, cfg, FAST)] * 2, "restart", data_vars="minimal")
+    roles = np.zeros(ds.chg_role.shape, dtype=np.int8)  # (restart, layer, head)
+    roles[1, 0, 1] = IRRELEVANT
+    ds["chg_role"] = (("restart", "layer", "head"), roles)
+    majority, agreement = label_agreement(roles)
+    ds["role"], ds["agreement"] = (("layer", "head"), majority), (("layer", "head"), agreement)
+    gate = np.full(roles.shape, 0.9)
+    gate[:, 0, 0] = [1e-4, 1.0]
+    ds["contrast_gate"] = (("restart", "layer", "head"), gate)
+    loss = np.array([[[3.0, 3.0, 3.2], [2.0, 5.0, 5.0]], [[3.0, 4.0, 4.0], [2.0, 5.0, 5.0]]])
+    ds["contrast_loss"] = xr.DataArray(loss, dims=("restart", "side", "state"),
+                                       coords={"side": ["retain", "forget"], "state": ["full", "gated", "circuit"]})
+    ds.attrs.update(retain="offset_copy", forget="markov")
+    header, rows = report_table(ds)
+    col = {name: i for i, name in enumerate(header)}
+    by_head = {(r[0], r[1]): r for r in rows}
+    assert [by_head[("0", "1")][col["label"]], by_head[("0", "0")][col["label"]]] == ["facilitating*", "facilitating"]
+    assert (by_head[("0", "0")][col["keep"]], by_head[("0", "0")][col["k.agree"]]) == ("0.500", "0.50")
+    assert (by_head[("1", "1")][col["keep"]], by_head[("1", "1")][col["k.agree"]]) == ("0.900", "1.00")
+    lines = report_lines(ds)
+    assert ("labels marked *: the restarts tie at 1 head (L0H1), so no role is a majority there; the label shown "
+            "is the first tied one in the order facilitating, irrelevant, interfering, inconsistent") in lines
+    assert ("contrast retain offset_copy: held-out NLL 3.0000 -> 3.5000 (restarts 3.0000 to 4.0000) gated, "
+            "3.6000 (restarts 3.2000 to 4.0000) with only the kept heads (gate >= threshold)") in lines
+    assert ("contrast forget markov: held-out NLL 2.0000 -> 5.0000 gated, 5.0000 with only the kept heads "
+            "(gate >= threshold)") in lines
 
 
 def test_rank_agreement_is_undefined_below_three_heads_and_where_a_side_is_constant():

@@ -53,3 +53,18 @@ def label_agreement(roles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(invalid="ignore", divide="ignore"):
         agreement = np.where(fitted > 0, counts.max(0) / fitted, np.nan)
     return majority, agreement.astype(np.float32)
+
+
+def tied_majority(roles: np.ndarray) -> np.ndarray:
+    """Where the majority of :func:`label_agreement` is a tie: two or more roles share the top
+    count over restarts (axis 0), so its label is the lower code, not a majority.
+
+    Example
+    -------
+    >>> tied_majority(np.array([[0, 1], [1, 2], [2, 2]])).tolist()
+    [True, False]
+    """
+    roles = np.asarray(roles)
+    counts = np.stack([(roles == code).sum(0) for code in range(len(CHG_ROLES) - 1)])  # (4, ...)
+    top = counts.max(0)
+    return (top > 0) & ((counts == top).sum(0) > 1)

@@ -78,6 +78,7 @@ from dynamics.gates.maths import (
     label_agreement,
     rank_agreement,
     rank_agreement_undefined,
+    tied_majority,
 )
 from dynamics.gates.options import CHG_ROLES, GateOptions
 from dynamics.gates.options import FACILITATING as FACILITATING
@@ -96,6 +97,6 @@ __all__ = [
     "CHG_ROLES", "GateOptions", "fit_chg", "chg_snapshot", "chg_roles", "label_agreement", "chg_loss",
     "contrastive_loss", "fit_contrastive", "parse_contrast", "ablation_losses", "head_ablation",
     "set_ablation", "head_importance", "component_weights", "pruning_order", "pruning_curves", "rank_agreement",
-    "rank_agreement_undefined",
+    "rank_agreement_undefined", "tied_majority",
     "check_fittable", "gate_report", "report_table", "report_lines",
 ]

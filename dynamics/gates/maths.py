@@ -9,6 +9,7 @@ from torch import Tensor
 
 from dynamics.analysis.chg import chg_roles as chg_roles  # the taxonomy, torch-free: the report reads it too
 from dynamics.analysis.chg import label_agreement as label_agreement
+from dynamics.analysis.chg import tied_majority as tied_majority
 from dynamics.config import RunConfig
 
 # ----------------------------------------------------------------------------- pure maths

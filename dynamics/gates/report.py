@@ -11,7 +11,7 @@ from dynamics.gates._engine import Progress, settle_window
 from dynamics.gates.ablation import head_ablation
 from dynamics.gates.contrastive import fit_contrastive
 from dynamics.gates.fit import fit_chg
-from dynamics.gates.maths import component_weights, rank_agreement, rank_agreement_undefined, unsettled
+from dynamics.gates.maths import component_weights, rank_agreement, rank_agreement_undefined, tied_majority, unsettled
 from dynamics.gates.options import CHG_ROLES, RESTART, GateOptions
 from dynamics.interventions.common import forward_changes
 from dynamics.model import Transformer
@@ -80,9 +80,12 @@ def gate_report(
 def report_table(ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
     """Header and rows of a :func:`gate_report`: one row per head.
 
-    Columns: layer, head, G+ and G- (means over restarts), the majority label, the fraction
-    of restarts agreeing with it, the ablation delta (mixture-weighted, then per component),
-    and with a contrastive fit the mean contrastive gate ("keep").
+    Columns: layer, head, G+ and G- (means over restarts), the majority label (marked ``*``
+    where restarts tie: see :func:`report_lines`), the fraction of restarts agreeing with it,
+    the ablation delta (mixture-weighted, then per component), and with a contrastive fit the
+    mean contrastive gate ("keep") and the fraction of restarts on its majority side of the
+    threshold ("k.agree": restarts that keep a head and restarts that drop it average to a
+    gate near the threshold, which alone reads as undecided).
     """
     comps = [str(c) for c in ds[COMPONENT].values]
     weights = np.asarray(ds.attrs.get("weights", None) or [1.0 / len(comps)] * len(comps))
@@ -93,15 +96,19 @@ def report_table(ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
     keep = None
     if "contrast_gate" in ds:
         keep = ds.contrast_gate.mean(RESTART).values
-        header.append("keep")
+        kept = (ds.contrast_gate >= _threshold(ds)).mean(RESTART).values  # share of restarts keeping the head
+        keep_agree = np.maximum(kept, 1.0 - kept)
+        header += ["keep", "k.agree"]
+    tied = tied_majority(ds.chg_role.transpose(RESTART, LAYER, HEAD).values)
     rows = []
     for layer in range(plus.shape[0]):
         for head in range(plus.shape[1]):
             row = [str(layer), str(head), f"{plus[layer, head]:.3f}", f"{minus[layer, head]:.3f}",
-                   CHG_ROLES[int(ds.role.values[layer, head])], f"{ds.agreement.values[layer, head]:.2f}",
+                   CHG_ROLES[int(ds.role.values[layer, head])] + ("*" if tied[layer, head] else ""),
+                   f"{ds.agreement.values[layer, head]:.2f}",
                    f"{float(delta[layer, head] @ weights):+.4f}", *[f"{d:+.4f}" for d in delta[layer, head]]]
             if keep is not None:
-                row.append(f"{keep[layer, head]:.3f}")
+                row += [f"{keep[layer, head]:.3f}", f"{keep_agree[layer, head]:.2f}"]
             rows.append(row)
     return header, rows
 
@@ -122,14 +129,34 @@ def report_lines(ds: xr.Dataset) -> list[str]:
         + (f"{ds.attrs['rho']:.3f}" if np.isfinite(ds.attrs["rho"]) else
            f"undefined ({ds.attrs.get('rho_undefined') or 'NaN'})"),
     ]
+    tied = tied_majority(ds.chg_role.transpose(RESTART, LAYER, HEAD).values)
+    if tied.any():
+        where = [f"L{layer}H{head}" for layer, head in zip(*np.nonzero(tied), strict=True)]
+        lines.append(f"labels marked *: the restarts tie at {len(where)} head{'s' if len(where) > 1 else ''} "
+                     f"({', '.join(where)}), so no role is a majority there; the label shown is the first tied "
+                     f"one in the order {', '.join(CHG_ROLES[:-1])}")
     lines += _settle_lines(ds)
     if "contrast_loss" in ds:
-        loss = ds.contrast_loss.mean(RESTART)
+        loss = ds.contrast_loss
         for side in ("retain", "forget"):
-            full, gated, circuit = (float(loss.sel(side=side, state=s)) for s in ("full", "gated", "circuit"))
-            lines.append(f"contrast {side} {ds.attrs[side]}: held-out NLL {full:.4f} -> {gated:.4f} gated, "
-                         f"{circuit:.4f} with only the kept heads (gate >= threshold)")
+            full, gated, circuit = (loss.sel(side=side, state=s) for s in ("full", "gated", "circuit"))
+            lines.append(f"contrast {side} {ds.attrs[side]}: held-out NLL {float(full.mean()):.4f} -> "
+                         f"{_over_restarts(gated)} gated, {_over_restarts(circuit)} with only the kept heads "
+                         f"(gate >= threshold)")
     return lines
+
+
+def _threshold(ds: xr.Dataset) -> float:
+    return ds.attrs.get("options", {}).get("threshold", 0.5)
+
+
+def _over_restarts(values: xr.DataArray) -> str:
+    """The mean over restarts, with their range where they differ in the printed digits: restarts
+    that found different sub-circuits average to a loss none of them has."""
+    mean, low, high = float(values.mean()), float(values.min()), float(values.max())
+    if f"{low:.4f}" == f"{high:.4f}":
+        return f"{mean:.4f}"
+    return f"{mean:.4f} (restarts {low:.4f} to {high:.4f})"
 
 
 def _settle_lines(ds: xr.Dataset) -> list[str]:
@@ -144,7 +171,7 @@ def _settle_lines(ds: xr.Dataset) -> list[str]:
     parts = [f"{float(moved.sel(stage=s)):.3f} ({name}, last {settle_window(n)} of {n} updates)"
              for name, s, n in stages if n]
     lines = ["convergence of the fits: the largest change of any gate over a stage's last tenth: " + ", ".join(parts)]
-    threshold = opts.get("threshold", 0.5)
+    threshold = _threshold(ds)
     open_ = np.zeros(ds.role.shape, dtype=bool)  # (L, H)
     for fit, stage in (("plus", "plus"), ("minus", "minus")):
         gates = ds.chg.sel(fit=fit).transpose(RESTART, LAYER, HEAD).values
