@@ -32,6 +32,9 @@ def grid_order(index: dict) -> dict[str, tuple]:
     By each axis of the index in turn, its values ranked in the order the index first lists
     them (the config's order; a later sweep's new values after): the first axis varies
     slowest, as in the config's grid. A run without a value for an axis sorts after the values.
+    Runs at the same point (sweeps of one grid from other base configs, ``--set train.lr=...``)
+    keep the index's own order, the order the sweeps recorded them, so each sweep's runs sit
+    in the same place at every point; by run id (a hash) they swapped from point to point.
     """
     axes, swept = index.get("axes", []), index.get("runs", {})
     text = {rid: {a: json.dumps(v[a], sort_keys=True) for a in axes if a in v} for rid, v in swept.items()}
@@ -41,7 +44,8 @@ def grid_order(index: dict) -> dict[str, tuple]:
             if axis in values:
                 seen.setdefault(values[axis], len(seen))
     return {rid: tuple(seen[values[axis]] if axis in values else len(seen)
-                       for seen, axis in zip(rank, axes, strict=True)) + (rid,) for rid, values in text.items()}
+                       for seen, axis in zip(rank, axes, strict=True)) + (position,)
+            for position, (rid, values) in enumerate(text.items())}
 
 
 def grid_key(index: dict) -> Callable[[str], tuple]:

@@ -471,8 +471,10 @@ def test_runs_of_other_base_configs_at_one_swept_point_are_not_averaged_as_seeds
     page = write_report(path, tmp_path / "out", compute_missing=False).read_text()
     table = page[page.index("<table>"):page.index("</table>")]
     assert "<th>init_scale</th><th>seed</th><th>lr</th>" in table
-    # in the grid's order, as `dynamics status` lists them (init_scale, then seed), not by id
-    grid = [*sorted(runs, key=lambda r: (r.params["train.seed"], r.run_id)), "rother"]
+    # in the grid's order, as `dynamics status` lists them (init_scale, then seed), not by id; at
+    # one point, in the order the index records the runs: the lr=0.01 sweep's before the lr=0.001 one's
+    order = list(points)
+    grid = [*sorted(runs, key=lambda r: (r.params["train.seed"], order.index(r.run_id))), "rother"]
     assert re.findall(r"<tr><td><code>(\w+)</code>", table) == [getattr(r, "run_id", r) for r in grid]
     for r in runs:
         lr = store.run_attrs(path, r.run_id)["config"]["train"]["lr"]
