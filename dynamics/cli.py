@@ -126,7 +126,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.skipped:
         print(f"{run_id}: already {result.status} in {out}; nothing retrained")
     else:
-        print(f"{run_id}: {result.status} after {result.steps_done} steps -> {out}")
+        # "after 3000 steps" alone read as 3000 trained now, where a resume trained the last 2200
+        resumed = f" (resumed at step {result.resumed_from})" if result.resumed_from else ""
+        print(f"{run_id}: {result.status} after {result.steps_done} steps{resumed} -> {out}")
     return 0 if result.status == "completed" else 1
 
 

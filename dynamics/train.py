@@ -56,6 +56,8 @@ class RunResult:
     """Optimiser updates completed."""
     skipped: bool = False
     """True when the run was already finished and nothing was trained."""
+    resumed_from: int = 0
+    """The checkpoint step this start resumed from; 0 for a fresh start."""
 
 
 def lr_at(cfg: RunConfig, step: int) -> float:
@@ -432,7 +434,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             writer.finalize()
         if raise_after is not None:
             raise raise_after
-        return RunResult(run_id, status, done)
+        return RunResult(run_id, status, done, resumed_from=start)
 
     outcome: tuple[str, dict] = ("completed", {})
     try:

@@ -325,6 +325,21 @@ def status_rows(capsys, path) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def test_run_says_a_resumed_run_was_resumed_and_from_where(tiny, tmp_path):
+    # "completed after 20 steps" read as 20 steps trained by this command, which trained the last 12
+    _, cfg, _ = tiny
+    s = tmp_path / "s.zarr"
+    with pytest.raises(KeyboardInterrupt):
+        train_run(load_config(cfg, ["train.steps=20", "record.every=15"]), str(s), progress=interrupt_at(10))
+    r = cli_in_process("run", cfg, "--out", s, "--set", "train.steps=20", "--set", "record.every=15")
+    assert r.returncode == 0, r.stderr
+    [rid] = store.list_runs(s)
+    assert r.stdout.strip() == f"{rid}: completed after 20 steps (resumed at step 8) -> {s}"
+    fresh = tmp_path / "fresh.zarr"
+    r = cli_in_process("run", cfg, "--out", fresh, "--set", "train.steps=20", "--set", "record.every=15")
+    assert r.stdout.strip() == f"{rid}: completed after 20 steps -> {fresh}"
+
+
 def test_status_says_where_an_interrupted_run_resumes(tiny, tmp_path, capsys):
     # Interrupted in progress(10), once update 10 is made, it showed "11/20" alone: a resume
     # restarts from its checkpoint at 8.
