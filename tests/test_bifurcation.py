@@ -63,6 +63,19 @@ def test_bifurcation_step_relative_floor():
     assert float(bifurcation_step(curve(x))) == STEPS[6]
 
 
+def test_bifurcation_step_absolute_floor_on_a_zero_baseline():
+    # Heads with identical starting attention: divergence exactly 0 at the baseline, so sigma and
+    # |mu| are both 0 and float rounding (1e-9) was the bifurcation.
+    x = np.zeros(len(STEPS))
+    x[6:] = 1e-9
+    assert np.isnan(float(bifurcation_step(curve(x))))
+    assert float(bifurcation_step(curve(x), abs_tol=0.0)) == STEPS[6]
+    x[6:] = 0.01  # a real departure from 0
+    assert float(bifurcation_step(curve(x))) == STEPS[6]
+    with pytest.raises(ValueError, match="abs_tol"):
+        bifurcation_step(curve(x), abs_tol=-1.0)
+
+
 def test_bifurcation_step_vectorised_lazy_and_without_step_coord():
     jumps = np.array([[3, 6, 100], [4, 11, 8]])  # 100: never
     x = np.stack([[noisy_jump(10 * r + h, j) for h, j in enumerate(row)] for r, row in enumerate(jumps)])
@@ -117,6 +130,18 @@ def test_commitment_step_missing_heads_and_single_snapshot():
     da = xr.DataArray(lab, dims=("snapshot", "layer", "head"), coords={"step": ("snapshot", [0, 10, 20])})
     np.testing.assert_array_equal(commitment_step(da).values, [[10.0, np.nan]])
     np.testing.assert_array_equal(commitment_step(da.isel(snapshot=[0])).values, [[0.0, np.nan]])
+
+
+def test_commitment_step_skips_a_label_missing_mid_run():
+    # label 1 from step 10, missing at step 20: NaN != 1 made 20 and 30 two changes (30 reported)
+    lab = np.array([[0, 1, np.nan, 1, 1], [np.nan, np.nan, 2, 2, 2], [0, 1, np.nan, 2, 2]], dtype=float)
+    da = xr.DataArray(lab.T[:, None, :], dims=("snapshot", "layer", "head"),
+                      coords={"step": ("snapshot", [0, 10, 20, 30, 40])})
+    # missing at first: committed from its first label; a change across the gap still counts
+    np.testing.assert_array_equal(commitment_step(da).values, [[10.0, 20.0, 30.0]])
+    lazy = commitment_step(da.chunk({"head": 1}))
+    assert isinstance(lazy.data, dask.array.Array)
+    np.testing.assert_array_equal(lazy.values, [[10.0, 20.0, 30.0]])
 
 
 # ----------------------------------------------------------------------------- gini

@@ -68,6 +68,7 @@ def bifurcation_step(
     n_baseline: int = 3,
     k: float = 3.0,
     rel_tol: float = 0.05,
+    abs_tol: float = 1e-6,
 ) -> xr.DataArray:
     """Step at which a curve leaves its early noise band for good.
 
@@ -77,13 +78,15 @@ def bifurcation_step(
 
         \\mu = \\operatorname{mean}(x_{0..n_b-1}),\\quad
         \\sigma = \\operatorname{std}_{ddof=1}(x_{0..n_b-1}),\\quad
-        w = \\max(k\\sigma,\\ rel\\_tol\\,|\\mu|)
+        w = \\max(k\\sigma,\\ rel\\_tol\\,|\\mu|,\\ abs\\_tol)
 
         t^* = \\text{step}\\big[\\min\\{s : |x_{s'} - \\mu| > w \\ \\forall s' \\ge s\\}\\big]
 
     i.e. the first snapshot of the final stretch that lies strictly outside mu +- w. The
     relative floor ``rel_tol |mu|`` keeps a nearly flat baseline (sigma ~ 0) from flagging
-    tiny drifts. With k >= 1.2 and n_b = 3 the baseline points always lie inside the
+    tiny drifts, and the absolute floor ``abs_tol`` does so where that baseline is 0 itself:
+    heads that start with identical attention have a divergence of exactly 0, and float
+    rounding later (1e-9) was reported as their bifurcation. With k >= 1.2 and n_b = 3 the baseline points always lie inside the
     band, so t* is after the baseline. A departure seen only at the last snapshot counts
     (nothing later can contradict it). NaN points count as inside, except a run's padding
     past its last recorded snapshot (NaN ``step``), which is not data.
@@ -98,6 +101,9 @@ def bifurcation_step(
         Band half-width in baseline standard deviations (>= 0).
     rel_tol : float
         Minimum half-width as a fraction of |baseline mean| (>= 0).
+    abs_tol : float
+        Minimum half-width in the curve's own units (>= 0); the default suits curves of order
+        0.1-1, as the divergences are.
 
     Returns
     -------
@@ -115,11 +121,11 @@ def bifurcation_step(
     n = curve.sizes[SNAPSHOT]
     if not 2 <= n_baseline < n:
         raise ValueError(f"n_baseline={n_baseline!r} must be >= 2 and < the {n} snapshots")
-    if k < 0 or rel_tol < 0:
-        raise ValueError(f"k={k!r} and rel_tol={rel_tol!r} must be >= 0")
+    if k < 0 or rel_tol < 0 or abs_tol < 0:
+        raise ValueError(f"k={k!r}, rel_tol={rel_tol!r} and abs_tol={abs_tol!r} must be >= 0")
     baseline = curve.isel({SNAPSHOT: slice(0, n_baseline)})
     mu = baseline.mean(SNAPSHOT)
-    half_width = np.fmax(k * baseline.std(SNAPSHOT, ddof=1), rel_tol * abs(mu))
+    half_width = np.fmax(np.fmax(k * baseline.std(SNAPSHOT, ddof=1), rel_tol * abs(mu)), abs_tol)
     # NaN compares False: inside. Padding after a run's last recorded snapshot (ragged sweep)
     # counts as outside: it is not data and cannot contradict a departure.
     outside = (abs(curve - mu) > half_width) | ~recorded(curve)
@@ -163,10 +169,18 @@ def commitment_step(labels: xr.DataArray) -> xr.DataArray:
     """
     n = labels.sizes[SNAPSHOT]
     later = labels.isel({SNAPSHOT: slice(1, None)})
-    earlier = labels.isel({SNAPSHOT: slice(None, -1)})
+    # Each label is compared with the last one seen before it: a head missing at one snapshot
+    # (NaN) mid-run changed label twice when compared with its neighbours.
+    seen = labels
+    if np.issubdtype(labels.dtype, np.floating):  # integer codes have none missing
+        # labels are (snapshot, layer, head) per run: one chunk along snapshot is small
+        seen = xr.apply_ufunc(_carry_forward, labels, input_core_dims=[[SNAPSHOT]],
+                              output_core_dims=[[SNAPSHOT]], dask="parallelized", output_dtypes=[labels.dtype],
+                              dask_gufunc_kwargs={"allow_rechunk": True}).transpose(*labels.dims)
+    earlier = seen.isel({SNAPSHOT: slice(None, -1)})
     # Positional comparison of neighbouring snapshots (Variables carry no coords to align).
-    # A step into a run's padding (ragged sweep) is not a change of label.
-    taken = recorded(labels).isel({SNAPSHOT: slice(1, None)}).variable
+    # A step into a run's padding (ragged sweep), or to a missing label, is not a change.
+    taken = (recorded(labels) & labels.notnull()).isel({SNAPSHOT: slice(1, None)}).variable
     changed = later.copy(data=((later.variable != earlier.variable) & taken).data)
     position = xr.DataArray(np.arange(1, n), dims=SNAPSHOT)
     if n > 1:
@@ -175,6 +189,13 @@ def commitment_step(labels: xr.DataArray) -> xr.DataArray:
         last_change = xr.zeros_like(labels.isel({SNAPSHOT: 0}, drop=True), dtype=np.int64)
     out = _step_at(labels, last_change).where(last_recorded(labels).drop_vars(STEP, errors="ignore").notnull())
     return out.transpose(*[d for d in labels.dims if d != SNAPSHOT])
+
+
+def _carry_forward(a: np.ndarray) -> np.ndarray:
+    """Each NaN along the last axis replaced by the last value before it (leading NaN stay)."""
+    index = np.where(np.isnan(a), 0, np.arange(a.shape[-1]))
+    np.maximum.accumulate(index, axis=-1, out=index)
+    return np.take_along_axis(a, index, axis=-1)
 
 
 def gini(x: xr.DataArray, dim: str = HEAD) -> xr.DataArray:

@@ -257,6 +257,10 @@ def token_share(attn: xr.DataArray, tokens: xr.DataArray, token_id: int = ord("/
     ``V_p = {i : exists j <= i with tok_p[j] = t}`` is the set of queries that can see the token.
 
     This is the quantity behind the slash-dominance post's criterion (there with t = '/').
+    The post's "whenever one is visible" is read as which queries count (those in V_p), and a
+    sample's share as their mean: the post gives no per-query rule, so a head that gives the
+    token 100% at half of those queries and 0% at the others has share 0.5 here. A per-query
+    reading would be ``min`` instead of ``mean`` over V_p, a stricter test.
 
     Bounds: [0, 1]. It is NaN for probe sequences where no query sees the token (the token is
     absent), and for padded heads.
