@@ -209,6 +209,9 @@ def check_report_dir(out: Path, flag: str) -> None:
     check_not_in_store(out, flag)
     if out.exists() and store.is_store(str(out)):
         raise UsageError(f"{flag} {out} is a dynamics store; a report goes next to it, not into it")
+    if out.is_dir() and any((out / name).exists() for name in ("zarr.json", ".zgroup", ".zarray")):
+        # another tool's zarr store: the report's files would be mixed into its data
+        raise UsageError(f"{flag} {out} is a zarr store; give the report a folder of its own")
     from dynamics.report.page import refuse_foreign_files
 
     try:  # the report's own rule, asked before any work (demo trains for minutes before it reports)

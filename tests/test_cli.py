@@ -38,6 +38,8 @@ def tiny(tmp_path_factory):
     path = d / "s.zarr"
     train_run(load_config(cfg), str(path))
     (d / "afile").write_text("not a directory")
+    (d / "foreign.zarr").mkdir()  # a zarr store another tool made
+    (d / "foreign.zarr" / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
     return d, cfg, path
 
 
@@ -58,6 +60,7 @@ def tiny(tmp_path_factory):
     (["run", "{cfg}", "--out", "{path}/runs/inner.zarr"], "is inside the store"),
     (["report", "{path}", "--out", "{path}"], "is a dynamics store; a report goes next to it, not into it"),
     (["report", "{path}", "--out", "{path}/rep"], "is inside the store"),
+    (["report", "{path}", "--out", "{d}/foreign.zarr"], "foreign.zarr is a zarr store; give the report a folder"),
     (["demo", "--out", "{d}/new6.zarr", "--report", "{path}"], "is a dynamics store; a report goes next to it"),
     # stat of a name too long raised OSError from exists(), a traceback with exit 1
     (["run", "{cfg}", "--out", "{d}/" + "x" * 300 + ".zarr"], "cannot be looked at: File name too long"),
