@@ -249,7 +249,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     try:  # every PredictError is bad input found before any model is fitted: one line, exit 2
         opts = predict.PredictOptions(target=args.target, horizons=horizons, unit=args.unit, group_by=args.group,
-                                      n_splits=args.folds, use_stored_analysis=not args.recompute)
+                                      n_splits=args.folds, use_stored_analysis=not args.recompute, null=args.null)
         curve = predict.predict_store(args.store, opts)
     except predict.PredictError as e:
         raise UsageError(str(e)) from None
@@ -533,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unit", default="fraction", help="horizons as a 'fraction' of each run (default) or a training 'step'")
     p.add_argument("--group", default="seed", help="hold out whole 'seed's (default), 'run's or 'config's")
     p.add_argument("--folds", type=int, default=5, help="grouped CV folds, at most the number of groups (default 5)")
+    p.add_argument("--null", type=int, default=0, metavar="N",
+                   help="also fit N curves on final roles permuted between runs, and say how often the how-early "
+                        "criterion then names a horizon (its false-alarm rate here); each costs about one curve's time")
     p.add_argument("--recompute", action="store_true", help="compute final targets from the recordings, not the stored analysis")
     p.add_argument("--no-save", action="store_true", help="print only; do not write derived/predict.<target>")
     p.set_defaults(func=cmd_predict)

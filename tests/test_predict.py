@@ -375,6 +375,43 @@ def test_the_planted_curve_is_readable_at_the_horizon_that_sees_the_plant(plante
     assert "not a significance test" in text.splitlines()[-1]
 
 
+def test_the_null_check_permutes_whole_runs_between_runs_with_the_same_heads(planted, tables):
+    runs, _, _ = planted
+    rows = tables[0]
+    [block] = predict.same_head_blocks(rows)  # every planted run labels all L x H heads
+    assert block.shape == (len(runs), L * H)
+    for r, idx in enumerate(block):
+        assert set(rows.row_run.values[idx]) == {runs[r].run_id}
+        assert list(zip(rows.row_layer.values[idx], rows.row_head.values[idx], strict=True)) == [
+            (layer, head) for layer in range(L) for head in range(H)]
+    # a run that labels other heads has no peer: it is left as it is
+    fewer = rows.isel(head_row=np.flatnonzero(~((rows.row_run.values == runs[0].run_id) & (rows.row_head.values == 0))))
+    [block] = predict.same_head_blocks(fewer)
+    assert block.shape == (len(runs) - 1, L * H)
+
+
+def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets(planted):
+    runs, opt, curve = planted
+    null = predict.predict_runs(runs, dataclasses.replace(opt, null=4))
+    # the real curve is untouched by it
+    np.testing.assert_array_equal(null.score.values, curve.score.values)
+    assert null.attrs["null_permutations"] == 4
+    # each run's plant is its own: given another run's fates, nothing early predicts them
+    assert null.attrs["null_readable"] == 0
+    assert predict.format_curve(null).splitlines()[-1] == (
+        "null check: with each run's final roles given whole to another run with the same heads, the criterion "
+        "named a readable horizon in 0 of 4 permutations (0%): how often it reads one on these runs where there "
+        "is nothing to read")
+    # every run with the same fates: a permutation changes no target, so each null curve is the real
+    # one, readable at h=0.1 as it is
+    same = [Run(r.run_id, make_run(i, np.eye(L, H, dtype=bool)), seed=r.seed, config=r.config)
+            for i, r in enumerate(runs)]
+    alike = predict.predict_runs(same, dataclasses.replace(opt, null=3))
+    assert alike.attrs["readable_horizon"] == 0.1 and alike.attrs["null_readable"] == 3
+    with pytest.raises(predict.PredictError, match="null: permutations must be in"):
+        dataclasses.replace(opt, null=-1)
+
+
 # ----------------------------------------------------------------------------- no leakage
 
 
@@ -862,6 +899,7 @@ def test_cli_says_when_nothing_is_readable_and_stores_none(small_store, capsys):
         (["--horizons", "0,abc"], "--horizons"),
         (["--horizon", "0.1,0.2"], "--horizon: expected one number, got '0.1,0.2'"),
         (["--horizon", "1e400"], "horizon inf is not a finite number"),
+        (["--null", "-1"], "null: permutations must be in [0, 1000]; got -1"),
         (["--horizon", "0.1", "--horizons", "0.2"], "not both"),
         (["--group", "config"], "one group"),
         (["--target", "chg"], "chg_role"),

@@ -15,8 +15,8 @@ from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.predict.features import feature_table
 from dynamics.predict.load import check_runs, load_store
 from dynamics.predict.models import _mean_sd, cross_validate, group_splits, score, unseen_classes
-from dynamics.predict.options import MODELS, TARGETS, PredictOptions, Run
-from dynamics.predict.readable import CRITERION, METRIC_RANGE, readable_of
+from dynamics.predict.options import MODELS, TARGETS, PredictError, PredictOptions, Run
+from dynamics.predict.readable import CRITERION, METRIC_RANGE, ceiling_horizons, judge, readable_of
 from dynamics.predict.targets import class_name, target_table
 
 # --------------------------------------------------------------------------- whole pipeline
@@ -165,12 +165,53 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     ds["readable"] = ("horizon", np.array(answer.readable, dtype=bool))
     ds.attrs.update(readable_horizon=answer.horizon, readable_model=answer.model, readable_baseline=answer.baseline,
                     readable_summary=answer.line, readable_criterion=CRITERION)
+    if opt.null:
+        ds.attrs.update(null_permutations=opt.null, null_readable=_null_readable(ds, tables, init, rows, splits, opt))
     if spec.task != "regression":
         ds.attrs["classes"] = classes.astype(int).tolist()
         ds.attrs["class_counts"] = [int(np.sum(rows["target"].values == c)) for c in classes]
     if opt.target in ("role", "chg"):
         ds.attrs["class_names"] = [class_name(opt.target, c) for c in classes]
     return ds
+
+
+def same_head_blocks(rows: xr.Dataset) -> list[np.ndarray]:
+    """Rows of the runs that label the same heads, as one (runs, heads) index array per such set
+    of two or more runs, each run's rows in (layer, head) order: what the null check permutes."""
+    run, layer, head = (rows[k].values for k in ("row_run", "row_layer", "row_head"))
+    by_heads: dict[tuple, list[np.ndarray]] = {}
+    for r in dict.fromkeys(run.tolist()):
+        idx = np.flatnonzero(run == r)
+        idx = idx[np.lexsort((head[idx], layer[idx]))]
+        by_heads.setdefault(tuple(zip(layer[idx].tolist(), head[idx].tolist(), strict=True)), []).append(idx)
+    return [np.stack(group) for group in by_heads.values() if len(group) > 1]
+
+
+def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Dataset, splits, opt) -> int:
+    """In how many of ``opt.null`` curves on permuted targets `judge` names a readable horizon.
+
+    Each permutation gives every run's final roles, whole, to another run labelling the same
+    heads: a head keeps its layer and position (the layer prior still holds), but its target no
+    longer comes from its own training, which every early model, and every init baseline,
+    reads. The folds, features and criterion are the real curve's.
+    """
+    blocks = same_head_blocks(rows)
+    if not blocks:
+        raise PredictError("null check: no two runs label the same heads, so there is nothing to permute")
+    y = rows["target"].values
+    spec, ceiling, labels = TARGETS[opt.target], ceiling_horizons(ds), _readable_labels(ds)
+    features = {h: t.values for h, t in tables.items()}
+    rng = np.random.default_rng(opt.random_state)
+    hits = 0
+    for _ in range(opt.null):
+        permuted = y.copy()
+        for block in blocks:  # (runs, heads)
+            permuted[block.ravel()] = y[block[rng.permutation(len(block))].ravel()]
+        _, scores = cross_validate(features, init.values, permuted, rows["row_layer"].values, splits, opt)
+        summary = np.array([[_mean_sd(scores[i, m]) for m in range(len(MODELS))] for i in range(len(opt.horizons))])
+        hits += judge(opt.horizons, summary[..., 0], summary[..., 1], spec.metric, models=MODELS, ceiling=ceiling,
+                      labels=labels).horizon is not None
+    return hits
 
 
 def predict_store(path: str, options: PredictOptions | None = None) -> xr.Dataset:
@@ -360,4 +401,9 @@ def format_curve(curve: xr.Dataset) -> str:
     with np.errstate(invalid="ignore"):
         capped = int(np.sum((mean - sd < lo) | (mean + sd > hi)))
     lines += [answer.line, _criterion_line(curve, capped)] if answer.judged else [answer.line]
+    if a.get("null_permutations"):
+        k, n = a["null_readable"], a["null_permutations"]
+        lines.append(f"null check: with each run's final roles given whole to another run with the same heads, the "
+                     f"criterion named a readable horizon in {k} of {n} permutations ({k / n:.0%}): how often it reads "
+                     f"one on these runs where there is nothing to read")
     return "\n".join(lines)

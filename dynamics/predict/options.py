@@ -61,6 +61,10 @@ CHG_CLASSES = CHG_ROLES[:-1]
 SEED_AXIS = "train.seed"
 
 
+MAX_NULL = 1000
+"""Most permutations of the null check (each refits every model at every horizon)."""
+
+
 class PredictError(ValueError):
     """Bad input for the predictor (unknown target, too few runs, a single group...): one line."""
 
@@ -101,7 +105,12 @@ class PredictOptions:
     tables of a modest sweep can still be split (scikit-learn's fixed 20 would leave a fold of
     40 heads with at most one split)."""
     random_state: int = 0
-    """Seed of the boosting models."""
+    """Seed of the boosting models, and of the null check's permutations."""
+    null: int = 0
+    """Null check: also run the curve this many times on targets permuted between runs with the
+    same heads (each run's final roles given whole to another run), and count how often the
+    "how early" criterion names a readable horizon: its false-alarm rate on these runs, where
+    there is nothing to read. Each permutation costs about one curve's fitting time. 0: off."""
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -131,6 +140,8 @@ class PredictOptions:
             raise PredictError(f"n_splits must be >= 2; got {self.n_splits}")
         if self.min_heads < 2:
             raise PredictError(f"min_heads must be >= 2; got {self.min_heads}")
+        if not 0 <= self.null <= MAX_NULL:
+            raise PredictError(f"null: permutations must be in [0, {MAX_NULL}]; got {self.null}")
         if self.boosting_iter < 1:
             raise PredictError(f"boosting_iter must be >= 1; got {self.boosting_iter}")
         if self.boosting_min_leaf is not None and self.boosting_min_leaf < 1:
