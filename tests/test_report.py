@@ -1218,3 +1218,10 @@ def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_i
     assert len(tops) == 6 and max(tops) == 1.0  # linear's band reaches 1, capped; none passes it
     caption = dict(sec.figures)["predict_slash.png"]
     assert answer.line.startswith("how early: ") and f" How early: {answer.line[len('how early: '):]}." in caption
+    assert "Null check" not in caption
+    # a curve saved with `dynamics predict --null N` says how often the criterion fired on permuted roles
+    curve.attrs.update(null_permutations=40, null_readable=6)
+    store.write_derived(path, "predict.slash", curve)
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    assert (f" How early: {answer.line[len('how early: '):]}. Null check: on final roles permuted between runs with "
+            "the same heads, the criterion named a horizon in 6 of 40 permutations (15%).") in dict(sec.figures)["predict_slash.png"]

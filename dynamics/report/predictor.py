@@ -99,7 +99,12 @@ def _predict_section(ctx: _Ctx) -> _Section:
 def _how_early(ds: xr.Dataset) -> str:
     """The curve's answer to "how early", as `dynamics predict` printed it, for the caption."""
     summary = ds.attrs.get("readable_summary")
-    return f" {summary[0].upper()}{summary[1:]}." if isinstance(summary, str) and summary else ""
+    text = f" {summary[0].upper()}{summary[1:]}." if isinstance(summary, str) and summary else ""
+    n, k = ds.attrs.get("null_permutations"), ds.attrs.get("null_readable")
+    if text and n and k is not None:  # saved by `dynamics predict --null N`
+        text += (f" Null check: on final roles permuted between runs with the same heads, the criterion named a "
+                 f"horizon in {k} of {n} permutations ({k / n:.0%}).")
+    return text
 
 
 def _predict_lines(ds: xr.Dataset) -> tuple[list[tuple], str | None]:
