@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 # the package's own: a bad flag is one line, exit 2, before any work, as in `dynamics`
-from dynamics.cli import EXIT_BAD_INPUT
-from dynamics.cli import OneLineParser as Parser  # noqa: F401  (the bench scripts' parser)
+from dynamics.usage import EXIT_BAD_INPUT
+from dynamics.usage import OneLineParser as Parser  # noqa: F401  (the bench scripts' parser)
 
 
 def load_line() -> str:

@@ -20,6 +20,8 @@ from dynamics.budget import check_fits
 from dynamics.config import ConfigError, load_config, parse_override
 from dynamics.tables import analysis_failures, print_analysis, print_consistency, print_table
 from dynamics.usage import (
+    EXIT_BAD_INPUT,
+    OneLineParser,
     UsageError,
     check_args,
     check_device,
@@ -32,8 +34,6 @@ from dynamics.usage import (
     check_writable,
     report_dir,
 )
-
-EXIT_BAD_INPUT = 2
 
 
 def _progress_printer(label: str):
@@ -462,39 +462,6 @@ def demo_timing(t_train: float, t_analyse: float, t_total: float, n_skipped: int
     else:
         share = f"{t_analyse / t_train:.1%} of training" if t_train > 0 else "no share of training"
     return f"training {t_train:.1f}s, analysis {t_analyse:.1f}s ({share}), total {t_total:.0f}s"
-
-
-class _Once(argparse._StoreAction):
-    """A flag that takes one value refuses a second: argparse keeps the last one silently, and
-    ``--out a --out b`` wrote to b (as ``--set`` refuses a key given twice)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        given = vars(namespace).setdefault(_GIVEN, set())
-        if self.dest in given:
-            raise argparse.ArgumentError(self, "given twice; give it once")
-        given.add(self.dest)
-        super().__call__(parser, namespace, values, option_string)
-
-
-_GIVEN = "_flags_given"
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the usage itself is in --help), exit code 2, and
-    a flag that takes one value is refused when given twice (:class:`_Once`)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.register("action", None, _Once)
-        self.register("action", "store", _Once)
-
-    def parse_known_args(self, args=None, namespace=None):
-        namespace, rest = super().parse_known_args(args, namespace)
-        vars(namespace).pop(_GIVEN, None)
-        return namespace, rest
-
-    def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamics.identity import experiment_identity
+from dynamics.limits import FLOAT32_MAX, MAX_STEPS, MAX_THREADS, MAX_WEIGHTS
 
 TASKS = ("induction", "offset_copy", "markov", "slash_text", "corpus", "mixture")
 BYTE_TASKS = ("slash_text", "corpus")  # byte-level: need vocab_size >= 256
@@ -210,29 +211,6 @@ class RunConfig:
         """Stable id derived from the resolved config, sweep table excluded."""
         blob = json.dumps(experiment_identity(self.to_dict()), sort_keys=True).encode()
         return "r" + hashlib.sha1(blob).hexdigest()[:10]
-
-
-FLOAT32_MAX = 3.4028234663852886e38
-"""The largest float32: a setting that scales the model's float32 numbers must fit in one."""
-MAX_STEPS = 10**8
-"""Upper bound on train.steps: the loss curve and the snapshot schedule are allocated whole at
-the start (10^8 steps: a 400 MB loss array, weeks of training even for the smallest model), so
-a mistyped count fails here rather than exhausting memory."""
-
-
-MAX_WEIGHTS = 10**10
-"""Upper bound on ModelConfig.weight_entries: 40 GB of float32 weights, 160 GB with their
-gradients and AdamW's two moments, past any machine these runs are made on. A mistyped size
-(model.d_model = 640000) passed validation and failed allocating the model after the store
-and a 'failed' run were made."""
-
-
-MAX_THREADS = 1024
-"""Upper bound on train.threads, past the core count of any one machine these runs are made on:
-torch hands the count to OpenMP as given, which tries to start that many threads at the first
-parallel op, so a mistyped count (10**6) failed the run there, after the store was made. Counts
-above this machine's cores but within the bound are allowed (a config may be written for a
-larger machine); `dynamics run` notes them."""
 
 
 SECTIONS = {

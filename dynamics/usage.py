@@ -2,20 +2,58 @@
 command line prints as one line naming the problem, with exit code 2.
 
 Kept apart from the commands (dynamics/cli.py) because every command shares them: paths to
-write (a store, a report folder), stores to read, devices, worker counts and --set overrides.
+write (a store, a report folder), stores to read, devices, worker counts and --set overrides,
+and the parser's own rules (:class:`OneLineParser`: one-line errors, a flag given once).
 Heavy modules (store, torch) are imported inside the checks that need them, so ``dynamics --help``
 and input errors stay instant.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from urllib.parse import unquote
 
+EXIT_BAD_INPUT = 2
+"""Exit status of bad input: a usage error, a config or store refused before any work."""
+
 
 class UsageError(Exception):
     """Bad input found before any work: printed as one line, exit code 2."""
+
+
+class _Once(argparse._StoreAction):
+    """A flag that takes one value refuses a second: argparse keeps the last one silently, and
+    ``--out a --out b`` wrote to b (as ``--set`` refuses a key given twice)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = vars(namespace).setdefault(_GIVEN, set())
+        if self.dest in given:
+            raise argparse.ArgumentError(self, "given twice; give it once")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
+_GIVEN = "_flags_given"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the usage itself is in --help), exit code 2, and
+    a flag that takes one value is refused when given twice (:class:`_Once`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _Once)
+        self.register("action", "store", _Once)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, rest = super().parse_known_args(args, namespace)
+        vars(namespace).pop(_GIVEN, None)
+        return namespace, rest
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def check_out(path: str) -> None:

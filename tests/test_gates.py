@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from dynamics import cli, store
-from dynamics.config import MAX_STEPS, ConfigError, from_dict
+from dynamics.config import ConfigError, from_dict
 from dynamics.gates import (
     CHG_ROLES,
     FACILITATING,
@@ -43,6 +43,7 @@ from dynamics.gates import (
     set_ablation,
     tied_majority,
 )
+from dynamics.limits import MAX_STEPS
 from dynamics.tasks import make_batch
 from dynamics.train import build, load_run_model, train_run
 from tests.conftest import interrupt_at

@@ -11,7 +11,8 @@ from dynamics.analysis.chg import INCONSISTENT as INCONSISTENT
 from dynamics.analysis.chg import INTERFERING as INTERFERING
 from dynamics.analysis.chg import IRRELEVANT as IRRELEVANT
 from dynamics.analysis.chg import UNFITTED as UNFITTED
-from dynamics.config import FLOAT32_MAX, MAX_STEPS, ConfigError
+from dynamics.config import ConfigError
+from dynamics.limits import FLOAT32_MAX, MAX_STEPS
 
 RESTART = "restart"
 STAGES = ("init", "plus", "minus")  # lambda = 0, then +lambda and -lambda
