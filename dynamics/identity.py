@@ -42,10 +42,6 @@ def differing_settings(settings: Iterable[dict[str, Any]]) -> list[str]:
     return [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1]
 
 
-LEARNED_GATE_KEYS = ("gate_init", "gate_l1")
-"""Model keys that only learned gates read: under ``model.gates = "fixed"`` no gate is learned."""
-
-
 @dataclass(frozen=True)
 class _Reader:
     """When a setting is read: under ``condition`` (a dotted key) at a value ``reads`` accepts."""
@@ -59,6 +55,7 @@ class _Reader:
     """What else to do than drop the setting."""
 
 
+# Under model.gates = "fixed" no gate is learned: gate_init and gate_l1 go unread.
 _LEARNED = _Reader("model.gates", lambda v: v == "learned", "fixed gates (model.gates = {})", True,
                    'set model.gates = "learned"')
 CONDITIONAL_KEYS: dict[str, _Reader] = {
