@@ -62,7 +62,7 @@ def check_out(path: str) -> None:
     from dynamics import store
 
     if path.startswith("file://"):
-        path = unquote(path[len("file://"):])  # a local path, as the store reads it: checked as one
+        path = _local(path)  # a local path, as the store reads it: checked as one
     elif "://" in path:
         check_url(path, "--out ")
         return
@@ -80,6 +80,11 @@ def check_out(path: str) -> None:
                          or f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
     else:
         check_writable(path, "--out")
+
+
+def _local(value: str) -> str:
+    """The local path a path or a file:// URL names (the URL's %-escapes undone, as the store reads it)."""
+    return unquote(value[len("file://"):]) if value.startswith("file://") else value
 
 
 def check_url(path: str, what: str = "") -> None:
@@ -108,8 +113,7 @@ def check_args(args) -> None:
         label = name.upper() if name in _POSITIONAL else "--" + name.replace("_", "-")
         if isinstance(value, str) and not value.strip():
             raise UsageError(f"{label}: empty value")
-        if name in _PATHS and isinstance(value, str) and value.startswith("file://") \
-                and not unquote(value[len("file://"):]).strip():
+        if name in _PATHS and isinstance(value, str) and value.startswith("file://") and not _local(value).strip():
             # read as the local path "", which every later step took for the working directory
             raise UsageError(f"{label} {value}: a file:// URL with no path")
         if name in _PATHS and isinstance(value, str) and value.startswith("~"):
@@ -124,7 +128,7 @@ def _check_examinable(value: str, label: str) -> None:
     this user may not enter) is bad input: every later check's exists() raised it as a traceback."""
     if "://" in value and not value.startswith("file://"):
         return
-    local = unquote(value[len("file://"):]) if value.startswith("file://") else value
+    local = _local(value)
     try:
         os.stat(local)
     except (FileNotFoundError, NotADirectoryError):
@@ -163,7 +167,7 @@ def check_store(path: str) -> None:
 
     if "://" in path and not path.startswith("file://"):
         check_url(path)
-    elif not Path(unquote(path[len("file://"):]) if path.startswith("file://") else path).exists():
+    elif not Path(_local(path)).exists():
         # a mistyped path, not something else at that path: say which
         raise UsageError(f"no store at {path}: the path does not exist")
     try:
@@ -233,7 +237,7 @@ def report_dir(text: str, flag: str) -> Path:
     """The folder a report is written to: a local path (a file:// URL is one); another URL is refused,
     as Path() would make it a folder named "s3:" (or "file:") in the working directory."""
     if text.startswith("file://"):
-        return Path(unquote(text[len("file://"):]))
+        return Path(_local(text))
     if "://" in text:
         raise UsageError(f"{flag} {text}: a report is written to a local folder; give a path")
     return Path(text)

@@ -412,6 +412,16 @@ def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets
         dataclasses.replace(opt, null=-1)
 
 
+def test_a_null_check_with_nothing_to_permute_is_refused_before_any_fit(planted, monkeypatch):
+    from dynamics.predict import curve as curve_module
+
+    runs, opt, _ = planted
+    monkeypatch.setattr(curve_module, "same_head_blocks", lambda rows: [])  # as when every run labels other heads
+    monkeypatch.setattr(curve_module, "cross_validate", lambda *a, **k: pytest.fail("fitted before refusing"))
+    with pytest.raises(predict.PredictError, match="^null check: no two runs label the same heads"):
+        predict.predict_runs(runs, dataclasses.replace(opt, null=2))
+
+
 # ----------------------------------------------------------------------------- no leakage
 
 

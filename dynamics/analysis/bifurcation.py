@@ -86,8 +86,8 @@ def bifurcation_step(
     relative floor ``rel_tol |mu|`` keeps a nearly flat baseline (sigma ~ 0) from flagging
     tiny drifts, and the absolute floor ``abs_tol`` does so where that baseline is 0 itself:
     heads that start with identical attention have a divergence of exactly 0, and float
-    rounding later (1e-9) was reported as their bifurcation. With k >= 1.2 and n_b = 3 the baseline points always lie inside the
-    band, so t* is after the baseline. A departure seen only at the last snapshot counts
+    rounding later (1e-9) was reported as their bifurcation. With k >= 1.2 and n_b = 3 the
+    baseline points always lie inside the band, so t* is after the baseline. A departure seen only at the last snapshot counts
     (nothing later can contradict it). NaN points count as inside, except a run's padding
     past its last recorded snapshot (NaN ``step``), which is not data.
 

@@ -60,6 +60,9 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     runs = [Run(r.run_id, _preload(r.data), r.seed, r.config, r.analysis) for r in runs]
     spec = TARGETS[opt.target]
     rows = target_table(runs, opt)
+    blocks = same_head_blocks(rows) if opt.null else []
+    if opt.null and not blocks:  # before any model is fitted
+        raise PredictError("null check: no two runs label the same heads, so there is nothing to permute")
     groups = rows["row_group"].values
     splits = group_splits(groups, opt.n_splits)
     fold_of = np.empty(rows.sizes["head_row"], dtype=np.int64)
@@ -166,7 +169,8 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     ds.attrs.update(readable_horizon=answer.horizon, readable_model=answer.model, readable_baseline=answer.baseline,
                     readable_summary=answer.line, readable_criterion=CRITERION)
     if opt.null:
-        ds.attrs.update(null_permutations=opt.null, null_readable=_null_readable(ds, tables, init, rows, splits, opt))
+        ds.attrs.update(null_permutations=opt.null,
+                        null_readable=_null_readable(ds, tables, init, rows, blocks, splits, opt))
     if spec.task != "regression":
         ds.attrs["classes"] = classes.astype(int).tolist()
         ds.attrs["class_counts"] = [int(np.sum(rows["target"].values == c)) for c in classes]
@@ -187,17 +191,15 @@ def same_head_blocks(rows: xr.Dataset) -> list[np.ndarray]:
     return [np.stack(group) for group in by_heads.values() if len(group) > 1]
 
 
-def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Dataset, splits, opt) -> int:
+def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Dataset, blocks: list[np.ndarray],
+                   splits, opt) -> int:
     """In how many of ``opt.null`` curves on permuted targets `judge` names a readable horizon.
 
     Each permutation gives every run's final roles, whole, to another run labelling the same
-    heads: a head keeps its layer and position (the layer prior still holds), but its target no
-    longer comes from its own training, which every early model, and every init baseline,
-    reads. The folds, features and criterion are the real curve's.
+    heads (``blocks``, from :func:`same_head_blocks`): a head keeps its layer and position (the
+    layer prior still holds), but its target no longer comes from its own training, which every
+    early model, and every init baseline, reads. The folds, features and criterion are the real curve's.
     """
-    blocks = same_head_blocks(rows)
-    if not blocks:
-        raise PredictError("null check: no two runs label the same heads, so there is nothing to permute")
     y = rows["target"].values
     spec, ceiling, labels = TARGETS[opt.target], ceiling_horizons(ds), _readable_labels(ds)
     features = {h: t.values for h, t in tables.items()}
