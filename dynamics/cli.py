@@ -101,6 +101,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dynamics.signals import sigterm_as_interrupt
     from dynamics.train import train_run
 
+    if cfg.record.chg_every:
+        # Training waits for each fit, and no progress line comes while it runs (README: 64 s
+        # against 12 s for mixture.toml at 300 steps): say why the lines will pause.
+        from dynamics.record import chg_fitted, snapshot_steps
+
+        steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+        print(f"dynamics: note: CHG is fitted at {int(chg_fitted(cfg, steps_at).sum())} of the {steps_at.size} "
+              f"snapshots (record.chg_every = {cfg.record.chg_every}), {3 * cfg.record.chg_steps} gate updates each; "
+              f"training waits for each fit, so the progress lines pause", file=sys.stderr, flush=True)
     if cfg.sweep.axes:
         print(f"dynamics: note: {args.config} has a [sweep] table; `dynamics run` trains only its base point "
               f"(`dynamics sweep` trains the grid)", file=sys.stderr, flush=True)

@@ -58,6 +58,15 @@ def snapshot_steps(steps: int, dense_until: int, every: int) -> np.ndarray:
     return np.array(sorted(out), dtype=np.int64)
 
 
+def chg_fitted(cfg: RunConfig, steps_at: np.ndarray) -> np.ndarray:
+    """Per snapshot of ``steps_at``: is CHG fitted there (``record.chg_every``: every k-th
+    snapshot and the last; none when 0)."""
+    k = cfg.record.chg_every
+    if not k:
+        return np.zeros(steps_at.size, dtype=bool)
+    return (np.arange(steps_at.size) % k == 0) | (steps_at == cfg.train.steps)
+
+
 def store_head_weights(cfg: RunConfig) -> bool:
     """Whether head weight slices are recorded (auto: up to d_model 256)."""
     mode = cfg.record.head_weights

@@ -37,7 +37,7 @@ from dynamics.checkpoint import batch_loss, load_run_model  # noqa: F401  (calle
 from dynamics.config import RunConfig
 from dynamics.identity import experiment_identity
 from dynamics.model import Transformer, require_float32
-from dynamics.record import Recorder, coords, snapshot_steps, variables
+from dynamics.record import Recorder, chg_fitted, coords, snapshot_steps, variables
 from dynamics.schema import FINISHED_STATUSES
 from dynamics.signals import deferred_signals
 from dynamics.tasks import data_hash, make_batch
@@ -343,6 +343,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             torch.set_num_threads(cfg.train.threads)
         steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
         index_of = {int(s): i for i, s in enumerate(steps_at)}
+        fitted = chg_fitted(cfg, steps_at)
         model = build(cfg, device)
         intervention = interventions.build(cfg, model, device)
         if intervention is not None:  # the options as resolved (the teacher run, say), beside the table as written
@@ -467,8 +468,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                 with model.hooks(intervention.eval_hooks() if intervention is not None else []):
                     blocks = recorder.snapshot(model)
                     if cfg.record.chg_every:
-                        fit = index_of[step] % cfg.record.chg_every == 0 or step == cfg.train.steps
-                        blocks |= recorder.chg(model, fit)
+                        blocks |= recorder.chg(model, bool(fitted[index_of[step]]))
                 if intervention is not None:
                     blocks |= intervention.snapshot(model, recorder.probe_tokens)
                 if step < cfg.train.steps and math.isfinite(last_loss):

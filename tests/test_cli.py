@@ -343,6 +343,17 @@ def test_run_says_a_resumed_run_was_resumed_and_from_where(tiny, tmp_path):
     assert r.stdout.strip() == f"{rid}: completed after 20 steps -> {fresh}"
 
 
+def test_run_says_how_many_gate_fits_training_will_wait_for(tiny, tmp_path):
+    # record.chg_every: the progress lines paused for seconds at each fit, with nothing saying why
+    _, cfg, _ = tiny
+    r = cli_in_process("run", cfg, "--out", tmp_path / "c.zarr", "--set", "train.steps=8", "--set", "record.every=4",
+                       "--set", "record.chg_every=2", "--set", "record.chg_steps=2")
+    assert r.returncode == 0, r.stderr
+    # snapshots at 0, 1, 2, 4, 8: fits at the 1st, 3rd and 5th (the last)
+    assert ("dynamics: note: CHG is fitted at 3 of the 5 snapshots (record.chg_every = 2), 6 gate updates each; "
+            "training waits for each fit, so the progress lines pause") in r.stderr.splitlines()
+
+
 def test_status_says_where_an_interrupted_run_resumes(tiny, tmp_path, capsys):
     # Interrupted in progress(10), once update 10 is made, it showed "11/20" alone: a resume
     # restarts from its checkpoint at 8.
