@@ -1190,6 +1190,26 @@ def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisio
     assert "so provisional (a run still training, stopped, or a fit of an earlier checkpoint): r0 (running, step 16 of 40)." in caption
 
 
+def test_the_predictor_caption_says_when_the_curve_was_made_from_other_runs():
+    # A run stopped when `dynamics predict` ran and finished since: the caption said it was "left out,
+    # not completed" beside a runs table listing it completed, and a deleted run went unmentioned.
+    from types import SimpleNamespace
+
+    from dynamics.report.predictor import _outdated
+
+    curve = _predict_curve().assign_coords(run=["ra", "rb"])
+    def ctx(**status):
+        return SimpleNamespace(runs=[SimpleNamespace(run_id=r, status=s) for r, s in status.items()])
+    assert _outdated(curve, ctx(ra="completed", rb="completed", rp="pending")) == ""
+    assert _outdated(curve, ctx(ra="completed", rb="completed", rc="completed")) == (
+        " Out of date: this curve was computed from other runs than the store's completed runs now: 1 completed "
+        "run(s) it leaves out (rc); rerun `dynamics predict`.")
+    assert _outdated(curve, ctx(ra="completed", rb="running")) == (
+        " Out of date: this curve was computed from other runs than the store's completed runs now: 1 of its runs "
+        "the store no longer holds as completed (rb); rerun `dynamics predict`.")
+    assert _outdated(_predict_curve(), ctx(rc="completed")) == ""  # a curve without its runs: nothing to compare
+
+
 def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_its_answer(tmp_path, monkeypatch):
     # With 2 folds mean + sd passes 1, which no fold can score: the figure filled mean -+ sd while
     # `dynamics predict` judged "how early" on the band capped to [0, 1], and the caption did not

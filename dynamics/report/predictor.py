@@ -77,6 +77,7 @@ def _predict_section(ctx: _Ctx) -> _Section:
         stale = "" if version == ANALYSIS_VERSION else (
             f" Stale: this curve was computed with {'analysers of version ' + str(version) if version is not None else 'analysers older than version stamping'} "
             f"(this page: version {ANALYSIS_VERSION}), so its targets may not be the roles shown above; rerun `dynamics predict`.")
+        stale += _outdated(ds, ctx)
         # Told as `dynamics predict` tells them: runs left out of the curve (survivorship), and
         # folds whose test runs share a seed with training runs (twins, not prediction).
         left_out = list(ds.attrs.get("runs_left_out") or [])
@@ -94,6 +95,23 @@ def _predict_section(ctx: _Ctx) -> _Section:
                             f"initialisation-only features); {chance_text}{spread}.{ceiling}{_how_early(ds)}{caveats}"
                             f"{stale}"))
     return sec
+
+
+def _outdated(ds: xr.Dataset, ctx: _Ctx) -> str:
+    """A caveat when the curve's runs are not the store's completed runs now: the curve and its
+    "left out" list are what `dynamics predict` saw when it ran, and the page around it is not."""
+    if "run" not in ds.coords:
+        return ""
+    used = {str(r) for r in ds["run"].values}
+    completed = {r.run_id for r in ctx.runs if r.status == "completed"}
+    new, gone = sorted(completed - used), sorted(used - completed)
+    if not new and not gone:
+        return ""
+    parts = ([f"{len(new)} completed run(s) it leaves out ({', '.join(new[:5])}{' and more' if len(new) > 5 else ''})"]
+             if new else []) + ([f"{len(gone)} of its runs the store no longer holds as completed "
+                                 f"({', '.join(gone[:5])}{' and more' if len(gone) > 5 else ''})"] if gone else [])
+    return (f" Out of date: this curve was computed from other runs than the store's completed runs now: "
+            f"{'; '.join(parts)}; rerun `dynamics predict`.")
 
 
 def _how_early(ds: xr.Dataset) -> str:
