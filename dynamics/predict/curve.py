@@ -77,7 +77,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     )
     pooled = np.array([[score(spec.metric, rows["target"].values, preds[i, m]) for m in range(len(MODELS))]
                        for i in range(len(opt.horizons))])
-    summary = np.array([[_mean_sd(scores[i, m]) for m in range(len(MODELS))] for i in range(len(opt.horizons))])
+    summary = _summary(scores)
 
     # A class a fold's training rows lack is a miss there for every model: said, not averaged in silently.
     y = rows["target"].values
@@ -179,6 +179,11 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     return ds
 
 
+def _summary(scores: np.ndarray) -> np.ndarray:
+    """(horizon, model, 2): mean and sd over the folds of `cross_validate`'s (horizon, model, fold) scores."""
+    return np.array([[_mean_sd(per_model) for per_model in per_horizon] for per_horizon in scores])
+
+
 def same_head_blocks(rows: xr.Dataset) -> list[np.ndarray]:
     """Rows of the runs that label the same heads, as one (runs, heads) index array per such set
     of two or more runs, each run's rows in (layer, head) order: what the null check permutes."""
@@ -210,7 +215,7 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
         for block in blocks:  # (runs, heads)
             permuted[block.ravel()] = y[block[rng.permutation(len(block))].ravel()]
         _, scores = cross_validate(features, init.values, permuted, rows["row_layer"].values, splits, opt)
-        summary = np.array([[_mean_sd(scores[i, m]) for m in range(len(MODELS))] for i in range(len(opt.horizons))])
+        summary = _summary(scores)
         hits += judge(opt.horizons, summary[..., 0], summary[..., 1], spec.metric, models=MODELS, ceiling=ceiling,
                       labels=labels).horizon is not None
     return hits

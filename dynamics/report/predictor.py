@@ -81,8 +81,8 @@ def _predict_section(ctx: _Ctx) -> _Section:
         # Told as `dynamics predict` tells them: runs left out of the curve (survivorship), and
         # folds whose test runs share a seed with training runs (twins, not prediction).
         left_out = list(ds.attrs.get("runs_left_out") or [])
-        caveats = (f" Left out: {len(left_out)} run(s) not completed, so without a final role ({', '.join(left_out[:5])}"
-                   f"{' and more' if len(left_out) > 5 else ''}).") if left_out else ""
+        caveats = (f" Left out: {len(left_out)} run(s) not completed, so without a final role "
+                   f"({_first_few(left_out)}).") if left_out else ""
         if ds.attrs.get("folds_sharing_seeds"):
             caveats += (f" Caution: in {ds.attrs['folds_sharing_seeds']} of {ds.attrs.get('n_splits', '?')} folds a test "
                         "run shares its seed (initial weights, data order) with a training run, so scores may "
@@ -97,6 +97,11 @@ def _predict_section(ctx: _Ctx) -> _Section:
     return sec
 
 
+def _first_few(ids: list[str]) -> str:
+    """Up to five run ids, and "and more" past them: a caption names runs, it does not list a sweep."""
+    return ", ".join(ids[:5]) + (" and more" if len(ids) > 5 else "")
+
+
 def _outdated(ds: xr.Dataset, ctx: _Ctx) -> str:
     """A caveat when the curve's runs are not the store's completed runs now: the curve and its
     "left out" list are what `dynamics predict` saw when it ran, and the page around it is not."""
@@ -107,9 +112,8 @@ def _outdated(ds: xr.Dataset, ctx: _Ctx) -> str:
     new, gone = sorted(completed - used), sorted(used - completed)
     if not new and not gone:
         return ""
-    parts = ([f"{len(new)} completed run(s) it leaves out ({', '.join(new[:5])}{' and more' if len(new) > 5 else ''})"]
-             if new else []) + ([f"{len(gone)} of its runs the store no longer holds as completed "
-                                 f"({', '.join(gone[:5])}{' and more' if len(gone) > 5 else ''})"] if gone else [])
+    parts = ([f"{len(new)} completed run(s) it leaves out ({_first_few(new)})"] if new else []) + (
+        [f"{len(gone)} of its runs the store no longer holds as completed ({_first_few(gone)})"] if gone else [])
     return (f" Out of date: this curve was computed from other runs than the store's completed runs now: "
             f"{'; '.join(parts)}; rerun `dynamics predict`.")
 
