@@ -294,10 +294,7 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
         if g not in labels and varying:
             labels[g] = settings(g, varying)
     stacked = xr.concat(profiles, dim=pd.Index(kept, name="run"), join="outer").transpose("run", "layer", "head", "role_name")
-    # A role score the probes could not give (NaN) counts 0 for a head that exists; a head that
-    # is padding (all NaN: its run has fewer heads than another) stays missing, matched to nothing.
-    exists = stacked.notnull().any("role_name")
-    result = cross_seed_consistency(stacked.fillna(0.0).where(exists), groups, feature_dim="role_name")
+    result = cross_seed_consistency(stacked, groups, feature_dim="role_name")
     result = result.assign_coords(label=("group", [labels.get(g, g) for g in result.group.values.tolist()]))
     # the final snapshot's step, a scalar, is the first run's only: runs of other lengths differ
     keep = {"label", "run_a", "run_b", "pair_group"}

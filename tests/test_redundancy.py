@@ -252,6 +252,17 @@ def test_cross_seed_consistency_three_seeds_partial_similarity_and_missing_heads
     assert 0.0 < s < 1.0
 
 
+def test_cross_seed_consistency_counts_a_nan_feature_of_a_present_head_as_zero():
+    # Feature 2 is NaN for every head (a score the probes could not give, as the token share on
+    # a task without the token); the heads exist, so they are matched on the other features.
+    f = np.array([[[1.0, 0.0, np.nan], [0.0, 1.0, np.nan]]])  # (layer, head, feature)
+    prof = xr.DataArray(np.stack([f, f[:, ::-1]]), dims=("run", "layer", "head", "feature"))
+    out = cross_seed_consistency(prof, ["cfg", "cfg"])
+    assert out.similarity.item() == 1.0
+    assert out.unmatched_similarity.item() == 0.5
+    assert out.match.values.ravel().tolist() == [1, 0]
+
+
 def test_cross_seed_consistency_lazy_and_validates():
     prof, _ = planted_profiles(seed=3)
     snaps = xr.concat([prof, prof], dim="snapshot")  # an extra leading dim

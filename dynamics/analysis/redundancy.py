@@ -311,7 +311,10 @@ def cross_seed_consistency(
     Parameters
     ----------
     profiles : DataArray
-        Dims (..., run, layer, head, feature); NaN heads are missing (matched to nothing).
+        Dims (..., run, layer, head, feature). A head whose whole profile is NaN is missing
+        (padding: its run has fewer heads), matched to nothing; a NaN feature of a head that
+        has other features counts 0 (a score its probes could not give, such as the token
+        share when the token never occurs).
     run_group : array-like, DataArray or str
         Group label per run, shape (run,) (same config, different seeds), or the name of a
         coordinate of ``profiles`` along run. Labels decide which pairs exist, so they are
@@ -358,6 +361,9 @@ def cross_seed_consistency(
     }
 
     prof = profiles.drop_vars([c for c in profiles.coords if RUN in profiles[c].dims])
+    # Treating any NaN feature as a missing head made every head missing whenever one score is
+    # NaN throughout (the token share on a task without the token), and the result all NaN.
+    prof = prof.fillna(0.0).where(prof.notnull().any(feature_dim))
     norm = np.sqrt((prof**2).sum(feature_dim, skipna=False))
     unit = xr.where(norm == 0, 0.0, prof / norm.where(norm > 0))  # NaN stays NaN (missing)
     unit_a = unit.isel({RUN: xr.DataArray(a_idx, dims=PAIR)})
