@@ -7,6 +7,7 @@ import xarray as xr
 
 from dynamics.analysis import pipeline
 from dynamics.analysis.pipeline import analyse_run, summary_row
+from dynamics.analysis.roles import role_names
 
 S, L, H, P, T, D, M = 7, 2, 3, 2, 10, 4, 12
 
@@ -68,10 +69,10 @@ def test_lazy_blocks_match_in_memory(monkeypatch, stage_bytes):
 
 def test_known_roles_and_missing_heads():
     result = analyse_run(sweep_like()).load()
-    role = result["role"].isel(snapshot=-1)
-    names = np.asarray(pipeline.ROLES)
-    assert names[role.sel(run="a", layer=0, head=0)] == "previous_token"
-    assert names[role.sel(run="b", layer=0, head=0)] == "previous_token"
+    names = role_names(result["role"].isel(snapshot=-1))  # (run, layer, head)
+    assert names[0, 0, 0] == names[1, 0, 0] == "previous_token"
+    # a head run b does not have is no role, not "none"
+    assert (names[1, :, H - 1] == "").all() and (names[0, :, H - 1] != "").all()
     # A missing head has no divergence and no pairing with the others.
     assert np.isnan(result["divergence_from_init"].sel(run="b", head=H - 1)).all()
     assert (result["divergence_from_init"].isel(snapshot=0).sel(run="a") == 0).all()
@@ -121,6 +122,23 @@ def test_a_shorter_run_in_a_sweep_ends_at_its_own_last_snapshot():
     np.testing.assert_allclose(got["attention_correlation"].values, want["attention_correlation"].values,
                                rtol=1e-12, atol=1e-12)
     assert np.isfinite(want["commitment_step"].sel(layer=0, head=0)), "the test needs a committed head"
+    # the padding is no snapshot of run b: not labelled "none", not "not dominant", but missing
+    for name in ("role", "slash_dominant", "token_dominant"):
+        assert got[name].isel(snapshot=slice(n, None)).isnull().all(), name
+        np.testing.assert_array_equal(got[name].isel(snapshot=slice(0, n)).values, want[name].values, err_msg=name)
+    assert (role_names(got.role.isel(snapshot=-1)) == "").all()
+    assert (role_names(got.role.isel(snapshot=n - 1)) == role_names(want.role.isel(snapshot=-1))).all()
+
+
+def test_a_selection_that_casts_probe_tokens_to_float_is_analysed():
+    # sweep.where(mask, drop=True) turns every int variable float, probe_tokens included, with
+    # no NaN in it: that is a selection, not runs that differ in context or probes.
+    ds = sweep_like()
+    picked = ds.where(ds.run == "b", drop=True)
+    assert picked.probe_tokens.dtype.kind == "f"
+    got = analyse_run(picked).load()
+    want = analyse_run(ds.sel(run=["b"])).load()
+    xr.testing.assert_allclose(got.role_score, want.role_score)
 
 
 def test_token_dominance_follows_the_token_threshold():

@@ -112,7 +112,8 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     Returns
     -------
     Dataset (lazy) with, per snapshot, layer and head unless stated:
-    ``role_score`` (+ role_name), ``role`` (int8 codes into ROLES), ``slash_score`` (+ offset),
+    ``role_score`` (+ role_name), ``slash_offset`` (the offset the slash role score was read
+    at), ``role`` (int8 codes into ROLES), ``slash_score`` (+ offset),
     ``best_offset``, ``best_slash``, ``slash_dominant``, ``token_share``, ``token_ratio`` (the
     share's ratio to uniform causal attention; both are means over the probes that hold the
     token), ``token_dominant``,
@@ -123,11 +124,17 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     ``divergence_from_init``, ``bifurcation_step`` (scalar), ``cluster``,
     ``redundancy_fraction`` (snapshot), ``attention_correlation`` (last snapshot), and when
     head weights were recorded ``qk_cosine`` and ``q_subspace_cos`` (snapshot, layer, head, head_b).
+    On data from ``open_sweep`` (a ``run`` coordinate, also after ``.sel(run=...)``), ``role``,
+    ``slash_dominant`` and ``token_dominant`` are float, NaN where a run has no such head or
+    snapshot (the sweep's padding), so that
+    ``result.role.isel(snapshot=-1)`` does not read a shorter run's padding as "none";
+    `role_names` gives "" there.
 
     Raises
     ------
     ValueError
-        Fewer than ``options.baseline_snapshots + 1`` snapshots; or a run whose last snapshot
+        Runs whose ``probe_tokens`` are NaN-padded (they differ in context or probe count);
+        fewer than ``options.baseline_snapshots + 1`` snapshots; or a run whose last snapshot
         was never written (running, interrupted, failed or diverged: what training never
         reached reads as NaN), naming the selection of what it recorded.
 
@@ -140,11 +147,14 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     attn = ds["attention"]
     tokens = ds["probe_tokens"]
     if tokens.dtype.kind == "f":
-        # open_sweep pads ragged dims with NaN, so int token ids turn float only when runs differ
-        # in context or probe count: every score sums over probes, queries and keys with NaN
-        # kept, so the shorter runs would come out all NaN, labelled "none", without a word.
-        raise ValueError("these runs differ in context or n_probe (their probe_tokens are NaN-padded); "
-                         "analyse them one run at a time, as `dynamics analyse` does")
+        # open_sweep pads ragged dims with NaN, so int token ids turn float when runs differ in
+        # context or probe count: every score sums over probes, queries and keys with NaN kept,
+        # so the shorter runs would come out all NaN, labelled "none", without a word. Float ids
+        # without NaN come from a selection (sweep.where(..., drop=True) casts ints to float).
+        if bool(tokens.isnull().any()):
+            raise ValueError("these runs differ in context or n_probe (their probe_tokens are NaN-padded); "
+                             "analyse them one run at a time, as `dynamics analyse` does")
+        tokens = tokens.astype(np.int64)
     _refuse_unwritten(ds)
     need = opt.baseline_snapshots + 1
     if ds.sizes.get(SNAPSHOT, 0) < need:  # bifurcation_step said only "n_baseline=3 must be ... < the 1 snapshots"
@@ -160,17 +170,22 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
                         attrs=stage.attrs)
     out["role_score"] = scores[list(SCORE_ROLES)].to_dataarray("role_name")
     out["slash_offset"] = scores["slash_offset"]
-    out["role"] = assign_roles(scores, opt.roles)
     present = stage["present"]
-    # Role codes are ints, so padded heads read "none"; mask them to NaN so their commitment
-    # step is NaN rather than step[0].
-    out["commitment_step"] = commitment_step(out["role"].where(present))
+    codes = assign_roles(scores, opt.roles)
+    # A sweep's padding (a head or snapshot its run does not have) would read as the int code
+    # "none", and flags as False: a shorter run's heads all "none" at snapshot=-1. Masked, they
+    # are NaN (float codes), as open_sweep pads everything else. Data from open_sweep carries a
+    # run coordinate, also when one run is picked with .sel(run=...), which keeps the padded
+    # heads; open_run's has none and no padding, so its codes stay int8.
+    padded = RUN in ds.coords
+    out["role"] = codes.where(present) if padded else codes
+    out["commitment_step"] = commitment_step(codes.where(present))
 
     slash = stage["slash"]
     out["slash_score"] = slash
     offset, best, dominant = slash_dominance(slash, opt, T)
     out["best_offset"], out["best_slash"] = offset, best
-    out["slash_dominant"] = dominant
+    out["slash_dominant"] = dominant.where(present) if padded else dominant
     out["slash_emergence_step"] = emergence_step(dominant)
     out["slash_dominant_share"] = dominant_share(dominant, present=present)
 
@@ -178,7 +193,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     out["token_share"] = share.mean("probe", skipna=True)
     out["token_ratio"] = stage["ratio"].mean("probe", skipna=True)
     tdom = token_dominant(share, threshold=opt.roles.token, run_length=opt.token_run_length)
-    out["token_dominant"] = tdom
+    out["token_dominant"] = tdom.where(present) if padded else tdom
     out["token_emergence_step"] = emergence_step(tdom)
     out["token_dominant_share"] = dominant_share(tdom, present=present)
 

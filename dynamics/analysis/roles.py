@@ -13,7 +13,8 @@ Sources
 A head keeps all of its scores (`role_scores`, an `xarray.Dataset`, one variable per role) but
 gets exactly one label (`assign_roles`, int8 codes into `ROLES`). The label rule is stated in
 `assign_roles`. Everything is lazy on dask-backed input, and extra leading dims such as ``run``
-pass through. NaN-padded heads get NaN scores and the label "none".
+pass through. NaN-padded heads get NaN scores and the label "none" from `assign_roles`
+(int codes have no NaN); `analyse_run` masks a sweep's padding to NaN codes.
 """
 
 from __future__ import annotations
@@ -469,16 +470,23 @@ def assign_roles(scores: xr.Dataset, thresholds: RoleThresholds | None = None) -
 
 
 def role_names(codes) -> np.ndarray:
-    """Role names for int codes from `assign_roles`, as a numpy string array of the same shape.
+    """Role names for codes from `assign_roles`, as a numpy string array of the same shape.
 
-    This computes dask-backed input. Use it for reports and tests, not inside lazy pipelines.
+    NaN codes (a head masked out, such as a sweep's padding) give "". This computes
+    dask-backed input. Use it for reports and tests, not inside lazy pipelines.
 
     Examples
     --------
     >>> role_names([0, 8]).tolist()
     ['previous_token', 'none']
+    >>> role_names([0.0, float("nan")]).tolist()
+    ['previous_token', '']
     """
     codes = np.asarray(codes)
-    if codes.size and (codes.min() < 0 or codes.max() >= len(ROLES)):
-        raise ValueError(f"role codes must be in [0, {len(ROLES) - 1}]; got {codes.min()}..{codes.max()}")
-    return np.asarray(ROLES)[codes]
+    missing = np.isnan(codes) if codes.dtype.kind == "f" else np.zeros(codes.shape, bool)
+    known = codes[~missing]
+    if known.size and (known.min() < 0 or known.max() >= len(ROLES) or (known != np.round(known)).any()):
+        raise ValueError(f"role codes must be integers in [0, {len(ROLES) - 1}] (or NaN for a missing head); "
+                         f"got {known.min()}..{known.max()}")
+    names = np.asarray(ROLES + ("",))  # the extra "" is where missing codes point
+    return names[np.where(missing, len(ROLES), codes).astype(np.int64)]
