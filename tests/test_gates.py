@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import xarray as xr
 
 from dynamics import cli, store
 from dynamics.config import ConfigError, from_dict
@@ -410,6 +411,12 @@ def test_chg_agrees_with_single_head_ablation(trained, report):
     assert curves.order_heads.sel(order="ablation").values.tolist() == np.argsort(delta.ravel(), kind="stable").tolist()
     with pytest.raises(ConfigError, match="n_random"):
         pruning_curves(model, cfg, plus, minus, delta, n_random=0, options=REPORT)
+    # Labelled input is read by its dims: transposed, the same orders; a per-component delta is refused.
+    named = xr.DataArray(minus, dims=("layer", "head")).transpose("head", "layer")
+    again = pruning_curves(model, cfg, plus, named, delta, n_random=1, options=REPORT)
+    assert again.order_heads.sel(order="chg").values.tolist() == curves.order_heads.sel(order="chg").values.tolist()
+    with pytest.raises(ValueError, match="delta must be one value per head"):
+        pruning_curves(model, cfg, plus, minus, report.delta_loss.values, n_random=1, options=REPORT)
 
 
 def test_report_names_the_heads_whose_labels_a_fit_left_unsettled(report):

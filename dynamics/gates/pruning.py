@@ -22,6 +22,23 @@ def pruning_order(plus: np.ndarray, minus: np.ndarray) -> np.ndarray:
     return np.lexsort((np.asarray(plus).ravel(), np.asarray(minus).ravel()))
 
 
+def per_head(name: str, values, L: int, H: int) -> np.ndarray:
+    """``values`` as an (L, H) array, layer-major; ValueError naming ``name`` otherwise.
+
+    A DataArray is put in (layer, head) order by its dim names first: flattened as given, a
+    (head, layer) one gave another pruning order without a word, and a (layer, head, component)
+    one an IndexError deep inside.
+    """
+    if isinstance(values, xr.DataArray) and {"layer", "head"} <= set(values.dims):
+        values = values.transpose("layer", "head", ...)
+    out = np.asarray(values, dtype=np.float64)
+    if out.shape != (L, H):
+        raise ValueError(f"pruning_curves: {name} must be one value per head, shape (layer, head) = ({L}, {H}) "
+                         f"for this model, got shape {out.shape}" + (" (reduce over components first, e.g. "
+                         "weighted by gates.component_weights(cfg))" if out.ndim == 3 else ""))
+    return out
+
+
 def pruning_curves(
     model: Transformer,
     cfg: RunConfig,
@@ -46,9 +63,10 @@ def pruning_curves(
 
     Parameters
     ----------
-    plus, minus : array (L, H)
-        G+ and G- (e.g. means over restarts).
-    delta : array (L, H)
+    plus, minus : array or DataArray (L, H)
+        G+ and G- (e.g. means over restarts). A DataArray is read by its ``layer`` and
+        ``head`` dims, whatever their order.
+    delta : array or DataArray (L, H)
         Single-head ablation delta (e.g. mixture-weighted over components).
 
     Returns
@@ -63,6 +81,7 @@ def pruning_curves(
     opts = options or GateOptions()
     L, H = cfg.model.n_layers, cfg.model.n_heads
     n = L * H
+    plus, minus, delta = (per_head(name, x, L, H) for name, x in (("plus", plus), ("minus", minus), ("delta", delta)))
     rng = np.random.default_rng(np.random.SeedSequence([cfg.train.seed, opts.seed, 0x5052]))
     importance = head_importance(model, cfg, opts)  # (L, H)
     orders = [pruning_order(plus, minus), np.argsort(importance.values.ravel(), kind="stable"),
