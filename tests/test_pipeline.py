@@ -392,3 +392,32 @@ def test_analysis_options_refuse_what_no_analyser_can_use():
         with pytest.raises(ValueError, match=needle):
             pipeline.AnalysisOptions(**kw)
     pipeline.AnalysisOptions(roles=RoleThresholds(slash_min_offset=1, slash_max_offset=1), kappa=1.0)  # a window of one offset is one
+
+
+def test_each_analyser_names_its_result_after_what_it_measures():
+    # They were named after their input ("attention", "importance"), so xr.merge of two of them
+    # failed on conflicting "attention" variables and plots labelled a distance "attention".
+    from dynamics.analysis import (attention_correlation, best_offset, cluster_heads, divergence_from_init, gini,
+                                   js_distance, mean_within_layer_divergence, principal_angles, qk_cosine,
+                                   redundancy_fraction, slash_score, winner_take_all, within_layer_divergence)
+
+    ds = sweep_like().sel(run="a", drop=True)
+    jsd = js_distance(ds.attention)
+    got = {
+        "js_distance": jsd,
+        "divergence_from_init": divergence_from_init(ds.attention),
+        "within_layer_divergence": within_layer_divergence(jsd),
+        "mean_divergence": mean_within_layer_divergence(jsd),
+        "cluster": cluster_heads(jsd),
+        "redundancy_fraction": redundancy_fraction(cluster_heads(jsd)),
+        "attention_correlation": attention_correlation(ds.attention.isel(snapshot=-1)),
+        "gini": gini(ds.importance),
+        "winner_take_all": winner_take_all(ds.importance),
+        "qk_cosine": qk_cosine(ds.head_weights),
+        "q_subspace_mean_cos": principal_angles(ds.head_weights),
+    }
+    assert {name: da.name for name, da in got.items()} == {name: name for name in got}
+    merged = xr.merge([got["within_layer_divergence"], got["divergence_from_init"], got["gini"]])
+    assert set(merged.data_vars) == {"within_layer_divergence", "divergence_from_init", "gini"}
+    offset, _ = best_offset(slash_score(ds.attention))
+    assert offset.attrs == {"long_name": "offset of the largest slash score", "units": "positions"}

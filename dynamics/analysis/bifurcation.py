@@ -234,7 +234,7 @@ def gini(x: xr.DataArray, dim: str = HEAD) -> xr.DataArray:
     n = x.count(dim)
     total = x.sum(dim, skipna=True)
     g = mean_abs_diff / (2 * n * total.where(total > 0))
-    return xr.where((total == 0) & (n > 0), 0.0, g)
+    return xr.where((total == 0) & (n > 0), 0.0, g).rename("gini")
 
 
 def winner_take_all(importance: xr.DataArray) -> xr.DataArray:
@@ -266,4 +266,4 @@ def winner_take_all(importance: xr.DataArray) -> xr.DataArray:
     >>> winner_take_all(imp).values.tolist()
     [[0.0, 0.5]]
     """
-    return gini(importance, HEAD).where(importance.count(HEAD) >= 2)
+    return gini(importance, HEAD).where(importance.count(HEAD) >= 2).rename("winner_take_all")

@@ -152,7 +152,7 @@ def js_distance(
             kwargs={"mask": mask, "eps": eps, "block_bytes": int(block_bytes)},
             dask="parallelized",
             output_dtypes=[np.float64],
-        )
+        ).rename("js_distance")
     core = [LAYER, HEAD, *_ATTN_CORE]
     a = _single_chunk(attn_a, core)
     out = xr.apply_ufunc(
@@ -165,7 +165,7 @@ def js_distance(
         output_dtypes=[np.float64],
         dask_gufunc_kwargs={"output_sizes": {LAYER_B: a.sizes[LAYER], HEAD_B: a.sizes[HEAD]}},
     )
-    return _copy_b_coords(out, a, (LAYER, HEAD))
+    return _copy_b_coords(out, a, (LAYER, HEAD)).rename("js_distance")
 
 
 def _copy_b_coords(out: xr.DataArray, src: xr.DataArray, dims) -> xr.DataArray:
@@ -217,7 +217,7 @@ def within_layer_divergence(jsd: xr.DataArray) -> xr.DataArray:
     block = _same_layer_block(jsd)
     n_head = block.sizes[HEAD]
     off_diagonal = xr.DataArray(~np.eye(n_head, dtype=bool), dims=(HEAD, HEAD_B))
-    return _nanmean(block.where(off_diagonal), (HEAD, HEAD_B))
+    return _nanmean(block.where(off_diagonal), (HEAD, HEAD_B)).rename("within_layer_divergence")
 
 
 def mean_within_layer_divergence(jsd: xr.DataArray) -> xr.DataArray:
@@ -247,7 +247,7 @@ def mean_within_layer_divergence(jsd: xr.DataArray) -> xr.DataArray:
     >>> float(mean_within_layer_divergence(d))
     0.4
     """
-    return _nanmean(within_layer_divergence(jsd), LAYER)
+    return _nanmean(within_layer_divergence(jsd), LAYER).rename("mean_divergence")
 
 
 def divergence_from_init(attn: xr.DataArray, *, eps: float = 1e-3) -> xr.DataArray:
@@ -281,7 +281,7 @@ def divergence_from_init(attn: xr.DataArray, *, eps: float = 1e-3) -> xr.DataArr
     >>> divergence_from_init(attn).values.ravel().tolist()
     [0.0, 0.0]
     """
-    return js_distance(attn, attn.isel({SNAPSHOT: 0}, drop=True), eps=eps)
+    return js_distance(attn, attn.isel({SNAPSHOT: 0}, drop=True), eps=eps).rename("divergence_from_init")
 
 
 # ----------------------------------------------------------------------------- weights
@@ -371,7 +371,7 @@ def principal_angles(head_weights: xr.DataArray, weight: str = "q", *, kind: str
         output_dtypes=[np.float64],
         dask_gufunc_kwargs={"output_sizes": {HEAD_B: w.sizes[HEAD], **{a: n_angle for a in extra}}},
     )
-    return _copy_b_coords(out, w, (HEAD,))
+    return _copy_b_coords(out, w, (HEAD,)).rename(f"{weight}_subspace_{kind}")
 
 
 def _qk_cosine_kernel(wq, wk):
@@ -433,4 +433,4 @@ def qk_cosine(head_weights: xr.DataArray) -> xr.DataArray:
         output_dtypes=[np.float64],
         dask_gufunc_kwargs={"output_sizes": {HEAD_B: wq.sizes[HEAD]}},
     )
-    return _copy_b_coords(out, wq, (HEAD,))
+    return _copy_b_coords(out, wq, (HEAD,)).rename("qk_cosine")

@@ -127,7 +127,7 @@ def cluster_heads(jsd: xr.DataArray, threshold: float = 0.1, method: str = "aver
         vectorize=True,
         dask="parallelized",
         output_dtypes=[np.int64],
-    )
+    ).rename("cluster")
 
 
 def redundancy_fraction(labels: xr.DataArray) -> xr.DataArray:
@@ -163,7 +163,7 @@ def redundancy_fraction(labels: xr.DataArray) -> xr.DataArray:
     same = (labels == _as_b(labels, [LAYER, HEAD])) & valid
     shares = same.sum((LAYER_B, HEAD_B)) >= 2  # the head itself plus at least one other
     n_valid = valid.sum((LAYER, HEAD))
-    return (shares & valid).sum((LAYER, HEAD)) / n_valid.where(n_valid >= 2)
+    return ((shares & valid).sum((LAYER, HEAD)) / n_valid.where(n_valid >= 2)).rename("redundancy_fraction")
 
 
 def attention_correlation(attn: xr.DataArray) -> xr.DataArray:
@@ -212,7 +212,7 @@ def attention_correlation(attn: xr.DataArray) -> xr.DataArray:
     denom = np.sqrt(var * _as_b(var, [LAYER, HEAD]))
     out = (cov / denom.where(denom > 0)).clip(-1.0, 1.0)  # method, not np.clip: stays lazy
     lead = [d for d in attn.dims if d not in (LAYER, HEAD, *core)]
-    return out.transpose(*lead, LAYER, HEAD, LAYER_B, HEAD_B)
+    return out.transpose(*lead, LAYER, HEAD, LAYER_B, HEAD_B).rename("attention_correlation")
 
 
 def linkage_matrix(jsd_one_snapshot, method: str = "average") -> np.ndarray:

@@ -169,6 +169,8 @@ def best_offset(
     window = _offset_window(scores, min_offset, max_offset)
     offset = window.idxmax(OFFSET).astype(np.float64)
     offset.name = "best_offset"
+    # idxmax keeps the scores' attrs, which made an offset read "mean attention ..., units 1"
+    offset.attrs = {"long_name": "offset of the largest slash score", "units": "positions"}
     score = window.max(OFFSET)
     score.name = "best_slash_score"
     return offset, score
