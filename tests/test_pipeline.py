@@ -397,9 +397,21 @@ def test_analysis_options_refuse_what_no_analyser_can_use():
 def test_each_analyser_names_its_result_after_what_it_measures():
     # They were named after their input ("attention", "importance"), so xr.merge of two of them
     # failed on conflicting "attention" variables and plots labelled a distance "attention".
-    from dynamics.analysis import (attention_correlation, best_offset, cluster_heads, divergence_from_init, gini,
-                                   js_distance, mean_within_layer_divergence, principal_angles, qk_cosine,
-                                   redundancy_fraction, slash_score, winner_take_all, within_layer_divergence)
+    from dynamics.analysis import (
+        attention_correlation,
+        best_offset,
+        cluster_heads,
+        divergence_from_init,
+        gini,
+        js_distance,
+        mean_within_layer_divergence,
+        principal_angles,
+        qk_cosine,
+        redundancy_fraction,
+        slash_score,
+        winner_take_all,
+        within_layer_divergence,
+    )
 
     ds = sweep_like().sel(run="a", drop=True)
     jsd = js_distance(ds.attention)
