@@ -17,6 +17,8 @@ _EXPORTS = {
     "open_sweep": "dynamics.store",
     "open_analysis": "dynamics.store",
     "list_runs": "dynamics.store",
+    "StaleAnalysisWarning": "dynamics.store",
+    "check_recorded": "dynamics.store",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

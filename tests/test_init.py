@@ -25,3 +25,11 @@ def test_every_dotted_name_the_readme_shows_resolves_after_a_plain_import():
 def test_an_unknown_name_is_still_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         dynamics.__getattr__("nope")
+
+
+def test_every_top_level_name_the_readme_shows_is_there():
+    # README showed `dynamics.StaleAnalysisWarning`, which lived only in dynamics.store.
+    names = set(re.findall(r"\bdynamics\.([A-Za-z_]\w*)", README.read_text()))
+    assert {"StaleAnalysisWarning", "check_recorded", "open_run"} <= names
+    for name in names:
+        dynamics.__getattr__(name)
