@@ -638,6 +638,20 @@ def test_the_run_lock_clears_a_temporary_checkpoint_a_killed_trainer_left(tmp_pa
     assert store.read_checkpoint(path, "r1") == b"step 10"
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_open_run_calls_a_killed_run_stopped_and_a_training_one_running(tmp_path):
+    # A run killed outright never rewrites its "running"; open_run gave that, while `dynamics
+    # status` and open_sweep said "stopped".
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1", attrs={"status": "running"})
+    assert store.open_run(path, "r1").attrs["status"] == "stopped"
+    assert store.run_attrs(path, "r1")["status"] == "running"  # the record itself is left alone
+    with store.run_lock(path, "r1"):
+        assert store.open_run(path, "r1").attrs["status"] == "running"
+    store.update_run_attrs(path, "r1", status="completed")
+    assert store.open_run(path, "r1").attrs["status"] == "completed"
+
+
 def test_a_store_of_a_newer_version_is_neither_read_nor_written(tmp_path):
     # Its layout may differ: the API refuses it as the CLI does, before reading or writing anything.
     import json

@@ -65,7 +65,9 @@ def open_run(path: str | os.PathLike, run_id: str | None = None, *, dask: bool =
     Returns
     -------
     xarray.Dataset
-        Dims and coordinates as recorded; ``attrs`` are the run group's, plus ``run_id``.
+        Dims and coordinates as recorded; ``attrs`` are the run group's, plus ``run_id``,
+        except ``status``: "stopped" for a run marked running that no process trains (it was
+        killed; the same command resumes it), as ``dynamics status`` and ``open_sweep`` say.
 
     Raises
     ------
@@ -83,6 +85,9 @@ def open_run(path: str | os.PathLike, run_id: str | None = None, *, dask: bool =
     run_id = _default_run(loc, run_id)
     ds = _open_group_ds(loc, f"runs/{run_id}", dask=dask)
     ds.attrs.setdefault("run_id", run_id)
+    # A killed run never rewrote its "running": read as such, it looked alive forever.
+    if "status" in ds.attrs:
+        ds.attrs["status"] = run_status(path, run_id, ds.attrs)
     return ds
 
 
