@@ -78,3 +78,20 @@ def config_value(config: dict, key: str):
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return node
+
+
+def require_dims(data, dims, what: str) -> None:
+    """ValueError naming ``what``, the dims it lacks and the dims it has, unless ``data`` (a
+    DataArray or anything with ``.dims``) has every dim in ``dims``.
+
+    The analysers read dims by name; without this check a missing one failed deep inside
+    xarray or dask ("chunks keys ('layer',) not found") with no word of which input lacked it.
+    """
+    have = tuple(getattr(data, "dims", ()))
+    if not hasattr(data, "dims"):
+        raise ValueError(f"{what} must be an xarray DataArray with dims {tuple(dims)}; got {type(data).__name__}")
+    missing = [d for d in dims if d not in have]
+    if missing:
+        hint = " (a .sel or .isel with an int drops the dim it picks: select with a list to keep it)"
+        raise ValueError(f"{what} needs dims {tuple(dims)}; {', '.join(map(repr, missing))} missing from its dims "
+                         f"{have}" + hint)

@@ -198,6 +198,18 @@ def test_query_key_coords_define_the_causal_mask():
     np.testing.assert_allclose(d, np.sqrt(np.mean(vals)), rtol=1e-10)
 
 
+def test_missing_dims_are_named():
+    attn = random_attn()
+    with pytest.raises(ValueError, match=r"js_distance: attn_a needs dims .*'layer' missing"):
+        js_distance(attn.isel(layer=0))
+    with pytest.raises(ValueError, match=r"js_distance: attn_b needs dims .*'key' missing"):
+        js_distance(attn, attn.isel(key=0))
+    with pytest.raises(ValueError, match=r"divergence_from_init: attn needs dims .*'snapshot' missing"):
+        divergence_from_init(attn.isel(snapshot=0))
+    with pytest.raises(ValueError, match="must be an xarray DataArray"):
+        js_distance(attn.values)
+
+
 def test_eps_is_validated():
     with pytest.raises(ValueError, match="eps"):
         js_distance(random_attn(), eps=1.5)

@@ -433,3 +433,20 @@ def test_each_analyser_names_its_result_after_what_it_measures():
     assert set(merged.data_vars) == {"within_layer_divergence", "divergence_from_init", "gini"}
     offset, _ = best_offset(slash_score(ds.attention))
     assert offset.attrs == {"long_name": "offset of the largest slash score", "units": "positions"}
+
+
+def test_wrong_input_is_named_before_any_work():
+    # Each failed deep inside xarray ("'layer' not found in array dimensions ('head',)",
+    # KeyError 'attention', AttributeError on a dict of options).
+    from dynamics.analysis import AnalysisOptions
+
+    ds = sweep_like().sel(run="a", drop=True)
+    with pytest.raises(TypeError, match="takes a run's Dataset .* not a DataArray"):
+        analyse_run(ds.attention)
+    with pytest.raises(TypeError, match="options must be an AnalysisOptions"):
+        analyse_run(ds, {"cluster_threshold": 0.2})
+    with pytest.raises(ValueError, match="probe_tokens, importance missing"):
+        analyse_run(ds[["attention"]])
+    with pytest.raises(ValueError, match=r"analyse_run: attention needs dims .*'layer' missing .* select with a list"):
+        analyse_run(ds.isel(layer=0))
+    assert analyse_run(ds.isel(layer=[0]), AnalysisOptions()).sizes["layer"] == 1

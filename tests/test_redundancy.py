@@ -93,6 +93,11 @@ def test_threshold_and_method():
     assert same_partition(cluster_heads(jsd, method="complete").values, PLANTED)
     with pytest.raises(ValueError, match="method"):
         cluster_heads(jsd, method="ward")
+    for bad in (-1.0, float("nan")):  # a negative cut merged nothing, without a word
+        with pytest.raises(ValueError, match="threshold must be >= 0"):
+            cluster_heads(jsd, threshold=bad)
+    with pytest.raises(ValueError, match=r"cluster_heads: jsd needs dims .* 'layer_b', 'head_b' missing"):
+        cluster_heads(jsd.isel(layer_b=0, head_b=0))
 
 
 def test_redundancy_fraction_known_values_and_missing_heads():

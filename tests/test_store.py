@@ -638,6 +638,11 @@ def test_the_run_lock_clears_a_temporary_checkpoint_a_killed_trainer_left(tmp_pa
     assert store.read_checkpoint(path, "r1") == b"step 10"
 
 
+def test_a_store_path_of_another_type_is_named():
+    with pytest.raises(TypeError, match="a store path must be a str or path-like .* got int 123"):
+        store.open_run(123)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
 def test_open_run_calls_a_killed_run_stopped_and_a_training_one_running(tmp_path):
     # A run killed outright never rewrites its "running"; open_run gave that, while `dynamics

@@ -23,7 +23,7 @@ import numpy as np
 import xarray as xr
 
 from dynamics.analysis.js_kernels import BLOCK_BYTES, js_aligned_kernel, js_pairwise_kernel
-from dynamics.schema import D_HEAD, D_MODEL, HEAD, KEY, LAYER, PROBE, QUERY, SNAPSHOT, WEIGHT, WEIGHTS
+from dynamics.schema import D_HEAD, D_MODEL, HEAD, KEY, LAYER, PROBE, QUERY, SNAPSHOT, WEIGHT, WEIGHTS, require_dims
 
 LAYER_B = f"{LAYER}_b"
 HEAD_B = f"{HEAD}_b"
@@ -140,8 +140,10 @@ def js_distance(
     0.0
     """
     _check_eps(eps)
+    require_dims(attn_a, _ATTN_CORE if attn_b is not None else (LAYER, HEAD, *_ATTN_CORE), "js_distance: attn_a")
     mask = _causal_mask(attn_a)
     if attn_b is not None:
+        require_dims(attn_b, _ATTN_CORE, "js_distance: attn_b")
         a = _single_chunk(attn_a, _ATTN_CORE)
         b = _single_chunk(attn_b, _ATTN_CORE)
         return xr.apply_ufunc(
@@ -281,6 +283,7 @@ def divergence_from_init(attn: xr.DataArray, *, eps: float = 1e-3) -> xr.DataArr
     >>> divergence_from_init(attn).values.ravel().tolist()
     [0.0, 0.0]
     """
+    require_dims(attn, (SNAPSHOT, *_ATTN_CORE), "divergence_from_init: attn")
     return js_distance(attn, attn.isel({SNAPSHOT: 0}, drop=True), eps=eps).rename("divergence_from_init")
 
 

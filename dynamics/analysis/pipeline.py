@@ -35,7 +35,7 @@ from dynamics.analysis.slash import (
     token_share,
 )
 from dynamics.schema import ANALYSIS_VERSION as ANALYSIS_VERSION  # re-exported: its home before it moved to schema
-from dynamics.schema import HEAD, KEY, LAYER, PROBE, QUERY, RUN, SNAPSHOT
+from dynamics.schema import HEAD, KEY, LAYER, PROBE, QUERY, RUN, SNAPSHOT, require_dims
 
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
 
@@ -132,8 +132,10 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
 
     Raises
     ------
+    TypeError
+        ``ds`` not a Dataset, or ``options`` not an AnalysisOptions.
     ValueError
-        Runs whose ``probe_tokens`` are NaN-padded (they differ in context or probe count);
+        A variable or dim the analysers read is missing; runs whose ``probe_tokens`` are NaN-padded (they differ in context or probe count);
         fewer than ``options.baseline_snapshots + 1`` snapshots; or a run whose last snapshot
         was never written (running, interrupted, failed or diverged: what training never
         reached reads as NaN), naming the selection of what it recorded.
@@ -143,8 +145,19 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     >>> result = analyse_run(dynamics.open_run("runs/induction.zarr"))  # doctest: +SKIP
     >>> result.role.isel(snapshot=-1).values  # doctest: +SKIP
     """
+    if not isinstance(ds, xr.Dataset):
+        raise TypeError(f"analyse_run takes a run's Dataset (dynamics.open_run or open_sweep), not a "
+                        f"{type(ds).__name__}: pass the dataset, not one of its variables")
+    if options is not None and not isinstance(options, AnalysisOptions):
+        raise TypeError(f"options must be an AnalysisOptions, e.g. AnalysisOptions(cluster_threshold=0.2); "
+                        f"got {type(options).__name__}")
+    missing = [v for v in ("attention", "probe_tokens", "importance") if v not in ds]
+    if missing:
+        raise ValueError(f"analyse_run needs the run's variables attention, probe_tokens and importance; "
+                         f"{', '.join(missing)} missing from this dataset")
     opt = options or AnalysisOptions()
     attn = ds["attention"]
+    require_dims(attn, (SNAPSHOT, LAYER, HEAD, PROBE, QUERY, KEY), "analyse_run: attention")
     tokens = ds["probe_tokens"]
     if tokens.dtype.kind == "f":
         # open_sweep pads ragged dims with NaN, so int token ids turn float when runs differ in

@@ -33,7 +33,7 @@ from dynamics.analysis.divergence import (
     _nanmean,
     _single_chunk,
 )
-from dynamics.schema import HEAD, KEY, LAYER, PROBE, QUERY, RUN
+from dynamics.schema import HEAD, KEY, LAYER, PROBE, QUERY, RUN, require_dims
 
 PAIR = "pair"
 GROUP = "group"
@@ -116,7 +116,10 @@ def cluster_heads(jsd: xr.DataArray, threshold: float = 0.1, method: str = "aver
     [[0, 0, 1]]
     """
     _check_method(method)
+    if not threshold >= 0:  # a negative (or NaN) cut merged nothing, silently; 0 merges exact duplicates
+        raise ValueError(f"cluster_heads: threshold must be >= 0 (a distance); got {threshold!r}")
     core = [LAYER, HEAD, LAYER_B, HEAD_B]
+    require_dims(jsd, core, "cluster_heads: jsd")
     jsd = _single_chunk(jsd, core)
     return xr.apply_ufunc(
         _cluster_one,

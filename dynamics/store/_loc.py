@@ -39,6 +39,9 @@ class _Loc:
     """Where a store lives: ``url`` for zarr/xarray, ``local`` directory when on local disk."""
 
     def __init__(self, path: str | os.PathLike) -> None:
+        if not isinstance(path, (str, os.PathLike)):  # os.fspath's TypeError named no store
+            raise TypeError(f"a store path must be a str or path-like (e.g. 'runs/quickstart.zarr'); "
+                            f"got {type(path).__name__} {path!r}")
         text = os.fspath(path)
         if text.startswith("file://"):
             text = unquote(text[len("file://") :])
