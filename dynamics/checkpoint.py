@@ -81,6 +81,11 @@ def load_run_model(
 ) -> tuple[Transformer, RunConfig, int]:
     """The model of a recorded run at its latest checkpoint, with its config and step.
 
+    For a run that has not completed (still training, stopped, interrupted, diverged, failed) that
+    is a model part-way through training, loaded without a word: compare the step returned with
+    ``cfg.train.steps``, or read ``dynamics.open_run(path, run_id).attrs["status"]`` (``dynamics
+    gates`` prints a note on such a run).
+
     ``run_id`` defaults to the only run of the store. Raises StoreError when the store holds no
     such run (naming the runs it holds) or the run has no checkpoint (nothing to load).
 

@@ -3,7 +3,11 @@
 Sources
 -------
 - Cheng et al. 2026, arXiv 2601.08297: slash scores. Self is offset 0, previous-token is
-  offset 1 (Voita et al. 2019's positional head), and "slash" is any larger offset.
+  offset 1, and "slash" is any larger offset. Voita et al. 2019's positional head is the same
+  offset by another rule: the row's largest weight on offset 1 in >= 90% of rows. Here, as for
+  every offset, the mean weight on it is scored (``slash_score(1) >= 0.5``), so a head whose
+  rows peak at offset 1 with 0.4 of their mass passes Voita's rule and not this one, and a
+  head with 0.5 on average that peaks elsewhere in over 10% of rows passes this one only.
 - Olsson et al. 2022, "In-context Learning and Induction Heads": attention to the token after
   the previous occurrence of the current token.
 - Gu et al., ICLR 2025, "When Attention Sink Emerges in Language Models": alpha_0, with the
