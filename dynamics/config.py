@@ -416,7 +416,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     Parameters
     ----------
     path : str or Path
-        TOML file with sections [model], [task], [train], [record] and optionally [sweep].
+        TOML file with sections [model], [task], [train], [record] and optionally [sweep] and
+        [intervene].
     overrides : list of str
         ``section.key=value`` strings; values are parsed as TOML literals.
 
@@ -581,8 +582,17 @@ def validate(cfg: RunConfig) -> None:
     _require(r.chg_steps >= 1, f"record.chg_steps: must be >= 1, got {r.chg_steps}")
 
 
+def check(cfg: RunConfig) -> None:
+    """ConfigError naming the first field of a wrong type or value, unless `load_config` could have
+    built ``cfg``: one made in code (``ModelConfig(n_heads=3)``) failed deep inside training."""
+    if not isinstance(cfg, RunConfig):
+        raise ConfigError(f"config: expected a RunConfig (dynamics.load_config), got {type(cfg).__name__}")
+    from_dict(cfg.to_dict())
+
+
 def replace_section(cfg: RunConfig, section: str, **changes: Any) -> RunConfig:
-    """Convenience for tests and code: cfg with some fields of one section changed, validated."""
+    """Convenience for tests and code: cfg with some fields of one section changed, checked
+    (types and values, as `check`)."""
     new = replace(cfg, **{section: replace(getattr(cfg, section), **changes)})
-    validate(new)
+    check(new)
     return new

@@ -34,16 +34,23 @@ import torch.nn.functional as F
 import dynamics
 from dynamics import budget, checkpoint, interventions, store
 from dynamics.checkpoint import batch_loss, load_run_model  # noqa: F401  (callers of dynamics.train.load_run_model)
-from dynamics.config import RunConfig
+from dynamics.config import ConfigError, RunConfig, check
 from dynamics.identity import experiment_identity
 from dynamics.model import Transformer, require_float32
 from dynamics.record import Recorder, chg_fitted, coords, snapshot_steps, variables
 from dynamics.schema import FINISHED_STATUSES
 from dynamics.signals import deferred_signals
+from dynamics.store.writer import EMPTY_CHUNKS_WRITTEN
 from dynamics.tasks import data_hash, make_batch
 
 Progress = Callable[[int, int, float], None]
 """progress(step, total_steps, last_loss), called every few steps."""
+
+OWN_ATTRS = frozenset({
+    "run_id", "config", "seed", "version", "torch_version", "device", "cpu_capability", "data_hash", "status",
+    "steps_total", "steps_done", "checkpoint_step", "steps_trained", "wall_time", "starts", "resumes",
+    "last_loss", "diverged_step", "traceback", "interventions", EMPTY_CHUNKS_WRITTEN})
+"""The run attributes training writes itself, which ``train_run(extra_attrs=...)`` may not set."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +199,8 @@ def train_run(
     Parameters
     ----------
     cfg : RunConfig
-        Validated configuration.
+        The configuration; checked first (`dynamics.config.check`), so one built in code with
+        a wrong type or value is refused before anything is written.
     path : str
         Store path (created if missing; refused if it exists and is not a store).
     run_id : str, optional
@@ -200,7 +208,8 @@ def train_run(
     progress : callable, optional
         ``progress(step, steps, loss)``.
     extra_attrs : dict, optional
-        Extra JSON-able run attributes (e.g. the swept values).
+        Extra JSON-able run attributes (e.g. the swept values); not one training writes itself
+        (`OWN_ATTRS`: ConfigError).
     recording : bool
         False skips every snapshot after step 0 (no attention, gradients or checkpoints are
         recorded); only bench/ uses it, to measure what recording costs.
@@ -217,10 +226,16 @@ def train_run(
         Before anything is trained or written: the run exists with another config or was
         recorded on other data, or another process is training it now.
     ConfigError
-        Before anything is written: the run, unless finished, cannot fit in memory (dynamics.budget).
+        Before anything is written: a field of ``cfg`` of the wrong type or value; an
+        ``extra_attrs`` key of `OWN_ATTRS`; the run, unless finished, cannot fit in memory
+        (dynamics.budget).
     RuntimeError
         Before anything is written: torch's default dtype is not float32 (dynamics.model.require_float32).
     """
+    check(cfg)
+    if clash := sorted(OWN_ATTRS.intersection(extra_attrs or {})):
+        # stored over the run's own, a config or seed that was not trained made the run unloadable
+        raise ConfigError(f"extra_attrs: {', '.join(clash)} are attributes training writes itself; name them otherwise")
     run_id = run_id or cfg.run_id()
     require_float32()
     budget.check_fits(cfg, lambda: store.is_finished(path, run_id))  # here, where it trains; finished: skipped below
@@ -238,8 +253,12 @@ def train_run(
     hash_now = data_hash(cfg)
     _refuse_other_data(prior, cfg, path, run_id, hash_now)
     # a caller's no_grad or inference_mode (thread-local) would fail the run at its first backward
-    with torch.inference_mode(False), torch.enable_grad(), store.run_lock(path, run_id):
-        return _train_locked(cfg, path, run_id, progress, extra_attrs, recording, hash_now)
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode(False), torch.enable_grad(), store.run_lock(path, run_id):
+            return _train_locked(cfg, path, run_id, progress, extra_attrs, recording, hash_now)
+    finally:  # train.threads is the run's: a notebook's later torch work ran on 1 thread after it
+        torch.set_num_threads(threads)
 
 
 def _same_experiment(attrs: dict, cfg: RunConfig) -> bool:
@@ -520,7 +539,8 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
 
 
 def set_threads(n: int | None) -> None:
-    """Limit torch's intra-op threads (sweep workers use 1 so they don't oversubscribe)."""
+    """Limit torch's intra-op threads, and OpenMP's in processes started after it (the tests and
+    bench/sweep.py use 1; a run itself sets ``train.threads`` while it trains)."""
     if n:
         torch.set_num_threads(n)
         os.environ["OMP_NUM_THREADS"] = str(n)

@@ -291,3 +291,14 @@ def test_overrides_not_given_as_a_list_are_refused_as_such(tmp_path, overrides):
     path.write_text("")
     with pytest.raises(ConfigError, match=r"^overrides: expected a list of 'section.key=value' strings, got "):
         load_config(path, overrides)
+
+
+def test_replace_section_checks_types_as_a_file_would():
+    # It validated values only: steps=5.5 was accepted and failed later, inside the budget check.
+    from dynamics.config import RunConfig, check, replace_section
+
+    with pytest.raises(ConfigError, match="train.steps: expected an integer, got 5.5"):
+        replace_section(RunConfig(), "train", steps=5.5)
+    assert replace_section(RunConfig(), "train", steps=5).train.steps == 5
+    with pytest.raises(ConfigError, match="expected a RunConfig"):
+        check({"train": {}})

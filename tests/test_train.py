@@ -435,6 +435,35 @@ def test_a_run_follows_neither_the_callers_grad_mode_nor_its_default_dtype(cfg, 
     assert not Path(f64).exists()
 
 
+def test_a_run_leaves_the_callers_thread_count_as_it_found_it(cfg, tmp_path):
+    # train.threads (1) stayed set for the whole process: a notebook's later torch work ran on it.
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        train_run(with_values(cfg, {"train.steps": 4, "train.threads": 1}), str(tmp_path / "s.zarr"))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_config_made_in_code_and_clashing_attrs_are_refused_before_anything_is_written(cfg, tmp_path):
+    # ModelConfig(n_heads=3) failed inside torch after a failed run was recorded; extra_attrs
+    # replaced the run's own config and seed, and the run could no longer be loaded or resumed.
+    from dataclasses import replace
+
+    path = tmp_path / "s.zarr"
+    bad = replace(cfg, model=replace(cfg.model, n_heads=3))
+    with pytest.raises(ConfigError, match="model.n_heads: 3 does not divide model.d_model"):
+        train_run(bad, str(path))
+    with pytest.raises(ConfigError, match="train.steps: expected an integer, got 5.5"):
+        train_run(replace(cfg, train=replace(cfg.train, steps=5.5)), str(path))
+    with pytest.raises(ConfigError, match="extra_attrs: config, seed are attributes training writes itself"):
+        train_run(cfg, str(path), extra_attrs={"seed": 99, "config": {}, "sweep_values": {}})
+    assert not path.exists()
+
+
 @pytest.mark.parametrize("steps", [19, 25, 100])
 def test_learned_gates_are_held_exactly_while_the_l1_ramp_has_not_begun(cfg, tmp_path, steps):
     # Gates held for the first 10% of steps, then the L1 ramp from 0: both at the same step, also
