@@ -32,8 +32,9 @@ cross-process lock on a URL. The sweep lock works on URLs, best-effort (object s
 no exclusive create).
 
 Workers of an existing cluster need this package importable (installed, or on
-``PYTHONPATH``); each task limits torch to one thread, so start them with
-``--nthreads 1`` (or as many threads as runs you want per process, at one core each).
+``PYTHONPATH``); each task sets torch's threads to its run's ``train.threads`` (1 by default),
+so start them with ``--nthreads 1`` (or as many threads as runs you want per process, at
+``train.threads`` cores each).
 
 Progress: each task sends ``(run, step, total, loss)`` as scheduler events
 (``Worker.log_event``) at most twice a second; the launcher draws an overall tqdm bar (runs
