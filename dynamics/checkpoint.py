@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from dynamics import store
 from dynamics.config import ConfigError, RunConfig, recorded_config
-from dynamics.model import Transformer
+from dynamics.model import Transformer, require_float32
 from dynamics.tasks import make_batch
 
 
@@ -94,6 +94,7 @@ def load_run_model(
     every loss, ablation or gate measured on them would be read as the trained model's. Such a
     run raises ConfigError, unless ``bare=True`` asks for its weights alone, knowingly.
     """
+    require_float32()  # built under a float64 default, the model came back float64, not the run's float32
     ids = store.list_runs(path, damaged="include")  # a damaged run of them: run_attrs below names it if chosen
     # as open_run says it: "choose one with --run ()" named a command-line flag, and no run, to a caller
     if not ids:

@@ -91,6 +91,13 @@ def test_loading_a_runs_model_leaves_the_callers_random_stream_alone(cfg, tmp_pa
     model, _, step = load_run_model(path)
     assert torch.equal(torch.rand(4), want)
     assert step == cfg.train.steps and not model.training
+    # built under a float64 default, it came back a float64 model, not the run's float32 one
+    torch.set_default_dtype(torch.float64)
+    try:
+        with pytest.raises(RuntimeError, match="torch's default dtype is torch.float64"):
+            load_run_model(path)
+    finally:
+        torch.set_default_dtype(torch.float32)
 
 
 def test_loading_a_run_trained_through_forward_hooks_needs_bare(tmp_path):

@@ -25,6 +25,7 @@ from dynamics.gates import (
     IRRELEVANT,
     UNFITTED,
     GateOptions,
+    ablation_losses,
     chg_loss,
     chg_roles,
     chg_snapshot,
@@ -339,6 +340,52 @@ def test_parse_contrast_names_the_bad_component():
             parse_contrast(bad, cfg)
     with pytest.raises(ConfigError, match="gates.steps"):
         GateOptions(steps=0)
+
+
+def test_options_of_the_wrong_type_are_named():
+    # steps=2.5 was accepted and failed inside the fit; steps="5" with a bare TypeError
+    for key, bad, kind in (("steps", 2.5, "an integer"), ("steps", "5", "an integer"), ("restarts", 2.0, "an integer"),
+                           ("seed", 1.5, "an integer"), ("lam", "0.1", "a number"), ("clamp_start", 1, "true or false")):
+        with pytest.raises(ConfigError, match=f"^gates.{key}: expected {kind}, got {bad!r}$"):
+            GateOptions(**{key: bad})
+    assert GateOptions(steps=np.int64(3), lam=np.float32(0.5), init_steps=None).steps == 3
+
+
+def test_fits_refuse_a_model_of_another_config_and_a_float64_default(tiny):
+    # The model's own data would have been another task's: plausible numbers, or an IndexError
+    # deep in the embedding; under a float64 default, a dtype mismatch inside the forward.
+    from dataclasses import replace
+
+    model, cfg = tiny
+    other = replace(cfg, model=replace(cfg.model, vocab_size=32))
+    for call in (lambda: fit_chg(model, other, FAST), lambda: head_importance(model, other, FAST),
+                 lambda: ablation_losses(model, other, np.zeros((2, 2), bool), options=FAST),
+                 lambda: fit_contrastive(model, other, "markov", "offset_copy", FAST)):
+        with pytest.raises(ConfigError, match=r"the model was built from another config than cfg.model "
+                                              r"\(vocab_size 16 in the model, 32 in cfg\)"):
+            call()
+    with pytest.raises(ConfigError, match="retain and forget are both 'markov'"):
+        fit_contrastive(model, cfg, "markov", "markov", FAST)
+    with pytest.raises(ConfigError, match="gates.steps: must be positive, got 0"):
+        chg_snapshot(model, cfg, steps=0)  # read as "the default", 200 updates
+    torch.set_default_dtype(torch.float64)
+    try:
+        with pytest.raises(RuntimeError, match="torch's default dtype is torch.float64"):
+            head_importance(model, cfg, FAST)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_fits_run_under_a_callers_inference_mode(tiny):
+    # "element 0 of tensors does not require grad": torch.enable_grad does not leave inference_mode
+    model, cfg = tiny
+    want = head_importance(model, cfg, FAST)
+    want_chg = fit_chg(model, cfg, FAST)
+    with torch.inference_mode():
+        got = head_importance(model, cfg, FAST)
+        got_chg = fit_chg(model, cfg, FAST)
+    xr.testing.assert_identical(got, want)
+    xr.testing.assert_identical(got_chg, want_chg)
 
 
 def test_an_absurd_restart_count_is_refused_before_the_fit():

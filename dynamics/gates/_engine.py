@@ -3,6 +3,8 @@ gate sets in one forward, Adam on the gate logits, and no-grad scoring of gate s
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -10,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dynamics.config import RunConfig
+from dynamics.config import ConfigError, RunConfig
 from dynamics.gates.options import _MAX_ELEMENTS, GateOptions
-from dynamics.model import Transformer
+from dynamics.model import Transformer, require_float32
 from dynamics.tasks import make_batch
 
 # ----------------------------------------------------------------------------- data
@@ -20,6 +22,29 @@ from dynamics.tasks import make_batch
 
 def _device(model: Transformer) -> torch.device:
     return next(model.parameters()).device
+
+
+def entry(fn: Callable) -> Callable:
+    """For the public fits and scores ``fn(model, cfg, ...)``: refuse a model built from another
+    config than ``cfg.model`` (its data would be cfg's: plausible numbers from the wrong task, or
+    an IndexError deep in the embedding) and a float64 default dtype (the gates would be float64
+    against float32 weights), and run outside a caller's inference_mode, whose tensors cannot
+    take part in the gradients every fit needs."""
+
+    @functools.wraps(fn)
+    def checked(model: Transformer, cfg: RunConfig, *args, **kwargs):
+        require_float32()
+        if (built := getattr(model, "cfg", None)) != cfg.model:
+            fields = [f.name for f in dataclasses.fields(cfg.model)]
+            differ = [f"{k} {getattr(built, k, None)!r} in the model, {getattr(cfg.model, k)!r} in cfg"
+                      for k in fields if getattr(built, k, None) != getattr(cfg.model, k)]
+            raise ConfigError(f"{fn.__name__}: the model was built from another config than cfg.model ("
+                              f"{'; '.join(differ[:3]) or 'not a dynamics Transformer'}): pass the run's own config, "
+                              f"as load_run_model returns it")
+        with torch.inference_mode(False):
+            return fn(model, cfg, *args, **kwargs)
+
+    return checked
 
 
 def _batches(cfg: RunConfig, start: int, n: int, batch_size: int, device, component: str | None = None) -> Tensor:

@@ -10,7 +10,7 @@ import xarray as xr
 from torch import Tensor
 
 from dynamics.config import ConfigError, RunConfig
-from dynamics.gates._engine import _batches, _device, _score
+from dynamics.gates._engine import _batches, _device, _score, entry
 from dynamics.gates.maths import component_weights, layer_normalised
 from dynamics.gates.options import HELDOUT_STEP, GateOptions
 from dynamics.model import Transformer
@@ -33,6 +33,7 @@ def _mean_z(model: Transformer, tokens: Tensor) -> list[Tensor]:
     return [s / rows for s in sums]
 
 
+@entry
 def ablation_losses(
     model: Transformer, cfg: RunConfig, ablate: np.ndarray, method: str = "zero", options: GateOptions | None = None
 ) -> xr.DataArray:
@@ -124,6 +125,7 @@ def set_ablation(
     return (loss[1:] - loss[0].values).rename("delta_loss").assign_attrs(method=method)
 
 
+@entry
 def head_importance(model: Transformer, cfg: RunConfig, options: GateOptions | None = None) -> xr.DataArray:
     """Head importance ``I_h = E_x |dL(x) / d xi_h|``, l2-normalised within each layer.
 

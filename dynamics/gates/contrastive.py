@@ -11,7 +11,7 @@ import xarray as xr
 from torch import Tensor
 
 from dynamics.config import ConfigError, RunConfig
-from dynamics.gates._engine import Progress, _batches, _device, _init_logits, _nll_per_set, _optimise, _score
+from dynamics.gates._engine import Progress, _batches, _device, _init_logits, _nll_per_set, _optimise, _score, entry
 from dynamics.gates.fit import _coords
 from dynamics.gates.maths import contrastive_loss
 from dynamics.gates.options import HELDOUT_STEP, RESTART, GateOptions
@@ -46,6 +46,7 @@ def parse_contrast(text: str, cfg: RunConfig) -> tuple[str, str]:
     return sides["retain"], sides["forget"]
 
 
+@entry
 def fit_contrastive(
     model: Transformer,
     cfg: RunConfig,
@@ -76,6 +77,8 @@ def fit_contrastive(
     for name in (retain, forget):
         if name not in names:
             raise ConfigError(f"unknown component {name!r} (components: {', '.join(names)})")
+    if retain == forget:  # as parse_contrast refuses it: the objective would fight itself
+        raise ConfigError(f"fit_contrastive: retain and forget are both {retain!r}")
     device = _device(model)
     logits0 = (_init_logits(cfg, opts, opts.restarts) if init_logits is None else init_logits.float()).to(device)
     k = logits0.shape[0]

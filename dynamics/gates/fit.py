@@ -12,7 +12,7 @@ import xarray as xr
 from torch import Tensor
 
 from dynamics.config import RunConfig
-from dynamics.gates._engine import Progress, _batches, _device, _init_logits, _nll_per_set, _optimise, _score
+from dynamics.gates._engine import Progress, _batches, _device, _init_logits, _nll_per_set, _optimise, _score, entry
 from dynamics.gates.maths import chg_loss, chg_roles, label_agreement
 from dynamics.gates.options import CHG_ROLES, RESTART, STAGES, GateOptions
 from dynamics.model import Transformer
@@ -29,6 +29,7 @@ def _stage(progress: Progress | None, stage: str):
     return None if progress is None else (lambda done, total: progress(stage, done, total))
 
 
+@entry
 def fit_chg(
     model: Transformer, cfg: RunConfig, options: GateOptions | None = None, *, init_logits: Tensor | None = None,
     progress: Progress | None = None,
@@ -149,7 +150,8 @@ def chg_snapshot(
     >>> chg.shape, role.dtype  # doctest: +SKIP
     ((2, 4, 2), dtype('int8'))
     """
-    opts = replace(options or GateOptions(restarts=1), steps=steps or cfg.record.chg_steps)
+    # `steps or ...` read steps=0 as "the default" (200 updates)
+    opts = replace(options or GateOptions(restarts=1), steps=cfg.record.chg_steps if steps is None else steps)
     ds = fit_chg(model, cfg, opts)
     chg = ds.chg.mean(RESTART).transpose(LAYER, HEAD, FIT).values.astype(np.float32)
     role = ds.chg_role.values[0] if opts.restarts == 1 else ds.role.values

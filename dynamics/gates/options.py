@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from numbers import Integral, Real
 
 from dynamics.analysis.chg import CHG_ROLES as CHG_ROLES  # role names by int8 code; -1 is "unfitted"
 from dynamics.analysis.chg import FACILITATING as FACILITATING
@@ -74,6 +75,19 @@ class GateOptions:
     """Seed of the initial gates (combined with train.seed) and of random pruning orders."""
 
     def __post_init__(self) -> None:
+        # Types first, as a config file's are: steps=2.5 was accepted and failed inside the fit,
+        # steps="5" with a bare TypeError from the comparisons below.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("steps", "init_steps", "restarts", "batch_size", "fit_batches", "eval_batches", "seed"):
+                ok = (isinstance(value, Integral) and not isinstance(value, bool)) or (value is None and f.name == "init_steps")
+                kind = "an integer"
+            elif f.name == "clamp_start":
+                ok, kind = isinstance(value, bool), "true or false"
+            else:
+                ok, kind = isinstance(value, Real) and not isinstance(value, bool), "a number"
+            if not ok:
+                raise ConfigError(f"gates.{f.name}: expected {kind}, got {value!r}")
         positive = ("steps", "restarts", "batch_size", "fit_batches", "eval_batches", "lr", "clamp", "max_diff")
         for name in positive:
             if not getattr(self, name) > 0 or not math.isfinite(getattr(self, name)):
