@@ -98,6 +98,15 @@ def test_templates_are_causal_distributions(kind):
     assert np.all(np.triu(t, 1) == 0) and np.all(t >= 0)
 
 
+def test_template_arguments_a_config_would_refuse_are_refused():
+    # width 0 gave NaN rows (documented: every row sums to 1), delta 0 a self pattern, -1 an IndexError
+    for kind, kw, message in (("local", {"width": 0}, "width must be >= 1"), ("offset", {"delta": 0}, "delta must be >= 1"),
+                              ("offset", {"delta": -1}, "delta must be >= 1"), ("uniform", {}, "n must be >= 1")):
+        with pytest.raises(ValueError, match=message):
+            interventions.template_pattern(kind, 0 if kind == "uniform" else 6, **kw)
+    assert interventions.template_pattern("offset", 2, delta=3)[:, 0].tolist() == [1.0, 1.0]  # n <= delta: token 0
+
+
 def test_templates_score_as_their_role_in_the_analysers():
     n = 12
     attn = np.stack([interventions.template_pattern("offset", n, delta=3),

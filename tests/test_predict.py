@@ -278,6 +278,14 @@ def test_a_baseline_with_a_score_but_no_band_is_not_passed_over():
     assert got.line.startswith("how early: cannot be judged")
 
 
+def test_judge_refuses_an_unknown_metric_and_a_table_of_other_rows():
+    mean, sd = table({m: flat((0.5, 0.1), 2) for m in MODELS})
+    with pytest.raises(ValueError, match="unknown metric 'acc'"):  # judged with no range cap
+        predict.judge([0.0, 0.1], mean, sd, "acc")
+    with pytest.raises(ValueError, match=r"must be \(horizon, model\) = \(1, 6\); got \(2, 6\)"):  # rows ignored
+        predict.judge([0.0], mean, sd, "auroc")
+
+
 def test_bands_that_touch_are_a_tie_not_a_reading():
     # exact in binary: init_boosting's band tops at 0.625, linear's starts at 0.625
     mean, sd = table({"chance": flat((0.5, 0.0), 2), "layer": flat((0.5, 0.0), 2), "init_linear": flat((0.5, 0.125), 2),
@@ -828,6 +836,15 @@ def test_a_sink_head_is_not_a_slash_target_nor_a_long_offset_feature():
 def test_bad_options_and_runs():
     with pytest.raises(PredictError, match="unknown target"):
         PredictOptions(target="nope")
+    # a bare 0.1 raised "'float' object is not iterable", "0.1" named horizon '0', True became h = 1
+    for bad in (0.1, "0.1"):
+        with pytest.raises(PredictError, match="horizons must be a sequence of numbers"):
+            PredictOptions(horizons=bad)
+    with pytest.raises(PredictError, match="horizon True is not a number"):
+        PredictOptions(horizons=(True,))
+    with pytest.raises(PredictError, match="n_splits must be an integer; got 2.5"):  # failed inside sklearn
+        PredictOptions(n_splits=2.5)
+    assert PredictOptions(horizons=np.array([0.2, 0.1])).horizons == (0.1, 0.2)
     with pytest.raises(PredictError, match="out of range"):
         PredictOptions(horizons=(1.5,))
     with pytest.raises(PredictError, match="out of range"):

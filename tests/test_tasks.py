@@ -200,6 +200,10 @@ def test_markov_sparse_and_fixed_across_seeds(order, branching):
     np.testing.assert_allclose(prob.sum(axis=1), 1.0)
     for c, s, pr in zip(ctxs, succ, prob, strict=True):
         assert seen[tuple(c)] <= set(s[pr > 0].tolist())
+    # contexts the chain cannot have: rules were returned for them
+    for bad in (np.full((1, order), V), np.full((1, order), -1), np.zeros((1, order + 1), int), np.full((1, order), 0.5)):
+        with pytest.raises(ValueError, match="contexts must be"):
+            tasks.markov_transitions(V, order, branching, bad)
 
 
 @pytest.mark.parametrize("order", [1, 2, 3])

@@ -65,6 +65,14 @@ def template_pattern(kind: str, n: int, *, delta: int = 1, width: int = 3) -> np
            [1., 0., 0.],
            [0., 1., 0.]])
     """
+    # as a config's [intervene.templates] is checked: width 0 gave NaN rows, delta 0 a self
+    # pattern, a negative delta an IndexError
+    if not n >= 1:
+        raise ValueError(f"template_pattern: n must be >= 1, got {n}")
+    if kind == "offset" and not delta >= 1:  # queries before the offset attend to token 0, so any n works
+        raise ValueError(f"template_pattern: delta must be >= 1, got {delta}")
+    if kind == "local" and not width >= 1:
+        raise ValueError(f"template_pattern: width must be >= 1, got {width}")
     rows = np.arange(n)
     out = np.zeros((n, n))
     if kind in ("previous_token", "offset"):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 from typing import Any
 
 import xarray as xr
@@ -119,10 +121,15 @@ class PredictOptions:
             raise PredictError(f"unknown horizon unit {self.unit!r}; one of: {', '.join(UNITS)}")
         if self.group_by not in GROUPINGS:
             raise PredictError(f"unknown grouping {self.group_by!r}; one of: {', '.join(GROUPINGS)}")
+        if isinstance(self.horizons, (str, bytes)) or not isinstance(self.horizons, Iterable):
+            # a bare 0.1 raised "'float' object is not iterable"; "0.1" read as horizons '0', '.', '1'
+            raise PredictError(f"horizons must be a sequence of numbers, e.g. (0.1,) or [0, 0.1, 0.2]; "
+                               f"got {self.horizons!r}")
+        object.__setattr__(self, "horizons", tuple(self.horizons))
         if not self.horizons:
             raise PredictError("no horizons given")
         for h in self.horizons:
-            if not isinstance(h, (int, float)):
+            if not isinstance(h, Real) or isinstance(h, bool):  # True was the h = 1 ceiling
                 raise PredictError(f"horizon {h!r} is not a number")
             if not math.isfinite(h):  # 1e400 reads as inf: say what it became
                 raise PredictError(f"horizon {h} is not a finite number")
@@ -135,7 +142,12 @@ class PredictOptions:
         if len(set(self.horizons)) != len(self.horizons):
             raise PredictError(f"horizons repeat: {list(self.horizons)}")
         # The report draws the curve through the horizons in stored order: "0.5,0,0.1" drew a zigzag.
-        object.__setattr__(self, "horizons", tuple(sorted(self.horizons)))
+        object.__setattr__(self, "horizons", tuple(sorted(int(h) if isinstance(h, Integral) else float(h)
+                                                          for h in self.horizons)))  # numpy scalars as Python's
+        for name in ("n_splits", "min_heads", "null", "boosting_iter", "random_state"):
+            value = getattr(self, name)
+            if not isinstance(value, Integral) or isinstance(value, bool):  # 2.5 failed inside sklearn
+                raise PredictError(f"{name} must be an integer; got {value!r}")
         if self.n_splits < 2:
             raise PredictError(f"n_splits must be >= 2; got {self.n_splits}")
         if self.min_heads < 2:

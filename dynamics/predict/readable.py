@@ -125,6 +125,13 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
     """
     models = list(models)
     mean, sd = np.asarray(mean, dtype=np.float64), np.asarray(sd, dtype=np.float64)
+    # An unknown metric was judged with no range cap; a table of other rows than horizons had
+    # its extra rows ignored, or failed with an IndexError.
+    if metric not in METRIC_RANGE:
+        raise ValueError(f"judge: unknown metric {metric!r} (one of {', '.join(METRIC_RANGE)})")
+    want = (len(horizons), len(models))
+    if mean.shape != want or sd.shape != want:
+        raise ValueError(f"judge: mean and sd must be (horizon, model) = {want}; got {mean.shape} and {sd.shape}")
     low, high = score_band(mean, sd, metric)
     ceiling = [False] * len(horizons) if ceiling is None else [bool(c) for c in ceiling]
     labels = [f"h={h:g}" for h in horizons] if labels is None else list(labels)

@@ -66,7 +66,13 @@ def markov_transitions(V: int, order: int, K: int, contexts: np.ndarray) -> tupl
     >>> succ.shape, float(prob.sum())
     ((1, 3), 1.0)
     """
-    succ, cum = _markov_rules(np.asarray(contexts, dtype=np.int64).reshape(-1, order), V, order, K)
+    ctx = np.asarray(contexts)
+    if ctx.size and (ctx.dtype.kind not in "iu" or ctx.min() < 0 or ctx.max() >= V or ctx.shape[-1] != order):
+        # rules were returned for tokens the vocabulary does not have, and contexts of another
+        # length were silently refolded into rows of `order`
+        raise ValueError(f"markov_transitions: contexts must be (N, order={order}) int tokens in [0, {V}); "
+                         f"got shape {ctx.shape}, dtype {ctx.dtype}, values {ctx.min()}..{ctx.max()}")
+    succ, cum = _markov_rules(ctx.astype(np.int64).reshape(-1, order), V, order, K)
     return succ, np.diff(cum, axis=1, prepend=0) / _MARKOV_LEVELS
 
 
