@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import errno
 import hashlib
 import json
 import multiprocessing
@@ -69,10 +70,19 @@ def _analysis_of(path: str, run_id: str, attrs: dict):
     return analyse_run(ds).compute()
 
 
+def disk_full(e: BaseException | None) -> OSError | None:
+    """The full-disk (or quota) OSError that ``e`` is, or was raised from; None if none."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def analyse_or_report(path: str, run_id: str) -> dict:
     """:func:`analyse_one`, but a run whose analysis raises (a corrupt chunk, an analyser's error on
     an unusual run) gives a skipped row with ``error`` (one line) instead of ending the analysis
-    of every other run. KeyboardInterrupt still stops everything."""
+    of every other run. KeyboardInterrupt, and a full disk (`disk_full`), still stop everything."""
     import traceback
 
     from dynamics import store
@@ -80,6 +90,10 @@ def analyse_or_report(path: str, run_id: str) -> dict:
     try:
         return analyse_one(path, run_id)
     except Exception as e:  # noqa: BLE001 - reported in the row; the other runs go on
+        if (full := disk_full(e)) is not None:
+            # no problem of this run: every other run would fail the same way, each named as its
+            # own failure, and cross-seed consistency be rewritten from none of them
+            raise full from None
         status = "?"
         try:
             status = store.run_attrs(path, run_id).get("status", "?")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dynamics import store
-from dynamics.config import load_config
+from dynamics.config import load_config, with_values
 from dynamics.train import train_run
 from dynamics.usage import UsageError, check_report_dir
 from tests.conftest import TINY, cli_in_process, interrupt_at
@@ -229,10 +229,15 @@ def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmp_path)
     try:
         copy = disk / path.name
         shutil.copytree(path, copy)
+        # a second seed, so that cross-seed consistency has a pair: a full disk made every run's
+        # analysis "fail" on its own, and consistency was rewritten empty from none of them
+        train_run(with_values(load_config(tiny[1]), {"train.seed": 1}), str(copy))
         assert cli_in_process("analyse", copy).returncode == 0
         assert cli_in_process("report", copy, "--out", disk / "rep").returncode == 0
         run_id = store.list_runs(copy)[0]
         before = store.open_analysis(copy, run_id).load()
+        consistency = store.open_derived(copy, "consistency").load()
+        assert consistency.sizes["group"] == 1
         page = (disk / "rep" / "index.html").read_bytes()
         free = shutil.disk_usage(disk).free
         with open(disk / "filler", "wb") as f:  # every free block taken
@@ -242,7 +247,9 @@ def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmp_path)
             assert r.returncode == 1, (r.stdout, r.stderr)
             last = r.stderr.strip().splitlines()[-1]
             assert "Traceback" not in r.stderr and last.startswith(f"dynamics: {args[0]} stopped: No space left on device")
+            assert "analysis failed" not in r.stdout + r.stderr
         xr.testing.assert_identical(store.open_analysis(copy, run_id).load(), before)
+        xr.testing.assert_identical(store.open_derived(copy, "consistency").load(), consistency)
         assert (disk / "rep" / "index.html").read_bytes() == page
     finally:
         subprocess.run(["umount", str(disk)], check=True)
