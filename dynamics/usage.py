@@ -70,9 +70,10 @@ def check_out(path: str) -> None:
     check_not_in_store(p, "--out")
     if not p.exists():
         check_creatable(p, "--out")
-    elif p.is_dir() and not any(p.iterdir()):
+    elif p.is_dir() and all(store.is_partial(e.name) for e in p.iterdir()):
         # An empty directory (made by hand for the results) holds nothing to overwrite: it
-        # becomes the store, as a file:// URL to it does.
+        # becomes the store, as a file:// URL to it does. So does one holding only zarr's
+        # temporary of a store's first zarr.json: a creation killed before it landed.
         if not os.access(p, os.W_OK | os.X_OK):
             raise UsageError(f"--out {path}: no permission to write into this empty directory")
     elif not store.is_store(path):

@@ -638,6 +638,46 @@ def test_the_run_lock_clears_a_temporary_checkpoint_a_killed_trainer_left(tmp_pa
     assert store.read_checkpoint(path, "r1") == b"step 10"
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_zarrs_temporaries_a_killed_writer_left_are_cleared_under_the_locks(tmp_path):
+    # zarr writes <name>.<uuid hex>.partial and renames it: a SIGKILL between left it for ever,
+    # warned about on every read, and in a new store's folder it made the store "not a store".
+    import uuid
+    import warnings
+
+    from dynamics.usage import check_out
+
+    def partial(folder):
+        f = folder / f"zarr.{uuid.uuid4().hex}.partial"
+        f.write_text('{"zarr_format": 3, "node_type": "gr')
+        return f
+
+    new = tmp_path / "new.zarr"
+    new.mkdir()
+    partial(new)
+    check_out(str(new))  # no refusal: nothing was made there
+    store.init_store(new)
+    assert store.is_store(new) and not any(store.is_partial(p.name) for p in new.iterdir())
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    left = [partial(path), partial(path / "runs"), partial(path / "runs" / "r1"), partial(path / "runs" / "r1" / "attention")]
+    mine = path / "runs" / "r1" / "notes.partial"  # not zarr's name: not ours to delete
+    mine.write_text("mine")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        store.open_run(path, "r1")
+    assert any("partial" in str(w.message) for w in seen), "the test needs zarr to notice them"
+    store.init_store(path)
+    with store.run_lock(path, "r1"):
+        pass
+    assert not any(f.exists() for f in left) and mine.exists()
+    mine.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store.open_run(path, "r1")
+
+
 def test_a_store_path_of_another_type_is_named():
     with pytest.raises(TypeError, match="a store path must be a str or path-like .* got int 123"):
         store.open_run(123)

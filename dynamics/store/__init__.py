@@ -52,7 +52,7 @@ CPU, and zstd is a core Zarr v3 codec that any reader understands.
 # `name as name`: module-level names kept reachable as store.<name>, outside __all__.
 from dynamics.schema import STORE_VERSION as STORE_VERSION
 from dynamics.store._loc import SECTIONS as SECTIONS
-from dynamics.store._loc import StoreError, check_run_id, is_remote
+from dynamics.store._loc import StoreError, check_run_id, is_partial, is_remote
 from dynamics.store.checkpoints import (
     RunLocked,
     atomic_write_bytes,
@@ -113,6 +113,7 @@ __all__ = [
     "write_checkpoint",
     "init_store",
     "is_finished",
+    "is_partial",
     "is_remote",
     "is_store",
     "list_runs",

@@ -121,6 +121,32 @@ def _locked(loc: _Loc) -> Iterator[None]:
                 os.close(fd)  # releases the flock
 
 
+_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
+"""zarr's LocalStore writes ``<name>.<uuid hex>.partial`` and renames it into place: a process
+killed in between leaves it behind."""
+
+
+def is_partial(name: str) -> bool:
+    """Whether a file name is one of zarr's half-written temporaries."""
+    return bool(_PARTIAL.search(name))
+
+
+def clear_partials(*folders: Path) -> None:
+    """Delete zarr's half-written temporaries directly in ``folders``: what a killed writer left.
+
+    Left there, zarr warned about them on every read of the hierarchy ("not recognized as a
+    component"), for ever, and one in a new store's folder made it "not a dynamics store". Only
+    for callers that hold the locks every writer of those folders' metadata holds, so no live
+    writer's temporary is taken.
+    """
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(folder):
+                if is_partial(entry.name) and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
+
 # --------------------------------------------------------------------------- small helpers
 
 

@@ -18,7 +18,7 @@ import time
 import uuid
 from pathlib import Path
 
-from dynamics.store._loc import StoreError, _check_name, _group_meta, _Loc, new_file
+from dynamics.store._loc import StoreError, _check_name, _group_meta, _Loc, _locked, clear_partials, new_file
 
 try:
     import fcntl
@@ -190,6 +190,12 @@ def run_lock(path: str | os.PathLike, run_id: str):
         for stale in target.parent.glob(f".{CHECKPOINT_FILE}.*.tmp") if locked else ():
             with contextlib.suppress(OSError):
                 stale.unlink()
+        group = loc.local / "runs" / _check_name("run id", run_id)
+        if locked and group.is_dir():
+            # Likewise zarr's temporaries of the run's metadata (its attrs, rewritten at every
+            # checkpoint, and its arrays'): their other writers hold the store lock taken here.
+            with _locked(loc):
+                clear_partials(group, *(d for d in group.iterdir() if d.is_dir()))
         yield
     finally:
         os.close(fd)  # releases the flock

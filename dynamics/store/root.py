@@ -27,6 +27,8 @@ from dynamics.store._loc import (
     _jsonable,
     _Loc,
     _locked,
+    clear_partials,
+    is_partial,
 )
 
 # --------------------------------------------------------------------------- root index
@@ -261,7 +263,11 @@ def init_store(path: str | os.PathLike) -> None:
             loc.local.mkdir(parents=True, exist_ok=True)
         with _locked(loc):  # check again inside: another process may be creating it right now
             if not is_store(loc.url):
-                if loc.list_dir(""):
+                entries = loc.list_dir("")
+                if loc.local is not None and entries and all(map(is_partial, entries)):
+                    clear_partials(loc.local)  # a creation killed before its zarr.json landed: nothing made
+                    entries = loc.list_dir("")
+                if entries:
                     raise StoreError(_unreadable_root(loc) or f"{loc} exists, is not empty and is not a dynamics store")
                 root = zarr.create_group(loc.store, zarr_format=3, attributes={"dynamics_store": STORE_VERSION})
                 for section in SECTIONS:
@@ -270,6 +276,9 @@ def init_store(path: str | os.PathLike) -> None:
                 return
     root = _read_root(loc)
     _check_version(loc, root)
+    if loc.local is not None:
+        with _locked(loc):  # every writer of the root's and the sections' metadata holds it
+            clear_partials(loc.local, *(loc.local / s for s in SECTIONS))
     if not all(_group_exists(loc, s) for s in SECTIONS) or "consolidated_metadata" not in root:
         with _locked(loc):
             for section in SECTIONS:
