@@ -15,7 +15,9 @@ import errno
 import hashlib
 import json
 import multiprocessing
+import os
 import threading
+import time
 from collections.abc import Callable
 
 IN_MEMORY_BYTES = 32 * 2**20
@@ -126,6 +128,20 @@ def recorded_before_divergence(ds, diverged_step: int):
     return ds.isel(snapshot=keep.nonzero()[0])
 
 
+def exit_with_parent(parent: int) -> None:
+    """In a worker process: exit as soon as ``parent`` is no longer its parent (it died).
+
+    A pool's worker holds both ends of its own task pipe, so it never sees the pipe close: after
+    ``dynamics analyse`` was killed outright (SIGKILL), its workers waited on it for ever.
+    """
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
                   progress: Callable[[int, int, dict], None] | None = None) -> list[dict]:
     """Analyse runs of a store (default: all), ``workers`` at a time; rows in run order.
@@ -187,7 +203,8 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
 
     # spawn: the caller may hold threads (a Dask client, torch's pools) that fork would copy.
     ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(n - 1, mp_context=ctx) as pool:
+    with concurrent.futures.ProcessPoolExecutor(n - 1, mp_context=ctx, initializer=exit_with_parent,
+                                                initargs=(os.getpid(),)) as pool:
         feeders = [threading.Thread(target=feed, args=(pool,), daemon=True) for _ in range(n - 1)]
         for t in feeders:
             t.start()

@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -73,6 +72,16 @@ def test_rewriting_an_analysis_replaces_it_whole(three_runs):
     [row] = analyse_store(path, [run_id])
     assert "role" in store.open_analysis(path, run_id) and "only" not in store.open_analysis(path, run_id)
     assert row["run"] == run_id
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (exited, not yet reaped) does not. An orphan is
+    reaped by whatever this container runs as pid 1, which need not do it promptly."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 def _children(pid: int) -> set[int]:
@@ -176,9 +185,30 @@ def test_sigterm_stops_a_multi_process_analyse_with_its_workers(three_runs, tmp_
     assert "Traceback" not in err and "interrupted" in err.splitlines()[-1]
     assert "resumable" not in err and "previous analysis" in err  # no run is resumed by analysing it again
     deadline = time.monotonic() + 30
-    while any(os.path.exists(f"/proc/{k}") for k in kids) and time.monotonic() < deadline:
+    while any(map(_alive, kids)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [k for k in kids if os.path.exists(f"/proc/{k}")], "worker processes outlived the analyse"
+    assert not [k for k in kids if _alive(k)], "worker processes outlived the analyse"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for child processes")
+def test_the_workers_of_an_analyse_killed_outright_exit_with_it(three_runs, tmp_path):
+    # After SIGKILL (no handler runs) the worker and the resource tracker waited on their pipes
+    # for ever, ~160 MB each: a worker holds both ends of its own task pipe.
+    path = str(tmp_path / "k.zarr")
+    shutil.copytree(three_runs[0], path)
+    proc = subprocess.Popen([sys.executable, "-m", "dynamics", "analyse", path, "--workers", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(kids := _children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        pytest.skip("the analysis finished before its workers could be seen (machine too loaded)")
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30  # the workers look for their parent twice a second
+    while any(map(_alive, kids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [k for k in kids if _alive(k)], "worker processes outlived the killed analyse"
 
 
 def test_bad_workers_is_one_line_exit_2(three_runs, capsys):
