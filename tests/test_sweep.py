@@ -80,6 +80,17 @@ def test_full_grid_crosses_axes_in_order():
     assert [p.run_id for p in expand_grid(cfg)] == [p.run_id for p in points]  # stable
 
 
+def test_a_point_records_its_values_as_its_config_holds_them():
+    # init_scale written 1 is 1.0 in the run's config and id; recorded as written, a sweep of
+    # [1, 2] and one of [1.0, 2.0] into one store read as four points, "1" and "1.0", in status,
+    # the report and predict's groups.
+    ints = expand_grid(from_dict(tiny({"model.init_scale": [1, 2]})))
+    floats = expand_grid(from_dict(tiny({"model.init_scale": [1.0, 2.0]})))
+    assert [p.run_id for p in ints] == [p.run_id for p in floats]
+    for p, q in zip(ints, floats, strict=True):
+        assert p.values == q.values and type(p.values["model.init_scale"]) is float
+
+
 def test_zip_pairs_axes_and_crosses_the_rest():
     cfg = from_dict(tiny({"model.n_heads": [1, 2], "train.seed": [0, 1, 2], "model.init_scale": [0.5, 1.0, 2.0],
                           "zip": [["train.seed", "model.init_scale"]]}))
@@ -523,6 +534,20 @@ def test_a_later_sweep_into_the_store_keeps_every_runs_swept_values(tmp_path, th
     [new] = [rid for rid in second.labels if rid != old]
     assert index["runs"] == {old: {"model.init_scale": 1.0, "train.seed": 0},
                              new: {"model.init_scale": 1.0, "train.seed": 1}}
+
+
+def test_a_finished_run_of_a_points_id_but_another_config_is_not_skipped_as_that_point(tmp_path, threaded_cluster):
+    # A run recorded under a point's id with another config (dynamics run --run-id) was counted
+    # finished, and status and open_sweep gave it the point's values; unfinished, its task refused it.
+    path = str(tmp_path / "s.zarr")
+    cfg = from_dict(tiny({"model.init_scale": [1.0, 2.0]}))
+    point = expand_grid(cfg)[0]
+    train_run(with_values(point.cfg, {"train.lr": 0.01}), path, point.run_id)
+    summary = run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
+    assert not summary.ok and summary.failed == [point.run_id] and not summary.skipped, summary.lines()
+    assert "recorded with a different config" in summary.errors[point.run_id]
+    assert point.run_id not in store.read_sweep_index(path)["runs"]
+    assert store.run_attrs(path, point.run_id)["config"]["train"]["lr"] == 0.01  # left as it was
 
 
 SUBMITTED_CWDS: list = []

@@ -13,6 +13,7 @@ import numpy as np
 from dynamics import tasks
 from dynamics.config import SECTIONS, ConfigError, RunConfig, TaskConfig, with_values
 from dynamics.identity import EXECUTION_KEYS, condition_key, not_read_by, unread_settings
+from dynamics.schema import config_value
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,11 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
                 interventions.check(point_cfg)
         except ConfigError as e:
             raise ConfigError(f"sweep point {_label(values)}: {e}") from None
+        # As the run's config holds them (an init_scale written 1 is 1.0 there, and in its run
+        # id): recorded as written, one point read as two, "1" and "1.0", wherever values are
+        # compared as text (status's grid order and columns, the report, predict's groups).
+        resolved = point_cfg.to_dict()
+        values = {k: _plain(config_value(resolved, k)) for k in axes}
         run_id = point_cfg.run_id()
         if run_id in seen:
             raise ConfigError(

@@ -15,6 +15,7 @@ from collections import Counter
 from dynamics import store
 from dynamics.budget import DoesNotFit, check_fits
 from dynamics.config import ConfigError, RunConfig
+from dynamics.identity import experiment_identity
 from dynamics.schema import config_value
 from dynamics.signals import sigterm_as_interrupt
 from dynamics.sweep.grid import Point, _plain, expand_grid
@@ -216,15 +217,21 @@ def run_sweep(
     summary = SweepSummary(total=len(points), labels={p.run_id: p.label for p in points})
     with sigterm_as_interrupt(), acquire_lock(path):
         existing = set(store.list_runs(path))
-        todo = []
+        todo, other = [], set()
         for p in points:
-            status = store.run_attrs(path, p.run_id).get("status") if p.run_id in existing else None
-            if status in FINISHED:
+            attrs = store.run_attrs(path, p.run_id) if p.run_id in existing else {}
+            if attrs and experiment_identity(attrs.get("config", {})) != experiment_identity(p.cfg.to_dict()):
+                # a run of this id recorded with another config (`dynamics run --run-id`): counted
+                # finished, it stood in status and open_sweep with this point's values. Its task
+                # refuses it, as train_run does, and the index does not name it for this point.
+                other.add(p.run_id)
+                todo.append(p)
+            elif attrs.get("status") in FINISHED:
                 summary.skipped.append(p.run_id)
-                summary.counts[status] = summary.counts.get(status, 0) + 1
+                summary.counts[attrs["status"]] = summary.counts.get(attrs["status"], 0) + 1
             else:
                 todo.append(p)
-        _write_index(path, points)
+        _write_index(path, [p for p in points if p.run_id not in other])
         try:
             if todo:
                 n = min(workers or default_workers(), len(todo))
