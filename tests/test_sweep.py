@@ -80,6 +80,16 @@ def test_full_grid_crosses_axes_in_order():
     assert [p.run_id for p in expand_grid(cfg)] == [p.run_id for p in points]  # stable
 
 
+def test_a_setting_a_point_does_not_read_is_left_out_of_its_run_id():
+    # pos = "learned" does not read rope_base: swept again under --set model.rope_base=100 the
+    # learned point got another run id, trained bitwise alike, and status read rope_base as mattering.
+    plain = expand_grid(from_dict(tiny({"model.pos": ["rope", "learned"]})))
+    based = expand_grid(from_dict(tiny({"model.pos": ["rope", "learned"]}, model={"rope_base": 100.0})))
+    assert plain[0].run_id != based[0].run_id and based[0].cfg.model.rope_base == 100.0  # rope reads it
+    assert plain[1].run_id == based[1].run_id and based[1].cfg.model.rope_base == 10000.0
+    assert based[1].cfg == plain[1].cfg
+
+
 def test_a_point_records_its_values_as_its_config_holds_them():
     # init_scale written 1 is 1.0 in the run's config and id; recorded as written, a sweep of
     # [1, 2] and one of [1.0, 2.0] into one store read as four points, "1" and "1.0", in status,

@@ -79,6 +79,7 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
         units.append([dict(zip(group, combo, strict=True))
                       for combo in zip(*(axes[k] for k in group), strict=True)])
     points: list[Point] = []
+    raws: list[RunConfig] = []  # each point's config as the grid wrote it
     seen: dict[str, str] = {}
     same_as: dict[str, Point] = {}  # by _read_identity
     for parts in itertools.product(*units):
@@ -95,11 +96,6 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
                 interventions.check(point_cfg)
         except ConfigError as e:
             raise ConfigError(f"sweep point {_label(values)}: {e}") from None
-        # As the run's config holds them (an init_scale written 1 is 1.0 there, and in its run
-        # id): recorded as written, one point read as two, "1" and "1.0", wherever values are
-        # compared as text (status's grid order and columns, the report, predict's groups).
-        resolved = point_cfg.to_dict()
-        values = {k: _plain(config_value(resolved, k)) for k in axes}
         run_id = point_cfg.run_id()
         if run_id in seen:
             raise ConfigError(
@@ -112,7 +108,7 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
         # read as "this axis has no effect".
         same = _read_identity(point_cfg)
         if same in same_as:
-            other = same_as[same]
+            other = same_as[same]  # as written, as this one is here
             differ = [k for k in axes if other.values[k] != values[k]]
             names = point_cfg.task.component_names
             unread = {"task." + k for c in (point_cfg, other.cfg) for k in tasks.unread_keys(c)}
@@ -129,27 +125,48 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
             raise ConfigError(
                 f"sweep points {other.label} and {_label(values)} train the same data and model: they differ "
                 f"only in {', '.join(differ)}, {why}")
-        point = Point(run_id, values, point_cfg)
-        same_as[same] = point
-        points.append(point)
+        raws.append(point_cfg)
+        same_as[same] = Point(run_id, values, point_cfg)
+        # A setting this point does not read, at its default: kept, it gave the point another
+        # run id than the same training has in a sweep without it (pos = "learned" under a
+        # --set model.rope_base), and both trained, bitwise alike, read as "rope_base matters".
+        # Values as the run's config then holds them (an init_scale written 1 is 1.0 there, and
+        # in its run id): as written, one point read as two, "1" and "1.0", wherever values are
+        # compared as text (status's grid order and columns, the report, predict's groups).
+        point_cfg = _unread_at_defaults(point_cfg)
+        resolved = point_cfg.to_dict()
+        points.append(Point(point_cfg.run_id(), {k: _plain(config_value(resolved, k)) for k in axes}, point_cfg))
     # A key that no point's task reads changes every run id and nothing any point trains on, as
     # under `dynamics run` (tasks.check_read); one that some point reads is the grid's business.
-    unread = set.intersection(*(set(tasks.unread_keys(p.cfg)) for p in points))
+    unread = set.intersection(*(set(tasks.unread_keys(c)) for c in raws))
     if unread:
         key = sorted(unread)[0]
         readers = " and ".join(name for name, keys in tasks.TASK_KEYS.items() if key in keys)
         raise ConfigError(
-            f"task.{key} = {getattr(points[0].cfg.task, key)!r}: no point of the sweep trains a task that reads it "
+            f"task.{key} = {getattr(raws[0].task, key)!r}: no point of the sweep trains a task that reads it "
             f"(only {readers} {'does' if ' and ' not in readers else 'do'}), so every run would train what it trains "
             f"without it, under another run id; drop the setting, or sweep task.name")
-    unread_everywhere = set.intersection(*(set(unread_settings(p.cfg.to_dict())) for p in points))
+    unread_everywhere = set.intersection(*(set(unread_settings(c.to_dict())) for c in raws))
     if unread_everywhere:
         key = sorted(unread_everywhere)[0]
-        first = points[0].cfg.to_dict()
+        first = raws[0].to_dict()
         raise ConfigError(f"{key} = {unread_settings(first)[key]!r}: no point of the sweep reads it ("
                           f"{not_read_by(key, first)} it), so every run would train what it trains without it, "
                           f"under another run id; drop the setting, or sweep {condition_key(key)}")
     return points
+
+
+def _unread_at_defaults(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every task key its tasks do not read, and every
+    :data:`~dynamics.identity.CONDITIONAL_KEYS` setting it does not read, at its default."""
+    default = TaskConfig()
+    task = replace(cfg.task, **{k: getattr(default, k) for k in tasks.unread_keys(cfg)})
+    defaults: dict[str, dict[str, Any]] = {}  # section -> {key: its default}
+    for dotted in unread_settings(cfg.to_dict()):
+        section, key = dotted.split(".")
+        defaults.setdefault(section, {})[key] = getattr(SECTIONS[section], key)
+    sections = {name: replace(getattr(cfg, name), **changes) for name, changes in defaults.items()}
+    return replace(cfg, **{**sections, "task": task})
 
 
 def _read_identity(cfg: RunConfig) -> str:
@@ -160,20 +177,15 @@ def _read_identity(cfg: RunConfig) -> str:
     same rows); a mixture of one component as that task (it makes the task's very batches)."""
     from dynamics.tasks.batch import _mixture_weights
 
-    default = TaskConfig()
-    task = replace(cfg.task, **{k: getattr(default, k) for k in tasks.unread_keys(cfg)})
-    defaults = {}  # section -> {key: its default}, for the conditional settings this config does not read
-    for dotted in unread_settings(cfg.to_dict()):
-        section, key = dotted.split(".")
-        defaults.setdefault(section, {})[key] = getattr(SECTIONS[section], key)
+    cfg = _unread_at_defaults(cfg)
+    task = cfg.task
     if task.name == "mixture":
         p = _mixture_weights(cfg)  # what the generator draws with, so equal here means equal rows
         weights = () if np.all(p == p[0]) else tuple(float(x) for x in p)
         task = replace(task, weights=weights)
         if len(task.components) == 1:
             task = replace(task, name=task.components[0], components=(), weights=())
-    sections = {name: replace(getattr(cfg, name), **changes) for name, changes in defaults.items()}
-    return replace(cfg, **{**sections, "task": task}).run_id()
+    return replace(cfg, task=task).run_id()
 
 
 def _plain(value: Any) -> Any:
