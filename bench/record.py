@@ -199,15 +199,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UsageError) as e:
         return bad_input(str(e))
     torch.set_num_threads(args.threads)
-    n_default = len(snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every))
-    n_dense = len(snapshot_steps(dense.train.steps, 0, 1))
+    # Snapshots beyond step 0: recording off takes that one too (part 1), so these are what the
+    # end-to-end ratios compare; counting it put the pieces' sum 1/18 above them.
+    n_default = len(snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)) - 1
+    n_dense = len(snapshot_steps(dense.train.steps, 0, 1)) - 1
     r = cfg.record
     print(f"config: {'--config ' + args.config if args.config else 'RunConfig() defaults'}; "
           f"record: dense_until {r.dense_until}, every {r.every}, n_probe {r.n_probe}, "
           f"eval {cfg.train.eval_batches} x {r.eval_batch_size} seqs/component, head_weights {r.head_weights}; "
           f"{args.threads} torch thread(s), {os.cpu_count()} CPUs, {load_line()}")
-    print(f"default cadence: {n_default} snapshots over {cfg.train.steps} steps; "
-          f"dense cadence: {n_dense} snapshots over {dense.train.steps} steps")
+    print(f"default cadence: {n_default} snapshots after step 0 over {cfg.train.steps} steps; "
+          f"dense cadence: {n_dense} after step 0 over {dense.train.steps} steps")
 
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_runs:
@@ -236,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{main_t / step * n_default / cfg.train.steps:>10.2%}{main_t / step * n_dense / dense.train.steps:>9.1%}")
         print(f"   {'all':<32}{'':>10}{per_snap / step:>9.2f}{1:>8.0%}"
               f"{per_snap / step * n_default / cfg.train.steps:>10.2%}{per_snap / step * n_dense / dense.train.steps:>9.1%}")
-        print("   (x step: the piece's time in training steps; default / dense: that x snapshots per step)")
+        print("   (x step: the piece's time in training steps; default / dense: that x snapshots per step, those beyond "
+              "step 0, which recording off takes too)")
     print(f"\n{load_line()} at end")
     return 0
 

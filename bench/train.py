@@ -145,18 +145,23 @@ def flops_per_token(cfg: RunConfig, model) -> tuple[float, int]:
 
 
 def mm_rate(a: torch.Tensor, b: torch.Tensor, device: torch.device, min_time: float = 0.05) -> float:
-    """FLOP/s of a @ b, repeated for at least min_time."""
+    """FLOP/s of a @ b: batches of calls, doubling, until one batch takes at least min_time.
+
+    One device sync per batch: a sync after every call timed a small matmul's launch-and-wait
+    round trip on CUDA (tens of microseconds), not its throughput.
+    """
     flops = 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
-    sync(device)
-    reps, t0 = 0, time.perf_counter()
+    reps = 1
     while True:
-        torch.mm(a, b)
-        reps += 1
-        if reps >= 2:
-            sync(device)
-            dt = time.perf_counter() - t0
-            if dt >= min_time:
-                return flops * reps / dt
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b)
+        sync(device)
+        dt = time.perf_counter() - t0
+        if dt >= min_time:
+            return flops * reps / dt
+        reps *= 2
 
 
 def model_gemms(cfg: RunConfig) -> list[tuple[str, int, int, int, int]]:

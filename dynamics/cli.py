@@ -94,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(problem)
     if cfg.train.device == "cpu" and cfg.train.threads > (cores := _usable_cores()):
         # Not refused: the config may be meant for a larger machine, and the numbers are the same
-        # up to float rounding; but threads beyond the cores fight each other (README: 3.4x slower).
+        # up to float rounding; but threads beyond the cores fight each other (README: 3.3x slower).
         print(f"dynamics: note: train.threads {cfg.train.threads} is more than the {cores} core"
               f"{'s' if cores > 1 else ''} this process may use; its threads would share cores and train slower",
               file=sys.stderr, flush=True)

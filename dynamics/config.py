@@ -151,7 +151,7 @@ class TrainConfig:
     """torch device: cpu | cuda | cuda:N."""
     threads: int = 1
     """torch intra-op threads on CPU. These models are small: on a 2-core machine a second
-    thread gained nothing with the other core idle, and made training about 3.4x slower with
+    thread gained nothing with the other core idle, and made training about 3.3x slower with
     the other core busy (README, Performance), as it is in a sweep or beside the recorder's
     writer. At most MAX_THREADS (1024); `dynamics run` notes a count above the cores it may use.
     Outside the run id: another count sums in another order, the same run to float rounding only."""
