@@ -74,6 +74,7 @@ from dynamics.store.readers import (
     write_analysis,
     write_derived,
 )
+from dynamics.store.root import STALE_PARTIAL_S as STALE_PARTIAL_S
 from dynamics.store.root import (
     check_store,
     damaged_root,

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -131,20 +132,24 @@ def is_partial(name: str) -> bool:
     return bool(_PARTIAL.search(name))
 
 
-def clear_partials(*folders: Path) -> None:
+def clear_partials(*folders: Path, min_age: float = 0.0) -> None:
     """Delete zarr's half-written temporaries directly in ``folders``: what a killed writer left.
 
     Left there, zarr warned about them on every read of the hierarchy ("not recognized as a
-    component"), for ever, and one in a new store's folder made it "not a dynamics store". Only
-    for callers that hold the locks every writer of those folders' metadata holds, so no live
-    writer's temporary is taken.
+    component"), for ever, and one in a new store's folder made it "not a dynamics store". A
+    live writer's temporary must not be taken: callers either hold the locks every writer of
+    those folders holds, or pass ``min_age`` (seconds since the file was last written), longer
+    than any write takes. The root's and the sections' metadata need the latter: zarr rewrites
+    them, outside any lock of ours, whenever a run's arrays are created (``ensure_parents``).
     """
+    now = time.time()
     for folder in folders:
         with contextlib.suppress(OSError):
             for entry in os.scandir(folder):
                 if is_partial(entry.name) and entry.is_file(follow_symlinks=False):
                     with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
+                        if now - entry.stat(follow_symlinks=False).st_mtime >= min_age:
+                            os.unlink(entry.path)
 
 
 # --------------------------------------------------------------------------- small helpers

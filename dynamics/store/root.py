@@ -236,6 +236,10 @@ def _unreadable_root(loc: _Loc) -> str | None:
     return f"{loc}: the store's root metadata zarr.json cannot be read (damaged); restore it from a backup"
 
 
+STALE_PARTIAL_S = 3600.0
+"""Age past which a zarr temporary at a store's root or in its sections is a killed writer's."""
+
+
 def init_store(path: str | os.PathLike) -> None:
     """Create an empty store at `path`, or check an existing one.
 
@@ -276,9 +280,8 @@ def init_store(path: str | os.PathLike) -> None:
                 return
     root = _read_root(loc)
     _check_version(loc, root)
-    if loc.local is not None:
-        with _locked(loc):  # every writer of the root's and the sections' metadata holds it
-            clear_partials(loc.local, *(loc.local / s for s in SECTIONS))
+    if loc.local is not None:  # an hour old: no live write (a creation of a run's arrays rewrites these unlocked)
+        clear_partials(loc.local, *(loc.local / s for s in SECTIONS), min_age=STALE_PARTIAL_S)
     if not all(_group_exists(loc, s) for s in SECTIONS) or "consolidated_metadata" not in root:
         with _locked(loc):
             for section in SECTIONS:
