@@ -46,7 +46,8 @@ def _progress_printer(label: str):
         def update(step: int, total: int, loss: float) -> None:
             nonlocal bar
             if bar is None:
-                bar = tqdm(total=total, desc=label, unit="step", dynamic_ncols=True)
+                # initial: a resumed run starts at its checkpoint, and its rate counts from there
+                bar = tqdm(total=total, initial=step, desc=label, unit="step", dynamic_ncols=True)
             bar.n = step
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             bar.refresh()
@@ -374,11 +375,11 @@ def cmd_gates(args: argparse.Namespace) -> int:
     if recorded_hash is not None and recorded_hash != hash_here:
         # The fit draws the task's eval batches here; on the corpus task they depend on this
         # machine's standard library, which differs from the one the run was trained on.
-        print(f"note: this machine makes other data for run {run_id}'s task than it was trained on (data_hash "
+        print(f"dynamics: note: this machine makes other data for run {run_id}'s task than it was trained on (data_hash "
               f"{hash_here[:12]} here, {recorded_hash[:12]} recorded); the gates are fitted to this machine's data",
               file=sys.stderr)
     if status != "completed":
-        print(f"note: run {run_id} is {status}; these gates are fitted to its checkpoint at step {step} "
+        print(f"dynamics: note: run {run_id} is {status}; these gates are fitted to its checkpoint at step {step} "
               f"of {cfg.train.steps}, not to a finished model", file=sys.stderr)
     ds = gate_report(model, cfg, options, contrast=contrast, progress=_gates_progress(run_id))
     ds.attrs["step"] = step  # the checkpoint fitted; the run may be resumed past it later

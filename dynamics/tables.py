@@ -22,11 +22,34 @@ def print_consistency(path: str, rows: list[dict]) -> None:
     for group, sim, unmatched, n in seed_consistency(path, compared):
         print(f"cross-seed consistency {group}: {sim:.3f} over {n} seeds (1 = same heads up to permutation; "
               f"unmatched heads give {unmatched:.3f})")
+    # Only runs that have a seed to be compared with: on runs of different configs, with no
+    # seed group at all, the line listed every diverged run as "left out" of nothing.
+    peers = _seed_groups(path, [r["run"] for r in rows if r["status"] in FINISHED_STATUSES])
     left_out = [f"{r['run']} ({'diverged' if r['status'] == 'diverged' else 'not analysed'})" for r in rows
-                if r["status"] in FINISHED_STATUSES and r["run"] not in compared]
-    if left_out and len(rows) > 1:
+                if r["status"] in FINISHED_STATUSES and r["run"] not in compared and peers.get(r["run"], 0) > 1]
+    if left_out:
         print(f"cross-seed consistency leaves out {len(left_out)} finished run(s) without a final profile "
               f"(it compares completed, analysed runs): {', '.join(left_out)}")
+
+
+def _seed_groups(path: str, run_ids: list[str]) -> dict[str, int]:
+    """Each run's number of runs (itself included) among ``run_ids`` that differ from it at most in
+    their seed (and where they ran): its cross-seed group. A run whose attrs cannot be read is left out."""
+    import collections
+    import json
+
+    from dynamics import store
+    from dynamics.identity import experiment_identity
+
+    key = {}
+    for rid in run_ids:
+        try:
+            config = store.run_attrs(path, rid).get("config", {})
+        except store.StoreError:
+            continue
+        key[rid] = json.dumps(experiment_identity(config, without_seed=True), sort_keys=True)
+    counts = collections.Counter(key.values())
+    return {rid: counts[k] for rid, k in key.items()}
 
 
 def analysis_failures(rows: list[dict]) -> list[str]:
@@ -71,6 +94,10 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
         table.append([r["run"], *point, r["status"], bif, div if isinstance(div, str) else f"{div:.3f}",
                       red if isinstance(red, str) else f"{red:.2f}", str(r["slash_dominant"]), roles])
     print_table(header, table)
+    if any(not r.get("skipped") for r in rows):  # the columns, once, under the table
+        print("bifurcation: step the heads' divergence left its early band (split, or collapsed); divergence: mean "
+              "within-layer JS distance at the last snapshot; redundancy: share of heads with a near-duplicate there; "
+              "slash_dom: heads slash-dominant there; final roles: heads per role there")
     if any(r.get("final_divergence") == "undefined" for r in rows):
         lone = any(r.get("redundancy") == "undefined" for r in rows)
         print("undefined: one head per layer, so no pair of heads to compare (bifurcation and divergence are "

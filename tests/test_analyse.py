@@ -383,6 +383,13 @@ def test_seed_consistency_compares_completed_runs_with_this_versions_analysis_on
     assert seed_consistency(path) == []
     # and the group written above is gone from derived/consistency, not left to read as current
     assert store.open_derived(path, "consistency").sizes["group"] == 0
+    # A diverged run with no seed to be compared with (another config) is left out of nothing:
+    # the line listed every diverged run of a store of different configs.
+    config = store.run_attrs(path, seeds[2])["config"]
+    store.update_run_attrs(path, seeds[2], config={**config, "train": {**config["train"], "lr": 0.5}})
+    capsys.readouterr()
+    print_consistency(path, rows)
+    assert "leaves out" not in capsys.readouterr().out
 
 
 def test_a_diverged_run_is_analysed_on_the_snapshots_it_recorded(tmp_path):

@@ -345,7 +345,7 @@ def summary_row(result: xr.Dataset) -> dict:
         "bifurcation_step": bif,
         "final_divergence": "undefined" if no_pairs else float(last["mean_divergence"].values),
         "redundancy": "undefined" if np.isnan(redundancy) else redundancy,
-        "slash_dominant": int(last["slash_dominant"].values.sum()),
+        "slash_dominant": int(np.nansum(last["slash_dominant"].values)),  # NaN: a sweep's padded head
         "roles": counts,
     }
 

@@ -66,8 +66,9 @@ class _Bars(_Display):
         if bar is None:
             taken = set(self.slot.values())
             self.slot[run_id] = next(i for i in itertools.count(1) if i not in taken)
-            bar = self.tqdm(total=total, desc=run_id, unit="step", position=self.slot[run_id], leave=False,
-                            dynamic_ncols=True, file=self.stream)
+            # initial: a resumed run starts at its checkpoint ("14401043.78step/s" without it)
+            bar = self.tqdm(total=total, initial=step, desc=run_id, unit="step", position=self.slot[run_id],
+                            leave=False, dynamic_ncols=True, file=self.stream)
             self.bars[run_id] = bar
         bar.n = step
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
