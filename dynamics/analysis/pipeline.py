@@ -135,8 +135,8 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     TypeError
         ``ds`` not a Dataset, or ``options`` not an AnalysisOptions.
     ValueError
-        A variable or dim the analysers read is missing; runs whose ``probe_tokens`` are NaN-padded (they differ in context or probe count);
-        fewer than ``options.baseline_snapshots + 1`` snapshots; or a run whose last snapshot
+        A variable or dim the analysers read is missing; runs whose ``probe_tokens`` are
+        NaN-padded (they differ in context or probe count); fewer than ``options.baseline_snapshots + 1`` snapshots; or a run whose last snapshot
         was never written (running, interrupted, failed or diverged: what training never
         reached reads as NaN), naming the selection of what it recorded.
 
@@ -190,15 +190,17 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     # are NaN (float codes), as open_sweep pads everything else. Data from open_sweep carries a
     # run coordinate, also when one run is picked with .sel(run=...), which keeps the padded
     # heads; open_run's has none and no padding, so its codes stay int8.
-    padded = RUN in ds.coords
-    out["role"] = codes.where(present) if padded else codes
+    def unpadded(x: xr.DataArray) -> xr.DataArray:
+        return x.where(present) if RUN in ds.coords else x
+
+    out["role"] = unpadded(codes)
     out["commitment_step"] = commitment_step(codes.where(present))
 
     slash = stage["slash"]
     out["slash_score"] = slash
     offset, best, dominant = slash_dominance(slash, opt, T)
     out["best_offset"], out["best_slash"] = offset, best
-    out["slash_dominant"] = dominant.where(present) if padded else dominant
+    out["slash_dominant"] = unpadded(dominant)
     out["slash_emergence_step"] = emergence_step(dominant)
     out["slash_dominant_share"] = dominant_share(dominant, present=present)
 
@@ -206,7 +208,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     out["token_share"] = share.mean("probe", skipna=True)
     out["token_ratio"] = stage["ratio"].mean("probe", skipna=True)
     tdom = token_dominant(share, threshold=opt.roles.token, run_length=opt.token_run_length)
-    out["token_dominant"] = tdom.where(present) if padded else tdom
+    out["token_dominant"] = unpadded(tdom)
     out["token_emergence_step"] = emergence_step(tdom)
     out["token_dominant_share"] = dominant_share(tdom, present=present)
 
