@@ -36,6 +36,11 @@ from dynamics.usage import (
 )
 
 
+def _predict_progress(text: str) -> None:
+    # its stages, on stderr: with --null N a predict fits N + 1 curves, half a minute of silence
+    print(f"[predict] {text}", file=sys.stderr, flush=True)
+
+
 def _progress_printer(label: str):
     """tqdm bar on a terminal, plain log lines otherwise."""
     if sys.stderr.isatty():
@@ -260,7 +265,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     try:  # every PredictError is bad input found before any model is fitted: one line, exit 2
         opts = predict.PredictOptions(target=args.target, horizons=horizons, unit=args.unit, group_by=args.group,
                                       n_splits=args.folds, use_stored_analysis=not args.recompute, null=args.null)
-        curve = predict.predict_store(args.store, opts)
+        curve = predict.predict_store(args.store, opts, progress=_predict_progress)
     except predict.PredictError as e:
         raise UsageError(str(e)) from None
     print(predict.format_curve(curve))
@@ -446,7 +451,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for target in ("role",):  # the quickstart task (induction) grows few slash heads: role is the question
         opts = predict.PredictOptions(target=target, horizons=(0.0, 0.05, 0.1, 0.2, 0.5))
         try:
-            curve = predict.predict_store(out, opts)
+            curve = predict.predict_store(out, opts, progress=_predict_progress)
         except predict.PredictError as e:  # e.g. no head became slash-dominant in this sweep
             print(f"predict --target {target}: not possible on this sweep: {e}")
             continue

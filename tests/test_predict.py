@@ -400,7 +400,11 @@ def test_the_null_check_permutes_whole_runs_between_runs_with_the_same_heads(pla
 
 def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets(planted):
     runs, opt, curve = planted
-    null = predict.predict_runs(runs, dataclasses.replace(opt, null=4))
+    said = []
+    null = predict.predict_runs(runs, dataclasses.replace(opt, null=4), progress=said.append)
+    # each stage said as it starts: with --null N, N more curves ran in silence
+    assert said[1].startswith("fitting 6 models x") and said[0].startswith(f"{len(runs)} runs, ")
+    assert said[2:] == [f"null check {i}/4: the curve on permuted final roles" for i in range(1, 5)]
     # the real curve is untouched by it
     np.testing.assert_array_equal(null.score.values, curve.score.values)
     assert null.attrs["null_permutations"] == 4

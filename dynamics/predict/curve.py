@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
 import dask
@@ -33,7 +33,7 @@ def _preload(data: xr.Dataset) -> xr.Dataset:
 
 
 def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
-                 left_out: Sequence[str] = ()) -> xr.Dataset:
+                 left_out: Sequence[str] = (), progress: Callable[[str], None] | None = None) -> xr.Dataset:
     """Targets, features at every horizon, grouped cross-validation, as one dataset.
 
     Parameters
@@ -44,6 +44,9 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     left_out : sequence of str, optional
         The store's runs not among `runs` (from `load_store`), kept as attr ``runs_left_out``
         and named by `format_curve`.
+    progress : callable, optional
+        ``progress(text)`` as each stage starts (features, fits, each null permutation): a
+        curve with ``null`` permutations fits that many more curves.
 
     Returns
     -------
@@ -69,8 +72,11 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     for k, (_, test) in enumerate(splits):
         fold_of[test] = k
 
+    say = progress or (lambda text: None)
+    say(f"{len(runs)} runs, {rows.sizes['head_row']} heads: features at {len(opt.horizons)} horizon(s)")
     init = feature_table(runs, rows, None, opt)
     tables = {h: feature_table(runs, rows, h, opt) for h in opt.horizons}
+    say(f"fitting {len(MODELS)} models x {len(splits)} folds at {len(opt.horizons)} horizon(s)")
     preds, scores = cross_validate(
         {h: t.values for h, t in tables.items()}, init.values, rows["target"].values,
         rows["row_layer"].values, splits, opt,
@@ -170,7 +176,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
                     readable_summary=answer.line, readable_criterion=CRITERION)
     if opt.null:
         ds.attrs.update(null_permutations=opt.null,
-                        null_readable=_null_readable(ds, tables, init, rows, blocks, splits, opt))
+                        null_readable=_null_readable(ds, tables, init, rows, blocks, splits, opt, say))
     if spec.task != "regression":
         ds.attrs["classes"] = classes.astype(int).tolist()
         ds.attrs["class_counts"] = [int(np.sum(rows["target"].values == c)) for c in classes]
@@ -197,7 +203,7 @@ def same_head_blocks(rows: xr.Dataset) -> list[np.ndarray]:
 
 
 def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Dataset, blocks: list[np.ndarray],
-                   splits, opt) -> int:
+                   splits, opt, say: Callable[[str], None]) -> int:
     """In how many of ``opt.null`` curves on permuted targets `judge` names a readable horizon.
 
     Each permutation gives every run's final roles, whole, to another run labelling the same
@@ -210,7 +216,8 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     features = {h: t.values for h, t in tables.items()}
     rng = np.random.default_rng(opt.random_state)
     hits = 0
-    for _ in range(opt.null):
+    for i in range(opt.null):
+        say(f"null check {i + 1}/{opt.null}: the curve on permuted final roles")
         permuted = y.copy()
         for block in blocks:  # (runs, heads)
             permuted[block.ravel()] = y[block[rng.permutation(len(block))].ravel()]
@@ -221,7 +228,8 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     return hits
 
 
-def predict_store(path: str, options: PredictOptions | None = None) -> xr.Dataset:
+def predict_store(path: str, options: PredictOptions | None = None,
+                  progress: Callable[[str], None] | None = None) -> xr.Dataset:
     """The "how early can we know" curve of one target over the completed runs of a store.
 
     Parameters
@@ -229,6 +237,8 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
     path : str
         A dynamics store with at least two completed runs in at least two groups.
     options : PredictOptions, optional
+    progress : callable, optional
+        As for `predict_runs`.
 
     Returns
     -------
@@ -276,7 +286,7 @@ def predict_store(path: str, options: PredictOptions | None = None) -> xr.Datase
     """
     opt = options or PredictOptions()
     runs, left_out = load_store(path, opt)
-    return predict_runs(runs, opt, left_out)
+    return predict_runs(runs, opt, left_out, progress)
 
 
 def derived_name(target: str) -> str:
