@@ -307,12 +307,15 @@ def test_progress_counts_only_finished_runs():
 
     log = io.StringIO()
     display = _Display(5, 1, stream=log, every=0)  # one run already finished before this launch
+    display.starting(4, 2)  # in a log, the first line came ten seconds in, with the first step report
     display.step("rb", 5, 12, 1.0)
     display.tick()
     for run_id, status in [("ra", "completed"), ("rb", "interrupted"), ("rc", "cancelled"), ("rd", "failed"),
                            ("re", "diverged")]:
         display.finished(run_id, status)
     assert log.getvalue().splitlines() == [
+        "[sweep] 4 run(s) to train on 2 worker(s), 1 of 5 already finished; a line as each ends, and the running "
+        "ones every 0 s",
         "[sweep] 1/5 finished; running: rb 5/12", "[sweep] ra completed (2/5 finished)",
         "[sweep] rb interrupted (2/5 finished)", "[sweep] rc cancelled (2/5 finished)",
         "[sweep] rd failed (2/5 finished)", "[sweep] re diverged (3/5 finished)"]
