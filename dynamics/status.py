@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 
 from dynamics import store
-from dynamics.schema import FINISHED_STATUSES
+from dynamics.schema import FINISHED_STATUSES, config_value
 
 
 def damaged_runs(path: str, ids: list[str], chunks: bool = False) -> dict[str, str]:
@@ -83,15 +83,19 @@ def row_labels(index: dict, attrs: dict[str, dict], run_ids) -> tuple[list[str],
 
     ``index``: the store's sweep index; ``attrs``: run id -> run attrs of the recorded runs that
     could be read; ``run_ids``: every run the table lists (pending ones too). The columns are the
-    sweep's axes, then the settings that tell apart runs with the same swept values
-    (:func:`setting_columns`; ``none`` where a run lacks one, blank for a run whose config is
+    sweep's axes, then the settings that tell apart runs with the same swept values, the seed
+    included unless it is an axis (:func:`setting_columns`; ``none`` where a run lacks one, blank for a run whose config is
     unknown: pending or damaged). ``dynamics status`` and the ``analyse`` table share them.
     """
     from dynamics.identity import seed_settings
 
     axes, swept = index.get("axes", []), index.get("runs", {})
     points = {r: [_cell(swept.get(r, {}).get(k, "")) for k in axes] for r in run_ids}
-    settings = {r: seed_settings(a["config"]) for r, a in attrs.items() if isinstance(a.get("config"), dict)}
+    # The seed too, unless it is an axis: runs that differ only in it (`dynamics run --set
+    # train.seed=...`, outside any sweep) were rows told apart by their hash alone.
+    seed = {} if "train.seed" in axes else {"train.seed": None}
+    settings = {r: seed_settings(a["config"]) | {k: config_value(a["config"], k) for k in seed}
+                for r, a in attrs.items() if isinstance(a.get("config"), dict)}
     extra = setting_columns(settings, points)
 
     def shown(run_id: str) -> list[str]:

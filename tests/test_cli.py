@@ -723,6 +723,23 @@ def test_a_file_url_is_checked_as_the_local_path_it_names(tiny, tmp_path, monkey
     assert sorted(p.name for p in (path / "analysis").iterdir()) == before
 
 
+def test_status_tells_apart_runs_outside_a_sweep_that_differ_only_in_their_seed(tiny, tmp_path):
+    # `dynamics run --set train.seed=5` and `=6` into one store: two rows told apart by their hash alone
+    import shutil
+
+    from dynamics.config import with_values
+    from dynamics.status import status_table
+
+    _, cfg, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    [first] = store.list_runs(s)
+    other = train_run(with_values(load_config(cfg), {"train.seed": 5}), str(s)).run_id
+    header, rows, _ = status_table(str(s))
+    assert header[:3] == ["run", "train.seed", "status"]
+    assert {r[0]: r[1] for r in rows} == {first: str(load_config(cfg).train.seed), other: "5"}
+
+
 def test_status_tells_apart_runs_at_one_swept_point_by_the_settings_that_differ(tiny, tmp_path, capsys):
     # A seed sweep from two base configs (--set train.lr=...) into one store, and a seed sweep of
     # conditioned gates beside its free runs (README, Configs): status showed only the swept columns,
