@@ -166,13 +166,20 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
     }
     times: dict[str, list[float]] = {k: [] for k in pieces}
     step_times: list[float] = []
+    def sync() -> None:  # on CUDA each piece's queued kernels landed in whichever piece synced next
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     for _ in range(calls):
+        sync()
         t0 = time.perf_counter()
         train_step()
+        sync()
         step_times.append(time.perf_counter() - t0)
         for name, (_, fn) in pieces.items():
             t0 = time.perf_counter()
             fn()
+            sync()
             times[name].append(time.perf_counter() - t0)
     writer.finalize()
     return {k: (pieces[k][0], statistics.median(v)) for k, v in times.items()}, statistics.median(step_times)
