@@ -237,8 +237,10 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     print_analysis(rows, args.store, pending=not args.run)
     if not args.run:
         print_consistency(args.store, rows)
-    print(f"analysed {sum(not r.get('skipped') for r in rows)} runs in {time.perf_counter() - t0:.1f}s "
-          f"-> {args.store} (analysis/<run_id>)")
+    if n := sum(not r.get("skipped") for r in rows):
+        print(f"analysed {n} runs in {time.perf_counter() - t0:.1f}s -> {args.store} (analysis/<run_id>)")
+    else:  # "analysed 0 runs ... -> STORE" read as if something had been written there
+        print("analysed no run: none could be (the table says why)")
     return 1 if analysis_failures(rows) else 0
 
 

@@ -445,6 +445,22 @@ def test_analyse_table_lists_the_sweep_points_not_started(tiny, tmp_path):
     assert "analysed 1 runs" in r.stdout
 
 
+def test_analyse_with_nothing_to_analyse_does_not_say_it_wrote_to_the_store(tiny, tmp_path):
+    # "analysed 0 runs in 1.3s -> STORE (analysis/<run_id>)" read as a result written there
+    import shutil
+
+    _, _, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    (rid,) = store.list_runs(s)
+    store.update_run_attrs(s, rid, status="running")  # killed outright: nothing finished to analyse
+    before = sorted(p.relative_to(s) for p in (s / "analysis").rglob("*"))
+    r = cli_in_process("analyse", s, "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "analysed no run: none could be (the table says why)"
+    assert sorted(p.relative_to(s) for p in (s / "analysis").rglob("*")) == before
+
+
 def test_gates_on_a_killed_run_names_it_stopped_not_running(tiny, tmp_path):
     # A run killed outright still says "running" in its attrs; gates' note repeated that, while
     # `dynamics status` calls it "stopped" (nothing trains it).
