@@ -183,3 +183,29 @@ def threaded_cluster():
                       scheduler_kwargs={"dashboard_address": ":0"}, silence_logs=logging.ERROR) as cluster:
         yield cluster.scheduler_address
     torch.set_num_threads(threads)  # run_point limits torch to one thread in its worker
+
+
+@pytest.fixture(autouse=True)
+def no_dask_client_left_behind():
+    """Close any Dask client a test left as dask's default.
+
+    A task that talks to the scheduler (run_point's stop Event) makes its worker a client, set as
+    the default; in a threaded cluster that is this process's default, and a launcher's client that
+    failed to close stays one. Left behind, a later test's plain .load() went to a closed cluster
+    and waited for ever (the suite hung once in test_train, after the sweep tests).
+    """
+    from distributed import default_client
+
+    def current():
+        try:
+            return default_client()
+        except ValueError:
+            return None
+
+    before = current()  # a module's own cluster client (test_sweep_distributed) stays
+    yield
+    for _ in range(8):
+        leftover = current()
+        if leftover is None or leftover is before:
+            break
+        leftover.close()
