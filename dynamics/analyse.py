@@ -268,7 +268,7 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
     from dynamics import store
     from dynamics.analysis import cross_seed_consistency
     from dynamics.analysis.pipeline import is_current
-    from dynamics.identity import differing_settings, experiment_identity, seed_settings
+    from dynamics.identity import differing_settings, seed_group, seed_settings
 
     index = store.read_sweep_index(path) or {}
     axes = [a for a in index.get("axes", []) if a != "train.seed"]
@@ -285,8 +285,7 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
             continue
         kept.append(run_id)
         stored = attrs["config"]
-        config = experiment_identity(stored, without_seed=True)
-        group = "config " + hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
+        group = "config " + hashlib.sha1(seed_group(stored).encode()).hexdigest()[:8]
         if axes and run_id in index.get("runs", {}):
             values = index["runs"][run_id]
             labels[group] = json.dumps({a: values.get(a) for a in axes}, sort_keys=True)

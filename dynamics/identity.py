@@ -26,6 +26,12 @@ def experiment_identity(config: dict, *, without_seed: bool = False) -> dict:
     return d
 
 
+def seed_group(config: dict) -> str:
+    """A key equal for exactly the runs that are seeds of one config (JSON of its identity
+    without the seed): cross-seed consistency's groups."""
+    return json.dumps(experiment_identity(config, without_seed=True), sort_keys=True)
+
+
 def seed_settings(config: dict) -> dict[str, Any]:
     """A run's config (``RunConfig.to_dict()`` or its stored ``config`` attr) as flat
     ``{"section.key": value}`` settings, less the sweep table, :data:`EXECUTION_KEYS` and the seed:

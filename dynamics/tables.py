@@ -36,10 +36,9 @@ def _seed_groups(path: str, run_ids: list[str]) -> dict[str, int]:
     """Each run's number of runs (itself included) among ``run_ids`` that differ from it at most in
     their seed (and where they ran): its cross-seed group. A run whose attrs cannot be read is left out."""
     import collections
-    import json
 
     from dynamics import store
-    from dynamics.identity import experiment_identity
+    from dynamics.identity import seed_group
 
     key = {}
     for rid in run_ids:
@@ -47,7 +46,7 @@ def _seed_groups(path: str, run_ids: list[str]) -> dict[str, int]:
             config = store.run_attrs(path, rid).get("config", {})
         except store.StoreError:
             continue
-        key[rid] = json.dumps(experiment_identity(config, without_seed=True), sort_keys=True)
+        key[rid] = seed_group(config)
     counts = collections.Counter(key.values())
     return {rid: counts[k] for rid, k in key.items()}
 
