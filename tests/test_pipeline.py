@@ -386,7 +386,7 @@ def test_analysis_options_refuse_what_no_analyser_can_use():
     with pytest.raises(ValueError, match=r"roles.slash_max_offset 0 leaves slash-dominance no offsets"):
         pipeline.AnalysisOptions(roles=RoleThresholds(slash_min_offset=0, slash_max_offset=0))
     for kw, needle in [({"kappa": 0.0}, "kappa must be in"), ({"kappa": 1.5}, "kappa must be in"),
-                       ({"max_offset": 0}, "max_offset must be >= 1"), ({"baseline_snapshots": 0}, "baseline_snapshots"),
+                       ({"max_offset": 0}, "max_offset must be >= 1"), ({"baseline_snapshots": 1}, r"baseline_snapshots must be >= 2; got 1"),
                        ({"cluster_threshold": float("nan")}, "cluster_threshold must be > 0"),
                        ({"slash_min_offset": -1}, "slash_min_offset must be >= 0")]:
         with pytest.raises(ValueError, match=needle):

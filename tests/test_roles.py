@@ -293,3 +293,23 @@ def test_probes_long_enough_keep_every_positional_role():
     scores = role_scores(attn, xr.DataArray(np.arange(T)[None], dims=("probe", "position")))
     assert scores["sink"].item() == 1.0 and role_names(assign_roles(scores)).item() == "sink"
     assert not any(np.isnan(scores[r]).any() for r in ("previous_token", "self", "slash", "local"))
+
+
+@pytest.mark.parametrize("window", [14, 15, None])
+def test_a_wide_slash_window_drops_only_the_offsets_a_sink_passes(window):
+    # Over 16 positions a sink scores slash(14) = 1/2 and slash(15) = 1: a window reaching them
+    # once blanked the slash role of every head, so a clean offset-3 slash head read "none".
+    T = 16
+    slash = np.zeros((T, T))
+    slash[np.arange(3, T), np.arange(T - 3)] = 1
+    slash[:3, 0] = 1
+    sink = np.zeros((T, T))
+    sink[:, 0] = 1
+    attn = xr.DataArray(np.stack([slash, sink])[None, None, :, None], dims=DIMS)
+    scores = role_scores(attn, xr.DataArray(np.arange(T)[None], dims=("probe", "position")),
+                         RoleThresholds(slash_max_offset=window))
+    assert scores["slash_offset"].values.ravel().tolist()[0] == 3.0
+    assert scores["slash"].values.ravel()[0] == 1.0
+    # the sink's best slash offset is then the widest one it cannot pass: 13, where it scores 1/3
+    np.testing.assert_allclose(scores["slash"].values.ravel()[1], 1 / 3 if window else 1 / (T - 8))
+    assert role_names(assign_roles(scores)).ravel().tolist() == ["slash", "sink"]

@@ -26,6 +26,7 @@ from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, role_sc
 from dynamics.analysis.slash import (
     DEFAULT_KAPPA,
     best_offset,
+    confounded_offsets,
     dominant_share,
     emergence_step,
     slash_dominant,
@@ -78,9 +79,11 @@ class AnalysisOptions:
             # analyse_run raised "no offsets in [1, 0]" on the first run instead
             raise ValueError(f"AnalysisOptions: roles.slash_max_offset {window} leaves slash-dominance no offsets "
                              f"(it starts at slash_min_offset {self.slash_min_offset})")
-        for name in ("max_offset", "token_run_length", "baseline_snapshots"):
+        for name in ("max_offset", "token_run_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AnalysisOptions.{name} must be >= 1; got {getattr(self, name)!r}")
+        if self.baseline_snapshots < 2:  # a noise band needs a spread: analyse_run failed on the first run
+            raise ValueError(f"AnalysisOptions.baseline_snapshots must be >= 2; got {self.baseline_snapshots!r}")
         if not self.cluster_threshold > 0:
             raise ValueError(f"AnalysisOptions.cluster_threshold must be > 0; got {self.cluster_threshold!r}")
 
@@ -282,23 +285,13 @@ def _refuse_unwritten(ds: xr.Dataset) -> None:
 
 
 def uninformative_offsets(n_query: int, opt: AnalysisOptions) -> list[int]:
-    """Offsets of the slash-dominance window at which no pattern, or a sink, already reaches kappa.
-
-    Over T positions uniform causal attention scores ``mean_{i >= delta} 1 / (i + 1)`` at offset
-    delta, and attention wholly on the first token scores ``1 / (T - delta)``. Where either
-    reaches kappa, ``slash_score(delta) >= kappa`` cannot tell a slash from no pattern or from a
-    sink: at kappa = 0.5 every uniform head was slash-dominant at T = 2, and every sink head at
-    T = 3 and 4. This is the slash and previous-token roles' rule (`roles.role_scores`), so only
-    contexts of 4 or less lose offsets at the defaults.
+    """Offsets of the slash-dominance window at which no pattern, or a sink, already reaches kappa
+    (`dynamics.analysis.slash.confounded_offsets`): at kappa = 0.5 every uniform head was
+    slash-dominant at T = 2, and every sink head at T = 3 and 4. The slash role leaves out the
+    same offsets of the same window (`roles.role_scores`), so only contexts of 4 or less lose
+    offsets at the defaults.
     """
-    window = opt.slash_window(n_query)
-    if opt.slash_min_offset > window:
-        return []
-    i = np.arange(n_query)
-    delta = np.arange(opt.slash_min_offset, window + 1)
-    uniform = np.array([np.mean(1.0 / (i[d:] + 1)) for d in delta])
-    first = 1.0 / (n_query - delta)
-    return [int(d) for d in delta[(uniform >= opt.kappa) | (first >= opt.kappa)]]
+    return confounded_offsets(n_query, range(opt.slash_min_offset, opt.slash_window(n_query) + 1), opt.kappa)
 
 
 def slash_dominance(slash: xr.DataArray, opt: AnalysisOptions, n_query: int):

@@ -29,7 +29,7 @@ import numpy as np
 import xarray as xr
 from scipy.special import entr
 
-from dynamics.analysis.slash import _check_square, best_offset, slash_score, token_share
+from dynamics.analysis.slash import _check_square, best_offset, confounded_offsets, slash_score, token_share
 from dynamics.schema import KEY, OFFSET, POSITION, PROBE, QUERY
 
 __all__ = [
@@ -81,7 +81,8 @@ class RoleThresholds:
     """Mean share of attention on visible occurrences of `token_id`. The post uses 50%."""
     local: float = 0.8
     """Mean attention mass within offsets 0..local_width-1. Uniform causal attention gives
-    about local_width * ln(T / local_width) / T."""
+    w (H_T - H_w) / (T - w), with w = local_width and H_n the n-th harmonic number: about
+    w ln(T / w) / T for long probes."""
     diffuse: float = 0.8
     """Mean normalised entropy H(A[i, :]) / ln(i + 1). Uniform causal attention gives 1."""
     slash_min_offset: int = 2
@@ -296,10 +297,13 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
 
     All scores lie in [0, 1]. They are NaN for NaN-padded heads; ``slash`` (with
     ``slash_offset``) and ``local`` are NaN where the probes are too short for their offsets,
-    and each positional role (previous_token, self, slash, sink, local) is NaN where uniform
+    and each positional role (previous_token, self, sink, local) is NaN where uniform
     causal attention over the probe's T positions, or (for all but sink) attention wholly on
     the first token, already reaches its threshold (sink for T <= 9, self for T <= 4,
-    previous_token for T <= 3, slash at T = 4): such probes cannot tell that role from no pattern, or from a sink.
+    previous_token for T <= 3): such probes cannot tell that role from no pattern, or from a
+    sink. ``slash`` leaves out, offset by offset, those where either does
+    (`dynamics.analysis.slash.confounded_offsets`: at the default window, its one offset at
+    T = 4; a window reaching T - 2, its last offsets at any T), and is NaN when none is left.
 
     Returning a Dataset rather than a DataArray stacked on a "role" dim keeps ``slash_offset``,
     which is not a score, next to the scores. It also lets each score carry its own attrs.
@@ -340,7 +344,11 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
     # probes can show.
     unscored = xr.full_like(diagonals.isel({OFFSET: 0}, drop=True), np.nan)
     if thresholds.slash_min_offset <= max_offset:
-        slash_offset, slash = best_offset(diagonals, thresholds.slash_min_offset, max_offset)
+        # Offset by offset, as slash-dominance does: a wide window's last offsets, which any
+        # sink passes, must not blank the offsets a slash head can be told apart at.
+        lost = confounded_offsets(n, range(thresholds.slash_min_offset, max_offset + 1), thresholds.slash)
+        told = diagonals.where(~diagonals[OFFSET].isin(lost))  # (..., offset), NaN where any head passes
+        slash_offset, slash = best_offset(told, thresholds.slash_min_offset, max_offset)
     else:
         slash_offset, slash = unscored, unscored
     scores = _unless_confounded({
@@ -368,18 +376,17 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
 
 
 # Roles read from positions alone: on short probes a head with no such pattern can pass them.
-_POSITIONAL_ROLES = ("previous_token", "self", "slash", "sink", "local")
+# (slash is masked offset by offset in `role_scores`, not here as a whole)
+_POSITIONAL_ROLES = ("previous_token", "self", "sink", "local")
 
 
 def _positional_baselines(attn: xr.DataArray, max_offset: int, thresholds: RoleThresholds) -> dict[str, float]:
     """The positional role scores of one (probe, query, key) pattern."""
     n = attn.sizes[QUERY]
     diagonals = slash_score(attn, max_offset=max_offset)
-    window = slice(thresholds.slash_min_offset, max_offset)
     return {
         "previous_token": diagonals.sel({OFFSET: 1}).item(),
         "self": diagonals.sel({OFFSET: 0}).item(),
-        "slash": diagonals.sel({OFFSET: window}).max().item() if thresholds.slash_min_offset <= max_offset else np.nan,
         "sink": sink_score(attn).item(),
         "local": local_score(attn, thresholds.local_width).item() if thresholds.local_width < n else np.nan,
     }
@@ -391,8 +398,7 @@ def _unless_confounded(scores: dict, n: int, max_offset: int, thresholds: RoleTh
 
     Probes that short cannot tell such a head from no pattern, or from a sink: alpha_0 = H_T / T
     reaches the sink threshold 0.3 up to T = 9 and self's 0.5 up to T = 4, so every head read
-    "sink" there; at T = 4 a sink head scores slash(2) = 0.5, and at T <= 3 previous_token(1) = 0.5.
-    NaN never passes.
+    "sink" there; at T <= 3 a sink head scores previous_token(1) = 0.5. NaN never passes.
     """
     keep = np.tril(np.ones((n, n)))
     uniform = xr.DataArray((keep / keep.sum(1, keepdims=True))[None], dims=(PROBE, QUERY, KEY))  # (1, T, T)
@@ -404,8 +410,6 @@ def _unless_confounded(scores: dict, n: int, max_offset: int, thresholds: RoleTh
         limit = getattr(thresholds, role)
         if by_uniform[role] >= limit or (role != "sink" and by_first[role] >= limit):
             out[role] = xr.full_like(scores[role], np.nan)
-            if role == "slash":
-                out["slash_offset"] = xr.full_like(scores["slash_offset"], np.nan)
     return out
 
 

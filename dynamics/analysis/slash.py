@@ -20,6 +20,8 @@ computed eagerly: dask-backed inputs give dask-backed outputs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import xarray as xr
 
@@ -135,6 +137,29 @@ def _offset_window(scores: xr.DataArray, min_offset: int, max_offset: int | None
             f"{int(scores[OFFSET].min())}..{int(scores[OFFSET].max())}"
         )
     return window
+
+
+def confounded_offsets(n_query: int, offsets: Iterable[int], threshold: float) -> list[int]:
+    """The `offsets` at which a head with no pattern, or a sink, already scores ``threshold``.
+
+    Over T = `n_query` positions, uniform causal attention scores ``mean_{i >= delta} 1 / (i + 1)``
+    at offset delta, and attention wholly on the first token ``1 / (T - delta)`` (its one entry
+    on that diagonal, at query delta). Where either reaches the threshold, ``slash_score(delta)``
+    cannot tell a slash from no pattern or from a sink, so readers leave those offsets out: the
+    slash role and slash-dominance alike. At the defaults (threshold 0.5, window up to T // 2)
+    only contexts of 4 or less lose offsets; a window reaching T - 2 loses its last offsets at
+    any T.
+
+    Examples
+    --------
+    >>> confounded_offsets(16, range(2, 15), 0.5)
+    [14]
+    >>> confounded_offsets(4, [2], 0.5)
+    [2]
+    """
+    i = np.arange(n_query)
+    return [int(d) for d in offsets
+            if np.mean(1.0 / (i[d:] + 1)) >= threshold or 1.0 / (n_query - d) >= threshold]
 
 
 def best_offset(
