@@ -424,6 +424,77 @@ def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets
         dataclasses.replace(opt, null=-1)
 
 
+def test_a_null_permutation_moves_every_run_uniformly_over_such():
+    from dynamics.predict.curve import derangement
+
+    rng = np.random.default_rng(0)
+    draws = [tuple(derangement(3, rng)) for _ in range(2000)]
+    # of 3! orders, (1, 2, 0) and (2, 0, 1) leave no index in place; a plain shuffle drew the other 4 too
+    assert set(draws) == {(1, 2, 0), (2, 0, 1)}
+    assert abs(draws.count((1, 2, 0)) / len(draws) - 0.5) < 0.05
+    assert all(tuple(derangement(2, rng)) == (1, 0) for _ in range(5))
+    with pytest.raises(ValueError, match="no derangement of 1 item"):
+        derangement(1, rng)
+
+
+def test_the_null_check_in_blocks_of_two_runs_gives_no_run_its_own_targets():
+    # 8 runs, each pair missing another head at the end, so 4 blocks of 2 runs. A plain shuffle
+    # left one run of a block its own fates in half the permutations, and with them its plant:
+    # the criterion fired on 4 of 6 "null" curves.
+    runs = []
+    rng = np.random.default_rng(0)
+    for seed in range(8):
+        ds = make_run(seed, rng.random((L, H)) < 0.5)
+        a = ds["attention"].values.astype(np.float32)
+        a[-1, 1, seed // 2] = np.nan
+        runs.append(Run(f"r{seed}", ds.assign(attention=(ds["attention"].dims, a)), seed=seed, config="base"))
+    opt = PredictOptions(target="slash", horizons=(0.0, 0.1), null=6, **FAST)
+    assert [b.shape for b in predict.same_head_blocks(predict.target_table(runs, opt))] == [(2, L * H - 1)] * 4
+    curve = predict.predict_runs(runs, opt)
+    assert curve.attrs["readable_horizon"] == 0.1
+    assert curve.attrs["null_readable"] == 0 and curve.attrs["null_left_out_runs"] == 0
+
+
+def test_a_run_with_no_peer_is_left_out_of_the_null_check(planted):
+    from dynamics.predict.curve import null_folds
+
+    runs, opt, _ = planted
+    lone = runs[0].data.copy()
+    a = lone["attention"].values.astype(np.float32)
+    a[-1, 0, 0] = np.nan  # its head (0, 0) unlabelled: no other run labels the same heads
+    runs = [Run(runs[0].run_id, lone.assign(attention=(lone["attention"].dims, a)), seed=runs[0].seed,
+                config=runs[0].config)] + runs[1:]
+    rows = predict.target_table(runs, opt)
+    blocks = predict.same_head_blocks(rows)
+    splits = predict.group_splits(rows.row_group.values, opt.n_splits)
+    keep, folds = null_folds(blocks, splits, rows.sizes["head_row"])
+    assert set(rows.row_run.values[keep]) == {r.run_id for r in runs[1:]}
+    assert len(folds) == len(splits)
+    # renumbered into the kept rows, each fold holds the kept rows it held before
+    for (train, test), (new_train, new_test) in zip(splits, folds, strict=True):
+        assert keep[new_test].tolist() == [i for i in test if i in set(keep)]
+        assert keep[new_train].tolist() == [i for i in train if i in set(keep)]
+    curve = predict.predict_runs(runs, dataclasses.replace(opt, null=2))
+    assert curve.attrs["null_left_out_runs"] == 1 and curve.attrs["null_readable"] == 0
+    assert predict.format_curve(curve).splitlines()[-1].endswith(
+        "(1 run labelling heads no other run labels left out of it)")
+
+
+def test_a_null_check_whose_runs_fill_one_fold_is_refused_before_any_fit(planted, monkeypatch):
+    from dynamics.predict import curve as curve_module
+
+    runs, opt, _ = planted
+    rows = predict.target_table(runs, opt)
+    _, test = predict.group_splits(rows.row_group.values, opt.n_splits)[0]
+    one_fold = [np.stack([np.flatnonzero(rows.row_run.values == r) for r in dict.fromkeys(rows.row_run.values[test])])]
+    monkeypatch.setattr(curve_module, "same_head_blocks", lambda rows: one_fold)  # peers all in fold 0: no fold trains on one
+    monkeypatch.setattr(curve_module, "cross_validate", lambda *a, **k: pytest.fail("fitted before refusing"))
+    with pytest.raises(predict.PredictError, match=(
+            "^null check: the runs that share their heads with another run leave 0 of 5 folds with both training "
+            "and test runs; it needs 2$")):
+        predict.predict_runs(runs, dataclasses.replace(opt, null=2))
+
+
 def test_a_null_check_with_nothing_to_permute_is_refused_before_any_fit(planted, monkeypatch):
     from dynamics.predict import curve as curve_module
 

@@ -68,6 +68,11 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         raise PredictError("null check: no two runs label the same heads, so there is nothing to permute")
     groups = rows["row_group"].values
     splits = group_splits(groups, opt.n_splits)
+    if opt.null:
+        null_rows, null_splits = null_folds(blocks, splits, rows.sizes["head_row"])
+        if len(null_splits) < 2:  # judge names nothing over fewer than 2 folds: 0 of N would say nothing
+            raise PredictError(f"null check: the runs that share their heads with another run leave {len(null_splits)} "
+                               f"of {len(splits)} folds with both training and test runs; it needs 2")
     fold_of = np.empty(rows.sizes["head_row"], dtype=np.int64)
     for k, (_, test) in enumerate(splits):
         fold_of[test] = k
@@ -176,7 +181,8 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
                     readable_summary=answer.line, readable_criterion=CRITERION)
     if opt.null:
         ds.attrs.update(null_permutations=opt.null,
-                        null_readable=_null_readable(ds, tables, init, rows, blocks, splits, opt, say))
+                        null_readable=_null_readable(ds, tables, init, rows, blocks, null_rows, null_splits, opt, say),
+                        null_left_out_runs=len(run_ids) - sum(len(b) for b in blocks))
     if spec.task != "regression":
         ds.attrs["classes"] = classes.astype(int).tolist()
         ds.attrs["class_counts"] = [int(np.sum(rows["target"].values == c)) for c in classes]
@@ -202,26 +208,60 @@ def same_head_blocks(rows: xr.Dataset) -> list[np.ndarray]:
     return [np.stack(group) for group in by_heads.values() if len(group) > 1]
 
 
+def derangement(n: int, rng: np.random.Generator) -> np.ndarray:
+    """A permutation of ``range(n)`` that moves every index (n >= 2), uniform over all such.
+
+    Drawn by rejection from plain shuffles: about e of them per draw, since the share of
+    permutations with no fixed point tends to 1/e. A plain shuffle left a run its own targets
+    with probability 1 - 1/e per block (one run of a block of 2 in every second permutation), and
+    with them its own signal, in the null.
+    """
+    if n < 2:
+        raise ValueError(f"no derangement of {n} item(s)")
+    while True:
+        order = rng.permutation(n)
+        if (order != np.arange(n)).all():
+            return order
+
+
+def null_folds(blocks: list[np.ndarray], splits, n_rows: int) -> tuple[np.ndarray, list]:
+    """The rows the null check fits (those of `blocks`), and the folds over them.
+
+    A run that labels heads no other run labels has no one to trade targets with: kept, its rows
+    would carry their real targets, and their signal, into every null curve, so they are left out.
+    Folds keep their membership, renumbered into the kept rows; a fold left with no test or no
+    training row is dropped.
+    """
+    keep = np.sort(np.concatenate([b.ravel() for b in blocks]))
+    index = np.full(n_rows, -1)
+    index[keep] = np.arange(keep.size)
+    folds = [(index[train][index[train] >= 0], index[test][index[test] >= 0]) for train, test in splits]
+    return keep, [(train, test) for train, test in folds if train.size and test.size]
+
+
 def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Dataset, blocks: list[np.ndarray],
-                   splits, opt, say: Callable[[str], None]) -> int:
+                   keep: np.ndarray, splits, opt, say: Callable[[str], None]) -> int:
     """In how many of ``opt.null`` curves on permuted targets `judge` names a readable horizon.
 
     Each permutation gives every run's final roles, whole, to another run labelling the same
-    heads (``blocks``, from :func:`same_head_blocks`): a head keeps its layer and position (the
-    layer prior still holds), but its target no longer comes from its own training, which every
-    early model, and every init baseline, reads. The folds, features and criterion are the real curve's.
+    heads (``blocks``, from :func:`same_head_blocks`; a `derangement`, so no run keeps its own): a
+    head keeps its layer and position (the layer prior still holds), but its target no longer
+    comes from its own training, which every early model, and every init baseline, reads. The
+    features and criterion are the real curve's, and so are the folds, over the rows ``keep``
+    (`null_folds`: runs with no peer left out).
     """
     y = rows["target"].values
     spec, ceiling, labels = TARGETS[opt.target], ceiling_horizons(ds), _readable_labels(ds)
-    features = {h: t.values for h, t in tables.items()}
+    features = {h: t.values[keep] for h, t in tables.items()}
+    init_kept, layer = init.values[keep], rows["row_layer"].values[keep]
     rng = np.random.default_rng(opt.random_state)
     hits = 0
     for i in range(opt.null):
         say(f"null check {i + 1}/{opt.null}: the curve on permuted final roles")
         permuted = y.copy()
         for block in blocks:  # (runs, heads)
-            permuted[block.ravel()] = y[block[rng.permutation(len(block))].ravel()]
-        _, scores = cross_validate(features, init.values, permuted, rows["row_layer"].values, splits, opt)
+            permuted[block.ravel()] = y[block[derangement(len(block), rng)].ravel()]
+        _, scores = cross_validate(features, init_kept, permuted[keep], layer, splits, opt)
         summary = _summary(scores)
         hits += judge(opt.horizons, summary[..., 0], summary[..., 1], spec.metric, models=MODELS, ceiling=ceiling,
                       labels=labels).horizon is not None
@@ -277,7 +317,10 @@ def predict_store(path: str, options: PredictOptions | None = None,
         command prints), readable_criterion, features (those with a value for some head at some
         horizon), init_features (with a value at initialisation), features_empty (computed for
         every run but without a value at any horizon, so no model used them), target_sources,
-        options, classes / class_counts (classification), class_names (role, chg).
+        options, classes / class_counts (classification), class_names (role, chg); with
+        ``options.null``: null_permutations, null_readable (in how many of them the criterion
+        named a horizon), null_left_out_runs (runs labelling heads no other run labels, left
+        out of the null fits).
 
     Example
     -------
@@ -420,7 +463,10 @@ def format_curve(curve: xr.Dataset) -> str:
     lines += [answer.line, _criterion_line(curve, capped)] if answer.judged else [answer.line]
     if a.get("null_permutations"):
         k, n = a["null_readable"], a["null_permutations"]
+        left = a.get("null_left_out_runs", 0)
         lines.append(f"null check: with each run's final roles given whole to another run with the same heads, the "
                      f"criterion named a readable horizon in {k} of {n} permutations ({k / n:.0%}): how often it reads "
-                     f"one on these runs where there is nothing to read")
+                     f"one on these runs where there is nothing to read" + (
+                         f" ({left} run{'s' if left > 1 else ''} labelling heads no other run labels left out of it)"
+                         if left else ""))
     return "\n".join(lines)

@@ -110,9 +110,10 @@ class PredictOptions:
     """Seed of the boosting models, and of the null check's permutations."""
     null: int = 0
     """Null check: also run the curve this many times on targets permuted between runs with the
-    same heads (each run's final roles given whole to another run), and count how often the
-    "how early" criterion names a readable horizon: its false-alarm rate on these runs, where
-    there is nothing to read. Each permutation costs about one curve's fitting time. 0: off."""
+    same heads (each run's final roles given whole to another run: none keeps its own, and runs
+    whose heads no other run labels are left out), and count how often the "how early"
+    criterion names a readable horizon: its false-alarm rate on these runs, where there is
+    nothing to read. Each permutation costs about one curve's fitting time. 0: off."""
 
     def __post_init__(self):
         if self.target not in TARGETS:
