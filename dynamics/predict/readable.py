@@ -20,7 +20,7 @@ so their scores are not independent, and an sd over 2 or 3 folds is itself rough
 is computed and none is claimed; more seeds (more folds) are what narrows the bands. How often
 the criterion fires where there is nothing to read is measured, on the runs at hand, by the
 null check (``PredictOptions.null``, ``dynamics predict --null N``): with 3 folds and a few
-horizons and models to try, it is not rare.
+horizons and models to try, it need not be zero (README, "Predicting a head's final role").
 """
 
 from __future__ import annotations
