@@ -61,11 +61,27 @@ def checkpoint_bytes(state: dict) -> bytes:
 
 
 def load_checkpoint(path: str, run_id: str) -> dict | None:
-    """The run's checkpoint dict (the inverse of :func:`checkpoint_bytes`), or None if it has none."""
+    """The run's checkpoint dict (the inverse of :func:`checkpoint_bytes`), or None if it has none.
+
+    Raises StoreError naming the run when the file is there but torch cannot read it: it is
+    written atomically, so only damage from outside (a truncated copy, a disk error) does that,
+    and a traceback from deep in torch's unpickler named neither the run nor the file.
+    """
     blob = store.read_checkpoint(path, run_id)
-    # Loaded on the CPU: load_state_dict copies into tensors already on the device, and the RNG
-    # state must stay a CPU ByteTensor for torch.set_rng_state.
-    return None if blob is None else torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+    if blob is None:
+        return None
+    try:
+        # Loaded on the CPU: load_state_dict copies into tensors already on the device, and the
+        # RNG state must stay a CPU ByteTensor for torch.set_rng_state.
+        ckpt = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - zip, pickle and EOF errors alike: the bytes are not a checkpoint
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise store.StoreError(f"run {run_id}'s checkpoint in {path} is damaged ({len(blob):,} bytes that torch "
+                               f"cannot load: {reason}); its recorded arrays are untouched") from e
+    if not isinstance(ckpt, dict) or "step" not in ckpt:
+        raise store.StoreError(f"run {run_id}'s checkpoint in {path} is damaged (it loads, but holds no training "
+                               f"state); its recorded arrays are untouched")
+    return ckpt
 
 
 @torch.no_grad()

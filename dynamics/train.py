@@ -224,7 +224,7 @@ def train_run(
     ------
     StoreError
         Before anything is trained or written: the run exists with another config or was
-        recorded on other data, or another process is training it now.
+        recorded on other data, its checkpoint is damaged, or another process is training it now.
     ConfigError
         Before anything is written: a field of ``cfg`` of the wrong type or value; an
         ``extra_attrs`` key of `OWN_ATTRS`; the run, unless finished, cannot fit in memory
@@ -252,6 +252,8 @@ def train_run(
         return _skipped(run_id, prior)
     hash_now = data_hash(cfg)
     _refuse_other_data(prior, cfg, path, run_id, hash_now)
+    if prior:
+        checkpoint.load_checkpoint(path, run_id)  # damaged: StoreError, here before the lock as well
     # a caller's no_grad or inference_mode (thread-local) would fail the run at its first backward
     threads = torch.get_num_threads()
     try:
@@ -356,6 +358,9 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         "steps_total": cfg.train.steps,
     }
     base_attrs.update(extra_attrs or {})
+    # Read before anything is written: a damaged checkpoint is refused (StoreError naming it), where
+    # inside the try below it was recorded as the run failing, its status rewritten
+    ckpt = checkpoint.load_checkpoint(path, run_id) if existing else None
     try:
         device = torch.device(cfg.train.device)
         if device.type == "cpu":
@@ -372,7 +377,6 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         recorder = Recorder(cfg, device)
 
         start = 0
-        ckpt = checkpoint.load_checkpoint(path, run_id) if existing else None
         if ckpt is not None:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])

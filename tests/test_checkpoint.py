@@ -114,3 +114,32 @@ def test_loading_a_run_trained_through_forward_hooks_needs_bare(tmp_path):
         load_run_model(path)
     model, got, step = load_run_model(path, bare=True)
     assert got == cfg and step == cfg.train.steps
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_path, damage):
+    # torch's unpickler raised from deep inside: `dynamics run` recorded the run as failed (its
+    # status and traceback rewritten) and `dynamics gates` printed 25 lines, naming no file
+    from pathlib import Path
+
+    from tests.conftest import cli_in_process, interrupt_at
+
+    toml = tmp_path / "t.toml"
+    toml.write_text(TINY.format(steps=40, every=10))
+    cfg, path = load_config(toml), str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))
+    ckpt = Path(path, "checkpoints", cfg.run_id(), "ckpt.pt")
+    ckpt.write_bytes(ckpt.read_bytes()[:100] if damage == "truncated" else b"")
+    Path(path, "checkpoints", cfg.run_id(), "train.lock").write_text('{"pid": 1, "host": "earlier"}')
+    before = {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
+    for args in (["run", toml, "--out", path], ["gates", path, "--steps", "2", "--init-steps", "1"]):
+        done = cli_in_process(*args)
+        assert done.returncode == 2, done.stderr
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"dynamics: error: run {cfg.run_id()}'s checkpoint in {path} is damaged (")
+        assert line.endswith("its recorded arrays are untouched")
+    assert {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()} == before
+    assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"
+    with pytest.raises(store.StoreError, match="checkpoint in .* is damaged"):
+        load_run_model(path, cfg.run_id())
