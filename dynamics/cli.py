@@ -169,7 +169,7 @@ def _run_failed(out: str, run_id: str, e: BaseException) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     check_not_swept(cfg, args.set)
-    check_workers(args.workers)
+    check_workers(args.workers, args.scheduler)
     if not args.scheduler:  # an existing cluster's workers may have the GPUs this machine lacks
         check_devices(cfg)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"

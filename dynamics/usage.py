@@ -216,10 +216,13 @@ def check_not_swept(cfg, overrides: list[str]) -> None:
                              f"point of the grid; to change them, --set 'sweep.{outer}=[...]'")
 
 
-def check_workers(workers: int | None) -> None:
-    """--workers, where given, is a positive count."""
+def check_workers(workers: int | None, scheduler: str | None = None) -> None:
+    """--workers, where given, is a positive count, and sizes a cluster of ours, not --scheduler's."""
     if workers is not None and workers < 1:
         raise UsageError(f"--workers: must be >= 1, got {workers}")
+    if workers is not None and scheduler:  # it was ignored there, and the first line named it all the same
+        raise UsageError(f"--workers {workers}: sizes the cluster a sweep starts itself; with --scheduler the runs "
+                         f"go to that cluster's own workers (give one of the two)")
 
 
 def check_not_in_store(p: Path, flag: str) -> None:

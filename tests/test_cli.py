@@ -51,6 +51,10 @@ def tiny(tmp_path_factory):
     (["sweep", "{cfg}", "--out", "{d}/new2.zarr", "--scheduler", "{d}/nofile.json"],
      "neither an address (tcp://host:port) nor a scheduler file"),
     (["demo", "--workers", "0", "--out", "{d}/new3.zarr"], "--workers: must be >= 1, got 0"),
+    # ignored there, while the first line named "7 worker(s)" for a cluster of one
+    (["sweep", "{cfg}", "--out", "{d}/new5.zarr", "--scheduler", "tcp://127.0.0.1:1", "--workers", "7"],
+     "--workers 7: sizes the cluster a sweep starts itself; with --scheduler the runs go to that cluster's own "
+     "workers (give one of the two)"),
     (["demo", "--workers", "-1", "--out", "{d}/new3.zarr"], "--workers: must be >= 1, got -1"),
     (["report", "{path}", "--out", "{d}/afile/x"], "afile is a file, not a directory"),
     (["gates", "{path}", "--lam", "nan"], "--lam: give |lambda|"),

@@ -319,6 +319,9 @@ def test_progress_counts_only_finished_runs():
         "[sweep] 1/5 finished; running: rb 5/12", "[sweep] ra completed (2/5 finished)",
         "[sweep] rb interrupted (2/5 finished)", "[sweep] rc cancelled (2/5 finished)",
         "[sweep] rd failed (2/5 finished)", "[sweep] re diverged (3/5 finished)"]
+    given = io.StringIO()
+    _Display(2, 0, stream=given, every=0).starting(2, "tcp://10.0.0.5:8786")  # its size is the cluster's own
+    assert given.getvalue().startswith("[sweep] 2 run(s) to train on the cluster at tcp://10.0.0.5:8786, 0 of 2 ")
     term = io.StringIO()
     bars = _Bars(5, 1, stream=term)
     bars.finished("ra", "completed")

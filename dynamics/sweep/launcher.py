@@ -236,7 +236,7 @@ def run_sweep(
             if todo:
                 n = min(workers or default_workers(), len(todo))
                 display = _display(progress, len(points), len(summary.skipped))
-                display.starting(len(todo), n)
+                display.starting(len(todo), scheduler or n)  # a given cluster's size is its own
                 results = _launch(todo, path, scheduler, n, display, cwd)
                 for r in results:
                     summary.counts[r["status"]] = summary.counts.get(r["status"], 0) + 1

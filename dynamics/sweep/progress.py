@@ -24,10 +24,11 @@ class _Display:
         self.steps: dict[str, tuple[int, int]] = {}
         self.last = time.monotonic()
 
-    def starting(self, todo: int, workers: int) -> None:
+    def starting(self, todo: int, workers: int | str) -> None:
         """Before the cluster starts: in a log, the first line came only with the first run's step
-        report, ten seconds in."""
-        print(f"[sweep] {todo} run(s) to train on {workers} worker(s), {self.done} of {self.total} already finished; "
+        report, ten seconds in. ``workers``: a count, or the address of a cluster already running."""
+        on = f"{workers} worker(s)" if isinstance(workers, int) else f"the cluster at {workers}"
+        print(f"[sweep] {todo} run(s) to train on {on}, {self.done} of {self.total} already finished; "
               f"a line as each ends, and the running ones every {self.every:g} s", file=self.stream, flush=True)
 
     def step(self, run_id: str, step: int, total: int, loss: float) -> None:
@@ -94,7 +95,7 @@ class _Bars(_Display):
             self.done += 1
             self.overall.update(1)
 
-    def starting(self, todo: int, workers: int) -> None:
+    def starting(self, todo: int, workers: int | str) -> None:
         pass  # the overall bar is drawn already
 
     def tick(self) -> None:
@@ -107,7 +108,7 @@ class _Bars(_Display):
 
 
 class _Quiet(_Display):
-    def starting(self, todo: int, workers: int) -> None:
+    def starting(self, todo: int, workers: int | str) -> None:
         pass
 
     def waiting(self, run_id: str, text: str) -> None:
