@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -153,6 +154,10 @@ def check_creatable(p: Path, flag: str) -> None:
         raise UsageError(f"{flag} {p}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {p}: no permission to create it in {parent}")
+    try:  # access() answers yes to root everywhere, /proc and immutable folders included: mkdir says
+        os.rmdir(tempfile.mkdtemp(prefix=".dynamics-probe-", dir=parent))
+    except OSError as e:
+        raise UsageError(f"{flag} {p}: cannot create it in {parent} ({e.strerror or e})") from None
 
 
 def check_writable(path: str, what: str) -> None:

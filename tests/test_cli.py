@@ -1,5 +1,6 @@
 """Bad command-line input: one line naming the problem, exit code 2, nothing created."""
 
+import os
 import re
 import subprocess
 import sys
@@ -115,6 +116,17 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(tiny, args, needle):
     before = sorted(p.name for p in d.iterdir())
     one_line_exit_2(cli_in_process(*(a.format(d=d, cfg=cfg, path=path) for a in args), cwd=ROOT), needle)
     assert sorted(p.name for p in d.iterdir()) == before
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("command", ["run", "sweep", "report"])
+def test_an_out_folder_mkdir_cannot_make_is_one_line_exit_2(tiny, command):
+    # access() says yes to root for /proc, where mkdir then fails: sweep and report printed two
+    # chained tracebacks, and run recorded nothing but said it "failed", exit 1
+    d, cfg, path = tiny
+    source = path if command == "report" else cfg
+    one_line_exit_2(cli_in_process(command, source, "--out", "/proc/dynamics-test.zarr", cwd=ROOT),
+                    "--out /proc/dynamics-test.zarr: ")
 
 
 def test_bad_input_through_python_dash_m_is_one_line_exit_2_and_creates_nothing(tiny):
