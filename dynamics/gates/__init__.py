@@ -20,7 +20,8 @@ arXiv 2505.13737; the authors' code is github.com/andrewnam/causal_head_gating):
   - lambda * mean(clamp(logit, -4, 4))`` (logp = mean per-token log-probability).
 
 Defaults follow the authors' trainer (``l1_weight=0.1, l1_clamp=4, lr=1.0, grad_norm=1.0``,
-init gates U(0, 1)) except where measured otherwise on this project's models:
+init gates U(0, 1), here U(0.01, 0.99) so that no logit is infinite) except where measured otherwise on
+this project's models:
 
 - lambda defaults to the authors' 0.1, but note: gating *all* heads by a common factor is nearly free in a
   pre-LayerNorm model whose residual stream is mostly head output (LayerNorm removes the

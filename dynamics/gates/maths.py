@@ -20,7 +20,8 @@ def chg_loss(nll: Tensor, logits: Tensor, lam: Tensor | float, clamp: float = 4.
 
     Nam et al. 2025 (arXiv 2505.13737), eq. for L(G). lambda > 0 lowers the loss for open gates
     (G+), lambda < 0 for shut ones (G-); the regulariser's gradient is ``-lambda / (L * H)`` per
-    logit inside (-c, c) and 0 outside.
+    logit in [-c, c] (torch's clamp passes the gradient at the bounds themselves, so G+ and G-
+    can start from logits clamped to +-c) and 0 outside.
 
     Parameters
     ----------
