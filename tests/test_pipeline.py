@@ -450,3 +450,31 @@ def test_wrong_input_is_named_before_any_work():
     with pytest.raises(ValueError, match=r"analyse_run: attention needs dims .*'layer' missing .* select with a list"):
         analyse_run(ds.isel(layer=0))
     assert analyse_run(ds.isel(layer=[0]), AnalysisOptions()).sizes["layer"] == 1
+
+
+@pytest.mark.parametrize("narrower", ["d_head", "d_model"])
+def test_a_run_padded_to_wider_weights_keeps_its_qk_cosines_and_subspaces(narrower):
+    # open_sweep pads a narrower run's weight columns with NaN (head-count sweeps at a fixed
+    # d_model, width sweeps): every head of it came out NaN in qk_cosine and q_subspace_cos
+    from dynamics.analysis.divergence import principal_angles, qk_cosine
+
+    ds = sweep_like()
+    cut = {narrower: slice(0, ds.sizes[narrower] - 2)}
+    weights = ds["head_weights"].values.copy()
+    axis = ds["head_weights"].dims.index(narrower)
+    index = [slice(None)] * weights.ndim
+    index[0], index[axis] = 1, slice(ds.sizes[narrower] - 2, None)
+    weights[tuple(index)] = np.nan  # run b: the last two columns are padding
+    ds["head_weights"] = (ds["head_weights"].dims, weights)
+    out = analyse_run(ds)
+    for run in ("a", "b"):
+        own = ds["head_weights"].sel(run=run)
+        own = own.isel(cut) if run == "b" else own
+        xr.testing.assert_allclose(out["qk_cosine"].sel(run=run), qk_cosine(own))
+        xr.testing.assert_allclose(out["q_subspace_cos"].sel(run=run), principal_angles(own, weight="q"))
+    real = out["qk_cosine"].sel(run="b").isel(head=slice(0, H - 1), head_b=slice(0, H - 1))
+    assert real.notnull().all()  # the last head of b is missing, the others are not
+    assert out["qk_cosine"].sel(run="b").isel(head=H - 1).isnull().all()
+    # lazily, in a store's chunks, the same
+    lazy = analyse_run(ds.chunk({"run": 1, "snapshot": 2}))
+    xr.testing.assert_allclose(lazy["q_subspace_cos"].load(), out["q_subspace_cos"])
