@@ -210,7 +210,7 @@ def check_not_swept(cfg, overrides: list[str]) -> None:
     from dynamics.config import parse_override
 
     for text in overrides:
-        key = parse_override(text)[0]
+        key, value = parse_override(text)
         if key in cfg.sweep.axes:
             raise UsageError(f"--set {key}: a [sweep] axis, which every point of the grid sets; "
                              f"to change its values, --set 'sweep.{key}=[...]'")
@@ -219,6 +219,20 @@ def check_not_swept(cfg, overrides: list[str]) -> None:
         if outer is not None:
             raise UsageError(f"--set {key}: inside the [sweep] axis {outer}, whose values replace it at every "
                              f"point of the grid; to change them, --set 'sweep.{outer}=[...]'")
+        # and a table set whole, holding a key an axis sets: that value was replaced at every point
+        for axis in cfg.sweep.axes:
+            if axis.startswith(key + ".") and _holds(value, axis[len(key) + 1:].split(".")):
+                raise UsageError(f"--set {key}: its {axis[len(key) + 1:]} is the [sweep] axis {axis}, which every "
+                                 f"point of the grid sets; to change its values, --set 'sweep.{axis}=[...]'")
+
+
+def _holds(table, path: list[str]) -> bool:
+    """Whether nested dict `table` has a value at `path`."""
+    for part in path:
+        if not isinstance(table, dict) or part not in table:
+            return False
+        table = table[part]
+    return True
 
 
 def check_workers(workers: int | None, scheduler: str | None = None) -> None:

@@ -186,6 +186,19 @@ def test_a_set_inside_a_table_valued_sweep_axis_is_refused():
     check_not_swept(cfg, ["intervene.templatesx.weight=2.0", "train.seed=1"])  # beside the axis: kept
 
 
+
+def test_a_table_set_whole_holding_a_swept_key_is_refused():
+    # the axis set weight at every point, so the table's weight = 0.5 was silently replaced
+    from dynamics.config import from_dict
+    from dynamics.usage import UsageError, check_not_swept
+
+    cfg = from_dict({"sweep": {"intervene.templates.weight": [0.0, 1.0]}})
+    table = "intervene.templates={weight=0.5, heads=[{layer=0, head=1, pattern='previous_token'}]}"
+    with pytest.raises(UsageError, match=r"^--set intervene.templates: its weight is the \[sweep\] axis "
+                                         r"intervene.templates.weight, which every point of the grid sets"):
+        check_not_swept(cfg, [table])
+    check_not_swept(cfg, ["intervene.templates={heads=[{layer=0, head=1, pattern='previous_token'}]}"])  # kept
+
 @pytest.fixture
 def read_only_store(tiny, tmp_path):
     """A copy of the tiny store that cannot be written: file modes for a user, a read-only bind
