@@ -83,14 +83,24 @@ def row_labels(index: dict, attrs: dict[str, dict], run_ids) -> tuple[list[str],
 
     ``index``: the store's sweep index; ``attrs``: run id -> run attrs of the recorded runs that
     could be read; ``run_ids``: every run the table lists (pending ones too). The columns are the
-    sweep's axes, then the settings that tell apart runs with the same swept values, the seed
+    sweep's axes (for a run outside the index, its config's values, as in the report's runs
+    table), then the settings that tell apart runs with the same swept values, the seed
     included unless it is an axis (:func:`setting_columns`; ``none`` where a run lacks one, blank for a run whose config is
     unknown: pending or damaged). ``dynamics status`` and the ``analyse`` table share them.
     """
     from dynamics.identity import seed_settings
 
     axes, swept = index.get("axes", []), index.get("runs", {})
-    points = {r: [_cell(swept.get(r, {}).get(k, "")) for k in axes] for r in run_ids}
+
+    def point(run_id: str) -> list[str]:
+        if run_id in swept or not isinstance(attrs.get(run_id, {}).get("config"), dict):
+            return [_cell(swept.get(run_id, {}).get(k, "")) for k in axes]
+        # outside the index (`dynamics run` into a sweep's store): its own config's values, as the
+        # report's runs table shows them; left blank, it was never grouped with its point's runs
+        values = (config_value(attrs[run_id]["config"], k) for k in axes)
+        return [_cell("none" if v is None else v) for v in values]
+
+    points = {r: point(r) for r in run_ids}
     # The seed too, unless it is an axis: runs that differ only in it (`dynamics run --set
     # train.seed=...`, outside any sweep) were rows told apart by their hash alone.
     seed = {} if "train.seed" in axes else {"train.seed": None}

@@ -431,6 +431,8 @@ def test_status_lists_runs_in_the_grid_order_not_by_id(tiny, tmp_path, capsys):
     store.write_sweep_index(s, {"axes": ["train.seed"], "runs": {"rz": {"train.seed": 0}}})
     _, rows = status_rows(capsys, s)
     assert [r[0] for r in rows] == ["rz", rid]
+    # outside the index, its own config's seed, as the report's runs table shows it (it was blank)
+    assert rows[1][1] == "0"
     # two sweeps of one grid from other base configs: each point's runs in the order the sweeps
     # recorded them (by id, ry and rb swapped places against rx and ra from point to point)
     two = {"ry": 0, "rx": 1, "rb": 0, "ra": 1}

@@ -113,7 +113,8 @@ def default_workers() -> int:
 def _write_index(path: str, points: list[Point]) -> None:
     """Merge this sweep's axes and points into the store's sweep index (launcher only).
 
-    A run keeps the values an earlier sweep recorded for it, and every run gets a value for
+    A run keeps the values an earlier sweep recorded for it on axes this one does not set (on
+    those it does, this sweep's values, from the same config, replace them), and every run gets a value for
     every axis of the merged index: where no sweep gave one (an axis added by a later sweep, or
     not swept by this one), the value in the run's config (a run of an earlier sweep that never
     started has no stored config, and stays without it).
