@@ -817,6 +817,11 @@ def test_an_analysis_stored_by_older_analysers_is_recomputed_and_said_so(built, 
     row = re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
     assert "computed for this report (not stored); the stored one is from an older version of the analysers" in row
     assert "stored by `dynamics analyse`" not in row
+    # without computing, the chosen run's figures say the same, not that it has no analysis
+    text = html.unescape(write_report(copy, tmp_path / "out2", run_id=ids["A"], compute_missing=False).read_text())
+    assert "role labels not available because the run's stored analysis is from an older version" in text
+    assert (f"the dendrogram and JS matrix of run {ids['A']} because the run's stored analysis is from an older "
+            "version") in text
 
 
 def _role_curve(chance_attr: float) -> xr.Dataset:

@@ -250,8 +250,12 @@ def _chosen_analysis(path, run: _Run, compute_missing: bool) -> tuple[xr.Dataset
         out = stored[[v for v in ("role",) if v in stored]].load()
         out.attrs = dict(stored.attrs)
         return _with_last_js(out, stored["js_distance"].isel(snapshot=-1).load()), "stored"
-    if not compute_missing:
-        return None, "the run has no stored analysis (run `dynamics analyse`)"
+    if not compute_missing:  # said as the runs table says it: a stale analysis is no missing one
+        if stored is None:
+            return None, "the run has no stored analysis (run `dynamics analyse`)"
+        if not is_current(stored):
+            return None, "the run's stored analysis is from an older version of the analysers (run `dynamics analyse`)"
+        return None, "the run's stored analysis lacks its JS distances (run `dynamics analyse`)"
     if run.n_recorded < _MIN_SNAPSHOTS:
         return None, f"the run has only {run.n_recorded} recorded snapshot(s)"
     out = run.analysis if run.analysis_source == "computed" else None
