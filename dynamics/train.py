@@ -9,8 +9,8 @@ and ends with arrays identical to an uninterrupted run's.
 
 Snapshot s records the model after s updates together with the gradient of training
 batch s at those weights, so per-head gradient norms and gate importances come from the
-backward pass training does anyway. It is the raw gradient: update s+1 then clips it to
-``train.grad_clip`` (and, with learned gates, drops the gates' part during warm-up).
+backward pass training does anyway. It is the raw gradient: update s+1 then (with learned
+gates, during warm-up) drops the gates' part and clips the rest to ``train.grad_clip``.
 
 One process trains a run at a time (``store.run_lock``); a resume checks that the config and
 the data are the ones the run was recorded with, before anything is written.
