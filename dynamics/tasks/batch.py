@@ -40,9 +40,11 @@ class Batch:
     component : np.ndarray
         ``(B,)`` int64 index into ``cfg.task.component_names``.
     repeat_mask : np.ndarray
-        ``(B, T)`` bool; True where the target ``tokens[:, t + 1]`` is determined by an
-        earlier token in context (induction: from the second period on; offset_copy: where
-        the token was copied). All False for tasks without such structure.
+        ``(B, T)`` bool; True where the target ``tokens[:, t + 1]`` repeats an earlier token
+        in context (induction: from the second period on, ``t + 1 >= P``; offset_copy: where
+        the token was copied). All False for tasks without such structure. The first of
+        induction's, the second period's first token, is not yet predictable: no token has
+        repeated, so the period is unknown (its best loss is ln of the periods still possible).
     """
 
     tokens: np.ndarray
