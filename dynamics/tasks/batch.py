@@ -44,7 +44,7 @@ class Batch:
         in context (induction: from the second period on, ``t + 1 >= P``; offset_copy: where
         the token was copied). All False for tasks without such structure. The first of
         induction's, the second period's first token, is not yet predictable: no token has
-        repeated, so the period is unknown (its best loss is ln of the periods still possible).
+        repeated, so the period is unknown (its best loss is ln of the number of periods still possible).
     """
 
     tokens: np.ndarray
