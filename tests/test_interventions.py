@@ -272,6 +272,9 @@ def test_run_attrs_hold_the_resolved_interventions(templated, students, gated):
     assert _intervention_note(unpulled) == ""
     clamped = {"templates": got | {"weight": 0.0, "heads": [h | {"hard": True} for h in got["heads"]]}}
     assert "L0H0 previous_token (clamped: hard)" in _intervention_note(clamped)
+    # at weight 0 a soft head beside a hard one trains freely: it was named as pulled too
+    one_hard = {"templates": got | {"weight": 0.0, "heads": [got["heads"][0] | {"hard": True}, got["heads"][1]]}}
+    assert "templates pull L0H0 previous_token (clamped: hard). Those heads'" in _intervention_note(one_hard)
 
 
 def test_layer_map_is_depth_proportional(templated):

@@ -22,11 +22,15 @@ def _intervention_note(described: dict | None) -> str:
     if not described:
         return ""
     parts = []
-    t = described.get("templates")
-    if t and (float(t.get("weight", 0)) > 0 or any(h.get("hard") for h in t.get("heads", []))):
+    t = described.get("templates") or {}
+    weight = float(t.get("weight", 0))
+    # at weight 0 only hard heads are acted on: the soft ones train freely
+    acting = [h for h in t.get("heads", []) if weight > 0 or h.get("hard")]
+    if acting:
         heads = [f"L{h['layer']}H{h['head']} {h['pattern']}" + (" (clamped: hard)" if h.get("hard") else "")
-                 for h in t.get("heads", [])]
-        parts.append(f"templates pull {', '.join(heads)} (weight {float(t['weight']):g}, {t.get('schedule', 'constant')})")
+                 for h in acting]
+        pull = f" (weight {weight:g}, {t.get('schedule', 'constant')})" if weight > 0 else ""
+        parts.append(f"templates pull {', '.join(heads)}{pull}")
     d = described.get("distill")
     if d:
         heads = sorted({(int(p[0]), int(p[1])) for p in d.get("pairs", [])})
