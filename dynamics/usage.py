@@ -162,7 +162,8 @@ def check_creatable(p: Path, flag: str) -> None:
 
 def check_writable(path: str, what: str) -> None:
     """A local store a command writes into is writable: said before the work, not after it."""
-    if "://" not in path and not os.access(path, os.W_OK | os.X_OK):
+    local = "://" not in path or path.startswith("file://")  # a file:// URL is a local folder: checked as one
+    if local and not os.access(_local(path), os.W_OK | os.X_OK):
         raise UsageError(f"{what} {path}: the store is read-only here, and this command writes into it"
                          + (" (--no-save writes nothing)" if what in ("predict", "gates") else ""))
 

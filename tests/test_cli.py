@@ -231,6 +231,9 @@ def read_only_store(tiny, tmp_path):
     (["predict", "{ro}", "--target", "importance"], "(--no-save writes nothing)"),
     (["gates", "{ro}"], "gates {ro}: the store is read-only here"),
     (["run", "{cfg}", "--out", "{ro}"], "--out {ro}: the store is read-only here"),
+    # as a file:// URL it was taken for a remote store and not checked: the work ran, then a traceback
+    (["analyse", "file://{ro}"], "analyse file://{ro}: the store is read-only here"),
+    (["gates", "file://{ro}", "--steps", "2", "--restarts", "1"], "gates file://{ro}: the store is read-only here"),
 ])
 def test_a_read_only_store_is_refused_before_any_work(tiny, read_only_store, args, needle):
     _, cfg, _ = tiny

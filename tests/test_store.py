@@ -613,6 +613,8 @@ def test_checkpoint_read_write_on_any_store(tmp_path, where):
     assert fs.ls(f"{root}/checkpoints/r1", detail=False) == [f"{root}/checkpoints/r1/ckpt.pt"]  # no temp left
     with pytest.raises(StoreError, match="invalid run id"):
         store.write_checkpoint(path, "../escape", b"x")
+    with pytest.raises(StoreError, match="invalid run id"):  # "$" matched before a final newline
+        store.check_run_id("r1\n")
 
 
 def test_checkpoint_path_and_atomic_write(tmp_path):

@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - Windows
 
 
 SECTIONS = ("runs", "analysis", "derived")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: "$" also matches before a final newline
 
 
 class StoreError(Exception):
@@ -314,7 +314,14 @@ def _open_group_ds(loc: _Loc, gpath: str, dask: bool = True) -> xr.Dataset:
         return _open_group_once(loc, gpath, dask)
     for _ in range(_OPEN_TRIES):
         before = _identity(loc, gpath)
-        ds = _open_group_once(loc, gpath, dask)
+        try:
+            ds = _open_group_once(loc, gpath, dask)
+        except Exception:
+            # a mix can also fail to open ("conflicting sizes for dimension"): the error of a
+            # swap, not of the group, when another directory is there now
+            if before is not None and _identity(loc, gpath) == before:
+                raise
+            continue
         if before is not None and _identity(loc, gpath) == before:
             return ds
     raise StoreError(f"{loc}: {gpath} was rewritten {_OPEN_TRIES} times while being opened; open it once the "
