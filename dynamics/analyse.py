@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import concurrent.futures.process
 import errno
 import hashlib
 import json
@@ -111,6 +112,19 @@ def analyse_or_report(path: str, run_id: str) -> dict:
                 "reason": f"analysis failed: {line}"}
 
 
+def lost_row(path: str, run_id: str) -> dict:
+    """The row of a run whose analysis process died: not analysed, and said so in one line."""
+    from dynamics import store
+
+    try:
+        status = store.run_attrs(path, run_id).get("status", "?")
+    except Exception:  # noqa: BLE001 - the row still says why
+        status = "?"
+    line = ("its analysis process died (killed by a signal, or out of memory; a run analysed beside it dies with "
+            "it): analyse it again")
+    return {"run": run_id, "status": status, "skipped": True, "error": line, "reason": f"analysis failed: {line}"}
+
+
 def recorded_before_divergence(ds, diverged_step: int):
     """The snapshots a diverged run really recorded, whose attention is finite.
 
@@ -197,7 +211,14 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
         # One thread per worker process keeps it busy with one run at a time.
         try:
             while (rid := take()) is not None:
-                done(rid, pool.submit(analyse_or_report, path, rid).result())
+                try:
+                    row = pool.submit(analyse_or_report, path, rid).result()
+                except concurrent.futures.process.BrokenProcessPool:
+                    # A worker process died (killed, or out of memory): the pool is gone, and with
+                    # it every run in flight. Those are named; this process takes the rest.
+                    done(rid, lost_row(path, rid))
+                    return
+                done(rid, row)
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller below
             errors.append(e)
 

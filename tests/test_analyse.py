@@ -211,6 +211,34 @@ def test_the_workers_of_an_analyse_killed_outright_exit_with_it(three_runs, tmp_
     assert not [k for k in kids if _alive(k)], "worker processes outlived the killed analyse"
 
 
+def test_a_worker_process_that_dies_loses_its_run_not_the_others(three_runs, tmp_path):
+    # SIGKILL of a worker (the OOM killer, say) broke the process pool: BrokenProcessPool ended the
+    # whole analyse in a traceback, no table, the runs still queued never analysed
+    import multiprocessing
+    import os
+    import threading
+
+    path = str(tmp_path / "k.zarr")
+    shutil.copytree(three_runs[0], path)
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(analyse_store(path, workers=2)))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not (kids := multiprocessing.active_children()) and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert kids, "no worker process was seen"
+    for kid in kids:
+        os.kill(kid.pid, signal.SIGKILL)
+    worker.join(120)
+    [rows] = result
+    assert [r["run"] for r in rows] == store.list_runs(path)
+    lost = [r for r in rows if "analysis process died" in r.get("error", "")]
+    assert len(lost) == 1 and lost[0]["skipped"] and lost[0]["status"] == "completed"
+    finished = [r for r in rows if r["status"] == "completed" and r not in lost]
+    assert len(finished) == 2 and all(not r.get("skipped") for r in finished)  # the main process took them
+    assert all(store.open_analysis(path, r["run"]) is not None for r in finished)
+
+
 def test_bad_workers_is_one_line_exit_2(three_runs, capsys):
     path, _ = three_runs
     assert cli.main(["analyse", path, "--workers", "0"]) == 2
