@@ -19,6 +19,7 @@ _EXPORTS = {
     "list_runs": "dynamics.store",
     "StaleAnalysisWarning": "dynamics.store",
     "check_recorded": "dynamics.store",
+    "StoreError": "dynamics.store",  # what open_run, check_recorded and the other readers raise
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -30,6 +30,6 @@ def test_an_unknown_name_is_still_an_attribute_error():
 def test_every_top_level_name_the_readme_shows_is_there():
     # README showed `dynamics.StaleAnalysisWarning`, which lived only in dynamics.store.
     names = set(re.findall(r"\bdynamics\.([A-Za-z_]\w*)", README.read_text()))
-    assert {"StaleAnalysisWarning", "check_recorded", "open_run"} <= names
+    assert {"StaleAnalysisWarning", "StoreError", "check_recorded", "open_run"} <= names
     for name in names:
         dynamics.__getattr__(name)
