@@ -594,3 +594,23 @@ def test_a_snapshot_holds_its_checkpoint_weights_and_their_gradient_on_that_step
     pattern = torch.stack([cache[f"blocks.{i}.attn.hook_pattern"] for i in range(len(attn))]).transpose(1, 2)
     np.testing.assert_allclose(ds.attention.values.astype(np.float32), pattern.numpy(), atol=5e-4)  # float16
     np.testing.assert_array_equal(ds.head_weights.values, model.head_weights().numpy())
+
+
+def test_the_writer_queue_is_bounded_so_a_dense_cadence_cannot_fill_memory():
+    # At record.every = 1 the writer fell behind training and its queue, with the snapshots it
+    # held, grew without bound (180 jobs and 65 kB a step on the quickstart model)
+    import threading
+
+    from dynamics.train import _Writer
+
+    gate = threading.Event()
+    writer = _Writer(None)
+    sizes, done = [], []
+    for i in range(_Writer.MAX_PENDING + 5):
+        if i == _Writer.MAX_PENDING:
+            threading.Timer(0.05, gate.set).start()  # the writer catches up only later: submit waits for it
+        writer.submit(lambda i=i: (gate.wait(), done.append(i)))
+        sizes.append(len(writer.pending))
+    writer.close()
+    assert max(sizes) == _Writer.MAX_PENDING
+    assert done == list(range(_Writer.MAX_PENDING + 5))  # in order, none dropped
