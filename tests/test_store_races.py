@@ -21,6 +21,39 @@ def analysis(marker: float) -> xr.Dataset:
     return xr.Dataset({"score": ("head", np.full(4, marker))}, attrs={"marker": marker})
 
 
+def open_swapped_while_read(tmp_path, monkeypatch, old: xr.Dataset, new: xr.Dataset, on_get) -> xr.Dataset:
+    """``open_analysis(...).load()`` of run r1, whose analysis `old` is swapped for `new` (staged
+    whole in advance) where ``await on_get(key, read, swap)``, which zarr's every read goes
+    through, calls ``swap()``: analyse's swap, done at that very moment (zarr's own writes cannot
+    run inside its event loop), by one atomic exchange as analyse makes it (two renames left a
+    gap in which zarr's member reads, running on other threads, sometimes found no group)."""
+    from zarr.storage import LocalStore
+
+    path, other = tmp_path / "s.zarr", tmp_path / "new.zarr"
+    for p, ds in ((path, old), (other, new)):
+        write_run(p, "r1")
+        store.write_analysis(p, "r1", ds)
+    probe = [tmp_path / "a", tmp_path / "b"]
+    for p in probe:
+        p.mkdir()
+    if not readers._exchange(*probe):
+        pytest.skip("no atomic exchange here: analyse swaps by two renames, with a gap this test cannot time")
+    real_get, swapped = LocalStore.get, []
+
+    def swap() -> None:
+        if not swapped:
+            assert readers._exchange(other / "analysis" / "r1", path / "analysis" / "r1")
+            swapped.append(True)
+
+    async def get(self, key, *args, **kwargs):
+        return await on_get(key, lambda: real_get(self, key, *args, **kwargs), swap)
+
+    monkeypatch.setattr(LocalStore, "get", get)
+    got = store.open_analysis(path, "r1").load()
+    assert swapped
+    return got
+
+
 def test_a_reader_during_an_analysis_rewrite_sees_the_old_group_or_the_new_one(tmp_path, monkeypatch):
     # The rewrite swapped the group in by two renames, the old one aside and then the new one in:
     # `dynamics report` or `predict` reading between them found no analysis, and the predictor
@@ -159,33 +192,14 @@ def test_an_analysis_swapped_while_zarr_reads_its_members_opens_as_one_version(t
     # zarr reads a group's zarr.json, then each member's. An analysis swapped in between (an
     # `analyse` finishing while the report opens it) opened as a mix: the old group's attributes
     # and members, the new group's chunks, and NaN for an old member the new group lacks.
-    from zarr.storage import LocalStore
-
-    path, other = tmp_path / "s.zarr", tmp_path / "new.zarr"
-    for p in (path, other):
-        write_run(p, "r1")
-    store.write_analysis(path, "r1", analysis(1.0).assign(extra=("head", np.zeros(4))))
-    store.write_analysis(other, "r1", analysis(2.0))  # the rewrite, staged whole in advance
-    probe = [tmp_path / "a", tmp_path / "b"]
-    for p in probe:
-        p.mkdir()
-    if not readers._exchange(*probe):
-        pytest.skip("no atomic exchange here: analyse swaps by two renames, with a gap this test cannot time")
-    real_get, swapped = LocalStore.get, []
-
-    async def get_then_swap(self, key, *args, **kwargs):
-        got = await real_get(self, key, *args, **kwargs)
-        if key.endswith("analysis/r1/extra/zarr.json") and not swapped:
-            # analyse's swap, done here at this very moment (zarr's own writes cannot run inside
-            # its event loop). One atomic exchange, as analyse makes it: two renames left a gap
-            # in which zarr's member reads, running on other threads, sometimes found no group.
-            assert readers._exchange(other / "analysis" / "r1", path / "analysis" / "r1")
-            swapped.append(key)
+    async def on_get(key, read, swap):
+        got = await read()
+        if key.endswith("analysis/r1/extra/zarr.json"):
+            swap()
         return got
 
-    monkeypatch.setattr(LocalStore, "get", get_then_swap)
-    got = store.open_analysis(path, "r1").load()
-    assert swapped
+    got = open_swapped_while_read(tmp_path, monkeypatch, analysis(1.0).assign(extra=("head", np.zeros(4))),
+                                  analysis(2.0), on_get)
     assert got.attrs["marker"] == 2.0 and set(got.data_vars) == {"score"}, got
     np.testing.assert_array_equal(got.score.values, np.full(4, 2.0))
 
@@ -194,35 +208,28 @@ def test_an_analysis_swapped_into_a_mix_that_cannot_open_is_opened_again(tmp_pat
     # A swap between two members' metadata reads, where the versions differ in a dim's length,
     # made the open itself fail ("conflicting sizes for dimension"); only a mix that opened was
     # opened again, so the reader got a ValueError instead of either version.
-    from zarr.storage import LocalStore
+    import asyncio
 
     def sized(n: int, marker: float) -> xr.Dataset:
         return xr.Dataset({"v": ("x", np.full(n, marker)), "w": ("x", np.full(n, marker))}, attrs={"marker": marker})
 
-    path, other = tmp_path / "s.zarr", tmp_path / "new.zarr"
-    for p in (path, other):
-        write_run(p, "r1")
-    store.write_analysis(path, "r1", sized(80, 1.0))
-    store.write_analysis(other, "r1", sized(50, 2.0))
-    probe = [tmp_path / "a", tmp_path / "b"]
-    for p in probe:
-        p.mkdir()
-    if not readers._exchange(*probe):
-        pytest.skip("no atomic exchange here: analyse swaps by two renames, with a gap this test cannot time")
-    real_get, members, swapped = LocalStore.get, [], []
+    members: list[str] = []
+    first_read = asyncio.Event()
 
-    async def get_then_swap(self, key, *args, **kwargs):
-        got = await real_get(self, key, *args, **kwargs)
-        if key.startswith("analysis/r1/") and key.count("/") == 3 and key.endswith("/zarr.json"):
-            members.append(key)
-            if len(members) == 1:  # one member read from the old group, the next from the new
-                assert readers._exchange(other / "analysis" / "r1", path / "analysis" / "r1")
-                swapped.append(key)
-        return got
+    async def on_get(key, read, swap):
+        if not (key.startswith("analysis/r1/") and key.count("/") == 3 and key.endswith("/zarr.json")):
+            return await read()
+        members.append(key)
+        if len(members) == 1:  # read whole from the old group
+            got = await read()
+            first_read.set()
+            return got
+        if len(members) == 2:  # zarr reads members at once: this one waits, and reads the new group
+            await first_read.wait()
+            swap()
+        return await read()
 
-    monkeypatch.setattr(LocalStore, "get", get_then_swap)
-    got = store.open_analysis(path, "r1").load()
-    assert swapped
+    got = open_swapped_while_read(tmp_path, monkeypatch, sized(80, 1.0), sized(50, 2.0), on_get)
     assert got.attrs["marker"] == 2.0 and got.sizes["x"] == 50
     np.testing.assert_array_equal(got.v.values, np.full(50, 2.0))
 
