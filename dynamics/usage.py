@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -57,9 +58,11 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def check_out(path: str) -> None:
+def check_out(path: str, finished: Callable[[], bool] | None = None) -> None:
     """--out of a command that makes or extends a store: a URL with a filesystem, an empty or new
-    writable path outside any store, or a writable dynamics store; never something else to overwrite."""
+    writable path outside any store, or a writable dynamics store; never something else to overwrite.
+    ``finished()``, asked of a read-only store, says the command has nothing to write there (a
+    finished run, which `dynamics run` skips): then it may stay read-only."""
     from dynamics import store
 
     if path.startswith("file://"):
@@ -80,7 +83,7 @@ def check_out(path: str) -> None:
     elif not store.is_store(path):
         raise UsageError(store.damaged_root(path)
                          or f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
-    else:
+    elif finished is None or not os.access(path, os.W_OK | os.X_OK) and not finished():
         check_writable(path, "--out")
 
 

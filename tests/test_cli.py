@@ -230,7 +230,7 @@ def read_only_store(tiny, tmp_path):
     (["analyse", "{ro}"], "analyse {ro}: the store is read-only here, and this command writes into it"),
     (["predict", "{ro}", "--target", "importance"], "(--no-save writes nothing)"),
     (["gates", "{ro}"], "gates {ro}: the store is read-only here"),
-    (["run", "{cfg}", "--out", "{ro}"], "--out {ro}: the store is read-only here"),
+    (["run", "{cfg}", "--out", "{ro}", "--set", "train.seed=7"], "--out {ro}: the store is read-only here"),
     # as a file:// URL it was taken for a remote store and not checked: the work ran, then a traceback
     (["analyse", "file://{ro}"], "analyse file://{ro}: the store is read-only here"),
     (["gates", "file://{ro}", "--steps", "2", "--restarts", "1"], "gates file://{ro}: the store is read-only here"),
@@ -239,6 +239,14 @@ def test_a_read_only_store_is_refused_before_any_work(tiny, read_only_store, arg
     _, cfg, _ = tiny
     ro = read_only_store
     one_line_exit_2(cli_in_process(*(a.format(ro=ro, cfg=cfg) for a in args)), needle.format(ro=ro))
+
+
+def test_a_finished_run_of_a_read_only_store_is_skipped_not_refused(tiny, read_only_store):
+    # nothing to write: train_run skips it without the lock, but --out was refused as read-only
+    _, cfg, _ = tiny
+    done = cli_in_process("run", cfg, "--out", read_only_store)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith(f"already completed in {read_only_store}; nothing retrained")
 
 
 def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmp_path):
