@@ -605,23 +605,3 @@ def test_a_relative_teacher_path_is_to_the_launchers_directory(tmp_path, monkeyp
     distilled = attrs["interventions"]["distill"]
     assert distilled["teacher_store"] == str(launcher / "runs" / "teacher.zarr")
     assert distilled["teacher_run"] == teacher.run_id
-
-
-@pytest.mark.parametrize("delay", [0.2, 0.4, 0.6, 0.8])
-def test_ctrl_c_while_the_embedded_cluster_starts_is_one_line(tmp_path, delay):
-    # Between the first "[sweep]" line and the cluster being up (about 1 s here), a Ctrl-C left
-    # it half built, and distributed's exit hook printed a 28-line AssertionError after the
-    # "interrupted" line. The delay only aims at that window: every moment must be clean.
-    import signal
-
-    cfg = write_toml(tmp_path / "c.toml", tiny({"train.seed": [0, 1]}, train={"steps": 2000}))
-    proc = subprocess.Popen([sys.executable, "-m", "dynamics", "sweep", str(cfg), "--out", str(tmp_path / "s.zarr"),
-                             "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = proc.stderr.readline()
-    assert first.startswith("[sweep] 2 run(s) to train on 2 worker(s)"), first
-    time.sleep(delay)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and "AssertionError" not in err, err
-    assert err.strip().splitlines()[-1] == "dynamics: interrupted; runs are resumable with the same command"

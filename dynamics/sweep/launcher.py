@@ -17,7 +17,7 @@ from dynamics.budget import DoesNotFit, check_fits
 from dynamics.config import ConfigError, RunConfig
 from dynamics.identity import experiment_identity
 from dynamics.schema import config_value
-from dynamics.signals import deferred_signals, sigterm_as_interrupt
+from dynamics.signals import sigterm_as_interrupt
 from dynamics.sweep.grid import Point, _plain, expand_grid
 from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
@@ -264,7 +264,8 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     token = uuid.uuid4().hex[:12]
     events: queue.SimpleQueue = queue.SimpleQueue()
     results: dict[str, dict] = {}
-    client = cluster = stop = None
+    client, cluster = _client(scheduler, n_workers)
+    stop = Event(_stop_name(token), client=client)
     by_run = {p.run_id: p for p in todo}
     order = {p.run_id: i for i, p in enumerate(todo)}
     tries: Counter = Counter()
@@ -320,11 +321,6 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     pending: dict = {}
     cancelled: dict = {}  # key -> why, for tasks cancelled on the cluster
     try:
-        # Ctrl-C while the embedded cluster starts left it half built, and distributed's exit hook
-        # printed a 28-line AssertionError after the one-line "interrupted": held until it is up.
-        with deferred_signals() if scheduler is None else contextlib.nullcontext():
-            client, cluster = _client(scheduler, n_workers)
-            stop = Event(_stop_name(token), client=client)
         client.subscribe_topic(_progress_topic(token), events.put)
         for p in todo:
             pending[submit(p)] = p.run_id
@@ -335,14 +331,12 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 collect(f, pending.pop(f))
             display.tick()
     except KeyboardInterrupt:
-        if client is not None and stop is not None:
-            _stop_running(client, stop, pending, collect, cancelled)
+        _stop_running(client, stop, pending, collect, cancelled)
         raise
     finally:
         display.close()
         with contextlib.suppress(Exception), _quiet("distributed.client"):
-            if client is not None:
-                client.close()  # after a lost scheduler, Dask logs the cancelled reconnection as an error traceback
+            client.close()  # after a lost scheduler, Dask logs the cancelled reconnection as an error traceback
         if cluster is not None:
             with contextlib.suppress(Exception):
                 cluster.close()
