@@ -211,11 +211,18 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
         # One thread per worker process keeps it busy with one run at a time.
         try:
             while (rid := take()) is not None:
+                # A worker process died (killed, or out of memory): the pool is gone, and with it
+                # every run in flight. Those are named; this process takes the rest, this one too
+                # if the pool broke before it was sent.
                 try:
-                    row = pool.submit(analyse_or_report, path, rid).result()
+                    future = pool.submit(analyse_or_report, path, rid)
                 except concurrent.futures.process.BrokenProcessPool:
-                    # A worker process died (killed, or out of memory): the pool is gone, and with
-                    # it every run in flight. Those are named; this process takes the rest.
+                    with lock:
+                        queue.appendleft(rid)
+                    return
+                try:
+                    row = future.result()
+                except concurrent.futures.process.BrokenProcessPool:
                     done(rid, lost_row(path, rid))
                     return
                 done(rid, row)
@@ -250,6 +257,9 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
                         quiet.append(True)
                 if again:
                     raise
+        # runs a feeder put back after the pool broke, once this thread had left its loop
+        while (rid := take()) is not None:
+            done(rid, analyse_or_report(path, rid))
     if errors:
         raise errors[0]
     return [rows[r] for r in ids]
