@@ -1,5 +1,7 @@
 """analyse_run: the lazy, block-by-block path gives the in-memory path's values."""
 
+import warnings
+
 import dask
 import numpy as np
 import pytest
@@ -478,3 +480,18 @@ def test_a_run_padded_to_wider_weights_keeps_its_qk_cosines_and_subspaces(narrow
     # lazily, in a store's chunks, the same
     lazy = analyse_run(ds.chunk({"run": 1, "snapshot": 2}))
     xr.testing.assert_allclose(lazy["q_subspace_cos"].load(), out["q_subspace_cos"])
+
+
+def test_a_run_without_head_weights_beside_one_with_them_reads_nan_not_an_error():
+    # open_sweep fills the weights of a run that recorded none (head_weights auto past d_model
+    # 256) with NaN: its width read 0, and the 0-wide slice failed in dask (ZeroDivisionError)
+    ds = sweep_like()
+    weights = ds["head_weights"].values.copy()
+    weights[1] = np.nan
+    ds["head_weights"] = (ds["head_weights"].dims, weights)
+    for data in (ds, ds.chunk({"run": 1, "snapshot": 2})):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = analyse_run(data).load()
+        assert out["qk_cosine"].sel(run="b").isnull().all() and out["q_subspace_cos"].sel(run="b").isnull().all()
+        assert out["qk_cosine"].sel(run="a").notnull().all()

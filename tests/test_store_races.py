@@ -255,3 +255,15 @@ def test_a_status_row_of_a_run_that_finishes_while_it_is_read_is_all_of_one_mome
     monkeypatch.setattr(checkpoints, "run_lock_held", finish_then_probe)
     _, [row], _ = status_table(str(path))
     assert row == ["r1", "completed", "200/200", "-", "0.5000"], row
+
+
+def test_opening_a_group_that_is_not_there_says_so_not_that_it_was_rewritten(tmp_path):
+    # a failed open is retried only when another directory is there after it: with none before
+    # or after, five tries ended in "was rewritten 5 times while being opened"
+    from dynamics.store._loc import _Loc, _open_group_ds
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    with pytest.raises(Exception) as raised:
+        _open_group_ds(_Loc(str(path)), "analysis/nope")
+    assert "rewritten" not in str(raised.value)

@@ -371,7 +371,10 @@ def by_weight_width(weights: xr.DataArray, fn) -> xr.DataArray:
         groups.setdefault(width, []).append(i)
     parts, order = [], []
     for (d_model, d_head), runs in groups.items():
-        parts.append(fn(weights.isel({RUN: runs, D_MODEL: slice(0, d_model), D_HEAD: slice(0, d_head)})))
+        # a run without head_weights (record.head_weights off, or auto past d_model 256) reads
+        # width 0: kept whole, its result all NaN as before, where a 0-wide slice failed in dask
+        cut = {D_MODEL: slice(0, d_model), D_HEAD: slice(0, d_head)} if d_model and d_head else {}
+        parts.append(fn(weights.isel({RUN: runs, **cut})))
         order += runs
     return parts[0] if len(parts) == 1 else xr.concat(parts, dim=RUN).isel({RUN: np.argsort(order)})
 

@@ -318,8 +318,9 @@ def _open_group_ds(loc: _Loc, gpath: str, dask: bool = True) -> xr.Dataset:
             ds = _open_group_once(loc, gpath, dask)
         except Exception:
             # a mix can also fail to open ("conflicting sizes for dimension"): the error of a
-            # swap, not of the group, when another directory is there now
-            if before is not None and _identity(loc, gpath) == before:
+            # swap, not of the group, when another directory (or none) is there now; the same
+            # one, or none before and after (no such group), is the group's own error
+            if _identity(loc, gpath) == before:
                 raise
             continue
         if before is not None and _identity(loc, gpath) == before:
