@@ -83,7 +83,7 @@ def check_out(path: str, finished: Callable[[], bool] | None = None) -> None:
     elif not store.is_store(path):
         raise UsageError(store.damaged_root(path)
                          or f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
-    elif finished is None or not os.access(path, os.W_OK | os.X_OK) and not finished():
+    elif finished is None or (not os.access(path, os.W_OK | os.X_OK) and not finished()):
         check_writable(path, "--out")
 
 
@@ -212,6 +212,7 @@ def check_not_swept(cfg, overrides: list[str]) -> None:
     """A --set of a key the [sweep] grid varies would be replaced at every point: silently, no run
     would use the value asked for. The grid's own values are set with --set sweep.<key>=[...]."""
     from dynamics.config import parse_override
+    from dynamics.schema import config_value  # TOML has no null: None is a missing path
 
     for text in overrides:
         key, value = parse_override(text)
@@ -225,18 +226,10 @@ def check_not_swept(cfg, overrides: list[str]) -> None:
                              f"point of the grid; to change them, --set 'sweep.{outer}=[...]'")
         # and a table set whole, holding a key an axis sets: that value was replaced at every point
         for axis in cfg.sweep.axes:
-            if axis.startswith(key + ".") and _holds(value, axis[len(key) + 1:].split(".")):
+            if axis.startswith(key + ".") and config_value(value, axis[len(key) + 1:]) is not None:
                 raise UsageError(f"--set {key}: its {axis[len(key) + 1:]} is the [sweep] axis {axis}, which every "
                                  f"point of the grid sets; to change its values, --set 'sweep.{axis}=[...]'")
 
-
-def _holds(table, path: list[str]) -> bool:
-    """Whether nested dict `table` has a value at `path`."""
-    for part in path:
-        if not isinstance(table, dict) or part not in table:
-            return False
-        table = table[part]
-    return True
 
 
 def check_workers(workers: int | None, scheduler: str | None = None) -> None:
