@@ -2,7 +2,8 @@
 
 The checkpoint is (model, optimiser, step, the recorder's previous gradients, the
 intervention's state), copied on the training thread and pickled on the writer thread
-(``train``). Loaded on the CPU, whatever device wrote it.
+(``train``), which adds the run's steps_trained and wall_time as of it. Loaded on the CPU,
+whatever device wrote it.
 """
 
 from __future__ import annotations

@@ -176,7 +176,11 @@ class _Writer:
 
 def _save_checkpoint(path: str, run_id: str, state: dict, attrs_writer: store.RunWriter, step: int,
                      steps_trained: int, wall_time: float) -> None:
-    store.write_checkpoint(path, run_id, checkpoint.checkpoint_bytes(state))
+    # The counts go into the checkpoint as well as the attrs: a kill between the two writes left
+    # a checkpoint newer than the attrs, and the resume, counting from the attrs, lost the steps
+    # between the two checkpoints (180 of 200 steps trained, in CI)
+    store.write_checkpoint(path, run_id, checkpoint.checkpoint_bytes(
+        state | {"steps_trained": steps_trained, "wall_time": wall_time}))
     # steps_trained and wall_time too, so a session killed outright (SIGKILL) still counts its
     # steps and its time up to its checkpoint: the resume adds its own to these
     attrs_writer.set_attrs(checkpoint_step=step, steps_trained=steps_trained, wall_time=wall_time)
@@ -415,8 +419,13 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         start_attrs = base_attrs
     # steps_done restarts at the checkpoint: the last session's count would stand for this one's
     # progress in `dynamics status` until it passed it
-    trained_before = int(prior.get("steps_trained", 0))  # by earlier sessions
+    # By earlier sessions: the larger of the attrs' count (which holds a tail trained past the
+    # checkpoint by a session that ended) and the checkpoint's own (newer than the attrs' when a
+    # kill fell between writing the one and the other; absent from older versions' checkpoints)
+    trained_before = max(int(prior.get("steps_trained", 0)), int((ckpt or {}).get("steps_trained", 0)))
     start_attrs |= {"starts": int(prior.get("starts", 0)) + 1, "steps_trained": trained_before, "steps_done": start}
+    if ckpt is not None:  # the attrs may name an older checkpoint than the one resumed from (as above)
+        start_attrs["checkpoint_step"] = start
     writer = None
     try:
         # Created whole: a Ctrl-C amid its many writes left a half-made group marked "running"
@@ -436,7 +445,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     losses = np.full(cfg.train.steps, np.nan, dtype=np.float32)
     flushed = start
     t0 = time.perf_counter()
-    wall_before = float(prior.get("wall_time", 0.0))
+    wall_before = max(float(prior.get("wall_time", 0.0)), float((ckpt or {}).get("wall_time", 0.0)))
     # Updates applied, counted as each lands: the loop's `step` is one short of them from the
     # optimiser step to the next iteration, where a Ctrl-C in the progress callback arrives.
     updates, last_loss = start, float("nan")

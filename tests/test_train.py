@@ -240,6 +240,29 @@ def test_a_session_killed_outright_keeps_its_training_time_up_to_its_checkpoint(
     assert at_checkpoint > 0 and at_end >= at_checkpoint
 
 
+def test_a_kill_between_the_checkpoint_and_its_attrs_loses_no_count(cfg, tmp_path):
+    # The checkpoint file is written, then the attrs that count its steps: a SIGKILL between the
+    # two left the attrs at the checkpoint before, and the resume, counting from them, recorded
+    # 180 steps trained for a 200-step run (CI). Here the kill is staged: a session stopped at its
+    # step-20 checkpoint, its attrs then put back to what the step-10 checkpoint had written.
+    from dynamics.checkpoint import load_checkpoint
+
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(20))
+    assert store.run_attrs(path, cfg.run_id())["checkpoint_step"] == 20
+    saved = load_checkpoint(path, cfg.run_id())
+    assert (saved["step"], saved["steps_trained"]) == (20, 20) and saved["wall_time"] > 0
+    store.update_run_attrs(path, cfg.run_id(), status="running", checkpoint_step=10, steps_trained=10,
+                           steps_done=10, wall_time=0.0)
+    seen = []
+    train_run(cfg, path, progress=lambda step, steps, loss: seen.append(store.run_attrs(path, cfg.run_id())))
+    assert seen[0]["checkpoint_step"] == 20  # what this session resumed from, not the stale 10
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert (attrs["status"], attrs["steps_trained"]) == ("completed", 30)  # 20 before the kill, 10 after
+    assert attrs["wall_time"] >= saved["wall_time"]
+
+
 def test_ctrl_c_while_the_run_group_is_created_leaves_it_interrupted(cfg, tmp_path, monkeypatch):
     import signal
 
