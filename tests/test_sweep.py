@@ -1,11 +1,9 @@
-"""Sweep grid expansion, run ids, input errors and the store lock (fast: no cluster but one tiny one)."""
+"""Sweep grid expansion, run ids, input errors and the launcher (fast: no cluster but one tiny one)."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -16,13 +14,8 @@ import pytest
 from dynamics import store
 from dynamics.config import ConfigError, from_dict, load_config, with_values
 from dynamics.sweep import (
-    LOCK_NAME,
-    SweepLockError,
-    acquire_lock,
     expand_grid,
     lock_path,
-    lock_stale_reason,
-    read_lock,
     run_point,
     run_sweep,
 )
@@ -328,108 +321,6 @@ def test_progress_counts_only_finished_runs():
     bars.finished("rc", "cancelled")
     assert bars.overall.n == 2 and "rc cancelled" in term.getvalue()
     bars.close()
-
-
-# --------------------------------------------------------------------------- lock
-
-
-def dead_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
-
-
-def plant_lock(path: Path, **info) -> None:
-    lock = {"pid": os.getpid(), "host": socket.gethostname(), "started": "then", "heartbeat": time.time(),
-            "token": "planted"}
-    lock.update(info)
-    Path(lock_path(str(path))).write_text(json.dumps(lock))
-
-
-def test_lock_refuses_a_second_holder_and_is_removed_on_release(tmp_path):
-    with acquire_lock(str(tmp_path)) as lock:
-        held = read_lock(str(tmp_path))
-        assert held["pid"] == os.getpid() and held["host"] == socket.gethostname()
-        assert held["token"] == lock.token and "heartbeat" in held and "started" in held
-        with pytest.raises(SweepLockError, match=f"another sweep \\(pid {os.getpid()} on host"):
-            acquire_lock(str(tmp_path))
-    assert not (tmp_path / LOCK_NAME).exists()
-    acquire_lock(str(tmp_path)).release()  # free again
-
-
-def test_lock_heartbeat_refreshes(tmp_path):
-    with acquire_lock(str(tmp_path), heartbeat_every=0.05):
-        first = read_lock(str(tmp_path))["heartbeat"]
-        for _ in range(200):  # bounded poll, not a timed assertion
-            time.sleep(0.02)
-            if read_lock(str(tmp_path))["heartbeat"] > first:
-                break
-        assert read_lock(str(tmp_path))["heartbeat"] > first
-
-
-def test_stale_lock_of_a_dead_pid_is_taken_over(tmp_path):
-    pid = dead_pid()
-    plant_lock(tmp_path, pid=pid)
-    assert "not running" in lock_stale_reason(read_lock(str(tmp_path)))
-    with acquire_lock(str(tmp_path)) as lock:
-        assert read_lock(str(tmp_path))["token"] == lock.token
-    assert not (tmp_path / LOCK_NAME).exists()
-    assert list(tmp_path.iterdir()) == []  # no stale leftovers
-
-
-def test_stale_lock_of_an_old_heartbeat_is_taken_over(tmp_path):
-    plant_lock(tmp_path, host="some-other-host", pid=1, heartbeat=time.time() - 3600)
-    assert "heartbeat" in lock_stale_reason(read_lock(str(tmp_path)))
-    with acquire_lock(str(tmp_path)) as lock:
-        assert read_lock(str(tmp_path))["token"] == lock.token
-
-
-def test_live_lock_from_another_host_is_respected(tmp_path):
-    plant_lock(tmp_path, host="some-other-host", pid=1)
-    assert lock_stale_reason(read_lock(str(tmp_path))) is None
-    with pytest.raises(SweepLockError, match="some-other-host"):
-        acquire_lock(str(tmp_path))
-    assert read_lock(str(tmp_path))["token"] == "planted"
-
-
-def test_a_lock_being_written_is_not_taken_over_until_it_is_old(tmp_path):
-    # A launcher creates its lock (O_EXCL) and then writes it: in between, the file is empty.
-    # An unreadable lock is judged by its age (its modification time), so a second launcher
-    # must be refused while it is fresh, and take it over only once it is older than the limit.
-    target = Path(lock_path(str(tmp_path)))
-    target.write_bytes(b"")
-    assert lock_stale_reason(read_lock(str(tmp_path))) is None
-    with pytest.raises(SweepLockError, match="unreadable lock"):
-        acquire_lock(str(tmp_path))
-    assert target.read_bytes() == b""  # left alone
-    old = time.time() - 3600
-    os.utime(target, (old, old))  # a launcher that died between creating and writing its lock
-    assert "heartbeat" in lock_stale_reason(read_lock(str(tmp_path)))
-    with acquire_lock(str(tmp_path)) as lock:
-        assert read_lock(str(tmp_path))["token"] == lock.token
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_lock_on_an_fsspec_url():
-    url = f"memory://dynamics-test-{os.getpid()}/store.zarr"
-    with acquire_lock(url) as lock:
-        assert read_lock(url)["token"] == lock.token
-        with pytest.raises(SweepLockError, match="another sweep"):
-            acquire_lock(url)
-    assert read_lock(url) is None
-
-
-def test_cli_refuses_a_locked_store(tmp_path):
-    config = write_toml(tmp_path / "s.toml", tiny({"train.seed": [0, 1]}))
-    out = tmp_path / "store.zarr"
-    store.init_store(str(out))
-    plant_lock(out)  # held by this (live) test process
-    r = cli("sweep", str(config), "--out", str(out))
-    assert r.returncode == 2, r.stderr
-    [line] = r.stderr.strip().splitlines()
-    assert "is being written by another sweep" in line and f"pid {os.getpid()}" in line
-    assert store.list_runs(str(out)) == []
-    assert read_lock(str(out))["token"] == "planted"  # not removed by the refused launcher
 
 
 # --------------------------------------------------------------------------- runs

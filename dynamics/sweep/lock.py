@@ -66,8 +66,8 @@ def _parse_lock(blob: bytes, target: str) -> dict:
         info = None
     if isinstance(info, dict):
         return info
-    # A torn write (a launcher between creating its lock and writing it, or one that died
-    # there): judged by age alone below, the file's modification time standing in for the
+    # A torn write (on a filesystem without hard links, a launcher between creating its lock and
+    # writing it, or one that died there; see _write_lock): judged by age alone below, the file's modification time standing in for the
     # heartbeat, so a lock being written right now is not taken over.
     return {"corrupt": True, "heartbeat": _mtime(target)}
 
@@ -182,15 +182,25 @@ def _write_lock(path: str, info: dict, *, exclusive: bool) -> None:
             raise FileExistsError(target)
         fs.pipe_file(p, blob)
         return
-    if exclusive:
+    tmp = f"{target}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(blob)
+    if not exclusive:
+        os.replace(tmp, target)
+        return
+    try:
+        # Linked whole: created empty (O_EXCL) and then written, the lock was read between the two
+        # by a second launcher, which was told of "an unreadable lock" instead of who holds it
+        os.link(tmp, target)  # FileExistsError if one is there, as O_EXCL
+    except FileExistsError:
+        raise
+    except OSError:  # a filesystem without hard links: O_EXCL, torn for a moment (see _parse_lock)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
-        return
-    tmp = f"{target}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(blob)
-    os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
 
 
 def _remove(target: str) -> None:

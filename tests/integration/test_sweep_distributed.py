@@ -177,12 +177,14 @@ def test_worker_killed_mid_sweep_then_rerun_retrains_nothing(cluster, launched, 
         run_sweep(load_config(config), str(out), scheduler=cluster.address, progress=False)
 
     # Find a run that is mid-way (checkpointed past step 0) on some worker, and SIGKILL that worker.
+    # Not past half-way: one at its last checkpoint could complete before the kill lands, and it
+    # would then never be resumed (starts 1 below).
     def victim():
         for addr, keys in cluster.client.processing().items():
             for key in keys:
                 run_id = str(key).split("-")[2]
                 a = attrs_or_none(out, run_id)
-                if a and a.get("status") == "running" and a.get("checkpoint_step", 0) >= 1:
+                if a and a.get("status") == "running" and 1 <= a.get("checkpoint_step", 0) <= STEPS // 2:
                     return addr, run_id
         return None
 
