@@ -376,7 +376,7 @@ def test_run_sweep_then_rerun_skips_everything(tmp_path, threaded_cluster):
     assert {p.run_id: store.run_attrs(path, p.run_id) for p in points} == before
 
 
-def test_a_task_cancelled_on_the_cluster_ends_the_sweep_with_a_summary(tmp_path, threaded_cluster):
+def test_a_task_cancelled_on_the_cluster_ends_the_sweep_with_a_summary(tmp_path, threaded_cluster, monkeypatch):
     # A task cancelled on the cluster (another client; the scheduler lost, whose futures Dask cancels
     # as "scheduler-connection-lost") made Dask's wait() raise FuturesCancelledError: a 30-line
     # traceback from `dynamics sweep`, no summary, the other runs' results unreported.
@@ -384,19 +384,32 @@ def test_a_task_cancelled_on_the_cluster_ends_the_sweep_with_a_summary(tmp_path,
 
     from distributed import Client, Future
 
+    from dynamics import train as train_module
+
     cfg = from_dict(tiny({"train.steps": [24, 12]}))
     slow, cut = expand_grid(cfg)
     path = str(tmp_path / "s.zarr")
     other = Client(threaded_cluster, timeout=30)  # connected before the sweep starts: the race is only the poll's
+    cancelled = threading.Event()
+    real_train_run = train_module.train_run
 
-    def cancel_second() -> None:  # the one-thread worker trains the first point; the second is queued
-        for _ in range(3000):
-            keys = other.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
-            mine = [k for k in keys if str(k).startswith(f"dynamics-train-{cut.run_id}-")]
-            if mine:
-                Future(mine[0], other).cancel(force=True)
-                return
-            time.sleep(0.005)
+    def held_train_run(cfg, *args, **kwargs):  # the one-thread worker holds the first point until then
+        cancelled.wait(60)
+        return real_train_run(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "train_run", held_train_run)  # task.py imports it at each call
+
+    def cancel_second() -> None:  # the second point is queued behind the first
+        try:
+            for _ in range(3000):
+                keys = other.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
+                mine = [k for k in keys if str(k).startswith(f"dynamics-train-{cut.run_id}-")]
+                if mine:
+                    Future(mine[0], other).cancel(force=True)
+                    return
+                time.sleep(0.005)
+        finally:
+            cancelled.set()
 
     canceller = threading.Thread(target=cancel_second)
     canceller.start()
