@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import dask.array as da
 import fsspec.core
@@ -666,6 +667,12 @@ def test_zarrs_temporaries_a_killed_writer_left_are_cleared_under_the_locks(tmp_
     path = tmp_path / "s.zarr"
     write_run(path, "r1")
     left = [partial(path), partial(path / "runs"), partial(path / "runs" / "r1"), partial(path / "runs" / "r1" / "attention")]
+    # and a chunk's, deep under c/: a kill mid-snapshot left up to a chunk of attention each
+    deepest = max((Path(d) for d, _, files in os.walk(path / "runs" / "r1" / "attention" / "c") if files),
+                  key=lambda d: len(d.parts))
+    chunk = deepest / f"0.{uuid.uuid4().hex}.partial"
+    chunk.write_bytes(b"half a chunk")
+    left.append(chunk)
     # zarr rewrites the root's and the sections' metadata, outside our locks, whenever a run's
     # arrays are created: there only a temporary no write can still own is cleared
     old = time.time() - store.STALE_PARTIAL_S - 60

@@ -196,6 +196,9 @@ def run_lock(path: str | os.PathLike, run_id: str):
             # checkpoint, and its arrays'): their other writers hold the store lock taken here.
             with _locked(loc):
                 clear_partials(group, *(d for d in group.iterdir() if d.is_dir()))
+            # And its chunks' (under <array>/c/), written by the holder of this lock alone: a kill
+            # mid-snapshot left up to a chunk of attention each, never read and never removed
+            clear_partials(*(Path(d) for a in group.iterdir() if (a / "c").is_dir() for d, _, _ in os.walk(a / "c")))
         yield
     finally:
         os.close(fd)  # releases the flock
