@@ -260,6 +260,7 @@ def train_run(
     prior = store.run_attrs(path, run_id) if run_id in store.list_runs(path, damaged="include") else {}
     _refuse_other_experiment(prior, cfg, path, run_id)
     if prior.get("status") in FINISHED_STATUSES:
+        store.refresh_index(path, [run_id])  # a kill after its last attrs left plain xarray's view stale
         return _skipped(run_id, prior)
     hash_now = data_hash(cfg)
     _refuse_other_data(prior, cfg, path, run_id, hash_now)

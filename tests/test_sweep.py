@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import xarray as xr
 
 from dynamics import store
 from dynamics.config import ConfigError, from_dict, load_config, with_values
@@ -370,10 +371,17 @@ def test_run_sweep_then_rerun_skips_everything(tmp_path, threaded_cluster):
         assert attrs["status"] == "completed" and attrs["sweep_values"] == p.values
     assert not Path(lock_path(path)).exists()
 
+    # A worker killed between a run's last attrs and their root-index entry: plain xarray, which
+    # reads the index, saw it running, and a rerun skipping it as finished left it so.
+    root = Path(path) / "zarr.json"
+    meta = json.loads(root.read_text())
+    meta["consolidated_metadata"]["metadata"][f"runs/{points[0].run_id}"]["attributes"]["status"] = "running"
+    root.write_text(json.dumps(meta))
     before = {p.run_id: store.run_attrs(path, p.run_id) for p in points}
     again = run_sweep(cfg, path, progress=False)  # nothing to do: no cluster is even started
     assert again.skipped == [p.run_id for p in points] and again.counts == {"completed": 2}
     assert {p.run_id: store.run_attrs(path, p.run_id) for p in points} == before
+    assert xr.open_zarr(path, group=f"runs/{points[0].run_id}").attrs == before[points[0].run_id]
 
 
 def test_a_task_cancelled_on_the_cluster_ends_the_sweep_with_a_summary(tmp_path, threaded_cluster, monkeypatch):

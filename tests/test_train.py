@@ -263,6 +263,38 @@ def test_a_kill_between_the_checkpoint_and_its_attrs_loses_no_count(cfg, tmp_pat
     assert attrs["wall_time"] >= saved["wall_time"]
 
 
+def test_a_kill_between_the_last_attrs_and_their_index_entry_is_mended_by_the_next_run(cfg, tmp_path, monkeypatch):
+    # The group's attrs said completed, the root index (what plain xr.open_zarr reads) still said
+    # running: the same command skipped the run as finished and nothing ever rewrote its entry.
+    import xarray as xr
+
+    from dynamics.store import root, writer
+
+    path = str(tmp_path / "s.zarr")
+    real = root._index_update
+
+    def killed_before_completed_is_indexed(loc, gpath):
+        if store.run_attrs(path, cfg.run_id()).get("status") != "completed":
+            real(loc, gpath)
+
+    for module in (root, writer):
+        monkeypatch.setattr(module, "_index_update", killed_before_completed_is_indexed)
+    train_run(cfg, path)
+    monkeypatch.undo()
+    assert xr.open_zarr(path, group=f"runs/{cfg.run_id()}").attrs["status"] == "running"  # the kill staged
+
+    def read_only(loc, root_meta):
+        raise OSError(30, "Read-only file system")
+
+    with monkeypatch.context() as m:  # a store it may not write: skipped all the same, left as it is
+        m.setattr(root, "_write_root", read_only)
+        assert train_run(cfg, path).status == "completed"
+    assert xr.open_zarr(path, group=f"runs/{cfg.run_id()}").attrs["status"] == "running"
+    assert train_run(cfg, path).status == "completed"  # skipped: nothing retrained
+    seen = xr.open_zarr(path, group=f"runs/{cfg.run_id()}").attrs
+    assert seen == store.run_attrs(path, cfg.run_id()) and seen["starts"] == 1
+
+
 def test_ctrl_c_while_the_run_group_is_created_leaves_it_interrupted(cfg, tmp_path, monkeypatch):
     import signal
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -152,6 +153,26 @@ def reindex(path: str | os.PathLike) -> None:
     loc = _Loc(path)
     _require_store(loc)
     _rebuild_index(loc)
+
+
+def refresh_index(path: str | os.PathLike, run_ids: list[str]) -> None:
+    """Bring the root-index entries of these runs up to date with their groups where they differ.
+
+    For the runs a command skips as finished: a process killed between a run's last attributes
+    (``completed``) and their index entry left the index, which plain ``xr.open_zarr`` reads,
+    saying ``running`` for good, as nothing writes a finished run again. Best effort: a store
+    this process may not write (a finished run is skipped on a read-only store) is left as is.
+    """
+    loc = _Loc(path)
+    if loc.local is None and loc.url in _DEFERRED:
+        return
+    flat = _read_root(loc).get("consolidated_metadata", {}).get("metadata") or {}
+    # compared as JSON text: an attribute that is NaN is never equal to itself
+    stale = [g for g in (f"runs/{r}" for r in run_ids)
+             if json.dumps(flat.get(g), sort_keys=True) != json.dumps(_node_entry(loc, g), sort_keys=True)]
+    with contextlib.suppress(OSError):
+        for gpath in stale:
+            _index_update(loc, gpath)
 
 
 # --------------------------------------------------------------------------- store
