@@ -304,7 +304,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     check_report_dir(out, "--out")
     damaged: dict[str, str] = {}  # found by the report's own read of each run's attributes
     page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute,
-                        on_damaged=damaged.__setitem__)
+                        on_damaged=damaged.__setitem__, progress=lambda line: print(f"[report] {line}", file=sys.stderr))
     _name_damaged(damaged)
     print(f"report written to {page}\nopen {page.resolve().as_uri()}")
     return 1 if damaged else 0

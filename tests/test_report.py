@@ -241,15 +241,25 @@ def test_partial_store_runs_are_analysed_in_memory_and_said_so(built):
 # --------------------------------------------------------------------------- CLI and missing parts
 
 
-def test_cli_without_computing_names_the_missing_runs_and_replaces_frames(built, tmp_path, capsys):
+def test_cli_without_computing_names_the_missing_runs_and_replaces_frames(built, tmp_path, capsys, monkeypatch):
     import shutil
+
+    from dynamics.report import page as page_module
 
     path, page, ids = built
     out = tmp_path / "report"
     shutil.copytree(page.parent, out)  # an earlier report of a longer run in the same folder
+    clock = iter(range(0, 10_000, 3))  # 3 s a look: a run read now and then takes 5 s
+    monkeypatch.setattr(page_module, "monotonic", lambda: next(clock))
     assert cli.main(["report", str(path), "--out", str(out), "--run", ids["C"], "--no-compute"]) == 0
-    printed = capsys.readouterr().out
-    assert (out / "index.html").as_uri() in printed
+    printed = capsys.readouterr()
+    assert (out / "index.html").as_uri() in printed.out
+    # where it is, on stderr: it printed nothing for as long as it took
+    lines = printed.err.splitlines()
+    n = len(store.list_runs(str(path)))
+    assert lines[0] == f"[report] reading {n} run(s)" and f"[report] read 1/{n} runs" in lines
+    assert lines[-6:] == [f"[report] drawing {name}" for name in ("attention maps", "emergence curves", "bifurcation",
+                                                                  "redundancy", "causal head gating", "predictor")]
     text = (out / "index.html").read_text()
     frames = _frames(text)
     assert len(frames) == 6
@@ -1005,7 +1015,7 @@ def test_report_reads_each_runs_attributes_once_and_lists_a_damaged_run_as_damag
     assert sorted(reads) == ["r0", "r1"]
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "dynamics: 1 run(s) could not be read (damaged), skipped: r1"
-    assert "runs/r1/zarr.json cannot be read (damaged)" in err[0]
+    assert "runs/r1/zarr.json cannot be read (damaged)" in [line for line in err if not line.startswith("[report]")][0]
     text = (tmp_path / "out" / "index.html").read_text()
     assert re.search(r"<code>r1</code></td><td>2</td><td>0</td><td>damaged</td>", text)  # not the run shown
     assert "<code>r0</code> (shown)" in text

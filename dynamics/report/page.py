@@ -11,6 +11,7 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from time import monotonic
 
 try:
     import fcntl
@@ -47,6 +48,7 @@ def write_report(
     *,
     compute_missing: bool = True,
     on_damaged: Callable[[str, str], None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Write the HTML report of a store: ``out_dir/index.html`` plus ``out_dir/figures/<generation>/``.
 
@@ -75,6 +77,10 @@ def write_report(
     on_damaged : callable, optional
         Called with the run id and the store's one-line reason for each run whose group
         cannot be read (damaged); the page lists such a run as "damaged" either way.
+    progress : callable, optional
+        Called with a line on where the report is: as it starts reading the runs, every 5 s
+        while it reads them (reading a run can mean analysing it, with ``compute_missing``),
+        and as it starts each section's figures.
 
     Returns
     -------
@@ -111,7 +117,7 @@ def write_report(
         try:
             (stage / "attention").mkdir()
             index = store.read_sweep_index(store_path)
-            runs = [_collect_or_note(store_path, rid, index, compute_missing, on_damaged) for rid in ids]
+            runs = _read_runs(store_path, ids, index, compute_missing, on_damaged, progress or (lambda line: None))
             pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
             chosen = run_id or _choose_run(runs)
             axes = _colour_axes([*runs, *pending], index)  # pending runs too: colours stay put as the sweep fills in
@@ -119,8 +125,13 @@ def write_report(
 
             href = f"figures/{stage.name}/"
             ctx = _Ctx(store_path, runs, chosen, axes, stage, compute_missing, pending=pending, href=href)
-            sections = [_safe(make, ctx) for make in (_attention_section, _emergence_section, _bifurcation_section,
-                                                       _redundancy_section, _chg_section, _predict_section)]
+            sections = []
+            for name, make in (("attention maps", _attention_section), ("emergence curves", _emergence_section),
+                               ("bifurcation", _bifurcation_section), ("redundancy", _redundancy_section),
+                               ("causal head gating", _chg_section), ("predictor", _predict_section)):
+                if progress is not None:
+                    progress(f"drawing {name}")
+                sections.append(_safe(make, ctx))
 
             table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
             table_axes += _table_settings(runs, table_axes, axes)
@@ -137,6 +148,22 @@ def write_report(
             raise
         _remove_earlier_reports(out, keep=stage.name, linked=earlier)
         return page
+
+
+def _read_runs(store_path, ids: list[str], index: dict | None, compute_missing: bool,
+               on_damaged: Callable[[str, str], None] | None, progress: Callable[[str], None]) -> list[_Run]:
+    """Every run's data for the page, with a progress line at the start and every 5 s: the part
+    of a report that grows with the store (and, analysing runs without a stored analysis, the
+    slow one), where it printed nothing for as long as it took."""
+    missing = " (analysing those without a stored analysis)" if compute_missing else ""
+    progress(f"reading {len(ids)} run(s){missing}")
+    runs, last = [], monotonic()
+    for i, rid in enumerate(ids):
+        if monotonic() - last >= 5.0:
+            last = monotonic()
+            progress(f"read {i}/{len(ids)} runs")
+        runs.append(_collect_or_note(store_path, rid, index, compute_missing, on_damaged))
+    return runs
 
 
 # Figure folders of a report: figures/<date>-<time>-<n>, each holding the marker file _MARK from its
