@@ -29,7 +29,9 @@ one group is updated (read-modify-write of the root ``zarr.json``) whenever that
 created or its attributes change, under an exclusive ``flock`` on the store directory, the
 same lock that guards writes of the sweep index. This package's own readers never use the
 index (they open groups with ``consolidated=False``), so a stale index can only affect
-plain-xarray users; :func:`reindex` rebuilds it from the groups on disk.
+plain-xarray users; :func:`reindex` rebuilds it from the groups on disk, and
+:func:`refresh_index` mends the entries of given runs (``dynamics run`` and ``sweep`` do, for
+the finished runs they skip: a kill after a run's last attributes left its entry stale).
 
 Locations
 ---------
