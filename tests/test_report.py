@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import html
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -1019,6 +1020,38 @@ def test_report_reads_each_runs_attributes_once_and_lists_a_damaged_run_as_damag
     text = (tmp_path / "out" / "index.html").read_text()
     assert re.search(r"<code>r1</code></td><td>2</td><td>0</td><td>damaged</td>", text)  # not the run shown
     assert "<code>r0</code> (shown)" in text
+
+
+def test_a_report_stopped_while_deleting_an_old_folder_leaves_it_for_the_next(tmp_path, monkeypatch):
+    # rmtree took the marker whenever the listing gave it first: stopped part-way (a kill-anywhere
+    # audit), half a folder stayed that no later report knew for its own. And a report stopped
+    # between making its folder and marking it left an empty folder nothing removed.
+    from dynamics.report import page as page_module
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    out = tmp_path / "out"
+    figures = out / "figures"
+    stopped = figures / "20240101-120000-0"  # a report stopped part-way: marked, never linked
+    (stopped / "attention").mkdir(parents=True)
+    (stopped / page_module._MARK).write_text("")
+    for i in range(16):
+        (stopped / f"fig{i}.png").write_bytes(b"png")
+        (stopped / "attention" / f"snapshot_{i:04d}.png").write_bytes(b"png")
+    empty = figures / "20240101-120000-1"  # made, stopped before its marker
+    empty.mkdir()
+    mine = figures / "20240101-120000-2"  # named like one, but the user's
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    unlinked = []
+    real = os.unlink
+    monkeypatch.setattr(os, "unlink", lambda p, *a, **k: (unlinked.append(os.fsdecode(p)), real(p, *a, **k))[1])
+    write_report(path, out)
+    monkeypatch.undo()
+    in_stopped = [Path(p).name for p in unlinked if Path(p).name.startswith(("fig", "snapshot", page_module._MARK))]
+    assert len(in_stopped) == 33 and in_stopped[-1] == page_module._MARK, in_stopped  # the marker last
+    assert not stopped.exists() and not empty.exists()
+    assert (mine / "notes.txt").read_text() == "mine"
 
 
 def test_a_second_report_into_a_folder_being_written_is_refused_in_one_line(tmp_path, capsys):

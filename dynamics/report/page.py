@@ -78,9 +78,10 @@ def write_report(
         Called with the run id and the store's one-line reason for each run whose group
         cannot be read (damaged); the page lists such a run as "damaged" either way.
     progress : callable, optional
-        Called with a line on where the report is: as it starts reading the runs, every 5 s
-        while it reads them (reading a run can mean analysing it, with ``compute_missing``),
-        and as it starts each section's figures.
+        Called with a line on where the report is: as it starts reading the runs, between
+        two runs at most every 5 s while it reads them (reading a run can mean analysing it,
+        with ``compute_missing``: one long run is one long pause), and as it starts each
+        section's figures.
 
     Returns
     -------
@@ -152,9 +153,9 @@ def write_report(
 
 def _read_runs(store_path, ids: list[str], index: dict | None, compute_missing: bool,
                on_damaged: Callable[[str, str], None] | None, progress: Callable[[str], None]) -> list[_Run]:
-    """Every run's data for the page, with a progress line at the start and every 5 s: the part
-    of a report that grows with the store (and, analysing runs without a stored analysis, the
-    slow one), where it printed nothing for as long as it took."""
+    """Every run's data for the page, with a progress line at the start and, between runs, at
+    most every 5 s: the part of a report that grows with the store (and, analysing runs without
+    a stored analysis, the slow one), where it printed nothing for as long as it took."""
     missing = " (analysing those without a stored analysis)" if compute_missing else ""
     progress(f"reading {len(ids)} run(s){missing}")
     runs, last = [], monotonic()
@@ -269,9 +270,13 @@ def _remove_earlier_reports(out: Path, keep: str, linked: set[str]) -> None:
     figures = out / "figures"
     folders = {Path(rel).parts[1] for rel in linked if len(Path(rel).parts) > 2}
     for entry in figures.iterdir():
-        if (entry.is_dir() and entry.name != keep and _GENERATION.fullmatch(entry.name)
-                and (entry.name in folders or (entry / _MARK).is_file())):
-            shutil.rmtree(entry, ignore_errors=True)
+        if not (entry.is_dir() and entry.name != keep and _GENERATION.fullmatch(entry.name)):
+            continue
+        if entry.name in folders or (entry / _MARK).is_file():
+            _delete_generation(entry)
+        else:  # made, and stopped before its marker was written: empty, so nobody's files
+            with contextlib.suppress(OSError):
+                entry.rmdir()
     for rel in linked:
         old = out / rel
         if old.suffix == ".png" and old.parent in (figures, figures / "attention") and old.is_file():
@@ -282,6 +287,22 @@ def _remove_earlier_reports(out: Path, keep: str, linked: set[str]) -> None:
     for entry in out.iterdir():
         if _DRAFT.fullmatch(entry.name):
             entry.unlink(missing_ok=True)
+
+
+def _delete_generation(folder: Path) -> None:
+    """Delete a report's figure folder, its marker last: rmtree took the marker when it came
+    first in the listing, and a report stopped part-way through left half a folder that no
+    later report would recognise as its own to delete."""
+    for child in folder.iterdir():
+        if child.name == _MARK:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    (folder / _MARK).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def refuse_foreign_files(out: Path) -> None:
