@@ -165,3 +165,55 @@ def test_cli_refuses_a_locked_store(tmp_path):
     assert "is being written by another sweep" in line and f"pid {os.getpid()}" in line
     assert store.list_runs(str(out)) == []
     assert read_lock(str(out))["token"] == "planted"  # not removed by the refused launcher
+
+
+def test_a_failing_heartbeat_leaves_no_temporaries(tmp_path, monkeypatch):
+    # A heartbeat that fails is logged and the sweep goes on (a flaky shared filesystem); with a
+    # temporary of a new name for each write, each failure left one behind (360 an hour).
+    failed = []
+
+    def flaky_replace(src, dst):
+        failed.append(src)
+        raise OSError(116, "Stale file handle")
+
+    monkeypatch.setattr(os, "replace", flaky_replace)
+    with acquire_lock(str(tmp_path), heartbeat_every=0.01) as lock:
+        for _ in range(500):  # bounded poll for a few failed beats, not a timed assertion
+            if len(failed) >= 3:
+                break
+            time.sleep(0.01)
+        assert len(failed) >= 3
+    monkeypatch.undo()
+    assert read_lock(str(tmp_path)) is None and list(tmp_path.iterdir()) == [], lock.token
+
+
+def test_a_lock_put_back_on_a_filesystem_without_hard_links_is_not_lost(tmp_path, monkeypatch):
+    # Two launchers read one stale lock; one takes it over and holds the store. The other's late
+    # takeover moves the new lock aside, sees it is not the stale one and puts it back, by os.link:
+    # without hard links that failed, and the holder's lock was deleted, the store left to a third.
+    from dynamics.sweep import lock as lock_module
+
+    plant_lock(tmp_path, pid=dead_pid())
+    stale = read_lock(str(tmp_path))
+    with acquire_lock(str(tmp_path), heartbeat_every=3600) as winner:
+        def no_links(src, dst):
+            raise PermissionError(1, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_links)
+        assert lock_module._take_over(str(tmp_path), stale) is False
+        assert read_lock(str(tmp_path))["token"] == winner.token and winner.owned()
+        assert [p.name for p in tmp_path.iterdir()] == [LOCK_NAME]
+
+
+def test_what_killed_launchers_left_beside_the_lock_is_cleared_once_old(tmp_path):
+    old = time.time() - 3600
+    left = [tmp_path / f"{LOCK_NAME}.4242.0123abcd.tmp", tmp_path / f"{LOCK_NAME}.stale-0123abcd"]
+    fresh = tmp_path / f"{LOCK_NAME}.4243.0123abce.tmp"  # a write happening now, perhaps on another host
+    mine = tmp_path / f"{LOCK_NAME}.notes"  # not a name the lock gives: the user's
+    for f in [*left, fresh, mine]:
+        f.write_text("{}")
+    for f in [*left, mine]:
+        os.utime(f, (old, old))
+    with acquire_lock(str(tmp_path), heartbeat_every=3600):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, mine.name])

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -183,24 +184,34 @@ def _write_lock(path: str, info: dict, *, exclusive: bool) -> None:
         fs.pipe_file(p, blob)
         return
     tmp = f"{target}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(blob)
-    if not exclusive:
-        os.replace(tmp, target)
-        return
     try:
-        # Linked whole: created empty (O_EXCL) and then written, the lock was read between the two
-        # by a second launcher, which was told of "an unreadable lock" instead of who holds it
-        os.link(tmp, target)  # FileExistsError if one is there, as O_EXCL
+        with open(tmp, "wb") as f:
+            f.write(blob)
+        if exclusive:
+            # Linked whole: created empty (O_EXCL) and then written, the lock was read between the
+            # two by a second launcher, which was told of "an unreadable lock" instead of its holder
+            _place(tmp, target)
+        else:
+            os.replace(tmp, target)
+    finally:  # a heartbeat that fails goes on (see _beat): each left a temporary behind
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
+def _place(src: str, target: str) -> None:
+    """Put the whole file ``src`` at ``target`` too, or raise FileExistsError if one is there."""
+    try:
+        os.link(src, target)
     except FileExistsError:
-        raise
+        # NFS can report a link it made, on a retried request, as already there: then it is ours
+        if os.stat(src).st_nlink < 2:
+            raise
     except OSError:  # a filesystem without hard links: O_EXCL, torn for a moment (see _parse_lock)
+        with open(src, "rb") as f:
+            blob = f.read()
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
 
 
 def _remove(target: str) -> None:
@@ -227,9 +238,10 @@ def _take_over(path: str, stale: dict) -> bool:
         return False
     moved = read_lock_file(aside)
     if moved != stale:  # a fresh lock appeared between our read and the rename: put it back
-        with contextlib.suppress(OSError):
-            os.link(aside, target)
-        os.remove(aside)
+        with contextlib.suppress(OSError):  # FileExistsError: yet another launcher holds it now
+            _place(aside, target)  # a plain os.link, on a filesystem without hard links, lost it
+        with contextlib.suppress(FileNotFoundError):  # cleared as a leftover by the launcher that won
+            os.remove(aside)
         return False
     os.remove(aside)
     return True
@@ -242,6 +254,25 @@ def read_lock_file(file: str) -> dict | None:
     except OSError:
         return {"corrupt": True, "heartbeat": 0.0}
     return _parse_lock(blob, file)
+
+
+def _clear_leftovers(path: str, older_than: float) -> None:
+    """Delete the lock's temporaries and moved-aside copies that killed launchers left beside it.
+
+    Each lives for the moment of one write or takeover, so one older than a stale lock is no
+    live launcher's (any host's: the age, not the pid, says so)."""
+    if _is_url(path):
+        return
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path):
+            if _LEFTOVER.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    if now - entry.stat(follow_symlinks=False).st_mtime > older_than:
+                        os.remove(entry.path)
+
+
+_LEFTOVER = re.compile(re.escape(LOCK_NAME) + r"\.(\d+\.[0-9a-f]{8}\.tmp|stale-[0-9a-f]{8})")
 
 
 def acquire_lock(
@@ -288,9 +319,11 @@ def acquire_lock(
     for _ in range(5):
         try:
             _write_lock(path, info, exclusive=True)
-            return SweepLock(path, info, heartbeat_every)
         except FileExistsError:
             pass
+        else:
+            _clear_leftovers(path, stale_after)
+            return SweepLock(path, info, heartbeat_every)
         held = read_lock(path)
         if held is None:
             continue  # released between our attempt and the read
