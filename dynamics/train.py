@@ -229,7 +229,8 @@ def train_run(
     -------
     RunResult
         A completed (or diverged) run of the same config is not retrained: ``skipped`` is True
-        and nothing is written.
+        and nothing is written but, where a kill left it stale, its root-index entry
+        (``store.refresh_index``).
 
     Raises
     ------

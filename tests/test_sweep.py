@@ -356,7 +356,7 @@ def test_a_late_failure_record_never_overwrites_a_finished_run(tmp_path):
     assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"
 
 
-def test_run_sweep_then_rerun_skips_everything(tmp_path, threaded_cluster):
+def test_run_sweep_then_rerun_skips_everything(tmp_path, threaded_cluster, monkeypatch):
     cfg = from_dict(tiny({"train.seed": [0, 1]}))
     path = str(tmp_path / "s.zarr")
     summary = run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
@@ -373,15 +373,23 @@ def test_run_sweep_then_rerun_skips_everything(tmp_path, threaded_cluster):
 
     # A worker killed between a run's last attrs and their root-index entry: plain xarray, which
     # reads the index, saw it running, and a rerun skipping it as finished left it so.
+    from dynamics.store import root as store_root
+
     root = Path(path) / "zarr.json"
     meta = json.loads(root.read_text())
-    meta["consolidated_metadata"]["metadata"][f"runs/{points[0].run_id}"]["attributes"]["status"] = "running"
+    for p in points:
+        meta["consolidated_metadata"]["metadata"][f"runs/{p.run_id}"]["attributes"]["status"] = "running"
     root.write_text(json.dumps(meta))
     before = {p.run_id: store.run_attrs(path, p.run_id) for p in points}
+    writes = []
+    real_write = store_root._write_root
+    monkeypatch.setattr(store_root, "_write_root", lambda loc, meta: (writes.append(1), real_write(loc, meta)))
     again = run_sweep(cfg, path, progress=False)  # nothing to do: no cluster is even started
+    assert len(writes) == 2  # the sweep index, then every stale entry at once (one each was quadratic)
     assert again.skipped == [p.run_id for p in points] and again.counts == {"completed": 2}
     assert {p.run_id: store.run_attrs(path, p.run_id) for p in points} == before
-    assert xr.open_zarr(path, group=f"runs/{points[0].run_id}").attrs == before[points[0].run_id]
+    for p in points:
+        assert xr.open_zarr(path, group=f"runs/{p.run_id}").attrs == before[p.run_id]
 
 
 def test_a_task_cancelled_on_the_cluster_ends_the_sweep_with_a_summary(tmp_path, threaded_cluster, monkeypatch):

@@ -233,7 +233,8 @@ def run_sweep(
             else:
                 todo.append(p)
         _write_index(path, [p for p in points if p.run_id not in other])
-        store.refresh_index(path, summary.skipped)  # as train_run's skip: an entry a kill left stale
+        if not store.is_remote(path):  # a remote store's is rebuilt whole below
+            store.refresh_index(path, summary.skipped)  # as train_run's skip: an entry a kill left stale
         try:
             if todo:
                 n = min(workers or default_workers(), len(todo))
