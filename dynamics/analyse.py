@@ -82,6 +82,39 @@ def disk_full(e: BaseException | None) -> OSError | None:
     return None
 
 
+def interrupt_in(e: BaseException | None) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt that ``e`` was raised from (pybind11 turns one in an extension's
+    initialisation into ``ImportError: initialization failed``); None if none."""
+    while e is not None:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def import_analysers() -> None:
+    """Import what analysing a run imports, SIGINT and SIGTERM held back meanwhile (in the main thread).
+
+    Third-party module initialisation is not safe to interrupt. A KeyboardInterrupt in scipy's
+    pybind11 extension came out as ``ImportError: initialization failed``, the run's own failure
+    to analyse_or_report: the interrupt was lost, every later import of it failed ("type ... is
+    already registered") and seed_consistency ended in a traceback, exit 1. One in a module-level
+    ``logging.StreamHandler()`` (charset_normalizer, under numpy.f2py) left a handler without a
+    lock that logging's shutdown raised on at exit, after the "interrupted" line.
+    """
+    from dynamics.signals import deferred_signals
+
+    with deferred_signals():
+        import dask.array  # noqa: F401 - with dask.threaded: what a run's first compute imports
+        import dask.threaded  # noqa: F401
+        import xarray
+
+        import dynamics.analysis  # noqa: F401 - xarray, scipy, numpy.f2py
+        import dynamics.store  # noqa: F401
+
+        xarray.backends.list_engines()  # the backends' entry points, read on the first open
+
+
 def analyse_or_report(path: str, run_id: str) -> dict:
     """:func:`analyse_one`, but a run whose analysis raises (a corrupt chunk, an analyser's error on
     an unusual run) gives a skipped row with ``error`` (one line) instead of ending the analysis
@@ -93,6 +126,8 @@ def analyse_or_report(path: str, run_id: str) -> dict:
     try:
         return analyse_one(path, run_id)
     except Exception as e:  # noqa: BLE001 - reported in the row; the other runs go on
+        if (stop := interrupt_in(e)) is not None:
+            raise stop from None  # an interrupt during an import, wrapped: it stops everything
         if (full := disk_full(e)) is not None:
             # no problem of this run: every other run would fail the same way, each named as its
             # own failure, and cross-seed consistency be rewritten from none of them
@@ -181,6 +216,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
     """
     from dynamics import store
 
+    import_analysers()  # before any run: an interrupt while they import lands after, not inside one
     ids = list(run_ids or store.list_runs(path, damaged="include"))  # a damaged run: its row says so
     n = min(max(1, workers), len(ids))
     if store.is_remote(path):

@@ -154,6 +154,40 @@ def test_a_second_interrupt_leaves_at_once_and_nothing_prints_after_it(three_run
     assert events[-1] == "raised" and len(events) in (4, 5), events
 
 
+def test_an_interrupt_while_the_analysers_import_lands_after_their_imports(monkeypatch):
+    # Module initialisation is not safe to interrupt: a SIGTERM inside scipy's pybind11 extension
+    # came out as "ImportError: initialization failed", taken for the run's own failure, and the
+    # analyse went on and ended in a traceback (the SIGTERM test above, now and then, in CI).
+    from dynamics import analyse
+    from dynamics.signals import sigterm_as_interrupt
+
+    finished = []
+
+    def signalled_while_importing():
+        signal.raise_signal(signal.SIGTERM)
+        finished.append(True)  # not reached if the interrupt lands here
+        return {}
+
+    monkeypatch.setattr(xr.backends, "list_engines", signalled_while_importing)
+    with sigterm_as_interrupt(), pytest.raises(KeyboardInterrupt):
+        analyse.import_analysers()
+    assert finished == [True]
+
+
+def test_an_interrupt_wrapped_in_another_error_still_stops_the_analysis(monkeypatch, three_runs):
+    from dynamics import analyse
+
+    def wrapped(path, run_id):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise ImportError("initialization failed") from e  # as pybind11 reports it
+
+    monkeypatch.setattr(analyse, "analyse_one", wrapped)
+    with pytest.raises(KeyboardInterrupt):
+        analyse.analyse_or_report(str(three_runs[0]), store.list_runs(str(three_runs[0]))[0])
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for child processes")
 def test_sigterm_stops_a_multi_process_analyse_with_its_workers(three_runs, tmp_path):
     # The launcher analyses runs in its own main thread while the worker starts: on a loaded
