@@ -1054,6 +1054,24 @@ def test_a_report_stopped_while_deleting_an_old_folder_leaves_it_for_the_next(tm
     assert (mine / "notes.txt").read_text() == "mine"
 
 
+def test_a_figure_folder_that_is_a_link_is_not_followed(tmp_path):
+    # A figures/<generation> that is a symlink: the marker-last deletion listed and deleted what
+    # it pointed to, outside the report's folder (rmtree, before it, refused a link).
+    from dynamics.report import page as page_module
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    elsewhere = tmp_path / "kept" / "20240101-120000-0"
+    (elsewhere / "sub").mkdir(parents=True)
+    for f in (elsewhere / page_module._MARK, elsewhere / "precious.png", elsewhere / "sub" / "a.png"):
+        f.write_bytes(b"x")
+    figures = tmp_path / "out" / "figures"
+    figures.mkdir(parents=True)
+    (figures / elsewhere.name).symlink_to(elsewhere, target_is_directory=True)
+    write_report(path, tmp_path / "out")
+    assert sorted(p.name for p in elsewhere.rglob("*")) == sorted([page_module._MARK, "precious.png", "sub", "a.png"])
+
+
 def test_a_second_report_into_a_folder_being_written_is_refused_in_one_line(tmp_path, capsys):
     # Two reports into one folder at once: the first to end deleted the other's figures folder
     # (and page draft), so the page left behind linked to PNGs that were gone.

@@ -270,7 +270,8 @@ def _remove_earlier_reports(out: Path, keep: str, linked: set[str]) -> None:
     figures = out / "figures"
     folders = {Path(rel).parts[1] for rel in linked if len(Path(rel).parts) > 2}
     for entry in figures.iterdir():
-        if not (entry.is_dir() and entry.name != keep and _GENERATION.fullmatch(entry.name)):
+        # not a link: what it points to is outside the report's folder (rmtree refused one too)
+        if entry.is_symlink() or not (entry.is_dir() and entry.name != keep and _GENERATION.fullmatch(entry.name)):
             continue
         if entry.name in folders or (entry / _MARK).is_file():
             _delete_generation(entry)
