@@ -217,3 +217,22 @@ def test_what_killed_launchers_left_beside_the_lock_is_cleared_once_old(tmp_path
     with acquire_lock(str(tmp_path), heartbeat_every=3600):
         pass
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, mine.name])
+
+
+def test_a_takeover_whose_moved_aside_lock_a_winner_cleared_does_not_crash(tmp_path, monkeypatch):
+    # The copy a takeover moves aside keeps the stale lock's old mtime: a launcher that won the
+    # lock meanwhile clears it as a leftover, and the takeover's own remove raised FileNotFoundError.
+    from dynamics.sweep import lock as lock_module
+
+    old = time.time() - 3600
+    plant_lock(tmp_path, pid=dead_pid(), heartbeat=old)
+    real = lock_module.read_lock_file
+
+    def read_then_cleared(file):
+        info = real(file)
+        os.remove(file)  # the winner's _clear_leftovers, right after this read
+        return info
+
+    monkeypatch.setattr(lock_module, "read_lock_file", read_then_cleared)
+    with acquire_lock(str(tmp_path), heartbeat_every=3600) as lock:
+        assert read_lock(str(tmp_path))["token"] == lock.token

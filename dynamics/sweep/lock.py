@@ -206,6 +206,8 @@ def _place(src: str, target: str) -> None:
         # NFS can report a link it made, on a retried request, as already there: then it is ours
         if os.stat(src).st_nlink < 2:
             raise
+    except FileNotFoundError:  # src itself gone: no filesystem's answer about hard links
+        raise
     except OSError:  # a filesystem without hard links: O_EXCL, torn for a moment (see _parse_lock)
         with open(src, "rb") as f:
             blob = f.read()
@@ -243,7 +245,8 @@ def _take_over(path: str, stale: dict) -> bool:
         with contextlib.suppress(FileNotFoundError):  # cleared as a leftover by the launcher that won
             os.remove(aside)
         return False
-    os.remove(aside)
+    with contextlib.suppress(FileNotFoundError):  # as above: its old mtime makes it a leftover to the winner
+        os.remove(aside)
     return True
 
 
