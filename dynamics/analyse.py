@@ -104,15 +104,20 @@ def import_analysers() -> None:
     """
     from dynamics.signals import deferred_signals
 
-    with deferred_signals():
-        import dask.array  # noqa: F401 - with dask.threaded: what a run's first compute imports
-        import dask.threaded  # noqa: F401
-        import xarray
+    with deferred_signals(second_goes_through=True):  # a cold disk can make these seconds
+        try:
+            import dask.array  # noqa: F401 - with dask.threaded: what a run's first compute imports
+            import dask.threaded  # noqa: F401
+            import xarray
 
-        import dynamics.analysis  # noqa: F401 - xarray, scipy, numpy.f2py
-        import dynamics.store  # noqa: F401
+            import dynamics.analysis  # noqa: F401 - xarray, scipy, numpy.f2py
+            import dynamics.store  # noqa: F401
 
-        xarray.backends.list_engines()  # the backends' entry points, read on the first open
+            xarray.backends.list_engines()  # the backends' entry points, read on the first open
+        except Exception as e:  # a second Ctrl-C, let through, wrapped by an extension as above
+            if (stop := interrupt_in(e)) is not None:
+                raise stop from None
+            raise
 
 
 def analyse_or_report(path: str, run_id: str) -> dict:

@@ -14,22 +14,39 @@ import threading
 
 
 @contextlib.contextmanager
-def deferred_signals():
+def deferred_signals(*, second_goes_through: bool = False):
     """Hold SIGINT and SIGTERM back for a short critical section (the final status write), then
     deliver them to their own handlers. Python runs signal handlers in the main thread whichever
-    thread the kernel picks, so a blocked signal mask would not do: the handlers are swapped."""
+    thread the kernel picks, so a blocked signal mask would not do: the handlers are swapped.
+
+    ``second_goes_through``: for a section that may take long (imports from a slow disk), a
+    second signal is not held but delivered at once, so that a user who presses Ctrl-C again
+    is not kept waiting; by default only the first is delivered, at the end."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     got: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous: dict = {}
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        previous.clear()
+
+    def hold(signum, frame):
+        got.append(signum)
+        if second_goes_through and len(got) > 1:
+            restore()
+            signal.raise_signal(signum)  # to the handler that was in place, as this one returns
+
+    previous.update({s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)})
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        for signum in got[:1]:
-            signal.raise_signal(signum)  # now, to the handler that was in place, in this (the main) thread
+        if previous:  # else a second signal went through already
+            restore()
+            for signum in got[:1]:
+                signal.raise_signal(signum)  # now, to the handler that was in place, in this (the main) thread
 
 
 @contextlib.contextmanager
