@@ -176,13 +176,12 @@ class _Writer:
 
 def _save_checkpoint(path: str, run_id: str, state: dict, attrs_writer: store.RunWriter, step: int,
                      steps_trained: int, wall_time: float) -> None:
-    # The counts go into the checkpoint as well as the attrs: a kill between the two writes left
-    # a checkpoint newer than the attrs, and the resume, counting from the attrs, lost the steps
-    # between the two checkpoints (180 of 200 steps trained, in CI)
+    # steps_trained and wall_time with each checkpoint, so a session killed outright (SIGKILL)
+    # still counts its steps and time up to it; in the checkpoint too, since a kill between the
+    # two writes left the attrs at the checkpoint before, and a resume counting from them alone
+    # lost the steps between the two (180 of 200 steps trained, in CI)
     store.write_checkpoint(path, run_id, checkpoint.checkpoint_bytes(
         state | {"steps_trained": steps_trained, "wall_time": wall_time}))
-    # steps_trained and wall_time too, so a session killed outright (SIGKILL) still counts its
-    # steps and its time up to its checkpoint: the resume adds its own to these
     attrs_writer.set_attrs(checkpoint_step=step, steps_trained=steps_trained, wall_time=wall_time)
 
 

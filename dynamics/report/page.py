@@ -100,6 +100,7 @@ def write_report(
     >>> page = write_report("runs/quickstart.zarr", "runs/quickstart-report")  # doctest: +SKIP
     >>> print(page.as_uri())  # doctest: +SKIP
     """
+    progress = progress or (lambda line: None)
     if not store.is_store(store_path):
         raise store.StoreError(f"not a dynamics store: {store_path}")
     ids = store.list_runs(store_path, damaged="include")  # a damaged run is listed as unreadable
@@ -118,7 +119,7 @@ def write_report(
         try:
             (stage / "attention").mkdir()
             index = store.read_sweep_index(store_path)
-            runs = _read_runs(store_path, ids, index, compute_missing, on_damaged, progress or (lambda line: None))
+            runs = _read_runs(store_path, ids, index, compute_missing, on_damaged, progress)
             pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
             chosen = run_id or _choose_run(runs)
             axes = _colour_axes([*runs, *pending], index)  # pending runs too: colours stay put as the sweep fills in
@@ -130,8 +131,7 @@ def write_report(
             for name, make in (("attention maps", _attention_section), ("emergence curves", _emergence_section),
                                ("bifurcation", _bifurcation_section), ("redundancy", _redundancy_section),
                                ("causal head gating", _chg_section), ("predictor", _predict_section)):
-                if progress is not None:
-                    progress(f"drawing {name}")
+                progress(f"drawing {name}")
                 sections.append(_safe(make, ctx))
 
             table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not

@@ -68,8 +68,8 @@ def _parse_lock(blob: bytes, target: str) -> dict:
     if isinstance(info, dict):
         return info
     # A torn write (on a filesystem without hard links, a launcher between creating its lock and
-    # writing it, or one that died there; see _write_lock): judged by age alone below, the file's modification time standing in for the
-    # heartbeat, so a lock being written right now is not taken over.
+    # writing it, or one that died there; see _write_lock): judged by age alone below, the file's
+    # modification time standing in for the heartbeat, so a lock being written now is not taken over.
     return {"corrupt": True, "heartbeat": _mtime(target)}
 
 
