@@ -7,7 +7,9 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -17,7 +19,7 @@ from dynamics.budget import DoesNotFit, check_fits
 from dynamics.config import ConfigError, RunConfig
 from dynamics.identity import experiment_identity
 from dynamics.schema import config_value
-from dynamics.signals import sigterm_as_interrupt
+from dynamics.signals import deferred_signals, sigterm_as_interrupt
 from dynamics.sweep.grid import Point, _plain, expand_grid
 from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
@@ -55,10 +57,45 @@ def _client(scheduler: str | None, n_workers: int):
         if "://" not in scheduler and os.path.isfile(scheduler):
             return Client(scheduler_file=scheduler, timeout=30), None
         return Client(scheduler, timeout=30), None
-    cluster = local_cluster(n_workers)
-    client = Client(cluster)
-    client.register_plugin(_ignore_sigint_plugin())
+    cluster = None
+    try:
+        with deferred_signals(), _sigint_blocked_here():
+            cluster = local_cluster(n_workers)
+        client = Client(cluster)  # a signal held while the cluster started was raised above
+        client.register_plugin(_ignore_sigint_plugin())
+    except BaseException:  # Ctrl-C included: a cluster left open fails its own close at exit
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+        raise
     return client, cluster
+
+
+@contextlib.contextmanager
+def _sigint_blocked_here():
+    """SIGINT blocked in this (the main) thread while the embedded cluster starts.
+
+    Ctrl-C in a terminal reaches the whole process group. Workers still importing printed a
+    KeyboardInterrupt traceback each, and a cluster interrupted half-started failed its own close
+    at exit (distributed's ``AssertionError: Status.init``). The cluster's IO-loop thread, made
+    here, inherits the mask, and so do the threads it makes to spawn and respawn workers, and the
+    worker processes, which keep a blocked mask across exec: they never see it. The launcher's own
+    Ctrl-C, pending meanwhile (or taken by another of its threads, for ``deferred_signals`` around
+    this), is delivered once the cluster is whole, a second or two, and stops it as any Ctrl-C does.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    # Its first start unblocks SIGINT in the thread that starts it, afterwards (CPython's
+    # ensure_running): started now, before the mask, not later by the IO-loop thread.
+    resource_tracker.ensure_running()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def check_scheduler(scheduler: str, timeout: float = 10.0) -> None:
@@ -267,7 +304,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     events: queue.SimpleQueue = queue.SimpleQueue()
     results: dict[str, dict] = {}
     client, cluster = _client(scheduler, n_workers)
-    stop = Event(_stop_name(token), client=client)
+    stop = None  # made in the try below, so that a Ctrl-C this early still closes the cluster
     by_run = {p.run_id: p for p in todo}
     order = {p.run_id: i for i, p in enumerate(todo)}
     tries: Counter = Counter()
@@ -323,6 +360,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     pending: dict = {}
     cancelled: dict = {}  # key -> why, for tasks cancelled on the cluster
     try:
+        stop = Event(_stop_name(token), client=client)
         client.subscribe_topic(_progress_topic(token), events.put)
         for p in todo:
             pending[submit(p)] = p.run_id
@@ -403,7 +441,8 @@ def _stop_running(client, stop, pending: dict, collect, cancelled: dict) -> None
     print("dynamics: stopping the sweep (Ctrl-C again to abort at once); runs stay resumable",
           file=sys.stderr, flush=True)
     try:
-        stop.set()
+        if stop is not None:
+            stop.set()
         deadline = time.monotonic() + STOP_GRACE
         while pending and time.monotonic() < deadline:
             for f in _settled(pending, cancelled):

@@ -1,0 +1,88 @@
+"""Ctrl-C at a sweep on the embedded cluster, as a terminal sends it: to the whole process group,
+worker processes included, here while the cluster is still starting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_sweep import tiny, write_toml
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for signal masks"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+SIGINT_BIT = 1 << (signal.SIGINT - 1)
+
+MASKS = """
+from pathlib import Path
+from dynamics.sweep.launcher import _client
+
+def blocked():
+    status = Path("/proc/thread-self/status").read_text()
+    return next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1]
+
+if __name__ == "__main__":
+    before = blocked()
+    client, cluster = _client(None, 2)
+    print(before, blocked(), *client.run(blocked).values())
+    client.close()
+    cluster.close()
+"""
+
+
+def test_the_embedded_clusters_workers_never_see_a_terminal_ctrl_c(tmp_path):
+    # A fresh process: CPython's multiprocessing resource tracker, on its first start, unblocks
+    # SIGINT in the thread that started it. That was the cluster's IO-loop thread, which then
+    # spawned workers that got Ctrl-C while importing, each printing a traceback.
+    script = tmp_path / "masks.py"
+    script.write_text(MASKS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    before, after, *workers = (int(m, 16) for m in done.stdout.split())
+    assert len(workers) == 2
+    assert all(m & SIGINT_BIT for m in workers), done.stdout  # the workers never see it
+    assert not before & SIGINT_BIT and not after & SIGINT_BIT  # the launcher does, to stop the sweep
+
+
+@pytest.mark.parametrize("delay", [0.2, 1.0])
+def test_ctrl_c_while_the_cluster_starts_ends_in_one_line_and_exit_130(tmp_path, delay):
+    config = write_toml(tmp_path / "s.toml", tiny({"train.seed": [0, 1]}))
+    out = tmp_path / "s.zarr"
+
+    def default_sigint():  # a shell's background job (`pytest &`) inherits SIGINT ignored
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dynamics", "sweep", str(config), "--out", str(out), "--workers", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        start_new_session=True, preexec_fn=default_sigint,
+    )
+    lines = []
+    try:
+        for line in proc.stdout:  # plain log lines: not a terminal
+            lines.append(line)
+            if "to train on" in line:  # printed just before the cluster starts
+                time.sleep(delay)
+                os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: to every process of the group
+                break
+        lines.append(proc.stdout.read())
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = "".join(lines)
+    assert any("to train on" in line for line in lines), text
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and "Warning" not in text, text
+    assert text.rstrip().splitlines()[-1] == "dynamics: interrupted; runs are resumable with the same command"
