@@ -574,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UsageError) as e:
         print(f"dynamics: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # one zarr was waiting for leaves a coroutine never run: no warning of it at exit
+        __import__("warnings").filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
         print(f"dynamics: interrupted; {_AFTER_INTERRUPT.get(args.command, _AFTER_INTERRUPT['run'])}", file=sys.stderr)
         return 130
     except OSError as e:

@@ -845,3 +845,23 @@ def test_status_tells_apart_runs_at_one_swept_point_by_the_settings_that_differ(
     store.write_sweep_index(s, {"axes": ["train.seed"], "runs": {free: {"train.seed": 0}, slow: {"train.seed": 1}}})
     header, _, _ = status_table(str(s))
     assert "train.lr" not in header  # the two are at different points; gated, outside the index, alone there
+
+
+def test_ctrl_c_while_zarr_waits_prints_no_never_awaited_warning(tmp_path):
+    # Ctrl-C before zarr's event loop ran the coroutine its sync() handed over left that
+    # coroutine never run, and Python printed a RuntimeWarning after the one line, at exit.
+    script = tmp_path / "interrupted.py"
+    script.write_text(
+        "import sys\n"
+        "from dynamics import cli\n"
+        "async def write(): pass\n"
+        "def status(args):\n"
+        "    pending = write()  # as zarr's sync() leaves it\n"
+        "    raise KeyboardInterrupt\n"
+        "cli.cmd_status = status\n"
+        "sys.exit(cli.main(['status', 'x.zarr']))\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "default", str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 130
+    assert done.stderr.strip() == "dynamics: interrupted; nothing was written"
