@@ -15,7 +15,7 @@ Store layout (a Zarr v3 group; see dynamics/store/)::
 
 STORE_VERSION = 1
 
-ANALYSIS_VERSION = 6
+ANALYSIS_VERSION = 7
 """Stamped on every analysis (attr ``analysis_version``) and raised whenever what the analysers
 compute changes; readers recompute a stored analysis of another version rather than mix it with
 this one's, and `dynamics.store.open_analysis` warns on one (version 2: slash window up to T // 2,
@@ -24,7 +24,9 @@ uniform attention passes it; version 4: the same rule for slash-dominance,
 `uninformative_offsets`; ``token_ratio`` stored; version 5: ``redundancy_fraction`` NaN with
 fewer than two heads, ``winner_take_all`` NaN for a layer of one head, where both read 0;
 version 6: the slash role leaves out only the offsets a sink or uniform attention passes, where
-a window reaching them blanked it for every head).
+a window reaching them blanked it for every head; version 7: ``slash_dominant`` and
+``token_dominant`` float, NaN where undefined, and left out of the dominant shares, where they
+read False and counted as 0).
 Defined here, not in the analysers, so the store can tell a stale analysis without importing
 them."""
 

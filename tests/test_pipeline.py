@@ -243,11 +243,42 @@ def test_short_probes_leave_uniform_and_sink_heads_not_slash_dominant(T_):
         coords={"step": ("snapshot", np.arange(4) * 10)},
     )
     r = analyse_run(ds).load()
-    assert not r.slash_dominant.any()
-    assert summary_row(r)["slash_dominant"] == 0
+    assert not (r.slash_dominant == 1).any()
+    if T_ == 4:
+        assert summary_row(r)["slash_dominant"] == 0
+        assert (r.slash_dominant_share == 0).all()
+    else:  # no offset left to score: undefined, where the table printed 0 and the share read 0
+        assert r.slash_dominant.isnull().all() and r.slash_dominant_share.isnull().all()
+        assert summary_row(r)["slash_dominant"] == "undefined"
     assert r.attrs["slash_offsets_unscored"] == {2: [1], 3: [1], 4: [2]}[T_]
     if T_ == 4:  # offset 1 still tells a previous-token head from these two
         assert r.best_offset.isel(snapshot=-1).values.tolist() == [[1.0, 1.0]]
+
+
+@pytest.mark.parametrize("n_probe", [2, 3])
+def test_token_dominance_is_undefined_with_fewer_probes_than_a_run_needs(n_probe):
+    # Every head wholly on a "/" at position 0 in every probe: with 2 probes a run of 3 cannot
+    # be seen, and the heads read "not dominant" (share 0) where nothing could be told.
+    T_ = 12
+    rng = np.random.default_rng(0)
+    attn = np.zeros((4, 1, 2, n_probe, T_, T_))
+    attn[..., 0] = 1
+    tokens = rng.integers(48, 60, (n_probe, T_))
+    tokens[:, 0] = ord("/")
+    ds = xr.Dataset(
+        {"attention": (("snapshot", "layer", "head", "probe", "query", "key"), attn.astype(np.float16)),
+         "probe_tokens": (("probe", "position"), tokens),
+         "importance": (("snapshot", "layer", "head"), rng.random((4, 1, 2)))},
+        coords={"step": ("snapshot", np.arange(4) * 10)},
+    )
+    r = analyse_run(ds).load()
+    assert (r.token_share == 1).all()
+    if n_probe == 2:
+        assert r.token_dominant.isnull().all() and r.token_dominant_share.isnull().all()
+        assert r.token_emergence_step.isnull().all()
+    else:
+        assert (r.token_dominant == 1).all() and (r.token_dominant_share == 1).all()
+        assert (r.token_emergence_step == 0).all()
 
 
 def test_uninformative_offsets_only_on_contexts_of_four_or_less():

@@ -117,12 +117,19 @@ def test_slash_dominant():
     a = np.stack([diagonal(t, 3), uniform(t), sink, np.full((t, t), np.nan)])[None, None, :, None]
     s = slash_score(as_attention(a))
     assert DEFAULT_KAPPA == 0.5
-    assert slash_dominant(s, delta=3).values.ravel().tolist() == [True, False, False, False]
-    assert slash_dominant(s, delta=2).values.ravel().tolist() == [False, False, False, False]
+    def flags(x):  # the padded (all-NaN) head has no score: undefined, not "not dominant"
+        return ["nan" if np.isnan(v) else bool(v) for v in x.values.ravel()]
+
+    assert flags(slash_dominant(s, delta=3)) == [True, False, False, "nan"]
+    assert flags(slash_dominant(s, delta=2)) == [False, False, False, "nan"]
     # A sink head scores 1 at offset T - 1 (a single row): why a window cap matters.
-    assert slash_dominant(s).values.ravel().tolist() == [True, False, True, False]
-    assert slash_dominant(s, min_offset=1, max_offset=t // 2).values.ravel().tolist() == [True, False, False, False]
-    assert slash_dominant(s, kappa=1.0, delta=3).values.ravel().tolist() == [True, False, False, False]
+    assert flags(slash_dominant(s)) == [True, False, True, "nan"]
+    assert flags(slash_dominant(s, min_offset=1, max_offset=t // 2)) == [True, False, False, "nan"]
+    assert flags(slash_dominant(s, kappa=1.0, delta=3)) == [True, False, False, "nan"]
+    # offsets left unscored (NaN) for every head: undefined, and left out of a share of heads
+    unscored = slash_dominant(s.where(s["offset"] > 5), max_offset=5)
+    assert np.isnan(unscored.values).all()
+    assert np.isnan(dominant_share(unscored).values).all()
     with pytest.raises(ValueError, match="kappa"):
         slash_dominant(s, kappa=1.5)
     with pytest.raises(ValueError, match="delta"):
@@ -209,11 +216,25 @@ def test_token_dominant_needs_three_consecutive_probes():
         "never visible": [nan] * 5,
     }
     share = xr.DataArray(list(rows.values()), dims=("head", "probe"))
-    assert token_dominant(share).values.tolist() == [True, False, True, True, False, False]
-    assert token_dominant(share, run_length=2).values.tolist() == [True, True, True, True, True, False]
-    assert token_dominant(share, threshold=0.95).values.tolist() == [False] * 6
+
+    def flags(x):  # fewer probes hold the token than a run needs: undefined, not "not dominant"
+        return ["nan" if np.isnan(v) else bool(v) for v in x.values.ravel()]
+
+    assert flags(token_dominant(share)) == [True, False, True, True, False, "nan"]
+    assert flags(token_dominant(share, run_length=2)) == [True, True, True, True, True, "nan"]
+    assert flags(token_dominant(share, threshold=0.95)) == [False] * 5 + ["nan"]
+    # three probes hold the token: enough for a run of 3, not of 4
+    assert flags(token_dominant(share, run_length=4)) == [False, False, "nan", False, False, "nan"]
     with pytest.raises(ValueError, match="run_length"):
         token_dominant(share, run_length=0)
+    # Two probes recorded (record.n_probe = 2), every head wholly on the token: a run of 3 can
+    # never be seen, so no head is "not dominant", and the layer's share is undefined, not 0.
+    two = xr.DataArray(np.ones((1, 1, 4, 2)), dims=("snapshot", "layer", "head", "probe"))
+    assert np.isnan(token_dominant(two).values).all()
+    assert np.isnan(dominant_share(token_dominant(two)).values).all()
+    # a share leaves the undefined heads out: 1 of the 2 heads defined is dominant
+    mixed = xr.DataArray([[[1.0, 0.0, np.nan, np.nan]]], dims=("snapshot", "layer", "head"))
+    assert dominant_share(mixed).values.tolist() == [[0.5]]
 
 
 def test_token_dominant_from_attention():
@@ -322,11 +343,11 @@ def test_extra_run_dim_and_nan_padded_heads():
     xr.testing.assert_allclose(s.isel(run=1, head=slice(0, 2)), s.isel(run=0, head=slice(0, 2)))
     assert s.isel(run=1, head=2).isnull().all()
     assert best_offset(s)[0].isel(run=1, head=2).isnull().all()
-    assert not slash_dominant(s, kappa=0.0).isel(run=1, head=2).any()
+    assert slash_dominant(s, kappa=0.0).isel(run=1, head=2).isnull().all()  # undefined, not False
     share = token_share(attn, tokens)
     assert share.dims == ("run", "snapshot", "layer", "head", "probe")
     assert share.isel(run=1, head=2).isnull().all()
     dominant = token_dominant(share, threshold=0.0)
-    assert dominant.isel(run=0).all() and not dominant.isel(run=1, head=2).any()
+    assert (dominant.isel(run=0) == 1).all() and dominant.isel(run=1, head=2).isnull().all()
     present = share.notnull().any("probe").isel(snapshot=0, drop=True)
     np.testing.assert_allclose(dominant_share(dominant, present).values, [[[1], [1]], [[1], [1]]])

@@ -127,8 +127,11 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     ``divergence_from_init``, ``bifurcation_step`` (scalar), ``cluster``,
     ``redundancy_fraction`` (snapshot), ``attention_correlation`` (last snapshot), and when
     head weights were recorded ``qk_cosine`` and ``q_subspace_cos`` (snapshot, layer, head, head_b).
-    On data from ``open_sweep`` (a ``run`` coordinate, also after ``.sel(run=...)``), ``role``,
-    ``slash_dominant`` and ``token_dominant`` are float, NaN where a run has no such head or
+    ``slash_dominant`` and ``token_dominant`` are float 1 / 0, NaN where undefined (no offset
+    scored; fewer probes holding the token than ``token_run_length``), and the shares leave
+    such heads out (NaN where no head's flag is defined).
+    On data from ``open_sweep`` (a ``run`` coordinate, also after ``.sel(run=...)``), ``role``
+    is float, and these flags too are NaN, where a run has no such head or
     snapshot (the sweep's padding), so that
     ``result.role.isel(snapshot=-1)`` does not read a shorter run's padding as "none";
     `role_names` gives "" there.
@@ -298,14 +301,14 @@ def slash_dominance(slash: xr.DataArray, opt: AnalysisOptions, n_query: int):
     """Best offset, its score and (kappa, delta)-slash-dominance over the window of `opt`.
 
     The window is ``opt.slash_min_offset .. opt.slash_window(n_query)`` less the
-    `uninformative_offsets`, whose scores are left out (no best offset, not dominant, where none
-    is left). `analyse_run` and the predictor's targets both read it here.
+    `uninformative_offsets`, whose scores are left out (no best offset, and an undefined flag,
+    where none is left). `analyse_run` and the predictor's targets both read it here.
 
     Returns
     -------
     offset, score, dominant : DataArray
         ``(..., snapshot, layer, head)``: float offset (NaN where no offset is scored), its
-        slash score, and the bool flag.
+        slash score, and the flag (1 / 0, NaN where no offset is scored).
     """
     window = opt.slash_window(n_query)
     skipped = uninformative_offsets(n_query, opt)
@@ -322,7 +325,8 @@ def summary_row(result: xr.Dataset) -> dict:
     noise band, or "undefined" when there is no curve at all (no layer has two heads to
     compare), which is not the same as never bifurcating. ``final_divergence`` is then
     "undefined" too: NaN there means no pair of heads, not a distance. ``redundancy`` is
-    "undefined" when the model has fewer than two heads (no pair to be redundant).
+    "undefined" when the model has fewer than two heads (no pair to be redundant), and
+    ``slash_dominant`` (a count of heads) when no head has a slash offset scored.
     """
     from dynamics.analysis.roles import role_names
 
@@ -331,6 +335,7 @@ def summary_row(result: xr.Dataset) -> dict:
     counts = {r: int((labels == r).sum()) for r in ROLES if (labels == r).any()}
     no_pairs = not bool(result["mean_divergence"].notnull().any())
     redundancy = float(last["redundancy_fraction"].values)
+    flags = np.asarray(last["slash_dominant"].values, dtype=np.float64)
     bif = float(result["bifurcation_step"].values)
     if np.isnan(bif):
         bif = "undefined" if no_pairs else None
@@ -340,7 +345,8 @@ def summary_row(result: xr.Dataset) -> dict:
         "bifurcation_step": bif,
         "final_divergence": "undefined" if no_pairs else float(last["mean_divergence"].values),
         "redundancy": "undefined" if np.isnan(redundancy) else redundancy,
-        "slash_dominant": int(np.nansum(last["slash_dominant"].values)),  # NaN: a sweep's padded head
+        # NaN: a sweep's padded head, or undefined (no offset scored): "undefined" if every head is
+        "slash_dominant": int(np.nansum(flags)) if np.isfinite(flags).any() else "undefined",
         "roles": counts,
     }
 

@@ -230,7 +230,8 @@ def slash_dominant(
     Returns
     -------
     DataArray
-        bool, ``(..., snapshot, layer, head)``. NaN scores (padded heads) give False.
+        float64 1.0 (dominant) or 0.0, ``(..., snapshot, layer, head)``; NaN (undefined) where
+        the score is NaN at every offset tested: padded heads, or offsets left unscored.
 
     Examples
     --------
@@ -247,7 +248,10 @@ def slash_dominant(
         score = scores.sel({OFFSET: delta}, drop=True)
     else:
         score = _offset_window(scores, min_offset, max_offset).max(OFFSET)
-    out = score >= kappa
+    # Three-valued: a head with no scored offset (padded, or a context too short for any
+    # offset the window allows) is undefined, not "not dominant", so that a share of
+    # dominant heads leaves it out instead of counting it a zero.
+    out = (score >= kappa).astype(np.float64).where(score.notnull())
     out.name = "slash_dominant"
     out.attrs = {"kappa": float(kappa), "delta": "any" if delta is None else int(delta)}
     return out
@@ -367,14 +371,16 @@ def token_ratio(attn: xr.DataArray, tokens: xr.DataArray, token_id: int = ord("/
 
 
 def _has_run(share: np.ndarray, threshold: float, run_length: int) -> np.ndarray:
-    # share: (..., probe) -> (...). NaN probes (token absent) are skipped: they neither extend
-    # nor break a run. hits - (hits at the last miss) is the length of the current run, and
-    # cumsum / running max replace a loop over probes.
+    # share: (..., probe) -> (...) float: 1 / 0, or NaN where fewer than run_length probes hold
+    # the token, so that no run could be seen either way. NaN probes (token absent) are skipped:
+    # they neither extend nor break a run. hits - (hits at the last miss) is the length of the
+    # current run, and cumsum / running max replace a loop over probes.
     valid = ~np.isnan(share)
     hit = valid & (np.nan_to_num(share, nan=-np.inf) >= threshold)
     hits = np.cumsum(hit, axis=-1)
     at_last_miss = np.maximum.accumulate(np.where(valid & ~hit, hits, 0), axis=-1)
-    return (hits - at_last_miss >= run_length).any(axis=-1)
+    found = (hits - at_last_miss >= run_length).any(axis=-1)
+    return np.where(valid.sum(axis=-1) >= run_length, found, np.nan)
 
 
 def token_dominant(share: xr.DataArray, threshold: float = 0.5, run_length: int = 3) -> xr.DataArray:
@@ -382,7 +388,10 @@ def token_dominant(share: xr.DataArray, threshold: float = 0.5, run_length: int 
 
     A head is token-dominant at a snapshot if ``token_share >= threshold`` holds in at least
     ``run_length`` consecutive probe sequences that contain the token. Probes where the token is
-    never visible (NaN share) are skipped: they neither count nor break a run. Probes are taken
+    never visible (NaN share) are skipped: they neither count nor break a run. With fewer than
+    ``run_length`` probes holding the token (probes without it, or fewer probes than that
+    recorded), the criterion can be neither met nor failed: undefined (NaN), not "not
+    dominant", so that a share of dominant heads does not count it a zero. Probes are taken
     in ``probe`` order. The post says "more than 50%"; ``>=`` is used here so that the threshold
     reads the same way as the other thresholds in this package.
 
@@ -398,14 +407,17 @@ def token_dominant(share: xr.DataArray, threshold: float = 0.5, run_length: int 
     Returns
     -------
     DataArray
-        bool, ``(..., snapshot, layer, head)``. Heads that are all NaN (padded) give False.
+        float64 1.0 (dominant) or 0.0, ``(..., snapshot, layer, head)``; NaN (undefined) where
+        fewer than ``run_length`` probes hold the token, padded heads included.
 
     Examples
     --------
     >>> import xarray as xr
     >>> s = xr.DataArray([[0.9, 0.8, 0.1, 0.7, float("nan"), 0.6, 0.9]], dims=("head", "probe"))
     >>> token_dominant(s).values.tolist()  # 0.7, (skip NaN), 0.6, 0.9
-    [True]
+    [1.0]
+    >>> token_dominant(s.isel(probe=[0, 1])).values.tolist()  # two probes cannot hold a run of 3
+    [nan]
     """
     if run_length < 1:
         raise ValueError(f"run_length must be >= 1; got {run_length}")
@@ -415,7 +427,7 @@ def token_dominant(share: xr.DataArray, threshold: float = 0.5, run_length: int 
         input_core_dims=[[PROBE]],
         kwargs={"threshold": float(threshold), "run_length": int(run_length)},
         dask="parallelized",
-        output_dtypes=[bool],
+        output_dtypes=[np.float64],
         dask_gufunc_kwargs={"allow_rechunk": True},
     )
     out.name = "token_dominant"
@@ -424,7 +436,7 @@ def token_dominant(share: xr.DataArray, threshold: float = 0.5, run_length: int 
 
 
 def _as_flag(dominant: xr.DataArray) -> xr.DataArray:
-    # Accept bool or float (NaN for padded heads); NaN is not dominant.
+    # Accept bool or float (NaN for padded heads and undefined flags); NaN is not dominant.
     return dominant if dominant.dtype == bool else dominant.fillna(0) != 0
 
 
@@ -476,14 +488,15 @@ def dominant_share(dominant: xr.DataArray, present: xr.DataArray | None = None) 
     """Share of dominant heads in each layer at each snapshot.
 
     ``share[s, l] = (1 / H_l) * sum_h dominant[s, l, h]``, where ``H_l`` counts the heads that
-    are present.
+    are present and whose flag is defined (not NaN); NaN where no head's is.
 
     Bounds: [0, 1]. The post claims 15-20% of heads, mostly in middle layers.
 
     Parameters
     ----------
     dominant : DataArray
-        ``(..., snapshot, layer, head)``, bool, or float with NaN for padded heads.
+        ``(..., snapshot, layer, head)``, bool, or float with NaN for padded heads and undefined
+        flags (as `token_dominant` and `slash_dominant` give).
     present : DataArray, optional
         bool ``(..., layer, head)``, True for real heads. Bool flags cannot hold NaN, so pass it
         when a sweep pads heads, for example ``token_share(...).notnull().any("probe")``.
