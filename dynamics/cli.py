@@ -18,6 +18,7 @@ from urllib.parse import unquote
 
 from dynamics.budget import check_fits
 from dynamics.config import ConfigError, load_config, parse_override
+from dynamics.signals import reader_may_leave
 from dynamics.tables import analysis_failures, print_analysis, print_consistency, print_table
 from dynamics.usage import (
     EXIT_BAD_INPUT,
@@ -570,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_args(args)  # no empty value; ~ in a path expanded
-        return args.func(args)
+        with reader_may_leave():
+            return args.func(args)
     except (ConfigError, UsageError) as e:
         print(f"dynamics: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

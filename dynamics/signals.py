@@ -4,12 +4,17 @@ process does not import torch for it.
 - :func:`sigterm_as_interrupt`: SIGTERM stops work as Ctrl-C does (a KeyboardInterrupt), so
   what was running is recorded interrupted and stays resumable.
 - :func:`deferred_signals`: SIGINT and SIGTERM held back across a short critical section.
+- :func:`reader_may_leave`: stdout whose reader has gone (``dynamics status S | head``; SIGPIPE,
+  which Python ignores, comes back as BrokenPipeError) drops what follows, so the command still
+  finishes its work (a curve still saved) with no traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 
 
@@ -65,3 +70,51 @@ def sigterm_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class _Dropping:
+    """sys.stdout as it was, until its reader goes; then nothing more is written."""
+
+    def __init__(self, stream):
+        self._stream, self.gone = stream, False
+
+    def _guard(self, call, *args):
+        if not self.gone:
+            try:
+                return call(*args)
+            except BrokenPipeError:
+                self.gone = True
+                # What the stream still buffers is flushed again, at the latest at exit: to
+                # /dev/null instead, where it cannot raise.
+                with contextlib.suppress(OSError, ValueError):
+                    null = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(null, self._stream.fileno())
+                    os.close(null)
+        return None
+
+    def write(self, text: str) -> int:
+        self._guard(self._stream.write, text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._guard(self._stream.flush)
+
+    def __getattr__(self, name):  # isatty, fileno, encoding...: the stream's own
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def reader_may_leave():
+    """sys.stdout made a stream that a closed pipe does not stop: a command's output read by
+    ``| head`` ended in a BrokenPipeError traceback, and one that prints before it saves (predict,
+    gates) lost its result. Flushed before it is put back, so nothing is left to fail at exit."""
+    before = sys.stdout
+    if before is None:
+        yield
+        return
+    sys.stdout = _Dropping(before)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = before

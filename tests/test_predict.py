@@ -982,6 +982,27 @@ def test_cli_prints_the_curve_and_saves_it(small_store, capsys):
     assert curve.readable.values.tolist() == [False, curve.attrs["readable_horizon"] == 0.1]
 
 
+def test_cli_saves_the_curve_when_its_reader_has_gone(small_store, tmp_path):
+    # `dynamics predict S | head -3`: the curve is printed before it is saved, and the closed
+    # pipe ended the command there, with a BrokenPipeError traceback and nothing saved.
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "copy.zarr"
+    shutil.copytree(small_store, path)
+    proc = subprocess.Popen([sys.executable, "-m", "dynamics", "predict", str(path), "--target", "slash",
+                             "--horizons", "0,0.1", "--folds", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1])
+    proc.stdout.close()  # long before the first line: the imports alone take a second
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err
+    assert store.open_derived(str(path), predict.derived_name("slash")).horizon.values.tolist() == [0.0, 0.1]
+
+
 def test_cli_says_when_nothing_is_readable_and_stores_none(small_store, capsys):
     # at h=0 the early models see initialisation only: they are the init baselines, never above them
     assert cli.main(["predict", small_store, "--horizons", "0", "--folds", "3"]) == 0

@@ -1,5 +1,6 @@
 """deferred_signals: SIGINT and SIGTERM held across a critical section, then delivered once; with
-second_goes_through, a second one is delivered at once."""
+second_goes_through, a second one is delivered at once. reader_may_leave: stdout a closed pipe
+does not stop."""
 
 import signal
 
@@ -33,3 +34,25 @@ def test_a_second_signal_goes_through_at_once_where_asked():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with deferred_signals(second_goes_through=True):  # one alone is held to the end, as by default
         pass
+
+
+def test_a_reader_leaving_stdout_stops_neither_the_command_nor_its_exit(monkeypatch):
+    import io
+    import os
+    import sys
+
+    from dynamics.signals import reader_may_leave
+
+    read, write = os.pipe()
+    os.close(read)  # `| head` has exited: a write raises BrokenPipeError (Python ignores SIGPIPE)
+    stream = io.TextIOWrapper(io.FileIO(write, "w"))
+    monkeypatch.setattr(sys, "stdout", stream)
+    done = []
+    with reader_may_leave():
+        print("x" * 200_000)  # more than a pipe holds, so it is written (and fails) here
+        print("the rest")
+        done.append(sys.stdout.gone)
+    assert done == [True] and sys.stdout is stream  # put back, and nothing left to fail at exit
+    stream.write("buffered")
+    stream.flush()  # to /dev/null now
+    stream.close()
