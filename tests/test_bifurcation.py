@@ -63,6 +63,18 @@ def test_bifurcation_step_relative_floor():
     assert float(bifurcation_step(curve(x))) == STEPS[6]
 
 
+def test_bifurcation_step_band_uses_the_sample_sd_of_the_baseline():
+    # Baseline 1.0, 1.1, 0.9: mean 1, sample sd sqrt((0 + 0.01 + 0.01) / (3 - 1)) = 0.1, so the
+    # band is 1 +- 3 * 0.1 = [0.7, 1.3] (the relative floor, 0.05, is narrower). A plateau at 1.27
+    # stays inside; at 1.33 it leaves. (The population sd, 0.0816, would put the edge at 1.245.)
+    x = np.ones(len(STEPS))
+    x[:3] = [1.0, 1.1, 0.9]
+    x[6:] = 1.27
+    assert np.isnan(float(bifurcation_step(curve(x))))
+    x[6:] = 1.33
+    assert float(bifurcation_step(curve(x))) == STEPS[6]
+
+
 def test_bifurcation_step_absolute_floor_on_a_zero_baseline():
     # Heads with identical starting attention: divergence exactly 0 at the baseline, so sigma and
     # |mu| are both 0 and float rounding (1e-9) was the bifurcation.

@@ -330,6 +330,35 @@ def test_principal_angles_known_angle():
         principal_angles(head_weights(w), weight="x")
 
 
+def test_principal_angles_mean_cos_averages_the_cosines():
+    # span{e1, e2} and span{e1, e3} share e1 (angle 0) and are otherwise orthogonal (angle pi/2):
+    # the mean of the cosines 1 and 0 is 1/2 (their largest would be 1, as for the same subspace).
+    w = np.zeros((1, 1, 2, 4, 4, 2))
+    w[0, 0, 0, 0] = np.eye(4)[:, [0, 1]]
+    w[0, 0, 1, 0] = np.eye(4)[:, [0, 2]]
+    np.testing.assert_allclose(principal_angles(head_weights(w)).values[0, 0, 0, 1], 0.5, atol=1e-12)
+    np.testing.assert_allclose(principal_angles(head_weights(w), kind="angles").values[0, 0, 0, 1],
+                               [0.0, np.pi / 2], atol=1e-7)
+
+
+def test_principal_angles_match_scipy_on_random_subspaces():
+    # Random 3-dim subspaces of R^8 have three distinct principal angles: scipy's
+    # subspace_angles (Bjorck & Golub's method, descending) is the independent reference.
+    from scipy.linalg import subspace_angles
+
+    rng = np.random.default_rng(7)
+    w = rng.normal(size=(1, 1, 3, 4, 8, 3))
+    cos = principal_angles(head_weights(w), weight="k").values[0, 0]
+    angles = principal_angles(head_weights(w), weight="k", kind="angles").values[0, 0]
+    for a in range(3):
+        for b in range(3):
+            ref = subspace_angles(w[0, 0, a, 1], w[0, 0, b, 1])
+            if a != b:
+                assert np.ptp(np.cos(ref)) > 0.1  # the cosines differ: mean and max part ways
+            np.testing.assert_allclose(cos[a, b], np.cos(ref).mean(), atol=1e-10)
+            np.testing.assert_allclose(angles[a, b], np.sort(ref), atol=1e-6)
+
+
 def test_principal_angles_with_heads_wider_than_the_model():
     # d_head > d_model: reduced QR keeps d_model columns, so there are d_model angles. Dask was
     # told d_head of them and failed at compute ("replacement data must match the Variable's

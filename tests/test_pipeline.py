@@ -169,6 +169,51 @@ def test_token_dominance_follows_the_token_threshold():
         assert r.attrs["token_threshold"] == threshold
 
 
+def uniform_and_sink(n_snapshots, tokens, sink_from=0):
+    """One layer of two heads over probes `tokens` (probe, position): head 0 uniform throughout,
+    head 1 uniform until snapshot `sink_from`, then wholly on key 0."""
+    n_probe, t = tokens.shape
+    uniform = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    attn = np.broadcast_to(uniform, (n_snapshots, 1, 2, n_probe, t, t)).copy()
+    attn[sink_from:, 0, 1] = 0
+    attn[sink_from:, 0, 1, ..., 0] = 1
+    return xr.Dataset(
+        {"attention": (("snapshot", "layer", "head", "probe", "query", "key"), attn.astype(np.float16)),
+         "probe_tokens": (("probe", "position"), tokens),
+         "importance": (("snapshot", "layer", "head"), np.ones((n_snapshots, 1, 2)))},
+        coords={"step": ("snapshot", np.arange(n_snapshots) * 10)},
+    )
+
+
+def test_token_share_is_the_mean_over_the_probes_that_hold_the_token():
+    # Head 1 looks only at key 0. Probe 0 has its '/' there (share 1 at every query), probe 1 at
+    # key 2, where the head never looks (share 0), probe 2 has none (undefined, left out): the
+    # head's share is (1 + 0) / 2. Its ratio to uniform attention is i + 1 at query i of probe 0,
+    # mean 5.5 over the 10 queries, and 0 in probe 1: 2.75.
+    t = 10
+    tokens = np.arange(100, 100 + 3 * t).reshape(3, t)
+    tokens[0, 0] = tokens[1, 2] = ord("/")
+    r = analyse_run(uniform_and_sink(4, tokens)).load().sel(layer=0, head=1)
+    np.testing.assert_allclose(r.token_share, 0.5)
+    np.testing.assert_allclose(r.token_ratio, 2.75)
+    np.testing.assert_allclose(r.role_score.sel(role_name="token"), 0.5)
+
+
+def test_the_bifurcation_band_spans_the_baseline_snapshots_of_the_options():
+    # The heads' mean divergence is 0 at snapshots 0 and 1 and D > 0 from snapshot 2 on (head 1
+    # turns into a sink). A 2-snapshot baseline (0, 0) has no spread: the jump at step 20 leaves
+    # it. A 3-snapshot baseline (0, 0, D) takes the jump in: mean D/3, sd D/sqrt(3), band
+    # 3 D/sqrt(3) = 1.73 D wide on each side, and the plateau D, 2D/3 from the mean, never leaves it.
+    ds = uniform_and_sink(6, np.arange(100, 120).reshape(2, 10), sink_from=2)
+    default = analyse_run(ds).load()
+    d = float(default.mean_divergence[-1])
+    np.testing.assert_allclose(default.mean_divergence, [0, 0, d, d, d, d], atol=1e-12)
+    assert d > 0.1
+    assert np.isnan(default.bifurcation_step) and default.attrs["baseline_snapshots"] == 3
+    two = analyse_run(ds, pipeline.AnalysisOptions(baseline_snapshots=2)).load()
+    assert float(two.bifurcation_step) == 20.0 and two.attrs["baseline_snapshots"] == 2
+
+
 def test_summary_bifurcation_is_undefined_not_never_with_one_head_per_layer():
     # One head per layer: no pair of heads, no divergence curve, so no bifurcation step to
     # find. The analyse table printed "never" (None) for it, as for a curve that never departs.

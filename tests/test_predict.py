@@ -576,6 +576,34 @@ def test_early_snapshots_cut_every_time_axis():
         predict.early_snapshots(ds.isel(snapshot=slice(1, None)), 2)
 
 
+def test_a_snapshot_one_step_past_the_horizon_is_never_seen():
+    # The planted runs' snapshots (0, 5, 10, 20) leave a gap after h = 10, so a cut a step or
+    # a few late saw the same data. Here step 20 is moved to 11, one step past the horizon, and
+    # everything from step 11 on is scrambled: the features at h = 10 must be those of the
+    # snapshots 0, 5, 10 alone, whatever snapshot 11 holds.
+    steps = np.array([0, 5, 10, 11, 40, 70, 100])
+    runs = [Run(r.run_id, r.data.assign_coords(step=("snapshot", steps)), r.seed, r.config)
+            for r in make_runs(n_seeds=3)]
+    early = predict.early_snapshots(runs[0].data, H_STEP)
+    assert early.step.values.tolist() == [0, 5, 10]
+    assert early.sizes["train_step"] == H_STEP + 1  # train steps 0..10
+    rng = np.random.default_rng(5)
+    scrambled = [Run(r.run_id, scramble_after(r.data, H_STEP, rng, keep_final=False), r.seed, r.config) for r in runs]
+    assert not scrambled[0].data.grad_norm.isel(snapshot=3).equals(runs[0].data.grad_norm.isel(snapshot=3))
+    opt = PredictOptions(horizons=(H_STEP,), unit="step")
+    rows = predict.target_table(runs, opt)
+    before = predict.feature_table(runs, rows, H_STEP, opt)
+    after = predict.feature_table(scrambled, rows, H_STEP, opt)
+    assert after.attrs["horizon_step"] == {r.run_id: 10.0 for r in runs}
+    assert after.attrs["n_snapshots"] == {r.run_id: 3 for r in runs}
+    np.testing.assert_array_equal(after.values, before.values)
+    # known answer: the features of the first three snapshots, cut by hand
+    by_hand = predict.head_features(scrambled[0].data.isel(snapshot=[0, 1, 2]), opt.analysis)
+    mine = rows.row_run.values == runs[0].run_id
+    by_hand = by_hand.sel(feature=after.feature.values).values  # (layer, head, feature)
+    np.testing.assert_array_equal(after.values[mine], by_hand[rows.row_layer.values[mine], rows.row_head.values[mine]])
+
+
 def test_a_fraction_horizon_on_a_snapshot_keeps_that_snapshot():
     # 0.575 of a 400-step run is step 230 exactly, but 0.575 * 400 is 229.99999999999997 in
     # binary floating point: the snapshot at 230 must still be seen.
@@ -660,6 +688,32 @@ def test_layer_baseline_is_the_layers_majority_class():
     test_y = np.r_[[1] * 5, [0] * 5, [2] * 5, [0] * 5].astype(float)
     pred = _layer_prior(layer, y, np.r_[[0] * 10, [1] * 10], "multiclass")
     assert predict.score("balanced_accuracy", test_y, pred) == pytest.approx((0 + 1 + 1) / 3)
+
+
+def test_binary_layer_baseline_is_each_layers_smoothed_rate():
+    from dynamics.predict.models import _layer_prior
+
+    # Layer 0 holds 3 positives of 4 heads, layer 1 holds 1 of 4: with Laplace's (k + 1) / (n + 2)
+    # the layer prior is 4/6 and 2/6, and a layer the training fold lacks gets the overall rate,
+    # (4 + 1) / (8 + 2) = 0.5. The overall rate everywhere would say 0.5 for every layer.
+    layer = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    y = np.array([1, 1, 1, 0, 0, 0, 0, 1], dtype=float)
+    got = _layer_prior(layer, y, np.array([0, 1, 2, 0]), "binary")
+    np.testing.assert_allclose(got, [4 / 6, 2 / 6, 0.5, 4 / 6])
+    # importance (regression): each layer's mean rank, the overall mean for an unseen layer
+    ranks = np.array([0.0, 0.2, 0.4, 0.6, 1.0, 1.0, 0.8, 0.6])
+    np.testing.assert_allclose(_layer_prior(layer, ranks, np.array([0, 1, 2]), "regression"), [0.3, 0.85, 0.575])
+
+
+def test_fold_spread_is_the_sample_sd_over_the_folds_that_have_a_score():
+    from dynamics.predict.models import _mean_sd
+
+    # Folds scoring 0.5, 0.7, 0.9 (and one undefined): mean 0.7, and the sample sd (n - 1 = 2)
+    # sqrt((0.2**2 + 0 + 0.2**2) / 2) = 0.2 (the population sd would be 0.2 * sqrt(2/3) = 0.163).
+    mean, sd = _mean_sd(np.array([0.5, np.nan, 0.7, 0.9]))
+    assert mean == pytest.approx(0.7) and sd == pytest.approx(0.2)
+    mean, sd = _mean_sd(np.array([0.6, np.nan]))
+    assert mean == 0.6 and np.isnan(sd)  # one fold: no spread
 
 
 def test_balanced_accuracy_chance_counts_the_classes_each_fold_holds():

@@ -257,6 +257,25 @@ def test_cross_seed_consistency_three_seeds_partial_similarity_and_missing_heads
     assert 0.0 < s < 1.0
 
 
+def test_cross_seed_consistency_averages_over_heads_and_over_pairs():
+    # Seeds s0 and s2 grow heads (1, 0) and (0, 1); s1 grows (1, 0) and (1, 1). Matching s0 (or s2)
+    # with s1 pairs (1, 0) with (1, 0), cosine 1, and (0, 1) with (1, 1), cosine 1/sqrt(2) (the
+    # swap would sum to 1/sqrt(2) + 0): S = (1 + 1/sqrt(2)) / 2 = 0.854 for those pairs, 1 for
+    # (s0, s2), and the config's consistency is the mean over its three pairs, (2 + 1/sqrt(2)) / 3.
+    a = np.array([[[1.0, 0.0], [0.0, 1.0]]])  # (layer, head, feature)
+    b = np.array([[[1.0, 0.0], [1.0, 1.0]]])
+    prof = xr.DataArray(np.stack([a, b, a]), dims=("run", "layer", "head", "feature"),
+                        coords={"run": ["s0", "s1", "s2"]})
+    out = cross_seed_consistency(prof, ["cfg"] * 3)
+    r = 1 / np.sqrt(2)
+    assert list(zip(out.run_a.values, out.run_b.values, strict=True)) == [("s0", "s1"), ("s0", "s2"), ("s1", "s2")]
+    np.testing.assert_allclose(out.matched_similarity.values[:, 0], [[1, r], [1, 1], [1, r]], rtol=1e-12)
+    np.testing.assert_allclose(out.pair_similarity.values, [(1 + r) / 2, 1, (1 + r) / 2], rtol=1e-12)
+    np.testing.assert_allclose(out.similarity.item(), (2 + r) / 3, rtol=1e-12)
+    # the unmatched reference: s0 against s1's heads, cosines 1, r, 0, r; s0 against s2, 1, 0, 0, 1
+    np.testing.assert_allclose(out.unmatched_similarity.item(), ((1 + 2 * r) / 4 * 2 + 1 / 2) / 3, rtol=1e-12)
+
+
 def test_cross_seed_consistency_counts_a_nan_feature_of_a_present_head_as_zero():
     # Feature 2 is NaN for every head (a score the probes could not give, as the token share on
     # a task without the token); the heads exist, so they are matched on the other features.

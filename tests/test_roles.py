@@ -227,6 +227,21 @@ def test_configurable_token_id_and_offsets(planted):
     assert role_scores(attn, tokens, RoleThresholds(slash_min_offset=T))["slash"].isnull().all()
 
 
+def test_token_score_is_the_mean_over_the_probes_that_hold_the_token():
+    # A sink head (all attention on key 0) over three probes: probe 0 has its '/' at key 0
+    # (share 1), probe 1 at key 2, where the head never looks (share 0), probe 2 has none
+    # (undefined, left out). The token score is the mean over probes 0 and 1: 1/2.
+    t = 10
+    sink = np.zeros((3, t, t))
+    sink[..., 0] = 1
+    tokens = np.arange(100, 100 + 3 * t).reshape(3, t)
+    tokens[0, 0] = tokens[1, 2] = SLASH
+    attn = xr.DataArray(sink[None, None, None], dims=DIMS)
+    scores = role_scores(attn, xr.DataArray(tokens, dims=("probe", "position")))
+    assert scores["token"].item() == 0.5
+    assert role_names(assign_roles(scores)).item() == "sink"  # token passes at 0.5, but sink by margin
+
+
 def test_role_names():
     assert role_names(np.array([[0, 8], [3, 5]])).tolist() == [["previous_token", "none"], ["induction", "token"]]
     with pytest.raises(ValueError, match="role codes"):
@@ -268,10 +283,12 @@ def test_extra_run_dim_and_nan_padded_heads(planted):
     assert labels[1, :, :3].ravel().tolist() == [r for k, r in enumerate(PLANTED) if k % 4 != 3]
 
 
-@pytest.mark.parametrize("T", [4, 8, 9])
+@pytest.mark.parametrize("T", [3, 4, 8, 9])
 def test_short_probes_label_no_role_that_uniform_attention_or_a_sink_passes(T):
     # alpha_0 of uniform causal attention is H_T / T: 0.34 at T = 8, over the sink threshold, so
-    # every diffuse head read "sink"; at T = 4 a sink head scored slash(2) = 0.5.
+    # every diffuse head read "sink"; at T = 4 a sink head scored slash(2) = 0.5. At T = 3 a sink
+    # head scores previous_token = (A[1, 0] + A[2, 1]) / 2 = (1 + 0) / 2 = 0.5, the threshold: the
+    # role cannot tell a previous-token head from a sink there, so even the true one reads "none".
     keep = np.tril(np.ones((T, T)))
     uniform = keep / keep.sum(1, keepdims=True)
     sink = np.zeros((T, T))
@@ -282,7 +299,9 @@ def test_short_probes_label_no_role_that_uniform_attention_or_a_sink_passes(T):
     attn = xr.DataArray(np.stack([uniform, sink, prev])[None, None, :, None], dims=dims)
     scores = role_scores(attn, xr.DataArray(np.arange(T)[None], dims=("probe", "position")))
     assert np.isnan(scores["sink"]).all()
-    assert role_names(assign_roles(scores)).ravel().tolist() == ["diffuse", "none", "previous_token"]
+    assert bool(np.isnan(scores["previous_token"]).all()) is (T == 3)
+    labels = ["diffuse", "none", "none" if T == 3 else "previous_token"]
+    assert role_names(assign_roles(scores)).ravel().tolist() == labels
 
 
 def test_probes_long_enough_keep_every_positional_role():

@@ -42,8 +42,10 @@ MODELS = ("chance", "layer", "init_linear", "init_boosting", "linear", "boosting
 """Model names, in table order: the baselines first.
 
 - ``chance``: a constant (the training-fold prior, or its majority class).
-- ``layer``: the head's layer index alone: the training fold's rate in that layer (binary),
-  its mean (importance), or its majority class (multiclass: ``chance`` within the layer).
+- ``layer``: the head's layer index alone: the training fold's rate in that layer (binary;
+  Laplace-smoothed, (k + 1) / (n + 2)), its mean (importance), or its majority class
+  (multiclass: ``chance`` within the layer); for a layer with no head in the training fold,
+  the same over the whole fold.
 - ``init_linear``, ``init_boosting``: the models below on features of the first snapshot
   (initialisation) only; they do not depend on the horizon.
 - ``linear``: logistic regression (ridge regression for importance) on standardised features.
