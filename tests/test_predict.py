@@ -729,6 +729,11 @@ def test_balanced_accuracy_chance_counts_the_classes_each_fold_holds():
     assert curve.attrs["chance"] == pytest.approx(np.mean([1 / np.unique(f).size for f in folds]))
     # Stamped, so the report can tell a curve of older analysers (other targets) from a current one.
     assert curve.attrs["analysis_version"] == ANALYSIS_VERSION
+    # and with what fitted it: another scikit-learn scores boosting on the same features otherwise
+    import sklearn
+
+    assert curve.attrs["versions"]["scikit-learn"] == sklearn.__version__
+    assert set(curve.attrs["versions"]) == {"dynamics", "scikit-learn", "numpy", "scipy"}
     # every fold names the classes it tests that its training rows lack (here computed by hand)
     names = dict(zip(curve.attrs["classes"], curve.attrs["class_names"], strict=True))
     for k, f in enumerate(folds):
