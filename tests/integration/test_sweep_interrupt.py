@@ -83,6 +83,9 @@ def test_ctrl_c_while_the_cluster_starts_ends_in_one_line_and_exit_130(tmp_path,
             os.killpg(proc.pid, signal.SIGKILL)
     text = "".join(lines)
     assert any("to train on" in line for line in lines), text
-    assert proc.returncode == 130, text
+    # 130 from main(); CPython 3.11 instead exits by SIGINT (-2) when the KeyboardInterrupt first
+    # escaped code run by exec (a dataclass being defined mid-import) before main() caught it.
+    # A shell sees 130 either way.
+    assert proc.returncode in (130, -signal.SIGINT), text
     assert "Traceback" not in text and "Warning" not in text, text
     assert text.rstrip().splitlines()[-1] == "dynamics: interrupted; runs are resumable with the same command"
