@@ -155,7 +155,8 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
         rows.append([run_id, *shown(run_id), status,
                      f"{done}/{a.get('steps_total', '?')}", resumes, "-" if loss is None else f"{loss:.4f}"])
     for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet: no checkpoint to resume
-        rows.append([run_id, *shown(run_id), "pending", "0/?", "-", "-"])
+        total = index.get("steps", {}).get(run_id, "?")  # "?": an index written before it held steps
+        rows.append([run_id, *shown(run_id), "pending", f"0/{total}", "-", "-"])
     key = grid_key(index)
     rows.sort(key=lambda row: key(row[0]))
     return header, rows, damaged

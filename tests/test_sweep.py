@@ -472,6 +472,24 @@ def test_a_later_sweep_into_the_store_keeps_every_runs_swept_values(tmp_path, th
                              new: {"model.init_scale": 1.0, "train.seed": 1}}
 
 
+def test_status_shows_a_pending_points_steps_from_the_index(tmp_path):
+    # A point not started has no attrs: status showed "0/?". The launcher's index now holds each
+    # point's train.steps, merged over sweeps (a later sweep's points beside the earlier ones').
+    from dynamics.status import status_table
+    from dynamics.sweep.launcher import _write_index
+
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    first = expand_grid(from_dict(tiny({"train.seed": [0, 1]})))
+    later = expand_grid(from_dict(tiny({"train.seed": [2]}, train={"steps": 30})))
+    _write_index(path, first)
+    _write_index(path, later)
+    _, rows, _ = status_table(path)
+    steps = {row[0]: row[-3] for row in rows}
+    assert steps == {first[0].run_id: "0/12", first[1].run_id: "0/12", later[0].run_id: "0/30"}
+    assert all(row[-4] == "pending" for row in rows)
+
+
 def test_a_finished_run_of_a_points_id_but_another_config_is_not_skipped_as_that_point(tmp_path, threaded_cluster):
     # A run recorded under a point's id with another config (dynamics run --run-id) was counted
     # finished, and status and open_sweep gave it the point's values; unfinished, its task refused it.

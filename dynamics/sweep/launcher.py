@@ -154,7 +154,8 @@ def _write_index(path: str, points: list[Point]) -> None:
     those it does, this sweep's values, from the same config, replace them), and every run gets a value for
     every axis of the merged index: where no sweep gave one (an axis added by a later sweep, or
     not swept by this one), the value in the run's config (a run of an earlier sweep that never
-    started has no stored config, and stays without it).
+    started has no stored config, and stays without it). ``steps`` holds each point's
+    ``train.steps``.
     """
     index = store.read_sweep_index(path) or {}
     axes = list(index.get("axes", []))
@@ -179,7 +180,9 @@ def _write_index(path: str, points: list[Point]) -> None:
         if isinstance(config, dict):
             values.update({a: _plain(config_value(config, a)) for a in missing})
         runs[rid] = {a: values[a] for a in axes if a in values}
-    store.write_sweep_index(path, {"axes": axes, "runs": runs})
+    # Each point's train.steps: `dynamics status` shows a pending point's total (0/N, not 0/?).
+    steps = {**index.get("steps", {}), **{p.run_id: int(p.cfg.train.steps) for p in points}}
+    store.write_sweep_index(path, {"axes": axes, "runs": runs, "steps": {r: steps[r] for r in runs if r in steps}})
 
 
 def run_sweep(
