@@ -143,3 +143,29 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_
     assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"
     with pytest.raises(store.StoreError, match="checkpoint in .* is damaged"):
         load_run_model(path, cfg.run_id())
+
+
+def test_a_run_whose_checkpoint_is_lost_is_not_trained_again_over_its_snapshots(tmp_path):
+    # With ckpt.pt deleted (to save space, or left out of a copy), the same command started the
+    # run again at step 0 and wrote over the snapshots it had recorded, while status still said
+    # it resumes at its last checkpoint.
+    from pathlib import Path
+
+    from tests.conftest import cli_in_process, interrupt_at
+
+    toml = tmp_path / "t.toml"
+    toml.write_text(TINY.format(steps=40, every=10))
+    cfg, path = load_config(toml), str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(22))
+    step = store.run_attrs(path, cfg.run_id())["checkpoint_step"]
+    assert step > 0
+    Path(path, "checkpoints", cfg.run_id(), "ckpt.pt").unlink()
+    before = {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
+    done = cli_in_process("run", toml, "--out", path)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line == (f"dynamics: error: run {cfg.run_id()} in {path} recorded training up to step {step}, but its "
+                    f"checkpoint (checkpoints/{cfg.run_id()}/ckpt.pt) is missing; refusing to train it again from "
+                    f"step 0 over its recorded snapshots (train it into another store to start it afresh)")
+    assert {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()} == before
