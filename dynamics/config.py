@@ -454,6 +454,10 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         key, value = parse_override(text)
         if key in given:  # the last would win silently: one of the two is a mistake
             raise ConfigError(f"--set {key}: given twice")
+        # a table and a key in it (intervene.templates={...}, intervene.templates.weight=0.5): as above
+        if inside := next((k for k in sorted(given) if k.startswith(key + ".") or key.startswith(k + ".")), None):
+            where = "inside it" if inside.startswith(key + ".") else "around it"
+            raise ConfigError(f"--set {key}: given twice (also --set {inside}, {where}); give it once")
         given.add(key)
         _apply_override(raw, key, value)
     return from_dict(raw)

@@ -187,6 +187,16 @@ def test_a_key_set_twice_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="--set train.lr: given twice"):
         load_config(p, ["train.lr=1e-3", "model.n_heads=2", "train.lr=1e-2"])
     assert load_config(p, ["train.lr=1e-3"]).train.lr == 1e-3
+    # a table and a key inside it, either order: the last replaced the other's value silently
+    table = 'intervene.templates={heads=[{layer=0,head=0,pattern="previous_token"}]}'
+    with pytest.raises(ConfigError, match=r"--set intervene.templates: given twice \(also --set "
+                                          r"intervene.templates.weight, inside it\); give it once"):
+        load_config(p, ["intervene.templates.weight=0.5", table])
+    with pytest.raises(ConfigError, match=r"--set intervene.templates.weight: given twice \(also --set "
+                                          r"intervene.templates, around it\)"):
+        load_config(p, [table, "intervene.templates.weight=0.5"])
+    # keys that only share a prefix of letters are two keys
+    assert load_config(p, ["train.warmup_steps=2", "train.steps=10"]).train.warmup_steps == 2
 
 
 def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
