@@ -582,8 +582,9 @@ def validate(cfg: RunConfig) -> None:
     _require(r.attention_dtype in ("float16", "float32"), "record.attention_dtype: expected float16 or float32")
     _require(r.head_weights in ("auto", "on", "off"), "record.head_weights: expected auto, on or off")
     _require(r.eval_batch_size >= 1, f"record.eval_batch_size: must be >= 1, got {r.eval_batch_size}")
-    _require(r.chg_every >= 0, f"record.chg_every: must be >= 0, got {r.chg_every}")
-    _require(r.chg_steps >= 1, f"record.chg_steps: must be >= 1, got {r.chg_steps}")
+    # bounded as train.steps: past it, a run failed once recorded (gates' own limit) or overflowed
+    _require(0 <= r.chg_every <= MAX_STEPS, f"record.chg_every: must be in [0, {MAX_STEPS:,}], got {r.chg_every}")
+    _require(1 <= r.chg_steps <= MAX_STEPS, f"record.chg_steps: must be in [1, {MAX_STEPS:,}], got {r.chg_steps}")
 
 
 def check(cfg: RunConfig) -> None:

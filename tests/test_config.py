@@ -73,6 +73,9 @@ def test_int_accepted_for_float_but_not_reverse():
         # seeds are 64-bit
         ({"train": {"steps": 10**8 + 1}}, "train.steps: must be in [1, 100,000,000], got 100000001"),
         ({"train": {"seed": 2**63}}, "train.seed: must be in [0, 2**63)"),
+        # past it a run failed once recorded (gates' own limit), or the CHG note overflowed
+        ({"record": {"chg_every": 1, "chg_steps": 2 * 10**8}}, "record.chg_steps: must be in [1, 100,000,000]"),
+        ({"record": {"chg_every": 10**20}}, "record.chg_every: must be in [0, 100,000,000], got 100000000000000000000"),
         # torch hands a mistyped count to OpenMP, which died starting threads after the store was made
         ({"train": {"threads": 10**6}}, "train.threads: must be in [1, 1024], got 1000000"),
         ({"train": {"threads": 0}}, "train.threads: must be in [1, 1024], got 0"),
