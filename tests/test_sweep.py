@@ -492,16 +492,32 @@ def test_status_shows_a_pending_points_steps_from_the_index(tmp_path):
 
 def test_a_finished_run_of_a_points_id_but_another_config_is_not_skipped_as_that_point(tmp_path, threaded_cluster):
     # A run recorded under a point's id with another config (dynamics run --run-id) was counted
-    # finished, and status and open_sweep gave it the point's values; unfinished, its task refused it.
+    # finished, and status and open_sweep gave it the point's values; then its task refused it,
+    # after every other point had trained. Now refused before any point trains.
     path = str(tmp_path / "s.zarr")
     cfg = from_dict(tiny({"model.init_scale": [1.0, 2.0]}))
-    point = expand_grid(cfg)[0]
+    point, other = expand_grid(cfg)
     train_run(with_values(point.cfg, {"train.lr": 0.01}), path, point.run_id)
-    summary = run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
-    assert not summary.ok and summary.failed == [point.run_id] and not summary.skipped, summary.lines()
-    assert "recorded with a different config" in summary.errors[point.run_id]
-    assert point.run_id not in store.read_sweep_index(path)["runs"]
+    with pytest.raises(store.StoreError, match=rf"sweep point model.init_scale=1.0: run {point.run_id} in .* was "
+                                               r"recorded with a different config"):
+        run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
+    assert store.list_runs(path) == [point.run_id] and store.read_sweep_index(path) is None  # nothing trained
     assert store.run_attrs(path, point.run_id)["config"]["train"]["lr"] == 0.01  # left as it was
+
+
+def test_a_point_whose_checkpoint_is_lost_is_refused_before_any_point_trains(tmp_path, threaded_cluster):
+    from tests.conftest import interrupt_at
+
+    path = str(tmp_path / "s.zarr")
+    cfg = from_dict(tiny({"model.init_scale": [1.0, 2.0]}))
+    point, other = expand_grid(cfg)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(point.cfg, path, point.run_id, progress=interrupt_at(8))
+    store.checkpoint_path(path, point.run_id).unlink()
+    with pytest.raises(store.StoreError, match=rf"run {point.run_id} in .* recorded training up to step \d+, but "
+                                               r"its checkpoint .* is missing"):
+        run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
+    assert store.list_runs(path) == [point.run_id]  # the other point was not trained
 
 
 SUBMITTED_CWDS: list = []

@@ -225,6 +225,9 @@ def run_sweep(
         An invalid point, an unfinished one that cannot fit in this machine's memory, each point
         checked alone (without ``scheduler``; see dynamics.budget), or a ``scheduler`` that does
         not answer (before anything is written).
+    StoreError
+        Before any point trains: a point whose run id the store holds with another config
+        (``dynamics run --run-id``), or unfinished with its checkpoint lost.
     SweepLockError
         Another sweep is writing this store.
     KeyboardInterrupt
@@ -258,21 +261,16 @@ def run_sweep(
     summary = SweepSummary(total=len(points), labels={p.run_id: p.label for p in points})
     with sigterm_as_interrupt(), acquire_lock(path):
         existing = set(store.list_runs(path))
-        todo, other = [], set()
+        todo = []
         for p in points:
             attrs = store.run_attrs(path, p.run_id) if p.run_id in existing else {}
-            if attrs and experiment_identity(attrs.get("config", {})) != experiment_identity(p.cfg.to_dict()):
-                # a run of this id recorded with another config (`dynamics run --run-id`): counted
-                # finished, it stood in status and open_sweep with this point's values. Its task
-                # refuses it, as train_run does, and the index does not name it for this point.
-                other.add(p.run_id)
-                todo.append(p)
-            elif attrs.get("status") in FINISHED:
+            _refuse_point(p, attrs, path)  # before anything is trained: the other points waited for nothing
+            if attrs.get("status") in FINISHED:
                 summary.skipped.append(p.run_id)
                 summary.counts[attrs["status"]] = summary.counts.get(attrs["status"], 0) + 1
             else:
                 todo.append(p)
-        _write_index(path, [p for p in points if p.run_id not in other])
+        _write_index(path, points)
         if not store.is_remote(path):  # a remote store's is rebuilt whole below
             store.refresh_index(path, summary.skipped)  # as train_run's skip: an entry a kill left stale
         try:
@@ -293,6 +291,21 @@ def run_sweep(
                 store.reindex(path)
     summary.wall_time = time.perf_counter() - t0
     return summary
+
+
+def _refuse_point(p: Point, attrs: dict, path: str) -> None:
+    """StoreError for a point whose task would refuse it (as `train_run` does), found before any
+    point trains: the sweep ended in exit 1 after training every other point."""
+    if attrs and experiment_identity(attrs.get("config", {})) != experiment_identity(p.cfg.to_dict()):
+        # a run of this id recorded with another config (`dynamics run --run-id`): counted
+        # finished, it stood in status and open_sweep with this point's values
+        raise store.StoreError(f"sweep point {p.label}: run {p.run_id} in {path} was recorded with a different "
+                               f"config (dynamics run --run-id?); refusing to mix them")
+    step = int(attrs.get("checkpoint_step") or 0)
+    if attrs.get("status") not in FINISHED and step > 0 and not store.has_checkpoint(path, p.run_id):
+        raise store.StoreError(f"sweep point {p.label}: run {p.run_id} in {path} recorded training up to step "
+                               f"{step}, but its checkpoint (checkpoints/{p.run_id}/ckpt.pt) is missing; refusing "
+                               f"to train it again from step 0 over its recorded snapshots")
 
 
 def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int, display: _Display,
