@@ -221,7 +221,7 @@ def _usable_cores() -> int:
 
 def cmd_analyse(args: argparse.Namespace) -> int:
     check_store(args.store)
-    check_writable(args.store, "analyse")
+    check_writable(args.store, "analyse", into=("analysis", "derived"))
     from dynamics import store
 
     # a damaged run is listed: its row says why it was not analysed, and the others are analysed
@@ -262,7 +262,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise UsageError(f"--folds: must be >= 2, got {args.folds}")
     check_store(args.store)
     if not args.no_save:
-        check_writable(args.store, "predict")
+        check_writable(args.store, "predict", into=("derived",))
     from dynamics import predict
 
     try:  # every PredictError is bad input found before any model is fitted: one line, exit 2
@@ -345,7 +345,7 @@ def _gates_progress(run_id: str):
 def cmd_gates(args: argparse.Namespace) -> int:
     check_store(args.store)
     if not args.no_save:
-        check_writable(args.store, "gates")
+        check_writable(args.store, "gates", into=("derived",))
     from dynamics import store
     from dynamics.config import recorded_config
     from dynamics.gates import GateOptions, check_fittable, gate_report, parse_contrast, report_lines, report_table
@@ -583,12 +583,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         import errno
 
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EACCES: "make it writable",
+               errno.EPERM: "make it writable", errno.EROFS: "make it writable"}.get(e.errno)
+        if fix is None:
             raise
-        # A full disk is no bug to trace: analyses, derived results and report pages are written
-        # beside what they replace and swapped in whole, so the earlier version stands.
+        # A full disk (or a folder made read-only) is no bug to trace: analyses, derived results and
+        # report pages are written beside what they replace and swapped in whole: the earlier stands.
         where = f" writing {e.filename}" if e.filename else ""
-        print(f"dynamics: {args.command} stopped: {e.strerror}{where}; what it was replacing is kept: free some space "
+        print(f"dynamics: {args.command} stopped: {e.strerror}{where}; what it was replacing is kept: {fix} "
               f"and run it again", file=sys.stderr)
         return 1
     except Exception as e:  # noqa: BLE001 - a one-line message for store problems found up front

@@ -163,12 +163,18 @@ def check_creatable(p: Path, flag: str) -> None:
         raise UsageError(f"{flag} {p}: cannot create it in {parent} ({e.strerror or e})") from None
 
 
-def check_writable(path: str, what: str) -> None:
-    """A local store a command writes into is writable: said before the work, not after it."""
+def check_writable(path: str, what: str, into: tuple[str, ...] = ()) -> None:
+    """A local store a command writes into is writable: said before the work, not after it.
+    ``into``: the store's folders it writes under (``analysis``, ``derived``), checked where they
+    exist: a writable root over a read-only one let the whole analysis run, then fail to save."""
     local = "://" not in path or path.startswith("file://")  # a file:// URL is a local folder: checked as one
-    if local and not os.access(_local(path), os.W_OK | os.X_OK):
-        raise UsageError(f"{what} {path}: the store is read-only here, and this command writes into it"
-                         + (" (--no-save writes nothing)" if what in ("predict", "gates") else ""))
+    if not local:
+        return
+    for folder in (_local(path), *(os.path.join(_local(path), f) for f in into)):
+        if (folder == _local(path) or os.path.isdir(folder)) and not os.access(folder, os.W_OK | os.X_OK):
+            where = "the store is" if folder == _local(path) else f"its {os.path.basename(folder)}/ folder is"
+            raise UsageError(f"{what} {path}: {where} read-only here, and this command writes into it"
+                             + (" (--no-save writes nothing)" if what in ("predict", "gates") else ""))
 
 
 def check_store(path: str) -> None:

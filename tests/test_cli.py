@@ -241,12 +241,58 @@ def test_a_read_only_store_is_refused_before_any_work(tiny, read_only_store, arg
     one_line_exit_2(cli_in_process(*(a.format(ro=ro, cfg=cfg) for a in args)), needle.format(ro=ro))
 
 
+@pytest.mark.parametrize("command", [["predict", "--target", "importance"], ["gates", "--steps", "2", "--restarts", "1"]])
+def test_a_store_whose_derived_folder_is_read_only_is_refused_before_any_work(tiny, tmp_path, command):
+    # A writable root over a read-only derived/ passed the check: the whole fit ran, then saving
+    # it failed with a PermissionError traceback.
+    import os
+    import shutil
+
+    _, _, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    derived = s / "derived"
+    derived.mkdir(exist_ok=True)
+    if os.geteuid() != 0:
+        derived.chmod(0o555)
+    elif subprocess.run(f"mount --bind {derived} {derived} && mount -o remount,bind,ro {derived} {derived}",
+                        shell=True, capture_output=True).returncode != 0:
+        pytest.skip("root here cannot make a read-only mount")
+    try:
+        one_line_exit_2(cli_in_process(command[0], s, *command[1:]),
+                        f"{command[0]} {s}: its derived/ folder is read-only here, and this command writes into it")
+    finally:
+        if os.geteuid() != 0:
+            derived.chmod(0o755)
+        else:
+            subprocess.run(["umount", str(derived)], check=True)
+
+
 def test_a_finished_run_of_a_read_only_store_is_skipped_not_refused(tiny, read_only_store):
     # nothing to write: train_run skips it without the lock, but --out was refused as read-only
     _, cfg, _ = tiny
     done = cli_in_process("run", cfg, "--out", read_only_store)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith(f"already completed in {read_only_store}; nothing retrained")
+
+
+@pytest.mark.parametrize("code, fix", [("EACCES", "make it writable"), ("EROFS", "make it writable"),
+                                       ("ENOSPC", "free some space")])
+def test_a_write_refused_by_the_system_is_one_line_exit_1(monkeypatch, capsys, code, fix):
+    # A folder deep in the store made read-only after the up-front check (analysis/<run>) ended in
+    # a PermissionError traceback; the writes are swapped in whole, so the earlier result stands.
+    import errno
+    import os
+
+    from dynamics import cli
+
+    def refused(args):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), "s.zarr/analysis/r1")
+
+    monkeypatch.setattr(cli, "cmd_status", refused)
+    assert cli.main(["status", "s.zarr"]) == 1
+    assert capsys.readouterr().err == (f"dynamics: status stopped: {os.strerror(getattr(errno, code))} writing "
+                                       f"s.zarr/analysis/r1; what it was replacing is kept: {fix} and run it again\n")
 
 
 def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmp_path):
