@@ -434,8 +434,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                          f"store --out {out} is to become; a report goes next to it, not into it")
     from dynamics import predict
     from dynamics.report import write_report
-    from dynamics.sweep import run_sweep
+    from dynamics.sweep import check_points, run_sweep
 
+    check_points(cfg, out)  # a bad grid, or a point too big for memory, refused before the banner
     t0 = time.perf_counter()
     print(f"== 1/4 sweep: {config.name} -> {out}", flush=True)
     summary = run_sweep(cfg, out, workers=args.workers)

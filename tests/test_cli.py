@@ -143,9 +143,15 @@ def test_demo_refuses_a_point_that_cannot_fit_in_memory(tiny, capsys):
 
     d, _, _ = tiny
     assert cli.main(["demo", "--out", str(d / "demo.zarr"), "--set", "record.n_probe=100000000"]) == 2
-    [line] = capsys.readouterr().err.strip().splitlines()
+    got = capsys.readouterr()
+    [line] = got.err.strip().splitlines()
     assert line.startswith("dynamics: error: sweep point model.init_scale=") and "for an attention snapshot" in line
     assert not (d / "demo.zarr").exists() and not (d / "demo.zarr-report").exists()
+    assert got.out == ""  # the "== 1/4 sweep" banner came first, as if work had started
+    # a bad grid likewise
+    assert cli.main(["demo", "--out", str(d / "demo.zarr"), "--set", "sweep.model.init_scale=[-1]"]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and got.err.startswith("dynamics: error: ") and len(got.err.splitlines()) == 1
 
 
 def test_a_finished_run_is_skipped_on_a_machine_it_would_not_fit(tiny, capsys, monkeypatch):

@@ -86,6 +86,7 @@ Modules
 from dynamics.sweep.grid import Point, expand_grid
 from dynamics.sweep.launcher import MAX_RESUBMITS as MAX_RESUBMITS
 from dynamics.sweep.launcher import STOP_GRACE as STOP_GRACE
+from dynamics.sweep.launcher import check_points as check_points
 from dynamics.sweep.launcher import default_workers, local_cluster, run_sweep
 from dynamics.sweep.lock import LOCK_HEARTBEAT_EVERY as LOCK_HEARTBEAT_EVERY
 from dynamics.sweep.lock import LOCK_NAME as LOCK_NAME

@@ -185,6 +185,22 @@ def _write_index(path: str, points: list[Point]) -> None:
     store.write_sweep_index(path, {"axes": axes, "runs": runs, "steps": {r: steps[r] for r in runs if r in steps}})
 
 
+def check_points(cfg: RunConfig, path: str, scheduler: str | None = None) -> list[Point]:
+    """The grid's points, each checked as `run_sweep` checks it before anything is written
+    (valid, and fits in this machine's memory unless finished in ``path``, or a ``scheduler``
+    that answers), for a caller to refuse bad input before saying it starts (`dynamics demo`)."""
+    points = expand_grid(cfg)
+    if scheduler:
+        check_scheduler(scheduler)
+    else:  # an existing cluster's workers have their own memory: each run's train_run checks it there
+        for p in points:
+            try:  # a point finished in the store is skipped below, needing no memory
+                check_fits(p.cfg, functools.partial(store.is_finished, path, p.run_id))
+            except DoesNotFit as e:  # not a bad DYNAMICS_MEMORY_GB, which is no point's fault
+                raise DoesNotFit(f"sweep point {p.label}: {e}") from None
+    return points
+
+
 def run_sweep(
     cfg: RunConfig,
     path: str,
@@ -241,15 +257,7 @@ def run_sweep(
     """
     t0 = time.perf_counter()
     cwd = os.getcwd()  # relative paths in the config (a teacher) are to it, where the tasks run too
-    points = expand_grid(cfg)
-    if scheduler:
-        check_scheduler(scheduler)
-    else:  # an existing cluster's workers have their own memory: each run's train_run checks it there
-        for p in points:
-            try:  # a point finished in the store is skipped below, needing no memory
-                check_fits(p.cfg, functools.partial(store.is_finished, path, p.run_id))
-            except DoesNotFit as e:  # not a bad DYNAMICS_MEMORY_GB, which is no point's fault
-                raise DoesNotFit(f"sweep point {p.label}: {e}") from None
+    points = check_points(cfg, path, scheduler)
     if not _is_url(path):
         path = os.path.abspath(path)  # workers may run elsewhere
     for p in points:
