@@ -4,9 +4,9 @@ process does not import torch for it.
 - :func:`sigterm_as_interrupt`: SIGTERM stops work as Ctrl-C does (a KeyboardInterrupt), so
   what was running is recorded interrupted and stays resumable.
 - :func:`deferred_signals`: SIGINT and SIGTERM held back across a short critical section.
-- :func:`reader_may_leave`: stdout whose reader has gone (``dynamics status S | head``; SIGPIPE,
-  which Python ignores, comes back as BrokenPipeError) drops what follows, so the command still
-  finishes its work (a curve still saved) with no traceback.
+- :func:`reader_may_leave`: stdout or stderr whose reader has gone (``dynamics status S | head``;
+  SIGPIPE, which Python ignores, comes back as BrokenPipeError) drops what follows, so the
+  command still finishes its work (a curve still saved) with no traceback.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def sigterm_as_interrupt():
 
 
 class _Dropping:
-    """sys.stdout as it was, until its reader goes; then nothing more is written."""
+    """A standard stream as it was, until its reader goes; then nothing more is written."""
 
     def __init__(self, stream):
         self._stream, self.gone = stream, False
@@ -96,25 +96,34 @@ class _Dropping:
         self._guard(self._stream.write, text)
         return len(text)
 
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         self._guard(self._stream.flush)
 
     def __getattr__(self, name):  # isatty, fileno, encoding...: the stream's own
+        if name.startswith("__") or "_stream" not in self.__dict__:  # copy, pickle: not forwarded
+            raise AttributeError(name)
         return getattr(self._stream, name)
 
 
 @contextlib.contextmanager
 def reader_may_leave():
-    """sys.stdout made a stream that a closed pipe does not stop: a command's output read by
-    ``| head`` ended in a BrokenPipeError traceback, and one that prints before it saves (predict,
-    gates) lost its result. Flushed before it is put back, so nothing is left to fail at exit."""
-    before = sys.stdout
-    if before is None:
-        yield
-        return
-    sys.stdout = _Dropping(before)
+    """sys.stdout and sys.stderr made streams that a closed pipe does not stop: a command's
+    output read by ``| head`` ended in a BrokenPipeError traceback, and one that prints before it
+    saves (predict, gates) lost its result; with ``2>&1 | head`` its progress lines on stderr
+    did the same. Flushed before they are put back, so nothing is left to fail at exit."""
+    before = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (None if s is None else _Dropping(s) for s in before)
     try:
         yield
     finally:
-        sys.stdout.flush()
-        sys.stdout = before
+        try:
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, _Dropping):
+                    with contextlib.suppress(Exception):  # not over the error already on its way out
+                        stream.flush()
+        finally:
+            sys.stdout, sys.stderr = before

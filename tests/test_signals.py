@@ -56,3 +56,35 @@ def test_a_reader_leaving_stdout_stops_neither_the_command_nor_its_exit(monkeypa
     stream.write("buffered")
     stream.flush()  # to /dev/null now
     stream.close()
+
+
+def test_stderr_too_and_an_error_on_its_way_out_is_not_replaced(monkeypatch):
+    # `dynamics predict S 2>&1 | head`: the progress lines on stderr hit the closed pipe first
+    import copy
+    import io
+    import os
+    import sys
+
+    from dynamics.signals import reader_may_leave
+
+    read, write = os.pipe()
+    os.close(read)
+    stream = io.TextIOWrapper(io.FileIO(write, "w"))
+    monkeypatch.setattr(sys, "stderr", stream)
+    with reader_may_leave():
+        print("[predict] fitting", file=sys.stderr, flush=True)
+        sys.stderr.writelines(["a\n", "b\n"])
+        assert sys.stderr.gone
+        copy.copy(sys.stderr)  # forwarded attributes do not recurse
+    assert sys.stderr is stream
+    stream.close()
+
+    class Full(io.StringIO):
+        def flush(self):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sys, "stdout", Full())
+    with pytest.raises(KeyboardInterrupt), reader_may_leave():
+        print("x")
+        raise KeyboardInterrupt  # the flush on the way out fails: the interrupt still comes through
+    assert isinstance(sys.stdout, Full)  # and the stream is put back

@@ -83,8 +83,8 @@ def _sigint_blocked_here():
     Ctrl-C, pending meanwhile (or taken by another of its threads, for ``deferred_signals`` around
     this), is delivered once the cluster is whole, a second or two, and stops it as any Ctrl-C does.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield  # Windows has no signal masks (nor process groups a Ctrl-C reaches whole)
         return
     from multiprocessing import resource_tracker
 

@@ -89,3 +89,16 @@ def test_ctrl_c_while_the_cluster_starts_ends_in_one_line_and_exit_130(tmp_path,
     assert proc.returncode in (130, -signal.SIGINT), text
     assert "Traceback" not in text and "Warning" not in text, text
     assert text.rstrip().splitlines()[-1] == "dynamics: interrupted; runs are resumable with the same command"
+
+
+def test_without_signal_masks_the_cluster_starts_unmasked(monkeypatch):
+    # Windows has no pthread_sigmask (nor the resource tracker's _posixsubprocess): the sweep
+    # must still start its cluster there.
+    from multiprocessing import resource_tracker
+
+    from dynamics.sweep.launcher import _sigint_blocked_here
+
+    monkeypatch.delattr(signal, "pthread_sigmask")
+    monkeypatch.setattr(resource_tracker, "ensure_running", lambda: pytest.fail("no tracker to start here"))
+    with _sigint_blocked_here():
+        pass
