@@ -140,6 +140,8 @@ def _check_examinable(value: str, label: str) -> None:
         pass  # not there (yet): the command's own checks say whether that is right
     except OSError as e:
         raise UsageError(f"{label} {value}: cannot be looked at: {e.strerror or e}") from None
+    except ValueError:  # file://...%00...: argv holds no NUL, but an escape in a URL can
+        raise UsageError(f"{label} {value}: a path cannot hold a NUL byte") from None
 
 
 _POSITIONAL = ("config", "store")

@@ -91,6 +91,9 @@ def tiny(tmp_path_factory):
     (["run", "{cfg}", "--out", "file://"], "--out file://: a file:// URL with no path"),
     (["report", "{path}", "--out", "file://"], "--out file://: a file:// URL with no path"),
     (["status", "file://%20"], "STORE file://%20: a file:// URL with no path"),
+    # a ValueError traceback (embedded null byte) from os.stat
+    (["status", "file:///tmp/x%00y"], "STORE file:///tmp/x%00y: a path cannot hold a NUL byte"),
+    (["run", "{cfg}", "--out", "file://{d}/x%00y.zarr"], "x%00y.zarr: a path cannot hold a NUL byte"),
     (["run", "{cfg}", "--out", "{d}/new5.zarr", "--run-id", " "], "--run-id: empty value"),
     # trained the same data and model as the config without it, under a run id of its own
     (["run", "{cfg}", "--out", "{d}/new11.zarr", "--set", "task.delta=5"],
