@@ -95,6 +95,9 @@ def tiny(tmp_path_factory):
     (["status", "file:///tmp/x%00y"], "STORE file:///tmp/x%00y: a path cannot hold a NUL byte"),
     (["run", "{cfg}", "--out", "file://{d}/x%00y.zarr"], "x%00y.zarr: a path cannot hold a NUL byte"),
     (["run", "{cfg}", "--out", "{d}/new5.zarr", "--run-id", " "], "--run-id: empty value"),
+    # its folder name too long for the filesystem: refused by the lock, after the store was made
+    (["run", "{cfg}", "--out", "{d}/new22.zarr", "--run-id", "a" * 300],
+     "invalid run id aaaaaaaaaaaaaaaaaaaa...: 300 bytes long, at most 128"),
     # trained the same data and model as the config without it, under a run id of its own
     (["run", "{cfg}", "--out", "{d}/new11.zarr", "--set", "task.delta=5"],
      "task.delta = 5: the induction task does not read it (only offset_copy does)"),

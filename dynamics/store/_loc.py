@@ -160,11 +160,22 @@ def check_run_id(run_id: str) -> str:
     return _check_name("run id", run_id)
 
 
+MAX_RUN_ID = 128
+"""Longest run id. A run id names folders (``runs/<id>``, ``checkpoints/<id>``, ``analysis/<id>``)
+and is part of others (``derived/gates.<id>``, under ``MAX_NAME``)."""
+MAX_NAME = 200
+"""Longest other name (a derived result's, a variable's): folder names stop at 255 bytes, and zarr
+adds its temporary suffixes to some."""
+
+
 def _check_name(kind: str, name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise StoreError(f"invalid {kind} {name!r}: use letters, digits, '.', '_' or '-', not starting with a symbol")
     if name == "zarr.json":  # the group's own metadata key in zarr v3
         raise StoreError(f"invalid {kind} {name!r}: reserved by zarr")
+    limit = MAX_RUN_ID if kind == "run id" else MAX_NAME
+    if len(name.encode()) > limit:  # past 255 bytes a folder cannot be made: the lock failed once the store was
+        raise StoreError(f"invalid {kind} {name[:20]}...: {len(name.encode())} bytes long, at most {limit}")
     return name
 
 
