@@ -382,6 +382,10 @@ def test_a_student_into_its_teachers_store_must_name_the_teacher_run(templated, 
     path = templated[0]
     teacher_id = store.list_runs(path)[0]
     cfg = config({"distill": {"teacher": path}})
+    # the teacher given as a file:// URL to the same folder was taken for another store
+    url = config({"distill": {"teacher": "file://" + path}})
+    with pytest.raises(ConfigError, match="intervene.distill.run: required"):
+        interventions.check_output(url, path)
     for out in (path, path + "/"):
         with pytest.raises(ConfigError, match=f"intervene.distill.run: required .* name the teacher run "
                                               f"\\(run = '{teacher_id}'\\)"):

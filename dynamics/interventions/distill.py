@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 import numpy as np
 import torch
@@ -185,7 +186,8 @@ def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
 
 
 def _same_place(a: str, b: str) -> bool:
-    """Whether two store paths (or URLs) name one store."""
+    """Whether two store paths (or URLs) name one store; a file:// URL is the local path it names."""
+    a, b = (unquote(p[len("file://"):]) if p.startswith("file://") else p for p in (a, b))
     if "://" in a or "://" in b:
         return a.rstrip("/") == b.rstrip("/")
     return os.path.realpath(a) == os.path.realpath(b)
