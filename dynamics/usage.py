@@ -107,6 +107,12 @@ def check_url(path: str, what: str = "") -> None:
         # command exits (a sweep's workers, other processes, would each write their own).
         raise UsageError(f"{what}{path}: a memory:// store lives only as long as this command; "
                          "give a path or a URL that outlasts it")
+    try:  # reached once here: a refused connection was a traceback from deep in the sweep, or "not a store"
+        fs, root = fsspec.core.url_to_fs(path)
+        fs.exists(root)
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own: the first line of any names it
+        reason = (str(e).splitlines() or [""])[0] or type(e).__name__
+        raise UsageError(f"{what}{path}: cannot be reached: {reason}") from None
 
 
 def check_args(args) -> None:

@@ -95,6 +95,10 @@ def tiny(tmp_path_factory):
     (["status", "file:///tmp/x%00y"], "STORE file:///tmp/x%00y: a path cannot hold a NUL byte"),
     (["run", "{cfg}", "--out", "file://{d}/x%00y.zarr"], "x%00y.zarr: a path cannot hold a NUL byte"),
     (["run", "{cfg}", "--out", "{d}/new5.zarr", "--run-id", " "], "--run-id: empty value"),
+    # a store URL nothing answers at (port 1: nothing listens there): a traceback from the sweep's
+    # init_store, "not a dynamics store" from the readers
+    (["sweep", "{cfg}", "--out", "ftp://127.0.0.1:1/x.zarr"], "--out ftp://127.0.0.1:1/x.zarr: cannot be reached: "),
+    (["status", "ftp://127.0.0.1:1/x.zarr"], "ftp://127.0.0.1:1/x.zarr: cannot be reached: "),
     # its folder name too long for the filesystem: refused by the lock, after the store was made
     (["run", "{cfg}", "--out", "{d}/new22.zarr", "--run-id", "a" * 300],
      "invalid run id aaaaaaaaaaaaaaaaaaaa...: 300 bytes long, at most 128"),
