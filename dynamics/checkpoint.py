@@ -123,7 +123,7 @@ def load_run_model(
     if run_id not in ids:
         raise store.StoreError(f"no run {run_id!r} in {path}; runs: {', '.join(ids)}")
     attrs = store.run_attrs(path, run_id)
-    cfg = recorded_config(attrs["config"])
+    cfg = recorded_config(attrs.get("config"), f"run {run_id} in {path}")
     from dynamics.interventions.common import forward_changes  # here: interventions.distill imports this module
 
     if (changed := forward_changes(cfg.intervene)) and not bare:

@@ -358,7 +358,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
         raise UsageError(f"no run {args.run!r} in {args.store}" if args.run else
                          f"{args.store} holds {len(runs)} runs; choose one with --run ({', '.join(runs[:8])})")
     attrs = store.run_attrs(args.store, run_id)
-    cfg = recorded_config(attrs["config"])
+    cfg = recorded_config(attrs.get("config"), f"run {run_id} in {args.store}")
     # Component names are checked against the run before the model is loaded or anything fitted.
     check_fittable(cfg)
     contrast = parse_contrast(args.contrast, cfg) if args.contrast else None

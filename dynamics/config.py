@@ -395,19 +395,25 @@ def from_dict(raw: dict) -> RunConfig:
     return cfg
 
 
-def recorded_config(raw: dict) -> RunConfig:
+def recorded_config(raw: dict, run: str = "the run") -> RunConfig:
     """The RunConfig of a recorded run, from its ``config`` attribute (``sweep`` dropped).
 
     Like :func:`from_dict`, except that ``task.components`` and ``task.weights`` under a task
     other than mixture are dropped, not refused: earlier versions accepted and ignored them,
     so a run recorded with them trained exactly the config without them, and it must stay
-    loadable (gates, resume, a distillation teacher).
+    loadable (gates, resume, a distillation teacher). ``run`` (``"run r1 in s.zarr"``) names it
+    in the ConfigError when the attribute is missing or this version cannot read it.
     """
+    if not isinstance(raw, dict):  # as if typed by the user ("unknown key") or a traceback, before
+        raise ConfigError(f"{run}: its recorded config is missing or not a table")
     raw = {k: v for k, v in raw.items() if k != "sweep"}
     task = raw.get("task")
     if isinstance(task, dict) and task.get("name", TaskConfig.name) != "mixture":
         raw["task"] = {k: v for k, v in task.items() if k not in ("components", "weights")}
-    return from_dict(raw)
+    try:
+        return from_dict(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{run}: its recorded config cannot be read by this version: {e}") from None
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

@@ -284,6 +284,23 @@ def test_a_store_whose_derived_folder_is_read_only_is_refused_before_any_work(ti
             subprocess.run(["umount", str(derived)], check=True)
 
 
+@pytest.mark.parametrize("config, needle", [
+    (lambda c: {**c, "model": {**c["model"], "newkey": 1}}, "its recorded config cannot be read by this version: "),
+    (lambda c: None, "its recorded config is missing or not a table"),
+])
+def test_a_run_whose_recorded_config_this_version_cannot_read_is_named(tiny, tmp_path, config, needle):
+    # A newer version's key read "unknown key 'model.newkey'" as if typed by the user, naming no
+    # run; a missing config attribute was a KeyError traceback.
+    import shutil
+
+    _, _, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    [rid] = store.list_runs(s)
+    store.update_run_attrs(s, rid, config=config(store.run_attrs(s, rid)["config"]))
+    one_line_exit_2(cli_in_process("gates", s, "--steps", "2", "--restarts", "1"), f"run {rid} in {s}: {needle}")
+
+
 def test_a_finished_run_of_a_read_only_store_is_skipped_not_refused(tiny, read_only_store):
     # nothing to write: train_run skips it without the lock, but --out was refused as read-only
     _, cfg, _ = tiny

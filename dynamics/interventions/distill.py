@@ -173,7 +173,7 @@ def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
         fail(f"{key}: teacher run {run_id} is {attrs.get('status', 'unknown')}, not completed")
     if not store.has_checkpoint(path, run_id):
         fail(f"{key}: teacher run {run_id} in {path} has no checkpoint to load")
-    tcfg = recorded_config(attrs["config"])
+    tcfg = recorded_config(attrs.get("config"), f"{key}: teacher run {run_id} in {path}")
     t, s = tcfg.model, cfg.model
     if t.vocab_size != s.vocab_size:
         fail(f"{key}: teacher model.vocab_size {t.vocab_size} differs from the student's {s.vocab_size}")
