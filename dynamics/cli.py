@@ -82,9 +82,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = replace_section(cfg, "train", device=args.device)
     check_device(cfg.train.device)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
-    from dynamics.store import StoreError, check_run_id, is_finished
+    from dynamics.store import StoreError, check_run_id, has_run, is_finished
 
-    run_id = check_run_id(args.run_id) if args.run_id else cfg.run_id()
+    run_id = check_run_id(args.run_id, new=not has_run(out, args.run_id)) if args.run_id else cfg.run_id()
     check_out(out, finished=lambda: is_finished(out, run_id))  # a finished run is skipped: no write
     # torch only for a GPU run, which check_device has imported; a finished run is skipped, needing no memory
     check_fits(cfg, lambda: is_finished(out, run_id))

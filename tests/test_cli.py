@@ -101,7 +101,10 @@ def tiny(tmp_path_factory):
     (["status", "ftp://127.0.0.1:1/x.zarr"], "ftp://127.0.0.1:1/x.zarr: cannot be reached: "),
     # its folder name too long for the filesystem: refused by the lock, after the store was made
     (["run", "{cfg}", "--out", "{d}/new22.zarr", "--run-id", "a" * 300],
-     "invalid run id aaaaaaaaaaaaaaaaaaaa...: 300 bytes long, at most 128"),
+     "invalid run id aaaaaaaaaaaaaaaaaaaa...: 300 bytes long, at most 255"),
+    # a new one leaves room for the names made from it (derived/gates.<run id>)
+    (["run", "{cfg}", "--out", "{d}/new23.zarr", "--run-id", "a" * 200],
+     "invalid run id aaaaaaaaaaaaaaaaaaaa...: 200 bytes long, at most 128 for a new run"),
     # trained the same data and model as the config without it, under a run id of its own
     (["run", "{cfg}", "--out", "{d}/new11.zarr", "--set", "task.delta=5"],
      "task.delta = 5: the induction task does not read it (only offset_copy does)"),
@@ -299,6 +302,18 @@ def test_a_run_whose_recorded_config_this_version_cannot_read_is_named(tiny, tmp
     [rid] = store.list_runs(s)
     store.update_run_attrs(s, rid, config=config(store.run_attrs(s, rid)["config"]))
     one_line_exit_2(cli_in_process("gates", s, "--steps", "2", "--restarts", "1"), f"run {rid} in {s}: {needle}")
+
+
+def test_a_run_an_earlier_version_made_with_a_long_id_stays_usable(tiny, tmp_path):
+    # Ids of 129 to 255 bytes were accepted once: their runs must still read, resume and skip.
+    _, cfg, _ = tiny
+    s = tmp_path / "s.zarr"
+    long_id = "a" * 200
+    train_run(load_config(cfg), str(s), long_id)
+    for args in (["status", s], ["run", cfg, "--out", s, "--run-id", long_id]):
+        done = cli_in_process(*args)
+        assert done.returncode == 0, done.stderr
+    assert "already completed" in done.stdout
 
 
 def test_a_finished_run_of_a_read_only_store_is_skipped_not_refused(tiny, read_only_store):

@@ -155,17 +155,22 @@ def clear_partials(*folders: Path, min_age: float = 0.0) -> None:
 # --------------------------------------------------------------------------- small helpers
 
 
-def check_run_id(run_id: str) -> str:
-    """``run_id`` if it can name a run group, else StoreError saying why."""
-    return _check_name("run id", run_id)
+def check_run_id(run_id: str, new: bool = True) -> str:
+    """``run_id`` if it can name a run group, else StoreError saying why. A ``new`` one (not in
+    the store yet) is also at most `MAX_RUN_ID` bytes, so that names built from it fit."""
+    _check_name("run id", run_id)
+    if new and len(run_id.encode()) > MAX_RUN_ID:
+        raise StoreError(f"invalid run id {run_id[:20]}...: {len(run_id.encode())} bytes long, at most {MAX_RUN_ID} "
+                         f"for a new run (derived/gates.<run id> is named after it)")
+    return run_id
 
 
 MAX_RUN_ID = 128
-"""Longest run id. A run id names folders (``runs/<id>``, ``checkpoints/<id>``, ``analysis/<id>``)
-and is part of others (``derived/gates.<id>``, under ``MAX_NAME``)."""
-MAX_NAME = 200
-"""Longest other name (a derived result's, a variable's): folder names stop at 255 bytes, and zarr
-adds its temporary suffixes to some."""
+"""Longest new run id. A run id names folders (``runs/<id>``, ``checkpoints/<id>``) and is part of
+others (``derived/gates.<id>``), which the filesystem stops at `MAX_NAME` bytes."""
+MAX_NAME = 255
+"""Longest name of any folder the store holds (NAME_MAX): checked on reads too, so that a run
+made by an earlier version with any id this long stays readable."""
 
 
 def _check_name(kind: str, name: str) -> str:
@@ -173,9 +178,8 @@ def _check_name(kind: str, name: str) -> str:
         raise StoreError(f"invalid {kind} {name!r}: use letters, digits, '.', '_' or '-', not starting with a symbol")
     if name == "zarr.json":  # the group's own metadata key in zarr v3
         raise StoreError(f"invalid {kind} {name!r}: reserved by zarr")
-    limit = MAX_RUN_ID if kind == "run id" else MAX_NAME
-    if len(name.encode()) > limit:  # past 255 bytes a folder cannot be made: the lock failed once the store was
-        raise StoreError(f"invalid {kind} {name[:20]}...: {len(name.encode())} bytes long, at most {limit}")
+    if len(name.encode()) > MAX_NAME:  # no folder can be named so: the lock failed once the store was made
+        raise StoreError(f"invalid {kind} {name[:20]}...: {len(name.encode())} bytes long, at most {MAX_NAME}")
     return name
 
 

@@ -375,6 +375,15 @@ def run_attrs(path: str | os.PathLike, run_id: str) -> dict:
     return meta.get("attributes", {})
 
 
+def has_run(path: str | os.PathLike, run_id: str) -> bool:
+    """Whether the store at `path` holds a run group `run_id`; never raises (as `is_finished`)."""
+    try:
+        loc = _Loc(path)
+        return bool(_store_root(loc)) and _group_meta(loc, f"runs/{_check_name('run id', run_id)}") is not None
+    except Exception:  # noqa: BLE001 - as is_store: an answer, never the error
+        return False
+
+
 def is_finished(path: str | os.PathLike, run_id: str) -> bool:
     """Whether the store at `path` holds `run_id` finished (completed or diverged), so that a run
     command would skip it. Reads only, and never raises: no store, no such run, a damaged or
