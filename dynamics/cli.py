@@ -584,15 +584,18 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         import errno
 
-        fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EACCES: "make it writable",
-               errno.EPERM: "make it writable", errno.EROFS: "make it writable"}.get(e.errno)
-        if fix is None:
+        if e.errno in (errno.EACCES, errno.EPERM):  # a read as likely as a write: no claim which
+            print(f"dynamics: {args.command} stopped: {e.strerror} on {e.filename or '?'}; check its permissions "
+                  f"and run it again", file=sys.stderr)
+            return 1
+        fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EROFS: "make it writable"}
+        if e.errno not in fix:
             raise
-        # A full disk (or a folder made read-only) is no bug to trace: analyses, derived results and
+        # A full disk (or a read-only filesystem) is no bug to trace: analyses, derived results and
         # report pages are written beside what they replace and swapped in whole: the earlier stands.
         where = f" writing {e.filename}" if e.filename else ""
-        print(f"dynamics: {args.command} stopped: {e.strerror}{where}; what it was replacing is kept: {fix} "
-              f"and run it again", file=sys.stderr)
+        print(f"dynamics: {args.command} stopped: {e.strerror}{where}; what it was replacing is kept: "
+              f"{fix[e.errno]} and run it again", file=sys.stderr)
         return 1
     except Exception as e:  # noqa: BLE001 - a one-line message for store problems found up front
         from dynamics.store import StoreError

@@ -324,9 +324,13 @@ def test_a_finished_run_of_a_read_only_store_is_skipped_not_refused(tiny, read_o
     assert done.stdout.strip().endswith(f"already completed in {read_only_store}; nothing retrained")
 
 
-@pytest.mark.parametrize("code, fix", [("EACCES", "make it writable"), ("EROFS", "make it writable"),
-                                       ("ENOSPC", "free some space")])
-def test_a_write_refused_by_the_system_is_one_line_exit_1(monkeypatch, capsys, code, fix):
+@pytest.mark.parametrize("code, line", [
+    ("EROFS", "{err} writing s.zarr/analysis/r1; what it was replacing is kept: make it writable and run it again"),
+    ("ENOSPC", "{err} writing s.zarr/analysis/r1; what it was replacing is kept: free some space and run it again"),
+    # a read as likely as a write (a colleague's run folder of mode 700): no claim which
+    ("EACCES", "{err} on s.zarr/analysis/r1; check its permissions and run it again"),
+])
+def test_an_operation_refused_by_the_system_is_one_line_exit_1(monkeypatch, capsys, code, line):
     # A folder deep in the store made read-only after the up-front check (analysis/<run>) ended in
     # a PermissionError traceback; the writes are swapped in whole, so the earlier result stands.
     import errno
@@ -339,8 +343,8 @@ def test_a_write_refused_by_the_system_is_one_line_exit_1(monkeypatch, capsys, c
 
     monkeypatch.setattr(cli, "cmd_status", refused)
     assert cli.main(["status", "s.zarr"]) == 1
-    assert capsys.readouterr().err == (f"dynamics: status stopped: {os.strerror(getattr(errno, code))} writing "
-                                       f"s.zarr/analysis/r1; what it was replacing is kept: {fix} and run it again\n")
+    err = os.strerror(getattr(errno, code))
+    assert capsys.readouterr().err == f"dynamics: status stopped: {line.format(err=err)}\n"
 
 
 def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmp_path):
