@@ -116,7 +116,7 @@ def test_loading_a_run_trained_through_forward_hooks_needs_bare(tmp_path):
     assert got == cfg and step == cfg.train.steps
 
 
-@pytest.mark.parametrize("damage", ["truncated", "empty"])
+@pytest.mark.parametrize("damage", ["truncated", "empty", "folder"])
 def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_path, damage):
     # torch's unpickler raised from deep inside: `dynamics run` recorded the run as failed (its
     # status and traceback rewritten) and `dynamics gates` printed 25 lines, naming no file
@@ -130,7 +130,11 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_
     with pytest.raises(KeyboardInterrupt):
         train_run(cfg, path, progress=interrupt_at(12))
     ckpt = Path(path, "checkpoints", cfg.run_id(), "ckpt.pt")
-    ckpt.write_bytes(ckpt.read_bytes()[:100] if damage == "truncated" else b"")
+    if damage == "folder":  # an IsADirectoryError traceback from gates
+        ckpt.unlink()
+        ckpt.mkdir()
+    else:
+        ckpt.write_bytes(ckpt.read_bytes()[:100] if damage == "truncated" else b"")
     Path(path, "checkpoints", cfg.run_id(), "train.lock").write_text('{"pid": 1, "host": "earlier"}')
     before = {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
     for args in (["run", toml, "--out", path], ["gates", path, "--steps", "2", "--init-steps", "1"]):

@@ -91,6 +91,9 @@ def read_checkpoint(path: str | os.PathLike, run_id: str) -> bytes | None:
             return (loc.local / _key(run_id)).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except IsADirectoryError:  # nothing this package writes: damage from outside, named as such
+            raise StoreError(f"run {run_id}'s checkpoint in {path} is damaged (a folder, not a file); its "
+                             f"recorded arrays are untouched") from None
     fs, target = _remote_target(loc, run_id)
     try:
         return fs.cat_file(target)
