@@ -2,8 +2,9 @@
 
 The only module that may import everything. Bad input is reported as one line naming the
 problem, with exit code 2, before any work starts (the checks the commands share are in
-:mod:`dynamics.usage`); heavy modules are imported inside the commands so ``dynamics --help``
-and input errors stay instant.
+:mod:`dynamics.usage`; how a command ends, that line included, in :mod:`dynamics.exits`);
+heavy modules are imported inside the commands so ``dynamics --help`` and input errors stay
+instant.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from urllib.parse import unquote
 
 from dynamics.budget import check_fits
 from dynamics.config import ConfigError, load_config, parse_override
-from dynamics.signals import reader_may_leave
+from dynamics.exits import run_to_end
 from dynamics.tables import analysis_failures, print_analysis, print_consistency, print_table
+from dynamics.usage import EXIT_BAD_INPUT as EXIT_BAD_INPUT  # cli.EXIT_BAD_INPUT, as before
 from dynamics.usage import (
-    EXIT_BAD_INPUT,
     OneLineParser,
     UsageError,
     check_args,
@@ -554,53 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # What a stopped command leaves: only training resumes; the others' results are saved whole or
 # not at all (store.write_analysis, write_derived), so "resumable" would promise what they do not do.
-_AFTER_INTERRUPT = {
-    "run": "runs are resumable with the same command",
-    "sweep": "runs are resumable with the same command",
-    "demo": "runs are resumable with the same command",
-    "analyse": "the analyses written before are whole; the other runs keep their previous analysis, if any "
-               "(run the same command again to analyse them)",
-    "predict": "a curve is saved whole or not at all; the store holds the previous one otherwise",
-    "gates": "the gates are saved whole or not at all; the store holds the previous ones otherwise",
-    "report": "the report folder still holds the previous report, if any, whole; run the same command again",
-    "status": "nothing was written",
-}
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        check_args(args)  # no empty value; ~ in a path expanded
-        with reader_may_leave():
-            return args.func(args)
-    except (ConfigError, UsageError) as e:
-        print(f"dynamics: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # one zarr was waiting for leaves a coroutine never run: no warning of it at exit
-        __import__("warnings").filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
-        print(f"dynamics: interrupted; {_AFTER_INTERRUPT.get(args.command, _AFTER_INTERRUPT['run'])}", file=sys.stderr)
-        return 130
-    except OSError as e:
-        import errno
-
-        if e.errno in (errno.EACCES, errno.EPERM):  # a read as likely as a write: no claim which
-            print(f"dynamics: {args.command} stopped: {e.strerror} on {e.filename or '?'}; check its permissions "
-                  f"and run it again", file=sys.stderr)
-            return 1
-        fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EROFS: "make it writable"}
-        if e.errno not in fix:
-            raise
-        # A full disk (or a read-only filesystem) is no bug to trace: analyses, derived results and
-        # report pages are written beside what they replace and swapped in whole: the earlier stands.
-        where = f" writing {e.filename}" if e.filename else ""
-        print(f"dynamics: {args.command} stopped: {e.strerror}{where}; what it was replacing is kept: "
-              f"{fix[e.errno]} and run it again", file=sys.stderr)
-        return 1
-    except Exception as e:  # noqa: BLE001 - a one-line message for store problems found up front
-        from dynamics.store import StoreError
-
-        if isinstance(e, StoreError):
-            print(f"dynamics: error: {e}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        raise
+    args = build_parser().parse_args(argv)
+    # check_args (no empty value; ~ in a path expanded) inside, so that its refusal is one line too
+    return run_to_end(args.command, lambda: check_args(args) or args.func(args))

@@ -324,29 +324,6 @@ def test_a_finished_run_of_a_read_only_store_is_skipped_not_refused(tiny, read_o
     assert done.stdout.strip().endswith(f"already completed in {read_only_store}; nothing retrained")
 
 
-@pytest.mark.parametrize("code, line", [
-    ("EROFS", "{err} writing s.zarr/analysis/r1; what it was replacing is kept: make it writable and run it again"),
-    ("ENOSPC", "{err} writing s.zarr/analysis/r1; what it was replacing is kept: free some space and run it again"),
-    # a read as likely as a write (a colleague's run folder of mode 700): no claim which
-    ("EACCES", "{err} on s.zarr/analysis/r1; check its permissions and run it again"),
-])
-def test_an_operation_refused_by_the_system_is_one_line_exit_1(monkeypatch, capsys, code, line):
-    # A folder deep in the store made read-only after the up-front check (analysis/<run>) ended in
-    # a PermissionError traceback; the writes are swapped in whole, so the earlier result stands.
-    import errno
-    import os
-
-    from dynamics import cli
-
-    def refused(args):
-        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), "s.zarr/analysis/r1")
-
-    monkeypatch.setattr(cli, "cmd_status", refused)
-    assert cli.main(["status", "s.zarr"]) == 1
-    err = os.strerror(getattr(errno, code))
-    assert capsys.readouterr().err == f"dynamics: status stopped: {line.format(err=err)}\n"
-
-
 def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmp_path):
     """`analyse` and `report` on a full disk printed a traceback (the derived consistency and the
     report page are written after each run's analysis). Needs a small filesystem: a tmpfs, which

@@ -1,0 +1,73 @@
+"""How a command ends: the exit status, and one line on stderr for each way it can stop short.
+
+- bad input (ConfigError, UsageError, and a StoreError found up front): the error, exit 2;
+- Ctrl-C or SIGTERM: what was kept (per command), exit 130;
+- a full disk, a read-only filesystem or a permission refused: where, exit 1, with no
+  traceback: what it was replacing is written beside it and swapped in whole;
+- a reader of its output that has gone (``| head``): nothing, and the command runs to its end
+  (:func:`dynamics.signals.reader_may_leave`).
+
+Anything else is a bug, and its traceback is shown.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+import warnings
+from collections.abc import Callable
+
+from dynamics.config import ConfigError
+from dynamics.signals import reader_may_leave
+from dynamics.usage import EXIT_BAD_INPUT, UsageError
+
+EXIT_INTERRUPTED = 130
+"""As a shell reports a command that SIGINT ended."""
+
+AFTER_INTERRUPT = {
+    "run": "runs are resumable with the same command",
+    "sweep": "runs are resumable with the same command",
+    "demo": "runs are resumable with the same command",
+    "analyse": "the analyses written before are whole; the other runs keep their previous analysis, if any "
+               "(run the same command again to analyse them)",
+    "predict": "a curve is saved whole or not at all; the store holds the previous one otherwise",
+    "gates": "the gates are saved whole or not at all; the store holds the previous ones otherwise",
+    "report": "the report folder still holds the previous report, if any, whole; run the same command again",
+    "status": "nothing was written",
+}
+"""What the line after an interrupt says was kept, per command."""
+
+
+def run_to_end(command: str, work: Callable[[], int]) -> int:
+    """``work()``'s exit status, or the status and one line of the way it stopped short."""
+    try:
+        with reader_may_leave():
+            return work()
+    except (ConfigError, UsageError) as e:
+        print(f"dynamics: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # one zarr was waiting for leaves a coroutine never run: no warning of it at exit
+        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+        print(f"dynamics: interrupted; {AFTER_INTERRUPT.get(command, AFTER_INTERRUPT['run'])}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM):  # a read as likely as a write: no claim which
+            print(f"dynamics: {command} stopped: {e.strerror} on {e.filename or '?'}; check its permissions "
+                  f"and run it again", file=sys.stderr)
+            return 1
+        fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EROFS: "make it writable"}
+        if e.errno not in fix:
+            raise
+        # A full disk (or a read-only filesystem) is no bug to trace: analyses, derived results and
+        # report pages are written beside what they replace and swapped in whole: the earlier stands.
+        where = f" writing {e.filename}" if e.filename else ""
+        print(f"dynamics: {command} stopped: {e.strerror}{where}; what it was replacing is kept: "
+              f"{fix[e.errno]} and run it again", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - a one-line message for store problems found up front
+        from dynamics.store import StoreError  # here: the store imports zarr, which --help need not
+
+        if isinstance(e, StoreError):
+            print(f"dynamics: error: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        raise

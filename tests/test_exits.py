@@ -1,0 +1,43 @@
+"""run_to_end: the exit status and the one line for each way a command stops short."""
+
+import errno
+import os
+
+import pytest
+
+from dynamics.config import ConfigError
+from dynamics.exits import EXIT_INTERRUPTED, run_to_end
+from dynamics.usage import EXIT_BAD_INPUT
+
+
+def raising(e: BaseException):
+    def work() -> int:
+        raise e
+
+    return work
+
+
+@pytest.mark.parametrize("code, line", [
+    ("EROFS", "{err} writing s.zarr/analysis/r1; what it was replacing is kept: make it writable and run it again"),
+    ("ENOSPC", "{err} writing s.zarr/analysis/r1; what it was replacing is kept: free some space and run it again"),
+    # a read as likely as a write (a colleague's run folder of mode 700): no claim which
+    ("EACCES", "{err} on s.zarr/analysis/r1; check its permissions and run it again"),
+])
+def test_an_operation_refused_by_the_system_is_one_line_exit_1(capsys, code, line):
+    # A folder deep in the store made read-only after the up-front check (analysis/<run>) ended in
+    # a PermissionError traceback; the writes are swapped in whole, so the earlier result stands.
+    err = os.strerror(getattr(errno, code))
+    assert run_to_end("analyse", raising(OSError(getattr(errno, code), err, "s.zarr/analysis/r1"))) == 1
+    assert capsys.readouterr().err == f"dynamics: analyse stopped: {line.format(err=err)}\n"
+
+
+def test_bad_input_and_interrupts_are_one_line_and_other_errors_are_bugs(capsys):
+    assert run_to_end("run", lambda: 0) == 0
+    assert run_to_end("run", raising(ConfigError("train.lr: must be > 0"))) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == "dynamics: error: train.lr: must be > 0\n"
+    assert run_to_end("status", raising(KeyboardInterrupt())) == EXIT_INTERRUPTED == 130
+    assert capsys.readouterr().err == "dynamics: interrupted; nothing was written\n"
+    with pytest.raises(OSError, match="Bad file descriptor"):  # not a refusal by the system: a bug, traced
+        run_to_end("status", raising(OSError(errno.EBADF, "Bad file descriptor")))
+    with pytest.raises(ZeroDivisionError):
+        run_to_end("status", raising(ZeroDivisionError()))
