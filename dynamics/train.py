@@ -265,7 +265,7 @@ def train_run(
     hash_now = data_hash(cfg)
     _refuse_other_data(prior, cfg, path, run_id, hash_now)
     if prior:  # damaged or lost: StoreError, here before the lock as well
-        _refuse_lost_checkpoint(prior, checkpoint.load_checkpoint(path, run_id), path, run_id)
+        store.check_checkpoint_kept(path, run_id, prior, present=checkpoint.load_checkpoint(path, run_id) is not None)
     # a caller's no_grad or inference_mode (thread-local) would fail the run at its first backward
     threads = torch.get_num_threads()
     try:
@@ -291,17 +291,6 @@ def _refuse_other_data(prior: dict, cfg: RunConfig, path: str, run_id: str, hash
             f"run {run_id} in {path} was recorded on data with hash {prior['data_hash']}, but this machine makes "
             f"{hash_now} for task {cfg.task.name!r} (another Python's standard library, for the corpus?); "
             f"refusing to resume it on other data")
-
-
-def _refuse_lost_checkpoint(prior: dict, ckpt: dict | None, path: str, run_id: str) -> None:
-    # A run that trained past step 0 resumes from its checkpoint; with the file gone (deleted to
-    # save space, a partial copy) it started again at step 0 and wrote over its recorded snapshots.
-    step = int(prior.get("checkpoint_step") or 0)
-    if ckpt is None and step > 0:
-        raise store.StoreError(
-            f"run {run_id} in {path} recorded training up to step {step}, but its checkpoint "
-            f"(checkpoints/{run_id}/ckpt.pt) is missing; refusing to train it again from step 0 over its "
-            f"recorded snapshots (train it into another store to start it afresh)")
 
 
 def _refuse_unrecorded_snapshots(path: str, run_id: str, steps_at, start: int) -> None:
@@ -384,7 +373,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     # Read before anything is written: a damaged checkpoint is refused (StoreError naming it), where
     # inside the try below it was recorded as the run failing, its status rewritten
     ckpt = checkpoint.load_checkpoint(path, run_id) if existing else None
-    _refuse_lost_checkpoint(prior, ckpt, path, run_id)
+    store.check_checkpoint_kept(path, run_id, prior, present=ckpt is not None)
     try:
         device = torch.device(cfg.train.device)
         if device.type == "cpu":

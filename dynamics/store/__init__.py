@@ -58,6 +58,7 @@ from dynamics.store._loc import StoreError, check_run_id, is_partial, is_remote
 from dynamics.store.checkpoints import (
     RunLocked,
     atomic_write_bytes,
+    check_checkpoint_kept,
     checkpoint_path,
     has_checkpoint,
     read_checkpoint,
@@ -107,6 +108,7 @@ __all__ = [
     "check_recorded",
     "check_run_id",
     "check_store",
+    "check_checkpoint_kept",
     "checkpoint_path",
     "damaged_root",
     "deferred_index",

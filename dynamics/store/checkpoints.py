@@ -110,6 +110,18 @@ def has_checkpoint(path: str | os.PathLike, run_id: str) -> bool:
     return bool(fs.exists(target))
 
 
+def check_checkpoint_kept(path: str | os.PathLike, run_id: str, attrs: dict, present: bool | None = None) -> None:
+    """StoreError when a run that trained past step 0 (its attrs' ``checkpoint_step``) has no
+    checkpoint: deleted to save space, or left out of a copy. Resumed, it would start again at
+    step 0 and write over the snapshots it recorded. ``present``: whether it has one, if known."""
+    step = int(attrs.get("checkpoint_step") or 0)
+    if step > 0 and not (has_checkpoint(path, run_id) if present is None else present):
+        raise StoreError(
+            f"run {run_id} in {path} recorded training up to step {step}, but its checkpoint "
+            f"(checkpoints/{run_id}/ckpt.pt) is missing; refusing to train it again from step 0 over its "
+            f"recorded snapshots (train it into another store to start it afresh)")
+
+
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `target` so that readers see the old file or the new one, never a mix.
 

@@ -309,11 +309,11 @@ def _refuse_point(p: Point, attrs: dict, path: str) -> None:
         # finished, it stood in status and open_sweep with this point's values
         raise store.StoreError(f"sweep point {p.label}: run {p.run_id} in {path} was recorded with a different "
                                f"config (dynamics run --run-id?); refusing to mix them")
-    step = int(attrs.get("checkpoint_step") or 0)
-    if attrs.get("status") not in FINISHED and step > 0 and not store.has_checkpoint(path, p.run_id):
-        raise store.StoreError(f"sweep point {p.label}: run {p.run_id} in {path} recorded training up to step "
-                               f"{step}, but its checkpoint (checkpoints/{p.run_id}/ckpt.pt) is missing; refusing "
-                               f"to train it again from step 0 over its recorded snapshots")
+    if attrs.get("status") not in FINISHED:  # a finished one is skipped: its checkpoint is not needed
+        try:
+            store.check_checkpoint_kept(path, p.run_id, attrs)
+        except store.StoreError as e:
+            raise store.StoreError(f"sweep point {p.label}: {e}") from None
 
 
 def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int, display: _Display,
