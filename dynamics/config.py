@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import re
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -25,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from dynamics.identity import experiment_identity
-from dynamics.limits import FLOAT32_MAX, MAX_STEPS, MAX_THREADS, MAX_WEIGHTS
 
 TASKS = ("induction", "offset_copy", "markov", "slash_text", "corpus", "mixture")
 BYTE_TASKS = ("slash_text", "corpus")  # byte-level: need vocab_size >= 256
@@ -486,111 +484,12 @@ def with_values(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
     return from_dict(raw)
 
 
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
-
-
 def validate(cfg: RunConfig) -> None:
-    """Raise ConfigError naming the first impossible value, else return None."""
-    m, t, tr, r = cfg.model, cfg.task, cfg.train, cfg.record
-    for key in ("n_layers", "d_model", "n_heads", "vocab_size", "context"):
-        _require(getattr(m, key) > 0, f"model.{key}: must be positive, got {getattr(m, key)}")
-    # One position's attention is 1 whatever a head does: there would be nothing to record or analyse.
-    _require(m.context >= 2, f"model.context: must be >= 2 (attention over one position is always 1), got {m.context}")
-    _require(m.d_head >= 0, f"model.d_head: must be >= 0, got {m.d_head}")
-    _require(
-        m.d_head > 0 or m.d_model % m.n_heads == 0,
-        f"model.n_heads: {m.n_heads} does not divide model.d_model {m.d_model} (or set model.d_head)",
-    )
-    _require(m.pos in ("rope", "learned", "none"), f"model.pos: unknown scheme {m.pos!r} (rope | learned | none)")
-    _require(m.pos != "rope" or m.head_dim % 2 == 0, f"model.d_head: RoPE needs an even head width, got {m.head_dim}")
-    _require(m.init in ("xavier_uniform", "xavier_normal", "normal"), f"model.init: unknown init {m.init!r}")
-    _require(m.init_scale > 0 and math.isfinite(m.init_scale), f"model.init_scale: must be > 0, got {m.init_scale}")
-    # Past float32's range the first weights, or the first update, are inf: a run was made and
-    # recorded "diverged after 0 steps" for a value the model's float32 cannot hold.
-    for key, value in (("model.init_scale", m.init_scale), ("train.lr", cfg.train.lr),
-                       ("train.weight_decay", cfg.train.weight_decay)):
-        _require(not value > FLOAT32_MAX, f"{key}: must be at most {FLOAT32_MAX:.4g} (float32), got {value}")
-    _require(m.gates in ("fixed", "learned"), f"model.gates: expected fixed or learned, got {m.gates!r}")
-    _require(m.gate_l1 >= 0, f"model.gate_l1: must be >= 0, got {m.gate_l1}")
-    _require(abs(m.gate_init) <= 100, f"model.gate_init: must be within +-100 (sigmoid is 0 or 1 in float32 past +-17), got {m.gate_init}")
-    _require(m.rope_base > 1, f"model.rope_base: must be > 1 (the slowest RoPE frequency is 1 / rope_base), got {m.rope_base}")
-    _require(m.attn_only or m.d_mlp > 0, f"model.d_mlp: must be positive, got {m.d_mlp}")
-    _require(m.weight_entries <= MAX_WEIGHTS,
-             f"model: {m.weight_entries:,} weights (vocab_size {m.vocab_size}, d_model {m.d_model}, n_layers "
-             f"{m.n_layers}, n_heads {m.n_heads} x head width {m.head_dim}, d_mlp {m.d_mlp}) is more than the "
-             f"{MAX_WEIGHTS:,} a run may have")
+    """Raise ConfigError naming the first impossible value, else return None (the rules are
+    :mod:`dynamics.config_rules`, imported here: that module imports this one)."""
+    from dynamics.config_rules import validate as rules
 
-    _require(t.name in TASKS, f"task.name: unknown task {t.name!r} ({' | '.join(TASKS)})")
-    # Only a mixture reads them: under another task they were silently ignored, and a sweep over
-    # task.components then trained the same data under different run ids.
-    for key in ("components", "weights"):
-        _require(t.name == "mixture" or not getattr(t, key),
-                 f"task.{key}: only a mixture has {key}, but task.name is {t.name!r} "
-                 f"(set task.name = \"mixture\", or task.{key} = [])")
-    if t.name == "mixture":
-        _require(len(t.components) > 0, "task.components: a mixture needs at least one component")
-        for c in t.components:
-            _require(c in TASKS and c != "mixture", f"task.components: unknown component {c!r}")
-        _require(len(set(t.components)) == len(t.components), "task.components: duplicate component")
-        _require(
-            not t.weights or len(t.weights) == len(t.components),
-            f"task.weights: {len(t.weights)} weights for {len(t.components)} components",
-        )
-        # A sum that overflows to inf normalises every weight to 0: the first batch then failed
-        # the run it had already made in the store.
-        _require(all(w >= 0 for w in t.weights) and (not t.weights or 0 < sum(t.weights) < math.inf),
-                 "task.weights: must be non-negative with a positive, finite sum")
-    comps = t.component_names
-    if "induction" in comps:
-        _require(2 <= t.min_period <= t.max_period,
-                 f"task.min_period/max_period: need 2 <= min_period <= max_period, got {t.min_period}, {t.max_period}")
-        _require(m.context >= 2 * t.max_period,
-                 f"model.context: {m.context} is too short for induction with task.max_period {t.max_period} "
-                 f"(needs >= {2 * t.max_period})")
-    if "offset_copy" in comps:
-        _require(t.delta >= 1, f"task.delta: must be >= 1, got {t.delta}")
-        _require(m.context > 2 * t.delta, f"model.context: {m.context} is too short for task.delta {t.delta}")
-        _require(0.0 <= t.p <= 1.0, f"task.p: must be in [0, 1], got {t.p}")
-    if "markov" in comps:
-        _require(t.markov_order >= 1, f"task.markov_order: must be >= 1, got {t.markov_order}")
-        _require(1 <= t.markov_branching <= m.vocab_size,
-                 f"task.markov_branching: must be in [1, vocab_size], got {t.markov_branching}")
-        _require(m.context > t.markov_order, f"model.context: too short for task.markov_order {t.markov_order}")
-    if any(c in BYTE_TASKS for c in comps):
-        _require(m.vocab_size >= 256, f"model.vocab_size: byte-level task needs >= 256, got {m.vocab_size}")
-    _require(t.pool_size >= 0, f"task.pool_size: must be >= 0, got {t.pool_size}")
-    if "corpus" in comps:
-        _require(0.0 < t.holdout < 1.0, f"task.holdout: must be in (0, 1), got {t.holdout}")
-    if any(c in ("induction", "offset_copy", "markov") for c in comps):
-        _require(m.vocab_size >= 4, f"model.vocab_size: must be >= 4, got {m.vocab_size}")
-
-    _require(0 < tr.steps <= MAX_STEPS, f"train.steps: must be in [1, {MAX_STEPS:,}], got {tr.steps}")
-    _require(tr.lr > 0 and math.isfinite(tr.lr), f"train.lr: must be > 0, got {tr.lr}")
-    _require(tr.batch_size > 0, f"train.batch_size: must be positive, got {tr.batch_size}")
-    _require(0 <= tr.seed < 2**63, f"train.seed: must be in [0, 2**63), got {tr.seed}")
-    _require(tr.optimizer in ("adamw", "sgd"), f"train.optimizer: expected adamw or sgd, got {tr.optimizer!r}")
-    _require(tr.weight_decay >= 0, f"train.weight_decay: must be >= 0, got {tr.weight_decay}")
-    _require(0 <= tr.beta1 < 1 and 0 <= tr.beta2 < 1, "train.beta1/beta2: must be in [0, 1)")
-    _require(tr.warmup_steps >= 0, f"train.warmup_steps: must be >= 0, got {tr.warmup_steps}")
-    _require(0 <= tr.min_lr_frac <= 1, f"train.min_lr_frac: must be in [0, 1], got {tr.min_lr_frac}")
-    _require(tr.grad_clip >= 0, f"train.grad_clip: must be >= 0, got {tr.grad_clip}")
-    # torch.device's own spelling: "cudaa" or "cuda:x" would pass a prefix test and fail only in training
-    _require(tr.device == "cpu" or re.fullmatch(r"cuda(:(0|[1-9][0-9]*))?", tr.device) is not None,
-             f"train.device: expected cpu, cuda or cuda:<index>, got {tr.device!r}")
-    _require(1 <= tr.threads <= MAX_THREADS, f"train.threads: must be in [1, {MAX_THREADS}], got {tr.threads}")
-    _require(tr.eval_batches >= 1, f"train.eval_batches: must be >= 1, got {tr.eval_batches}")
-
-    _require(r.dense_until >= 0, f"record.dense_until: must be >= 0, got {r.dense_until}")
-    _require(r.every >= 1, f"record.every: must be >= 1, got {r.every}")
-    _require(r.n_probe >= 1, f"record.n_probe: must be >= 1, got {r.n_probe}")
-    _require(r.attention_dtype in ("float16", "float32"), "record.attention_dtype: expected float16 or float32")
-    _require(r.head_weights in ("auto", "on", "off"), "record.head_weights: expected auto, on or off")
-    _require(r.eval_batch_size >= 1, f"record.eval_batch_size: must be >= 1, got {r.eval_batch_size}")
-    # bounded as train.steps: past it, a run failed once recorded (gates' own limit) or overflowed
-    _require(0 <= r.chg_every <= MAX_STEPS, f"record.chg_every: must be in [0, {MAX_STEPS:,}], got {r.chg_every}")
-    _require(1 <= r.chg_steps <= MAX_STEPS, f"record.chg_steps: must be in [1, {MAX_STEPS:,}], got {r.chg_steps}")
+    rules(cfg)
 
 
 def check(cfg: RunConfig) -> None:
@@ -607,3 +506,4 @@ def replace_section(cfg: RunConfig, section: str, **changes: Any) -> RunConfig:
     new = replace(cfg, **{section: replace(getattr(cfg, section), **changes)})
     check(new)
     return new
+
