@@ -40,6 +40,7 @@ AFTER_INTERRUPT = {
 
 def run_to_end(command: str, work: Callable[[], int]) -> int:
     """``work()``'s exit status, or the status and one line of the way it stopped short."""
+    _names_as_given()
     try:
         with reader_may_leave():
             return work()
@@ -71,3 +72,14 @@ def run_to_end(command: str, work: Callable[[], int]) -> int:
             print(f"dynamics: error: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT
         raise
+
+
+def _names_as_given() -> None:
+    """Let stdout write a path whose bytes are not UTF-8 back as those bytes.
+
+    Python carries such bytes of argv as lone surrogates, which a stdout with strict errors (a
+    UTF-8 locale other than C.UTF-8, or ``PYTHONIOENCODING``) refused: `run` trained, then died
+    printing where it had written. stderr already escapes them (backslashreplace)."""
+    stream = sys.stdout
+    if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+        stream.reconfigure(errors="surrogateescape")

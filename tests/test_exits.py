@@ -1,7 +1,9 @@
 """run_to_end: the exit status and the one line for each way a command stops short."""
 
 import errno
+import io
 import os
+import sys
 
 import pytest
 
@@ -41,3 +43,14 @@ def test_bad_input_and_interrupts_are_one_line_and_other_errors_are_bugs(capsys)
         run_to_end("status", raising(OSError(errno.EBADF, "Bad file descriptor")))
     with pytest.raises(ZeroDivisionError):
         run_to_end("status", raising(ZeroDivisionError()))
+
+
+def test_a_path_given_in_bytes_that_are_not_utf8_is_printed_as_those_bytes(monkeypatch):
+    # argv carries them as lone surrogates; a stdout with strict errors (most UTF-8 locales) refused
+    # them, so `run` trained and then died printing where it had written.
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8", errors="strict"))
+    name = os.fsdecode(b"s\xff.zarr")
+    assert run_to_end("run", lambda: print(f"written to {name}") or 0) == 0
+    sys.stdout.flush()
+    assert raw.getvalue() == b"written to s\xff.zarr\n"

@@ -305,6 +305,17 @@ def test_store_with_a_just_started_run_names_every_missing_part(tmp_path):
     assert "failed (" not in text  # every gap is an expected one, not a crashed section
 
 
+def test_a_store_path_whose_bytes_are_not_utf8_is_shown_not_a_crash(tmp_path):
+    # Such bytes arrive as lone surrogates, which the page's UTF-8 write refused (a traceback).
+    path = tmp_path / os.fsdecode(b"s\xff.zarr")
+    _unwritten_run(path, "running")
+    with store.run_lock(path, "r0"):
+        page = write_report(path, tmp_path / os.fsdecode(b"out\xfe"))
+    text = page.read_bytes().decode("utf-8")  # strict: the page is UTF-8 throughout
+    assert "<title>dynamics report: s\ufffd.zarr</title>" in text
+    assert f"Store <code>{html.escape(str(tmp_path))}/s\ufffd.zarr</code>" in text
+
+
 def test_a_run_whose_arrays_cannot_be_read_is_not_said_to_have_no_snapshots(tmp_path):
     path = tmp_path / "s.zarr"
     _unwritten_run(path, "completed")

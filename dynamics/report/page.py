@@ -490,10 +490,16 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
             f"<th>last training loss (nats)</th><th>analysis</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
+def _shown(name: str | bytes) -> str:
+    """A path as a UTF-8 page can hold it: bytes that are not UTF-8 (which Python carries as lone
+    surrogates) shown as U+FFFD; written as they were, they made the page unwritable."""
+    return os.fsencode(name).decode("utf-8", "replace")
+
+
 def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: bool,
           pending: list[_Run] | None = None, swept: set[str] | None = None, href: str = "",
           index: dict | None = None) -> str:
-    title = f"dynamics report: {Path(os.fspath(path)).name}"
+    title = f"dynamics report: {_shown(Path(os.fspath(path)).name)}"
     when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     pending = pending or []
     counts: dict[str, int] = {}
@@ -527,7 +533,7 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
 </head>
 <body>
 <h1>{html.escape(title)}</h1>
-<p class="meta">Store <code>{html.escape(os.fspath(path))}</code> · {html.escape(status)} · written {when}.
+<p class="meta">Store <code>{html.escape(_shown(os.fspath(path)))}</code> · {html.escape(status)} · written {when}.
 Per-run figures show run <code>{html.escape(str(chosen))}</code>. {html.escape(policy)}</p>
 <nav>{nav}</nav>
 <h2>Runs</h2>
