@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -265,6 +266,23 @@ def test_a_store_whose_root_metadata_is_unreadable_is_named_as_damaged_and_left_
     assert root.read_bytes() == damaged
     with pytest.raises(StoreError, match="^not a dynamics store"):
         store.check_store(tmp_path / "elsewhere")
+
+
+@pytest.mark.parametrize("section, fix", [("runs", "restore it from a backup"),
+                                          ("analysis", "move it aside: what it holds is computed from the runs")])
+def test_a_section_that_is_a_file_is_named_as_damaged_and_left_alone(tmp_path, section, fix):
+    # Listed as a missing folder is, a `runs` file made the store look empty (status listed no run),
+    # and `run` failed creating its group with a bare FileExistsError; an `analysis` file failed
+    # every run's analysis the same way.
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    shutil.rmtree(path / section)
+    (path / section).write_bytes(b"x")
+    for call in (lambda: store.check_store(path), lambda: store.list_runs(path), lambda: store.init_store(path),
+                 lambda: write_run(path, "r2", seed=1)):
+        with pytest.raises(StoreError, match=f"s.zarr: {section} is not a folder \\(the store is damaged\\); {fix}"):
+            call()
+    assert (path / section).read_bytes() == b"x"
 
 
 def test_a_section_whose_metadata_was_cut_short_is_written_again_and_its_runs_left_alone(tmp_path):
