@@ -37,6 +37,10 @@ from dynamics.usage import (
     report_dir,
 )
 
+DEFAULT_STORE = "no --out given: the default store"
+DEFAULT_REPORT = "the default report folder"
+"""How errors name a path the command chose: naming --out when none was given puzzled."""
+
 
 def _predict_progress(text: str) -> None:
     # its stages, on stderr: with --null N a predict fits N + 1 curves, half a minute of silence
@@ -86,7 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dynamics.store import StoreError, check_run_id, has_run, is_finished
 
     run_id = check_run_id(args.run_id, new=not has_run(out, args.run_id)) if args.run_id else cfg.run_id()
-    check_out(out, finished=lambda: is_finished(out, run_id))  # a finished run is skipped: no write
+    check_out(out, finished=lambda: is_finished(out, run_id),  # a finished run is skipped: no write
+              flag="--out" if args.out else DEFAULT_STORE)
     # torch only for a GPU run, which check_device has imported; a finished run is skipped, needing no memory
     check_fits(cfg, lambda: is_finished(out, run_id))
     # After the checks that need no torch: a mistyped path is refused in a second, not after
@@ -175,7 +180,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.scheduler:  # an existing cluster's workers may have the GPUs this machine lacks
         check_devices(cfg)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
-    check_out(out)
+    check_out(out, flag="--out" if args.out else DEFAULT_STORE)
     from dynamics.sweep import run_sweep  # imports torch: after the checks that need none
     summary = run_sweep(cfg, out, workers=args.workers, scheduler=args.scheduler)
     for line in summary.lines():
@@ -303,7 +308,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.run:
         store.run_attrs(args.store, args.run)  # the run to show is damaged: StoreError naming it, exit 2
     out = report_dir(args.out, "--out") if args.out else default_report_dir(args.store)
-    check_report_dir(out, "--out")
+    check_report_dir(out, "--out" if args.out else DEFAULT_REPORT)
     damaged: dict[str, str] = {}  # found by the report's own read of each run's attributes
     page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute,
                         on_damaged=damaged.__setitem__, progress=lambda line: print(f"[report] {line}", file=sys.stderr))
@@ -425,9 +430,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_workers(args.workers)
     check_devices(cfg)
     out = args.out or "runs/quickstart.zarr"
-    check_out(out)
+    check_out(out, flag="--out" if args.out else DEFAULT_STORE)
     report_out = report_dir(args.report, "--report") if args.report else default_report_dir(out)
-    check_report_dir(report_out, "--report")
+    check_report_dir(report_out, "--report" if args.report else DEFAULT_REPORT)
     local = unquote(out[len("file://"):]) if out.startswith("file://") else None if "://" in out else out
     if local is not None and _within(report_out, Path(local)):
         # the store is made only by the sweep below, so check_report_dir could not see it yet

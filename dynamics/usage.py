@@ -58,33 +58,34 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def check_out(path: str, finished: Callable[[], bool] | None = None) -> None:
+def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str = "--out") -> None:
     """--out of a command that makes or extends a store: a URL with a filesystem, an empty or new
     writable path outside any store, or a writable dynamics store; never something else to overwrite.
     ``finished()``, asked of a read-only store, says the command has nothing to write there (a
-    finished run, which `dynamics run` skips): then it may stay read-only."""
+    finished run, which `dynamics run` skips): then it may stay read-only. `flag` names the path in
+    errors: "--out", or how a default path came to be chosen."""
     from dynamics import store
 
     if path.startswith("file://"):
         path = _local(path)  # a local path, as the store reads it: checked as one
     elif "://" in path:
-        check_url(path, "--out ")
+        check_url(path, f"{flag} ")
         return
     p = Path(path)
-    check_not_in_store(p, "--out")
+    check_not_in_store(p, flag)
     if not p.exists():
-        check_creatable(p, "--out")
+        check_creatable(p, flag)
     elif p.is_dir() and all(store.is_partial(e.name) for e in p.iterdir()):
         # An empty directory (made by hand for the results) holds nothing to overwrite: it
         # becomes the store, as a file:// URL to it does. So does one holding only zarr's
         # temporary of a store's first zarr.json: a creation killed before it landed.
         if not os.access(p, os.W_OK | os.X_OK):
-            raise UsageError(f"--out {path}: no permission to write into this empty directory")
+            raise UsageError(f"{flag} {path}: no permission to write into this empty directory")
     elif not store.is_store(path):
         raise UsageError(store.damaged_root(path)
-                         or f"--out {path} exists and is not a dynamics store; refusing to overwrite it")
+                         or f"{flag} {path} exists and is not a dynamics store; refusing to overwrite it")
     elif finished is None or (not os.access(path, os.W_OK | os.X_OK) and not finished()):
-        check_writable(path, "--out")
+        check_writable(path, flag)
 
 
 def _local(value: str) -> str:

@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -680,7 +681,28 @@ def test_demo_report_default_for_a_url_store_is_its_name_in_cwd(tmp_path, monkey
     (tmp_path / "d-report").write_text("")
     monkeypatch.chdir(tmp_path)
     assert main(["demo", "--out", f"file://{tmp_path}/d.zarr"]) == 2
-    assert capsys.readouterr().err == "dynamics: error: --report d-report exists and is not a directory\n"
+    assert capsys.readouterr().err == "dynamics: error: the default report folder d-report exists and is not a directory\n"
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "demo", "report"])
+def test_a_default_path_is_named_as_the_default_not_as_an_option_never_given(tiny, tmp_path, monkeypatch, capsys,
+                                                                              command):
+    # "--out runs/tiny.zarr exists ..." when no --out had been given sent one looking for it
+    from dynamics.cli import main
+
+    _, cfg, path = tiny
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    stem = "quickstart" if command == "demo" else Path(cfg).stem
+    (tmp_path / "runs" / f"{stem}.zarr").write_text("")
+    (tmp_path / "s-report").write_text("")
+    shutil.copytree(path, tmp_path / "s.zarr")
+    argv = {"demo": ["demo"], "report": ["report", "s.zarr"]}.get(command, [command, str(cfg)])
+    assert main(argv) == 2
+    expected = ("the default report folder s-report exists and is not a directory" if command == "report" else
+                f"no --out given: the default store runs/{stem}.zarr exists and is not a dynamics store; "
+                "refusing to overwrite it")
+    assert capsys.readouterr().err == f"dynamics: error: {expected}\n"
 
 
 def test_a_sweep_axis_is_changed_through_the_sweep_table():
