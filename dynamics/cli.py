@@ -105,12 +105,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if (problem := unread_setting_problem(cfg.to_dict())) is not None:
         raise ConfigError(problem)
+    # Said as training begins: before it, a refusal (the run trained elsewhere, recorded with
+    # another config, damaged) is to be the command's one line, and a skipped run trains nothing.
+    notes = []
     if cfg.train.device == "cpu" and cfg.train.threads > (cores := _usable_cores()):
         # Not refused: the config may be meant for a larger machine, and the numbers are the same
         # up to float rounding; but threads beyond the cores fight each other (README: 3.3x slower).
-        print(f"dynamics: note: train.threads {cfg.train.threads} is more than the {cores} core"
-              f"{'s' if cores > 1 else ''} this process may use; its threads would share cores and train slower",
-              file=sys.stderr, flush=True)
+        notes.append(f"train.threads {cfg.train.threads} is more than the {cores} core"
+                     f"{'s' if cores > 1 else ''} this process may use; its threads would share cores and train slower")
     from dynamics.signals import sigterm_as_interrupt
     from dynamics.train import train_run
 
@@ -120,18 +122,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         from dynamics.record import chg_fitted, snapshot_steps
 
         steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
-        print(f"dynamics: note: CHG is fitted at {int(chg_fitted(cfg, steps_at).sum())} of the {steps_at.size} "
-              f"snapshots (record.chg_every = {cfg.record.chg_every}), {3 * cfg.record.chg_steps} gate updates each; "
-              f"training waits for each fit, so the progress lines pause", file=sys.stderr, flush=True)
+        notes.append(f"CHG is fitted at {int(chg_fitted(cfg, steps_at).sum())} of the {steps_at.size} "
+                     f"snapshots (record.chg_every = {cfg.record.chg_every}), {3 * cfg.record.chg_steps} gate updates "
+                     f"each; training waits for each fit, so the progress lines pause")
     if cfg.sweep.axes:
-        print(f"dynamics: note: {args.config} has a [sweep] table; `dynamics run` trains only its base point "
-              f"(`dynamics sweep` trains the grid)", file=sys.stderr, flush=True)
+        given = [key for key, _ in map(parse_override, args.set) if key.split(".")[0] == "sweep"]
+        source = f"{args.config} with --set {given[0]}" if given else args.config  # its file may have none
+        notes.append(f"{source} has a [sweep] table; `dynamics run` trains only its base point "
+                     f"(`dynamics sweep` trains the grid)")
 
     printer = _progress_printer(run_id)
     started = []  # progress is first called once training has begun: a StoreError after it is no refusal
 
     def progress(step: int, total: int, loss: float) -> None:
-        started.append(True)
+        if not started:
+            started.append(True)
+            for note in notes:
+                print(f"dynamics: note: {note}", file=sys.stderr, flush=True)
         printer(step, total, loss)
 
     try:

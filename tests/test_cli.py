@@ -631,6 +631,22 @@ def test_run_of_a_config_with_a_sweep_table_says_it_trains_the_base_point_only(t
     assert "has a [sweep] table; `dynamics run` trains only its base point" in r.stderr
     assert len(store.list_runs(tmp_path / "s.zarr")) == 1
     assert "[sweep]" not in r.stdout
+    # a table given by --set is said to be: the file has none
+    r = cli_in_process("run", cfg, "--out", tmp_path / "s2.zarr", "--set", "sweep.train.seed=[1, 2]")
+    assert r.returncode == 0, r.stderr
+    assert (f"dynamics: note: {cfg} with --set sweep.train.seed has a [sweep] table; `dynamics run` trains only its "
+            f"base point (`dynamics sweep` trains the grid)") in r.stderr.splitlines()
+
+
+def test_a_refused_run_is_one_line_without_the_notes_of_a_run_that_trains(tiny, tmp_path):
+    # The [sweep] note (and the CHG and threads notes) came before the refusal, two lines for one problem
+    _, cfg, _ = tiny
+    swept = tmp_path / "swept.toml"
+    swept.write_text(Path(cfg).read_text() + '\n[sweep]\n"train.seed" = [0, 1]\n')
+    s = tmp_path / "s.zarr"
+    assert cli_in_process("run", swept, "--out", s, "--run-id", "mine").returncode == 0
+    r = cli_in_process("run", swept, "--out", s, "--run-id", "mine", "--set", "train.lr=0.5")
+    one_line_exit_2(r, "recorded with a different config")
 
 
 def test_analyse_goes_on_past_a_run_whose_analysis_fails(tiny, tmp_path):
@@ -727,7 +743,7 @@ def test_analyse_defaults_to_the_cores_this_process_may_use(tiny, monkeypatch):
     assert seen == [1]  # as the sweep's default_workers: one process per usable core, not per machine core
 
 
-def test_run_notes_threads_beyond_the_cores_it_may_use(tiny, monkeypatch, capsys):
+def test_run_notes_threads_beyond_the_cores_it_may_use(tiny, tmp_path, monkeypatch, capsys):
     # Not refused (a config may be meant for a larger machine), but said: the threads share cores.
     import os
 
@@ -735,11 +751,14 @@ def test_run_notes_threads_beyond_the_cores_it_may_use(tiny, monkeypatch, capsys
 
     _, cfg, path = tiny
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    assert main(["run", str(cfg), "--out", str(path), "--set", "train.threads=2"]) == 0  # completed: skipped
+    fresh = str(tmp_path / "t.zarr")
+    assert main(["run", str(cfg), "--out", fresh, "--set", "train.threads=2", "--set", "train.steps=2"]) == 0
     assert ("dynamics: note: train.threads 2 is more than the 1 core this process may use; its threads would "
             "share cores and train slower") in capsys.readouterr().err
     assert main(["run", str(cfg), "--out", str(path)]) == 0
     assert "train.threads" not in capsys.readouterr().err
+    assert main(["run", str(cfg), "--out", str(path), "--set", "train.threads=2"]) == 0  # completed: skipped
+    assert "note" not in capsys.readouterr().err  # nothing trains: nothing to note
 
 
 def test_one_damaged_run_is_named_and_the_other_runs_are_still_processed(tiny, tmp_path, capsys):
