@@ -540,7 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_predict)
     p = sub.add_parser("report", help="write an HTML report (figures + step slider) of a store; opens from file://")
     p.add_argument("store")
-    p.add_argument("--out", help="report directory (default <store>-report next to the store)")
+    p.add_argument("--out", help="report directory (default <store>-report next to the store, "
+                                  ".zarr dropped: runs/x.zarr -> runs/x-report)")
     p.add_argument("--run", help="run shown in the attention maps and dendrogram (default: median final loss)")
     p.add_argument("--no-compute", action="store_true",
                    help="leave runs without stored analysis out instead of analysing them in memory")

@@ -123,8 +123,9 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
     swept values (:func:`setting_columns`; ``none`` where a run lacks it, blank for a run whose
     config is unknown: pending or damaged), status (:func:`dynamics.store.run_status`, or
     ``damaged``, or ``pending`` for a sweep point not started), steps done of total,
-    ``resumes_at`` (the last checkpoint's step for an unfinished run, ``-`` for a finished one,
-    never retrained, and for a pending one, which has no checkpoint) and the last loss. Rows in the grid's order; runs outside any sweep after it, by id.
+    ``resumes_at`` (the last checkpoint's step for an unfinished run, ``lost`` where that
+    checkpoint is gone, ``-`` for a finished one, never retrained, and for a pending one, which
+    has no checkpoint) and the last loss. Rows in the grid's order; runs outside any sweep after it, by id.
     """
     index = store.read_sweep_index(path) or {}
     swept = index.get("runs", {})
@@ -151,7 +152,7 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
         done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))
         # A stopped run reached `done` but resumes from its last checkpoint, up to `record.every` steps
         # earlier; a finished one is never retrained.
-        resumes = "-" if a.get("status") in FINISHED_STATUSES else str(int(a.get("checkpoint_step", 0)))
+        resumes = "-" if a.get("status") in FINISHED_STATUSES else _resumes_at(path, run_id, a)
         rows.append([run_id, *shown(run_id), status,
                      f"{done}/{a.get('steps_total', '?')}", resumes, "-" if loss is None else f"{loss:.4f}"])
     for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet: no checkpoint to resume
@@ -160,3 +161,14 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
     key = grid_key(index)
     rows.sort(key=lambda row: key(row[0]))
     return header, rows, damaged
+
+
+def _resumes_at(path: str, run_id: str, attrs: dict) -> str:
+    """The step an unfinished run resumes at: its checkpoint's, or ``lost`` where that checkpoint
+    is gone (`run` and `sweep` refuse it: :func:`dynamics.store.check_checkpoint_kept`), where a
+    step offered a resume that the next command refused."""
+    try:
+        store.check_checkpoint_kept(path, run_id, attrs)
+    except store.StoreError:
+        return "lost"
+    return str(int(attrs.get("checkpoint_step", 0)))

@@ -492,6 +492,9 @@ def test_status_says_where_an_interrupted_run_resumes(tiny, tmp_path, capsys):
     store.update_run_attrs(s, rid, status="running")  # as a run killed by SIGKILL leaves it
     _, [row] = status_rows(capsys, s)
     assert row[1:4] == ["stopped", "11/20", "8"]
+    (s / "checkpoints" / rid / "ckpt.pt").rename(tmp_path / "aside.pt")
+    _, [row] = status_rows(capsys, s)
+    assert row[1:4] == ["stopped", "11/20", "lost"]  # "8" offered a resume that `run` refuses
     store.update_run_attrs(s, rid, status="completed")
     _, [row] = status_rows(capsys, s)
     assert row[1:4] == ["completed", "11/20", "-"]  # a finished run is never resumed

@@ -268,6 +268,12 @@ def test_cli_without_computing_names_the_missing_runs_and_replaces_frames(built,
     assert [p.name for p in (out / "figures").iterdir()] == [Path(frames[0]["src"]).parts[1]]  # the old report's went
     assert "Not available: emergence curves for 2 run(s) because they have no analysis" in text
     assert "role labels not available because the run has no stored analysis" in text
+    # `dynamics analyse` skips an unfinished run: told to run it, its reader changed nothing
+    plain = html.unescape(text)
+    b, c = ids["B"], ids["C"]
+    assert f"{b} (completed: no stored analysis (run `dynamics analyse`))" in plain
+    assert (f"{c} (stopped: no stored analysis (`dynamics analyse` analyses it once it has finished; without "
+            "--no-compute the report analyses what it has recorded))") in plain
     assert f"Not available: the dendrogram and JS matrix of run {ids['C']}" in text
     for src in _srcs(text) + [f["src"] for f in frames]:
         assert _png_ok(out / src), src

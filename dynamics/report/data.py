@@ -176,6 +176,14 @@ def _pending_runs(index: dict | None, recorded: list[str]) -> list[_Run]:
             for rid, point in (index or {}).get("runs", {}).items() if rid not in have]
 
 
+def _to_analyse(run: _Run) -> str:
+    """What gives a run a stored analysis: `dynamics analyse` skips an unfinished one, so telling
+    it to a stopped or interrupted run's reader changed nothing."""
+    if _finished(run):
+        return "run `dynamics analyse`"
+    return "`dynamics analyse` analyses it once it has finished; without --no-compute the report analyses what it has recorded"
+
+
 def _finished(run: _Run) -> bool:
     """Training ended on its own (completed or diverged): its analysis will not change any more."""
     return run.status in FINISHED_STATUSES
@@ -211,8 +219,8 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         run.analysis_note = "stored by `dynamics analyse`" + (f" (lacks {', '.join(lacking)})" if lacking else "")
         return run
     if not compute_missing:
-        run.analysis_note = ("stored analysis is from an older version of the analysers (run `dynamics analyse`)"
-                             if stale else "no stored analysis (run `dynamics analyse`)")
+        run.analysis_note = (f"stored analysis is from an older version of the analysers ({_to_analyse(run)})"
+                             if stale else f"no stored analysis ({_to_analyse(run)})")
         return run
     if run.n_recorded < _MIN_SNAPSHOTS:
         run.analysis_note = f"only {run.n_recorded} snapshot(s) recorded; analysis needs {_MIN_SNAPSHOTS}"
@@ -252,10 +260,10 @@ def _chosen_analysis(path, run: _Run, compute_missing: bool) -> tuple[xr.Dataset
         return _with_last_js(out, stored["js_distance"].isel(snapshot=-1).load()), "stored"
     if not compute_missing:  # said as the runs table says it: a stale analysis is no missing one
         if stored is None:
-            return None, "the run has no stored analysis (run `dynamics analyse`)"
+            return None, f"the run has no stored analysis ({_to_analyse(run)})"
         if not is_current(stored):
-            return None, "the run's stored analysis is from an older version of the analysers (run `dynamics analyse`)"
-        return None, "the run's stored analysis lacks its JS distances (run `dynamics analyse`)"
+            return None, f"the run's stored analysis is from an older version of the analysers ({_to_analyse(run)})"
+        return None, f"the run's stored analysis lacks its JS distances ({_to_analyse(run)})"
     if run.n_recorded < _MIN_SNAPSHOTS:
         return None, f"the run has only {run.n_recorded} recorded snapshot(s)"
     out = run.analysis if run.analysis_source == "computed" else None
