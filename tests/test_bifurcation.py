@@ -61,6 +61,9 @@ def test_bifurcation_step_relative_floor():
     assert float(bifurcation_step(curve(x), rel_tol=0.0)) == STEPS[6]
     x[6:] = 1.1
     assert float(bifurcation_step(curve(x))) == STEPS[6]
+    x[6:] = 1.07  # between 5% and 10%: the default floor is 5%, no wider
+    assert float(bifurcation_step(curve(x))) == STEPS[6]
+    assert np.isnan(float(bifurcation_step(curve(x), rel_tol=0.1)))
 
 
 def test_bifurcation_step_band_uses_the_sample_sd_of_the_baseline():

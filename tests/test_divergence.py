@@ -231,6 +231,9 @@ def test_within_layer_divergence_known_values():
     d2[:, :, 0, 2] = np.nan
     w2 = within_layer_divergence(xr.DataArray(d2, dims=("layer", "head", "layer_b", "head_b")))
     np.testing.assert_allclose(w2.values, [0.1, 0.4])
+    # the mean of the layers' means (0.1 over 1 pair, 0.4 over 3): not of all pairs, (0.1 + 3 * 0.4) / 4
+    mean2 = mean_within_layer_divergence(xr.DataArray(d2, dims=("layer", "head", "layer_b", "head_b")))
+    np.testing.assert_allclose(float(mean2), 0.25)
 
 
 def test_within_layer_divergence_of_identical_heads_is_zero():

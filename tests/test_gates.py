@@ -157,6 +157,9 @@ def test_label_agreement_is_the_majority_share():
     majority, agreement = label_agreement(roles)
     assert majority.tolist() == [0, 2, -1]
     assert agreement[:2].tolist() == pytest.approx([0.75, 0.75]) and np.isnan(agreement[2])
+    # a share of the restarts that fitted the head: an unfitted one (-1) does not vote
+    majority, agreement = label_agreement(np.array([[0], [0], [-1], [1]]))
+    assert majority.tolist() == [0] and agreement.tolist() == pytest.approx([2 / 3])
 
 
 def test_a_tie_is_where_two_roles_share_the_top_count():
@@ -204,6 +207,8 @@ def test_rank_agreement_is_undefined_below_three_heads_and_where_a_side_is_const
     assert np.isnan(rank_agreement(np.array([0.1, 0.9]), np.array([0.2, 0.3])))
     assert np.isnan(rank_agreement(np.array([0.5, 0.5, 0.5]), np.array([0.1, 0.2, 0.3])))
     assert rank_agreement(np.array([0.1, 0.5, 0.9]), np.array([0.2, 0.3, 0.1])) == pytest.approx(-0.5)
+    # ranks, not values: one outlying delta leaves the order, and rho, at 1 (Pearson's r: 0.80)
+    assert rank_agreement(np.array([1.0, 2.0, 3.0, 4.0]), np.array([1.0, 2.0, 3.0, 100.0])) == pytest.approx(1.0)
 
 
 def test_report_says_rho_is_undefined_with_two_heads_and_why():
@@ -288,6 +293,18 @@ def test_chg_snapshot_is_deterministic_and_leaves_training_state_alone(tiny):
     again, role_again = chg_snapshot(model, cfg, steps=3, options=opts)
     np.testing.assert_array_equal(chg, again)
     np.testing.assert_array_equal(role, role_again)
+
+
+def test_chg_snapshot_of_several_restarts_is_their_mean_and_majority(tiny):
+    from dataclasses import replace
+
+    model, cfg = tiny
+    opts = GateOptions(restarts=3, init_steps=2, steps=3, batch_size=4, fit_batches=1, eval_batches=1)
+    chg, role = chg_snapshot(model, cfg, steps=3, options=opts)
+    fits = fit_chg(model, cfg, replace(opts, steps=3))
+    assert fits.sizes["restart"] == 3 and np.ptp(fits.chg.values, axis=0).max() > 0  # restarts that differ
+    np.testing.assert_allclose(chg, fits.chg.mean("restart").transpose("layer", "head", "fit").values, rtol=1e-6)
+    np.testing.assert_array_equal(role, label_agreement(fits.chg_role.values)[0])
 
 
 def test_ablating_a_head_whose_W_O_is_zero_changes_nothing(tiny):

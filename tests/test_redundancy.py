@@ -67,6 +67,24 @@ def two_snapshots():
     return attn_da(np.stack([early, planted_attention()]))
 
 
+def _heads(d):
+    """A (3, 3) distance matrix as the (layer, head, layer_b, head_b) of one layer of 3 heads."""
+    d = np.asarray(d, float)[None, :, None, :]
+    return xr.DataArray(d, dims=("layer", "head", "layer_b", "head_b"))
+
+
+def test_clusters_are_cut_by_average_linkage_at_the_threshold():
+    # 0-1 and 1-2 at 0.08: single linkage chains all three; average linkage puts 2 at
+    # (0.2 + 0.08) / 2 = 0.14 from {0, 1}, past the 0.1 cut (README: "average-linkage").
+    chain = _heads([[0, 0.08, 0.2], [0.08, 0, 0.08], [0.2, 0.08, 0]])
+    assert cluster_heads(chain).values.ravel().tolist() == [0, 0, 1]
+    assert cluster_heads(chain, method="single").values.ravel().tolist() == [0, 0, 0]
+    # the cut is at 0.1 exactly: a pair at 0.12 is two heads, at 0.09 one
+    for pair, want in ((0.12, [0, 1, 2]), (0.09, [0, 0, 1])):
+        d = _heads([[0, pair, 0.8], [pair, 0, 0.8], [0.8, 0.8, 0]])
+        assert cluster_heads(d).values.ravel().tolist() == want, pair
+
+
 def test_planted_clusters_are_recovered():
     jsd = js_distance(two_snapshots())
     planted = jsd.isel(snapshot=1).values.reshape(8, 8)
