@@ -37,9 +37,9 @@ from dynamics.usage import (
     report_dir,
 )
 
+# How errors name a path the command chose: naming --out when none was given puzzled.
 DEFAULT_STORE = "no --out given: the default store"
 DEFAULT_REPORT = "the default report folder"
-"""How errors name a path the command chose: naming --out when none was given puzzled."""
 
 
 def _predict_progress(text: str) -> None:

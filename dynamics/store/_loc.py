@@ -91,16 +91,17 @@ class _Loc:
             return []
 
 
-def check_section(loc: _Loc, section: str) -> None:
+def check_sections(loc: _Loc) -> None:
     """StoreError if a section of a local store (``runs``...) is there but is not a folder.
 
     Listed as a folder that is gone is, its groups read as none: the store looked empty, and a
     run's creation failed on it with a bare FileExistsError."""
-    d = None if loc.local is None else loc.local / section
-    if d is not None and not d.is_dir() and (d.exists() or d.is_symlink()):
-        fix = ("restore it from a backup" if section == "runs" else
-               "move it aside: what it holds is computed from the runs, and can be computed again")
-        raise StoreError(f"{loc}: {section} is not a folder (the store is damaged); {fix}")
+    for section in SECTIONS if loc.local is not None else ():
+        d = loc.local / section
+        if not d.is_dir() and (d.exists() or d.is_symlink()):
+            fix = ("restore it from a backup" if section == "runs" else
+                   "move it aside: what it holds is computed from the runs, and can be computed again")
+            raise StoreError(f"{loc}: {section} is not a folder (the store is damaged); {fix}")
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -279,7 +280,6 @@ StoreError naming it, leave it out, or list it (every read of that run then rais
 def _children(loc: _Loc, section: str, damaged: str = "raise") -> list[str]:
     if damaged not in DAMAGED:
         raise StoreError(f"damaged: expected one of {', '.join(DAMAGED)}, got {damaged!r}")
-    check_section(loc, section)
     out = []
     for n in loc.list_dir(section):
         if not _NAME.match(n):

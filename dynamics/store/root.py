@@ -28,7 +28,7 @@ from dynamics.store._loc import (
     _jsonable,
     _Loc,
     _locked,
-    check_section,
+    check_sections,
     clear_partials,
     is_partial,
 )
@@ -242,8 +242,7 @@ def _require_store(loc: _Loc) -> None:
     if root is None:
         raise StoreError(_unreadable_root(loc) or f"not a dynamics store: {loc}")
     _check_version(loc, root)
-    for section in SECTIONS:
-        check_section(loc, section)
+    check_sections(loc)
 
 
 def damaged_root(path: str | os.PathLike) -> str | None:
@@ -312,10 +311,8 @@ def init_store(path: str | os.PathLike) -> None:
                 return
     root = _read_root(loc)
     _check_version(loc, root)
-    if loc.local is not None:
-        for section in SECTIONS:
-            check_section(loc, section)
-        # an hour old: no live write (a creation of a run's arrays rewrites these unlocked)
+    check_sections(loc)
+    if loc.local is not None:  # an hour old: no live write (a creation of a run's arrays rewrites these unlocked)
         clear_partials(loc.local, *(loc.local / s for s in SECTIONS), min_age=STALE_PARTIAL_S)
     if not all(_group_exists(loc, s) for s in SECTIONS) or "consolidated_metadata" not in root:
         with _locked(loc):
