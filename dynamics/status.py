@@ -152,7 +152,8 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
         done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))
         # A stopped run reached `done` but resumes from its last checkpoint, up to `record.every` steps
         # earlier; a finished one is never retrained.
-        resumes = "-" if a.get("status") in FINISHED_STATUSES else _resumes_at(path, run_id, a)
+        resumes = "-" if a.get("status") in FINISHED_STATUSES else _resumes_at(path, run_id, a, status)
+        done = max(done, int(resumes)) if resumes.isdigit() else done  # a checkpoint newer than the attrs
         rows.append([run_id, *shown(run_id), status,
                      f"{done}/{a.get('steps_total', '?')}", resumes, "-" if loss is None else f"{loss:.4f}"])
     for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet: no checkpoint to resume
@@ -163,12 +164,24 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
     return header, rows, damaged
 
 
-def _resumes_at(path: str, run_id: str, attrs: dict) -> str:
+def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> str:
     """The step an unfinished run resumes at: its checkpoint's, or ``lost`` where that checkpoint
     is gone (`run` and `sweep` refuse it: :func:`dynamics.store.check_checkpoint_kept`), where a
-    step offered a resume that the next command refused."""
+    step offered a resume that the next command refused.
+
+    A stopped run's (killed) is read from the checkpoint itself, at the cost of importing torch:
+    the attrs name it only after it is written, so a kill between the two left them naming the
+    checkpoint before (status said 420, the run resumed at 430)."""
     try:
         store.check_checkpoint_kept(path, run_id, attrs)
     except store.StoreError:
         return "lost"
-    return str(int(attrs.get("checkpoint_step", 0)))
+    step = int(attrs.get("checkpoint_step", 0))
+    if status == "stopped" and store.has_checkpoint(path, run_id):
+        from dynamics.checkpoint import load_checkpoint  # torch: only here
+
+        try:
+            step = int(load_checkpoint(path, run_id)["step"])
+        except store.StoreError:  # the resume would refuse it, naming it
+            return "damaged"
+    return str(step)

@@ -492,6 +492,14 @@ def test_status_says_where_an_interrupted_run_resumes(tiny, tmp_path, capsys):
     store.update_run_attrs(s, rid, status="running")  # as a run killed by SIGKILL leaves it
     _, [row] = status_rows(capsys, s)
     assert row[1:4] == ["stopped", "11/20", "8"]
+    # killed after its checkpoint was written, before the attrs named it: the checkpoint's own step
+    store.update_run_attrs(s, rid, checkpoint_step=4)
+    _, [row] = status_rows(capsys, s)
+    assert row[1:4] == ["stopped", "11/20", "8"]
+    store.update_run_attrs(s, rid, steps_done=4)  # and the steps done before it
+    _, [row] = status_rows(capsys, s)
+    assert row[1:4] == ["stopped", "8/20", "8"]
+    store.update_run_attrs(s, rid, steps_done=11, checkpoint_step=8)
     (s / "checkpoints" / rid / "ckpt.pt").rename(tmp_path / "aside.pt")
     _, [row] = status_rows(capsys, s)
     assert row[1:4] == ["stopped", "11/20", "lost"]  # "8" offered a resume that `run` refuses
