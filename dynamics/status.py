@@ -178,10 +178,7 @@ def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> str:
         return "lost"
     step = int(attrs.get("checkpoint_step", 0))
     if status == "stopped" and store.has_checkpoint(path, run_id):
-        from dynamics.checkpoint import load_checkpoint  # torch: only here
+        from dynamics.checkpoint import checkpoint_step  # torch: only here
 
-        try:
-            step = int(load_checkpoint(path, run_id)["step"])
-        except store.StoreError:  # the resume would refuse it, naming it
-            return "damaged"
+        step = checkpoint_step(path, run_id) or step
     return str(step)

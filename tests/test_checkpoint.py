@@ -173,3 +173,21 @@ def test_a_run_whose_checkpoint_is_lost_is_not_trained_again_over_its_snapshots(
                     f"checkpoint (checkpoints/{cfg.run_id()}/ckpt.pt) is missing; refusing to train it again from "
                     f"step 0 over its recorded snapshots (train it into another store to start it afresh)")
     assert {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()} == before
+
+
+class _Code:
+    """Not plain weights: a weights_only load refuses what a full load would run."""
+
+
+def test_checkpoint_step_reads_plain_weights_only(tmp_path):
+    from dynamics.checkpoint import checkpoint_step
+
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    assert checkpoint_step(path, "r1") is None  # none
+    store.write_checkpoint(path, "r1", checkpoint_bytes({"step": 7, "model": {"w": torch.ones(2)}}))
+    assert checkpoint_step(path, "r1") == 7
+    store.write_checkpoint(path, "r1", checkpoint_bytes({"step": 9, "extra": _Code()}))
+    assert checkpoint_step(path, "r1") is None
+    store.write_checkpoint(path, "r1", b"not a checkpoint")
+    assert checkpoint_step(path, "r1") is None
