@@ -85,18 +85,6 @@ def load_checkpoint(path: str, run_id: str) -> dict | None:
     return ckpt
 
 
-def checkpoint_step(path: str, run_id: str) -> int | None:
-    """The step of the run's checkpoint, or None where it has none or it cannot be read as plain
-    weights. For readers (`dynamics status`): loaded ``weights_only``, so a store from elsewhere
-    runs no code of its pickles, as a full load would."""
-    blob = store.read_checkpoint(path, run_id)
-    try:
-        step = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)["step"] if blob else None
-    except Exception:  # noqa: BLE001 - damaged, or state only a full load reads: the resume says which
-        return None
-    return int(step) if isinstance(step, int) else None
-
-
 @torch.no_grad()
 def batch_loss(model: Transformer, cfg: RunConfig, batch_size: int = 8) -> float:
     """Mean next-token loss of `model` on the first training batch: finite for a usable model."""

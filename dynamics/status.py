@@ -169,16 +169,14 @@ def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> str:
     is gone (`run` and `sweep` refuse it: :func:`dynamics.store.check_checkpoint_kept`), where a
     step offered a resume that the next command refused.
 
-    A stopped run's (killed) is read from the checkpoint itself, at the cost of importing torch:
-    the attrs name it only after it is written, so a kill between the two left them naming the
-    checkpoint before (status said 420, the run resumed at 430)."""
+    A stopped run's (killed) is read from the checkpoint itself: the attrs name it only after it
+    is written, so a kill between the two left them naming the checkpoint before (status said
+    420, the run resumed at 430)."""
     try:
         store.check_checkpoint_kept(path, run_id, attrs)
     except store.StoreError:
         return "lost"
     step = int(attrs.get("checkpoint_step", 0))
-    if status == "stopped" and store.has_checkpoint(path, run_id):
-        from dynamics.checkpoint import checkpoint_step  # torch: only here
-
-        step = checkpoint_step(path, run_id) or step
+    if status == "stopped":
+        step = store.checkpoint_step(path, run_id) or step
     return str(step)

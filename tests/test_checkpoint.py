@@ -179,14 +179,18 @@ class _Code:
     """Not plain weights: a weights_only load refuses what a full load would run."""
 
 
-def test_checkpoint_step_reads_plain_weights_only(tmp_path):
-    from dynamics.checkpoint import checkpoint_step
+def test_checkpoint_step_reads_plain_weights_only_and_no_torch(tmp_path, cfg):
+    from dynamics.store import checkpoint_step
 
     path = str(tmp_path / "s.zarr")
     store.init_store(path)
     assert checkpoint_step(path, "r1") is None  # none
     store.write_checkpoint(path, "r1", checkpoint_bytes({"step": 7, "model": {"w": torch.ones(2)}}))
     assert checkpoint_step(path, "r1") == 7
+    model = build(cfg, torch.device("cpu"))
+    state = checkpoint_state(model, make_optimizer(cfg, model), 5, None, None)  # what training writes
+    store.write_checkpoint(path, "r1", checkpoint_bytes(state))
+    assert checkpoint_step(path, "r1") == 5
     store.write_checkpoint(path, "r1", checkpoint_bytes({"step": 9, "extra": _Code()}))
     assert checkpoint_step(path, "r1") is None
     store.write_checkpoint(path, "r1", b"not a checkpoint")

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import os
+import pickle
 import socket
 import time
 import uuid
+import zipfile
 from pathlib import Path
 
 from dynamics.store._loc import StoreError, _check_name, _group_meta, _Loc, _locked, clear_partials, new_file
@@ -99,6 +102,39 @@ def read_checkpoint(path: str | os.PathLike, run_id: str) -> bytes | None:
         return fs.cat_file(target)
     except FileNotFoundError:
         return None
+
+
+class _StepOnly(pickle.Unpickler):
+    """Reads a torch checkpoint's pickle without torch and without running any of its code:
+    torch's classes and tensor rebuilders become stubs giving None, its storages None, and
+    anything else refuses, so a store from elsewhere cannot run code through it."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("collections", "OrderedDict"):
+            return dict
+        if module.split(".")[0] == "torch":
+            return lambda *args, **kwargs: None
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+    def persistent_load(self, pid):
+        return None
+
+
+def checkpoint_step(path: str | os.PathLike, run_id: str) -> int | None:
+    """The step of a run's checkpoint, read from the checkpoint itself, torch-free (for
+    `dynamics status`); None where it has none, or holds what :class:`_StepOnly` cannot read.
+
+    Its attrs name it only after it is written, so a kill in between leaves them naming the one before.
+    """
+    blob = read_checkpoint(path, run_id)
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob or b"")) as z:
+            [pkl] = [n for n in z.namelist() if n.endswith("/data.pkl")]
+            state = _StepOnly(io.BytesIO(z.read(pkl))).load()
+    except Exception:  # noqa: BLE001 - none, damaged, or more than plain weights: the resume says which
+        return None
+    step = state.get("step") if isinstance(state, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def has_checkpoint(path: str | os.PathLike, run_id: str) -> bool:
