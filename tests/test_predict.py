@@ -76,12 +76,15 @@ def make_run(seed: int, fate: np.ndarray, *, config: str = "base", signal: float
     return ds
 
 
-def make_runs(n_seeds: int = 8, configs=("base",), coin: int = 0, **kw) -> list[Run]:
+def make_runs(n_seeds: int = 8, configs=("base",), coin: int = 0, fate_by_seed: bool = False, **kw) -> list[Run]:
+    """Runs of each config x seed; ``fate_by_seed``: a seed's heads have one fate in every config,
+    as runs sharing initial weights and data order tend to."""
     rng = np.random.default_rng(coin)
-    runs = []
+    runs, fates = [], {}
     for config in configs:
         for seed in range(n_seeds):
             fate = rng.random((L, H)) < 0.5
+            fate = fates.setdefault(seed, fate) if fate_by_seed else fate
             ds = make_run(seed + 100 * len(runs), fate, config=config, **kw)
             runs.append(Run(f"r{seed}-{config}", ds, seed=seed, config=config))
     return runs
@@ -411,9 +414,9 @@ def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets
     # each run's plant is its own: given another run's fates, nothing early predicts them
     assert null.attrs["null_readable"] == 0
     assert predict.format_curve(null).splitlines()[-1] == (
-        "null check: with each run's final roles given whole to another run with the same heads, the criterion "
-        "named a readable horizon in 0 of 4 permutations (0%): how often it reads one on these runs where there "
-        "is nothing to read")
+        "null check: with each run's final roles given whole to another run with the same heads and another seed, "
+        "the criterion named a readable horizon in 0 of 4 permutations (0%): how often it reads one on these runs "
+        "where there is nothing to read")
     # every run with the same fates: a permutation changes no target, so each null curve is the real
     # one, readable at h=0.1 as it is
     same = [Run(r.run_id, make_run(i, np.eye(L, H, dtype=bool)), seed=r.seed, config=r.config)
@@ -435,6 +438,102 @@ def test_a_null_permutation_moves_every_run_uniformly_over_such():
     assert all(tuple(derangement(2, rng)) == (1, 0) for _ in range(5))
     with pytest.raises(ValueError, match="no derangement of 1 item"):
         derangement(1, rng)
+
+
+@pytest.mark.parametrize("classes", [[0, 0, 1, 1], [0, 0, 0, 1, 1, 2], [None, None, None],
+                                     [0] * 20 + [1] * 20 + [2] * 20])  # the last: past the rejection draws
+def test_a_null_permutation_across_seeds_sends_every_run_to_another_seed(classes):
+    from dynamics.predict.curve import derangement_across
+
+    rng = np.random.default_rng(0)
+    labels = np.array([f"none{i}" if c is None else str(c) for i, c in enumerate(classes)])
+    draws = [derangement_across(classes, rng) for _ in range(200)]
+    for order in draws:
+        assert sorted(order.tolist()) == list(range(len(classes)))
+        assert (labels[order] != labels).all()
+    assert len({tuple(o) for o in draws}) > 1  # drawn, not one fixed order
+
+
+def test_a_null_permutation_across_seeds_is_uniform_and_refused_where_none_exists():
+    from dynamics.predict.curve import derangement_across
+
+    rng = np.random.default_rng(1)
+    draws = [tuple(derangement_across(["a", "a", "b", "b"], rng)) for _ in range(4000)]
+    # 0 and 1 go to 2 and 3, and 2 and 3 to 0 and 1: 2 x 2 orders, equally likely
+    assert set(draws) == {(2, 3, 0, 1), (2, 3, 1, 0), (3, 2, 0, 1), (3, 2, 1, 0)}
+    assert all(abs(draws.count(d) / len(draws) - 0.25) < 0.03 for d in set(draws))
+    assert derangement_across([0, 0, 0, 1], rng) is None  # seed 0 holds 3 of 4: one must stay in it
+    assert derangement_across([7], rng) is None
+
+
+def test_the_null_never_gives_a_run_the_roles_of_a_run_of_its_own_seed(monkeypatch):
+    # Runs of one seed share initial weights and data order, so their heads' fates agree: a twin's
+    # roles kept the run's own signal, and the null fired 8 times in 40 where it fired 0 without.
+    from dynamics.predict import curve as cv
+
+    runs = make_runs(3, configs=("a", "b", "c", "d"), fate_by_seed=True)
+    seen, real = [], cv.cross_validate
+    monkeypatch.setattr(cv, "cross_validate", lambda *a, **k: (seen.append(a[2].copy()), real(*a, **k))[1])
+    curve = predict.predict_runs(runs, PredictOptions(target="slash", horizons=(0.1,), null=4, n_splits=3, **FAST))
+    row_run = curve.row_run.values
+    seed = {r.run_id: r.seed for r in runs}
+    y = seen[0]
+    block = {r: y[row_run == r] for r in seed}
+    assert len({tuple(b) for b in block.values()}) == 3  # one target set per seed: a twin's is recognisable
+    for permuted in seen[1:]:
+        for r in seed:
+            given = [o for o in seed if np.array_equal(block[o], permuted[row_run == r])]
+            assert given and all(seed[o] != seed[r] for o in given), (r, given)
+    assert curve.attrs["null_same_seed_runs"] == 0
+    assert "another seed" in predict.format_curve(curve).splitlines()[-1]
+
+
+def test_the_null_says_when_one_seed_holds_most_runs():
+    runs = make_runs(1, configs=("a", "b", "c")) + make_runs(1, configs=("d",), coin=5)
+    runs = [Run(r.run_id, r.data, seed=0 if i < 3 else 1, config=r.config) for i, r in enumerate(runs)]
+    curve = predict.predict_runs(runs, PredictOptions(target="slash", horizons=(0.1,), null=1, group_by="run",
+                                                      n_splits=2, **FAST))
+    assert curve.attrs["null_same_seed_runs"] == 4
+    assert predict.format_curve(curve).splitlines()[-1].startswith(
+        "caution: 4 of these runs are in sets where one seed holds more than half the runs")
+
+
+def test_a_horizon_seeing_the_final_snapshot_is_never_named_readable():
+    # the plant is in the final snapshot's attention only: h=1 reads it, and is the ceiling
+    runs = make_runs(signal=0.0)
+    curve = predict.predict_runs(runs, PredictOptions(target="slash", horizons=(0.0, 1.0), **FAST))
+    assert float(curve.score_mean.sel(horizon=1.0, model="linear")) > 0.9
+    assert curve.attrs["readable_horizon"] is None and not bool(curve.readable.values[-1])
+
+
+def test_a_test_rows_prediction_ignores_the_other_test_rows():
+    # the imputer and scaler are fitted on training rows only: rescaling other test rows changes nothing
+    from dynamics.predict import models
+
+    rng = np.random.default_rng(0)
+    x_train, y_train, x_test = rng.normal(size=(40, 5)), (rng.random(40) < 0.5).astype(float), rng.normal(size=(10, 5))
+    other = x_test.copy()
+    other[1:] = other[1:] * 100 + 50
+    other[1:, 0] = np.nan
+    for kind in ("linear", "boosting"):
+        a = models._fit_predict(kind, "binary", x_train, y_train, x_test, PredictOptions(**FAST))[0]
+        b = models._fit_predict(kind, "binary", x_train, y_train, other, PredictOptions(**FAST))[0]
+        assert a == b, kind
+
+
+def test_the_null_fits_on_the_real_folds(monkeypatch):
+    from dynamics.predict import curve as cv
+
+    runs = make_runs(n_seeds=4, configs=("a", "b"))
+    seen, real = [], cv.cross_validate
+    monkeypatch.setattr(cv, "cross_validate", lambda *a, **k: (seen.append(a[4]), real(*a, **k))[1])
+    curve = predict.predict_runs(runs, PredictOptions(target="slash", horizons=(0.1,), null=2, **FAST))
+    groups = curve.row_group.values
+    assert len(seen) == 3
+    for splits in seen[1:]:
+        assert [sorted(t) for _, t in splits] == [sorted(t) for _, t in seen[0]]
+        for train, test in splits:
+            assert not set(groups[train]) & set(groups[test])
 
 
 def test_the_null_check_in_blocks_of_two_runs_gives_no_run_its_own_targets():

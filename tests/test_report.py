@@ -1327,4 +1327,10 @@ def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_i
     store.write_derived(path, "predict.slash", curve)
     sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
     assert (f" How early: {answer.line[len('how early: '):]}. Null check: on final roles permuted between runs with "
-            "the same heads, the criterion named a horizon in 6 of 40 permutations (15%).") in dict(sec.figures)["predict_slash.png"]
+            "the same heads and other seeds, the criterion named a horizon in 6 of 40 permutations (15%).") in dict(
+        sec.figures)["predict_slash.png"]
+    curve.attrs.update(null_same_seed_runs=4)  # one seed held most runs: twins traded roles
+    store.write_derived(path, "predict.slash", curve)
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    assert ("in 6 of 40 permutations (15%); 4 runs could only trade with runs of their own seed, so it may "
+            "overstate.") in dict(sec.figures)["predict_slash.png"]

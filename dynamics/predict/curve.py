@@ -193,8 +193,8 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     ds.attrs.update(readable_horizon=answer.horizon, readable_model=answer.model, readable_baseline=answer.baseline,
                     readable_summary=answer.line, readable_criterion=CRITERION)
     if opt.null:
-        ds.attrs.update(null_permutations=opt.null,
-                        null_readable=_null_readable(ds, tables, init, rows, blocks, null_rows, null_splits, opt, say),
+        hits, same_seed = _null_readable(ds, tables, init, rows, blocks, null_rows, null_splits, opt, say, seed_of)
+        ds.attrs.update(null_permutations=opt.null, null_readable=hits, null_same_seed_runs=same_seed,
                         null_left_out_runs=len(run_ids) - sum(len(b) for b in blocks))
     if spec.task != "regression":
         ds.attrs["classes"] = classes.astype(int).tolist()
@@ -237,6 +237,40 @@ def derangement(n: int, rng: np.random.Generator) -> np.ndarray:
             return order
 
 
+def derangement_across(classes: Sequence, rng: np.random.Generator) -> np.ndarray | None:
+    """A permutation sending every index to one of another class, or None where none exists (a
+    class holding more than half of them).
+
+    The null check's classes are seeds: runs of one seed share their initial weights and data
+    order whatever else differs, so a run given its same-seed twin's final roles keeps much of its
+    own signal (on 4 configs x 3 seeds whose heads' fates were set by the seed, a plain
+    derangement's null fired 8 times in 40, this one's 0). Uniform over such permutations, drawn
+    by rejection, where that takes few draws (distinct classes: a `derangement`); otherwise the
+    classes in a random order each shifted onto the next by the largest class's size, then
+    mixed by random swaps that keep every index off its class.
+    """
+    tokens = [f"\0{i}" if c is None else str(c) for i, c in enumerate(classes)]  # None: unknown, its own
+    _, labels = np.unique(np.asarray(tokens, dtype=str), return_inverse=True)
+    n, largest = labels.size, int(np.bincount(labels).max())
+    if n < 2 or 2 * largest > n:
+        return None
+    if largest == 1:
+        return derangement(n, rng)
+    for _ in range(100):
+        order = rng.permutation(n)
+        if (labels[order] != labels).all():
+            return order
+    at = rng.permutation(n)
+    at = at[np.argsort(labels[at], kind="stable")]  # each class contiguous, in a random order within
+    order = np.empty(n, dtype=np.int64)
+    order[at] = at[(np.arange(n) + largest) % n]  # k and k + largest are never in one class's block
+    for _ in range(20 * n):
+        i, j = rng.integers(n, size=2)
+        if labels[order[j]] != labels[i] and labels[order[i]] != labels[j]:
+            order[i], order[j] = order[j], order[i]
+    return order
+
+
 def null_folds(blocks: list[np.ndarray], splits, n_rows: int) -> tuple[np.ndarray, list]:
     """The rows the null check fits (those of `blocks`), and the folds over them.
 
@@ -253,16 +287,21 @@ def null_folds(blocks: list[np.ndarray], splits, n_rows: int) -> tuple[np.ndarra
 
 
 def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Dataset, blocks: list[np.ndarray],
-                   keep: np.ndarray, splits, opt, say: Callable[[str], None]) -> int:
-    """In how many of ``opt.null`` curves on permuted targets `judge` names a readable horizon.
+                   keep: np.ndarray, splits, opt, say: Callable[[str], None], seed_of: dict) -> tuple[int, int]:
+    """In how many of ``opt.null`` curves on permuted targets `judge` names a readable horizon, and
+    how many runs could not be kept from trading with a run of their own seed.
 
     Each permutation gives every run's final roles, whole, to another run labelling the same
-    heads (``blocks``, from :func:`same_head_blocks`; a `derangement`, so no run keeps its own): a
-    head keeps its layer and position (the layer prior still holds), but its target no longer
-    comes from its own training, which every early model, and every init baseline, reads. The
-    features and criterion are the real curve's, and so are the folds, over the rows ``keep``
-    (`null_folds`: runs with no peer left out).
+    heads (``blocks``, from :func:`same_head_blocks`), of another seed (`derangement_across`; where
+    one seed holds more than half a block's runs, any other run: a `derangement`): a head keeps
+    its layer and position (the layer prior still holds), but its target no longer comes from its
+    own training, nor from a twin's with its initial weights and data, which every early model,
+    and every init baseline, reads. The features and criterion are the real curve's, and so are
+    the folds, over the rows ``keep`` (`null_folds`: runs with no peer left out).
     """
+    row_run = rows["row_run"].values
+    seeds = [[seed_of[row_run[b[r, 0]]] for r in range(len(b))] for b in blocks]
+    across = [derangement_across(s, np.random.default_rng(0)) is not None for s in seeds]
     y = rows["target"].values
     spec, ceiling, labels = TARGETS[opt.target], ceiling_horizons(ds), _readable_labels(ds)
     features = {h: t.values[keep] for h, t in tables.items()}
@@ -272,13 +311,14 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     for i in range(opt.null):
         say(f"null check {i + 1}/{opt.null}: the curve on permuted final roles")
         permuted = y.copy()
-        for block in blocks:  # (runs, heads)
-            permuted[block.ravel()] = y[block[derangement(len(block), rng)].ravel()]
+        for block, block_seeds, ok in zip(blocks, seeds, across, strict=True):  # (runs, heads)
+            order = derangement_across(block_seeds, rng) if ok else derangement(len(block), rng)
+            permuted[block.ravel()] = y[block[order].ravel()]
         _, scores = cross_validate(features, init_kept, permuted[keep], layer, splits, opt)
         summary = _summary(scores)
         hits += judge(opt.horizons, summary[..., 0], summary[..., 1], spec.metric, models=MODELS, ceiling=ceiling,
                       labels=labels).horizon is not None
-    return hits
+    return hits, sum(len(b) for b, ok in zip(blocks, across, strict=True) if not ok)
 
 
 def predict_store(path: str, options: PredictOptions | None = None,
@@ -334,7 +374,8 @@ def predict_store(path: str, options: PredictOptions | None = None,
         the models), classes / class_counts (classification), class_names (role, chg); with
         ``options.null``: null_permutations, null_readable (in how many of them the criterion
         named a horizon), null_left_out_runs (runs labelling heads no other run labels, left
-        out of the null fits).
+        out of the null fits), null_same_seed_runs (runs of a set where one seed holds more than
+        half, which may trade roles with a run of their own seed).
 
     Example
     -------
@@ -478,9 +519,14 @@ def format_curve(curve: xr.Dataset) -> str:
     if a.get("null_permutations"):
         k, n = a["null_readable"], a["null_permutations"]
         left = a.get("null_left_out_runs", 0)
-        lines.append(f"null check: with each run's final roles given whole to another run with the same heads, the "
-                     f"criterion named a readable horizon in {k} of {n} permutations ({k / n:.0%}): how often it reads "
-                     f"one on these runs where there is nothing to read" + (
+        twins = a.get("null_same_seed_runs", 0)
+        lines.append(f"null check: with each run's final roles given whole to another run with the same heads and "
+                     f"another seed, the criterion named a readable horizon in {k} of {n} permutations ({k / n:.0%}): "
+                     f"how often it reads one on these runs where there is nothing to read" + (
                          f" ({left} run{'s' if left > 1 else ''} labelling heads no other run labels left out of it)"
                          if left else ""))
+        if twins:  # their init and data order carry into the null: it may fire more often than it should
+            lines.append(f"caution: {twins} of these runs are in sets where one seed holds more than half the runs, "
+                         f"so they may be given the roles of a run of their own seed (its initial weights and data "
+                         f"order): the null count may overstate how often the criterion fires on nothing")
     return "\n".join(lines)

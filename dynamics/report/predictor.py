@@ -124,8 +124,11 @@ def _how_early(ds: xr.Dataset) -> str:
     text = f" {summary[0].upper()}{summary[1:]}." if isinstance(summary, str) and summary else ""
     n, k = ds.attrs.get("null_permutations"), ds.attrs.get("null_readable")
     if text and n and k is not None:  # saved by `dynamics predict --null N`
-        text += (f" Null check: on final roles permuted between runs with the same heads, the criterion named a "
-                 f"horizon in {k} of {n} permutations ({k / n:.0%}).")
+        twins = ds.attrs.get("null_same_seed_runs", 0)
+        text += (f" Null check: on final roles permuted between runs with the same heads and other seeds, the "
+                 f"criterion named a horizon in {k} of {n} permutations ({k / n:.0%})"
+                 + (f"; {twins} runs could only trade with runs of their own seed, so it may overstate." if twins
+                    else "."))
     return text
 
 
