@@ -1320,6 +1320,7 @@ def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_i
     tops = [float(p.vertices[:, 1].max()) for c in ax.collections for p in c.get_paths()]
     assert len(tops) == 6 and max(tops) == 1.0  # linear's band reaches 1, capped; none passes it
     caption = dict(sec.figures)["predict_slash.png"]
+    assert "band: +-1 s.d. (capped to the metric's range) over 2 cross-validation folds" in caption
     assert answer.line.startswith("how early: ") and f" How early: {answer.line[len('how early: '):]}." in caption
     assert "Null check" not in caption
     # a curve saved with `dynamics predict --null N` says how often the criterion fired on permuted roles

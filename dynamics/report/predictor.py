@@ -214,10 +214,12 @@ def _spread_text(ds: xr.Dataset, fold: str | None, metric: str) -> str:
     if "score" in ds and fold in ds["score"].dims:
         values = np.asarray(ds["score"].transpose(fold, ...).values, dtype=float).reshape(n, -1)
         undefined = [k for k in range(n) if not np.isfinite(values[k]).any()]
+    # drawn from the curve's capped bands where it has them (_predict_lines): a band past 1 was cut at 1
+    capped = " (capped to the metric's range)" if "score_low" in ds else ""
     if not undefined:
-        return f"band: +-1 s.d. over {n} cross-validation folds{held}"
+        return f"band: +-1 s.d.{capped} over {n} cross-validation folds{held}"
     left = n - len(undefined)
-    band = "no band from one fold" if left == 1 else f"band: +-1 s.d. over those {left}"
+    band = "no band from one fold" if left == 1 else f"band: +-1 s.d.{capped} over those {left}"
     return (f"{metric} is undefined on {len(undefined)} of {n} cross-validation folds{held}"
             f"{_undefined_folds(ds, fold, metric, undefined)}: points are means over the other {left}, {band}")
 
