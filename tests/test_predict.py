@@ -267,7 +267,22 @@ def test_how_early_says_not_readable_when_no_band_clears_and_names_the_nearest()
     assert got.readable == (False, False, False) and got.horizon is None and got.model is None
     assert got.line == ("how early: not readable at any horizon measured (h=0 to h=0.5): no early-training model's "
                         "band clears the best baseline's, init_boosting 0.440 (band 0.300 to 0.580); nearest: "
-                        "boosting 0.520 (band 0.380 to 0.660) at h=0.1")
+                        "boosting 0.520 (band 0.380 to 0.660) at h=0.1; it is legible at initialisation: "
+                        "init_boosting 0.440 (band 0.300 to 0.580) clears the chance and layer bands, and early "
+                        "training adds nothing that clears it")
+
+
+def test_a_target_set_at_initialisation_is_said_to_be_legible_there_not_just_unreadable():
+    # Every model, the init-only ones included, reads it perfectly: "not readable" alone read as
+    # "unpredictable". Where no init baseline clears chance and layer, nothing is added.
+    mean, sd = table({"chance": flat((0.5, 0.0)), "layer": flat((0.5, 0.02)), "init_linear": flat((1.0, 0.0)),
+                      "init_boosting": flat((0.97, 0.02)), "linear": flat((1.0, 0.0)), "boosting": flat((0.98, 0.01))})
+    got = predict.judge([0.0, 0.1, 0.5], mean, sd, "auroc")
+    assert got.horizon is None
+    assert got.line.endswith("; it is legible at initialisation: init_linear 1.000 (band 1 to 1) clears the chance and "
+                             "layer bands, and early training adds nothing that clears it")
+    mean[:, MODELS.index("init_linear")] = mean[:, MODELS.index("init_boosting")] = 0.51
+    assert "legible" not in predict.judge([0.0, 0.1, 0.5], mean, sd, "auroc").line
 
 
 def test_a_baseline_with_a_score_but_no_band_is_not_passed_over():
@@ -369,7 +384,9 @@ def test_how_early_on_the_tables_readme_quotes():
     assert got.horizon is None
     assert got.line == ("how early: not readable at any horizon measured (h=0 to h=0.5): no early-training model's "
                         "band clears the best baseline's, init_boosting 0.437 (band 0.294 to 0.580); nearest: "
-                        "boosting 0.515 (band 0.375 to 0.655) at h=0.1")
+                        "boosting 0.515 (band 0.375 to 0.655) at h=0.1; it is legible at initialisation: init_boosting "
+                        "0.437 (band 0.294 to 0.580) clears the chance and layer bands, and early training adds nothing "
+                        "that clears it")
 
 
 def test_the_planted_curve_is_readable_at_the_horizon_that_sees_the_plant(planted):

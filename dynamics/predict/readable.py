@@ -180,6 +180,15 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
     line = (f"how early: not readable at any horizon measured ({span}): no early-training model's band clears the best "
             f"baseline's, {_cell(models[b], mean[i, b], low[i, b], high[i, b])}; nearest: "
             f"{_cell(models[m], mean[i, m], low[i, m], high[i, m])} at {labels[i]}{tail}")
+    # A target set at initialisation reads "not readable": the early models can add nothing to
+    # what the init-only ones already read, which is itself an answer, and said as one.
+    blind = high[i, [models.index(n) for n in ("chance", "layer")]]
+    init = [k for k in (models.index(n) for n in ("init_linear", "init_boosting"))
+            if np.isfinite(blind).all() and low[i, k] > blind.max()]
+    if init:
+        k = max(init, key=lambda k: low[i, k])
+        line += (f"; it is legible at initialisation: {_cell(models[k], mean[i, k], low[i, k], high[i, k])} clears the "
+                 f"chance and layer bands, and early training adds nothing that clears it")
     return Readable(readable, None, None, models[b], low, high, line, True)
 
 
