@@ -301,10 +301,12 @@ def _build_sweep(raw: dict) -> SweepConfig:
     zip_groups = raw.pop("zip", [])
     # RunConfig.to_dict() nests the axes under "axes" (the SweepConfig field); TOML lists them
     # at the top of [sweep]. "axes" is no section, so both forms read the same.
-    if isinstance(raw.get("axes"), dict):
-        raw.update(raw.pop("axes"))
+    nested = _flatten("", raw.pop("axes")) if isinstance(raw.get("axes"), dict) else {}
+    flat = _flatten("", raw)
+    if twice := [k for k in flat if k in nested]:  # one list silently replaced the other
+        raise ConfigError(f"sweep.{twice[0]}: given twice (in [sweep] and in its axes table)")
     axes = {}
-    for key, values in _flatten("", raw).items():
+    for key, values in (flat | nested).items():
         section, _, leaf = key.partition(".")
         # intervene.* axes are free-form here; interventions.check validates each point
         if section == "intervene" and leaf:

@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 from dynamics.config import BYTE_TASKS, TASKS, ConfigError
-from dynamics.limits import FLOAT32_MAX, MAX_STEPS, MAX_THREADS, MAX_WEIGHTS
+from dynamics.limits import FLOAT32_MAX, FLOAT32_TINY, MAX_STEPS, MAX_THREADS, MAX_WEIGHTS
 
 if TYPE_CHECKING:
     from dynamics.config import RunConfig
@@ -43,7 +43,7 @@ def validate(cfg: RunConfig) -> None:
     # Past float32's range the first weights, or the first update, are inf: a run was made and
     # recorded "diverged after 0 steps" for a value the model's float32 cannot hold.
     for key, value in (("model.init_scale", m.init_scale), ("train.lr", cfg.train.lr),
-                       ("train.weight_decay", cfg.train.weight_decay)):
+                       ("train.weight_decay", cfg.train.weight_decay), ("model.gate_l1", m.gate_l1)):
         _require(not value > FLOAT32_MAX, f"{key}: must be at most {FLOAT32_MAX:.4g} (float32), got {value}")
     _require(m.gates in ("fixed", "learned"), f"model.gates: expected fixed or learned, got {m.gates!r}")
     _require(m.gate_l1 >= 0, f"model.gate_l1: must be >= 0, got {m.gate_l1}")
@@ -101,6 +101,8 @@ def validate(cfg: RunConfig) -> None:
 
     _require(0 < tr.steps <= MAX_STEPS, f"train.steps: must be in [1, {MAX_STEPS:,}], got {tr.steps}")
     _require(tr.lr > 0 and math.isfinite(tr.lr), f"train.lr: must be > 0, got {tr.lr}")
+    # below float32's least positive value the update is 0: a run trained nothing, and said it completed
+    _require(tr.lr >= FLOAT32_TINY, f"train.lr: must be at least {FLOAT32_TINY:.4g} (0 in float32 below it), got {tr.lr}")
     _require(tr.batch_size > 0, f"train.batch_size: must be positive, got {tr.batch_size}")
     _require(0 <= tr.seed < 2**63, f"train.seed: must be in [0, 2**63), got {tr.seed}")
     _require(tr.optimizer in ("adamw", "sgd"), f"train.optimizer: expected adamw or sgd, got {tr.optimizer!r}")

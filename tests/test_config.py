@@ -67,6 +67,12 @@ def test_int_accepted_for_float_but_not_reverse():
         ({"model": {"init_scale": 1e300}}, "model.init_scale: must be at most 3.403e+38 (float32), got 1e+300"),
         ({"train": {"lr": 1e305}}, "train.lr: must be at most 3.403e+38 (float32), got 1e+305"),
         ({"train": {"weight_decay": 1e39}}, "train.weight_decay: must be at most 3.403e+38 (float32), got 1e+39"),
+        ({"model": {"gates": "learned", "gate_l1": 1e300}}, "model.gate_l1: must be at most 3.403e+38 (float32)"),
+        # 0 in float32: the run trained nothing and said it completed
+        ({"train": {"lr": 1e-320}}, "train.lr: must be at least 1.401e-45 (0 in float32 below it), got 1e-320"),
+        # both spellings of one axis: the axes table's silently replaced the other
+        ({"sweep": {"train.seed": [0, 1, 2], "axes": {"train.seed": [7]}}},
+         "sweep.train.seed: given twice (in [sweep] and in its axes table)"),
         ({"model": {"gate_init": float("nan")}}, "model.gate_init: expected a finite number"),
         ({"sweep": {"train": {"seed": []}}}, "sweep.train.seed: empty list"),
         # bounded before any work: the loss curve and schedule are allocated whole, and torch
@@ -113,6 +119,17 @@ def test_a_sweep_axis_spelled_twice_is_refused_and_set_replaces_either_spelling(
         p = write(tmp_path, f'[sweep]\n{axis}\n"train.seed" = [0, 1]\n')
         cfg = load_config(p, ["sweep.model.init_scale=[3.0]"])
         assert list(cfg.sweep.axes.items()) == [("model.init_scale", (3.0,)), ("train.seed", (0, 1))], axis
+
+def test_a_grid_past_the_point_limit_is_refused_before_any_point_is_checked(monkeypatch):
+    # 10^5 points were checked for three minutes, silently, before the one line about the last
+    from dynamics.sweep import grid
+
+    cfg = from_dict({"sweep": {"train": {"seed": list(range(101))}, "model": {"init_scale": [0.1 * i for i in
+                                                                                            range(1, 101)]}}})
+    monkeypatch.setattr(grid, "with_values", lambda *a: pytest.fail("a point was checked"))
+    with pytest.raises(ConfigError, match=r"^sweep: 10,100 points \(101 x 100\) is more than the 10,000 a sweep may have$"):
+        grid.expand_grid(cfg)
+
 
 def test_zip_lengths_must_match():
     with pytest.raises(ConfigError, match="different lengths"):

@@ -481,6 +481,14 @@ def test_static_gate_baseline_has_no_input_weights():
     ({"distill": {"teacher": "x.zarr", "map": "heads", "heads": [{"layer": 0, "head": 0}]}},
      r"intervene\.distill\.heads\[0\]"),
     ({"distill": {"teacher": "x.zarr", "temperature": 0.0}}, "intervene.distill.temperature"),
+    # tau^2 overflowed a Python float after the store was made; 1e20 and 1e-300 recorded a run diverged at step 0
+    ({"distill": {"teacher": "x.zarr", "temperature": 1e300}}, "intervene.distill.temperature: must be within"),
+    ({"distill": {"teacher": "x.zarr", "temperature": 1e-300}}, r"intervene.distill.temperature: must be in \[5.42e-20,"),
+    ({"distill": {"teacher": "x.zarr", "temperature": 1e20}}, r"intervene.distill.temperature: must be in .*, 1.84e\+19\]"),
+    # past float32 every option's tensor is inf: recorded diverged at step 0
+    ({"templates": {"heads": PINNED, "weight": 1e39}}, r"intervene.templates.weight: must be within \+-3.403e\+38"),
+    ({"distill": {"teacher": "x.zarr", "attention_weight": 1e300}}, "intervene.distill.attention_weight: must be within"),
+    ({"conditioned_gates": {"variance_weight": -1e300}}, "intervene.conditioned_gates.variance_weight: must be within"),
     ({"distill": {"teacher": "x.zarr", "order": "random"}}, "intervene.distill.order"),
     ({"conditioned_gates": {"layers": [3]}}, r"intervene\.conditioned_gates\.layers\[0\]"),
     ({"conditioned_gates": {"pool": "max"}}, "intervene.conditioned_gates.pool"),

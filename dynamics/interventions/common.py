@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from dynamics.config import ConfigError, RunConfig
+from dynamics.limits import FLOAT32_MAX
 
 SCHEDULES = ("constant", "warmup", "linear_decay", "cosine_decay")
 """Weight schedules, see :func:`schedule_factor`."""
@@ -45,6 +46,8 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             fail(f"{key}: expected a finite number, got {value!r}")
+        if abs(value) > FLOAT32_MAX:  # every option scales float32 tensors: inf there, a run "diverged" at step 0
+            fail(f"{key}: must be within +-{FLOAT32_MAX:.4g} (float32), got {value!r}")
         return float(value)
     if kind is str:
         if not isinstance(value, str):

@@ -34,6 +34,7 @@ r-th shallowest at step ``r * stage_steps``; ``deep_first`` is the reverse, for 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -56,6 +57,7 @@ from dynamics.interventions.common import (
     parse_table,
     schedule_factor,
 )
+from dynamics.limits import FLOAT32_MAX
 
 MAPS = ("layer", "heads")
 ORDERS = ("together", "shallow_first", "deep_first")
@@ -309,8 +311,12 @@ def parse(cfg: RunConfig, raw: object) -> DistillOptions:
     for name in ("attention_weight", "logits_weight"):
         if getattr(opts, name) < 0:
             fail(f"{prefix}.{name}: must be >= 0, got {getattr(opts, name)}")
-    if opts.temperature <= 0:
-        fail(f"{prefix}.temperature: must be > 0, got {opts.temperature}")
+    # tau^2 scales the logits term, 1/tau the logits, both in float32: 1e300 failed with an
+    # OverflowError after the store was made, 1e20 and 1e-300 recorded a run diverged at step 0
+    low, high = 1 / math.sqrt(FLOAT32_MAX), math.sqrt(FLOAT32_MAX)
+    if not low <= opts.temperature <= high:
+        fail(f"{prefix}.temperature: must be in [{low:.3g}, {high:.3g}] (tau^2 and 1/tau^2 within float32), "
+             f"got {opts.temperature}")
     check_schedule(prefix, opts.schedule, opts.ramp_steps)
     if opts.order not in ORDERS:
         fail(f"{prefix}.order: unknown order {opts.order!r} ({' | '.join(ORDERS)})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 from dynamics import tasks
 from dynamics.config import SECTIONS, ConfigError, RunConfig, TaskConfig, with_values
 from dynamics.identity import EXECUTION_KEYS, condition_key, not_read_by, unread_settings
+from dynamics.limits import MAX_POINTS
 from dynamics.schema import config_value
 
 
@@ -78,6 +80,9 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
         placed.update(group)
         units.append([dict(zip(group, combo, strict=True))
                       for combo in zip(*(axes[k] for k in group), strict=True)])
+    if (n := math.prod(len(u) for u in units)) > MAX_POINTS:  # before a point is checked: minutes, for nothing
+        raise ConfigError(f"sweep: {n:,} points ({' x '.join(str(len(u)) for u in units)}) is more than the "
+                          f"{MAX_POINTS:,} a sweep may have")
     points: list[Point] = []
     raws: list[RunConfig] = []  # each point's config as the grid wrote it
     seen: dict[str, str] = {}
