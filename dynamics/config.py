@@ -301,12 +301,20 @@ def _build_sweep(raw: dict) -> SweepConfig:
     zip_groups = raw.pop("zip", [])
     # RunConfig.to_dict() nests the axes under "axes" (the SweepConfig field); TOML lists them
     # at the top of [sweep]. "axes" is no section, so both forms read the same.
-    nested = _flatten("", raw.pop("axes")) if isinstance(raw.get("axes"), dict) else {}
-    flat = _flatten("", raw)
-    if twice := [k for k in flat if k in nested]:  # one list silently replaced the other
-        raise ConfigError(f"sweep.{twice[0]}: given twice (in [sweep] and in its axes table)")
+    flat: dict[str, Any] = {}  # in the grid order: the axes table's in its place
+    from_axes: set[str] = set()
+    for k, v in raw.items():
+        in_axes = k == "axes" and isinstance(v, dict)
+        for key, values in _flatten("", v if in_axes else {k: v}).items():
+            if key in flat:  # one list silently replaced the other
+                where = ("in [sweep] and in its axes table" if in_axes or key in from_axes
+                         else "as a dotted key and in a table")
+                raise ConfigError(f"sweep.{key}: given twice ({where})")
+            flat[key] = values
+            if in_axes:
+                from_axes.add(key)
     axes = {}
-    for key, values in (flat | nested).items():
+    for key, values in flat.items():
         section, _, leaf = key.partition(".")
         # intervene.* axes are free-form here; interventions.check validates each point
         if section == "intervene" and leaf:
@@ -364,7 +372,9 @@ def _apply_override(raw: dict, key: str, value: Any) -> None:
     parts = [section, *(leaf.split(".") if section in ("sweep", "intervene") else [leaf])]
     # --set sweep.model.init_scale=[...] replaces the file's axis however the file spells it (a
     # second spelling would be refused as the axis given twice), in its place in the grid order
-    if section == "sweep" and isinstance(raw.get("sweep"), dict) and _replace_spelling(raw["sweep"], leaf, value):
+    if section == "sweep" and isinstance(raw.get("sweep"), dict) and (
+            _replace_spelling(raw["sweep"], leaf, value)  # or in the axes table, as RunConfig.to_dict() writes them
+            or isinstance(raw["sweep"].get("axes"), dict) and _replace_spelling(raw["sweep"]["axes"], leaf, value)):
         return
     node = raw
     for i, part in enumerate(parts[:-1]):

@@ -115,7 +115,8 @@ def test_a_sweep_axis_spelled_twice_is_refused_and_set_replaces_either_spelling(
     p = write(tmp_path, '[sweep]\n"model.init_scale" = [0.5]\nmodel.init_scale = [2.0, 4.0]\n')
     with pytest.raises(ConfigError, match=r"sweep.model.init_scale: given twice"):
         load_config(p)
-    for axis in ('"model.init_scale" = [0.5, 1.0]', "model = { init_scale = [0.5, 1.0] }"):
+    for axis in ('"model.init_scale" = [0.5, 1.0]', "model = { init_scale = [0.5, 1.0] }",
+                 'axes = { "model.init_scale" = [0.5, 1.0] }'):  # the last as RunConfig.to_dict() writes it
         p = write(tmp_path, f'[sweep]\n{axis}\n"train.seed" = [0, 1]\n')
         cfg = load_config(p, ["sweep.model.init_scale=[3.0]"])
         assert list(cfg.sweep.axes.items()) == [("model.init_scale", (3.0,)), ("train.seed", (0, 1))], axis
