@@ -131,19 +131,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         notes.append(f"{source} has a [sweep] table; `dynamics run` trains only its base point "
                      f"(`dynamics sweep` trains the grid)")
 
-    printer = _progress_printer(run_id)
-    started = []  # progress is first called once training has begun: a StoreError after it is no refusal
+    started = []  # training has begun: a StoreError after it is no refusal
 
-    def progress(step: int, total: int, loss: float) -> None:
-        if not started:
-            started.append(True)
-            for note in notes:
-                print(f"dynamics: note: {note}", file=sys.stderr, flush=True)
-        printer(step, total, loss)
+    def begin(step: int) -> None:
+        started.append(step)
+        for note in notes:
+            print(f"dynamics: note: {note}", file=sys.stderr, flush=True)
 
     try:
         with sigterm_as_interrupt():
-            result = train_run(cfg, out, run_id, progress=progress)
+            result = train_run(cfg, out, run_id, progress=_progress_printer(run_id), started=begin)
     except StoreError as e:
         if not started:
             raise  # bad input, refused before any work: main() prints it as one line, exit 2

@@ -203,6 +203,7 @@ def train_run(
     progress: Progress | None = None,
     extra_attrs: dict | None = None,
     recording: bool = True,
+    started: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Train one run into the store at ``path``, resuming it if it was interrupted.
 
@@ -223,6 +224,10 @@ def train_run(
     recording : bool
         False skips every snapshot after step 0 (no attention, gradients or checkpoints are
         recorded); only bench/ uses it, to measure what recording costs.
+    started : callable, optional
+        ``started(step)``, once, as training begins at ``step`` (0, or a resume's checkpoint):
+        after every refusal and before the first snapshot, so what it says comes before the
+        first step's work (a CHG fit at step 0 included) and never with a refusal.
 
     Returns
     -------
@@ -270,7 +275,7 @@ def train_run(
     threads = torch.get_num_threads()
     try:
         with torch.inference_mode(False), torch.enable_grad(), store.run_lock(path, run_id):
-            return _train_locked(cfg, path, run_id, progress, extra_attrs, recording, hash_now)
+            return _train_locked(cfg, path, run_id, progress, extra_attrs, recording, hash_now, started)
     finally:  # train.threads is the run's: a notebook's later torch work ran on 1 thread after it
         torch.set_num_threads(threads)
 
@@ -348,7 +353,7 @@ def _note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int)
 
 
 def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | None, extra_attrs: dict | None,
-                  recording: bool, hash_now: str) -> RunResult:
+                  recording: bool, hash_now: str, started: Callable[[int], None] | None) -> RunResult:
     existing = run_id in store.list_runs(path, damaged="include")
     prior = store.run_attrs(path, run_id) if existing else {}
     # another process may have started or finished the run since train_run looked
@@ -480,6 +485,8 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
 
     outcome: tuple[str, dict] = ("completed", {})
     try:
+        if started is not None:
+            started(start)
         for step in range(start, cfg.train.steps + 1):
             batch = make_batch(cfg, "train", step, cfg.train.batch_size)
             tokens = torch.from_numpy(batch.tokens).to(device)  # (B, T+1)

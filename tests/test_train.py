@@ -201,6 +201,28 @@ def test_a_resumed_run_counts_its_progress_from_its_checkpoint(cfg, tmp_path):
     assert seen[0]["last_loss"] is None and store.run_attrs(path, cfg.run_id())["last_loss"] is not None
 
 
+def test_started_is_said_once_before_the_first_snapshot_and_never_with_a_refusal(cfg, tmp_path, monkeypatch):
+    # `dynamics run` said its notes at the first progress call, after step 0's snapshot: the
+    # CHG note came after the fit it warned would pause the lines.
+    from dynamics.record import Recorder
+
+    events = []
+    snapshot = Recorder.snapshot
+    monkeypatch.setattr(Recorder, "snapshot", lambda self, model: events.append("snapshot") or snapshot(self, model))
+    cfg = with_values(cfg, {"record.every": 25})
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12), started=lambda step: events.append(("started", step)))
+    assert events[0] == ("started", 0) and events.count(("started", 0)) == 1 and events[1] == "snapshot"
+    events.clear()
+    train_run(cfg, path, started=lambda step: events.append(("started", step)))  # resumed at its checkpoint, 8
+    assert events[0] == ("started", 8) and len([e for e in events if e != "snapshot"]) == 1
+    events.clear()
+    with pytest.raises(store.StoreError, match="different config"):
+        train_run(with_values(cfg, {"train.lr": 0.5}), path, cfg.run_id(), started=events.append)
+    assert train_run(cfg, path, started=events.append).skipped and events == []  # refused, skipped: nothing begins
+
+
 def test_an_interrupt_in_the_progress_callback_counts_the_update_it_follows(cfg, tmp_path):
     # progress(step) comes once update `step` is applied, but steps_done (and steps_trained) read
     # `step`: stopped in progress(20), the run recorded 20 steps done after 21 updates.
