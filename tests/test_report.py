@@ -1324,12 +1324,17 @@ def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_i
     assert answer.line.startswith("how early: ") and f" How early: {answer.line[len('how early: '):]}." in caption
     assert "Null check" not in caption
     # a curve saved with `dynamics predict --null N` says how often the criterion fired on permuted roles
-    curve.attrs.update(null_permutations=40, null_readable=6)
+    curve.attrs.update(null_permutations=40, null_readable=6, null_same_seed_runs=0)
     store.write_derived(path, "predict.slash", curve)
     sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
     assert (f" How early: {answer.line[len('how early: '):]}. Null check: on final roles permuted between runs with "
             "the same heads and other seeds, the criterion named a horizon in 6 of 40 permutations (15%).") in dict(
         sec.figures)["predict_slash.png"]
+    del curve.attrs["null_same_seed_runs"]  # saved before seeds were kept apart: not said to have been
+    store.write_derived(path, "predict.slash", curve)
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    assert "permuted between runs with the same heads, the criterion" in dict(sec.figures)["predict_slash.png"]
+    curve.attrs["null_same_seed_runs"] = 0
     curve.attrs.update(null_same_seed_runs=4)  # one seed held most runs: twins traded roles
     store.write_derived(path, "predict.slash", curve)
     sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))

@@ -520,8 +520,10 @@ def format_curve(curve: xr.Dataset) -> str:
         k, n = a["null_readable"], a["null_permutations"]
         left = a.get("null_left_out_runs", 0)
         twins = a.get("null_same_seed_runs", 0)
-        lines.append(f"null check: with each run's final roles given whole to another run with the same heads and "
-                     f"another seed, the criterion named a readable horizon in {k} of {n} permutations ({k / n:.0%}): "
+        # a curve saved before the seeds were kept apart has no such attr: its partner may share a seed
+        seeds = " and another seed" if "null_same_seed_runs" in a else ""
+        lines.append(f"null check: with each run's final roles given whole to another run with the same heads"
+                     f"{seeds}, the criterion named a readable horizon in {k} of {n} permutations ({k / n:.0%}): "
                      f"how often it reads one on these runs where there is nothing to read" + (
                          f" ({left} run{'s' if left > 1 else ''} labelling heads no other run labels left out of it)"
                          if left else ""))
