@@ -434,6 +434,10 @@ def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets
         "null check: with each run's final roles given whole to another run with the same heads and another seed, "
         "the criterion named a readable horizon in 0 of 4 permutations (0%): how often it reads one on these runs "
         "where there is nothing to read")
+    old = null.copy()
+    del old.attrs["null_same_seed_runs"]  # saved before seeds were kept apart: not said to have been
+    assert predict.format_curve(old).splitlines()[-1].startswith(
+        "null check: with each run's final roles given whole to another run with the same heads, the criterion")
     # every run with the same fates: a permutation changes no target, so each null curve is the real
     # one, readable at h=0.1 as it is
     same = [Run(r.run_id, make_run(i, np.eye(L, H, dtype=bool)), seed=r.seed, config=r.config)
