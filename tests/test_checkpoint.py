@@ -179,8 +179,14 @@ class _Code:
     """Not plain weights: a weights_only load refuses what a full load would run."""
 
 
-def test_checkpoint_step_reads_plain_weights_only_and_no_torch(tmp_path, cfg):
-    from dynamics.store import checkpoint_step
+def test_checkpoint_step_reads_plain_weights_only_and_no_torch(tmp_path, cfg, monkeypatch):
+    import subprocess
+    import sys
+
+    from dynamics.store import checkpoint_step, checkpoints
+
+    # opened, never read whole: only the zip's directory and the pickle are fetched
+    monkeypatch.setattr(checkpoints, "read_checkpoint", lambda *a: pytest.fail("read whole"))
 
     path = str(tmp_path / "s.zarr")
     store.init_store(path)
@@ -191,6 +197,14 @@ def test_checkpoint_step_reads_plain_weights_only_and_no_torch(tmp_path, cfg):
     state = checkpoint_state(model, make_optimizer(cfg, model), 5, None, None)  # what training writes
     store.write_checkpoint(path, "r1", checkpoint_bytes(state))
     assert checkpoint_step(path, "r1") == 5
+    # status reads it without torch, whose import costs seconds (and could run a pickle's code)
+    probe = (f"import sys; from dynamics.store import checkpoint_step; print(checkpoint_step({path!r}, 'r1'), "
+             f"'torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout == "5 False\n"
+    url = f"memory://{tmp_path.name}/s.zarr"  # through fsspec, as a URL store is
+    store.init_store(url)
+    store.write_checkpoint(url, "r1", checkpoint_bytes(state))
+    assert checkpoint_step(url, "r1") == 5 and checkpoint_step(url, "r2") is None
     store.write_checkpoint(path, "r1", checkpoint_bytes({"step": 9, "extra": _Code()}))
     assert checkpoint_step(path, "r1") is None
     store.write_checkpoint(path, "r1", b"not a checkpoint")

@@ -126,9 +126,16 @@ def checkpoint_step(path: str | os.PathLike, run_id: str) -> int | None:
 
     Its attrs name it only after it is written, so a kill in between leaves them naming the one before.
     """
-    blob = read_checkpoint(path, run_id)
+    loc = _Loc(path)
     try:
-        with zipfile.ZipFile(io.BytesIO(blob or b"")) as z:
+        # Opened, not read whole: only the zip's directory and its small pickle are fetched, not
+        # the tensors (all of a 400 MB checkpoint was read, or downloaded, for one integer).
+        if loc.local is not None:
+            f = open(loc.local / _key(run_id), "rb")  # noqa: SIM115 - closed by the with below
+        else:
+            fs, target = _remote_target(loc, run_id)
+            f = fs.open(target, "rb")
+        with f, zipfile.ZipFile(f) as z:
             [pkl] = [n for n in z.namelist() if n.endswith("/data.pkl")]
             state = _StepOnly(io.BytesIO(z.read(pkl))).load()
     except Exception:  # noqa: BLE001 - none, damaged, or more than plain weights: the resume says which
