@@ -440,8 +440,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     local = unquote(out[len("file://"):]) if out.startswith("file://") else None if "://" in out else out
     if local is not None and _within(report_out, Path(local)):
         # the store is made only by the sweep below, so check_report_dir could not see it yet
+        named = f"store --out {out}" if args.out else f"store {out} (no --out given: the default)"
         raise UsageError(f"--report {report_out} is {'the' if _within(Path(local), report_out) else 'inside the'} "
-                         f"store --out {out} is to become; a report goes next to it, not into it")
+                         f"{named} is to become; a report goes next to it, not into it")
     from dynamics import predict
     from dynamics.report import write_report
     from dynamics.sweep import check_points, run_sweep

@@ -711,6 +711,17 @@ def test_demo_report_default_for_a_url_store_is_its_name_in_cwd(tmp_path, monkey
     assert capsys.readouterr().err == "dynamics: error: the default report folder d-report exists and is not a directory\n"
 
 
+def test_a_report_inside_the_default_store_names_it_as_the_default(tmp_path, monkeypatch, capsys):
+    from dynamics.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--report", "runs/quickstart.zarr/rep"]) == 2
+    assert capsys.readouterr().err == ("dynamics: error: --report runs/quickstart.zarr/rep is inside the store "
+                                       "runs/quickstart.zarr (no --out given: the default) is to become; a report "
+                                       "goes next to it, not into it\n")
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("command", ["run", "sweep", "demo", "report"])
 def test_a_default_path_is_named_as_the_default_not_as_an_option_never_given(tiny, tmp_path, monkeypatch, capsys,
                                                                               command):
