@@ -12,8 +12,10 @@ import math
 import re
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from dynamics.config import BYTE_TASKS, TASKS, ConfigError
-from dynamics.limits import FLOAT32_MAX, FLOAT32_TINY, MAX_STEPS, MAX_THREADS, MAX_WEIGHTS
+from dynamics.limits import FLOAT32_MAX, MAX_STEPS, MAX_THREADS, MAX_WEIGHTS
 
 if TYPE_CHECKING:
     from dynamics.config import RunConfig
@@ -101,8 +103,8 @@ def validate(cfg: RunConfig) -> None:
 
     _require(0 < tr.steps <= MAX_STEPS, f"train.steps: must be in [1, {MAX_STEPS:,}], got {tr.steps}")
     _require(tr.lr > 0 and math.isfinite(tr.lr), f"train.lr: must be > 0, got {tr.lr}")
-    # below float32's least positive value the update is 0: a run trained nothing, and said it completed
-    _require(tr.lr >= FLOAT32_TINY, f"train.lr: must be at least {FLOAT32_TINY:.4g} (0 in float32 below it), got {tr.lr}")
+    # 0 in float32 (below half its least positive value), so every update is 0: a run trained nothing and said it completed
+    _require(np.float32(tr.lr) > 0, f"train.lr: must be > 0 in float32 (it rounds to 0 there), got {tr.lr}")
     _require(tr.batch_size > 0, f"train.batch_size: must be positive, got {tr.batch_size}")
     _require(0 <= tr.seed < 2**63, f"train.seed: must be in [0, 2**63), got {tr.seed}")
     _require(tr.optimizer in ("adamw", "sgd"), f"train.optimizer: expected adamw or sgd, got {tr.optimizer!r}")

@@ -4,8 +4,6 @@ gate options enforce them."""
 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: a setting that scales the model's float32 numbers must fit in one."""
-FLOAT32_TINY = 1.401298464324817e-45
-"""The least positive float32 (subnormal): a learning rate below it is 0 in float32."""
 MAX_STEPS = 10**8
 """Upper bound on train.steps: the loss curve and the snapshot schedule are allocated whole at
 the start (10^8 steps: a 400 MB loss array, weeks of training even for the smallest model), so

@@ -69,7 +69,7 @@ def test_int_accepted_for_float_but_not_reverse():
         ({"train": {"weight_decay": 1e39}}, "train.weight_decay: must be at most 3.403e+38 (float32), got 1e+39"),
         ({"model": {"gates": "learned", "gate_l1": 1e300}}, "model.gate_l1: must be at most 3.403e+38 (float32)"),
         # 0 in float32: the run trained nothing and said it completed
-        ({"train": {"lr": 1e-320}}, "train.lr: must be at least 1.401e-45 (0 in float32 below it), got 1e-320"),
+        ({"train": {"lr": 1e-320}}, "train.lr: must be > 0 in float32 (it rounds to 0 there), got 1e-320"),
         # both spellings of one axis: the axes table's silently replaced the other
         ({"sweep": {"train.seed": [0, 1, 2], "axes": {"train.seed": [7]}}},
          "sweep.train.seed: given twice (in [sweep] and in its axes table)"),
