@@ -246,14 +246,13 @@ def derangement_across(classes: Sequence, rng: np.random.Generator) -> np.ndarra
     own signal (on 4 configs x 3 seeds whose heads' fates were set by the seed, a plain
     derangement's null fired 8 times in 40, this one's 0). Uniform over such permutations, drawn
     by rejection, where that takes few draws (distinct classes: a `derangement`); otherwise the
-    classes in a random order each shifted onto the next by the largest class's size, then
-    mixed by random swaps that keep every index off its class.
+    indices, grouped by class, each sent the largest class's size along, then mixed by random
+    swaps that keep every index off its class.
     """
-    tokens = [f"\0{i}" if c is None else str(c) for i, c in enumerate(classes)]  # None: unknown, its own
-    _, labels = np.unique(np.asarray(tokens, dtype=str), return_inverse=True)
-    n, largest = labels.size, int(np.bincount(labels).max())
-    if n < 2 or 2 * largest > n:
+    labels = _class_labels(classes)
+    if not _can_cross(labels):
         return None
+    n, largest = labels.size, int(np.bincount(labels).max())
     if largest == 1:
         return derangement(n, rng)
     for _ in range(100):
@@ -269,6 +268,17 @@ def derangement_across(classes: Sequence, rng: np.random.Generator) -> np.ndarra
         if labels[order[j]] != labels[i] and labels[order[i]] != labels[j]:
             order[i], order[j] = order[j], order[i]
     return order
+
+
+def _class_labels(classes: Sequence) -> np.ndarray:
+    """Integer labels of `classes`; None is a class unknown, of its own."""
+    tokens = [f"\0{i}" if c is None else str(c) for i, c in enumerate(classes)]
+    return np.unique(np.asarray(tokens, dtype=str), return_inverse=True)[1]
+
+
+def _can_cross(labels: np.ndarray) -> bool:
+    """Whether a permutation can send every index to another class: none holds more than half."""
+    return labels.size >= 2 and 2 * int(np.bincount(labels).max()) <= labels.size
 
 
 def null_folds(blocks: list[np.ndarray], splits, n_rows: int) -> tuple[np.ndarray, list]:
@@ -301,7 +311,7 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     """
     row_run = rows["row_run"].values
     seeds = [[seed_of[row_run[b[r, 0]]] for r in range(len(b))] for b in blocks]
-    across = [derangement_across(s, np.random.default_rng(0)) is not None for s in seeds]
+    across = [_can_cross(_class_labels(s)) for s in seeds]
     y = rows["target"].values
     spec, ceiling, labels = TARGETS[opt.target], ceiling_horizons(ds), _readable_labels(ds)
     features = {h: t.values[keep] for h, t in tables.items()}
