@@ -179,6 +179,10 @@ def check_writable(path: str, what: str, into: tuple[str, ...] = ()) -> None:
     local = "://" not in path or path.startswith("file://")  # a file:// URL is a local folder: checked as one
     if not local:
         return
+    if into:
+        from dynamics import store
+
+        store.check_folders(path, into)  # one that is a file: the work would fail to save, run by run
     for folder in (_local(path), *(os.path.join(_local(path), f) for f in into)):
         if (folder == _local(path) or os.path.isdir(folder)) and not os.access(folder, os.W_OK | os.X_OK):
             where = "the store is" if folder == _local(path) else f"its {os.path.basename(folder)}/ folder is"

@@ -288,6 +288,26 @@ def test_a_store_whose_derived_folder_is_read_only_is_refused_before_any_work(ti
             subprocess.run(["umount", str(derived)], check=True)
 
 
+@pytest.mark.parametrize("section", ["analysis", "derived"])
+def test_a_computed_section_that_is_a_file_stops_its_writers_not_its_readers(tiny, tmp_path, section):
+    # analyse failed each run's analysis with a FileExistsError; status read no further than the check
+    import shutil
+
+    _, _, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    shutil.rmtree(s / section, ignore_errors=True)
+    (s / section).write_text("x")
+    writers = {"analysis": [["analyse"]], "derived": [["analyse"], ["predict", "--target", "importance"],
+                                                        ["gates", "--steps", "2", "--restarts", "1"]]}[section]
+    for command in writers:
+        one_line_exit_2(cli_in_process(command[0], s, *command[1:]),
+                        f"{s}: {section} is not a folder (the store is damaged); move it aside")
+    r = cli_in_process("status", s)
+    assert r.returncode == 0 and store.list_runs(s)[0] in r.stdout
+    assert (s / section).read_text() == "x"
+
+
 @pytest.mark.parametrize("config, needle", [
     (lambda c: {**c, "model": {**c["model"], "newkey": 1}}, "its recorded config cannot be read by this version: "),
     (lambda c: None, "its recorded config is missing or not a table"),

@@ -80,6 +80,7 @@ from dynamics.store.readers import (
 )
 from dynamics.store.root import STALE_PARTIAL_S as STALE_PARTIAL_S
 from dynamics.store.root import (
+    check_folders,
     check_store,
     damaged_root,
     deferred_index,
@@ -108,6 +109,7 @@ __all__ = [
     "atomic_write_bytes",
     "check_recorded",
     "check_run_id",
+    "check_folders",
     "check_store",
     "check_checkpoint_kept",
     "checkpoint_path",

@@ -91,12 +91,12 @@ class _Loc:
             return []
 
 
-def check_sections(loc: _Loc) -> None:
-    """StoreError if a section of a local store (``runs``...) is there but is not a folder.
+def check_sections(loc: _Loc, sections: tuple[str, ...] = SECTIONS) -> None:
+    """StoreError if one of `sections` of a local store is there but is not a folder.
 
     Listed as a folder that is gone is, its groups read as none: the store looked empty, and a
     run's creation failed on it with a bare FileExistsError."""
-    for section in SECTIONS if loc.local is not None else ():
+    for section in sections if loc.local is not None else ():
         d = loc.local / section
         if not d.is_dir() and (d.exists() or d.is_symlink()):
             fix = ("restore it from a backup" if section == "runs" else

@@ -242,7 +242,14 @@ def _require_store(loc: _Loc) -> None:
     if root is None:
         raise StoreError(_unreadable_root(loc) or f"not a dynamics store: {loc}")
     _check_version(loc, root)
-    check_sections(loc)
+    # runs/ only: every command reads it; analysis/ and derived/ are checked by what writes them
+    # (init_store, check_folders), so a damaged derived/ does not stop `status` reading the runs
+    check_sections(loc, ("runs",))
+
+
+def check_folders(path: str | os.PathLike, sections: tuple[str, ...]) -> None:
+    """StoreError if one of the store's `sections` a command is to write under is not a folder."""
+    check_sections(_Loc(path), sections)
 
 
 def damaged_root(path: str | os.PathLike) -> str | None:
