@@ -290,6 +290,27 @@ def test_a_scheduler_address_dask_cannot_use_is_refused_in_one_line():
         check_scheduler("tls://127.0.0.1:1")
 
 
+def test_an_address_that_answers_but_is_no_scheduler_is_refused_not_waited_on():
+    # The dashboard's port (or any socket that accepts and says nothing): the Client's timeout
+    # covered the connection, not Dask's handshake after it, and the sweep waited for ever, silent.
+    import socket
+
+    from distributed import LocalCluster
+
+    from dynamics.sweep.launcher import check_scheduler
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"^--scheduler tcp://127.0.0.1:{port}: no Dask scheduler answered "
+                                              f"there within 1 s$"):
+            check_scheduler(f"tcp://127.0.0.1:{port}", timeout=1.0)
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+        [worker] = cluster.workers.values()
+        with pytest.raises(ConfigError, match="a Dask Worker answers there, not a scheduler"):
+            check_scheduler(worker.address)
+        check_scheduler(cluster.scheduler_address)
+
+
 def test_progress_counts_only_finished_runs():
     # After Ctrl-C the plain log read "[sweep] 4/4 rc cancelled" with two of the four runs not
     # trained: every run that ended was counted as done. Only completed and diverged runs are

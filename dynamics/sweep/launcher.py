@@ -105,22 +105,47 @@ def check_scheduler(scheduler: str, timeout: float = 10.0) -> None:
     Raises
     ------
     ConfigError
-        Neither a ``tcp://`` style address nor an existing scheduler file, or nothing answers.
+        Neither a ``tcp://`` style address nor an existing scheduler file, nothing answers within
+        `timeout` seconds, or what answers is no Dask scheduler.
     """
-    from distributed import Client
-
     # As _client: an existing file is a scheduler file, anything else an address (host:port too)
     as_file = "://" not in scheduler and os.path.isfile(scheduler)
     if not as_file and ":" not in scheduler:
         raise ConfigError(f"--scheduler {scheduler}: neither an address (tcp://host:port) nor a scheduler file")
     address = _scheduler_file_address(scheduler) if as_file else scheduler
     try:
-        Client(address=address, timeout=timeout).close()
+        info = _identity(address, timeout)
+    except TimeoutError:
+        raise ConfigError(f"--scheduler {scheduler}: no Dask scheduler answered there within {timeout:g} s") from None
     # Any failure to connect is the same bad input: Dask also raises TypeError (tls:// without TLS
     # settings, ucx:// without ucx) and AssertionError (an address without a host) from deep inside.
     except Exception as e:  # noqa: BLE001
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler there ({reason})") from None
+    kind = info.get("type") if isinstance(info, dict) else None
+    if kind != "Scheduler":  # a worker's address: the sweep's Client would have waited on it for ever
+        raise ConfigError(f"--scheduler {scheduler}: {f'a Dask {kind}' if kind else 'something'} answers there, "
+                          f"not a scheduler")
+
+
+def _identity(address: str, timeout: float) -> dict:
+    """What answers at a Dask address says it is, within `timeout` seconds in all (TimeoutError).
+
+    Asked directly, not through a Client: a Client's own timeout covers connecting, not Dask's
+    handshake after it, so an address that accepts the connection and says nothing (a cluster's
+    dashboard port) kept `dynamics sweep` waiting, silent, for ever."""
+    import asyncio
+
+    from distributed.core import rpc
+
+    async def ask() -> dict:
+        remote = rpc(address, timeout=timeout)
+        try:
+            return await remote.identity()
+        finally:
+            await remote.close_rpc()
+
+    return asyncio.run(asyncio.wait_for(ask(), timeout))
 
 
 def _scheduler_file_address(file: str) -> str:
