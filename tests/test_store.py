@@ -280,7 +280,10 @@ def test_a_section_that_is_a_file_is_named_as_damaged_and_left_alone(tmp_path, s
     (path / section).write_bytes(b"x")
     readers = (lambda: store.check_store(path), lambda: store.list_runs(path))
     writers = (lambda: store.init_store(path), lambda: write_run(path, "r2", seed=1),
-               lambda: store.check_folders(path, (section,)))
+               lambda: store.check_folders(path, (section,)),
+               # the Python API's writers too (analyse_store, predict.write_curve call these)
+               lambda: store.write_analysis(path, "r1", xr.Dataset({"x": ("a", [1.0])})) if section == "analysis"
+               else store.write_derived(path, "x", xr.Dataset({"x": ("a", [1.0])})))
     # a reader of the runs reads on where only what is computed from them is damaged
     for call in (*readers, *writers) if section == "runs" else writers:
         with pytest.raises(StoreError, match=f"s.zarr: {section} is not a folder \\(the store is damaged\\); {fix}"):

@@ -41,6 +41,7 @@ from dynamics.store._loc import (
     _Loc,
     _locked,
     _open_group_ds,
+    check_sections,
     new_dir,
 )
 from dynamics.store.checkpoints import run_status
@@ -233,6 +234,7 @@ def _write_whole(loc: _Loc, gpath: str, ds: xr.Dataset) -> None:
     """Replace group `gpath` with `ds` (loaded first: it may be read from that very group)."""
     if not isinstance(ds, xr.Dataset):
         raise StoreError(f"{gpath}: expected an xarray.Dataset, got {type(ds).__name__}")
+    check_sections(loc, (gpath.split("/")[0],))  # a file there: named, not a bare FileExistsError
     ds = ds.load().copy()
     for name, var in ds.variables.items():
         var.encoding = {}  # stale chunk/codec encodings from a source store do not apply here
