@@ -311,6 +311,36 @@ def test_an_address_that_answers_but_is_no_scheduler_is_refused_not_waited_on():
         check_scheduler(cluster.scheduler_address)
 
 
+def test_check_scheduler_reaches_a_tls_cluster_and_runs_inside_an_event_loop(tmp_path):
+    # Asked without the TLS settings of Dask's config, a tls:// cluster the sweep reaches was
+    # refused; and asyncio.run inside a running loop (run_sweep in a notebook) was "cannot reach".
+    import asyncio
+
+    import dask
+    from distributed import LocalCluster
+    from distributed.security import Security
+
+    from dynamics.sweep.launcher import check_scheduler
+
+    made = Security.temporary()
+    files = {}
+    for name, text in (("ca", made.tls_ca_file), ("cert", made.tls_client_cert), ("key", made.tls_client_key)):
+        files[name] = tmp_path / f"{name}.pem"
+        files[name].write_text(text)
+    tls = {"distributed.comm.tls.ca-file": str(files["ca"])}
+    for role in ("client", "scheduler", "worker"):
+        tls |= {f"distributed.comm.tls.{role}.cert": str(files["cert"]), f"distributed.comm.tls.{role}.key": str(files["key"])}
+    with dask.config.set(tls), LocalCluster(n_workers=0, processes=False, protocol="tls://", security=Security(),
+                                            dashboard_address=None) as cluster:
+        assert cluster.scheduler_address.startswith("tls://")
+        check_scheduler(cluster.scheduler_address)
+
+        async def in_a_loop() -> None:
+            check_scheduler(cluster.scheduler_address)
+
+        asyncio.run(in_a_loop())
+
+
 def test_progress_counts_only_finished_runs():
     # After Ctrl-C the plain log read "[sweep] 4/4 rc cancelled" with two of the four runs not
     # trained: every run that ended was counted as done. Only completed and diverged runs are

@@ -135,17 +135,33 @@ def _identity(address: str, timeout: float) -> dict:
     handshake after it, so an address that accepts the connection and says nothing (a cluster's
     dashboard port) kept `dynamics sweep` waiting, silent, for ever."""
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
     from distributed.core import rpc
+    from distributed.security import Security
+
+    try:  # Dask's security loader, if one is configured, as the sweep's Client calls it
+        from distributed.client import _maybe_call_security_loader as loader
+    except ImportError:  # pragma: no cover - private in distributed; TLS from Dask's config still applies
+        loader = None
+    # TLS settings as the Client reads them (Dask's config): without them a tls:// cluster the
+    # sweep reaches was refused
+    security = (loader(address) if loader else None) or Security()
 
     async def ask() -> dict:
-        remote = rpc(address, timeout=timeout)
+        remote = rpc(address, timeout=timeout, connection_args=security.get_connection_args("client"))
         try:
             return await remote.identity()
         finally:
             await remote.close_rpc()
 
-    return asyncio.run(asyncio.wait_for(ask(), timeout))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # none here: the usual case, a command
+        return asyncio.run(asyncio.wait_for(ask(), timeout))
+    # called from a running loop (run_sweep in a notebook): asyncio.run refuses one inside another
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(asyncio.wait_for(ask(), timeout))).result()
 
 
 def _scheduler_file_address(file: str) -> str:
