@@ -515,8 +515,11 @@ def test_the_null_says_when_one_seed_holds_most_runs():
     curve = predict.predict_runs(runs, PredictOptions(target="slash", horizons=(0.1,), null=1, group_by="run",
                                                       n_splits=2, **FAST))
     assert curve.attrs["null_same_seed_runs"] == 4
-    assert predict.format_curve(curve).splitlines()[-1].startswith(
-        "caution: 4 of these runs are in sets where one seed holds more than half the runs")
+    lines = predict.format_curve(curve).splitlines()
+    assert lines[-1].startswith("caution: 4 of these runs are in sets where one seed holds more than half the runs")
+    # not said to have gone to another seed, where they could not
+    assert lines[-2].startswith("null check: with each run's final roles given whole to another run with the same "
+                                "heads and, where its set allows, another seed, the criterion")
 
 
 def test_a_horizon_seeing_the_final_snapshot_is_never_named_readable():

@@ -1338,5 +1338,7 @@ def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_i
     curve.attrs.update(null_same_seed_runs=4)  # one seed held most runs: twins traded roles
     store.write_derived(path, "predict.slash", curve)
     sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    assert "permuted between runs with the same heads and, where their set allows, other seeds, the criterion" in dict(
+        sec.figures)["predict_slash.png"]
     assert ("in 6 of 40 permutations (15%); 4 runs could only trade with runs of their own seed, so it may "
             "overstate.") in dict(sec.figures)["predict_slash.png"]

@@ -531,7 +531,8 @@ def format_curve(curve: xr.Dataset) -> str:
         left = a.get("null_left_out_runs", 0)
         twins = a.get("null_same_seed_runs", 0)
         # a curve saved before the seeds were kept apart has no such attr: its partner may share a seed
-        seeds = " and another seed" if "null_same_seed_runs" in a else ""
+        seeds = "" if "null_same_seed_runs" not in a else " and another seed" if not twins else \
+            " and, where its set allows, another seed"
         lines.append(f"null check: with each run's final roles given whole to another run with the same heads"
                      f"{seeds}, the criterion named a readable horizon in {k} of {n} permutations ({k / n:.0%}): "
                      f"how often it reads one on these runs where there is nothing to read" + (

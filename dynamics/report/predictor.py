@@ -125,7 +125,8 @@ def _how_early(ds: xr.Dataset) -> str:
     n, k = ds.attrs.get("null_permutations"), ds.attrs.get("null_readable")
     if text and n and k is not None:  # saved by `dynamics predict --null N`
         twins = ds.attrs.get("null_same_seed_runs", 0)
-        seeds = " and other seeds" if "null_same_seed_runs" in ds.attrs else ""  # absent: saved before they were
+        seeds = "" if "null_same_seed_runs" not in ds.attrs else " and other seeds" if not twins else \
+            " and, where their set allows, other seeds"  # absent: saved before seeds were kept apart
         text += (f" Null check: on final roles permuted between runs with the same heads{seeds}, the "
                  f"criterion named a horizon in {k} of {n} permutations ({k / n:.0%})"
                  + (f"; {twins} runs could only trade with runs of their own seed, so it may overstate." if twins
