@@ -518,4 +518,3 @@ def replace_section(cfg: RunConfig, section: str, **changes: Any) -> RunConfig:
     new = replace(cfg, **{section: replace(getattr(cfg, section), **changes)})
     check(new)
     return new
-

@@ -155,13 +155,16 @@ def _identity(address: str, timeout: float) -> dict:
         finally:
             await remote.close_rpc()
 
+    def once() -> dict:
+        return asyncio.run(asyncio.wait_for(ask(), timeout))
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # none here: the usual case, a command
-        return asyncio.run(asyncio.wait_for(ask(), timeout))
+        return once()
     # called from a running loop (run_sweep in a notebook): asyncio.run refuses one inside another
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(asyncio.wait_for(ask(), timeout))).result()
+        return pool.submit(once).result()
 
 
 def _scheduler_file_address(file: str) -> str:
