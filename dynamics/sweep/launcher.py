@@ -20,6 +20,7 @@ from dynamics.config import ConfigError, RunConfig
 from dynamics.identity import experiment_identity
 from dynamics.schema import config_value
 from dynamics.signals import deferred_signals, sigterm_as_interrupt
+from dynamics.sweep import cancel
 from dynamics.sweep.grid import Point, _plain, expand_grid
 from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
@@ -338,6 +339,8 @@ def run_sweep(
                         summary.errors[r["run_id"]] = r["error"] or "?"
                     if r.get("waited"):
                         summary.waited[r["run_id"]] = _waited_note(r)
+                    if r.get("after_cancel"):
+                        summary.after_cancel[r["run_id"]] = r["after_cancel"]
         finally:
             if store.is_remote(path):  # its tasks left the root index alone (store.deferred_index)
                 store.reindex(path)
@@ -400,10 +403,14 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     def collect(f, run_id: str) -> None:
         if f.status == "finished":
             r = f.result()
-        elif f.status == "cancelled":  # on the cluster, not by Ctrl-C here: the run was not trained to its end
-            r = {"run_id": run_id, "status": "cancelled", "steps_done": 0, "skipped": False, "traceback": None,
-                 "error": f"its task was cancelled on the cluster ({cancelled.get(f.key, 'reason unknown')}); "
-                          f"the same command resumes it"}
+        elif f.status == "cancelled":  # on the cluster, not by Ctrl-C here: see cancel's docstring
+            why = cancelled.get(f.key, "reason unknown")
+            if cancel.still_trained(path, run_id):
+                orphans[run_id] = why
+                display.waiting(run_id, f"its task was cancelled on the cluster ({why}), but its worker trains "
+                                        f"on; the sweep waits for it to end (Ctrl-C leaves it to that worker)")
+                return
+            r = cancel.outcome(path, run_id, why, trained_on=False)
         else:
             exc = f.exception()
             if isinstance(exc, KilledWorker):
@@ -419,24 +426,36 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             r = {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False, "error": error,
                  "traceback": None}
+        ended(r)
+
+    def ended(r: dict) -> None:
+        run_id = r["run_id"]
         results[run_id] = r
         note = f": {r['error']}" if r["status"] in ("failed", "cancelled") and r["error"] else ""
+        if r.get("after_cancel"):
+            note = f": {r['after_cancel']}"
         if r.get("skipped"):
             note = " (finished by another process)" if r.get("waited") else " (already finished)"
         display.finished(run_id, r["status"], note)
 
     pending: dict = {}
     cancelled: dict = {}  # key -> why, for tasks cancelled on the cluster
+    orphans: dict = {}  # run id -> why, for those whose worker trains on
+    watch = cancel.WorkerWatch(client)
     try:
         stop = Event(_stop_name(token), client=client)
         client.subscribe_topic(_progress_topic(token), events.put)
         for p in todo:
             pending[submit(p)] = p.run_id
-        while pending:
-            done = _settled(pending, cancelled)
+        while pending or orphans:
+            done = cancel.settled(pending, cancelled) if pending else time.sleep(0.5) or []
             drain()
             for f in done:
                 collect(f, pending.pop(f))
+            for run_id in [r for r in orphans if not cancel.still_trained(path, r)]:
+                ended(cancel.outcome(path, run_id, orphans.pop(run_id), trained_on=True))
+            if pending:
+                watch.check(time.monotonic(), display)
             display.tick()
     except KeyboardInterrupt:
         _stop_running(client, stop, pending, collect, cancelled)
@@ -482,28 +501,6 @@ def _quiet(name: str):
         log.setLevel(level)
 
 
-def _settled(pending: dict, cancelled: dict, timeout: float = 0.5) -> list:
-    """The futures of ``pending`` done within ``timeout`` (maybe none), cancelled ones included.
-
-    Dask's ``wait`` raises for a future cancelled on the cluster (the scheduler lost, a task
-    cancelled from another client) instead of returning it: that was a traceback from the sweep,
-    with no summary. Their reasons go into ``cancelled`` (key -> why).
-    """
-    from distributed import wait
-    from distributed.client import FuturesCancelledError
-
-    try:
-        done, _ = wait(list(pending), timeout=timeout, return_when="FIRST_COMPLETED")
-        return list(done)
-    except TimeoutError:
-        return []
-    except FuturesCancelledError as e:
-        for group in e.error_groups:
-            for error in group.errors:
-                cancelled[error.key] = group.reason + (f": {error.msg}" if error.msg else "")
-        return [f for f in pending if f.status != "pending"]
-
-
 def _stop_running(client, stop, pending: dict, collect, cancelled: dict) -> None:
     """After Ctrl-C: ask running tasks to stop, cancel queued ones, wait a little."""
     print("dynamics: stopping the sweep (Ctrl-C again to abort at once); runs stay resumable",
@@ -513,7 +510,7 @@ def _stop_running(client, stop, pending: dict, collect, cancelled: dict) -> None
             stop.set()
         deadline = time.monotonic() + STOP_GRACE
         while pending and time.monotonic() < deadline:
-            for f in _settled(pending, cancelled):
+            for f in cancel.settled(pending, cancelled):
                 collect(f, pending.pop(f))
         client.cancel(list(pending), force=True)
     except KeyboardInterrupt:

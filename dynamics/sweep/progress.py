@@ -38,6 +38,10 @@ class _Display:
         """The run's task waits for another process that is training it."""
         print(f"[sweep] {run_id} waiting: {text}", file=self.stream, flush=True)
 
+    def notice(self, text: str) -> None:
+        """Something about the cluster, not one run (its workers gone, or back)."""
+        print(f"[sweep] {text}", file=self.stream, flush=True)
+
     def finished(self, run_id: str, status: str, note: str = "") -> None:
         self.done += status in FINISHED
         self.steps.pop(run_id, None)
@@ -84,6 +88,9 @@ class _Bars(_Display):
     def waiting(self, run_id: str, text: str) -> None:
         self.tqdm.write(f"{run_id} waiting: {text}", file=self.stream)
 
+    def notice(self, text: str) -> None:
+        self.tqdm.write(text, file=self.stream)
+
     def finished(self, run_id: str, status: str, note: str = "") -> None:
         bar = self.bars.pop(run_id, None)
         self.slot.pop(run_id, None)
@@ -112,6 +119,9 @@ class _Quiet(_Display):
         pass
 
     def waiting(self, run_id: str, text: str) -> None:
+        pass
+
+    def notice(self, text: str) -> None:
         pass
 
     def finished(self, run_id: str, status: str, note: str = "") -> None:

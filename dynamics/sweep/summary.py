@@ -26,6 +26,9 @@ class SweepSummary:
     waited: dict[str, str] = field(default_factory=dict)
     """run id -> what came of it, for runs another process was training when their task reached them
     (``dynamics run`` of the point, an orphaned task of a killed launcher): waited for, not failed."""
+    after_cancel: dict[str, str] = field(default_factory=dict)
+    """run id -> how it finished, for runs whose task was cancelled on the cluster (the scheduler
+    lost) while its worker went on to finish it: counted by that status, not cancelled."""
     labels: dict[str, str] = field(default_factory=dict)
     """run id -> point label (``model.n_heads=4, train.seed=0``)."""
     wall_time: float = 0.0
@@ -48,4 +51,6 @@ class SweepSummary:
                 out.append(f"  {status} {run_id} [{self.labels.get(run_id, '?')}]: {self.errors.get(run_id, '?')}")
         for run_id, note in self.waited.items():
             out.append(f"  waited for {run_id} [{self.labels.get(run_id, '?')}]: {note}")
+        for run_id, note in self.after_cancel.items():
+            out.append(f"  finished {run_id} [{self.labels.get(run_id, '?')}]: {note}")
         return out

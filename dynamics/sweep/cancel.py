@@ -1,0 +1,110 @@
+"""What the launcher makes of tasks the cluster cancelled, and of a cluster left without workers.
+
+Dask cancels every future of a client that loses its scheduler, and ``Future.cancel`` from
+another client cancels one task; neither can stop a task already running, whose thread trains
+on in its worker. Reporting such a run ``cancelled`` when the sweep ended was wrong as often as
+not: killing a cluster's scheduler mid-sweep, two of the four runs the summary called cancelled
+were completed in the store a few seconds later. So the launcher looks at the run itself: a run
+whose lock a worker still holds is waited for, and every cancelled run is reported by what its
+store says once nobody trains it.
+"""
+
+from __future__ import annotations
+
+from dynamics import store
+from dynamics.schema import FINISHED_STATUSES
+
+SCHEDULER_LOST = "scheduler-connection-lost"
+"""Dask's reason for the futures of a client that lost its scheduler."""
+WORKER_CHECK_EVERY = 5.0
+"""Seconds between the launcher's looks at how many workers the scheduler has."""
+
+
+def settled(pending: dict, cancelled: dict, timeout: float = 0.5) -> list:
+    """The futures of ``pending`` done within ``timeout`` (maybe none), cancelled ones included.
+
+    Dask's ``wait`` raises for a future cancelled on the cluster (the scheduler lost, a task
+    cancelled from another client) instead of returning it: that was a traceback from the sweep,
+    with no summary. Their reasons go into ``cancelled`` (key -> why, in the sweep's words).
+    """
+    from distributed import wait
+    from distributed.client import FuturesCancelledError
+
+    try:
+        done, _ = wait(list(pending), timeout=timeout, return_when="FIRST_COMPLETED")
+        return list(done)
+    except TimeoutError:
+        return []
+    except FuturesCancelledError as e:
+        for group in e.error_groups:
+            for error in group.errors:
+                cancelled[error.key] = reason(group.reason, error.msg)
+        return [f for f in pending if f.status != "pending"]
+
+
+def reason(dask_reason: str, msg: str | None = None) -> str:
+    """Dask's reason for a cancelled task, said once and plainly: Dask's message for a lost
+    scheduler ("Please check your connection and re-run your work.") was repeated on every line."""
+    if dask_reason == SCHEDULER_LOST:
+        return "the launcher lost its scheduler"
+    return dask_reason + (f": {msg}" if msg else "")
+
+
+def still_trained(path: str, run_id: str) -> bool:
+    """Whether a process (the worker of a cancelled task) holds the run's lock now. A URL store
+    has no lock to look at: its cancelled runs are reported by their attributes at once."""
+    return bool(store.run_lock_held(path, run_id))
+
+
+def outcome(path: str, run_id: str, why: str, trained_on: bool) -> dict:
+    """The result of a run whose task was cancelled on the cluster (``why``), read from the store
+    once nobody trains it; ``trained_on``: its worker went on training it after the cancellation.
+
+    Finished there (completed or diverged): that status, and ``r["after_cancel"]`` says how. Any
+    other state is ``cancelled``, resumable by the same command.
+    """
+    try:
+        attrs = store.run_attrs(path, run_id) if store.has_run(path, run_id) else {}
+    except store.StoreError:
+        attrs = {}
+    status = attrs.get("status")
+    r = {"run_id": run_id, "status": "cancelled", "steps_done": 0, "skipped": False, "traceback": None,
+         "error": f"its task was cancelled on the cluster ({why}); the same command resumes it"}
+    if status in FINISHED_STATUSES:
+        then = (f"its worker trained on after its task was cancelled on the cluster ({why}), and finished it"
+                if trained_on else f"its worker had finished it before its task was cancelled on the cluster ({why})")
+        r.update(status=status, error=None, after_cancel=then)
+    elif status == "failed":  # recorded by train_run in the worker: its traceback is in the run
+        r.update(status="failed", error=f"its task was cancelled on the cluster ({why}), and its worker "
+                                        f"recorded it failed (its traceback: dynamics status / run_attrs)")
+    elif trained_on:
+        r["error"] = (f"its task was cancelled on the cluster ({why}); its worker trained on and stopped "
+                      f"before the end; the same command resumes it")
+    return r
+
+
+class WorkerWatch:
+    """Says once when the scheduler has no worker left and the sweep's runs wait for one, and
+    again when workers are back: Dask holds the tasks of a cluster without workers for ever,
+    while the progress line went on showing the runs the dead workers had been training."""
+
+    def __init__(self, client, every: float = WORKER_CHECK_EVERY):
+        self.client, self.every = client, every
+        self.last = 0.0
+        self.had = True
+
+    def check(self, now: float, display) -> None:
+        if now - self.last < self.every:
+            return
+        self.last = now
+        try:
+            n = len(self.client.nthreads())
+        except Exception:  # noqa: BLE001 - a scheduler lost meanwhile cancels the futures: said there
+            return
+        if n == 0 and self.had:
+            display.notice("no worker is connected to the scheduler: the runs wait for one "
+                           "(Ctrl-C stops the sweep; its runs stay resumable)")
+            display.steps.clear()  # nothing is training now, whatever the last reports said
+        elif n and not self.had:
+            display.notice(f"{n} worker(s) connected again")
+        self.had = n > 0
