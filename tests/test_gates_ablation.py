@@ -1,0 +1,74 @@
+"""Known answers for mean ablation (`gates.ablation`): a head's z replaced by its mean over the
+reference rows at each position. tests/test_gates.py checked it only on a head with W_O = 0,
+where mean and zero ablation agree, so mean ablation as zero ablation, or a mean over positions
+too, passed every test (a helper audit's mutations).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dynamics.config import from_dict
+from dynamics.gates import HELDOUT_STEP, GateOptions, ablation_losses, head_ablation
+from dynamics.gates._engine import _batches
+from dynamics.train import build
+
+TINY = {
+    "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
+    "task": {"name": "mixture", "components": ["offset_copy", "markov"], "delta": 2},
+}
+OPTS = GateOptions(batch_size=4, eval_batches=2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_mean_ablating_a_head_whose_z_ignores_the_input_changes_nothing():
+    cfg = from_dict(TINY)
+    torch.manual_seed(0)
+    model = build(cfg, torch.device("cpu"))
+    with torch.no_grad():  # layer 0's LayerNorm outputs its bias whatever the input: its z is a constant
+        model.blocks[0].ln1.weight.zero_()
+        model.blocks[0].ln1.bias.normal_()
+    mean = head_ablation(model, cfg, "mean", OPTS).sel(layer=0).values  # (head, component)
+    zero = head_ablation(model, cfg, "zero", OPTS).sel(layer=0).values
+    assert np.abs(mean).max() < 1e-5  # its mean is itself
+    assert np.abs(zero).min() > 1e-3  # while removing what it writes costs something
+
+
+def test_mean_ablation_substitutes_the_mean_z_at_each_position():
+    cfg = from_dict(TINY)
+    torch.manual_seed(1)
+    model = build(cfg, torch.device("cpu"))
+    layer, head = 1, 0
+    name = f"blocks.{layer}.attn.hook_z"
+    data = [_batches(cfg, HELDOUT_STEP, OPTS.eval_batches, OPTS.batch_size, "cpu", c)  # (n, B, T + 1) each
+            for c in cfg.task.component_names]
+    rows = torch.cat(data).flatten(0, 1)  # (rows, T + 1): every component's reference rows
+    with torch.no_grad():
+        _, cache = model.run_with_cache(rows[:, :-1], [name])
+    mean_z = cache[name].mean(0)  # (T, H, dh): a mean per position, not over positions
+
+    def substitute(z, _name):  # z: (B, T, H, dh)
+        z = z.clone()
+        z[:, :, head] = mean_z[:, head]
+        return z
+
+    def nll(batch):
+        with torch.no_grad(), model.hooks([(name, substitute)]):
+            logits = model(batch[:, :-1])  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).item()
+
+    mask = np.zeros((1, 2, 2), dtype=bool)
+    mask[0, layer, head] = True
+    got = ablation_losses(model, cfg, mask, "mean", OPTS).values[0]  # (component,)
+    want = [np.mean([nll(b) for b in d]) for d in data]
+    np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -1,0 +1,87 @@
+"""Known answers for `gates.fit` and `gates._engine`: the definitions no other test pinned.
+
+Each test here failed under a mutation that left tests/test_gates.py passing (a helper audit's):
+G+/G- fitted from the random draw instead of the lambda = 0 fit, one clipping norm shared by all
+gate sets, every update on the first fit batch, and the authors' defaults changed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dynamics.config import from_dict
+from dynamics.gates import GateOptions, fit_chg
+from dynamics.gates._engine import _optimise
+from dynamics.train import build
+
+TINY = {
+    "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
+    "task": {"name": "mixture", "components": ["offset_copy", "markov"], "delta": 2},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tiny():
+    cfg = from_dict(TINY)
+    torch.manual_seed(0)
+    return build(cfg, torch.device("cpu")), cfg
+
+
+def test_the_defaults_are_the_authors():
+    # Nam et al. 2025: lambda 0.1, Adam at lr 1 with gradients clipped to norm 1, logits clamped
+    # to +-4 in the regulariser; 4 restarts of 200 updates, this project's defaults for its sizes.
+    o = GateOptions()
+    assert (o.lam, o.lr, o.grad_clip, o.clamp, o.restarts, o.steps) == (0.1, 1.0, 1.0, 4.0, 4, 200)
+
+
+def test_g_plus_and_g_minus_start_from_the_lambda_zero_fit(tiny):
+    model, cfg = tiny
+    init = torch.full((1, 2, 2), 2.0)  # (restart, layer, head) logits: gates 0.88
+    ds = fit_chg(model, cfg, GateOptions(lr=0.05, init_steps=40, steps=1, restarts=1, batch_size=4, fit_batches=2,
+                                         eval_batches=1), init_logits=init)
+    moved = np.abs(ds.chg_init.values - torch.sigmoid(init).numpy()).max()
+    assert moved > 0.05  # the lambda = 0 stage moved the gates away from the draw ...
+    # ... and G+ and G- took one Adam update (at most lr in logit, so < 0.02 in gate) on from there
+    assert np.abs(ds.chg.values - ds.chg_init.values[..., None]).max() < 0.02
+
+
+def test_each_gate_set_is_clipped_by_its_own_norm():
+    # Two sets fitted together, one with gradients of norm ~100 and one of ~0.01: one shared
+    # norm would shrink the small set's steps 10^4-fold; per-set clipping leaves each as alone.
+    scale = torch.tensor([100.0, 0.01])[:, None, None]  # (S, 1, 1)
+    target = torch.tensor([[[1.0, -2.0], [3.0, 0.5]]])  # (1, L, H)
+
+    def objective(logits, step, sc=scale):
+        return (sc * (logits - target) ** 2 * (1 + step % 3)).flatten(1).sum(1)  # (S,)
+
+    opts = GateOptions(lr=1.0, grad_clip=1.0)
+    start = torch.zeros(2, 2, 2)
+    both, _ = _optimise(start, 10, opts, objective)
+    alone = torch.cat([_optimise(start[i:i + 1], 10, opts, lambda lg, s, i=i: objective(lg, s, scale[i:i + 1]))[0]
+                       for i in range(2)])
+    assert torch.equal(both, alone)
+    assert (both[1] - start[1]).abs().max() > 0.5  # the small set moved as far as its own norm allows
+
+
+def test_updates_cycle_through_the_fit_batches(tiny):
+    # Update s uses fit batch s mod fit_batches: two updates over 2 or 3 batches see the same
+    # two batches (the same gates); over 1 batch, the second update sees batch 0 again.
+    model, cfg = tiny
+
+    def gates(fit_batches: int) -> np.ndarray:
+        opts = GateOptions(init_steps=2, steps=1, restarts=1, batch_size=4, fit_batches=fit_batches, eval_batches=1)
+        return fit_chg(model, cfg, opts, init_logits=torch.zeros(1, 2, 2)).chg_init.values
+
+    two = gates(2)
+    np.testing.assert_array_equal(gates(3), two)
+    assert np.abs(gates(1) - two).max() > 1e-4
