@@ -412,3 +412,104 @@ def test_low_data_pool_draws_train_rows_from_a_fixed_pool():
     # eval and probe stay fresh, and the data hash tells the low-data run apart
     assert len({tuple(r) for r in make_batch(cfg, "eval", 0, 16).tokens}) > 5
     assert data_hash(cfg) != data_hash(from_dict({"task": {"name": "induction"}, "model": {"context": 32}}))
+
+
+# ----------------------------------------------------------------------------- generator outputs pinned
+
+GOLDEN = {  # sha256 of train/eval/probe batches at step 3 (tokens, repeat_mask, component), and data_hash
+    "induction": ("5b49a77e1be98540", "c2a985d383f5b9e0"),
+    "offset_copy": ("3748f746d6cacd33", "a55bbc7d7dc7e59d"),
+    "markov": ("93af84b4fae9802b", "ec181987573b1ac5"),
+    "slash_text": ("e85dbb0562dd027b", "3dd688af5d977ee4"),
+    "mixture": ("c54baeb2606f3075", "8be19bd96c707991"),
+}
+
+
+@pytest.mark.parametrize("name", list(GOLDEN))
+def test_a_generator_whose_output_changes_changes_its_data_hash(name):
+    # data_hash stands for the data in run ids and resumes: a generator edited without a
+    # GENERATOR_VERSIONS bump trains other data under the same hash, and resumes old runs on it.
+    # Whoever changes a generator's output on purpose bumps its version and re-pins both here.
+    # (The corpus is this Python's standard library: its bytes are the machine's, not pinned.)
+    import hashlib
+
+    cfg = cfg_for(name, context=48, **ALL[name])
+    h = hashlib.sha256()
+    for split in ("train", "eval", "probe"):
+        b = make_batch(cfg, split, 3, 8)
+        h.update(b.tokens.tobytes() + b.repeat_mask.tobytes() + b.component.tobytes())
+    assert (h.hexdigest()[:16], data_hash(cfg)[:16]) == GOLDEN[name]
+
+
+def test_induction_draws_every_period_from_min_to_max_equally():
+    cfg = cfg_for("induction", min_period=3, max_period=6, context=16)
+    b = make_batch(cfg, "train", 0, 4000)
+    periods = np.argmax(b.repeat_mask, axis=1) + 1  # the first target that repeats is at t + 1 = P
+    counts = np.bincount(periods, minlength=7)[3:]
+    assert counts.sum() == 4000 and (counts > 0).all() and len(counts) == 4
+    assert np.abs(counts / 4000 - 0.25).max() < 0.03  # 4.4 standard deviations of a share of 4000 rows
+
+
+def test_induction_segments_as_long_as_the_vocabulary_are_permutations_and_drawn_blockwise(monkeypatch):
+    # Over 1024 tokens a segment was drawn i.i.d. and its repeats redrawn until none remained: a
+    # coupon collector's endgame as the segment nears the vocabulary (43 s a batch of 32 at 2048 of
+    # 2048). Those configs now draw a permutation's prefix, and their data hash says so.
+    from dynamics.tasks import induction
+
+    cfg = cfg_for("induction", vocab=2048, min_period=2, max_period=2048, context=4096)
+    b = make_batch(cfg, "train", 0, 4)
+    for row, p in zip(b.tokens, np.argmax(b.repeat_mask, axis=1) + 1, strict=True):
+        assert len(np.unique(row[:p])) == p
+    assert induction.permutation_sampler(2048, 2048) and not induction.permutation_sampler(1024, 2048)
+    assert induction.permutation_sampler(1024, 1024)  # small vocabularies: always
+    from dynamics.tasks.hashing import _sha
+
+    def unmarked(max_period):  # the hash as it was before: every other config keeps it, runs resume
+        params = {"vocab_size": 2048, "min_period": 2, "max_period": max_period}
+        return _sha({"task": "induction", "version": 1, "params": params})
+
+    assert data_hash(cfg) != unmarked(2048)
+    assert data_hash(cfg_for("induction", vocab=2048, min_period=2, max_period=1024, context=2048)) == unmarked(1024)
+    # Blockwise is the same draws in the same order as all at once: the same tokens as before
+    whole = np.argsort(np.random.default_rng(5).random((37, 50)), axis=1)[:, :20]
+    monkeypatch.setattr(induction, "SORT_BLOCK", 150)  # 3 rows a block
+    np.testing.assert_array_equal(induction._permutation_prefix(np.random.default_rng(5), 37, 20, 50), whole)
+
+
+def test_each_thread_keeps_one_low_data_pool():
+    # A sweep worker's thread trains pooled runs one after another; a cache of every pool made kept
+    # each seed's pool for the worker's life. Threads side by side keep their own.
+    import threading
+
+    from dynamics.tasks import batch
+
+    cfgs = [from_dict({"task": {"name": "induction", "pool_size": 5}, "model": {"context": 32}, "train": {"seed": s}})
+            for s in (0, 1)]
+    first = batch._pool(cfgs[0])
+    assert batch._pool(cfgs[0]) is first  # kept while its run trains
+    batch._pool(cfgs[1])
+    assert batch._pool(cfgs[0]) is not first  # the next run's pool replaced it
+    mine = batch._pool(cfgs[0])
+    other = {}
+    thread = threading.Thread(target=lambda: other.update(pool=batch._pool(cfgs[1]), again=batch._pool(cfgs[1])))
+    thread.start()
+    thread.join()
+    assert other["again"] is other["pool"] and batch._pool(cfgs[0]) is mine
+
+
+def test_a_standard_library_directory_that_cannot_be_listed_is_refused_not_skipped(tmp_path, monkeypatch):
+    # os.walk skips a directory it cannot list unless told otherwise: the corpus was then made of
+    # the rest, in silence, under a content hash of its own. A root that is not there is the one
+    # listing failure a root process meets here; the same handler names an unreadable folder.
+    import functools
+
+    from dynamics.config import ConfigError
+    from dynamics.tasks import corpus
+
+    gone = tmp_path / "lib"
+    monkeypatch.setattr(corpus, "_stdlib_root", lambda: str(gone))
+    monkeypatch.setattr(corpus, "_corpus_files", functools.lru_cache(maxsize=1)(corpus._corpus_files.__wrapped__))
+    with pytest.raises(ConfigError) as e:
+        tasks.check(cfg_for("corpus"))
+    assert str(e.value) == (f"task.name: the corpus task cannot list the standard-library directory {gone}: "
+                            f"No such file or directory")

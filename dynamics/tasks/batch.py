@@ -3,6 +3,7 @@ low-data training pool, and the dispatch of mixture rows to the task generators.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,7 +175,8 @@ def check_read(cfg: RunConfig) -> None:
 
 
 _POOL_KEY = 7919  # distinct SeedSequence entropy for drawing rows from the low-data pool
-_POOLS: dict[str, Batch] = {}
+_POOLS = threading.local()
+"""Per thread, the last pool made: ``key`` and ``batch``."""
 
 
 def _pool(cfg: RunConfig) -> Batch:
@@ -183,10 +185,16 @@ def _pool(cfg: RunConfig) -> Batch:
     from dataclasses import asdict, replace
 
     key = json.dumps([asdict(cfg.task), cfg.model.context, cfg.model.vocab_size, cfg.train.seed], sort_keys=True)
-    if key not in _POOLS:
+    if getattr(_POOLS, "key", None) != key:
+        # One pool per thread: a sweep worker's thread trains its runs one after another, each
+        # seed its own pool, and a cache of every pool made kept them all (the memory check counts
+        # one run's). Per thread, so that threads training pooled runs side by side do not evict
+        # each other's pool at every step.
+        _POOLS.key = _POOLS.batch = None  # the old pool freed before the new one is made
         unpooled = replace(cfg, task=replace(cfg.task, pool_size=0))
-        _POOLS[key] = make_batch(unpooled, "train", 0, cfg.task.pool_size)
-    return _POOLS[key]
+        _POOLS.batch = make_batch(unpooled, "train", 0, cfg.task.pool_size)
+        _POOLS.key = key
+    return _POOLS.batch
 
 
 # ----------------------------------------------------------------------------- dispatch

@@ -40,7 +40,12 @@ def _corpus_files() -> _Corpus:
     """Read the corpus once per process (about 30 MB for CPython 3.11)."""
     root = _stdlib_root()
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):  # does not follow directory symlinks
+
+    def unlisted(e: OSError) -> None:  # os.walk skipped a directory it could not list, in silence
+        raise ConfigError(f"task.name: the corpus task cannot list the standard-library directory {e.filename}: "
+                          f"{e.strerror or e}")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unlisted):  # does not follow directory symlinks
         dirnames[:] = [d for d in dirnames if d not in _EXCLUDED_DIRS]
         for name in filenames:
             full = os.path.join(dirpath, name)

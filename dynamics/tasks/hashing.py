@@ -8,6 +8,7 @@ import json
 from dynamics.config import RunConfig
 from dynamics.tasks.batch import _mixture_weights
 from dynamics.tasks.corpus import _corpus_hash
+from dynamics.tasks.induction import permutation_sampler
 from dynamics.tasks.slash_text import _slash_pool
 
 # Bump a task's version whenever the arrays it produces for a given config change; the
@@ -73,4 +74,6 @@ def _component_hash(cfg: RunConfig, name: str) -> str:
             "offset_copy": {"vocab_size": V, "delta": t.delta, "p": t.p},
             "markov": {"vocab_size": V, "order": t.markov_order, "branching": t.markov_branching},
         }[name]
+        if name == "induction" and V > 1024 and permutation_sampler(t.max_period, V):
+            params["sampler"] = "permutation"  # these drew i.i.d. with redraws before; every other config's hash stays
     return _sha({"task": name, "version": GENERATOR_VERSIONS[name], "params": params})
