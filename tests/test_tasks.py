@@ -513,3 +513,26 @@ def test_a_standard_library_directory_that_cannot_be_listed_is_refused_not_skipp
         tasks.check(cfg_for("corpus"))
     assert str(e.value) == (f"task.name: the corpus task cannot list the standard-library directory {gone}: "
                             f"No such file or directory")
+
+
+def test_corpus_window_starts_are_uniform_over_every_valid_start(tmp_path, monkeypatch):
+    # A tiny standard library whose every byte says where it is: a window's first byte is its
+    # start. 50 + 30 valid starts of 11-byte windows, each drawn 1/80 of the time, the first and
+    # the last of each file included (a start pinned to 0, or an off-by-one at the end, failed).
+    import functools
+
+    from dynamics.tasks import corpus
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "a.py").write_bytes(bytes(range(0, 60)))
+    (lib / "b.py").write_bytes(bytes(range(100, 140)))
+    monkeypatch.setattr(corpus, "_stdlib_root", lambda: str(lib))
+    monkeypatch.setattr(corpus, "_corpus_files", functools.lru_cache(maxsize=1)(corpus._corpus_files.__wrapped__))
+    windows = corpus._corpus(np.random.default_rng(0), 40_000, 11, 0.0, "train")  # (n, 11)
+    first = windows[:, 0]
+    assert (windows - first[:, None] == np.arange(11)[None, :]).all()  # inside one file
+    starts = sorted(set(range(0, 50)) | set(range(100, 130)))
+    counts = np.array([(first == s).sum() for s in starts])
+    assert counts.sum() == 40_000  # no start outside those
+    assert np.abs(counts / 40_000 - 1 / 80).max() < 0.003  # 5 standard deviations of a share of 1/80
