@@ -366,7 +366,9 @@ def cmd_gates(args: argparse.Namespace) -> int:
     run_id = args.run or (runs[0] if len(runs) == 1 else None)
     if run_id not in runs:
         raise UsageError(f"no run {args.run!r} in {args.store}" if args.run else
-                         f"{args.store} holds {len(runs)} runs; choose one with --run ({', '.join(runs[:8])})")
+                         f"{args.store} holds {len(runs)} runs; choose one with --run ({', '.join(runs[:8])}"
+                         + (f", and {len(runs) - 8} more: dynamics status {args.store} lists them)" if len(runs) > 8
+                            else ")"))
     attrs = store.run_attrs(args.store, run_id)
     cfg = recorded_config(attrs.get("config"), f"run {run_id} in {args.store}")
     # Component names are checked against the run before the model is loaded or anything fitted.

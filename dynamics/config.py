@@ -16,9 +16,9 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import tomllib
 import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -450,6 +450,12 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     -------
     >>> cfg = load_config("experiments/induction.toml", ["train.steps=50"])  # doctest: +SKIP
     """
+    # Python's own errors named neither argument ("'int' object has no attribute 'partition'"), and
+    # a string was iterated character by character ("--set 't': expected section.key=value")
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"config path: expected a str or path-like, got {type(path).__name__} {path!r}")
+    if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(f"overrides: expected a list of 'section.key=value' strings, got {overrides!r}")
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory, not a config file")
@@ -463,8 +469,6 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"{path}: not UTF-8 text (TOML is UTF-8): byte {e.start}") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
-    if isinstance(overrides, (str, Mapping)):  # iterated, a string is its characters: "--set 't': expected ..."
-        raise ConfigError(f"overrides: expected a list of 'section.key=value' strings, got {overrides!r}")
     given: set[str] = set()
     for text in overrides:
         key, value = parse_override(text)

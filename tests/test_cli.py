@@ -325,6 +325,21 @@ def test_a_run_whose_recorded_config_this_version_cannot_read_is_named(tiny, tmp
     one_line_exit_2(cli_in_process("gates", s, "--steps", "2", "--restarts", "1"), f"run {rid} in {s}: {needle}")
 
 
+def test_gates_without_run_on_a_store_of_many_runs_says_how_many_it_did_not_name(tiny, tmp_path):
+    # "holds 12 runs; choose one with --run (8 ids)": four runs left out, unsaid
+    import shutil
+
+    _, _, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    [rid] = store.list_runs(s)
+    for i in range(9):  # group names are all list_runs reads
+        shutil.copytree(s / "runs" / rid, s / "runs" / f"copy{i}")
+    runs = store.list_runs(s)
+    one_line_exit_2(cli_in_process("gates", s), f"{s} holds 10 runs; choose one with --run ({', '.join(runs[:8])}, "
+                                                 f"and 2 more: dynamics status {s} lists them)")
+
+
 def test_a_run_an_earlier_version_made_with_a_long_id_stays_usable(tiny, tmp_path):
     # Ids of 129 to 255 bytes were accepted once: their runs must still read, resume and skip.
     _, cfg, _ = tiny

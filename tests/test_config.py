@@ -1,6 +1,7 @@
 """Config: TOML in, overrides, and one-line errors that name the key."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -333,3 +334,12 @@ def test_replace_section_checks_types_as_a_file_would():
     assert replace_section(RunConfig(), "train", steps=5).train.steps == 5
     with pytest.raises(ConfigError, match="expected a RunConfig"):
         check({"train": {}})
+
+
+def test_load_config_names_an_argument_of_the_wrong_type():
+    # Python's own errors named neither argument: "'int' object has no attribute 'partition'"
+    with pytest.raises(ConfigError, match="^config path: expected a str or path-like, got int 5$"):
+        load_config(5)
+    for overrides in ([5], 5):
+        with pytest.raises(ConfigError, match="^overrides: expected a list of 'section.key=value' strings, got "):
+            load_config(Path(__file__).parents[1] / "experiments" / "quickstart.toml", overrides)

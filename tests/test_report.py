@@ -293,11 +293,13 @@ def _unwritten_run(path, status: str) -> None:
                     attrs={"status": status, "config": cfg.to_dict()}).finalize()
 
 
-def test_store_with_a_just_started_run_names_every_missing_part(tmp_path):
+def test_store_with_a_just_started_run_names_every_missing_part(tmp_path, monkeypatch):
     path = tmp_path / "s.zarr"
     _unwritten_run(path, "running")
+    monkeypatch.chdir(tmp_path)
     with store.run_lock(path, "r0"):  # its trainer is alive: it holds the run's training lock
-        page = write_report(path, tmp_path / "out")
+        page = write_report("s.zarr", "out")  # relative, as write_report's example
+    assert page == tmp_path / "out" / "index.html" and page.as_uri()  # a relative page had no URI
     text = page.read_text()
     for needle in ("Not available: attention maps because run r0 (running) has no recorded snapshot yet",
                    "Not available: emergence curves for 1 run(s)",

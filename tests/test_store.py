@@ -115,6 +115,29 @@ def test_open_run_is_lazy_and_picks_the_only_run(tmp_path):
     assert store.list_runs(path) == ["only", "other"]
 
 
+def test_readers_name_a_wrong_argument_for_what_it_is(tmp_path):
+    # A list for a run id read "no run ['only'] in S; runs: only"; run_ids=5 was Python's
+    # "'int' object is not iterable"; a mistyped path said "not a dynamics store" where the
+    # command line said the path does not exist; a run's own folder read as no store at all.
+    path = tmp_path / "s.zarr"
+    write_run(path, "only")
+    with pytest.raises(TypeError, match=r"^run_id: expected a run id \(a str\), got list \['only'\]$"):
+        store.open_run(path, ["only"])
+    for bad in (5, ["only", 5]):
+        with pytest.raises(TypeError, match="^run_ids: expected a list of run ids"):
+            store.open_sweep(path, run_ids=bad)
+    assert store.open_sweep(path, run_ids=("only",)).sizes["run"] == 1
+    with pytest.raises(StoreError, match=f"^no store at {tmp_path}/s.zar: the path does not exist$"):
+        store.open_run(tmp_path / "s.zar")
+    with pytest.raises(StoreError) as e:
+        store.open_run(path / "runs" / "only" / "attention")
+    assert str(e.value) == (f"not a dynamics store: {path}/runs/only/attention is inside the store {path}, in its run "
+                            f"only; open_run({str(path)!r}, 'only') opens that run")
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(StoreError, match=f"^not a dynamics store: {tmp_path}/notes$"):
+        store.open_run(tmp_path / "notes")
+
+
 def test_init_store_refuses_foreign_paths_and_leaves_them_alone(tmp_path):
     file = tmp_path / "notes.txt"
     file.write_text("keep me")
@@ -264,7 +287,7 @@ def test_a_store_whose_root_metadata_is_unreadable_is_named_as_damaged_and_left_
         with pytest.raises(StoreError, match="root metadata zarr.json cannot be read"):
             call()
     assert root.read_bytes() == damaged
-    with pytest.raises(StoreError, match="^not a dynamics store"):
+    with pytest.raises(StoreError, match="^no store at .*elsewhere: the path does not exist$"):
         store.check_store(tmp_path / "elsewhere")
 
 

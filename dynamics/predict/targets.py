@@ -201,8 +201,11 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
         raise PredictError(f"target {options.target!r}: {n} labelled head(s), need at least {options.min_heads}")
     values = np.unique(cat["target"])
     if values.size < 2:
+        # The default target (slash) is constant on a store of a task without slash heads, the
+        # demo's included: the other targets are the next thing to try
+        others = ", ".join(t for t in TARGETS if t != options.target)
         raise PredictError(f"target {options.target!r} is constant: every one of {n} heads has the value "
-                           f"{class_name(options.target, values[0])}")
+                           f"{class_name(options.target, values[0])}; another --target ({others}) may vary here")
     if len(set(cat["row_group"])) < 2:
         raise PredictError(f"target {options.target!r}: labelled heads fall in one group, so cross-validation is impossible")
     ds = xr.Dataset(

@@ -148,7 +148,7 @@ def write_report(
             shutil.rmtree(stage, ignore_errors=True)
             raise
         _remove_earlier_reports(out, keep=stage.name, linked=earlier)
-        return page
+        return page.absolute()  # as_uri(), as its example does, needs an absolute path
 
 
 def _read_runs(store_path, ids: list[str], index: dict | None, compute_missing: bool,

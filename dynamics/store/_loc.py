@@ -303,6 +303,8 @@ def _default_run(loc: _Loc, run_id: str | None) -> str:
         if not runs:
             raise StoreError(f"no runs in {loc}")
         raise StoreError(f"{loc} holds {len(runs)} runs; pass run_id, one of: {', '.join(runs)}")
+    if not isinstance(run_id, str):  # "no run ['r1'] in S; runs: r1" named the run it then listed
+        raise TypeError(f"run_id: expected a run id (a str), got {type(run_id).__name__} {run_id!r}")
     # Only this run's own group is looked at: another run's damage is no reason to refuse this one.
     named = isinstance(run_id, str) and bool(_NAME.match(run_id)) and run_id != "zarr.json"
     if not (named and _group_exists(loc, f"runs/{run_id}")):

@@ -148,6 +148,8 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
         present = _children(loc, "runs", damaged="include")
         if isinstance(run_ids, str):  # iterated, a run id is its characters: "no run(s) 'r', '5', ..."
             raise StoreError(f"run_ids: expected a list of run ids, got the string {run_ids!r}")
+        if not isinstance(run_ids, (list, tuple, np.ndarray)) or not all(isinstance(r, str) for r in run_ids):
+            raise TypeError(f"run_ids: expected a list of run ids (str), got {type(run_ids).__name__} {run_ids!r}")
         # a run twice on the run dim would count twice in every mean or groupby over runs
         twice = sorted({r for r in run_ids if list(run_ids).count(r) > 1})
         if twice:

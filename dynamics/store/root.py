@@ -240,7 +240,7 @@ def _require_store(loc: _Loc) -> None:
     except Exception:  # unreachable remote, bad URL: as is_store, not a store we can use
         root = None
     if root is None:
-        raise StoreError(_unreadable_root(loc) or f"not a dynamics store: {loc}")
+        raise StoreError(_unreadable_root(loc) or _not_a_store(loc))
     _check_version(loc, root)
     # runs/ only: every command reads it; analysis/ and derived/ are checked by what writes them
     # (init_store, check_folders), so a damaged derived/ does not stop `status` reading the runs
@@ -259,6 +259,20 @@ def damaged_root(path: str | os.PathLike) -> str | None:
     restore, which "not a dynamics store" would hide.
     """
     return _unreadable_root(_Loc(path))
+
+
+def _not_a_store(loc: _Loc) -> str:
+    """Why ``loc`` is no store, as the command line says it: a mistyped path is not there at all,
+    and a run's folder inside a store is named with the store and run to open instead."""
+    if loc.local is None:
+        return f"not a dynamics store: {loc}"
+    if not loc.local.exists():
+        return f"no store at {loc}: the path does not exist"
+    for inner, parent in zip((loc.local, *loc.local.parents), loc.local.parents, strict=False):  # (folder, its parent)
+        if parent.name == "runs" and is_store(parent.parent):
+            return (f"not a dynamics store: {loc} is inside the store {parent.parent}, in its run {inner.name}; "
+                    f"open_run({str(parent.parent)!r}, {inner.name!r}) opens that run")
+    return f"not a dynamics store: {loc}"
 
 
 def _unreadable_root(loc: _Loc) -> str | None:
