@@ -15,7 +15,7 @@ Store layout (a Zarr v3 group; see dynamics/store/)::
 
 STORE_VERSION = 1
 
-ANALYSIS_VERSION = 7
+ANALYSIS_VERSION = 8
 """Stamped on every analysis (attr ``analysis_version``) and raised whenever what the analysers
 compute changes; readers recompute a stored analysis of another version rather than mix it with
 this one's, and `dynamics.store.open_analysis` warns on one (version 2: slash window up to T // 2,
@@ -26,7 +26,8 @@ fewer than two heads, ``winner_take_all`` NaN for a layer of one head, where bot
 version 6: the slash role leaves out only the offsets a sink or uniform attention passes, where
 a window reaching them blanked it for every head; version 7: ``slash_dominant`` and
 ``token_dominant`` float, NaN where undefined, and left out of the dominant shares, where they
-read False and counted as 0).
+read False and counted as 0; version 8: ``layer_bifurcation_step``, the rule on each layer's own
+divergence).
 Defined here, not in the analysers, so the store can tell a stale analysis without importing
 them."""
 

@@ -59,6 +59,17 @@ def analysis_failures(rows: list[dict]) -> list[str]:
     return failed
 
 
+def _bifurcation(step: int | str | None, layers: list | None) -> str:
+    """The bifurcation cell: the model's step, then each layer's where one differs from it
+    (``never (by layer: 32, 100)``); an analysis stored before layers had their own, the model's alone."""
+    def said(s):
+        return "never" if s is None else str(s)
+
+    if not layers or all(s == step for s in layers):
+        return said(step)
+    return f"{said(step)} (by layer: {', '.join(map(said, layers))})"
+
+
 def print_analysis(rows: list[dict], path: str | None = None, pending: bool = False) -> None:
     from dynamics import store
     from dynamics.status import grid_key, row_labels
@@ -88,14 +99,16 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
                           f"not analysed ({r.get('reason', 'unfinished')})"])
             continue
         roles = " ".join(f"{k}:{v}" for k, v in sorted(r["roles"].items(), key=lambda kv: -kv[1]))
-        bif = "never" if r["bifurcation_step"] is None else str(r["bifurcation_step"])
+        bif = _bifurcation(r["bifurcation_step"], r.get("layer_bifurcation_steps"))
         div, red = r["final_divergence"], r["redundancy"]
         table.append([r["run"], *point, r["status"], bif, div if isinstance(div, str) else f"{div:.3f}",
                       red if isinstance(red, str) else f"{red:.2f}", str(r["slash_dominant"]), roles])
     print_table(header, table)
     if any(not r.get("skipped") for r in rows):  # the columns, once, under the table
-        print("bifurcation: step the heads' divergence left its early band (split, or collapsed); divergence: mean "
-              "within-layer JS distance at the last snapshot; redundancy: share of heads with a near-duplicate there; "
+        print("bifurcation: step the heads' divergence (the mean over layers) left its early band (split, or "
+              "collapsed), and by layer each layer's own where one differs (a layer can leave its band while the mean "
+              "does not); "
+              "divergence: mean within-layer JS distance at the last snapshot; redundancy: share of heads with a near-duplicate there; "
               "slash_dom: heads slash-dominant there; final roles: heads per role there")
     if any(r.get("final_divergence") == "undefined" for r in rows):
         lone = any(r.get("redundancy") == "undefined" for r in rows)

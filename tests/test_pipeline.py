@@ -214,12 +214,42 @@ def test_the_bifurcation_band_spans_the_baseline_snapshots_of_the_options():
     assert float(two.bifurcation_step) == 20.0 and two.attrs["baseline_snapshots"] == 2
 
 
+def test_layers_that_split_and_merge_at_once_bifurcate_where_their_mean_does_not(capsys):
+    # Layer 0's heads split at step 30 (head 1 turns into a sink) as layer 1's merge (its sink
+    # turns uniform): the mean over layers stays at D / 2 and never leaves its band, so the run
+    # read "bifurcation never" while both layers plainly left theirs at step 30.
+    from dynamics.tables import print_analysis
+
+    ds = uniform_and_sink(6, np.arange(100, 120).reshape(2, 10), sink_from=3)
+    other = ds.attention.isel(layer=[0]).values.copy()
+    other[:, 0, 1] = ds.attention.values[::-1][:, 0, 1]  # head 1 a sink until snapshot 3, then uniform
+    ds = xr.Dataset({"attention": xr.concat([ds.attention, ds.attention.copy(data=other)], "layer"),
+                     "importance": xr.concat([ds.importance] * 2, "layer"), "probe_tokens": ds.probe_tokens})
+    r = analyse_run(ds).load()
+    d = float(r.within_layer_divergence.isel(snapshot=-1, layer=0))
+    np.testing.assert_allclose(r.within_layer_divergence.sel(layer=0), [0, 0, 0, d, d, d], atol=1e-12)
+    np.testing.assert_allclose(r.within_layer_divergence.sel(layer=1), [d, d, d, 0, 0, 0], atol=1e-12)
+    np.testing.assert_allclose(r.mean_divergence, d / 2, atol=1e-12)
+    assert np.isnan(r.bifurcation_step)
+    np.testing.assert_array_equal(r.layer_bifurcation_step, [30.0, 30.0])
+    row = summary_row(r)
+    assert row["bifurcation_step"] is None and row["layer_bifurcation_steps"] == [30, 30]
+    print_analysis([{"run": "ra", "status": "completed", **row}])
+    table = capsys.readouterr().out.splitlines()
+    assert "never (by layer: 30, 30)" in table[1]
+    one = summary_row(analyse_run(ds.isel(layer=[0])).load())  # one layer: its step is the model's
+    assert one["bifurcation_step"] == 30 and one["layer_bifurcation_steps"] == [30]
+    print_analysis([{"run": "rb", "status": "completed", **one}])
+    assert capsys.readouterr().out.splitlines()[1].split()[2] == "30"
+
+
 def test_summary_bifurcation_is_undefined_not_never_with_one_head_per_layer():
     # One head per layer: no pair of heads, no divergence curve, so no bifurcation step to
     # find. The analyse table printed "never" (None) for it, as for a curve that never departs.
     one_head = analyse_run(sweep_like().sel(run="a", drop=True).isel(head=[0])).load()
     assert one_head["mean_divergence"].isnull().all()
     assert summary_row(one_head)["bifurcation_step"] == "undefined"
+    assert summary_row(one_head)["layer_bifurcation_steps"] == ["undefined"] * one_head.sizes["layer"]
     flat = analyse_run(sweep_like().sel(run="a", drop=True)).load()
     assert np.isnan(flat["bifurcation_step"]) and flat["mean_divergence"].notnull().all()
     assert summary_row(flat)["bifurcation_step"] is None

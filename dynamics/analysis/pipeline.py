@@ -124,7 +124,8 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     ``slash_dominant_share`` / ``token_dominant_share`` / ``winner_take_all``
     (snapshot, layer), ``js_distance`` (snapshot, layer, head, layer_b, head_b),
     ``within_layer_divergence`` (snapshot, layer), ``mean_divergence`` (snapshot),
-    ``divergence_from_init``, ``bifurcation_step`` (scalar), ``cluster``,
+    ``divergence_from_init``, ``bifurcation_step`` (scalar; of ``mean_divergence``),
+    ``layer_bifurcation_step`` (layer; of ``within_layer_divergence``), ``cluster``,
     ``redundancy_fraction`` (snapshot), ``attention_correlation`` (last snapshot), and when
     head weights were recorded ``qk_cosine`` and ``q_subspace_cos`` (snapshot, layer, head, head_b).
     ``slash_dominant`` and ``token_dominant`` are float 1 / 0, NaN where undefined (no offset
@@ -225,6 +226,10 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     out["mean_divergence"] = curve
     out["divergence_from_init"] = stage["from_init"]
     out["bifurcation_step"] = bifurcation_step(curve, n_baseline=opt.baseline_snapshots)
+    # Per layer too: layers whose heads move apart while another's move together can leave the
+    # mean in its band (a run with four induction heads read "never"; its layers left theirs at
+    # steps 32 and 100)
+    out["layer_bifurcation_step"] = bifurcation_step(out["within_layer_divergence"], n_baseline=opt.baseline_snapshots)
     out["winner_take_all"] = winner_take_all(_in_blocks(ds["importance"]))
 
     clusters = cluster_heads(jsd, threshold=opt.cluster_threshold)
@@ -327,6 +332,8 @@ def summary_row(result: xr.Dataset) -> dict:
     "undefined" too: NaN there means no pair of heads, not a distance. ``redundancy`` is
     "undefined" when the model has fewer than two heads (no pair to be redundant), and
     ``slash_dominant`` (a count of heads) when no head has a slash offset scored.
+    ``layer_bifurcation_steps`` is ``bifurcation_step`` per layer (a list, in layer order), or
+    None for an analysis stored before it was computed.
     """
     from dynamics.analysis.roles import role_names
 
@@ -336,19 +343,27 @@ def summary_row(result: xr.Dataset) -> dict:
     no_pairs = not bool(result["mean_divergence"].notnull().any())
     redundancy = float(last["redundancy_fraction"].values)
     flags = np.asarray(last["slash_dominant"].values, dtype=np.float64)
-    bif = float(result["bifurcation_step"].values)
-    if np.isnan(bif):
-        bif = "undefined" if no_pairs else None
-    else:
-        bif = int(bif)
     return {
-        "bifurcation_step": bif,
+        "bifurcation_step": _step_or_why(result["bifurcation_step"], result["mean_divergence"]),
+        "layer_bifurcation_steps": None if "layer_bifurcation_step" not in result else [
+            _step_or_why(step, curve) for step, curve in zip(result["layer_bifurcation_step"].transpose(LAYER),
+                                                             result["within_layer_divergence"].transpose(LAYER, ...),
+                                                             strict=True)],
         "final_divergence": "undefined" if no_pairs else float(last["mean_divergence"].values),
         "redundancy": "undefined" if np.isnan(redundancy) else redundancy,
         # NaN: a sweep's padded head, or undefined (no offset scored): "undefined" if every head is
         "slash_dominant": int(np.nansum(flags)) if np.isfinite(flags).any() else "undefined",
         "roles": counts,
     }
+
+
+def _step_or_why(step: xr.DataArray, curve: xr.DataArray) -> int | str | None:
+    """A bifurcation step as the table says it: the step, None (never), or "undefined" where
+    there is no curve (no two heads to compare), which is not the same as never bifurcating."""
+    value = float(step.values)
+    if np.isnan(value):
+        return None if bool(curve.notnull().any()) else "undefined"
+    return int(value)
 
 
 STAGE_BYTES = 8 * 2**20
