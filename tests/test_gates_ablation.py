@@ -7,7 +7,6 @@ too, passed every test (a helper audit's mutations).
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -15,20 +14,9 @@ from dynamics.config import from_dict
 from dynamics.gates import HELDOUT_STEP, GateOptions, ablation_losses, head_ablation
 from dynamics.gates._engine import _batches
 from dynamics.train import build
+from tests.test_gates import TINY, one_thread  # noqa: F401 - one_thread: the module-scoped autouse fixture
 
-TINY = {
-    "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
-    "task": {"name": "mixture", "components": ["offset_copy", "markov"], "delta": 2},
-}
 OPTS = GateOptions(batch_size=4, eval_batches=2)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_mean_ablating_a_head_whose_z_ignores_the_input_changes_nothing():

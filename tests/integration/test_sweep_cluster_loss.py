@@ -56,10 +56,20 @@ def cluster(tmp_path):
         stop_all(procs, logs)
 
 
-def launch(config, out, scheduler_file: str, log) -> subprocess.Popen:
-    # Plain log lines (not a terminal), as a batch job's log has them
+def sweep_through(config, out, scheduler_file: str, log_path, run_id: str, then) -> tuple[int, str]:
+    """Launch `dynamics sweep` on the cluster, call ``then()`` once run ``run_id`` is mid-way, and
+    return the launcher's exit status and log (plain lines, not a terminal: a batch job's log)."""
     cmd = [sys.executable, "-m", "dynamics", "sweep", str(config), "--out", str(out), "--scheduler", scheduler_file]
-    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    with open(log_path, "w") as log:
+        launcher = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_until(lambda: training(out, run_id), f"run {run_id} mid-way", limit=120)
+            then()
+            rc = launcher.wait(timeout=180)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    return rc, log_path.read_text()
 
 
 def training(out, run_id: str) -> bool:
@@ -71,17 +81,8 @@ def test_a_lost_scheduler_reports_each_run_by_what_its_store_says(cluster, tmp_p
     config = write_config(tmp_path / "sweep.toml", {"train.seed": [0, 1]}, steps=1200)
     first, queued = expand_grid(load_config(config))
     out = tmp_path / "s.zarr"
-    log_path = tmp_path / "sweep.log"
-    with open(log_path, "w") as log:
-        launcher = launch(config, out, cluster.file, log)
-        try:
-            wait_until(lambda: training(out, first.run_id), "the first run mid-way", limit=120)
-            cluster.scheduler.send_signal(signal.SIGKILL)
-            rc = launcher.wait(timeout=180)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-    text = log_path.read_text()
+    rc, text = sweep_through(config, out, cluster.file, tmp_path / "sweep.log", first.run_id,
+                             lambda: cluster.scheduler.send_signal(signal.SIGKILL))
     assert rc == 1, text  # the queued point never ran
     lost = "its task was cancelled on the cluster (the launcher lost its scheduler)"
     assert f"[sweep] {queued.run_id} cancelled: {lost}; the same command resumes it" in text, text
@@ -101,18 +102,13 @@ def test_a_cluster_without_workers_says_so_and_the_run_resumes_on_a_new_one(clus
     (point,) = expand_grid(load_config(config))
     out = tmp_path / "s.zarr"
     log_path = tmp_path / "sweep.log"
-    with open(log_path, "w") as log:
-        launcher = launch(config, out, cluster.file, log)
-        try:
-            wait_until(lambda: training(out, point.run_id), "the run mid-way", limit=120)
-            os.kill(cluster.worker.pid, signal.SIGKILL)
-            wait_until(lambda: "no worker is connected" in log_path.read_text(), "the launcher's notice", limit=60)
-            cluster.spawn_worker()
-            rc = launcher.wait(timeout=180)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-    text = log_path.read_text()
+
+    def kill_the_worker_then_start_another() -> None:
+        os.kill(cluster.worker.pid, signal.SIGKILL)
+        wait_until(lambda: "no worker is connected" in log_path.read_text(), "the launcher's notice", limit=60)
+        cluster.spawn_worker()
+
+    rc, text = sweep_through(config, out, cluster.file, log_path, point.run_id, kill_the_worker_then_start_another)
     assert rc == 0, text
     assert ("[sweep] no worker is connected to the scheduler: the runs wait for one (Ctrl-C stops the sweep; "
             "its runs stay resumable)") in text
