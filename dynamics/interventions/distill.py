@@ -20,7 +20,10 @@ mapping (``map``):
 
 - ``layer``: student layer l copies teacher layer ``round(l (L_t - 1) / (L_s - 1))`` (depth-
   proportional, so unequal layer counts line up shallow-to-shallow and deep-to-deep); head h
-  copies head h for ``h < min(H_s, H_t)``, and the student's extra heads are left free;
+  copies head h for ``h < min(H_s, H_t)``, and the student's extra heads are left free. The
+  rounding is Python's, a half to the even layer, so a tie does not always go the same way (7
+  student layers onto 4: teacher layers 0, 0, 1, 2, 2, 2, 3); it is part of what runs recorded,
+  so it stays, and ``map = "heads"`` gives any other pairing;
 - ``heads``: an explicit list, each entry naming the teacher head either by position
   (``teacher_layer``, ``teacher_head``) or by ``role``: the teacher head whose final role label
   (``dynamics.analysis.assign_roles`` on the teacher's last recorded attention) is that role,

@@ -1,0 +1,149 @@
+"""Known answers for the intervention definitions tests/test_interventions.py left open.
+
+Each test failed under a mutation that left that file passing (a helper audit's): the cosine
+schedule's shape, the logits term off the schedule, the default ramp and stage lengths, the
+recorded weight a step late, the layer map's rounding, the learned-position context check, the
+per-head ``hard`` override, the conditioned gates' variance term and LayerNorms, and the EMA's
+two weights swapped (the existing test's decay of 0.5 is symmetric in them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dynamics import interventions
+from dynamics.config import ConfigError
+from dynamics.interventions import distill
+from dynamics.model import Transformer
+from dynamics.tasks import make_batch
+from dynamics.train import build, make_optimizer
+from tests.test_interventions import PINNED, _train_step, config, train
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory) -> str:
+    """A completed run to distil from: test_interventions' two-head templated teacher."""
+    path = tmp_path_factory.mktemp("teacher") / "teacher.zarr"
+    train(path, config({"templates": {"weight": 3.0, "heads": PINNED}}))
+    return str(path)
+
+
+def test_cosine_decay_is_half_at_the_midpoint_and_a_cosine_between():
+    f = interventions.schedule_factor
+    assert f("cosine_decay", 5, 10) == pytest.approx(0.5)
+    assert f("cosine_decay", 2, 10) == pytest.approx(0.5 * (1 + np.cos(np.pi * 0.2)))
+
+
+def test_a_warmup_without_ramp_steps_ramps_over_the_whole_run(teacher):
+    c = config({"templates": {"heads": PINNED, "schedule": "warmup"}})  # train.steps = 50
+    assert interventions.build(c, Transformer(c.model), CPU).parts[0].weight(25) == pytest.approx(0.5)
+    c = config({"distill": {"teacher": teacher, "schedule": "warmup"}})
+    assert interventions.build(c, Transformer(c.model), CPU).parts[0].head_weights(25).max() == pytest.approx(0.5)
+
+
+def test_shallow_first_stages_default_to_the_steps_over_the_layers_distilled(teacher):
+    c = config({"distill": {"teacher": teacher, "order": "shallow_first"}})
+    d = interventions.build(c, Transformer(c.model), CPU).parts[0]
+    assert d.head_weights(15)[1].max() == 0 and d.head_weights(16)[1].min() == 1  # 50 // 3 = 16
+
+
+def test_the_logits_term_is_t_squared_kl_at_the_schedules_weight(teacher):
+    # warmup over 10 steps, step 5: weight 2 x 0.5; temperature 2: tau^2 = 4
+    c = config({"distill": {"teacher": teacher, "attention_weight": 0.0, "logits_weight": 2.0, "temperature": 2.0,
+                            "schedule": "warmup", "ramp_steps": 10}})
+    model = build(c, CPU)
+    iv = interventions.build(c, model, CPU)
+    tokens = torch.from_numpy(make_batch(c, "train", 0, 4).tokens)  # (B, T+1)
+    with model.hooks(iv.fwd_hooks()):
+        logits = model(tokens[:, :-1])  # (B, T, V)
+    with torch.no_grad():
+        teacher = iv.parts[0].teacher(tokens[:, :-1])  # (B, T, V)
+    kl = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=teacher / 2),
+                                           torch.distributions.Categorical(logits=logits / 2)).mean()
+    torch.testing.assert_close(iv.loss(5, tokens, logits), 2.0 * 0.5 * 4.0 * kl)
+
+
+def test_the_recorded_distill_weight_is_the_weight_of_the_step_just_trained(teacher):
+    c = config({"distill": {"teacher": teacher, "schedule": "warmup", "ramp_steps": 10}})
+    model = build(c, CPU)
+    iv = interventions.build(c, model, CPU)
+    _train_step(c, model, iv, make_optimizer(c, model, iv.parameters()), 4)
+    probe = make_batch(c, "probe", 0, 2).tokens[:, :-1]
+    assert iv.snapshot(model, probe)["distill_weight"].max() == pytest.approx(0.4)
+
+
+def test_four_student_layers_map_depth_proportionally_onto_two(teacher):
+    c = config({"distill": {"teacher": teacher}}, model={"n_layers": 4, "n_heads": 1})
+    _, pairs = distill.resolve(interventions.parse(c).distill, c)
+    assert [p[2] for p in pairs] == [0, 0, 1, 1]  # round(l / 3): 0, 0.33, 0.67, 1
+
+
+def test_a_learned_position_teacher_of_a_shorter_context_is_refused(tmp_path):
+    path = tmp_path / "t.zarr"
+    train(path, config(model={"pos": "learned"}, train={"steps": 2}))
+    with pytest.raises(ConfigError, match="learned positions"):
+        interventions.check(config({"distill": {"teacher": str(path)}}, model={"context": 32}))
+
+
+def test_a_heads_own_hard_false_overrides_the_tables_hard_true():
+    c = config({"templates": {"hard": True, "heads": [{"layer": 0, "head": 0, "pattern": "uniform", "hard": False},
+                                                      {"layer": 0, "head": 1, "pattern": "uniform"}]}})
+    model = build(c, CPU)
+    iv = interventions.build(c, model, CPU)
+    tokens = torch.from_numpy(make_batch(c, "train", 0, 2).tokens[:, :-1])  # (B, T)
+    seen = {}
+    with torch.no_grad(), model.hooks(iv.eval_hooks()), \
+            model.hooks([("blocks.0.attn.hook_pattern", lambda t, name: seen.setdefault(name, t.clone()))]):
+        model(tokens)
+    pattern = seen["blocks.0.attn.hook_pattern"]  # (B, H, T, T)
+    uniform = torch.tensor(interventions.template_pattern("uniform", 16), dtype=torch.float32).expand(2, 16, 16)
+    assert torch.equal(pattern[:, 1], uniform)  # hard: the template is the pattern
+    assert not torch.equal(pattern[:, 0], uniform)  # soft: its own, pulled towards it by the loss
+
+
+def test_the_gate_ema_keeps_decay_of_the_old_and_one_minus_decay_of_the_new():
+    decay = 0.8  # 0.5, the other test's, reads the same with the two weights swapped
+    c = config({"conditioned_gates": {"conditioned": False, "init": 0.0, "ema_decay": decay}},
+               train={"lr": 0.1, "warmup_steps": 0})
+    model = build(c, CPU)
+    iv = interventions.build(c, model, CPU)
+    opt = make_optimizer(c, model, iv.parameters())
+    gates = iv.parts[0]
+    for s in range(3):
+        _train_step(c, model, iv, opt, s)
+        own = torch.sigmoid(gates.b.detach()).clone()  # the gate this step trained with
+        before = gates.ema.clone()
+        opt.step()
+    _train_step(c, model, iv, opt, 3)
+    assert not torch.allclose(own, before)
+    torch.testing.assert_close(gates.ema, decay * before + (1 - decay) * own)
+
+
+def test_conditioned_gates_and_their_variance_term_by_hand():
+    # gate = sigmoid(W . [LN(prefix mean of z); LN(prefix mean of the residual)] + b); the loss adds
+    # w x the mean over heads of the population variance over the batch of each row's mean gate
+    c = config({"conditioned_gates": {"layers": [1], "variance_weight": 0.7, "init": 0.3}})
+    model = build(c, CPU)
+    iv = interventions.build(c, model, CPU)
+    gates = iv.parts[0]
+    with torch.no_grad():
+        gates.W.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    tokens = torch.from_numpy(make_batch(c, "train", 0, 5).tokens)  # (B, T+1)
+    x = tokens[:, :-1]
+    _, cache = model.run_with_cache(x, ["blocks.1.hook_resid_pre", "blocks.1.attn.hook_z"])
+    z, resid = cache["blocks.1.attn.hook_z"], cache["blocks.1.hook_resid_pre"]  # (B, T, H, dh), (B, T, D)
+    n = torch.arange(1, 17.0).view(1, -1, 1, 1)  # positions seen so far, 1..T
+    features = torch.cat([F.layer_norm(z.cumsum(1) / n, (z.shape[-1],)),
+                          F.layer_norm(resid.cumsum(1) / n[..., 0], (resid.shape[-1],))[:, :, None].expand(-1, -1, 2, -1)],
+                         -1)  # (B, T, H, dh + D)
+    mean_gate = torch.sigmoid((features * gates.W[0].detach()).sum(-1) + 0.3).mean(1)  # (B, H)
+    with model.hooks(iv.fwd_hooks()):
+        logits = model(x)
+    torch.testing.assert_close(iv.loss(0, tokens, logits), 0.7 * mean_gate.var(0, unbiased=False).mean())
+    recorded = iv.snapshot(model, x.numpy())["conditioned_gate"][1]
+    np.testing.assert_allclose(recorded, mean_gate.T.detach().numpy(), atol=1e-6)
