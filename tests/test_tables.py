@@ -14,7 +14,7 @@ def test_analyse_table_of_a_one_head_model_prints_redundancy_undefined(capsys):
     header = lines[0].split()
     assert lines[1].split()[header.index("redundancy")] == "undefined"
     assert lines[2].split()[header.index("redundancy")] == "0.50"
-    assert lines[3].startswith("bifurcation: step the heads' divergence left its early band")  # the columns
+    assert lines[3].startswith("bifurcation: step the heads' divergence (the mean over layers) left its early band")  # the columns
     assert lines[4].endswith("redundancy between the heads of the model)")
 
 
