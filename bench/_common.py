@@ -51,3 +51,16 @@ def bad_input(message: str) -> int:
     """Print one line naming the problem; the exit code for bad input."""
     print(f"error: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def check_step_config(cfg, source: str) -> None:
+    """ConfigError for a config whose training step this bench's does not reproduce: interventions
+    add hooks and losses, and learned gates a regulariser and a hold, that only ``train_run``
+    applies; timed without them, the figures would not be train.py's step, as they claim to be."""
+    from dynamics.config import ConfigError
+
+    changes = [what for what, on in (("an [intervene] table", bool(cfg.intervene)),
+                                     ('learned gates (model.gates = "learned")', cfg.model.gates == "learned")) if on]
+    if changes:
+        raise ConfigError(f"{source}: {' and '.join(changes)} change{'' if len(changes) > 1 else 's'} train_run's step in ways this bench's step "
+                          f"does not apply; time such a config with `dynamics run` (its run's wall_time)")

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dynamics.train as train_mod  # noqa: E402
-from bench._common import Parser, at_least, bad_input, load_line  # noqa: E402
+from bench._common import Parser, at_least, bad_input, check_step_config, load_line  # noqa: E402
 from dynamics import checkpoint, store  # noqa: E402
 from dynamics.config import ConfigError, RunConfig, load_config, replace_section  # noqa: E402
 from dynamics.record import Recorder, coords, snapshot_steps, variables  # noqa: E402
@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         base = load_config(args.config) if args.config else RunConfig()
+        check_step_config(base, f"--config {args.config}")
         base = replace_section(base, "train", device=args.device, threads=args.threads)  # train_run applies it
         cfg = replace_section(base, "train", steps=args.steps)
         dense = replace_section(replace_section(base, "train", steps=args.dense_steps), "record", every=1, dense_until=0)

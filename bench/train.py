@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench._common import Parser, at_least, bad_input, load_line  # noqa: E402
+from bench._common import Parser, at_least, bad_input, check_step_config, load_line  # noqa: E402
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override, replace_section, with_values  # noqa: E402
 from dynamics.tasks import make_batch  # noqa: E402
 from dynamics.train import build, lr_at, make_optimizer, train_run  # noqa: E402
@@ -326,6 +326,7 @@ def threads_compare(args: argparse.Namespace, rounds: int) -> dict[str, float]:
 def make_cfg(args: argparse.Namespace) -> RunConfig:
     cfg = load_config(args.config, args.set) if args.config else \
         with_values(RunConfig(), dict(parse_override(t) for t in args.set))
+    check_step_config(cfg, f"--config {args.config}" if args.config else "--set")
     # train_run sets torch's threads from train.threads: keep it equal to --threads
     return replace_section(cfg, "train", device=args.device, threads=args.threads)
 

@@ -189,3 +189,53 @@ def test_rounding_compares_two_identical_diverged_runs_as_equal(tmp_path):
     shutil.copytree(a, b)
     got = bench_rounding.compare_run(a, b, result.run_id)
     assert got["attention"] == 0.0 and got["loss_rel"] == 0.0 and got["first_step"] is None
+
+
+@pytest.mark.parametrize("script, argv, printed", [
+    ("train.py", ["--steps", "1", "--repeats", "1", "--peak-n", "64", "--run-steps", "21", "--pairs", "1", "--no-threads"],
+     ["FLOPs/token = 6 x 102400 + 6 L (T+1) H d_head", "MFU = ", "2. where the step goes", "dense matmuls:",
+      "attention alone,", "profiler self time", "3. train_run(recording=False) step / bare step = "]),
+    ("train.py", ["--steps", "1", "--repeats", "1", "--peak-n", "64", "--no-train-run", "--no-threads", "--no-profile",
+                  "--set", "model.d_model=128", "--set", "model.d_mlp=512"],
+     ["d_model=128 H=4 d_head=32 d_mlp=512", "MFU = "]),
+    ("record.py", ["--steps", "20", "--dense-steps", "2", "--repeats", "1", "--calls", "1"],
+     ["1. end to end: train_run time / recording=False time", "every step, 2 steps, on, sync writes",
+      "2. per snapshot, each piece alone", "all, training thread"]),
+    ("store.py", ["--snapshots", "1", "--repeats", "1"],
+     ["blosc-zstd-5-shuffle", "<- store", "store uses: zstd-1", "least CPU within 5% of the best ratio: "]),
+    ("analysis.py", ["--skip-memory", "--steps", "30", "--rounds", "1", "--analyses", "1"],
+     ["1. time: analyse_store / train_run on the same store", "(goal <= 10%"]),
+    ("analysis.py", ["--skip-time", "--store-mb", "1", "--runs", "1", "--layers", "1", "--heads", "2", "--cap-mb", "256"],
+     ["2. memory: analyse_store", "under RLIMIT_AS = baseline address space + 256 MiB: finished"]),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_each_bench_runs_end_to_end_and_prints_what_readme_quotes(script, argv, printed):
+    # The other tests here check flags and formulas; a bench broken on its working path (a renamed
+    # import, a changed API) went unseen until someone re-measured README's Performance table.
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / script), *argv], capture_output=True, text=True,
+                       cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for needle in printed:
+        assert needle in r.stdout, (needle, r.stdout[-3000:])
+
+
+@pytest.mark.distributed
+def test_the_sweep_bench_runs_end_to_end_on_its_two_clusters():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "sweep.py"), "--runs", "2", "--steps", "10", "--repeat", "1"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for needle in ("2 runs x 10 steps, 1 worker(s): ", "2 runs x 10 steps, 2 worker(s): ", "with the cluster's start"):
+        assert needle in r.stdout, (needle, r.stdout)
+
+
+@pytest.mark.parametrize("main, argv, needle", [
+    (bench_train.main, ["--config", "experiments/templates.toml"], "--config experiments/templates.toml: an [intervene]"),
+    (bench_train.main, ["--set", "model.gates=learned"], '--set: learned gates (model.gates = "learned") changes'),
+    (bench_record.main, ["--config", "experiments/distill.toml"], "--config experiments/distill.toml: an [intervene]"),
+])
+def test_a_config_whose_step_the_bench_does_not_reproduce_is_refused(main, argv, needle, capsys, monkeypatch):
+    # The bench's step applied no intervention hooks or losses and no gate regulariser or hold:
+    # its figures for such a config were not train.py's step, as the bench says they are.
+    monkeypatch.chdir(ROOT)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
