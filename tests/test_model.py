@@ -248,3 +248,64 @@ def test_deterministic_init():
 def test_hookpoint_is_identity():
     x = torch.randn(2, 3)
     assert torch.equal(HookPoint()(x), x)
+
+
+# ----------------------------------------------------------------------------- known answers
+# Each of these failed under a mutation that every other test passed (a helper audit's): the
+# model's RoPE with rope_base ignored, or query positions shifted; a gate applied to another
+# head, to b_O, or shared after W_O; hook_z taken after the gate; init_scale on W_Q and W_K only.
+
+
+def one_layer(**kw) -> Transformer:
+    cfg = ModelConfig(**{"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab_size": V, "context": 12, **kw})
+    return Transformer(cfg, generator=torch.Generator().manual_seed(0)).double()
+
+
+@pytest.mark.parametrize("hooked_qk", [False, True], ids=["fused path", "q and k hooked"])
+def test_the_models_rope_is_apply_rope_at_positions_0_to_t_with_its_base(hooked_qk):
+    # apply_rope had tests of its own; the model rotates with its cached table, which none checked
+    m = one_layer(pos="rope", rope_base=37.0)
+    names = ["blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k", "blocks.0.hook_resid_pre"]
+    _, cache = m.run_with_cache(tokens(), names + (["blocks.0.attn.hook_q", "blocks.0.attn.hook_k"] if hooked_qk else []))
+    x = m.blocks[0].ln1(cache["blocks.0.hook_resid_pre"])  # (B, T, D)
+    for w, name in ((m.blocks[0].attn.W_Q, "q"), (m.blocks[0].attn.W_K, "k")):
+        unrotated = torch.einsum("btd,hde->bthe", x, w)  # (B, T, H, dh)
+        torch.testing.assert_close(cache[f"blocks.0.attn.hook_rot_{name}"], apply_rope(unrotated, torch.arange(T), 37.0))
+
+
+@pytest.mark.parametrize("gates", ["fixed", "learned"])
+def test_a_gate_scales_its_own_heads_output_before_w_o_and_not_the_bias(gates):
+    # gates (0, 0.7) equal a model with open gates whose W_O rows of each head are scaled by them
+    m, ref = one_layer(gates=gates), one_layer(gates=gates)
+    g = torch.tensor([0.0, 0.7], dtype=torch.float64)
+    with torch.no_grad():
+        if gates == "fixed":
+            m.blocks[0].attn.gate.copy_(g)
+        else:
+            m.blocks[0].attn.gate_logit.copy_(torch.tensor([-1e9, math.log(0.7 / 0.3)]))
+            ref.blocks[0].attn.gate_logit.fill_(1e9)  # sigmoid: 1
+        for model in (m, ref):
+            model.blocks[0].attn.b_O.copy_(torch.linspace(-1, 1, 16, dtype=torch.float64))
+        ref.blocks[0].attn.W_O.mul_(g[:, None, None])  # (H, dh, D)
+    torch.testing.assert_close(m(tokens()), ref(tokens()))
+
+
+def test_hook_z_is_the_pattern_times_v_before_the_gate():
+    m = one_layer(gates="learned")
+    with torch.no_grad():
+        m.blocks[0].attn.gate_logit.copy_(torch.tensor([-2.0, 1.0]))
+    names = ["blocks.0.attn.hook_pattern", "blocks.0.attn.hook_v", "blocks.0.attn.hook_z"]
+    _, cache = m.run_with_cache(tokens(), names)
+    z = cache["blocks.0.attn.hook_pattern"] @ cache["blocks.0.attn.hook_v"].transpose(1, 2)  # (B, H, T, dh)
+    torch.testing.assert_close(cache["blocks.0.attn.hook_z"], z.transpose(1, 2))
+
+
+@pytest.mark.parametrize("init", ["xavier_uniform", "xavier_normal", "normal"])
+def test_init_scale_scales_w_q_w_k_w_v_w_o_exactly_and_nothing_else(init):
+    a, b = (Transformer(ModelConfig(d_model=16, n_heads=2, d_mlp=32, vocab_size=V, init=init, init_scale=s, pos="learned"),
+                        generator=torch.Generator().manual_seed(0)).state_dict() for s in (1.0, 2.5))
+    for key in a:
+        if key.split(".")[-1] in ("W_Q", "W_K", "W_V", "W_O"):
+            torch.testing.assert_close(b[key], 2.5 * a[key])
+        else:
+            assert torch.equal(a[key], b[key]), key

@@ -140,3 +140,33 @@ def test_a_completed_run_whose_last_gradient_is_nan_is_not_called_damaged(tmp_pa
     (run / "grad_cosine" / "c" / str(last - 1) / "0" / "0" / "0").unlink()
     with pytest.raises(store.StoreError, match=rf"array grad_norm at snapshot {last - 1} \(step 8\)"):
         store.check_recorded(path, run_id)
+
+
+def test_the_probe_and_each_components_eval_loss_by_hand(tmp_path):
+    # Components' eval losses swapped, or eval and probe rows drawn from the train split, passed
+    # every other test (a helper audit's mutations).
+    import pytest
+    import torch
+    import torch.nn.functional as F
+
+    from dynamics import store
+    from dynamics.checkpoint import load_run_model
+    from dynamics.config import from_dict
+    from dynamics.tasks import make_batch
+    from dynamics.train import train_run
+
+    cfg = from_dict({"model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16,
+                               "context": 12},
+                     "task": {"name": "mixture", "components": ["induction", "markov"], "min_period": 3, "max_period": 5},
+                     "train": {"steps": 4, "batch_size": 4, "warmup_steps": 1, "eval_batches": 2},
+                     "record": {"dense_until": 2, "every": 2, "n_probe": 2, "eval_batch_size": 3}})
+    path = str(tmp_path / "s.zarr")
+    train_run(cfg, path)
+    ds = store.open_run(path).load()
+    model, _, _ = load_run_model(path)  # the final model: the last snapshot's
+    np.testing.assert_array_equal(ds.probe_tokens.values, make_batch(cfg, "probe", 0, 2).tokens[:, :-1])
+    for c, name in enumerate(cfg.task.component_names):
+        rows = torch.from_numpy(np.concatenate([make_batch(cfg, "eval", i, 3, component=name).tokens for i in range(2)]))
+        with torch.no_grad():
+            want = F.cross_entropy(model(rows[:, :-1]).flatten(0, 1), rows[:, 1:].flatten()).item()
+        assert ds.eval_loss.values[-1, c] == pytest.approx(want, rel=1e-6)
