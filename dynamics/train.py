@@ -223,7 +223,9 @@ def train_run(
         (`OWN_ATTRS`: ConfigError).
     recording : bool
         False skips every snapshot after step 0 (no attention, gradients or checkpoints are
-        recorded); only bench/ uses it, to measure what recording costs.
+        recorded); only bench/ uses it, to measure what recording costs. The loss curve is written
+        at snapshots, so it stays NaN after step 0, and the run, marked completed, keeps only its
+        step-0 checkpoint (`load_run_model` gives the initial model): a store for timing alone.
     started : callable, optional
         ``started(step)``, once, as training begins at ``step`` (0, or a resume's checkpoint):
         after every refusal and before the first snapshot, so what it says comes before the
