@@ -496,32 +496,10 @@ def test_static_gate_baseline_has_no_input_weights():
     ({"conditioned_gates": {"ema_mix": 2.0}}, "intervene.conditioned_gates.ema_mix"),
     ({"conditioned_gates": {"ema_mix": 1.0}}, "intervene.conditioned_gates.ema_mix"),  # nothing would train
     ({"conditioned_gates": {"init": 1e39}}, "intervene.conditioned_gates.init"),  # overflowed float32 mid-run
-    # set where nothing reads them: the same training under another run id (the table is hashed as written)
-    ({"templates": {"heads": PINNED, "ramp_steps": 10}},
-     r'^intervene.templates.ramp_steps = 10: the constant schedule \(intervene.templates.schedule = "constant"\) '
-     r"does not read it, so the run would train what the config without it trains, under another run id; drop "
-     r"the setting, or set intervene.templates.schedule$"),
-    ({"templates": {"heads": [{"layer": 0, "head": 0, "pattern": "local", "delta": 2}]}},
-     r'^intervene.templates.heads\[0\].delta = 2: the local template does not read it, .*heads\[0\].pattern = "offset"$'),
-    ({"templates": {"heads": [{"layer": 0, "head": 0, "pattern": "offset", "delta": 2, "width": 5}]}},
-     r"^intervene.templates.heads\[0\].width = 5: the offset template does not read it"),
-    ({"distill": {"teacher": "x.zarr", "ramp_steps": 10}}, "^intervene.distill.ramp_steps = 10: the constant schedule"),
-    ({"distill": {"teacher": "x.zarr", "stage_steps": 7}},
-     r'^intervene.distill.stage_steps = 7: the order "together" \(intervene.distill.order\) does not read it'),
 ])
 def test_bad_options_name_the_key(table, key):
     with pytest.raises(ConfigError, match=key):
         interventions.parse(config(table))
-
-
-def test_settings_an_intervention_reads_are_accepted_where_it_reads_them():
-    heads = [{"layer": 0, "head": 0, "pattern": "offset", "delta": 2}, {"layer": 0, "head": 1, "pattern": "local", "width": 5},
-             {"layer": 1, "head": 0, "pattern": "uniform", "delta": 1, "width": 3}]  # at their defaults: refused nowhere
-    opts = interventions.parse(config({"templates": {"heads": heads, "schedule": "warmup", "ramp_steps": 10}}))
-    assert opts.templates.ramp_steps == 10 and [h.delta for h in opts.templates.heads] == [2, 1, 1]
-    opts = interventions.parse(config({"distill": {"teacher": "x.zarr", "order": "shallow_first", "stage_steps": 7,
-                                                   "schedule": "cosine_decay", "ramp_steps": 10}}))
-    assert (opts.distill.stage_steps, opts.distill.ramp_steps) == (7, 10)
 
 
 def test_bad_template_exits_2_from_the_cli(tiny_config, tmp_path, capsys):

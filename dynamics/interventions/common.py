@@ -192,17 +192,6 @@ def forward_changes(intervene: Any) -> list[str]:
     return out
 
 
-def check_read(key: str, raw: object, default: Any, reads: bool, who: str, remedy: str) -> None:
-    """ConfigError for a setting ``key`` (its table ``raw``) set away from its default where
-    nothing reads it (``reads`` False): the [intervene] table goes into the run id as written, so
-    it trained what the config without it trains, under another run id (`ramp_steps` under the
-    constant schedule, as `identity.CONDITIONAL_KEYS` are refused elsewhere in a config)."""
-    name = key.rsplit(".", 1)[-1]
-    if not reads and isinstance(raw, dict) and name in raw and raw[name] != default:
-        fail(f"{key} = {raw[name]!r}: {who} does not read it, so the run would train what the config without it "
-             f"trains, under another run id; drop the setting, or {remedy}")
-
-
 def check_schedule(prefix: str, name: str, ramp_steps: int) -> None:
     """ConfigError for an unknown schedule or a negative ramp."""
     if name not in SCHEDULES:

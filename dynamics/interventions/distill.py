@@ -52,7 +52,6 @@ from torch import Tensor
 from dynamics.checkpoint import load_run_model
 from dynamics.config import RunConfig, recorded_config
 from dynamics.interventions.common import (
-    check_read,
     check_schedule,
     fail,
     forward_changes,
@@ -326,10 +325,6 @@ def parse(cfg: RunConfig, raw: object) -> DistillOptions:
         fail(f"{prefix}.order: unknown order {opts.order!r} ({' | '.join(ORDERS)})")
     if opts.stage_steps < 0:
         fail(f"{prefix}.stage_steps: must be >= 0, got {opts.stage_steps}")
-    check_read(f"{prefix}.ramp_steps", raw, 0, opts.schedule != "constant",
-               f'the constant schedule ({prefix}.schedule = "constant")', f"set {prefix}.schedule")
-    check_read(f"{prefix}.stage_steps", raw, 0, opts.order != "together",
-               f'the order "together" ({prefix}.order)', f'set {prefix}.order = "shallow_first"')
     return opts
 
 

@@ -33,15 +33,7 @@ import torch
 from torch import Tensor
 
 from dynamics.config import RunConfig
-from dynamics.interventions.common import (
-    check_read,
-    check_schedule,
-    fail,
-    kl_rows,
-    parse_heads,
-    parse_table,
-    schedule_factor,
-)
+from dynamics.interventions.common import check_schedule, fail, kl_rows, parse_heads, parse_table, schedule_factor
 
 PATTERNS = ("previous_token", "offset", "local", "uniform", "first_token")
 """Template names."""
@@ -155,12 +147,6 @@ def parse(cfg: RunConfig, raw: object) -> TemplateOptions:
     if opts.weight < 0:
         fail(f"{prefix}.weight: must be >= 0, got {opts.weight}")
     check_schedule(prefix, opts.schedule, opts.ramp_steps)
-    check_read(f"{prefix}.ramp_steps", raw, 0, opts.schedule != "constant",
-               f'the constant schedule ({prefix}.schedule = "constant")', f"set {prefix}.schedule")
-    for i, (entry, h) in enumerate(zip(entries, heads, strict=True)):
-        for name, pattern in (("delta", "offset"), ("width", "local")):
-            check_read(f"{prefix}.heads[{i}].{name}", entry, getattr(TemplateHead, name), h.pattern == pattern,
-                       f"the {h.pattern} template", f'set {prefix}.heads[{i}].pattern = "{pattern}"')
     return opts
 
 
