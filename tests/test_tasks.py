@@ -470,6 +470,8 @@ def test_induction_segments_as_long_as_the_vocabulary_are_permutations_and_drawn
 
     assert data_hash(cfg) != unmarked(2048)
     assert data_hash(cfg_for("induction", vocab=2048, min_period=2, max_period=1024, context=2048)) == unmarked(1024)
+    # longer than the vocabulary: drawn i.i.d. before and now, so its hash (and its runs' resume) stays
+    assert data_hash(cfg_for("induction", vocab=2048, min_period=2, max_period=2100, context=4200)) == unmarked(2100)
     # Blockwise is the same draws in the same order as all at once: the same tokens as before
     whole = np.argsort(np.random.default_rng(5).random((37, 50)), axis=1)[:, :20]
     monkeypatch.setattr(induction, "SORT_BLOCK", 150)  # 3 rows a block
