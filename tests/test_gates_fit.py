@@ -44,8 +44,10 @@ def test_g_plus_and_g_minus_start_from_the_lambda_zero_fit(tiny):
 
 
 def test_each_gate_set_is_clipped_by_its_own_norm():
-    # Two sets fitted together, one with gradients of norm ~100 and one of ~0.01: one shared
-    # norm would shrink the small set's steps 10^4-fold; per-set clipping leaves each as alone.
+    # Two sets fitted together, one with gradients of norm ~100 and one of ~0.01: clipped by one
+    # shared norm, the small set's gradients shrink 10^4-fold, and Adam's first steps (its moments
+    # still warming up, epsilon not negligible at that size) differ; clipped per set, each is
+    # updated exactly as when fitted alone.
     scale = torch.tensor([100.0, 0.01])[:, None, None]  # (S, 1, 1)
     target = torch.tensor([[[1.0, -2.0], [3.0, 0.5]]])  # (1, L, H)
 
@@ -58,7 +60,6 @@ def test_each_gate_set_is_clipped_by_its_own_norm():
     alone = torch.cat([_optimise(start[i:i + 1], 10, opts, lambda lg, s, i=i: objective(lg, s, scale[i:i + 1]))[0]
                        for i in range(2)])
     assert torch.equal(both, alone)
-    assert (both[1] - start[1]).abs().max() > 0.5  # the small set moved as far as its own norm allows
 
 
 def test_updates_cycle_through_the_fit_batches(tiny):

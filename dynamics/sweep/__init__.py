@@ -57,10 +57,11 @@ Faults:
   run up (skipped if that process finished it, resumed if not); the summary lists it under
   ``waited``, counted by its final status, not failed;
 - a task cancelled on the cluster (the launcher lost its scheduler, or another client cancelled
-  it): Dask cannot stop a task already running, so the launcher waits while a worker still holds
-  the run's lock, then reports the run by its store (:mod:`~dynamics.sweep.cancel`): completed or
-  diverged there counts so (``SweepSummary.after_cancel`` says how), anything else is ``cancelled``
-  with the reason, the sweep ends with a non-zero exit code, and the next launch resumes the run;
+  it): Dask cannot stop a task already running, so the launcher waits while a process still holds
+  the run's lock (local stores: a URL store has none, and is read at once), then reports the run
+  by its store (:mod:`~dynamics.sweep.cancel`): completed or diverged there counts so
+  (``SweepSummary.after_cancel`` says how), failed as failed, anything else is ``cancelled`` with
+  the reason, the sweep ends with a non-zero exit code, and the next launch resumes the run;
 - a cluster left with no worker: said once, and again when workers are back (the tasks wait);
 - Ctrl-C (or SIGTERM): the launcher sets a cluster-wide stop event; running tasks notice it within a
   second or so, and ``train_run`` records them ``interrupted`` (their checkpoints stay);

@@ -51,17 +51,20 @@ def reason(dask_reason: str, msg: str | None = None) -> str:
 
 
 def still_trained(path: str, run_id: str) -> bool:
-    """Whether a process (the worker of a cancelled task) holds the run's lock now. A URL store
-    has no lock to look at: its cancelled runs are reported by their attributes at once."""
+    """Whether a process holds the run's lock now: the worker of its cancelled task, or the process
+    that task was waiting for (a `dynamics run` of the point). A URL store has no lock to look at:
+    its cancelled runs are reported by their attributes at once."""
     return bool(store.run_lock_held(path, run_id))
 
 
-def outcome(path: str, run_id: str, why: str, trained_on: bool) -> dict:
+def outcome(path: str, run_id: str, why: str, trained_on: bool, still: bool = False) -> dict:
     """The result of a run whose task was cancelled on the cluster (``why``), read from the store
-    once nobody trains it; ``trained_on``: its worker went on training it after the cancellation.
+    once nobody trains it; ``trained_on``: it was trained on after the cancellation; ``still``:
+    it is being trained now, and the launcher does not wait (it is stopping).
 
-    Finished there (completed or diverged): that status, and ``r["after_cancel"]`` says how. Any
-    other state is ``cancelled``, resumable by the same command.
+    Finished there (completed or diverged): that status, and ``r["after_cancel"]`` says how; failed
+    there (recorded by its worker): failed. Any other state is ``cancelled``, resumable by the same
+    command.
     """
     try:
         attrs = store.run_attrs(path, run_id) if store.has_run(path, run_id) else {}
@@ -71,15 +74,18 @@ def outcome(path: str, run_id: str, why: str, trained_on: bool) -> dict:
     r = {"run_id": run_id, "status": "cancelled", "steps_done": 0, "skipped": False, "traceback": None,
          "error": f"its task was cancelled on the cluster ({why}); the same command resumes it"}
     if status in FINISHED_STATUSES:
-        then = (f"its worker trained on after its task was cancelled on the cluster ({why}), and finished it"
-                if trained_on else f"its worker had finished it before its task was cancelled on the cluster ({why})")
+        then = (f"it was trained on after its task was cancelled on the cluster ({why}), and finished"
+                if trained_on else f"it had finished before its task was cancelled on the cluster ({why})")
         r.update(status=status, error=None, after_cancel=then)
     elif status == "failed":  # recorded by train_run in the worker: its traceback is in the run
-        r.update(status="failed", error=f"its task was cancelled on the cluster ({why}), and its worker "
-                                        f"recorded it failed (its traceback: dynamics status / run_attrs)")
+        r.update(status="failed", error=f"its task was cancelled on the cluster ({why}), and then recorded "
+                                        f"failed (its traceback: dynamics status / run_attrs)")
+    elif still:
+        r["error"] = (f"its task was cancelled on the cluster ({why}); a process still trains it (its worker, or "
+                      f"one its task waited for): `dynamics status` shows how it ends")
     elif trained_on:
-        r["error"] = (f"its task was cancelled on the cluster ({why}); its worker trained on and stopped "
-                      f"before the end; the same command resumes it")
+        r["error"] = (f"its task was cancelled on the cluster ({why}); it was trained on and stopped before "
+                      f"the end; the same command resumes it")
     return r
 
 

@@ -400,17 +400,19 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
             else:
                 display.step(msg["run"], msg["step"], msg["total"], msg["loss"])
 
-    def collect(f, run_id: str) -> None:
+    def collect(f, run_id: str, wait: bool = True) -> None:
         if f.status == "finished":
             r = f.result()
         elif f.status == "cancelled":  # on the cluster, not by Ctrl-C here: see cancel's docstring
             why = cancelled.get(f.key, "reason unknown")
-            if cancel.still_trained(path, run_id):
+            still = cancel.still_trained(path, run_id)
+            if still and wait:
                 orphans[run_id] = why
-                display.waiting(run_id, f"its task was cancelled on the cluster ({why}), but its worker trains "
-                                        f"on; the sweep waits for it to end (Ctrl-C leaves it to that worker)")
+                display.waiting(run_id, f"its task was cancelled on the cluster ({why}), but the run is still being "
+                                        f"trained (by its worker, or by a process its task waited for); the sweep "
+                                        f"waits for that to end (Ctrl-C leaves it to that process)")
                 return
-            r = cancel.outcome(path, run_id, why, trained_on=False)
+            r = cancel.outcome(path, run_id, why, trained_on=False, still=still)
         else:
             exc = f.exception()
             if isinstance(exc, KilledWorker):
@@ -457,8 +459,8 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
             if pending:
                 watch.check(time.monotonic(), display)
             display.tick()
-    except KeyboardInterrupt:
-        _stop_running(client, stop, pending, collect, cancelled)
+    except KeyboardInterrupt:  # stopping: a run still trained elsewhere is not waited for
+        _stop_running(client, stop, pending, functools.partial(collect, wait=False), cancelled)
         raise
     finally:
         display.close()
@@ -505,6 +507,8 @@ def _stop_running(client, stop, pending: dict, collect, cancelled: dict) -> None
     """After Ctrl-C: ask running tasks to stop, cancel queued ones, wait a little."""
     print("dynamics: stopping the sweep (Ctrl-C again to abort at once); runs stay resumable",
           file=sys.stderr, flush=True)
+    if client.status != "running":  # the scheduler is gone (Ctrl-C while an orphaned run was waited for):
+        return  # nothing to stop through it, and its calls raised from a closed client: a traceback, not exit 130
     try:
         if stop is not None:
             stop.set()
@@ -514,6 +518,8 @@ def _stop_running(client, stop, pending: dict, collect, cancelled: dict) -> None
                 collect(f, pending.pop(f))
         client.cancel(list(pending), force=True)
     except KeyboardInterrupt:
+        pass
+    except Exception:  # noqa: BLE001 - the scheduler lost meanwhile: the runs stay resumable all the same
         pass
 
 

@@ -28,7 +28,8 @@ class SweepSummary:
     (``dynamics run`` of the point, an orphaned task of a killed launcher): waited for, not failed."""
     after_cancel: dict[str, str] = field(default_factory=dict)
     """run id -> how it finished, for runs whose task was cancelled on the cluster (the scheduler
-    lost) while its worker went on to finish it: counted by that status, not cancelled."""
+    lost) but that finished in the store, before the cancellation or trained on after it: counted
+    by that status, not cancelled."""
     labels: dict[str, str] = field(default_factory=dict)
     """run id -> point label (``model.n_heads=4, train.seed=0``)."""
     wall_time: float = 0.0

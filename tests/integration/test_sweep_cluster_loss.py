@@ -86,10 +86,10 @@ def test_a_lost_scheduler_reports_each_run_by_what_its_store_says(cluster, tmp_p
     assert rc == 1, text  # the queued point never ran
     lost = "its task was cancelled on the cluster (the launcher lost its scheduler)"
     assert f"[sweep] {queued.run_id} cancelled: {lost}; the same command resumes it" in text, text
-    assert f"[sweep] {first.run_id} waiting: {lost}, but its worker trains on" in text, text
+    assert f"[sweep] {first.run_id} waiting: {lost}, but the run is still being trained (by its worker" in text, text
     # The worker finished the run it was training: reported so, and counted finished, not cancelled
     assert store.run_attrs(str(out), first.run_id)["status"] == "completed"
-    then = f"its worker trained on after {lost}, and finished it"
+    then = f"it was trained on after {lost}, and finished"
     assert f"[sweep] {first.run_id} completed: {then} (1/2 finished)" in text, text
     assert "sweep: 2 runs: 1 completed, 1 cancelled" in text, text
     assert f"  finished {first.run_id} [train.seed=0]: {then}\n" in text, text
@@ -116,3 +116,21 @@ def test_a_cluster_without_workers_says_so_and_the_run_resumes_on_a_new_one(clus
     assert text.index("no worker is connected") < text.index("connected again") < text.index(f"{point.run_id} completed")
     attrs = store.run_attrs(str(out), point.run_id)
     assert attrs["status"] == "completed" and attrs["starts"] == 2, attrs  # resumed from its checkpoint
+
+
+def test_ctrl_c_after_the_scheduler_is_gone_stops_without_a_traceback(capsys):
+    # Ctrl-C while the launcher waited for a run its worker trained on after the scheduler was
+    # lost (the wait's own line offers it): stopping set the stop event and cancelled through a
+    # closed client, and AttributeError or ClosedClientError came out as a traceback, not exit 130.
+    from distributed import Client, Event, LocalCluster
+
+    from dynamics.sweep.launcher import _stop_running
+
+    cluster = LocalCluster(n_workers=0, processes=False, dashboard_address=None)
+    client = Client(cluster, timeout=30)
+    stop = Event("dynamics-sweep-stop-test", client=client)
+    client.close()
+    cluster.close()
+    assert client.status != "running"
+    _stop_running(client, stop, {}, lambda f, run_id: None, {})  # returns, raising nothing
+    assert "stopping the sweep" in capsys.readouterr().err
