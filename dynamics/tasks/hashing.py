@@ -74,7 +74,6 @@ def _component_hash(cfg: RunConfig, name: str) -> str:
             "offset_copy": {"vocab_size": V, "delta": t.delta, "p": t.p},
             "markov": {"vocab_size": V, "order": t.markov_order, "branching": t.markov_branching},
         }[name]
-        # max_period > V draws i.i.d. (no distinct segment exists), as it always did: no marker
-        if name == "induction" and V > 1024 and t.max_period <= V and permutation_sampler(t.max_period, V):
+        if name == "induction" and V > 1024 and permutation_sampler(t.max_period, V):
             params["sampler"] = "permutation"  # these drew i.i.d. with redraws before; every other config's hash stays
     return _sha({"task": name, "version": GENERATOR_VERSIONS[name], "params": params})
