@@ -11,6 +11,8 @@ store says once nobody trains it.
 
 from __future__ import annotations
 
+import time
+
 from dynamics import store
 from dynamics.schema import FINISHED_STATUSES
 
@@ -25,10 +27,15 @@ def settled(pending: dict, cancelled: dict, timeout: float = 0.5) -> list:
 
     Dask's ``wait`` raises for a future cancelled on the cluster (the scheduler lost, a task
     cancelled from another client) instead of returning it: that was a traceback from the sweep,
-    with no summary. Their reasons go into ``cancelled`` (key -> why, in the sweep's words).
+    with no summary. Their reasons go into ``cancelled`` (key -> why, in the sweep's words). With
+    nothing pending (only runs trained on elsewhere are waited for), it just waits ``timeout``.
     """
     from distributed import wait
     from distributed.client import FuturesCancelledError
+
+    if not pending:
+        time.sleep(timeout)
+        return []
 
     try:
         done, _ = wait(list(pending), timeout=timeout, return_when="FIRST_COMPLETED")

@@ -450,7 +450,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
         for p in todo:
             pending[submit(p)] = p.run_id
         while pending or orphans:
-            done = cancel.settled(pending, cancelled) if pending else time.sleep(0.5) or []
+            done = cancel.settled(pending, cancelled)
             drain()
             for f in done:
                 collect(f, pending.pop(f))
@@ -517,10 +517,8 @@ def _stop_running(client, stop, pending: dict, collect, cancelled: dict) -> None
             for f in cancel.settled(pending, cancelled):
                 collect(f, pending.pop(f))
         client.cancel(list(pending), force=True)
-    except KeyboardInterrupt:
-        pass
-    except Exception:  # noqa: BLE001 - the scheduler lost meanwhile: the runs stay resumable all the same
-        pass
+    except (KeyboardInterrupt, Exception):  # noqa: BLE001 - a second Ctrl-C, or the scheduler lost meanwhile:
+        pass  # the runs stay resumable all the same
 
 
 def _mark_interrupted(path: str, run_ids: list[str]) -> None:
