@@ -1298,3 +1298,30 @@ def test_cli_store_problems_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "1 completed run" in err and len(err.strip().splitlines()) == 1
 
+
+
+def test_gradient_features_by_hand_are_relative_to_the_heads_own_layer():
+    # Known answer for the trajectory features of one weight: a head's "rel" is its log10 norm
+    # minus the mean over ITS layer's heads (not over the layers at its head index), its slope
+    # the least-squares slope against log(1 + step). Layers here differ in scale by 100x, so a
+    # mean over the wrong axis moves every rel value.
+    steps = np.array([0, 3, 15])
+    gn = np.empty((3, 2, 3, 4))
+    gn[..., :] = 1.0
+    gn[:, 0, :, 0] = [[1.0, 10.0, 100.0], [10.0, 10.0, 10.0], [100.0, 10.0, 1.0]]  # layer 0, weight q
+    gn[:, 1, :, 0] = [[1e4, 1e4, 1e6], [1e4, 1e5, 1e4], [1e3, 1e4, 1e5]]  # layer 1, 100x larger
+    ds = xr.Dataset({"grad_norm": (("snapshot", "layer", "head", "weight"), gn)},
+                    coords={"step": ("snapshot", steps), "weight": ["q", "k", "v", "o"]})
+    f = predict.head_features(ds)
+    lg = np.log10(gn[..., 0])  # (S, L, H)
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_init").values, lg[0], atol=1e-9)
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_h").values, lg[-1], atol=1e-9)
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_mean").values, lg.mean(0), atol=1e-9)
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_rel_init").values, [[-1, 0, 1], [-2 / 3, -2 / 3, 4 / 3]],
+                               atol=1e-9)
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_rel_h").values, [[1, 0, -1], [-1, 0, 1]], atol=1e-9)
+    t = np.log1p(steps)
+    slope = [[np.polyfit(t, lg[:, layer, head], 1)[0] for head in range(3)] for layer in range(2)]
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_slope").values, slope, atol=1e-9)
+    assert f.sel(feature="layer").values.tolist() == [[0, 0, 0], [1, 1, 1]]
+    assert f.sel(feature="depth").values.tolist() == [[0, 0, 0], [1, 1, 1]]
