@@ -1325,3 +1325,14 @@ def test_gradient_features_by_hand_are_relative_to_the_heads_own_layer():
     np.testing.assert_allclose(f.sel(feature="grad_norm_q_slope").values, slope, atol=1e-9)
     assert f.sel(feature="layer").values.tolist() == [[0, 0, 0], [1, 1, 1]]
     assert f.sel(feature="depth").values.tolist() == [[0, 0, 0], [1, 1, 1]]
+
+
+def test_a_horizon_between_snapshots_is_said_to_see_the_last_snapshot_before_it():
+    # Known answer: h = 0.15 of the 100-step runs is step 15, but the snapshots are at 0, 5, 10,
+    # 20...: the features saw step 10 (3 snapshots), and the table must say 10, not 15.
+    runs = make_runs(n_seeds=3)
+    curve = predict.predict_runs(runs, PredictOptions(horizons=(0.15,), n_splits=3, boosting_iter=5))
+    assert curve.horizon_step.values.tolist() == [[10.0] * 3]
+    assert curve.n_snapshots_seen.values.tolist() == [[3] * 3]
+    assert "features saw snapshots up to step h=0.15: 10 (final step 100)" in predict.format_curve(curve)
+    assert "h=0.15 (step 10)" in curve.attrs["readable_summary"]
