@@ -1336,3 +1336,17 @@ def test_a_horizon_between_snapshots_is_said_to_see_the_last_snapshot_before_it(
     assert curve.n_snapshots_seen.values.tolist() == [[3] * 3]
     assert "features saw snapshots up to step h=0.15: 10 (final step 100)" in predict.format_curve(curve)
     assert "h=0.15 (step 10)" in curve.attrs["readable_summary"]
+
+
+def test_legible_at_initialisation_needs_the_init_band_above_chance_and_layer_both():
+    # Known answer: init_linear's band (0.68 to 0.72) clears chance's (0.5) but not the layer
+    # prior's (0.65 to 0.75): the layer alone reads as much, so nothing is legible from the
+    # init features. Clearing the lower of the two bands is not enough.
+    mean, sd = table({"chance": flat((0.5, 0.0)), "layer": flat((0.7, 0.05)), "init_linear": flat((0.7, 0.02)),
+                      "init_boosting": flat((0.5, 0.05)), "linear": flat((0.6, 0.05)), "boosting": flat((0.6, 0.05))})
+    got = predict.judge([0.0, 0.1, 0.5], mean, sd, "auroc")
+    assert got.horizon is None and got.baseline == "layer"
+    assert "legible" not in got.line
+    # and with the layer band below init_linear's, it is
+    mean[:, MODELS.index("layer")] = 0.6
+    assert "; it is legible at initialisation: init_linear 0.700" in predict.judge([0.0, 0.1, 0.5], mean, sd, "auroc").line
