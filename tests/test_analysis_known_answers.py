@@ -1,0 +1,333 @@
+"""Known answers, computed on paper, for the numbers `dynamics analyse` prints.
+
+Each test pins a definition of README's "Analysis definitions" (smoothing constant, which
+queries count, inclusive thresholds, which snapshot is reported) that the module tests leave
+free: a change to any of them changes a printed number.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics.analysis import (
+    AnalysisOptions,
+    analyse_run,
+    bifurcation_step,
+    cluster_heads,
+    commitment_step,
+    divergence_from_init,
+    emergence_step,
+    gini,
+    js_distance,
+    redundancy_fraction,
+    role_scores,
+    slash_dominant,
+    slash_score,
+    summary_row,
+    token_dominant,
+    token_ratio,
+    token_share,
+    within_layer_divergence,
+)
+
+ATTN_DIMS = ("snapshot", "layer", "head", "probe", "query", "key")
+
+
+def xlogx(x):
+    x = np.asarray(x, float)
+    return np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0)), 0.0)
+
+
+def js_nats(p, q):
+    """JS divergence in nats, written out: H(m) - (H(p) + H(q)) / 2."""
+    m = (p + q) / 2
+    return xlogx(p).sum() / 2 + xlogx(q).sum() / 2 - xlogx(m).sum()
+
+
+def uniform(t):
+    a = np.tril(np.ones((t, t)))
+    return a / a.sum(-1, keepdims=True)
+
+
+# ----------------------------------------------------------------------------- JS distance
+
+
+def test_js_distance_of_two_one_hot_heads_on_two_positions_on_paper():
+    # Query 0 sees one key: both heads agree there (JS 0), and it is in the mean (README).
+    # Query 1: rows [1, 0] and [0, 1], smoothed with 0.001 / 2: [0.9995, 0.0005] and its mirror.
+    a = np.zeros((1, 2, 1, 2, 2))
+    a[..., 0, 0] = 1
+    a[0, 0, 0, 1] = [1, 0]
+    a[0, 1, 0, 1] = [0, 1]
+    attn = xr.DataArray(a, dims=ATTN_DIMS[1:])
+    p = np.array([0.9995, 0.0005])
+    expected = np.sqrt(js_nats(p, p[::-1]) / 2)  # mean over the 2 queries, then the root
+    d = js_distance(attn)
+    assert d.values[0, 0, 0, 1] == pytest.approx(expected, rel=1e-12)
+    assert d.values[0, 1, 0, 0] == pytest.approx(expected, rel=1e-12)
+    assert d.values[0, 0, 0, 0] == 0.0
+    # the aligned path (divergence_from_init's) gives the same number
+    aligned = js_distance(attn.isel(head=0), attn.isel(head=1))
+    assert float(aligned[0]) == pytest.approx(expected, rel=1e-12)
+    # unsmoothed it would be sqrt(ln 2 / 2): the 0.001 is what makes the difference
+    assert expected < np.sqrt(np.log(2) / 2) - 1e-3
+
+
+def test_js_distance_averages_over_probes_and_queries_not_sums():
+    # Two probes: identical in the first, the T = 2 disagreement above in the second.
+    a = np.zeros((1, 2, 2, 2, 2))
+    a[..., 0, 0] = 1
+    a[0, :, :, 1] = [0.5, 0.5]
+    a[0, 0, 1, 1] = [1, 0]
+    a[0, 1, 1, 1] = [0, 1]
+    attn = xr.DataArray(a, dims=ATTN_DIMS[1:])
+    p = np.array([0.9995, 0.0005])
+    expected = np.sqrt(js_nats(p, p[::-1]) / 4)  # one nonzero row out of 2 probes x 2 queries
+    assert js_distance(attn).values[0, 0, 0, 1] == pytest.approx(expected, rel=1e-12)
+
+
+def test_js_smoothing_spreads_over_the_visible_keys_only():
+    # T = 3, query 2 sees 3 keys: eps / 3 each. Heads: one-hot on key 0 vs one-hot on key 2.
+    a = np.zeros((1, 2, 1, 3, 3))
+    a[..., 0, 0] = 1
+    a[..., 1, :2] = 0.5
+    a[0, 0, 0, 2] = [1, 0, 0]
+    a[0, 1, 0, 2] = [0, 0, 1]
+    attn = xr.DataArray(a, dims=ATTN_DIMS[1:])
+    e = 0.001 / 3
+    p = np.array([0.999 + e, e, e])
+    expected = np.sqrt(js_nats(p, p[::-1]) / 3)
+    assert js_distance(attn).values[0, 0, 0, 1] == pytest.approx(expected, rel=1e-12)
+
+
+def test_divergence_from_init_compares_each_snapshot_with_the_first():
+    u, s = uniform(2), np.array([[1.0, 0.0], [1.0, 0.0]])  # uniform, then a sink
+    a = np.stack([u, s, u])[:, None, None, None]  # (snapshot, layer, head, probe, Q, K)
+    attn = xr.DataArray(a, dims=ATTN_DIMS)
+    p, q = np.array([0.5, 0.5]), np.array([0.9995, 0.0005])
+    expected = np.sqrt(js_nats(p, q) / 2)
+    out = divergence_from_init(attn).values.ravel()
+    np.testing.assert_allclose(out, [0.0, expected, 0.0], rtol=1e-12, atol=0)
+
+
+def test_within_layer_divergence_is_the_mean_over_ordered_distinct_pairs():
+    d = np.array([[0.0, 0.1, 0.4], [0.1, 0.0, 0.7], [0.4, 0.7, 0.0]])
+    jsd = xr.DataArray(d[None, :, None, :], dims=("layer", "head", "layer_b", "head_b"))
+    assert float(within_layer_divergence(jsd)[0]) == pytest.approx(0.4)
+
+
+# ----------------------------------------------------------------------------- bifurcation
+
+
+def test_bifurcation_band_edges_on_paper():
+    # Baseline [0, 1, 2]: mean 1, sample sd 1 -> band 1 +- 3 (5% of 1 is smaller). A point at
+    # exactly 4 is on the edge: inside (outside means strictly beyond).
+    steps = ("snapshot", [0, 10, 20, 30, 40])
+    on_edge = xr.DataArray([0.0, 1.0, 2.0, 4.0, 4.0], dims="snapshot", coords={"step": steps})
+    assert np.isnan(float(bifurcation_step(on_edge)))
+    beyond = on_edge.copy(data=[0.0, 1.0, 2.0, 4.0, 4.25])
+    assert float(bifurcation_step(beyond)) == 40.0
+    below = on_edge.copy(data=[0.0, 1.0, 2.0, -2.25, -2.25])  # two-sided
+    assert float(bifurcation_step(below)) == 30.0
+    # rel floor: flat baseline 8 -> band 8 +- 0.4; 8.375 inside, 8.5 outside
+    flat = on_edge.copy(data=[8.0, 8.0, 8.0, 8.375, 8.5])
+    assert float(bifurcation_step(flat)) == 40.0
+    flat4 = on_edge.copy(data=[8.0, 8.0, 8.0, 8.5, 8.375])
+    assert np.isnan(float(bifurcation_step(flat4)))
+
+
+def test_bifurcation_baseline_is_the_first_three_snapshots():
+    # Baseline [1, 1, 1] (band 1 +- 0.05); snapshot 3 at 1.5 is outside it. A baseline of four
+    # snapshots (mean 1.125, sd 0.25, band +-0.75) would hold everything.
+    x = xr.DataArray([1.0, 1.0, 1.0, 1.5, 1.5, 1.5], dims="snapshot",
+                     coords={"step": ("snapshot", [0, 1, 2, 3, 4, 5])})
+    assert float(bifurcation_step(x)) == 3.0
+
+
+# ----------------------------------------------------------------------------- gini, commitment
+
+
+def test_gini_on_paper():
+    assert float(gini(xr.DataArray([1.0, 2.0, 3.0], dims="head"))) == pytest.approx(8 / 36)
+    assert float(gini(xr.DataArray([1.0, 0.0], dims="head"))) == pytest.approx(0.5)
+
+
+def test_commitment_step_is_the_first_snapshot_of_the_final_label():
+    lab = xr.DataArray([[[3, 3]], [[1, 3]], [[1, 2]], [[1, 2]]], dims=("snapshot", "layer", "head"),
+                       coords={"step": ("snapshot", [0, 7, 11, 13])})
+    assert commitment_step(lab).values.tolist() == [[7.0, 11.0]]
+
+
+# ----------------------------------------------------------------------------- redundancy
+
+
+def test_redundancy_cut_at_the_threshold_is_inclusive_and_fraction_counts_heads():
+    # heads 0, 1 at distance exactly 0.0625 (a binary fraction), cut there: merged.
+    d = np.array([[0, 0.0625, 0.8, 0.8], [0.0625, 0, 0.8, 0.8], [0.8, 0.8, 0, 0.7], [0.8, 0.8, 0.7, 0]])
+    jsd = xr.DataArray(d[None, :, None, :], dims=("layer", "head", "layer_b", "head_b"))
+    labels = cluster_heads(jsd, threshold=0.0625)
+    assert labels.values.tolist() == [[0, 0, 1, 2]]
+    assert float(redundancy_fraction(labels)) == 0.5
+    assert cluster_heads(jsd, threshold=0.0624).values.tolist() == [[0, 1, 2, 3]]
+
+
+def test_redundancy_uses_average_linkage():
+    # 0-1 at 0.05; 2 is 0.08 from 0 and 0.14 from 1: average 0.11 > 0.1 (single linkage would
+    # merge it at 0.08, complete linkage would not either way).
+    d = np.array([[0, 0.05, 0.08], [0.05, 0, 0.14], [0.08, 0.14, 0]])
+    jsd = xr.DataArray(d[None, :, None, :], dims=("layer", "head", "layer_b", "head_b"))
+    assert cluster_heads(jsd).values.tolist() == [[0, 0, 1]]
+    d2 = np.array([[0, 0.05, 0.08], [0.05, 0, 0.11], [0.08, 0.11, 0]])  # average 0.095: merged
+    jsd2 = xr.DataArray(d2[None, :, None, :], dims=("layer", "head", "layer_b", "head_b"))
+    assert cluster_heads(jsd2).values.tolist() == [[0, 0, 0]]
+
+
+# ----------------------------------------------------------------------------- slash
+
+
+def band(t, delta):
+    """key = query - delta where visible; earlier rows uniform."""
+    a = np.zeros((t, t))
+    for i in range(t):
+        if i >= delta:
+            a[i, i - delta] = 1
+        else:
+            a[i, : i + 1] = 1 / (i + 1)
+    return a
+
+
+def test_slash_score_of_a_band_matrix_on_paper():
+    s = slash_score(xr.DataArray(band(8, 2)[None], dims=("probe", "query", "key"))).values
+    # offset 0: rows 0 and 1 (1 and 1/2) over 8 queries; offset 1: row 1 (1/2) over 7; offset 2: 1
+    np.testing.assert_allclose(s, [1.5 / 8, 0.5 / 7, 1, 0, 0, 0, 0, 0], rtol=1e-12, atol=0)
+
+
+def test_slash_score_averages_probes():
+    a = np.stack([band(6, 3), uniform(6)])
+    s = slash_score(xr.DataArray(a, dims=("probe", "query", "key"))).sel(offset=3).item()
+    assert s == pytest.approx((1 + np.mean([1 / 4, 1 / 5, 1 / 6])) / 2)
+
+
+def test_slash_dominance_at_exactly_kappa():
+    s = xr.DataArray([0.0, 0.5, 0.25], dims="offset", coords={"offset": [0, 1, 2]})
+    assert float(slash_dominant(s, kappa=0.5, delta=1)) == 1.0
+    assert float(slash_dominant(s, kappa=0.5, min_offset=2)) == 0.0
+    assert float(slash_dominant(s, kappa=0.5, min_offset=1, max_offset=1)) == 1.0
+
+
+# ----------------------------------------------------------------------------- token dominance
+
+
+def test_token_share_and_ratio_on_paper():
+    # '/' at positions 1 and 3 of T = 4; queries 1, 2, 3 see one.
+    tokens = xr.DataArray([[5, 47, 6, 47]], dims=("probe", "position"))
+    a = np.zeros((4, 4))
+    a[0, 0] = 1
+    a[1] = [0.5, 0.5, 0, 0]  # 0.5 on the '/', uniform there (1 of 2 visible keys)
+    a[2] = [0, 1, 0, 0]  # 1.0 on it; uniform would give 1/3
+    a[3] = [0.25, 0.25, 0.25, 0.25]  # 0.5 on the two '/'; uniform gives 2/4
+    attn = xr.DataArray(a[None], dims=("probe", "query", "key"))
+    assert token_share(attn, tokens).item() == pytest.approx((0.5 + 1 + 0.5) / 3)
+    assert token_ratio(attn, tokens).item() == pytest.approx((1 + 3 + 1) / 3)
+
+
+def test_token_dominance_run_of_three_at_exactly_half():
+    s = xr.DataArray([[0.5, 0.5, np.nan, 0.5, 0.1]], dims=("head", "probe"))
+    assert token_dominant(s).values.tolist() == [1.0]  # 0.5 >= 0.5, NaN skipped
+    s2 = xr.DataArray([[0.5, 0.49, 0.5, 0.5, 0.1]], dims=("head", "probe"))
+    assert token_dominant(s2).values.tolist() == [0.0]
+    assert np.isnan(token_dominant(s.isel(probe=[0, 1, 2])).item())  # two probes hold the token
+
+
+def test_emergence_is_the_start_of_the_final_dominant_stretch():
+    d = xr.DataArray([[1.0, 0.0, 1.0, 1.0]], dims=("head", "snapshot"),
+                     coords={"step": ("snapshot", [0, 3, 6, 9])})
+    assert emergence_step(d).values.tolist() == [6.0]
+
+
+# ----------------------------------------------------------------------------- roles
+
+
+def test_role_scores_of_planted_heads_at_t16_on_paper():
+    t = 16
+    prev = np.eye(t, k=-1)
+    prev[0, 0] = 1
+    sink = np.zeros((t, t))
+    sink[:, 0] = 1
+    heads = np.stack([uniform(t), prev, sink, np.eye(t)])
+    attn = xr.DataArray(heads[None, None, :, None], dims=ATTN_DIMS)
+    tokens = xr.DataArray(np.arange(t)[None], dims=("probe", "position"))
+    sc = role_scores(attn, tokens).isel(snapshot=0, layer=0)
+    h_t = np.sum(1 / np.arange(1, t + 1))
+    np.testing.assert_allclose(sc["sink"].values, [h_t / t, 2 / t, 1, 1 / t], rtol=1e-6)
+    np.testing.assert_allclose(sc["self"].values, [h_t / t, 1 / t, 1 / t, 1], rtol=1e-6)
+    np.testing.assert_allclose(sc["previous_token"].values, [np.mean(1 / np.arange(2, t + 1)), 1, 1 / 15, 0],
+                               rtol=1e-6)
+    np.testing.assert_allclose(sc["local"].values, [np.mean(3 / np.arange(4, t + 1)), 1, 0, 1], rtol=1e-6)
+    np.testing.assert_allclose(sc["diffuse"].values, [1, 0, 0, 0], atol=1e-6)
+    # slash: window 2..8; the sink's best is its one row at offset 8 (1/8), the uniform head's offset 2
+    np.testing.assert_allclose(sc["slash"].values, [np.mean(1 / np.arange(3, t + 1)), 0, 1 / 8, 0], rtol=1e-6)
+    assert sc["slash_offset"].values.tolist() == [2.0, 2.0, 8.0, 2.0]
+
+
+@pytest.mark.parametrize(("t", "scored"), [(9, False), (10, True)])
+def test_sink_role_is_unscored_up_to_t9(t, scored):
+    sink = np.zeros((t, t))
+    sink[:, 0] = 1
+    attn = xr.DataArray(sink[None, None, None, None], dims=ATTN_DIMS)
+    tokens = xr.DataArray(np.arange(t)[None], dims=("probe", "position"))
+    assert np.isfinite(role_scores(attn, tokens)["sink"].item()) == scored
+
+
+# ----------------------------------------------------------------------------- the printed row
+
+
+def run_dataset(attn, steps):
+    s, n_layer, n_head, n_probe, t, _ = attn.shape
+    tokens = np.tile(np.arange(t), (n_probe, 1))
+    return xr.Dataset(
+        {
+            "attention": (ATTN_DIMS, attn),
+            "probe_tokens": (("probe", "position"), tokens),
+            "importance": (("snapshot", "layer", "head"), np.ones((s, n_layer, n_head))),
+        },
+        coords={"step": ("snapshot", np.asarray(steps))},
+    )
+
+
+def test_summary_row_reports_the_last_snapshot_on_paper():
+    # 1 layer x 2 heads, T = 8. Snapshots 0-2: both uniform. Snapshot 3: head 0 previous-token,
+    # head 1 uniform. Snapshot 4: head 0 slash at offset 2, head 1 the same (identical heads).
+    t = 8
+    u, prev = uniform(t), band(t, 1)
+    slash = band(t, 2)
+    frames = [[u, u], [u, u], [u, u], [prev, u], [slash, slash]]
+    attn = np.array(frames)[:, None, :, None]  # (snapshot, layer, head, probe, Q, K)
+    result = analyse_run(run_dataset(attn, [0, 10, 20, 30, 40]))
+    row = summary_row(result)
+    assert row["final_divergence"] == 0.0  # identical heads at the last snapshot
+    assert row["redundancy"] == 1.0
+    assert row["slash_dominant"] == 2
+    assert row["roles"] == {"slash": 2}
+    assert row["bifurcation_step"] is None  # back to 0 divergence: inside the band at the end
+    assert result["commitment_step"].values.tolist() == [[40.0, 40.0]]
+    assert result["slash_emergence_step"].values.tolist() == [[30.0, 40.0]]  # prev at 30 is (1, delta)-dominant
+
+
+def test_analysis_package_does_not_load_torch_or_zarr_at_runtime():
+    # The AST test reads each file's own imports; this one follows them (dynamics.schema, ...).
+    code = ("import sys, pkgutil, importlib, dynamics.analysis as a\n"
+            "for m in pkgutil.iter_modules(a.__path__): importlib.import_module('dynamics.analysis.' + m.name)\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'zarr'))\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_default_options_match_readme():
+    opt = AnalysisOptions()
+    assert (opt.kappa, opt.cluster_threshold, opt.token_run_length, opt.baseline_snapshots) == (0.5, 0.1, 3, 3)
+    assert (opt.roles.token, opt.roles.sink, opt.roles.slash, opt.roles.token_id) == (0.5, 0.3, 0.5, 47)
+    assert opt.slash_min_offset == 1 and opt.slash_window(16) == 8 and opt.slash_window(17) == 8
