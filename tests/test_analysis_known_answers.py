@@ -331,3 +331,90 @@ def test_default_options_match_readme():
     assert (opt.kappa, opt.cluster_threshold, opt.token_run_length, opt.baseline_snapshots) == (0.5, 0.1, 3, 3)
     assert (opt.roles.token, opt.roles.sink, opt.roles.slash, opt.roles.token_id) == (0.5, 0.3, 0.5, 47)
     assert opt.slash_min_offset == 1 and opt.slash_window(16) == 8 and opt.slash_window(17) == 8
+
+
+def test_bifurcation_absolute_floor_is_1e_minus_6():
+    # Heads identical at init: divergence exactly 0, sd 0, 5% of 0 is 0. README's band would be
+    # 0 +- 0; the code's floor is 1e-6 (float rounding is no bifurcation), and no wider.
+    steps = ("snapshot", [0, 10, 20, 30, 40])
+    jitter = xr.DataArray([0.0, 0.0, 0.0, 5e-7, 5e-7], dims="snapshot", coords={"step": steps})
+    assert np.isnan(float(bifurcation_step(jitter)))
+    real = jitter.copy(data=[0.0, 0.0, 0.0, 1e-4, 2e-6])
+    assert float(bifurcation_step(real)) == 30.0
+
+
+def test_token_probes_without_the_token_neither_extend_nor_break_a_run():
+    # hits, (no token), hit, miss: a run of 2 probes that hold the token, not 3
+    s = xr.DataArray([[0.9, np.nan, 0.9, 0.1]], dims=("head", "probe"))
+    assert token_dominant(s).values.tolist() == [0.0]
+    s2 = xr.DataArray([[0.9, np.nan, 0.9, 0.9, 0.1]], dims=("head", "probe"))
+    assert token_dominant(s2).values.tolist() == [1.0]
+
+
+ROLE_DEFAULTS = {"previous_token": 0.5, "self": 0.5, "slash": 0.5, "induction": 0.4, "sink": 0.3,
+                 "token": 0.5, "local": 0.8, "diffuse": 0.8}
+
+
+@pytest.mark.parametrize("role", list(ROLE_DEFAULTS))
+def test_each_role_passes_at_its_default_threshold_and_not_below(role):
+    from dynamics.analysis import assign_roles, role_names
+
+    limit = ROLE_DEFAULTS[role]
+    scores = xr.Dataset({r: ("head", [0.0, 0.0]) for r in ROLE_DEFAULTS})
+    scores[role].values[:] = [limit, limit - 0.01]
+    assert role_names(assign_roles(scores)).tolist() == [role, "none"]
+
+
+def test_analyse_run_reports_steps_not_snapshot_indices():
+    # 1 layer x 2 heads, T = 8: identical (divergence 0) for 3 snapshots, then apart for good;
+    # steps are not the indices, so an index read as a step would show.
+    t = 8
+    u, prev = uniform(t), band(t, 1)
+    attn = np.array([[u, u], [u, u], [u, u], [prev, u], [prev, u]])[:, None, :, None]
+    ds = run_dataset(attn, [0, 7, 19, 23, 31])
+    ds["importance"][:] = np.array([1.0, 0.0])  # one head holds all: Gini 1/2
+    result = analyse_run(ds)
+    row = summary_row(result)
+    assert row["bifurcation_step"] == 23
+    assert row["layer_bifurcation_steps"] == [23]
+    assert float(result["divergence_from_init"].isel(layer=0, head=1, snapshot=-1)) == 0.0
+    assert result["winner_take_all"].values.ravel().tolist() == [0.5] * 5
+    assert result["commitment_step"].values.tolist() == [[23.0, 0.0]]
+    assert row["slash_dominant"] == 1 and row["roles"] == {"previous_token": 1, "diffuse": 1}
+    assert row["redundancy"] == 0.0
+
+
+def test_analyse_run_cuts_redundancy_at_0_1_and_correlates_the_last_snapshot():
+    # Head 1 = 0.75 uniform + 0.25 previous-token: JS distance 0.141 from the uniform head 0
+    # (over 0.1: not redundant); 0.85 / 0.15 gives 0.089 (under: both redundant).
+    t = 8
+    u, prev = uniform(t), band(t, 1)
+    far, near = 0.75 * u + 0.25 * prev, 0.85 * u + 0.15 * prev
+    attn = np.array([[u, u], [u, u], [u, u], [u, near], [u, far]])[:, None, :, None]
+    result = analyse_run(run_dataset(attn, [0, 1, 2, 3, 4]))
+    assert result["js_distance"].values[-1, 0, 0, 0, 1] == pytest.approx(0.14127, abs=1e-4)
+    assert result["redundancy_fraction"].values.tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]
+    assert summary_row(result)["redundancy"] == 0.0
+    # attention_correlation is of the last snapshot (the first has identical heads: r = 1)
+    mask = np.tril(np.ones((t, t), bool))
+    r = np.corrcoef(u[mask], far[mask])[0, 1]
+    assert result["attention_correlation"].values[0, 0, 0, 1] == pytest.approx(r, rel=1e-9)
+    assert r < 0.99
+
+
+def test_analyse_table_prints_the_row_as_summary_row_gives_it(capsys):
+    from dynamics.tables import print_analysis
+
+    row = {"run": "r1", "status": "completed", "bifurcation_step": None, "layer_bifurcation_steps": [32, 100],
+           "final_divergence": 0.12345, "redundancy": 0.375, "slash_dominant": 2,
+           "roles": {"diffuse": 1, "slash": 3, "sink": 2}}
+    print_analysis([row])
+    line = capsys.readouterr().out.splitlines()[1].split("  ")
+    cells = [c.strip() for c in line if c.strip()]
+    assert cells == ["r1", "completed", "never (by layer: 32, 100)", "0.123", "0.38", "2", "slash:3 sink:2 diffuse:1"]
+    row.update(bifurcation_step=40, layer_bifurcation_steps=[40, 40])
+    print_analysis([row])
+    assert "  40  " in capsys.readouterr().out.splitlines()[1]
+    row.update(layer_bifurcation_steps=[40, 100])  # one layer differs: every layer's step is shown
+    print_analysis([row])
+    assert "40 (by layer: 40, 100)" in capsys.readouterr().out
