@@ -9,6 +9,7 @@ whatever device wrote it.
 from __future__ import annotations
 
 import io
+import zipfile
 
 import numpy as np
 import torch
@@ -71,6 +72,11 @@ def load_checkpoint(path: str, run_id: str) -> dict | None:
     blob = store.read_checkpoint(path, run_id)
     if blob is None:
         return None
+    # torch.load checks no CRC: a byte flipped in a weight (a disk error, a bad copy) loaded
+    # without a word, and a resume trained on from weights no step of the run had
+    if (member := _crc_mismatch(blob)) is not None:
+        raise store.StoreError(f"run {run_id}'s checkpoint in {path} is damaged ({len(blob):,} bytes whose member "
+                               f"{member} fails its CRC check); its recorded arrays are untouched")
     try:
         # Loaded on the CPU: load_state_dict copies into tensors already on the device, and the
         # RNG state must stay a CPU ByteTensor for torch.set_rng_state.
@@ -83,6 +89,16 @@ def load_checkpoint(path: str, run_id: str) -> dict | None:
         raise store.StoreError(f"run {run_id}'s checkpoint in {path} is damaged (it loads, but holds no training "
                                f"state); its recorded arrays are untouched")
     return ckpt
+
+
+def _crc_mismatch(blob: bytes) -> str | None:
+    """The first member of a checkpoint's zip whose bytes do not match their stored CRC-32, or None
+    (None too for bytes that are no zip at all: torch.load names that)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as z:
+            return z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return None
 
 
 @torch.no_grad()

@@ -116,10 +116,26 @@ def test_loading_a_run_trained_through_forward_hooks_needs_bare(tmp_path):
     assert got == cfg and step == cfg.train.steps
 
 
-@pytest.mark.parametrize("damage", ["truncated", "empty", "folder"])
+def _flip_a_weight_byte(ckpt) -> None:
+    """Flip one byte in the middle of the checkpoint's largest tensor, as a disk error would:
+    the zip stays readable, only that member's CRC no longer matches."""
+    import zipfile
+
+    blob = bytearray(ckpt.read_bytes())
+    with zipfile.ZipFile(ckpt) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    name_len, extra_len = int.from_bytes(blob[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(blob[info.header_offset + 28:info.header_offset + 30], "little")
+    blob[info.header_offset + 30 + name_len + extra_len + info.file_size // 2] ^= 0xFF
+    ckpt.write_bytes(bytes(blob))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "folder", "bitflip"])
 def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_path, damage):
     # torch's unpickler raised from deep inside: `dynamics run` recorded the run as failed (its
-    # status and traceback rewritten) and `dynamics gates` printed 25 lines, naming no file
+    # status and traceback rewritten) and `dynamics gates` printed 25 lines, naming no file.
+    # A flipped byte in a weight torch loaded without a word: the resume trained on from wrong
+    # weights, and the run ended "completed" with other arrays than an uninterrupted run's
     from pathlib import Path
 
     from tests.conftest import cli_in_process, interrupt_at
@@ -133,6 +149,8 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_
     if damage == "folder":  # an IsADirectoryError traceback from gates
         ckpt.unlink()
         ckpt.mkdir()
+    elif damage == "bitflip":
+        _flip_a_weight_byte(ckpt)
     else:
         ckpt.write_bytes(ckpt.read_bytes()[:100] if damage == "truncated" else b"")
     Path(path, "checkpoints", cfg.run_id(), "train.lock").write_text('{"pid": 1, "host": "earlier"}')
