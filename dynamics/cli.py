@@ -168,11 +168,19 @@ def _run_failed(out: str, run_id: str, e: BaseException) -> int:
 
     last = traceback.format_exception_only(type(e), e)[-1].strip()
     try:
-        recorded = str(store.run_attrs(out, run_id).get("traceback") or "").strip().endswith(last)
+        attrs = store.run_attrs(out, run_id)
     except Exception:  # noqa: BLE001 - no store or no run left to read
-        recorded = False
-    where = "traceback in the run's attributes" if recorded else "its traceback could not be recorded in the store"
+        attrs = {}
     message = (str(e).splitlines() or [""])[0]
+    if (status := attrs.get("status")) in ("completed", "diverged"):
+        # Its final attributes landed and only the root index's refresh after them failed (a disk
+        # that filled just then): "failed" contradicted what `dynamics status` shows.
+        print(f"dynamics: run {run_id} {status}, but updating the store's root index after it failed: "
+              f"{type(e).__name__}: {message} (its arrays and attributes are whole; the same command again "
+              f"refreshes the index)", file=sys.stderr)
+        return 1
+    recorded = str(attrs.get("traceback") or "").strip().endswith(last)
+    where = "traceback in the run's attributes" if recorded else "its traceback could not be recorded in the store"
     print(f"dynamics: run {run_id} failed: {type(e).__name__}: {message} ({where})", file=sys.stderr)
     return 1
 

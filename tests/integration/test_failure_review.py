@@ -114,3 +114,25 @@ def test_a_store_deleted_mid_run_is_a_run_failure_not_bad_input(tiny_config, tmp
     line = failure_line(r)
     assert line.startswith(f"dynamics: run {run_id} failed: ")
     assert line.endswith("(its traceback could not be recorded in the store)")
+
+
+def test_a_failure_after_the_run_is_marked_completed_does_not_call_it_failed(tiny_config, tmp_path, capsys):
+    # A disk that filled just as the root index was refreshed, after the final attributes had
+    # landed, printed "run ... failed" of a run `dynamics status` showed completed and a rerun
+    # skipped. The line now says what the store holds.
+    import errno
+
+    from dynamics.cli import _run_failed
+    from dynamics.train import train_run
+
+    cfg = load_config(tiny_config(steps=10, every=5))
+    out = tmp_path / "s.zarr"
+    train_run(cfg, str(out))
+    run_id = cfg.run_id()
+    code = _run_failed(str(out), run_id, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    line = capsys.readouterr().err.strip()
+    assert code == 1 and "\n" not in line and "failed:" not in line.split("index")[0]
+    assert line.startswith(f"dynamics: run {run_id} completed, but updating the store's root index after it "
+                           f"failed: OSError: [Errno 28] No space left on device")
+    assert line.endswith("the same command again refreshes the index)")
+    assert store.run_attrs(out, run_id)["status"] == "completed"
