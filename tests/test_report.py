@@ -415,7 +415,7 @@ def _written_run(path: Path, run_id: str, cfg, status: str, config: dict | None 
     writer = store.RunWriter(path, run_id, variables=recorded, coords=coords(cfg, steps_at),
                              attrs={"status": status, "config": config or cfg.to_dict()})
     if status in ("completed", "diverged"):  # a finished run's chunks are all there (store.check_recorded)
-        for name, (_, shape, dtype) in recorded.items():
+        for name, (_, shape, dtype, *_) in recorded.items():
             writer.write_region(name, 0, np.ones(shape, dtype))
     writer.finalize()
 
@@ -1344,3 +1344,41 @@ def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_i
         sec.figures)["predict_slash.png"]
     assert ("in 6 of 40 permutations (15%); 4 runs could only trade with runs of their own seed, so it may "
             "overstate.") in dict(sec.figures)["predict_slash.png"]
+
+
+def test_chg_taxonomy_shares_over_training_are_fractions_of_the_heads_at_each_fit(tmp_path, monkeypatch):
+    # A share over heads x fits (sum / labels.size) drew the same single-fit figure and halved
+    # these two fits' shares: each point is the fraction of the 4 heads holding the label then.
+    from dynamics.config import from_dict
+    from dynamics.gates import UNFITTED
+    from dynamics.record import coords, snapshot_steps, variables
+    from dynamics.report import chg
+
+    raw = json.loads(json.dumps(TINY))
+    cfg = from_dict(raw | {"record": raw["record"] | {"chg_every": 4, "chg_steps": 5}})
+    path = tmp_path / "s.zarr"
+    _written_run(path, "r0", cfg, "completed")
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    S, L, H = len(steps_at), cfg.model.n_layers, cfg.model.n_heads
+    assert (L, H) == (2, 2) and S >= 3
+    position = {0: (0.9, 0.9), 1: (0.9, 0.1), 2: (0.1, 0.1)}  # facilitating, irrelevant, interfering
+    codes = {0: [0, 0, 0, 0], 2: [0, 1, 2, 2]}  # fitted at snapshots 0 and 2 only
+    gates = np.full((S, L, H, 2), np.nan, np.float32)
+    roles = np.full((S, L, H), UNFITTED, np.int8)
+    for i, cs in codes.items():
+        gates[i] = np.array([position[c] for c in cs], np.float32).reshape(L, H, 2)
+        roles[i] = np.array(cs, np.int8).reshape(L, H)
+    writer = store.RunWriter(path, "r0", variables=variables(cfg, S), coords=coords(cfg, steps_at), attrs={},
+                             resume=True)
+    writer.write_region("chg", 0, gates)
+    writer.write_region("chg_role", 0, roles)
+    writer.finalize()
+
+    figs = _capture_figures(monkeypatch, chg)
+    write_report(path, tmp_path / "out", compute_missing=False)
+    ax3 = next(ax for ax in figs["chg.png"].axes if ax.get_ylabel() == "heads with this CHG label (fraction)")
+    share = {line.get_label(): line.get_xydata().tolist() for line in ax3.get_lines()}
+    at = [float(steps_at[0]), float(steps_at[2])]
+    assert share["facilitating"] == [[at[0], 1.0], [at[1], 0.25]]
+    assert share["irrelevant"] == [[at[0], 0.0], [at[1], 0.25]]
+    assert share["interfering"] == [[at[0], 0.0], [at[1], 0.5]]
