@@ -2,6 +2,7 @@
 arrays under one id (a rerun skips the run it should train, or reports another's), the rules
 that keep a sweep's points apart, and the config checks those rely on."""
 
+import re
 import shutil
 
 import pytest
@@ -90,3 +91,83 @@ def test_sweep_points_training_one_run_are_refused(raw, key):
 
     with pytest.raises(ConfigError, match=key):
         expand_grid(from_dict(raw))
+
+
+# Mutation survivors of config.py / config_rules.py (each test fails on its mutant).
+
+
+def test_run_ids_of_recorded_configs_do_not_move():
+    # Every recorded run is found again by its id: a change to how ids are computed (key order,
+    # a key dropped or added) orphans them all. The default config, and one with every section
+    # and an [intervene] table written in another key order than the sorted one.
+    assert from_dict({}).run_id() == "r739b96cb1e"
+    raw = small(intervene={"templates": {"weight": 0.5, "heads": [{"pattern": "previous_token", "layer": 0, "head": 1}]}})
+    assert from_dict(raw).run_id() == "ra9d3a55072"
+
+
+@pytest.mark.parametrize("key, value", [("model.n_layers", True), ("train.seed", False), ("record.every", True)])
+def test_a_bool_is_no_integer(key, value):
+    # TOML true is Python's True, an int: n_layers = true trained one layer under an id of its own
+    section, leaf = key.split(".")
+    with pytest.raises(ConfigError, match=f"{key}: expected an integer, got {value}"):
+        from_dict({section: {leaf: value}})
+
+
+def test_an_axis_spelled_twice_inside_one_sweep_table_is_refused():
+    # "templates.weight" and a templates table's weight, both in [sweep.intervene]: one list
+    # silently replaced the other
+    raw = {"sweep": {"intervene": {"templates.weight": [0.0, 1.0], "templates": {"weight": [2.0]}}}}
+    with pytest.raises(ConfigError, match=r"sweep.intervene.templates.weight: given twice"):
+        from_dict(raw)
+
+
+@pytest.mark.parametrize("raw, refused", [
+    ({"train": {"min_lr_frac": 1.0}}, None),  # no decay: a constant rate after warm-up
+    ({"train": {"min_lr_frac": 1.0000001}}, "train.min_lr_frac: must be in"),
+    ({"train": {"beta1": 1.0}}, "train.beta1/beta2"),
+    ({"model": {"gate_init": -100.0, "gates": "learned"}}, None),
+    ({"model": {"gate_init": 100.5, "gates": "learned"}}, "model.gate_init: must be within"),
+    ({"model": {"rope_base": 1.0}}, "model.rope_base: must be > 1"),
+    ({"model": {"d_head": -2, "pos": "learned"}}, "model.d_head: must be >= 0"),
+    ({"task": {"name": "markov", "markov_branching": 64}}, None),  # vocab_size 64: every id a successor
+    ({"task": {"name": "markov", "markov_branching": 65}}, "task.markov_branching: must be in"),
+    ({"task": {"name": "markov", "markov_order": 15}, "model": {"context": 16}}, None),
+    ({"task": {"name": "markov", "markov_order": 16}, "model": {"context": 16}}, "model.context: too short"),
+    ({"task": {"name": "offset_copy", "delta": 7}, "model": {"context": 16}}, None),
+    ({"task": {"name": "offset_copy", "delta": 8}, "model": {"context": 16}}, "model.context: 16 is too short"),
+    ({"task": {"name": "corpus", "holdout": 0.0}, "model": {"vocab_size": 256}}, "task.holdout: must be in"),
+    ({"task": {"name": "offset_copy"}, "model": {"vocab_size": 4}}, None),
+    ({"task": {"name": "offset_copy"}, "model": {"vocab_size": 3}}, "model.vocab_size: must be >= 4"),
+    ({"task": {"name": "mixture", "components": ["induction", "induction"]}}, "task.components: duplicate"),
+])
+def test_bounds_hold_at_their_edges(raw, refused):
+    if refused is None:
+        from_dict(raw)
+    else:
+        with pytest.raises(ConfigError, match=re.escape(refused)):
+            from_dict(raw)
+
+
+def test_mixture_weights_that_draw_the_same_rows_are_one_point():
+    from dynamics.sweep.grid import expand_grid
+
+    raw = {"task": {"name": "mixture", "components": ["induction", "markov"]}, "sweep": {"task.weights": [[], [1, 1]]}}
+    with pytest.raises(ConfigError, match="train the same data and model"):
+        expand_grid(from_dict(raw))
+
+
+def test_a_grid_past_max_points_is_refused_and_one_at_it_is_not_counted_too_many():
+    from dynamics.limits import MAX_POINTS
+    from dynamics.sweep.grid import expand_grid
+
+    with pytest.raises(ConfigError, match=f"sweep: {MAX_POINTS + 1:,} points"):
+        expand_grid(from_dict({"sweep": {"train.seed": list(range(MAX_POINTS + 1))}}))
+
+
+def test_a_pooled_runs_data_hash_names_its_seed():
+    # every seed draws its own pool: one hash for two seeds said they trained on the same rows
+    from dynamics.tasks import data_hash
+
+    pooled = [data_hash(from_dict({"task": {"pool_size": 8}, "train": {"seed": s}})) for s in (0, 1)]
+    assert pooled[0] != pooled[1]
+    assert data_hash(from_dict({"train": {"seed": 0}})) == data_hash(from_dict({"train": {"seed": 1}}))
