@@ -156,7 +156,7 @@ def test_mixture_weights_that_draw_the_same_rows_are_one_point():
         expand_grid(from_dict(raw))
 
 
-def test_a_grid_past_max_points_is_refused_and_one_at_it_is_not_counted_too_many():
+def test_a_grid_one_past_max_points_is_refused():
     from dynamics.limits import MAX_POINTS
     from dynamics.sweep.grid import expand_grid
 
