@@ -303,7 +303,7 @@ def _refuse_other_teacher(prior: dict, cfg: RunConfig, path: str, run_id: str) -
     if not cfg.intervene.get("distill") or not isinstance(recorded, dict):
         return
     try:
-        teacher, _ = interventions.distill.resolve(interventions.parse(cfg).distill, cfg)
+        teacher = interventions.distill._teacher(interventions.parse(cfg).distill, cfg)  # not its roles: no analysis
     except ConfigError:  # no teacher to compare with (as before: skipped; `dynamics run` refuses it first)
         return
     if recorded.get("teacher_run") != teacher.run_id:
