@@ -267,7 +267,7 @@ def train_run(
     prior = store.run_attrs(path, run_id) if run_id in store.list_runs(path, damaged="include") else {}
     _refuse_other_experiment(prior, cfg, path, run_id)
     if prior.get("status") in FINISHED_STATUSES:
-        _refuse_other_teacher(prior, cfg, path, run_id)
+        interventions.distill.refuse_other_teacher(prior, cfg, path, run_id)
         store.refresh_index(path, [run_id])  # a kill after its last attrs left plain xarray's view stale
         return _skipped(run_id, prior)
     hash_now = data_hash(cfg)
@@ -291,27 +291,6 @@ def _refuse_other_experiment(prior: dict, cfg: RunConfig, path: str, run_id: str
     # Checked before the status, so a finished run of another config is refused, not "skipped".
     if prior and not _same_experiment(prior, cfg):
         raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
-
-
-def _refuse_other_teacher(prior: dict, cfg: RunConfig, path: str, run_id: str) -> None:
-    """StoreError when a finished distilled run was distilled from another teacher run than its
-    ``intervene.distill`` now names. The table enters the run id as written, and ``teacher`` is a
-    path, maybe relative, with ``run`` optional: a teacher store remade with another run, or the
-    same config from another directory, named another teacher under the same run id, and the
-    finished student was skipped as if distilled from it. A resume is refused so by its checkpoint."""
-    recorded = (prior.get("interventions") or {}).get("distill")
-    if not cfg.intervene.get("distill") or not isinstance(recorded, dict):
-        return
-    try:
-        teacher = interventions.distill._teacher(interventions.parse(cfg).distill, cfg)  # not its roles: no analysis
-    except ConfigError:  # no teacher to compare with (as before: skipped; `dynamics run` refuses it first)
-        return
-    if recorded.get("teacher_run") != teacher.run_id:
-        raise store.StoreError(
-            f"run {run_id} in {path} was distilled from teacher run {recorded.get('teacher_run')} "
-            f"({recorded.get('teacher_store')}), but intervene.distill.teacher now names run {teacher.run_id} in "
-            f"{teacher.path}; refusing to skip it as this config's run: write the student to another store or "
-            f"give intervene.distill.run")
 
 
 def _refuse_other_data(prior: dict, cfg: RunConfig, path: str, run_id: str, hash_now: str) -> None:
@@ -383,7 +362,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     # another process may have started or finished the run since train_run looked
     _refuse_other_experiment(prior, cfg, path, run_id)
     if prior.get("status") in FINISHED_STATUSES:
-        _refuse_other_teacher(prior, cfg, path, run_id)
+        interventions.distill.refuse_other_teacher(prior, cfg, path, run_id)
         return _skipped(run_id, prior)
     _refuse_other_data(prior, cfg, path, run_id, hash_now)
 

@@ -38,6 +38,12 @@ def test_a_finished_student_of_another_teacher_is_refused_not_skipped(tmp_path):
     assert second != first
     with pytest.raises(store.StoreError, match=f"distilled from teacher run {first}.*names run {second}"):
         train_run(student, out)
+    # The sweep launcher skips finished points itself, never reaching train_run: the same refusal
+    # there, before any point trains (it said "1 already finished, not retrained").
+    from dynamics.sweep.launcher import run_sweep
+
+    with pytest.raises(store.StoreError, match=f"sweep point .*distilled from teacher run {first}.*names run {second}"):
+        run_sweep(student, out)
 
 
 @pytest.mark.parametrize("key", ["model", "task", "train", "record"])

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from dynamics.checkpoint import load_run_model
-from dynamics.config import RunConfig, recorded_config
+from dynamics.config import ConfigError, RunConfig, recorded_config
 from dynamics.interventions.common import (
     check_schedule,
     fail,
@@ -188,6 +188,35 @@ def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
         fail(f"{key}: teacher run {run_id} was trained with interventions that change its forward pass "
              "(hard templates or conditioned gates); its checkpoint alone does not reproduce its attention")
     return Teacher(path, run_id, tcfg)
+
+
+def refuse_other_teacher(recorded: dict, cfg: RunConfig, path: str, run_id: str) -> None:
+    """StoreError when the finished run ``run_id`` (its attributes ``recorded``) was distilled from
+    another teacher run than ``cfg``'s ``intervene.distill`` names now.
+
+    The table enters the run id as written, and ``teacher`` is a path, maybe relative, with
+    ``run`` optional: a teacher store remade with another run, or the same config from another
+    directory, named another teacher under the same run id, and the finished student was skipped
+    as if distilled from it (`train_run` and the sweep launcher skip finished runs; a resume is
+    refused so by its checkpoint). A teacher the config cannot resolve now (gone, several runs,
+    not completed) is no evidence either way: the run is left to be skipped, and `dynamics run`
+    names that teacher problem before it gets here.
+    """
+    from dynamics import store
+
+    was = (recorded.get("interventions") or {}).get("distill")
+    if not cfg.intervene.get("distill") or not isinstance(was, dict):
+        return
+    try:
+        teacher = _teacher(parse(cfg, cfg.intervene["distill"]), cfg)  # not its roles: no analysis
+    except ConfigError:
+        return
+    if was.get("teacher_run") != teacher.run_id:
+        raise store.StoreError(
+            f"run {run_id} in {path} was distilled from teacher run {was.get('teacher_run')} "
+            f"({was.get('teacher_store')}), but intervene.distill.teacher now names run {teacher.run_id} in "
+            f"{teacher.path}; refusing to skip it as this config's run: write the student to another store or "
+            f"give intervene.distill.run")
 
 
 def _same_place(a: str, b: str) -> bool:

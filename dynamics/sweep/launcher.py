@@ -356,11 +356,15 @@ def _refuse_point(p: Point, attrs: dict, path: str) -> None:
         # finished, it stood in status and open_sweep with this point's values
         raise store.StoreError(f"sweep point {p.label}: run {p.run_id} in {path} was recorded with a different "
                                f"config (dynamics run --run-id?); refusing to mix them")
-    if attrs.get("status") not in FINISHED:  # a finished one is skipped: its checkpoint is not needed
-        try:
+    try:
+        if attrs.get("status") not in FINISHED:  # a finished one is skipped: its checkpoint is not needed
             store.check_checkpoint_kept(path, p.run_id, attrs)
-        except store.StoreError as e:
-            raise store.StoreError(f"sweep point {p.label}: {e}") from None
+        elif p.cfg.intervene.get("distill"):  # skipped here, never reaching train_run's check
+            from dynamics.interventions import distill
+
+            distill.refuse_other_teacher(attrs, p.cfg, path, p.run_id)
+    except store.StoreError as e:
+        raise store.StoreError(f"sweep point {p.label}: {e}") from None
 
 
 def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int, display: _Display,
