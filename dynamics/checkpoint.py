@@ -92,13 +92,28 @@ def load_checkpoint(path: str, run_id: str) -> dict | None:
 
 
 def _crc_mismatch(blob: bytes) -> str | None:
-    """The first member of a checkpoint's zip whose bytes do not match their stored CRC-32, or None
-    (None too for bytes that are no zip at all: torch.load names that)."""
+    """The first member of a checkpoint's zip whose bytes do not match their stored CRC-32, or None.
+
+    None too where no CRC can be checked, leaving torch.load to name the damage (or load it):
+    bytes that are no zip, a directory too damaged to read (a flipped flag bit makes zipfile say
+    "encrypted", a flipped method "compressed": RuntimeError, zlib.error, NotImplementedError),
+    and members stored with CRC 0, which is what torch writes for every member when its
+    (thread-local) ``serialization.config.save.compute_crc32`` is off.
+    """
     try:
         with zipfile.ZipFile(io.BytesIO(blob)) as z:
-            return z.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+            for info in z.infolist():
+                if info.CRC == 0 and info.file_size:
+                    continue
+                try:
+                    with z.open(info) as f:
+                        while f.read(1 << 20):
+                            pass
+                except zipfile.BadZipFile:
+                    return info.filename
+    except Exception:  # noqa: BLE001 - any other failure to read the zip: torch.load's to report
         return None
+    return None
 
 
 @torch.no_grad()

@@ -130,7 +130,16 @@ def _flip_a_weight_byte(ckpt) -> None:
     ckpt.write_bytes(bytes(blob))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "empty", "folder", "bitflip"])
+def _flip_the_encrypted_flag(ckpt) -> None:
+    """Set bit 0 (encrypted) of the first central-directory entry's flags: one flipped bit, after
+    which zipfile refuses to read the member (RuntimeError), while torch's own reader may not care."""
+    blob = bytearray(ckpt.read_bytes())
+    at = blob.index(b"PK\x01\x02")
+    blob[at + 8] |= 0x01
+    ckpt.write_bytes(bytes(blob))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "folder", "bitflip", "encrypted"])
 def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_path, damage):
     # torch's unpickler raised from deep inside: `dynamics run` recorded the run as failed (its
     # status and traceback rewritten) and `dynamics gates` printed 25 lines, naming no file.
@@ -151,6 +160,8 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_
         ckpt.mkdir()
     elif damage == "bitflip":
         _flip_a_weight_byte(ckpt)
+    elif damage == "encrypted":
+        _flip_the_encrypted_flag(ckpt)
     else:
         ckpt.write_bytes(ckpt.read_bytes()[:100] if damage == "truncated" else b"")
     Path(path, "checkpoints", cfg.run_id(), "train.lock").write_text('{"pid": 1, "host": "earlier"}')
@@ -160,6 +171,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_
         assert done.returncode == 2, done.stderr
         [line] = done.stderr.splitlines()
         assert line.startswith(f"dynamics: error: run {cfg.run_id()}'s checkpoint in {path} is damaged (")
+        assert ("fails its CRC check" in line) == (damage == "bitflip")  # torch.load names the others
         assert line.endswith("its recorded arrays are untouched")
     assert {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()} == before
     assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"
@@ -227,3 +239,35 @@ def test_checkpoint_step_reads_plain_weights_only_and_no_torch(tmp_path, cfg, mo
     assert checkpoint_step(path, "r1") is None
     store.write_checkpoint(path, "r1", b"not a checkpoint")
     assert checkpoint_step(path, "r1") is None
+
+
+def test_a_checkpoint_saved_without_crcs_still_resumes(tmp_path, monkeypatch):
+    # torch writes CRC 0 for every member when its (thread-local) serialization.config.save.
+    # compute_crc32 is off: no mismatch, and such a checkpoint must resume, not be refused. The
+    # run's own are saved on its writer thread, so the test saves the same state again that way.
+    import io
+    import zipfile
+    from pathlib import Path
+
+    import torch.utils.serialization as serialization
+
+    from tests.conftest import assert_same_run_arrays, interrupt_at
+
+    toml = tmp_path / "t.toml"
+    toml.write_text(TINY.format(steps=30, every=10))
+    cfg, path = load_config(toml), str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))
+    ckpt = Path(path, "checkpoints", cfg.run_id(), "ckpt.pt")
+    state = torch.load(io.BytesIO(ckpt.read_bytes()), map_location="cpu", weights_only=False)
+    monkeypatch.setattr(serialization.config.save, "compute_crc32", False)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    monkeypatch.undo()
+    ckpt.write_bytes(buf.getvalue())
+    with zipfile.ZipFile(ckpt) as z:
+        assert all(i.CRC == 0 for i in z.infolist())
+    assert train_run(cfg, path).status == "completed"
+    ref = str(tmp_path / "ref.zarr")
+    train_run(cfg, ref)
+    assert_same_run_arrays(path, ref)
