@@ -144,11 +144,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except StoreError as e:
         if not started:
             raise  # bad input, refused before any work: main() prints it as one line, exit 2
-        return _run_failed(out, run_id, e)
+        return _run_failed(out, run_id, e, trained=True)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - the run's attributes hold the full traceback, where they could
-        return _run_failed(out, run_id, e)
+        return _run_failed(out, run_id, e, trained=bool(started))
     if result.skipped:
         print(f"{run_id}: already {result.status} in {out}; nothing retrained")
     else:
@@ -158,10 +158,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 1
 
 
-def _run_failed(out: str, run_id: str, e: BaseException) -> int:
+def _run_failed(out: str, run_id: str, e: BaseException, *, trained: bool) -> int:
     """One line for a run that failed while training (exit 1), saying where its traceback is:
     in the run's attributes only if the run could record it there (a full disk, or a store
-    deleted mid-run, may have left nothing, or only an earlier session's traceback)."""
+    deleted mid-run, may have left nothing, or only an earlier session's traceback). A run this
+    session (``trained``) marked completed or diverged before the error is said to be so."""
     import traceback
 
     from dynamics import store
@@ -174,10 +175,12 @@ def _run_failed(out: str, run_id: str, e: BaseException) -> int:
     message = (str(e).splitlines() or [""])[0]
     if (status := attrs.get("status")) in ("completed", "diverged"):
         # Its final attributes landed and only the root index's refresh after them failed (a disk
-        # that filled just then): "failed" contradicted what `dynamics status` shows.
-        print(f"dynamics: run {run_id} {status}, but updating the store's root index after it failed: "
-              f"{type(e).__name__}: {message} (its arrays and attributes are whole; the same command again "
-              f"refreshes the index)", file=sys.stderr)
+        # that filled just then), or it had finished before and this command stopped on the way
+        # to skipping it: "failed" contradicted what `dynamics status` shows.
+        what = (f"{status}, but refreshing the store's root index afterwards failed" if trained else
+                f"was already {status}, but this command stopped before skipping it")
+        print(f"dynamics: run {run_id} {what}: {type(e).__name__}: {message} (its arrays and attributes are "
+              f"whole{'; the same command again refreshes the index' if trained else ''})", file=sys.stderr)
         return 1
     recorded = str(attrs.get("traceback") or "").strip().endswith(last)
     where = "traceback in the run's attributes" if recorded else "its traceback could not be recorded in the store"

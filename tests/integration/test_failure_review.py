@@ -129,10 +129,17 @@ def test_a_failure_after_the_run_is_marked_completed_does_not_call_it_failed(tin
     out = tmp_path / "s.zarr"
     train_run(cfg, str(out))
     run_id = cfg.run_id()
-    code = _run_failed(str(out), run_id, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    code = _run_failed(str(out), run_id, error, trained=True)
     line = capsys.readouterr().err.strip()
     assert code == 1 and "\n" not in line and "failed:" not in line.split("index")[0]
-    assert line.startswith(f"dynamics: run {run_id} completed, but updating the store's root index after it "
+    assert line.startswith(f"dynamics: run {run_id} completed, but refreshing the store's root index afterwards "
                            f"failed: OSError: [Errno 28] No space left on device")
     assert line.endswith("the same command again refreshes the index)")
     assert store.run_attrs(out, run_id)["status"] == "completed"
+    # Completed in an earlier session, and this one failed before training (on the way to skipping
+    # it): nothing says the index was this session's to refresh.
+    assert _run_failed(str(out), run_id, error, trained=False) == 1
+    assert capsys.readouterr().err.strip() == (f"dynamics: run {run_id} was already completed, but this command "
+                                               f"stopped before skipping it: OSError: [Errno 28] No space left on "
+                                               f"device (its arrays and attributes are whole)")
