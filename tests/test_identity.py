@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from dynamics import store
-from dynamics.config import ConfigError, from_dict, load_config
+from dynamics.config import ConfigError, RunConfig, from_dict, load_config
 from dynamics.train import train_run
 
 SMALL = {"model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_mlp": 32, "vocab_size": 16, "context": 16},
@@ -64,7 +64,6 @@ def test_every_setting_but_device_and_threads_enters_the_run_id(key):
             tuple(default) if isinstance(default, list) else default)
         same = f"{key}.{f.name}" in ("train.device", "train.threads")
         # not validated: only the hash of the dict is under test here
-        from dynamics.config import RunConfig
         cfg = RunConfig(**{s: SECTIONS[s](**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()})
                            for s, t in changed.items() if s in SECTIONS})
         assert (cfg.run_id() == from_dict({}).run_id()) == same, f"{key}.{f.name}"
@@ -99,7 +98,8 @@ def test_sweep_points_training_one_run_are_refused(raw, key):
         expand_grid(from_dict(raw))
 
 
-# Mutation survivors of config.py / config_rules.py (each test fails on its mutant).
+# The config checks a run id relies on: a value a check let through trains a config that no
+# other command can read back, or one that means something else than it says.
 
 
 def test_run_ids_of_recorded_configs_do_not_move():

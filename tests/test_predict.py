@@ -1299,7 +1299,6 @@ def test_cli_store_problems_exit_2(tmp_path, capsys):
     assert "1 completed run" in err and len(err.strip().splitlines()) == 1
 
 
-
 def test_gradient_features_by_hand_are_relative_to_the_heads_own_layer():
     # Known answer for the trajectory features of one weight: a head's "rel" is its log10 norm
     # minus the mean over ITS layer's heads (not over the layers at its head index), its slope
