@@ -139,6 +139,20 @@ def _flip_the_encrypted_flag(ckpt) -> None:
     ckpt.write_bytes(bytes(blob))
 
 
+def _interrupted_run(tmp_path, steps: int):
+    """A tiny run stopped at step 12, its checkpoint at step 10: (toml, cfg, store, checkpoint file)."""
+    from pathlib import Path
+
+    from tests.conftest import interrupt_at
+
+    toml = tmp_path / "t.toml"
+    toml.write_text(TINY.format(steps=steps, every=10))
+    cfg, path = load_config(toml), str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))
+    return toml, cfg, path, Path(path, "checkpoints", cfg.run_id(), "ckpt.pt")
+
+
 @pytest.mark.parametrize("damage", ["truncated", "empty", "folder", "bitflip", "encrypted"])
 def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_path, damage):
     # torch's unpickler raised from deep inside: `dynamics run` recorded the run as failed (its
@@ -147,14 +161,9 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_
     # weights, and the run ended "completed" with other arrays than an uninterrupted run's
     from pathlib import Path
 
-    from tests.conftest import cli_in_process, interrupt_at
+    from tests.conftest import cli_in_process
 
-    toml = tmp_path / "t.toml"
-    toml.write_text(TINY.format(steps=40, every=10))
-    cfg, path = load_config(toml), str(tmp_path / "s.zarr")
-    with pytest.raises(KeyboardInterrupt):
-        train_run(cfg, path, progress=interrupt_at(12))
-    ckpt = Path(path, "checkpoints", cfg.run_id(), "ckpt.pt")
+    toml, cfg, path, ckpt = _interrupted_run(tmp_path, steps=40)
     if damage == "folder":  # an IsADirectoryError traceback from gates
         ckpt.unlink()
         ckpt.mkdir()
@@ -247,18 +256,12 @@ def test_a_checkpoint_saved_without_crcs_still_resumes(tmp_path, monkeypatch):
     # run's own are saved on its writer thread, so the test saves the same state again that way.
     import io
     import zipfile
-    from pathlib import Path
 
     import torch.utils.serialization as serialization
 
-    from tests.conftest import assert_same_run_arrays, interrupt_at
+    from tests.conftest import assert_same_run_arrays
 
-    toml = tmp_path / "t.toml"
-    toml.write_text(TINY.format(steps=30, every=10))
-    cfg, path = load_config(toml), str(tmp_path / "s.zarr")
-    with pytest.raises(KeyboardInterrupt):
-        train_run(cfg, path, progress=interrupt_at(12))
-    ckpt = Path(path, "checkpoints", cfg.run_id(), "ckpt.pt")
+    _, cfg, path, ckpt = _interrupted_run(tmp_path, steps=30)
     state = torch.load(io.BytesIO(ckpt.read_bytes()), map_location="cpu", weights_only=False)
     monkeypatch.setattr(serialization.config.save, "compute_crc32", False)
     buf = io.BytesIO()
