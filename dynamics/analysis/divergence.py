@@ -298,11 +298,18 @@ def _select_weight(head_weights: xr.DataArray, name: str) -> xr.DataArray:
     return head_weights.isel({WEIGHT: WEIGHTS.index(name)}, drop=True)
 
 
+def _gram(w):
+    # (..., H, M, D) -> (..., H, H, D, D): W_a^T W_b for every pair of heads. As one batched
+    # matmul (BLAS), not np.einsum, whose unoptimised loop took 10x as long on a demo run's
+    # weights (8.5 ms against 0.9 ms; three per run, in principal_angles and qk_cosine).
+    return np.swapaxes(w, -1, -2)[..., :, None, :, :] @ w[..., None, :, :, :]
+
+
 def _principal_cos_kernel(w):
     # w (..., H, M, D) -> cosines of principal angles (..., H, H, D), descending
     missing = np.isnan(w).any(axis=(-2, -1))  # (..., H)
     q, _ = np.linalg.qr(np.where(np.isnan(w), 0.0, w.astype(np.float64)))  # (..., H, M, D)
-    overlap = np.einsum("...hmi,...gmj->...hgij", q, q)  # (..., H, H, D, D) = Q_a^T Q_b
+    overlap = _gram(q)  # (..., H, H, D, D) = Q_a^T Q_b
     cos = np.clip(np.linalg.svd(overlap, compute_uv=False), 0.0, 1.0)
     bad = missing[..., :, None] | missing[..., None, :]
     return np.where(bad[..., None], np.nan, cos)
@@ -382,8 +389,7 @@ def _qk_cosine_kernel(wq, wk):
     wq, wk = wq.astype(np.float64), wk.astype(np.float64)
     # <Wq_a Wk_a^T, Wq_b Wk_b^T>_F = sum_ij (Wq_a^T Wq_b)_ij (Wk_a^T Wk_b)_ij: (D x D) Gram
     # blocks per pair instead of (d_model x d_model) circuits.
-    gram_q = np.einsum("...hmi,...gmj->...hgij", wq, wq)
-    gram_k = np.einsum("...hmi,...gmj->...hgij", wk, wk)
+    gram_q, gram_k = _gram(wq), _gram(wk)  # (..., H, H, D, D)
     inner = np.einsum("...hgij,...hgij->...hg", gram_q, gram_k)
     norm = np.sqrt(np.clip(np.diagonal(inner, axis1=-2, axis2=-1), 0.0, None))  # (..., H)
     denom = norm[..., :, None] * norm[..., None, :]
