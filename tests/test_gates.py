@@ -57,6 +57,18 @@ TINY = {
 FAST = GateOptions(steps=12, init_steps=3, restarts=1, batch_size=4, fit_batches=2, eval_batches=1)
 
 
+def _hand_nll(model, cfg, steps, batch_size, gates=None, component=None) -> float:
+    # Mean next-token NLL over eval-split batches, by a plain forward: what the fits' attrs should equal.
+    total = 0.0
+    for step in steps:
+        tokens = torch.from_numpy(make_batch(cfg, "eval", step, batch_size, component=component).tokens)
+        g = None if gates is None else gates.expand(tokens.shape[0], *gates.shape[-2:])
+        with torch.no_grad():
+            logits = model(tokens[:, :-1], head_gates=g)
+        total += F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).item()
+    return total / len(steps)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     # Tiny matmuls: a second intra-op thread only adds contention on the shared cores.
@@ -96,6 +108,37 @@ def test_contrastive_loss_stops_gradient_through_retain_and_clamps_forget():
     loss = contrastive_loss(lr, far, z, lam=0.0, max_diff=5.0)
     assert loss.item() == pytest.approx(1.0 - 5.0)
     assert torch.autograd.grad(loss.sum(), [far])[0].item() == 0.0
+
+
+def test_contrastive_regulariser_is_the_mean_of_the_clamped_logits():
+    # clamp(logit, -4, 4) of -9, 0, 2, 5 is -4, 0, 2, 4: mean 0.5 (unclamped the mean is -0.5).
+    logits = torch.tensor([[[-9.0, 0.0], [2.0, 5.0]]], requires_grad=True)
+    lr, lf = torch.tensor([-1.0]), torch.tensor([-2.0])  # -(-1) + (-2 + 1) = 0 before the regulariser
+    assert contrastive_loss(lr, lf, logits, lam=0.1).item() == pytest.approx(-0.05)
+    (grad,) = torch.autograd.grad(contrastive_loss(lr, lf, logits, lam=0.1).sum(), [logits])
+    assert grad.flatten().tolist() == pytest.approx([0.0, -0.025, -0.025, 0.0])  # none outside the clamp
+
+
+def test_component_weights_are_the_mixture_weights_normalised():
+    # The report's weighted ablation delta and head importance are these convex combinations.
+    base = {"model": {**TINY["model"], "context": 32}}
+    mix = from_dict({**base, "task": {"name": "mixture", "components": ["offset_copy", "markov"], "weights": [3, 1]}})
+    assert component_weights(mix).tolist() == [0.75, 0.25]
+    equal = from_dict({**base, "task": {"name": "mixture", "components": ["offset_copy", "markov", "induction"]}})
+    assert component_weights(equal).tolist() == pytest.approx([1 / 3] * 3)
+    assert component_weights(from_dict({**base, "task": {"name": "markov"}})).tolist() == [1.0]
+
+
+def test_rank_agreement_says_which_side_is_constant():
+    # rho is NaN either way; the report prints the reason, so each side must name itself.
+    from dynamics.gates.maths import rank_agreement_undefined
+
+    varied, flat = np.array([0.1, 0.5, 0.9]), np.array([0.2, 0.2, 0.2])
+    assert rank_agreement_undefined(varied, flat) == "the ablation delta is the same for every head"
+    assert rank_agreement_undefined(flat, varied) == "G- is the same for every head"
+    assert rank_agreement_undefined(varied, np.array([0.1, np.nan, 0.3])) == (
+        "G- or the ablation delta is not finite for some head")
+    assert rank_agreement_undefined(varied, varied) is None
 
 
 def test_positive_lambda_opens_and_negative_lambda_shuts_a_head_that_does_not_matter(tiny):
@@ -200,6 +243,61 @@ def test_the_table_marks_tied_labels_and_shows_where_contrastive_restarts_split(
             "3.6000 (restarts 3.2000 to 4.0000) with only the kept heads (gate >= threshold)") in lines
     assert ("contrast forget markov: held-out NLL 2.0000 -> 5.0000 gated, 5.0000 with only the kept heads "
             "(gate >= threshold)") in lines
+
+
+def test_report_weights_the_ablation_delta_by_the_mixture_weights():
+    # With weights 3:1 the weighted delta is 0.75 d0 + 0.25 d1, not the plain mean over components
+    # (which equal weights made indistinguishable): rho and the table's dloss column both read it.
+    from scipy.stats import spearmanr
+
+    cfg = from_dict({**TINY, "model": {**TINY["model"], "n_heads": 4},
+                     "task": {**TINY["task"], "weights": [3.0, 1.0]}})
+    torch.manual_seed(0)
+    ds = gate_report(build(cfg, torch.device("cpu")), cfg, FAST)
+    delta = ds.delta_loss.values  # (L, H, C)
+    weighted = 0.75 * delta[..., 0] + 0.25 * delta[..., 1]
+    minus = ds.chg.sel(fit="minus").mean("restart").values
+    assert ds.attrs["weights"] == [0.75, 0.25]
+    assert ds.attrs["rho"] == pytest.approx(spearmanr(minus.ravel(), weighted.ravel()).statistic)
+    # the data are such that the unweighted mean ranks the heads differently
+    assert spearmanr(minus.ravel(), delta.mean(-1).ravel()).statistic != pytest.approx(ds.attrs["rho"])
+    header, rows = report_table(ds)
+    col = header.index("dloss")
+    assert [r[col] for r in rows] == [f"{w:+.4f}" for w in weighted.ravel()]
+
+
+def test_the_table_gives_the_share_of_restarts_on_the_majority_side_of_the_threshold(tiny):
+    # Two restarts that both drop a head agree fully (k.agree 1.00), as two that both keep one do;
+    # the share keeping it (0.00) would read as total disagreement.
+    import xarray as xr
+
+    model, cfg = tiny
+    ds = xr.concat([gate_report(model, cfg, FAST)] * 2, "restart", data_vars="minimal")
+    gate = np.full(ds.chg_role.shape, 0.9)  # (restart, layer, head)
+    gate[:, 1, 0] = 0.1  # dropped by both
+    gate[:, 1, 1] = [0.2, 0.8]  # dropped by one, kept by the other
+    ds["contrast_gate"] = (("restart", "layer", "head"), gate)
+    header, rows = report_table(ds)
+    by_head = {(r[0], r[1]): r[header.index("k.agree")] for r in rows}
+    assert by_head == {("0", "0"): "1.00", ("0", "1"): "1.00", ("1", "0"): "1.00", ("1", "1"): "0.50"}
+    # the fit's own threshold decides the sides: at 0.85 both restarts drop L1H1
+    ds.attrs["options"] = {**ds.attrs["options"], "threshold": 0.85}
+    header, rows = report_table(ds)
+    assert [r[header.index("k.agree")] for r in rows if (r[0], r[1]) == ("1", "1")] == ["1.00"]
+
+
+def test_a_label_is_unsettled_where_any_restart_left_its_gate_moving(tiny):
+    # One restart's G- gate at L1H0 moved 0.5 at the end while the other's stood still: that
+    # restart's label, and so the majority, may still change.
+    import xarray as xr
+
+    model, cfg = tiny
+    ds = xr.concat([gate_report(model, cfg, FAST)] * 2, "restart", data_vars="minimal").assign_coords(restart=[0, 1])
+    ds["settle"] = ds.settle * 0.0
+    ds["chg"] = ds.chg * 0.0 + 0.9  # every gate 0.4 from the threshold
+    ds["settle"].loc[{"restart": 1, "stage": "minus", "layer": 1, "head": 0}] = 0.5
+    [labels] = [x for x in report_lines(ds) if x.startswith("convergence of the labels")]
+    assert labels.startswith("convergence of the labels: not settled at L1H0 (")
 
 
 def test_rank_agreement_is_undefined_below_three_heads_and_where_a_side_is_constant():
@@ -345,6 +443,57 @@ def test_head_importance_is_the_per_sequence_absolute_gate_gradient_normalised_w
     np.testing.assert_allclose(imp.values, raw / np.linalg.norm(raw, axis=1, keepdims=True), rtol=1e-4, atol=1e-7)
     assert imp.values[0, 1] == 0 and imp.values[0, 0] == pytest.approx(1.0)
     assert all(p.grad is None for p in model.parameters())  # the model stays untouched
+
+
+def test_contrastive_losses_are_held_out_nll_full_gated_and_thresholded(tiny):
+    # Updates of lr 1e-9 leave the gates at sigmoid(+-2) = 0.88 / 0.12: "gated" is the held-out
+    # NLL with those gates, "circuit" the NLL with them binarised at the 0.5 threshold (1 / 0),
+    # "full" with every gate 1; all three on held-out batches from HELDOUT_STEP.
+    model, cfg = tiny
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.W_O.mul_(20.0)  # heads that matter, so the three states differ clearly
+    init = torch.tensor([[[2.0, -2.0], [-2.0, 2.0]]])  # (restart, layer, head)
+    opts = GateOptions(steps=1, lr=1e-9, restarts=1, batch_size=4, fit_batches=1, eval_batches=2)
+    ds = fit_contrastive(model, cfg, "offset_copy", "markov", opts, init_logits=init)
+    held = [HELDOUT_STEP, HELDOUT_STEP + 1]
+    for side, name in (("retain", "offset_copy"), ("forget", "markov")):
+        loss = ds.contrast_loss.sel(restart=0, side=side)
+        want = {"full": _hand_nll(model, cfg, held, 4, component=name),
+                "gated": _hand_nll(model, cfg, held, 4, init.sigmoid(), component=name),
+                "circuit": _hand_nll(model, cfg, held, 4, (init > 0).float(), component=name)}
+        assert min(abs(want["full"] - want["gated"]), abs(want["gated"] - want["circuit"])) > 1e-2
+        assert {s: loss.sel(state=s).item() for s in want} == pytest.approx(want, rel=1e-5)
+
+
+def test_contrastive_fit_stops_pushing_forget_past_max_diff(tiny):
+    # Adam's first update moves each logit by lr * sign(gradient). Where the forget NLL already
+    # exceeds the retain NLL by more than max_diff, the forget term is clamped and only
+    # -logp_retain and the regulariser pull: the update follows the retain gradient alone.
+    model, cfg = tiny
+    init = torch.tensor([[[0.5, -0.5], [1.0, 0.0]]])  # (restart, layer, head)
+    batches = {n: torch.from_numpy(make_batch(cfg, "eval", 0, 4, component=n).tokens) for n in ("offset_copy", "markov")}
+
+    def nll_and_grad(name):
+        x = init.clone().requires_grad_(True)
+        b = batches[name]
+        logits = model(b[:, :-1], head_gates=x.sigmoid().expand(b.shape[0], 2, 2))
+        loss = F.cross_entropy(logits.flatten(0, 1), b[:, 1:].flatten())
+        return loss.item(), torch.autograd.grad(loss, [x])[0]
+
+    (nll_a, grad_a), (nll_b, grad_b) = nll_and_grad("offset_copy"), nll_and_grad("markov")
+    # retain the component the initial gates already fit better, so the forget term starts clamped
+    (retain, g_r, nll_r), (forget, g_f, nll_f) = sorted(
+        [("offset_copy", grad_a, nll_a), ("markov", grad_b, nll_b)], key=lambda x: x[2])
+    max_diff, lam = 1e-4, 0.1
+    assert nll_f - nll_r > max_diff
+    g = g_r - lam / 4  # d(-lambda * mean(logit)) / d logit, all inside the clamp
+    assert ((g - g_f).sign() != g.sign()).any()  # the unclamped forget term would turn some update
+    opts = GateOptions(steps=1, lr=0.1, restarts=1, batch_size=4, fit_batches=1, eval_batches=1, lam=lam,
+                       max_diff=max_diff)
+    ds = fit_contrastive(model, cfg, retain, forget, opts, init_logits=init)
+    want = torch.sigmoid(init - 0.1 * g.sign())
+    np.testing.assert_allclose(ds.contrast_gate.values, want.numpy(), rtol=1e-5)
 
 
 def test_parse_contrast_names_the_bad_component():
