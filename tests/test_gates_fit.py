@@ -15,7 +15,7 @@ from dynamics.config import from_dict
 from dynamics.gates import GateOptions, fit_chg
 from dynamics.gates._engine import _optimise
 from dynamics.train import build
-from tests.test_gates import TINY, one_thread  # noqa: F401 - one_thread: the module-scoped autouse fixture
+from tests.test_gates import TINY, _hand_nll, one_thread  # noqa: F401 - one_thread: the module-scoped autouse fixture
 
 
 @pytest.fixture
@@ -74,3 +74,37 @@ def test_updates_cycle_through_the_fit_batches(tiny):
     two = gates(2)
     np.testing.assert_array_equal(gates(3), two)
     assert np.abs(gates(1) - two).max() > 1e-4
+
+
+def test_nll_full_is_the_ungated_model_on_the_fit_batches(tiny):
+    # attrs nll_full is the reference the report prints first ("all gates open"); scored with the
+    # lambda = 0 gates instead, it read as the model's own loss and no test saw the difference.
+    model, cfg = tiny
+    opts = GateOptions(init_steps=2, steps=1, restarts=1, batch_size=4, fit_batches=2, eval_batches=1)
+    ds = fit_chg(model, cfg, opts, init_logits=torch.full((1, 2, 2), -1.0))  # gates 0.27: far from open
+    assert ds.attrs["nll_full"] == pytest.approx(_hand_nll(model, cfg, [0, 1], 4), rel=1e-5)
+
+
+def test_settle_is_zero_for_the_stage_of_no_updates_and_in_stage_order(tiny):
+    # settle is (restart, stage, layer, head) with stages init, plus, minus: with no lambda = 0
+    # updates the init row is exactly 0 (nothing moved) and the G+/G- rows are not.
+    model, cfg = tiny
+    opts = GateOptions(init_steps=0, steps=2, restarts=1, batch_size=4, fit_batches=1, eval_batches=1)
+    ds = fit_chg(model, cfg, opts, init_logits=torch.zeros(1, 2, 2))
+    assert list(ds.stage.values) == ["init", "plus", "minus"]
+    assert not ds.settle.sel(stage="init").values.any()
+    assert (ds.settle.sel(stage=["plus", "minus"]).values > 0).all()
+
+
+def test_mean_agreement_is_the_mean_over_heads_of_the_majority_share(tiny):
+    # Updates of lr 1e-9 leave G+ and G- at the initial gates, so the roles are planted: restart 0
+    # has every gate 0.88 (facilitating), restart 1 shuts head (0, 0) to 0.12 (interfering). That
+    # head's majority share is 1/2, the other three heads' 1: mean (0.5 + 3) / 4 = 0.875.
+    model, cfg = tiny
+    init = torch.full((2, 2, 2), 2.0)
+    init[1, 0, 0] = -2.0
+    opts = GateOptions(init_steps=0, steps=1, lr=1e-9, restarts=2, batch_size=4, fit_batches=1, eval_batches=1)
+    ds = fit_chg(model, cfg, opts, init_logits=init)
+    assert ds.chg_role.values[:, 0, 0].tolist() == [0, 2]  # facilitating, interfering
+    np.testing.assert_allclose(ds.agreement.values, [[0.5, 1.0], [1.0, 1.0]])
+    assert ds.attrs["mean_agreement"] == pytest.approx(0.875)
