@@ -7,11 +7,12 @@ too, passed every test (a helper audit's mutations).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
 from dynamics.config import from_dict
-from dynamics.gates import HELDOUT_STEP, GateOptions, ablation_losses, head_ablation
+from dynamics.gates import HELDOUT_STEP, GateOptions, ablation_losses, head_ablation, set_ablation
 from dynamics.gates._engine import _batches
 from dynamics.train import build
 from tests.test_gates import TINY, one_thread  # noqa: F401 - one_thread: the module-scoped autouse fixture
@@ -60,3 +61,30 @@ def test_mean_ablation_substitutes_the_mean_z_at_each_position():
     got = ablation_losses(model, cfg, mask, "mean", OPTS).values[0]  # (component,)
     want = [np.mean([nll(b) for b in d]) for d in data]
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_set_ablation_is_each_sets_loss_minus_the_intact_models():
+    # delta of a set is NLL(without its heads) - NLL(every head), per component; measured from the
+    # first set instead, a first set that removes anything made every delta wrong.
+    cfg = from_dict(TINY)
+    torch.manual_seed(2)
+    model = build(cfg, torch.device("cpu"))
+    sets = np.zeros((2, 2, 2), dtype=bool)  # (set, layer, head)
+    sets[0, 0, 0] = True  # one head
+    sets[1] = True  # every head
+
+    def nll(batches, keep):
+        out = []
+        for b in batches:
+            with torch.no_grad():
+                logits = model(b[:, :-1], head_gates=keep.expand(b.shape[0], 2, 2))
+            out.append(F.cross_entropy(logits.flatten(0, 1), b[:, 1:].flatten()).item())
+        return np.mean(out)
+
+    got = set_ablation(model, cfg, sets, "zero", OPTS).values  # (set, component)
+    for c, name in enumerate(cfg.task.component_names):
+        data = _batches(cfg, HELDOUT_STEP, OPTS.eval_batches, OPTS.batch_size, "cpu", name)
+        full = nll(data, torch.ones(1, 2, 2))
+        for s in range(2):
+            want = nll(data, torch.from_numpy(~sets[s]).float()[None]) - full
+            assert got[s, c] == pytest.approx(want, rel=1e-4, abs=1e-6)
