@@ -142,6 +142,19 @@ def test_induction_large_vocab_distinct():
         assert 20 <= p <= 32 and len(np.unique(row[:p])) == p
 
 
+def test_induction_iid_segments_are_redrawn_until_distinct():
+    # Past V = 1024 a short segment is drawn i.i.d. and its repeats redrawn. At k = 64, V = 4096 a
+    # row has a repeat with probability 1 - prod(1 - i/4096) = 0.39, so 32 rows without the redraw
+    # would all be distinct with probability 1e-7. Every token of the period is used here
+    # (min = max), unlike test_induction_large_vocab_distinct, whose rows use only a prefix.
+    from dynamics.tasks.induction import permutation_sampler
+
+    assert not permutation_sampler(64, 4096)  # the i.i.d. path
+    cfg = cfg_for("induction", vocab=4096, min_period=64, max_period=64, context=128)
+    for row in make_batch(cfg, "train", 0, 32).tokens:
+        assert len(np.unique(row[:64])) == 64
+
+
 # ----------------------------------------------------------------------------- offset_copy
 
 
@@ -213,6 +226,34 @@ def test_markov_evaluation_paths_agree(order):
     np.testing.assert_array_equal(outs[0], outs[2])
 
 
+def test_markov_rules_read_every_token_of_the_context():
+    # The chain is a hash of the whole context: contexts that differ only in their oldest token
+    # have their own successors (a chain that ignored it would be of a lower order).
+    V, K = 16, 3
+    one, _ = tasks.markov_transitions(V, 1, K, np.arange(V)[:, None])
+    assert len({tuple(s) for s in one}) > 1
+    for newest in range(V):
+        ctx = np.stack([np.arange(V), np.full(V, newest)], axis=1)  # (a, newest) for every a
+        succ, _ = tasks.markov_transitions(V, 2, K, ctx)
+        assert len({tuple(s) for s in succ}) > 1
+
+
+def test_markov_probabilities_are_dirichlet_one():
+    # Normalised -log U weights are Dirichlet(1, ..., 1): with two successors the first one's
+    # probability is uniform on (0, 1), so about 1/4 of contexts give it less than 1/4 (level
+    # < 64 of 256: 63.5 / 256 = 0.248). Normalised U weights would give 1/6. Over the 4096
+    # contexts of V = 64, order 2 the binomial standard deviation is 0.007.
+    ctx = np.stack(np.divmod(np.arange(64 * 64), 64), axis=1)
+    _, prob = tasks.markov_transitions(64, 2, 2, ctx)
+    assert abs((prob[:, 0] < 0.25).mean() - 0.248) < 0.03
+
+
+def test_markov_first_tokens_are_uniform_over_the_vocabulary():
+    cfg = cfg_for("markov", vocab=16, markov_order=2)
+    first = make_batch(cfg, "train", 0, 256).tokens[:, :2]  # drawn uniformly, before the chain reads them
+    assert set(first.ravel().tolist()) == set(range(16))
+
+
 # ----------------------------------------------------------------------------- slash_text
 
 
@@ -258,6 +299,30 @@ def test_slash_text_month_determines_days():
     pool = tasks._slash_records()["date"]
     assert "2000/02/29" in pool and "2001/02/29" not in pool and "1999/04/31" not in pool
     assert len(pool) == (datetime.date(2030, 1, 1) - datetime.date(1990, 1, 1)).days
+
+
+def test_slash_text_separators_and_record_kinds_follow_their_weights():
+    # " " with probability 0.7, else "\n"; kinds path, url, date, fraction with 0.3, 0.2, 0.25,
+    # 0.25 per record. Only each row's first 5 records are counted: at most 45 bytes each with
+    # their separator, they always fit in the row's 256, while a row's cut last record is more
+    # often a long one (a path or url). 10,240 records: standard deviations under 0.005.
+    tree, hosts = tasks._slash_tree()
+    records, seps = [], []
+    for row in make_batch(cfg_for("slash_text", context=255), "train", 0, 2048).tokens:
+        text = bytes(row.astype(np.uint8)).decode("ascii")
+        records += re.split(r"[ \n]", text)[:5]
+        seps += [c for c in text if c in " \n"][:5]
+    assert abs(seps.count(" ") / len(seps) - 0.7) < 0.02
+    kinds = [check_slash_record(r, tree, hosts) for r in records]
+    for kind, weight in zip(("path", "url", "date", "fraction"), (0.3, 0.2, 0.25, 0.25), strict=True):
+        assert abs(kinds.count(kind) / len(kinds) - weight) < 0.02, kind
+
+
+def test_slash_text_fractions_are_the_proper_ones_up_to_64():
+    # a/b for 1 <= a < b <= 64: sum over b of (b - 1) = 63 * 64 / 2 = 2016 of them.
+    pool = tasks._slash_records()["fraction"]
+    assert len(pool) == 2016 and len(set(pool)) == 2016
+    assert all(int(a) < int(b) <= 64 for a, b in (f.split("/") for f in pool))
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -412,6 +477,27 @@ def test_low_data_pool_draws_train_rows_from_a_fixed_pool():
     # eval and probe stay fresh, and the data hash tells the low-data run apart
     assert len({tuple(r) for r in make_batch(cfg, "eval", 0, 16).tokens}) > 5
     assert data_hash(cfg) != data_hash(from_dict({"task": {"name": "induction"}, "model": {"context": 32}}))
+
+
+def test_low_data_pool_draws_every_row_of_the_pool():
+    # Rows are drawn uniformly from all pool_size rows: with 2, 64 draws from one row only would
+    # have probability 2^-63.
+    cfg = from_dict({"task": {"name": "induction", "pool_size": 2}, "model": {"context": 32}})
+    pool = make_batch(from_dict({"task": {"name": "induction"}, "model": {"context": 32}}), "train", 0, 2).tokens
+    drawn = {tuple(r) for r in make_batch(cfg, "train", 0, 64).tokens}
+    assert drawn == {tuple(r) for r in pool}
+
+
+def test_a_forced_component_of_a_pooled_train_split_is_that_component_fresh():
+    # Per-component rows (the recorder's and the gates' data) come from the task itself, never
+    # from the low-data pool, whose rows mix components.
+    mixture = {"name": "mixture", "components": ["induction", "markov"]}
+    pooled = from_dict({"task": {**mixture, "pool_size": 4}, "model": {"context": 32}})
+    fresh = from_dict({"task": mixture, "model": {"context": 32}})
+    for i, name in enumerate(pooled.task.component_names):
+        b = make_batch(pooled, "train", 3, 6, component=name)
+        assert (b.component == i).all()
+        np.testing.assert_array_equal(b.tokens, make_batch(fresh, "train", 3, 6, component=name).tokens)
 
 
 # ----------------------------------------------------------------------------- generator outputs pinned
