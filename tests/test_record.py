@@ -1,6 +1,7 @@
 """The snapshot schedule."""
 
 import numpy as np
+import pytest
 
 from dynamics.record import snapshot_steps
 
@@ -65,6 +66,68 @@ def test_grad_cosine_known_answers_and_nan_for_a_zero_gradient():
     assert np.isnan(second[0, 1, 0])  # undefined, not 0 ("orthogonal")
     rest = np.delete(second.reshape(-1), np.ravel_multi_index((0, 1, 0), second.shape))
     np.testing.assert_allclose(rest, -1.0, atol=1e-6)
+
+
+def test_chg_is_fitted_at_every_kth_snapshot_and_at_the_last_step():
+    from dynamics.config import from_dict
+    from dynamics.record import chg_fitted
+
+    cfg = from_dict({"train": {"steps": 10}, "record": {"chg_every": 3}})
+    steps_at = np.array([0, 1, 2, 4, 8, 10])  # snapshots 0 and 3 by the cadence, 5 as the last step
+    assert chg_fitted(cfg, steps_at).tolist() == [True, False, False, True, False, True]
+    off = from_dict({"train": {"steps": 10}, "record": {"chg_every": 0}})
+    assert not chg_fitted(off, steps_at).any()
+
+
+def test_head_weights_are_recorded_up_to_d_model_256_on_auto():
+    from dynamics.config import from_dict
+    from dynamics.record import store_head_weights
+
+    def cfg(d_model, mode="auto"):
+        return from_dict({"model": {"d_model": d_model, "n_heads": 4}, "record": {"head_weights": mode}})
+
+    assert store_head_weights(cfg(256)) and not store_head_weights(cfg(320))
+    assert store_head_weights(cfg(320, "on")) and not store_head_weights(cfg(16, "off"))
+
+
+def test_unfitted_chg_is_nan_and_its_role_unfitted_also_where_unwritten():
+    # 0.0 would read as a shut gate and role 0 as "facilitating": an unfitted snapshot must not.
+    from dataclasses import replace
+
+    from dynamics.gates import UNFITTED
+    from dynamics.record import variables
+
+    cfg, rec, model = _recorder_and_model()
+    blocks = rec.chg(model, fit=False)
+    assert blocks["chg"].shape == (2, 2, 2) and np.isnan(blocks["chg"]).all()
+    assert (blocks["chg_role"] == UNFITTED).all()
+    with_chg = replace(cfg, record=replace(cfg.record, chg_every=2))
+    dims, shape, dtype, fill = variables(with_chg, 3)["chg_role"]  # the store's fill for unwritten chunks
+    assert (shape, dtype, fill) == ((3, 2, 2), "int8", UNFITTED)
+
+
+def test_grad_norm_importance_and_a_gradient_that_vanishes_by_hand():
+    # grad_norm is each head slice's Frobenius norm, importance |dL/dg| (signed gradients cancel
+    # in a mean over snapshots), and a gradient that is zero now and was not before has no
+    # direction to compare: NaN, not the 0 torch's cosine gives.
+    import torch
+    import torch.nn.functional as F
+
+    cfg, rec, model = _recorder_and_model()
+    toks = torch.randint(0, 16, (4, 17), generator=torch.Generator().manual_seed(1))
+    F.cross_entropy(model(toks[:, :-1]).flatten(0, 1), toks[:, 1:].flatten()).backward()
+    first = rec.snapshot(model)
+    attn = model.blocks[1].attn
+    assert first["grad_norm"][1, 0, 0] == pytest.approx(attn.W_Q.grad[0].norm().item(), rel=1e-6)
+    assert first["grad_norm"][1, 1, 3] == pytest.approx(attn.W_O.grad[1].norm().item(), rel=1e-6)
+    gate = torch.stack([b.attn.gate.grad for b in model.blocks]).numpy()  # (L, H) dL/dg
+    assert (gate < 0).any()  # a sign to lose
+    np.testing.assert_allclose(first["importance"], np.abs(gate), rtol=1e-6)
+    attn.W_Q.grad[0] = 0.0  # this head's W_Q gradient vanishes; every other stays as it was
+    second = rec.snapshot(model)["grad_cosine"]  # (L, H, 4)
+    assert np.isnan(second[1, 0, 0])
+    rest = np.delete(second.reshape(-1), np.ravel_multi_index((1, 0, 0), second.shape))
+    np.testing.assert_allclose(rest, 1.0, atol=1e-6)
 
 
 def test_a_completed_run_whose_last_gradient_is_nan_is_not_called_damaged(tmp_path):
