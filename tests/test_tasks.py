@@ -183,6 +183,14 @@ def test_offset_copy_rate_and_offset(delta, p):
         assert eq_other < 0.2
 
 
+@pytest.mark.parametrize("name", ["induction", "offset_copy"])
+def test_every_token_of_the_vocabulary_is_drawn(name):
+    # Fresh tokens are uniform over range(V): 64 rows of 65 miss a given one of 64 tokens with
+    # probability under (63/64)^1000 (distinct segments and copies leave ~1000 fresh draws).
+    tokens = make_batch(cfg_for(name, vocab=64), "train", 0, 64).tokens
+    assert set(np.unique(tokens).tolist()) == set(range(64))
+
+
 # ----------------------------------------------------------------------------- markov
 
 
