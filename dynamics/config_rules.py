@@ -47,6 +47,9 @@ def validate(cfg: RunConfig) -> None:
     for key, value in (("model.init_scale", m.init_scale), ("train.lr", cfg.train.lr),
                        ("train.weight_decay", cfg.train.weight_decay), ("model.gate_l1", m.gate_l1)):
         _require(not value > FLOAT32_MAX, f"{key}: must be at most {FLOAT32_MAX:.4g} (float32), got {value}")
+    # 0 in float32 (as train.lr below): every attention weight was 0, where no gradient moves it
+    _require(np.float32(m.init_scale) > 0,
+             f"model.init_scale: must be > 0 in float32 (it rounds to 0 there), got {m.init_scale}")
     _require(m.gates in ("fixed", "learned"), f"model.gates: expected fixed or learned, got {m.gates!r}")
     _require(m.gate_l1 >= 0, f"model.gate_l1: must be >= 0, got {m.gate_l1}")
     _require(abs(m.gate_init) <= 100, f"model.gate_init: must be within +-100 (sigmoid is 0 or 1 in float32 past +-17), got {m.gate_init}")

@@ -71,6 +71,9 @@ def test_int_accepted_for_float_but_not_reverse():
         ({"model": {"gates": "learned", "gate_l1": 1e300}}, "model.gate_l1: must be at most 3.403e+38 (float32)"),
         # 0 in float32: the run trained nothing and said it completed
         ({"train": {"lr": 1e-320}}, "train.lr: must be > 0 in float32 (it rounds to 0 there), got 1e-320"),
+        # 0 in float32: every attention weight was 0 (no gradient reaches them), and 1e-50 and
+        # 1e-300 trained the same run under two run ids
+        ({"model": {"init_scale": 1e-50}}, "model.init_scale: must be > 0 in float32 (it rounds to 0 there), got 1e-50"),
         # both spellings of one axis: the axes table's silently replaced the other
         ({"sweep": {"train.seed": [0, 1, 2], "axes": {"train.seed": [7]}}},
          "sweep.train.seed: given twice (in [sweep] and in its axes table)"),
