@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamics.identity import experiment_identity
+from dynamics.limits import MAX_CONFIG_BYTES
 
 TASKS = ("induction", "offset_copy", "markov", "slash_text", "corpus", "mixture")
 BYTE_TASKS = ("slash_text", "corpus")  # byte-level: need vocab_size >= 256
@@ -462,7 +463,12 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if not path.exists():  # a pipe (`dynamics run <(...)`) is no regular file, but is read
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as fh:  # bounded: a device (/dev/zero) or a data file given by mistake
+            text = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(text) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: longer than {MAX_CONFIG_BYTES:,} bytes, which no config is "
+                              f"(a data file or a device?)")
+        raw = tomllib.loads(text.decode("utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
     except UnicodeDecodeError as e:

@@ -30,3 +30,9 @@ MAX_POINTS = 10**4
 each) and listed in the store's sweep index, which every command reads. A grid of 10^5 points
 was checked for three minutes in silence, in 420 MB, before its one-line refusal; 10^6 would
 have taken half an hour."""
+
+
+MAX_CONFIG_BYTES = 16 * 2**20
+"""Upper bound on a config file's length, past any written one (a grid of MAX_POINTS values is
+a few hundred kB): a config is read whole, and ``dynamics run /dev/zero`` read on without end,
+filling memory, where a data file given by mistake was read whole before TOML refused it."""

@@ -346,3 +346,18 @@ def test_load_config_names_an_argument_of_the_wrong_type():
     for overrides in ([5], 5):
         with pytest.raises(ConfigError, match="^overrides: expected a list of 'section.key=value' strings, got "):
             load_config(Path(__file__).parents[1] / "experiments" / "quickstart.toml", overrides)
+
+
+def test_a_config_too_long_to_be_one_is_refused_unread(tmp_path):
+    # `dynamics run /dev/zero` (or /dev/urandom) read on without end, filling memory, and a data
+    # file given by mistake was read whole before TOML refused it
+    from dynamics.limits import MAX_CONFIG_BYTES
+
+    path = tmp_path / "big.toml"
+    with path.open("wb") as fh:
+        fh.truncate(MAX_CONFIG_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value) == f"{path}: longer than {MAX_CONFIG_BYTES:,} bytes, which no config is (a data file or a device?)"
+    path.write_text("[train]\nsteps = 7\n" + "#" * (MAX_CONFIG_BYTES - 30) + "\n")  # at the bound: read
+    assert load_config(path).train.steps == 7
