@@ -62,6 +62,19 @@ def test_each_gate_set_is_clipped_by_its_own_norm():
     assert torch.equal(both, alone)
 
 
+def test_a_gradient_whose_float32_norm_overflows_is_clipped_not_zeroed():
+    # `dynamics gates --lam 1e30`: the regulariser's gradient (1e30 / heads per gate) squared
+    # overflows float32, the norm was inf and the clip factor 0, so G+ and G- never moved from the
+    # lambda = 0 gates and were reported as settled; clipped to norm 1, it moves as a gradient of
+    # any other size pointing the same way does.
+    scale = torch.tensor([1e30, 1e10])[:, None, None]  # (S, 1, 1): the same direction, two sizes
+    opts = GateOptions(lr=1.0, grad_clip=1.0)
+    logits, settle = _optimise(torch.zeros(2, 2, 2), 5, opts, lambda lg, step: -(scale * lg).flatten(1).sum(1))
+    assert logits[1].min() > 4  # the 1e10 set moved by about lr a step
+    assert torch.allclose(logits[0], logits[1])
+    assert settle[0].min() > 0
+
+
 def test_updates_cycle_through_the_fit_batches(tiny):
     # Update s uses fit batch s mod fit_batches: two updates over 2 or 3 batches see the same
     # two batches (the same gates); over 1 batch, the second update sees batch 0 again.
