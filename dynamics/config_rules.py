@@ -43,9 +43,11 @@ def validate(cfg: RunConfig) -> None:
     _require(m.init in ("xavier_uniform", "xavier_normal", "normal"), f"model.init: unknown init {m.init!r}")
     _require(m.init_scale > 0 and math.isfinite(m.init_scale), f"model.init_scale: must be > 0, got {m.init_scale}")
     # Past float32's range the first weights, or the first update, are inf: a run was made and
-    # recorded "diverged after 0 steps" for a value the model's float32 cannot hold.
+    # recorded "diverged after 0 steps" for a value the model's float32 cannot hold (a rope_base
+    # past it is inf in the RoPE table: 1e39 and 1e300 trained one run under two run ids).
     for key, value in (("model.init_scale", m.init_scale), ("train.lr", cfg.train.lr),
-                       ("train.weight_decay", cfg.train.weight_decay), ("model.gate_l1", m.gate_l1)):
+                       ("train.weight_decay", cfg.train.weight_decay), ("model.gate_l1", m.gate_l1),
+                       ("model.rope_base", m.rope_base)):
         _require(not value > FLOAT32_MAX, f"{key}: must be at most {FLOAT32_MAX:.4g} (float32), got {value}")
     # 0 in float32 (as train.lr below): every attention weight was 0, where no gradient moves it
     _require(np.float32(m.init_scale) > 0,

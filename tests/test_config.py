@@ -69,6 +69,8 @@ def test_int_accepted_for_float_but_not_reverse():
         ({"train": {"lr": 1e305}}, "train.lr: must be at most 3.403e+38 (float32), got 1e+305"),
         ({"train": {"weight_decay": 1e39}}, "train.weight_decay: must be at most 3.403e+38 (float32), got 1e+39"),
         ({"model": {"gates": "learned", "gate_l1": 1e300}}, "model.gate_l1: must be at most 3.403e+38 (float32)"),
+        # inf in the float32 RoPE table: 1e39 and 1e300 trained the same run under two run ids
+        ({"model": {"rope_base": 1e39}}, "model.rope_base: must be at most 3.403e+38 (float32), got 1e+39"),
         # 0 in float32: the run trained nothing and said it completed
         ({"train": {"lr": 1e-320}}, "train.lr: must be > 0 in float32 (it rounds to 0 there), got 1e-320"),
         # 0 in float32: every attention weight was 0 (no gradient reaches them), and 1e-50 and
