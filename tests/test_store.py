@@ -233,6 +233,36 @@ def test_a_run_with_unreadable_metadata_is_named_by_readers_and_left_alone_by_wr
         store.list_runs(path, damaged="ignore")
 
 
+@pytest.mark.parametrize("attrs, problem", [
+    ([], "attributes = [], not a table"),
+    ({"status": "completed", "steps_done": "x"}, "steps_done = 'x', not an integer"),
+    ({"status": "stopped", "checkpoint_step": None}, "checkpoint_step = None, not an integer"),
+    ({"status": "completed", "last_loss": "x"}, "last_loss = 'x', not a number"),
+    ({"status": ["x"]}, "status = ['x'], not a string"),
+])
+def test_a_run_whose_attributes_are_of_the_wrong_types_is_named_damaged(tmp_path, attrs, problem):
+    # zarr.json readable, but its bookkeeping hand-edited or corrupted: `dynamics status` (and
+    # `run`, `gates`, ...) failed with a traceback (int('x'), format(None), list.get)
+    from dynamics.status import status_table
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    write_run(path, "r2", seed=1)
+    meta = path / "runs" / "r1" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"] = attrs
+    meta.write_text(json.dumps(doc))
+    before = meta.read_bytes()
+    with pytest.raises(StoreError) as e:
+        store.run_attrs(path, "r1")
+    assert str(e.value) == (f"{path}: run group runs/r1 has damaged attributes in runs/r1/zarr.json ({problem}); "
+                            f"restore that file from a backup, or move runs/r1 and checkpoints/r1 out of the store "
+                            f"to go on without that run")
+    _, rows, damaged = status_table(str(path))
+    assert list(damaged) == ["r1"] and [row[0] for row in rows if "damaged" in row] == ["r1"]
+    assert meta.read_bytes() == before
+
+
 def test_a_run_whose_metadata_is_gone_from_beside_its_arrays_is_not_created_again(tmp_path):
     path = tmp_path / "s.zarr"
     write_run(path, "r1")

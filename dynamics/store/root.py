@@ -396,7 +396,27 @@ def run_attrs(path: str | os.PathLike, run_id: str) -> dict:
     meta = _group_meta(loc, f"runs/{_check_name('run id', run_id)}")
     if meta is None:
         raise StoreError(f"no run {run_id!r} in {loc}")
-    return meta.get("attributes", {})
+    attrs = meta.get("attributes", {})
+    if (problem := _attrs_problem(attrs)) is not None:
+        # readable JSON, but not what a run writes there: every reader failed with a traceback
+        gpath = f"runs/{run_id}"
+        raise StoreError(f"{loc}: run group {gpath} has damaged attributes in {gpath}/zarr.json ({problem}); "
+                         f"restore that file from a backup, or move {gpath} and checkpoints/{run_id} out of the "
+                         f"store to go on without that run")
+    return attrs
+
+
+def _attrs_problem(attrs: Any) -> str | None:
+    """What is wrong with a run's attributes, if the bookkeeping the commands read (its status,
+    step counts and last loss) is not of the types a run writes; None if nothing is."""
+    if not isinstance(attrs, dict):
+        return f"attributes = {attrs!r}, not a table"
+    kinds = {"status": (str, "a string"), "steps_done": (int, "an integer"), "steps_total": (int, "an integer"),
+             "checkpoint_step": (int, "an integer"), "last_loss": ((int, float, type(None)), "a number")}
+    for key, (kind, name) in kinds.items():
+        if key in attrs and (not isinstance(attrs[key], kind) or isinstance(attrs[key], bool)):
+            return f"{key} = {attrs[key]!r}, not {name}"
+    return None
 
 
 def has_run(path: str | os.PathLike, run_id: str) -> bool:
