@@ -440,6 +440,32 @@ def grid_store(path):
     return index
 
 
+@pytest.mark.parametrize("index, problem", [
+    (5, "5, not a table"),
+    ({"axes": "x", "runs": {}}, "axes = 'x', not a list of keys"),
+    ({"axes": ["train.seed"], "runs": 5}, "runs = 5, not a table of run ids"),
+    ({"axes": ["train.seed"], "runs": {"r1": [1, 2]}}, "runs.r1 = [1, 2], not a table of values"),
+    ({"axes": ["train.seed"], "runs": {}, "steps": {"r1": "x"}}, "steps.r1 = 'x', not an integer"),
+])
+def test_a_damaged_sweep_index_is_named_not_a_traceback(tmp_path, index, problem):
+    # The root zarr.json reads, but its sweep index (hand-edited, or cut by another tool) is not
+    # what the launcher writes: `dynamics status` and `analyse` failed with a traceback
+    # ('int' object has no attribute 'get')
+    from dynamics.status import status_table
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    root = path / "zarr.json"
+    doc = json.loads(root.read_text())
+    doc["attributes"]["sweep"] = index
+    root.write_text(json.dumps(doc))
+    message = f"{path}: the sweep index in the store's root zarr.json is damaged ({problem}); restore it from a backup"
+    for call in (lambda: store.read_sweep_index(path), lambda: store.check_store(path), lambda: status_table(str(path))):
+        with pytest.raises(StoreError) as e:
+            call()
+        assert str(e.value) == message
+
+
 def test_open_sweep_has_swept_coordinates(tmp_path):
     path = tmp_path / "s.zarr"
     index = grid_store(path)

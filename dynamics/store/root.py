@@ -227,9 +227,11 @@ def check_store(path: str | os.PathLike) -> None:
     """StoreError unless `path` is a dynamics store this version of the package can read and write.
 
     Every command checks this before any work: a store of a newer version may be laid out
-    differently, and analyse, predict and gates would write into it.
+    differently, and analyse, predict and gates would write into it. A damaged sweep index is
+    named here too, not once a command has analysed the runs (or begun a report) and reads it.
     """
     _require_store(_Loc(path))
+    read_sweep_index(path)
 
 
 def _require_store(loc: _Loc) -> None:
@@ -508,4 +510,29 @@ def read_sweep_index(path: str | os.PathLike) -> dict | None:
     """The sweep index from the root attrs, or None if the launcher wrote none."""
     loc = _Loc(path)
     _require_store(loc)
-    return _read_root(loc).get("attributes", {}).get("sweep")
+    index = _read_root(loc).get("attributes", {}).get("sweep")
+    if index is not None and (problem := _index_problem(index)) is not None:
+        # readable JSON, but not what the launcher writes: every reader of the grid failed with a traceback
+        raise StoreError(f"{loc}: the sweep index in the store's root zarr.json is damaged ({problem}); "
+                         f"restore it from a backup")
+    return index
+
+
+def _index_problem(index: Any) -> str | None:
+    """What is wrong with a sweep index, if it is not of the shape :func:`write_sweep_index` writes."""
+    if not isinstance(index, dict):
+        return f"{index!r}, not a table"
+    axes, runs, steps = index.get("axes", []), index.get("runs", {}), index.get("steps", {})
+    if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes):
+        return f"axes = {axes!r}, not a list of keys"
+    if not isinstance(runs, dict):
+        return f"runs = {runs!r}, not a table of run ids"
+    for run_id, values in runs.items():
+        if values is not None and not isinstance(values, dict):
+            return f"runs.{run_id} = {values!r}, not a table of values"
+    if not isinstance(steps, dict):
+        return f"steps = {steps!r}, not a table of run ids"
+    for run_id, n in steps.items():
+        if not isinstance(n, int) or isinstance(n, bool):
+            return f"steps.{run_id} = {n!r}, not an integer"
+    return None
