@@ -263,6 +263,11 @@ def cmd_analyse(args: argparse.Namespace) -> int:
         print(f"analysed {n} runs in {time.perf_counter() - t0:.1f}s -> {args.store} (analysis/<run_id>)")
     else:  # "analysed 0 runs ... -> STORE" read as if something had been written there
         print("analysed no run: none could be (the table says why)")
+    if args.run and rows[0].get("skipped") and not rows[0].get("error"):
+        # the one run asked for was not analysed (unfinished, too few snapshots): exit 0 read as done
+        print(f"dynamics: run {args.run} was not analysed: {rows[0].get('reason', 'unfinished')} "
+              f"({rows[0]['status']})", file=sys.stderr)
+        return 1
     return 1 if analysis_failures(rows) else 0
 
 

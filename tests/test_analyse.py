@@ -502,3 +502,18 @@ def test_a_lost_or_damaged_chunk_is_named_not_analysed_as_nan(three_runs, tmp_pa
     assert row["error"].startswith(f"StoreError: {s}: run {rid}: array attention at snapshot 4 (step {step[4]}): its chunk "
                                    f"runs/{rid}/attention/c/4/0/0/0/0/0 cannot be decoded (damaged: ")
     assert not (s / "analysis" / rid).exists() or store.open_analysis(s, rid) is not None  # nothing half-written
+
+
+def test_analyse_of_one_run_it_could_not_analyse_exits_1_naming_why(three_runs, tmp_path, capsys):
+    # `dynamics analyse STORE --run X` for a run not finished printed "analysed no run" and exited
+    # 0, which a script reads as done
+    from dynamics import cli
+
+    path, unfinished = three_runs
+    copy = str(tmp_path / "s.zarr")
+    shutil.copytree(path, copy)
+    assert cli.main(["analyse", copy, "--run", unfinished]) == 1
+    out, err = capsys.readouterr()
+    assert "analysed no run" in out
+    assert err.strip().splitlines()[-1] == f"dynamics: run {unfinished} was not analysed: unfinished (interrupted)"
+    assert store.open_analysis(copy, unfinished) is None
