@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -295,8 +296,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         opts = predict.PredictOptions(target=args.target, horizons=horizons, unit=args.unit, group_by=args.group,
                                       n_splits=args.folds, use_stored_analysis=not args.recompute, null=args.null)
         curve = predict.predict_store(args.store, opts, progress=_predict_progress)
-    except predict.PredictError as e:
-        raise UsageError(str(e)) from None
+    except predict.PredictError as e:  # named as the flag given, not as PredictOptions' field
+        raise UsageError(re.sub(r"^null:", "--null:", str(e))) from None
     print(predict.format_curve(curve))
     if not args.no_save:
         print(f"saved derived/{predict.write_curve(args.store, curve)} in {args.store}")
