@@ -349,7 +349,11 @@ class Transformer(nn.Module):
         L, H = self.cfg.n_layers, self.cfg.n_heads
         if head_gates is not None and head_gates.shape not in ((L, H), (B, L, H), (1, L, H)):
             raise ValueError(f"head_gates: expected shape ({L}, {H}) or ({B}, {L}, {H}), got {tuple(head_gates.shape)}")
-        x = self.hook_embed(self.W_E[tokens])  # (B, T, d)
+        # F.embedding, not W_E[tokens]: indexing's backward (index_put_ with accumulate) adds with
+        # atomics on more than one thread, so at train.threads > 1 the same run's W_E gradient changed
+        # from one run to the next; the embedding's sums each row in token order on any thread count
+        # (bitwise what indexing gives on one thread)
+        x = self.hook_embed(F.embedding(tokens, self.W_E))  # (B, T, d)
         if self.cfg.pos == "learned":
             if T > self.cfg.context:
                 raise ValueError(f"tokens: length {T} exceeds model.context {self.cfg.context}")

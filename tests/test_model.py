@@ -309,3 +309,34 @@ def test_init_scale_scales_w_q_w_k_w_v_w_o_exactly_and_nothing_else(init):
             torch.testing.assert_close(b[key], 2.5 * a[key])
         else:
             assert torch.equal(a[key], b[key]), key
+
+
+def test_the_embedding_gradient_is_the_same_on_one_thread_and_on_two():
+    # W_E[tokens] took its gradient through index_put_(accumulate=True), which torch runs with
+    # atomic float adds once it has more than one thread and 32768 elements (B x T x d_model):
+    # at train.threads = 2 the same config and seed gave other W_E gradients from one run to the
+    # next (the default model at batch 32: a whole run's arrays apart, 5e-7 in loss after 30
+    # steps). The embedding's backward sums each row in token order, whatever the thread count.
+    model = make()
+    toks = torch.randint(0, V, (128, 16), generator=torch.Generator().manual_seed(3))  # 128 x 16 x 32 = 65536
+    upstream = torch.randn(128, 16, D, generator=torch.Generator().manual_seed(4))
+    seen = {}
+
+    def keep(x, name):
+        seen["embed"] = x
+        return x
+
+    def grad(threads):
+        torch.set_num_threads(threads)
+        model.zero_grad(set_to_none=True)
+        with model.hooks([("hook_embed", keep)]):
+            model(toks)
+        (seen.pop("embed") * upstream).sum().backward()  # only W_E gets a gradient from this
+        return model.W_E.grad.clone()
+
+    before = torch.get_num_threads()
+    try:
+        one = grad(1)
+        assert all(torch.equal(grad(2), one) for _ in range(5))
+    finally:
+        torch.set_num_threads(before)

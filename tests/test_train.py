@@ -160,6 +160,26 @@ def test_a_resume_on_another_thread_count_says_so(cfg, tmp_path, capsys):
     assert [r["threads"] for r in attrs["resumes"]] == [1, 2] and attrs["status"] == "completed"
 
 
+def test_two_threads_give_the_same_run_twice_and_resumed(cfg, tmp_path):
+    # At train.threads = 2 the embedding's gradient was summed with atomic adds (W_E[tokens]'s
+    # backward, past 32768 elements: batch x context x d_model here), so the same config and seed
+    # gave other arrays from one run to the next, and no resume matched its uninterrupted twin.
+    two = with_values(cfg, {"train.threads": 2, "train.steps": 12, "train.batch_size": 64, "model.vocab_size": 8,
+                            "task.min_period": 2, "task.max_period": 4})
+    try:
+        train_run(two, str(tmp_path / "a.zarr"))
+        train_run(two, str(tmp_path / "b.zarr"))
+        with pytest.raises(KeyboardInterrupt):
+            train_run(two, str(tmp_path / "c.zarr"), progress=interrupt_at(10))
+        train_run(two, str(tmp_path / "c.zarr"))
+    finally:
+        import torch
+
+        torch.set_num_threads(1)  # train_run set 2 for this process
+    assert_same_run_arrays(tmp_path / "b.zarr", tmp_path / "a.zarr")
+    assert_same_run_arrays(tmp_path / "c.zarr", tmp_path / "a.zarr")
+
+
 def test_a_resume_on_other_cpu_kernels_says_so_and_records_them(cfg, tmp_path):
     # Another vector instruction set (another machine, or ATEN_CPU_CAPABILITY) rounds differently:
     # measured on the demo, 3 of 96 final roles moved. A run records the kernels it started on, and
