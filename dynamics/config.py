@@ -385,8 +385,9 @@ def _apply_override(raw: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def from_dict(raw: dict) -> RunConfig:
-    """Build and validate a RunConfig from a nested dict (as read from TOML or run attrs)."""
+def from_dict(raw: dict, *, recorded: bool = False) -> RunConfig:
+    """Build and validate a RunConfig from a nested dict (as read from TOML or run attrs;
+    ``recorded``: a run's own, see :func:`recorded_config`)."""
     if not isinstance(raw, dict):
         raise ConfigError("config: expected a table at top level")
     for section in raw:
@@ -402,7 +403,7 @@ def from_dict(raw: dict) -> RunConfig:
         sweep=_build_sweep(raw.get("sweep", {})),
         intervene=dict(raw.get("intervene", {})),
     )
-    validate(cfg)
+    validate(cfg, recorded=recorded)
     return cfg
 
 
@@ -412,7 +413,9 @@ def recorded_config(raw: dict, run: str = "the run") -> RunConfig:
     Like :func:`from_dict`, except that ``task.components`` and ``task.weights`` under a task
     other than mixture are dropped, not refused: earlier versions accepted and ignored them,
     so a run recorded with them trained exactly the config without them, and it must stay
-    loadable (gates, resume, a distillation teacher). ``run`` (``"run r1 in s.zarr"``) names it
+    loadable (gates, resume, a distillation teacher). For the same reason the rules that refuse
+    values a run trains with, but to no use, added after runs were recorded with them, do not
+    apply to it (``config_rules.validate``). ``run`` (``"run r1 in s.zarr"``) names it
     in the ConfigError when the attribute is missing or this version cannot read it.
     """
     if not isinstance(raw, dict):  # as if typed by the user ("unknown key") or a traceback, before
@@ -422,7 +425,7 @@ def recorded_config(raw: dict, run: str = "the run") -> RunConfig:
     if isinstance(task, dict) and task.get("name", TaskConfig.name) != "mixture":
         raw["task"] = {k: v for k, v in task.items() if k not in ("components", "weights")}
     try:
-        return from_dict(raw)
+        return from_dict(raw, recorded=True)
     except ConfigError as e:
         raise ConfigError(f"{run}: its recorded config cannot be read by this version: {e}") from None
 
@@ -506,12 +509,12 @@ def with_values(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
     return from_dict(raw)
 
 
-def validate(cfg: RunConfig) -> None:
+def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
     """Raise ConfigError naming the first impossible value, else return None (the rules are
     :mod:`dynamics.config_rules`, imported here: that module imports this one)."""
     from dynamics.config_rules import validate as rules
 
-    rules(cfg)
+    rules(cfg, recorded=recorded)
 
 
 def check(cfg: RunConfig) -> None:

@@ -26,8 +26,15 @@ def _require(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def validate(cfg: RunConfig) -> None:
-    """Raise ConfigError naming the first impossible value, else return None."""
+def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
+    """Raise ConfigError naming the first impossible value, else return None.
+
+    ``recorded``: a run's own config (:func:`dynamics.config.recorded_config`), exempt from the
+    rules added after runs were recorded under the values they refuse, values that train but
+    to no use (an ``init_scale`` below the smallest normal float32: all-zero attention weights;
+    a ``rope_base`` past float32: a RoPE table of inf). Such a run stays loadable by gates,
+    resume and distillation, as before those rules.
+    """
     m, t, tr, r = cfg.model, cfg.task, cfg.train, cfg.record
     for key in ("n_layers", "d_model", "n_heads", "vocab_size", "context"):
         _require(getattr(m, key) > 0, f"model.{key}: must be positive, got {getattr(m, key)}")
@@ -47,11 +54,13 @@ def validate(cfg: RunConfig) -> None:
     # past it is inf in the RoPE table: 1e39 and 1e300 trained one run under two run ids).
     for key, value in (("model.init_scale", m.init_scale), ("train.lr", cfg.train.lr),
                        ("train.weight_decay", cfg.train.weight_decay), ("model.gate_l1", m.gate_l1),
-                       ("model.rope_base", m.rope_base)):
+                       *([] if recorded else [("model.rope_base", m.rope_base)])):
         _require(not value > FLOAT32_MAX, f"{key}: must be at most {FLOAT32_MAX:.4g} (float32), got {value}")
-    # 0 in float32 (as train.lr below): every attention weight was 0, where no gradient moves it
-    _require(np.float32(m.init_scale) > 0,
-             f"model.init_scale: must be > 0 in float32 (it rounds to 0 there), got {m.init_scale}")
+    # 0 in float32 (as train.lr below), or a subnormal: every attention weight was 0, where no
+    # gradient moves it (1e-45, a subnormal, made them all 0 too)
+    _require(recorded or m.init_scale >= np.finfo(np.float32).tiny,
+             f"model.init_scale: must be at least {np.finfo(np.float32).tiny:.4g} (the smallest normal float32; "
+             f"smaller scales make every attention weight 0 there), got {m.init_scale}")
     _require(m.gates in ("fixed", "learned"), f"model.gates: expected fixed or learned, got {m.gates!r}")
     _require(m.gate_l1 >= 0, f"model.gate_l1: must be >= 0, got {m.gate_l1}")
     _require(abs(m.gate_init) <= 100, f"model.gate_init: must be within +-100 (sigmoid is 0 or 1 in float32 past +-17), got {m.gate_init}")

@@ -75,7 +75,9 @@ def test_int_accepted_for_float_but_not_reverse():
         ({"train": {"lr": 1e-320}}, "train.lr: must be > 0 in float32 (it rounds to 0 there), got 1e-320"),
         # 0 in float32: every attention weight was 0 (no gradient reaches them), and 1e-50 and
         # 1e-300 trained the same run under two run ids
-        ({"model": {"init_scale": 1e-50}}, "model.init_scale: must be > 0 in float32 (it rounds to 0 there), got 1e-50"),
+        ({"model": {"init_scale": 1e-50}}, "model.init_scale: must be at least 1.175e-38 (the smallest normal float32; "
+                                           "smaller scales make every attention weight 0 there), got 1e-50"),
+        ({"model": {"init_scale": 1e-45}}, "model.init_scale: must be at least 1.175e-38"),  # a subnormal: all 0 too
         # both spellings of one axis: the axes table's silently replaced the other
         ({"sweep": {"train.seed": [0, 1, 2], "axes": {"train.seed": [7]}}},
          "sweep.train.seed: given twice (in [sweep] and in its axes table)"),
@@ -309,6 +311,18 @@ def test_a_recorded_run_with_mixture_keys_under_another_task_still_loads():
     assert recorded_config(mixture) == from_dict(mixture)
     with pytest.raises(ConfigError, match="task.weights: 1 weights for 2 components"):
         recorded_config({"task": {"name": "mixture", "components": ["induction", "markov"], "weights": [1.0]}})
+
+
+@pytest.mark.parametrize("model", [{"rope_base": 1e39}, {"init_scale": 1e-50}])
+def test_a_run_recorded_before_a_value_was_refused_still_loads(model):
+    # These train, to no use (a RoPE table of inf; all-zero attention weights), and were accepted
+    # until the refusals above: gates, resume and a distillation teacher read the run's recorded
+    # config, and refused it ("cannot be read by this version") where they had loaded it.
+    from dynamics.config import recorded_config
+
+    assert recorded_config({"model": model}).model == from_dict({}).model.__class__(**model)
+    with pytest.raises(ConfigError, match=f"model.{next(iter(model))}: must be"):
+        from_dict({"model": model})
 
 
 @pytest.mark.parametrize("model", [{}, {"pos": "learned", "attn_only": True, "n_heads": 3, "d_head": 8, "vocab_size": 50},
