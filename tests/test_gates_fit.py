@@ -74,6 +74,20 @@ def test_a_gradient_whose_float32_norm_overflows_is_clipped_not_zeroed():
     assert torch.allclose(logits[0], logits[1])
     assert settle[0].min() > 0
 
+    # and a set fitted beside it is clipped bitwise as when fitted alone (restarts stay
+    # independent): a float64 norm for every set once one overflowed moved it by 2e-7
+    target = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
+
+    def quadratic(lg, step):  # (S, L, H) -> (S,), gradients of norm ~10 that float64 rounds otherwise
+        return (3.7 * (lg - target) ** 2 * (1 + step % 3)).flatten(1).sum(1)
+
+    def beside(lg, step):
+        return torch.cat([-(1e30 * lg[:1]).flatten(1).sum(1), quadratic(lg[1:], step)])
+
+    together, _ = _optimise(torch.zeros(2, 2, 2), 5, opts, beside)
+    alone, _ = _optimise(torch.zeros(1, 2, 2), 5, opts, quadratic)
+    assert torch.equal(together[1], alone[0])
+
 
 def test_updates_cycle_through_the_fit_batches(tiny):
     # Update s uses fit batch s mod fit_batches: two updates over 2 or 3 batches see the same

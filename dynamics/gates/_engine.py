@@ -111,11 +111,13 @@ def _optimise(logits0: Tensor, steps: int, opts: GateOptions, objective: Callabl
             (grad,) = torch.autograd.grad(loss, [logits])  # model .grads untouched
             if opts.grad_clip:
                 norm = grad.flatten(1).norm(dim=1)  # (S,)
-                if not torch.isfinite(norm).all():
-                    # finite gradients whose squares overflow float32 (--lam 1e30): an inf norm made the
-                    # factor 0, and the gates never moved; in float64 it is their norm (normal sizes unchanged)
-                    norm = grad.flatten(1).double().norm(dim=1)
-                grad = grad * (opts.grad_clip / (norm + 1e-6)).clamp(max=1.0).to(grad.dtype)[:, None, None]  # as clip_grad_norm_
+                factor = (opts.grad_clip / (norm + 1e-6)).clamp(max=1.0)  # (S,) as clip_grad_norm_
+                # Finite gradients whose squares overflow float32 (--lam 1e30): an inf norm made the
+                # factor 0, and those gates never moved. In float64 it is their norm; chosen per set,
+                # without a branch, so every other set (and restart) is clipped bitwise as alone.
+                wide = (opts.grad_clip / (grad.flatten(1).double().norm(dim=1) + 1e-6)).clamp(max=1.0)  # (S,)
+                factor = torch.where(torch.isfinite(norm), factor, wide.to(factor.dtype))
+                grad = grad * factor[:, None, None]
             m.mul_(b1).add_(grad, alpha=1 - b1)
             v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
             denom = (v / (1 - b2 ** (step + 1))).sqrt_().add_(eps)  # (S, L, H)
