@@ -459,11 +459,17 @@ def test_a_damaged_sweep_index_is_named_not_a_traceback(tmp_path, index, problem
     doc = json.loads(root.read_text())
     doc["attributes"]["sweep"] = index
     root.write_text(json.dumps(doc))
-    message = f"{path}: the sweep index in the store's root zarr.json is damaged ({problem}); restore it from a backup"
+    message = (f"{path}: the sweep index in the store's root zarr.json is damaged ({problem}); restore that file "
+               f"from a backup, or delete the \"sweep\" key from its attributes: the runs stay, and `dynamics sweep` "
+               f"of each config swept into the store indexes its points again")
     for call in (lambda: store.read_sweep_index(path), lambda: store.check_store(path), lambda: status_table(str(path))):
         with pytest.raises(StoreError) as e:
             call()
         assert str(e.value) == message
+    del doc["attributes"]["sweep"]  # the way out the message names
+    root.write_text(json.dumps(doc))
+    store.check_store(path)
+    assert store.read_sweep_index(path) is None and store.list_runs(path) == ["r1"]
 
 
 def test_open_sweep_has_swept_coordinates(tmp_path):

@@ -230,11 +230,11 @@ def check_store(path: str | os.PathLike) -> None:
     differently, and analyse, predict and gates would write into it. A damaged sweep index is
     named here too, not once a command has analysed the runs (or begun a report) and reads it.
     """
-    _require_store(_Loc(path))
-    read_sweep_index(path)
+    loc = _Loc(path)
+    _check_index(loc, _require_store(loc))
 
 
-def _require_store(loc: _Loc) -> None:
+def _require_store(loc: _Loc) -> dict:
     # Every reader and writer of the package calls this: a newer layout is neither read nor
     # written. One read of the root metadata answers both questions.
     try:
@@ -247,6 +247,7 @@ def _require_store(loc: _Loc) -> None:
     # runs/ only: every command reads it; analysis/ and derived/ are checked by what writes them
     # (init_store, check_folders), so a damaged derived/ does not stop `status` reading the runs
     check_sections(loc, ("runs",))
+    return root
 
 
 def check_folders(path: str | os.PathLike, sections: tuple[str, ...]) -> None:
@@ -509,12 +510,17 @@ def write_sweep_index(path: str | os.PathLike, index: dict) -> None:
 def read_sweep_index(path: str | os.PathLike) -> dict | None:
     """The sweep index from the root attrs, or None if the launcher wrote none."""
     loc = _Loc(path)
-    _require_store(loc)
-    index = _read_root(loc).get("attributes", {}).get("sweep")
+    return _check_index(loc, _require_store(loc))
+
+
+def _check_index(loc: _Loc, root: dict) -> dict | None:
+    """The sweep index of the root metadata `root`; StoreError if it is not what the launcher writes."""
+    index = root.get("attributes", {}).get("sweep")
     if index is not None and (problem := _index_problem(index)) is not None:
         # readable JSON, but not what the launcher writes: every reader of the grid failed with a traceback
-        raise StoreError(f"{loc}: the sweep index in the store's root zarr.json is damaged ({problem}); "
-                         f"restore it from a backup")
+        raise StoreError(f"{loc}: the sweep index in the store's root zarr.json is damaged ({problem}); restore "
+                         f"that file from a backup, or delete the \"sweep\" key from its attributes: the runs stay, "
+                         f"and `dynamics sweep` of each config swept into the store indexes its points again")
     return index
 
 
