@@ -377,3 +377,13 @@ def test_a_config_too_long_to_be_one_is_refused_unread(tmp_path):
     assert str(e.value) == f"{path}: longer than {MAX_CONFIG_BYTES:,} bytes, which no config is (a data file or a device?)"
     path.write_text("[train]\nsteps = 7\n" + "#" * (MAX_CONFIG_BYTES - 30) + "\n")  # at the bound: read
     assert load_config(path).train.steps == 7
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"])
+def test_a_config_with_any_line_ends_loads(tmp_path, newline):
+    # read as bytes (bounded, above), a file of bare CR line ends (old Mac) was invalid TOML,
+    # where read_text's newline translation had loaded it
+    path = tmp_path / "c.toml"
+    path.write_bytes(newline.join([b"[train]", b"steps = 7", b'[task]', b'name = "markov"', b""]))
+    cfg = load_config(path)
+    assert (cfg.train.steps, cfg.task.name) == (7, "markov")
