@@ -340,3 +340,51 @@ def test_the_embedding_gradient_is_the_same_on_one_thread_and_on_two():
         assert all(torch.equal(grad(2), one) for _ in range(5))
     finally:
         torch.set_num_threads(before)
+
+
+# Known answers for mutants a helper audit's mutation run left alive in this file: xavier_normal
+# with std sqrt(1 / fan_in) (the same number on the square attention matrices the init tests
+# read), logits taken from the residual without ln_final, and the MLP reading ln1 instead of ln2
+# (the two are identical at init, so only LayerNorms with their own weights tell them apart).
+
+
+def _layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """LayerNorm by its definition: (x - mean) / sqrt(population variance + 1e-5) * weight + bias."""
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + 1e-5) * weight + bias
+
+
+@pytest.mark.parametrize("init", ["xavier_uniform", "xavier_normal"])
+def test_xavier_std_is_sqrt_2_over_fan_in_plus_fan_out_on_the_non_square_mlp(init):
+    # W_in is 32 x 64 and W_out 64 x 32 (d_mlp = 64): Glorot's std sqrt(2 / (32 + 64)) = 0.144 for
+    # both variants (uniform on +-sqrt(6 / 96)); sqrt(1 / fan_in) would give 0.177 and 0.125
+    mlp = make(init=init).blocks[0].mlp
+    w = torch.cat([mlp.W_in.detach().flatten(), mlp.W_out.detach().flatten()])  # 4096 draws
+    assert w.std().item() == pytest.approx(math.sqrt(2 / 96), rel=0.04)
+    if init == "xavier_uniform":
+        assert w.abs().max().item() <= math.sqrt(6 / 96)
+
+
+def test_logits_are_ln_final_of_the_last_residual_times_w_u():
+    m = one_layer()
+    with torch.no_grad():  # a LayerNorm with weights of its own, so skipping it cannot pass
+        m.ln_final.weight.copy_(torch.linspace(0.5, 2.0, 16, dtype=torch.float64))
+        m.ln_final.bias.copy_(torch.linspace(-1.0, 1.0, 16, dtype=torch.float64))
+    logits, cache = m.run_with_cache(tokens(), ["blocks.0.hook_resid_post"])
+    x = cache["blocks.0.hook_resid_post"]  # (B, T, D)
+    torch.testing.assert_close(logits, _layer_norm(x, m.ln_final.weight, m.ln_final.bias) @ m.W_U)
+
+
+def test_the_mlp_reads_ln2_of_the_residual_after_attention():
+    # x + W_out gelu(W_in ln2(x) + b_in) + b_out on resid_mid (pre-LN, nanoGPT's Block)
+    m = one_layer(d_mlp=24)
+    block = m.blocks[0]
+    with torch.no_grad():  # ln1 stays the identity affine map; ln2 gets weights of its own
+        block.ln2.weight.copy_(torch.linspace(2.0, 0.5, 16, dtype=torch.float64))
+        block.ln2.bias.copy_(torch.linspace(0.3, -0.6, 16, dtype=torch.float64))
+        block.mlp.b_in.copy_(torch.linspace(-0.2, 0.2, 24, dtype=torch.float64))
+    _, cache = m.run_with_cache(tokens(), ["blocks.0.hook_resid_mid", "blocks.0.hook_mlp_out"])
+    h = _layer_norm(cache["blocks.0.hook_resid_mid"], block.ln2.weight, block.ln2.bias)  # (B, T, D)
+    expected = F.gelu(h @ block.mlp.W_in + block.mlp.b_in) @ block.mlp.W_out + block.mlp.b_out
+    torch.testing.assert_close(cache["blocks.0.hook_mlp_out"], expected)
