@@ -147,3 +147,49 @@ def test_conditioned_gates_and_their_variance_term_by_hand():
     torch.testing.assert_close(iv.loss(0, tokens, logits), 0.7 * mean_gate.var(0, unbiased=False).mean())
     recorded = iv.snapshot(model, x.numpy())["conditioned_gate"][1]
     np.testing.assert_allclose(recorded, mean_gate.T.detach().numpy(), atol=1e-6)
+
+
+# A second helper audit's mutation run left these alive: a ramp of -1 accepted, a table-wide
+# hard = true not counted as changing the forward pass, ema_mix weighting the raw gate instead
+# of the EMA, and the EMA starting at 0.5 instead of sigmoid(init) (the same at init 0, which
+# every earlier EMA test used).
+
+
+@pytest.mark.parametrize("section, extra", [("templates", {"heads": PINNED}), ("distill", {"teacher": "x.zarr"})])
+def test_a_ramp_of_minus_one_is_refused(section, extra):
+    # -1 is truthy, so "0 means train.steps" did not catch it: the ramp became max(-1, 1) = 1 step
+    with pytest.raises(ConfigError, match=f"intervene.{section}.ramp_steps: must be >= 0, got -1"):
+        interventions.parse(config({section: {**extra, "ramp_steps": -1}}))
+
+
+def test_a_table_wide_hard_true_changes_the_forward_pass_unless_each_head_says_false():
+    # what decides whether a teacher's checkpoint alone reproduces its attention
+    uniform = {"layer": 0, "head": 0, "pattern": "uniform"}
+    changes = interventions.common.forward_changes
+    assert changes({"templates": {"hard": True, "heads": [uniform]}}) == ["hard templates"]
+    assert changes({"templates": {"hard": True, "heads": [{**uniform, "hard": False}]}}) == []
+    assert changes({"templates": {"heads": [uniform]}}) == []
+
+
+def test_the_applied_gate_is_one_minus_ema_mix_of_its_own_plus_ema_mix_of_the_ema():
+    # static gates at init 0: own gate sigmoid(0) = 0.5; EMA set to 0.1; ema_mix 0.2 (0.5 would
+    # read the same with the two weights swapped): 0.8 x 0.5 + 0.2 x 0.1 = 0.42 on every head
+    c = config({"conditioned_gates": {"conditioned": False, "init": 0.0, "ema_mix": 0.2}})
+    model = build(c, CPU)
+    iv = interventions.build(c, model, CPU)
+    iv.parts[0].ema = torch.full((2, 2), 0.1)
+    x = torch.from_numpy(make_batch(c, "probe", 0, 3).tokens[:, :-1])  # (B, T)
+    np.testing.assert_allclose(iv.snapshot(model, x.numpy())["conditioned_gate"], 0.42, rtol=1e-6)
+    with torch.no_grad(), model.hooks(iv.eval_hooks()):
+        gated = model(x)
+    with torch.no_grad():  # the model's own external gates multiply z the same way
+        torch.testing.assert_close(gated, model(x, head_gates=torch.full((2, 2), 0.42)))
+
+
+def test_the_gate_ema_starts_at_sigmoid_of_init():
+    c = config({"conditioned_gates": {"init": 2.0}})
+    model = build(c, CPU)
+    iv = interventions.build(c, model, CPU)
+    probe = make_batch(c, "probe", 0, 2).tokens[:, :-1]
+    ema = iv.snapshot(model, probe)["conditioned_gate_ema"]  # no update yet
+    np.testing.assert_allclose(ema, np.full((2, 2), 1 / (1 + np.exp(-2.0))), rtol=1e-6)  # 0.8808
