@@ -388,3 +388,24 @@ def test_the_mlp_reads_ln2_of_the_residual_after_attention():
     h = _layer_norm(cache["blocks.0.hook_resid_mid"], block.ln2.weight, block.ln2.bias)  # (B, T, D)
     expected = F.gelu(h @ block.mlp.W_in + block.mlp.b_in) @ block.mlp.W_out + block.mlp.b_out
     torch.testing.assert_close(cache["blocks.0.hook_mlp_out"], expected)
+
+
+def test_attention_output_is_the_heads_z_times_their_w_o_slices_plus_b_o():
+    # sum_h z_h W_O,h + b_O with open fixed gates; the gate test gives both models one b_O, so
+    # dropping it there cancels
+    m = one_layer()
+    with torch.no_grad():
+        m.blocks[0].attn.b_O.copy_(torch.linspace(-1.0, 1.0, 16, dtype=torch.float64))
+    _, cache = m.run_with_cache(tokens(), ["blocks.0.attn.hook_z", "blocks.0.hook_attn_out"])
+    attn = m.blocks[0].attn
+    expected = torch.einsum("bthe,hed->btd", cache["blocks.0.attn.hook_z"], attn.W_O) + attn.b_O
+    torch.testing.assert_close(cache["blocks.0.hook_attn_out"], expected)
+
+
+@pytest.mark.parametrize("init", ["xavier_uniform", "xavier_normal", "normal"])
+def test_the_embeddings_are_normal_with_std_0_02_whatever_the_init(init):
+    # GPT-2's lookup-table init (module docstring): fans mean nothing for W_E and W_pos
+    m = Transformer(ModelConfig(d_model=64, n_heads=2, vocab_size=64, context=64, pos="learned", init=init),
+                    generator=torch.Generator().manual_seed(0))
+    for w in (m.W_E, m.W_pos):  # 4096 draws each
+        assert w.detach().std().item() == pytest.approx(0.02, rel=0.05)
