@@ -193,3 +193,26 @@ def test_the_gate_ema_starts_at_sigmoid_of_init():
     probe = make_batch(c, "probe", 0, 2).tokens[:, :-1]
     ema = iv.snapshot(model, probe)["conditioned_gate_ema"]  # no update yet
     np.testing.assert_allclose(ema, np.full((2, 2), 1 / (1 + np.exp(-2.0))), rtol=1e-6)  # 0.8808
+
+
+@pytest.fixture(scope="module")
+def two_sinks(tmp_path_factory) -> str:
+    """A teacher whose two layer-1 heads were both pulled to first_token: two heads labelled sink."""
+    path = tmp_path_factory.mktemp("two_sinks") / "teacher.zarr"
+    pinned = [{"layer": 1, "head": h, "pattern": "first_token"} for h in (0, 1)]
+    train(path, config({"templates": {"weight": 3.0, "heads": pinned}}))
+    return str(path)
+
+
+def test_a_role_maps_to_the_teachers_highest_scoring_head_with_that_label(two_sinks):
+    # test_interventions' role map had one candidate per role, so "lowest score" passed too. Here
+    # both layer-1 heads are sinks; the sink score is alpha_0, the mean over probes and queries of
+    # the attention on key 0, read by hand from the teacher's last recorded attention.
+    from dynamics import store
+
+    ds = store.open_run(two_sinks, store.list_runs(two_sinks)[0])
+    alpha_0 = ds["attention"].values[-1, 1, :, :, :, 0].astype(np.float64).mean((1, 2))  # (H,): layer 1
+    assert alpha_0.min() > 0.3 and alpha_0[0] != alpha_0[1]  # both sinks, and one is the stronger
+    c = config({"distill": {"teacher": two_sinks, "map": "heads", "heads": [{"layer": 0, "head": 0, "role": "sink"}]}})
+    _, pairs = distill.resolve(interventions.parse(c).distill, c)
+    assert pairs == [(0, 0, 1, int(alpha_0.argmax()))]
