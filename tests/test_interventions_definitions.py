@@ -216,3 +216,12 @@ def test_a_role_maps_to_the_teachers_highest_scoring_head_with_that_label(two_si
     c = config({"distill": {"teacher": two_sinks, "map": "heads", "heads": [{"layer": 0, "head": 0, "role": "sink"}]}})
     _, pairs = distill.resolve(interventions.parse(c).distill, c)
     assert pairs == [(0, 0, 1, int(alpha_0.argmax()))]
+
+
+def test_a_learned_position_teacher_of_the_students_context_is_accepted(tmp_path):
+    # positions 0..15 are all the student's batches use: a teacher with context 16 has each of
+    # them (only a shorter one is refused, as in the test above)
+    path = tmp_path / "t.zarr"
+    train(path, config(model={"pos": "learned"}, train={"steps": 2}))  # context 16
+    for context in (16, 8):
+        interventions.check(config({"distill": {"teacher": str(path)}}, model={"context": context}))
