@@ -225,3 +225,10 @@ def test_a_learned_position_teacher_of_the_students_context_is_accepted(tmp_path
     train(path, config(model={"pos": "learned"}, train={"steps": 2}))  # context 16
     for context in (16, 8):
         interventions.check(config({"distill": {"teacher": str(path)}}, model={"context": context}))
+
+
+def test_true_is_not_an_integer_option():
+    # bool is an int subclass in Python: `layer = true` would have pinned layer 1
+    heads = [{"layer": True, "head": 0, "pattern": "uniform"}]
+    with pytest.raises(ConfigError, match=r"intervene.templates.heads\[0\].layer: expected an integer, got True"):
+        interventions.parse(config({"templates": {"heads": heads}}))
