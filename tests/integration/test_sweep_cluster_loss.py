@@ -98,7 +98,7 @@ def test_a_lost_scheduler_reports_each_run_by_what_its_store_says(cluster, tmp_p
 
 
 def test_a_cluster_without_workers_says_so_and_the_run_resumes_on_a_new_one(cluster, tmp_path):
-    config = write_config(tmp_path / "sweep.toml", {"train.seed": [0]}, steps=4000)
+    config = write_config(tmp_path / "sweep.toml", {"train.seed": [0]}, steps=1200)
     (point,) = expand_grid(load_config(config))
     out = tmp_path / "s.zarr"
     log_path = tmp_path / "sweep.log"
