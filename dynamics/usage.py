@@ -125,6 +125,11 @@ def check_args(args) -> None:
         label = name.upper() if name in _POSITIONAL else "--" + name.replace("_", "-")
         if isinstance(value, str) and not value.strip():
             raise UsageError(f"{label}: empty value")
+        if name in _PATHS and value == "-":
+            # by convention standard input or output, which no command here reads or writes: it
+            # became a store, a report folder or a config file named "-" in the working directory
+            raise UsageError(f"{label} -: a path is needed here, not standard input or output "
+                             "(./- names a file called -)")
         if name in _PATHS and isinstance(value, str) and value.startswith("file://") and not _local(value).strip():
             # read as the local path "", which every later step took for the working directory
             raise UsageError(f"{label} {value}: a file:// URL with no path")

@@ -82,6 +82,11 @@ def tiny(tmp_path_factory):
      "--set model.init_scale: a [sweep] axis"),
     (["run", "{cfg}", "--out", "nosuch://bucket/x.zarr"], "no filesystem for the URL scheme 'nosuch'"),
     (["run", "{cfg}", "--out", ""], "--out: empty value"),
+    # made a store named "-" in the working directory (the conventional name of standard output)
+    (["run", "{cfg}", "--out", "-"], "--out -: a path is needed here, not standard input or output"),
+    (["report", "{path}", "--out", "-"], "--out -: a path is needed here"),
+    (["status", "-"], "STORE -: a path is needed here"),
+    (["run", "-"], "CONFIG -: a path is needed here"),
     (["status", "{d}/nope.zarr"], "nope.zarr: the path does not exist"),
     # argparse kept the last of a flag given twice: the run went to new19.zarr
     (["run", "{cfg}", "--out", "{d}/new20.zarr", "--out", "{d}/new19.zarr"], "argument --out: given twice"),
