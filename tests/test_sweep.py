@@ -269,7 +269,9 @@ def test_cli_unknown_axis_exits_2(tmp_path):
 @pytest.mark.parametrize("content, needle", [
     ("{}", 'not a scheduler file (no "address" in its JSON)'),
     ("[1, 2]", 'not a scheduler file (no "address" in its JSON)'),
-    ('{"address": 5}', 'not a scheduler file (no "address" in its JSON)'),
+    ('{"address": ""}', 'not a scheduler file (no "address" in its JSON)'),
+    ('{"address": null}', 'not a scheduler file (no "address" in its JSON)'),
+    ('{"address": 5}', 'not a scheduler file (its "address" is 5, not a string)'),  # was "no address"
     ("", "not a readable scheduler file"),
     ("garbage", "not a readable scheduler file"),
 ])

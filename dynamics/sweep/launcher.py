@@ -179,7 +179,10 @@ def _scheduler_file_address(file: str) -> str:
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"--scheduler {file}: not a readable scheduler file ({e})") from None
     address = info.get("address") if isinstance(info, dict) else None
-    if not isinstance(address, str) or not address:
+    if address is not None and not isinstance(address, str):  # "there is none" misled about one that is there
+        raise ConfigError(f"--scheduler {file}: not a scheduler file (its \"address\" is {json.dumps(address)}, "
+                          f"not a string)")
+    if not address:
         raise ConfigError(f"--scheduler {file}: not a scheduler file (no \"address\" in its JSON)")
     return address
 
