@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -291,13 +290,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if not args.no_save:
         check_writable(args.store, "predict", into=("derived",))
     from dynamics import predict
+    from dynamics.predict.options import MAX_NULL
 
+    if not 0 <= args.null <= MAX_NULL:  # as --folds: PredictOptions would name its field, null
+        raise UsageError(f"--null: permutations must be in [0, {MAX_NULL}]; got {args.null}")
     try:  # every PredictError is bad input found before any model is fitted: one line, exit 2
         opts = predict.PredictOptions(target=args.target, horizons=horizons, unit=args.unit, group_by=args.group,
                                       n_splits=args.folds, use_stored_analysis=not args.recompute, null=args.null)
         curve = predict.predict_store(args.store, opts, progress=_predict_progress)
-    except predict.PredictError as e:  # named as the flag given, not as PredictOptions' field
-        raise UsageError(re.sub(r"^null:", "--null:", str(e))) from None
+    except predict.PredictError as e:
+        raise UsageError(str(e)) from None
     print(predict.format_curve(curve))
     if not args.no_save:
         print(f"saved derived/{predict.write_curve(args.store, curve)} in {args.store}")

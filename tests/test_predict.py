@@ -1209,6 +1209,7 @@ def test_cli_says_when_nothing_is_readable_and_stores_none(small_store, capsys):
         (["--horizon", "0.1,0.2"], "--horizon: expected one number, got '0.1,0.2'"),
         (["--horizon", "1e400"], "horizon inf is not a finite number"),
         (["--null", "-1"], "error: --null: permutations must be in [0, 1000]; got -1"),  # the flag, not the field
+        (["--null", "1001"], "error: --null: permutations must be in [0, 1000]; got 1001"),
         (["--horizon", "0.1", "--horizons", "0.2"], "not both"),
         (["--group", "config"], "one group"),
         (["--target", "chg"], "chg_role"),
