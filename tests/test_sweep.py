@@ -387,6 +387,22 @@ def test_run_point_returns_a_failure_instead_of_raising(tmp_path):
     assert out["error"] and "Traceback" in out["traceback"]
 
 
+def test_a_worker_that_makes_other_data_than_the_launcher_refuses_the_point_untouched(tmp_path):
+    # A worker on another Python (its standard library is the corpus) trained its points on other
+    # data than the launcher's machine and the cluster's other workers: one sweep, two datasets.
+    from dynamics.tasks import data_hash
+
+    cfg = from_dict(tiny())
+    path = str(tmp_path / "s.zarr")
+    out = run_point(cfg, path, cfg.run_id(), {}, data="0" * 64)
+    assert out["status"] == "failed" and out["traceback"] is None
+    assert out["error"] == (f"this worker makes other data for task 'induction' than the launcher's machine (data hash "
+                            f"{data_hash(cfg)[:16]}... against 0000000000000000...: another Python's standard library, "
+                            f"for the corpus?); not trained here, so that the sweep's runs all train on the same data")
+    assert not store.is_store(path)  # nothing written: the same sweep on a cluster of one Python trains it
+    assert run_point(cfg, path, cfg.run_id(), {}, data=data_hash(cfg))["status"] == "completed"
+
+
 def test_a_late_failure_record_never_overwrites_a_finished_run(tmp_path):
     # A task failing after another process finished its run (or while it trains it, holding the
     # lock) must leave that run as it is: its failure goes to the sweep summary only. Likewise the
@@ -573,10 +589,28 @@ def test_a_point_whose_checkpoint_is_lost_is_refused_before_any_point_trains(tmp
     assert store.list_runs(path) == [point.run_id]  # the other point was not trained
 
 
+def test_a_point_recorded_on_other_data_is_refused_before_any_point_trains(tmp_path, threaded_cluster):
+    # Its task refused it (train_run), but only after every other point had trained: exit 1 then.
+    from tests.conftest import interrupt_at
+
+    path = str(tmp_path / "s.zarr")
+    cfg = from_dict(tiny({"model.init_scale": [1.0, 2.0]}))
+    point, other = expand_grid(cfg)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(point.cfg, path, point.run_id, progress=interrupt_at(8))
+    store.update_run_attrs(path, point.run_id, data_hash="0000aaaa0000")  # as if made from another stdlib
+    with pytest.raises(store.StoreError, match=rf"sweep point model.init_scale=1.0: run {point.run_id} in .* was "
+                                               r"recorded on data with hash 0000aaaa0000, but this machine makes "):
+        run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
+    assert store.list_runs(path) == [point.run_id]  # the other point was not trained
+    store.update_run_attrs(path, point.run_id, status="completed")  # a finished one is skipped, as train_run skips it
+    assert run_sweep(cfg, path, scheduler=threaded_cluster, progress=False).ok
+
+
 SUBMITTED_CWDS: list = []
 
 
-def _run_point_recording_cwd(cfg, path, run_id, values, token="", cwd=None):
+def _run_point_recording_cwd(cfg, path, run_id, values, token="", cwd=None, data=None):
     SUBMITTED_CWDS.append(cwd)  # module-level, so the in-process worker finds this very list
     return {"run_id": run_id, "status": "completed", "steps_done": 0, "skipped": False, "error": None,
             "traceback": None}  # what run_point does with it is the test's second half

@@ -26,6 +26,7 @@ from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
 from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _record_failure, _stop_name, run_point
+from dynamics.tasks import data_hash
 
 MAX_RESUBMITS = 2
 """Extra submissions of a run whose task the scheduler gave up on (KilledWorker)."""
@@ -318,9 +319,12 @@ def run_sweep(
     with sigterm_as_interrupt(), acquire_lock(path):
         existing = set(store.list_runs(path))
         todo = []
+        hashes: dict[str, str] = {}  # the data this machine makes for each point: its workers must make the same
         for p in points:
             attrs = store.run_attrs(path, p.run_id) if p.run_id in existing else {}
-            _refuse_point(p, attrs, path)  # before anything is trained: the other points waited for nothing
+            if attrs.get("status") not in FINISHED:
+                hashes[p.run_id] = data_hash(p.cfg)
+            _refuse_point(p, attrs, path, hashes.get(p.run_id))  # before anything trains: the others waited for nothing
             if attrs.get("status") in FINISHED:
                 summary.skipped.append(p.run_id)
                 summary.counts[attrs["status"]] = summary.counts.get(attrs["status"], 0) + 1
@@ -334,7 +338,7 @@ def run_sweep(
                 n = min(workers or default_workers(), len(todo))
                 display = _display(progress, len(points), len(summary.skipped))
                 display.starting(len(todo), scheduler or n)  # a given cluster's size is its own
-                results = _launch(todo, path, scheduler, n, display, cwd)
+                results = _launch(todo, path, scheduler, n, display, cwd, hashes)
                 for r in results:
                     summary.counts[r["status"]] = summary.counts.get(r["status"], 0) + 1
                     if r["status"] in ("failed", "cancelled"):
@@ -351,9 +355,10 @@ def run_sweep(
     return summary
 
 
-def _refuse_point(p: Point, attrs: dict, path: str) -> None:
+def _refuse_point(p: Point, attrs: dict, path: str, data: str | None = None) -> None:
     """StoreError for a point whose task would refuse it (as `train_run` does), found before any
-    point trains: the sweep ended in exit 1 after training every other point."""
+    point trains: the sweep ended in exit 1 after training every other point. ``data``: the
+    point's data hash on this machine (None for a finished point, which is skipped)."""
     if attrs and experiment_identity(attrs.get("config", {})) != experiment_identity(p.cfg.to_dict()):
         # a run of this id recorded with another config (`dynamics run --run-id`): counted
         # finished, it stood in status and open_sweep with this point's values
@@ -362,6 +367,11 @@ def _refuse_point(p: Point, attrs: dict, path: str) -> None:
     try:
         if attrs.get("status") not in FINISHED:  # a finished one is skipped: its checkpoint is not needed
             store.check_checkpoint_kept(path, p.run_id, attrs)
+            if data is not None and attrs.get("data_hash", data) != data:
+                raise store.StoreError(
+                    f"run {p.run_id} in {path} was recorded on data with hash {attrs['data_hash']}, but this machine "
+                    f"makes {data} for task {p.cfg.task.name!r} (another Python's standard library, for the "
+                    f"corpus?); refusing to resume it on other data")
         elif p.cfg.intervene.get("distill"):  # skipped here, never reaching train_run's check
             from dynamics.interventions import distill
 
@@ -371,9 +381,10 @@ def _refuse_point(p: Point, attrs: dict, path: str) -> None:
 
 
 def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int, display: _Display,
-            cwd: str) -> list[dict]:
+            cwd: str, hashes: dict[str, str] | None = None) -> list[dict]:
     """Submit the points, follow them to the end, return one result dict per point (``cwd``: the
-    directory relative paths in their configs are to)."""
+    directory relative paths in their configs are to; ``hashes``: each point's data hash here,
+    which its worker must make too)."""
     import queue
 
     from distributed import Event, KilledWorker
@@ -391,7 +402,8 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     def submit(p: Point):
         tries[p.run_id] += 1
         key = f"dynamics-train-{p.run_id}-{token}-{tries[p.run_id]}"
-        return client.submit(run_point, p.cfg, path, p.run_id, p.values, token, cwd, key=key, pure=False,
+        return client.submit(run_point, p.cfg, path, p.run_id, p.values, token, cwd, (hashes or {}).get(p.run_id),
+                             key=key, pure=False,
                              priority=len(todo) - order[p.run_id])  # grid order
 
     def drain() -> None:

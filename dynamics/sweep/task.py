@@ -67,11 +67,14 @@ class _TaskReporter:
 
 
 def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str = "",
-              cwd: str | None = None) -> dict:
+              cwd: str | None = None, data: str | None = None) -> dict:
     """Train one sweep point (the Dask task); never raises for a run's own failure.
 
     ``cwd`` is the launcher's working directory: relative paths in ``cfg`` (a distillation
     teacher) are to it, not to this worker's, which on an external cluster may be another.
+    ``data`` is the point's data hash on the launcher's machine: a worker that makes other data
+    (the corpus of another Python's standard library) refuses the point, untouched, so that the
+    runs of one sweep never train on different data.
 
     A run that another process is training (``dynamics run`` of the point, or an orphaned task of
     a killed launcher: it holds the run's lock) is waited for, not failed: the launcher is told
@@ -92,6 +95,15 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
            "traceback": None, "waited": None}
     if reporter.stopped():
         return out  # queued behind a Ctrl-C: never started, nothing written
+    if data is not None:
+        from dynamics.tasks import data_hash
+
+        if (here := data_hash(cfg)) != data:
+            out.update(status="failed", error=(
+                f"this worker makes other data for task {cfg.task.name!r} than the launcher's machine (data hash "
+                f"{here[:16]}... against {data[:16]}...: another Python's standard library, for the corpus?); not "
+                f"trained here, so that the sweep's runs all train on the same data"))
+            return out
     # A URL store's root index is the launcher's to rebuild
     with store.deferred_index(path), relative_to(cwd or os.getcwd()):
         while True:
