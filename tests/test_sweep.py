@@ -591,6 +591,7 @@ def test_a_point_whose_checkpoint_is_lost_is_refused_before_any_point_trains(tmp
 
 def test_a_point_recorded_on_other_data_is_refused_before_any_point_trains(tmp_path, threaded_cluster):
     # Its task refused it (train_run), but only after every other point had trained: exit 1 then.
+    from dynamics.tasks import data_hash
     from tests.conftest import interrupt_at
 
     path = str(tmp_path / "s.zarr")
@@ -603,7 +604,17 @@ def test_a_point_recorded_on_other_data_is_refused_before_any_point_trains(tmp_p
                                                r"recorded on data with hash 0000aaaa0000, but this machine makes "):
         run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
     assert store.list_runs(path) == [point.run_id]  # the other point was not trained
-    store.update_run_attrs(path, point.run_id, status="completed")  # a finished one is skipped, as train_run skips it
+
+    # Finished there, it is skipped (its recordings are its own), but the other point, on the same
+    # data here, would have trained on this machine's: one grid, two datasets.
+    store.update_run_attrs(path, point.run_id, status="completed")
+    with pytest.raises(store.StoreError, match=rf"sweep point model.init_scale=2.0: this machine makes data with hash "
+                                               rf"{data_hash(other.cfg)} for task 'induction', but point "
+                                               rf"model.init_scale=1.0 \(run {point.run_id}\) finished in .* on data "
+                                               r"with hash 0000aaaa0000 "):
+        run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
+    assert store.list_runs(path) == [point.run_id]
+    store.update_run_attrs(path, point.run_id, data_hash=data_hash(point.cfg))
     assert run_sweep(cfg, path, scheduler=threaded_cluster, progress=False).ok
 
 

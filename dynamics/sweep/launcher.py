@@ -320,16 +320,19 @@ def run_sweep(
         existing = set(store.list_runs(path))
         todo = []
         hashes: dict[str, str] = {}  # the data this machine makes for each point: its workers must make the same
+        elsewhere: dict[str, tuple[Point, str]] = {}  # data here -> a finished point recorded on other data
         for p in points:
             attrs = store.run_attrs(path, p.run_id) if p.run_id in existing else {}
-            if attrs.get("status") not in FINISHED:
-                hashes[p.run_id] = data_hash(p.cfg)
-            _refuse_point(p, attrs, path, hashes.get(p.run_id))  # before anything trains: the others waited for nothing
+            hashes[p.run_id] = data_hash(p.cfg)
+            _refuse_point(p, attrs, path, hashes[p.run_id])  # before anything trains: the others waited for nothing
             if attrs.get("status") in FINISHED:
                 summary.skipped.append(p.run_id)
                 summary.counts[attrs["status"]] = summary.counts.get(attrs["status"], 0) + 1
+                if attrs.get("data_hash", hashes[p.run_id]) != hashes[p.run_id]:
+                    elsewhere.setdefault(hashes[p.run_id], (p, attrs["data_hash"]))
             else:
                 todo.append(p)
+        _refuse_other_data_than_finished(todo, hashes, elsewhere, path)
         _write_index(path, points)
         if not store.is_remote(path):  # a remote store's is rebuilt whole below
             store.refresh_index(path, summary.skipped)  # as train_run's skip: an entry a kill left stale
@@ -355,10 +358,25 @@ def run_sweep(
     return summary
 
 
+def _refuse_other_data_than_finished(todo: list[Point], hashes: dict[str, str],
+                                     elsewhere: dict[str, tuple[Point, str]], path: str) -> None:
+    """StoreError for a point left to train on the data this machine makes where a finished
+    point of the same data here was recorded on other data: a sweep finished on another Python
+    (its standard library is the corpus) mixed the two in one grid's seeds and swept values."""
+    for p in todo:
+        if hashes[p.run_id] in elsewhere:
+            done, recorded = elsewhere[hashes[p.run_id]]
+            raise store.StoreError(
+                f"sweep point {p.label}: this machine makes data with hash {hashes[p.run_id]} for task "
+                f"{p.cfg.task.name!r}, but point {done.label} (run {done.run_id}) finished in {path} on data with "
+                f"hash {recorded} (another Python's standard library, for the corpus?); the sweep's runs would not "
+                f"all train on the same data: finish it where that data is made, or sweep into another store")
+
+
 def _refuse_point(p: Point, attrs: dict, path: str, data: str | None = None) -> None:
     """StoreError for a point whose task would refuse it (as `train_run` does), found before any
     point trains: the sweep ended in exit 1 after training every other point. ``data``: the
-    point's data hash on this machine (None for a finished point, which is skipped)."""
+    point's data hash on this machine."""
     if attrs and experiment_identity(attrs.get("config", {})) != experiment_identity(p.cfg.to_dict()):
         # a run of this id recorded with another config (`dynamics run --run-id`): counted
         # finished, it stood in status and open_sweep with this point's values
