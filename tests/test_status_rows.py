@@ -1,0 +1,69 @@
+"""`dynamics status`'s rows at their edges: where a run without a value sorts, what a run lacking an
+axis shows, and the steps and resume step of runs that are not simply completed or interrupted."""
+
+import shutil
+
+import pytest
+
+from dynamics import store
+from dynamics.config import RunConfig, from_dict
+from dynamics.status import grid_key, row_labels, status_table
+from dynamics.train import train_run
+
+TINY = {
+    "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
+    "task": {"name": "induction", "min_period": 2, "max_period": 6},
+    "train": {"steps": 12, "batch_size": 4, "warmup_steps": 2, "eval_batches": 1},
+    "record": {"dense_until": 4, "every": 6, "n_probe": 2, "eval_batch_size": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    path = tmp_path_factory.mktemp("status") / "s.zarr"
+    return path, train_run(from_dict(TINY), str(path)).run_id
+
+
+@pytest.fixture
+def copy(trained, tmp_path):
+    path, run_id = trained
+    shutil.copytree(path, tmp_path / "s.zarr")
+    return tmp_path / "s.zarr", run_id
+
+
+def test_a_run_without_a_value_for_an_axis_sorts_after_the_values():
+    # seed 1 is listed first, so it ranks first; rd has no seed and comes after both seeds,
+    # rb no init_scale and comes after rc at their seed; runs outside the index last, by id
+    index = {"axes": ["train.seed", "model.init_scale"], "runs": {
+        "ra": {"train.seed": 1, "model.init_scale": 0.5},
+        "rb": {"train.seed": 0},
+        "rc": {"train.seed": 0, "model.init_scale": 0.5},
+        "rd": {"model.init_scale": 2.0}}}
+    assert sorted(["rz", "rd", "rc", "ry", "rb", "ra"], key=grid_key(index)) == ["ra", "rc", "rb", "rd", "ry", "rz"]
+
+
+def test_a_run_outside_the_index_whose_config_lacks_an_axis_shows_none():
+    # an axis inside an [intervene] section the run has none of: "None", Python's word, read as a value
+    index = {"axes": ["train.seed", "intervene.conditioned_gates.pool"],
+             "runs": {"rp": {"train.seed": 1, "intervene.conditioned_gates.pool": "mean"}}}
+    labels, shown = row_labels(index, {"rx": {"config": RunConfig().to_dict()}}, ["rx", "rp"])
+    assert labels == ["train.seed", "intervene.conditioned_gates.pool"]
+    assert shown("rx") == ["0", "none"] and shown("rp") == ["1", "mean"]
+
+
+def test_a_diverged_run_is_never_resumed(copy):
+    path, run_id = copy
+    store.update_run_attrs(path, run_id, status="diverged")
+    header, [row], _ = status_table(str(path))
+    got = dict(zip(header, row, strict=True))
+    assert (got["status"], got["steps"], got["resumes_at"]) == ("diverged", "12/12", "-")
+
+
+def test_a_killed_runs_steps_are_its_checkpoints_even_where_that_checkpoint_is_gone(copy):
+    # killed in its first session after the checkpoint at 6: steps_done still says where it started (0)
+    path, run_id = copy
+    store.update_run_attrs(path, run_id, status="running", steps_done=0, checkpoint_step=6)
+    (path / "checkpoints" / run_id / "ckpt.pt").unlink()
+    header, [row], _ = status_table(str(path))
+    got = dict(zip(header, row, strict=True))
+    assert (got["status"], got["steps"], got["resumes_at"]) == ("stopped", "6/12", "lost")
