@@ -1,0 +1,84 @@
+"""What a sweep shows as it goes (log lines, tqdm bars) and the summary it ends with, line for line."""
+
+import io
+import sys
+
+from dynamics.sweep import SweepSummary
+from dynamics.sweep.progress import _Bars, _Display, _display, _Quiet
+
+
+def test_the_summary_names_each_run_that_did_not_simply_finish():
+    summary = SweepSummary(
+        total=6, counts={"cancelled": 1, "completed": 3, "failed": 2}, skipped=["rs"], failed=["rf", "rg"],
+        cancelled=["rc"], errors={"rf": "ValueError: bad", "rc": "its task was cancelled on the cluster (x)"},
+        waited={"rw": "another process (pid 7) was training it; that process ended it completed"},
+        after_cancel={"ra": "it had finished before its task was cancelled on the cluster (x)"},
+        labels={"rf": "train.seed=0", "rc": "train.seed=2", "rw": "train.seed=3", "ra": "train.seed=4"},
+        wall_time=12.34)
+    assert summary.lines() == [
+        # by count, most first: ties in the order counted
+        "sweep: 6 runs: 3 completed, 2 failed, 1 cancelled (1 already finished, not retrained) in 12.3 s",
+        "  failed rf [train.seed=0]: ValueError: bad",
+        "  failed rg [?]: ?",  # no label nor error recorded: said so, not a KeyError
+        "  cancelled rc [train.seed=2]: its task was cancelled on the cluster (x)",
+        "  waited for rw [train.seed=3]: another process (pid 7) was training it; that process ended it completed",
+        "  finished ra [train.seed=4]: it had finished before its task was cancelled on the cluster (x)",
+    ]
+    assert not summary.ok
+
+
+def test_a_sweep_with_nothing_to_do_says_so():
+    assert SweepSummary().lines() == ["sweep: 0 runs: nothing to do in 0.0 s"]
+    assert SweepSummary().ok
+
+
+def test_only_completed_and_diverged_runs_are_ok():
+    assert SweepSummary(counts={"completed": 2, "diverged": 1}).ok
+    for status in ("failed", "interrupted", "cancelled"):
+        assert not SweepSummary(counts={"completed": 2, status: 1}).ok, status
+
+
+def test_the_log_lists_only_runs_still_running():
+    log = io.StringIO()
+    display = _Display(2, 0, stream=log, every=0)
+    display.tick()  # nothing running yet: no line saying "running:" of nothing
+    display.step("ra", 3, 12, 1.0)
+    display.step("rb", 5, 12, 1.0)
+    display.finished("ra", "completed")
+    display.tick()
+    display.finished("rb", "completed")
+    display.tick()
+    assert log.getvalue().splitlines() == [
+        "[sweep] ra completed (1/2 finished)",
+        "[sweep] 1/2 finished; running: rb 5/12",
+        "[sweep] rb completed (2/2 finished)",
+    ]
+
+
+def test_the_bars_follow_each_run_below_the_overall_bar():
+    term = io.StringIO()
+    bars = _Bars(3, 0, stream=term)
+    try:
+        bars.step("ra", 2, 12, 1.0)
+        bars.step("ra", 9, 12, 0.5)
+        bars.step("rb", 1, 12, 1.0)
+        assert bars.bars["ra"].n == 9 and bars.bars["rb"].n == 1
+        assert (bars.slot["ra"], bars.slot["rb"]) == (1, 2)  # 0 is the overall bar's
+        bars.finished("ra", "completed", " (finished by another process)")
+        bars.step("rc", 1, 12, 1.0)
+        assert bars.slot["rc"] == 1  # the slot ra left
+        # a note on a finished run is news (it was waited for): written, not only counted
+        assert "ra completed (finished by another process)" in term.getvalue()
+        assert bars.overall.n == 1
+    finally:
+        bars.close()
+
+
+def test_the_display_is_chosen_by_the_progress_option():
+    quiet, bars, log = _display(False, 2, 0), _display(True, 2, 0), _display(None, 2, 0)
+    try:
+        assert type(quiet) is _Quiet and type(bars) is _Bars
+        assert type(log) is (_Bars if sys.stderr.isatty() else _Display)  # unset: bars on a terminal only
+    finally:
+        bars.close()
+        log.close()
