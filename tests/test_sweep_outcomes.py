@@ -1,0 +1,152 @@
+"""How the launcher reports runs whose task did not simply return (cancelled on the cluster, its
+workers dead), what a failing task may and may not write into a run, and which points it holds
+to the memory check or to a kept checkpoint, each on a real store."""
+
+import os
+import shutil
+
+import pytest
+
+from dynamics import store
+from dynamics.budget import MEMORY_ENV, DoesNotFit
+from dynamics.config import from_dict
+from dynamics.sweep import cancel
+from dynamics.sweep.launcher import _killed_reason, check_points, default_workers
+from dynamics.sweep.task import _record_failure, run_point
+from dynamics.train import train_run
+from tests.test_sweep import tiny
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    path = tmp_path_factory.mktemp("outcomes") / "s.zarr"
+    return path, train_run(from_dict(tiny()), str(path)).run_id
+
+
+@pytest.fixture
+def copy(trained, tmp_path):
+    path, run_id = trained
+    shutil.copytree(path, tmp_path / "s.zarr")
+    return str(tmp_path / "s.zarr"), run_id
+
+
+def test_dasks_reasons_for_a_cancelled_task_are_said_once_and_plainly():
+    assert cancel.reason(cancel.SCHEDULER_LOST, "Please check your connection and re-run your work.") == \
+        "the launcher lost its scheduler"
+    assert cancel.reason("cancelled-by-user", "by client abc") == "cancelled-by-user: by client abc"
+    assert cancel.reason("cancelled-by-user") == "cancelled-by-user"
+
+
+@pytest.mark.parametrize("status, trained_on, still, want, says", [
+    ("completed", False, False, "completed", "it had finished before its task was cancelled on the cluster (why)"),
+    ("diverged", True, False, "diverged", "it was trained on after its task was cancelled on the cluster (why), and "
+                                          "finished"),
+    ("failed", False, False, "failed", "its task was cancelled on the cluster (why), and then recorded failed"),
+    ("running", False, True, "cancelled", "a process still trains it (its worker, or one its task waited for)"),
+    ("interrupted", True, False, "cancelled", "it was trained on and stopped before the end; the same command "
+                                              "resumes it"),
+    ("interrupted", False, False, "cancelled", "its task was cancelled on the cluster (why); the same command "
+                                               "resumes it"),
+])
+def test_a_cancelled_run_is_reported_by_what_its_store_says(copy, status, trained_on, still, want, says):
+    path, run_id = copy
+    store.update_run_attrs(path, run_id, status=status)
+    r = cancel.outcome(path, run_id, "why", trained_on=trained_on, still=still)
+    assert r["status"] == want and r["run_id"] == run_id
+    assert says in (r.get("after_cancel") if want in ("completed", "diverged") else r["error"])
+    assert (r["error"] is None) == (want in ("completed", "diverged"))
+
+
+def test_a_cancelled_run_never_started_is_cancelled(tmp_path):
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    r = cancel.outcome(path, "rnever", "why", trained_on=False)
+    assert r["status"] == "cancelled" and r["error"].endswith("the same command resumes it")
+
+
+def test_a_task_refused_a_run_of_another_config_leaves_that_run_as_it_was(copy):
+    # `dynamics run --run-id` put another config under the point's id: the task is refused as
+    # `dynamics run` would be, and that run, interrupted and resumable, is not the task's to fail
+    path, run_id = copy
+    store.update_run_attrs(path, run_id, status="interrupted")
+    other = from_dict(tiny(train={"seed": 5}))
+    out = run_point(other, path, run_id, {"train.seed": 5})
+    assert out["status"] == "failed" and "was recorded with a different config" in out["error"]
+    assert store.run_attrs(path, run_id)["status"] == "interrupted"
+
+
+def test_a_late_failure_keeps_the_traceback_the_run_recorded(copy):
+    path, run_id = copy
+    store.update_run_attrs(path, run_id, status="failed", traceback="Traceback: where it failed")
+    _record_failure(path, run_id, "KilledWorker: the worker training it died once")
+    assert store.run_attrs(path, run_id)["traceback"] == "Traceback: where it failed"
+
+
+def test_a_failure_of_a_run_not_in_the_store_writes_nothing(tmp_path):
+    path = tmp_path / "s.zarr"
+    store.init_store(str(path))
+    before = sorted(p.relative_to(path) for p in path.rglob("*"))
+    _record_failure(str(path), "rnever", "KilledWorker: the worker training it died once")
+    assert sorted(p.relative_to(path) for p in path.rglob("*")) == before
+
+
+def test_a_killed_workers_reason_counts_every_death():
+    assert _killed_reason(1, "tcp://w:1") == ("KilledWorker: the worker training it died once (last tcp://w:1); the "
+                                              "same command resumes it")
+    assert _killed_reason(8, "tcp://w:1").startswith("KilledWorker: the worker training it died 8 times (last ")
+
+
+def test_a_point_finished_in_the_store_needs_no_memory_but_the_others_do(copy, monkeypatch):
+    # a store copied from a larger machine, its sweep widened by a seed: only the new point is refused
+    path, run_id = copy
+    monkeypatch.setenv(MEMORY_ENV, "0.000001")  # 1,000 bytes
+    [done] = check_points(from_dict(tiny()), path)
+    assert done.run_id == run_id
+    with pytest.raises(DoesNotFit, match=r"^sweep point train.seed=1: config needs at least"):
+        check_points(from_dict(tiny({"train.seed": [0, 1]})), path)
+
+
+def test_one_worker_per_usable_core():
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert default_workers() == usable
+
+
+def test_a_cluster_without_workers_is_said_once_and_again_when_one_is_back():
+    # Said at every look (each WORKER_CHECK_EVERY seconds), the notice buried the sweep's own lines
+    # for as long as the cluster had no worker.
+    import io
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    from dynamics.sweep.progress import _Display
+
+    log = io.StringIO()
+    display = _Display(1, 0, stream=log)
+    display.step("ra", 3, 12, 1.0)  # reported before its worker died
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        watch = cancel.WorkerWatch(client, every=5.0)
+        watch.check(10.0, display)
+        watch.check(20.0, display)  # still none: nothing new to say
+        cluster.scale(1)
+        client.wait_for_workers(1, timeout=60)
+        watch.check(22.0, display)  # sooner than `every` after the last look: not looked
+        watch.check(30.0, display)
+        watch.check(40.0, display)
+    assert log.getvalue().splitlines() == [
+        "[sweep] no worker is connected to the scheduler: the runs wait for one (Ctrl-C stops the sweep; its runs "
+        "stay resumable)",
+        "[sweep] 1 worker(s) connected again",
+    ]
+    assert display.steps == {}  # nothing trains without a worker, whatever the last reports said
+
+
+def test_a_finished_point_whose_checkpoint_was_deleted_is_skipped(copy):
+    # deleting a finished run's checkpoint saves space and loses nothing: it is never trained again
+    from dynamics.sweep import run_sweep
+
+    path, run_id = copy
+    shutil.rmtree(os.path.join(path, "checkpoints", run_id))
+    summary = run_sweep(from_dict(tiny()), path, progress=False)  # nothing to train: no cluster
+    assert summary.skipped == [run_id] and summary.counts == {"completed": 1} and summary.ok
