@@ -229,8 +229,18 @@ def gpu_memory(device: str) -> int | None:
     return int(torch.cuda.get_device_properties(index).total_memory)
 
 
-def _size(n: int) -> str:
-    return f"{n / GIB:,.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:,.1f} MiB"
+def _size(n: int, digits: int = 1) -> str:
+    return f"{n / GIB:,.{digits}f} GiB" if n >= GIB / 10 else f"{n / 2**20:,.{digits}f} MiB"
+
+
+def _apart(need: int, have: int) -> tuple[str, str]:
+    """``need`` and ``have`` as sizes that read apart: at one decimal each, a need just above
+    what is there read "needs at least 16.0 GiB ..., more than the 16.0 GiB this machine has"."""
+    for digits in (1, 2, 3):
+        a, b = _size(need, digits), _size(have, digits)
+        if a != b:
+            return a, b
+    return f"{need:,} bytes", f"{have:,} bytes"
 
 
 _KEYS = {
@@ -289,8 +299,9 @@ def check_memory(cfg: RunConfig, available: int | None = None, *, part: str = "a
     else:
         most = f", {_size(est.held[largest])} of it for {largest}," if largest in est.held else ""
         parts = f"{_size(est.state)} held throughout{most} + {_size(est.peak - est.state)} for {phase}"
+    need, have = _apart(est.peak, available)
     raise DoesNotFit(
-        f"config needs at least {_size(est.peak)} of memory ({parts}), more than the {_size(available)} {where}: "
+        f"config needs at least {need} of memory ({parts}), more than the {have} {where}: "
         f"lower {_KEYS[largest]}, or set {MEMORY_ENV} to the GB a run may use "
         f"(the estimate counts only what no run can do without: dynamics/budget.py)")
 

@@ -125,3 +125,21 @@ def test_a_cgroup_limit_of_zero_is_no_limit(tmp_path):
     (tmp_path / "fs" / "job" / "memory.max").write_text("4294967296\n")
     (tmp_path / "cgroup").write_text("0::/job\n")
     assert cgroup_limit(str(tmp_path / "fs"), str(tmp_path / "cgroup")) == 2**32
+
+
+
+@pytest.mark.parametrize("short, need, have", [
+    (2**30, "45.8 GiB", "44.8 GiB"),
+    (2**26, "45.83 GiB", "45.76 GiB"),  # 64 MiB short: one decimal read 45.8 GiB twice
+    (2**20, "45.827 GiB", "45.826 GiB"),
+    (1, "49,205,861,392 bytes", "49,205,861,391 bytes"),  # no decimal tells them apart
+])
+def test_the_need_and_what_is_there_never_read_the_same(short, need, have):
+    # Both were rounded to one decimal: "needs at least 16.0 GiB ..., more than the 16.0 GiB".
+    cfg = from_dict({"train": {"batch_size": 10**5}})
+    peak = estimate(cfg).peak
+    assert peak == 49_205_861_392  # 45.8265 GiB
+    with pytest.raises(DoesNotFit) as e:
+        check_memory(cfg, peak - short)
+    assert str(e.value).startswith(f"config needs at least {need} of memory (")
+    assert f"more than the {have} this machine has" in str(e.value)
