@@ -96,6 +96,19 @@ def test_a_lock_being_written_is_not_taken_over_until_it_is_old(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("heartbeat", ['"x"', "null", "NaN", "true", "[1]"])
+def test_a_lock_whose_heartbeat_is_no_time_is_judged_as_an_unreadable_one(tmp_path, heartbeat):
+    # "x" was a ValueError traceback from float(); NaN was never stale, however old the lock
+    target = Path(lock_path(str(tmp_path)))
+    target.write_text(f'{{"pid": 1, "host": "some-other-host", "token": "planted", "heartbeat": {heartbeat}}}')
+    with pytest.raises(SweepLockError, match="an unreadable lock, last written "):
+        acquire_lock(str(tmp_path))
+    old = time.time() - 3600
+    os.utime(target, (old, old))
+    with acquire_lock(str(tmp_path)) as lock:
+        assert read_lock(str(tmp_path))["token"] == lock.token
+
+
 def test_a_lock_is_never_seen_half_written(tmp_path, monkeypatch):
     # Created empty (O_EXCL) and then written, the lock was read in between by a second launcher
     # (the distributed test's, under load), which was told of "an unreadable lock, last written

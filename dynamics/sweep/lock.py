@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -65,9 +66,10 @@ def _parse_lock(blob: bytes, target: str) -> dict:
         info = json.loads(blob)
     except ValueError:
         info = None
-    if isinstance(info, dict):
+    if isinstance(info, dict) and _plain_time(info.get("heartbeat", 0.0)):
         return info
-    # A torn write (on a filesystem without hard links, a launcher between creating its lock and
+    # A heartbeat that is no time (a lock edited by hand) was a ValueError traceback when judged,
+    # or, as NaN, never stale: judged as an unreadable lock. A torn write (on a filesystem without hard links, a launcher between creating its lock and
     # writing it, or one that died there; see _write_lock): judged by age alone below, the file's
     # modification time standing in for the heartbeat, so a lock being written now is not taken over.
     return {"corrupt": True, "heartbeat": _mtime(target)}
@@ -248,6 +250,10 @@ def _take_over(path: str, stale: dict) -> bool:
     with contextlib.suppress(FileNotFoundError):  # as above: its old mtime makes it a leftover to the winner
         os.remove(aside)
     return True
+
+
+def _plain_time(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def read_lock_file(file: str) -> dict | None:
