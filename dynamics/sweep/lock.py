@@ -68,10 +68,11 @@ def _parse_lock(blob: bytes, target: str) -> dict:
         info = None
     if isinstance(info, dict) and _plain_time(info.get("heartbeat", 0.0)):
         return info
-    # A heartbeat that is no time (a lock edited by hand) was a ValueError traceback when judged,
-    # or, as NaN, never stale: judged as an unreadable lock. A torn write (on a filesystem without hard links, a launcher between creating its lock and
+    # A torn write (on a filesystem without hard links, a launcher between creating its lock and
     # writing it, or one that died there; see _write_lock): judged by age alone below, the file's
     # modification time standing in for the heartbeat, so a lock being written now is not taken over.
+    # So is a heartbeat that is no time (a lock edited by hand): float() of it was a traceback, and
+    # a NaN one was never stale.
     return {"corrupt": True, "heartbeat": _mtime(target)}
 
 
