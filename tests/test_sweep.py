@@ -574,7 +574,8 @@ def test_a_finished_run_of_a_points_id_but_another_config_is_not_skipped_as_that
     assert store.run_attrs(path, point.run_id)["config"]["train"]["lr"] == 0.01  # left as it was
 
 
-def test_a_point_whose_checkpoint_is_lost_is_refused_before_any_point_trains(tmp_path, threaded_cluster):
+def _two_points_the_first_interrupted(tmp_path):
+    """A store path, a two-point grid and its points, the first trained 8 steps and interrupted."""
     from tests.conftest import interrupt_at
 
     path = str(tmp_path / "s.zarr")
@@ -582,6 +583,11 @@ def test_a_point_whose_checkpoint_is_lost_is_refused_before_any_point_trains(tmp
     point, other = expand_grid(cfg)
     with pytest.raises(KeyboardInterrupt):
         train_run(point.cfg, path, point.run_id, progress=interrupt_at(8))
+    return path, cfg, point, other
+
+
+def test_a_point_whose_checkpoint_is_lost_is_refused_before_any_point_trains(tmp_path, threaded_cluster):
+    path, cfg, point, _ = _two_points_the_first_interrupted(tmp_path)
     store.checkpoint_path(path, point.run_id).unlink()
     with pytest.raises(store.StoreError, match=rf"run {point.run_id} in .* recorded training up to step \d+, but "
                                                r"its checkpoint .* is missing"):
@@ -592,13 +598,8 @@ def test_a_point_whose_checkpoint_is_lost_is_refused_before_any_point_trains(tmp
 def test_a_point_recorded_on_other_data_is_refused_before_any_point_trains(tmp_path, threaded_cluster):
     # Its task refused it (train_run), but only after every other point had trained: exit 1 then.
     from dynamics.tasks import data_hash
-    from tests.conftest import interrupt_at
 
-    path = str(tmp_path / "s.zarr")
-    cfg = from_dict(tiny({"model.init_scale": [1.0, 2.0]}))
-    point, other = expand_grid(cfg)
-    with pytest.raises(KeyboardInterrupt):
-        train_run(point.cfg, path, point.run_id, progress=interrupt_at(8))
+    path, cfg, point, other = _two_points_the_first_interrupted(tmp_path)
     store.update_run_attrs(path, point.run_id, data_hash="0000aaaa0000")  # as if made from another stdlib
     with pytest.raises(store.StoreError, match=rf"sweep point model.init_scale=1.0: run {point.run_id} in .* was "
                                                r"recorded on data with hash 0000aaaa0000, but this machine makes "):
