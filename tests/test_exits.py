@@ -54,3 +54,22 @@ def test_a_path_given_in_bytes_that_are_not_utf8_is_printed_as_those_bytes(monke
     assert run_to_end("run", lambda: print(f"written to {name}") or 0) == 0
     sys.stdout.flush()
     assert raw.getvalue() == b"written to s\xff.zarr\n"
+
+
+@pytest.mark.parametrize("error, line", [
+    # EPERM (an immutable file, a mount that forbids it) is refused like EACCES, not traced as a bug
+    (OSError(errno.EPERM, "Operation not permitted", "s.zarr/derived"),
+     "analyse stopped: Operation not permitted on s.zarr/derived; check its permissions and run it again"),
+    # a quota is a full disk for this user
+    (OSError(errno.EDQUOT, "Disk quota exceeded", "s.zarr/analysis/r1"),
+     "analyse stopped: Disk quota exceeded writing s.zarr/analysis/r1; what it was replacing is kept: "
+     "free some space and run it again"),
+    # raised with no file named (a write of an fsspec store, an mmap): no "None" for a path
+    (OSError(errno.ENOSPC, "No space left on device"),
+     "analyse stopped: No space left on device; what it was replacing is kept: free some space and run it again"),
+    (OSError(errno.EACCES, "Permission denied"),
+     "analyse stopped: Permission denied on ?; check its permissions and run it again"),
+])
+def test_each_refusal_by_the_system_names_what_it_knows(capsys, error, line):
+    assert run_to_end("analyse", raising(error)) == 1
+    assert capsys.readouterr().err == f"dynamics: {line}\n"
