@@ -33,3 +33,53 @@ def test_analyse_table_gives_each_runs_swept_values_in_the_grid_order(tmp_path, 
     assert lines[0][:4] == ["run", "model.init_scale", "train.seed", "status"]
     assert [line[:3] for line in lines[1:3]] == [["rb", "2.0", "0"], ["ra", "0.5", "0"]]
     assert lines[3][:2] == ["rx", "completed"]  # outside the sweep: last, no swept values
+
+
+ANALYSED = {"run": "r1", "status": "completed", "bifurcation_step": 40, "final_divergence": 0.25, "redundancy": 0.5,
+            "slash_dominant": 1, "roles": {"induction": 1, "previous_token": 3}}
+
+
+def _cells(capsys) -> list[list[str]]:
+    """The table's rows below its header, split at the columns' runs of two or more spaces."""
+    import re
+
+    lines = capsys.readouterr().out.splitlines()
+    return [re.split(r"\s{2,}", line) for line in lines[1:] if line.startswith("r")]
+
+
+def test_analyse_table_cells_of_an_analysed_run(capsys):
+    print_analysis([ANALYSED])
+    assert _cells(capsys) == [["r1", "completed", "40", "0.250", "0.50", "1", "previous_token:3 induction:1"]]
+
+
+def test_bifurcation_cell_names_each_layer_only_where_one_differs_from_the_model(capsys):
+    print_analysis([ANALYSED | {"layer_bifurcation_steps": [40, 40]},
+                    ANALYSED | {"run": "r2", "layer_bifurcation_steps": [40, None]},
+                    ANALYSED | {"run": "r3", "bifurcation_step": None, "layer_bifurcation_steps": [None, 12]}])
+    assert [row[2] for row in _cells(capsys)] == ["40", "40 (by layer: 40, never)", "never (by layer: never, 12)"]
+
+
+def test_the_undefined_note_names_redundancy_only_when_a_run_has_it_undefined(capsys):
+    # two heads per layer in one layer: divergence undefined, yet a pair of heads across layers for redundancy
+    print_analysis([ANALYSED | {"bifurcation_step": "undefined", "final_divergence": "undefined"}])
+    assert capsys.readouterr().out.splitlines()[-1].endswith("measured between the heads of a layer)")
+
+
+def test_analysis_failures_name_the_runs_that_raised_not_those_left_unfinished(capsys):
+    from dynamics.tables import analysis_failures
+
+    rows = [ANALYSED, {"run": "r2", "status": "running", "skipped": True, "reason": "unfinished"},
+            {"run": "r3", "status": "completed", "skipped": True, "error": "ValueError: x", "reason": "analysis failed"}]
+    assert analysis_failures(rows) == ["r3"]
+    assert capsys.readouterr().err == "dynamics: the analysis of 1 run(s) failed: r3\n"
+    assert analysis_failures(rows[:2]) == [] and capsys.readouterr().err == ""
+
+
+def test_a_pending_point_already_in_the_rows_is_listed_once(tmp_path, capsys):
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_sweep_index(path, {"axes": ["train.seed"], "runs": {"ra": {"train.seed": 0}, "rb": {"train.seed": 1}}})
+    print_analysis([ANALYSED | {"run": "ra"}], str(path), pending=True)
+    rows = _cells(capsys)
+    assert [row[0] for row in rows] == ["ra", "rb"]
+    assert rows[1][-1] == "not analysed (not started)"
