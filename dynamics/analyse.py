@@ -222,7 +222,8 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
     from dynamics import store
 
     import_analysers()  # before any run: an interrupt while they import lands after, not inside one
-    ids = list(run_ids or store.list_runs(path, damaged="include"))  # a damaged run: its row says so
+    # a damaged run: its row says so; an empty selection is no run, not every run
+    ids = list(store.list_runs(path, damaged="include") if run_ids is None else run_ids)
     n = min(max(1, workers), len(ids))
     if store.is_remote(path):
         n = 1
