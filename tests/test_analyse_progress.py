@@ -72,3 +72,13 @@ def test_a_diverged_run_is_analysed_on_as_few_finite_snapshots_as_analysis_needs
     store.update_run_attrs(copy, completed, status="diverged", diverged_step=2)
     assert analyse_one(copy, completed) == {"run": completed, "status": "diverged", "skipped": True,
                                             "reason": "diverged at step 2 after 3 finite snapshots; analysis needs >= 4"}
+
+
+def test_an_empty_selection_of_runs_analyses_none(shortest, tmp_path):
+    # run_ids=[] (a script's filter that matched nothing) was read as "every run": the whole
+    # store analysed, every earlier analysis rewritten
+    path, completed = shortest
+    copy = str(tmp_path / "s.zarr")
+    shutil.copytree(path, copy)
+    assert analyse_store(copy, [], workers=2) == []
+    assert store.open_analysis(copy, completed) is None
