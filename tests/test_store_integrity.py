@@ -1,0 +1,102 @@
+"""check_recorded: which lost chunks of a finished run it names, and which absent ones are no loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dynamics import store
+from dynamics.store import StoreError
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+N_SNAP, HEADS = 3, 2
+
+
+def recorded(path, attrs, *, steps=10, n_snap=N_SNAP, cosine_at=None, earlier=False):
+    """A finished run of `n_snap` snapshots (steps 0, 5, 10, ...) and `steps` train steps, every
+    value written; ``grad_cosine`` finite only at the snapshots `cosine_at` (default all but the
+    first, which has no previous gradient), as its absent chunks elsewhere. `earlier`: marked as a
+    run from before the writer stored every chunk (zarr kept no all-NaN chunk then)."""
+    variables = {
+        "gate": (("snapshot", "head"), (n_snap, HEADS), "float32"),
+        "grad_norm": (("snapshot", "head"), (n_snap, HEADS), "float32"),
+        "grad_cosine": (("snapshot", "head"), (n_snap, HEADS), "float32"),
+        "loss": (("train_step",), (steps,), "float32"),
+    }
+    coords = {"step": ("snapshot", np.arange(n_snap) * 5), "head": ("head", np.arange(HEADS) + 1)}
+    w = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs=attrs)
+    cosine_at = range(1, n_snap) if cosine_at is None else cosine_at
+    for i in range(n_snap):
+        w.write_snapshot(i, {"gate": np.ones(HEADS), "grad_norm": np.ones(HEADS)})
+        if i in cosine_at:
+            w.write_snapshot(i, {"grad_cosine": np.ones(HEADS)})
+    w.write_region("loss", 0, np.ones(steps, np.float32))
+    if earlier:
+        store.update_run_attrs(path, "r1", empty_chunks_written=False)
+    return path / "runs" / "r1"
+
+
+def test_a_lost_loss_chunk_of_a_diverged_run_is_named_with_the_steps_it_held(tmp_path):
+    # diverged at step 5: the first loss chunk (steps 0..9) holds steps it trained, so it is checked
+    run = recorded(tmp_path / "s.zarr", {"status": "diverged", "diverged_step": 5})
+    store.check_recorded(tmp_path / "s.zarr")
+    (run / "loss" / "c" / "0").unlink()
+    with pytest.raises(StoreError, match=r"run r1: array loss at train steps 0..9: its chunk runs/r1/loss/c/0 is "
+                                         r"missing, though the run wrote it"):
+        store.check_recorded(tmp_path / "s.zarr")
+
+
+def test_the_last_loss_chunk_is_named_with_the_steps_the_run_has(tmp_path):
+    # 5000 steps in chunks of 4096: the last chunk holds steps 4096..4999, not ..8191
+    run = recorded(tmp_path / "s.zarr", {"status": "completed"}, steps=5000)
+    (run / "loss" / "c" / "1").unlink()
+    with pytest.raises(StoreError, match=r"array loss at train steps 4096..4999: its chunk runs/r1/loss/c/1 is"):
+        store.check_recorded(tmp_path / "s.zarr")
+
+
+def test_a_diverged_run_that_names_no_diverging_step_is_not_checked(tmp_path):
+    # which snapshots it recorded is unknown: none is named lost, and nothing fails
+    run = recorded(tmp_path / "s.zarr", {"status": "diverged"})
+    (run / "gate" / "c" / "2" / "0").unlink()
+    store.check_recorded(tmp_path / "s.zarr")
+
+
+def test_a_nan_gradient_at_an_earlier_runs_last_snapshot_is_no_loss_but_a_lost_file_is(tmp_path):
+    # grad_norm's chunk at a completed run's last snapshot is absent when the gradient there was
+    # NaN; grad_cosine's chunk there tells: absent too (NaN), or present (a finite gradient).
+    path = tmp_path / "s.zarr"
+    run = recorded(path, {"status": "completed"}, cosine_at=[1], earlier=True)  # NaN gradient at snapshot 2
+    (run / "grad_norm" / "c" / "2" / "0").unlink()
+    store.check_recorded(path)
+    (run / "grad_norm" / "c" / "1" / "0").unlink()  # not the last snapshot: lost
+    with pytest.raises(StoreError, match=r"array grad_norm at snapshot 1 \(step 5\): its chunk runs/r1/grad_norm/c/1/0 "
+                                         r"is missing"):
+        store.check_recorded(path)
+
+
+def test_a_lost_gradient_chunk_at_the_last_snapshot_is_named_where_the_gradient_was_finite(tmp_path):
+    path = tmp_path / "s.zarr"
+    run = recorded(path, {"status": "completed"}, earlier=True)  # grad_cosine written at snapshot 2
+    (run / "grad_norm" / "c" / "2" / "0").unlink()
+    with pytest.raises(StoreError, match=r"array grad_norm at snapshot 2 \(step 10\): .* is missing"):
+        store.check_recorded(path)
+
+
+def test_a_run_of_one_snapshot_has_no_cosine_to_excuse_a_lost_gradient_chunk(tmp_path):
+    # grad_cosine is NaN at a run's first snapshot whatever the gradient: with one snapshot its
+    # absence says nothing, and the lost grad_norm chunk is named
+    path = tmp_path / "s.zarr"
+    run = recorded(path, {"status": "completed"}, n_snap=1, earlier=True)
+    (run / "grad_norm" / "c" / "0" / "0").unlink()
+    with pytest.raises(StoreError, match=r"array grad_norm at snapshot 0 \(step 0\): .* is missing"):
+        store.check_recorded(path)
+
+
+def test_a_run_that_stored_every_chunk_has_its_lost_gradient_chunk_named_whatever_its_cosine(tmp_path):
+    # this writer stores a NaN gradient's chunk too: an absent one was lost, with or without grad_cosine's
+    path = tmp_path / "s.zarr"
+    run = recorded(path, {"status": "completed"}, cosine_at=[1])
+    (run / "grad_norm" / "c" / "2" / "0").unlink()
+    with pytest.raises(StoreError, match=r"array grad_norm at snapshot 2 \(step 10\): .* is missing"):
+        store.check_recorded(path)
