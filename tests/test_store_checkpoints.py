@@ -1,0 +1,97 @@
+"""Checkpoint files and the run lock beside them, without torch: a checkpoint here is the zip torch
+writes, made by hand, so that what `checkpoint_step` reads and refuses is known byte for byte."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import sys
+import zipfile
+
+import pytest
+
+from dynamics import store
+from dynamics.store import StoreError
+
+
+def checkpoint(pkl: bytes) -> bytes:
+    """A torch-style checkpoint zip whose pickle is `pkl`."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/version", "3\n")
+    return buf.getvalue()
+
+
+def calling(module: str, name: str) -> bytes:
+    """The pickle of {"step": 7, "x": module.name()}, as a pickled object's __reduce__ makes it."""
+    return (b"\x80\x02}(X\x04\x00\x00\x00stepK\x07X\x01\x00\x00\x00x"
+            + b"c" + module.encode() + b"\n" + name.encode() + b"\n)Ru.")
+
+
+def test_checkpoint_step_is_the_integer_step_of_plain_weights(tmp_path):
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_checkpoint(path, "r1", checkpoint(pickle.dumps({"step": 7}, protocol=2)))
+    assert store.checkpoint_step(path, "r1") == 7
+    # torch's own rebuilders are stubs: plain weights still read
+    store.write_checkpoint(path, "r1", checkpoint(calling("torch._utils", "_rebuild_tensor_v2")))
+    assert store.checkpoint_step(path, "r1") == 7
+    store.write_checkpoint(path, "r1", checkpoint(pickle.dumps({"step": True}, protocol=2)))
+    assert store.checkpoint_step(path, "r1") is None
+
+
+@pytest.mark.parametrize("module, name", [("os", "getpid"), ("torchvision.ops", "nms")])
+def test_checkpoint_step_refuses_a_pickle_that_calls_anything_but_torch(tmp_path, module, name):
+    # "more than plain weights": no step is read from it, and nothing it names is called
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_checkpoint(path, "r1", checkpoint(calling(module, name)))
+    assert store.checkpoint_step(path, "r1") is None
+
+
+def test_a_checkpoint_that_is_a_folder_is_no_checkpoint_and_is_named_as_damaged(tmp_path):
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.checkpoint_path(path, "r1").mkdir()
+    assert not store.has_checkpoint(path, "r1")
+    with pytest.raises(StoreError, match=r"^run r1's checkpoint in .* is damaged \(a folder, not a file\)"):
+        store.read_checkpoint(path, "r1")
+
+
+def test_a_run_past_step_0_without_its_checkpoint_is_refused(tmp_path):
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    for attrs in ({}, {"checkpoint_step": None}, {"checkpoint_step": 0}):
+        store.check_checkpoint_kept(path, "r1", attrs)  # nothing trained yet: nothing to lose
+    with pytest.raises(StoreError, match=r"^run r1 in .* recorded training up to step 10, but its checkpoint"):
+        store.check_checkpoint_kept(path, "r1", {"checkpoint_step": 10})
+    # a caller that has just read the checkpoint says so, and that answer is the one taken
+    store.check_checkpoint_kept(path, "r1", {"checkpoint_step": 10}, present=True)
+    store.write_checkpoint(path, "r1", b"weights")
+    store.check_checkpoint_kept(path, "r1", {"checkpoint_step": 10})
+    with pytest.raises(StoreError, match="recorded training up to step 10"):
+        store.check_checkpoint_kept(path, "r1", {"checkpoint_step": 10}, present=False)
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "ckpt.pt"
+    store.atomic_write_bytes(target, b"first")
+    with pytest.raises(TypeError):
+        store.atomic_write_bytes(target, "not bytes")
+    assert target.read_bytes() == b"first" and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_the_run_lock_names_its_holder_over_a_longer_earlier_one_and_keeps_others_files(tmp_path):
+    path = tmp_path / "s.zarr"
+    folder = path / "checkpoints" / "r1"
+    folder.mkdir(parents=True)
+    (folder / "train.lock").write_text(json.dumps({"pid": 1, "host": "h" * 300, "started": "earlier"}))
+    (folder / ".ckpt.pt.keep").write_text("a user's copy, not a temporary")
+    with store.run_lock(path, "r1"):
+        held = json.loads((folder / "train.lock").read_text())
+        assert held["pid"] == os.getpid() and set(held) == {"pid", "host", "started"}
+    assert (folder / ".ckpt.pt.keep").exists()
