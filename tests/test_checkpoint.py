@@ -1,11 +1,12 @@
 import io
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from dynamics import store
-from dynamics.checkpoint import checkpoint_bytes, checkpoint_state, load_run_model
+from dynamics.checkpoint import checkpoint_bytes, checkpoint_state, copy_tensors, load_checkpoint, load_run_model
 from dynamics.config import ConfigError, load_config
 from dynamics.record import Recorder
 from dynamics.store.writer import RunWriter
@@ -274,3 +275,22 @@ def test_a_checkpoint_saved_without_crcs_still_resumes(tmp_path, monkeypatch):
     ref = str(tmp_path / "ref.zarr")
     train_run(cfg, ref)
     assert_same_run_arrays(path, ref)
+
+
+def test_a_checkpoint_copy_shares_no_array_with_what_training_goes_on_updating():
+    # the recorder's previous gradients are numpy arrays, updated in place like the weights
+    grads, weight = np.zeros(3), torch.zeros(2)
+    state = copy_tensors({"prev_grads": (grads, [weight])})
+    grads += 1
+    weight += 1
+    assert isinstance(state["prev_grads"], tuple) and isinstance(state["prev_grads"][1], list)
+    assert not state["prev_grads"][0].any() and not state["prev_grads"][1][0].any()
+
+
+def test_a_checkpoint_that_holds_no_training_state_is_refused_in_one_line(tmp_path):
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    store.write_checkpoint(path, "r1", checkpoint_bytes({"model": {}}))
+    with pytest.raises(store.StoreError, match=r"^run r1's checkpoint in .* is damaged \(it loads, but holds no "
+                                               r"training state\); its recorded arrays are untouched$"):
+        load_checkpoint(path, "r1")
