@@ -239,6 +239,7 @@ def test_a_run_with_unreadable_metadata_is_named_by_readers_and_left_alone_by_wr
     ({"status": "stopped", "checkpoint_step": None}, "checkpoint_step = None, not an integer"),
     ({"status": "completed", "last_loss": "x"}, "last_loss = 'x', not a number"),
     ({"status": ["x"]}, "status = ['x'], not a string"),
+    ({"status": "completed", "steps_done": True}, "steps_done = True, not an integer"),
 ])
 def test_a_run_whose_attributes_are_of_the_wrong_types_is_named_damaged(tmp_path, attrs, problem):
     # zarr.json readable, but its bookkeeping hand-edited or corrupted: `dynamics status` (and
@@ -446,6 +447,7 @@ def grid_store(path):
     ({"axes": ["train.seed"], "runs": 5}, "runs = 5, not a table of run ids"),
     ({"axes": ["train.seed"], "runs": {"r1": [1, 2]}}, "runs.r1 = [1, 2], not a table of values"),
     ({"axes": ["train.seed"], "runs": {}, "steps": {"r1": "x"}}, "steps.r1 = 'x', not an integer"),
+    ({"axes": ["train.seed"], "runs": {}, "steps": {"r1": True}}, "steps.r1 = True, not an integer"),
 ])
 def test_a_damaged_sweep_index_is_named_not_a_traceback(tmp_path, index, problem):
     # The root zarr.json reads, but its sweep index (hand-edited, or cut by another tool) is not
