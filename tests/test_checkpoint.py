@@ -294,3 +294,19 @@ def test_a_checkpoint_that_holds_no_training_state_is_refused_in_one_line(tmp_pa
     with pytest.raises(store.StoreError, match=r"^run r1's checkpoint in .* is damaged \(it loads, but holds no "
                                                r"training state\); its recorded arrays are untouched$"):
         load_checkpoint(path, "r1")
+
+
+def test_a_checkpoint_holds_the_interventions_state_as_taken(tmp_path):
+    # conditioned gates train weights of their own: a resume without them starts the gates afresh
+    from dynamics import interventions
+
+    p = tmp_path / "gated.toml"
+    p.write_text(TINY.format(steps=6, every=2) + "\n[intervene.conditioned_gates]\n")
+    cfg = load_config(p)
+    model = build(cfg, torch.device("cpu"))
+    iv = interventions.build(cfg, model, torch.device("cpu"))
+    state = checkpoint_state(model, make_optimizer(cfg, model, iv.parameters()), 3, None, iv)
+    want = iv.state_dict()
+    assert list(state["intervention"]) == list(want) == ["conditioned_gates"]
+    for k, v in want["conditioned_gates"].items():
+        assert torch.equal(state["intervention"]["conditioned_gates"][k], v), k
