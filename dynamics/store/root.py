@@ -534,7 +534,7 @@ def _index_problem(index: Any) -> str | None:
     if not isinstance(runs, dict):
         return f"runs = {runs!r}, not a table of run ids"
     for run_id, values in runs.items():
-        if values is not None and not isinstance(values, dict):
+        if not isinstance(values, dict):  # None too: every reader of a run's values takes a table
             return f"runs.{run_id} = {values!r}, not a table of values"
     if not isinstance(steps, dict):
         return f"steps = {steps!r}, not a table of run ids"
