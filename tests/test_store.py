@@ -446,6 +446,8 @@ def grid_store(path):
     ({"axes": "x", "runs": {}}, "axes = 'x', not a list of keys"),
     ({"axes": ["train.seed"], "runs": 5}, "runs = 5, not a table of run ids"),
     ({"axes": ["train.seed"], "runs": {"r1": [1, 2]}}, "runs.r1 = [1, 2], not a table of values"),
+    # passed as undamaged, it failed `status` with 'NoneType' object has no attribute 'get'
+    ({"axes": ["train.seed"], "runs": {"r1": None}}, "runs.r1 = None, not a table of values"),
     ({"axes": ["train.seed"], "runs": {}, "steps": {"r1": "x"}}, "steps.r1 = 'x', not an integer"),
     ({"axes": ["train.seed"], "runs": {}, "steps": {"r1": True}}, "steps.r1 = True, not an integer"),
 ])
