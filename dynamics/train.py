@@ -42,6 +42,7 @@ from dynamics.schema import FINISHED_STATUSES
 from dynamics.signals import deferred_signals
 from dynamics.store.writer import EMPTY_CHUNKS_WRITTEN
 from dynamics.tasks import data_hash, make_batch
+from dynamics.tasks.hashing import other_data
 
 Progress = Callable[[int, int, float], None]
 """progress(step, total_steps, last_loss), called every few steps."""
@@ -295,10 +296,7 @@ def _refuse_other_experiment(prior: dict, cfg: RunConfig, path: str, run_id: str
 
 def _refuse_other_data(prior: dict, cfg: RunConfig, path: str, run_id: str, hash_now: str) -> None:
     if prior.get("data_hash", hash_now) != hash_now:
-        raise store.StoreError(
-            f"run {run_id} in {path} was recorded on data with hash {prior['data_hash']}, but this machine makes "
-            f"{hash_now} for task {cfg.task.name!r} (another Python's standard library, for the corpus?); "
-            f"refusing to resume it on other data")
+        raise store.StoreError(other_data(run_id, path, prior["data_hash"], hash_now, cfg.task.name))
 
 
 def _refuse_unrecorded_snapshots(path: str, run_id: str, steps_at, start: int) -> None:

@@ -27,6 +27,7 @@ from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
 from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _record_failure, _stop_name, run_point
 from dynamics.tasks import data_hash
+from dynamics.tasks.hashing import other_data
 
 MAX_RESUBMITS = 2
 """Extra submissions of a run whose task the scheduler gave up on (KilledWorker)."""
@@ -386,10 +387,7 @@ def _refuse_point(p: Point, attrs: dict, path: str, data: str | None = None) -> 
         if attrs.get("status") not in FINISHED:  # a finished one is skipped: its checkpoint is not needed
             store.check_checkpoint_kept(path, p.run_id, attrs)
             if data is not None and attrs.get("data_hash", data) != data:
-                raise store.StoreError(
-                    f"run {p.run_id} in {path} was recorded on data with hash {attrs['data_hash']}, but this machine "
-                    f"makes {data} for task {p.cfg.task.name!r} (another Python's standard library, for the "
-                    f"corpus?); refusing to resume it on other data")
+                raise store.StoreError(other_data(p.run_id, path, attrs["data_hash"], data, p.cfg.task.name))
         elif p.cfg.intervene.get("distill"):  # skipped here, never reaching train_run's check
             from dynamics.interventions import distill
 

@@ -57,6 +57,14 @@ def data_hash(cfg: RunConfig) -> str:
     return _sha(blob)
 
 
+def other_data(run_id: str, path: str, recorded: str, here: str, task: str) -> str:
+    """Why a run recorded on data ``recorded`` is not resumed where its config makes ``here``
+    (for the StoreError of `train_run` and of the sweep launcher, which imports no torch)."""
+    return (f"run {run_id} in {path} was recorded on data with hash {recorded}, but this machine makes {here} "
+            f"for task {task!r} (another Python's standard library, for the corpus?); refusing to resume it on "
+            f"other data")
+
+
 def _sha(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
