@@ -13,6 +13,7 @@ Anything else is a bug, and its traceback is shown.
 from __future__ import annotations
 
 import errno
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -52,8 +53,10 @@ def run_to_end(command: str, work: Callable[[], int]) -> int:
         print(f"dynamics: interrupted; {AFTER_INTERRUPT.get(command, AFTER_INTERRUPT['run'])}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as e:
+        # an OSError made in code (a library's own raise) may carry the errno without its text
+        reason = e.strerror or (os.strerror(e.errno) if isinstance(e.errno, int) else None)
         if e.errno in (errno.EACCES, errno.EPERM):  # a read as likely as a write: no claim which
-            print(f"dynamics: {command} stopped: {e.strerror} on {e.filename or '?'}; check its permissions "
+            print(f"dynamics: {command} stopped: {reason} on {e.filename or '?'}; check its permissions "
                   f"and run it again", file=sys.stderr)
             return 1
         fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EROFS: "make it writable"}
@@ -62,7 +65,7 @@ def run_to_end(command: str, work: Callable[[], int]) -> int:
         # A full disk (or a read-only filesystem) is no bug to trace: analyses, derived results and
         # report pages are written beside what they replace and swapped in whole: the earlier stands.
         where = f" writing {e.filename}" if e.filename else ""
-        print(f"dynamics: {command} stopped: {e.strerror}{where}; what it was replacing is kept: "
+        print(f"dynamics: {command} stopped: {reason}{where}; what it was replacing is kept: "
               f"{fix[e.errno]} and run it again", file=sys.stderr)
         return 1
     except Exception as e:  # noqa: BLE001 - a one-line message for store problems found up front

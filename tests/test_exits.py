@@ -69,6 +69,11 @@ def test_a_path_given_in_bytes_that_are_not_utf8_is_printed_as_those_bytes(monke
      "analyse stopped: No space left on device; what it was replacing is kept: free some space and run it again"),
     (OSError(errno.EACCES, "Permission denied"),
      "analyse stopped: Permission denied on ?; check its permissions and run it again"),
+    # the errno without its text (an OSError made by a library, errno set after): the system's text
+    (OSError(errno.ENOSPC, None),
+     "analyse stopped: No space left on device; what it was replacing is kept: free some space and run it again"),
+    (OSError(errno.EROFS, ""),
+     "analyse stopped: Read-only file system; what it was replacing is kept: make it writable and run it again"),
 ])
 def test_each_refusal_by_the_system_names_what_it_knows(capsys, error, line):
     assert run_to_end("analyse", raising(error)) == 1
