@@ -223,7 +223,15 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
 
     import_analysers()  # before any run: an interrupt while they import lands after, not inside one
     # a damaged run: its row says so; an empty selection is no run, not every run
-    ids = list(store.list_runs(path, damaged="include") if run_ids is None else run_ids)
+    known = store.list_runs(path, damaged="include")
+    if run_ids is None:
+        ids = list(known)
+    else:
+        # a run named twice is analysed once (two workers would write its analysis at once); a
+        # run the store does not hold is no damaged run: refused before any is analysed
+        ids = list(dict.fromkeys(run_ids))
+        if missing := [r for r in ids if r not in known]:
+            raise ValueError(f"no run {', '.join(map(repr, missing))} in {path}")
     n = min(max(1, workers), len(ids))
     if store.is_remote(path):
         n = 1

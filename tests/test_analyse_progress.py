@@ -82,3 +82,19 @@ def test_an_empty_selection_of_runs_analyses_none(shortest, tmp_path):
     shutil.copytree(path, copy)
     assert analyse_store(copy, [], workers=2) == []
     assert store.open_analysis(copy, completed) is None
+
+
+def test_a_run_named_twice_is_analysed_once_and_an_unknown_run_is_refused_before_any(shortest, tmp_path):
+    # a duplicate id sent two workers writing one run's analysis at once, the progress counting
+    # to 2 of 2 rows for one run; an unknown id was analysed as a "damaged" run
+    path, completed = shortest
+    copy = str(tmp_path / "s.zarr")
+    shutil.copytree(path, copy)
+    with pytest.raises(ValueError, match=f"^no run 'nope' in {copy}$"):
+        analyse_store(copy, [completed, "nope"], workers=2)
+    assert store.open_analysis(copy, completed) is None  # refused before any run was analysed
+    calls = []
+    rows = analyse_store(copy, [completed, completed], workers=2,
+                         progress=lambda done, total, row: calls.append((done, total, row["run"])))
+    assert [r["run"] for r in rows] == [completed] and not rows[0].get("skipped")
+    assert calls == [(1, 1, completed)]
