@@ -459,7 +459,7 @@ def test_check_scheduler_takes_a_host_port_address():
 
     from dynamics.sweep.launcher import check_scheduler
 
-    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
         check_scheduler(cluster.scheduler_address.removeprefix("tcp://"))  # as Dask's Client accepts
 
 

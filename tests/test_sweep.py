@@ -306,7 +306,7 @@ def test_an_address_that_answers_but_is_no_scheduler_is_refused_not_waited_on():
         with pytest.raises(ConfigError, match=f"^--scheduler tcp://127.0.0.1:{port}: no Dask scheduler answered "
                                               f"there within 1 s$"):
             check_scheduler(f"tcp://127.0.0.1:{port}", timeout=1.0)
-    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
         [worker] = cluster.workers.values()
         with pytest.raises(ConfigError, match="a Dask Worker answers there, not a scheduler"):
             check_scheduler(worker.address)
@@ -333,7 +333,7 @@ def test_check_scheduler_reaches_a_tls_cluster_and_runs_inside_an_event_loop(tmp
     for role in ("client", "scheduler", "worker"):
         tls |= {f"distributed.comm.tls.{role}.cert": str(files["cert"]), f"distributed.comm.tls.{role}.key": str(files["key"])}
     with dask.config.set(tls), LocalCluster(n_workers=0, processes=False, protocol="tls://", security=Security(),
-                                            dashboard_address=None) as cluster:
+                                            dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
         assert cluster.scheduler_address.startswith("tls://")
         check_scheduler(cluster.scheduler_address)
 
