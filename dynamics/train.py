@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import dynamics
-from dynamics import budget, checkpoint, interventions, store
+from dynamics import budget, checkpoint, interventions, provenance, store
 from dynamics.checkpoint import batch_loss, load_run_model  # noqa: F401  (callers of dynamics.train.load_run_model)
 from dynamics.config import ConfigError, RunConfig, check
 from dynamics.identity import experiment_identity
@@ -48,7 +48,8 @@ Progress = Callable[[int, int, float], None]
 """progress(step, total_steps, last_loss), called every few steps."""
 
 OWN_ATTRS = frozenset({
-    "run_id", "config", "seed", "version", "torch_version", "device", "cpu_capability", "data_hash", "status",
+    "run_id", "config", "seed", "version", "code_hash", "torch_version", "device", "cpu_capability", "data_hash",
+    "status",
     "steps_total", "steps_done", "checkpoint_step", "steps_trained", "wall_time", "starts", "resumes",
     "last_loss", "diverged_step", "traceback", "interventions", EMPTY_CHUNKS_WRITTEN})
 """The run attributes training writes itself, which ``train_run(extra_attrs=...)`` may not set."""
@@ -325,24 +326,28 @@ def _skipped(run_id: str, attrs: dict) -> RunResult:
     return RunResult(run_id, attrs["status"], int(attrs.get("steps_done", 0)), skipped=True)
 
 
-PROVENANCE_KEYS = ("version", "torch_version", "device", "cpu_capability", "data_hash")
+PROVENANCE_KEYS = ("version", "code_hash", "torch_version", "device", "cpu_capability", "data_hash")
 """Run attrs that describe where and with what a run was first started; a resume keeps them
-and appends its own to the ``resumes`` list. ``cpu_capability`` is the vector instruction set
+and appends its own to the ``resumes`` list. ``code_hash`` is the hash of the dynamics source
+that trains (:func:`dynamics.provenance.code_hash`): ``version`` stays one release while the code
+changes. ``cpu_capability`` is the vector instruction set
 torch's CPU kernels dispatch to (AVX2, AVX512, ...): another one rounds differently, so it is
 what a bitwise comparison of two machines' runs must match (bench/rounding.py measures how far
 apart they end)."""
 
 
-def _note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int) -> None:
+def _note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int, code_now: str | None) -> None:
     """Say so when a resume runs on another device, thread count or CPU kernels than the session before it.
 
     Both are execution keys (the same experiment, the same run id), so the resume goes ahead and
     ``resumes`` records it; but reductions then sum in another order, so the remaining steps
     match an uninterrupted run only to float rounding (~1e-7 in loss on the CPU), not bitwise.
+    Other dynamics code (``code_now``, its hash) is said too: the later steps are that code's.
     """
     before = prior.get("resumes", [])
     last = before[-1] if before else {"device": prior.get("device"), "cpu_capability": prior.get("cpu_capability"),
-                                      "threads": prior.get("config", {}).get("train", {}).get("threads")}
+                                      "threads": prior.get("config", {}).get("train", {}).get("threads"),
+                                      "code_hash": prior.get("code_hash")}
     now = {"train.device": ("device", cfg.train.device), "train.threads": ("threads", cfg.train.threads),
            "CPU kernels": ("cpu_capability", torch.backends.cpu.get_cpu_capability())}
     changed = [f"{name} {last.get(k)} -> {v}" for name, (k, v) in now.items()
@@ -351,6 +356,11 @@ def _note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int)
         print(f"dynamics: note: {run_id} resumes at step {start} with {', '.join(changed)}; its later steps will "
               f"match an uninterrupted run only to float rounding (recorded in the run's 'resumes')",
               file=sys.stderr, flush=True)
+    # a session of a dynamics that recorded no code_hash: no claim either way
+    if (code_before := last.get("code_hash")) is not None and code_before != code_now:
+        print(f"dynamics: note: {run_id} resumes at step {start} with other dynamics code than its last session "
+              f"(code hash {code_before[:16]}... -> {code_now[:16]}...); its later steps are that code's "
+              f"(recorded in the run's 'resumes')", file=sys.stderr, flush=True)
 
 
 def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | None, extra_attrs: dict | None,
@@ -369,6 +379,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         "config": cfg.to_dict(),
         "seed": cfg.train.seed,
         "version": dynamics.__version__,
+        "code_hash": provenance.code_hash(),
         "torch_version": torch.__version__,
         "device": cfg.train.device,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -405,7 +416,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             if intervention is not None:
                 intervention.load_state_dict(ckpt["intervention"])
             start = int(ckpt["step"])
-            _note_execution_change(run_id, prior, cfg, start)
+            _note_execution_change(run_id, prior, cfg, start, base_attrs["code_hash"])
     except Exception:  # a run that cannot even start is still recorded, as failed
         _record_setup_failure(cfg, path, run_id, existing, base_attrs, traceback.format_exc())
         raise

@@ -641,11 +641,12 @@ def test_a_relative_teacher_path_is_to_the_launchers_directory(tmp_path, monkeyp
     student = from_dict(raw)  # no axes: the sweep's one point is this config
     path = str(launcher / "s.zarr")
 
-    # the launcher sends its directory with each task (the threaded worker shares this process's cwd)
-    import dynamics.sweep.launcher
+    # the launcher sends its directory with each task (the threaded worker shares this process's cwd);
+    # it names the task's function by module and name, looked up on the worker
+    import dynamics.sweep.task
 
     SUBMITTED_CWDS.clear()
-    monkeypatch.setattr(dynamics.sweep.launcher, "run_point", _run_point_recording_cwd)
+    monkeypatch.setattr(dynamics.sweep.task, "run_point", _run_point_recording_cwd)
     summary = run_sweep(student, path, scheduler=threaded_cluster, progress=False)
     assert summary.ok and SUBMITTED_CWDS == [str(launcher)], (summary.lines(), SUBMITTED_CWDS)
 

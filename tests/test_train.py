@@ -160,6 +160,30 @@ def test_a_resume_on_another_thread_count_says_so(cfg, tmp_path, capsys):
     assert [r["threads"] for r in attrs["resumes"]] == [1, 2] and attrs["status"] == "completed"
 
 
+def test_a_run_records_the_code_that_trains_it_and_a_resume_by_other_code_says_so(cfg, tmp_path, capsys):
+    # `version` is one release while the code changes: code_hash tells two checkouts' runs apart
+    from dynamics.provenance import code_hash
+
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))
+    assert store.run_attrs(path, cfg.run_id())["code_hash"] == code_hash()
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(22))  # the same code: nothing to say
+    assert "note" not in capsys.readouterr().err
+    at = store.run_attrs(path, cfg.run_id())["checkpoint_step"]
+    # the last session's entry is what the resume compares against, not the first start's
+    resumes = store.run_attrs(path, cfg.run_id())["resumes"]
+    store.update_run_attrs(path, cfg.run_id(), resumes=[{**resumes[0], "code_hash": "ab" * 32}])
+    train_run(cfg, path)
+    assert capsys.readouterr().err == (
+        f"dynamics: note: {cfg.run_id()} resumes at step {at} with other dynamics code than its last session "
+        f"(code hash abababababababab... -> {code_hash()[:16]}...); its later steps are that code's "
+        f"(recorded in the run's 'resumes')\n")
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert attrs["code_hash"] == code_hash() and [r["code_hash"] for r in attrs["resumes"]] == ["ab" * 32, code_hash()]
+
+
 def test_two_threads_give_the_same_run_twice_and_resumed(cfg, tmp_path):
     # At train.threads = 2 the embedding's gradient was summed with atomic adds (W_E[tokens]'s
     # backward, past 32768 elements: batch x context x d_model here), so the same config and seed

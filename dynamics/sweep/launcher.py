@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -14,7 +15,7 @@ import time
 import uuid
 from collections import Counter
 
-from dynamics import store
+from dynamics import provenance, store
 from dynamics.budget import DoesNotFit, check_fits
 from dynamics.config import ConfigError, RunConfig
 from dynamics.identity import experiment_identity
@@ -25,7 +26,7 @@ from dynamics.sweep.grid import Point, _plain, expand_grid
 from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
-from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _record_failure, _stop_name, run_point
+from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _record_failure, _stop_name
 from dynamics.tasks import data_hash
 from dynamics.tasks.hashing import other_data
 
@@ -406,6 +407,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     from distributed import Event, KilledWorker
 
     token = uuid.uuid4().hex[:12]
+    code = provenance.code_hash()  # the launcher's: every point is trained by this code, or refused
     events: queue.SimpleQueue = queue.SimpleQueue()
     results: dict[str, dict] = {}
     client, cluster = _client(scheduler, n_workers)
@@ -418,8 +420,10 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     def submit(p: Point):
         tries[p.run_id] += 1
         key = f"dynamics-train-{p.run_id}-{token}-{tries[p.run_id]}"
-        return client.submit(run_point, p.cfg, path, p.run_id, p.values, token, cwd, (hashes or {}).get(p.run_id),
-                             key=key, pure=False,
+        # the worker's code is checked before it unpickles a config or imports run_point
+        task = provenance.checked_task(code, p.run_id, "dynamics.sweep.task:run_point", p.cfg, path, p.run_id,
+                                       p.values, token, cwd, (hashes or {}).get(p.run_id))
+        return client.submit(pickle.loads, task, key=key, pure=False,
                              priority=len(todo) - order[p.run_id])  # grid order
 
     def drain() -> None:
