@@ -18,14 +18,15 @@ import importlib
 import importlib.util
 import os
 import pickle
+import sys
 
 
 def code_hash(package: str = "dynamics") -> str | None:
     """SHA-256 hex digest of the package's ``.py`` files, by their relative paths and bytes, or
     None where no such package is installed.
 
-    Read from disk on each call (about a megabyte, a few ms): a cached value would travel with
-    this function to the workers it is sent to and stand for theirs.
+    Read from disk on each call (about a megabyte, a few ms); :func:`process_code_hash` keeps
+    the first for the process.
 
     Example
     -------
@@ -50,6 +51,20 @@ def code_hash(package: str = "dynamics") -> str | None:
     return h.hexdigest()
 
 
+def process_code_hash() -> str | None:
+    """:func:`code_hash` as at this process's first call, kept for the process's life.
+
+    What a long-running process trains with is the code it imported, not files edited on disk
+    since: a researcher who edits an editable install while a sweep runs must not see its later
+    points refused, nor a notebook's runs take the hash of code it never loaded. Kept on the
+    ``sys`` module, not in a global here: this module travels to the workers by value, and its
+    globals with it."""
+    kept = getattr(sys, "_dynamics_code_hash", None)
+    if kept is None:
+        kept = sys._dynamics_code_hash = (code_hash(),)
+    return kept[0]
+
+
 def other_code(here: str | None, expected: str) -> str:
     """The one line for a worker whose code hash is not the launcher's."""
     if here is None:
@@ -64,7 +79,7 @@ def same_code_or_refuse(expected: str, run_id: str, function: str, args: bytes):
     where this process's dynamics code hash is ``expected``; otherwise return run ``run_id``'s
     failed result, having unpickled and imported nothing of dynamics: an older one may lack a
     class the arguments name, or take fewer of them."""
-    if (here := code_hash()) != expected:
+    if (here := process_code_hash()) != expected:
         return {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False,
                 "error": other_code(here, expected), "traceback": None, "waited": None}
     module, name = function.split(":")

@@ -379,7 +379,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         "config": cfg.to_dict(),
         "seed": cfg.train.seed,
         "version": dynamics.__version__,
-        "code_hash": provenance.code_hash(),
+        "code_hash": provenance.process_code_hash(),
         "torch_version": torch.__version__,
         "device": cfg.train.device,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),

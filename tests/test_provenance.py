@@ -82,3 +82,32 @@ def test_a_worker_with_another_dynamics_runs_the_launchers_check_not_its_own(tmp
     # and where no dynamics is installed at all
     (tmp_path / "none").mkdir()
     assert run_elsewhere(payload, tmp_path / "none")["error"] == "this worker has no dynamics installed; not trained here"
+
+
+def test_a_worker_keeps_the_hash_of_the_code_it_started_with(tmp_path):
+    # An editable install edited while a sweep runs: the workers imported the code as it was, and
+    # their later points must not be refused as other code (nor the launcher's edit go unseen:
+    # it hashed at launch too).
+    import cloudpickle
+
+    (tmp_path / "cloudpickle").symlink_to(os.path.dirname(cloudpickle.__file__))
+    make_package(tmp_path, "dynamics", {"__init__.py": b"first = 1\n"})
+    expected = hashlib.sha256(b"__init__.py\x0010\x00first = 1\n").hexdigest()
+    payloads = [provenance.checked_task(expected, "r1", "operator:add", 2, 3) for _ in range(2)]
+    (tmp_path / "payloads").write_bytes(pickle.dumps(payloads))
+    script = (
+        "import pickle, sys\n"
+        "one, two = pickle.load(open('payloads', 'rb'))\n"
+        "print(pickle.loads(one))\n"
+        "open('dynamics/__init__.py', 'w').write('edited = 1\\n')\n"
+        "print(pickle.loads(two))\n")
+    r = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "5\n5\n"
+    assert (tmp_path / "dynamics" / "__init__.py").read_text() == "edited = 1\n"
+    # a new process reads the edited file: that one's points are refused
+    r = subprocess.run([sys.executable, "-S", "-c", script.replace("print(pickle.loads(one))\n", "")],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                       cwd=tmp_path)
+    assert "'status': 'failed'" in r.stdout, r.stdout + r.stderr

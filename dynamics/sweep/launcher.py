@@ -407,7 +407,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     from distributed import Event, KilledWorker
 
     token = uuid.uuid4().hex[:12]
-    code = provenance.code_hash()  # the launcher's: every point is trained by this code, or refused
+    code = provenance.process_code_hash()  # the launcher's: every point is trained by this code, or refused
     events: queue.SimpleQueue = queue.SimpleQueue()
     results: dict[str, dict] = {}
     client, cluster = _client(scheduler, n_workers)
