@@ -6,19 +6,18 @@ the launcher's machine and not on a worker's) record the same ``0.1.0``, and the
 differ in anything. The hash covers every ``.py`` file of the installed package, so runs of one
 code hash were trained by the same source.
 
-Standard library only, and no state between calls: a sweep's launcher sends
-:func:`same_code_or_refuse` to its workers by value (cloudpickle), so that a worker with other
-code, an older dynamics included, runs this module's copy, not its own, and refuses in one line.
+A sweep's launcher sends each point as a :func:`task` payload: the worker compares its code with
+the launcher's before it unpickles a config of its own dynamics or imports the training code.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
 import os
 import pickle
-import sys
 
 
 def code_hash(package: str = "dynamics") -> str | None:
@@ -51,24 +50,33 @@ def code_hash(package: str = "dynamics") -> str | None:
     return h.hexdigest()
 
 
+@functools.cache
 def process_code_hash() -> str | None:
     """:func:`code_hash` as at this process's first call, kept for the process's life.
 
     What a long-running process trains with is the code it imported, not files edited on disk
     since: a researcher who edits an editable install while a sweep runs must not see its later
-    points refused, nor a notebook's runs take the hash of code it never loaded. Kept on the
-    ``sys`` module, not in a global here: this module travels to the workers by value, and its
-    globals with it."""
-    kept = getattr(sys, "_dynamics_code_hash", None)
-    if kept is None:
-        kept = sys._dynamics_code_hash = (code_hash(),)
-    return kept[0]
+    points refused, nor a notebook's runs take the hash of code it never loaded."""
+    return code_hash()
+
+
+def missing_code(error: BaseException, expected: str) -> str | None:
+    """The one line for a point whose :func:`task` payload could not be loaded on its worker
+    (``error``: what unpickling it raised), or None for any other error."""
+    if isinstance(error, ModuleNotFoundError) and error.name == __name__:  # a dynamics older than this check
+        return other_code(None, expected)
+    if isinstance(error, ModuleNotFoundError) and error.name == __name__.split(".")[0]:
+        return "this worker has no dynamics installed; not trained here: install the launcher's on every worker"
+    return None
 
 
 def other_code(here: str | None, expected: str) -> str:
-    """The one line for a worker whose code hash is not the launcher's."""
+    """The one line for a worker whose code hash is not the launcher's (None: a dynamics older
+    than this module, which records no hash)."""
     if here is None:
-        return "this worker has no dynamics installed; not trained here"
+        return ("this worker runs an older dynamics than the launcher (one without a code check); not trained "
+                "here, so that the sweep's runs are all trained by the same code: install the launcher's on every "
+                "worker")
     return (f"this worker runs other dynamics code than the launcher (code hash {here[:16]}... against "
             f"{expected[:16]}...: another checkout or an older install?); not trained here, so that the "
             f"sweep's runs are all trained by the same code: install the launcher's on every worker")
@@ -86,28 +94,26 @@ def same_code_or_refuse(expected: str, run_id: str, function: str, args: bytes):
     return getattr(importlib.import_module(module), name)(*pickle.loads(args))
 
 
+def task(expected: str, run_id: str, function: str, *args) -> bytes:
+    """A sweep point for a worker to run as ``pickle.loads(task(...))``: there it calls
+    :func:`same_code_or_refuse` (the task's result is that call's).
+
+    Dask unpickles a task's function as it receives the task, outside the task: a worker whose
+    dynamics lacks it (an older one, or none) failed on the message itself, and the sweep waited,
+    silent, until it was killed. ``pickle.loads`` every Python has; the
+    lookup of this module's function happens inside the task, whose error the launcher reads
+    (:func:`missing_code`). Pickled by reference, not by value, so a worker on another Python
+    still loads it."""
+    return pickle.dumps(_Call(same_code_or_refuse, expected, run_id, function, pickle.dumps(args)))
+
+
 class _Call:
-    """Unpickling this calls ``function(*args)``: pickle's own way to rebuild an object is to
-    call what its ``__reduce__`` names, so the loaded "object" is the call's result."""
+    """Unpickled, this is ``function(*args)``: pickle rebuilds an object by calling what its
+    ``__reduce__`` names, so the object loaded is the call's result. Only ``function`` and
+    ``args`` are in the pickle, not this class."""
 
     def __init__(self, function, *args) -> None:
         self.function, self.args = function, args
 
     def __reduce__(self):
         return self.function, self.args
-
-
-def checked_task(expected: str, run_id: str, function: str, *args) -> bytes:
-    """A payload for ``pickle.loads`` on a worker: it runs :func:`same_code_or_refuse` there.
-
-    Dask pickles a task's function by reference (module and name) when it can, so a worker
-    would run its own copy of the check, and an older dynamics has none. This module travels
-    by value instead (cloudpickle), and the task's function is ``pickle.loads``, which every
-    Python has."""
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(importlib.import_module(__name__))
-    try:
-        return cloudpickle.dumps(_Call(same_code_or_refuse, expected, run_id, function, pickle.dumps(args)))
-    finally:
-        cloudpickle.unregister_pickle_by_value(importlib.import_module(__name__))

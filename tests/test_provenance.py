@@ -1,11 +1,15 @@
-"""code_hash on packages with known bytes, and the sweep task's code check, run where another
-`dynamics` is installed: a real subprocess unpickling what the launcher sends."""
+"""code_hash on packages with known bytes; the sweep task's code check; and a process keeping the
+hash of the code it started with, in a real subprocess importing an edited copy of the package."""
 
 import hashlib
 import os
 import pickle
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from dynamics import provenance
 
@@ -39,11 +43,16 @@ def test_code_hash_is_the_sorted_names_lengths_and_bytes_of_the_py_files_only(tm
 
 
 def test_the_check_calls_the_task_only_where_the_code_is_the_launchers():
-    here = provenance.code_hash()
-    assert len(here) == 64
-    assert pickle.loads(provenance.checked_task(here, "r1", "operator:add", 2, 3)) == 5
-    # another hash: refused without importing the task's module (it does not exist here)
-    out = pickle.loads(provenance.checked_task("0" * 64, "r1", "no_such_module:f", 2, 3))
+    here = provenance.process_code_hash()
+    assert here == provenance.code_hash() and len(here) == 64
+    args = pickle.dumps((2, 3))
+    assert provenance.same_code_or_refuse(here, "r1", "operator:add", args) == 5
+    # another hash: refused without importing the task's module (there is none) or unpickling its
+    # arguments (these name a module that does not exist either)
+    unloadable = b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x06nosuch\x94\x8c\x01f\x94\x93\x94."
+    with pytest.raises(ModuleNotFoundError, match="'nosuch'"):
+        pickle.loads(unloadable)
+    out = provenance.same_code_or_refuse("0" * 64, "r1", "no_such_module:f", unloadable)
     assert out == {"run_id": "r1", "status": "failed", "steps_done": 0, "skipped": False, "traceback": None,
                    "waited": None, "error": provenance.other_code(here, "0" * 64)}
     assert out["error"] == (
@@ -52,62 +61,35 @@ def test_the_check_calls_the_task_only_where_the_code_is_the_launchers():
         f"are all trained by the same code: install the launcher's on every worker")
 
 
-def run_elsewhere(payload: bytes, path) -> dict:
-    """``pickle.loads(payload)`` in a Python without site-packages (``-S``): its path is ``path``
-    and cloudpickle alone, which a Dask worker always has and a value-pickled function needs."""
-    import cloudpickle
-
-    (path / "cloudpickle").symlink_to(os.path.dirname(cloudpickle.__file__))
-    code = "import pickle, sys; print(repr(pickle.loads(sys.stdin.buffer.read())))"
-    r = subprocess.run([sys.executable, "-S", "-c", code], input=payload, capture_output=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": str(path)}, cwd=path)
-    assert r.returncode == 0, r.stderr.decode()
-    return eval(r.stdout.decode())  # the repr of a dict of plain values
-
-
-def test_a_worker_with_another_dynamics_runs_the_launchers_check_not_its_own(tmp_path):
-    # An older dynamics has no provenance module (or another one), and its run_point may take
-    # fewer arguments: the check travels by value, and nothing of that dynamics is imported or
-    # unpickled (importing this one raises, and its config class could not be rebuilt).
-    source = b"raise ImportError('an older dynamics was imported')\n"
-    (tmp_path / "older").mkdir()
-    make_package(tmp_path / "older", "dynamics", {"__init__.py": source})
-    here = provenance.code_hash()
-    payload = provenance.checked_task(here, "r1", "dynamics.sweep.task:run_point", {"model": {}}, "s.zarr", "r1")
-    theirs = hashlib.sha256(f"__init__.py\0{len(source)}\0".encode() + source).hexdigest()
-    assert run_elsewhere(payload, tmp_path / "older") == {
-        "run_id": "r1", "status": "failed", "steps_done": 0, "skipped": False, "traceback": None, "waited": None,
-        "error": provenance.other_code(theirs, here)}
-
-    # and where no dynamics is installed at all
-    (tmp_path / "none").mkdir()
-    assert run_elsewhere(payload, tmp_path / "none")["error"] == "this worker has no dynamics installed; not trained here"
+def test_a_task_payload_runs_the_check_where_it_is_loaded_and_names_what_a_worker_lacks():
+    here = provenance.process_code_hash()
+    assert pickle.loads(provenance.task(here, "r1", "operator:add", 2, 3)) == 5
+    assert pickle.loads(provenance.task("0" * 64, "r1", "operator:add", 2, 3))["error"] == \
+        provenance.other_code(here, "0" * 64)
+    # the payload names this module's function, not the class that made it: nothing else to find there
+    assert b"_Call" not in provenance.task(here, "r1", "operator:add")
+    # what loading it raises on a worker without this module, or without dynamics
+    older = provenance.missing_code(ModuleNotFoundError(name="dynamics.provenance"), here)
+    assert older == ("this worker runs an older dynamics than the launcher (one without a code check); not trained "
+                     "here, so that the sweep's runs are all trained by the same code: install the launcher's on "
+                     "every worker")
+    assert provenance.missing_code(ModuleNotFoundError(name="dynamics"), here) == \
+        "this worker has no dynamics installed; not trained here: install the launcher's on every worker"
+    assert provenance.missing_code(ModuleNotFoundError(name="dynamics.tasks"), here) is None  # a bug, shown as is
+    assert provenance.missing_code(ValueError("dynamics.provenance"), here) is None
 
 
-def test_a_worker_keeps_the_hash_of_the_code_it_started_with(tmp_path):
-    # An editable install edited while a sweep runs: the workers imported the code as it was, and
-    # their later points must not be refused as other code (nor the launcher's edit go unseen:
-    # it hashed at launch too).
-    import cloudpickle
-
-    (tmp_path / "cloudpickle").symlink_to(os.path.dirname(cloudpickle.__file__))
-    make_package(tmp_path, "dynamics", {"__init__.py": b"first = 1\n"})
-    expected = hashlib.sha256(b"__init__.py\x0010\x00first = 1\n").hexdigest()
-    payloads = [provenance.checked_task(expected, "r1", "operator:add", 2, 3) for _ in range(2)]
-    (tmp_path / "payloads").write_bytes(pickle.dumps(payloads))
+def test_a_process_keeps_the_hash_of_the_code_it_started_with(tmp_path):
+    # An editable install edited while a sweep runs: its workers imported the code as it was, and
+    # their later points must not be refused as other code.
+    package = Path(provenance.__file__).parent
+    shutil.copytree(package, tmp_path / "dynamics", ignore=shutil.ignore_patterns("__pycache__"))
     script = (
-        "import pickle, sys\n"
-        "one, two = pickle.load(open('payloads', 'rb'))\n"
-        "print(pickle.loads(one))\n"
-        "open('dynamics/__init__.py', 'w').write('edited = 1\\n')\n"
-        "print(pickle.loads(two))\n")
-    r = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+        "from dynamics.provenance import code_hash, process_code_hash\n"
+        "first = process_code_hash()\n"
+        "open('dynamics/limits.py', 'a').write('# edited\\n')\n"
+        "print(first == process_code_hash(), first != code_hash())\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "5\n5\n"
-    assert (tmp_path / "dynamics" / "__init__.py").read_text() == "edited = 1\n"
-    # a new process reads the edited file: that one's points are refused
-    r = subprocess.run([sys.executable, "-S", "-c", script.replace("print(pickle.loads(one))\n", "")],
-                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)},
-                       cwd=tmp_path)
-    assert "'status': 'failed'" in r.stdout, r.stdout + r.stderr
+    assert r.stdout == "True True\n"  # the files changed under it, and the kept hash did not

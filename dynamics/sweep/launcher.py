@@ -421,9 +421,9 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
         tries[p.run_id] += 1
         key = f"dynamics-train-{p.run_id}-{token}-{tries[p.run_id]}"
         # the worker's code is checked before it unpickles a config or imports run_point
-        task = provenance.checked_task(code, p.run_id, "dynamics.sweep.task:run_point", p.cfg, path, p.run_id,
-                                       p.values, token, cwd, (hashes or {}).get(p.run_id))
-        return client.submit(pickle.loads, task, key=key, pure=False,
+        payload = provenance.task(code, p.run_id, "dynamics.sweep.task:run_point", p.cfg, path, p.run_id, p.values,
+                                  token, cwd, (hashes or {}).get(p.run_id))
+        return client.submit(pickle.loads, payload, key=key, pure=False,
                              priority=len(todo) - order[p.run_id])  # grid order
 
     def drain() -> None:
@@ -464,7 +464,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 # "running" (`dynamics status`: stopped) while the summary says failed.
                 _record_failure(path, run_id, error)
             else:
-                error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                error = provenance.missing_code(exc, code) or f"{type(exc).__name__}: {exc}".splitlines()[0]
             r = {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False, "error": error,
                  "traceback": None}
         ended(r)
