@@ -86,10 +86,13 @@ class _Dropping:
                 self.gone = True
                 # What the stream still buffers is flushed again, at the latest at exit: to
                 # /dev/null instead, where it cannot raise.
-                with contextlib.suppress(OSError, ValueError):
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    fd = self._stream.fileno()  # first: a stream with none (io.UnsupportedOperation) opens nothing
                     null = os.open(os.devnull, os.O_WRONLY)
-                    os.dup2(null, self._stream.fileno())
-                    os.close(null)
+                    try:
+                        os.dup2(null, fd)
+                    finally:
+                        os.close(null)
         return None
 
     def write(self, text: str) -> int:

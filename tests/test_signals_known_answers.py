@@ -237,3 +237,20 @@ def test_copy_and_pickle_see_no_attributes_forwarded_from_the_stream():
         with pytest.raises(AttributeError):
             getattr(bare, name)
     assert not hasattr(_Dropping(io.StringIO()), "__next__")
+
+
+def test_a_stream_without_a_descriptor_whose_reader_left_leaves_no_descriptor_open():
+    # /dev/null was opened before the stream was asked for its descriptor: one that has none
+    # (io.UnsupportedOperation, an in-memory stream standing in for stdout) leaked one per stream
+    import io
+
+    from dynamics.signals import _Dropping
+
+    class Gone(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError
+
+    before = len(os.listdir("/proc/self/fd"))
+    dropping = _Dropping(Gone())
+    assert dropping.write("x") == 1 and dropping.gone
+    assert len(os.listdir("/proc/self/fd")) == before
