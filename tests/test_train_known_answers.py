@@ -11,6 +11,15 @@ def _cfg(**train):
     return from_dict({"train": {"lr": 2.0, "min_lr_frac": 0.1, **train}})
 
 
+def _tiny(steps: int, every: int) -> dict:
+    """The suite's tiny induction config (tests/conftest.py) as a dict."""
+    import tomllib
+
+    from tests.conftest import TINY
+
+    return tomllib.loads(TINY.format(steps=steps, every=every))
+
+
 def test_a_run_exactly_as_long_as_its_warm_up_has_a_learning_rate_at_every_step_it_asks_for():
     # train_run sets the lr at every step 0..steps, the last (no update) included: with
     # warmup_steps == steps that step is the decay's first, over a span of 0 steps, which a
@@ -60,3 +69,56 @@ def test_one_update_of_each_optimiser_moves_every_weight_by_its_known_amount(opt
     for p, w in zip(params, before, strict=True):
         want = w - 0.1 * (0.5 + 0.01 * w) if optimizer == "sgd" else w * (1 - 0.1 * 0.01) - 0.1 * 0.5 / (0.5 + 1e-8)
         torch.testing.assert_close(p.detach(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_resume_counts_both_sessions_in_its_attrs_its_checkpoint_and_its_result(tmp_path):
+    # Session 1 stops in progress(20), after 21 updates, its last checkpoint at step 20; session 2
+    # resumes from 20 and makes updates 21..30. Its step-30 checkpoint counts 21 + (30 - 20) = 31
+    # steps trained, as the attrs do: the finished run's attrs are rewritten at the end, so only
+    # the checkpoint showed a count of 21 + 30 + 20. The wall time is at most the two calls'
+    # (a final one off by the session's perf_counter origin still passed `at_end >= at_checkpoint`).
+    import time
+
+    from dynamics import store
+    from dynamics.checkpoint import load_checkpoint
+    from dynamics.train import train_run
+    from tests.conftest import interrupt_at
+
+    cfg = from_dict(_tiny(30, 10))
+    path, run_id = str(tmp_path / "s.zarr"), cfg.run_id()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(20))
+    t1 = time.perf_counter()
+    first = store.run_attrs(path, run_id)
+    assert (first["steps_done"], first["steps_trained"], first["checkpoint_step"], first["starts"]) == (21, 21, 20, 1)
+    assert 0 < first["wall_time"] <= t1 - t0
+
+    result = train_run(cfg, path)
+    t2 = time.perf_counter()
+    assert (result.status, result.steps_done, result.resumed_from, result.skipped) == ("completed", 30, 20, False)
+    attrs, ckpt = store.run_attrs(path, run_id), load_checkpoint(path, run_id)
+    assert (attrs["steps_done"], attrs["steps_trained"], attrs["checkpoint_step"], attrs["starts"]) == (30, 31, 30, 2)
+    assert (ckpt["step"], ckpt["steps_trained"]) == (30, 31)
+    assert first["wall_time"] <= ckpt["wall_time"] <= attrs["wall_time"] <= first["wall_time"] + (t2 - t1)
+
+    again = train_run(cfg, path)  # finished: skipped, nothing counted
+    assert (again.skipped, again.status, again.steps_done, again.resumed_from) == (True, "completed", 30, 0)
+    assert store.run_attrs(path, run_id)["starts"] == 2
+
+
+def test_a_session_stopped_before_its_first_update_counts_none(tmp_path):
+    # Ctrl-C in started(0), before any step: 0 updates, 0 steps trained (the count is
+    # max(0, done - start), and a floor of 1 there went unnoticed)
+    from dynamics import store
+    from dynamics.train import train_run
+
+    def stop(step):
+        raise KeyboardInterrupt
+
+    cfg = from_dict(_tiny(12, 10))
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, started=stop)
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert (attrs["status"], attrs["steps_done"], attrs["steps_trained"]) == ("interrupted", 0, 0)
