@@ -122,3 +122,27 @@ def test_a_session_stopped_before_its_first_update_counts_none(tmp_path):
         train_run(cfg, path, started=stop)
     attrs = store.run_attrs(path, cfg.run_id())
     assert (attrs["status"], attrs["steps_done"], attrs["steps_trained"]) == ("interrupted", 0, 0)
+
+
+def test_recording_off_keeps_the_step_0_snapshot_and_checkpoint_alone(tmp_path):
+    # train_run(recording=False), bench/'s timing store: snapshot 0 (and its checkpoint) is
+    # recorded, no later one, and the loss curve is all NaN. bench/ only prints timings from it,
+    # so recording every snapshot but step 0's passed the suite.
+    import numpy as np
+
+    from dynamics import store
+    from dynamics.checkpoint import load_checkpoint
+    from dynamics.train import train_run
+
+    cfg = from_dict(_tiny(12, 10))  # snapshots at 0, 1, 2, 4, 8, 10, 12
+    path = str(tmp_path / "s.zarr")
+    result = train_run(cfg, path, recording=False)
+    assert (result.status, result.steps_done) == ("completed", 12)
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert (attrs["checkpoint_step"], attrs["steps_trained"]) == (0, 12)
+    assert load_checkpoint(path, cfg.run_id())["step"] == 0
+    ds = store.open_run(path).load()
+    assert list(ds.step.values) == [0, 1, 2, 4, 8, 10, 12]
+    empty = np.isnan(ds.importance.values).reshape(len(ds.step), -1).all(axis=1)
+    assert list(empty) == [False] + [True] * 6
+    assert np.isnan(ds.loss.values).all()
