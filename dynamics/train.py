@@ -532,8 +532,6 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                         blocks |= recorder.chg(model, bool(fitted[index_of[step]]))
                 if intervention is not None:
                     blocks |= intervention.snapshot(model, recorder.probe_tokens)
-                if step < cfg.train.steps and math.isfinite(last_loss):
-                    losses[step] = last_loss
                 bg.submit(writer.write_snapshot, index_of[step], blocks)
                 if step > flushed:
                     bg.submit(writer.write_region, "loss", flushed, losses[flushed:step].copy())
