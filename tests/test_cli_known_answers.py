@@ -1,0 +1,175 @@
+"""Known answers for what `dynamics` commands say and return, each closing a gap that mutation
+testing of dynamics/cli.py found: a changed message, exit code or condition that no other test saw.
+
+Commands are the real ``dynamics.cli.main`` on real stores (one tiny run, trained once for the
+module), checked for their exact exit code and lines; the progress printers and the line of a run
+that failed while training are called directly, as no command reaches every case of theirs on
+demand. One test stands in for ``train_run`` (it says why).
+"""
+
+import os
+import shutil
+
+import pytest
+
+from dynamics import cli, store
+from dynamics.config import ConfigError, load_config
+from dynamics.train import train_run
+from tests.conftest import TINY
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("known")
+    cfg = d / "tiny.toml"
+    cfg.write_text(TINY.format(steps=10, every=5))
+    path = d / "s.zarr"
+    train_run(load_config(cfg), str(path))
+    [run_id] = store.list_runs(path)
+    return cfg, path, run_id
+
+
+def copy_of(path, tmp_path):
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    return s
+
+
+def lines(text):
+    return text.strip().splitlines()
+
+
+# --- training progress -------------------------------------------------------------------------
+
+
+def test_progress_log_says_the_first_and_last_step_and_nothing_between_within_5_s(capsys):
+    # Without a terminal (capsys is none): a line at most every 5 s, and always the last step's.
+    log = cli._progress_printer("r")
+    log(0, 10, 2.5)
+    log(3, 10, 2.0)  # under 5 s after the first line: not said
+    log(10, 10, 1.25)  # the last step: said however soon
+    assert capsys.readouterr().err.splitlines() == ["[r] step 0/10 loss 2.5000", "[r] step 10/10 loss 1.2500"]
+
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_progress_bar_on_a_terminal_shows_the_step_and_loss_and_ends_its_line(monkeypatch):
+    # On a terminal (a real pseudo-terminal, 100 columns): a tqdm bar from the step training
+    # starts at, updated with each step and loss, closed (its line ended) at the last step.
+    import fcntl
+    import struct
+    import sys
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    with open(slave, "w", buffering=1) as tty:
+        monkeypatch.setattr(sys, "stderr", tty)
+        update = cli._progress_printer("r1")
+        update(2, 10, 2.5)  # a resume from step 2
+        update(10, 10, 1.25)
+        monkeypatch.undo()
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the terminal's other end is closed: all read
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    text = shown.decode()
+    frames = [f for f in text.split("\r") if f.strip()]
+    assert any(f.startswith("r1:  20%|") and "2/10" in f and "loss=2.500" in f for f in frames), text
+    assert frames[-1].startswith("r1: 100%|") and "10/10" in frames[-1] and "loss=1.250" in frames[-1], text
+    assert text.endswith("\n"), text
+
+
+# --- run: the note on threads -------------------------------------------------------------------
+
+
+def test_run_with_as_many_threads_as_usable_cores_notes_nothing(tiny, tmp_path, capsys):
+    # The note is for threads beyond the cores; as many as there are is what it advises.
+    cfg, _, _ = tiny
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert cli.main(["run", str(cfg), "--out", str(tmp_path / "t.zarr"),
+                     "--set", f"train.threads={cores}", "--set", "train.steps=2"]) == 0
+    assert "note" not in capsys.readouterr().err
+
+
+# --- run: a failure while training --------------------------------------------------------------
+
+
+def test_a_failure_with_no_store_left_says_its_traceback_could_not_be_recorded(tmp_path, capsys):
+    e = OSError("No space left on device")
+    assert cli._run_failed(str(tmp_path / "gone.zarr"), "r1", e, trained=True) == 1
+    assert lines(capsys.readouterr().err) == [
+        "dynamics: run r1 failed: OSError: No space left on device (its traceback could not be recorded in the store)"]
+
+
+def test_a_failure_the_run_recorded_says_where_its_traceback_is(tiny, tmp_path, capsys):
+    _, path, run_id = tiny
+    s = copy_of(path, tmp_path)
+    store.update_run_attrs(s, run_id, status="failed",
+                           traceback="Traceback (most recent call last):\n  ...\nRuntimeError: first line\nsecond line\n")
+    # only its first line is said; the recorded traceback ends with the whole message
+    assert cli._run_failed(str(s), run_id, RuntimeError("first line\nsecond line"), trained=True) == 1
+    assert lines(capsys.readouterr().err) == [
+        f"dynamics: run {run_id} failed: RuntimeError: first line (traceback in the run's attributes)"]
+
+
+def test_a_failure_with_a_note_is_found_in_the_recorded_traceback(tiny, tmp_path, capsys):
+    # A traceback ends with the exception's notes (PEP 678), so the note is what is looked for.
+    import traceback
+
+    _, path, run_id = tiny
+    s = copy_of(path, tmp_path)
+    e = OSError("disk gone")
+    e.add_note("while writing snapshot 3")
+    store.update_run_attrs(s, run_id, status="failed", traceback="".join(traceback.format_exception(e)))
+    assert cli._run_failed(str(s), run_id, e, trained=True) == 1
+    assert lines(capsys.readouterr().err) == [
+        f"dynamics: run {run_id} failed: OSError: disk gone (traceback in the run's attributes)"]
+
+def test_a_failure_with_an_empty_message_is_still_one_line(tmp_path, capsys):
+    assert cli._run_failed(str(tmp_path / "gone.zarr"), "r1", RuntimeError(), trained=False) == 1
+    assert lines(capsys.readouterr().err) == [
+        "dynamics: run r1 failed: RuntimeError:  (its traceback could not be recorded in the store)"]
+
+
+@pytest.mark.parametrize("trained, says", [
+    (True, "completed, but refreshing the store's root index afterwards failed: OSError: disk full (its arrays and "
+           "attributes are whole; the same command again refreshes the index)"),
+    (False, "was already completed, but this command stopped before skipping it: OSError: disk full (its arrays and "
+            "attributes are whole)"),
+])
+def test_a_failure_after_the_run_finished_does_not_call_it_failed(tiny, trained, says, capsys):
+    _, path, run_id = tiny  # completed; read only
+    assert cli._run_failed(str(path), run_id, OSError("disk full"), trained=trained) == 1
+    assert lines(capsys.readouterr().err) == [f"dynamics: run {run_id} {says}"]
+
+
+@pytest.mark.parametrize("begins, error, code, says", [
+    # once training has begun a StoreError is the run failing, not input refused
+    (True, store.StoreError("the store went away"), 1,
+     "dynamics: run r1 failed: StoreError: the store went away (its traceback could not be recorded in the store)"),
+    (False, ConfigError("intervene.distill.teacher: teacher store t.zarr not found"), 2,
+     "dynamics: error: intervene.distill.teacher: teacher store t.zarr not found"),
+])
+def test_what_training_raises_is_a_failed_run_or_bad_input(tiny, tmp_path, monkeypatch, capsys, begins, error, code,
+                                                          says):
+    # Nothing real raises these from train_run on demand (a teacher store removed between the
+    # checks and training, a store lost mid-run): train_run is stood in for.
+    import dynamics.train
+
+    cfg, _, _ = tiny
+
+    def train(cfg, out, run_id, progress, started):
+        if begins:
+            started(0)
+        raise error
+
+    monkeypatch.setattr(dynamics.train, "train_run", train)
+    assert cli.main(["run", str(cfg), "--out", str(tmp_path / "t.zarr"), "--run-id", "r1"]) == code
+    assert lines(capsys.readouterr().err) == [says]
