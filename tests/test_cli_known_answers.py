@@ -8,9 +8,11 @@ demand. One test stands in for ``train_run`` (it says why).
 """
 
 import os
+import re
 import shutil
 
 import pytest
+import torch
 
 from dynamics import cli, store
 from dynamics.config import ConfigError, load_config
@@ -173,3 +175,115 @@ def test_what_training_raises_is_a_failed_run_or_bad_input(tiny, tmp_path, monke
     monkeypatch.setattr(dynamics.train, "train_run", train)
     assert cli.main(["run", str(cfg), "--out", str(tmp_path / "t.zarr"), "--run-id", "r1"]) == code
     assert lines(capsys.readouterr().err) == [says]
+
+
+# --- analyse, report and gates: a --run that is not in the store, a store of no runs ------------
+
+
+@pytest.mark.parametrize("run", ["nope", "../x"])  # "../x": no run, rather than "invalid run id"
+@pytest.mark.parametrize("command", ["analyse", "report", "gates"])
+def test_a_run_not_in_the_store_is_named_exit_2(tiny, tmp_path, command, run, capsys):
+    _, path, _ = tiny
+    s = copy_of(path, tmp_path)
+    extra = ["--out", str(tmp_path / "rep")] if command == "report" else []
+    assert cli.main([command, str(s), "--run", run, *extra]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and lines(err) == [f"dynamics: error: no run {run!r} in {s}"]
+    assert not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("command, says", [("analyse", "holds no runs to analyse"),
+                                           ("report", "holds no runs to report on"),
+                                           ("gates", "holds no runs")])
+def test_a_store_of_no_runs_is_named_exit_2(tmp_path, command, says, capsys):
+    s = tmp_path / "empty.zarr"
+    store.init_store(s)
+    extra = ["--out", str(tmp_path / "rep")] if command == "report" else []
+    assert cli.main([command, str(s), *extra]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and lines(err) == [f"dynamics: error: {s} {says}"]
+
+
+# --- gates --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("save", [True, False])
+def test_gates_says_what_it_fitted_first_and_where_it_saved_it_last(tiny, tmp_path, capsys, save):
+    _, path, run_id = tiny
+    s = copy_of(path, tmp_path)
+    no_save = [] if save else ["--no-save"]
+    assert cli.main(["gates", str(s), "--steps", "2", "--init-steps", "0", "--restarts", "1", *no_save]) == 0
+    out = lines(capsys.readouterr().out)
+    assert out[0] == f"{run_id} at step 10: causal head gating, 1 restarts x 2 updates"
+    saved = store.open_derived(s, f"gates.{run_id}")
+    if save:
+        assert out[-1] == f"saved to derived/gates.{run_id}" and saved is not None
+    else:
+        assert not any("saved" in line for line in out) and saved is None
+
+
+def test_gates_progress_says_each_stage_s_start_and_end_and_nothing_between_within_5_s(capsys):
+    show = cli._gates_progress("r1")
+    for done in (0, 1, 4):
+        show("G+/G-", done, 4)
+    show("ablation", 0, 8)  # a new stage's start: said however soon
+    assert capsys.readouterr().err.splitlines() == [
+        "[gates r1] G+/G-: 0/4 updates", "[gates r1] G+/G-: 4/4 updates", "[gates r1] ablation: 0/8 passes"]
+
+
+def test_gates_without_run_on_a_store_of_a_few_runs_lists_them_all(tiny, tmp_path, capsys):
+    _, path, run_id = tiny
+    s = copy_of(path, tmp_path)
+    shutil.copytree(s / "runs" / run_id, s / "runs" / "copy0")  # group names are all list_runs reads
+    runs = store.list_runs(s)
+    assert cli.main(["gates", str(s)]) == 2
+    assert lines(capsys.readouterr().err) == [
+        f"dynamics: error: {s} holds 2 runs; choose one with --run ({runs[0]}, {runs[1]})"]
+
+
+# --- sweep --------------------------------------------------------------------------------------
+
+
+def test_a_sweep_with_every_run_finished_trains_nothing_and_exits_0(tiny, tmp_path, capsys):
+    # Nothing left to train: no cluster is started, so this runs in the test's process.
+    cfg, path, run_id = tiny
+    s = copy_of(path, tmp_path)
+    before = store.run_attrs(s, run_id)
+    assert cli.main(["sweep", str(cfg), "--out", str(s), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.fullmatch(r"sweep: 1 runs: 1 completed \(1 already finished, not retrained\) in \d+\.\d s", out.strip()), out
+    assert store.run_attrs(s, run_id) == before
+
+
+# --- demo ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA")
+def test_demo_on_a_device_this_torch_lacks_is_refused_before_any_store(tmp_path, capsys):
+    out = tmp_path / "d.zarr"
+    assert cli.main(["demo", "--out", str(out), "--set", "train.device=cuda"]) == 2
+    assert lines(capsys.readouterr().err) == [
+        f"dynamics: error: train.device 'cuda': this torch {torch.__version__} has no usable CUDA device"]
+    assert not out.exists() and not (tmp_path / "d-report").exists()
+
+
+# --- predict ------------------------------------------------------------------------------------
+
+
+def test_predict_with_no_options_fits_the_documented_defaults(tmp_path, capsys):
+    # --target slash, --horizon 0.1, --unit fraction, --group seed, --folds 5, --null 0, saved
+    from dynamics import predict
+    from tests.test_predict import make_runs, write_store
+
+    s = tmp_path / "p.zarr"
+    write_store(s, make_runs(n_seeds=5))
+    assert cli.main(["predict", str(s)]) == 0
+    out, err = capsys.readouterr()
+    assert lines(out)[0] == "target slash: slash-dominant at the final snapshot"
+    assert lines(out)[-1] == f"saved derived/predict.slash in {s}"
+    assert "null check" not in out + err  # --null 0: no permuted curves fitted
+    curve = store.open_derived(s, predict.derived_name("slash"))
+    assert curve.horizon.values.tolist() == [0.1]
+    assert {k: curve.attrs[k] for k in ("target", "horizon_unit", "group_by", "n_splits")} == {
+        "target": "slash", "horizon_unit": "fraction", "group_by": "seed", "n_splits": 5}
+    assert curve.attrs["target_sources"] == {"computed from the final snapshot": 5}
