@@ -1,0 +1,42 @@
+"""`dynamics demo` end to end, in process, on a shrunken quickstart grid (4 runs of 40 steps):
+the four stages in order, their tables, the closing timing line and the report page; then the
+same command again, which retrains nothing and says why it gives no share of training."""
+
+import re
+
+from dynamics import cli, store
+
+SHRINK = ["--workers", "1", "--set", "sweep.model.init_scale=[1.0,2.0]", "--set", "sweep.train.seed=[0,1]",
+          "--set", "train.steps=40", "--set", "model.d_model=16", "--set", "record.every=10",
+          "--set", "record.dense_until=4", "--set", "train.warmup_steps=5"]
+
+
+def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp_path, capsys):
+    out = tmp_path / "d.zarr"
+    assert cli.main(["demo", "--out", str(out), *SHRINK]) == 0
+    printed = capsys.readouterr().out
+    banners = [line for line in printed.splitlines() if line.startswith("== ")]
+    assert banners == [f"== 1/4 sweep: quickstart.toml -> {out}", "== 2/4 analyse",
+                       "== 3/4 predict: how early is each head's final role readable from its early gradients?",
+                       "== 4/4 report"]
+    assert re.search(r"^sweep: 4 runs: 4 completed in [\d.]+ s$", printed, re.M), printed
+    ids = store.list_runs(str(out))
+    assert len(ids) == 4 and all(store.run_attrs(str(out), r)["status"] == "completed" for r in ids)
+    # the analysis table: one row per run, each analysed (written next to its recordings)
+    assert all(re.search(rf"^{r} .* completed ", printed, re.M) for r in ids), printed
+    assert all(store.open_analysis(str(out), r) is not None for r in ids)
+    # the predictor's table for the role target, saved to the store, and its verdict line
+    assert "target role: role label at the final snapshot" in printed and "\nhow early: " in printed
+    curve = store.open_derived(str(out), "predict.role")
+    assert curve is not None and list(curve["horizon"].values) == [0.0, 0.05, 0.1, 0.2, 0.5]
+    assert re.search(r"^training [\d.]+s, analysis [\d.]+s \([\d.]+% of training\), total \d+s$", printed, re.M)
+    page = tmp_path / "d-report" / "index.html"
+    assert page.is_file() and f"report: {page}\nopen {page.as_uri()}\n" in printed
+
+    # the same command again: every run already finished, so no training to take a share of
+    assert cli.main(["demo", "--out", str(out), *SHRINK]) == 0
+    again = capsys.readouterr().out
+    assert re.search(r"^sweep: 4 runs: 4 completed \(4 already finished, not retrained\) in [\d.]+ s$", again, re.M), again
+    assert re.search(r"^training [\d.]+s, analysis [\d.]+s \(no share of training: 4 of 4 runs were already "
+                     r"finished, not retrained\), total \d+s$", again, re.M), again
+    assert [store.run_attrs(str(out), r)["starts"] for r in ids] == [1, 1, 1, 1]
