@@ -100,10 +100,9 @@ def task(expected: str, run_id: str, function: str, *args) -> bytes:
 
     Dask unpickles a task's function as it receives the task, outside the task: a worker whose
     dynamics lacks it (an older one, or none) failed on the message itself, and the sweep waited,
-    silent, until it was killed. ``pickle.loads`` every Python has; the
-    lookup of this module's function happens inside the task, whose error the launcher reads
-    (:func:`missing_code`). Pickled by reference, not by value, so a worker on another Python
-    still loads it."""
+    silent, until it was killed. ``pickle.loads`` every Python has; the lookup of this module's
+    function happens inside the task, whose error the launcher reads (:func:`missing_code`).
+    Pickled by reference, not by value, so a worker on another Python still loads it."""
     return pickle.dumps(_Call(same_code_or_refuse, expected, run_id, function, pickle.dumps(args)))
 
 

@@ -49,8 +49,7 @@ Progress = Callable[[int, int, float], None]
 
 OWN_ATTRS = frozenset({
     "run_id", "config", "seed", "version", "code_hash", "torch_version", "device", "cpu_capability", "data_hash",
-    "status",
-    "steps_total", "steps_done", "checkpoint_step", "steps_trained", "wall_time", "starts", "resumes",
+    "status", "steps_total", "steps_done", "checkpoint_step", "steps_trained", "wall_time", "starts", "resumes",
     "last_loss", "diverged_step", "traceback", "interventions", EMPTY_CHUNKS_WRITTEN})
 """The run attributes training writes itself, which ``train_run(extra_attrs=...)`` may not set."""
 
@@ -329,7 +328,7 @@ def _skipped(run_id: str, attrs: dict) -> RunResult:
 PROVENANCE_KEYS = ("version", "code_hash", "torch_version", "device", "cpu_capability", "data_hash")
 """Run attrs that describe where and with what a run was first started; a resume keeps them
 and appends its own to the ``resumes`` list. ``code_hash`` is the hash of the dynamics source
-that trains (:func:`dynamics.provenance.code_hash`): ``version`` stays one release while the code
+that trains (:func:`dynamics.provenance.process_code_hash`): ``version`` stays one release while the code
 changes. ``cpu_capability`` is the vector instruction set
 torch's CPU kernels dispatch to (AVX2, AVX512, ...): another one rounds differently, so it is
 what a bitwise comparison of two machines' runs must match (bench/rounding.py measures how far
@@ -359,7 +358,7 @@ def _note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int,
     # a session of a dynamics that recorded no code_hash: no claim either way
     if (code_before := last.get("code_hash")) is not None and code_before != code_now:
         print(f"dynamics: note: {run_id} resumes at step {start} with other dynamics code than its last session "
-              f"(code hash {code_before[:16]}... -> {code_now[:16]}...); its later steps are that code's "
+              f"(code hash {code_before[:16]}... -> {(code_now or '?')[:16]}...); its later steps are that code's "
               f"(recorded in the run's 'resumes')", file=sys.stderr, flush=True)
 
 
