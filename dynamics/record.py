@@ -143,7 +143,10 @@ class Recorder:
         _, cache = model.run_with_cache(self._probe, names=lambda n: n.endswith("hook_pattern"))
         pattern = torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"]
                                for layer in range(self.cfg.model.n_layers)])  # (L, P, H, T, T)
-        return pattern.transpose(1, 2).float().cpu().numpy().astype(self.cfg.record.attention_dtype)
+        # torch's conversion is vectorised (numpy's float16 cast took ~10x as long, on the
+        # training thread) and, on a GPU, halves the copy out; both round to nearest even.
+        dtype = getattr(torch, self.cfg.record.attention_dtype)
+        return pattern.transpose(1, 2).to(dtype).cpu().numpy()  # (L, H, P, T, T)
 
     @torch.no_grad()
     def eval_loss(self, model: Transformer) -> np.ndarray:
