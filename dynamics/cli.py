@@ -259,6 +259,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     print_analysis(rows, args.store, pending=not args.run)
     if not args.run:
         print_consistency(args.store, rows)
+    _note_mixed_code(args.store, [r["run"] for r in rows if not r.get("skipped")])
     if n := sum(not r.get("skipped") for r in rows):
         print(f"analysed {n} runs in {time.perf_counter() - t0:.1f}s -> {args.store} (analysis/<run_id>)")
     else:  # "analysed 0 runs ... -> STORE" read as if something had been written there
@@ -301,6 +302,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     except predict.PredictError as e:
         raise UsageError(str(e)) from None
     print(predict.format_curve(curve))
+    _note_mixed_code(args.store, curve["run"].values.tolist())
     if not args.no_save:
         print(f"saved derived/{predict.write_curve(args.store, curve)} in {args.store}")
     # left out of the curve (its "left out" line): named with why on stderr, exit 1, as by analyse and report
@@ -336,8 +338,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute,
                         on_damaged=damaged.__setitem__, progress=lambda line: print(f"[report] {line}", file=sys.stderr))
     _name_damaged(damaged)
+    _note_mixed_code(args.store, [r for r in ([args.run] if args.run else ids) if r not in damaged])
     print(f"report written to {page}\nopen {page.resolve().as_uri()}")
     return 1 if damaged else 0
+
+
+def _note_mixed_code(path: str, ids: list[str]) -> None:
+    """A note on stderr where the runs ``ids`` compared were not all trained by the same dynamics
+    code (provenance.mixed_code); a run whose attributes cannot be read is named elsewhere."""
+    from dynamics import store
+    from dynamics.provenance import mixed_code
+
+    attrs = {}
+    for run_id in ids:
+        try:
+            attrs[run_id] = store.run_attrs(path, run_id)
+        except store.StoreError:
+            continue
+    if note := mixed_code(attrs):
+        print(f"dynamics: note: {note}", file=sys.stderr)
 
 
 def _damaged_runs(path: str, ids: list[str], chunks: bool = False) -> list[str]:
@@ -481,6 +500,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rows = analyse_store(out, workers=args.workers)
     print_analysis(rows, out)
     t_analyse = time.perf_counter() - t1
+    _note_mixed_code(out, [r["run"] for r in rows if not r.get("skipped")])  # runs kept from an earlier demo
     failed = analysis_failures(rows)
 
     print("== 3/4 predict: how early is each head's final role readable from its early gradients?", flush=True)

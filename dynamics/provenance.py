@@ -116,3 +116,53 @@ class _Call:
 
     def __reduce__(self):
         return self.function, self.args
+
+
+def trained_by(attrs: dict) -> tuple[str | None, ...]:
+    """The code hashes that trained a run's recorded steps, in order, from its attributes: the
+    first session's ``code_hash`` and each resume's (in ``resumes``). A session whose steps a
+    later one redid from an earlier checkpoint (or from step 0) trained none of what is kept,
+    so it is not counted. None for a session of a dynamics that recorded no hash.
+
+    Example
+    -------
+    >>> trained_by({"code_hash": "a", "resumes": [{"step": 40, "code_hash": "b"}]})
+    ('a', 'b')
+    >>> trained_by({"code_hash": "a", "resumes": [{"step": 0, "code_hash": "b"}]})
+    ('b',)
+    """
+    sessions = [(0, attrs.get("code_hash"))]
+    sessions += [(r.get("step", 0), r.get("code_hash")) for r in attrs.get("resumes", []) if isinstance(r, dict)]
+    kept = [code for i, (start, code) in enumerate(sessions)
+            if all(later > start for later, _ in sessions[i + 1:])]
+    return tuple(c for i, c in enumerate(kept) if i == 0 or c != kept[i - 1])
+
+
+def mixed_code(attrs: dict[str, dict]) -> str | None:
+    """One line saying that the runs of ``attrs`` (run id -> attributes) were not all trained by
+    the same dynamics code, naming each code's runs; None when they were (or there are none).
+
+    Analysers and the predictor compare runs: a difference between two runs trained by different
+    code may be the code's, not the experiment's, and ``version`` (one release) does not show it.
+
+    Example
+    -------
+    >>> print(mixed_code({"r1": {"code_hash": "a" * 64}, "r2": {"code_hash": "b" * 64}}))
+    these 2 runs were not all trained by the same dynamics code (code hash aaaaaaaaaaaa: r1; bbbbbbbbbbbb: r2): a difference between them may be the code's, not the experiment's (each run's code_hash and resumes attributes say which)
+    """
+    groups: dict[tuple, list[str]] = {}
+    for run_id in sorted(attrs):
+        groups.setdefault(trained_by(attrs[run_id]), []).append(run_id)
+    if len(groups) < 2:
+        return None
+
+    def name(codes: tuple) -> str:
+        return " then ".join("not recorded" if c is None else c[:12] for c in codes)
+
+    def runs(ids: list[str]) -> str:
+        return ", ".join(ids) if len(ids) <= 3 else f"{ids[0]}, {ids[1]} and {len(ids) - 2} others"
+
+    parts = [f"{name(codes)}: {runs(ids)}" for codes, ids in sorted(groups.items(), key=lambda g: (-len(g[1]), g[1]))]
+    return (f"these {len(attrs)} runs were not all trained by the same dynamics code (code hash {'; '.join(parts)}): "
+            f"a difference between them may be the code's, not the experiment's (each run's code_hash and resumes "
+            f"attributes say which)")

@@ -14,7 +14,8 @@ SHRINK = ["--workers", "1", "--set", "sweep.model.init_scale=[1.0,2.0]", "--set"
 def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp_path, capsys):
     out = tmp_path / "d.zarr"
     assert cli.main(["demo", "--out", str(out), *SHRINK]) == 0
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
+    assert "not all trained by the same dynamics code" not in err  # one checkout trained them all
     banners = [line for line in printed.splitlines() if line.startswith("== ")]
     assert banners == [f"== 1/4 sweep: quickstart.toml -> {out}", "== 2/4 analyse",
                        "== 3/4 predict: how early is each head's final role readable from its early gradients?",
@@ -33,10 +34,23 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
     page = tmp_path / "d-report" / "index.html"
     assert page.is_file() and f"report: {page}\nopen {page.as_uri()}\n" in printed
 
-    # the same command again: every run already finished, so no training to take a share of
+    # the same command again: every run already finished, so no training to take a share of.
+    # One run now reads as trained by other code (a run kept from an older checkout): said once,
+    # after the analysis, naming it, as analyse, predict and report say it
+    older = ids[2]
+    store.update_run_attrs(str(out), older, code_hash="0123456789ab" + "0" * 52)
     assert cli.main(["demo", "--out", str(out), *SHRINK]) == 0
-    again = capsys.readouterr().out
+    again, err = capsys.readouterr()
+    code = store.run_attrs(str(out), ids[0])["code_hash"][:12]
+    note = (f"dynamics: note: these 4 runs were not all trained by the same dynamics code (code hash {code}: "
+            f"{', '.join(r for r in ids if r != older)}; 0123456789ab: {older}): a difference between them may be "
+            f"the code's, not the experiment's (each run's code_hash and resumes attributes say which)\n")
+    assert err.count(note) == 1, err
     assert re.search(r"^sweep: 4 runs: 4 completed \(4 already finished, not retrained\) in [\d.]+ s$", again, re.M), again
     assert re.search(r"^training [\d.]+s, analysis [\d.]+s \(no share of training: 4 of 4 runs were already "
                      r"finished, not retrained\), total \d+s$", again, re.M), again
     assert [store.run_attrs(str(out), r)["starts"] for r in ids] == [1, 1, 1, 1]
+    for command in (["analyse", str(out)], ["predict", str(out), "--target", "role", "--no-save"],
+                    ["report", str(out), "--out", str(tmp_path / "r2")]):
+        assert cli.main(command) == 0
+        assert capsys.readouterr().err.count(note) == 1, command

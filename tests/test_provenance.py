@@ -1,5 +1,6 @@
 """code_hash on packages with known bytes; the sweep task's code check; and a process keeping the
-hash of the code it started with, in a real subprocess importing an edited copy of the package."""
+hash of the code it started with, in a real subprocess importing an edited copy of the package;
+which code trained a run's kept steps, and the note on runs of more than one code."""
 
 import hashlib
 import os
@@ -93,3 +94,37 @@ def test_a_process_keeps_the_hash_of_the_code_it_started_with(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert r.stdout == "True True\n"  # the files changed under it, and the kept hash did not
+
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+
+
+@pytest.mark.parametrize(("attrs", "codes"), [
+    ({"code_hash": A}, (A,)),
+    ({}, (None,)),  # a run of a dynamics that recorded no hash
+    ({"code_hash": A, "resumes": [{"step": 40, "code_hash": A}]}, (A,)),  # resumed by the same code
+    ({"code_hash": A, "resumes": [{"step": 40, "code_hash": B}]}, (A, B)),
+    ({"code_hash": A, "resumes": [{"step": 40}]}, (A, None)),  # resumed by an older dynamics
+    ({"code_hash": A, "resumes": [{"step": 0, "code_hash": B}]}, (B,)),  # B redid every step
+    # B's steps from 40 were redone by C from 20; A's steps before 20 are kept
+    ({"code_hash": A, "resumes": [{"step": 40, "code_hash": B}, {"step": 20, "code_hash": C}]}, (A, C)),
+    # C resumes at B's own start: none of B's steps is kept
+    ({"code_hash": A, "resumes": [{"step": 40, "code_hash": B}, {"step": 40, "code_hash": C}]}, (A, C)),
+    ({"code_hash": A, "resumes": [{"step": 10, "code_hash": B}, {"step": 30, "code_hash": A}]}, (A, B, A)),
+    ({"code_hash": A, "resumes": [{"step": 10, "code_hash": B}, {"step": 30, "code_hash": B}]}, (A, B)),
+])
+def test_trained_by_keeps_the_code_of_each_session_whose_steps_are_kept(attrs, codes):
+    assert provenance.trained_by(attrs) == codes
+
+
+def test_mixed_code_says_nothing_for_one_code_and_names_each_codes_runs_otherwise():
+    assert provenance.mixed_code({}) is None
+    assert provenance.mixed_code({"r1": {"code_hash": A}, "r2": {"code_hash": A}}) is None
+    assert provenance.mixed_code({"r1": {}, "r2": {}}) is None  # all older: no claim to make
+    runs = {f"r{i}": {"code_hash": A} for i in range(5)} | {"s": {"code_hash": B}, "t": {},
+                                                             "u": {"code_hash": A, "resumes": [{"step": 9, "code_hash": B}]}}
+    # the largest group first, then by their first run; more than three runs named by two and a count
+    assert provenance.mixed_code(runs) == (
+        "these 8 runs were not all trained by the same dynamics code (code hash aaaaaaaaaaaa: r0, r1 and 3 others; "
+        "bbbbbbbbbbbb: s; not recorded: t; aaaaaaaaaaaa then bbbbbbbbbbbb: u): a difference between them may be "
+        "the code's, not the experiment's (each run's code_hash and resumes attributes say which)")
