@@ -336,9 +336,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     check_report_dir(out, "--out" if args.out else DEFAULT_REPORT)
     damaged: dict[str, str] = {}  # found by the report's own read of each run's attributes
     page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute,
-                        on_damaged=damaged.__setitem__, progress=lambda line: print(f"[report] {line}", file=sys.stderr))
+                        on_damaged=damaged.__setitem__, on_note=_print_note,
+                        progress=lambda line: print(f"[report] {line}", file=sys.stderr))
     _name_damaged(damaged)
-    _note_mixed_code(args.store, [r for r in ([args.run] if args.run else ids) if r not in damaged])
     print(f"report written to {page}\nopen {page.resolve().as_uri()}")
     return 1 if damaged else 0
 
@@ -347,15 +347,19 @@ def _note_mixed_code(path: str, ids: list[str]) -> None:
     """A note on stderr where the runs ``ids`` compared were not all trained by the same dynamics
     code (provenance.mixed_code); a run whose attributes cannot be read is named elsewhere."""
     from dynamics import store
-    from dynamics.provenance import mixed_code
+    from dynamics.provenance import mixed_code, trained_by
 
-    attrs = {}
+    codes = {}
     for run_id in ids:
         try:
-            attrs[run_id] = store.run_attrs(path, run_id)
+            codes[run_id] = trained_by(store.run_attrs(path, run_id))
         except store.StoreError:
             continue
-    if note := mixed_code(attrs):
+    _print_note(mixed_code(codes))
+
+
+def _print_note(note: str | None) -> None:
+    if note:
         print(f"dynamics: note: {note}", file=sys.stderr)
 
 

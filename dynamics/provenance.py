@@ -138,21 +138,22 @@ def trained_by(attrs: dict) -> tuple[str | None, ...]:
     return tuple(c for i, c in enumerate(kept) if i == 0 or c != kept[i - 1])
 
 
-def mixed_code(attrs: dict[str, dict]) -> str | None:
-    """One line saying that the runs of ``attrs`` (run id -> attributes) were not all trained by
-    the same dynamics code, naming each code's runs; None when they were (or there are none).
+def mixed_code(codes: dict[str, tuple[str | None, ...]]) -> str | None:
+    """One line saying that the runs of ``codes`` (run id -> :func:`trained_by` of its attributes)
+    were not all trained by the same dynamics code, naming each code's runs; None when they were
+    (or there are none).
 
     Analysers and the predictor compare runs: a difference between two runs trained by different
     code may be the code's, not the experiment's, and ``version`` (one release) does not show it.
 
     Example
     -------
-    >>> print(mixed_code({"r1": {"code_hash": "a" * 64}, "r2": {"code_hash": "b" * 64}}))
+    >>> print(mixed_code({"r1": ("a" * 64,), "r2": ("b" * 64,)}))
     these 2 runs were not all trained by the same dynamics code (code hash aaaaaaaaaaaa: r1; bbbbbbbbbbbb: r2): a difference between them may be the code's, not the experiment's (each run's code_hash and resumes attributes say which)
     """
     groups: dict[tuple, list[str]] = {}
-    for run_id in sorted(attrs):
-        groups.setdefault(trained_by(attrs[run_id]), []).append(run_id)
+    for run_id in sorted(codes):
+        groups.setdefault(codes[run_id], []).append(run_id)
     if len(groups) < 2:
         return None
 
@@ -163,6 +164,6 @@ def mixed_code(attrs: dict[str, dict]) -> str | None:
         return ", ".join(ids) if len(ids) <= 3 else f"{ids[0]}, {ids[1]} and {len(ids) - 2} others"
 
     parts = [f"{name(codes)}: {runs(ids)}" for codes, ids in sorted(groups.items(), key=lambda g: (-len(g[1]), g[1]))]
-    return (f"these {len(attrs)} runs were not all trained by the same dynamics code (code hash {'; '.join(parts)}): "
+    return (f"these {len(codes)} runs were not all trained by the same dynamics code (code hash {'; '.join(parts)}): "
             f"a difference between them may be the code's, not the experiment's (each run's code_hash and resumes "
             f"attributes say which)")

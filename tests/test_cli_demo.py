@@ -2,6 +2,7 @@
 the four stages in order, their tables, the closing timing line and the report page; then the
 same command again, which retrains nothing and says why it gives no share of training."""
 
+import html
 import re
 
 from dynamics import cli, store
@@ -33,6 +34,7 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
     assert re.search(r"^training [\d.]+s, analysis [\d.]+s \([\d.]+% of training\), total \d+s$", printed, re.M)
     page = tmp_path / "d-report" / "index.html"
     assert page.is_file() and f"report: {page}\nopen {page.as_uri()}\n" in printed
+    assert 'class="note"' not in page.read_text()
 
     # the same command again: every run already finished, so no training to take a share of.
     # One run now reads as trained by other code (a run kept from an older checkout): said once,
@@ -54,3 +56,7 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
                     ["report", str(out), "--out", str(tmp_path / "r2")]):
         assert cli.main(command) == 0
         assert capsys.readouterr().err.count(note) == 1, command
+    # and the page says it under its heading, as the demo's own report now does
+    for folder in ("r2", "d-report"):
+        sentence = "T" + note.removeprefix("dynamics: note: t").rstrip("\n")
+        assert f'<p class="note">Note: {html.escape(sentence)}.</p>' in (tmp_path / folder / "index.html").read_text()

@@ -118,13 +118,16 @@ def test_trained_by_keeps_the_code_of_each_session_whose_steps_are_kept(attrs, c
 
 
 def test_mixed_code_says_nothing_for_one_code_and_names_each_codes_runs_otherwise():
-    assert provenance.mixed_code({}) is None
-    assert provenance.mixed_code({"r1": {"code_hash": A}, "r2": {"code_hash": A}}) is None
-    assert provenance.mixed_code({"r1": {}, "r2": {}}) is None  # all older: no claim to make
+    def mixed(attrs):
+        return provenance.mixed_code({r: provenance.trained_by(a) for r, a in attrs.items()})
+
+    assert mixed({}) is None
+    assert mixed({"r1": {"code_hash": A}, "r2": {"code_hash": A}}) is None
+    assert mixed({"r1": {}, "r2": {}}) is None  # all older: no claim to make
     runs = {f"r{i}": {"code_hash": A} for i in range(5)} | {"s": {"code_hash": B}, "t": {},
                                                              "u": {"code_hash": A, "resumes": [{"step": 9, "code_hash": B}]}}
     # the largest group first, then by their first run; more than three runs named by two and a count
-    assert provenance.mixed_code(runs) == (
+    assert mixed(runs) == (
         "these 8 runs were not all trained by the same dynamics code (code hash aaaaaaaaaaaa: r0, r1 and 3 others; "
         "bbbbbbbbbbbb: s; not recorded: t; aaaaaaaaaaaa then bbbbbbbbbbbb: u): a difference between them may be "
         "the code's, not the experiment's (each run's code_hash and resumes attributes say which)")

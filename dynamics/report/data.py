@@ -18,6 +18,7 @@ from dynamics import store
 from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions, is_current
 from dynamics.identity import differing_settings, seed_settings
+from dynamics.provenance import trained_by
 from dynamics.schema import FINISHED_STATUSES, config_value
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
@@ -45,6 +46,7 @@ class _Run:
     analysis_source: str = "missing"  # stored | computed | missing
     analysis_note: str = ""
     settings: dict[str, Any] = field(default_factory=dict)  # config less seed and execution, "section.key" -> value
+    code: tuple[str | None, ...] = ()  # provenance.trained_by: the code hashes of its kept steps; () unread
 
     @property
     def n_recorded(self) -> int:
@@ -203,6 +205,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         recorded=_recorded_mask(ds) if "snapshot" in ds.dims else np.zeros(0, bool),
         steps=np.asarray(ds["step"].values) if "step" in ds.coords else np.arange(ds.sizes.get("snapshot", 0)),
         settings=seed_settings(attrs.get("config", {})),
+        code=trained_by(attrs),
     )
     stale = False
     try:

@@ -19,6 +19,7 @@ except ImportError:  # Windows
     fcntl = None
 
 from dynamics import store
+from dynamics.provenance import mixed_code
 from dynamics.report.attention import _attention_section
 from dynamics.report.chg import _chg_section
 from dynamics.report.data import (
@@ -48,6 +49,7 @@ def write_report(
     *,
     compute_missing: bool = True,
     on_damaged: Callable[[str, str], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Write the HTML report of a store: ``out_dir/index.html`` plus ``out_dir/figures/<generation>/``.
@@ -77,6 +79,9 @@ def write_report(
     on_damaged : callable, optional
         Called with the run id and the store's one-line reason for each run whose group
         cannot be read (damaged); the page lists such a run as "damaged" either way.
+    on_note : callable, optional
+        Called with each note the page carries under its heading: runs not all trained by the
+        same dynamics code (:func:`dynamics.provenance.mixed_code`).
     progress : callable, optional
         Called with a line on where the report is: as it starts reading the runs, between
         two runs at most every 5 s while it reads them (reading a run can mean analysing it,
@@ -120,6 +125,9 @@ def write_report(
             (stage / "attention").mkdir()
             index = store.read_sweep_index(store_path)
             runs = _read_runs(store_path, ids, index, compute_missing, on_damaged, progress)
+            notes = [n for n in [mixed_code({r.run_id: r.code for r in runs if r.code})] if n]
+            for note in notes if on_note is not None else []:
+                on_note(note)
             pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
             chosen = run_id or _choose_run(runs)
             axes = _colour_axes([*runs, *pending], index)  # pending runs too: colours stay put as the sweep fills in
@@ -138,7 +146,7 @@ def write_report(
             table_axes += _table_settings(runs, table_axes, axes)
             swept = set((index or {}).get("runs", {}))
             draft.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept, href,
-                                   index),
+                                   index, notes),
                              encoding="utf-8")
             _fsync_tree(stage, draft)
             os.replace(draft, page)  # the switch: one rename, so a reader sees the old page or the new one
@@ -350,7 +358,7 @@ figure { margin: 14px 0 22px; } figure img { max-width: 100%; height: auto; bord
 figcaption { font-size: 0.88em; color: #444; max-width: 980px; }
 table { border-collapse: collapse; font-size: 0.85em; } th, td { border-bottom: 1px solid #e4e4e4; padding: 3px 9px; text-align: left; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.missing { background: #fff6e5; border-left: 4px solid #e0a030; padding: 6px 10px; font-size: 0.9em; }
+.missing, .note { background: #fff6e5; border-left: 4px solid #e0a030; padding: 6px 10px; font-size: 0.9em; }
 .controls { display: flex; align-items: center; gap: 12px; margin-bottom: 6px; }
 #step-slider { flex: 1; max-width: 640px; } #step-label { font-variant-numeric: tabular-nums; min-width: 15em; }
 pre#selftest { display: none; }
@@ -498,7 +506,7 @@ def _shown(name: str | bytes) -> str:
 
 def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: bool,
           pending: list[_Run] | None = None, swept: set[str] | None = None, href: str = "",
-          index: dict | None = None) -> str:
+          index: dict | None = None, notes: list[str] | None = None) -> str:
     title = f"dynamics report: {_shown(Path(os.fspath(path)).name)}"
     when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     pending = pending or []
@@ -535,6 +543,7 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
 <h1>{html.escape(title)}</h1>
 <p class="meta">Store <code>{html.escape(_shown(os.fspath(path)))}</code> · {html.escape(status)} · written {when}.
 Per-run figures show run <code>{html.escape(str(chosen))}</code>. {html.escape(policy)}</p>
+{"".join(f'<p class="note">Note: {html.escape(n[0].upper() + n[1:])}.</p>' for n in notes or [])}
 <nav>{nav}</nav>
 <h2>Runs</h2>
 {_runs_table(sorted([*runs, *pending], key=lambda r: grid_key(index or {})(r.run_id)), axes, chosen)}
