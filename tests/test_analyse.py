@@ -502,6 +502,16 @@ def test_a_lost_or_damaged_chunk_is_named_not_analysed_as_nan(three_runs, tmp_pa
     assert row["error"].startswith(f"StoreError: {s}: run {rid}: array attention at snapshot 4 (step {step[4]}): its chunk "
                                    f"runs/{rid}/attention/c/4/0/0/0/0/0 cannot be decoded (damaged: ")
     assert not (s / "analysis" / rid).exists() or store.open_analysis(s, rid) is not None  # nothing half-written
+    # one bit flipped in a whole chunk: zstd decoded it, without a checksum, to one wrong number
+    shutil.copy(attention / "3" / "0" / "0" / "0" / "0" / "0", chunk)
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    chunk.write_bytes(bytes(data))
+    row = analyse_or_report(str(s), rid)
+    assert row["error"] == (f"StoreError: {s}: run {rid}: array attention at snapshot 4 (step {step[4]}): its chunk "
+                            f"runs/{rid}/attention/c/4/0/0/0/0/0 cannot be decoded (damaged: its CRC32C checksum does "
+                            f"not match: its bytes changed after they were written); restore runs/{rid} from a backup, "
+                            f"or move runs/{rid} and checkpoints/{rid} out of the store to go on without that run")
 
 
 def test_analyse_of_one_run_it_could_not_analyse_exits_1_naming_why(three_runs, tmp_path, capsys):

@@ -1002,6 +1002,39 @@ def test_stored_analysis_gives_the_same_targets():
     assert predict.final_targets(r.data, "slash", stale).attrs["source"] == "computed from the final snapshot"
 
 
+def flip_a_bit(array_dir) -> None:
+    """Flip one bit in the middle of the first chunk file of a stored array."""
+    chunk = next(p for p in sorted((array_dir / "c").rglob("*")) if p.is_file())
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    chunk.write_bytes(bytes(data))
+
+
+def test_a_damaged_stored_analysis_is_recomputed_and_named_not_read(tmp_path, capsys):
+    # Without a checksum a flipped bit in a stored analysis chunk could decode to another label,
+    # read as the run's target; with one the read failed with a traceback out of `predict`
+    path = tmp_path / "s.zarr"
+    write_store(path, make_runs(n_seeds=3))
+    ids = store.list_runs(path)
+    for rid in ids:
+        store.write_analysis(path, rid, analyse_run(store.open_run(path, rid)))
+    flip_a_bit(path / "analysis" / ids[1] / "slash_dominant")
+    opts = PredictOptions(target="slash", horizons=(0.1,), n_splits=2)
+    curve = predict.predict_store(str(path), opts)
+    assert curve.attrs["analysis_unreadable"] == [ids[1]]
+    assert curve.attrs["target_sources"] == {"stored analysis": 2, predict.targets.UNREADABLE_SOURCE: 1}
+    fresh = predict.predict_store(str(path), dataclasses.replace(opts, use_stored_analysis=False))
+    np.testing.assert_array_equal(curve.target.values, fresh.target.values)
+    assert (f"recomputed from the final snapshot: the target of 1 run(s) whose stored analysis could not be read "
+            f"(damaged; `dynamics analyse` writes it again): {ids[1]}") in predict.format_curve(curve).splitlines()
+    assert fresh.attrs["analysis_unreadable"] == []
+    # without attention there is nothing to recompute it from: one line naming the run
+    run = store.open_run(path, ids[1]).drop_vars("attention")
+    with pytest.raises(PredictError, match=f"run {ids[1]!r}'s stored analysis cannot be read \\(ValueError: Stored "
+                                           f"and computed checksum do not match"):
+        predict.final_targets(run, "slash", store.open_analysis(path, ids[1]))
+
+
 def test_use_stored_analysis_false_computes_targets_even_when_runs_carry_an_analysis():
     # predict_runs read each Run's analysis whatever the option said: a curve recording
     # use_stored_analysis=False had its targets from the stored analysis.

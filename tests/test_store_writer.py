@@ -88,3 +88,28 @@ def test_an_unknown_codec_is_named_with_the_codecs_there_are(tmp_path):
     with pytest.raises(StoreError, match=r"^unknown codec 'zstd-2'; one of: none, zstd-1, zstd-3, "):
         writer(tmp_path / "s.zarr", codec="zstd-2")
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_every_array_the_store_writes_ends_in_a_checksum_and_a_changed_byte_fails_its_read(tmp_path):
+    # Without one, a flipped bit in a zstd chunk decoded to a wrong number without a word
+    import json
+
+    from tests.test_store import write_run
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    ds = xr.Dataset({"x": (("a",), np.arange(3.0)), "name": (("a",), np.array(["p", "q", "r"]))},
+                    coords={"a": [1, 2, 3], "label": ("a", np.array(["u", "v", "w"]))})
+    store.write_analysis(path, "r1", ds)
+    store.write_derived(path, "d", ds)
+    metas = [json.loads(m.read_text()) for m in path.rglob("zarr.json")]
+    codecs = [[c["name"] for c in m["codecs"]] for m in metas if m["node_type"] == "array"]
+    # the runs' arrays (variables and coordinates, numbers and strings), the analysis's and the derived
+    assert len(codecs) == 12 + 4 + 4
+    assert all(c[-2:] == ["zstd", "crc32c"] for c in codecs), codecs
+    chunk = path / "runs" / "r1" / "gate" / "c" / "1" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="checksum"):
+        store.open_run(path, "r1")["gate"].load()

@@ -175,6 +175,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         init_features=[f for f, n in zip(init_names, init_valued, strict=True) if n > 0],
         features_empty=[f for f, n in zip(names, valued.max(axis=0), strict=True) if n == 0],
         target_sources=rows.attrs["sources"],
+        analysis_unreadable=rows.attrs["analysis_unreadable"],
         # Targets and role/slash features come from these analysers: the report flags a curve of other ones.
         analysis_version=ANALYSIS_VERSION,
         options={k: v for k, v in asdict(opt).items() if k != "analysis"},
@@ -380,6 +381,7 @@ def predict_store(path: str, options: PredictOptions | None = None,
         command prints), readable_criterion, features (those with a value for some head at some
         horizon), init_features (with a value at initialisation), features_empty (computed for
         every run but without a value at any horizon, so no model used them), target_sources,
+        analysis_unreadable (runs whose stored analysis was damaged: their targets recomputed),
         options, versions (of dynamics, scikit-learn, numpy and scipy, which fitted and scored
         the models), classes / class_counts (classification), class_names (role, chg); with
         ``options.null``: null_permutations, null_readable (in how many of them the criterion
@@ -469,6 +471,10 @@ def format_curve(curve: xr.Dataset) -> str:
             if out:
                 lines.append(f"left out: {len(out)} run(s) {why}: "
                              + ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else ""))
+    if unreadable := a.get("analysis_unreadable"):
+        lines.append(f"recomputed from the final snapshot: the target of {len(unreadable)} run(s) whose stored analysis "
+                     f"could not be read (damaged; `dynamics analyse` writes it again): "
+                     + ", ".join(unreadable[:5]) + (f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else ""))
     # AUROC and Spearman are undefined on a test fold whose target is constant (one class), and
     # balanced accuracy is left undefined there (a constant guess of the one class scores 1):
     # such a fold is left out of every mean and sd, so say which, and how many remain.

@@ -53,7 +53,11 @@ def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[st
         return None
     if not is_current(analysis):
         return None  # computed by older analysers: recomputed from the final snapshot instead
-    if float(analysis["step"].values[-1]) != float(np.max(run["step"].values)):
+    try:
+        last_step = float(analysis["step"].values[-1])
+    except Exception as e:  # noqa: BLE001 - any codec's error: a damaged chunk
+        raise _Unreadable(e) from e
+    if last_step != float(np.max(run["step"].values)):
         return None  # analysed before the run finished: its last snapshot is not the final one
     a = analysis.attrs
     n_query = run["attention"].sizes["query"] if "attention" in run else run["probe_tokens"].shape[-1]
@@ -63,7 +67,19 @@ def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[st
                 raise PredictError(f"target {target!r}: the stored analysis has {key} = {a.get(key)!r}, not {value!r}, "
                                    f"and run {run.attrs.get('run_id', '?')!r} has no attention to recompute it from")
             return None
-    return analysis[list(needed)].isel({SNAPSHOT: -1})
+    try:
+        return analysis[list(needed)].isel({SNAPSHOT: -1}).load()
+    except Exception as e:  # noqa: BLE001 - as above
+        raise _Unreadable(e) from e
+
+
+class _Unreadable(Exception):
+    """A stored analysis chunk that cannot be read: gone, cut short, or failing its checksum."""
+
+
+UNREADABLE_SOURCE = "computed from the final snapshot (the stored analysis could not be read)"
+"""Target source of a run whose stored analysis is damaged: recomputed, as if it had none, and
+counted apart in the curve's ``target_sources`` so that the damage is not silent."""
 
 
 def final_targets(
@@ -119,11 +135,16 @@ def final_targets(
         out["target"] = ((LAYER, HEAD), np.where(codes >= 0, codes, np.nan))  # -1: not fitted
     else:
         needed = {"slash": ("slash_dominant", "best_offset"), "role": ("role",), "redundant": ("cluster",)}[target]
-        stored = _final_stored(run, analysis, needed, target, opt)
-        if stored is not None:
-            source = "stored analysis"
-        else:
-            source = "computed from the final snapshot"
+        try:
+            stored = _final_stored(run, analysis, needed, target, opt)
+            source = "stored analysis" if stored is not None else "computed from the final snapshot"
+        except _Unreadable as e:
+            if "attention" not in run:
+                raise PredictError(f"target {target!r}: run {run.attrs.get('run_id', '?')!r}'s stored analysis cannot "
+                                   f"be read ({type(e.__cause__).__name__}: {e.__cause__}) and the run has no attention "
+                                   f"to recompute it from") from None
+            stored, source = None, UNREADABLE_SOURCE
+        if stored is None:
             attn = last["attention"].transpose(LAYER, HEAD, ...).load()
             if target == "slash":
                 scores = slash_score(attn, max_offset=opt.slash_window(attn.sizes["query"]))
@@ -165,14 +186,15 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
     -------
     Dataset
         ``target`` (head_row) and, for slash, ``offset``; coords ``row_run``, ``row_layer``,
-        ``row_head``, ``row_group``; ``attrs["sources"]`` counts runs by target source.
+        ``row_head``, ``row_group``; ``attrs["sources"]`` counts runs by target source, and
+        ``attrs["analysis_unreadable"]`` names the runs whose stored analysis was damaged.
 
     Raises
     ------
     PredictError
         Fewer than ``options.min_heads`` labelled heads, or a target with one value only.
     """
-    pieces, sources = [], {}
+    pieces, sources, unreadable = [], {}, []
     for r in runs:
         if options.target == "chg" and "chg_role" not in r.data:
             continue  # CHG not fitted in this run: its heads have no label
@@ -181,6 +203,7 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
         analysis = r.analysis if options.use_stored_analysis else None
         ft = final_targets(r.data, options.target, analysis, options.analysis)
         sources[ft.attrs["source"]] = sources.get(ft.attrs["source"], 0) + 1
+        unreadable += [r.run_id] if ft.attrs["source"] == UNREADABLE_SOURCE else []
         L, H = ft.sizes[LAYER], ft.sizes[HEAD]
         layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
         keep = np.isfinite(ft["target"].values).ravel()
@@ -215,5 +238,5 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
     )
     if "offset" in cat:
         ds["offset"] = ("head_row", cat["offset"])
-    ds.attrs.update(target=options.target, task=spec.task, sources=sources)
+    ds.attrs.update(target=options.target, task=spec.task, sources=sources, analysis_unreadable=unreadable)
     return ds

@@ -48,7 +48,9 @@ snapshot write replaces whole chunks and never reads back; ``train_step`` variab
 chunked at 4096. Numeric arrays are compressed with :data:`DEFAULT_CODEC`, chosen by
 ``python bench/store.py``: plain zstd at level 1 stores peaky float16 attention within a few
 percent of the best ratio measured (blosc-zstd-5 with byte shuffle) for several times less
-CPU, and zstd is a core Zarr v3 codec that any reader understands.
+CPU, and zstd is a core Zarr v3 codec that any reader understands. Each array's pipeline ends in
+Zarr v3's ``crc32c`` codec: a chunk whose bytes changed fails its read instead of decoding to
+wrong numbers (analyses and derived data too: :func:`write_analysis`, :func:`write_derived`).
 """
 
 # `name as name`: module-level names kept reachable as store.<name>, outside __all__.

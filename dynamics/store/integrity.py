@@ -4,7 +4,9 @@ Zarr reads a chunk file that is gone as the array's fill value, without a word: 
 snapshot of ``attention`` reads as NaN (its heads then have no role, no bifurcation), a lost
 ``probe_tokens`` chunk as token 0 everywhere (every role score computed against the wrong
 tokens), a lost ``step`` chunk as step 0 at every snapshot. And a chunk cut short fails deep in
-a codec ("Zstd decompression error") naming neither the run nor the array.
+a codec ("Zstd decompression error") naming neither the run nor the array. A chunk whose bytes
+changed (a flipped bit) fails the CRC32C that every array written since the codec gained one
+ends with (:data:`~dynamics.store.writer.CODECS`); before, it could decode to wrong numbers.
 
 A run created by this version's writer (attr :data:`~dynamics.store.writer.EMPTY_CHUNKS_WRITTEN`)
 stored every chunk it wrote, even one of nothing but the fill value, so every chunk it wrote is
@@ -221,6 +223,8 @@ def unreadable_chunk(path: str | os.PathLike, run_id: str) -> StoreError | None:
                 arr.get_block_selection(coords)
             except Exception as e:  # noqa: BLE001 - any codec's error: named with its chunk
                 why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                if "checksum do not match" in why:  # zarr's Crc32cCodec, with the raw bytes of both sums
+                    why = "its CRC32C checksum does not match: its bytes changed after they were written"
                 return StoreError(f"{_where(loc, run_id, steps, name, arr, coords)} cannot be decoded "
                                   f"(damaged: {why}); {_go_on(run_id)}")
     return None

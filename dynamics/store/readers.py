@@ -46,6 +46,7 @@ from dynamics.store._loc import (
 )
 from dynamics.store.checkpoints import run_status
 from dynamics.store.root import _index_update, _require_store, read_sweep_index, run_attrs
+from dynamics.store.writer import CODECS, DEFAULT_CODEC
 
 # --------------------------------------------------------------------------- reading
 
@@ -239,9 +240,11 @@ def _write_whole(loc: _Loc, gpath: str, ds: xr.Dataset) -> None:
     check_sections(loc, (gpath.split("/")[0],))  # a file there: named, not a bare FileExistsError
     ds = ds.load().copy()
     for name, var in ds.variables.items():
-        var.encoding = {}  # stale chunk/codec encodings from a source store do not apply here
         if var.dtype.kind in "US":  # fixed-width strings have no stable zarr v3 dtype: store vlen
             ds[name] = var.astype(str).astype(object)
+    for var in ds.variables.values():
+        # stale chunk/codec encodings from a source store do not apply here; the runs' codec does
+        var.encoding = {"compressors": CODECS[DEFAULT_CODEC]()}
     ds.attrs = {k: _jsonable(v, k) for k, v in ds.attrs.items()}
     # xarray encodes into memory, then every key is written at once: to_zarr straight into the
     # store makes one blocking round trip per array creation, attribute update and chunk (~20 ms
