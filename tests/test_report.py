@@ -854,6 +854,24 @@ def test_an_analysis_stored_by_older_analysers_is_recomputed_and_said_so(built, 
             "version") in text
 
 
+def test_a_damaged_stored_analysis_is_recomputed_and_said_so(built, tmp_path):
+    # It was recomputed without a word: the page read as if nothing were wrong with the store
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    chunk = next(p for p in sorted((copy / "analysis" / ids["A"] / "role" / "c").rglob("*")) if p.is_file())
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x08
+    chunk.write_bytes(bytes(data))
+    said = ("its stored analysis could not be read (a chunk failed its checksum; `dynamics analyse` writes it "
+            "again)")
+    text = html.unescape(write_report(copy, tmp_path / "out").read_text())
+    row = re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
+    assert f"computed for this report (not stored); {said}" in row
+    text = html.unescape(write_report(copy, tmp_path / "out2", compute_missing=False).read_text())
+    assert said in re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
+
+
 def _role_curve(chance_attr: float) -> xr.Dataset:
     """A role curve in the schema of dynamics.predict.predict_runs: 3 folds of 4 heads holding
     2, 2 and 4 of the 4 classes, so a constant guess of a class a fold holds scores 1/2, 1/2, 1/4."""

@@ -207,15 +207,19 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         settings=seed_settings(attrs.get("config", {})),
         code=trained_by(attrs),
     )
-    stale = False
+    stale, unread = False, ""
     try:
         stored = store.open_analysis(path, run_id, stale="allow")
         if stored is not None and not is_current(stored):
             stored, stale = None, True  # older analysers' results: not mixed with this version's
         have = [v for v in _RUN_VARS if v in stored] if stored is not None else []
         run.analysis = stored[have].load() if stored is not None else None
-    except Exception:  # noqa: BLE001 - e.g. being rewritten by `dynamics analyse` right now: analyse here
+    except Exception as e:  # noqa: BLE001 - e.g. being rewritten by `dynamics analyse` right now: analyse here
         stored = run.analysis = None
+        # or damaged (a chunk failing its checksum): said, so that the page does not hide it
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        why = "a chunk failed its checksum" if "checksum do not match" in why else f"{type(e).__name__}: {why}"
+        unread = f"its stored analysis could not be read ({why}; `dynamics analyse` writes it again)"
     if stored is not None:
         run.analysis_source = "stored"
         lacking = sorted(set(_RUN_VARS) - set(have))
@@ -223,7 +227,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         return run
     if not compute_missing:
         run.analysis_note = (f"stored analysis is from an older version of the analysers ({_to_analyse(run)})"
-                             if stale else f"no stored analysis ({_to_analyse(run)})")
+                             if stale else unread or f"no stored analysis ({_to_analyse(run)})")
         return run
     if run.n_recorded < _MIN_SNAPSHOTS:
         run.analysis_note = f"only {run.n_recorded} snapshot(s) recorded; analysis needs {_MIN_SNAPSHOTS}"
@@ -237,7 +241,8 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
     run.analysis_source = "computed"
     partial = "" if run.n_recorded == run.n_snapshots else f" on {run.n_recorded} of {run.n_snapshots} snapshots"
     run.analysis_note = f"computed for this report{partial} (not stored)" + (
-        "; the stored one is from an older version of the analysers (run `dynamics analyse`)" if stale else "")
+        "; the stored one is from an older version of the analysers (run `dynamics analyse`)" if stale else "") + (
+        f"; {unread}" if unread else "")
     return run
 
 
