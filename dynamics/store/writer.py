@@ -36,11 +36,12 @@ snapshot, which in earlier runs read like values that were written (all token 0;
 _WRITE_ALL = {"write_empty_chunks": True}
 
 
-# name -> factory of the bytes->bytes codecs for numeric arrays. bench/store.py measures them all.
-# Each ends in a CRC32C of the stored bytes: without it a flipped bit in a zstd chunk decoded,
+# name -> factory of the bytes->bytes codecs for numeric arrays: COMPRESSORS without the checksum
+# (bench/store.py times the store's with and without it), CODECS with. bench/store.py measures them all.
+# Each of CODECS ends in a CRC32C of the stored bytes: without it a flipped bit in a zstd chunk decoded,
 # silently, to one wrong number (checked: one float32 of 1000 changed, no error); with it the read
 # fails, and integrity.unreadable_chunk names the run, array and snapshot. 4 bytes a chunk.
-_COMPRESSORS: dict[str, Callable[[], tuple]] = {
+COMPRESSORS: dict[str, Callable[[], tuple]] = {
     "none": lambda: (),
     "zstd-1": lambda: (ZstdCodec(level=1),),
     "zstd-3": lambda: (ZstdCodec(level=3),),
@@ -52,7 +53,7 @@ _COMPRESSORS: dict[str, Callable[[], tuple]] = {
     "blosc-lz4-5-bitshuffle": lambda: (BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle"),),
 }
 CODECS: dict[str, Callable[[], tuple]] = {
-    name: (lambda make=make: (*make(), Crc32cCodec())) for name, make in _COMPRESSORS.items()}
+    name: (lambda make=make: (*make(), Crc32cCodec())) for name, make in COMPRESSORS.items()}
 DEFAULT_CODEC = "zstd-1"
 """Codec of recorded numeric arrays (see ``python bench/store.py``)."""
 
