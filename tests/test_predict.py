@@ -1028,6 +1028,11 @@ def test_a_damaged_stored_analysis_is_recomputed_and_named_not_read(tmp_path, ca
     assert (f"recomputed from the final snapshot: the target of 1 run(s) whose stored analysis could not be read "
             f"(damaged; `dynamics analyse` writes it again): {ids[1]}") in predict.format_curve(curve).splitlines()
     assert fresh.attrs["analysis_unreadable"] == []
+    # a chunk file lost, which zarr would read as its fill value (0: no head slash-dominant)
+    next(p for p in sorted((path / "analysis" / ids[2] / "slash_dominant" / "c").rglob("*")) if p.is_file()).unlink()
+    lost = predict.predict_store(str(path), opts)
+    assert lost.attrs["analysis_unreadable"] == [ids[1], ids[2]]
+    np.testing.assert_array_equal(lost.target.values, fresh.target.values)
     # without attention there is nothing to recompute it from: one line naming the run
     run = store.open_run(path, ids[1]).drop_vars("attention")
     with pytest.raises(PredictError, match=f"run {ids[1]!r}'s stored analysis cannot be read \\(ValueError: Stored "

@@ -870,6 +870,16 @@ def test_a_damaged_stored_analysis_is_recomputed_and_said_so(built, tmp_path):
     assert f"computed for this report (not stored); {said}" in row
     text = html.unescape(write_report(copy, tmp_path / "out2", compute_missing=False).read_text())
     assert said in re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
+    # a chunk file lost, from the analysis and from the predictor's curve: named, not read as fill values
+    chunk.unlink()
+    curve = next(p for p in sorted((copy / "derived").glob("predict*")))
+    next(p for p in sorted((curve / "score" / "c").rglob("*")) if p.is_file()).unlink()
+    text = html.unescape(write_report(copy, tmp_path / "out3").read_text())
+    row = re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
+    assert (f"its stored analysis could not be read (StoreError: {copy}: analysis/{ids['A']}: array role has 1 of "
+            f"its 1 chunk(s) missing") in row
+    assert (f"Not available: the predictor curve derived/{curve.name} because it could not be read ({copy}: "
+            f"derived/{curve.name}: array score has 1 of its") in text
 
 
 def _role_curve(chance_attr: float) -> xr.Dataset:

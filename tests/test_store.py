@@ -570,7 +570,9 @@ def test_analysis_and_derived_round_trip(tmp_path, monkeypatch):
     store.write_analysis(path, "r1", first)
     got = xr.open_zarr(path, group="analysis/r1")  # plain xarray, warnings are errors
     assert [str(v) for v in got.role.values] == ["sink", "prev", "none", "induction"]
-    assert got.attrs == {"method": "test", "kappa": 0.3}
+    # every chunk stored, and the group says so (store.open_analysis checks that none is lost, and drops the mark)
+    assert got.attrs == {"method": "test", "kappa": 0.3, "empty_chunks_written": True}
+    assert store.open_analysis(path, "r1").attrs == {"method": "test", "kappa": 0.3}
 
     store.write_analysis(path, "r1", store.open_analysis(path).assign(twice=lambda d: d.score * 2))
     second = store.open_analysis(path, "r1")

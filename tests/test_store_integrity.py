@@ -100,3 +100,36 @@ def test_a_run_that_stored_every_chunk_has_its_lost_gradient_chunk_named_whateve
     (run / "grad_norm" / "c" / "2" / "0").unlink()
     with pytest.raises(StoreError, match=r"array grad_norm at snapshot 2 \(step 10\): .* is missing"):
         store.check_recorded(path)
+
+
+def test_a_lost_chunk_of_an_analysis_or_derived_group_is_named_not_read_as_its_fill_value(tmp_path):
+    # A lost `role` chunk of a stored analysis read as role 0 (previous_token) for every head, and
+    # `dynamics predict` took that as the runs' final roles
+    import xarray as xr
+
+    path = tmp_path / "s.zarr"
+    recorded(path, {"status": "completed"})
+    ds = xr.Dataset({"role": (("layer", "head"), np.array([[3, 4]], np.int8)),
+                     "step": ((), 10), "never": (("head",), np.full(2, np.nan))})  # all fill: stored all the same
+    store.write_analysis(path, "r1", ds)
+    store.write_derived(path, "curve", ds)
+    assert int(store.open_analysis(path, "r1")["step"]) == 10
+    for group, opened in (("analysis/r1", lambda: store.open_analysis(path, "r1")),
+                          ("derived/curve", lambda: store.open_derived(path, "curve"))):
+        for name, chunk in (("never", "c/0"), ("role", "c/0/0"), ("step", "c")):
+            lost = path / group / name / chunk
+            kept = lost.read_bytes()
+            lost.unlink()
+            with pytest.raises(StoreError, match=f"^{path}: {group}: array {name} has 1 of its 1 chunk\\(s\\) missing, "
+                                                 f"though all were written \\(zarr would read them as its fill value\\); "
+                                                 f"the command that wrote {group} writes it again$"):
+                opened()
+            lost.write_bytes(kept)
+        opened()
+    # a group written before the mark: zarr stored no all-fill chunk then, so one missing may be no loss
+    meta = path / "analysis" / "r1" / "zarr.json"
+    text = meta.read_text()
+    meta.write_text(text.replace('"empty_chunks_written": true', '"other": true'))
+    assert '"other": true' in meta.read_text()
+    (path / "analysis" / "r1" / "never" / "c" / "0").unlink()
+    assert np.isnan(store.open_analysis(path, "r1")["never"].values).all()

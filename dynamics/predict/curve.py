@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import dask
 import numpy as np
@@ -70,7 +70,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     """
     opt = options or PredictOptions()
     check_runs(runs, opt)
-    runs = [Run(r.run_id, _preload(r.data), r.seed, r.config, r.analysis) for r in runs]
+    runs = [replace(r, data=_preload(r.data)) for r in runs]
     spec = TARGETS[opt.target]
     rows = target_table(runs, opt)
     blocks = same_head_blocks(rows) if opt.null else []

@@ -121,8 +121,14 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
             values = {a: config_value(attrs.get("config", {}), a) for a in axes}
             point = {a: v for a, v in values.items() if v is not None}
         data = store.open_run(path, rid)
-        analysis = store.open_analysis(path, rid, stale="allow") if opt.use_stored_analysis else None
-        runs.append(Run(rid, data, _seed_of(rid, point, attrs), _config_of(point, axes, attrs), analysis))
+        analysis, unreadable = None, ""
+        if opt.use_stored_analysis:
+            try:
+                analysis = store.open_analysis(path, rid, stale="allow")
+            except store.StoreError as e:  # a lost chunk: recomputed from the run, and named (targets)
+                unreadable = str(e)
+        runs.append(Run(rid, data, _seed_of(rid, point, attrs), _config_of(point, axes, attrs), analysis,
+                        unreadable))
         configs[rid] = attrs.get("config", {})
     if axes:
         runs = _told_apart(runs, configs)

@@ -177,6 +177,9 @@ class Run:
     settings that set it apart where runs of another base config share those values."""
     analysis: xr.Dataset | None = None
     """Stored analysis, used for final-snapshot targets only."""
+    analysis_unreadable: str = ""
+    """Why the stored analysis could not be opened (damaged), if so: the targets are then
+    recomputed from the final snapshot and the curve names the run."""
 
     def group(self, group_by: str) -> str:
         """The cross-validation group label of this run."""

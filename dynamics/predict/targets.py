@@ -202,6 +202,8 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
         # use_stored_analysis, so honour it here, not only where load_store opens the analysis.
         analysis = r.analysis if options.use_stored_analysis else None
         ft = final_targets(r.data, options.target, analysis, options.analysis)
+        if options.use_stored_analysis and r.analysis_unreadable and ft.attrs["source"] != "recorded":
+            ft.attrs["source"] = UNREADABLE_SOURCE  # opening it failed: computed, as for an unreadable chunk
         sources[ft.attrs["source"]] = sources.get(ft.attrs["source"], 0) + 1
         unreadable += [r.run_id] if ft.attrs["source"] == UNREADABLE_SOURCE else []
         L, H = ft.sizes[LAYER], ft.sizes[HEAD]

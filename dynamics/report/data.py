@@ -261,11 +261,16 @@ def _analyse_recorded(ds: xr.Dataset, recorded: np.ndarray, names: list[str]) ->
 
 def _chosen_analysis(path, run: _Run, compute_missing: bool) -> tuple[xr.Dataset | None, str]:
     """Roles per snapshot and the last snapshot's JS distances of the chosen run."""
-    stored = store.open_analysis(path, run.run_id, stale="allow")
-    if stored is not None and "js_distance" in stored and is_current(stored):
-        out = stored[[v for v in ("role",) if v in stored]].load()
-        out.attrs = dict(stored.attrs)
-        return _with_last_js(out, stored["js_distance"].isel(snapshot=-1).load()), "stored"
+    try:
+        stored = store.open_analysis(path, run.run_id, stale="allow")
+        if stored is not None and "js_distance" in stored and is_current(stored):
+            out = stored[[v for v in ("role",) if v in stored]].load()
+            out.attrs = dict(stored.attrs)
+            return _with_last_js(out, stored["js_distance"].isel(snapshot=-1).load()), "stored"
+    except Exception:  # noqa: BLE001 - damaged (a lost chunk, a failed checksum): as the runs table says
+        stored = None
+        if not compute_missing:
+            return None, f"the run's stored analysis could not be read (see the runs table; {_to_analyse(run)})"
     if not compute_missing:  # said as the runs table says it: a stale analysis is no missing one
         if stored is None:
             return None, f"the run has no stored analysis ({_to_analyse(run)})"
@@ -379,10 +384,9 @@ def _derived_names(path) -> list[str]:
 
 
 def _open_derived(path, name: str) -> xr.Dataset | None:
-    try:
+    if "/" not in name:  # a damaged group's StoreError goes to the caller, not to a read of fill values
         return store.open_derived(path, name)
-    except store.StoreError:
-        # Nested names (folder/<name>) are not single group names for store.open_derived.
-        url = os.fspath(path)
-        url = url[len("file://"):] if url.startswith("file://") else url
-        return xr.open_zarr(url, group=f"derived/{name}", consolidated=False)
+    # Nested names (folder/<name>, an older layout) are not single group names for store.open_derived.
+    url = os.fspath(path)
+    url = url[len("file://"):] if url.startswith("file://") else url
+    return xr.open_zarr(url, group=f"derived/{name}", consolidated=False)

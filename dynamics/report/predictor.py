@@ -7,6 +7,7 @@ import re
 import numpy as np
 import xarray as xr
 
+from dynamics import store
 from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.report.data import _Ctx, _float_or_none, _open_derived, _Section
 from dynamics.report.draw import _figure, _quiet, _save
@@ -34,7 +35,11 @@ def _predict_section(ctx: _Ctx) -> _Section:
                            "dataset (run the predictor on the finished sweep first).")
         return sec
     for name in names:
-        ds = _open_derived(path, name)
+        try:
+            ds = _open_derived(path, name)
+        except store.StoreError as e:  # damaged: this curve is not shown, the others are
+            sec.missing.append(f"Not available: the predictor curve derived/{name} because it could not be read ({e}).")
+            continue
         target = str(ds.attrs.get("target") or re.split(r"[/._-]", name, maxsplit=1)[1]) if ds is not None else name
         if ds is None or "horizon" not in ds.dims:
             sec.missing.append(f"Not available: predictor curves for {target} because derived/{name} has no horizon dim.")
