@@ -445,6 +445,12 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
         :class:`StaleAnalysisWarning` naming both versions and the command that recomputes it;
         "allow" returns it silently, for callers that check
         `dynamics.analysis.pipeline.is_current` themselves.
+
+    Raises
+    ------
+    StoreError
+        If a chunk file of the group is missing (lost after it was written; see :func:`_whole`),
+        or its metadata cannot be read. A chunk that fails its checksum raises when read.
     """
     if stale not in ("warn", "allow"):
         raise ValueError(f"stale: expected 'warn' or 'allow', got {stale!r}")
@@ -471,7 +477,8 @@ def write_derived(path: str | os.PathLike, name: str, ds: xr.Dataset) -> None:
 
 
 def open_derived(path: str | os.PathLike, name: str) -> xr.Dataset | None:
-    """Open ``derived/<name>`` lazily, or None if it was never written."""
+    """Open ``derived/<name>`` lazily, or None if it was never written; StoreError for a chunk
+    file missing from it, as :func:`open_analysis`."""
     loc = _Loc(path)
     _require_store(loc)
     gpath = f"derived/{_check_name('derived name', name)}"
