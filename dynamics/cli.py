@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from dynamics.budget import check_fits
-from dynamics.config import ConfigError, load_config, parse_override
+from dynamics.config import ConfigError, RunConfig, load_config, parse_override
 from dynamics.exits import run_to_end
 from dynamics.tables import analysis_failures, print_analysis, print_consistency, print_table
 from dynamics.usage import EXIT_BAD_INPUT as EXIT_BAD_INPUT  # cli.EXIT_BAD_INPUT, as before
@@ -125,6 +125,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         notes.append(f"CHG is fitted at {int(chg_fitted(cfg, steps_at).sum())} of the {steps_at.size} "
                      f"snapshots (record.chg_every = {cfg.record.chg_every}), {3 * cfg.record.chg_steps} gate updates "
                      f"each; training waits for each fit, so the progress lines pause")
+    if cfg == RunConfig():
+        # An empty file (a redirect that failed, the wrong path) trained the defaults without a word
+        notes.append(f"{args.config}{' with its --set' if args.set else ''} changes no default: this is "
+                     f"RunConfig()'s default run (is it the config you meant?)")
     if cfg.sweep.axes:
         given = [key for key, _ in map(parse_override, args.set) if key.split(".")[0] == "sweep"]
         source = f"{args.config} with --set {given[0]}" if given else args.config  # its file may have none

@@ -100,6 +100,30 @@ def test_run_with_as_many_threads_as_usable_cores_notes_nothing(tiny, tmp_path, 
     assert "note" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text, sets, says", [
+    ("", [], "{cfg} changes no default"),
+    ("[train]\nsteps = 1000\n", [], "{cfg} changes no default"),  # the default, written out
+    ("", ["train.lr=0.001"], "{cfg} with its --set changes no default"),  # as is train.lr
+])
+def test_run_of_a_config_that_changes_no_default_says_so_as_training_begins(tmp_path, monkeypatch, capsys, text,
+                                                                            sets, says):
+    # An empty file (a failed redirect, the wrong path) trained the defaults without a word. The
+    # default run takes a minute here, so train_run is stood in for once its notes are out.
+    import dynamics.train
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+
+    def train(cfg, out, run_id, progress, started):
+        started(0)
+        raise store.StoreError("stopped by the test")
+
+    monkeypatch.setattr(dynamics.train, "train_run", train)
+    assert cli.main(["run", str(cfg), "--out", str(tmp_path / "t.zarr"), *[a for s in sets for a in ("--set", s)]]) == 1
+    assert lines(capsys.readouterr().err)[0] == (f"dynamics: note: {says.format(cfg=cfg)}: this is RunConfig()'s "
+                                                 f"default run (is it the config you meant?)")
+
+
 # --- run: a failure while training --------------------------------------------------------------
 
 
