@@ -20,6 +20,15 @@ from urllib.parse import unquote
 from dynamics.budget import check_fits
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override
 from dynamics.exits import run_to_end
+from dynamics.messages import (
+    damaged_runs_named,
+    gates_progress,
+    name_damaged,
+    note_mixed_code,
+    predict_progress,
+    print_note,
+    progress_printer,
+)
 from dynamics.tables import analysis_failures, print_analysis, print_consistency, print_table
 from dynamics.usage import EXIT_BAD_INPUT as EXIT_BAD_INPUT  # cli.EXIT_BAD_INPUT, as before
 from dynamics.usage import (
@@ -40,42 +49,6 @@ from dynamics.usage import (
 # How errors name a path the command chose: naming --out when none was given puzzled.
 DEFAULT_STORE = "no --out given: the default store"
 DEFAULT_REPORT = "the default report folder"
-
-
-def _predict_progress(text: str) -> None:
-    # its stages, on stderr: with --null N a predict fits N + 1 curves, half a minute of silence
-    print(f"[predict] {text}", file=sys.stderr, flush=True)
-
-
-def _progress_printer(label: str):
-    """tqdm bar on a terminal, plain log lines otherwise."""
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = None
-
-        def update(step: int, total: int, loss: float) -> None:
-            nonlocal bar
-            if bar is None:
-                # initial: a resumed run starts at its checkpoint, and its rate counts from there
-                bar = tqdm(total=total, initial=step, desc=label, unit="step", dynamic_ncols=True)
-            bar.n = step
-            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-            bar.refresh()
-            if step >= total:
-                bar.close()
-
-        return update
-
-    last = [-1.0]
-
-    def log(step: int, total: int, loss: float) -> None:
-        now = time.monotonic()
-        if step >= total or now - last[0] >= 5.0:
-            last[0] = now
-            print(f"[{label}] step {step}/{total} loss {loss:.4f}", file=sys.stderr, flush=True)
-
-    return log
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -144,7 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         with sigterm_as_interrupt():
-            result = train_run(cfg, out, run_id, progress=_progress_printer(run_id), started=begin)
+            result = train_run(cfg, out, run_id, progress=progress_printer(run_id), started=begin)
     except StoreError as e:
         if not started:
             raise  # bad input, refused before any work: main() prints it as one line, exit 2
@@ -212,7 +185,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from dynamics.status import status_table
 
     header, rows, damaged = status_table(args.store)
-    _name_damaged(damaged)  # on stderr; the others are shown
+    name_damaged(damaged)  # on stderr; the others are shown
     print_table(header, rows)
     return 1 if damaged else 0
 
@@ -263,7 +236,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     print_analysis(rows, args.store, pending=not args.run)
     if not args.run:
         print_consistency(args.store, rows)
-    _note_mixed_code(args.store, [r["run"] for r in rows if not r.get("skipped")])
+    note_mixed_code(args.store, [r["run"] for r in rows if not r.get("skipped")])
     if n := sum(not r.get("skipped") for r in rows):
         print(f"analysed {n} runs in {time.perf_counter() - t0:.1f}s -> {args.store} (analysis/<run_id>)")
     else:  # "analysed 0 runs ... -> STORE" read as if something had been written there
@@ -302,16 +275,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     try:  # every PredictError is bad input found before any model is fitted: one line, exit 2
         opts = predict.PredictOptions(target=args.target, horizons=horizons, unit=args.unit, group_by=args.group,
                                       n_splits=args.folds, use_stored_analysis=not args.recompute, null=args.null)
-        curve = predict.predict_store(args.store, opts, progress=_predict_progress)
+        curve = predict.predict_store(args.store, opts, progress=predict_progress)
     except predict.PredictError as e:
         raise UsageError(str(e)) from None
     print(predict.format_curve(curve))
-    _note_mixed_code(args.store, curve["run"].values.tolist())
+    note_mixed_code(args.store, curve["run"].values.tolist())
     if not args.no_save:
         print(f"saved derived/{predict.write_curve(args.store, curve)} in {args.store}")
     # left out of the curve (its "left out" line): named with why on stderr, exit 1, as by analyse and report
     damaged = [r.removesuffix(" (damaged)") for r in curve.attrs["runs_left_out"] if r.endswith(" (damaged)")]
-    return 1 if _damaged_runs(args.store, damaged, chunks=True) else 0
+    return 1 if damaged_runs_named(args.store, damaged, chunks=True) else 0
 
 
 def default_report_dir(store_path: str) -> Path:
@@ -340,62 +313,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     check_report_dir(out, "--out" if args.out else DEFAULT_REPORT)
     damaged: dict[str, str] = {}  # found by the report's own read of each run's attributes
     page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute,
-                        on_damaged=damaged.__setitem__, on_note=_print_note,
+                        on_damaged=damaged.__setitem__, on_note=print_note,
                         progress=lambda line: print(f"[report] {line}", file=sys.stderr))
-    _name_damaged(damaged)
+    name_damaged(damaged)
     print(f"report written to {page}\nopen {page.resolve().as_uri()}")
     return 1 if damaged else 0
-
-
-def _note_mixed_code(path: str, ids: list[str]) -> None:
-    """A note on stderr where the runs ``ids`` compared were not all trained by the same dynamics
-    code (provenance.mixed_code); a run whose attributes cannot be read is named elsewhere."""
-    from dynamics import store
-    from dynamics.provenance import mixed_code, trained_by
-
-    codes = {}
-    for run_id in ids:
-        try:
-            codes[run_id] = trained_by(store.run_attrs(path, run_id))
-        except store.StoreError:
-            continue
-    _print_note(mixed_code(codes))
-
-
-def _print_note(note: str | None) -> None:
-    if note:
-        print(f"dynamics: note: {note}", file=sys.stderr)
-
-
-def _damaged_runs(path: str, ids: list[str], chunks: bool = False) -> list[str]:
-    """The runs of `ids` whose group cannot be read, each named on stderr with why, then in one line."""
-    from dynamics.status import damaged_runs
-
-    damaged = damaged_runs(path, ids, chunks)
-    _name_damaged(damaged)
-    return list(damaged)
-
-
-def _name_damaged(damaged: dict[str, str]) -> None:
-    for reason in damaged.values():
-        print(f"dynamics: {reason}", file=sys.stderr)
-    if damaged:
-        print(f"dynamics: {len(damaged)} run(s) could not be read (damaged), skipped: {', '.join(damaged)}",
-              file=sys.stderr)
-
-
-def _gates_progress(run_id: str):
-    """Log lines on stderr through the fits: each stage's start and end, and every 5 s between."""
-    last = [-1.0]
-
-    def show(stage: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if done == 0 or done >= total or now - last[0] >= 5.0:
-            last[0] = now
-            unit = "passes" if stage == "ablation" else "updates"
-            print(f"[gates {run_id}] {stage}: {done}/{total} {unit}", file=sys.stderr, flush=True)
-
-    return show
 
 
 def cmd_gates(args: argparse.Namespace) -> int:
@@ -447,7 +369,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     if status != "completed":
         print(f"dynamics: note: run {run_id} is {status}; these gates are fitted to its checkpoint at step {step} "
               f"of {cfg.train.steps}, not to a finished model", file=sys.stderr)
-    ds = gate_report(model, cfg, options, contrast=contrast, progress=_gates_progress(run_id))
+    ds = gate_report(model, cfg, options, contrast=contrast, progress=gates_progress(run_id))
     ds.attrs["step"] = step  # the checkpoint fitted; the run may be resumed past it later
     print(f"{run_id} at step {step}: causal head gating, {options.restarts} restarts x {options.steps} updates")
     print_table(*report_table(ds))
@@ -508,14 +430,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rows = analyse_store(out, workers=args.workers)
     print_analysis(rows, out)
     t_analyse = time.perf_counter() - t1
-    _note_mixed_code(out, [r["run"] for r in rows if not r.get("skipped")])  # runs kept from an earlier demo
+    note_mixed_code(out, [r["run"] for r in rows if not r.get("skipped")])  # runs kept from an earlier demo
     failed = analysis_failures(rows)
 
     print("== 3/4 predict: how early is each head's final role readable from its early gradients?", flush=True)
     for target in ("role",):  # the quickstart task (induction) grows few slash heads: role is the question
         opts = predict.PredictOptions(target=target, horizons=(0.0, 0.05, 0.1, 0.2, 0.5))
         try:
-            curve = predict.predict_store(out, opts, progress=_predict_progress)
+            curve = predict.predict_store(out, opts, progress=predict_progress)
         except predict.PredictError as e:  # e.g. no head became slash-dominant in this sweep
             print(f"predict --target {target}: not possible on this sweep: {e}")
             continue

@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from dynamics import cli, store
+from dynamics import cli, messages, store
 from dynamics.config import ConfigError, load_config
 from dynamics.train import train_run
 from tests.conftest import TINY
@@ -46,7 +46,7 @@ def lines(text):
 
 def test_progress_log_says_the_first_and_last_step_and_nothing_between_within_5_s(capsys):
     # Without a terminal (capsys is none): a line at most every 5 s, and always the last step's.
-    log = cli._progress_printer("r")
+    log = messages.progress_printer("r")
     log(0, 10, 2.5)
     log(3, 10, 2.0)  # under 5 s after the first line: not said
     log(10, 10, 1.25)  # the last step: said however soon
@@ -67,7 +67,7 @@ def test_progress_bar_on_a_terminal_shows_the_step_and_loss_and_ends_its_line(mo
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     with open(slave, "w", buffering=1) as tty:
         monkeypatch.setattr(sys, "stderr", tty)
-        update = cli._progress_printer("r1")
+        update = messages.progress_printer("r1")
         update(2, 10, 2.5)  # a resume from step 2
         update(10, 10, 1.25)
         monkeypatch.undo()
@@ -247,7 +247,7 @@ def test_gates_says_what_it_fitted_first_and_where_it_saved_it_last(tiny, tmp_pa
 
 
 def test_gates_progress_says_each_stage_s_start_and_end_and_nothing_between_within_5_s(capsys):
-    show = cli._gates_progress("r1")
+    show = messages.gates_progress("r1")
     for done in (0, 1, 4):
         show("G+/G-", done, 4)
     show("ablation", 0, 8)  # a new stage's start: said however soon

@@ -1,0 +1,97 @@
+"""What commands say on stderr while they work: progress lines and notes.
+
+Progress goes to stderr so that a command's results on stdout stay clean to pipe; on a terminal
+training shows a tqdm bar, elsewhere a log line at most every 5 s (and the last step's always).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def predict_progress(text: str) -> None:
+    # its stages, on stderr: with --null N a predict fits N + 1 curves, half a minute of silence
+    print(f"[predict] {text}", file=sys.stderr, flush=True)
+
+
+def progress_printer(label: str):
+    """tqdm bar on a terminal, plain log lines otherwise."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = None
+
+        def update(step: int, total: int, loss: float) -> None:
+            nonlocal bar
+            if bar is None:
+                # initial: a resumed run starts at its checkpoint, and its rate counts from there
+                bar = tqdm(total=total, initial=step, desc=label, unit="step", dynamic_ncols=True)
+            bar.n = step
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            bar.refresh()
+            if step >= total:
+                bar.close()
+
+        return update
+
+    last = [-1.0]
+
+    def log(step: int, total: int, loss: float) -> None:
+        now = time.monotonic()
+        if step >= total or now - last[0] >= 5.0:
+            last[0] = now
+            print(f"[{label}] step {step}/{total} loss {loss:.4f}", file=sys.stderr, flush=True)
+
+    return log
+
+
+def note_mixed_code(path: str, ids: list[str]) -> None:
+    """A note on stderr where the runs ``ids`` compared were not all trained by the same dynamics
+    code (provenance.mixed_code); a run whose attributes cannot be read is named elsewhere."""
+    from dynamics import store
+    from dynamics.provenance import mixed_code, trained_by
+
+    codes = {}
+    for run_id in ids:
+        try:
+            codes[run_id] = trained_by(store.run_attrs(path, run_id))
+        except store.StoreError:
+            continue
+    print_note(mixed_code(codes))
+
+
+def print_note(note: str | None) -> None:
+    if note:
+        print(f"dynamics: note: {note}", file=sys.stderr)
+
+
+def damaged_runs_named(path: str, ids: list[str], chunks: bool = False) -> list[str]:
+    """The runs of `ids` whose group cannot be read, each named on stderr with why, then in one line."""
+    from dynamics.status import damaged_runs
+
+    damaged = damaged_runs(path, ids, chunks)
+    name_damaged(damaged)
+    return list(damaged)
+
+
+def name_damaged(damaged: dict[str, str]) -> None:
+    for reason in damaged.values():
+        print(f"dynamics: {reason}", file=sys.stderr)
+    if damaged:
+        print(f"dynamics: {len(damaged)} run(s) could not be read (damaged), skipped: {', '.join(damaged)}",
+              file=sys.stderr)
+
+
+def gates_progress(run_id: str):
+    """Log lines on stderr through the fits: each stage's start and end, and every 5 s between."""
+    last = [-1.0]
+
+    def show(stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == 0 or done >= total or now - last[0] >= 5.0:
+            last[0] = now
+            unit = "passes" if stage == "ablation" else "updates"
+            print(f"[gates {run_id}] {stage}: {done}/{total} {unit}", file=sys.stderr, flush=True)
+
+    return show
