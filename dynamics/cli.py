@@ -284,7 +284,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"saved derived/{predict.write_curve(args.store, curve)} in {args.store}")
     # left out of the curve (its "left out" line): named with why on stderr, exit 1, as by analyse and report
     damaged = [r.removesuffix(" (damaged)") for r in curve.attrs["runs_left_out"] if r.endswith(" (damaged)")]
-    return 1 if damaged_runs_named(args.store, damaged, chunks=True) else 0
+    return 1 if damaged_runs_named(args.store, damaged, chunks=True, decode=True) else 0
 
 
 def default_report_dir(store_path: str) -> Path:

@@ -66,11 +66,11 @@ def print_note(note: str | None) -> None:
         print(f"dynamics: note: {note}", file=sys.stderr)
 
 
-def damaged_runs_named(path: str, ids: list[str], chunks: bool = False) -> list[str]:
+def damaged_runs_named(path: str, ids: list[str], chunks: bool = False, decode: bool = False) -> list[str]:
     """The runs of `ids` whose group cannot be read, each named on stderr with why, then in one line."""
     from dynamics.status import damaged_runs
 
-    damaged = damaged_runs(path, ids, chunks)
+    damaged = damaged_runs(path, ids, chunks, decode)
     name_damaged(damaged)
     return list(damaged)
 

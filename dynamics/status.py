@@ -10,10 +10,12 @@ from dynamics import store
 from dynamics.schema import FINISHED_STATUSES, config_value
 
 
-def damaged_runs(path: str, ids: list[str], chunks: bool = False) -> dict[str, str]:
+def damaged_runs(path: str, ids: list[str], chunks: bool = False, decode: bool = False) -> dict[str, str]:
     """The runs of `ids` whose group cannot be read, each with the store's one-line reason.
 
     ``chunks``: also a finished run missing a chunk it wrote (:func:`dynamics.store.check_recorded`).
+    ``decode``: also a run with a chunk that cannot be decoded (:func:`dynamics.store.unreadable_chunk`,
+    which reads every chunk: for runs already found damaged, to say why).
     """
     damaged = {}
     for run_id in ids:
@@ -21,6 +23,8 @@ def damaged_runs(path: str, ids: list[str], chunks: bool = False) -> dict[str, s
             attrs = store.run_attrs(path, run_id)
             if chunks:
                 store.check_recorded(path, run_id, attrs=attrs)
+            if decode and (error := store.unreadable_chunk(path, run_id)) is not None:
+                raise error
         except store.StoreError as e:
             damaged[run_id] = str(e)
     return damaged

@@ -510,7 +510,7 @@ def test_a_lost_or_damaged_chunk_is_named_not_analysed_as_nan(three_runs, tmp_pa
     row = analyse_or_report(str(s), rid)
     assert row["error"] == (f"StoreError: {s}: run {rid}: array attention at snapshot 4 (step {step[4]}): its chunk "
                             f"runs/{rid}/attention/c/4/0/0/0/0/0 cannot be decoded (damaged: its CRC32C checksum does "
-                            f"not match: its bytes changed after they were written); restore runs/{rid} from a backup, "
+                            f"not match: its bytes changed, or were cut short, after they were written); restore runs/{rid} from a backup, "
                             f"or move runs/{rid} and checkpoints/{rid} out of the store to go on without that run")
 
 

@@ -714,7 +714,7 @@ def test_analyse_goes_on_past_a_run_whose_analysis_fails(tiny, tmp_path):
     assert "Traceback" not in r.stderr
     assert (f"not analysed (analysis failed: StoreError: {path}: run {broken}: array attention at snapshot 0 (step 0): "
             f"its chunk runs/{broken}/attention/c/0/0/0/0/0/0 cannot be decoded (damaged: its CRC32C checksum does not "
-            f"match: its bytes changed after they were written)"
+            f"match: its bytes changed, or were cut short, after they were written)"
             in r.stdout)
     assert r.stderr.strip().splitlines()[-1] == f"dynamics: the analysis of 1 run(s) failed: {broken}"
     assert store.open_analysis(path, good) is not None

@@ -1033,11 +1033,44 @@ def test_a_damaged_stored_analysis_is_recomputed_and_named_not_read(tmp_path, ca
     lost = predict.predict_store(str(path), opts)
     assert lost.attrs["analysis_unreadable"] == [ids[1], ids[2]]
     np.testing.assert_array_equal(lost.target.values, fresh.target.values)
+    # an index coordinate, which xarray decodes as the group is opened (a ValueError out of open_analysis)
+    flip_a_bit(path / "analysis" / ids[0] / "head")
+    coord = predict.predict_store(str(path), opts)
+    assert coord.attrs["analysis_unreadable"] == ids
+    np.testing.assert_array_equal(coord.target.values, fresh.target.values)
     # without attention there is nothing to recompute it from: one line naming the run
     run = store.open_run(path, ids[1]).drop_vars("attention")
     with pytest.raises(PredictError, match=f"run {ids[1]!r}'s stored analysis cannot be read \\(ValueError: Stored "
                                            f"and computed checksum do not match"):
         predict.final_targets(run, "slash", store.open_analysis(path, ids[1]))
+
+
+def test_a_run_whose_recordings_fail_their_checksum_is_left_out_and_named(tmp_path, capsys):
+    # A flipped bit in a chunk predict reads (a gradient statistic at a horizon, or an index
+    # coordinate read on opening) ended `dynamics predict` with zarr's traceback
+    path = tmp_path / "s.zarr"
+    write_store(path, make_runs(n_seeds=3))
+    ids = store.list_runs(path)
+    flip_a_bit(path / "runs" / ids[0] / "head")
+    grad = path / "runs" / ids[1] / "grad_norm"
+    chunk = next(p for p in sorted((grad / "c").rglob("*")) if p.is_file())
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    chunk.write_bytes(bytes(data))
+    assert cli.main(["predict", str(path), "--target", "slash", "--horizons", "0,0.1", "--folds", "2",
+                     "--no-save", "--group", "run"]) == 2  # one run left: no curve, one line
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"dynamics: error: {path}: 1 completed run(s)")
+    write_store(tmp_path / "t.zarr", make_runs(n_seeds=4))
+    path = tmp_path / "t.zarr"
+    ids = store.list_runs(path)
+    flip_a_bit(path / "runs" / ids[0] / "grad_norm")
+    assert cli.main(["predict", str(path), "--target", "slash", "--horizons", "0,0.1", "--folds", "2", "--no-save",
+                     "--group", "run"]) == 1
+    out, err = capsys.readouterr()
+    assert f"left out: 1 run(s) that could not be read (damaged): {ids[0]}" in out.splitlines()
+    assert "Traceback" not in err and (f"dynamics: {path}: run {ids[0]}: array grad_norm at snapshot 0 (step 0): its chunk "
+                                       f"runs/{ids[0]}/grad_norm/c/0/0/0/0 cannot be decoded (damaged: its CRC32C "
+                                       f"checksum does not match") in err
 
 
 def test_use_stored_analysis_false_computes_targets_even_when_runs_carry_an_analysis():

@@ -882,6 +882,40 @@ def test_a_damaged_stored_analysis_is_recomputed_and_said_so(built, tmp_path):
             f"derived/{curve.name}: array score has 1 of its") in text
 
 
+def _flip(folder: Path) -> Path:
+    """Flip one bit in the middle of the first chunk file under `folder`; returns the chunk."""
+    chunk = next(p for p in sorted(folder.rglob("*")) if p.is_file())
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x20
+    chunk.write_bytes(bytes(data))
+    return chunk
+
+
+def test_a_recording_or_curve_failing_its_checksum_is_named_where_it_was_read(built, tmp_path, capsys):
+    # zarr's own error stood on the page ("ValueError: Stored and computed checksum do not match.
+    # Stored: b'...'"), a whole section lost for one curve, and the command exited 0 saying nothing
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    _flip(copy / "runs" / ids["B"] / "head" / "c")  # read as the run is opened
+    chunk = _flip(copy / "runs" / ids["A"] / "attention" / "c")  # read for the attention maps of A, shown
+    curve = next(p for p in sorted((copy / "derived").glob("predict*")))
+    _flip(curve / "score" / "c")
+    assert cli.main(["report", str(copy), "--out", str(tmp_path / "out"), "--run", ids["A"]]) == 1
+    err = capsys.readouterr().err
+    assert (f"dynamics: {copy}: run {ids['B']}: array head: its chunk runs/{ids['B']}/head/c/0 cannot be decoded "
+            f"(damaged: its CRC32C checksum does not match") in err
+    assert err.strip().splitlines()[-1] == f"dynamics: 1 run(s) could not be read (damaged), skipped: {ids['B']}"
+    text = html.unescape((tmp_path / "out" / "index.html").read_text())
+    assert re.search(rf"<code>{ids['B']}</code></td>.*?<td>damaged</td>", text)
+    snapshot = chunk.relative_to(copy / "runs" / ids["A"] / "attention" / "c").parts[0]
+    assert (f"Not available: the attention figures because building them failed ({copy}: run {ids['A']}: array "
+            f"attention at snapshot {snapshot}") in text
+    assert (f"Not available: the predictor curve derived/{curve.name} because it could not be read (a chunk failed "
+            f"its checksum).") in text
+    assert "Stored and computed checksum" not in text
+
+
 def _role_curve(chance_attr: float) -> xr.Dataset:
     """A role curve in the schema of dynamics.predict.predict_runs: 3 folds of 4 heads holding
     2, 2 and 4 of the 4 classes, so a constant guess of a class a fold holds scores 1/2, 1/2, 1/4."""

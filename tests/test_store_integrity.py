@@ -120,6 +120,8 @@ def test_a_lost_chunk_of_an_analysis_or_derived_group_is_named_not_read_as_its_f
             lost = path / group / name / chunk
             kept = lost.read_bytes()
             lost.unlink()
+            if name == "role":  # a stray file beside the lost one does not stand in for it
+                (lost.parent / "0.orig").write_bytes(kept)
             with pytest.raises(StoreError, match=f"^{path}: {group}: array {name} has 1 of its 1 chunk\\(s\\) missing, "
                                                  f"though all were written \\(zarr would read them as its fill value\\); "
                                                  f"the command that wrote {group} writes it again$"):

@@ -396,7 +396,23 @@ def predict_store(path: str, options: PredictOptions | None = None,
     """
     opt = options or PredictOptions()
     runs, left_out = load_store(path, opt)
-    return predict_runs(runs, opt, left_out, progress)
+    while True:
+        try:
+            return predict_runs(runs, opt, left_out, progress)
+        except PredictError:
+            raise
+        except Exception:
+            # A chunk that cannot be decoded (failing its checksum, cut short) is found only when
+            # read, deep in the features: that run is left out and named, as a run missing a chunk
+            # is, and the curve fitted again without it; any other error is the error.
+            bad = [r.run_id for r in runs if store.unreadable_chunk(path, r.run_id) is not None]
+            if not bad:
+                raise
+        runs = [r for r in runs if r.run_id not in bad]
+        left_out = [*left_out, *(f"{r} (damaged)" for r in bad)]
+        if len(runs) < 2:
+            raise PredictError(f"{path}: {len(runs)} completed run(s) whose recordings decode ({', '.join(bad)} "
+                               f"damaged); prediction needs at least 2") from None
 
 
 def derived_name(target: str) -> str:

@@ -120,13 +120,20 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
         if point is None:  # as the report does: the swept axes' values from the run's own config
             values = {a: config_value(attrs.get("config", {}), a) for a in axes}
             point = {a: v for a, v in values.items() if v is not None}
-        data = store.open_run(path, rid)
+        try:
+            data = store.open_run(path, rid)
+        except Exception:  # an index coordinate, read on opening, that cannot be decoded: named
+            if store.unreadable_chunk(path, rid) is None:
+                raise
+            skipped.append(f"{rid} (damaged)")
+            continue
         analysis, unreadable = None, ""
         if opt.use_stored_analysis:
             try:
                 analysis = store.open_analysis(path, rid, stale="allow")
-            except store.StoreError as e:  # a lost chunk: recomputed from the run, and named (targets)
-                unreadable = str(e)
+            except Exception as e:  # noqa: BLE001 - a lost chunk, or an index coordinate (read on
+                # opening) failing its checksum: recomputed from the run, and named (targets)
+                unreadable = f"{type(e).__name__}: {e}"
         runs.append(Run(rid, data, _seed_of(rid, point, attrs), _config_of(point, axes, attrs), analysis,
                         unreadable))
         configs[rid] = attrs.get("config", {})

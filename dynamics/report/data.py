@@ -162,6 +162,11 @@ def _collect_or_note(path, run_id: str, index: dict | None, compute_missing: boo
     try:
         return _collect_run(path, run_id, index, compute_missing, attrs)
     except Exception as e:  # noqa: BLE001 - one unreadable run must not sink the page
+        if (damage := store.unreadable_chunk(path, run_id)) is not None:  # a chunk failing its checksum
+            if on_damaged is not None:
+                on_damaged(run_id, str(damage))
+            return _Run(run_id, "damaged", dict(point), None, 0, np.zeros(0, bool), np.zeros(0, np.int64),
+                        analysis_note=f"could not be read ({damage})")
         try:
             status = store.run_status(path, run_id, attrs)
         except Exception:  # noqa: BLE001
@@ -219,7 +224,8 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         # or damaged (a chunk failing its checksum): said, so that the page does not hide it
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         why = "a chunk failed its checksum" if "checksum do not match" in why else f"{type(e).__name__}: {why}"
-        unread = f"its stored analysis could not be read ({why}; `dynamics analyse` writes it again)"
+        again = "" if "writes it again" in why else "; `dynamics analyse` writes it again"  # a StoreError may say it
+        unread = f"its stored analysis could not be read ({why}{again})"
     if stored is not None:
         run.analysis_source = "stored"
         lacking = sorted(set(_RUN_VARS) - set(have))

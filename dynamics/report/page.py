@@ -336,14 +336,20 @@ def refuse_foreign_files(out: Path) -> None:
                                f"a dynamics report did not write")
 
 
-def _safe(make: Callable, *args) -> _Section:
+def _safe(make: Callable, ctx: _Ctx) -> _Section:
     """Build one section; an unexpected error becomes a "Not available" line, not a crash."""
     try:
-        return make(*args)
+        return make(ctx)
     except Exception as e:  # noqa: BLE001 - a report of a partial store must still be written
         anchor = make.__name__.strip("_").removesuffix("_section")
         section = _Section(anchor, anchor.replace("_", " ").capitalize())
-        section.missing.append(f"Not available: the {anchor} figures because building them failed ({type(e).__name__}: {e}).")
+        why = f"{type(e).__name__}: {e}"
+        if "checksum do not match" in why or "decompression" in why:
+            # a chunk that cannot be decoded: named with its run, array and snapshot (every chunk of
+            # the runs read, on this failure only), not as zarr's bytes of both checksums
+            found = (store.unreadable_chunk(ctx.path, r.run_id) for r in ctx.runs if r.status != "damaged")
+            why = str(next((f for f in found if f is not None), None) or why)
+        section.missing.append(f"Not available: the {anchor} figures because building them failed ({why}).")
         return section
 
 

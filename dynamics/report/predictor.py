@@ -37,8 +37,11 @@ def _predict_section(ctx: _Ctx) -> _Section:
     for name in names:
         try:
             ds = _open_derived(path, name)
-        except store.StoreError as e:  # damaged: this curve is not shown, the others are
-            sec.missing.append(f"Not available: the predictor curve derived/{name} because it could not be read ({e}).")
+            ds = ds.load() if ds is not None else None  # small; a chunk failing its checksum fails here
+        except Exception as e:  # noqa: BLE001 - damaged: this curve is not shown, the others are
+            why = ("a chunk failed its checksum" if "checksum do not match" in str(e)
+                   else str(e) if isinstance(e, store.StoreError) else f"{type(e).__name__}: {e}")
+            sec.missing.append(f"Not available: the predictor curve derived/{name} because it could not be read ({why}).")
             continue
         target = str(ds.attrs.get("target") or re.split(r"[/._-]", name, maxsplit=1)[1]) if ds is not None else name
         if ds is None or "horizon" not in ds.dims:

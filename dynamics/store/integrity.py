@@ -224,7 +224,7 @@ def unreadable_chunk(path: str | os.PathLike, run_id: str) -> StoreError | None:
             except Exception as e:  # noqa: BLE001 - any codec's error: named with its chunk
                 why = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 if "checksum do not match" in why:  # zarr's Crc32cCodec, with the raw bytes of both sums
-                    why = "its CRC32C checksum does not match: its bytes changed after they were written"
+                    why = "its CRC32C checksum does not match: its bytes changed, or were cut short, after they were written"
                 return StoreError(f"{_where(loc, run_id, steps, name, arr, coords)} cannot be decoded "
                                   f"(damaged: {why}); {_go_on(run_id)}")
     return None

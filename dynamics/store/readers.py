@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import itertools
 import os
 import shutil
 import sys
@@ -497,10 +498,13 @@ def _whole(loc: _Loc, gpath: str, ds: xr.Dataset) -> xr.Dataset:
         return ds
     for name, var in ds.variables.items():
         chunks = var.encoding.get("chunks") or var.shape
-        expected = int(np.prod([-(-n // c) for n, c in zip(var.shape, chunks, strict=True)]))
+        grid = [range(-(-n // c)) for n, c in zip(var.shape, chunks, strict=True)]
+        expected = int(np.prod([len(g) for g in grid]))
         if loc.local is not None:
-            keys = loc.local / gpath / str(name) / "c"  # chunk c/i/j/...; a 0-d array's one chunk is c itself
-            found = sum(len(files) for _, _, files in os.walk(keys)) if var.ndim else int(keys.is_file())
+            # each chunk's own file, c/i/j/... (a 0-d array's one chunk is c itself): a stray file
+            # in the folder must not stand in for a lost one
+            base = loc.local / gpath / str(name)
+            found = sum((base / "/".join(["c", *map(str, idx)])).is_file() for idx in itertools.product(*grid))
         else:
             found = zarr.open_array(loc.store, path=f"{gpath}/{name}", mode="r").nchunks_initialized
         if found < expected:
