@@ -223,7 +223,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         stored = run.analysis = None
         # or damaged (a chunk failing its checksum): said, so that the page does not hide it
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        why = "a chunk failed its checksum" if "checksum do not match" in why else f"{type(e).__name__}: {why}"
+        why = "a chunk failed its checksum" if store.failed_checksum(e) else f"{type(e).__name__}: {why}"
         again = "" if "writes it again" in why else "; `dynamics analyse` writes it again"  # a StoreError may say it
         unread = f"its stored analysis could not be read ({why}{again})"
     if stored is not None:

@@ -344,7 +344,7 @@ def _safe(make: Callable, ctx: _Ctx) -> _Section:
         anchor = make.__name__.strip("_").removesuffix("_section")
         section = _Section(anchor, anchor.replace("_", " ").capitalize())
         why = f"{type(e).__name__}: {e}"
-        if "checksum do not match" in why or "decompression" in why:
+        if store.failed_checksum(e) or "decompression" in why:
             # a chunk that cannot be decoded: named with its run, array and snapshot (every chunk of
             # the runs read, on this failure only), not as zarr's bytes of both checksums
             found = (store.unreadable_chunk(ctx.path, r.run_id) for r in ctx.runs if r.status != "damaged")

@@ -39,7 +39,7 @@ def _predict_section(ctx: _Ctx) -> _Section:
             ds = _open_derived(path, name)
             ds = ds.load() if ds is not None else None  # small; a chunk failing its checksum fails here
         except Exception as e:  # noqa: BLE001 - damaged: this curve is not shown, the others are
-            why = ("a chunk failed its checksum" if "checksum do not match" in str(e)
+            why = ("a chunk failed its checksum" if store.failed_checksum(e)
                    else str(e) if isinstance(e, store.StoreError) else f"{type(e).__name__}: {e}")
             sec.missing.append(f"Not available: the predictor curve derived/{name} because it could not be read ({why}).")
             continue

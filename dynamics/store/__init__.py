@@ -70,7 +70,7 @@ from dynamics.store.checkpoints import (
     run_status,
     write_checkpoint,
 )
-from dynamics.store.integrity import check_recorded, unreadable_chunk
+from dynamics.store.integrity import check_recorded, failed_checksum, unreadable_chunk
 from dynamics.store.readers import (
     StaleAnalysisWarning,
     open_analysis,
@@ -139,6 +139,7 @@ __all__ = [
     "refresh_index",
     "reindex",
     "run_attrs",
+    "failed_checksum",
     "unreadable_chunk",
     "update_run_attrs",
     "write_analysis",

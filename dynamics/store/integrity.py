@@ -200,6 +200,12 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
+def failed_checksum(error: BaseException) -> bool:
+    """Whether ``error`` is zarr's Crc32cCodec finding a chunk's bytes changed (its message holds
+    the raw bytes of both sums, which no reader should be shown)."""
+    return "checksum do not match" in str(error)
+
+
 def unreadable_chunk(path: str | os.PathLike, run_id: str) -> StoreError | None:
     """StoreError naming the first chunk of run `run_id` that cannot be decoded, or None.
 
@@ -223,7 +229,7 @@ def unreadable_chunk(path: str | os.PathLike, run_id: str) -> StoreError | None:
                 arr.get_block_selection(coords)
             except Exception as e:  # noqa: BLE001 - any codec's error: named with its chunk
                 why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                if "checksum do not match" in why:  # zarr's Crc32cCodec, with the raw bytes of both sums
+                if failed_checksum(e):
                     why = "its CRC32C checksum does not match: its bytes changed, or were cut short, after they were written"
                 return StoreError(f"{_where(loc, run_id, steps, name, arr, coords)} cannot be decoded "
                                   f"(damaged: {why}); {_go_on(run_id)}")
