@@ -916,6 +916,17 @@ def test_a_recording_or_curve_failing_its_checksum_is_named_where_it_was_read(bu
     assert "Stored and computed checksum" not in text
 
 
+def test_js_distances_failing_their_checksum_are_recomputed_and_the_caption_says_so(built, tmp_path):
+    # The runs table reads no JS distances, so it said "stored by `dynamics analyse`" while the
+    # dendrogram was recomputed from the recordings without a word
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    _flip(copy / "analysis" / ids["A"] / "js_distance" / "c")
+    text = html.unescape(write_report(copy, tmp_path / "out", run_id=ids["A"]).read_text())
+    assert f"Run {ids['A']} at step" in text and ", analysed for this report, its stored analysis could not be read. " in text
+
+
 def _role_curve(chance_attr: float) -> xr.Dataset:
     """A role curve in the schema of dynamics.predict.predict_runs: 3 folds of 4 heads holding
     2, 2 and 4 of the 4 classes, so a constant guess of a class a fold holds scores 1/2, 1/2, 1/4."""

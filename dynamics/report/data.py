@@ -267,6 +267,7 @@ def _analyse_recorded(ds: xr.Dataset, recorded: np.ndarray, names: list[str]) ->
 
 def _chosen_analysis(path, run: _Run, compute_missing: bool) -> tuple[xr.Dataset | None, str]:
     """Roles per snapshot and the last snapshot's JS distances of the chosen run."""
+    unread = False
     try:
         stored = store.open_analysis(path, run.run_id, stale="allow")
         if stored is not None and "js_distance" in stored and is_current(stored):
@@ -274,7 +275,7 @@ def _chosen_analysis(path, run: _Run, compute_missing: bool) -> tuple[xr.Dataset
             out.attrs = dict(stored.attrs)
             return _with_last_js(out, stored["js_distance"].isel(snapshot=-1).load()), "stored"
     except Exception:  # noqa: BLE001 - damaged (a lost chunk, a failed checksum): as the runs table says
-        stored = None
+        stored, unread = None, True
         if not compute_missing:
             return None, f"the run's stored analysis could not be read (see the runs table; {_to_analyse(run)})"
     if not compute_missing:  # said as the runs table says it: a stale analysis is no missing one
@@ -290,7 +291,9 @@ def _chosen_analysis(path, run: _Run, compute_missing: bool) -> tuple[xr.Dataset
         out = _analyse_recorded(store.open_run(path, run.run_id), run.recorded, ["role", "js_distance"])
     out = out[[v for v in ("role", "js_distance") if v in out]]
     out.attrs.setdefault("cluster_threshold", AnalysisOptions().cluster_threshold)
-    return _with_last_js(out.drop_vars("js_distance"), out["js_distance"].isel(snapshot=-1)), "computed"
+    # its JS distances may be what failed, which the runs table (whose figures need none) did not read
+    return (_with_last_js(out.drop_vars("js_distance"), out["js_distance"].isel(snapshot=-1)),
+            "computed: stored unreadable" if unread else "computed")
 
 
 def _with_last_js(ds: xr.Dataset, js: xr.DataArray) -> xr.Dataset:

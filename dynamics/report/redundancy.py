@@ -66,7 +66,8 @@ def _redundancy_section(ctx: _Ctx) -> _Section:
     ax2.set_ylabel("head (dendrogram order)")
     fig.colorbar(im, ax=ax2, shrink=0.85, label="JS distance (sqrt(nats), max sqrt(ln 2))")
     at = f"step {step}" if step is not None else "the last snapshot"
-    how = "stored analysis" if source == "stored" else "analysed for this report"
+    how = "stored analysis" if source == "stored" else "analysed for this report" + (
+        ", its stored analysis could not be read" if source == "computed: stored unreadable" else "")
     partial = ("" if run.n_recorded == run.n_snapshots else
                f" (the last snapshot recorded before it {run.status})" if run.status in FINISHED_STATUSES else
                " (the last snapshot recorded so far)")
