@@ -33,6 +33,10 @@ reduced to medians, because the machines are shared:
   from its progress callback (setup excluded), alternated with the bare loop.
 - Threads (cpu): 1 vs 2 intra-op threads, and 2 with OMP_WAIT_POLICY=PASSIVE, each in a
   fresh worker process (OpenMP settings are fixed at start-up), alternated.
+- Allocator (cpu, glibc): the step with glibc's default malloc thresholds against train.py's
+  (``dynamics.allocator.keep_freed_memory``), step time and minor page faults per step, each in
+  a fresh worker process (the thresholds cannot be unset), alternated. Every other figure here
+  is measured with train.py's thresholds, as training runs.
 
 Absolute figures (tokens/s, ms) are printed for reference; on a shared CPU only the ratios
 mean anything, on a GPU the absolute ones do too.
@@ -44,6 +48,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -57,6 +62,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench._common import Parser, at_least, bad_input, check_step_config, load_line  # noqa: E402
+from dynamics.allocator import keep_freed_memory  # noqa: E402
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override, replace_section, with_values  # noqa: E402
 from dynamics.tasks import make_batch  # noqa: E402
 from dynamics.train import build, lr_at, make_optimizer, train_run  # noqa: E402
@@ -75,8 +81,10 @@ def median(xs: list[float]) -> float:
 class Trainer:
     """train.py's step, without the store; ``phases`` collects per-phase times when asked."""
 
-    def __init__(self, cfg: RunConfig, device: torch.device):
+    def __init__(self, cfg: RunConfig, device: torch.device, keep_memory: bool = True):
         self.cfg, self.device = cfg, device
+        if device.type == "cpu" and keep_memory:
+            keep_freed_memory()  # as train.py does on cpu
         self.model = build(cfg, device)
         self.optimizer = make_optimizer(cfg, self.model)
         self.params = self.model.optim_parameters()
@@ -121,6 +129,13 @@ class Trainer:
             self.step()
         sync(self.device)
         return (time.perf_counter() - t0) / n
+
+    def faults(self, n: int) -> float:
+        """Minor page faults per step over ``n`` steps (this process's, so nothing else may run)."""
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(n):
+            self.step()
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / n
 
 
 PHASES = ("data", "forward", "backward", "clip", "optimizer")
@@ -292,14 +307,23 @@ def train_run_step_time(cfg: RunConfig, steps: int, tmp: str) -> float:
 
 
 def worker(args: argparse.Namespace) -> int:
-    """Subprocess mode for the thread comparison: print one step time as JSON."""
+    """Subprocess mode for the thread and allocator comparisons: print one step time as JSON."""
     torch.set_num_threads(args.threads)
     cfg = make_cfg(args)
-    trainer = Trainer(cfg, torch.device("cpu"))
+    trainer = Trainer(cfg, torch.device("cpu"), keep_memory=not args.glibc_default)
     trainer.timed(2)
     times = [trainer.timed(args.steps) for _ in range(args.repeats)]
-    print(json.dumps({"step_s": median(times)}))
+    print(json.dumps({"step_s": median(times), "faults": trainer.faults(args.steps)}))
     return 0
+
+
+def run_worker(args: argparse.Namespace, threads: int, env: dict[str, str], extra: list[str] = ()) -> dict:
+    cmd = [sys.executable, __file__, "--worker", "--threads", str(threads), "--steps", str(args.steps),
+           "--repeats", "3", *extra] + (["--config", args.config] if args.config else []) \
+        + [f"--set={t}" for t in args.set]
+    env = {k: val for k, val in os.environ.items() if k != "OMP_WAIT_POLICY"} | env
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def threads_compare(args: argparse.Namespace, rounds: int) -> dict[str, float]:
@@ -314,13 +338,21 @@ def threads_compare(args: argparse.Namespace, rounds: int) -> dict[str, float]:
         order = list(variants) if r % 2 == 0 else list(reversed(variants))
         for name in order:
             v = variants[name]
-            cmd = [sys.executable, __file__, "--worker", "--threads", str(v["threads"]), "--steps", str(args.steps),
-                   "--repeats", "3"] + (["--config", args.config] if args.config else []) \
-                + [f"--set={t}" for t in args.set]
-            env = {k: val for k, val in os.environ.items() if k != "OMP_WAIT_POLICY"} | v["env"]
-            res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-            times[name].append(json.loads(res.stdout.strip().splitlines()[-1])["step_s"])
+            times[name].append(run_worker(args, v["threads"], v["env"])["step_s"])
     return {k: median(v) for k, v in times.items()}
+
+
+ALLOCATORS = {"glibc default": ["--glibc-default"], "train.py's (dynamics.allocator)": []}
+
+
+def allocator_compare(args: argparse.Namespace, rounds: int) -> dict[str, dict[str, float]]:
+    """Median step time and minor page faults per step under each of ALLOCATORS, fresh workers alternated."""
+    got: dict[str, list[dict]] = {k: [] for k in ALLOCATORS}
+    for r in range(rounds):
+        for name in (list(ALLOCATORS) if r % 2 == 0 else list(reversed(ALLOCATORS))):
+            got[name].append(run_worker(args, args.threads, {"OMP_NUM_THREADS": str(args.threads)}, ALLOCATORS[name]))
+    return {k: {"step_s": median([g["step_s"] for g in v]), "faults": median([g["faults"] for g in v])}
+            for k, v in got.items()}
 
 
 def make_cfg(args: argparse.Namespace) -> RunConfig:
@@ -359,7 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-threads", action="store_true", help="skip the 1 vs 2 threads comparison")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiler breakdown")
     parser.add_argument("--no-train-run", action="store_true", help="skip train_run vs bare loop")
+    parser.add_argument("--no-allocator", action="store_true",
+                        help="skip glibc's default malloc thresholds vs train.py's")
+    parser.add_argument("--allocator-rounds", type=at_least(1), default=4,
+                        help="alternated rounds of that comparison (two fresh workers each)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--glibc-default", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
@@ -424,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   step {t_step * 1e3:.1f} ms = {tok_s:,.0f} tokens/s; peak mm {peak_n}^2 float32 "
           f"{peak_rate / 1e9:.1f} GFLOP/s" + ("   [absolute: reference only on a shared CPU]" if device.type == "cpu" else ""))
     print(f"   MFU = {mfu:.1%} of the peak matmul rate measured alongside  (goal >= 50%)")
+    if device.type == "cpu":
+        print(f"   minor page faults: {trainer.faults(args.steps):,.0f} a step, with train.py's malloc thresholds"
+              + ("" if keep_freed_memory() else " (not set here: not glibc; see 5.)"))
     if compiled is not None:
         t_comp = median(comp_t)
         print(f"   torch.compile(model.forward), alternated with the eager blocks: step {t_comp * 1e3:.1f} ms, "
@@ -495,6 +535,19 @@ def main(argv: list[str] | None = None) -> int:
         print("\n4. intra-op threads (fresh process each, 3 alternated rounds, step time relative to 1 thread)")
         for k, v in t.items():
             print(f"   {k:<36}{v / base:>7.2f}x")
+
+    # ---- 5. malloc thresholds
+    if device.type == "cpu" and not args.no_allocator:
+        if not keep_freed_memory():
+            print("\n5. allocator: not compared: the C library is not glibc, so train.py leaves malloc as it is")
+        else:
+            a = allocator_compare(args, rounds=args.allocator_rounds)
+            base = a["glibc default"]["step_s"]
+            print(f"\n5. malloc thresholds, {args.threads} thread(s) (fresh process each, {args.allocator_rounds} "
+                  f"alternated rounds, medians)")
+            print(f"   {'':<34}{'step / default':>15}{'page faults a step':>20}")
+            for k, v in a.items():
+                print(f"   {k:<34}{v['step_s'] / base:>14.3f}x{v['faults']:>20,.0f}")
     print(f"\n{load_line()} at end")
     return 0
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import dynamics
-from dynamics import budget, checkpoint, interventions, provenance, store
+from dynamics import allocator, budget, checkpoint, interventions, provenance, store
 from dynamics.checkpoint import batch_loss, load_run_model  # noqa: F401  (callers of dynamics.train.load_run_model)
 from dynamics.config import ConfigError, RunConfig, check
 from dynamics.identity import experiment_identity
@@ -395,6 +395,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         device = torch.device(cfg.train.device)
         if device.type == "cpu":
             torch.set_num_threads(cfg.train.threads)
+            allocator.keep_freed_memory()  # else each step page-faults its buffers in again
         steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
         index_of = {int(s): i for i, s in enumerate(steps_at)}
         fitted = chg_fitted(cfg, steps_at)

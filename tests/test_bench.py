@@ -37,6 +37,7 @@ def test_flops_per_token_of_the_default_model_matches_a_hand_count():
     (bench_train.main, ["--steps", "0"]),
     (bench_train.main, ["--repeats", "0"]),
     (bench_train.main, ["--run-steps", "20"]),  # its progress comes every 10 steps: too few to time
+    (bench_train.main, ["--allocator-rounds", "0"]),
     (bench_record.main, ["--repeats", "0"]),
     (bench_record.main, ["--calls", "0", "--skip-runs"]),
     (bench_record.main, ["--threads", "0"]),
@@ -192,11 +193,13 @@ def test_rounding_compares_two_identical_diverged_runs_as_equal(tmp_path):
 
 
 @pytest.mark.parametrize("script, argv, printed", [
-    ("train.py", ["--steps", "1", "--repeats", "1", "--peak-n", "64", "--run-steps", "21", "--pairs", "1", "--no-threads"],
+    ("train.py", ["--steps", "1", "--repeats", "1", "--peak-n", "64", "--run-steps", "21", "--pairs", "1", "--no-threads",
+                  "--allocator-rounds", "1"],
      ["FLOPs/token = 6 x 102400 + 6 L (T+1) H d_head", "MFU = ", "2. where the step goes", "dense matmuls:",
-      "attention alone,", "profiler self time", "3. train_run(recording=False) step / bare step = "]),
+      "attention alone,", "profiler self time", "3. train_run(recording=False) step / bare step = ",
+      "minor page faults: ", "5. malloc thresholds", "train.py's (dynamics.allocator)"]),
     ("train.py", ["--steps", "1", "--repeats", "1", "--peak-n", "64", "--no-train-run", "--no-threads", "--no-profile",
-                  "--set", "model.d_model=128", "--set", "model.d_mlp=512"],
+                  "--no-allocator", "--set", "model.d_model=128", "--set", "model.d_mlp=512"],
      ["d_model=128 H=4 d_head=32 d_mlp=512", "MFU = "]),
     ("record.py", ["--steps", "20", "--dense-steps", "2", "--repeats", "1", "--calls", "1"],
      ["1. end to end: train_run time / recording=False time", "every step, 2 steps, on, sync writes",
