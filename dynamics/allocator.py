@@ -7,14 +7,14 @@ adjustment of both thresholds (raised to the largest block freed so far) does no
 this pattern: the default model's step still page-faulted its buffers back in, 500 to 1,500
 minor faults a step, each page zeroed by the kernel, 1 to 3 ms of system time on a step of
 about 33 ms; with these thresholds, none (AMD EPYC, 1 thread). The step's wall time gains less
-than that system time: 0.90x to 1.00x in ``python bench/train.py``'s alternated comparison in
+than that system time: 0.90x to 1.02x in ``python bench/train.py``'s alternated comparison in
 fresh workers (section 5), which prints both figures. jemalloc or tcmalloc, which PyTorch's CPU
 tuning guide suggests, need ``LD_PRELOAD`` before the process starts; ``mallopt`` works from
 inside it.
 
 The thresholds set are the ceilings glibc's own adjustment can reach on this machine's word
-size (``DEFAULT_MMAP_THRESHOLD_MAX``, and twice it for trimming), so a process holds at most
-what glibc would hold after freeing one block that large. Setting them is process-wide and
+size (``DEFAULT_MMAP_THRESHOLD_MAX``, and twice it for trimming): the thresholds glibc itself
+sets once the process has freed one mmap'd block of 32 MiB (64-bit). Setting them is process-wide and
 stays for the rest of the process: ``mallopt`` has no way back to the adjusting default.
 """
 
