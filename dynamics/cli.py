@@ -24,7 +24,7 @@ from dynamics.messages import (
     damaged_runs_named,
     gates_progress,
     name_damaged,
-    note_mixed_code,
+    note_mixed_training,
     predict_progress,
     print_note,
     progress_printer,
@@ -236,7 +236,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     print_analysis(rows, args.store, pending=not args.run)
     if not args.run:
         print_consistency(args.store, rows)
-    note_mixed_code(args.store, [r["run"] for r in rows if not r.get("skipped")])
+    note_mixed_training(args.store, [r["run"] for r in rows if not r.get("skipped")])
     if n := sum(not r.get("skipped") for r in rows):
         print(f"analysed {n} runs in {time.perf_counter() - t0:.1f}s -> {args.store} (analysis/<run_id>)")
     else:  # "analysed 0 runs ... -> STORE" read as if something had been written there
@@ -279,7 +279,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     except predict.PredictError as e:
         raise UsageError(str(e)) from None
     print(predict.format_curve(curve))
-    note_mixed_code(args.store, curve["run"].values.tolist())
+    note_mixed_training(args.store, curve["run"].values.tolist())
     if not args.no_save:
         print(f"saved derived/{predict.write_curve(args.store, curve)} in {args.store}")
     # left out of the curve (its "left out" line): named with why on stderr, exit 1, as by analyse and report
@@ -430,7 +430,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rows = analyse_store(out, workers=args.workers)
     print_analysis(rows, out)
     t_analyse = time.perf_counter() - t1
-    note_mixed_code(out, [r["run"] for r in rows if not r.get("skipped")])  # runs kept from an earlier demo
+    note_mixed_training(out, [r["run"] for r in rows if not r.get("skipped")])  # runs kept from an earlier demo
     failed = analysis_failures(rows)
 
     print("== 3/4 predict: how early is each head's final role readable from its early gradients?", flush=True)

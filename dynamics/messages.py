@@ -46,19 +46,22 @@ def progress_printer(label: str):
     return log
 
 
-def note_mixed_code(path: str, ids: list[str]) -> None:
+def note_mixed_training(path: str, ids: list[str]) -> None:
     """A note on stderr where the runs ``ids`` compared were not all trained by the same dynamics
-    code (provenance.mixed_code); a run whose attributes cannot be read is named elsewhere."""
+    code (provenance.mixed_code), and one where not with the same torch build, device and CPU
+    kernels (provenance.mixed_execution); a run whose attributes cannot be read is named elsewhere."""
     from dynamics import store
-    from dynamics.provenance import mixed_code, trained_by
+    from dynamics.provenance import mixed_code, mixed_execution, trained_by, trained_on
 
-    codes = {}
+    codes, executions = {}, {}
     for run_id in ids:
         try:
-            codes[run_id] = trained_by(store.run_attrs(path, run_id))
+            attrs = store.run_attrs(path, run_id)
         except store.StoreError:
             continue
+        codes[run_id], executions[run_id] = trained_by(attrs), trained_on(attrs)
     print_note(mixed_code(codes))
+    print_note(mixed_execution(executions))
 
 
 def print_note(note: str | None) -> None:

@@ -8,6 +8,10 @@ code hash were trained by the same source.
 
 A sweep's launcher sends each point as a :func:`task` payload: the worker compares its code with
 the launcher's before it unpickles a config of its own dynamics or imports the training code.
+
+What compares runs (analyse, predict, the report) says when they were not all trained by the
+same code (:func:`mixed_code`), or with the same torch build, device and CPU kernels
+(:func:`mixed_execution`): the same config and seed give other numbers there.
 """
 
 from __future__ import annotations
@@ -131,11 +135,36 @@ def trained_by(attrs: dict) -> tuple[str | None, ...]:
     >>> trained_by({"code_hash": "a", "resumes": [{"step": 0, "code_hash": "b"}]})
     ('b',)
     """
-    sessions = [(0, attrs.get("code_hash"))]
-    sessions += [(r.get("step", 0), r.get("code_hash")) for r in attrs.get("resumes", []) if isinstance(r, dict)]
-    kept = [code for i, (start, code) in enumerate(sessions)
+    return _kept_sessions(attrs, lambda a: a.get("code_hash"))
+
+
+EXECUTION_KEYS = ("torch_version", "device", "cpu_capability")
+"""What else, beside the code, makes the same config and seed train to other numbers: reductions
+round differently in another torch build, on another device, or in CPU kernels of another vector
+width (README: the demo's 96 final roles, trained with AVX2 kernels and again with AVX512, differed in 3)."""
+
+
+def trained_on(attrs: dict) -> tuple[tuple[str | None, ...], ...]:
+    """The (torch_version, device, cpu_capability) of each session whose steps a run kept, in
+    order, as :func:`trained_by` counts sessions; None for what a session did not record.
+
+    Example
+    -------
+    >>> trained_on({"torch_version": "2.13.0+cpu", "device": "cpu", "cpu_capability": "AVX2",
+    ...             "resumes": [{"step": 40, "torch_version": "2.13.0+cpu", "device": "cpu", "cpu_capability": "AVX512"}]})
+    (('2.13.0+cpu', 'cpu', 'AVX2'), ('2.13.0+cpu', 'cpu', 'AVX512'))
+    """
+    return _kept_sessions(attrs, lambda a: tuple(a.get(k) for k in EXECUTION_KEYS))
+
+
+def _kept_sessions(attrs: dict, value) -> tuple:
+    """``value`` of the first session's attrs and of each resume entry whose steps are kept, runs
+    of one value told once: a session that a later one resumed at or before its start kept none."""
+    sessions = [(0, value(attrs))]
+    sessions += [(r.get("step", 0), value(r)) for r in attrs.get("resumes", []) if isinstance(r, dict)]
+    kept = [v for i, (start, v) in enumerate(sessions)
             if all(later > start for later, _ in sessions[i + 1:])]
-    return tuple(c for i, c in enumerate(kept) if i == 0 or c != kept[i - 1])
+    return tuple(v for i, v in enumerate(kept) if i == 0 or v != kept[i - 1])
 
 
 def mixed_code(codes: dict[str, tuple[str | None, ...]]) -> str | None:
@@ -151,19 +180,49 @@ def mixed_code(codes: dict[str, tuple[str | None, ...]]) -> str | None:
     >>> print(mixed_code({"r1": ("a" * 64,), "r2": ("b" * 64,)}))
     these 2 runs were not all trained by the same dynamics code (code hash aaaaaaaaaaaa: r1; bbbbbbbbbbbb: r2): a difference between them may be the code's, not the experiment's (each run's code_hash and resumes attributes say which)
     """
+    groups = _grouped(codes, lambda c: "not recorded" if c is None else c[:12])
+    if groups is None:
+        return None
+    return (f"these {len(codes)} runs were not all trained by the same dynamics code (code hash {groups}): "
+            f"a difference between them may be the code's, not the experiment's (each run's code_hash and resumes "
+            f"attributes say which)")
+
+
+def mixed_execution(executions: dict[str, tuple[tuple[str | None, ...], ...]]) -> str | None:
+    """One line saying that the runs of ``executions`` (run id -> :func:`trained_on` of its
+    attributes) were not all trained with the same torch build, device and CPU kernels, naming
+    each one's runs; None when they were (or there are none).
+
+    Example
+    -------
+    >>> print(mixed_execution({"r1": (("2.13.0+cpu", "cpu", "AVX2"),), "r2": (("2.13.0+cpu", "cpu", "AVX512"),)}))
+    these 2 runs were not all trained with the same torch build, device and CPU kernels (torch 2.13.0+cpu, cpu, AVX2: r1; torch 2.13.0+cpu, cpu, AVX512: r2): they round differently, so a difference between them may be the machine's, not the experiment's (each run's torch_version, device, cpu_capability and resumes attributes say which)
+    """
+    def name(e: tuple) -> str:
+        if all(v is None for v in e):
+            return "not recorded"
+        torch_version, device, kernels = (("?" if v is None else v) for v in e)
+        return f"torch {torch_version}, {device}, {kernels}"
+
+    groups = _grouped(executions, name)
+    if groups is None:
+        return None
+    return (f"these {len(executions)} runs were not all trained with the same torch build, device and CPU kernels "
+            f"({groups}): they round differently, so a difference between them may be the machine's, not the "
+            f"experiment's (each run's {', '.join(EXECUTION_KEYS)} and resumes attributes say which)")
+
+
+def _grouped(sessions: dict[str, tuple], name) -> str | None:
+    """The runs grouped by their sessions' values, each group named (``name`` of each session's
+    value, joined by "then") with its runs, the largest group first; None for fewer than two groups."""
     groups: dict[tuple, list[str]] = {}
-    for run_id in sorted(codes):
-        groups.setdefault(codes[run_id], []).append(run_id)
+    for run_id in sorted(sessions):
+        groups.setdefault(sessions[run_id], []).append(run_id)
     if len(groups) < 2:
         return None
-
-    def name(codes: tuple) -> str:
-        return " then ".join("not recorded" if c is None else c[:12] for c in codes)
 
     def runs(ids: list[str]) -> str:
         return ", ".join(ids) if len(ids) <= 3 else f"{ids[0]}, {ids[1]} and {len(ids) - 2} others"
 
-    parts = [f"{name(codes)}: {runs(ids)}" for codes, ids in sorted(groups.items(), key=lambda g: (-len(g[1]), g[1]))]
-    return (f"these {len(codes)} runs were not all trained by the same dynamics code (code hash {'; '.join(parts)}): "
-            f"a difference between them may be the code's, not the experiment's (each run's code_hash and resumes "
-            f"attributes say which)")
+    return "; ".join(f"{' then '.join(name(v) for v in values)}: {runs(ids)}"
+                     for values, ids in sorted(groups.items(), key=lambda g: (-len(g[1]), g[1])))

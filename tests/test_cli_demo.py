@@ -17,6 +17,7 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
     assert cli.main(["demo", "--out", str(out), *SHRINK]) == 0
     printed, err = capsys.readouterr()
     assert "not all trained by the same dynamics code" not in err  # one checkout trained them all
+    assert "not all trained with the same torch build" not in err  # on one machine
     banners = [line for line in printed.splitlines() if line.startswith("== ")]
     assert banners == [f"== 1/4 sweep: quickstart.toml -> {out}", "== 2/4 analyse",
                        "== 3/4 predict: how early is each head's final role readable from its early gradients?",
@@ -37,17 +38,26 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
     assert 'class="note"' not in page.read_text()
 
     # the same command again: every run already finished, so no training to take a share of.
-    # One run now reads as trained by other code (a run kept from an older checkout): said once,
-    # after the analysis, naming it, as analyse, predict and report say it
-    older = ids[2]
+    # One run now reads as trained by other code (a run kept from an older checkout), another as
+    # trained with other CPU kernels (one from another machine): each said once, after the
+    # analysis, naming it, as analyse, predict and report say it
+    older, elsewhere = ids[2], ids[3]
     store.update_run_attrs(str(out), older, code_hash="0123456789ab" + "0" * 52)
+    here = store.run_attrs(str(out), ids[0])
+    there = "AVX2" if here["cpu_capability"] != "AVX2" else "AVX512"
+    store.update_run_attrs(str(out), elsewhere, cpu_capability=there)
     assert cli.main(["demo", "--out", str(out), *SHRINK]) == 0
     again, err = capsys.readouterr()
     code = store.run_attrs(str(out), ids[0])["code_hash"][:12]
     note = (f"dynamics: note: these 4 runs were not all trained by the same dynamics code (code hash {code}: "
             f"{', '.join(r for r in ids if r != older)}; 0123456789ab: {older}): a difference between them may be "
             f"the code's, not the experiment's (each run's code_hash and resumes attributes say which)\n")
-    assert err.count(note) == 1, err
+    machine = (f"dynamics: note: these 4 runs were not all trained with the same torch build, device and CPU kernels "
+               f"(torch {here['torch_version']}, cpu, {here['cpu_capability']}: "
+               f"{', '.join(sorted(r for r in ids if r != elsewhere))}; torch {here['torch_version']}, cpu, {there}: "
+               f"{elsewhere}): they round differently, so a difference between them may be the machine's, not the "
+               f"experiment's (each run's torch_version, device, cpu_capability and resumes attributes say which)\n")
+    assert err.count(note) == 1 and err.count(machine) == 1, err
     assert re.search(r"^sweep: 4 runs: 4 completed \(4 already finished, not retrained\) in [\d.]+ s$", again, re.M), again
     assert re.search(r"^training [\d.]+s, analysis [\d.]+s \(no share of training: 4 of 4 runs were already "
                      r"finished, not retrained\), total \d+s$", again, re.M), again
@@ -55,8 +65,10 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
     for command in (["analyse", str(out)], ["predict", str(out), "--target", "role", "--no-save"],
                     ["report", str(out), "--out", str(tmp_path / "r2")]):
         assert cli.main(command) == 0
-        assert capsys.readouterr().err.count(note) == 1, command
-    # and the page says it under its heading, as the demo's own report now does
+        err = capsys.readouterr().err
+        assert err.count(note) == 1 and err.count(machine) == 1, (command, err)
+    # and the page says both under its heading, as the demo's own report now does
     for folder in ("r2", "d-report"):
-        sentence = "T" + note.removeprefix("dynamics: note: t").rstrip("\n")
-        assert f'<p class="note">Note: {html.escape(sentence)}.</p>' in (tmp_path / folder / "index.html").read_text()
+        for said in (note, machine):
+            sentence = "T" + said.removeprefix("dynamics: note: t").rstrip("\n")
+            assert f'<p class="note">Note: {html.escape(sentence)}.</p>' in (tmp_path / folder / "index.html").read_text()

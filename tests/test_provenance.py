@@ -131,3 +131,45 @@ def test_mixed_code_says_nothing_for_one_code_and_names_each_codes_runs_otherwis
         "these 8 runs were not all trained by the same dynamics code (code hash aaaaaaaaaaaa: r0, r1 and 3 others; "
         "bbbbbbbbbbbb: s; not recorded: t; aaaaaaaaaaaa then bbbbbbbbbbbb: u): a difference between them may be "
         "the code's, not the experiment's (each run's code_hash and resumes attributes say which)")
+
+
+T, CPU = "2.13.0+cpu", "cpu"
+
+
+@pytest.mark.parametrize(("attrs", "executions"), [
+    ({"torch_version": T, "device": CPU, "cpu_capability": "AVX2"}, ((T, CPU, "AVX2"),)),
+    ({}, ((None, None, None),)),  # a run of a dynamics that recorded none of them
+    # a resume's own entry names its kernels; the first session's stay in the run's attributes
+    ({"torch_version": T, "device": CPU, "cpu_capability": "AVX2",
+      "resumes": [{"step": 40, "torch_version": T, "device": CPU, "cpu_capability": "AVX512"}]},
+     ((T, CPU, "AVX2"), (T, CPU, "AVX512"))),
+    ({"torch_version": T, "device": CPU, "cpu_capability": "AVX2",
+      "resumes": [{"step": 40, "torch_version": T, "device": CPU, "cpu_capability": "AVX2"}]}, ((T, CPU, "AVX2"),)),
+    # redone from step 0 on a GPU: none of the first session's steps is kept
+    ({"torch_version": T, "device": CPU, "cpu_capability": "AVX2",
+      "resumes": [{"step": 0, "torch_version": "2.13.0", "device": "cuda", "cpu_capability": "AVX2"}]},
+     (("2.13.0", "cuda", "AVX2"),)),
+])
+def test_trained_on_keeps_the_torch_device_and_kernels_of_each_session_whose_steps_are_kept(attrs, executions):
+    assert provenance.trained_on(attrs) == executions
+
+
+def test_mixed_execution_says_nothing_for_one_machine_and_names_each_ones_runs_otherwise():
+    def mixed(attrs):
+        return provenance.mixed_execution({r: provenance.trained_on(a) for r, a in attrs.items()})
+
+    avx2 = {"torch_version": T, "device": CPU, "cpu_capability": "AVX2"}
+    assert mixed({}) is None
+    assert mixed({"r1": avx2, "r2": dict(avx2)}) is None
+    assert mixed({"r1": {}, "r2": {}}) is None  # all older: no claim to make
+    # another code, same machine: that is mixed_code's to say, not this
+    assert mixed({"r1": avx2 | {"code_hash": A}, "r2": avx2 | {"code_hash": B}}) is None
+    runs = {"r1": avx2, "r2": avx2, "s": avx2 | {"cpu_capability": "AVX512"}, "t": {},
+            "u": avx2 | {"torch_version": "2.12.1+cpu"},
+            "v": avx2 | {"resumes": [{"step": 9, **avx2, "device": "cuda:0", "cpu_capability": None}]}}
+    assert mixed(runs) == (
+        "these 6 runs were not all trained with the same torch build, device and CPU kernels "
+        "(torch 2.13.0+cpu, cpu, AVX2: r1, r2; torch 2.13.0+cpu, cpu, AVX512: s; not recorded: t; "
+        "torch 2.12.1+cpu, cpu, AVX2: u; torch 2.13.0+cpu, cpu, AVX2 then torch 2.13.0+cpu, cuda:0, ?: v): "
+        "they round differently, so a difference between them may be the machine's, not the experiment's "
+        "(each run's torch_version, device, cpu_capability and resumes attributes say which)")

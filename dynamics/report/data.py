@@ -18,7 +18,7 @@ from dynamics import store
 from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions, is_current
 from dynamics.identity import differing_settings, seed_settings
-from dynamics.provenance import trained_by
+from dynamics.provenance import trained_by, trained_on
 from dynamics.schema import FINISHED_STATUSES, config_value
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
@@ -47,6 +47,7 @@ class _Run:
     analysis_note: str = ""
     settings: dict[str, Any] = field(default_factory=dict)  # config less seed and execution, "section.key" -> value
     code: tuple[str | None, ...] = ()  # provenance.trained_by: the code hashes of its kept steps; () unread
+    execution: tuple[tuple[str | None, ...], ...] = ()  # provenance.trained_on: torch, device, CPU kernels; () unread
 
     @property
     def n_recorded(self) -> int:
@@ -211,6 +212,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         steps=np.asarray(ds["step"].values) if "step" in ds.coords else np.arange(ds.sizes.get("snapshot", 0)),
         settings=seed_settings(attrs.get("config", {})),
         code=trained_by(attrs),
+        execution=trained_on(attrs),
     )
     stale, unread = False, ""
     try:

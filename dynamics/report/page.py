@@ -19,7 +19,7 @@ except ImportError:  # Windows
     fcntl = None
 
 from dynamics import store
-from dynamics.provenance import mixed_code
+from dynamics.provenance import mixed_code, mixed_execution
 from dynamics.report.attention import _attention_section
 from dynamics.report.chg import _chg_section
 from dynamics.report.data import (
@@ -81,7 +81,8 @@ def write_report(
         cannot be read (damaged); the page lists such a run as "damaged" either way.
     on_note : callable, optional
         Called with each note the page carries under its heading: runs not all trained by the
-        same dynamics code (:func:`dynamics.provenance.mixed_code`).
+        same dynamics code (:func:`dynamics.provenance.mixed_code`), or not with the same torch
+        build, device and CPU kernels (:func:`dynamics.provenance.mixed_execution`).
     progress : callable, optional
         Called with a line on where the report is: as it starts reading the runs, between
         two runs at most every 5 s while it reads them (reading a run can mean analysing it,
@@ -125,7 +126,8 @@ def write_report(
             (stage / "attention").mkdir()
             index = store.read_sweep_index(store_path)
             runs = _read_runs(store_path, ids, index, compute_missing, on_damaged, progress)
-            notes = [n for n in [mixed_code({r.run_id: r.code for r in runs if r.code})] if n]
+            notes = [n for n in [mixed_code({r.run_id: r.code for r in runs if r.code}),
+                                 mixed_execution({r.run_id: r.execution for r in runs if r.execution})] if n]
             for note in notes if on_note is not None else []:
                 on_note(note)
             pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
