@@ -39,7 +39,7 @@ STOP_GRACE = 30.0
 def local_cluster(n_workers: int):
     """The embedded cluster: ``n_workers`` single-threaded worker processes (with nannies).
 
-    Started without Dask's ``MALLOC_TRIM_THRESHOLD_`` (see ``_keep_freed_memory``).
+    Started without Dask's ``MALLOC_TRIM_THRESHOLD_`` (see :mod:`dynamics.allocator`).
     """
     import dask
     from distributed import LocalCluster

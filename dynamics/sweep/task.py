@@ -8,7 +8,7 @@ import os
 import time
 import traceback
 
-from dynamics import store
+from dynamics import allocator, store
 from dynamics.config import RunConfig
 from dynamics.schema import FINISHED_STATUSES
 
@@ -89,7 +89,9 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
     from dynamics.interventions.distill import relative_to
     from dynamics.train import train_run  # it sets torch's threads from train.threads (1 by default)
 
-    _keep_freed_memory()
+    # Before the run (train_run does it for cpu runs only): undoes the MALLOC_TRIM_THRESHOLD_
+    # Dask's nannies set on a cluster of --scheduler, whose every >128 KiB block was mmap'd
+    allocator.keep_freed_memory()
     reporter = _TaskReporter(run_id, token)
     out = {"run_id": run_id, "status": "cancelled", "steps_done": 0, "skipped": False, "error": None,
            "traceback": None, "waited": None}
@@ -144,28 +146,6 @@ def _wait_for_holder(path: str, run_id: str, reporter: _TaskReporter) -> bool:
             return False
         time.sleep(WAIT_POLL)
     return True
-
-
-def _keep_freed_memory() -> None:
-    """Undo Dask's ``MALLOC_TRIM_THRESHOLD_=65536`` in this worker process (glibc only).
-
-    Dask's nannies set that variable so freed memory goes back to the OS at once. Setting it
-    also turns off glibc's adaptive mmap threshold, so every tensor above 128 KiB is mmapped
-    and unmapped again: torch, which frees and reallocates its activations every step, then
-    spends more time in page faults than in arithmetic (measured: a run took 2.3x the wall
-    time, sys time 5 s per 300 steps against 0). ``mallopt`` restores heap reuse.
-    """
-    if not os.environ.get("MALLOC_TRIM_THRESHOLD_"):
-        return
-    try:
-        import ctypes
-        import ctypes.util
-
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD: the largest glibc allows on 64-bit
-        libc.mallopt(-1, 64 * 2**20)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError, TypeError):  # not glibc: nothing to undo
-        pass
 
 
 def _record_failure(path: str, run_id: str, tb: str) -> None:
