@@ -138,23 +138,34 @@ def trained_by(attrs: dict) -> tuple[str | None, ...]:
     return _kept_sessions(attrs, lambda a: a.get("code_hash"))
 
 
-EXECUTION_KEYS = ("torch_version", "device", "cpu_capability")
+MACHINE_KEYS = ("torch_version", "device", "cpu_capability")
 """What else, beside the code, makes the same config and seed train to other numbers: reductions
 round differently in another torch build, on another device, or in CPU kernels of another vector
-width (README: the demo's 96 final roles, trained with AVX2 kernels and again with AVX512, differed in 3)."""
+width (README: the quickstart sweep's 96 final roles, trained with AVX2 kernels and again with
+AVX512 ones, differed in 3). ``train.threads`` changes the rounding too, but is left out: a
+resume rewrites the run's config, so its first session's count is not kept (sweeps train on 1).
+A GPU's model is not recorded either: two GPUs of other models read the same here."""
 
 
 def trained_on(attrs: dict) -> tuple[tuple[str | None, ...], ...]:
     """The (torch_version, device, cpu_capability) of each session whose steps a run kept, in
     order, as :func:`trained_by` counts sessions; None for what a session did not record.
 
+    A device is its kind (``cuda:1`` is ``cuda``: one GPU's index says nothing of its
+    arithmetic), and a GPU session's CPU kernels are "-": they do not do its arithmetic.
+
     Example
     -------
     >>> trained_on({"torch_version": "2.13.0+cpu", "device": "cpu", "cpu_capability": "AVX2",
-    ...             "resumes": [{"step": 40, "torch_version": "2.13.0+cpu", "device": "cpu", "cpu_capability": "AVX512"}]})
-    (('2.13.0+cpu', 'cpu', 'AVX2'), ('2.13.0+cpu', 'cpu', 'AVX512'))
+    ...             "resumes": [{"step": 40, "torch_version": "2.13.0", "device": "cuda:0", "cpu_capability": "AVX2"}]})
+    (('2.13.0+cpu', 'cpu', 'AVX2'), ('2.13.0', 'cuda', '-'))
     """
-    return _kept_sessions(attrs, lambda a: tuple(a.get(k) for k in EXECUTION_KEYS))
+    def machine(a: dict) -> tuple[str | None, ...]:
+        device = a.get("device")
+        kind = device.split(":")[0] if isinstance(device, str) else None
+        return a.get("torch_version"), kind, a.get("cpu_capability") if kind in ("cpu", None) else "-"
+
+    return _kept_sessions(attrs, machine)
 
 
 def _kept_sessions(attrs: dict, value) -> tuple:
@@ -193,23 +204,37 @@ def mixed_execution(executions: dict[str, tuple[tuple[str | None, ...], ...]]) -
     attributes) were not all trained with the same torch build, device and CPU kernels, naming
     each one's runs; None when they were (or there are none).
 
+    Only what every run recorded is compared: a run that recorded none of them (an older
+    dynamics) is left out, and a key one of the others lacks is left out for all of them, so
+    an unknown never reads as a difference.
+
     Example
     -------
     >>> print(mixed_execution({"r1": (("2.13.0+cpu", "cpu", "AVX2"),), "r2": (("2.13.0+cpu", "cpu", "AVX512"),)}))
-    these 2 runs were not all trained with the same torch build, device and CPU kernels (torch 2.13.0+cpu, cpu, AVX2: r1; torch 2.13.0+cpu, cpu, AVX512: r2): they round differently, so a difference between them may be the machine's, not the experiment's (each run's torch_version, device, cpu_capability and resumes attributes say which)
+    these 2 runs were not all trained with the same torch build, device and CPU kernels (torch 2.13.0+cpu, cpu, AVX2: r1; torch 2.13.0+cpu, cpu, AVX512: r2): they may round differently, so a difference between them may be the machine's, not the experiment's (each run's torch_version, device, cpu_capability and resumes attributes say which)
     """
-    def name(e: tuple) -> str:
-        if all(v is None for v in e):
-            return "not recorded"
-        torch_version, device, kernels = (("?" if v is None else v) for v in e)
-        return f"torch {torch_version}, {device}, {kernels}"
+    known = {r: sessions for r, sessions in executions.items() if any(v is not None for s in sessions for v in s)}
+    compared = [i for i in range(len(MACHINE_KEYS))
+                if all(s[i] is not None for sessions in known.values() for s in sessions)]
+    if not compared:
+        return None
+    reduced = {}
+    for run_id, sessions in known.items():
+        values = [tuple(s[i] for i in compared) for s in sessions]
+        reduced[run_id] = tuple(v for j, v in enumerate(values) if j == 0 or v != values[j - 1])
 
-    groups = _grouped(executions, name)
+    def name(values: tuple) -> str:
+        got = dict(zip((MACHINE_KEYS[i] for i in compared), values, strict=True))
+        parts = [f"torch {got['torch_version']}" if "torch_version" in got else None, got.get("device"),
+                 None if got.get("cpu_capability") in (None, "-") else got["cpu_capability"]]
+        return ", ".join(p for p in parts if p)
+
+    groups = _grouped(reduced, name)
     if groups is None:
         return None
-    return (f"these {len(executions)} runs were not all trained with the same torch build, device and CPU kernels "
-            f"({groups}): they round differently, so a difference between them may be the machine's, not the "
-            f"experiment's (each run's {', '.join(EXECUTION_KEYS)} and resumes attributes say which)")
+    return (f"these {len(reduced)} runs were not all trained with the same torch build, device and CPU kernels "
+            f"({groups}): they may round differently, so a difference between them may be the machine's, not the "
+            f"experiment's (each run's {', '.join(MACHINE_KEYS)} and resumes attributes say which)")
 
 
 def _grouped(sessions: dict[str, tuple], name) -> str | None:

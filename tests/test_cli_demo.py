@@ -55,7 +55,7 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
     machine = (f"dynamics: note: these 4 runs were not all trained with the same torch build, device and CPU kernels "
                f"(torch {here['torch_version']}, cpu, {here['cpu_capability']}: "
                f"{', '.join(sorted(r for r in ids if r != elsewhere))}; torch {here['torch_version']}, cpu, {there}: "
-               f"{elsewhere}): they round differently, so a difference between them may be the machine's, not the "
+               f"{elsewhere}): they may round differently, so a difference between them may be the machine's, not the "
                f"experiment's (each run's torch_version, device, cpu_capability and resumes attributes say which)\n")
     assert err.count(note) == 1 and err.count(machine) == 1, err
     assert re.search(r"^sweep: 4 runs: 4 completed \(4 already finished, not retrained\) in [\d.]+ s$", again, re.M), again

@@ -145,31 +145,58 @@ T, CPU = "2.13.0+cpu", "cpu"
      ((T, CPU, "AVX2"), (T, CPU, "AVX512"))),
     ({"torch_version": T, "device": CPU, "cpu_capability": "AVX2",
       "resumes": [{"step": 40, "torch_version": T, "device": CPU, "cpu_capability": "AVX2"}]}, ((T, CPU, "AVX2"),)),
-    # redone from step 0 on a GPU: none of the first session's steps is kept
+    # redone from step 0 on a GPU: none of the first session's steps is kept; a GPU is its kind,
+    # and the host's CPU kernels do not do its arithmetic
     ({"torch_version": T, "device": CPU, "cpu_capability": "AVX2",
-      "resumes": [{"step": 0, "torch_version": "2.13.0", "device": "cuda", "cpu_capability": "AVX2"}]},
-     (("2.13.0", "cuda", "AVX2"),)),
+      "resumes": [{"step": 0, "torch_version": "2.13.0", "device": "cuda:1", "cpu_capability": "AVX2"}]},
+     (("2.13.0", "cuda", "-"),)),
+    ({"torch_version": "2.13.0", "device": "cuda", "cpu_capability": "AVX512",
+      "resumes": [{"step": 40, "torch_version": "2.13.0", "device": "cuda:0", "cpu_capability": "AVX2"}]},
+     (("2.13.0", "cuda", "-"),)),
 ])
 def test_trained_on_keeps_the_torch_device_and_kernels_of_each_session_whose_steps_are_kept(attrs, executions):
     assert provenance.trained_on(attrs) == executions
 
 
-def test_mixed_execution_says_nothing_for_one_machine_and_names_each_ones_runs_otherwise():
-    def mixed(attrs):
-        return provenance.mixed_execution({r: provenance.trained_on(a) for r, a in attrs.items()})
+def mixed_execution(attrs):
+    return provenance.mixed_execution({r: provenance.trained_on(a) for r, a in attrs.items()})
 
-    avx2 = {"torch_version": T, "device": CPU, "cpu_capability": "AVX2"}
-    assert mixed({}) is None
-    assert mixed({"r1": avx2, "r2": dict(avx2)}) is None
-    assert mixed({"r1": {}, "r2": {}}) is None  # all older: no claim to make
-    # another code, same machine: that is mixed_code's to say, not this
-    assert mixed({"r1": avx2 | {"code_hash": A}, "r2": avx2 | {"code_hash": B}}) is None
-    runs = {"r1": avx2, "r2": avx2, "s": avx2 | {"cpu_capability": "AVX512"}, "t": {},
-            "u": avx2 | {"torch_version": "2.12.1+cpu"},
-            "v": avx2 | {"resumes": [{"step": 9, **avx2, "device": "cuda:0", "cpu_capability": None}]}}
-    assert mixed(runs) == (
-        "these 6 runs were not all trained with the same torch build, device and CPU kernels "
-        "(torch 2.13.0+cpu, cpu, AVX2: r1, r2; torch 2.13.0+cpu, cpu, AVX512: s; not recorded: t; "
-        "torch 2.12.1+cpu, cpu, AVX2: u; torch 2.13.0+cpu, cpu, AVX2 then torch 2.13.0+cpu, cuda:0, ?: v): "
-        "they round differently, so a difference between them may be the machine's, not the experiment's "
+
+AVX2 = {"torch_version": T, "device": CPU, "cpu_capability": "AVX2"}
+NOTE = ("these {n} runs were not all trained with the same torch build, device and CPU kernels ({groups}): "
+        "they may round differently, so a difference between them may be the machine's, not the experiment's "
         "(each run's torch_version, device, cpu_capability and resumes attributes say which)")
+
+
+def test_mixed_execution_says_nothing_for_one_machine_and_names_each_ones_runs_otherwise():
+    assert mixed_execution({}) is None
+    assert mixed_execution({"r1": AVX2, "r2": dict(AVX2)}) is None
+    assert mixed_execution({"r1": {}, "r2": {}}) is None  # all older: no claim to make
+    # another code, same machine: that is mixed_code's to say, not this
+    assert mixed_execution({"r1": AVX2 | {"code_hash": A}, "r2": AVX2 | {"code_hash": B}}) is None
+    # GPU runs: the hosts' CPU kernels and the GPU's index are not differences
+    gpu = {"torch_version": "2.13.0", "device": "cuda", "cpu_capability": "AVX2"}
+    assert mixed_execution({"g1": gpu, "g2": gpu | {"device": "cuda:0", "cpu_capability": "AVX512"}}) is None
+    runs = {"r1": AVX2, "r2": AVX2, "s": AVX2 | {"cpu_capability": "AVX512"},
+            "u": AVX2 | {"torch_version": "2.12.1+cpu"},
+            "v": AVX2 | {"resumes": [{"step": 9, **gpu}]}}
+    assert mixed_execution(runs) == NOTE.format(n=5, groups=(
+        "torch 2.13.0+cpu, cpu, AVX2: r1, r2; torch 2.13.0+cpu, cpu, AVX512: s; torch 2.12.1+cpu, cpu, AVX2: u; "
+        "torch 2.13.0+cpu, cpu, AVX2 then torch 2.13.0, cuda: v"))
+
+
+def test_mixed_execution_compares_only_what_every_run_recorded():
+    # a run of a dynamics that recorded none of them is left out, not a group of its own
+    assert mixed_execution({"r1": AVX2, "r2": AVX2, "t": {}}) is None
+    assert mixed_execution({"r1": AVX2, "s": AVX2 | {"cpu_capability": "AVX512"}, "t": {}}) == NOTE.format(
+        n=2, groups="torch 2.13.0+cpu, cpu, AVX2: r1; torch 2.13.0+cpu, cpu, AVX512: s")
+    # one run recorded no kernels (before cpu_capability was): kernels are compared for none,
+    # so the same torch on the same device reads as one machine, and another torch still differs
+    older = {"torch_version": T, "device": CPU}
+    assert mixed_execution({"r1": AVX2, "s": AVX2 | {"cpu_capability": "AVX512"}, "o": older}) is None
+    assert mixed_execution({"r1": AVX2, "o": older | {"torch_version": "2.12.1+cpu"}}) == NOTE.format(
+        n=2, groups="torch 2.12.1+cpu, cpu: o; torch 2.13.0+cpu, cpu: r1")  # equal groups: by first run
+    # a resume that recorded no kernels, on a run that did: its sessions merge once kernels drop out
+    resumed = AVX2 | {"resumes": [{"step": 9, "torch_version": T, "device": CPU}]}
+    assert mixed_execution({"r1": AVX2, "x": resumed, "u": AVX2 | {"torch_version": "2.12.1+cpu"}}) == NOTE.format(
+        n=3, groups="torch 2.13.0+cpu, cpu: r1, x; torch 2.12.1+cpu, cpu: u")
