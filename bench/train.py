@@ -130,12 +130,14 @@ class Trainer:
         sync(self.device)
         return (time.perf_counter() - t0) / n
 
-    def faults(self, n: int) -> float:
-        """Minor page faults per step over ``n`` steps (this process's, so nothing else may run)."""
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    def faults(self, n: int) -> tuple[float, float]:
+        """Minor page faults and seconds of system time per step over ``n`` steps (this
+        process's, so nothing else may run in it meanwhile)."""
+        before = resource.getrusage(resource.RUSAGE_SELF)
         for _ in range(n):
             self.step()
-        return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / n
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        return (after.ru_minflt - before.ru_minflt) / n, (after.ru_stime - before.ru_stime) / n
 
 
 PHASES = ("data", "forward", "backward", "clip", "optimizer")
@@ -313,11 +315,13 @@ def worker(args: argparse.Namespace) -> int:
     trainer = Trainer(cfg, torch.device("cpu"), keep_memory=not args.glibc_default)
     trainer.timed(2)
     times = [trainer.timed(args.steps) for _ in range(args.repeats)]
-    print(json.dumps({"step_s": median(times), "faults": trainer.faults(args.steps)}))
+    faults, sys_s = trainer.faults(args.steps)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    print(json.dumps({"step_s": median(times), "faults": faults, "sys_s": sys_s, "peak_mib": peak_mib}))
     return 0
 
 
-def run_worker(args: argparse.Namespace, threads: int, env: dict[str, str], extra: list[str] = ()) -> dict:
+def run_worker(args: argparse.Namespace, threads: int, env: dict[str, str], extra: tuple[str, ...] = ()) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--threads", str(threads), "--steps", str(args.steps),
            "--repeats", "3", *extra] + (["--config", args.config] if args.config else []) \
         + [f"--set={t}" for t in args.set]
@@ -342,17 +346,17 @@ def threads_compare(args: argparse.Namespace, rounds: int) -> dict[str, float]:
     return {k: median(v) for k, v in times.items()}
 
 
-ALLOCATORS = {"glibc default": ["--glibc-default"], "train.py's (dynamics.allocator)": []}
+ALLOCATORS = {"glibc default": ("--glibc-default",), "train.py's (dynamics.allocator)": ()}
 
 
 def allocator_compare(args: argparse.Namespace, rounds: int) -> dict[str, dict[str, float]]:
-    """Median step time and minor page faults per step under each of ALLOCATORS, fresh workers alternated."""
+    """Medians of step time, minor page faults and system time per step, and peak resident
+    memory, under each of ALLOCATORS, in fresh workers alternated."""
     got: dict[str, list[dict]] = {k: [] for k in ALLOCATORS}
     for r in range(rounds):
         for name in (list(ALLOCATORS) if r % 2 == 0 else list(reversed(ALLOCATORS))):
             got[name].append(run_worker(args, args.threads, {"OMP_NUM_THREADS": str(args.threads)}, ALLOCATORS[name]))
-    return {k: {"step_s": median([g["step_s"] for g in v]), "faults": median([g["faults"] for g in v])}
-            for k, v in got.items()}
+    return {k: {key: median([g[key] for g in v]) for key in v[0]} for k, v in got.items()}
 
 
 def make_cfg(args: argparse.Namespace) -> RunConfig:
@@ -462,8 +466,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{peak_rate / 1e9:.1f} GFLOP/s" + ("   [absolute: reference only on a shared CPU]" if device.type == "cpu" else ""))
     print(f"   MFU = {mfu:.1%} of the peak matmul rate measured alongside  (goal >= 50%)")
     if device.type == "cpu":
-        print(f"   minor page faults: {trainer.faults(args.steps):,.0f} a step, with train.py's malloc thresholds"
-              + ("" if keep_freed_memory() else " (not set here: not glibc; see 5.)"))
+        faults, sys_s = trainer.faults(args.steps)
+        print(f"   minor page faults: {faults:,.0f} a step, system time {sys_s * 1e3:.2f} ms a step, "
+              + ("with train.py's malloc thresholds" if keep_freed_memory() else
+                 "malloc as it was: the C library is not glibc, or it refused train.py's thresholds"))
     if compiled is not None:
         t_comp = median(comp_t)
         print(f"   torch.compile(model.forward), alternated with the eager blocks: step {t_comp * 1e3:.1f} ms, "
@@ -539,15 +545,17 @@ def main(argv: list[str] | None = None) -> int:
     # ---- 5. malloc thresholds
     if device.type == "cpu" and not args.no_allocator:
         if not keep_freed_memory():
-            print("\n5. allocator: not compared: the C library is not glibc, so train.py leaves malloc as it is")
+            print("\n5. malloc thresholds: not compared: the C library is not glibc, or it refused train.py's")
         else:
             a = allocator_compare(args, rounds=args.allocator_rounds)
             base = a["glibc default"]["step_s"]
             print(f"\n5. malloc thresholds, {args.threads} thread(s) (fresh process each, {args.allocator_rounds} "
                   f"alternated rounds, medians)")
-            print(f"   {'':<34}{'step / default':>15}{'page faults a step':>20}")
+            print(f"   {'':<34}{'step / default':>15}{'page faults a step':>20}{'system ms a step':>18}"
+                  f"{'peak RSS MiB':>14}")
             for k, v in a.items():
-                print(f"   {k:<34}{v['step_s'] / base:>14.3f}x{v['faults']:>20,.0f}")
+                print(f"   {k:<34}{v['step_s'] / base:>14.3f}x{v['faults']:>20,.0f}{v['sys_s'] * 1e3:>18.2f}"
+                      f"{v['peak_mib']:>14,.0f}")
     print(f"\n{load_line()} at end")
     return 0
 
