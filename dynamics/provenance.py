@@ -143,7 +143,7 @@ MACHINE_KEYS = ("torch_version", "device", "cpu_capability")
 round differently in another torch build, on another device, or in CPU kernels of another vector
 width (README: the quickstart sweep's 96 final roles, trained with AVX2 kernels and again with
 AVX512 ones, differed in 3). ``train.threads`` changes the rounding too, but is left out: a
-resume rewrites the run's config, so its first session's count is not kept (sweeps train on 1).
+resume rewrites the run's config, so its first session's count is not kept (it defaults to 1).
 A GPU's model is not recorded either: two GPUs of other models read the same here."""
 
 
