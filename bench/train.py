@@ -27,8 +27,10 @@ reduced to medians, because the machines are shared:
 - Where the gap is: the step split into phases (data, forward, backward, clip, optimiser)
   timed directly; within forward + backward, profiler self time per kernel family, and the
   framework share (wall time not spent inside any ATen kernel: Python, autograd, dispatch);
-  and the rate each of the model's matmul shapes reaches on its own, against the peak; and
-  the model's attention alone under each SDPA backend that runs here.
+  and the step at half and twice the batch, a line through the three step times splitting the
+  step into a fixed cost and a cost per row (and the MFU of the per-row cost alone); and the
+  rate each of the model's matmul shapes reaches on its own, against the peak; and the model's
+  attention alone under each SDPA backend that runs here.
 - train_run's loop against the bare step: ``train_run(recording=False)`` step time read
   from its progress callback (setup excluded), alternated with the bare loop.
 - Threads (cpu): 1 vs 2 intra-op threads, and 2 with OMP_WAIT_POLICY=PASSIVE, each in a
@@ -295,6 +297,41 @@ def attention_backends(cfg: RunConfig, device: torch.device, gen: torch.Generato
         print(f"     (no kernel here for: {', '.join(missing)})")
 
 
+def batch_line(cfg: RunConfig, device: torch.device, big: torch.Tensor, steps: int, rounds: int
+               ) -> tuple[dict[int, float], float, float, float] | None:
+    """Step time at half, once and twice the config's batch (a Trainer each, alternated blocks,
+    medians), the least-squares line ``t = fixed + per_row * B`` through them, and the peak
+    matmul rate timed in the same rounds. None for a batch of 1 (no half batch).
+
+    The fixed part is what a step costs whatever its batch (Python, dispatch, autograd, the
+    optimiser, the kernels' per-call set-up); the per-row part is the work that grows with the
+    tokens. The profiler cannot give the first: it inflates short ops (a GELU under it took
+    several times its unprofiled time here).
+    """
+    B = cfg.train.batch_size
+    if B < 2:
+        return None
+    trainers = {b: Trainer(replace_section(cfg, "train", batch_size=b), device) for b in (B // 2, B, 2 * B)}
+    for t in trainers.values():
+        t.timed(2)  # warm-up: each batch size's buffers
+    times: dict[int, list[float]] = {b: [] for b in trainers}
+    peak = []
+    for r in range(rounds):
+        for b in (list(trainers) if r % 2 == 0 else list(reversed(trainers))):
+            times[b].append(trainers[b].timed(steps))
+        peak.append(mm_rate(big, big, device, min_time=0.2))
+    t = {b: median(v) for b, v in times.items()}
+    return t, *line_through(t), median(peak)
+
+
+def line_through(points: dict[int, float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through ``{x: y}``, two points or more."""
+    xs, ys = list(points), list(points.values())
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
 def train_run_step_time(cfg: RunConfig, steps: int, tmp: str) -> float:
     """Per-step wall time inside train_run(recording=False), from its progress callback."""
     stamps: dict[int, float] = {}
@@ -394,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time a torch.compile'd model, alternated with the eager one")
     parser.add_argument("--no-threads", action="store_true", help="skip the 1 vs 2 threads comparison")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiler breakdown")
+    parser.add_argument("--no-batch-line", action="store_true",
+                        help="skip the step time at half and twice the batch (fixed vs per-row cost)")
     parser.add_argument("--no-train-run", action="store_true", help="skip train_run vs bare loop")
     parser.add_argument("--no-allocator", action="store_true",
                         help="skip glibc's default malloc thresholds vs train.py's")
@@ -485,6 +524,15 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(ph.values())
     print("   phase      " + "".join(f"{p:>11}" for p in PHASES))
     print("   share      " + "".join(f"{ph[p] / total:>11.1%}" for p in PHASES))
+    if not args.no_batch_line and (fit := batch_line(cfg, device, big, args.steps, args.repeats)) is not None:
+        t_b, fixed, per_row, p_b = fit
+        flops_row = fpt * m.context  # counted FLOPs of one row of the batch
+        print(f"   step time at batch {' / '.join(map(str, t_b))}: {' / '.join(f'{v * 1e3:.1f}' for v in t_b.values())} ms "
+              f"({args.repeats} alternated blocks each, medians); the least-squares line through them: "
+              f"{fixed * 1e3:.2f} ms + {per_row * 1e3:.3f} ms a row")
+        print(f"   its {fixed * 1e3:.2f} ms, {fixed / t_b[B]:.0%} of the step at batch {B}, do not grow with the batch "
+              f"(Python, dispatch, autograd, the optimiser); the rows' own {per_row * 1e3:.3f} ms run at "
+              f"MFU {flops_row / per_row / p_b:.1%}: what the MFU approaches as the batch grows, while the line holds")
 
     rows = model_gemms(cfg)
     rates: dict[str, list[float]] = {name: [] for name, *_ in rows}

@@ -35,6 +35,16 @@ def test_flops_per_token_of_the_default_model_matches_a_hand_count():
     assert fpt == 6 * 102_400 + 49_920
 
 
+def test_the_batch_line_is_the_least_squares_line_through_the_step_times():
+    # On a line, the fit is that line: 2 ms + 0.5 ms a row.
+    assert bench_train.line_through({16: 10.0, 32: 18.0, 64: 34.0}) == pytest.approx((2.0, 0.5))
+    # Off it, least squares: x 16, 32, 64 (mean 112/3, so 3 dx = -64, -16, 80); y 10, 20, 34
+    # (mean 64/3, 3 dy = -34, -4, 38); slope = sum dx dy / sum dx^2 = 5,280 / 10,752 = 0.491...,
+    # and the line passes through the means: intercept = 64/3 - slope x 112/3 = 2.99...
+    slope = 5_280 / 10_752
+    assert bench_train.line_through({16: 10.0, 32: 20.0, 64: 34.0}) == pytest.approx((64 / 3 - slope * 112 / 3, slope))
+
+
 @pytest.mark.parametrize("main, argv", [
     (bench_train.main, ["--steps", "0"]),
     (bench_train.main, ["--repeats", "0"]),
@@ -199,10 +209,11 @@ def test_rounding_compares_two_identical_diverged_runs_as_equal(tmp_path):
                   "--allocator-rounds", "1"],
      ["FLOPs/token = 6 x 102400 + 6 L (T+1) H d_head", "MFU = ", "2. where the step goes", "dense matmuls:",
       "attention alone,", "profiler self time", "3. train_run(recording=False) step / bare step = ",
+      "step time at batch 16 / 32 / 64: ", "the least-squares line through them: ", "the rows' own ",
       "minor page faults: ", "5. malloc thresholds"]
      + (["with train.py's malloc thresholds", "train.py's (dynamics.allocator)"] if GLIBC else ["not compared"])),
     ("train.py", ["--steps", "1", "--repeats", "1", "--peak-n", "64", "--no-train-run", "--no-threads", "--no-profile",
-                  "--no-allocator", "--set", "model.d_model=128", "--set", "model.d_mlp=512"],
+                  "--no-allocator", "--no-batch-line", "--set", "model.d_model=128", "--set", "model.d_mlp=512"],
      ["d_model=128 H=4 d_head=32 d_mlp=512", "MFU = "]),
     ("record.py", ["--steps", "20", "--dense-steps", "2", "--repeats", "1", "--calls", "1"],
      ["1. end to end: train_run time / recording=False time", "every step, 2 steps, on, sync writes",
