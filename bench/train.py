@@ -298,15 +298,19 @@ def attention_backends(cfg: RunConfig, device: torch.device, gen: torch.Generato
 
 
 def batch_line(cfg: RunConfig, device: torch.device, big: torch.Tensor, steps: int, rounds: int
-               ) -> tuple[dict[int, float], float, float, float] | None:
+               ) -> tuple[dict[int, float], list[tuple[float, float]], float] | None:
     """Step time at half, once and twice the config's batch (a Trainer each, alternated blocks,
-    medians), the least-squares line ``t = fixed + per_row * B`` through them, and the peak
-    matmul rate timed in the same rounds. None for a batch of 1 (no half batch).
+    medians), the least-squares line ``t = fixed + per_row * B`` through each round's three
+    times (a round's blocks run back to back, so the host's drift between rounds stays out of
+    its line), and the peak matmul rate timed in the same rounds. None for a batch of 1 (no
+    half batch). The fixed part is an extrapolation to batch 0, so its spread over the rounds
+    is several times the step times' own: read it with that spread.
 
     The fixed part is what a step costs whatever its batch (Python, dispatch, autograd, the
     optimiser, the kernels' per-call set-up); the per-row part is the work that grows with the
-    tokens. The profiler cannot give the first: it inflates short ops (a GELU under it took
-    several times its unprofiled time here).
+    tokens. The profiler cannot give the first: it inflates short ops (on the AMD EPYC, GELU's
+    forward and backward took 3.2 ms a step under it, where swapping GELU for ReLU saved 0.8 ms
+    unprofiled).
     """
     B = cfg.train.batch_size
     if B < 2:
@@ -320,8 +324,8 @@ def batch_line(cfg: RunConfig, device: torch.device, big: torch.Tensor, steps: i
         for b in (list(trainers) if r % 2 == 0 else list(reversed(trainers))):
             times[b].append(trainers[b].timed(steps))
         peak.append(mm_rate(big, big, device, min_time=0.2))
-    t = {b: median(v) for b, v in times.items()}
-    return t, *line_through(t), median(peak)
+    lines = [line_through({b: v[r] for b, v in times.items()}) for r in range(rounds)]
+    return {b: median(v) for b, v in times.items()}, lines, median(peak)
 
 
 def line_through(points: dict[int, float]) -> tuple[float, float]:
@@ -525,13 +529,16 @@ def main(argv: list[str] | None = None) -> int:
     print("   phase      " + "".join(f"{p:>11}" for p in PHASES))
     print("   share      " + "".join(f"{ph[p] / total:>11.1%}" for p in PHASES))
     if not args.no_batch_line and (fit := batch_line(cfg, device, big, args.steps, args.repeats)) is not None:
-        t_b, fixed, per_row, p_b = fit
+        t_b, lines, p_b = fit
+        fixed, per_row = median([a for a, _ in lines]), median([b for _, b in lines])
+        lo, hi = min(a for a, _ in lines), max(a for a, _ in lines)
         flops_row = fpt * m.context  # counted FLOPs of one row of the batch
         print(f"   step time at batch {' / '.join(map(str, t_b))}: {' / '.join(f'{v * 1e3:.1f}' for v in t_b.values())} ms "
-              f"({args.repeats} alternated blocks each, medians); the least-squares line through them: "
-              f"{fixed * 1e3:.2f} ms + {per_row * 1e3:.3f} ms a row")
+              f"({args.repeats} alternated rounds, medians); the least-squares line through each round's three: "
+              f"{fixed * 1e3:.2f} ms + {per_row * 1e3:.3f} ms a row (medians; the first term {lo * 1e3:.2f} to "
+              f"{hi * 1e3:.2f} ms over the rounds)")
         print(f"   its {fixed * 1e3:.2f} ms, {fixed / t_b[B]:.0%} of the step at batch {B}, do not grow with the batch "
-              f"(Python, dispatch, autograd, the optimiser); the rows' own {per_row * 1e3:.3f} ms run at "
+              f"(Python, dispatch, autograd, each kernel's set-up, the optimiser); the rows' own {per_row * 1e3:.3f} ms run at "
               f"MFU {flops_row / per_row / p_b:.1%}: what the MFU approaches as the batch grows, while the line holds")
 
     rows = model_gemms(cfg)

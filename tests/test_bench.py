@@ -209,7 +209,7 @@ def test_rounding_compares_two_identical_diverged_runs_as_equal(tmp_path):
                   "--allocator-rounds", "1"],
      ["FLOPs/token = 6 x 102400 + 6 L (T+1) H d_head", "MFU = ", "2. where the step goes", "dense matmuls:",
       "attention alone,", "profiler self time", "3. train_run(recording=False) step / bare step = ",
-      "step time at batch 16 / 32 / 64: ", "the least-squares line through them: ", "the rows' own ",
+      "step time at batch 16 / 32 / 64: ", "the least-squares line through each round's three: ", "the rows' own ",
       "minor page faults: ", "5. malloc thresholds"]
      + (["with train.py's malloc thresholds", "train.py's (dynamics.allocator)"] if GLIBC else ["not compared"])),
     ("train.py", ["--steps", "1", "--repeats", "1", "--peak-n", "64", "--no-train-run", "--no-threads", "--no-profile",
