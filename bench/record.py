@@ -113,14 +113,15 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
     writer = store.RunWriter(os.path.join(tmp, "parts.zarr"), "run", variables=variables(cfg, len(steps_at)),
                              coords=coords(cfg, steps_at), attrs={"status": "running"})
     state = {"step": 0}
+    grad_holders = list({id(p): p for p in [*model.parameters(), *model.optim_parameters()]}.values())  # as train.py
 
     def train_step() -> None:
         s = state["step"]
         tokens = torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens).to(device)
         for group in opt.param_groups:
             group["lr"] = train_mod.lr_at(cfg, s)
-        opt.zero_grad(set_to_none=True)
-        model.zero_grad(set_to_none=True)
+        for p in grad_holders:
+            p.grad = None
         loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()
         loss.item()

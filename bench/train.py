@@ -90,6 +90,7 @@ class Trainer:
         self.model = build(cfg, device)
         self.optimizer = make_optimizer(cfg, self.model)
         self.params = self.model.optim_parameters()
+        self.grad_holders = list({id(p): p for p in [*self.model.parameters(), *self.params]}.values())  # as train.py
         self.step_no = 0
 
     def step(self, phases: dict[str, list[float]] | None = None) -> None:
@@ -105,8 +106,8 @@ class Trainer:
         tokens = torch.from_numpy(make_batch(cfg, "train", step, cfg.train.batch_size).tokens).to(dev)
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        opt.zero_grad(set_to_none=True)
-        model.zero_grad(set_to_none=True)
+        for p in self.grad_holders:
+            p.grad = None
         mark()
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())

