@@ -50,6 +50,15 @@ def tiny_config(tmp_path):
     return make
 
 
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """The report tests' shared store, trained and reported once per session (per xdist worker):
+    (store path, index.html, run ids); see tests/_report_store.py."""
+    from tests._report_store import build_report
+
+    return build_report(tmp_path_factory.getbasetemp() / "report-store")
+
+
 def wait_for_checkpoint(path, run_id: str, at_least: int, proc=None, timeout: float = 300.0) -> dict:
     """Poll a store until ``run_id``'s checkpoint has reached step ``at_least``, so a test can stop
     a training subprocess mid-run; returns the run's attributes as they were then.

@@ -848,7 +848,7 @@ def test_one_damaged_run_is_named_and_the_other_runs_are_still_processed(tiny, t
     assert named in err and err.strip().splitlines()[-1] == last
 
     # analyse and report go on run by run (their other runs: test_analyse_goes_on_past_a_run_whose_analysis_fails,
-    # test_report); here, cheaply, the damaged run alone
+    # test_report_data); here, cheaply, the damaged run alone
     shutil.rmtree(s / "runs" / good)
     assert cli.main(["analyse", str(s), "--workers", "1"]) == 1
     out, err = capsys.readouterr()

@@ -17,7 +17,6 @@ harness is shown to be able to fail. A screenshot of the page is saved to
 from __future__ import annotations
 
 import html
-import importlib.util
 import json
 import os
 import re
@@ -44,18 +43,11 @@ def _chromium() -> str:
     return found
 
 
-def _load_builder():
-    # The store and report are built by tests/test_report.py's builder (shared, so one session
-    # trains them once); loaded by path because tests/ is not a package.
-    spec = importlib.util.spec_from_file_location("_report_builder", ROOT / "tests" / "test_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_report
-
-
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
-    _, index, _ = _load_builder()(tmp_path_factory.getbasetemp() / "report-store")
+def page(built):
+    # The report of the store tests/_report_store.py builds, shared with tests/test_report*.py
+    # through tests/conftest.py's session fixture: one session trains it once.
+    _, index, _ = built
     return index
 
 

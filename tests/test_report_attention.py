@@ -1,0 +1,58 @@
+"""The attention section: the step slider's frames of the shown run, and what its captions and
+notes say of a run recorded in part or that cannot be read."""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+from pathlib import Path
+
+from dynamics import store
+from dynamics.report import write_report
+from tests._report_store import _frames, _unwritten_run
+
+
+def test_slider_scrubs_every_recorded_snapshot_of_the_median_run(built):
+    path, page, ids = built
+    text = page.read_text()
+    chosen = re.search(r"Per-run figures show run <code>(\w+)</code>", text).group(1)
+    losses = {k: store.run_attrs(path, ids[k])["last_loss"] for k in ("A", "B")}
+    assert chosen == ids[min(losses, key=losses.get)]  # lower median of the two completed runs
+    frames = _frames(text)
+    steps = store.open_run(path, chosen)["step"].values.tolist()
+    assert [f["step"] for f in frames] == steps
+    assert len({f["src"] for f in frames}) == len(frames)
+    assert f'max="{len(frames) - 1}"' in text and 'type="range"' in text
+    # A browser that restores form values on reload (Firefox) would show frame 0 at another position.
+    assert re.search(r'<input type="range" id="step-slider" autocomplete="off"', text)
+    assert "probe sequence 0" in text  # the caption says which probe is shown
+    # "one fixed sequence of 2" read as a 2-token sequence: say what the count is, and the length.
+    assert "the first of the 2 fixed probe sequences, 16 tokens long" in text
+    assert sorted(p.name for p in (page.parent / frames[0]["src"]).parent.iterdir()) == [Path(f["src"]).name for f in frames]
+
+
+def test_a_run_whose_arrays_cannot_be_read_is_not_said_to_have_no_snapshots(tmp_path):
+    path = tmp_path / "s.zarr"
+    _unwritten_run(path, "completed")
+    meta = path / "runs" / "r0" / "attention" / "zarr.json"
+    meta.write_bytes(meta.read_bytes()[:40])
+    text = html.unescape(write_report(path, tmp_path / "out").read_text())
+    assert ("Not available: attention maps because run r0 (damaged) could not be read (StoreError: "
+            in text)
+    assert "runs/r0/attention/zarr.json of runs/r0 cannot be read" in text
+    assert "no recorded snapshot" not in text
+
+
+def test_a_diverged_runs_captions_do_not_wait_for_more_snapshots(built, tmp_path):
+    # Run C's 6 of 9 snapshots, relabelled as a run that diverged there: it will record no more,
+    # so its captions must not say "so far", as they do for a run that may still be resumed.
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    store.update_run_attrs(copy, ids["C"], status="diverged")
+    text = html.unescape(write_report(copy, tmp_path / "out", run_id=ids["C"]).read_text())
+    assert "Only 6 of 9 snapshots were recorded (diverged)." in text
+    assert "(the last snapshot recorded before it diverged)" in text and "so far (diverged)" not in text
+    live = html.unescape(write_report(path, tmp_path / "live", run_id=ids["C"]).read_text())
+    assert "Only 6 of 9 snapshots are recorded so far (stopped)." in live

@@ -1,0 +1,178 @@
+"""The causal head gating figure: CHG labels, gates recorded during training or fitted by
+`dynamics gates`, and the colours and label shares it draws."""
+
+from __future__ import annotations
+
+import html
+import json
+
+import numpy as np
+
+from dynamics import store
+from dynamics.report import CHG_LABELS, _Run, chg_label, write_report
+from tests._report_store import TINY, _capture_figures, _gates_dataset, _synthetic_store, _written_run
+
+
+def test_chg_label_follows_the_paper_taxonomy():
+    plus = np.array([0.9, 0.9, 0.1, 0.1, np.nan, 0.5])
+    minus = np.array([0.9, 0.1, 0.1, 0.9, 0.5, 0.5])
+    assert chg_label(plus, minus).tolist() == [*CHG_LABELS, "facilitating"]  # threshold counts as high
+
+
+def test_a_swept_value_keeps_its_colour_in_every_figure(tmp_path, monkeypatch):
+    from matplotlib import colormaps
+    from matplotlib.colors import to_rgba
+
+    from dynamics.config import from_dict
+    from dynamics.report import chg
+
+    points = {f"r{i}": {"model.init_scale": scale, "train.seed": 0} for i, scale in enumerate((0.5, 1.0, 2.0))}
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, points)
+    cfg = from_dict(TINY)
+    for rid in ("r1", "r2"):  # gates for the two larger scales only
+        store.write_derived(path, f"gates.{rid}", _gates_dataset(cfg, seed=int(rid[1])))
+    figs = _capture_figures(monkeypatch, chg)
+    write_report(path, tmp_path / "out", run_id="r1", compute_missing=False)  # the CHG figure needs no analysis
+    ax1 = figs["chg.png"].axes[0]
+    dots = [c for c in ax1.collections if len(c.get_offsets()) == 4 and c.get_facecolors().shape[0]
+            and c.get_facecolors()[0, 3] > 0]  # the runs' dots: 4 heads each (rings are hollow)
+    viridis = colormaps["viridis"]
+    # Ranked among all three runs of the sweep (0.45: the middle of the 0..0.9 range), not among
+    # the two that have gates, where init_scale 1.0 would take the colour of 0.5 in the curves.
+    assert [tuple(np.round(c.get_facecolors()[0, :3], 4)) for c in dots] == [
+        tuple(np.round(to_rgba(viridis(x))[:3], 4)) for x in (0.45, 0.9)]
+
+
+def test_chg_labels_are_the_stored_majority_roles_not_the_mean_gates(tmp_path, monkeypatch):
+    from dynamics.config import from_dict
+    from dynamics.report import chg
+
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    gates = _gates_dataset(from_dict(TINY))
+    store.write_derived(path, "gates.r0", gates)
+    mean = gates["chg"].mean("restart")
+    assert chg_label(mean.sel(fit="plus"), mean.sel(fit="minus"))[0, 0] == "irrelevant"  # what averaging first says
+    assert CHG_LABELS[int(gates["role"][0, 0])] == "facilitating"  # what `dynamics gates` says
+
+    figs = _capture_figures(monkeypatch, chg)
+    page = write_report(path, tmp_path / "out", compute_missing=False)  # the CHG figure needs no analysis
+    share = {line.get_label(): line.get_ydata().tolist() for line in figs["chg.png"].axes[2].get_lines()}
+    expected = (gates["role"].values.ravel()[None, :] == np.arange(4)[:, None]).mean(1)
+    assert [share[name][0] for name in CHG_LABELS[:3]] == expected[:3].tolist()
+    assert share["facilitating"][0] >= 0.25  # head L0H0 counted as facilitating
+    text = html.unescape(page.read_text())
+    by_mean = chg_label(mean.sel(fit="plus"), mean.sel(fit="minus")).ravel()
+    off = int((by_mean != np.asarray(CHG_LABELS)[gates["role"].values.ravel()]).sum())
+    assert off >= 1  # head L0H0 at least: ringed, and counted in the caption
+    assert "majority vote over restarts" in text and f"left: {off} of 4 heads" in text
+
+    run = _Run("r0", "completed", {}, None, 9, np.zeros(9, bool), np.arange(9))
+    pair, role, _ = chg._chg_of_run(path, run, ["gates.r0"])
+    labels, stored = chg._chg_classes(pair, role)
+    assert stored and labels.shape == (1, 4)
+    assert labels[0].tolist() == [CHG_LABELS[c] for c in gates["role"].values.ravel()]
+    # Without `role`, the majority of the per-restart codes: the same answer.
+    codes = chg._role_codes(gates.drop_vars("role"), ("snapshot", "layer", "head"))
+    assert codes.values.tolist() == gates["role"].values.tolist()
+
+
+def test_derived_gates_sit_at_the_checkpoint_step_they_were_fitted_at(tmp_path):
+    # `dynamics gates` on an interrupted run fits its checkpoint; the run may be resumed and
+    # finished later, so its last recorded snapshot is not where those gates belong.
+    from dynamics.config import from_dict
+    from dynamics.report import chg
+
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    run = _Run("r0", "completed", {}, None, 9, np.ones(9, bool), np.arange(9) * 10)
+    gates = _gates_dataset(from_dict(TINY))
+    store.write_derived(path, "gates.r0", gates)
+    assert chg._chg_of_run(path, run, ["gates.r0"])[0]["step"].values.tolist() == [80]  # no step recorded
+    store.write_derived(path, "gates.r0", gates.assign_attrs(step=30))
+    assert chg._chg_of_run(path, run, ["gates.r0"])[0]["step"].values.tolist() == [30]
+
+
+def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisional(tmp_path, monkeypatch):
+    # A run with gates recorded during training (steps 0 and 8) and a `dynamics gates` re-fit at
+    # step 16: the "last fit" panel showed the step-8 fit, with no word of the re-fit, and nothing
+    # said the run was still going (fits up to step 16 of 40).
+    from dynamics.config import from_dict, with_values
+    from dynamics.record import coords, snapshot_steps, variables
+    from dynamics.report import chg
+    from dynamics.report.data import _Ctx
+
+    cfg = with_values(from_dict(TINY), {"record.chg_every": 4})
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    path = tmp_path / "s.zarr"
+    writer = store.RunWriter(path, "r0", variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                             attrs={"status": "running", "config": cfg.to_dict()})
+    recorded = np.full((2, 2, 2, 2), 0.8, np.float32)  # (fit snapshot, layer, head, fit): all facilitating
+    for n, i in enumerate((0, 4)):  # steps 0 and 8
+        writer.write_snapshot(i, {"chg": recorded[n], "chg_role": np.zeros((2, 2), np.int8)})
+    writer.finalize()
+    gates = _gates_dataset(cfg).assign_attrs(options={"restarts": 3, "steps": 500, "lam": 0.3, "threshold": 0.5})
+    run = _Run("r0", "running", {}, None, len(steps_at), np.zeros(len(steps_at), bool), np.asarray(steps_at))
+
+    def left_step(step):
+        store.write_derived(path, "gates.r0", gates.assign_attrs(step=step))
+        pair, _, source = chg._chg_of_run(path, run, ["gates.r0"])
+        return int(pair["step"][-1]), source
+
+    assert left_step(4) == (8, "recorded during training (chg)")  # the re-fit is of an earlier checkpoint
+    refit = "derived/gates.r0 (`dynamics gates`, 3 restart(s) x 500 updates, lambda 0.3)"  # how it was fitted
+    assert left_step(8) == (8, refit)  # same step: the explicit re-fit
+    assert left_step(16) == (16, refit)
+
+    figs = {}
+    monkeypatch.setattr(chg, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)  # read, not drawn
+    sec = chg._chg_section(_Ctx(path, [run], "r0", [], tmp_path, False))
+    left, middle = figs["chg.png"].axes[:2]
+    dots = next(c for c in left.collections if len(c.get_offsets()) == 4)
+    np.testing.assert_allclose(dots.get_offsets(), gates["chg"].mean("restart").values.reshape(4, 2), rtol=1e-6)
+    path_dots = next(c for c in middle.collections if len(c.get_offsets()) == 8)  # 2 recorded fits x 4 heads
+    assert np.allclose(path_dots.get_offsets(), 0.8)
+    assert middle.get_title() == "run r0: each head over training so far"
+    caption = sec.figures[0][1]
+    assert f"Left: {refit} for run(s) r0. Middle and right: recorded during training (chg)." in caption
+    assert "Run(s) r0 have fits recorded during training and a `dynamics gates` fit" in caption
+    assert "so provisional (a run still training, stopped, or a fit of an earlier checkpoint): r0 (running, step 16 of 40)." in caption
+
+
+def test_chg_taxonomy_shares_over_training_are_fractions_of_the_heads_at_each_fit(tmp_path, monkeypatch):
+    # A share over heads x fits (sum / labels.size) drew the same single-fit figure and halved
+    # these two fits' shares: each point is the fraction of the 4 heads holding the label then.
+    from dynamics.config import from_dict
+    from dynamics.gates import UNFITTED
+    from dynamics.record import coords, snapshot_steps, variables
+    from dynamics.report import chg
+
+    raw = json.loads(json.dumps(TINY))
+    cfg = from_dict(raw | {"record": raw["record"] | {"chg_every": 4, "chg_steps": 5}})
+    path = tmp_path / "s.zarr"
+    _written_run(path, "r0", cfg, "completed")
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    S, L, H = len(steps_at), cfg.model.n_layers, cfg.model.n_heads
+    assert (L, H) == (2, 2) and S >= 3
+    position = {0: (0.9, 0.9), 1: (0.9, 0.1), 2: (0.1, 0.1)}  # facilitating, irrelevant, interfering
+    codes = {0: [0, 0, 0, 0], 2: [0, 1, 2, 2]}  # fitted at snapshots 0 and 2 only
+    gates = np.full((S, L, H, 2), np.nan, np.float32)
+    roles = np.full((S, L, H), UNFITTED, np.int8)
+    for i, cs in codes.items():
+        gates[i] = np.array([position[c] for c in cs], np.float32).reshape(L, H, 2)
+        roles[i] = np.array(cs, np.int8).reshape(L, H)
+    writer = store.RunWriter(path, "r0", variables=variables(cfg, S), coords=coords(cfg, steps_at), attrs={},
+                             resume=True)
+    writer.write_region("chg", 0, gates)
+    writer.write_region("chg_role", 0, roles)
+    writer.finalize()
+
+    figs = _capture_figures(monkeypatch, chg)
+    write_report(path, tmp_path / "out", compute_missing=False)
+    ax3 = next(ax for ax in figs["chg.png"].axes if ax.get_ylabel() == "heads with this CHG label (fraction)")
+    share = {line.get_label(): line.get_xydata().tolist() for line in ax3.get_lines()}
+    at = [float(steps_at[0]), float(steps_at[2])]
+    assert share["facilitating"] == [[at[0], 1.0], [at[1], 0.25]]
+    assert share["irrelevant"] == [[at[0], 0.0], [at[1], 0.25]]
+    assert share["interfering"] == [[at[0], 0.0], [at[1], 0.5]]

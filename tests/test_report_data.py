@@ -1,0 +1,277 @@
+"""Reading the runs for the report: their status, an analysis stored or computed here, damaged
+recordings and analyses, and the swept values and settings the runs table shows."""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+
+import numpy as np
+
+from dynamics import cli, store
+from dynamics.report import _choose_run, _Run, write_report
+from tests._report_store import TINY, _flip, _synthetic_store, _unwritten_run, _written_run
+
+
+def test_partial_store_runs_are_analysed_in_memory_and_said_so(built):
+    path, page, ids = built
+    text = page.read_text()
+    row = {k: re.search(rf"<tr><td><code>{ids[k]}</code>.*?</tr>", text).group(0) for k in ids}
+    assert ">pending<" in row["P"] and "not started yet" in row["P"]  # in the sweep index, never started
+    assert "2 completed, 1 pending, 1 stopped (3 of 4 runs of the sweep index started)" in text
+    assert "stored by `dynamics analyse`" in html.unescape(row["A"])
+    assert "computed for this report (not stored)" in row["B"]
+    # "running" in its attrs, but nobody holds its training lock: killed, shown as `dynamics status` does.
+    assert store.run_attrs(path, ids["C"])["status"] == "running"
+    assert ">stopped<" in row["C"] and ">running<" not in row["C"]
+    assert "computed for this report on 6 of 9 snapshots" in row["C"]
+    assert "6/9" in row["C"]
+    assert store.open_analysis(path, ids["B"]) is None  # the report never writes to the store
+    assert "derived/gates." in text and "recorded during training (chg)" in text
+
+
+def test_a_finished_run_missing_a_chunk_it_wrote_is_damaged_not_drawn_as_nan(tmp_path):
+    # zarr reads a lost chunk file as the fill value: a completed run whose attention chunks are
+    # gone was drawn and analysed as NaN maps ("no role"), and the report exited 0.
+    path = tmp_path / "s.zarr"
+    _unwritten_run(path, "completed")  # arrays made, no chunk on disk: as if every chunk were lost
+    damaged: dict[str, str] = {}
+    text = html.unescape(write_report(path, tmp_path / "out", on_damaged=damaged.__setitem__).read_text())
+    assert list(damaged) == ["r0"]
+    assert "run r0: array attention at snapshot 0 (step 0): its chunk runs/r0/attention/c/0/" in damaged["r0"]
+    assert "more chunk(s) of its arrays), though the run wrote it: zarr would read it as nan" in damaged["r0"]
+    assert "run r0 (damaged) could not be read (StoreError: " in text
+
+
+def test_choose_run_prefers_the_median_completed_run():
+    def run(rid, status, loss, n):
+        return _Run(rid, status, {}, loss, 9, np.arange(9) < n, np.arange(9))
+
+    runs = [run("a", "completed", 2.0, 9), run("b", "completed", 1.0, 9), run("c", "completed", 3.0, 9),
+            run("d", "running", 0.1, 4)]
+    assert _choose_run(runs) == "a"
+    assert _choose_run([run("d", "running", None, 4), run("e", "failed", None, 7)]) == "e"
+    assert _choose_run([]) is None
+
+
+def test_runs_of_other_base_configs_at_one_swept_point_are_not_averaged_as_seeds(tmp_path):
+    # Two sweeps of init_scale x seed into one store, the second with --set train.lr=...: grouped by
+    # the swept values alone, the curves' "mean over seeds" averaged two configs (mean of 4).
+    from dynamics.config import from_dict, with_values
+    from dynamics.report.data import _collect_or_note, _colour_axes, _pending_runs, _setting_axes
+    from dynamics.report.draw import _groups
+
+    base = from_dict(TINY)
+    path = tmp_path / "s.zarr"
+    points = {}
+    for lr in (1e-2, 1e-3):
+        for seed in (0, 1):
+            cfg = with_values(base, {"train.lr": lr, "train.seed": seed})
+            _written_run(path, cfg.run_id(), cfg, "completed")
+            points[cfg.run_id()] = {"model.init_scale": 1.0, "train.seed": seed}
+    points["rother"] = {"model.init_scale": 2.0, "train.seed": 0}  # pending: varies init_scale
+    index = {"axes": ["model.init_scale", "train.seed"], "runs": points}
+    store.write_sweep_index(path, index)
+    runs = [_collect_or_note(path, rid, index, False) for rid in store.list_runs(path)]  # grouping needs no analysis
+    axes = _colour_axes([*runs, *_pending_runs(index, store.list_runs(path))], index)  # as write_report does
+    axes += _setting_axes(runs, axes)
+    groups = _groups(runs, axes)
+    assert sorted(len(m) for m in groups.members.values()) == [2, 2]
+    assert sorted(groups.labels[k] for k in groups.keys) == ["init_scale=1, lr=0.001", "init_scale=1, lr=0.01"]
+    # The runs table names what the legends tell apart: it listed init_scale and seed only, so a
+    # run could not be told to be in the lr=0.001 group or the lr=0.01 one.
+    page = write_report(path, tmp_path / "out", compute_missing=False).read_text()
+    table = page[page.index("<table>"):page.index("</table>")]
+    assert "<th>init_scale</th><th>seed</th><th>lr</th>" in table
+    # in the grid's order, as `dynamics status` lists them (init_scale, then seed), not by id; at
+    # one point, in the order the index records the runs: the lr=0.01 sweep's before the lr=0.001 one's
+    order = list(points)
+    grid = [*sorted(runs, key=lambda r: (r.params["train.seed"], order.index(r.run_id))), "rother"]
+    assert re.findall(r"<tr><td><code>(\w+)</code>", table) == [getattr(r, "run_id", r) for r in grid]
+    for r in runs:
+        lr = store.run_attrs(path, r.run_id)["config"]["train"]["lr"]
+        assert re.search(f"<code>{r.run_id}</code>(?: \\(shown\\))?</td><td>1</td><td>{r.params['train.seed']}</td><td>{lr:g}</td>", table)
+
+
+def test_the_runs_table_names_the_setting_that_tells_runs_at_one_swept_point_apart():
+    # A seed sweep from two base configs (--set train.lr=...) into one store, and a seed sweep of
+    # conditioned gates beside its free runs (README, Configs): the runs table showed only the swept
+    # columns, so the two runs of one seed were two identical rows.
+    from dynamics.config import from_dict, with_values
+    from dynamics.identity import seed_settings
+    from dynamics.report.data import _table_settings
+    from dynamics.report.page import _runs_table
+
+    base = from_dict(TINY)
+    gated = from_dict({**TINY, "intervene": {"conditioned_gates": {"pool": "mean"}}})
+
+    def run(rid, cfg, seed):
+        return _Run(rid, "completed", {"train.seed": seed}, 1.0, 3, np.ones(3, bool), np.arange(3),
+                    settings=seed_settings(with_values(cfg, {"train.seed": seed}).to_dict()))
+
+    pending = _Run("rp", "pending", {"train.seed": 1}, None, 3, np.zeros(3, bool), np.arange(3))
+
+    def table(runs):
+        axes = ["train.seed", *_table_settings(runs, ["train.seed"], ["train.seed"])]
+        text = _runs_table([*runs, pending], axes, None)
+        return text, {r.split("</code>")[0]: re.findall(r"<td>([^<]*)</td>", r)[:len(axes)]
+                      for r in text.split("<tr><td><code>")[1:]}
+
+    text, rows = table([run("ra", with_values(base, {"train.lr": 3e-3}), 0), run("rb", base, 0)])
+    assert "<th>seed</th><th>lr</th>" in text
+    assert rows == {"ra": ["0", "0.003"], "rb": ["0", "0.01"], "rp": ["1", ""]}  # pending: no settings to show
+    text, rows = table([run("ra", gated, 0), run("rb", base, 0)])
+    assert "<th>conditioned_gates</th>" in text and rows["rb"] == ["0", "none"] and "mean" in rows["ra"][1]
+
+
+def test_the_runs_table_and_status_name_the_same_settings_in_the_same_order():
+    # Two copies of one grouping: status sorted the settings that differ at some swept point, the
+    # report listed them point by point, so one store's two tables put them in other orders when
+    # two points differ in different settings (lr at seed 0, the gates at seed 1).
+    from dynamics.config import from_dict, with_values
+    from dynamics.identity import seed_settings
+    from dynamics.report.data import _table_settings
+    from dynamics.status import setting_columns
+
+    base = from_dict(TINY)
+    gated = from_dict({**TINY, "intervene": {"conditioned_gates": {"pool": "mean"}}})
+    runs = [(rid, with_values(cfg, {"train.seed": seed}))
+            for rid, cfg, seed in (("ra", with_values(base, {"train.lr": 3e-3}), 0), ("rb", base, 0),
+                                   ("rc", base, 1), ("rd", gated, 1))]
+    report = [_Run(rid, "completed", {"train.seed": cfg.train.seed}, 1.0, 3, np.ones(3, bool), np.arange(3),
+                   settings=seed_settings(cfg.to_dict())) for rid, cfg in runs]
+    status = setting_columns({rid: seed_settings(cfg.to_dict()) for rid, cfg in runs},
+                             {rid: [str(cfg.train.seed)] for rid, cfg in runs})
+    assert status == ["intervene.conditioned_gates", "train.lr"]
+    assert _table_settings(report, ["train.seed"], ["train.seed"]) == status
+
+
+def test_status_pending_and_stopped_runs(tmp_path):
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}}, status="running")
+    index = store.read_sweep_index(path)
+    index["runs"]["r9"] = {"model.init_scale": 2.0, "train.seed": 0}  # in the sweep, never started
+    store.write_sweep_index(path, index)
+
+    def rows(text):
+        return {m.group(1): m.group(0) for m in re.finditer(r"<tr><td><code>(\w+)</code>.*?</tr>", text)}
+
+    text = write_report(path, tmp_path / "a").read_text()
+    assert ">stopped<" in rows(text)["r0"]  # "running", but no process holds its training lock
+    assert ">pending<" in rows(text)["r9"] and "not started yet" in rows(text)["r9"]
+    assert "1 pending, 1 stopped (1 of 2 runs of the sweep index started)" in text
+    assert "have not started yet (pending): r9" in text
+    with store.run_lock(path, "r0"):  # a live trainer holds it
+        text = write_report(path, tmp_path / "b").read_text()
+    assert ">running<" in rows(text)["r0"]
+
+
+def test_a_run_outside_the_sweep_index_shows_its_own_nested_swept_value(tmp_path):
+    # A run trained into a sweep's store by `dynamics run` is not in the sweep index: its value of
+    # each swept axis comes from its own config, at any depth (intervene.templates.weight).
+    from dynamics.config import from_dict
+
+    cfg = from_dict(TINY)
+    raw = cfg.to_dict()
+    raw.pop("sweep")
+    raw["intervene"] = {"templates": {"weight": 0.5, "heads": [{"layer": 0, "head": 0, "pattern": "previous_token"}]}}
+    path = tmp_path / "s.zarr"
+    _written_run(path, "rextra", cfg, "completed", config=raw)
+    store.write_sweep_index(path, {"axes": ["intervene.templates.weight", "train.seed"], "runs": {}})
+    text = write_report(path, tmp_path / "out", compute_missing=False).read_text()
+    row = re.search(r"<tr><td><code>rextra</code>.*?</tr>", text).group(0)
+    assert re.findall(r"<td>([^<]*)</td>", row)[:2] == ["0.5", "0"], row
+
+
+def test_an_analysis_stored_by_older_analysers_is_recomputed_and_said_so(built, tmp_path):
+    # Run A's stored analysis, stamped as another version: its numbers are not mixed with this version's.
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    stale = store.open_analysis(copy, ids["A"]).load()
+    stale.attrs["analysis_version"] = 1
+    store.write_analysis(copy, ids["A"], stale)
+    text = html.unescape(write_report(copy, tmp_path / "out").read_text())
+    row = re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
+    assert "computed for this report (not stored); the stored one is from an older version of the analysers" in row
+    assert "stored by `dynamics analyse`" not in row
+    # without computing, the chosen run's figures say the same, not that it has no analysis
+    text = html.unescape(write_report(copy, tmp_path / "out2", run_id=ids["A"], compute_missing=False).read_text())
+    assert "role labels not available because the run's stored analysis is from an older version" in text
+    assert (f"the dendrogram and JS matrix of run {ids['A']} because the run's stored analysis is from an older "
+            "version") in text
+
+
+def test_a_damaged_stored_analysis_is_recomputed_and_said_so(built, tmp_path):
+    # It was recomputed without a word: the page read as if nothing were wrong with the store
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    chunk = next(p for p in sorted((copy / "analysis" / ids["A"] / "role" / "c").rglob("*")) if p.is_file())
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x08
+    chunk.write_bytes(bytes(data))
+    said = ("its stored analysis could not be read (a chunk failed its checksum; `dynamics analyse` writes it "
+            "again)")
+    text = html.unescape(write_report(copy, tmp_path / "out").read_text())
+    row = re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
+    assert f"computed for this report (not stored); {said}" in row
+    text = html.unescape(write_report(copy, tmp_path / "out2", compute_missing=False).read_text())
+    assert said in re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
+    # a chunk file lost, from the analysis and from the predictor's curve: named, not read as fill values
+    chunk.unlink()
+    curve = next(p for p in sorted((copy / "derived").glob("predict*")))
+    next(p for p in sorted((curve / "score" / "c").rglob("*")) if p.is_file()).unlink()
+    text = html.unescape(write_report(copy, tmp_path / "out3").read_text())
+    row = re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
+    assert (f"its stored analysis could not be read (StoreError: {copy}: analysis/{ids['A']}: array role has 1 of "
+            f"its 1 chunk(s) missing") in row
+    assert (f"Not available: the predictor curve derived/{curve.name} because it could not be read ({copy}: "
+            f"derived/{curve.name}: array score has 1 of its") in text
+
+
+def test_a_recording_or_curve_failing_its_checksum_is_named_where_it_was_read(built, tmp_path, capsys):
+    # zarr's own error stood on the page ("ValueError: Stored and computed checksum do not match.
+    # Stored: b'...'"), a whole section lost for one curve, and the command exited 0 saying nothing
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    _flip(copy / "runs" / ids["B"] / "head" / "c")  # read as the run is opened
+    chunk = _flip(copy / "runs" / ids["A"] / "attention" / "c")  # read for the attention maps of A, shown
+    curve = next(p for p in sorted((copy / "derived").glob("predict*")))
+    _flip(curve / "score" / "c")
+    assert cli.main(["report", str(copy), "--out", str(tmp_path / "out"), "--run", ids["A"]]) == 1
+    err = capsys.readouterr().err
+    assert (f"dynamics: {copy}: run {ids['B']}: array head: its chunk runs/{ids['B']}/head/c/0 cannot be decoded "
+            f"(damaged: its CRC32C checksum does not match") in err
+    assert err.strip().splitlines()[-1] == f"dynamics: 1 run(s) could not be read (damaged), skipped: {ids['B']}"
+    text = html.unescape((tmp_path / "out" / "index.html").read_text())
+    assert re.search(rf"<code>{ids['B']}</code></td>.*?<td>damaged</td>", text)
+    snapshot = chunk.relative_to(copy / "runs" / ids["A"] / "attention" / "c").parts[0]
+    assert (f"Not available: the attention figures because building them failed ({copy}: run {ids['A']}: array "
+            f"attention at snapshot {snapshot}") in text
+    assert (f"Not available: the predictor curve derived/{curve.name} because it could not be read (a chunk failed "
+            f"its checksum).") in text
+    assert "Stored and computed checksum" not in text
+
+
+def test_report_reads_each_runs_attributes_once_and_lists_a_damaged_run_as_damaged(tmp_path, monkeypatch, capsys):
+    # The CLI read every run's attributes to look for damage, then the report read them again for
+    # its rows (a damaged run three times, and listed with status "unknown").
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0},
+                            "r1": {"model.init_scale": 2.0, "train.seed": 0}})
+    meta = path / "runs" / "r1" / "zarr.json"
+    meta.write_bytes(meta.read_bytes()[:40])
+    reads = []
+    real = store.run_attrs
+    monkeypatch.setattr(store, "run_attrs", lambda p, rid: reads.append(rid) or real(p, rid))
+    assert cli.main(["report", str(path), "--out", str(tmp_path / "out"), "--no-compute"]) == 1
+    assert sorted(reads) == ["r0", "r1"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "dynamics: 1 run(s) could not be read (damaged), skipped: r1"
+    assert "runs/r1/zarr.json cannot be read (damaged)" in [line for line in err if not line.startswith("[report]")][0]
+    text = (tmp_path / "out" / "index.html").read_text()
+    assert re.search(r"<code>r1</code></td><td>2</td><td>0</td><td>damaged</td>", text)  # not the run shown
+    assert "<code>r0</code> (shown)" in text

@@ -1,0 +1,77 @@
+"""The drawing helpers the figures share: runs grouped into colours, line styles and markers,
+legends, and the step axis."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from dynamics.report import _Run
+
+
+def test_groups_differing_only_in_the_second_axis_look_different():
+    from matplotlib.figure import Figure
+
+    from dynamics.report.draw import _curves, _groups, _legend
+
+    axes = ["model.init_scale", "train.lr", "train.seed"]
+    runs = [_Run(f"r{i}{j}{s}", "completed", {"model.init_scale": scale, "train.lr": lr, "train.seed": s},
+                 1.0, 3, np.ones(3, bool), np.arange(3))
+            for i, scale in enumerate((0.5, 2.0)) for j, lr in enumerate((1e-3, 1e-2)) for s in (0, 1)]
+    groups = _groups(runs, axes)
+    assert len(groups.keys) == 4 and all(len(m) == 2 for m in groups.members.values())  # seeds pooled
+    looks = {k: (groups.colours[k], str(groups.styles[k])) for k in groups.keys}
+    marks = {k: (groups.colours[k], groups.markers[k]) for k in groups.keys}
+    assert len(set(looks.values())) == 4 and len(set(marks.values())) == 4  # every group its own look
+    same_scale = [k for k in groups.keys if json.loads(k[0]) == 0.5]
+    assert groups.colours[same_scale[0]] == groups.colours[same_scale[1]]  # colour: init_scale, ranked
+    assert groups.styles[same_scale[0]] != groups.styles[same_scale[1]]  # line style: lr
+    assert {groups.labels[k] for k in same_scale} == {"init_scale=0.5, lr=0.001", "init_scale=0.5, lr=0.01"}
+    assert "init_scale" in groups.title and "lr" in groups.title
+
+    ax = Figure().subplots()
+    _curves(ax, groups, {r.run_id: (np.arange(3), np.arange(3.0) + i) for i, r in enumerate(runs)})
+    _legend(ax, groups)
+    assert "lr" in ax.get_legend().get_title().get_text()
+    means = {line.get_label(): line.get_linestyle() for line in ax.get_lines() if "mean of 2" in line.get_label()}
+    assert means["init_scale=0.5, lr=0.001 (mean of 2)"] != means["init_scale=0.5, lr=0.01 (mean of 2)"]
+
+
+def test_step_axis_is_symlog_for_a_geometric_schedule_only_however_many_runs():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dynamics.report.draw import _step_axis
+
+    linear, geometric = np.arange(0, 1001, 100.0), np.array([0, 1, 2, 4, 8, 16, 32, 100, 500, 1000.0])
+    for steps, scale in ((linear, "linear"), (np.r_[linear, linear], "linear"),  # two runs' steps at once
+                         (geometric, "symlog"), (np.r_[geometric, geometric, np.nan], "symlog")):
+        fig, ax = plt.subplots()
+        _step_axis(ax, steps)
+        assert ax.get_xscale() == scale, (steps, scale)
+        plt.close(fig)
+
+
+def test_swept_values_with_dollar_signs_are_drawn_as_written():
+    # A pair of `$` in a legend label is mathtext to matplotlib: a swept teacher store path
+    # "runs/$a_$.zarr" raised ValueError at savefig, and the report lost the whole section.
+    import io
+
+    from dynamics.report.draw import _curves, _figure, _groups, _legend
+
+    axes = ["intervene.distill.teacher", "train.seed"]
+    paths = ["runs/$a_$.zarr", "runs/$b$.zarr"]
+    runs = [_Run(f"r{i}", "completed", {"intervene.distill.teacher": p, "train.seed": 0}, 1.0, 3, np.ones(3, bool),
+                 np.arange(3)) for i, p in enumerate(paths)]
+    groups = _groups(runs, axes)
+    fig = _figure(4, 3)
+    ax = fig.subplots()
+    _curves(ax, groups, {r.run_id: (np.arange(3), np.arange(3.0)) for r in runs})
+    _legend(ax, groups)
+    fig.savefig(io.BytesIO(), format="png")
+    shown = [t._preprocess_math(t.get_text()) for t in ax.get_legend().get_texts()]  # (text drawn, as mathtext?)
+    assert shown == [(f"teacher={p}", False) for p in paths]
+    assert sorted(groups.labels.values()) == [f"teacher={p}" for p in paths]  # captions (HTML) keep the value as is

@@ -1,0 +1,139 @@
+"""The emergence curves and the bifurcation figure: unfinished and single-head runs, the kappa and
+offset window the captions name, and means over fewer seeds."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import numpy as np
+import xarray as xr
+
+from dynamics.report import _Run
+from tests._report_store import _capture_figures
+
+
+def _analysed_run(rid: str, status: str, scale: float, bifurcation: float, slash: float) -> _Run:
+    steps = np.array([0, 10, 20, 40])
+    analysis = xr.Dataset({"bifurcation_step": ((), bifurcation),
+                           "slash_emergence_step": (("layer", "head"), np.full((1, 2), slash))},
+                          coords={"step": ("snapshot", steps)}, attrs={"slash_offsets": [1, 5]})
+    return _Run(rid, status, {"model.init_scale": scale, "train.seed": 0}, 1.0, 4, np.ones(4, bool), steps,
+                analysis=analysis, analysis_source="stored")
+
+
+def test_bifurcation_marks_unfinished_runs_and_says_what_the_mean_is(tmp_path, monkeypatch):
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    runs = [_analysed_run("done10", "completed", 1.0, 10.0, 20.0),
+            _analysed_run("done30", "completed", 1.0, 30.0, np.nan),
+            _analysed_run("never", "diverged", 2.0, np.nan, np.nan),
+            _analysed_run("live", "running", 1.0, 4.0, np.nan),
+            _analysed_run("stopped", "stopped", 2.0, np.nan, 20.0)]
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, ["model.init_scale", "train.seed"],
+                                              tmp_path, True))
+    ax = figs["bifurcation.png"].axes[0]  # bifurcation step against init_scale
+    ticks = dict(zip([t.get_text() for t in ax.get_yticklabels()], ax.get_yticks(), strict=True))
+    marks = []
+    for c in ax.collections:
+        face = c.get_facecolors()
+        hollow = face.shape[0] == 0 or face[0, 3] == 0
+        marks.extend((tuple(xy), hollow) for xy in c.get_offsets().tolist())
+    assert ((1.0, 10.0), False) in marks and ((1.0, 30.0), False) in marks  # finished: filled
+    assert ((1.0, 4.0), True) in marks  # unfinished, with a step so far: hollow
+    assert ((2.0, ticks["never"]), False) in marks  # finished without the event: "never"
+    assert ((2.0, ticks["not yet"]), True) in marks  # unfinished without it: "not yet", not "never"
+    (mean_line,) = ax.get_lines()
+    assert mean_line.get_xydata().tolist() == [[1.0, 20.0]]  # finished runs where it happened only
+    assert mean_line.get_marker() not in (None, "None", "", " ")  # one point: a bare line drew nothing
+    caption = sec.figures[0][1]
+    assert "live (running)" in caption and "stopped (stopped)" in caption and "not yet" in caption
+    assert "bifurcation: 1 of 3 finished run(s) never reached it, 1 of 2 unfinished run(s) not yet" in caption
+    assert "mean over the finished runs where the event happened" in caption
+
+
+def test_captions_name_the_slash_window_and_the_unfinished_run(built):
+    _, page, ids = built
+    text = html.unescape(page.read_text())
+    assert "best offset in 1..8" in text  # analyse_run's window: offsets 1..T // 2, T = 16
+    assert "best offset >= 1" not in text
+    assert f"Hollow marks: unfinished runs ({ids['C']} (stopped))" in text
+
+
+def test_single_head_runs_are_not_drawn_as_never_bifurcating(tmp_path, monkeypatch):
+    # One head per layer: no head pair, so mean_divergence is NaN throughout and bifurcation_step
+    # is undefined; the figure must not put such a run on the "never" row as a finished run
+    # that never bifurcated, nor give it a legend entry in the divergence curves.
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    steps = np.array([0, 10, 20, 40])
+
+    def run(rid, heads, divergence, bifurcation):
+        analysis = xr.Dataset({"bifurcation_step": ((), bifurcation),
+                               "mean_divergence": (("snapshot",), np.asarray(divergence, float)),
+                               "best_slash": (("snapshot", "layer", "head"), np.full((4, 1, heads), 0.2)),
+                               "slash_dominant": (("snapshot", "layer", "head"), np.zeros((4, 1, heads), bool)),
+                               "slash_emergence_step": (("layer", "head"), np.full((1, heads), np.nan))},
+                              coords={"step": ("snapshot", steps)})
+        return _Run(rid, "completed", {"model.n_heads": heads, "train.seed": 0}, 1.0, 4, np.ones(4, bool), steps,
+                    analysis=analysis, analysis_source="stored")
+
+    runs = [run("one", 1, [np.nan] * 4, np.nan), run("two", 2, [0.1, 0.1, 0.3, 0.4], 20.0)]
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    ctx = _Ctx(tmp_path / "x", runs, None, ["model.n_heads"], tmp_path, True)
+    sec = emergence._bifurcation_section(ctx)
+    top = figs["bifurcation.png"].axes[0]
+    assert "never" not in [t.get_text() for t in top.get_yticklabels()]
+    xs = [xy[0] for c in top.collections for xy in c.get_offsets().tolist()]
+    assert xs == [2.0]  # the two-head run only
+    caption = sec.figures[0][1]
+    assert "bifurcation: 0 of 1 finished run(s) never reached it" in caption
+    assert "one head per layer" in caption and "one" in caption.split("not 'never': ")[-1]
+
+    sec = emergence._emergence_section(ctx)
+    div = figs["emergence_divergence.png"].axes[0]
+    assert [t.get_text() for t in div.get_legend().get_texts()] == ["n_heads=2"]
+    assert "one head per layer" in sec.figures[-1][1]
+
+
+def test_slash_caption_and_line_name_each_kappa_the_runs_were_analysed_with(tmp_path, monkeypatch):
+    # Runs analysed with kappa 0.3 and 0.7: the caption and the dotted lines must show those,
+    # not the default 0.5 that neither run used.
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    steps = np.array([0, 10, 20, 40])
+
+    def run(rid, kappa):
+        analysis = xr.Dataset({"best_slash": (("snapshot", "layer", "head"), np.full((4, 1, 2), 0.2)),
+                               "slash_dominant": (("snapshot", "layer", "head"), np.zeros((4, 1, 2), bool)),
+                               "mean_divergence": (("snapshot",), np.array([0.1, 0.1, 0.2, 0.3]))},
+                              coords={"step": ("snapshot", steps)}, attrs={"kappa": kappa})
+        return _Run(rid, "completed", {"model.init_scale": kappa, "train.seed": 0}, 1.0, 4, np.ones(4, bool), steps,
+                    analysis=analysis, analysis_source="stored")
+
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    ctx = _Ctx(tmp_path / "x", [run("a", 0.3), run("b", 0.7)], None, ["model.init_scale"], tmp_path, True)
+    caption = emergence._emergence_section(ctx).figures[0][1]
+    assert "kappa = 0.3 or 0.7" in caption and "kappa = 0.5" not in caption
+    ax = figs["emergence_slash.png"].axes[0]
+    dotted = sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":")
+    assert dotted == [0.3, 0.7]
+
+
+def test_emergence_captions_say_where_the_mean_covers_fewer_seeds(built):
+    # Runs B and C share init_scale 2, but C stopped after 6 of 9 snapshots: past them the
+    # "mean of 2" line is B alone, and the caption must say so.
+    _, page, _ = built
+    captions = [c for c in re.findall(r"<figcaption>(.*?)</figcaption>", html.unescape(page.read_text()), re.S)
+                if "against training step" in c]
+    assert len(captions) == 3
+    for caption in captions:
+        assert ("(in init_scale=2, not every seed has a value at every step, e.g. a run still going, stopped or "
+                "diverged: there the mean and band are over the seeds that have one)") in caption

@@ -1,0 +1,170 @@
+"""The early-role predictor's curves: the chance level, folds where the metric is undefined, the
+capped band and its how-early answer, and curves made from other runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics import store
+from dynamics.analysis.pipeline import ANALYSIS_VERSION
+from tests._report_store import _predict_curve
+
+
+def _role_curve(chance_attr: float) -> xr.Dataset:
+    """A role curve in the schema of dynamics.predict.predict_runs: 3 folds of 4 heads holding
+    2, 2 and 4 of the 4 classes, so a constant guess of a class a fold holds scores 1/2, 1/2, 1/4."""
+    models = ["chance", "layer", "init_linear", "init_boosting", "linear", "boosting"]
+    target = np.array([0, 0, 0, 1, 0, 0, 0, 2, 0, 1, 2, 3], float)
+    row_fold = np.repeat(np.arange(3), 4)
+    score = np.full((2, len(models), 3), 0.4)
+    return xr.Dataset(
+        {"score": (("horizon", "model", "fold"), score), "target": ("head_row", target),
+         "test_groups": ("fold", np.array(["seed=0", "seed=1", "seed=2"]))},
+        coords={"horizon": [0.0, 0.5], "model": models, "fold": np.arange(3), "row_fold": ("head_row", row_fold)},
+        attrs={"target": "role", "description": "role label at the final snapshot", "metric": "balanced_accuracy",
+               "chance": chance_attr, "horizon_unit": "fraction", "group_by": "seed"})
+
+
+def test_predictor_chance_line_leaves_out_folds_of_one_class(tmp_path, monkeypatch):
+    # predict does not score a test fold of one class (a constant guess of it scores 1); the report
+    # still counted such a fold at 1/1, and drew chance above every model.
+    from dynamics.report import predictor
+    from dynamics.report.data import _Ctx
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    curve = _role_curve(chance_attr=0.375)
+    curve["target"][:4] = 0.0  # fold 0: one class
+    curve["score"][:, :, 0] = np.nan
+    store.write_derived(path, "predict.role", curve)
+    figs = {}
+    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    dotted = [ln for ln in figs["predict_role.png"].axes[0].get_lines() if ln.get_label().startswith("chance level")]
+    assert len(dotted) == 1 and dotted[0].get_ydata()[0] == pytest.approx((0.5 + 0.25) / 2)
+    caption = dict(sec.figures)["predict_role.png"]
+    assert "mean over the scored folds" in caption
+    assert ("balanced accuracy is undefined on 1 of 3 cross-validation folds holding out whole seeds (seed=0), whose "
+            "test targets are one class") in caption
+
+
+def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_folds_are_named(tmp_path, monkeypatch):
+    # A curve stored before predict's chance level counted classes per test fold says 1/4 (the
+    # table's classes): the dotted line sat below the chance model's own score, unexplained.
+    from dynamics.report import predictor
+    from dynamics.report.data import _Ctx
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)  # no runs: the section reads only derived/
+    store.write_derived(path, "predict.role", _role_curve(chance_attr=0.25))
+    slash = _predict_curve()
+    slash["score"][:, :, :2] = np.nan  # two test folds with one class: AUROC undefined there
+    slash["test_groups"] = ("fold", np.array(["seed=0", "seed=1", "seed=2"]))
+    slash.attrs.update(runs_left_out=["rdiv (diverged)"], folds_sharing_seeds=1, n_splits=3)  # as predict tells them
+    store.write_derived(path, "predict.slash", slash)
+    # Every test fold one class (3 seeds, each all redundant or all not): predict prints n/a
+    # throughout; the report said the curve "holds no numeric variable over horizon".
+    unscored = _predict_curve().drop_vars(["score_mean", "score_std"])
+    unscored["score"][:] = np.nan
+    unscored["test_groups"] = ("fold", np.array(["seed=0", "seed=1", "seed=2"]))
+    unscored.attrs.update(target="redundant")
+    store.write_derived(path, "predict.redundant", unscored)
+    figs = {}
+    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)  # read, not drawn
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    captions = dict(sec.figures)
+
+    role_ax = figs["predict_role.png"].axes[0]
+    dotted = [ln for ln in role_ax.get_lines() if ln.get_label().startswith("chance level")]
+    assert len(dotted) == 1 and dotted[0].get_ydata()[0] == pytest.approx((0.5 + 0.5 + 0.25) / 3)
+    assert dotted[0].get_label() == "chance level (0.42)"
+    assert "chance level 0.42, what a constant guess of a class each test fold holds scores" in captions["predict_role.png"]
+    assert "the training folds' majority class" in captions["predict_role.png"]
+    # Written before curves were stamped with the analysers' version: its role targets may be old ones.
+    assert (f"Stale: this curve was computed with analysers older than version stamping (this page: version "
+            f"{ANALYSIS_VERSION})") in captions["predict_role.png"]
+
+    text = captions["predict_slash.png"]
+    assert "over 3 cross-validation folds" not in text
+    assert "Stale" not in text
+    assert ("AUROC is undefined on 2 of 3 cross-validation folds holding out whole seeds (seed=0; seed=1), whose "
+            "test targets are one class: points are means over the other 1, no band from one fold") in text
+    assert "Left out: 1 run(s) not completed, so without a final role (rdiv (diverged))." in text
+    assert "Caution: in 1 of 3 folds a test run shares its seed" in text
+    assert "Left out" not in captions["predict_role.png"] and "Caution" not in captions["predict_role.png"]
+    assert "predict_redundant.png" not in captions
+    assert sec.missing == ["Not available: predictor curves for redundant because its AUROC is undefined on every test "
+                           "fold of derived/predict.redundant (seed=0; seed=1; seed=2), whose test targets are one class."]
+
+
+def test_the_predictor_caption_says_when_the_curve_was_made_from_other_runs():
+    # A run stopped when `dynamics predict` ran and finished since: the caption said it was "left out,
+    # not completed" beside a runs table listing it completed, and a deleted run went unmentioned.
+    from types import SimpleNamespace
+
+    from dynamics.report.predictor import _outdated
+
+    curve = _predict_curve().assign_coords(run=["ra", "rb"])
+    def ctx(**status):
+        return SimpleNamespace(runs=[SimpleNamespace(run_id=r, status=s) for r, s in status.items()])
+    assert _outdated(curve, ctx(ra="completed", rb="completed", rp="pending")) == ""
+    assert _outdated(curve, ctx(ra="completed", rb="completed", rc="completed")) == (
+        " Out of date: this curve was computed from other runs than the store's completed runs now: 1 completed "
+        "run(s) it leaves out (rc); rerun `dynamics predict`.")
+    assert _outdated(curve, ctx(ra="completed", rb="running")) == (
+        " Out of date: this curve was computed from other runs than the store's completed runs now: 1 of its runs "
+        "the store no longer holds as completed (rb); rerun `dynamics predict`.")
+    assert _outdated(_predict_curve(), ctx(rc="completed")) == ""  # a curve without its runs: nothing to compare
+
+
+def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_its_answer(tmp_path, monkeypatch):
+    # With 2 folds mean + sd passes 1, which no fold can score: the figure filled mean -+ sd while
+    # `dynamics predict` judged "how early" on the band capped to [0, 1], and the caption did not
+    # say what it had answered.
+    from dynamics.predict.readable import readable_of
+    from dynamics.report import predictor
+    from dynamics.report.data import _Ctx
+
+    curve = _predict_curve().isel(fold=[0, 1])
+    curve["score"].loc[{"model": "linear"}] = [[0.5, 0.6], [0.55, 0.6], [0.7, 0.8], [0.8, 1.0], [0.9, 1.0]]
+    curve["score_mean"] = curve["score"].mean("fold")
+    curve["score_std"] = curve["score"].std("fold", ddof=1)
+    assert float((curve["score_mean"] + curve["score_std"]).max()) > 1
+    answer = readable_of(curve)
+    curve["score_low"] = (("horizon", "model"), answer.low)
+    curve["score_high"] = (("horizon", "model"), answer.high)
+    curve.attrs["readable_summary"] = answer.line
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_derived(path, "predict.slash", curve)
+    figs = {}
+    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    ax = figs["predict_slash.png"].axes[0]
+    tops = [float(p.vertices[:, 1].max()) for c in ax.collections for p in c.get_paths()]
+    assert len(tops) == 6 and max(tops) == 1.0  # linear's band reaches 1, capped; none passes it
+    caption = dict(sec.figures)["predict_slash.png"]
+    assert "band: +-1 s.d. (capped to the metric's range) over 2 cross-validation folds" in caption
+    assert answer.line.startswith("how early: ") and f" How early: {answer.line[len('how early: '):]}." in caption
+    assert "Null check" not in caption
+    # a curve saved with `dynamics predict --null N` says how often the criterion fired on permuted roles
+    curve.attrs.update(null_permutations=40, null_readable=6, null_same_seed_runs=0)
+    store.write_derived(path, "predict.slash", curve)
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    assert (f" How early: {answer.line[len('how early: '):]}. Null check: on final roles permuted between runs with "
+            "the same heads and other seeds, the criterion named a horizon in 6 of 40 permutations (15%).") in dict(
+        sec.figures)["predict_slash.png"]
+    del curve.attrs["null_same_seed_runs"]  # saved before seeds were kept apart: not said to have been
+    store.write_derived(path, "predict.slash", curve)
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    assert "permuted between runs with the same heads, the criterion" in dict(sec.figures)["predict_slash.png"]
+    curve.attrs["null_same_seed_runs"] = 0
+    curve.attrs.update(null_same_seed_runs=4)  # one seed held most runs: twins traded roles
+    store.write_derived(path, "predict.slash", curve)
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    assert "permuted between runs with the same heads and, where their set allows, other seeds, the criterion" in dict(
+        sec.figures)["predict_slash.png"]
+    assert ("in 6 of 40 permutations (15%); 4 runs could only trade with runs of their own seed, so it may "
+            "overstate.") in dict(sec.figures)["predict_slash.png"]
