@@ -179,6 +179,31 @@ def cli_in_process(*args, cwd=None, warnings_as_errors: bool = False):
     return subprocess.CompletedProcess(["dynamics", *argv], code, out.getvalue(), err.getvalue())
 
 
+@pytest.fixture(scope="session")
+def planted():
+    """The planted sweep of tests/test_predict.py and its curve at h = 0 and h = 0.1: built once per
+    session (per xdist worker) for the tests/test_predict*.py files, which only read it."""
+    from dynamics import predict
+    from dynamics.predict import PredictOptions
+    from tests.test_predict import FAST, make_runs
+
+    runs = make_runs()
+    opt = PredictOptions(target="slash", horizons=(0.0, 0.1), **FAST)
+    return runs, opt, predict.predict_runs(runs, opt)
+
+
+@pytest.fixture(scope="session")
+def tables(planted):
+    """The planted sweep's head rows, its features at h = 0.1 and at init, and its folds."""
+    from dynamics import predict
+
+    runs, opt, _ = planted
+    rows = predict.target_table(runs, opt)
+    feats = predict.feature_table(runs, rows, 0.1, opt)
+    init = predict.feature_table(runs, rows, None, opt)
+    return rows, feats, init, predict.group_splits(rows.row_group.values, opt.n_splits)
+
+
 @pytest.fixture
 def threaded_cluster():
     """A one-worker cluster inside this process (threads: no worker start-up, torch already imported)."""

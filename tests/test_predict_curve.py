@@ -1,0 +1,283 @@
+"""The curve of `dynamics.predict.curve` on the planted runs of tests/test_predict.py: its printed
+table, its attributes, and the null check on permuted final roles."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dynamics import predict
+from dynamics.predict import PredictOptions, Run
+from tests.test_predict import FAST, H, L, make_run, make_runs
+
+# ----------------------------------------------------------------------------- the table and its attributes
+
+
+def test_the_table_says_which_step_each_horizon_saw_and_marks_the_ceiling(planted):
+    # A horizon is an upper bound: the features see the last snapshot at or before it (h=0.05 of
+    # the demo's 500 steps saw step 16), and a horizon at the final snapshot sees the target.
+    _, _, curve = planted
+    text = predict.format_curve(curve)
+    assert "features saw snapshots up to step h=0: 0, h=0.1: 10 (final step 100)" in text
+    assert "ceiling" not in text
+    seen = curve.horizon_step.values.copy()
+    seen[1, 0] = 100.0  # one run seen to its end at h=0.1
+    text = predict.format_curve(curve.assign(horizon_step=(curve.horizon_step.dims, seen)))
+    assert "h=0.1: 10-100 (final step 100)" in text
+    assert "h=0.1: features see a run's final snapshot, which defines the target: a ceiling" in text
+
+
+def test_the_step_line_reads_once_with_step_horizons(planted):
+    # With --unit step the horizon labels are "step 10" themselves: the line read "up to step step 10: 10".
+    _, _, curve = planted
+    stepped = curve.assign_coords(horizon=[0.0, 10.0]).assign_attrs(horizon_unit="step")
+    text = predict.format_curve(stepped)
+    assert "step step" not in text
+    assert "features saw snapshots up to step, by horizon: step 0: 0, step 10: 10 (final step 100)" in text
+
+
+# ----------------------------------------------------------------------------- the null check
+
+
+def test_the_null_check_permutes_whole_runs_between_runs_with_the_same_heads(planted, tables):
+    runs, _, _ = planted
+    rows = tables[0]
+    [block] = predict.same_head_blocks(rows)  # every planted run labels all L x H heads
+    assert block.shape == (len(runs), L * H)
+    for r, idx in enumerate(block):
+        assert set(rows.row_run.values[idx]) == {runs[r].run_id}
+        assert list(zip(rows.row_layer.values[idx], rows.row_head.values[idx], strict=True)) == [
+            (layer, head) for layer in range(L) for head in range(H)]
+    # a run that labels other heads has no peer: it is left as it is
+    fewer = rows.isel(head_row=np.flatnonzero(~((rows.row_run.values == runs[0].run_id) & (rows.row_head.values == 0))))
+    [block] = predict.same_head_blocks(fewer)
+    assert block.shape == (len(runs) - 1, L * H)
+
+
+def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets(planted):
+    runs, opt, curve = planted
+    said = []
+    null = predict.predict_runs(runs, dataclasses.replace(opt, null=4), progress=said.append)
+    # each stage said as it starts: with --null N, N more curves ran in silence
+    assert said[1].startswith("fitting 6 models x") and said[0].startswith(f"{len(runs)} runs, ")
+    assert said[2:] == [f"null check {i}/4: the curve on permuted final roles" for i in range(1, 5)]
+    # the real curve is untouched by it
+    np.testing.assert_array_equal(null.score.values, curve.score.values)
+    assert null.attrs["null_permutations"] == 4
+    # each run's plant is its own: given another run's fates, nothing early predicts them
+    assert null.attrs["null_readable"] == 0
+    assert predict.format_curve(null).splitlines()[-1] == (
+        "null check: with each run's final roles given whole to another run with the same heads and another seed, "
+        "the criterion named a readable horizon in 0 of 4 permutations (0%): how often it reads one on these runs "
+        "where there is nothing to read")
+    old = null.copy()
+    del old.attrs["null_same_seed_runs"]  # saved before seeds were kept apart: not said to have been
+    assert predict.format_curve(old).splitlines()[-1].startswith(
+        "null check: with each run's final roles given whole to another run with the same heads, the criterion")
+    # every run with the same fates: a permutation changes no target, so each null curve is the real
+    # one, readable at h=0.1 as it is
+    same = [Run(r.run_id, make_run(i, np.eye(L, H, dtype=bool)), seed=r.seed, config=r.config)
+            for i, r in enumerate(runs)]
+    alike = predict.predict_runs(same, dataclasses.replace(opt, null=3))
+    assert alike.attrs["readable_horizon"] == 0.1 and alike.attrs["null_readable"] == 3
+    with pytest.raises(predict.PredictError, match="null: permutations must be in"):
+        dataclasses.replace(opt, null=-1)
+
+
+def test_a_null_permutation_moves_every_run_uniformly_over_such():
+    from dynamics.predict.curve import derangement
+
+    rng = np.random.default_rng(0)
+    draws = [tuple(derangement(3, rng)) for _ in range(2000)]
+    # of 3! orders, (1, 2, 0) and (2, 0, 1) leave no index in place; a plain shuffle drew the other 4 too
+    assert set(draws) == {(1, 2, 0), (2, 0, 1)}
+    assert abs(draws.count((1, 2, 0)) / len(draws) - 0.5) < 0.05
+    assert all(tuple(derangement(2, rng)) == (1, 0) for _ in range(5))
+    with pytest.raises(ValueError, match="no derangement of 1 item"):
+        derangement(1, rng)
+
+
+@pytest.mark.parametrize("classes", [[0, 0, 1, 1], [0, 0, 0, 1, 1, 2], [None, None, None],
+                                     [0] * 20 + [1] * 20 + [2] * 20])  # the last: past the rejection draws
+def test_a_null_permutation_across_seeds_sends_every_run_to_another_seed(classes):
+    from dynamics.predict.curve import derangement_across
+
+    rng = np.random.default_rng(0)
+    labels = np.array([f"none{i}" if c is None else str(c) for i, c in enumerate(classes)])
+    draws = [derangement_across(classes, rng) for _ in range(200)]
+    for order in draws:
+        assert sorted(order.tolist()) == list(range(len(classes)))
+        assert (labels[order] != labels).all()
+    assert len({tuple(o) for o in draws}) > 1  # drawn, not one fixed order
+
+
+def test_a_null_permutation_across_seeds_is_uniform_and_refused_where_none_exists():
+    from dynamics.predict.curve import derangement_across
+
+    rng = np.random.default_rng(1)
+    draws = [tuple(derangement_across(["a", "a", "b", "b"], rng)) for _ in range(4000)]
+    # 0 and 1 go to 2 and 3, and 2 and 3 to 0 and 1: 2 x 2 orders, equally likely
+    assert set(draws) == {(2, 3, 0, 1), (2, 3, 1, 0), (3, 2, 0, 1), (3, 2, 1, 0)}
+    assert all(abs(draws.count(d) / len(draws) - 0.25) < 0.03 for d in set(draws))
+    assert derangement_across([0, 0, 0, 1], rng) is None  # seed 0 holds 3 of 4: one must stay in it
+    assert derangement_across([7], rng) is None
+
+
+def test_the_null_never_gives_a_run_the_roles_of_a_run_of_its_own_seed(monkeypatch):
+    # Runs of one seed share initial weights and data order, so their heads' fates agree: a twin's
+    # roles kept the run's own signal, and the null fired 8 times in 40 where it fired 0 without.
+    from dynamics.predict import curve as cv
+
+    runs = make_runs(3, configs=("a", "b", "c", "d"), fate_by_seed=True)
+    seen, real = [], cv.cross_validate
+    monkeypatch.setattr(cv, "cross_validate", lambda *a, **k: (seen.append(a[2].copy()), real(*a, **k))[1])
+    curve = predict.predict_runs(runs, PredictOptions(target="slash", horizons=(0.1,), null=4, n_splits=3, **FAST))
+    row_run = curve.row_run.values
+    seed = {r.run_id: r.seed for r in runs}
+    y = seen[0]
+    block = {r: y[row_run == r] for r in seed}
+    assert len({tuple(b) for b in block.values()}) == 3  # one target set per seed: a twin's is recognisable
+    for permuted in seen[1:]:
+        for r in seed:
+            given = [o for o in seed if np.array_equal(block[o], permuted[row_run == r])]
+            assert given and all(seed[o] != seed[r] for o in given), (r, given)
+    assert curve.attrs["null_same_seed_runs"] == 0
+    assert "another seed" in predict.format_curve(curve).splitlines()[-1]
+
+
+def test_the_null_says_when_one_seed_holds_most_runs():
+    runs = make_runs(1, configs=("a", "b", "c")) + make_runs(1, configs=("d",), coin=5)
+    runs = [Run(r.run_id, r.data, seed=0 if i < 3 else 1, config=r.config) for i, r in enumerate(runs)]
+    curve = predict.predict_runs(runs, PredictOptions(target="slash", horizons=(0.1,), null=1, group_by="run",
+                                                      n_splits=2, **FAST))
+    assert curve.attrs["null_same_seed_runs"] == 4
+    lines = predict.format_curve(curve).splitlines()
+    assert lines[-1].startswith("caution: 4 of these runs are in sets where one seed holds more than half the runs")
+    # not said to have gone to another seed, where they could not
+    assert lines[-2].startswith("null check: with each run's final roles given whole to another run with the same "
+                                "heads and, where its set allows, another seed, the criterion")
+
+
+def test_the_null_fits_on_the_real_folds(monkeypatch):
+    from dynamics.predict import curve as cv
+
+    runs = make_runs(n_seeds=4, configs=("a", "b"))
+    seen, real = [], cv.cross_validate
+    monkeypatch.setattr(cv, "cross_validate", lambda *a, **k: (seen.append(a[4]), real(*a, **k))[1])
+    curve = predict.predict_runs(runs, PredictOptions(target="slash", horizons=(0.1,), null=2, **FAST))
+    groups = curve.row_group.values
+    assert len(seen) == 3
+    for splits in seen[1:]:
+        assert [sorted(t) for _, t in splits] == [sorted(t) for _, t in seen[0]]
+        for train, test in splits:
+            assert not set(groups[train]) & set(groups[test])
+
+
+def test_the_null_check_in_blocks_of_two_runs_gives_no_run_its_own_targets():
+    # 8 runs, each pair missing another head at the end, so 4 blocks of 2 runs. A plain shuffle
+    # left one run of a block its own fates in half the permutations, and with them its plant:
+    # the criterion fired on 4 of 6 "null" curves.
+    runs = []
+    rng = np.random.default_rng(0)
+    for seed in range(8):
+        ds = make_run(seed, rng.random((L, H)) < 0.5)
+        a = ds["attention"].values.astype(np.float32)
+        a[-1, 1, seed // 2] = np.nan
+        runs.append(Run(f"r{seed}", ds.assign(attention=(ds["attention"].dims, a)), seed=seed, config="base"))
+    opt = PredictOptions(target="slash", horizons=(0.0, 0.1), null=6, **FAST)
+    assert [b.shape for b in predict.same_head_blocks(predict.target_table(runs, opt))] == [(2, L * H - 1)] * 4
+    curve = predict.predict_runs(runs, opt)
+    assert curve.attrs["readable_horizon"] == 0.1
+    assert curve.attrs["null_readable"] == 0 and curve.attrs["null_left_out_runs"] == 0
+
+
+def test_a_run_with_no_peer_is_left_out_of_the_null_check(planted):
+    from dynamics.predict.curve import null_folds
+
+    runs, opt, _ = planted
+    lone = runs[0].data.copy()
+    a = lone["attention"].values.astype(np.float32)
+    a[-1, 0, 0] = np.nan  # its head (0, 0) unlabelled: no other run labels the same heads
+    runs = [Run(runs[0].run_id, lone.assign(attention=(lone["attention"].dims, a)), seed=runs[0].seed,
+                config=runs[0].config)] + runs[1:]
+    rows = predict.target_table(runs, opt)
+    blocks = predict.same_head_blocks(rows)
+    splits = predict.group_splits(rows.row_group.values, opt.n_splits)
+    keep, folds = null_folds(blocks, splits, rows.sizes["head_row"])
+    assert set(rows.row_run.values[keep]) == {r.run_id for r in runs[1:]}
+    assert len(folds) == len(splits)
+    # renumbered into the kept rows, each fold holds the kept rows it held before
+    for (train, test), (new_train, new_test) in zip(splits, folds, strict=True):
+        assert keep[new_test].tolist() == [i for i in test if i in set(keep)]
+        assert keep[new_train].tolist() == [i for i in train if i in set(keep)]
+    curve = predict.predict_runs(runs, dataclasses.replace(opt, null=2))
+    assert curve.attrs["null_left_out_runs"] == 1 and curve.attrs["null_readable"] == 0
+    assert predict.format_curve(curve).splitlines()[-1].endswith(
+        "(1 run labelling heads no other run labels left out of it)")
+
+
+def test_a_null_check_whose_runs_fill_one_fold_is_refused_before_any_fit(planted, monkeypatch):
+    from dynamics.predict import curve as curve_module
+
+    runs, opt, _ = planted
+    rows = predict.target_table(runs, opt)
+    _, test = predict.group_splits(rows.row_group.values, opt.n_splits)[0]
+    one_fold = [np.stack([np.flatnonzero(rows.row_run.values == r) for r in dict.fromkeys(rows.row_run.values[test])])]
+    monkeypatch.setattr(curve_module, "same_head_blocks", lambda rows: one_fold)  # peers all in fold 0: no fold trains on one
+    monkeypatch.setattr(curve_module, "cross_validate", lambda *a, **k: pytest.fail("fitted before refusing"))
+    with pytest.raises(predict.PredictError, match=(
+            "^null check: the runs that share their heads with another run leave 0 of 5 folds with both training "
+            "and test runs; it needs 2$")):
+        predict.predict_runs(runs, dataclasses.replace(opt, null=2))
+
+
+def test_a_null_check_with_nothing_to_permute_is_refused_before_any_fit(planted, monkeypatch):
+    from dynamics.predict import curve as curve_module
+
+    runs, opt, _ = planted
+    monkeypatch.setattr(curve_module, "same_head_blocks", lambda rows: [])  # as when every run labels other heads
+    monkeypatch.setattr(curve_module, "cross_validate", lambda *a, **k: pytest.fail("fitted before refusing"))
+    with pytest.raises(predict.PredictError, match="^null check: no two runs label the same heads"):
+        predict.predict_runs(runs, dataclasses.replace(opt, null=2))
+
+
+def test_the_features_attr_lists_only_features_with_a_value(planted, tables):
+    # attrs["features"] listed every column of the first horizon's table, values or not: at h=0
+    # gradient agreement (NaN at the first snapshot) and, here, the sink and token scores (the
+    # probe never holds the token) are NaN for every head, and no model can use them.
+    runs, opt, curve = planted
+    rows, _, init, _ = tables
+    def with_values(t):
+        return {f for f, ok in zip(t.feature.values, np.isfinite(t.values).any(0), strict=True) if ok}
+
+    valued = set().union(*(with_values(predict.feature_table(runs, rows, h, opt)) for h in opt.horizons))
+    assert set(curve.attrs["features"]) == valued
+    assert set(curve.attrs["init_features"]) == with_values(init)
+    assert set(curve.attrs["features_empty"]) == set(init.feature.values) - valued
+    # known by construction: gradient agreement has no value at init (h=0), one for every head at h=0.1
+    assert "grad_cosine_q_h" in curve.attrs["features"] and "grad_cosine_q_h" not in curve.attrs["init_features"]
+    n = curve.n_feature_values.sel(feature="grad_cosine_q_h")
+    assert n.values.tolist() == [0, curve.sizes["head_row"]]
+    # a recording with no value at all (gradient agreement NaN in every run) is named empty, not a feature
+    blank = [Run(r.run_id, r.data.assign(grad_cosine=r.data.grad_cosine * np.nan), r.seed, r.config) for r in runs[:3]]
+    empty = predict.predict_runs(blank, PredictOptions(horizons=(0.1,), n_splits=3, boosting_iter=5))
+    cosines = {f"grad_cosine_{w}_{s}" for w in "qkvo" for s in ("mean", "h")}
+    assert cosines <= set(empty.attrs["features_empty"])
+    assert not cosines & set(empty.attrs["features"])
+    assert (empty.n_feature_values.sel(feature=sorted(cosines)) == 0).all()
+
+
+def test_folds_whose_test_runs_have_a_seed_twin_in_training_are_flagged(planted):
+    # Runs of one seed share init and data order: with twins (same seed, same fate, no early
+    # signal) in 2 configs, --group config let init_boosting reach AUROC 0.998 by matching
+    # twins, under a header that only said "holding out whole configs"; --group seed is at 0.46.
+    fates = [np.random.default_rng(0).random((L, H)) < 0.5 for _ in range(2)]
+    runs = [Run(f"r{s}-{c}", make_run(s, fates[s], signal=0.0), seed=s, config=c) for c in ("a", "b") for s in range(2)]
+    curve = predict.predict_runs(runs, PredictOptions(horizons=(0.0,), group_by="config", boosting_iter=5))
+    assert curve.attrs["folds_sharing_seeds"] == 2
+    assert "caution: in 2 of 2 folds a test run shares its seed" in predict.format_curve(curve)
+    _, _, by_seed = planted
+    assert by_seed.attrs["folds_sharing_seeds"] == 0
+    assert "caution" not in predict.format_curve(by_seed)

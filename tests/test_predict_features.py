@@ -1,0 +1,135 @@
+"""`dynamics.predict.features`: runs cut at the horizon, and features that never read past it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics import predict
+from dynamics.predict import PredictError, PredictOptions, Run
+from tests.test_predict import FAST, H_STEP, H, L, make_run, make_runs, scramble_after
+
+# ----------------------------------------------------------------------------- no leakage
+
+
+def test_scrambling_after_the_horizon_leaves_predictions_unchanged(planted):
+    runs, _, base = planted
+    opt = PredictOptions(target="slash", horizons=(0.1,), **FAST)
+    rng = np.random.default_rng(3)
+    # the final snapshot defines the target, so the whole pipeline keeps it ...
+    scrambled = [Run(r.run_id, scramble_after(r.data, H_STEP, rng, keep_final=True), r.seed, r.config) for r in runs]
+    assert not scrambled[0].data.attention.isel(snapshot=4).equals(runs[0].data.attention.isel(snapshot=4))
+    again = predict.predict_runs(scrambled, opt)
+    np.testing.assert_array_equal(again.target.values, base.target.values)
+    np.testing.assert_array_equal(again.prediction.sel(horizon=0.1).values, base.prediction.sel(horizon=0.1).values)
+    np.testing.assert_array_equal(again.score.sel(horizon=0.1).values, base.score.sel(horizon=0.1).values)
+
+
+def test_features_never_read_past_the_horizon(planted, tables):
+    runs, opt, base = planted
+    rows, before, init, splits = tables  # targets from the intact runs
+    rng = np.random.default_rng(4)
+    # ... and the features, with the final snapshot scrambled too, are bit-identical
+    scrambled = [Run(r.run_id, scramble_after(r.data, H_STEP, rng, keep_final=False), r.seed, r.config) for r in runs]
+    after = predict.feature_table(scrambled, rows, 0.1, opt)
+    np.testing.assert_array_equal(before.values, after.values)
+    preds, _ = predict.cross_validate({0.1: after.values}, init.values, rows.target.values, rows.row_layer.values,
+                                      splits, opt)
+    np.testing.assert_array_equal(preds[0], base.prediction.sel(horizon=0.1).values)
+    # the test has teeth: scrambling the horizon snapshot itself does change the features
+    touched = [Run(r.run_id, scramble_after(r.data, H_STEP - 1, rng, keep_final=False), r.seed, r.config)
+               for r in runs[:2]]
+    two = rows.isel(head_row=np.isin(rows.row_run.values, [r.run_id for r in touched]))
+    changed = predict.feature_table(touched, two, 0.1, opt).values
+    assert not np.array_equal(changed, before.values[: changed.shape[0]], equal_nan=True)
+
+
+def test_early_snapshots_cut_every_time_axis():
+    ds = make_run(0, np.zeros((L, H), bool))
+    early = predict.early_snapshots(ds, H_STEP)
+    assert early.step.values.tolist() == [0, 5, 10]
+    assert early.sizes["train_step"] == H_STEP + 1
+    assert early.probe_tokens.equals(ds.probe_tokens)
+    with pytest.raises(PredictError, match="no snapshot"):
+        predict.early_snapshots(ds.isel(snapshot=slice(1, None)), 2)
+
+
+def test_a_snapshot_one_step_past_the_horizon_is_never_seen():
+    # The planted runs' snapshots (0, 5, 10, 20) leave a gap after h = 10, so a cut a step or
+    # a few late saw the same data. Here step 20 is moved to 11, one step past the horizon, and
+    # everything from step 11 on is scrambled: the features at h = 10 must be those of the
+    # snapshots 0, 5, 10 alone, whatever snapshot 11 holds.
+    steps = np.array([0, 5, 10, 11, 40, 70, 100])
+    runs = [Run(r.run_id, r.data.assign_coords(step=("snapshot", steps)), r.seed, r.config)
+            for r in make_runs(n_seeds=3)]
+    early = predict.early_snapshots(runs[0].data, H_STEP)
+    assert early.step.values.tolist() == [0, 5, 10]
+    assert early.sizes["train_step"] == H_STEP + 1  # train steps 0..10
+    rng = np.random.default_rng(5)
+    scrambled = [Run(r.run_id, scramble_after(r.data, H_STEP, rng, keep_final=False), r.seed, r.config) for r in runs]
+    assert not scrambled[0].data.grad_norm.isel(snapshot=3).equals(runs[0].data.grad_norm.isel(snapshot=3))
+    opt = PredictOptions(horizons=(H_STEP,), unit="step")
+    rows = predict.target_table(runs, opt)
+    before = predict.feature_table(runs, rows, H_STEP, opt)
+    after = predict.feature_table(scrambled, rows, H_STEP, opt)
+    assert after.attrs["horizon_step"] == {r.run_id: 10.0 for r in runs}
+    assert after.attrs["n_snapshots"] == {r.run_id: 3 for r in runs}
+    np.testing.assert_array_equal(after.values, before.values)
+    # known answer: the features of the first three snapshots, cut by hand
+    by_hand = predict.head_features(scrambled[0].data.isel(snapshot=[0, 1, 2]), opt.analysis)
+    mine = rows.row_run.values == runs[0].run_id
+    by_hand = by_hand.sel(feature=after.feature.values).values  # (layer, head, feature)
+    np.testing.assert_array_equal(after.values[mine], by_hand[rows.row_layer.values[mine], rows.row_head.values[mine]])
+
+
+def test_a_fraction_horizon_on_a_snapshot_keeps_that_snapshot():
+    # 0.575 of a 400-step run is step 230 exactly, but 0.575 * 400 is 229.99999999999997 in
+    # binary floating point: the snapshot at 230 must still be seen.
+    steps = np.array([0, 20, 40, 80, 160, 230, 400])
+    runs = [Run(r.run_id, r.data.assign_coords(step=("snapshot", steps)), r.seed, r.config)
+            for r in make_runs(n_seeds=2)]
+    assert predict.horizon_steps(runs[0].data, [0.575], "fraction").tolist() == [230.0]
+    opt = PredictOptions(horizons=(0.575,))
+    rows = predict.target_table(runs, opt)
+    feats = predict.feature_table(runs, rows, 0.575, opt)
+    assert feats.attrs["horizon_step"] == {r.run_id: 230.0 for r in runs}
+    assert feats.attrs["n_snapshots"] == {r.run_id: 6 for r in runs}
+
+
+def test_gradient_features_by_hand_are_relative_to_the_heads_own_layer():
+    # Known answer for the trajectory features of one weight: a head's "rel" is its log10 norm
+    # minus the mean over ITS layer's heads (not over the layers at its head index), its slope
+    # the least-squares slope against log(1 + step). Layers here differ in scale by 100x, so a
+    # mean over the wrong axis moves every rel value.
+    steps = np.array([0, 3, 15])
+    gn = np.empty((3, 2, 3, 4))
+    gn[..., :] = 1.0
+    gn[:, 0, :, 0] = [[1.0, 10.0, 100.0], [10.0, 10.0, 10.0], [100.0, 10.0, 1.0]]  # layer 0, weight q
+    gn[:, 1, :, 0] = [[1e4, 1e4, 1e6], [1e4, 1e5, 1e4], [1e3, 1e4, 1e5]]  # layer 1, 100x larger
+    ds = xr.Dataset({"grad_norm": (("snapshot", "layer", "head", "weight"), gn)},
+                    coords={"step": ("snapshot", steps), "weight": ["q", "k", "v", "o"]})
+    f = predict.head_features(ds)
+    lg = np.log10(gn[..., 0])  # (S, L, H)
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_init").values, lg[0], atol=1e-9)
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_h").values, lg[-1], atol=1e-9)
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_mean").values, lg.mean(0), atol=1e-9)
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_rel_init").values, [[-1, 0, 1], [-2 / 3, -2 / 3, 4 / 3]],
+                               atol=1e-9)
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_rel_h").values, [[1, 0, -1], [-1, 0, 1]], atol=1e-9)
+    t = np.log1p(steps)
+    slope = [[np.polyfit(t, lg[:, layer, head], 1)[0] for head in range(3)] for layer in range(2)]
+    np.testing.assert_allclose(f.sel(feature="grad_norm_q_slope").values, slope, atol=1e-9)
+    assert f.sel(feature="layer").values.tolist() == [[0, 0, 0], [1, 1, 1]]
+    assert f.sel(feature="depth").values.tolist() == [[0, 0, 0], [1, 1, 1]]
+
+
+def test_a_horizon_between_snapshots_is_said_to_see_the_last_snapshot_before_it():
+    # Known answer: h = 0.15 of the 100-step runs is step 15, but the snapshots are at 0, 5, 10,
+    # 20...: the features saw step 10 (3 snapshots), and the table must say 10, not 15.
+    runs = make_runs(n_seeds=3)
+    curve = predict.predict_runs(runs, PredictOptions(horizons=(0.15,), n_splits=3, boosting_iter=5))
+    assert curve.horizon_step.values.tolist() == [[10.0] * 3]
+    assert curve.n_snapshots_seen.values.tolist() == [[3] * 3]
+    assert "features saw snapshots up to step h=0.15: 10 (final step 100)" in predict.format_curve(curve)
+    assert "h=0.15 (step 10)" in curve.attrs["readable_summary"]

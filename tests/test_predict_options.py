@@ -1,0 +1,52 @@
+"""`dynamics.predict.options`: bad options refused by PredictOptions, and runs predict_runs cannot fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dynamics import predict
+from dynamics.predict import PredictError, PredictOptions, Run
+from tests.test_predict import make_runs
+
+
+def test_horizons_are_kept_in_increasing_order():
+    # The curve's x axis: the report draws its lines through the horizons in stored order, so
+    # "--horizons 0.5,0,0.1" drew a zigzag (0.5 -> 0 -> 0.1) and the table's columns were out of order.
+    # (predict_runs builds every axis, table and stored option from these.)
+    assert PredictOptions(horizons=(0.5, 0, 0.1)).horizons == (0, 0.1, 0.5)
+    assert PredictOptions(horizons=(200, 20), unit="step").horizons == (20, 200)
+
+
+def test_bad_options_and_runs():
+    with pytest.raises(PredictError, match="unknown target"):
+        PredictOptions(target="nope")
+    # a bare 0.1 raised "'float' object is not iterable", "0.1" named horizon '0', True became h = 1
+    for bad in (0.1, "0.1"):
+        with pytest.raises(PredictError, match="horizons must be a sequence of numbers"):
+            PredictOptions(horizons=bad)
+    with pytest.raises(PredictError, match="horizon True is not a number"):
+        PredictOptions(horizons=(True,))
+    with pytest.raises(PredictError, match="n_splits must be an integer; got 2.5"):  # failed inside sklearn
+        PredictOptions(n_splits=2.5)
+    assert PredictOptions(horizons=np.array([0.2, 0.1])).horizons == (0.1, 0.2)
+    with pytest.raises(PredictError, match="out of range"):
+        PredictOptions(horizons=(1.5,))
+    with pytest.raises(PredictError, match="out of range"):
+        PredictOptions(horizons=(-3.0,), unit="step")
+    with pytest.raises(PredictError, match="horizon step 0.5 is not a whole step"):
+        PredictOptions(horizons=(0.5,), unit="step")
+    runs = make_runs(n_seeds=3)
+    one_seed = [Run(r.run_id, r.data, 0, r.config) for r in runs]
+    with pytest.raises(PredictError, match="one group"):
+        predict.predict_runs(one_seed, PredictOptions())
+    with pytest.raises(PredictError, match="config"):
+        predict.predict_runs(runs, PredictOptions(group_by="config"))
+    with pytest.raises(PredictError, match="chg_role"):
+        predict.predict_runs(runs, PredictOptions(target="chg"))
+    with pytest.raises(PredictError, match="ends at step"):
+        predict.predict_runs(runs, PredictOptions(horizons=(500,), unit="step"))
+    never = [Run(r.run_id, r.data.isel(snapshot=slice(0, -1)), r.seed, r.config) for r in runs]  # no slash yet
+    with pytest.raises(PredictError, match=r"constant: .*; another --target \(role, importance, chg, redundant\) "
+                                           r"may vary here$"):
+        predict.predict_runs(never, PredictOptions())

@@ -1,0 +1,196 @@
+"""`dynamics.predict.targets`: each target read at the final snapshot, from a stored analysis or
+recomputed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics import predict, store
+from dynamics.analysis import analyse_run
+from dynamics.predict import PredictError, PredictOptions, Run
+from tests.test_predict import OFFSET, STEPS, H, L, P, T, flip_a_bit, make_runs, write_store
+
+
+def test_targets_are_the_planted_fates(planted):
+    runs, _, curve = planted
+    for r in runs[:3]:
+        fate = r.data.grad_norm.isel(snapshot=1, weight=0).values > np.exp(1.0)  # signal 2 vs noise sd 0.3
+        rows = curve.row_run.values == r.run_id
+        got = curve.target.values[rows].reshape(L, H)
+        np.testing.assert_array_equal(got, fate.astype(float))
+    assert set(curve.target_offset.values[curve.target.values == 1]) == {float(OFFSET)}
+
+
+def test_other_targets_and_chg_where_fitted():
+    runs = make_runs(n_seeds=3)
+    quick = {"boosting_iter": 10, "n_splits": 2, "horizons": (0.1,)}
+    rng = np.random.default_rng(5)
+    with_chg = []
+    for i, r in enumerate(runs):
+        ds = r.data
+        if i != 1:  # two runs fitted CHG; the other has no chg_role at all
+            codes = np.full((STEPS.size, L, H), -1, np.int8)
+            codes[-1] = rng.integers(0, 3, (L, H))
+            codes[-1, 0, 0] = -1  # one unfitted head
+            ds = ds.assign(chg_role=(("snapshot", "layer", "head"), codes))
+        with_chg.append(Run(r.run_id, ds, r.seed, r.config))
+    chg = predict.predict_runs(with_chg, PredictOptions(target="chg", **quick))
+    assert chg.attrs["metric"] == "balanced_accuracy"
+    assert chg.sizes["head_row"] == 2 * (L * H - 1)  # 2 fitted runs, one unfitted head each
+    assert set(chg.attrs["classes"]) <= {0, 1, 2}
+    assert set(chg.attrs["class_names"]) <= {"facilitating", "irrelevant", "interfering"}
+    assert runs[1].run_id not in chg.row_run.values
+
+    imp = predict.predict_runs(runs, PredictOptions(target="importance", group_by="run", **quick))
+    assert imp.attrs["metric"] == "spearman"
+    assert float(imp.score.sel(model="chance").mean()) == 0.0
+    ranks = imp.target.values[imp.row_run.values == runs[0].run_id].reshape(L, H)
+    np.testing.assert_allclose(np.sort(ranks, axis=1), np.tile(np.linspace(0, 1, H), (L, 1)))
+
+    role = predict.predict_runs(runs, PredictOptions(target="role", **quick))
+    assert role.attrs["metric"] == "balanced_accuracy"
+    assert "slash" in role.attrs["class_names"]
+    assert np.isfinite(role.score.values).all()
+
+    red = predict.final_targets(runs[0].data, "redundant")
+    assert red.attrs["source"] == "computed from the final snapshot"
+    assert set(np.unique(red.target.values)) <= {0.0, 1.0}
+
+
+def test_stored_analysis_gives_the_same_targets():
+    r = make_runs(n_seeds=1)[0]
+    analysis = analyse_run(r.data).load()
+    for target in ("slash", "role", "redundant"):
+        stored = predict.final_targets(r.data, target, analysis)
+        fresh = predict.final_targets(r.data, target)
+        assert stored.attrs["source"] == "stored analysis"
+        np.testing.assert_array_equal(stored.target.values, fresh.target.values)
+    stale = analysis.isel(snapshot=slice(0, -1))  # analysed before the run finished
+    assert predict.final_targets(r.data, "slash", stale).attrs["source"] == "computed from the final snapshot"
+
+
+def test_a_damaged_stored_analysis_is_recomputed_and_named_not_read(tmp_path, capsys):
+    # Without a checksum a flipped bit in a stored analysis chunk could decode to another label,
+    # read as the run's target; with one the read failed with a traceback out of `predict`
+    path = tmp_path / "s.zarr"
+    write_store(path, make_runs(n_seeds=3))
+    ids = store.list_runs(path)
+    for rid in ids:
+        store.write_analysis(path, rid, analyse_run(store.open_run(path, rid)))
+    flip_a_bit(path / "analysis" / ids[1] / "slash_dominant")
+    opts = PredictOptions(target="slash", horizons=(0.1,), n_splits=2)
+    curve = predict.predict_store(str(path), opts)
+    assert curve.attrs["analysis_unreadable"] == [ids[1]]
+    assert curve.attrs["target_sources"] == {"stored analysis": 2, predict.targets.UNREADABLE_SOURCE: 1}
+    fresh = predict.predict_store(str(path), dataclasses.replace(opts, use_stored_analysis=False))
+    np.testing.assert_array_equal(curve.target.values, fresh.target.values)
+    assert (f"recomputed from the final snapshot: the target of 1 run(s) whose stored analysis could not be read "
+            f"(damaged; `dynamics analyse` writes it again): {ids[1]}") in predict.format_curve(curve).splitlines()
+    assert fresh.attrs["analysis_unreadable"] == []
+    # a chunk file lost, which zarr would read as its fill value (0: no head slash-dominant)
+    next(p for p in sorted((path / "analysis" / ids[2] / "slash_dominant" / "c").rglob("*")) if p.is_file()).unlink()
+    lost = predict.predict_store(str(path), opts)
+    assert lost.attrs["analysis_unreadable"] == [ids[1], ids[2]]
+    np.testing.assert_array_equal(lost.target.values, fresh.target.values)
+    # an index coordinate, which xarray decodes as the group is opened (a ValueError out of open_analysis)
+    flip_a_bit(path / "analysis" / ids[0] / "head")
+    coord = predict.predict_store(str(path), opts)
+    assert coord.attrs["analysis_unreadable"] == ids
+    np.testing.assert_array_equal(coord.target.values, fresh.target.values)
+    # without attention there is nothing to recompute it from: one line naming the run
+    run = store.open_run(path, ids[1]).drop_vars("attention")
+    with pytest.raises(PredictError, match=f"run {ids[1]!r}'s stored analysis cannot be read \\(ValueError: Stored "
+                                           f"and computed checksum do not match"):
+        predict.final_targets(run, "slash", store.open_analysis(path, ids[1]))
+
+
+def test_use_stored_analysis_false_computes_targets_even_when_runs_carry_an_analysis():
+    # predict_runs read each Run's analysis whatever the option said: a curve recording
+    # use_stored_analysis=False had its targets from the stored analysis.
+    runs = [dataclasses.replace(r, analysis=analyse_run(r.data).load()) for r in make_runs(n_seeds=2)]
+    assert predict.target_table(runs, PredictOptions()).attrs["sources"] == {"stored analysis": 2}
+    fresh = predict.target_table(runs, PredictOptions(use_stored_analysis=False))
+    assert fresh.attrs["sources"] == {"computed from the final snapshot": 2}
+    blind = [dataclasses.replace(r, data=r.data.drop_vars("attention")) for r in runs]
+    predict.check_runs(blind, PredictOptions())  # the stored analysis gives the targets
+    with pytest.raises(PredictError, match="no attention to compute it from"):  # was a KeyError mid-way
+        predict.check_runs(blind, PredictOptions(use_stored_analysis=False))
+
+
+def test_a_lone_head_has_no_redundancy_target():
+    # It was labelled 0 ("not redundant"), a claim about a comparison that cannot be made.
+    r = make_runs(n_seeds=1)[0]
+    one = r.data.isel(layer=[0], head=[0])
+    assert np.isnan(predict.final_targets(one, "redundant").target.values).all()
+    two = r.data.isel(layer=[0], head=[0, 1])
+    assert np.isfinite(predict.final_targets(two, "redundant").target.values).all()
+
+
+def test_a_nan_importance_leaves_its_peers_ranked():
+    # rankdata made the whole layer NaN: one head's NaN importance took every head of its layer
+    # out of the importance target and out of both rank features
+    from dynamics.predict.features import head_features
+
+    imp = np.array([[[1.0, np.nan, 3.0, 2.0], [4.0, 3.0, 2.0, 1.0]]])  # (snapshot, layer, head)
+    ds = xr.Dataset({"importance": (("snapshot", "layer", "head"), imp)},
+                    coords={"step": ("snapshot", [100]), "layer": [0, 1], "head": [0, 1, 2, 3]})
+    expected = [[0.0, np.nan, 1.0, 0.5], [1.0, 2 / 3, 1 / 3, 0.0]]
+    np.testing.assert_allclose(predict.final_targets(ds, "importance").target.values, expected)
+    np.testing.assert_allclose(head_features(ds).sel(feature="importance_rank_h").values, expected)
+    # one importance left in a layer: no peer to rank against, so no target (a feature of 0.5)
+    lone = ds.copy(data={"importance": np.array([[[1.0, np.nan, np.nan, np.nan], [4.0, 3.0, 2.0, 1.0]]])})
+    assert np.isnan(predict.final_targets(lone, "importance").target.values[0]).all()
+    np.testing.assert_allclose(head_features(lone).sel(feature="importance_rank_h").values[0],
+                               [0.5, np.nan, np.nan, np.nan])
+
+
+def test_stored_analysis_under_other_thresholds_is_not_read_as_the_target():
+    # The curve records the thresholds of its options; a stored analysis made under others
+    # defines another target, so the target is recomputed (or refused without attention).
+    from dynamics.analysis.pipeline import AnalysisOptions
+
+    r = make_runs(n_seeds=1)[0]
+    analysis = analyse_run(r.data).load()  # kappa 0.5, cluster threshold 0.1
+    strict = AnalysisOptions(kappa=0.95)  # the planted slash heads put 0.9 on their offset
+    got = predict.final_targets(r.data, "slash", analysis, strict)
+    assert got.attrs["source"] == "computed from the final snapshot"
+    assert got.target.values.sum() == 0 < predict.final_targets(r.data, "slash", analysis).target.values.sum()
+    loose = AnalysisOptions(cluster_threshold=0.9)
+    np.testing.assert_array_equal(predict.final_targets(r.data, "redundant", analysis, loose).target.values,
+                                  predict.final_targets(r.data, "redundant", None, loose).target.values)
+    other_token = AnalysisOptions(roles=dataclasses.replace(strict.roles, token_id=3))
+    assert predict.final_targets(r.data, "role", analysis, other_token).attrs["source"] != "stored analysis"
+    other_induction = AnalysisOptions(roles=dataclasses.replace(strict.roles, induction=0.9))
+    assert predict.final_targets(r.data, "role", analysis, other_induction).attrs["source"] != "stored analysis"
+    assert predict.final_targets(r.data, "role", analysis).attrs["source"] == "stored analysis"
+    with pytest.raises(PredictError, match="kappa"):
+        predict.final_targets(r.data.drop_vars("attention"), "slash", analysis, strict)
+    # An analysis stored by older analysers (no or another analysis_version) is not read either.
+    old = analysis.copy()
+    old.attrs = {k: v for k, v in analysis.attrs.items() if k != "analysis_version"}
+    assert predict.final_targets(r.data, "role", old).attrs["source"] == "computed from the final snapshot"
+
+
+def test_a_sink_head_is_not_a_slash_target_nor_a_long_offset_feature():
+    # A sink head puts all of every row on key 0, so slash_score(T - 1) = A[T-1, 0] = 1; the
+    # offset window (T // 2) must keep it out of the slash target however the target is read.
+    r = make_runs(n_seeds=1)[0]
+    attention = r.data["attention"].values.copy()
+    sink = np.zeros((P, T, T))
+    sink[..., 0] = 1.0
+    attention[:, 0, 0] = sink  # every snapshot: the feature below reads an early one
+    ds = r.data.assign(attention=(r.data["attention"].dims, attention))
+    stored = predict.final_targets(ds, "slash", analyse_run(ds).load())
+    fresh = predict.final_targets(ds, "slash")
+    assert fresh.attrs["source"] == "computed from the final snapshot"
+    for targets in (stored, fresh):
+        assert targets.target.values[0, 0] == 0.0
+        assert targets.offset.values[0, 0] <= T // 2
+    np.testing.assert_array_equal(stored.target.values, fresh.target.values)
+    np.testing.assert_array_equal(stored.offset.values, fresh.offset.values)
+    features = predict.head_features(ds.isel(snapshot=slice(0, 3)))
+    assert float(features.sel(layer=0, head=0, feature="best_offset_h")) <= T // 2
