@@ -50,6 +50,26 @@ def tiny_config(tmp_path):
     return make
 
 
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(d, d/tiny.toml, d/s.zarr) for tests/test_cli.py, test_cli_stores.py and test_cli_messages.py:
+    one tiny run trained once per module, beside a file `afile` and a foreign zarr store to refuse.
+    Module-scoped, not session-scoped: some tests add to d (d/empty.zarr, d/s-report). Modules with
+    a `tiny` of their own (tests/test_gates.py, tests/test_cli_known_answers.py, ...) override it."""
+    from dynamics.config import load_config
+    from dynamics.train import train_run
+
+    d = tmp_path_factory.mktemp("cli")
+    cfg = d / "tiny.toml"
+    cfg.write_text(TINY.format(steps=10, every=5))
+    path = d / "s.zarr"
+    train_run(load_config(cfg), str(path))
+    (d / "afile").write_text("not a directory")
+    (d / "foreign.zarr").mkdir()  # a zarr store another tool made
+    (d / "foreign.zarr" / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
+    return d, cfg, path
+
+
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
     """The report tests' shared store, trained and reported once per session (per xdist worker):

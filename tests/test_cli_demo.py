@@ -1,6 +1,7 @@
 """`dynamics demo` end to end, in process, on a shrunken quickstart grid (4 runs of 40 steps):
 the four stages in order, their tables, the closing timing line and the report page; then the
-same command again, which retrains nothing and says why it gives no share of training."""
+same command again, which retrains nothing and says why it gives no share of training. That
+closing line's wording is also checked case by case, calling demo_timing directly."""
 
 import html
 import re
@@ -72,3 +73,14 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
         for said in (note, machine):
             sentence = "T" + said.removeprefix("dynamics: note: t").rstrip("\n")
             assert f'<p class="note">Note: {html.escape(sentence)}.</p>' in (tmp_path / folder / "index.html").read_text()
+
+
+def test_demo_timing_gives_a_share_of_training_only_when_it_trained_every_run():
+    # a second `dynamics demo` of one store trained nothing and printed
+    # "training 0.0s, analysis 4.9s (26694.6% of training)"
+    from dynamics.cli import demo_timing
+
+    assert demo_timing(80.0, 8.0, 95.4, 0, 12) == "training 80.0s, analysis 8.0s (10.0% of training), total 95s"
+    assert demo_timing(0.02, 4.9, 9.0, 12, 12) == ("training 0.0s, analysis 4.9s (no share of training: 12 of 12 "
+                                                   "runs were already finished, not retrained), total 9s")
+    assert "% of training" not in demo_timing(40.0, 8.0, 50.0, 6, 12)
