@@ -1,5 +1,6 @@
-"""Checkpoint files and the run lock beside them, without torch: a checkpoint here is the zip torch
-writes, made by hand, so that what `checkpoint_step` reads and refuses is known byte for byte."""
+"""Checkpoint files, written atomically on a local or URL store, and the run lock beside them, without
+torch: a checkpoint here is bytes, or the zip torch writes made by hand, so that what `checkpoint_step`
+reads and refuses is known byte for byte."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ import json
 import os
 import pickle
 import sys
+import uuid
 import zipfile
 
+import fsspec.core
 import pytest
+import xarray as xr
 
 from dynamics import store
 from dynamics.store import StoreError
+
+pytestmark = pytest.mark.filterwarnings("error")
 
 
 def checkpoint(pkl: bytes) -> bytes:
@@ -95,3 +101,45 @@ def test_the_run_lock_names_its_holder_over_a_longer_earlier_one_and_keeps_other
         held = json.loads((folder / "train.lock").read_text())
         assert held["pid"] == os.getpid() and set(held) == {"pid", "host", "started"}
     assert (folder / ".ckpt.pt.keep").exists()
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_checkpoint_read_write_on_any_store(tmp_path, where):
+    path = str(tmp_path / "s.zarr") if where == "local" else f"memory://dynamics-test-{uuid.uuid4().hex}/s.zarr"
+    store.init_store(path)
+    assert store.read_checkpoint(path, "r1") is None and not store.has_checkpoint(path, "r1")
+    store.write_checkpoint(path, "r1", b"first")
+    store.write_checkpoint(path, "r1", b"second")
+    assert store.read_checkpoint(path, "r1") == b"second" and store.has_checkpoint(path, "r1")
+    assert store.read_checkpoint(path, "r2") is None
+    fs, root = fsspec.core.url_to_fs(path)
+    assert fs.ls(f"{root}/checkpoints/r1", detail=False) == [f"{root}/checkpoints/r1/ckpt.pt"]  # no temp left
+    with pytest.raises(StoreError, match="invalid run id"):
+        store.write_checkpoint(path, "../escape", b"x")
+    with pytest.raises(StoreError, match="invalid run id"):  # "$" matched before a final newline
+        store.check_run_id("r1\n")
+
+
+def test_checkpoint_path_and_atomic_write(tmp_path):
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    target = store.checkpoint_path(path, "r1")
+    assert target == path / "checkpoints" / "r1" / "ckpt.pt" and target.parent.is_dir()
+    store.atomic_write_bytes(target, b"first")
+    store.atomic_write_bytes(target, b"second")
+    assert target.read_bytes() == b"second"
+    assert [p.name for p in target.parent.iterdir()] == ["ckpt.pt"]  # no temp files left
+    xr.open_zarr(path)  # a checkpoints folder does not upset plain xarray
+    assert store.list_runs(path) == []
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_the_run_lock_clears_a_temporary_checkpoint_a_killed_trainer_left(tmp_path):
+    path = tmp_path / "s.zarr"
+    store.write_checkpoint(path, "r1", b"step 10")
+    folder = path / "checkpoints" / "r1"
+    (folder / ".ckpt.pt.k1ll3d.tmp").write_bytes(b"half of step 20")  # SIGKILL inside atomic_write_bytes
+    (folder / "notes.txt").write_text("mine")
+    with store.run_lock(path, "r1"):
+        assert sorted(p.name for p in folder.iterdir()) == ["ckpt.pt", "notes.txt", "train.lock"]
+    assert store.read_checkpoint(path, "r1") == b"step 10"

@@ -1,10 +1,11 @@
-"""The root group index that plain ``xr.open_zarr(store, group=...)`` reads: kept up to date, mended,
-and left alone on a URL store while its one owner is to rebuild it."""
+"""The root group index that plain ``xr.open_zarr(store, group=...)`` reads: kept up to date (by concurrent
+writers too), mended, and left alone on a URL store while its one owner is to rebuild it."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 import uuid
 
 import fsspec.core
@@ -84,3 +85,35 @@ def test_a_new_run_is_indexed_when_created_and_finalize_mends_its_entry(tmp_path
     edit_root(path, lose_entry)
     w.finalize()
     assert xr.open_zarr(path, group="runs/r1").loss.values.sum() == 10
+
+
+def test_root_index_survives_sweep_index_and_concurrent_writers(tmp_path):
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    variables, coords = spec()
+
+    def worker(i: int) -> None:
+        w = store.RunWriter(path, f"t{i}", variables=variables, coords=coords, attrs={"status": "running"})
+        for k in range(5):
+            w.set_attrs(progress=k)
+        w.set_attrs(status="completed")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    store.write_sweep_index(path, {"axes": ["train.seed"], "runs": {f"t{i}": {"train.seed": i} for i in range(4)}})
+    for t in threads:
+        t.join()
+    assert store.read_sweep_index(path)["runs"]["t3"] == {"train.seed": 3}
+    for i in range(4):
+        ds = xr.open_zarr(path, group=f"runs/t{i}")  # through the root index
+        assert ds.attrs == {"status": "completed", "progress": 4, "empty_chunks_written": True}
+
+    root = json.loads((path / "zarr.json").read_text())
+    del root["consolidated_metadata"]["metadata"]["runs/t0"]
+    (path / "zarr.json").write_text(json.dumps(root))
+    with pytest.raises(KeyError):
+        xr.open_zarr(path, group="runs/t0")
+    store.reindex(path)
+    assert xr.open_zarr(path, group="runs/t0").attrs["status"] == "completed"
+    assert store.read_sweep_index(path)["axes"] == ["train.seed"]

@@ -1,4 +1,5 @@
-"""check_recorded: which lost chunks of a finished run it names, and which absent ones are no loss."""
+"""check_recorded: which lost chunks of a finished run it names, and which absent ones are no loss;
+unreadable_chunk: a chunk cut short, named with its run and array."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from dynamics import store
 from dynamics.store import StoreError
+from tests.test_store import P, T, spec, write_run
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -135,3 +137,83 @@ def test_a_lost_chunk_of_an_analysis_or_derived_group_is_named_not_read_as_its_f
     assert '"other": true' in meta.read_text()
     (path / "analysis" / "r1" / "never" / "c" / "0").unlink()
     assert np.isnan(store.open_analysis(path, "r1")["never"].values).all()
+
+
+def write_whole_run(path, run_id, **kw):
+    """`write_run`, and its loss and probe tokens, as a run of `dynamics run` writes them."""
+    write_run(path, run_id, **kw)
+    variables, coords = spec(kw.get("n_heads", 4))
+    w = store.RunWriter(path, run_id, variables=variables, coords=coords, attrs={}, resume=True)
+    w.write_region("loss", 0, np.arange(10, dtype=np.float32))
+    w.write_region("probe_tokens", 0, np.arange(1, P * (T + 1) + 1).reshape(P, T + 1))
+
+
+def test_a_chunk_a_finished_run_wrote_that_is_gone_is_named_not_read_as_nan(tmp_path):
+    # zarr reads a missing chunk file as the fill value: a deleted snapshot of attention read as NaN
+    # (`dynamics analyse` then said "bifurcation never, roles none:4", exit 0), a lost step chunk as step 0.
+    path = tmp_path / "s.zarr"
+    write_whole_run(path, "r1")
+    store.check_recorded(path, "r1")
+    run = path / "runs" / "r1"
+    (run / "attention" / "c" / "2" / "0" / "0" / "0" / "0" / "0").unlink()
+    with pytest.raises(StoreError, match=r"run r1: array attention at snapshot 2 \(step 10\): its chunk "
+                                         r"runs/r1/attention/c/2/0/0/0/0/0 is missing, though the run wrote it: "
+                                         r"zarr would read it as nan; restore runs/r1"):
+        store.check_recorded(path, "r1")
+    (run / "step" / "c" / "0").unlink()
+    with pytest.raises(StoreError, match=r"array attention at snapshot 2: .* \(and 1 more chunk"):
+        store.check_recorded(path, "r1")
+
+    # what a run may leave unwritten is not damage: a run still training, and a diverged run's
+    # snapshots from its diverging step on
+    store.update_run_attrs(path, "r1", status="running")
+    store.check_recorded(path, "r1")
+    write_whole_run(path, "div", n_heads=1, attrs={"status": "diverged", "diverged_step": 5})  # steps 0, 5, 10
+    # a one-head coordinate [0] is all fill value: written all the same, so its loss is named
+    head = path / "runs" / "div" / "head" / "c" / "0"
+    assert head.exists()
+    head.unlink()
+    with pytest.raises(StoreError, match=r"run div: array head: its chunk runs/div/head/c/0 is missing"):
+        store.check_recorded(path, "div")
+    store.update_run_attrs(path, "div", empty_chunks_written=False)  # as written before: no chunk for [0]
+    store.check_recorded(path, "div")
+    (path / "runs" / "div" / "gate" / "c" / "1" / "0" / "0").unlink()
+    (path / "runs" / "div" / "gate" / "c" / "2" / "0" / "0").unlink()
+    store.check_recorded(path, "div")
+    (path / "runs" / "div" / "gate" / "c" / "0" / "0" / "0").unlink()
+    with pytest.raises(StoreError, match=r"run div: array gate at snapshot 0 \(step 0\)"):
+        store.check_recorded(path, "div")
+
+
+def test_a_lost_probe_is_named_and_a_probe_of_token_0_alone_is_not_a_lost_chunk(tmp_path):
+    # A markov chain whose token 0 leads only to itself (vocab_size 4, markov_branching 1, seed 0,
+    # n_probe 1) draws a probe of 0s, which zarr stored as no chunk: a lost probe chunk (every role
+    # score then computed against token 0) could not be told from it. The writer now stores it.
+    path = tmp_path / "s.zarr"
+    write_whole_run(path, "r1")
+    variables, coords = spec()
+    w = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={}, resume=True)
+    w.write_region("probe_tokens", 0, np.zeros((P, T + 1), np.int64))
+    chunk = path / "runs" / "r1" / "probe_tokens" / "c" / "0" / "0"
+    assert chunk.exists()
+    store.check_recorded(path, "r1")
+    chunk.unlink()
+    with pytest.raises(StoreError, match=r"run r1: array probe_tokens: its chunk runs/r1/probe_tokens/c/0/0 is "
+                                         r"missing, though the run wrote it: zarr would read it as 0"):
+        store.check_recorded(path, "r1")
+    # a run from before the writer stored such chunks: its probe of 0s had none, and is not damage
+    store.update_run_attrs(path, "r1", empty_chunks_written=False)
+    store.check_recorded(path, "r1")
+
+
+def test_a_chunk_cut_short_is_named_with_its_run_and_array(tmp_path):
+    # zarr's own error, "Zstd decompression error: invalid input data", named neither
+    path = tmp_path / "s.zarr"
+    write_whole_run(path, "r1")
+    assert store.unreadable_chunk(path, "r1") is None
+    chunk = path / "runs" / "r1" / "grad_norm" / "c" / "1" / "0" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:5])
+    e = store.unreadable_chunk(path, "r1")
+    assert isinstance(e, StoreError)
+    assert f"{path}: run r1: array grad_norm at snapshot 1 (step 5): its chunk runs/r1/grad_norm/c/1/0/0/0 cannot be " \
+           f"decoded (damaged: " in str(e) and "\n" not in str(e)

@@ -1,17 +1,24 @@
-"""What the store takes for a path, a run id, a run group and its attributes, and what it refuses."""
+"""What the store takes for a path, a run id, a run group and its attributes, and what it refuses:
+damaged metadata or sections named and left alone, zarr's temporaries a killed writer left cleared."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
+import time
 import uuid
+from pathlib import Path
 
+import numpy as np
 import pytest
+import xarray as xr
 import zarr
 
 from dynamics import store
 from dynamics.store import StoreError
-from tests.test_store import write_run
+from tests.test_store import spec, write_run
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -122,3 +129,178 @@ def test_is_finished_says_whether_a_run_command_would_skip_the_run(tmp_path):
     assert [store.is_finished(path, r) for r in ("c", "d", "r", "x")] == [True, True, False, False]
     assert not store.is_finished(tmp_path / "nowhere", "c")
     assert store.run_attrs(path, "d")["last_loss"] is None
+
+
+def test_fsspec_urls(tmp_path):
+    url = f"memory://dynamics-test-{uuid.uuid4().hex}/s.zarr"
+    snaps = write_run(url, "m1")
+    assert store.is_store(url) and store.list_runs(url) == ["m1"]
+    np.testing.assert_array_equal(xr.open_zarr(url, group="runs/m1").gate.values[0], snaps[0]["gate"])
+    with pytest.raises(StoreError, match="not on a local filesystem"):
+        store.checkpoint_path(url, "m1")
+
+    file_url = (tmp_path / "f.zarr").as_uri()
+    write_run(file_url, "f1")
+    assert store.list_runs(tmp_path / "f.zarr") == ["f1"]
+    assert store.checkpoint_path(file_url, "f1") == tmp_path / "f.zarr" / "checkpoints" / "f1" / "ckpt.pt"
+
+
+def test_a_store_path_of_another_type_is_named():
+    with pytest.raises(TypeError, match="a store path must be a str or path-like .* got int 123"):
+        store.open_run(123)
+
+
+def test_a_run_with_unreadable_metadata_is_named_by_readers_and_left_alone_by_writers(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    snaps = write_run(path, "r2", seed=1)
+    meta = tmp_path / "s.zarr" / "runs" / "r1" / "zarr.json"
+    damaged = meta.read_bytes()[:40]  # cut short: not JSON any more
+    meta.write_bytes(damaged)
+    variables, coords = spec()
+    for call in (
+        lambda: store.list_runs(path),
+        lambda: store.run_attrs(path, "r1"),
+        lambda: store.open_run(path),  # "the only run" may be the damaged one
+        lambda: store.open_run(path, "r1"),
+        lambda: store.open_sweep(path),
+        lambda: store.open_sweep(path, ["r1", "r2"]),
+        lambda: store.update_run_attrs(path, "r1", status="failed"),
+        lambda: store.write_analysis(path, "r1", xr.Dataset()),
+        lambda: store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running"}),
+        lambda: store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={}, resume=True),
+    ):
+        with pytest.raises(StoreError, match=r"runs/r1 exists but its metadata .* cannot be read"):
+            call()
+    assert meta.read_bytes() == damaged
+    assert not (tmp_path / "s.zarr" / "analysis" / "r1").exists()
+    # One damaged run no longer hides the others from whoever works run by run: listed ("include")
+    # it is named by its own reads; the other run reads, is analysed and is opened in a sweep.
+    assert store.list_runs(path, damaged="skip") == ["r2"]
+    assert store.list_runs(path, damaged="include") == ["r1", "r2"]
+    np.testing.assert_array_equal(store.open_run(path, "r2").gate.isel(snapshot=2).values, snaps[2]["gate"])
+    assert store.run_attrs(path, "r2") == {"status": "completed", "empty_chunks_written": True}
+    store.write_analysis(path, "r2", xr.Dataset({"score": ("head", [1.0])}))
+    assert list(store.open_analysis(path, "r2").score.values) == [1.0]
+    assert list(store.open_sweep(path, ["r2"]).run.values) == ["r2"]
+    with pytest.raises(StoreError, match=r"no run 'r3' in .*; runs: r1, r2"):
+        store.open_run(path, "r3")
+    with pytest.raises(StoreError, match="damaged: expected one of raise, skip, include"):
+        store.list_runs(path, damaged="ignore")
+
+
+def test_a_run_whose_metadata_is_gone_from_beside_its_arrays_is_not_created_again(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    (path / "runs" / "r1" / "zarr.json").unlink()
+    (path / "runs" / "r2").mkdir()  # no arrays: nothing recorded, so no run (a group being made)
+    variables, coords = spec()
+    for call in (
+        lambda: store.list_runs(path),
+        lambda: store.run_attrs(path, "r1"),
+        lambda: store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running"}),
+    ):
+        # moved out without its checkpoint, a new run of that id would start afresh over the checkpoint
+        with pytest.raises(StoreError, match=r"runs/r1 exists but its metadata runs/r1/zarr.json is missing; .*"
+                                             r"move runs/r1 and checkpoints/r1 out of the store"):
+            call()
+    assert not (path / "runs" / "r1" / "zarr.json").exists()
+    with pytest.raises(StoreError, match="no run 'r2'"):
+        store.run_attrs(path, "r2")
+
+
+def test_an_array_with_unreadable_metadata_is_named_and_a_resume_changes_nothing(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1", attrs={"status": "interrupted"})
+    meta = path / "runs" / "r1" / "attention" / "zarr.json"
+    meta.write_bytes(meta.read_bytes()[:40])
+    run_meta = (path / "runs" / "r1" / "zarr.json").read_bytes()
+    variables, coords = spec()
+    for call in (
+        lambda: store.open_run(path),
+        lambda: store.open_run(path, dask=False),
+        lambda: store.open_sweep(path),
+        lambda: store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running"},
+                                resume=True),
+    ):
+        with pytest.raises(StoreError, match="runs/r1/attention/zarr.json of runs/r1 cannot be read"):
+            call()
+    assert (path / "runs" / "r1" / "zarr.json").read_bytes() == run_meta
+
+
+@pytest.mark.parametrize("section, fix", [("runs", "restore it from a backup"),
+                                          ("analysis", "move it aside: what it holds is computed from the runs")])
+def test_a_section_that_is_a_file_is_named_as_damaged_and_left_alone(tmp_path, section, fix):
+    # Listed as a missing folder is, a `runs` file made the store look empty (status listed no run),
+    # and `run` failed creating its group with a bare FileExistsError; an `analysis` file failed
+    # every run's analysis the same way.
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    shutil.rmtree(path / section)
+    (path / section).write_bytes(b"x")
+    readers = (lambda: store.check_store(path), lambda: store.list_runs(path))
+    writers = (lambda: store.init_store(path), lambda: write_run(path, "r2", seed=1),
+               lambda: store.check_folders(path, (section,)),
+               # the Python API's writers too (analyse_store, predict.write_curve call these)
+               lambda: store.write_analysis(path, "r1", xr.Dataset({"x": ("a", [1.0])})) if section == "analysis"
+               else store.write_derived(path, "x", xr.Dataset({"x": ("a", [1.0])})))
+    # a reader of the runs reads on where only what is computed from them is damaged
+    for call in (*readers, *writers) if section == "runs" else writers:
+        with pytest.raises(StoreError, match=f"s.zarr: {section} is not a folder \\(the store is damaged\\); {fix}"):
+            call()
+    if section != "runs":
+        assert store.list_runs(path) == ["r1"]
+    assert (path / section).read_bytes() == b"x"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_zarrs_temporaries_a_killed_writer_left_are_cleared_under_the_locks(tmp_path):
+    # zarr writes <name>.<uuid hex>.partial and renames it: a SIGKILL between left it for ever,
+    # warned about on every read, and in a new store's folder it made the store "not a store".
+    import uuid
+    import warnings
+
+    from dynamics.usage import check_out
+
+    def partial(folder):
+        f = folder / f"zarr.{uuid.uuid4().hex}.partial"
+        f.write_text('{"zarr_format": 3, "node_type": "gr')
+        return f
+
+    new = tmp_path / "new.zarr"
+    new.mkdir()
+    partial(new)
+    check_out(str(new))  # no refusal: nothing was made there
+    store.init_store(new)
+    assert store.is_store(new) and not any(store.is_partial(p.name) for p in new.iterdir())
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    left = [partial(path), partial(path / "runs"), partial(path / "runs" / "r1"), partial(path / "runs" / "r1" / "attention")]
+    # and a chunk's, deep under c/: a kill mid-snapshot left up to a chunk of attention each
+    deepest = max((Path(d) for d, _, files in os.walk(path / "runs" / "r1" / "attention" / "c") if files),
+                  key=lambda d: len(d.parts))
+    chunk = deepest / f"0.{uuid.uuid4().hex}.partial"
+    chunk.write_bytes(b"half a chunk")
+    left.append(chunk)
+    # zarr rewrites the root's and the sections' metadata, outside our locks, whenever a run's
+    # arrays are created: there only a temporary no write can still own is cleared
+    old = time.time() - store.STALE_PARTIAL_S - 60
+    for f in left[:2]:
+        os.utime(f, (old, old))
+    live = partial(path)
+    mine = path / "runs" / "r1" / "notes.partial"  # not zarr's name: not ours to delete
+    mine.write_text("mine")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        store.open_run(path, "r1")
+    assert any("partial" in str(w.message) for w in seen), "the test needs zarr to notice them"
+    store.init_store(path)
+    with store.run_lock(path, "r1"):
+        pass
+    assert not any(f.exists() for f in left) and mine.exists() and live.exists()
+    mine.unlink()
+    live.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store.open_run(path, "r1")

@@ -267,3 +267,26 @@ def test_opening_a_group_that_is_not_there_says_so_not_that_it_was_rewritten(tmp
     with pytest.raises(Exception) as raised:
         _open_group_ds(_Loc(str(path)), "analysis/nope")
     assert "rewritten" not in str(raised.value)
+
+
+def test_a_run_created_while_the_runs_are_listed_is_not_called_damaged(tmp_path, monkeypatch):
+    # zarr makes runs/<id>/ before it renames zarr.json into it. A listing that read zarr.json as
+    # absent, and then found it there on a second read, named a run being created as damaged
+    # (seen in CI: a test polling a store while `dynamics run` started).
+    from dynamics.store import _loc
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    (path / "runs" / "r2").mkdir()
+    real_get, created = _loc._Loc.get, []
+
+    def get_then_create(self, key):
+        got = real_get(self, key)
+        if key == "runs/r2/zarr.json" and not created:
+            created.append(key)  # the writer's own lookups read as usual
+            write_run(path, "r2", seed=1)
+        return got
+
+    monkeypatch.setattr(_loc._Loc, "get", get_then_create)
+    assert store.list_runs(path) == ["r1", "r2"]
+    assert created == ["runs/r2/zarr.json"]

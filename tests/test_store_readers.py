@@ -1,18 +1,20 @@
-"""open_sweep's coordinates and attributes, the sweep index it reads, and analysis and derived
-groups written whole: what each holds, and what a write refuses."""
+"""open_run, open_sweep's coordinates and attributes, the sweep index it reads, and analysis and
+derived groups written whole: what each holds, and what a read or a write refuses."""
 
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 
+import dask.array as da
 import numpy as np
 import pytest
 import xarray as xr
 
 from dynamics import store
 from dynamics.store import StoreError
-from tests.test_store import write_run
+from tests.test_store import L, write_run
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -114,3 +116,254 @@ def test_a_group_moved_aside_by_a_killed_swap_whose_new_group_landed_is_cleared(
     store.write_derived(path, "curves", xr.Dataset({"auc": ("fold", [0.7])}))
     assert not staging.exists()
     assert list(store.open_analysis(path, "r1").score.values) == [1.0]
+
+
+def test_open_run_is_lazy_and_picks_the_only_run(tmp_path):
+    path = tmp_path / "s.zarr"
+    snaps = write_run(path, "only")
+    ds = store.open_run(path)
+    assert isinstance(ds.attention.data, da.Array)
+    assert ds.attrs["run_id"] == "only" and ds.attrs["status"] == "completed"
+    np.testing.assert_array_equal(ds.gate.isel(snapshot=1).values, snaps[1]["gate"])
+
+    write_run(path, "other")
+    with pytest.raises(StoreError, match="only, other"):
+        store.open_run(path)
+    assert store.open_run(str(path), "other").attrs["run_id"] == "other"
+    with pytest.raises(StoreError, match="no run 'missing'"):
+        store.open_run(path, "missing")
+    assert store.list_runs(path) == ["only", "other"]
+
+
+def test_readers_name_a_wrong_argument_for_what_it_is(tmp_path):
+    # A list for a run id read "no run ['only'] in S; runs: only"; run_ids=5 was Python's
+    # "'int' object is not iterable"; a mistyped path said "not a dynamics store" where the
+    # command line said the path does not exist; a run's own folder read as no store at all.
+    path = tmp_path / "s.zarr"
+    write_run(path, "only")
+    with pytest.raises(TypeError, match=r"^run_id: expected a run id \(a str\), got list \['only'\]$"):
+        store.open_run(path, ["only"])
+    for bad in (5, ["only", 5]):
+        with pytest.raises(TypeError, match="^run_ids: expected a list of run ids"):
+            store.open_sweep(path, run_ids=bad)
+    assert store.open_sweep(path, run_ids=("only",)).sizes["run"] == 1
+    with pytest.raises(StoreError, match=f"^no store at {tmp_path}/s.zar: the path does not exist$"):
+        store.open_run(tmp_path / "s.zar")
+    with pytest.raises(StoreError) as e:
+        store.open_run(path / "runs" / "only" / "attention")
+    assert str(e.value) == (f"not a dynamics store: {path}/runs/only/attention is inside the store {path}, in its run "
+                            f"only; open_run({str(path)!r}, 'only') opens that run")
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(StoreError, match=f"^not a dynamics store: {tmp_path}/notes$"):
+        store.open_run(tmp_path / "notes")
+
+
+def grid_store(path):
+    index = {"axes": ["model.init_scale", "train.lr"], "runs": {}}
+    for i, (scale, lr) in enumerate([(0.5, 1e-3), (0.5, 1e-2), (2.0, 1e-3), (2.0, 1e-2)]):
+        run_id = f"g{i}"
+        write_run(path, run_id, fill=scale * 10 + lr, seed=i, attrs={"status": "completed" if i else "diverged"})
+        index["runs"][run_id] = {"model.init_scale": scale, "train.lr": lr}
+    index["runs"]["not_started"] = {"model.init_scale": 1.0, "train.lr": 1e-3}
+    store.write_sweep_index(path, index)
+    return index
+
+
+def test_open_sweep_has_swept_coordinates(tmp_path):
+    path = tmp_path / "s.zarr"
+    index = grid_store(path)
+    assert store.read_sweep_index(path) == index
+    sw = store.open_sweep(path)
+    assert list(sw.run.values) == ["g0", "g1", "g2", "g3"]  # runs not yet in the store are skipped
+    assert list(sw.init_scale.values) == [0.5, 0.5, 2.0, 2.0]
+    np.testing.assert_array_equal(sw.model_init_scale.values, sw.init_scale.values)
+    assert list(sw.lr.values) == list(sw.train_lr.values) == [1e-3, 1e-2, 1e-3, 1e-2]
+    assert list(sw.status.values) == ["diverged", "completed", "completed", "completed"]
+    assert isinstance(sw.attention.data, da.Array)
+
+    big = sw.gate.where(sw.init_scale == 2.0).mean(["snapshot", "layer", "head"])
+    assert np.isnan(big.values[:2]).all()
+    np.testing.assert_allclose(big.values[2:], [20.001, 20.01], rtol=1e-6)
+    by_lr = sw.gate.groupby("train_lr").mean(...)
+    np.testing.assert_allclose(by_lr.values, [(5.001 + 20.001) / 2, (5.01 + 20.01) / 2], rtol=1e-6)
+    assert "step" in sw.coords and sw.step.dims == ("snapshot",)
+    assert bool(sw.head_mask.all())
+
+
+def test_open_sweep_says_stopped_for_a_killed_run_as_status_does(tmp_path):
+    # A run killed mid-training (SIGKILL) is still marked "running" in its attributes.
+    path = tmp_path / "s.zarr"
+    grid_store(path)
+    store.update_run_attrs(path, "g1", status="running")  # killed: nobody holds its run lock
+    store.update_run_attrs(path, "g2", status="running")
+    with store.run_lock(path, "g2"):  # still being trained
+        sw = store.open_sweep(path)
+    assert list(sw.status.values) == ["diverged", "stopped", "running", "completed"]
+    assert sw.attrs["runs"]["g1"]["status"] == "running"  # the recorded attribute is untouched
+
+    sub = store.open_sweep(path, ["g3", "g1"])
+    assert list(sub.run.values) == ["g3", "g1"] and list(sub.lr.values) == [1e-2, 1e-2]
+    with pytest.raises(StoreError, match="not_started"):
+        store.open_sweep(path, ["not_started"])
+
+
+def test_open_sweep_refuses_a_run_given_twice_or_a_bare_string(tmp_path):
+    # Twice on the run dim, a run would count twice in every mean over runs; a bare string was
+    # iterated into its characters and refused as runs 'g', '1'.
+    path = tmp_path / "s.zarr"
+    grid_store(path)
+    with pytest.raises(StoreError, match="'g1' given more than once"):
+        store.open_sweep(path, ["g1", "g3", "g1"])
+    with pytest.raises(StoreError, match="expected a list of run ids, got the string 'g1'"):
+        store.open_sweep(path, "g1")
+
+
+def test_open_sweep_reads_a_nested_axis_missing_from_the_index_from_the_run_config(tmp_path):
+    # Two sweeps into one store merge their axes; a run of the second has no value for the
+    # first's axis in the index, so it comes from the run's own config, however deep the key.
+    path = tmp_path / "s.zarr"
+    for run_id, lr, weight in (("a", 1e-3, 0.0), ("b", 1e-2, 1.0)):
+        config = {"train": {"lr": lr}, "intervene": {"templates": {"weight": weight}}}
+        write_run(path, run_id, attrs={"status": "completed", "config": config})
+    store.write_sweep_index(path, {"axes": ["intervene.templates.weight", "train.lr"],
+                                   "runs": {"a": {"intervene.templates.weight": 0.0}, "b": {"train.lr": 1e-2}}})
+    sw = store.open_sweep(path)
+    assert list(sw.intervene_templates_weight.values) == [0.0, 1.0]  # not `weight`: that is a dim
+    assert list(sw.train_lr.values) == [1e-3, 1e-2]
+
+
+def test_open_sweep_pads_heads_and_snapshots(tmp_path):
+    path = tmp_path / "s.zarr"
+    small = write_run(path, "h4", n_heads=4, n_snap=3, seed=1)
+    write_run(path, "h8", n_heads=8, n_snap=5, seed=2)
+    sw = store.open_sweep(path)  # no sweep index: every run, no swept coords
+    assert "init_scale" not in sw.coords and sw.sizes["head"] == 8 and sw.sizes["snapshot"] == 5
+    assert sw.head_mask.dims == ("run", "layer", "head")
+    mask = sw.head_mask.sel(run="h4").values
+    assert mask[:, :4].all() and not mask[:, 4:].any() and bool(sw.head_mask.sel(run="h8").all())
+    gate = sw.gate.sel(run="h4").values
+    np.testing.assert_array_equal(gate[:3, :, :4], np.stack([s["gate"] for s in small]))
+    assert np.isnan(gate[:, :, 4:]).all() and np.isnan(gate[3:]).all()
+    assert sw.step.dims == ("run", "snapshot")
+    assert list(sw.step.sel(run="h8").values) == [0, 5, 10, 15, 20]
+    assert np.isnan(sw.step.sel(run="h4").values[3:]).all()
+    assert int(sw.gate.where(sw.head_mask).count()) == 3 * L * 4 + 5 * L * 8
+
+
+def test_analysis_and_derived_round_trip(tmp_path, monkeypatch):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    raw_before = store.open_run(path).attention.values
+    assert store.open_analysis(path) is None and store.open_derived(path, "curves") is None
+
+    first = xr.Dataset(
+        {"score": (("layer", "head"), np.arange(8.0).reshape(2, 4))},
+        coords={"role": ("head", np.array(["sink", "prev", "none", "induction"]))},
+        attrs={"method": "test", "kappa": np.float64(0.3)},
+    )
+    store.write_analysis(path, "r1", first)
+    got = xr.open_zarr(path, group="analysis/r1")  # plain xarray, warnings are errors
+    assert [str(v) for v in got.role.values] == ["sink", "prev", "none", "induction"]
+    # every chunk stored, and the group says so (store.open_analysis checks that none is lost, and drops the mark)
+    assert got.attrs == {"method": "test", "kappa": 0.3, "empty_chunks_written": True}
+    assert store.open_analysis(path, "r1").attrs == {"method": "test", "kappa": 0.3}
+
+    store.write_analysis(path, "r1", store.open_analysis(path).assign(twice=lambda d: d.score * 2))
+    second = store.open_analysis(path, "r1")
+    np.testing.assert_array_equal(second.twice.values, first.score.values * 2)
+    store.write_analysis(path, "r1", xr.Dataset({"other": ("x", [1, 2])}))
+    assert set(store.open_analysis(path).data_vars) == {"other"}  # replaced whole
+    np.testing.assert_array_equal(store.open_run(path).attention.values, raw_before)
+    with pytest.raises(StoreError, match="no run 'ghost'"):
+        store.write_analysis(path, "ghost", first)
+
+    curves = xr.Dataset({"auc": ("fold", [0.7, 0.8])}, coords={"fold": [0, 1]})
+    store.write_derived(path, "curves", curves)
+    xr.testing.assert_identical(store.open_derived(path, "curves").load(), curves)
+    assert store.list_runs(path) == ["r1"]
+
+    # A write that breaks half way (a full disk; a kill) leaves the previous result whole: the
+    # old group was deleted first, and `derived/curves` read as never written.
+    from zarr.storage import LocalStore
+
+    real_set = LocalStore.set
+
+    async def disk_full(self, key, value):
+        if key.endswith("/c/0"):
+            raise OSError(28, "No space left on device")
+        await real_set(self, key, value)
+
+    with monkeypatch.context() as m:
+        m.setattr(LocalStore, "set", disk_full)
+        with pytest.raises(OSError, match="No space"):
+            store.write_derived(path, "curves", curves * 2)
+    xr.testing.assert_identical(store.open_derived(path, "curves").load(), curves)
+    assert sorted(p.name for p in path.iterdir()) == ["analysis", "derived", "runs", "zarr.json"]  # nothing staged left
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_a_staged_write_clears_what_killed_writers_left_and_nothing_a_live_writer_holds(tmp_path):
+    import fcntl
+    import os
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    curves = xr.Dataset({"auc": ("fold", [0.7, 0.8])})
+    store.write_derived(path, "curves", curves)
+    staging = path / ".staging"
+    staging.mkdir()
+    # SIGKILLed while writing its group: a staging directory nobody holds
+    killed = staging / "analysis.r1.k1ll3d00"
+    (killed / "score").mkdir(parents=True)
+    (killed / "score" / "zarr.json").write_text("{}")
+    # SIGKILLed between the swap's two renames: the previous group moved aside, none in its place
+    os.rename(path / "derived" / "curves", staging / "derived.curves.m0v3d000.old")
+    # another process writing its group now (it holds its claim until it swaps)
+    live = staging / "analysis.r1.l1v3w000"
+    live.mkdir()
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        store.write_analysis(path, "r1", xr.Dataset({"score": ("head", [1.0, 2.0])}))
+        assert [p.name for p in staging.iterdir()] == [live.name]
+    finally:
+        os.close(fd)
+    xr.testing.assert_identical(store.open_derived(path, "curves").load(), curves)
+    assert list(store.open_analysis(path, "r1").score.values) == [1.0, 2.0]
+    store.write_derived(path, "other", curves)  # the writer above died too: its directory goes now
+    assert not staging.exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_open_run_calls_a_killed_run_stopped_and_a_training_one_running(tmp_path):
+    # A run killed outright never rewrites its "running"; open_run gave that, while `dynamics
+    # status` and open_sweep said "stopped".
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1", attrs={"status": "running"})
+    assert store.open_run(path, "r1").attrs["status"] == "stopped"
+    assert store.run_attrs(path, "r1")["status"] == "running"  # the record itself is left alone
+    with store.run_lock(path, "r1"):
+        assert store.open_run(path, "r1").attrs["status"] == "running"
+    store.update_run_attrs(path, "r1", status="completed")
+    assert store.open_run(path, "r1").attrs["status"] == "completed"
+
+
+def test_open_analysis_warns_on_another_analysers_version(tmp_path):
+    from dynamics.schema import ANALYSIS_VERSION
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    old = xr.Dataset({"score": ("head", [1.0, 2.0])}, attrs={"analysis_version": ANALYSIS_VERSION - 1})
+    store.write_analysis(path, "r1", old)
+    with pytest.warns(store.StaleAnalysisWarning) as caught:
+        got = store.open_analysis(path, "r1")
+    message = str(caught[0].message)
+    assert f"version {ANALYSIS_VERSION - 1}, these are version {ANALYSIS_VERSION}" in message
+    assert f"dynamics analyse {path}" in message
+    np.testing.assert_array_equal(got.score.values, [1.0, 2.0])  # still returned: a warning, not a refusal
+    # callers that check is_current themselves, and a current analysis, open silently
+    store.open_analysis(path, "r1", stale="allow")
+    store.write_analysis(path, "r1", old.assign_attrs(analysis_version=ANALYSIS_VERSION))
+    store.open_analysis(path, "r1")
+    with pytest.raises(ValueError, match="stale: expected 'warn' or 'allow', got 'no'"):
+        store.open_analysis(path, "r1", stale="no")

@@ -1,5 +1,6 @@
-"""RunWriter refuses what would record the wrong thing: a bad spec, a resume that does not match
-what is stored, a write outside a variable. Each refusal is one StoreError, and changes nothing."""
+"""RunWriter resumes a run (one whose creation was cut short too) and refuses what would record the
+wrong thing: a run that exists without resume, a bad spec, a resume that does not match what is stored,
+a write outside a variable. Each refusal is one StoreError, and changes nothing."""
 
 from __future__ import annotations
 
@@ -113,3 +114,86 @@ def test_every_array_the_store_writes_ends_in_a_checksum_and_a_changed_byte_fail
     chunk.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="checksum"):
         store.open_run(path, "r1")["gate"].load()
+
+
+def test_run_writer_refuses_existing_run_unless_resume(tmp_path):
+    path = tmp_path / "s.zarr"
+    variables, coords = spec()
+    w = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running", "starts": 1})
+    first = snapshot(np.random.default_rng(1))
+    w.write_snapshot(0, first)
+    w.write_region("loss", 0, np.arange(4, dtype=np.float32))
+    with pytest.raises(StoreError, match="already exists"):
+        store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={})
+
+    w2 = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"starts": 2}, resume=True)
+    w2.write_snapshot(1, snapshot(np.random.default_rng(2)))
+    w2.write_region("loss", 4, np.arange(4, 8, dtype=np.float32))
+    ds = store.open_run(path)
+    np.testing.assert_array_equal(ds.attention.isel(snapshot=0).values, first["attention"])
+    assert not np.isnan(ds.gate.isel(snapshot=1).values).any()
+    np.testing.assert_array_equal(ds.loss.values[:8], np.arange(8))
+    assert store.run_attrs(path, "r1") == {"status": "running", "starts": 2, "empty_chunks_written": True}
+
+    other_variables, other_coords = spec(n_heads=8)
+    with pytest.raises(StoreError, match="attention"):
+        store.RunWriter(path, "r1", variables=other_variables, coords=other_coords, attrs={}, resume=True)
+
+
+def test_a_refused_resume_leaves_the_run_attrs_as_they_were(tmp_path):
+    path = tmp_path / "s.zarr"
+    variables, coords = spec()
+    store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "interrupted", "starts": 1})
+    other_variables, other_coords = spec(n_heads=8)
+    with pytest.raises(StoreError, match="stored 'attention'"):
+        store.RunWriter(path, "r1", variables=other_variables, coords=other_coords,
+                        attrs={"status": "running", "starts": 2}, resume=True)
+    assert store.run_attrs(path, "r1") == {"status": "interrupted", "starts": 1, "empty_chunks_written": True}
+
+
+class Died(Exception):
+    """Stands for the process being killed: nothing after it runs."""
+
+
+def test_a_run_whose_creation_was_cut_short_resumes(tmp_path, monkeypatch):
+    # The group and its arrays exist, but the coordinates' values never landed (SIGKILL between
+    # the two): a resume writes them instead of refusing the run for ever.
+    import zarr.core.array
+
+    path = tmp_path / "s.zarr"
+    variables, coords = spec()
+
+    async def killed(self, *args, **kwargs):
+        raise Died
+
+    with monkeypatch.context() as m:
+        m.setattr(zarr.core.array.AsyncArray, "setitem", killed)
+        with pytest.raises(Died):
+            store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"status": "running"})
+    w = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={"starts": 2}, resume=True)
+    w.write_snapshot(0, snapshot(np.random.default_rng(0)))
+    ds = xr.open_zarr(path, group="runs/r1")
+    assert list(ds.step.values) == [0, 5, 10] and [str(v) for v in ds.weight.values] == ["q", "k", "v", "o"]
+    assert list(ds.component.values) == ["induction", "markov"]
+    assert ds.attrs == {"status": "running", "starts": 2, "empty_chunks_written": True}
+
+
+def test_write_region_and_write_snapshot_check_their_input(tmp_path):
+    path = tmp_path / "s.zarr"
+    variables, coords = spec(steps=5000)  # spans two 4096-step chunks
+    w = store.RunWriter(path, "r1", variables=variables, coords=coords, attrs={})
+    w.write_region("loss", 4090, np.arange(10, dtype=np.float32))
+    loss = store.open_run(path).loss
+    assert loss.encoding["chunks"] == (4096,)
+    np.testing.assert_array_equal(loss.values[4090:4100], np.arange(10))
+    assert np.isnan(loss.values[:4090]).all() and np.isnan(loss.values[4100:]).all()
+    with pytest.raises(StoreError, match="outside"):
+        w.write_region("loss", 4999, np.zeros(2, np.float32))
+    with pytest.raises(StoreError, match="out of range"):
+        w.write_snapshot(N_SNAP, {"gate": np.zeros((L, 4))})
+    with pytest.raises(StoreError, match="expected"):
+        w.write_snapshot(0, {"gate": np.zeros((L, 3))})
+    with pytest.raises(StoreError, match="no variable 'nope'"):
+        w.write_snapshot(0, {"nope": np.zeros(1)})
+    with pytest.raises(StoreError, match="JSON"):
+        w.set_attrs(bad=object())
