@@ -55,7 +55,8 @@ def tiny(tmp_path_factory):
     """(d, d/tiny.toml, d/s.zarr) for tests/test_cli.py, test_cli_stores.py and test_cli_messages.py:
     one tiny run trained once per module, beside a file `afile` and a foreign zarr store to refuse.
     Module-scoped, not session-scoped: some tests add to d (d/empty.zarr, d/s-report). Modules with
-    a `tiny` of their own (tests/test_gates.py, tests/test_cli_known_answers.py, ...) override it."""
+    a `tiny` of their own (tests/test_gates.py's, imported by some test_gates_*.py; test_gates_fit.py's;
+    tests/test_cli_known_answers.py's, ...) override it."""
     from dynamics.config import load_config
     from dynamics.train import train_run
 

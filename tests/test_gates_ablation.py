@@ -1,7 +1,8 @@
-"""Known answers for mean ablation (`gates.ablation`): a head's z replaced by its mean over the
-reference rows at each position. tests/test_gates.py checked it only on a head with W_O = 0,
-where mean and zero ablation agree, so mean ablation as zero ablation, or a mean over positions
-too, passed every test (a helper audit's mutations).
+"""`gates.ablation`: zero and mean ablation of single heads and of sets, and gradient head importance.
+
+Mean ablation (a head's z replaced by its mean over the reference rows at each position) has known
+answers of its own: on a head with W_O = 0, where mean and zero ablation agree, mean ablation as zero
+ablation, or a mean over positions too, passed (a helper audit's mutations).
 """
 
 from __future__ import annotations
@@ -12,10 +13,18 @@ import torch
 import torch.nn.functional as F
 
 from dynamics.config import from_dict
-from dynamics.gates import HELDOUT_STEP, GateOptions, ablation_losses, head_ablation, set_ablation
+from dynamics.gates import (
+    HELDOUT_STEP,
+    GateOptions,
+    ablation_losses,
+    component_weights,
+    head_ablation,
+    head_importance,
+    set_ablation,
+)
 from dynamics.gates._engine import _batches
 from dynamics.train import build
-from tests.test_gates import TINY, one_thread  # noqa: F401 - one_thread: the module-scoped autouse fixture
+from tests.test_gates import TINY, one_thread, tiny_model  # noqa: F401 - fixtures: one_thread (autouse), tiny
 
 OPTS = GateOptions(batch_size=4, eval_batches=2)
 
@@ -88,3 +97,43 @@ def test_set_ablation_is_each_sets_loss_minus_the_intact_models():
         for s in range(2):
             want = nll(data, torch.from_numpy(~sets[s]).float()[None]) - full
             assert got[s, c] == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+def test_ablating_a_head_whose_W_O_is_zero_changes_nothing(tiny):
+    model, cfg = tiny
+    with torch.no_grad():
+        model.blocks[0].attn.W_O[1].zero_()
+    opts = GateOptions(batch_size=4, eval_batches=2)
+    for method in ("zero", "mean"):
+        delta = head_ablation(model, cfg, method, opts)
+        assert delta.dims == ("layer", "head", "component")
+        assert list(delta.component.values) == ["offset_copy", "markov"]
+        assert np.abs(delta.sel(layer=0, head=1).values).max() < 1e-6, method
+        assert np.abs(delta.values).max() > 1e-4, method  # the other heads do something
+    sets = np.zeros((2, 2, 2), dtype=bool)
+    sets[1, 0, 1] = True
+    assert np.abs(set_ablation(model, cfg, sets, "mean", opts).values).max() < 1e-6
+
+
+def test_head_importance_is_the_per_sequence_absolute_gate_gradient_normalised_within_each_layer(tiny):
+    # The guide's I_h = E_x |dL(x)/dxi_h| / l2 norm within the layer. The pruning curves'
+    # "importance" order was the single-head ablation delta instead.
+    from dynamics.gates._engine import _batches
+
+    model, cfg = tiny
+    with torch.no_grad():
+        model.blocks[0].attn.W_O[1].zero_()  # writes nothing: no gradient reaches its gate
+    opts = GateOptions(batch_size=3, eval_batches=2)
+    imp = head_importance(model, cfg, opts)
+    assert imp.dims == ("layer", "head")
+    raw = np.zeros((2, 2))
+    for name, weight in zip(cfg.task.component_names, component_weights(cfg), strict=True):
+        rows = _batches(cfg, HELDOUT_STEP, 2, 3, "cpu", name).flatten(0, 1)  # (6, T + 1)
+        for row in rows:  # one sequence at a time: the expectation over x of |dL(x)/dxi|
+            xi = torch.ones(2, 2, requires_grad=True)
+            loss = F.cross_entropy(model(row[None, :-1], head_gates=xi)[0], row[1:])
+            raw += weight * torch.autograd.grad(loss, [xi])[0].abs().numpy() / len(rows)
+    np.testing.assert_allclose(imp.attrs["raw"], raw, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(imp.values, raw / np.linalg.norm(raw, axis=1, keepdims=True), rtol=1e-4, atol=1e-7)
+    assert imp.values[0, 1] == 0 and imp.values[0, 0] == pytest.approx(1.0)
+    assert all(p.grad is None for p in model.parameters())  # the model stays untouched

@@ -14,7 +14,7 @@ arXiv 2505.13737; the authors' code is github.com/andrewnam/causal_head_gating):
 - Labels (threshold 0.5): facilitating = G+ high and G- high; irrelevant = G+ high and G- low;
   interfering = G+ low and G- low; G+ low with G- high contradicts both fits: inconsistent.
   A third-party repackaging swaps the G+/G- signs and so mislabels interfering heads; the
-  signs here are the paper's (pinned by ``tests/test_gates.py``).
+  signs here are the paper's (pinned by ``tests/test_gates_maths.py`` and ``tests/test_gates_fit.py``).
 - Contrastive CHG retains one component while forgetting another:
   ``-logp_retain + clamp(logp_forget - stopgrad(logp_retain), min=-max_diff)
   - lambda * mean(clamp(logit, -4, 4))`` (logp = mean per-token log-probability).

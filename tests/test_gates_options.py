@@ -1,0 +1,37 @@
+"""`gates.options`: GateOptions refuses values of the wrong type and counts or a lambda out of range."""
+
+import numpy as np
+import pytest
+
+from dynamics.config import ConfigError
+from dynamics.gates import GateOptions
+from dynamics.limits import MAX_STEPS
+from tests.test_gates import one_thread  # noqa: F401 - one_thread: the module-scoped autouse fixture
+
+
+def test_options_of_the_wrong_type_are_named():
+    # steps=2.5 was accepted and failed inside the fit; steps="5" with a bare TypeError
+    for key, bad, kind in (("steps", 2.5, "an integer"), ("steps", "5", "an integer"), ("restarts", 2.0, "an integer"),
+                           ("seed", 1.5, "an integer"), ("lam", "0.1", "a number"), ("clamp_start", 1, "true or false")):
+        with pytest.raises(ConfigError, match=f"^gates.{key}: expected {kind}, got {bad!r}$"):
+            GateOptions(**{key: bad})
+    assert GateOptions(steps=np.int64(3), lam=np.float32(0.5), init_steps=None).steps == 3
+
+
+def test_an_absurd_restart_count_is_refused_before_the_fit():
+    # Restarts are one batch: --restarts 1000000 asked for 32 GB at the first forward, a traceback
+    assert GateOptions(restarts=256).restarts == 256
+    with pytest.raises(ConfigError) as e:
+        GateOptions(restarts=10**6)
+    assert str(e.value) == "gates.restarts: must be at most 256 (fitted as one batch), got 1000000"
+
+
+def test_counts_past_the_step_limit_and_a_lambda_float32_cannot_hold_are_refused():
+    # --steps 10**13 ran until killed; --lam 1e39 raised a traceback from torch.full after the first stage
+    for key in ("steps", "init_steps"):
+        assert getattr(GateOptions(**{key: MAX_STEPS}), key) == MAX_STEPS
+        with pytest.raises(ConfigError, match=f"^gates.{key}: must be .*{MAX_STEPS:,}"):
+            GateOptions(**{key: MAX_STEPS + 1})
+    assert GateOptions(lam=3.4e38).lam == 3.4e38
+    with pytest.raises(ConfigError, match=r"^gates.lam: must be at most 3.403e\+38 \(float32\), got 1e\+39$"):
+        GateOptions(lam=1e39)
