@@ -113,14 +113,14 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
     writer = store.RunWriter(os.path.join(tmp, "parts.zarr"), "run", variables=variables(cfg, len(steps_at)),
                              coords=coords(cfg, steps_at), attrs={"status": "running"})
     state = {"step": 0}
-    grad_holders = list({id(p): p for p in [*model.parameters(), *model.optim_parameters()]}.values())  # as train.py
+    holders = train_mod.grad_holders(model, model.optim_parameters())  # as train.py
 
     def train_step() -> None:
         s = state["step"]
         tokens = torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens).to(device)
         for group in opt.param_groups:
             group["lr"] = train_mod.lr_at(cfg, s)
-        for p in grad_holders:
+        for p in holders:
             p.grad = None
         loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()

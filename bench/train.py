@@ -67,7 +67,7 @@ from bench._common import Parser, at_least, bad_input, check_step_config, load_l
 from dynamics.allocator import keep_freed_memory  # noqa: E402
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override, replace_section, with_values  # noqa: E402
 from dynamics.tasks import make_batch  # noqa: E402
-from dynamics.train import build, lr_at, make_optimizer, train_run  # noqa: E402
+from dynamics.train import build, grad_holders, lr_at, make_optimizer, train_run  # noqa: E402
 from dynamics.usage import UsageError, check_device  # noqa: E402
 
 
@@ -90,7 +90,7 @@ class Trainer:
         self.model = build(cfg, device)
         self.optimizer = make_optimizer(cfg, self.model)
         self.params = self.model.optim_parameters()
-        self.grad_holders = list({id(p): p for p in [*self.model.parameters(), *self.params]}.values())  # as train.py
+        self.grad_holders = grad_holders(self.model, self.params)  # as train.py
         self.step_no = 0
 
     def step(self, phases: dict[str, list[float]] | None = None) -> None:
