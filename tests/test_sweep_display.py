@@ -82,3 +82,37 @@ def test_the_display_is_chosen_by_the_progress_option():
     finally:
         bars.close()
         log.close()
+
+
+def test_progress_counts_only_finished_runs():
+    # After Ctrl-C the plain log read "[sweep] 4/4 rc cancelled" with two of the four runs not
+    # trained: every run that ended was counted as done. Only completed and diverged runs are
+    # finished; the others train again on the next launch. On a terminal, the overall bar likewise,
+    # and a run's note went to stdout while the bars drew on stderr.
+    import io
+
+    from dynamics.sweep.progress import _Bars, _Display
+
+    log = io.StringIO()
+    display = _Display(5, 1, stream=log, every=0)  # one run already finished before this launch
+    display.starting(4, 2)  # in a log, the first line came ten seconds in, with the first step report
+    display.step("rb", 5, 12, 1.0)
+    display.tick()
+    for run_id, status in [("ra", "completed"), ("rb", "interrupted"), ("rc", "cancelled"), ("rd", "failed"),
+                           ("re", "diverged")]:
+        display.finished(run_id, status)
+    assert log.getvalue().splitlines() == [
+        "[sweep] 4 run(s) to train on 2 worker(s), 1 of 5 already finished; a line as each ends, and the running "
+        "ones every 0 s",
+        "[sweep] 1/5 finished; running: rb 5/12", "[sweep] ra completed (2/5 finished)",
+        "[sweep] rb interrupted (2/5 finished)", "[sweep] rc cancelled (2/5 finished)",
+        "[sweep] rd failed (2/5 finished)", "[sweep] re diverged (3/5 finished)"]
+    given = io.StringIO()
+    _Display(2, 0, stream=given, every=0).starting(2, "tcp://10.0.0.5:8786")  # its size is the cluster's own
+    assert given.getvalue().startswith("[sweep] 2 run(s) to train on the cluster at tcp://10.0.0.5:8786, 0 of 2 ")
+    term = io.StringIO()
+    bars = _Bars(5, 1, stream=term)
+    bars.finished("ra", "completed")
+    bars.finished("rc", "cancelled")
+    assert bars.overall.n == 2 and "rc cancelled" in term.getvalue()
+    bars.close()

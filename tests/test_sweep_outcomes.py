@@ -150,3 +150,25 @@ def test_a_finished_point_whose_checkpoint_was_deleted_is_skipped(copy):
     shutil.rmtree(os.path.join(path, "checkpoints", run_id))
     summary = run_sweep(from_dict(tiny()), path, progress=False)  # nothing to train: no cluster
     assert summary.skipped == [run_id] and summary.counts == {"completed": 1} and summary.ok
+
+
+def test_a_late_failure_record_never_overwrites_a_finished_run(tmp_path):
+    # A task failing after another process finished its run (or while it trains it, holding the
+    # lock) must leave that run as it is: its failure goes to the sweep summary only. Likewise the
+    # launcher's marking of runs left "running" after Ctrl-C: a locked one is another's, live.
+    from dynamics.sweep.launcher import _mark_interrupted
+    from dynamics.sweep.task import _record_failure
+
+    cfg = from_dict(tiny())
+    path = str(tmp_path / "s.zarr")
+    train_run(cfg, path)
+    _record_failure(path, cfg.run_id(), "Traceback: late")
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert attrs["status"] == "completed" and not attrs.get("traceback")
+    store.update_run_attrs(path, cfg.run_id(), status="running")
+    with store.run_lock(path, cfg.run_id()):
+        _record_failure(path, cfg.run_id(), "Traceback: late")
+        _mark_interrupted(path, [cfg.run_id()])
+    assert store.run_attrs(path, cfg.run_id())["status"] == "running"
+    _mark_interrupted(path, [cfg.run_id()])  # nobody holds it now: it was cut short
+    assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"

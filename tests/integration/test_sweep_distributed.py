@@ -171,7 +171,7 @@ def test_worker_killed_mid_sweep_then_rerun_retrains_nothing(cluster, launched, 
     first = launched(sweep_cmd(config, out, cluster.address), tmp_path / "first.log")
 
     # A second launcher on the same store, while the first holds the lock, is refused (the CLI's
-    # one-line exit 2 for this error is checked in tests/test_sweep.py).
+    # one-line exit 2 for this error is checked in tests/test_sweep_lock.py).
     wait_until(lambda: Path(lock_path(str(out))).exists() or first.poll() is not None, "the sweep lock")
     with pytest.raises(SweepLockError, match=f"being written by another sweep \\(pid {first.pid} "):
         run_sweep(load_config(config), str(out), scheduler=cluster.address, progress=False)

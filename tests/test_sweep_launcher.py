@@ -1,0 +1,105 @@
+"""The launcher (dynamics.sweep.launcher): check_scheduler's refusals and the sweep index it writes."""
+
+import re
+
+import pytest
+
+from dynamics import store
+from dynamics.config import ConfigError, from_dict
+from dynamics.sweep import expand_grid
+from tests.test_sweep import tiny
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{}", 'not a scheduler file (no "address" in its JSON)'),
+    ("[1, 2]", 'not a scheduler file (no "address" in its JSON)'),
+    ('{"address": ""}', 'not a scheduler file (no "address" in its JSON)'),
+    ('{"address": null}', 'not a scheduler file (no "address" in its JSON)'),
+    ('{"address": 5}', 'not a scheduler file (its "address" is 5, not a string)'),  # was "no address"
+    ("", "not a readable scheduler file"),
+    ("garbage", "not a readable scheduler file"),
+])
+def test_a_damaged_scheduler_file_is_refused_in_one_line(tmp_path, content, needle):
+    # Dask's own reading of these raised a bare AssertionError (or TypeError): a traceback, exit 1
+    from dynamics.sweep.launcher import check_scheduler
+
+    (tmp_path / "scheduler.json").write_text(content)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        check_scheduler(str(tmp_path / "scheduler.json"))
+
+
+def test_a_scheduler_address_dask_cannot_use_is_refused_in_one_line():
+    from dynamics.sweep.launcher import check_scheduler
+
+    # tls:// without TLS settings: Dask raised a TypeError, not a connection error
+    with pytest.raises(ConfigError, match="cannot reach a Dask scheduler there .*TLS"):
+        check_scheduler("tls://127.0.0.1:1")
+
+
+def test_an_address_that_answers_but_is_no_scheduler_is_refused_not_waited_on():
+    # The dashboard's port (or any socket that accepts and says nothing): the Client's timeout
+    # covered the connection, not Dask's handshake after it, and the sweep waited for ever, silent.
+    import socket
+
+    from distributed import LocalCluster
+
+    from dynamics.sweep.launcher import check_scheduler
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"^--scheduler tcp://127.0.0.1:{port}: no Dask scheduler answered "
+                                              f"there within 1 s$"):
+            check_scheduler(f"tcp://127.0.0.1:{port}", timeout=1.0)
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
+        [worker] = cluster.workers.values()
+        with pytest.raises(ConfigError, match="a Dask Worker answers there, not a scheduler"):
+            check_scheduler(worker.address)
+        check_scheduler(cluster.scheduler_address)
+
+
+def test_check_scheduler_reaches_a_tls_cluster_and_runs_inside_an_event_loop(tmp_path):
+    # Asked without the TLS settings of Dask's config, a tls:// cluster the sweep reaches was
+    # refused; and asyncio.run inside a running loop (run_sweep in a notebook) was "cannot reach".
+    import asyncio
+
+    import dask
+    from distributed import LocalCluster
+    from distributed.security import Security
+
+    from dynamics.sweep.launcher import check_scheduler
+
+    made = Security.temporary()
+    files = {}
+    for name, text in (("ca", made.tls_ca_file), ("cert", made.tls_client_cert), ("key", made.tls_client_key)):
+        files[name] = tmp_path / f"{name}.pem"
+        files[name].write_text(text)
+    tls = {"distributed.comm.tls.ca-file": str(files["ca"])}
+    for role in ("client", "scheduler", "worker"):
+        tls |= {f"distributed.comm.tls.{role}.cert": str(files["cert"]), f"distributed.comm.tls.{role}.key": str(files["key"])}
+    with dask.config.set(tls), LocalCluster(n_workers=0, processes=False, protocol="tls://", security=Security(),
+                                            dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
+        assert cluster.scheduler_address.startswith("tls://")
+        check_scheduler(cluster.scheduler_address)
+
+        async def in_a_loop() -> None:
+            check_scheduler(cluster.scheduler_address)
+
+        asyncio.run(in_a_loop())
+
+
+def test_status_shows_a_pending_points_steps_from_the_index(tmp_path):
+    # A point not started has no attrs: status showed "0/?". The launcher's index now holds each
+    # point's train.steps, merged over sweeps (a later sweep's points beside the earlier ones').
+    from dynamics.status import status_table
+    from dynamics.sweep.launcher import _write_index
+
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    first = expand_grid(from_dict(tiny({"train.seed": [0, 1]})))
+    later = expand_grid(from_dict(tiny({"train.seed": [2]}, train={"steps": 30})))
+    _write_index(path, first)
+    _write_index(path, later)
+    _, rows, _ = status_table(path)
+    steps = {row[0]: row[-3] for row in rows}
+    assert steps == {first[0].run_id: "0/12", first[1].run_id: "0/12", later[0].run_id: "0/30"}
+    assert all(row[-4] == "pending" for row in rows)
