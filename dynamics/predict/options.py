@@ -50,6 +50,10 @@ MODELS = ("chance", "layer", "init_linear", "init_boosting", "linear", "boosting
   (initialisation) only; they do not depend on the horizon.
 - ``linear``: logistic regression (ridge regression for importance) on standardised features.
 - ``boosting``: histogram gradient boosting on the raw features.
+
+Both classifiers weight each class by the inverse of its frequency in the training fold
+(``class_weight="balanced"``), so a rare role counts as much as a common one, as the
+balanced-accuracy score does.
 """
 
 GROUPINGS = ("seed", "run", "config")
