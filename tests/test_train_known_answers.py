@@ -146,3 +146,52 @@ def test_recording_off_keeps_the_step_0_snapshot_and_checkpoint_alone(tmp_path):
     empty = np.isnan(ds.importance.values).reshape(len(ds.step), -1).all(axis=1)
     assert list(empty) == [False] + [True] * 6
     assert np.isnan(ds.loss.values).all()
+
+
+def test_each_steps_loss_is_the_nll_of_its_batch_at_the_weights_its_update_starts_from(tmp_path, monkeypatch):
+    # loss[s]: the NLL of training batch s at the weights after s updates, the ones update s + 1
+    # starts from (README's `loss` row). Learned gates with a strong L1 from step 2 on, so recording
+    # the objective (NLL + L1) fails, and lr 0.05, so the loss of the weights one update on fails.
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from dynamics import store, train
+    from dynamics.model import Transformer
+    from dynamics.tasks import make_batch
+
+    d = _tiny(10, 10)
+    d["model"] |= {"gates": "learned", "gate_l1": 0.5}
+    d["train"] |= {"lr": 0.05, "warmup_steps": 1}
+    cfg = from_dict(d)
+    before: list[dict] = []  # the model's state as each update found it
+    make = train.make_optimizer
+
+    def spied(cfg_, model, extra=None):
+        opt = make(cfg_, model, extra)
+        step = opt.step
+
+        def spy(*args, **kwargs):
+            before.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+            return step(*args, **kwargs)
+
+        opt.step = spy
+        return opt
+
+    monkeypatch.setattr(train, "make_optimizer", spied)
+    path = str(tmp_path / "s.zarr")
+    train.train_run(cfg, path)
+    loss = store.open_run(path).loss.values
+    assert len(before) == len(loss) == 10
+    model = Transformer(cfg.model)
+    want, moved = [], []
+    for s, state in enumerate(before):
+        model.load_state_dict(state)
+        tokens = torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens)
+        with torch.no_grad():
+            want.append(F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).item())
+            if s + 1 < len(before):
+                model.load_state_dict(before[s + 1])
+                moved.append(F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).item())
+    np.testing.assert_allclose(loss, want, rtol=1e-6)
+    assert np.abs(np.array(moved) / np.array(want[:-1]) - 1).max() > 1e-3  # an off-by-one would show
