@@ -38,7 +38,7 @@ from dynamics.config import ConfigError, RunConfig, check
 from dynamics.identity import experiment_identity
 from dynamics.model import Transformer, require_float32
 from dynamics.record import Recorder, chg_fitted, coords, snapshot_steps, variables
-from dynamics.schema import FINISHED_STATUSES
+from dynamics.schema import FINISHED_STATUSES, TRAIN_STEP
 from dynamics.signals import deferred_signals
 from dynamics.store.writer import EMPTY_CHUNKS_WRITTEN
 from dynamics.tasks import data_hash, make_batch
@@ -317,19 +317,38 @@ def _refuse_unrecorded_snapshots(path: str, run_id: str, steps_at, start: int) -
     they are all there. A store copied while the run trained (``cp -r`` of ``runs/`` before
     ``checkpoints/``) can hold a later checkpoint than recordings: a resume from it would
     never record the steps between, and the run would end "completed" with them empty.
+
+    The loss before the checkpoint is checked too: the resume writes its losses into the chunk
+    that holds the checkpoint's step, so a lost chunk file there was written again, NaN over
+    every earlier step, and the run ended "completed" with no file missing for a later check to
+    name; a chunk that cannot be decoded stopped the resume at its first loss write, a codec's
+    error naming no chunk, the run then marked failed.
     """
     ds = store.open_run(path, run_id, dask=False)
     before = np.flatnonzero(np.asarray(steps_at) < start)
-    if "importance" not in ds or not before.size:
-        return
-    imp = ds["importance"].isel(snapshot=before).values
-    empty = before[np.isnan(imp).reshape(len(before), -1).all(axis=1)]
-    if empty.size:
-        missing = ", ".join(str(int(steps_at[i])) for i in empty[:5]) + (" ..." if empty.size > 5 else "")
+    try:
+        imp = ds["importance"].isel(snapshot=before).values if "importance" in ds and before.size else None
+        loss = ds["loss"].isel({TRAIN_STEP: slice(0, start)}).values if "loss" in ds else None
+    except Exception as e:
+        raise (store.unreadable_chunk(path, run_id) or e) from e
+    if imp is not None:
+        empty = before[np.isnan(imp).reshape(len(before), -1).all(axis=1)]
+        if empty.size:
+            missing = ", ".join(str(int(steps_at[i])) for i in empty[:5]) + (" ..." if empty.size > 5 else "")
+            raise store.StoreError(
+                f"run {run_id} in {path}: its checkpoint is at step {start}, but the snapshots at steps {missing} "
+                f"were never recorded (a store copied while the run trained?); a resume would leave them empty: "
+                f"copy the store again once the run has stopped, or train it under another --run-id")
+    if loss is not None and (lost := np.flatnonzero(np.isnan(loss))).size:
+        # every step before the checkpoint was written, finite (a non-finite loss ends the run
+        # diverged), before the checkpoint: NaN there is the fill value of a chunk file gone
+        chunk = int((ds["loss"].encoding.get("chunks") or (start,))[0])
+        first = int(lost[0]) // chunk
         raise store.StoreError(
-            f"run {run_id} in {path}: its checkpoint is at step {start}, but the snapshots at steps {missing} "
-            f"were never recorded (a store copied while the run trained?); a resume would leave them empty: "
-            f"copy the store again once the run has stopped, or train it under another --run-id")
+            f"run {run_id} in {path}: its loss at train steps {first * chunk}..{min((first + 1) * chunk, start) - 1}, "
+            f"before its checkpoint at step {start}, reads as NaN: its chunk runs/{run_id}/loss/c/{first} is missing; "
+            f"a resume would write that chunk again without them: restore runs/{run_id} from a backup, or train "
+            f"the run again under another --run-id")
 
 
 def _skipped(run_id: str, attrs: dict) -> RunResult:
@@ -428,12 +447,13 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             if intervention is not None:
                 intervention.load_state_dict(ckpt["intervention"])
             start = int(ckpt["step"])
-            _note_execution_change(run_id, prior, cfg, start, base_attrs["code_hash"])
     except Exception:  # a run that cannot even start is still recorded, as failed
         _record_setup_failure(cfg, path, run_id, existing, base_attrs, traceback.format_exc())
         raise
     if start:
         _refuse_unrecorded_snapshots(path, run_id, steps_at, start)
+    if ckpt is not None:  # after that refusal: a note, then the error, was two lines where bad input gets one
+        _note_execution_change(run_id, prior, cfg, start, base_attrs["code_hash"])
     recorded = variables(cfg, len(steps_at)) | (intervention.variables(len(steps_at)) if intervention else {})
     if existing:  # the first start's provenance stays; each resume adds its own
         this_start = {k: base_attrs[k] for k in PROVENANCE_KEYS} | {"step": start, "threads": cfg.train.threads}

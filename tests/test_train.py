@@ -99,6 +99,28 @@ def test_a_resume_on_other_data_is_refused_before_writing(cfg, tmp_path):
     assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"
 
 
+@pytest.mark.parametrize("damage", ["lost", "flipped"])
+def test_a_resume_over_a_lost_or_damaged_loss_chunk_is_refused_before_writing(cfg, tmp_path, damage):
+    # The resume writes its losses into the chunk holding the checkpoint's step: a lost chunk was
+    # written again, NaN over every earlier step, and the run ended "completed" with nothing for
+    # check_recorded to name; a damaged one failed the run at its first loss write, naming no chunk.
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))
+    [chunk] = [p for p in Path(path, "runs", cfg.run_id(), "loss", "c").rglob("*") if p.is_file()]
+    if damage == "lost":
+        chunk.unlink()
+    else:
+        blob = bytearray(chunk.read_bytes())
+        blob[len(blob) // 2] ^= 0x10
+        chunk.write_bytes(bytes(blob))
+    runs = tree_bytes(Path(path, "runs"))
+    want = "reads as NaN: its chunk .*/loss/c/0 is missing" if damage == "lost" else "loss .*/loss/c/0 cannot be decoded"
+    with pytest.raises(store.StoreError, match=want):
+        train_run(cfg, path)
+    assert tree_bytes(Path(path, "runs")) == runs
+
+
 def tree_bytes(path) -> dict:
     return {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
 
