@@ -44,6 +44,30 @@ def test_a_finished_run_missing_a_chunk_it_wrote_is_damaged_not_drawn_as_nan(tmp
     assert "run r0 (damaged) could not be read (StoreError: " in text
 
 
+def test_an_unfinished_run_missing_a_chunk_before_its_checkpoint_is_damaged_not_drawn_as_nan(built, tmp_path):
+    # Only finished runs were checked: a stopped run's lost attention chunk read as NaN, its
+    # snapshot drawn as an all-grey frame and analysed here as every head "none" (a spike to 1 in
+    # the role shares), while the runs table said "computed for this report on 6 of 9 snapshots".
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    attrs = store.run_attrs(copy, ids["C"])
+    assert attrs["status"] == "running" and attrs["checkpoint_step"] == 16  # snapshots 0, 1, 2, 4, 8, 16 written
+    (copy / "runs" / ids["C"] / "attention" / "c" / "4").rename(tmp_path / "lost")  # snapshot 4: step 8
+    damaged: dict[str, str] = {}
+    text = html.unescape(write_report(copy, tmp_path / "out", run_id=ids["C"], on_damaged=damaged.__setitem__).read_text())
+    assert list(damaged) == [ids["C"]]
+    assert f"run {ids['C']}: array attention at snapshot 4 (step 8): its chunk runs/{ids['C']}/attention/c/4/" in damaged[ids["C"]]
+    row = re.search(rf"<tr><td><code>{ids['C']}</code>.*?</tr>", text).group(0)
+    assert "<td>damaged</td>" in row and "computed for this report" not in row
+    assert f"Not available: attention maps because run {ids['C']} (damaged) could not be read (StoreError: " in text
+    # what was written after the checkpoint is not expected: the same run whole is no damage
+    (tmp_path / "lost").rename(copy / "runs" / ids["C"] / "attention" / "c" / "4")
+    damaged.clear()
+    text = html.unescape(write_report(copy, tmp_path / "out", run_id=ids["C"], on_damaged=damaged.__setitem__).read_text())
+    assert not damaged and "computed for this report on 6 of 9 snapshots" in text
+
+
 def test_choose_run_prefers_the_median_completed_run():
     def run(rid, status, loss, n):
         return _Run(rid, status, {}, loss, 9, np.arange(9) < n, np.arange(9))

@@ -152,9 +152,10 @@ def _collect_or_note(path, run_id: str, index: dict | None, compute_missing: boo
     point = (index or {}).get("runs", {}).get(run_id, {})
     try:
         attrs = store.run_attrs(path, run_id)  # read once: the damage check and the run's data
-        # A chunk file gone from a finished run reads as NaN (or 0) without a word: it would be
-        # drawn, and analysed here, as if recorded. Named as damage instead, as `dynamics analyse` does.
-        store.check_recorded(path, run_id, attrs=attrs)
+        # A chunk file gone from a run reads as NaN (or 0) without a word: it would be drawn, and
+        # analysed here, as if recorded. Named as damage instead, as `dynamics analyse` does; an
+        # unfinished run (drawn and analysed here too) on the snapshots up to its last checkpoint.
+        store.check_recorded(path, run_id, attrs=attrs, so_far=True)
     except store.StoreError as e:
         if on_damaged is not None:
             on_damaged(run_id, str(e))

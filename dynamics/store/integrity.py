@@ -40,8 +40,9 @@ lacks its chunk unless the file was lost (but :data:`GRADIENT_VARIABLES`). Not `
 has no previous gradient), nor ``chg``/``chg_role`` (written only where fitted)."""
 
 
-def _recorded_extent(attrs: dict, steps: Any) -> tuple[list[int], int | None] | None:
-    """(snapshot indices, leading train steps) a finished run wrote, or None for an unfinished one."""
+def _recorded_extent(attrs: dict, steps: Any, so_far: bool = False) -> tuple[list[int], int | None] | None:
+    """(snapshot indices, leading train steps) a finished run wrote, or None for an unfinished one
+    (with `so_far`: what an unfinished one wrote before its last checkpoint; None without one)."""
     status = attrs.get("status")
     if status == "completed":
         return list(range(len(steps))), None
@@ -49,7 +50,16 @@ def _recorded_extent(attrs: dict, steps: Any) -> tuple[list[int], int | None] | 
         # the snapshot at the diverging step may hold NaN gradients, whose chunk is never written
         end = attrs["diverged_step"]
         return [i for i, s in enumerate(steps) if s < end], end
+    if so_far and status not in FINISHED_STATUSES and _checkpointed(attrs):
+        # a checkpoint is saved after its snapshot's arrays and the losses before it (train.py)
+        end = attrs["checkpoint_step"]
+        return [i for i, s in enumerate(steps) if s <= end], end
     return None
+
+
+def _checkpointed(attrs: dict) -> bool:
+    step = attrs.get("checkpoint_step")
+    return isinstance(step, int) and not isinstance(step, bool) and step >= 0
 
 
 def _open(loc: _Loc, gpath: str) -> Any:
@@ -85,15 +95,21 @@ def _go_on(run_id: str) -> str:
             f"store to go on without that run")
 
 
-def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: dict | None = None) -> None:
+def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: dict | None = None, *,
+                   so_far: bool = False) -> None:
     """StoreError naming the first chunk a finished run wrote that is missing from the store.
 
     ``attrs``: the run's attributes when the caller has just read them (not read again).
+    ``so_far``: also check a run not finished (running, stopped, interrupted, failed), on what it
+    wrote before its last checkpoint (attr ``checkpoint_step``): the snapshots up to that step and
+    the losses before it, all written before the checkpoint was. The report, which draws and
+    analyses such runs, asks for it: a lost chunk there read as NaN, drawn as a snapshot whose
+    heads all had no role.
 
     Checked, from the file listing alone (no chunk is read): every coordinate, the
     :data:`WRITTEN_EVERY_SNAPSHOT` variables at every snapshot the run recorded, ``loss`` over the
     steps it trained, and ``probe_tokens``. Runs not finished are not checked (their later
-    snapshots are not written yet), nor variables that may legitimately lack chunks. In a run
+    snapshots are not written yet) unless `so_far`, nor variables that may legitimately lack chunks. In a run
     from before :data:`~dynamics.store.writer.EMPTY_CHUNKS_WRITTEN` (see the module docstring)
     neither ``probe_tokens`` nor a numeric coordinate of a single value (its fill value 0 had no
     chunk) is checked, nor the :data:`GRADIENT_VARIABLES` of a completed run's last snapshot
@@ -110,8 +126,8 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
     run_id = _default_run(loc, run_id)
     if attrs is None:
         attrs = run_attrs(loc.url, run_id)
-    if attrs.get("status") not in FINISHED_STATUSES:
-        return  # before opening its arrays: a live run's may still be being created
+    if attrs.get("status") not in FINISHED_STATUSES and not (so_far and _checkpointed(attrs)):
+        return  # before opening its arrays: a live run's may still be being created (no checkpoint yet)
     gpath = f"runs/{run_id}"
     group = _open(loc, gpath)
     arrays = dict(group.arrays())
@@ -120,7 +136,7 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
         steps = arrays["step"][...] if "step" in arrays else np.zeros(0, np.int64)
     except Exception as e:
         raise (unreadable_chunk(loc.url, run_id) or e) from e
-    extent = _recorded_extent(attrs, steps)
+    extent = _recorded_extent(attrs, steps, so_far)
     if extent is None:
         return
     snapshots, train_steps = extent
