@@ -10,7 +10,7 @@ import numpy as np
 
 from dynamics import store
 from dynamics.report import CHG_LABELS, _Run, chg_label, write_report
-from tests._report_store import TINY, _capture_figures, _gates_dataset, _synthetic_store, _written_run
+from tests._report_store import TINY, _capture_figures, _flip, _gates_dataset, _synthetic_store, _written_run
 
 
 def test_chg_label_follows_the_paper_taxonomy():
@@ -92,6 +92,26 @@ def test_derived_gates_sit_at_the_checkpoint_step_they_were_fitted_at(tmp_path):
     assert chg._chg_of_run(path, run, ["gates.r0"])[0]["step"].values.tolist() == [80]  # no step recorded
     store.write_derived(path, "gates.r0", gates.assign_attrs(step=30))
     assert chg._chg_of_run(path, run, ["gates.r0"])[0]["step"].values.tolist() == [30]
+
+
+def test_a_damaged_gates_dataset_is_named_not_sent_to_the_runs_table(tmp_path):
+    # "could not be read (see Runs)" for a run whose row said nothing: the damage was in
+    # derived/gates.<run_id>, which the runs table does not read.
+    from dynamics.config import from_dict
+
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0},
+                            "r1": {"model.init_scale": 2.0, "train.seed": 0}})
+    store.write_derived(path, "gates.r0", _gates_dataset(from_dict(TINY)))
+    store.write_derived(path, "gates.r1", _gates_dataset(from_dict(TINY)))
+    _flip(path / "derived" / "gates.r0" / "chg" / "c")
+    (path / "derived" / "gates.r1" / "chg" / "c" / "0" / "0" / "0" / "0").unlink()
+    text = html.unescape(write_report(path, tmp_path / "out").read_text())
+    assert "see Runs" not in text and "<td>damaged</td>" not in text
+    assert ("Not available: CHG gates for 2 run(s) because they could not be read: r0 (a chunk of derived/gates.r0 "
+            f"failed its checksum); r1 ({path}: derived/gates.r1: array chg has 1 of its 1 chunk(s) missing") in text
+    assert "the store has no readable derived gates.<run_id> dataset." in text
+    assert "recorded no fitted chg" not in text  # each run named once, with its reason
 
 
 def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisional(tmp_path, monkeypatch):

@@ -186,19 +186,19 @@ def _chg_section(ctx: _Ctx) -> _Section:
     for r in runs:
         try:
             fits = _chg_fits(path, r, derived)
-        except Exception:  # noqa: BLE001 - a damaged run (the runs table says why): the others' gates still shown
-            unreadable.append(r.run_id)
+        except Exception as e:  # noqa: BLE001 - a damaged run or gates dataset: the others' gates still shown
+            unreadable.append(f"{r.run_id} ({_unread_why(path, r, derived, e)})")
             continue
         if fits:
             found[r.run_id] = _chg_of_run(path, r, derived) if len(fits) > 1 else fits[0]
             over[r.run_id] = fits[0]  # over training: the fits recorded during training, where there are any
             both += [r.run_id] if len(fits) > 1 else []
-    unread = (f"Not available: CHG gates for {len(unreadable)} run(s) ({', '.join(unreadable)}) because they could "
-              f"not be read (see Runs).")
+    unread = (f"Not available: CHG gates for {len(unreadable)} run(s) because they could not be read: "
+              f"{'; '.join(unreadable)}.")
     if not found:
         sec.missing.append(f"Not available: the CHG scatter because no {'readable ' if unreadable else ''}run recorded "
-                           "fitted `chg` gates (record.chg_every = 0, or no fit reached yet) and the store has no derived "
-                           "gates.<run_id> dataset.")
+                           "fitted `chg` gates (record.chg_every = 0, or no fit reached yet) and the store has no "
+                           f"{'readable ' if unreadable else ''}derived gates.<run_id> dataset.")
         sec.missing += [unread] if unreadable else []
         return sec
     t = CHG_THRESHOLD
@@ -286,11 +286,26 @@ def _chg_section(ctx: _Ctx) -> _Section:
                         f"{groups.description(scatter=True)}; middle and right: run {rid} over training. {how}{rings}"
                         f"Sources: {sources}"))
     sec.missing += [unread] if unreadable else []
-    lacking = [r.run_id for r in runs if r.run_id not in found and r.run_id not in unreadable]
+    lacking = [r.run_id for r in runs if r.run_id not in found and not any(u.startswith(f"{r.run_id} (") for u in unreadable)]
     if lacking:
         sec.missing.append(f"Not available: CHG gates for {len(lacking)} run(s) ({', '.join(lacking)}) because they recorded "
                            f"no fitted chg and have no derived gates dataset.")
     return sec
+
+
+def _unread_why(path, run: _Run, derived: list[str], error: Exception) -> str:
+    """Why a run's CHG fits could not be read, for the page. "See Runs" only where the runs table
+    says it (a damaged run): a damaged ``derived/gates.<run_id>`` or ``chg`` chunk of a readable
+    run was sent there too, and its row said nothing."""
+    if run.status == "damaged":
+        return "see Runs"
+    if store.failed_checksum(error):
+        found = store.unreadable_chunk(path, run.run_id)  # a recorded chunk (chg): its run, array and snapshot
+        if found is not None:
+            return str(found)
+        name = next((n for n in (f"gates.{run.run_id}", f"gates/{run.run_id}") if n in derived), None)
+        return f"a chunk of derived/{name} failed its checksum" if name else "a chunk failed its checksum"
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _ring_disagreements(ax, gp: np.ndarray, gm: np.ndarray, labels: np.ndarray, t: float) -> int:
