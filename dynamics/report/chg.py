@@ -182,19 +182,19 @@ def _chg_section(ctx: _Ctx) -> _Section:
     path, runs, chosen, out = ctx.path, ctx.runs, ctx.chosen, ctx.out
     sec = _Section("chg", "Causal head gating: G+ against G-")
     derived = ctx.derived()
-    found, over, both, unreadable = {}, {}, [], []
+    found, over, both, unreadable = {}, {}, [], {}
     for r in runs:
         try:
             fits = _chg_fits(path, r, derived)
         except Exception as e:  # noqa: BLE001 - a damaged run or gates dataset: the others' gates still shown
-            unreadable.append(f"{r.run_id} ({_unread_why(path, r, derived, e)})")
+            unreadable[r.run_id] = _unread_why(path, r, derived, e)
             continue
         if fits:
             found[r.run_id] = _chg_of_run(path, r, derived) if len(fits) > 1 else fits[0]
             over[r.run_id] = fits[0]  # over training: the fits recorded during training, where there are any
             both += [r.run_id] if len(fits) > 1 else []
     unread = (f"Not available: CHG gates for {len(unreadable)} run(s) because they could not be read: "
-              f"{'; '.join(unreadable)}.")
+              f"{'; '.join(f'{rid} ({why})' for rid, why in unreadable.items())}.")
     if not found:
         sec.missing.append(f"Not available: the CHG scatter because no {'readable ' if unreadable else ''}run recorded "
                            "fitted `chg` gates (record.chg_every = 0, or no fit reached yet) and the store has no "
@@ -286,7 +286,7 @@ def _chg_section(ctx: _Ctx) -> _Section:
                         f"{groups.description(scatter=True)}; middle and right: run {rid} over training. {how}{rings}"
                         f"Sources: {sources}"))
     sec.missing += [unread] if unreadable else []
-    lacking = [r.run_id for r in runs if r.run_id not in found and not any(u.startswith(f"{r.run_id} (") for u in unreadable)]
+    lacking = [r.run_id for r in runs if r.run_id not in found and r.run_id not in unreadable]
     if lacking:
         sec.missing.append(f"Not available: CHG gates for {len(lacking)} run(s) ({', '.join(lacking)}) because they recorded "
                            f"no fitted chg and have no derived gates dataset.")
