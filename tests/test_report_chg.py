@@ -106,7 +106,12 @@ def test_a_damaged_gates_dataset_is_named_not_sent_to_the_runs_table(tmp_path):
     store.write_derived(path, "gates.r1", _gates_dataset(from_dict(TINY)))
     _flip(path / "derived" / "gates.r0" / "chg" / "c")
     (path / "derived" / "gates.r1" / "chg" / "c" / "0" / "0" / "0" / "0").unlink()
-    text = html.unescape(write_report(path, tmp_path / "out").read_text())
+    damaged: list[str] = []
+    text = html.unescape(write_report(path, tmp_path / "out", on_damaged_data=damaged.append).read_text())
+    assert len(damaged) == 2  # for the command's exit code 1
+    assert damaged[0] == "run r0: its CHG gates could not be read (a chunk of derived/gates.r0 failed its checksum)"
+    assert damaged[1].startswith(f"run r1: its CHG gates could not be read ({path}: derived/gates.r1: array chg has 1 of "
+                                 "its 1 chunk(s) missing")
     assert "see Runs" not in text and "<td>damaged</td>" not in text
     assert ("Not available: CHG gates for 2 run(s) because they could not be read: r0 (a chunk of derived/gates.r0 "
             f"failed its checksum); r1 ({path}: derived/gates.r1: array chg has 1 of its 1 chunk(s) missing") in text

@@ -280,6 +280,29 @@ def test_a_recording_or_curve_failing_its_checksum_is_named_where_it_was_read(bu
     assert "Stored and computed checksum" not in text
 
 
+def test_damaged_stored_data_of_readable_runs_is_named_on_stderr_and_exits_1(built, tmp_path, capsys):
+    # A stored analysis, the chosen run's recordings or a predictor curve failing its checksum was
+    # named on the page only: the command printed "report written" and exited 0, as for a sound store.
+    path, _, ids = built
+    assert cli.main(["report", str(path), "--out", str(tmp_path / "ok"), "--run", ids["A"]]) == 0
+    assert "dynamics:" not in capsys.readouterr().err
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    _flip(copy / "analysis" / ids["A"] / "role" / "c")
+    _flip(copy / "runs" / ids["A"] / "attention" / "c")
+    curve = next(p for p in sorted((copy / "derived").glob("predict*")))
+    _flip(curve / "score" / "c")
+    assert cli.main(["report", str(copy), "--out", str(tmp_path / "out"), "--run", ids["A"]]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[report]")]
+    assert err[0] == (f"dynamics: run {ids['A']}: its stored analysis could not be read (a chunk failed its checksum; "
+                      "`dynamics analyse` writes it again)")
+    assert err[1].startswith(f"dynamics: {copy}: run {ids['A']}: array attention at snapshot ")
+    assert err[2] == f"dynamics: derived/{curve.name}: a chunk failed its checksum"
+    assert len(err) == 3  # no run is listed as damaged: each is readable, its row shown
+    text = html.unescape((tmp_path / "out" / "index.html").read_text())
+    assert "<td>damaged</td>" not in text
+
+
 def test_report_reads_each_runs_attributes_once_and_lists_a_damaged_run_as_damaged(tmp_path, monkeypatch, capsys):
     # The CLI read every run's attributes to look for damage, then the report read them again for
     # its rows (a damaged run three times, and listed with status "unknown").

@@ -17,5 +17,7 @@ def test_js_distances_failing_their_checksum_are_recomputed_and_the_caption_says
     copy = tmp_path / "store.zarr"
     shutil.copytree(path, copy)
     _flip(copy / "analysis" / ids["A"] / "js_distance" / "c")
-    text = html.unescape(write_report(copy, tmp_path / "out", run_id=ids["A"]).read_text())
+    damaged: list[str] = []
+    text = html.unescape(write_report(copy, tmp_path / "out", run_id=ids["A"], on_damaged_data=damaged.append).read_text())
+    assert damaged == [f"run {ids['A']}: its stored analysis could not be read (a chunk failed its checksum)"]
     assert f"Run {ids['A']} at step" in text and ", analysed for this report, its stored analysis could not be read. " in text

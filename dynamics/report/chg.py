@@ -7,7 +7,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.analysis.chg import CHG_ROLES, chg_roles, label_agreement
-from dynamics.report.data import _Ctx, _open_derived, _Run, _Section
+from dynamics.report.data import _Ctx, _open_derived, _Run, _Section, is_damage
 from dynamics.report.draw import _figure, _no_mathtext, _save
 from dynamics.schema import FINISHED_STATUSES
 
@@ -188,6 +188,8 @@ def _chg_section(ctx: _Ctx) -> _Section:
             fits = _chg_fits(path, r, derived)
         except Exception as e:  # noqa: BLE001 - a damaged run or gates dataset: the others' gates still shown
             unreadable[r.run_id] = _unread_why(path, r, derived, e)
+            if r.status != "damaged" and is_damage(e):
+                ctx.damaged.append(f"run {r.run_id}: its CHG gates could not be read ({unreadable[r.run_id]})")
             continue
         if fits:
             found[r.run_id] = _chg_of_run(path, r, derived) if len(fits) > 1 else fits[0]

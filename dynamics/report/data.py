@@ -48,6 +48,7 @@ class _Run:
     settings: dict[str, Any] = field(default_factory=dict)  # config less seed and execution, "section.key" -> value
     code: tuple[str | None, ...] = ()  # provenance.trained_by: the code hashes of its kept steps; () unread
     execution: tuple[tuple[str | None, ...], ...] = ()  # provenance.trained_on: torch, device, CPU kernels; () unread
+    damage: str = ""  # its stored analysis, found damaged (a lost chunk, a failed checksum): for the command's exit code
 
     @property
     def n_recorded(self) -> int:
@@ -80,6 +81,7 @@ class _Ctx:
     _chosen: tuple | None = None
     _derived: list[str] | None = None
     _groups: Any = None
+    damaged: list[str] = field(default_factory=list)  # stored data the sections found damaged, one line each
 
     def groups(self, runs: list[_Run]):
         """`runs` grouped with the colours and styles of the whole sweep (recorded and pending runs).
@@ -97,7 +99,7 @@ class _Ctx:
         if self._chosen is None:
             run = next((r for r in self.runs if r.run_id == self.chosen), None)
             self._chosen = (None, "the store holds no runs") if run is None else _chosen_analysis(
-                self.path, run, self.compute_missing)
+                self.path, run, self.compute_missing, self.damaged)
         return self._chosen
 
     def derived(self) -> list[str]:
@@ -123,6 +125,20 @@ def _choose_run(runs: list[_Run]) -> str | None:
 
 
 # --------------------------------------------------------------------------- collecting
+
+
+def is_damage(error: BaseException) -> bool:
+    """Whether a failed read of stored data means the data is damaged: a chunk failing its
+    checksum, or a StoreError (a lost chunk, unreadable metadata), not, say, a group being
+    rewritten by `dynamics analyse` right now."""
+    return store.failed_checksum(error) or isinstance(error, store.StoreError)
+
+
+def _why(error: BaseException) -> str:
+    """One line on a damaged read, without zarr's bytes of both checksums."""
+    if store.failed_checksum(error):
+        return "a chunk failed its checksum"
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -229,6 +245,8 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         why = "a chunk failed its checksum" if store.failed_checksum(e) else f"{type(e).__name__}: {why}"
         again = "" if "writes it again" in why else "; `dynamics analyse` writes it again"  # a StoreError may say it
         unread = f"its stored analysis could not be read ({why}{again})"
+        if is_damage(e):
+            run.damage = f"run {run_id}: {unread}"
     if stored is not None:
         run.analysis_source = "stored"
         lacking = sorted(set(_RUN_VARS) - set(have))
@@ -268,8 +286,10 @@ def _analyse_recorded(ds: xr.Dataset, recorded: np.ndarray, names: list[str]) ->
     return result[[n for n in names if n in result]].compute()
 
 
-def _chosen_analysis(path, run: _Run, compute_missing: bool) -> tuple[xr.Dataset | None, str]:
-    """Roles per snapshot and the last snapshot's JS distances of the chosen run."""
+def _chosen_analysis(path, run: _Run, compute_missing: bool, damaged: list[str] | None = None
+                     ) -> tuple[xr.Dataset | None, str]:
+    """Roles per snapshot and the last snapshot's JS distances of the chosen run; a stored analysis
+    found damaged here and not by the run's row (its JS distances) is added to `damaged`."""
     unread = False
     try:
         stored = store.open_analysis(path, run.run_id, stale="allow")
@@ -277,8 +297,10 @@ def _chosen_analysis(path, run: _Run, compute_missing: bool) -> tuple[xr.Dataset
             out = stored[[v for v in ("role",) if v in stored]].load()
             out.attrs = dict(stored.attrs)
             return _with_last_js(out, stored["js_distance"].isel(snapshot=-1).load()), "stored"
-    except Exception:  # noqa: BLE001 - damaged (a lost chunk, a failed checksum): as the runs table says
+    except Exception as e:  # noqa: BLE001 - damaged (a lost chunk, a failed checksum): as the runs table says
         stored, unread = None, True
+        if damaged is not None and is_damage(e) and not run.damage:
+            damaged.append(f"run {run.run_id}: its stored analysis could not be read ({_why(e)})")
         if not compute_missing:
             return None, f"the run's stored analysis could not be read (see the runs table; {_to_analyse(run)})"
     if not compute_missing:  # said as the runs table says it: a stale analysis is no missing one

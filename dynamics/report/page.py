@@ -49,6 +49,7 @@ def write_report(
     *,
     compute_missing: bool = True,
     on_damaged: Callable[[str, str], None] | None = None,
+    on_damaged_data: Callable[[str], None] | None = None,
     on_note: Callable[[str], None] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Path:
@@ -79,6 +80,11 @@ def write_report(
     on_damaged : callable, optional
         Called with the run id and the store's one-line reason for each run whose group
         cannot be read (damaged); the page lists such a run as "damaged" either way.
+    on_damaged_data : callable, optional
+        Called with one line for each piece of stored data, in a run the page does not list as
+        damaged, that could not be read because it is damaged (a lost chunk, a failed checksum):
+        a run's stored analysis, a derived curve or gates dataset, the recordings a section
+        draws. The page says each where the data would have been shown, either way.
     on_note : callable, optional
         Called with each note the page carries under its heading: runs not all trained by the
         same dynamics code (:func:`dynamics.provenance.mixed_code`), or not with the same torch
@@ -158,6 +164,10 @@ def write_report(
             shutil.rmtree(stage, ignore_errors=True)
             raise
         _remove_earlier_reports(out, keep=stage.name, linked=earlier)
+        # once the page that names them is in place; a run listed as damaged went to on_damaged
+        for line in dict.fromkeys([*(r.damage for r in runs if r.damage and r.status != "damaged"), *ctx.damaged]):
+            if on_damaged_data is not None:
+                on_damaged_data(line)
         return page.absolute()  # as_uri(), as its example does, needs an absolute path
 
 
@@ -351,6 +361,7 @@ def _safe(make: Callable, ctx: _Ctx) -> _Section:
             # the runs read, on this failure only), not as zarr's bytes of both checksums
             found = (store.unreadable_chunk(ctx.path, r.run_id) for r in ctx.runs if r.status != "damaged")
             why = str(next((f for f in found if f is not None), None) or why)
+            ctx.damaged.append(why)
         section.missing.append(f"Not available: the {anchor} figures because building them failed ({why}).")
         return section
 

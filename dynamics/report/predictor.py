@@ -9,7 +9,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.analysis.pipeline import ANALYSIS_VERSION
-from dynamics.report.data import _Ctx, _float_or_none, _open_derived, _Section
+from dynamics.report.data import _Ctx, _float_or_none, _open_derived, _Section, _why, is_damage
 from dynamics.report.draw import _figure, _quiet, _save
 
 # --------------------------------------------------------------------------- predictor
@@ -42,6 +42,8 @@ def _predict_section(ctx: _Ctx) -> _Section:
             why = ("a chunk failed its checksum" if store.failed_checksum(e)
                    else str(e) if isinstance(e, store.StoreError) else f"{type(e).__name__}: {e}")
             sec.missing.append(f"Not available: the predictor curve derived/{name} because it could not be read ({why}).")
+            if is_damage(e):
+                ctx.damaged.append(f"derived/{name}: {_why(e)}")
             continue
         target = str(ds.attrs.get("target") or re.split(r"[/._-]", name, maxsplit=1)[1]) if ds is not None else name
         if ds is None or "horizon" not in ds.dims:
