@@ -312,7 +312,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = report_dir(args.out, "--out") if args.out else default_report_dir(args.store)
     check_report_dir(out, "--out" if args.out else DEFAULT_REPORT)
     damaged: dict[str, str] = {}  # found by the report's own read of each run's attributes
-    damaged_data: list[str] = []  # stored data of the other runs, derived curves, gates
+    damaged_data: list[str] = []  # of readable runs: stored analyses, recordings drawn, derived curves, gates
     page = write_report(args.store, out, run_id=args.run, compute_missing=not args.no_compute,
                         on_damaged=damaged.__setitem__, on_damaged_data=damaged_data.append, on_note=print_note,
                         progress=lambda line: print(f"[report] {line}", file=sys.stderr))
