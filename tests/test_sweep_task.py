@@ -1,5 +1,9 @@
 """The Dask task (dynamics.sweep.task): what run_point returns for a point it cannot train."""
 
+import contextlib
+
+import pytest
+
 from dynamics import store
 from dynamics.config import from_dict
 from dynamics.sweep import run_point
@@ -27,3 +31,53 @@ def test_a_worker_that_makes_other_data_than_the_launcher_refuses_the_point_unto
                             f"for the corpus?); not trained here, so that the sweep's runs all train on the same data")
     assert not store.is_store(path)  # nothing written: the same sweep on a cluster of one Python trains it
     assert run_point(cfg, path, cfg.run_id(), {}, data=data_hash(cfg))["status"] == "completed"
+
+
+def test_a_failure_the_store_could_not_record_says_so(tmp_path):
+    # A disk that filled up mid-sweep: neither train_run nor the task could record the failure, so
+    # the run stayed marked running (`dynamics status`: stopped) while the sweep's summary said
+    # "failed" as of a run holding its traceback; `dynamics run` says which it is, and now so does it.
+    import subprocess
+    import threading
+    import time
+
+    from dynamics.sweep.task import _failure_recorded
+
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(fs)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small filesystem here (needs root)")
+    try:
+        cfg = from_dict(tiny(train={"steps": 3000}, record={"every": 5}))
+        path, run_id = str(fs / "s.zarr"), cfg.run_id()
+        store.init_store(path)
+        fill = fs / "fill"
+
+        def fill_once_checkpointed() -> None:  # the disk fills up while the run trains
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                with contextlib.suppress(store.StoreError):
+                    if store.run_attrs(path, run_id).get("checkpoint_step", 0) >= 10:
+                        break
+                time.sleep(0.01)
+            with contextlib.suppress(OSError), open(fill, "wb") as f:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+
+        filler = threading.Thread(target=fill_once_checkpointed)
+        filler.start()
+        out = run_point(cfg, path, run_id, {})
+        filler.join()
+        assert out["status"] == "failed" and "No space left on device" in out["error"], out
+        assert store.run_attrs(path, run_id)["status"] == "running"  # nothing could be written
+        assert out["error"].endswith(" (its traceback could not be recorded in the store)")
+
+        fill.unlink()  # room again: the same point resumes, and a failure it records is not said unrecorded
+        again = run_point(cfg, path, run_id, {})
+        assert again["status"] == "completed", again
+        store.update_run_attrs(path, run_id, traceback="Traceback ...\nOSError: [Errno 28] No space left on device")
+        assert _failure_recorded(path, run_id, OSError(28, "No space left on device"))
+        assert not _failure_recorded(path, "rnotthere", OSError(28, "No space left on device"))
+    finally:
+        subprocess.run(["umount", str(fs)], check=False)

@@ -132,6 +132,8 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
                 # a write while training was recorded by train_run itself.
                 if not isinstance(e, store.StoreError):
                     _record_failure(path, run_id, tb)
+                    if not _failure_recorded(path, run_id, e):  # a full disk: the run stays marked running
+                        out["error"] += " (its traceback could not be recorded in the store)"
             return out
 
 
@@ -164,6 +166,18 @@ def _record_failure(path: str, run_id: str, tb: str) -> None:
                 store.update_run_attrs(path, run_id, status="failed", traceback=tb)
     except Exception:  # noqa: BLE001 - best effort; the summary carries the error anyway
         pass
+
+
+def _failure_recorded(path: str, run_id: str, e: BaseException) -> bool:
+    """Whether the run's attributes hold the traceback of ``e``, as `dynamics run` says of its own
+    failures: on a disk that filled up neither train_run nor `_record_failure` could write it, and
+    the summary's "failed" stood beside a run `dynamics status` showed stopped, or as an earlier
+    failure."""
+    last = traceback.format_exception_only(type(e), e)[-1].strip()
+    try:
+        return str(store.run_attrs(path, run_id).get("traceback") or "").strip().endswith(last)
+    except Exception:  # noqa: BLE001 - no run (or store) to read: nothing recorded it
+        return False
 
 
 def _ignore_sigint_plugin():
