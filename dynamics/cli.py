@@ -140,11 +140,9 @@ def _run_failed(out: str, run_id: str, e: BaseException, *, trained: bool) -> in
     in the run's attributes only if the run could record it there (a full disk, or a store
     deleted mid-run, may have left nothing, or only an earlier session's traceback). A run this
     session (``trained``) marked completed or diverged before the error is said to be so."""
-    import traceback
-
     from dynamics import store
+    from dynamics.train import traceback_recorded
 
-    last = traceback.format_exception_only(type(e), e)[-1].strip()
     try:
         attrs = store.run_attrs(out, run_id)
     except Exception:  # noqa: BLE001 - no store or no run left to read
@@ -159,8 +157,7 @@ def _run_failed(out: str, run_id: str, e: BaseException, *, trained: bool) -> in
         print(f"dynamics: run {run_id} {what}: {type(e).__name__}: {message} (its arrays and attributes are "
               f"whole{'; the same command again refreshes the index' if trained else ''})", file=sys.stderr)
         return 1
-    recorded = str(attrs.get("traceback") or "").strip().endswith(last)
-    where = "traceback in the run's attributes" if recorded else "its traceback could not be recorded in the store"
+    where = "traceback in the run's attributes" if traceback_recorded(attrs, e) else "its traceback could not be recorded in the store"
     print(f"dynamics: run {run_id} failed: {type(e).__name__}: {message} ({where})", file=sys.stderr)
     return 1
 

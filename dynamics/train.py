@@ -197,6 +197,14 @@ def _save_checkpoint(path: str, run_id: str, state: dict, attrs_writer: store.Ru
     attrs_writer.set_attrs(checkpoint_step=step, steps_trained=steps_trained, wall_time=wall_time)
 
 
+def traceback_recorded(attrs: dict, error: BaseException) -> bool:
+    """Whether a run's attributes hold the traceback of ``error``: a full disk, or a store deleted
+    mid-run, may have left none, or only an earlier session's, so a failure can say where its
+    traceback is (`dynamics run`, a sweep's summary)."""
+    last = traceback.format_exception_only(type(error), error)[-1].strip()
+    return str(attrs.get("traceback") or "").strip().endswith(last)
+
+
 def _record_setup_failure(cfg: RunConfig, path: str, run_id: str, existing: bool, attrs: dict, tb: str) -> None:
     if existing:
         store.update_run_attrs(path, run_id, status="failed", traceback=tb)

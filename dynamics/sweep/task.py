@@ -173,9 +173,10 @@ def _failure_recorded(path: str, run_id: str, e: BaseException) -> bool:
     failures: on a disk that filled up neither train_run nor `_record_failure` could write it, and
     the summary's "failed" stood beside a run `dynamics status` showed stopped, or as an earlier
     failure."""
-    last = traceback.format_exception_only(type(e), e)[-1].strip()
+    from dynamics.train import traceback_recorded
+
     try:
-        return str(store.run_attrs(path, run_id).get("traceback") or "").strip().endswith(last)
+        return traceback_recorded(store.run_attrs(path, run_id), e)
     except Exception:  # noqa: BLE001 - no run (or store) to read: nothing recorded it
         return False
 
