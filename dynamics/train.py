@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -35,14 +34,13 @@ import dynamics
 from dynamics import allocator, budget, checkpoint, interventions, provenance, store
 from dynamics.checkpoint import batch_loss, load_run_model  # noqa: F401  (callers of dynamics.train.load_run_model)
 from dynamics.config import ConfigError, RunConfig, check
-from dynamics.identity import experiment_identity
 from dynamics.model import Transformer, require_float32
 from dynamics.record import Recorder, chg_fitted, coords, snapshot_steps, variables
-from dynamics.schema import FINISHED_STATUSES, TRAIN_STEP
+from dynamics.resume import note_execution_change, refuse_other_data, refuse_other_experiment, refuse_unrecorded
+from dynamics.schema import FINISHED_STATUSES
 from dynamics.signals import deferred_signals
 from dynamics.store.writer import EMPTY_CHUNKS_WRITTEN
 from dynamics.tasks import data_hash, make_batch
-from dynamics.tasks.hashing import other_data
 
 Progress = Callable[[int, int, float], None]
 """progress(step, total_steps, last_loss), called every few steps."""
@@ -285,13 +283,13 @@ def train_run(
     # where the attrs are read again.
     # another run's damaged group is no reason to refuse this one (a damaged run_id: run_attrs names it)
     prior = store.run_attrs(path, run_id) if run_id in store.list_runs(path, damaged="include") else {}
-    _refuse_other_experiment(prior, cfg, path, run_id)
+    refuse_other_experiment(prior, cfg, path, run_id)
     if prior.get("status") in FINISHED_STATUSES:
         interventions.distill.refuse_other_teacher(prior, cfg, path, run_id)
         store.refresh_index(path, [run_id])  # a kill after its last attrs left plain xarray's view stale
         return _skipped(run_id, prior)
     hash_now = data_hash(cfg)
-    _refuse_other_data(prior, cfg, path, run_id, hash_now)
+    refuse_other_data(prior, cfg, path, run_id, hash_now)
     if prior:  # damaged or lost: StoreError, here before the lock as well
         store.check_checkpoint_kept(path, run_id, prior, present=checkpoint.load_checkpoint(path, run_id) is not None)
     # a caller's no_grad or inference_mode (thread-local) would fail the run at its first backward
@@ -301,62 +299,6 @@ def train_run(
             return _train_locked(cfg, path, run_id, progress, extra_attrs, recording, hash_now, started)
     finally:  # train.threads is the run's: a notebook's later torch work ran on 1 thread after it
         torch.set_num_threads(threads)
-
-
-def _same_experiment(attrs: dict, cfg: RunConfig) -> bool:
-    return experiment_identity(attrs.get("config", {})) == experiment_identity(cfg.to_dict())
-
-
-def _refuse_other_experiment(prior: dict, cfg: RunConfig, path: str, run_id: str) -> None:
-    # Checked before the status, so a finished run of another config is refused, not "skipped".
-    if prior and not _same_experiment(prior, cfg):
-        raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
-
-
-def _refuse_other_data(prior: dict, cfg: RunConfig, path: str, run_id: str, hash_now: str) -> None:
-    if prior.get("data_hash", hash_now) != hash_now:
-        raise store.StoreError(other_data(run_id, path, prior["data_hash"], hash_now, cfg.task.name))
-
-
-def _refuse_unrecorded_snapshots(path: str, run_id: str, steps_at, start: int) -> None:
-    """StoreError when snapshots before the checkpoint's step hold no data.
-
-    A run writes each snapshot before the checkpoint taken at its step, so in its own store
-    they are all there. A store copied while the run trained (``cp -r`` of ``runs/`` before
-    ``checkpoints/``) can hold a later checkpoint than recordings: a resume from it would
-    never record the steps between, and the run would end "completed" with them empty.
-
-    The loss before the checkpoint is checked too: the resume writes its losses into the chunk
-    that holds the checkpoint's step, so a lost chunk file there was written again, NaN over
-    every earlier step, and the run ended "completed" with no file missing for a later check to
-    name; a chunk that cannot be decoded stopped the resume at its first loss write, a codec's
-    error naming no chunk, the run then marked failed.
-    """
-    ds = store.open_run(path, run_id, dask=False)
-    before = np.flatnonzero(np.asarray(steps_at) < start)
-    try:
-        imp = ds["importance"].isel(snapshot=before).values if "importance" in ds and before.size else None
-        loss = ds["loss"].isel({TRAIN_STEP: slice(0, start)}).values if "loss" in ds else None
-    except Exception as e:
-        raise (store.unreadable_chunk(path, run_id) or e) from e
-    if imp is not None:
-        empty = before[np.isnan(imp).reshape(len(before), -1).all(axis=1)]
-        if empty.size:
-            missing = ", ".join(str(int(steps_at[i])) for i in empty[:5]) + (" ..." if empty.size > 5 else "")
-            raise store.StoreError(
-                f"run {run_id} in {path}: its checkpoint is at step {start}, but the snapshots at steps {missing} "
-                f"were never recorded (a store copied while the run trained?); a resume would leave them empty: "
-                f"copy the store again once the run has stopped, or train it under another --run-id")
-    if loss is not None and (lost := np.flatnonzero(np.isnan(loss))).size:
-        # every step before the checkpoint was written, finite (a non-finite loss ends the run
-        # diverged), before the checkpoint: NaN there is the fill value of a chunk file gone
-        chunk = int((ds["loss"].encoding.get("chunks") or (start,))[0])
-        first = int(lost[0]) // chunk
-        raise store.StoreError(
-            f"run {run_id} in {path}: its loss at train steps {first * chunk}..{min((first + 1) * chunk, start) - 1}, "
-            f"before its checkpoint at step {start}, reads as NaN: its chunk runs/{run_id}/loss/c/{first} is missing; "
-            f"a resume would write that chunk again without them: restore runs/{run_id} from a backup, or train "
-            f"the run again under another --run-id")
 
 
 def _skipped(run_id: str, attrs: dict) -> RunResult:
@@ -373,43 +315,16 @@ what a bitwise comparison of two machines' runs must match (bench/rounding.py me
 apart they end)."""
 
 
-def _note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int, code_now: str | None) -> None:
-    """Say so when a resume runs on another device, thread count or CPU kernels than the session before it.
-
-    Both are execution keys (the same experiment, the same run id), so the resume goes ahead and
-    ``resumes`` records it; but reductions then sum in another order, so the remaining steps
-    match an uninterrupted run only to float rounding (~1e-7 in loss on the CPU), not bitwise.
-    Other dynamics code (``code_now``, its hash) is said too: the later steps are that code's.
-    """
-    before = prior.get("resumes", [])
-    last = before[-1] if before else {"device": prior.get("device"), "cpu_capability": prior.get("cpu_capability"),
-                                      "threads": prior.get("config", {}).get("train", {}).get("threads"),
-                                      "code_hash": prior.get("code_hash")}
-    now = {"train.device": ("device", cfg.train.device), "train.threads": ("threads", cfg.train.threads),
-           "CPU kernels": ("cpu_capability", torch.backends.cpu.get_cpu_capability())}
-    changed = [f"{name} {last.get(k)} -> {v}" for name, (k, v) in now.items()
-               if last.get(k) is not None and last[k] != v]
-    if changed:
-        print(f"dynamics: note: {run_id} resumes at step {start} with {', '.join(changed)}; its later steps will "
-              f"match an uninterrupted run only to float rounding (recorded in the run's 'resumes')",
-              file=sys.stderr, flush=True)
-    # a session of a dynamics that recorded no code_hash: no claim either way
-    if (code_before := last.get("code_hash")) is not None and code_before != code_now:
-        print(f"dynamics: note: {run_id} resumes at step {start} with other dynamics code than its last session "
-              f"(code hash {code_before[:16]}... -> {(code_now or '?')[:16]}...); its later steps are that code's "
-              f"(recorded in the run's 'resumes')", file=sys.stderr, flush=True)
-
-
 def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | None, extra_attrs: dict | None,
                   recording: bool, hash_now: str, started: Callable[[int], None] | None) -> RunResult:
     existing = run_id in store.list_runs(path, damaged="include")
     prior = store.run_attrs(path, run_id) if existing else {}
     # another process may have started or finished the run since train_run looked
-    _refuse_other_experiment(prior, cfg, path, run_id)
+    refuse_other_experiment(prior, cfg, path, run_id)
     if prior.get("status") in FINISHED_STATUSES:
         interventions.distill.refuse_other_teacher(prior, cfg, path, run_id)
         return _skipped(run_id, prior)
-    _refuse_other_data(prior, cfg, path, run_id, hash_now)
+    refuse_other_data(prior, cfg, path, run_id, hash_now)
 
     base_attrs = {
         "run_id": run_id,
@@ -459,9 +374,9 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         _record_setup_failure(cfg, path, run_id, existing, base_attrs, traceback.format_exc())
         raise
     if start:
-        _refuse_unrecorded_snapshots(path, run_id, steps_at, start)
+        refuse_unrecorded(path, run_id, steps_at, start)
     if ckpt is not None:  # after that refusal: a note, then the error, was two lines where bad input gets one
-        _note_execution_change(run_id, prior, cfg, start, base_attrs["code_hash"])
+        note_execution_change(run_id, prior, cfg, start, base_attrs["code_hash"])
     recorded = variables(cfg, len(steps_at)) | (intervention.variables(len(steps_at)) if intervention else {})
     if existing:  # the first start's provenance stays; each resume adds its own
         this_start = {k: base_attrs[k] for k in PROVENANCE_KEYS} | {"step": start, "threads": cfg.train.threads}
