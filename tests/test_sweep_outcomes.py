@@ -132,6 +132,8 @@ def test_a_cluster_without_workers_is_said_once_and_again_when_one_is_back():
         cluster.scale(1)
         client.wait_for_workers(1, timeout=60)
         watch.check(22.0, display)  # sooner than `every` after the last look: not looked
+        assert len(log.getvalue().splitlines()) == 1
+        watch.check(23.0, display, force=True)  # the launcher's look when a task ends: at once
         watch.check(30.0, display)
         watch.check(40.0, display)
     assert log.getvalue().splitlines() == [

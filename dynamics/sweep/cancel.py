@@ -106,8 +106,9 @@ class WorkerWatch:
         self.last = 0.0
         self.had = True
 
-    def check(self, now: float, display) -> None:
-        if now - self.last < self.every:
+    def check(self, now: float, display, force: bool = False) -> None:
+        """Look at the worker count every ``every`` seconds, or now if ``force``."""
+        if not force and now - self.last < self.every:
             return
         self.last = now
         try:

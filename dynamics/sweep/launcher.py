@@ -491,6 +491,10 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
         while pending or orphans:
             done = cancel.settled(pending, cancelled)
             drain()
+            if done and not watch.had:
+                # A task ended, so a worker came back: said before its line, even when the run
+                # ended sooner than the next regular look.
+                watch.check(time.monotonic(), display, force=True)
             for f in done:
                 collect(f, pending.pop(f))
             for run_id in [r for r in orphans if not cancel.still_trained(path, r)]:
