@@ -134,6 +134,35 @@ def _rope_table(T: int, d: int, base: float, device: torch.device, dtype: torch.
     return table
 
 
+def _rope_pairs_table(T: int, d: int, base: float, device: torch.device, dtype: torch.dtype,
+                      reps: int) -> Tensor:
+    """e^{i angle} at positions 0..T-1 for the d/2 rotate-half frequencies, tiled ``reps`` times,
+    (T, reps, d/2) complex of ``dtype``'s precision; computed once per argument set.
+
+    The angles are :func:`_rope_angles`' own cos and sin, so both paths rotate by the same
+    rounded values.
+    """
+    key = ("pairs", T, d, base, device, dtype, reps)
+    table = _ROPE_CACHE.get(key)
+    if table is None:
+        cos, sin = _rope_table(T, d, base, device, dtype)  # (T, d) each: (cos, cos), (-sin, sin)
+        with torch.inference_mode(False), torch.no_grad():
+            table = torch.complex(cos[:, : d // 2], sin[:, d // 2:])[:, None, :].repeat(1, reps, 1)
+        if len(_ROPE_CACHE) > 64:
+            _ROPE_CACHE.clear()
+        _ROPE_CACHE[key] = table
+    return table
+
+
+def _pairs_last(w: Tensor) -> Tensor:
+    """(..., dh) -> (..., dh/2, 2): channel i beside channel i + dh/2, the pair RoPE rotates.
+
+    Reordering W_Q's and W_K's head channels the same way leaves every q . k unchanged, and
+    puts each rotated pair side by side, where one complex multiply turns it.
+    """
+    return w.unflatten(-1, (2, w.shape[-1] // 2)).transpose(-1, -2)
+
+
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x * cos + rotate_half(x) * sin, computed in cos's dtype; returns x's dtype.
 
@@ -177,18 +206,22 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, head_gates: Tensor | None = None) -> Tensor:
         B, T, d = x.shape
         H, dh = self.cfg.n_heads, self.cfg.head_dim
-        # One (d, 3*H*dh) matmul instead of three per-head einsums (batched matmuls over H).
-        w_qkv = torch.stack((self.W_Q, self.W_K, self.W_V), dim=1).permute(2, 1, 0, 3).reshape(d, 3 * H * dh)
-        qkv = x @ w_qkv  # (B, T, 3*H*dh): q | k | v, head-major within each
         rope = self.cfg.pos == "rope"
         if rope:
             dtype = torch.promote_types(x.dtype, torch.float32)  # angles need more than half precision
-        if rope and not (self.hook_q.active or self.hook_k.active):
-            # q and k rotated in one pass over a contiguous (T, 2*H*dh) table
-            qk, v = qkv.split([2 * H * dh, H * dh], dim=-1)
-            cos, sin = _rope_table(T, dh, self.cfg.rope_base, x.device, dtype, 2 * H)  # (T, 2*H*dh)
-            qk = _rotate(qk.view(B, T, 2 * H, dh), cos.view(T, 2 * H, dh), sin.view(T, 2 * H, dh))
-            q, k = qk.view(B, T, 2, H, dh).unbind(2)  # (B, T, H, dh) each
+        # Nobody sees q or k: their channels may be reordered (see _pairs_last).
+        paired = rope and not any(h.active for h in (self.hook_q, self.hook_k, self.hook_rot_q, self.hook_rot_k))
+        w_q, w_k, w_v = (_pairs_last(self.W_Q), _pairs_last(self.W_K), self.W_V) if paired else (self.W_Q, self.W_K, self.W_V)
+        # One (d, 3*H*dh) matmul instead of three per-head einsums (batched matmuls over H).
+        w_qkv = torch.stack((w_q, w_k, w_v.reshape(w_q.shape)), dim=1).transpose(0, 2).reshape(d, 3 * H * dh)
+        qkv = x @ w_qkv  # (B, T, 3*H*dh): q | k | v, head-major within each
+        if paired:
+            # One complex multiply rotates q and k, forward and backward, where rotate-half
+            # takes a copy, two products and a sum each way.
+            q, k, v = qkv.split(H * dh, dim=-1)  # (B, T, H*dh) each
+            turn = _rope_pairs_table(T, dh, self.cfg.rope_base, x.device, dtype, H)  # (T, H, dh/2)
+            q, k = (torch.view_as_real(torch.view_as_complex(t.to(dtype).view(B, T, H, dh // 2, 2)) * turn)
+                    .to(x.dtype).view(B, T, H, dh) for t in (q, k))  # (B, T, H, dh) each
             v = self.hook_v(v.view(B, T, H, dh))  # (B, T, H, dh)
         else:
             q, k, v = (t.view(B, T, H, dh) for t in qkv.split(H * dh, dim=-1))  # (B, T, H, dh) each
@@ -197,8 +230,7 @@ class Attention(nn.Module):
                 cos, sin = _rope_table(T, dh, self.cfg.rope_base, x.device, dtype, H)  # (T, H*dh)
                 q = _rotate(q, cos.view(T, H, dh), sin.view(T, H, dh))  # (B, T, H, dh)
                 k = _rotate(k, cos.view(T, H, dh), sin.view(T, H, dh))  # (B, T, H, dh)
-        if rope:
-            q, k = self.hook_rot_q(q), self.hook_rot_k(k)
+                q, k = self.hook_rot_q(q), self.hook_rot_k(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, dh)
         if self.hook_attn_scores.active or self.hook_pattern.active:
             # Eager path: someone wants to see (or change) the scores or the pattern.

@@ -273,6 +273,29 @@ def test_the_models_rope_is_apply_rope_at_positions_0_to_t_with_its_base(hooked_
         torch.testing.assert_close(cache[f"blocks.0.attn.hook_rot_{name}"], apply_rope(unrotated, torch.arange(T), 37.0))
 
 
+@pytest.mark.parametrize("hook", [None, "attn.hook_pattern"], ids=["fused attention", "pattern hooked"])
+def test_the_paired_rotation_gives_rotate_halfs_logits_and_gradients(hook):
+    # Unhooked, the model reorders W_Q's and W_K's channels into RoPE's pairs and turns each with
+    # one complex multiply; a hook on q makes it rotate-half the weights as stored, the rotation
+    # apply_rope's tests check. Same function: same logits, same gradient for every weight.
+    m = one_layer(pos="rope", rope_base=37.0, n_layers=2)
+    toks = tokens()
+
+    def run(names):
+        m.zero_grad(set_to_none=True)
+        with m.hooks([(f"blocks.{layer}.{n}", lambda t, name: None) for layer in range(2) for n in names]):
+            logits = m(toks)
+        nll(logits, toks).backward()
+        return logits.detach(), {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
+
+    extra = [hook] if hook else []
+    paired, rotate_half = run(extra), run(extra + ["attn.hook_q"])
+    torch.testing.assert_close(paired[0], rotate_half[0], atol=1e-12, rtol=1e-12)
+    assert paired[1].keys() == rotate_half[1].keys() and "blocks.1.attn.W_K" in paired[1]
+    for name, grad in paired[1].items():
+        torch.testing.assert_close(grad, rotate_half[1][name], atol=1e-12, rtol=1e-12, msg=name)
+
+
 @pytest.mark.parametrize("gates", ["fixed", "learned"])
 def test_a_gate_scales_its_own_heads_output_before_w_o_and_not_the_bias(gates):
     # gates (0, 0.7) equal a model with open gates whose W_O rows of each head are scaled by them
