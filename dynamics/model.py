@@ -11,7 +11,8 @@ Heads Really Better than One?"; Nam et al. 2025, causal head gating, arXiv 2505.
 ``Z_{l,h} = g_{l,h} * softmax(Q K^T / sqrt(d_head)) V``. With ``gates = "fixed"`` g is a parameter
 of ones kept out of the optimiser, so each backward yields dL/dg (head importance). With
 ``gates = "learned"`` g = sigmoid(gate_logit) is trained. RoPE uses the rotate-half convention
-(Su et al. 2021, "RoFormer", arXiv 2104.09864; as in GPT-NeoX and Llama).
+(Su et al. 2021, "RoFormer", arXiv 2104.09864; as in GPT-NeoX and Llama); when no hook sees q or
+k, the same rotation is computed on reordered channels by one complex multiply (``_pairs_last``).
 
 Init: every matrix uses ``cfg.init``; W_Q/W_K/W_V/W_O use the fans of the full matrix
 (d_model x H*d_head) and are then multiplied by ``cfg.init_scale``. The embeddings W_E and W_pos
@@ -209,11 +210,12 @@ class Attention(nn.Module):
         rope = self.cfg.pos == "rope"
         if rope:
             dtype = torch.promote_types(x.dtype, torch.float32)  # angles need more than half precision
-        # Nobody sees q or k: their channels may be reordered (see _pairs_last).
+        w_q, w_k, w_v = self.W_Q, self.W_K, self.W_V  # (H, d, dh) each
         paired = rope and not any(h.active for h in (self.hook_q, self.hook_k, self.hook_rot_q, self.hook_rot_k))
-        w_q, w_k, w_v = (_pairs_last(self.W_Q), _pairs_last(self.W_K), self.W_V) if paired else (self.W_Q, self.W_K, self.W_V)
+        if paired:  # nobody sees q or k, so their channels may be reordered (see _pairs_last)
+            w_q, w_k, w_v = _pairs_last(w_q), _pairs_last(w_k), w_v.unflatten(-1, (dh // 2, 2))  # (H, d, dh/2, 2)
         # One (d, 3*H*dh) matmul instead of three per-head einsums (batched matmuls over H).
-        w_qkv = torch.stack((w_q, w_k, w_v.reshape(w_q.shape)), dim=1).transpose(0, 2).reshape(d, 3 * H * dh)
+        w_qkv = torch.stack((w_q, w_k, w_v), dim=1).transpose(0, 2).reshape(d, 3 * H * dh)
         qkv = x @ w_qkv  # (B, T, 3*H*dh): q | k | v, head-major within each
         if paired:
             # One complex multiply rotates q and k, forward and backward, where rotate-half
