@@ -234,6 +234,8 @@ def test_cli_saves_the_curve_when_its_reader_has_gone(small_store, tmp_path, str
                             cwd=Path(__file__).resolve().parents[1])
     proc.stdout.close()  # long before the first line: the imports alone take a second
     err = "" if streams == "both" else proc.stderr.read()
+    if proc.stderr is not None:
+        proc.stderr.close()  # left to the collector, it warned in whichever test ran then
     assert proc.wait(timeout=120) == 0, err  # exit 1 with a traceback, unread, where it broke
     assert "Traceback" not in err
     assert store.open_derived(str(path), predict.derived_name("slash")).horizon.values.tolist() == [0.0, 0.1]

@@ -81,6 +81,7 @@ def test_a_point_another_process_trains_is_waited_for_not_failed(then, tmp_path,
         release.touch()
         if holder.poll() is None:
             holder.kill()
+        holder.stdout.close()  # left to the collector, it warned in whichever test ran then
     assert f"{point.run_id} waiting: run {point.run_id} in {path} is being trained by another process " \
            f"(pid {holder.pid}" in log, log
     assert summary.ok and summary.counts == {"completed": 1} and summary.failed == [], summary.lines()
