@@ -1,0 +1,51 @@
+"""The suite's own fixtures, where one guards the others' results (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+
+# A test leaves a pipe open in a reference cycle: only the collector closes it, warning then.
+LEAK = """
+import subprocess, sys
+
+def test_leaves_a_pipe_in_a_cycle():
+    p = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE, text=True)
+    p.wait()
+    cycle = {"p": p}
+    cycle["self"] = cycle
+"""
+
+STRICT = """
+import gc
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+def test_collects():
+    gc.collect()  # as any allocation may, mid-test (zarr's asyncio did, in CI)
+"""
+
+
+def pytest_in(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProcess:
+    shutil.copy(CONFTEST, tmp_path / "conftest.py")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    # one process, in file order: the collection must land in the strict module
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:xdist",
+                           "-p", "no:cacheprovider", *files], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+def test_an_earlier_modules_open_pipe_does_not_fail_a_strict_module(tmp_path):
+    r = pytest_in(tmp_path, {"test_a_leak.py": LEAK, "test_b_strict.py": STRICT})
+    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_strict_modules_own_open_pipe_still_fails_it(tmp_path):
+    r = pytest_in(tmp_path, {"test_a_strict.py": STRICT.replace("def test_collects", LEAK + "\ndef test_collects")})
+    assert r.returncode == 1 and "1 failed, 1 passed" in r.stdout, r.stdout + r.stderr
+    assert "ResourceWarning: unclosed file" in r.stdout, r.stdout
