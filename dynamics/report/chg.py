@@ -7,7 +7,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.analysis.chg import CHG_ROLES, chg_roles, label_agreement
-from dynamics.report.data import _Ctx, _open_derived, _Run, _Section, is_damage
+from dynamics.report.data import _Ctx, _open_derived, _Run, _Section, _why, is_damage
 from dynamics.report.draw import _figure, _no_mathtext, _save
 from dynamics.schema import FINISHED_STATUSES
 
@@ -307,7 +307,7 @@ def _unread_why(path, run: _Run, derived: list[str], error: Exception) -> str:
             return str(found)
         name = next((n for n in (f"gates.{run.run_id}", f"gates/{run.run_id}") if n in derived), None)
         return f"a chunk of derived/{name} failed its checksum" if name else "a chunk failed its checksum"
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return _why(error)
 
 
 def _ring_disagreements(ax, gp: np.ndarray, gm: np.ndarray, labels: np.ndarray, t: float) -> int:
