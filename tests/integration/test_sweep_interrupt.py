@@ -92,6 +92,7 @@ def test_ctrl_c_while_the_cluster_starts_ends_in_one_line_and_exit_130(tmp_path,
         watchdog.cancel()
         if proc.poll() is None:
             kill_group()
+            proc.wait(timeout=30)  # reaped here, not left a zombie for later tests to trip over
         proc.stdout.close()  # left to the collector, it warned in whichever test ran then
     text = "".join(lines)
     assert any("to train on" in line for line in lines), text
