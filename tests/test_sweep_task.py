@@ -33,14 +33,13 @@ def test_a_worker_that_makes_other_data_than_the_launcher_refuses_the_point_unto
     assert run_point(cfg, path, cfg.run_id(), {}, data=data_hash(cfg))["status"] == "completed"
 
 
-def test_a_failure_the_store_could_not_record_says_so(tmp_path):
+def test_a_failure_the_store_could_not_record_says_so(tmp_path, monkeypatch):
     # A disk that filled up mid-sweep: neither train_run nor the task could record the failure, so
     # the run stayed marked running (`dynamics status`: stopped) while the sweep's summary said
     # "failed" as of a run holding its traceback; `dynamics run` says which it is, and now so does it.
     import subprocess
-    import threading
-    import time
 
+    from dynamics import train
     from dynamics.sweep.task import _failure_recorded
 
     fs = tmp_path / "fs"
@@ -52,23 +51,23 @@ def test_a_failure_the_store_could_not_record_says_so(tmp_path):
         path, run_id = str(fs / "s.zarr"), cfg.run_id()
         store.init_store(path)
         fill = fs / "fill"
+        save_checkpoint = train._save_checkpoint
 
-        def fill_once_checkpointed() -> None:  # the disk fills up while the run trains
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                with contextlib.suppress(store.StoreError):
-                    if store.run_attrs(path, run_id).get("checkpoint_step", 0) >= 10:
-                        break
-                time.sleep(0.01)
-            with contextlib.suppress(OSError), open(fill, "wb") as f:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
+        # The disk fills up while the run trains, between two of its writes: filled from a thread
+        # of the test's own, it raced the writer, whose half-written file, deleted as its write
+        # failed, made room for the failure's record (CI, stop 39). On the writer's own thread,
+        # right after a checkpoint, nothing is half-written and every later write finds no room.
+        def fill_after_checkpoint(*args) -> None:
+            save_checkpoint(*args)
+            if args[4] >= 10 and not fill.exists():  # args[4]: the step
+                with contextlib.suppress(OSError), open(fill, "wb") as f:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
 
-        filler = threading.Thread(target=fill_once_checkpointed)
-        filler.start()
+        monkeypatch.setattr(train, "_save_checkpoint", fill_after_checkpoint)
         out = run_point(cfg, path, run_id, {})
-        filler.join()
+        monkeypatch.undo()
         assert out["status"] == "failed" and "No space left on device" in out["error"], out
         assert store.run_attrs(path, run_id)["status"] == "running"  # nothing could be written
         assert out["error"].endswith(" (its traceback could not be recorded in the store)")
