@@ -5,6 +5,7 @@ at its edges."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 from dynamics.sweep import acquire_lock, lock_stale_reason, read_lock
@@ -23,17 +24,17 @@ def test_a_holder_whose_lock_was_taken_over_does_not_remove_the_new_one(tmp_path
 
 
 def test_a_holder_whose_lock_was_taken_over_stops_its_heartbeat(tmp_path):
-    # planted well before the first beat: one landing between a beat's look and its write is
-    # overwritten by that write (a window of microseconds, not what is checked here)
-    lock = acquire_lock(str(tmp_path), heartbeat_every=0.2)
+    # The holder's own thread never beats here (an hour apart): a lock planted while a beat was
+    # between its look and its write was overwritten by that write, a window a stalled test could
+    # hit at a beat every 0.2 s. The beat that sees the newer lock runs on a thread of the test's.
+    lock = acquire_lock(str(tmp_path), heartbeat_every=3600)
     try:
         plant_lock(tmp_path, token="newer")
-        for _ in range(1000):  # bounded poll for the beat to see it, not a timed assertion
-            if not lock._thread.is_alive():
-                break
-            time.sleep(0.01)
+        beat = threading.Thread(target=lock._beat, args=(0.01,))
+        beat.start()
+        beat.join(timeout=60)  # bounds a hang, not a timed assertion
         # a beat that went on wrote its own lock over the newer holder's: two launchers on one store
-        assert not lock._thread.is_alive()
+        assert not beat.is_alive()
         assert read_lock(str(tmp_path))["token"] == "newer"
     finally:
         lock.release()
