@@ -167,10 +167,11 @@ class _Writer:
         self.pending.append(self.pool.submit(self._run, fn, *args))
         while len(self.pending) > self.MAX_PENDING:
             self.pending.pop(0).result()  # in order: the oldest finishes first
-        done = [f for f in self.pending if f.done()]
-        for f in done:
-            f.result()  # surface write errors promptly
-            self.pending.remove(f)
+        # Surface write errors promptly, oldest first and no further than the first job not done:
+        # jobs finish in order, and a look over all of them could find a later job ("not run: an
+        # earlier store write failed") done and the failed one not yet, naming the wrong error.
+        while self.pending and self.pending[0].done():
+            self.pending.pop(0).result()
 
     def drain(self) -> None:
         for f in self.pending:
