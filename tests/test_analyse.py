@@ -1,5 +1,6 @@
 """`dynamics analyse` over a store: every finished run, in worker processes, same results as one process."""
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -89,7 +90,8 @@ def _children(pid: int) -> set[int]:
 
     kids = set()
     for task in pathlib.Path(f"/proc/{pid}/task").glob("*"):
-        kids |= {int(k) for k in (task / "children").read_text().split()}
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread that ended since the glob
+            kids |= {int(k) for k in (task / "children").read_text().split()}
     return kids
 
 
