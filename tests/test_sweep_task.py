@@ -57,9 +57,9 @@ def test_a_failure_the_store_could_not_record_says_so(tmp_path, monkeypatch):
         # of the test's own, it raced the writer, whose half-written file, deleted as its write
         # failed, made room for the failure's record (CI, stop 39). On the writer's own thread,
         # right after a checkpoint, nothing is half-written and every later write finds no room.
-        def fill_after_checkpoint(*args) -> None:
-            save_checkpoint(*args)
-            if args[4] >= 10 and not fill.exists():  # args[4]: the step
+        def fill_after_checkpoint(at, rid, state, writer, step, *rest) -> None:
+            save_checkpoint(at, rid, state, writer, step, *rest)
+            if step >= 10 and not fill.exists():
                 with contextlib.suppress(OSError), open(fill, "wb") as f:
                     while True:
                         f.write(b"\0" * 65536)
