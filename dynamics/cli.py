@@ -235,7 +235,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
         print_consistency(args.store, rows)
     note_mixed_training(args.store, [r["run"] for r in rows if not r.get("skipped")])
     if n := sum(not r.get("skipped") for r in rows):
-        print(f"analysed {n} runs in {time.perf_counter() - t0:.1f}s -> {args.store} (analysis/<run_id>)")
+        print(f"analysed {n} run{'' if n == 1 else 's'} in {time.perf_counter() - t0:.1f}s -> {args.store} (analysis/<run_id>)")
     else:  # "analysed 0 runs ... -> STORE" read as if something had been written there
         print("analysed no run: none could be (the table says why)")
     if args.run and rows[0].get("skipped") and not rows[0].get("error"):

@@ -275,7 +275,7 @@ def test_a_sweep_with_every_run_finished_trains_nothing_and_exits_0(tiny, tmp_pa
     before = store.run_attrs(s, run_id)
     assert cli.main(["sweep", str(cfg), "--out", str(s), "--workers", "1"]) == 0
     out = capsys.readouterr().out
-    assert re.fullmatch(r"sweep: 1 runs: 1 completed \(1 already finished, not retrained\) in \d+\.\d s", out.strip()), out
+    assert re.fullmatch(r"sweep: 1 run: 1 completed \(1 already finished, not retrained\) in \d+\.\d s", out.strip()), out
     assert store.run_attrs(s, run_id) == before
 
 

@@ -156,7 +156,7 @@ def test_analyse_table_lists_the_sweep_points_not_started(tiny, tmp_path):
     assert rows[0][:3] == ["rlater", "1", "pending"] and rows[2][:3] == ["rlast", "2", "pending"]
     assert r.stdout.splitlines()[1].endswith("not analysed (not started)")
     assert rows[1][:3] == [done, "0", "completed"]
-    assert "analysed 1 runs" in r.stdout
+    assert "analysed 1 run in" in r.stdout
 
 
 def test_analyse_with_nothing_to_analyse_does_not_say_it_wrote_to_the_store(tiny, tmp_path):

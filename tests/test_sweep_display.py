@@ -32,6 +32,11 @@ def test_a_sweep_with_nothing_to_do_says_so():
     assert SweepSummary().ok
 
 
+def test_a_one_run_sweep_says_run_not_runs():
+    assert SweepSummary(total=1, counts={"completed": 1}, wall_time=2.0).lines() == [
+        "sweep: 1 run: 1 completed in 2.0 s"]
+
+
 def test_only_completed_and_diverged_runs_are_ok():
     assert SweepSummary(counts={"completed": 2, "diverged": 1}).ok
     for status in ("failed", "interrupted", "cancelled"):

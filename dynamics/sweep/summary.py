@@ -43,7 +43,7 @@ class SweepSummary:
     def lines(self) -> list[str]:
         """Human-readable summary, one line per fact."""
         parts = [f"{n} {s}" for s, n in sorted(self.counts.items(), key=lambda kv: -kv[1])]
-        head = f"sweep: {self.total} runs: " + (", ".join(parts) or "nothing to do")
+        head = f"sweep: {self.total} run{'' if self.total == 1 else 's'}: " + (", ".join(parts) or "nothing to do")
         if self.skipped:
             head += f" ({len(self.skipped)} already finished, not retrained)"
         out = [head + f" in {self.wall_time:.1f} s"]
