@@ -108,7 +108,7 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
         print("bifurcation: step the heads' divergence (the mean over layers) left its early band (split, or "
               "collapsed), and by layer each layer's own where one differs (a layer can leave its band while the mean "
               "does not); "
-              "divergence: mean within-layer JS distance at the last snapshot; redundancy: share of heads with a near-duplicate there; "
+              "divergence: mean within-layer JS distance at the last snapshot; redundancy: share of heads in a cluster of 2 or more there (average linkage, JS distance cut at 0.1); "
               "slash_dom: heads slash-dominant there; final roles: heads per role there")
     if any(r.get("final_divergence") == "undefined" for r in rows):
         lone = any(r.get("redundancy") == "undefined" for r in rows)

@@ -78,6 +78,9 @@ def test_clusters_are_cut_by_average_linkage_at_the_threshold():
     # (0.2 + 0.08) / 2 = 0.14 from {0, 1}, past the 0.1 cut (README: "average-linkage").
     chain = _heads([[0, 0.08, 0.2], [0.08, 0, 0.08], [0.2, 0.08, 0]])
     assert cluster_heads(chain).values.ravel().tolist() == [0, 0, 1]
+    # so the fraction counts heads in a cluster of 2 or more, not heads with another within 0.1
+    # (README's example): head 2, 0.08 from head 1, is alone
+    assert float(redundancy_fraction(cluster_heads(chain))) == pytest.approx(2 / 3)
     assert cluster_heads(chain, method="single").values.ravel().tolist() == [0, 0, 0]
     # the cut is at 0.1 exactly: a pair at 0.12 is two heads, at 0.09 one
     for pair, want in ((0.12, [0, 1, 2]), (0.09, [0, 0, 1])):
