@@ -73,8 +73,14 @@ def test_the_bars_follow_each_run_below_the_overall_bar():
         bars.step("rc", 1, 12, 1.0)
         assert bars.slot["rc"] == 1  # the slot ra left
         # a note on a finished run is news (it was waited for): written, not only counted
-        assert "ra completed (finished by another process)" in term.getvalue()
+        assert "[sweep] ra completed (finished by another process)" in term.getvalue()
         assert bars.overall.n == 1
+        # the lines README quotes, as the plain log writes them
+        bars.waiting("rd", "another process (pid 7) is training it")
+        bars.notice("no worker is connected to the scheduler: x")
+        lines = term.getvalue().splitlines()
+        assert any(s.endswith("[sweep] rd waiting: another process (pid 7) is training it") for s in lines)
+        assert any(s.endswith("[sweep] no worker is connected to the scheduler: x") for s in lines)
     finally:
         bars.close()
 

@@ -85,11 +85,12 @@ class _Bars(_Display):
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         bar.refresh()
 
+    # The same "[sweep] " lines as the plain log's (README quotes them), written above the bars
     def waiting(self, run_id: str, text: str) -> None:
-        self.tqdm.write(f"{run_id} waiting: {text}", file=self.stream)
+        self.tqdm.write(f"[sweep] {run_id} waiting: {text}", file=self.stream)
 
     def notice(self, text: str) -> None:
-        self.tqdm.write(text, file=self.stream)
+        self.tqdm.write(f"[sweep] {text}", file=self.stream)
 
     def finished(self, run_id: str, status: str, note: str = "") -> None:
         bar = self.bars.pop(run_id, None)
@@ -97,7 +98,7 @@ class _Bars(_Display):
         if bar is not None:
             bar.close()
         if status not in FINISHED or note:
-            self.tqdm.write(f"{run_id} {status}{note}", file=self.stream)
+            self.tqdm.write(f"[sweep] {run_id} {status}{note}", file=self.stream)
         if status in FINISHED:  # as the log lines count: the bar's ETA is for the runs still to finish
             self.done += 1
             self.overall.update(1)
