@@ -105,6 +105,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.sweep.axes:
         given = [key for key, _ in map(parse_override, args.set) if key.split(".")[0] == "sweep"]
         source = f"{args.config} with --set {given[0]}" if given else args.config  # its file may have none
+        from dynamics.sweep.grid import expand_grid
+
+        try:  # a grid `dynamics sweep` refuses is a mistake in the file, whichever command reads it
+            expand_grid(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"{e} ({source}'s [sweep] table; `dynamics run` trains only its base point, "
+                              f"but `dynamics sweep` of it would be refused)") from None
         notes.append(f"{source} has a [sweep] table; `dynamics run` trains only its base point "
                      f"(`dynamics sweep` trains the grid)")
 

@@ -205,6 +205,22 @@ def test_run_of_a_config_with_a_sweep_table_says_it_trains_the_base_point_only(t
             f"base point (`dynamics sweep` trains the grid)") in r.stderr.splitlines()
 
 
+def test_run_refuses_a_config_whose_sweep_grid_dynamics_sweep_would_refuse(tiny, tmp_path):
+    # run trains the base point only, but a grid point that cannot be trained is a mistake in the
+    # file: refused here as `dynamics sweep` refuses it, in one line, with nothing written
+    _, cfg, _ = tiny
+    swept = tmp_path / "bad_grid.toml"
+    swept.write_text(Path(cfg).read_text() + '\n[sweep]\n"model.n_heads" = [2, 3]\n')
+    out = tmp_path / "never.zarr"
+    r = cli_in_process("run", swept, "--out", out)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        f"dynamics: error: sweep point model.n_heads=3: model.n_heads: 3 does not divide model.d_model 32 (or set "
+        f"model.d_head) ({swept}'s [sweep] table; `dynamics run` trains only its base point, but `dynamics sweep` "
+        f"of it would be refused)"]
+    assert not out.exists()
+
+
 def test_demo_help_gives_the_report_default_that_follows_out():
     # cmd_demo puts the report next to --out (x.zarr -> x-report); the help said runs/quickstart-report always
     r = dyn("demo", "--help")
