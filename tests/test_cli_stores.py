@@ -185,6 +185,7 @@ def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmp_path)
         consistency = store.open_derived(copy, "consistency").load()
         assert consistency.sizes["group"] == 1
         page = (disk / "rep" / "index.html").read_bytes()
+        figures = sorted(os.listdir(disk / "rep" / "figures"))
         free = shutil.disk_usage(disk).free
         with open(disk / "filler", "wb") as f:  # every free block taken
             f.write(b"\0" * free)
@@ -197,6 +198,7 @@ def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmp_path)
         xr.testing.assert_identical(store.open_analysis(copy, run_id).load(), before)
         xr.testing.assert_identical(store.open_derived(copy, "consistency").load(), consistency)
         assert (disk / "rep" / "index.html").read_bytes() == page
+        assert sorted(os.listdir(disk / "rep" / "figures")) == figures  # no folder of the failed report left
     finally:
         subprocess.run(["umount", str(disk)], check=True)
 

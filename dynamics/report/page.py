@@ -234,7 +234,13 @@ def _new_generation(figures: Path) -> Path:
             break
         except FileExistsError:
             n += 1
-    (folder / _MARK).write_text("figures of a dynamics report; deleted by the next report into this folder\n")
+    try:
+        (folder / _MARK).write_text("figures of a dynamics report; deleted by the next report into this folder\n")
+    except BaseException:  # a full disk: the folder (and an empty marker) would stay until the next report
+        with contextlib.suppress(OSError):
+            (folder / _MARK).unlink(missing_ok=True)
+            folder.rmdir()
+        raise
     return folder
 
 
