@@ -100,6 +100,26 @@ def test_a_label_is_unsettled_where_any_restart_left_its_gate_moving(tiny):
     assert labels.startswith("convergence of the labels: not settled at L1H0 (")
 
 
+def test_a_gate_that_is_not_a_number_is_never_called_settled(tiny):
+    # NaN gates (a model whose loss is not finite, fitted through the Python API) compared False
+    # with their movement, so the report called every label settled.
+    model, cfg = tiny
+    ds = gate_report(model, cfg, FAST)
+    ds["settle"] = ds.settle * 0.0
+    ds["chg"] = ds.chg * 0.0 + 0.9  # every gate 0.4 from the threshold, none moving
+    ds["chg"].loc[{"fit": "minus", "layer": 0, "head": 1}] = np.nan
+    labels = [x for x in report_lines(ds) if x.startswith("convergence of the labels")]
+    assert labels == ["convergence of the labels: undefined at L0H1 (a G+ or G- gate is not a number: the model's loss was not finite)",
+                      "convergence of the labels: settled at the other heads (every G+ and G- gate there sits farther from the 0.5 "
+                      "threshold than it moved over its last tenth)"]
+    ds["chg"] = ds.chg.fillna(0.9)
+    [labels] = [x for x in report_lines(ds) if x.startswith("convergence of the labels")]
+    assert labels.startswith("convergence of the labels: settled (every G+ and G- gate sits farther")
+    ds["chg"] = ds.chg * np.nan
+    [labels] = [x for x in report_lines(ds) if x.startswith("convergence of the labels")]
+    assert labels.startswith("convergence of the labels: undefined at L0H0, L0H1, L1H0, L1H1 (")
+
+
 def test_report_says_rho_is_undefined_with_two_heads_and_why():
     # One head per layer, two layers: the report printed "Spearman rho(...) = 1.000" (or -1.000).
     cfg = from_dict({**TINY, "model": {**TINY["model"], "n_heads": 1}})

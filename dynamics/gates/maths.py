@@ -136,11 +136,12 @@ def unsettled(gates: np.ndarray, settle: np.ndarray, threshold: float) -> np.nda
     ``settle`` is how far each gate moved over its fit's last updates. A gate that moved at
     least as far as it now sits from the threshold could cross it with as many updates
     again, so its high/low reading (and the CHG role built from it) is not yet settled. A
-    heuristic, not a bound: Adam's steps shrink as a fit settles.
+    heuristic, not a bound: Adam's steps shrink as a fit settles. A NaN gate or movement (a
+    model whose loss is not finite) is never settled: its comparison is False either way.
 
     Example
     -------
-    >>> unsettled(np.array([0.55, 0.9, 0.5]), np.array([0.1, 0.1, 0.0]), 0.5).tolist()
-    [True, False, True]
+    >>> unsettled(np.array([0.55, 0.9, 0.5, np.nan]), np.array([0.1, 0.1, 0.0, 0.0]), 0.5).tolist()
+    [True, False, True, True]
     """
-    return np.abs(gates - threshold) <= settle
+    return ~(np.abs(gates - threshold) > settle)

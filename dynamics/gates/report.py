@@ -173,15 +173,24 @@ def _settle_lines(ds: xr.Dataset) -> list[str]:
     lines = ["convergence of the fits: the largest change of any gate over a stage's last tenth: " + ", ".join(parts)]
     threshold = _threshold(ds)
     open_ = np.zeros(ds.role.shape, dtype=bool)  # (L, H)
+    lost = np.zeros(ds.role.shape, dtype=bool)  # (L, H): a gate that is not a number
     for fit, stage in (("plus", "plus"), ("minus", "minus")):
         gates = ds.chg.sel(fit=fit).transpose(RESTART, LAYER, HEAD).values
         near = unsettled(gates, ds.settle.sel(stage=stage).transpose(RESTART, LAYER, HEAD).values, threshold)
         open_ |= near.any(0)
+        lost |= ~np.isfinite(gates).all(0)
+    if lost.any():
+        # more updates cannot settle a gate the fit lost: the model's loss was not finite
+        heads = ", ".join(f"L{layer}H{head}" for layer, head in zip(*np.nonzero(lost), strict=True))
+        lines.append(f"convergence of the labels: undefined at {heads} (a G+ or G- gate is not a number: the "
+                     "model's loss was not finite)")
+        open_ &= ~lost
     if open_.any():
         heads = ", ".join(f"L{layer}H{head}" for layer, head in zip(*np.nonzero(open_), strict=True))
         lines.append(f"convergence of the labels: not settled at {heads} (a G+ or G- gate moved over its last tenth at least as far "
                      f"as it now sits from the {threshold:g} threshold); refit with more --steps")
-    else:
-        lines.append(f"convergence of the labels: settled (every G+ and G- gate sits farther from the {threshold:g} threshold than it "
-                     "moved over its last tenth)")
+    elif not lost.all():
+        where = " at the other heads" if lost.any() else ""
+        lines.append(f"convergence of the labels: settled{where} (every G+ and G- gate{where and ' there'} sits farther from the "
+                     f"{threshold:g} threshold than it moved over its last tenth)")
     return lines
