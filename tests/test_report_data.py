@@ -280,6 +280,26 @@ def test_a_recording_or_curve_failing_its_checksum_is_named_where_it_was_read(bu
     assert "Stored and computed checksum" not in text
 
 
+def test_a_run_analysed_here_whose_recordings_fail_their_checksum_is_named_and_exits_1(built, tmp_path, capsys):
+    # With no stored analysis the report analyses the run itself: a recording failing its checksum
+    # there put zarr's error in the run's row ("ValueError: Stored and computed checksum do not
+    # match. Stored: b'...'"), left the run out of the figures and exited 0 saying nothing.
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    shutil.rmtree(copy / "analysis" / ids["A"])
+    chunk = _flip(copy / "runs" / ids["A"] / "attention" / "c")
+    assert cli.main(["report", str(copy), "--out", str(tmp_path / "out"), "--run", ids["B"]]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[report]")]
+    snapshot = chunk.relative_to(copy / "runs" / ids["A"] / "attention" / "c").parts[0]
+    assert len(err) == 1 and err[0].startswith(f"dynamics: {copy}: run {ids['A']}: array attention at snapshot {snapshot} (step ")
+    assert "(damaged: its CRC32C checksum does not match" in err[0]
+    text = html.unescape((tmp_path / "out" / "index.html").read_text())
+    row = re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
+    assert f"analysing it here failed: {err[0].removeprefix('dynamics: ')}" in row
+    assert "Stored and computed checksum" not in text
+
+
 def test_damaged_stored_data_of_readable_runs_is_named_on_stderr_and_exits_1(built, tmp_path, capsys):
     # A stored analysis, the chosen run's recordings or a predictor curve failing its checksum was
     # named on the page only: the command printed "report written" and exited 0, as for a sound store.

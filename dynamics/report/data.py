@@ -48,7 +48,9 @@ class _Run:
     settings: dict[str, Any] = field(default_factory=dict)  # config less seed and execution, "section.key" -> value
     code: tuple[str | None, ...] = ()  # provenance.trained_by: the code hashes of its kept steps; () unread
     execution: tuple[tuple[str | None, ...], ...] = ()  # provenance.trained_on: torch, device, CPU kernels; () unread
-    damage: str = ""  # its stored analysis, found damaged (a lost chunk, a failed checksum): for the command's exit code
+    # its stored analysis, or the recordings analysed here, found damaged (a lost chunk, a failed
+    # checksum): a line each, for stderr and the command's exit code
+    damage: list[str] = field(default_factory=list)
 
     @property
     def n_recorded(self) -> int:
@@ -246,7 +248,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         again = "" if "writes it again" in why else "; `dynamics analyse` writes it again"  # a StoreError may say it
         unread = f"its stored analysis could not be read ({why}{again})"
         if is_damage(e):
-            run.damage = f"run {run_id}: {unread}"
+            run.damage.append(f"run {run_id}: {unread}")
     if stored is not None:
         run.analysis_source = "stored"
         lacking = sorted(set(_RUN_VARS) - set(have))
@@ -263,7 +265,12 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
     try:
         run.analysis = _analyse_recorded(ds, run.recorded, [*_RUN_VARS, "js_distance"])
     except Exception as e:  # noqa: BLE001 - one odd run (e.g. diverged to NaN) must not sink the page
-        run.analysis_note = f"analysing it here failed ({type(e).__name__}: {e})"
+        if is_damage(e):  # a recording failing its checksum: named (run, array, snapshot), and exit 1
+            damage = store.unreadable_chunk(path, run_id) if store.failed_checksum(e) else None
+            run.damage.append(str(damage) if damage is not None else f"run {run_id}: its recordings could not be read ({_why(e)})")
+            run.analysis_note = f"analysing it here failed: {run.damage[-1]}" + (f"; {unread}" if unread else "")
+        else:
+            run.analysis_note = f"analysing it here failed ({type(e).__name__}: {e})"
         return run
     run.analysis_source = "computed"
     partial = "" if run.n_recorded == run.n_snapshots else f" on {run.n_recorded} of {run.n_snapshots} snapshots"

@@ -165,7 +165,7 @@ def write_report(
             raise
         _remove_earlier_reports(out, keep=stage.name, linked=earlier)
         # once the page that names them is in place; a run listed as damaged went to on_damaged
-        for line in dict.fromkeys([*(r.damage for r in runs if r.damage and r.status != "damaged"), *ctx.damaged]):
+        for line in dict.fromkeys([*(d for r in runs if r.status != "damaged" for d in r.damage), *ctx.damaged]):
             if on_damaged_data is not None:
                 on_damaged_data(line)
         return page.absolute()  # as_uri(), as its example does, needs an absolute path
