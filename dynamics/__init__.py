@@ -16,6 +16,7 @@ _EXPORTS = {
     "open_run": "dynamics.store",
     "open_sweep": "dynamics.store",
     "open_analysis": "dynamics.store",
+    "open_derived": "dynamics.store",
     "list_runs": "dynamics.store",
     "StaleAnalysisWarning": "dynamics.store",
     "check_recorded": "dynamics.store",
