@@ -423,6 +423,28 @@ def test_conditioned_gates_vary_across_probes_and_are_recorded(gated):
     assert gated["conditioned_gate_ema"].dims == ("snapshot", "layer", "head")
 
 
+def test_a_lost_chunk_of_an_interventions_array_is_named(templated, students, gated, tmp_path, tmp_path_factory):
+    # check_recorded looked only at attention, gradients, gate, eval loss and weights: a lost
+    # template_kl, conditioned_gate or distill_source chunk read as NaN (distill_source as -1,
+    # "no teacher head") in analyse, report and predict, without a word.
+    import shutil
+
+    made = tmp_path_factory.getbasetemp()
+    for ds, where, name in ((templated[1], "teacher[0-9]*/teacher.zarr", "template_kl"),
+                            (students["distilled"], "students[0-9]*/students.zarr", "distill_source"),
+                            (gated, "gated[0-9]*/gated.zarr", "conditioned_gate")):
+        run_id = ds.attrs["run_id"]
+        [made_at] = made.glob(where)
+        path = tmp_path / f"{name}.zarr"
+        shutil.copytree(made_at, path)
+        store.check_recorded(path, run_id)
+        chunks = sorted(p for p in (path / "runs" / run_id / name / "c").rglob("*") if p.is_file())
+        assert len(chunks) == ds.sizes["snapshot"]  # one a snapshot, whatever its values
+        chunks[1].unlink()
+        with pytest.raises(store.StoreError, match=rf"run {run_id}: array {name} at snapshot 1 \(step 25\): its chunk "):
+            store.check_recorded(path, run_id)
+
+
 @pytest.mark.parametrize("pool", ["causal", "mean"])
 def test_causal_gates_never_see_later_tokens(pool):
     cfg = config({"conditioned_gates": {"pool": pool}})

@@ -18,8 +18,8 @@ N_SNAP, HEADS = 3, 2
 def recorded(path, attrs, *, steps=10, n_snap=N_SNAP, cosine_at=None, earlier=False):
     """A finished run of `n_snap` snapshots (steps 0, 5, 10, ...) and `steps` train steps, every
     value written; ``grad_cosine`` finite only at the snapshots `cosine_at` (default all but the
-    first, which has no previous gradient), as its absent chunks elsewhere. `earlier`: marked as a
-    run from before the writer stored every chunk (zarr kept no all-NaN chunk then)."""
+    first, which has no previous gradient), NaN elsewhere. `earlier`: marked as a run from before
+    the writer stored every chunk (zarr kept no all-NaN chunk then: none for those NaN cosines)."""
     variables = {
         "gate": (("snapshot", "head"), (n_snap, HEADS), "float32"),
         "grad_norm": (("snapshot", "head"), (n_snap, HEADS), "float32"),
@@ -31,8 +31,8 @@ def recorded(path, attrs, *, steps=10, n_snap=N_SNAP, cosine_at=None, earlier=Fa
     cosine_at = range(1, n_snap) if cosine_at is None else cosine_at
     for i in range(n_snap):
         w.write_snapshot(i, {"gate": np.ones(HEADS), "grad_norm": np.ones(HEADS)})
-        if i in cosine_at:
-            w.write_snapshot(i, {"grad_cosine": np.ones(HEADS)})
+        if i in cosine_at or not earlier:
+            w.write_snapshot(i, {"grad_cosine": np.ones(HEADS) if i in cosine_at else np.full(HEADS, np.nan)})
     w.write_region("loss", 0, np.ones(steps, np.float32))
     if earlier:
         store.update_run_attrs(path, "r1", empty_chunks_written=False)
@@ -102,6 +102,23 @@ def test_a_run_that_stored_every_chunk_has_its_lost_gradient_chunk_named_whateve
     (run / "grad_norm" / "c" / "2" / "0").unlink()
     with pytest.raises(StoreError, match=r"array grad_norm at snapshot 2 \(step 10\): .* is missing"):
         store.check_recorded(path)
+
+
+def test_a_run_that_stored_every_chunk_has_a_lost_chunk_of_any_snapshot_array_named(tmp_path):
+    # Only attention, gradients, gate, eval loss and weights were checked: a lost chunk of
+    # grad_cosine, CHG or an intervention's arrays (template_kl, conditioned_gate, ...) read as
+    # NaN (distill_source as -1, "no teacher head") without a word, though this writer stores them all.
+    path = tmp_path / "s.zarr"
+    run = recorded(path, {"status": "completed"})
+    store.check_recorded(path)
+    (run / "grad_cosine" / "c" / "0" / "0").unlink()  # the first snapshot's, all NaN
+    with pytest.raises(StoreError, match=r"array grad_cosine at snapshot 0 \(step 0\): .* is missing"):
+        store.check_recorded(path)
+    # from an earlier writer, which stored no all-NaN chunk, an absent one is no evidence
+    run = recorded(tmp_path / "e.zarr", {"status": "completed"}, earlier=True)
+    store.check_recorded(tmp_path / "e.zarr")
+    (run / "grad_cosine" / "c" / "1" / "0").unlink()
+    store.check_recorded(tmp_path / "e.zarr")
 
 
 def test_a_lost_chunk_of_an_analysis_or_derived_group_is_named_not_read_as_its_fill_value(tmp_path):

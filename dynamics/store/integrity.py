@@ -37,7 +37,9 @@ WRITTEN_EVERY_SNAPSHOT = ("attention", "grad_norm", "importance", "gate", "eval_
 """Recorded variables that hold finite values at every snapshot a run recorded before it diverged.
 Zarr writes no chunk whose values all equal the fill value (NaN), so a snapshot of these never
 lacks its chunk unless the file was lost (but :data:`GRADIENT_VARIABLES`). Not ``grad_cosine`` (NaN at the first snapshot, which
-has no previous gradient), nor ``chg``/``chg_role`` (written only where fitted)."""
+has no previous gradient), nor ``chg``/``chg_role`` (NaN where not fitted), nor the interventions'
+arrays: these are checked only in a run marked EMPTY_CHUNKS_WRITTEN, where every array's chunk of
+every snapshot was stored."""
 
 
 def _recorded_extent(attrs: dict, steps: Any, so_far: bool = False) -> tuple[list[int], int | None] | None:
@@ -107,8 +109,9 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
     heads all had no role.
 
     Checked, from the file listing alone (no chunk is read): every coordinate, the
-    :data:`WRITTEN_EVERY_SNAPSHOT` variables at every snapshot the run recorded, ``loss`` over the
-    steps it trained, and ``probe_tokens``. Runs not finished are not checked (their later
+    :data:`WRITTEN_EVERY_SNAPSHOT` variables at every snapshot the run recorded (every variable
+    with a snapshot dimension, in a run marked :data:`~dynamics.store.writer.EMPTY_CHUNKS_WRITTEN`),
+    ``loss`` over the steps it trained, and ``probe_tokens``. Runs not finished are not checked (their later
     snapshots are not written yet) unless `so_far`, nor variables that may legitimately lack chunks. In a run
     from before :data:`~dynamics.store.writer.EMPTY_CHUNKS_WRITTEN` (see the module docstring)
     neither ``probe_tokens`` nor a numeric coordinate of a single value (its fill value 0 had no
@@ -153,11 +156,14 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
             pass
         elif name == "probe_tokens" and every:
             pass
-        elif name not in WRITTEN_EVERY_SNAPSHOT or SNAPSHOT not in dims:
+        elif SNAPSHOT not in dims or not (every or name in WRITTEN_EVERY_SNAPSHOT):
+            # in a marked run every snapshot's chunk of every array was stored, NaN ones included
+            # (grad_cosine's first, CHG where not fitted, the interventions' arrays)
             continue
         ranges = [range(n) for n in arr.cdata_shape]
         if SNAPSHOT in dims and not is_coord:
-            ranges[dims.index(SNAPSHOT)] = snapshots
+            chunk = arr.chunks[dims.index(SNAPSHOT)]
+            ranges[dims.index(SNAPSHOT)] = sorted({s // chunk for s in snapshots})
         if TRAIN_STEP in dims and not is_coord and train_steps is not None:
             chunk = arr.chunks[dims.index(TRAIN_STEP)]
             ranges[dims.index(TRAIN_STEP)] = range(-(-train_steps // chunk))
