@@ -277,6 +277,8 @@ def train_run(
     require_float32()
     budget.check_fits(cfg, lambda: store.is_finished(path, run_id))  # here, where it trains; finished: skipped below
     interventions.check_output(cfg, path)  # before the store is made: a refusal leaves nothing behind
+    if not store.is_finished(path, run_id):  # a finished run is skipped: its teacher is not read
+        interventions.check(cfg)  # the teacher found, finished and loadable, as `dynamics run` checks it
     store.init_store(path)
     # A finished run stays finished: skipped without the lock, so read-only stores work too.
     # Refusals come before the lock too: taking it rewrites the lock file's holder, and a
@@ -371,6 +373,10 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             if intervention is not None:
                 intervention.load_state_dict(ckpt["intervention"])
             start = int(ckpt["step"])
+    except (ConfigError, store.StoreError):
+        # a refusal, not a failure of this run: its teacher changed or was damaged since the
+        # checks, or a resume names another teacher than its checkpoint's; the run stays as it was
+        raise
     except Exception:  # a run that cannot even start is still recorded, as failed
         _record_setup_failure(cfg, path, run_id, existing, base_attrs, traceback.format_exc())
         raise

@@ -374,6 +374,39 @@ def test_teacher_problems_are_config_errors(templated, tmp_path):
         iv.load_state_dict({"distill": {"teacher_run": run_id, "teacher_step": 1}})
 
 
+def test_a_teacher_problem_met_at_the_start_is_a_refusal_that_writes_nothing(templated, tmp_path):
+    # train_run made the store and a run marked failed, with a traceback, for a teacher that was
+    # gone (from Python) or whose checkpoint was damaged; and a resume refused for a remade teacher
+    # rewrote the interrupted student as failed.
+    import shutil
+
+    from tests.conftest import interrupt_at
+
+    teacher = tmp_path / "teacher.zarr"
+    shutil.copytree(templated[0], teacher)
+    cfg = config({"distill": {"teacher": str(teacher)}}, train={"seed": 1})
+    with pytest.raises(ConfigError, match=r"^intervene.distill.teacher: teacher store .*nope.zarr not found$"):
+        train_run(config({"distill": {"teacher": str(tmp_path / "nope.zarr")}}), str(tmp_path / "a.zarr"))
+    [ckpt] = teacher.glob("checkpoints/*/ckpt.pt")
+    whole = ckpt.read_bytes()
+    ckpt.write_bytes(whole[:3000])
+    with pytest.raises(ConfigError, match=r"^intervene.distill.teacher: run \w+'s checkpoint in .* is damaged \(3,000 bytes"):
+        train_run(cfg, str(tmp_path / "b.zarr"))
+    assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "b.zarr").exists()
+    ckpt.write_bytes(whole)
+
+    path = tmp_path / "s.zarr"
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, str(path), progress=interrupt_at(30))
+    shutil.rmtree(teacher)  # remade: another run of the same config but its seed
+    train(teacher, config({"templates": {"weight": 3.0, "heads": PINNED}}, train={"seed": 2}))
+    runs = {p: p.read_bytes() for p in sorted((path / "runs").rglob("*")) if p.is_file()}
+    with pytest.raises(ConfigError, match="refusing to resume with another teacher"):
+        train_run(cfg, str(path))
+    assert {p: p.read_bytes() for p in sorted((path / "runs").rglob("*")) if p.is_file()} == runs
+    assert store.run_attrs(str(path), cfg.run_id())["status"] == "interrupted"
+
+
 def test_a_student_into_its_teachers_store_must_name_the_teacher_run(templated, tmp_path):
     # Its own run group would make the store hold two runs: every later start (rerun, resume, the
     # sweep's next point) was refused for not naming the teacher, and the sweep's workers failed.

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dynamics.checkpoint import load_run_model
+from dynamics.checkpoint import load_checkpoint, load_run_model
 from dynamics.config import ConfigError, RunConfig, recorded_config
 from dynamics.interventions.common import (
     check_schedule,
@@ -175,9 +175,14 @@ def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
         run_id = runs[0]
     attrs = store.run_attrs(path, run_id)
     if attrs.get("status") != "completed":
-        fail(f"{key}: teacher run {run_id} is {attrs.get('status', 'unknown')}, not completed")
+        # run_status: a killed teacher's attrs still say "running", which it will never finish
+        fail(f"{key}: teacher run {run_id} is {store.run_status(path, run_id, attrs)}, not completed")
     if not store.has_checkpoint(path, run_id):
         fail(f"{key}: teacher run {run_id} in {path} has no checkpoint to load")
+    try:  # here, with the other checks: loaded first once training had begun, a damaged one failed the student
+        load_checkpoint(path, run_id)
+    except store.StoreError as e:
+        fail(f"{key}: {e}")
     tcfg = recorded_config(attrs.get("config"), f"{key}: teacher run {run_id} in {path}")
     t, s = tcfg.model, cfg.model
     if t.vocab_size != s.vocab_size:
