@@ -80,3 +80,26 @@ def test_a_failure_the_store_could_not_record_says_so(tmp_path, monkeypatch):
         assert not _failure_recorded(path, "rnotthere", OSError(28, "No space left on device"))
     finally:
         subprocess.run(["umount", str(fs)], check=False)
+
+
+def test_a_point_refused_for_its_remade_teacher_is_not_marked_failed(tmp_path):
+    # A resume refused because the checkpoint names another teacher run is a ConfigError, as
+    # `dynamics run` refuses it: the task marked the interrupted student failed, with a traceback.
+    import shutil
+
+    from dynamics.train import train_run
+    from tests.conftest import interrupt_at
+
+    teacher = str(tmp_path / "t.zarr")
+    train_run(from_dict(tiny()), teacher)
+    raw = tiny(train={"seed": 1, "steps": 40}, record={"every": 10})
+    raw["intervene"] = {"distill": {"teacher": teacher}}
+    cfg, path = from_dict(raw), str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(20))
+    shutil.rmtree(teacher)
+    train_run(from_dict(tiny(train={"seed": 2})), teacher)
+    out = run_point(cfg, path, cfg.run_id(), {})
+    assert out["status"] == "failed" and "refusing to resume with another teacher" in out["error"]
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert attrs["status"] == "interrupted" and not attrs.get("traceback")

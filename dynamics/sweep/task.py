@@ -9,7 +9,7 @@ import time
 import traceback
 
 from dynamics import allocator, store
-from dynamics.config import RunConfig
+from dynamics.config import ConfigError, RunConfig
 from dynamics.schema import FINISHED_STATUSES
 
 
@@ -127,10 +127,11 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
             except Exception as e:  # noqa: BLE001 - recorded in the run (train_run) and in the summary
                 tb = traceback.format_exc()
                 out.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0], traceback=tb)
-                # Another StoreError is train_run refusing the run (another config or other data), as
-                # `dynamics run` refuses it: the run is not this task's to mark failed. One raised by
-                # a write while training was recorded by train_run itself.
-                if not isinstance(e, store.StoreError):
+                # Another StoreError, or a ConfigError (its teacher gone or remade since the launcher's
+                # checks), is train_run refusing the run, as `dynamics run` refuses it: the run is not
+                # this task's to mark failed. One raised by a write while training was recorded by
+                # train_run itself.
+                if not isinstance(e, (store.StoreError, ConfigError)):
                     _record_failure(path, run_id, tb)
                     if not _failure_recorded(path, run_id, e):  # a full disk: the run stays marked running
                         out["error"] += " (its traceback could not be recorded in the store)"
