@@ -258,12 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         return child(args.child, args.cap_mb)
 
     from dynamics.config import ConfigError, RunConfig, load_config, replace_section
+    from dynamics.usage import UsageError, check_device
 
     try:
         if not args.skip_time:
             cfg = load_config(args.config) if args.config else RunConfig()
             cfg = replace_section(cfg, "train", steps=args.steps, threads=args.threads)  # train_run applies it
-    except ConfigError as e:
+            check_device(cfg.train.device)  # a config's cuda on a machine without one: a line, not a traceback
+    except (ConfigError, UsageError) as e:
         return bad_input(str(e))
     if not args.skip_memory and SYNTHETIC_D_MODEL % args.heads:
         return bad_input(f"--heads {args.heads} does not divide the synthetic model's d_model {SYNTHETIC_D_MODEL}")

@@ -88,6 +88,18 @@ def test_record_bench_refuses_a_cuda_device_this_torch_cannot_use(capsys):
     assert "CUDA" in capsys.readouterr().err
 
 
+def test_analysis_bench_refuses_a_configs_cuda_device_this_torch_cannot_use(tmp_path, capsys):
+    # its config's train.device was trained on as given: a 35-line traceback, exit 1
+    if bench_record.torch.cuda.is_available():
+        pytest.skip("CUDA is usable here")
+    config = tmp_path / "cuda.toml"
+    config.write_text('[train]\ndevice = "cuda"\n')
+    assert bench_analysis.main(["--skip-memory", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: train.device 'cuda': this torch 2.13.0+cpu has no usable CUDA device".replace(
+        "2.13.0+cpu", bench_record.torch.__version__)
+
+
 def test_analysis_child_reports_a_run_it_could_not_analyse_as_failed(tmp_path, capsys):
     # analyse_store reports a run whose analysis raised (a MemoryError under the bench's
     # RLIMIT_AS among them) as a skipped row instead of raising: the child said "ok", and the
