@@ -340,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"     memory it was given: resident memory could grow by up to {room / 2**20:.0f} MiB "
                           f"above its baseline ({room / info['attention_bytes']:.2f} x the run's attention: the cap "
                           f"plus {(r['base_vm'] - r['base_rss']) / 2**20:.0f} MiB mapped but not resident at the "
-                          f"baseline); it grew by {(r['peak_rss'] - r['base_rss']) / 2**20:.0f} MiB")
+                          f"baseline); it grew by {(r['peak_rss'] - r['base_rss']) / 2**20:.0f} MiB "
+                          f"({(r['peak_rss'] - r['base_rss']) / info['attention_bytes']:.2f} x the run's attention)")
     print(f"\n{load_line()} at end")
     return 0
 
