@@ -4,6 +4,7 @@ to the memory check or to a kept checkpoint, each on a real store."""
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from dynamics import store
 from dynamics.budget import MEMORY_ENV, DoesNotFit
 from dynamics.config import from_dict
 from dynamics.sweep import cancel
-from dynamics.sweep.launcher import _killed_reason, check_points, default_workers
+from dynamics.sweep.launcher import _given_up, _killed_reason, check_points, default_workers
 from dynamics.sweep.task import _record_failure, run_point
 from dynamics.train import train_run
 from tests.test_sweep import tiny
@@ -88,6 +89,30 @@ def test_a_failure_of_a_run_not_in_the_store_writes_nothing(tmp_path):
     before = sorted(p.relative_to(path) for p in path.rglob("*"))
     _record_failure(str(path), "rnever", "KilledWorker: the worker training it died once")
     assert sorted(p.relative_to(path) for p in path.rglob("*")) == before
+
+
+def test_a_run_given_up_on_is_failed_only_if_it_began_this_launch(copy):
+    # Dask counts a worker's death against every task it held, the one queued behind the running
+    # run too: the summary said that run failed ("the worker training it died 12 times") and the
+    # store marked it failed, an interrupted run this launch never trained.
+    path, run_id = copy
+    store.update_run_attrs(path, run_id, status="interrupted")
+    before = {p: p.read_bytes() for p in sorted((Path(path) / "runs").rglob("*")) if p.is_file()}
+    starts = store.run_attrs(path, run_id)["starts"]
+    r = _given_up(path, run_id, starts, 12, "tcp://w:1")
+    assert r["status"] == "cancelled" and r["error"] == (
+        "not trained: the workers its task waited on died 12 times before it began (last tcp://w:1; a run beside it "
+        "on the same worker may have crashed them); the same command resumes it")
+    assert {p: p.read_bytes() for p in sorted((Path(path) / "runs").rglob("*")) if p.is_file()} == before
+    r = _given_up(path, "rnever", None, 1, "tcp://w:1")  # no group made
+    assert r["status"] == "cancelled" and r["error"].endswith("died once before it began (last tcp://w:1; a run beside "
+                                                              "it on the same worker may have crashed them); the same "
+                                                              "command trains it")
+    assert not (Path(path) / "runs" / "rnever").exists()
+    # begun this launch (its starts count grew): failed, and recorded so
+    r = _given_up(path, run_id, starts - 1, 3, "tcp://w:1")
+    assert r["status"] == "failed" and r["error"] == _killed_reason(3, "tcp://w:1")
+    assert store.run_attrs(path, run_id)["status"] == "failed"
 
 
 def test_a_killed_workers_reason_counts_every_death():

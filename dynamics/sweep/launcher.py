@@ -321,6 +321,7 @@ def run_sweep(
     with sigterm_as_interrupt(), acquire_lock(path):
         existing = set(store.list_runs(path))
         todo = []
+        starts: dict[str, int | None] = {}  # each point's starts before this launch (None: no run group)
         hashes: dict[str, str] = {}  # the data this machine makes for each point: its workers must make the same
         elsewhere: dict[str, tuple[Point, str]] = {}  # data here -> a finished point recorded on other data
         for p in points:
@@ -334,6 +335,7 @@ def run_sweep(
                     elsewhere.setdefault(hashes[p.run_id], (p, attrs["data_hash"]))
             else:
                 todo.append(p)
+                starts[p.run_id] = int(attrs.get("starts", 0)) if p.run_id in existing else None
         _refuse_other_data_than_finished(todo, hashes, elsewhere, path)
         _write_index(path, points)
         if not store.is_remote(path):  # a remote store's is rebuilt whole below
@@ -343,7 +345,7 @@ def run_sweep(
                 n = min(workers or default_workers(), len(todo))
                 display = _display(progress, len(points), len(summary.skipped))
                 display.starting(len(todo), scheduler or n)  # a given cluster's size is its own
-                results = _launch(todo, path, scheduler, n, display, cwd, hashes)
+                results = _launch(todo, path, scheduler, n, display, cwd, hashes, starts)
                 for r in results:
                     summary.counts[r["status"]] = summary.counts.get(r["status"], 0) + 1
                     if r["status"] in ("failed", "cancelled"):
@@ -398,10 +400,11 @@ def _refuse_point(p: Point, attrs: dict, path: str, data: str | None = None) -> 
 
 
 def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int, display: _Display,
-            cwd: str, hashes: dict[str, str] | None = None) -> list[dict]:
+            cwd: str, hashes: dict[str, str] | None = None, starts: dict[str, int | None] | None = None) -> list[dict]:
     """Submit the points, follow them to the end, return one result dict per point (``cwd``: the
     directory relative paths in their configs are to; ``hashes``: each point's data hash here,
-    which its worker must make too)."""
+    which its worker must make too; ``starts``: each point's ``starts`` attr before this launch,
+    None for no run group, by which a run the scheduler gave up on is told begun or not)."""
     import queue
 
     from distributed import Event, KilledWorker
@@ -459,14 +462,12 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 if tries[run_id] <= MAX_RESUBMITS:
                     pending[submit(by_run[run_id])] = run_id
                     return
-                error = _killed_reason(deaths[run_id], getattr(exc.last_worker, "address", "?"))
-                # The task never returned, so nothing recorded the run's end: it would stay
-                # "running" (`dynamics status`: stopped) while the summary says failed.
-                _record_failure(path, run_id, error)
+                r = _given_up(path, run_id, (starts or {}).get(run_id), deaths[run_id],
+                              getattr(exc.last_worker, "address", "?"))
             else:
                 error = provenance.missing_code(exc, code) or f"{type(exc).__name__}: {exc}".splitlines()[0]
-            r = {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False, "error": error,
-                 "traceback": None}
+                r = {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False, "error": error,
+                     "traceback": None}
         ended(r)
 
     def ended(r: dict) -> None:
@@ -525,6 +526,33 @@ def _waited_note(r: dict) -> str:
     else:
         then = f"it stopped before the end, and this sweep took the run up: {r['status']}"
     return f"another process ({r['waited']}) was training it; {then}"
+
+
+def _given_up(path: str, run_id: str, starts_before: int | None, deaths: int, last_worker: str) -> dict:
+    """The result of a run whose task the scheduler gave up on for good (KilledWorker).
+
+    Dask counts a worker's death against every task the worker held, the ones queued behind the
+    running one too: a run that never began this launch (its ``starts`` no higher than
+    ``starts_before``, or still no group) only waited on workers another run crashed, and is
+    summarised cancelled, untouched. One that began is recorded failed: its task never returned, so
+    nothing recorded the run's end, and it would stay "running" (`dynamics status`: stopped) while
+    the summary said failed.
+    """
+    try:
+        attrs = store.run_attrs(path, run_id) if run_id in store.list_runs(path, damaged="include") else None
+        began = attrs is not None and (starts_before is None or int(attrs.get("starts", 0)) > starts_before)
+    except Exception:  # noqa: BLE001 - cannot tell: as a run that began (its failure recorded if it can be)
+        began = True
+    out = {"run_id": run_id, "steps_done": 0, "skipped": False, "traceback": None}
+    if not began:
+        times = "once" if deaths == 1 else f"{deaths} times"
+        return out | {"status": "cancelled", "error": (
+            f"not trained: the workers its task waited on died {times} before it began (last {last_worker}; "
+            f"a run beside it on the same worker may have crashed them); the same command "
+            f"{'trains' if attrs is None else 'resumes'} it")}
+    error = _killed_reason(deaths, last_worker)
+    _record_failure(path, run_id, error)
+    return out | {"status": "failed", "error": error}
 
 
 def _killed_reason(deaths: int, last_worker: str) -> str:
