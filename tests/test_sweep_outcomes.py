@@ -169,6 +169,28 @@ def test_a_cluster_without_workers_is_said_once_and_again_when_one_is_back():
     assert display.steps == {}  # nothing trains without a worker, whatever the last reports said
 
 
+def test_ctrl_c_on_a_cluster_without_workers_does_not_wait_out_the_grace(monkeypatch, capsys):
+    # No worker: no run trains to be stopped, and no queued task can start to see the stop, so the
+    # launcher waited the whole STOP_GRACE (30 s) for tasks that could never settle.
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    from dynamics.sweep import launcher
+
+    looks = []
+    real = cancel.settled
+    monkeypatch.setattr(cancel, "settled", lambda *a, **k: looks.append(1) or real(*a, **k))
+    monkeypatch.setattr(launcher, "STOP_GRACE", 10.0)  # 20 looks of 0.5 s before the change
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        queued = client.submit(sum, [1, 2], key="dynamics-train-rq-0-1", pure=False)
+        launcher._stop_running(client, None, {queued: "rq"}, lambda f, run_id: None, {})
+        assert len(looks) == 1
+        assert queued.status == "cancelled"
+    assert "dynamics: stopping the sweep" in capsys.readouterr().err
+
+
 def test_a_finished_point_whose_checkpoint_was_deleted_is_skipped(copy):
     # deleting a finished run's checkpoint saves space and loses nothing: it is never trained again
     from dynamics.sweep import run_sweep

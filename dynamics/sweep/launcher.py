@@ -587,6 +587,10 @@ def _stop_running(client, stop, pending: dict, collect, cancelled: dict) -> None
         while pending and time.monotonic() < deadline:
             for f in cancel.settled(pending, cancelled):
                 collect(f, pending.pop(f))
+            if pending and not client.nthreads():
+                # no worker: no run is training to stop, and no queued task can start to see the
+                # stop; waiting out the grace only held Ctrl-C for 30 s
+                break
         client.cancel(list(pending), force=True)
     except (KeyboardInterrupt, Exception):  # noqa: BLE001 - a second Ctrl-C, or the scheduler lost meanwhile:
         pass  # the runs stay resumable all the same
