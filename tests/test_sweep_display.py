@@ -127,3 +127,19 @@ def test_progress_counts_only_finished_runs():
     bars.finished("rc", "cancelled")
     assert bars.overall.n == 2 and "rc cancelled" in term.getvalue()
     bars.close()
+
+
+def test_the_stop_line_is_written_above_the_bars_not_at_the_end_of_one():
+    # A plain print after Ctrl-C landed at the end of a bar's line ("...loss=1.671]dynamics: stopping").
+    out = io.StringIO()
+    bars = _Bars(2, 0, stream=out)
+    bars.step("ra", 3, 12, 1.0)
+    bars.say("dynamics: stopping the sweep (Ctrl-C again to abort at once); runs stay resumable")
+    text = out.getvalue()
+    before = text[:text.index("dynamics: stopping")]
+    # from the start of the line (a carriage return or newline) only cursor moves, no bar's text
+    assert before[max(before.rfind("\r"), before.rfind("\n")) + 1:].replace("\x1b[A", "") == "", repr(before[-60:])
+    bars.close()
+    log = io.StringIO()
+    _Display(2, 0, stream=log).say("dynamics: stopping")
+    assert log.getvalue() == "dynamics: stopping\n"

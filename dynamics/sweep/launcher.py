@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 from dynamics import provenance, store
 from dynamics.budget import DoesNotFit, check_fits
@@ -504,7 +505,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 watch.check(time.monotonic(), display)
             display.tick()
     except KeyboardInterrupt:  # stopping: a run still trained elsewhere is not waited for
-        _stop_running(client, stop, pending, functools.partial(collect, wait=False), cancelled)
+        _stop_running(client, stop, pending, functools.partial(collect, wait=False), cancelled, display.say)
         raise
     finally:
         display.close()
@@ -574,10 +575,12 @@ def _quiet(name: str):
         log.setLevel(level)
 
 
-def _stop_running(client, stop, pending: dict, collect, cancelled: dict) -> None:
-    """After Ctrl-C: ask running tasks to stop, cancel queued ones, wait a little."""
-    print("dynamics: stopping the sweep (Ctrl-C again to abort at once); runs stay resumable",
-          file=sys.stderr, flush=True)
+def _stop_running(client, stop, pending: dict, collect, cancelled: dict,
+                  say: Callable[[str], None] | None = None) -> None:
+    """After Ctrl-C: ask running tasks to stop, cancel queued ones, wait a little (``say``: how
+    the line saying so is written, above the progress bars)."""
+    (say or functools.partial(print, file=sys.stderr, flush=True))(
+        "dynamics: stopping the sweep (Ctrl-C again to abort at once); runs stay resumable")
     if client.status != "running":  # the scheduler is gone (Ctrl-C while an orphaned run was waited for):
         return  # nothing to stop through it, and its calls raised from a closed client: a traceback, not exit 130
     try:

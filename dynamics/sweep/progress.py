@@ -42,6 +42,10 @@ class _Display:
         """Something about the cluster, not one run (its workers gone, or back)."""
         print(f"[sweep] {text}", file=self.stream, flush=True)
 
+    def say(self, text: str) -> None:
+        """A line of the command's own (``dynamics: stopping the sweep ...``), as it is written."""
+        print(text, file=self.stream, flush=True)
+
     def finished(self, run_id: str, status: str, note: str = "") -> None:
         self.done += status in FINISHED
         self.steps.pop(run_id, None)
@@ -91,6 +95,9 @@ class _Bars(_Display):
 
     def notice(self, text: str) -> None:
         self.tqdm.write(f"[sweep] {text}", file=self.stream)
+
+    def say(self, text: str) -> None:  # a plain print landed at the end of a bar's line
+        self.tqdm.write(text, file=self.stream)
 
     def finished(self, run_id: str, status: str, note: str = "") -> None:
         bar = self.bars.pop(run_id, None)
