@@ -12,7 +12,8 @@ from dynamics import store
 from dynamics.budget import MEMORY_ENV, DoesNotFit
 from dynamics.config import from_dict
 from dynamics.sweep import cancel
-from dynamics.sweep.launcher import _given_up, _killed_reason, check_points, default_workers
+from dynamics.sweep.cancel import given_up, killed_reason
+from dynamics.sweep.launcher import check_points, default_workers
 from dynamics.sweep.task import _record_failure, run_point
 from dynamics.train import train_run
 from tests.test_sweep import tiny
@@ -99,26 +100,26 @@ def test_a_run_given_up_on_is_failed_only_if_it_began_this_launch(copy):
     store.update_run_attrs(path, run_id, status="interrupted")
     before = {p: p.read_bytes() for p in sorted((Path(path) / "runs").rglob("*")) if p.is_file()}
     starts = store.run_attrs(path, run_id)["starts"]
-    r = _given_up(path, run_id, starts, 12, "tcp://w:1")
+    r = given_up(path, run_id, starts, 12, "tcp://w:1")
     assert r["status"] == "cancelled" and r["error"] == (
         "not trained: the workers its task waited on died 12 times before it began (last tcp://w:1; a run beside it "
         "on the same worker may have crashed them); the same command resumes it")
     assert {p: p.read_bytes() for p in sorted((Path(path) / "runs").rglob("*")) if p.is_file()} == before
-    r = _given_up(path, "rnever", None, 1, "tcp://w:1")  # no group made
+    r = given_up(path, "rnever", None, 1, "tcp://w:1")  # no group made
     assert r["status"] == "cancelled" and r["error"].endswith("died once before it began (last tcp://w:1; a run beside "
                                                               "it on the same worker may have crashed them); the same "
                                                               "command trains it")
     assert not (Path(path) / "runs" / "rnever").exists()
     # begun this launch (its starts count grew): failed, and recorded so
-    r = _given_up(path, run_id, starts - 1, 3, "tcp://w:1")
-    assert r["status"] == "failed" and r["error"] == _killed_reason(3, "tcp://w:1")
+    r = given_up(path, run_id, starts - 1, 3, "tcp://w:1")
+    assert r["status"] == "failed" and r["error"] == killed_reason(3, "tcp://w:1")
     assert store.run_attrs(path, run_id)["status"] == "failed"
 
 
 def test_a_killed_workers_reason_counts_every_death():
-    assert _killed_reason(1, "tcp://w:1") == ("KilledWorker: the worker training it died once (last tcp://w:1); the "
+    assert killed_reason(1, "tcp://w:1") == ("KilledWorker: the worker training it died once (last tcp://w:1); the "
                                               "same command resumes it")
-    assert _killed_reason(8, "tcp://w:1").startswith("KilledWorker: the worker training it died 8 times (last ")
+    assert killed_reason(8, "tcp://w:1").startswith("KilledWorker: the worker training it died 8 times (last ")
 
 
 def test_a_point_finished_in_the_store_needs_no_memory_but_the_others_do(copy, monkeypatch):

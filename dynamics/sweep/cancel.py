@@ -1,4 +1,5 @@
-"""What the launcher makes of tasks the cluster cancelled, and of a cluster left without workers.
+"""What the launcher makes of tasks the cluster cancelled or gave up on, and of a cluster left
+without workers.
 
 Dask cancels every future of a client that loses its scheduler, and ``Future.cancel`` from
 another client cancels one task; neither can stop a task already running, whose thread trains
@@ -15,6 +16,7 @@ import time
 
 from dynamics import store
 from dynamics.schema import FINISHED_STATUSES
+from dynamics.sweep.task import _record_failure
 
 SCHEDULER_LOST = "scheduler-connection-lost"
 """Dask's reason for the futures of a client that lost its scheduler."""
@@ -94,6 +96,40 @@ def outcome(path: str, run_id: str, why: str, trained_on: bool, still: bool = Fa
         r["error"] = (f"its task was cancelled on the cluster ({why}); it was trained on and stopped before "
                       f"the end; the same command resumes it")
     return r
+
+
+def given_up(path: str, run_id: str, starts_before: int | None, deaths: int, last_worker: str) -> dict:
+    """The result of a run whose task the scheduler gave up on for good (KilledWorker).
+
+    Dask counts a worker's death against every task the worker held, the ones queued behind the
+    running one too: a run that never began this launch (its ``starts`` no higher than
+    ``starts_before``, or still no group) only waited on workers another run crashed, and is
+    summarised cancelled, untouched. One that began is recorded failed: its task never returned, so
+    nothing recorded the run's end, and it would stay "running" (`dynamics status`: stopped) while
+    the summary said failed.
+    """
+    try:
+        attrs = store.run_attrs(path, run_id) if run_id in store.list_runs(path, damaged="include") else None
+        began = attrs is not None and (starts_before is None or int(attrs.get("starts", 0)) > starts_before)
+    except Exception:  # noqa: BLE001 - cannot tell: as a run that began (its failure recorded if it can be)
+        began = True
+    out = {"run_id": run_id, "steps_done": 0, "skipped": False, "traceback": None}
+    if not began:
+        times = "once" if deaths == 1 else f"{deaths} times"
+        return out | {"status": "cancelled", "error": (
+            f"not trained: the workers its task waited on died {times} before it began (last {last_worker}; "
+            f"a run beside it on the same worker may have crashed them); the same command "
+            f"{'trains' if attrs is None else 'resumes'} it")}
+    error = killed_reason(deaths, last_worker)
+    _record_failure(path, run_id, error)
+    return out | {"status": "failed", "error": error}
+
+
+def killed_reason(deaths: int, last_worker: str) -> str:
+    """The one-line error of a run whose task the scheduler gave up on (KilledWorker) for good:
+    Dask's own message counts the workers of the last submission only."""
+    times = "once" if deaths == 1 else f"{deaths} times"
+    return f"KilledWorker: the worker training it died {times} (last {last_worker}); the same command resumes it"
 
 
 class WorkerWatch:

@@ -27,7 +27,7 @@ from dynamics.sweep.grid import Point, _plain, expand_grid
 from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
-from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _record_failure, _stop_name
+from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _stop_name
 from dynamics.tasks import data_hash
 from dynamics.tasks.hashing import other_data
 
@@ -463,8 +463,8 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 if tries[run_id] <= MAX_RESUBMITS:
                     pending[submit(by_run[run_id])] = run_id
                     return
-                r = _given_up(path, run_id, (starts or {}).get(run_id), deaths[run_id],
-                              getattr(exc.last_worker, "address", "?"))
+                r = cancel.given_up(path, run_id, (starts or {}).get(run_id), deaths[run_id],
+                                    getattr(exc.last_worker, "address", "?"))
             else:
                 error = provenance.missing_code(exc, code) or f"{type(exc).__name__}: {exc}".splitlines()[0]
                 r = {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False, "error": error,
@@ -527,40 +527,6 @@ def _waited_note(r: dict) -> str:
     else:
         then = f"it stopped before the end, and this sweep took the run up: {r['status']}"
     return f"another process ({r['waited']}) was training it; {then}"
-
-
-def _given_up(path: str, run_id: str, starts_before: int | None, deaths: int, last_worker: str) -> dict:
-    """The result of a run whose task the scheduler gave up on for good (KilledWorker).
-
-    Dask counts a worker's death against every task the worker held, the ones queued behind the
-    running one too: a run that never began this launch (its ``starts`` no higher than
-    ``starts_before``, or still no group) only waited on workers another run crashed, and is
-    summarised cancelled, untouched. One that began is recorded failed: its task never returned, so
-    nothing recorded the run's end, and it would stay "running" (`dynamics status`: stopped) while
-    the summary said failed.
-    """
-    try:
-        attrs = store.run_attrs(path, run_id) if run_id in store.list_runs(path, damaged="include") else None
-        began = attrs is not None and (starts_before is None or int(attrs.get("starts", 0)) > starts_before)
-    except Exception:  # noqa: BLE001 - cannot tell: as a run that began (its failure recorded if it can be)
-        began = True
-    out = {"run_id": run_id, "steps_done": 0, "skipped": False, "traceback": None}
-    if not began:
-        times = "once" if deaths == 1 else f"{deaths} times"
-        return out | {"status": "cancelled", "error": (
-            f"not trained: the workers its task waited on died {times} before it began (last {last_worker}; "
-            f"a run beside it on the same worker may have crashed them); the same command "
-            f"{'trains' if attrs is None else 'resumes'} it")}
-    error = _killed_reason(deaths, last_worker)
-    _record_failure(path, run_id, error)
-    return out | {"status": "failed", "error": error}
-
-
-def _killed_reason(deaths: int, last_worker: str) -> str:
-    """The one-line error of a run whose task the scheduler gave up on (KilledWorker) for good:
-    Dask's own message counts the workers of the last submission only."""
-    times = "once" if deaths == 1 else f"{deaths} times"
-    return f"KilledWorker: the worker training it died {times} (last {last_worker}); the same command resumes it"
 
 
 @contextlib.contextmanager
