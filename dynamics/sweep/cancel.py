@@ -115,9 +115,8 @@ def given_up(path: str, run_id: str, starts_before: int | None, deaths: int, las
         began = True
     out = {"run_id": run_id, "steps_done": 0, "skipped": False, "traceback": None}
     if not began:
-        times = "once" if deaths == 1 else f"{deaths} times"
         return out | {"status": "cancelled", "error": (
-            f"not trained: the workers its task waited on died {times} before it began (last {last_worker}; "
+            f"not trained: the workers its task waited on died {_times(deaths)} before it began (last {last_worker}; "
             f"a run beside it on the same worker may have crashed them); the same command "
             f"{'trains' if attrs is None else 'resumes'} it")}
     error = killed_reason(deaths, last_worker)
@@ -128,8 +127,11 @@ def given_up(path: str, run_id: str, starts_before: int | None, deaths: int, las
 def killed_reason(deaths: int, last_worker: str) -> str:
     """The one-line error of a run whose task the scheduler gave up on (KilledWorker) for good:
     Dask's own message counts the workers of the last submission only."""
-    times = "once" if deaths == 1 else f"{deaths} times"
-    return f"KilledWorker: the worker training it died {times} (last {last_worker}); the same command resumes it"
+    return f"KilledWorker: the worker training it died {_times(deaths)} (last {last_worker}); the same command resumes it"
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
 
 
 class WorkerWatch:
