@@ -117,8 +117,17 @@ def test_a_shorter_run_in_a_sweep_ends_at_its_own_last_snapshot():
     padded = padded.drop_vars("step").assign_coords(step=(("run", "snapshot"), step))
     got = analyse_run(padded).load().sel(run="b")
     want = analyse_run(alone).load()
+    # run b picked from the sweep keeps the padding, with a 1-D step that is NaN there
+    picked = analyse_run(padded.sel(run="b")).load()
     for name in ("bifurcation_step", "commitment_step", "slash_emergence_step", "token_emergence_step"):
         np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+        np.testing.assert_array_equal(picked[name].values, want[name].values, err_msg=name)
+    np.testing.assert_allclose(picked["attention_correlation"].values, want["attention_correlation"].values,
+                               rtol=1e-12, atol=1e-12)
+    row, want_row = summary_row(picked), summary_row(want)
+    assert want_row["roles"] and row["roles"] == want_row["roles"]
+    assert row["redundancy"] == want_row["redundancy"]
+    np.testing.assert_allclose(row["final_divergence"], want_row["final_divergence"], rtol=1e-12)
     # a float reduction over differently shaped blocks: another numpy (2.5.2 on the GPU machine)
     # sums it in another order, 3e-16 apart
     np.testing.assert_allclose(got["attention_correlation"].values, want["attention_correlation"].values,
@@ -580,6 +589,10 @@ def test_a_run_padded_to_wider_weights_keeps_its_qk_cosines_and_subspaces(narrow
         own = own.isel(cut) if run == "b" else own
         xr.testing.assert_allclose(out["qk_cosine"].sel(run=run), qk_cosine(own))
         xr.testing.assert_allclose(out["q_subspace_cos"].sel(run=run), principal_angles(own, weight="q"))
+        # one run picked from the sweep keeps its padding: cropped as in the sweep
+        picked = analyse_run(ds.sel(run=run))
+        xr.testing.assert_allclose(picked["qk_cosine"], qk_cosine(own))
+        xr.testing.assert_allclose(picked["q_subspace_cos"], principal_angles(own, weight="q"))
     real = out["qk_cosine"].sel(run="b").isel(head=slice(0, H - 1), head_b=slice(0, H - 1))
     assert real.notnull().all()  # the last head of b is missing, the others are not
     assert out["qk_cosine"].sel(run="b").isel(head=H - 1).isnull().all()

@@ -44,8 +44,14 @@ def recorded(da: xr.DataArray) -> xr.DataArray:
 
 
 def last_recorded(da: xr.DataArray) -> xr.DataArray:
-    """`da` at each run's last recorded snapshot (the last snapshot when nothing is padded)."""
-    if STEP not in da.coords or da[STEP].ndim < 2:
+    """`da` at each run's last recorded snapshot (the last snapshot when nothing is padded).
+
+    One run picked from a sweep (``.sel(run=...)``) keeps the sweep's padding with a 1-D step,
+    NaN at its end: that is padding too. A step chunked by dask (``.chunk()`` on a whole dataset;
+    open_sweep keeps it in memory) is not read, as the analysers only build a graph."""
+    if STEP not in da.coords or SNAPSHOT not in da[STEP].dims:
+        return da.isel({SNAPSHOT: -1})
+    if da[STEP].ndim < 2 and (da[STEP].chunks is not None or bool(da[STEP].notnull().all())):
         return da.isel({SNAPSHOT: -1})
     position = xr.DataArray(np.arange(da.sizes[SNAPSHOT]), dims=SNAPSHOT)
     last = xr.where(recorded(da), position, 0).max(SNAPSHOT)  # numpy: step is an in-memory coord

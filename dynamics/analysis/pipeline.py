@@ -337,7 +337,7 @@ def summary_row(result: xr.Dataset) -> dict:
     """
     from dynamics.analysis.roles import role_names
 
-    last = result.isel(snapshot=-1)
+    last = last_recorded(result)  # a run picked from a sweep ends before the sweep's padding
     labels = role_names(last["role"].values).ravel()
     counts = {r: int((labels == r).sum()) for r in ROLES if (labels == r).any()}
     no_pairs = not bool(result["mean_divergence"].notnull().any())
@@ -380,10 +380,12 @@ def by_weight_width(weights: xr.DataArray, fn) -> xr.DataArray:
     d_model, a width sweep), and one NaN column made each of its heads' QK cosines and subspace
     angles NaN: real heads read as missing. Zero columns instead would keep QK^T but add an
     arbitrary QR completion to the subspaces, so each width is computed on its own. A run's
-    width is read from its first snapshot's first head (every run has both), a small read.
+    width is read from its first snapshot's first head (every run has both), a small read. One
+    run picked from a sweep (``.sel(run=...)``, run a scalar coordinate) keeps its padding, so it
+    is cropped the same way, as a sweep of one.
     """
     if RUN not in weights.dims:
-        return fn(weights)
+        return by_weight_width(weights.expand_dims(RUN), fn).isel({RUN: 0})
     first = weights.isel({SNAPSHOT: 0, LAYER: 0, HEAD: 0, WEIGHT: 0})  # (run, d_model, d_head): initial weights
     widths = list(zip(first.isel({D_HEAD: 0}).notnull().sum(D_MODEL).values.tolist(),
                       first.isel({D_MODEL: 0}).notnull().sum(D_HEAD).values.tolist(), strict=True))
