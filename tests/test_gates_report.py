@@ -166,3 +166,30 @@ def test_gate_report_refuses_a_run_whose_forward_has_intervention_hooks():
             gate_report(build(cfg, torch.device("cpu")), cfg, FAST)
     soft = from_dict({**TINY, "intervene": {"templates": {"heads": [{"layer": 0, "head": 0, "pattern": "uniform"}]}}})
     assert gate_report(build(soft, torch.device("cpu")), soft, FAST).sizes["restart"] == 1  # losses only: allowed
+
+
+def test_report_says_where_the_restarts_started_g_plus_and_g_minus_from_one_point(tiny):
+    # With clamp_start, a head whose lambda=0 logit ended past the clamp on one side in every
+    # restart starts G+ and G- from that bound in each: the restarts then repeat one another
+    # there, and "mean agreement 1.00" read as stability the restarts never tested.
+    from dataclasses import replace
+
+    import xarray as xr
+
+    model, cfg = tiny
+    ds = xr.concat([gate_report(model, cfg, FAST)] * 3, "restart", data_vars="minimal")
+    logits = np.array([[[5.0, -6.0], [4.5, 0.3]], [[9.0, -4.2], [4.1, -0.1]], [[30.0, -5.0], [3.0, 1.0]]])
+    ds["chg_init"] = (("restart", "layer", "head"), (1.0 / (1.0 + np.exp(-logits))).astype(np.float32))
+    shared = [x for x in report_lines(ds) if x.startswith("labels: at")]
+    assert shared == ["labels: at 2 of 4 heads (L0H0, L0H1) every restart's lambda=0 fit ended past the clamp "
+                      "(|logit| >= 4) on one side, so G+ and G- started from one point in every restart there: the "
+                      "agreement at those heads is the lambda=0 fit's, not G+ and G- fitted again from different starts"]
+    ds["chg_init"] = ds.chg_init.where(False, np.float32(0.99))  # logit 4.6 everywhere
+    assert [x for x in report_lines(ds) if x.startswith("labels: at every head every restart's")]
+    ds.attrs["options"] = {**ds.attrs["options"], "clamp": 5.0}
+    assert not [x for x in report_lines(ds) if x.startswith("labels: at")]
+    ds.attrs["options"] = {**ds.attrs["options"], "clamp": 4.0, "clamp_start": False}  # unclamped starts differ
+    assert not [x for x in report_lines(ds) if x.startswith("labels: at")]
+    one = gate_report(model, cfg, replace(FAST, restarts=1))
+    one["chg_init"] = one.chg_init.where(False, np.float32(0.99))
+    assert not [x for x in report_lines(one) if x.startswith("labels: at")]

@@ -129,6 +129,14 @@ def report_lines(ds: xr.Dataset) -> list[str]:
         + (f"{ds.attrs['rho']:.3f}" if np.isfinite(ds.attrs["rho"]) else
            f"undefined ({ds.attrs.get('rho_undefined') or 'NaN'})"),
     ]
+    shared = _shared_starts(ds)
+    if shared.any():
+        where = ("every head" if shared.all() else f"{int(shared.sum())} of {shared.size} heads ("
+                 + ", ".join(f"L{layer}H{head}" for layer, head in zip(*np.nonzero(shared), strict=True)) + ")")
+        clamp = ds.attrs.get("options", {}).get("clamp", 4.0)
+        lines.append(f"labels: at {where} every restart's lambda=0 fit ended past the clamp (|logit| >= {clamp:g}) on "
+                     "one side, so G+ and G- started from one point in every restart there: the agreement at those "
+                     "heads is the lambda=0 fit's, not G+ and G- fitted again from different starts")
     tied = tied_majority(ds.chg_role.transpose(RESTART, LAYER, HEAD).values)
     if tied.any():
         where = [f"L{layer}H{head}" for layer, head in zip(*np.nonzero(tied), strict=True)]
@@ -144,6 +152,24 @@ def report_lines(ds: xr.Dataset) -> list[str]:
                          f"{_over_restarts(gated)} gated, {_over_restarts(circuit)} with only the kept heads "
                          f"(gate >= threshold)")
     return lines
+
+
+def _shared_starts(ds: xr.Dataset) -> np.ndarray:
+    """(L, H) True where every restart started G+ and G- from the same logits.
+
+    With ``clamp_start`` the fits start from the lambda = 0 logits clamped to [-clamp, clamp]: a
+    head whose logit ended past the clamp on one side in every restart starts from that bound in
+    each, and the fits, on the same batches, then repeat one another there.
+    """
+    opts = ds.attrs.get("options", {})
+    shape = ds.role.shape
+    if ds.sizes[RESTART] < 2 or not opts.get("clamp_start", True) or "chg_init" not in ds:
+        return np.zeros(shape, dtype=bool)
+    clamp = opts.get("clamp", 4.0)
+    gates = ds.chg_init.transpose(RESTART, LAYER, HEAD).values.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a saturated gate's logit is +-inf; NaN stays False
+        logits = np.log(gates) - np.log1p(-gates)
+    return (logits >= clamp).all(0) | (logits <= -clamp).all(0)
 
 
 def _threshold(ds: xr.Dataset) -> float:
