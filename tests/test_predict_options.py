@@ -29,6 +29,15 @@ def test_bad_options_and_runs():
         PredictOptions(horizons=(True,))
     with pytest.raises(PredictError, match="n_splits must be an integer; got 2.5"):  # failed inside sklearn
         PredictOptions(n_splits=2.5)
+    # these failed inside sklearn too, after every run's features were built
+    for name, bad in (("logistic_c", 0), ("logistic_c", -1.0), ("logistic_c", float("nan")), ("logistic_c", True),
+                      ("ridge_alpha", -1.0), ("ridge_alpha", float("inf")), ("ridge_alpha", "1")):
+        with pytest.raises(PredictError, match=f"^{name} must be a finite number"):
+            PredictOptions(**{name: bad})
+    for bad in (2.5, True):
+        with pytest.raises(PredictError, match="^boosting_min_leaf must be an integer or None"):
+            PredictOptions(boosting_min_leaf=bad)
+    assert PredictOptions(ridge_alpha=0, logistic_c=1e-3, boosting_min_leaf=np.int64(3)).ridge_alpha == 0
     assert PredictOptions(horizons=np.array([0.2, 0.1])).horizons == (0.1, 0.2)
     with pytest.raises(PredictError, match="out of range"):
         PredictOptions(horizons=(1.5,))

@@ -26,15 +26,15 @@ def test_targets_are_the_planted_fates(planted):
 
 
 def test_other_targets_and_chg_where_fitted():
-    runs = make_runs(n_seeds=3)
+    runs = make_runs(n_seeds=4)
     quick = {"boosting_iter": 10, "n_splits": 2, "horizons": (0.1,)}
     rng = np.random.default_rng(5)
     with_chg = []
     for i, r in enumerate(runs):
         ds = r.data
-        if i != 1:  # two runs fitted CHG; the other has no chg_role at all
+        if i != 1:  # three runs fitted CHG; the other has no chg_role at all
             codes = np.full((STEPS.size, L, H), -1, np.int8)
-            codes[-1] = rng.integers(0, 3, (L, H))
+            codes[-1] = rng.integers(0, 3, (L, H)) if i != 3 else -1  # run 3: no head fitted at the end
             codes[-1, 0, 0] = -1  # one unfitted head
             ds = ds.assign(chg_role=(("snapshot", "layer", "head"), codes))
         with_chg.append(Run(r.run_id, ds, r.seed, r.config))
@@ -44,6 +44,12 @@ def test_other_targets_and_chg_where_fitted():
     assert set(chg.attrs["classes"]) <= {0, 1, 2}
     assert set(chg.attrs["class_names"]) <= {"facilitating", "irrelevant", "interfering"}
     assert runs[1].run_id not in chg.row_run.values
+    # the runs without a label were dropped without a word ("heads in 2 runs", no "left out" line)
+    unlabelled = [f"{runs[1].run_id} (no CHG fit recorded: record.chg_every = 0)",
+                  f"{runs[3].run_id} (no head labelled at its final snapshot)"]
+    assert chg.attrs["runs_unlabelled"] == unlabelled
+    assert (f"left out: 2 completed run(s) with no head labelled for target chg: {', '.join(unlabelled)}"
+            in predict.format_curve(chg).splitlines())
 
     imp = predict.predict_runs(runs, PredictOptions(target="importance", group_by="run", **quick))
     assert imp.attrs["metric"] == "spearman"

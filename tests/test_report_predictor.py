@@ -62,7 +62,8 @@ def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_fol
     slash = _predict_curve()
     slash["score"][:, :, :2] = np.nan  # two test folds with one class: AUROC undefined there
     slash["test_groups"] = ("fold", np.array(["seed=0", "seed=1", "seed=2"]))
-    slash.attrs.update(runs_left_out=["rdiv (diverged)"], folds_sharing_seeds=1, n_splits=3)  # as predict tells them
+    slash.attrs.update(runs_left_out=["rdiv (diverged)", "rbad (damaged)"], folds_sharing_seeds=1, n_splits=3,
+                       runs_unlabelled=["rnochg (no CHG fit recorded: record.chg_every = 0)"])  # as predict tells them
     store.write_derived(path, "predict.slash", slash)
     # Every test fold one class (3 seeds, each all redundant or all not): predict prints n/a
     # throughout; the report said the curve "holds no numeric variable over horizon".
@@ -91,7 +92,10 @@ def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_fol
     assert "Stale" not in text
     assert ("AUROC is undefined on 2 of 3 cross-validation folds holding out whole seeds (seed=0; seed=1), whose "
             "test targets are one class: points are means over the other 1, no band from one fold") in text
-    assert "Left out: 1 run(s) not completed, so without a final role (rdiv (diverged))." in text
+    # a damaged run was called "not completed", and runs without a label for the target were not named
+    assert ("Left out: 1 run(s) not completed, so without a final role (rdiv (diverged)). Left out: 1 run(s) that "
+            "could not be read (rbad (damaged)). Left out: 1 run(s) completed with no head labelled for this target "
+            "(rnochg (no CHG fit recorded: record.chg_every = 0)).") in text
     assert "Caution: in 1 of 3 folds a test run shares its seed" in text
     assert "Left out" not in captions["predict_role.png"] and "Caution" not in captions["predict_role.png"]
     assert "predict_redundant.png" not in captions

@@ -169,6 +169,8 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         n_groups=int(np.unique(groups).size),
         folds_sharing_seeds=int(sharing),
         runs_left_out=list(left_out),
+        # completed runs without a label for this target (no CHG fit): beside the curve, not in it
+        runs_unlabelled=rows.attrs["unlabelled"],
         # Only features with a value for some head: grad_cosine before a second snapshot, or a
         # token score when the token never appears, is NaN everywhere and no model can use it.
         features=[f for f, n in zip(names, valued.max(axis=0), strict=True) if n > 0],
@@ -375,6 +377,8 @@ def predict_store(path: str, options: PredictOptions | None = None,
         ``attrs``: target, description, task, metric, chance, horizon_unit, group_by,
         analysis_version (of the analysers that gave targets and features), n_splits, n_runs,
         n_groups, runs_left_out ("<run_id> (<status>)" of the runs not completed),
+        runs_unlabelled ("<run_id> (<why>)" of the completed runs with no head labelled for the
+        target, e.g. no CHG fit),
         folds_sharing_seeds (folds whose test runs share a seed with their training runs; 0 when
         grouped by seed), readable_horizon (the first horizon where the criterion holds, None
         if none), readable_model, readable_baseline, readable_summary (the "how early" line the
@@ -487,6 +491,9 @@ def format_curve(curve: xr.Dataset) -> str:
             if out:
                 lines.append(f"left out: {len(out)} run(s) {why}: "
                              + ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else ""))
+    if out := a.get("runs_unlabelled"):
+        lines.append(f"left out: {len(out)} completed run(s) with no head labelled for target {a['target']}: "
+                     + ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else ""))
     if unreadable := a.get("analysis_unreadable"):
         lines.append(f"recomputed from the final snapshot: the target of {len(unreadable)} run(s) whose stored analysis "
                      f"could not be read (damaged; `dynamics analyse` writes it again): "

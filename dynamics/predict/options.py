@@ -163,8 +163,17 @@ class PredictOptions:
             raise PredictError(f"null: permutations must be in [0, {MAX_NULL}]; got {self.null}")
         if self.boosting_iter < 1:
             raise PredictError(f"boosting_iter must be >= 1; got {self.boosting_iter}")
-        if self.boosting_min_leaf is not None and self.boosting_min_leaf < 1:
-            raise PredictError(f"boosting_min_leaf must be >= 1; got {self.boosting_min_leaf}")
+        leaf = self.boosting_min_leaf
+        if leaf is not None and (not isinstance(leaf, Integral) or isinstance(leaf, bool)):
+            raise PredictError(f"boosting_min_leaf must be an integer or None; got {leaf!r}")
+        if leaf is not None and leaf < 1:
+            raise PredictError(f"boosting_min_leaf must be >= 1; got {leaf}")
+        # sklearn refuses these only inside the first fit, after every run's features are built
+        for name, least, strict in (("logistic_c", 0.0, True), ("ridge_alpha", 0.0, False)):
+            value = getattr(self, name)
+            if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value) \
+                    or (value <= least if strict else value < least):
+                raise PredictError(f"{name} must be a finite number {'>' if strict else '>='} 0; got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -187,17 +187,20 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
     Dataset
         ``target`` (head_row) and, for slash, ``offset``; coords ``row_run``, ``row_layer``,
         ``row_head``, ``row_group``; ``attrs["sources"]`` counts runs by target source, and
-        ``attrs["analysis_unreadable"]`` names the runs whose stored analysis was damaged.
+        ``attrs["analysis_unreadable"]`` names the runs whose stored analysis was damaged, and
+        ``attrs["unlabelled"]`` the runs with no head labelled, as "<run_id> (<why>)".
 
     Raises
     ------
     PredictError
         Fewer than ``options.min_heads`` labelled heads, or a target with one value only.
     """
-    pieces, sources, unreadable = [], {}, []
+    pieces, sources, unreadable, unlabelled = [], {}, [], []
     for r in runs:
         if options.target == "chg" and "chg_role" not in r.data:
-            continue  # CHG not fitted in this run: its heads have no label
+            # CHG not fitted in this run: its heads have no label, and the curve says so
+            unlabelled.append(f"{r.run_id} (no CHG fit recorded: record.chg_every = 0)")
+            continue
         # A Run built in memory may carry its analysis whatever the options say; the curve records
         # use_stored_analysis, so honour it here, not only where load_store opens the analysis.
         analysis = r.analysis if options.use_stored_analysis else None
@@ -209,6 +212,8 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
         L, H = ft.sizes[LAYER], ft.sizes[HEAD]
         layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
         keep = np.isfinite(ft["target"].values).ravel()
+        if not keep.any():
+            unlabelled.append(f"{r.run_id} (no head labelled at its final snapshot)")
         row = {
             "target": ft["target"].values.ravel()[keep],
             "row_run": np.full(keep.sum(), r.run_id, dtype=object),
@@ -240,5 +245,6 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
     )
     if "offset" in cat:
         ds["offset"] = ("head_row", cat["offset"])
-    ds.attrs.update(target=options.target, task=spec.task, sources=sources, analysis_unreadable=unreadable)
+    ds.attrs.update(target=options.target, task=spec.task, sources=sources, analysis_unreadable=unreadable,
+                    unlabelled=unlabelled)
     return ds

@@ -91,8 +91,12 @@ def _predict_section(ctx: _Ctx) -> _Section:
         # Told as `dynamics predict` tells them: runs left out of the curve (survivorship), and
         # folds whose test runs share a seed with training runs (twins, not prediction).
         left_out = list(ds.attrs.get("runs_left_out") or [])
-        caveats = (f" Left out: {len(left_out)} run(s) not completed, so without a final role "
-                   f"({_first_few(left_out)}).") if left_out else ""
+        damaged = [r for r in left_out if r.endswith(" (damaged)")]
+        unfinished = [r for r in left_out if r not in damaged]
+        unlabelled = list(ds.attrs.get("runs_unlabelled") or [])
+        caveats = "".join(f" Left out: {len(ids)} run(s) {why} ({_first_few(ids)})." for ids, why in (
+            (unfinished, "not completed, so without a final role"), (damaged, "that could not be read"),
+            (unlabelled, "completed with no head labelled for this target")) if ids)
         if ds.attrs.get("folds_sharing_seeds"):
             caveats += (f" Caution: in {ds.attrs['folds_sharing_seeds']} of {ds.attrs.get('n_splits', '?')} folds a test "
                         "run shares its seed (initial weights, data order) with a training run, so scores may "
