@@ -388,6 +388,11 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     if existing:  # the first start's provenance stays; each resume adds its own
         this_start = {k: base_attrs[k] for k in PROVENANCE_KEYS} | {"step": start, "threads": cfg.train.threads}
         start_attrs = {k: v for k, v in base_attrs.items() if k not in PROVENANCE_KEYS}
+        # The first start's config too: it differs from this one only in execution keys (device,
+        # threads; the same run id), and this start's are in its resume entry. Overwritten, the
+        # threads the first session ran on were recorded nowhere.
+        if isinstance(prior.get("config"), dict):
+            start_attrs["config"] = prior["config"]
         if prior.get("traceback"):
             # The failure this start recovers from moves into its resume entry: a run that then
             # completes must not still show a traceback as if it had failed.

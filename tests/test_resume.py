@@ -119,6 +119,8 @@ def test_a_resume_on_another_thread_count_says_so(cfg, tmp_path, capsys):
     assert f"{cfg.run_id()} resumes at step {at} with train.threads 1 -> 2" in err
     attrs = store.run_attrs(path, cfg.run_id())
     assert [r["threads"] for r in attrs["resumes"]] == [1, 2] and attrs["status"] == "completed"
+    # the first session's thread count: the config was rewritten with the last start's
+    assert attrs["config"]["train"]["threads"] == 1
 
 
 def test_a_run_records_the_code_that_trains_it_and_a_resume_by_other_code_says_so(cfg, tmp_path, capsys):
