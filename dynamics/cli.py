@@ -221,6 +221,16 @@ def _usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _no_run(path: str, run_id: str, verb: str) -> UsageError:
+    """The refusal of ``--run`` naming a run the store does not hold: a sweep point not started
+    yet is one that `dynamics status` lists (as pending), so say that rather than "no run"."""
+    from dynamics import store
+
+    if run_id in (store.read_sweep_index(path) or {}).get("runs", {}):
+        return UsageError(f"run {run_id!r} in {path} is a sweep point not started yet (pending): nothing to {verb}")
+    return UsageError(f"no run {run_id!r} in {path}")
+
+
 def cmd_analyse(args: argparse.Namespace) -> int:
     check_store(args.store)
     check_writable(args.store, "analyse", into=("analysis", "derived"))
@@ -229,7 +239,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     # a damaged run is listed: its row says why it was not analysed, and the others are analysed
     ids = store.list_runs(args.store, damaged="include")
     if args.run and args.run not in ids:
-        raise UsageError(f"no run {args.run!r} in {args.store}")
+        raise _no_run(args.store, args.run, "analyse")
     if not ids:
         raise UsageError(f"{args.store} holds no runs to analyse")
     if args.run:
@@ -310,7 +320,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not ids:
         raise UsageError(f"{args.store} holds no runs to report on")
     if args.run and args.run not in ids:
-        raise UsageError(f"no run {args.run!r} in {args.store}")
+        raise _no_run(args.store, args.run, "report on")
     if args.run:
         store.run_attrs(args.store, args.run)  # the run to show is damaged: StoreError naming it, exit 2
     out = report_dir(args.out, "--out") if args.out else default_report_dir(args.store)
@@ -339,9 +349,10 @@ def cmd_gates(args: argparse.Namespace) -> int:
     if not runs:
         raise UsageError(f"{args.store} holds no runs")
     run_id = args.run or (runs[0] if len(runs) == 1 else None)
+    if args.run and run_id not in runs:
+        raise _no_run(args.store, args.run, "fit gates to")
     if run_id not in runs:
-        raise UsageError(f"no run {args.run!r} in {args.store}" if args.run else
-                         f"{args.store} holds {len(runs)} runs; choose one with --run ({', '.join(runs[:8])}"
+        raise UsageError(f"{args.store} holds {len(runs)} runs; choose one with --run ({', '.join(runs[:8])}"
                          + (f", and {len(runs) - 8} more: dynamics status {args.store} lists them)" if len(runs) > 8
                             else ")"))
     attrs = store.run_attrs(args.store, run_id)

@@ -27,6 +27,14 @@ def test_status_names_stopped_and_pending_runs(tiny, tmp_path):
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
     assert rows[rid][2] == "stopped"
     assert rows["rnever"][1:] == ["1", "pending", "0/?", "-", "-"]
+    # `--run` of that pending point: "no run 'rnever'" beside a status table that lists it
+    for argv, verb in ((["analyse"], "analyse"), (["report", "--out", tmp_path / "rep"], "report on"),
+                       (["gates"], "fit gates to")):
+        r = cli_in_process(*argv[:1], s, *argv[1:], "--run", "rnever")
+        assert (r.returncode, r.stderr.strip().splitlines()) == (
+            2, [f"dynamics: error: run 'rnever' in {s} is a sweep point not started yet (pending): nothing to {verb}"])
+    r = cli_in_process("analyse", s, "--run", "rnone")
+    assert (r.returncode, r.stderr.strip()) == (2, f"dynamics: error: no run 'rnone' in {s}")
 
 
 def status_rows(capsys, path) -> tuple[list[str], list[list[str]]]:
