@@ -361,11 +361,13 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
         attrs = store.run_attrs(path, run_id)
         if attrs.get("status") != "completed":
             continue
+        stored = attrs.get("config")
+        if not isinstance(stored, dict):  # a run written through the store API without one: no seed group
+            continue
         analysis = store.open_analysis(path, run_id, stale="allow")
         if analysis is None or not is_current(analysis):
             continue
         kept.append(run_id)
-        stored = attrs["config"]
         group = "config " + hashlib.sha1(seed_group(stored).encode()).hexdigest()[:8]
         if axes and run_id in index.get("runs", {}):
             values = index["runs"][run_id]

@@ -31,6 +31,9 @@ def refuse_other_experiment(prior: dict, cfg: RunConfig, path: str, run_id: str)
     """StoreError when the run's recorded attributes ``prior`` (empty for a new run) are of another
     experiment than ``cfg``: checked before the status, so that a finished run of another config
     is refused, not "skipped"."""
+    if prior and "config" not in prior:  # not "a different config": there is none to compare
+        raise store.StoreError(f"run {run_id} in {path} records no config, so it cannot be told to be this "
+                               "config's run; refusing to train into it")
     if prior and not _same_experiment(prior, cfg):
         raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
 

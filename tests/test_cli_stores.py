@@ -119,19 +119,46 @@ def test_a_computed_section_that_is_a_file_stops_its_writers_not_its_readers(tin
 
 @pytest.mark.parametrize("config, needle", [
     (lambda c: {**c, "model": {**c["model"], "newkey": 1}}, "its recorded config cannot be read by this version: "),
-    (lambda c: None, "its recorded config is missing or not a table"),
+    (lambda c: None, "has damaged attributes in runs/{rid}/zarr.json (config = None, not a table)"),
 ])
 def test_a_run_whose_recorded_config_this_version_cannot_read_is_named(tiny, tmp_path, config, needle):
     # A newer version's key read "unknown key 'model.newkey'" as if typed by the user, naming no
     # run; a missing config attribute was a KeyError traceback.
     import shutil
 
-    _, _, path = tiny
+    _, cfg, path = tiny
     s = tmp_path / "s.zarr"
     shutil.copytree(path, s)
     [rid] = store.list_runs(s)
     store.update_run_attrs(s, rid, config=config(store.run_attrs(s, rid)["config"]))
+    needle = needle.format(rid=rid)
+    if "damaged attributes" in needle:  # damaged, as a status of the wrong type is: named by every command
+        one_line_exit_2(cli_in_process("gates", s, "--steps", "2", "--restarts", "1"), needle)
+        # analyse wrote every analysis, then a traceback (AttributeError) from cross-seed consistency
+        r = cli_in_process("analyse", s)
+        assert r.returncode == 1 and "Traceback" not in r.stderr and needle in r.stderr, r.stderr
+        one_line_exit_2(cli_in_process("run", cfg, "--out", s), needle)  # was a traceback in one line, exit 1
+        return
     one_line_exit_2(cli_in_process("gates", s, "--steps", "2", "--restarts", "1"), f"run {rid} in {s}: {needle}")
+
+
+def test_a_run_that_records_no_config_is_not_called_one_of_another_config(tiny, tmp_path):
+    # a run written through the store API may have no config: "recorded with a different config" was untrue
+    import json
+    import shutil
+
+    _, cfg, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    [rid] = store.list_runs(s)
+    meta = json.loads((s / "runs" / rid / "zarr.json").read_text())
+    del meta["attributes"]["config"]
+    (s / "runs" / rid / "zarr.json").write_text(json.dumps(meta))
+    one_line_exit_2(cli_in_process("run", cfg, "--out", s),
+                    f"run {rid} in {s} records no config, so it cannot be told to be this config's run; refusing "
+                    "to train into it")
+    r = cli_in_process("analyse", s)  # its recordings are analysed; cross-seed consistency leaves it out
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
 
 
 def test_a_run_an_earlier_version_made_with_a_long_id_stays_usable(tiny, tmp_path):

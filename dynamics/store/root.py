@@ -411,7 +411,7 @@ def run_attrs(path: str | os.PathLike, run_id: str) -> dict:
 
 def _attrs_problem(attrs: Any) -> str | None:
     """What is wrong with a run's attributes, if the bookkeeping the commands read (its status,
-    step counts and last loss) is not of the types a run writes; None if nothing is."""
+    step counts, last loss and config) is not of the types a run writes; None if nothing is."""
     if not isinstance(attrs, dict):
         return f"attributes = {attrs!r}, not a table"
     kinds = {"status": (str, "a string"), "steps_done": (int, "an integer"), "steps_total": (int, "an integer"),
@@ -419,6 +419,9 @@ def _attrs_problem(attrs: Any) -> str | None:
     for key, (kind, name) in kinds.items():
         if key in attrs and (not isinstance(attrs[key], kind) or isinstance(attrs[key], bool)):
             return f"{key} = {attrs[key]!r}, not {name}"
+    # every run is created with its config (a run written through the store API may have none)
+    if "config" in attrs and not isinstance(attrs["config"], dict):
+        return f"config = {attrs['config']!r}, not a table"
     return None
 
 

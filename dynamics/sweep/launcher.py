@@ -382,6 +382,9 @@ def _refuse_point(p: Point, attrs: dict, path: str, data: str | None = None) -> 
     """StoreError for a point whose task would refuse it (as `train_run` does), found before any
     point trains: the sweep ended in exit 1 after training every other point. ``data``: the
     point's data hash on this machine."""
+    if attrs and "config" not in attrs:  # not "a different config": there is none to compare
+        raise store.StoreError(f"sweep point {p.label}: run {p.run_id} in {path} records no config, so it cannot be "
+                               "told to be this point's run; refusing to train into it")
     if attrs and experiment_identity(attrs.get("config", {})) != experiment_identity(p.cfg.to_dict()):
         # a run of this id recorded with another config (`dynamics run --run-id`): counted
         # finished, it stood in status and open_sweep with this point's values
