@@ -84,8 +84,12 @@ def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str =
     elif not store.is_store(path):
         raise UsageError(store.damaged_root(path)
                          or f"{flag} {path} exists and is not a dynamics store; refusing to overwrite it")
-    elif finished is None or (not os.access(path, os.W_OK | os.X_OK) and not finished()):
-        check_writable(path, flag)
+    else:
+        # a newer version's store, or a damaged sweep index: `run` trained into such a store, and
+        # rewrote its root zarr.json, where every other command refused it
+        store.check_store(path)
+        if finished is None or (not os.access(path, os.W_OK | os.X_OK) and not finished()):
+            check_writable(path, flag)
 
 
 def _local(value: str) -> str:

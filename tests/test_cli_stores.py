@@ -472,3 +472,23 @@ def test_a_file_url_is_checked_as_the_local_path_it_names(tiny, tmp_path, monkey
     _refused([a.format(d=d, cfg=cfg, path=path) for a in args], needle, capsys)
     assert not any(tmp_path.iterdir()) and not (d / "new.zarr").exists()
     assert sorted(p.name for p in (path / "analysis").iterdir()) == before
+
+
+def test_run_refuses_a_store_whose_sweep_index_is_damaged_as_every_command_does(tiny, tmp_path):
+    # status, analyse, sweep ... refused it in one line; `run` trained a new run into it and
+    # rewrote its root zarr.json
+    import json
+
+    from tests.test_resume import tree_bytes
+
+    _, cfg, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    doc = json.loads((s / "zarr.json").read_text())
+    doc["attributes"]["sweep"] = 5
+    (s / "zarr.json").write_text(json.dumps(doc))
+    before = tree_bytes(s)
+    for extra in ([], ["--set", "train.seed=9"]):  # the finished run, and a new one
+        one_line_exit_2(cli_in_process("run", cfg, "--out", s, *extra),
+                        f"{s}: the sweep index in the store's root zarr.json is damaged (5, not a table)")
+    assert tree_bytes(s) == before
