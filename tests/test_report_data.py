@@ -323,6 +323,24 @@ def test_damaged_stored_data_of_readable_runs_is_named_on_stderr_and_exits_1(bui
     assert "<td>damaged</td>" not in text
 
 
+def test_a_derived_that_is_a_file_is_named_not_read_as_no_predictor_run_yet(built, tmp_path, capsys):
+    # The page said "the store has no derived predict.<target> dataset (run the predictor ... first)",
+    # exit 0, and `dynamics predict` then refused the store as damaged.
+    path, _, _ = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    shutil.rmtree(copy / "derived")
+    (copy / "derived").write_text("x")
+    assert cli.main(["report", str(copy), "--out", str(tmp_path / "out")]) == 1
+    why = f"{copy}: derived is not a folder (the store is damaged); move it aside"
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[report]")]
+    assert len(err) == 1 and err[0].startswith(f"dynamics: {why}")
+    text = html.unescape((tmp_path / "out" / "index.html").read_text())
+    assert f"Not available: the predictor curves because derived/ could not be read ({why}" in text
+    assert "run the predictor" not in text
+    assert (copy / "derived").read_text() == "x"
+
+
 def test_report_reads_each_runs_attributes_once_and_lists_a_damaged_run_as_damaged(tmp_path, monkeypatch, capsys):
     # The CLI read every run's attributes to look for damage, then the report read them again for
     # its rows (a damaged run three times, and listed with status "unknown").

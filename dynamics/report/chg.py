@@ -202,6 +202,7 @@ def _chg_section(ctx: _Ctx) -> _Section:
                            "fitted `chg` gates (record.chg_every = 0, or no fit reached yet) and the store has no "
                            f"{'readable ' if unreadable else ''}derived gates.<run_id> dataset.")
         sec.missing += [unread] if unreadable else []
+        sec.missing += [f"derived/ could not be read ({ctx.derived_problem})."] if ctx.derived_problem else []
         return sec
     t = CHG_THRESHOLD
     groups = ctx.groups([r for r in runs if r.run_id in found])

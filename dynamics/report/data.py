@@ -84,6 +84,7 @@ class _Ctx:
     _derived: list[str] | None = None
     _groups: Any = None
     damaged: list[str] = field(default_factory=list)  # stored data the sections found damaged, one line each
+    derived_problem: str = ""  # why derived/ cannot be listed (not a folder): said, not read as "none yet"
 
     def groups(self, runs: list[_Run]):
         """`runs` grouped with the colours and styles of the whole sweep (recorded and pending runs).
@@ -106,7 +107,13 @@ class _Ctx:
 
     def derived(self) -> list[str]:
         if self._derived is None:
-            self._derived = _derived_names(self.path)
+            try:
+                store.check_folders(self.path, ("derived",))
+                self._derived = _derived_names(self.path)
+            except store.StoreError as e:  # a file where derived/ goes: listed as empty, it read "run predict first"
+                self.derived_problem = str(e)
+                self.damaged.append(self.derived_problem)
+                self._derived = []
         return self._derived
 
 

@@ -30,6 +30,10 @@ def _predict_section(ctx: _Ctx) -> _Section:
     path, out = ctx.path, ctx.out
     sec = _Section("predict", "Predicting final roles from early training")
     names = [n for n in ctx.derived() if re.match(r"^predict[/._-]", n)]
+    if ctx.derived_problem:
+        sec.missing.append(f"Not available: the predictor curves because derived/ could not be read "
+                           f"({ctx.derived_problem}).")
+        return sec
     if not names:
         sec.missing.append("Not available: the predictor curves because the store has no derived predict.<target> "
                            "dataset (run the predictor on the finished sweep first).")
