@@ -39,6 +39,11 @@ def test_bad_options_and_runs():
             PredictOptions(boosting_min_leaf=bad)
     assert PredictOptions(ridge_alpha=0, logistic_c=1e-3, boosting_min_leaf=np.int64(3)).ridge_alpha == 0
     assert PredictOptions(horizons=np.array([0.2, 0.1])).horizons == (0.1, 0.2)
+    # two columns both headed h=0.1, and a column h=-0
+    for twins in ((0.1, 0.1), (0.1, 0.1000000001), (0.0, -0.0)):
+        with pytest.raises(PredictError, match="horizons repeat, as printed to 6 significant digits"):
+            PredictOptions(horizons=twins)
+    assert str(PredictOptions(horizons=(-0.0, 0.1)).horizons[0]) == "0.0"
     with pytest.raises(PredictError, match="out of range"):
         PredictOptions(horizons=(1.5,))
     with pytest.raises(PredictError, match="out of range"):

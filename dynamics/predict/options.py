@@ -146,10 +146,12 @@ class PredictOptions:
                 raise PredictError(f"horizon step {h} out of range: must be >= 0")
             if self.unit == "step" and h != int(h):
                 raise PredictError(f"horizon step {h} is not a whole step (a fraction of the run: --unit fraction)")
-        if len(set(self.horizons)) != len(self.horizons):
-            raise PredictError(f"horizons repeat: {list(self.horizons)}")
+        # As the table prints them (h={h:g}): 0.1 and 0.1000000001 were two columns both headed h=0.1
+        if len({f"{h + 0:g}" for h in self.horizons}) != len(self.horizons):  # -0 + 0 is 0
+            raise PredictError(f"horizons repeat, as printed to 6 significant digits: {list(self.horizons)}")
         # The report draws the curve through the horizons in stored order: "0.5,0,0.1" drew a zigzag.
-        object.__setattr__(self, "horizons", tuple(sorted(int(h) if isinstance(h, Integral) else float(h)
+        # `+ 0` turns -0.0 into 0.0, printed "h=-0" otherwise.
+        object.__setattr__(self, "horizons", tuple(sorted(int(h) if isinstance(h, Integral) else float(h) + 0.0
                                                           for h in self.horizons)))  # numpy scalars as Python's
         for name in ("n_splits", "min_heads", "null", "boosting_iter", "random_state"):
             value = getattr(self, name)
