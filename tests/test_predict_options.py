@@ -44,6 +44,7 @@ def test_bad_options_and_runs():
         with pytest.raises(PredictError, match="horizons repeat, as printed to 6 significant digits"):
             PredictOptions(horizons=twins)
     assert str(PredictOptions(horizons=(-0.0, 0.1)).horizons[0]) == "0.0"
+    assert PredictOptions(horizons=(1234567, 1234568), unit="step").horizons == (1234567, 1234568)  # whole steps
     with pytest.raises(PredictError, match="out of range"):
         PredictOptions(horizons=(1.5,))
     with pytest.raises(PredictError, match="out of range"):

@@ -432,7 +432,7 @@ def write_curve(path: str, curve: xr.Dataset) -> str:
 
 
 def _horizon_label(h: float, unit: str) -> str:
-    return f"h={h:g}" if unit == "fraction" else f"step {h:g}"
+    return f"h={h:g}" if unit == "fraction" else f"step {int(h)}"  # whole steps: {:g} gave 1.23457e+06
 
 
 def _span(values) -> str:

@@ -147,8 +147,10 @@ class PredictOptions:
             if self.unit == "step" and h != int(h):
                 raise PredictError(f"horizon step {h} is not a whole step (a fraction of the run: --unit fraction)")
         # As the table prints them (h={h:g}): 0.1 and 0.1000000001 were two columns both headed h=0.1
-        if len({f"{h + 0:g}" for h in self.horizons}) != len(self.horizons):  # -0 + 0 is 0
-            raise PredictError(f"horizons repeat, as printed to 6 significant digits: {list(self.horizons)}")
+        shown = {f"{h + 0:g}" if self.unit == "fraction" else h for h in self.horizons}  # -0 + 0 is 0
+        if len(shown) != len(self.horizons):
+            printed = ", as printed to 6 significant digits" if self.unit == "fraction" else ""
+            raise PredictError(f"horizons repeat{printed}: {list(self.horizons)}")
         # The report draws the curve through the horizons in stored order: "0.5,0,0.1" drew a zigzag.
         # `+ 0` turns -0.0 into 0.0, printed "h=-0" otherwise.
         object.__setattr__(self, "horizons", tuple(sorted(int(h) if isinstance(h, Integral) else float(h) + 0.0
