@@ -173,14 +173,12 @@ def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> str:
     is gone (`run` and `sweep` refuse it: :func:`dynamics.store.check_checkpoint_kept`), where a
     step offered a resume that the next command refused.
 
-    A stopped run's (killed) is read from the checkpoint itself: the attrs name it only after it
-    is written, so a kill between the two left them naming the checkpoint before (status said
-    420, the run resumed at 430)."""
+    It is read from the checkpoint itself: the attrs name it only after it is written, so a kill
+    between the two left them naming the checkpoint before (status said 420, the run resumed at
+    430), and so did a Ctrl-C pressed again while an interrupted run's writes drained (the
+    writer thread cut off at exit, its attrs "interrupted" and one checkpoint behind)."""
     try:
         store.check_checkpoint_kept(path, run_id, attrs)
     except store.StoreError:
         return "lost"
-    step = int(attrs.get("checkpoint_step", 0))
-    if status == "stopped":
-        step = store.checkpoint_step(path, run_id) or step
-    return str(step)
+    return str(store.checkpoint_step(path, run_id) or int(attrs.get("checkpoint_step", 0)))

@@ -59,6 +59,20 @@ def test_a_diverged_run_is_never_resumed(copy):
     assert (got["status"], got["steps"], got["resumes_at"]) == ("diverged", "12/12", "-")
 
 
+@pytest.mark.parametrize("status", ["interrupted", "failed", "running"])
+def test_an_unfinished_run_resumes_at_its_checkpoints_step_where_its_attrs_lag(copy, status):
+    # Ctrl-C pressed three times: the writer thread was cut off between the checkpoint and its
+    # attrs, and status said the checkpoint before (33) for a run that resumed at 34. Only a
+    # stopped run's was read from the checkpoint itself.
+    path, run_id = copy
+    at = store.checkpoint_step(path, run_id)
+    assert at
+    store.update_run_attrs(path, run_id, status=status, steps_done=0, checkpoint_step=at - 2)
+    header, [row], _ = status_table(str(path))
+    got = dict(zip(header, row, strict=True))
+    assert got["resumes_at"] == str(at)
+
+
 def test_a_killed_runs_steps_are_its_checkpoints_even_where_that_checkpoint_is_gone(copy):
     # killed in its first session after the checkpoint at 6: steps_done still says where it started (0)
     path, run_id = copy
