@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 from dynamics.budget import check_fits
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override
-from dynamics.exits import run_to_end
+from dynamics.exits import EXIT_INTERRUPTED, run_to_end
 from dynamics.messages import (
     damaged_runs_named,
     gates_progress,
@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         notes.append(f"train.threads {cfg.train.threads} is more than the {cores} core"
                      f"{'s' if cores > 1 else ''} this process may use; its threads would share cores and train slower")
     from dynamics.signals import sigterm_as_interrupt
-    from dynamics.train import train_run
+    from dynamics.train import InterruptedAfterFinish, train_run
 
     if cfg.record.chg_every:
         # Training waits for each fit, and no progress line comes while it runs (README: 64 s
@@ -122,9 +122,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"dynamics: note: {note}", file=sys.stderr, flush=True)
 
+    interrupted = None
     try:
         with sigterm_as_interrupt():
             result = train_run(cfg, out, run_id, progress=progress_printer(run_id), started=begin)
+    except InterruptedAfterFinish as e:  # the run finished as the interrupt came: said so, not "resumable"
+        result, interrupted = e.result, e
     except StoreError as e:
         if not started:
             raise  # bad input, refused before any work: main() prints it as one line, exit 2
@@ -139,6 +142,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         # "after 3000 steps" alone read as 3000 trained now, where a resume trained the last 2200
         resumed = f" (resumed at step {result.resumed_from})" if result.resumed_from else ""
         print(f"{run_id}: {result.status} after {result.steps_done} steps{resumed} -> {out}")
+    if interrupted is not None:
+        print(f"dynamics: interrupted as {run_id} finished: it is {result.status}, with nothing left to resume",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0 if result.status == "completed" else 1
 
 

@@ -66,6 +66,16 @@ class RunResult:
     """The checkpoint step this start resumed from; 0 for a fresh start."""
 
 
+class InterruptedAfterFinish(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) held back while a finished run's final status was written: the run is
+    whole and finished, as ``result`` says, and the interrupt still stops the caller (a loop
+    over runs), which must not call that run resumable."""
+
+    def __init__(self, result: RunResult):
+        super().__init__()
+        self.result = result
+
+
 def lr_at(cfg: RunConfig, step: int) -> float:
     """The learning rate of the update made from step ``step``'s gradient (steps 0 .. steps - 1
     update).
@@ -456,12 +466,18 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                  "last_loss": last_loss if math.isfinite(last_loss) else None,
                  "steps_trained": trained_before + max(0, done - start),
                  "wall_time": wall_before + time.perf_counter() - t0}
-        with deferred_signals():  # an interrupt here would leave the run marked "running"
-            writer.set_attrs(**(final | attrs))
-            writer.finalize()
+        result = RunResult(run_id, status, done, resumed_from=start)
+        try:
+            with deferred_signals():  # an interrupt here would leave the run marked "running"
+                writer.set_attrs(**(final | attrs))
+                writer.finalize()
+        except KeyboardInterrupt as e:  # held back, delivered once the status is on disk
+            if raise_after is None and status in FINISHED_STATUSES:
+                raise InterruptedAfterFinish(result) from e
+            raise
         if raise_after is not None:
             raise raise_after
-        return RunResult(run_id, status, done, resumed_from=start)
+        return result
 
     outcome: tuple[str, dict] = ("completed", {})
     try:

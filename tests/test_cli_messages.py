@@ -353,3 +353,29 @@ def test_ctrl_c_while_zarr_waits_prints_no_never_awaited_warning(tmp_path):
                           timeout=60, cwd=ROOT)
     assert done.returncode == 130
     assert done.stderr.strip() == "dynamics: interrupted; nothing was written"
+
+
+def test_run_interrupted_as_its_run_finishes_says_it_finished(tiny, tmp_path, monkeypatch):
+    # Ctrl-C held back while the completed status was written: the line said "interrupted; runs are
+    # resumable with the same command", with no "completed" line, for a run that had completed
+    import os
+    import signal
+
+    from dynamics.store.writer import RunWriter
+
+    _, cfg, _ = tiny
+    s = tmp_path / "s.zarr"
+    real = RunWriter.set_attrs
+
+    def signalled(self, **attrs):
+        if attrs.get("status") == "completed":
+            os.kill(os.getpid(), signal.SIGTERM)  # `dynamics run` takes SIGTERM as Ctrl-C
+        return real(self, **attrs)
+
+    monkeypatch.setattr(RunWriter, "set_attrs", signalled)
+    r = cli_in_process("run", cfg, "--out", s)
+    [rid] = store.list_runs(s)
+    assert r.returncode == 130
+    assert r.stdout.strip().endswith(f"{rid}: completed after {store.run_attrs(s, rid)['steps_done']} steps -> {s}")
+    assert r.stderr.strip().splitlines()[-1] == (f"dynamics: interrupted as {rid} finished: it is completed, with "
+                                                 "nothing left to resume")

@@ -333,9 +333,14 @@ def test_a_signal_during_the_final_status_write_waits_for_it(cfg, tmp_path, monk
         return real(self, **attrs)
 
     monkeypatch.setattr(RunWriter, "set_attrs", signalled)
-    with sigterm_as_interrupt(), pytest.raises(KeyboardInterrupt):
+    with sigterm_as_interrupt(), pytest.raises(KeyboardInterrupt) as stopped:
         train_run(cfg, path)
     assert store.run_attrs(path, cfg.run_id())["status"] == "completed"  # written, then the interrupt
+    # the caller learns the run finished: `dynamics run` called it resumable, exit 130 and no "completed" line
+    from dynamics.train import InterruptedAfterFinish
+
+    assert isinstance(stopped.value, InterruptedAfterFinish)
+    assert (stopped.value.result.status, stopped.value.result.steps_done) == ("completed", cfg.train.steps)
 
 
 def test_probing_the_lock_never_makes_a_trainer_refuse(tmp_path):
