@@ -509,5 +509,7 @@ class Transformer(nn.Module):
         return self._per_head(lambda w: torch.zeros_like(w) if w.grad is None else w.grad.detach())
 
     def head_grad_norms(self) -> Tensor:
-        """Frobenius norm of each head's gradient slice, shape (L, H, 4) (order q, k, v, o)."""
-        return self.head_grads().flatten(-2).norm(dim=-1)
+        """Frobenius norm of each head's gradient slice, shape (L, H, 4) (order q, k, v, o), taken in
+        float64 (float32 squares of entries below ~1e-19 underflow to a norm of 0)."""
+        grads = self.head_grads()  # (L, H, 4, d_model, d_head)
+        return grads.flatten(-2).double().norm(dim=-1).to(grads.dtype)

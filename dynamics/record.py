@@ -172,12 +172,15 @@ class Recorder:
     def snapshot(self, model: Transformer) -> dict[str, np.ndarray]:
         """All per-snapshot blocks; call after backward on this step's training batch."""
         grads = model.head_grads()  # (L, H, 4, d_model, d_head)
-        flat = grads.flatten(3)  # (L, H, 4, d_model*d_head)
+        # Norms and cosines in float64: float32 squares of entries below ~1e-19 (init_scale 1e-8,
+        # a gate shut to 1e-26) underflowed, so grad_norm read 0 and grad_cosine 1e6 for real gradients.
+        flat = grads.flatten(3).double()  # (L, H, 4, d_model*d_head)
         if self.prev_grads is None:
             cosine = torch.full(flat.shape[:3], float("nan"))
         else:
-            prev = self.prev_grads.flatten(3)  # (L, H, 4, d_model*d_head)
-            cosine = F.cosine_similarity(flat, prev, dim=-1, eps=1e-30)  # (L, H, 4)
+            prev = self.prev_grads.flatten(3).double()  # (L, H, 4, d_model*d_head)
+            # eps below any float32 gradient's norm (its least subnormal, 1.4e-45): it never stands in for one
+            cosine = F.cosine_similarity(flat, prev, dim=-1, eps=1e-300)  # (L, H, 4)
             # No direction to compare where either gradient is zero (a hard-templated head's W_Q,
             # W_K at template weight 0): undefined, NaN, rather than torch's 0, read as orthogonal.
             zero = (flat == 0).all(dim=-1) | (prev == 0).all(dim=-1)  # (L, H, 4)
@@ -186,7 +189,7 @@ class Recorder:
         blocks = {
             "attention": self.attention(model),
             # = model.head_grad_norms(), from the slices already stacked above
-            "grad_norm": grads.flatten(-2).norm(dim=-1).float().cpu().numpy(),
+            "grad_norm": flat.norm(dim=-1).float().cpu().numpy(),
             "grad_cosine": cosine.float().cpu().numpy(),
             "importance": model.gate_grads().abs().float().cpu().numpy(),
             "gate": model.gate_values().float().cpu().numpy(),

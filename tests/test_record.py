@@ -68,6 +68,35 @@ def test_grad_cosine_known_answers_and_nan_for_a_zero_gradient():
     np.testing.assert_allclose(rest, -1.0, atol=1e-6)
 
 
+def test_grad_norm_and_cosine_of_a_tiny_gradient_are_its_own_not_float32_underflow():
+    # init_scale 1e-8 or a gate shut to 1e-26 gives gradient entries near 1e-24: their float32
+    # squares underflowed, so grad_norm read 0 and grad_cosine -2e6 (eps 1e-30 in the denominator)
+    import torch
+    import torch.nn.functional as F
+
+    cfg, rec, model = _recorder_and_model()
+    toks = torch.randint(0, 16, (4, 17), generator=torch.Generator().manual_seed(1))
+    F.cross_entropy(model(toks[:, :-1]).flatten(0, 1), toks[:, 1:].flatten()).backward()
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(1e-24)  # float32 still holds every entry (normal down to 1.2e-38)
+    first = rec.snapshot(model)
+    exact = model.head_grads().double().flatten(-2).norm(dim=-1).numpy()  # (L, H, 4)
+    assert (exact > 0).all() and exact.max() < 1e-21
+    np.testing.assert_allclose(first["grad_norm"], exact, rtol=1e-6)
+    np.testing.assert_allclose(model.head_grad_norms().numpy(), exact, rtol=1e-6)
+    turned = {p: p.grad.clone() for p in model.parameters() if p.grad is not None}
+    gen = torch.Generator().manual_seed(2)
+    for p, g in turned.items():
+        p.grad.add_(torch.randn(g.shape, generator=gen) * g.abs().max())  # another direction, same scale
+    second = rec.snapshot(model)["grad_cosine"]
+    a, b = (torch.stack([t.double() for t in model._per_head(lambda w, d=d: d[w])]).flatten(-2)
+            for d in (turned, {p: p.grad for p in turned}))  # (L, H, 4, d_model*d_head): before, now
+    cosine = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))  # no eps: these norms are ~1e-24
+    np.testing.assert_allclose(second, cosine.numpy(), rtol=1e-5, atol=1e-6)
+    assert (np.abs(second) <= 1.0).all()
+
+
 def test_chg_is_fitted_at_every_kth_snapshot_and_at_the_last_step():
     from dynamics.config import from_dict
     from dynamics.record import chg_fitted

@@ -521,7 +521,10 @@ def test_a_non_finite_gradient_under_a_finite_loss_diverges_at_its_own_step(tmp_
     assert np.isnan(ds.loss.values[5:]).all()
     at = ds.sel(snapshot=int(np.flatnonzero(ds.step.values == 4)[0]))
     assert np.isfinite(at.head_weights.values).all()  # the weights that gave it: no update applied
-    assert np.isnan(at.grad_norm.values).all() if broken == "nan" else np.isinf(at.grad_norm.values).any()
+    if broken == "nan":
+        assert np.isnan(at.grad_norm.values).all()
+    else:  # each head's own norm, taken in float64, fits float32 where the global one overflowed
+        assert np.isfinite(at.grad_norm.values).all() and at.grad_norm.values.max() > 1e25
 
 
 def test_the_learning_rate_schedule_has_its_documented_known_values():
