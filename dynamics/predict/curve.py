@@ -431,6 +431,11 @@ def write_curve(path: str, curve: xr.Dataset) -> str:
     return name
 
 
+def _first_five(ids: Sequence[str]) -> str:
+    """Up to five run ids, and how many more: a line names runs, it does not list a sweep."""
+    return ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+
+
 def _horizon_label(h: float, unit: str) -> str:
     return f"h={h:g}" if unit == "fraction" else f"step {int(h)}"  # whole steps: {:g} gave 1.23457e+06
 
@@ -490,14 +495,14 @@ def format_curve(curve: xr.Dataset) -> str:
                          ([r.removesuffix(" (damaged)") for r in unread], "that could not be read (damaged)")):
             if out:
                 lines.append(f"left out: {len(out)} run(s) {why}: "
-                             + ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else ""))
+                             + _first_five(out))
     if out := a.get("runs_unlabelled"):
         lines.append(f"left out: {len(out)} completed run(s) with no head labelled for target {a['target']}: "
-                     + ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else ""))
+                     + _first_five(out))
     if unreadable := a.get("analysis_unreadable"):
         lines.append(f"recomputed from the final snapshot: the target of {len(unreadable)} run(s) whose stored analysis "
                      f"could not be read (damaged; `dynamics analyse` writes it again): "
-                     + ", ".join(unreadable[:5]) + (f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else ""))
+                     + _first_five(unreadable))
     # AUROC and Spearman are undefined on a test fold whose target is constant (one class), and
     # balanced accuracy is left undefined there (a constant guess of the one class scores 1):
     # such a fold is left out of every mean and sd, so say which, and how many remain.
