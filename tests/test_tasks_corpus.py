@@ -129,3 +129,31 @@ def test_corpus_window_starts_are_uniform_over_every_valid_start(tmp_path, monke
     counts = np.array([(first == s).sum() for s in starts])
     assert counts.sum() == 40_000  # no start outside those
     assert np.abs(counts / 40_000 - 1 / 80).max() < 0.003  # 5 standard deviations of a share of 1/80
+
+
+def test_files_the_install_writes_are_not_corpus(tmp_path, monkeypatch):
+    # _sysconfigdata_*.py and config-*/python-config.py hold the install prefix and the build's
+    # temporary directory: two installs of one CPython version, differing only there, made
+    # different corpus bytes, so different data (and a resume refused as another stdlib).
+    import functools
+
+    from dynamics.tasks import corpus
+
+    def stdlib(root, prefix):
+        (root / "config-3.11-x86_64-linux-gnu").mkdir(parents=True)
+        (root / "pkg").mkdir()
+        (root / "a.py").write_text("import os\n" * 20)
+        (root / "pkg" / "config-like.py").write_text("x = 1\n" * 20)  # a source file named like it stays
+        (root / "pkg" / "_sysconfigdata_x.py").write_text("y = 2\n" * 20)  # below the root: source
+        (root / "_sysconfigdata__linux_x86_64-linux-gnu.py").write_text(f"build_time_vars = {{'prefix': {prefix!r}}}\n")
+        (root / "config-3.11-x86_64-linux-gnu" / "python-config.py").write_text(f"#!{prefix}/bin/python3.11\n")
+
+    hashes = []
+    for name, prefix in (("one", "/root/.pyenv/versions/3.11.7"), ("two", "/usr/local")):
+        stdlib(tmp_path / name, prefix)
+        monkeypatch.setattr(corpus, "_stdlib_root", lambda name=name: str(tmp_path / name))
+        monkeypatch.setattr(corpus, "_corpus_files", functools.lru_cache(maxsize=1)(corpus._corpus_files.__wrapped__))
+        monkeypatch.setattr(corpus, "_corpus_hash", functools.lru_cache(maxsize=1)(corpus._corpus_hash.__wrapped__))
+        assert corpus._corpus_files().names == ("a.py", "pkg/_sysconfigdata_x.py", "pkg/config-like.py")
+        hashes.append(corpus._corpus_hash())
+    assert hashes[0] == hashes[1]

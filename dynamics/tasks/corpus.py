@@ -18,6 +18,18 @@ from dynamics.config import ConfigError
 _EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 
+def _install_generated(rel: str) -> bool:
+    """Whether a stdlib-relative path is written by the install, not shipped as source.
+
+    ``_sysconfigdata_*.py`` and ``config-<version>-<platform>/`` (``python-config.py``) hold the
+    install prefix and the build's temporary directory: two builds of one CPython version
+    differ there, and data that moved with the install path would break "same config, same
+    arrays" across machines (and refuse resumes there as another standard library).
+    """
+    top, _, rest = rel.partition("/")
+    return (not rest and top.startswith("_sysconfigdata")) or (bool(rest) and top.startswith("config-"))
+
+
 def _stdlib_root() -> str:
     return sysconfig.get_paths()["stdlib"]
 
@@ -49,8 +61,9 @@ def _corpus_files() -> _Corpus:
         dirnames[:] = [d for d in dirnames if d not in _EXCLUDED_DIRS]
         for name in filenames:
             full = os.path.join(dirpath, name)
-            if name.endswith(".py") and os.path.isfile(full):
-                found.append((os.path.relpath(full, root).replace(os.sep, "/"), full))
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            if name.endswith(".py") and not _install_generated(rel) and os.path.isfile(full):
+                found.append((rel, full))
     # ConfigError, not a traceback: a stripped install, or a file it cannot read, is bad input
     # for the corpus task, found by tasks.check before any store is made.
     if not found:
