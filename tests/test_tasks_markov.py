@@ -39,6 +39,11 @@ def test_markov_sparse_and_fixed_across_seeds(order, branching):
     for bad in (np.full((1, order), V), np.full((1, order), -1), np.zeros((1, order + 1), int), np.full((1, order), 0.5)):
         with pytest.raises(ValueError, match="contexts must be"):
             tasks.markov_transitions(V, order, branching, bad)
+    # sizes the chain cannot have: an IndexError or a reshape error from inside the rules before
+    for args, name in (((V, 0, branching, np.zeros((1, 0), int)), "order"), ((V, order, 0, ctxs), "K"),
+                       ((0, order, branching, ctxs[:0]), "V"), ((V, order, 2.0, ctxs), "K")):
+        with pytest.raises(ValueError, match=rf"^markov_transitions: {name} must be an integer >= 1; got "):
+            tasks.markov_transitions(*args)
 
 
 @pytest.mark.parametrize("order", [1, 2, 3])

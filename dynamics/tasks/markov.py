@@ -66,6 +66,11 @@ def markov_transitions(V: int, order: int, K: int, contexts: np.ndarray) -> tupl
     >>> succ.shape, float(prob.sum())
     ((1, 3), 1.0)
     """
+    for name, value in (("V", V), ("order", order), ("K", K)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            # an IndexError or a reshape error from deep in the rules otherwise (the CLI's config
+            # checks refuse these first; this is for library callers)
+            raise ValueError(f"markov_transitions: {name} must be an integer >= 1; got {value!r}")
     ctx = np.asarray(contexts)
     if ctx.size and (ctx.dtype.kind not in "iu" or ctx.min() < 0 or ctx.max() >= V or ctx.shape[-1] != order):
         # rules were returned for tokens the vocabulary does not have, and contexts of another
