@@ -68,6 +68,25 @@ def test_an_unfinished_run_missing_a_chunk_before_its_checkpoint_is_damaged_not_
     assert not damaged and "computed for this report on 6 of 9 snapshots" in text
 
 
+def test_a_snapshot_half_written_past_the_last_checkpoint_is_not_counted(built, tmp_path):
+    # A snapshot's arrays are written side by side, before the checkpoint: a run stopped (or read)
+    # part way through has its importance and not its attention. Counted as recorded (from its
+    # importance), it made analyse_run refuse the whole run: the run had no analysis, and the
+    # attention and redundancy sections of the run shown were "Not available", exit 0.
+    path, _, ids = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    run = ids["C"]
+    assert store.run_attrs(copy, run)["checkpoint_step"] == 16  # snapshots 0, 1, 2, 4, 8, 16 written
+    store.update_run_attrs(copy, run, checkpoint_step=8)  # stopped between snapshot 16's arrays and its checkpoint
+    shutil.rmtree(copy / "runs" / run / "attention" / "c" / "5")  # step 16's attention not written yet
+    damaged: dict[str, str] = {}
+    text = html.unescape(write_report(copy, tmp_path / "out", run_id=run, on_damaged=damaged.__setitem__).read_text())
+    assert not damaged and "failed" not in text
+    row = re.search(rf"<tr><td><code>{run}</code>.*?</tr>", text).group(0)
+    assert "computed for this report on 5 of 9 snapshots" in row and "5/9" in row
+
+
 def test_choose_run_prefers_the_median_completed_run():
     def run(rid, status, loss, n):
         return _Run(rid, status, {}, loss, 9, np.arange(9) < n, np.arange(9))
