@@ -265,8 +265,10 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
             ax.set_ylabel(ylabel)
             ax.set_ylim(-0.03 * top, top * 1.3)
             extra = [(y, name) for y, name in ((never_y, "never"), (not_yet_y, "not yet")) if drawn[name]]
-            if extra:  # name the rows the "never" / "not yet" marks sit on (dropping step ticks they would overlap)
-                ticks = [t for t in ax.get_yticks() if -0.03 * top <= t <= top and never_y - t > 0.1 * top]
+            if extra:  # name the rows the "never" / "not yet" marks sit on (dropping step ticks among them)
+                # the last step's tick stays: "never" sits 0.1 x top above it (a strict test of that
+                # gap, in floating point, dropped it, and the highest marks sat at an unlabelled height)
+                ticks = [t for t in ax.get_yticks() if -0.03 * top <= t <= top]
                 ax.set_yticks([*ticks, *(y for y, _ in extra)], [f"{t:g}" for t in ticks] + [n for _, n in extra])
             ax.grid(alpha=0.3)
     _bifurcation_legend(fig, groups, points)
