@@ -294,6 +294,33 @@ def test_role_map_uses_the_teachers_final_roles(templated):
         interventions.check(bad)
 
 
+def test_role_map_refuses_a_teacher_whose_recorded_arrays_are_damaged(templated, tmp_path):
+    # Roles are read from the teacher's stored attention and probe tokens, which were not checked:
+    # lost probe tokens read as 0 labelled every head induction and the student distilled from the
+    # wrong head, exit 0; a flipped bit in the last attention chunk was a codec traceback.
+    import shutil
+
+    teacher = tmp_path / "teacher.zarr"
+    shutil.copytree(templated[0], teacher)
+    run_id = store.list_runs(teacher)[0]
+    heads = [{"layer": 1, "head": 0, "role": "previous_token"}]
+    cfg = config({"distill": {"teacher": str(teacher), "map": "heads", "heads": heads}})
+    assert distill.resolve(interventions.parse(cfg).distill, cfg)[1] == [(1, 0, 0, 0)]  # whole: as above
+    tokens = teacher / "runs" / run_id / "probe_tokens"
+    shutil.move(tokens / "c", tmp_path / "tokens")
+    with pytest.raises(ConfigError, match=rf"^intervene\.distill\.teacher: .*teacher\.zarr: run {run_id}: array probe_tokens: its chunk "):
+        interventions.check(cfg)
+    shutil.move(tmp_path / "tokens", tokens / "c")
+    last = sorted((teacher / "runs" / run_id / "attention" / "c").iterdir(), key=lambda p: int(p.name))[-1]
+    chunk = next(p for p in sorted(last.rglob("*")) if p.is_file())
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x20
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=rf"^intervene\.distill\.teacher: .*teacher\.zarr: run {run_id}: array attention at snapshot .* "
+                                          r"cannot be decoded .*CRC32C checksum does not match"):
+        interventions.check(cfg)
+
+
 def test_shallow_first_switches_layers_on_in_order(templated):
     cfg = config({"distill": {"teacher": templated[0], "order": "shallow_first", "stage_steps": 30}})
     d = interventions.build(cfg, Transformer(cfg.model), torch.device("cpu")).parts[0]

@@ -266,9 +266,21 @@ def teacher_roles(path: str, run_id: str) -> tuple[np.ndarray, dict[str, np.ndar
     from dynamics import store
     from dynamics.analysis import ROLES, assign_roles, role_names, role_scores
 
-    ds = store.open_run(path, run_id)
-    attn = ds["attention"].isel(snapshot=[-1]).astype("float32")  # (1, L, H, P, T, T)
-    scores = role_scores(attn, ds["probe_tokens"]).compute()
+    key = "intervene.distill.teacher"
+    try:
+        # zarr reads a lost chunk as its fill value: lost probe tokens (all 0) labelled every head
+        # induction, and the student distilled from the wrong head without a word
+        store.check_recorded(path, run_id)
+        ds = store.open_run(path, run_id)
+        attn = ds["attention"].isel(snapshot=[-1]).astype("float32")  # (1, L, H, P, T, T)
+        scores = role_scores(attn, ds["probe_tokens"]).compute()
+    except store.StoreError as e:
+        fail(f"{key}: {e}")
+    except Exception:  # a chunk that cannot be decoded (a failed checksum): zarr's codec error names no chunk
+        damage = store.unreadable_chunk(path, run_id)
+        if damage is None:
+            raise
+        fail(f"{key}: {damage}")
     names = role_names(assign_roles(scores).values)[0]  # (L, H)
     return names, {r: scores[r].values[0] for r in ROLES[:-1]}
 
