@@ -81,9 +81,13 @@ def other_code(here: str | None, expected: str) -> str:
         return ("this worker runs an older dynamics than the launcher (one without a code check); not trained "
                 "here, so that the sweep's runs are all trained by the same code: install the launcher's on every "
                 "worker")
+    # A worker keeps the hash of the code it imported; one restarted (a worker killed and replaced)
+    # hashes the source as it is then, so an edit or a pull since the launch is refused here too.
     return (f"this worker runs other dynamics code than the launcher (code hash {here[:16]}... against "
-            f"{expected[:16]}...: another checkout or an older install?); not trained here, so that the "
-            f"sweep's runs are all trained by the same code: install the launcher's on every worker")
+            f"{expected[:16]}...: another checkout or an older install, or the source edited since the sweep "
+            f"started and read by a worker started after the edit?); not trained here, so that the sweep's runs "
+            f"are all trained by the same code: install the launcher's on every worker, or launch the sweep "
+            f"again to go on with the code as it is now")
 
 
 def same_code_or_refuse(expected: str, run_id: str, function: str, args: bytes):

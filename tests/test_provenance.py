@@ -58,8 +58,10 @@ def test_the_check_calls_the_task_only_where_the_code_is_the_launchers():
                    "waited": None, "error": provenance.other_code(here, "0" * 64)}
     assert out["error"] == (
         f"this worker runs other dynamics code than the launcher (code hash {here[:16]}... against "
-        f"0000000000000000...: another checkout or an older install?); not trained here, so that the sweep's runs "
-        f"are all trained by the same code: install the launcher's on every worker")
+        f"0000000000000000...: another checkout or an older install, or the source edited since the sweep started "
+        f"and read by a worker started after the edit?); not trained here, so that the sweep's runs are all "
+        f"trained by the same code: install the launcher's on every worker, or launch the sweep again to go on "
+        f"with the code as it is now")
 
 
 def test_a_task_payload_runs_the_check_where_it_is_loaded_and_names_what_a_worker_lacks():
