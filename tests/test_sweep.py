@@ -254,6 +254,23 @@ def test_a_point_recorded_on_other_data_is_refused_before_any_point_trains(tmp_p
     assert run_sweep(cfg, path, scheduler=threaded_cluster, progress=False).ok
 
 
+def _run_point_finished_elsewhere(cfg, path, run_id, values, token="", cwd=None, data=None):
+    return {"run_id": run_id, "status": "completed", "steps_done": 0, "skipped": True, "error": None,
+            "traceback": None, "waited": None}  # as run_point says of a run another process has just finished
+
+
+def test_a_point_finished_elsewhere_before_its_task_reached_it_is_counted_as_not_retrained(tmp_path, monkeypatch,
+                                                                                           threaded_cluster):
+    # Its line said "(already finished)", but the summary said "1 completed" as if it had trained.
+    import dynamics.sweep.task
+
+    monkeypatch.setattr(dynamics.sweep.task, "run_point", _run_point_finished_elsewhere)
+    cfg = from_dict(tiny())
+    summary = run_sweep(cfg, str(tmp_path / "s.zarr"), scheduler=threaded_cluster, progress=False)
+    assert summary.ok and summary.skipped == [cfg.run_id()] and not summary.waited
+    assert summary.lines()[0].startswith("sweep: 1 run: 1 completed (1 already finished, not retrained) in ")
+
+
 SUBMITTED_CWDS: list = []
 
 

@@ -354,6 +354,8 @@ def run_sweep(
                         summary.errors[r["run_id"]] = r["error"] or "?"
                     if r.get("waited"):
                         summary.waited[r["run_id"]] = _waited_note(r)
+                    elif r.get("skipped"):  # finished by another process before its task reached it
+                        summary.skipped.append(r["run_id"])
                     if r.get("after_cancel"):
                         summary.after_cancel[r["run_id"]] = r["after_cancel"]
         finally:

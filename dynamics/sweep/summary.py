@@ -16,7 +16,8 @@ class SweepSummary:
     counts: dict[str, int] = field(default_factory=dict)
     """Final status -> number of runs (completed, diverged, failed, interrupted, cancelled)."""
     skipped: list[str] = field(default_factory=list)
-    """Runs already finished before this launch (nothing retrained)."""
+    """Runs already finished before this launch, or by another process before their task reached
+    them (nothing retrained; one whose task waited for that process is in ``waited`` instead)."""
     failed: list[str] = field(default_factory=list)
     """Run ids that failed."""
     cancelled: list[str] = field(default_factory=list)
