@@ -228,6 +228,21 @@ def test_an_array_with_unreadable_metadata_is_named_and_a_resume_changes_nothing
     assert (path / "runs" / "r1" / "zarr.json").read_bytes() == run_meta
 
 
+def test_an_array_whose_metadata_is_gone_is_named_not_left_out(tmp_path):
+    # Zarr lists an array without its zarr.json as no array: open_run left it out, check_recorded
+    # passed, and `dynamics analyse` exited 0 without the analyses that need it.
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1", attrs={"status": "completed"})
+    meta = path / "runs" / "r1" / "attention" / "zarr.json"
+    assert (meta.parent / "c").is_dir()
+    meta.unlink()
+    for call in (lambda: store.open_run(path), lambda: store.open_run(path, dask=False),
+                 lambda: store.open_sweep(path), lambda: store.check_recorded(path, "r1")):
+        with pytest.raises(StoreError, match=r"runs/r1/attention/zarr\.json of runs/r1 is missing, though the array's "
+                                             r"chunks are there \(damaged\): zarr would not see the array attention"):
+            call()
+
+
 @pytest.mark.parametrize("section, fix", [("runs", "restore it from a backup"),
                                           ("analysis", "move it aside: what it holds is computed from the runs")])
 def test_a_section_that_is_a_file_is_named_as_damaged_and_left_alone(tmp_path, section, fix):

@@ -314,9 +314,13 @@ def _default_run(loc: _Loc, run_id: str | None) -> str:
 
 
 def _unreadable_member(loc: _Loc, gpath: str) -> StoreError | None:
-    """StoreError naming an array of group `gpath` whose ``zarr.json`` cannot be read, if one has one.
+    """StoreError naming an array of group `gpath` whose ``zarr.json`` cannot be read, or is gone
+    while the array's chunks are there; None if there is none.
 
-    Zarr fails on such a file with a bare JSON error that names neither the run nor the file.
+    Zarr fails on an unreadable file with a bare JSON error that names neither the run nor the
+    file, and lists an array whose file is gone as no array at all: that array was then missing
+    without a word (`dynamics analyse` exited 0 without the analyses that need it, and a run
+    whose attention had lost it was "missing attention", not damaged).
     """
     for name in loc.list_dir(gpath):
         key = f"{gpath}/{name}/zarr.json"
@@ -324,6 +328,9 @@ def _unreadable_member(loc: _Loc, gpath: str) -> StoreError | None:
         if raw is not None and _json_dict(raw) is None:
             return StoreError(f"{loc}: the metadata {key} of {gpath} cannot be read (damaged); restore that file "
                               f"from a backup")
+        if raw is None and name != "zarr.json" and "c" in loc.list_dir(f"{gpath}/{name}"):
+            return StoreError(f"{loc}: the metadata {key} of {gpath} is missing, though the array's chunks are "
+                              f"there (damaged): zarr would not see the array {name}; restore that file from a backup")
     return None
 
 
