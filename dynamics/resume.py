@@ -46,7 +46,8 @@ def refuse_other_data(prior: dict, cfg: RunConfig, path: str, run_id: str, hash_
 
 
 def refuse_unrecorded(path: str, run_id: str, steps_at, start: int) -> None:
-    """StoreError when snapshots or losses before the checkpoint's step hold no data.
+    """StoreError when snapshots or losses before the checkpoint's step hold no data, or a chunk
+    the run wrote before its last checkpoint is missing (`store.check_recorded`).
 
     A run writes each snapshot before the checkpoint taken at its step, so in its own store
     they are all there. A store copied while the run trained (``cp -r`` of ``runs/`` before
@@ -84,6 +85,9 @@ def refuse_unrecorded(path: str, run_id: str, steps_at, start: int) -> None:
             f"before its checkpoint at step {start}, reads as NaN: its chunk runs/{run_id}/loss/c/{first} is missing; "
             f"a resume would write that chunk again without them: restore runs/{run_id} from a backup, or train "
             f"the run again under another --run-id")
+    # The other arrays of those snapshots (attention, gradients, ...), from the file listing: a lost
+    # chunk there was resumed over, and the run ended "completed" with a hole `analyse` named later.
+    store.check_recorded(path, run_id, so_far=True)
 
 
 def note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int, code_now: str | None) -> None:

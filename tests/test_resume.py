@@ -76,6 +76,22 @@ def test_a_resume_over_a_lost_or_damaged_loss_chunk_is_refused_before_writing(cf
     assert tree_bytes(Path(path, "runs")) == runs
 
 
+def test_a_resume_over_a_lost_attention_chunk_is_refused_before_writing(cfg, tmp_path):
+    # Only importance and loss were checked: the run resumed over the hole, ended "completed",
+    # and only a later `dynamics analyse` named the chunk.
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))
+    steps = store.open_run(path).step.values.tolist()
+    [chunk] = [p for p in Path(path, "runs", cfg.run_id(), "attention", "c", str(steps.index(10))).rglob("*")
+               if p.is_file()]
+    chunk.unlink()
+    runs = tree_bytes(Path(path, "runs"))
+    with pytest.raises(store.StoreError, match=r"array attention at snapshot \d+ \(step 10\): its chunk .* is missing"):
+        train_run(cfg, path)
+    assert tree_bytes(Path(path, "runs")) == runs
+
+
 def tree_bytes(path) -> dict:
     return {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
 
