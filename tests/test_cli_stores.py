@@ -1,6 +1,7 @@
 """Where the CLI reads and writes: paths through links, URLs and a tilde, default paths, report
 folders; stores that are damaged, read-only, on a full disk, or of another version."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -400,6 +401,14 @@ def test_a_store_whose_root_metadata_is_cut_short_is_named_as_damaged_by_every_c
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line == f"dynamics: error: {s}: the store's root metadata zarr.json cannot be read (damaged); restore it " \
                    f"from a backup"
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+    # gone, not cut short: "not a dynamics store" hid the runs beside it as a wrong path
+    (s / "zarr.json").unlink()
+    before = sorted((str(p), p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
+    assert cli.main(argv) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == f"dynamics: error: {s}: the store's root metadata zarr.json is missing, though runs/ holds 1 run " \
+                   f"group(s) ({', '.join(n for n in os.listdir(s / 'runs') if n != 'zarr.json')}) (damaged); restore it from a backup"
     assert sorted((str(p), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
 
 

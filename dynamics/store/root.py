@@ -281,9 +281,17 @@ def _not_a_store(loc: _Loc) -> str:
 def _unreadable_root(loc: _Loc) -> str | None:
     # A store whose root zarr.json was cut short is not "not a store": said so, its runs would
     # look like a wrong path, not like recorded data to restore.
+    # The same for one gone from beside the run groups it held.
     try:
         raw = loc.get("zarr.json")  # once: a store removed meanwhile is gone, not damaged
-        damaged = raw is not None and _json_dict(raw) is None
+        if raw is None:
+            runs = [n for n in loc.list_dir("runs") if loc.get(f"runs/{n}/zarr.json") is not None]
+            if not runs:
+                return None
+            return (f"{loc}: the store's root metadata zarr.json is missing, though runs/ holds {len(runs)} run "
+                    f"group(s) ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}) (damaged); restore it "
+                    f"from a backup")
+        damaged = _json_dict(raw) is None
     except Exception:  # unreachable remote: not a store we can use, as above
         return None
     if not damaged:
