@@ -143,7 +143,7 @@ class TrainConfig:
     """Learning rate the cosine decays to, as a fraction of lr. It is reached at step
     ``steps``, one past the last update, so the last update runs above it (0.1009 lr at
     100 steps with 50 of warm-up; 0.1859 lr at 10 steps with 5; lr itself at 6 steps with 5).
-    No effect when warmup_steps >= steps."""
+    No effect when warmup_steps >= steps - 1: the one update after such a warm-up runs at lr."""
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 disables."""
     device: str = "cpu"

@@ -193,18 +193,53 @@ def test_points_whose_tasks_come_to_the_same_data_are_refused():
     mix = {"name": "mixture", "components": ["induction", "markov"]}
     with pytest.raises(ConfigError, match=r"^sweep points task.weights=\[\] and task.weights=\[1, 1\] train the "
                                           r"same data and model: they differ only in task.weights, which come to "
-                                          r"the same task"):
+                                          r"the same training \(mixture weights count as the probabilities"):
         expand_grid(from_dict(tiny({"task.weights": [[], [1, 1], [2, 2]]}, task=mix)))
     assert len(expand_grid(from_dict(tiny({"task.weights": [[1, 2], [2, 1], [2, 4.5]]}, task=mix)))) == 3
     one = tiny({"task.name": ["induction", "mixture"], "task.components": [[], ["induction"]],
                 "zip": [["task.name", "task.components"]]})
-    with pytest.raises(ConfigError, match=r"differ only in task.name, task.components, which come to the same task"):
+    with pytest.raises(ConfigError, match=r"differ only in task.name, task.components, which come to the same training \(mixture"):
         expand_grid(from_dict(one))
     plain = from_dict(tiny())
     alone = from_dict(tiny(task={"name": "mixture", "components": ["induction"]}))
     for split in ("train", "eval", "probe"):  # the known answer the refusal rests on
         a, b = make_batch(plain, split, 3, 8), make_batch(alone, split, 3, 8)
         np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+@pytest.mark.parametrize("axis, same, other, why", [
+    ("model.d_head", [0, 8], [8, 4], r"d_head 0 is d_model / n_heads"),
+    ("record.head_weights", ["auto", "on"], ["on", "off"], r'head_weights "auto" is "on" up to d_model 256'),
+    ("record.every", [13, 20], [6, 5], r"record.every and record.dense_until count as the snapshot steps they give"),
+    ("record.dense_until", [4, 7], [4, 8], r"record.every and record.dense_until count as the snapshot steps"),
+])
+def test_points_whose_settings_resolve_alike_are_refused(axis, same, other, why):
+    # Each pair recorded bitwise the same arrays under two run ids (d_model 16, 2 heads; 12 steps,
+    # snapshots 0, 1, 2, 4, 6 and 12 at dense_until 4 and every 6, none of every 13 or 20)
+    label = axis.split(".")[-1]
+    with pytest.raises(ConfigError, match=rf"^sweep points {axis}=.* train the same data and model: they differ only "
+                                          rf"in {axis}, which come to the same training \(.*{why}"):
+        expand_grid(from_dict(tiny({axis: same})))
+    assert len(expand_grid(from_dict(tiny({axis: other})))) == 2, label
+
+
+def test_min_lr_frac_points_alike_when_no_update_reaches_the_decay_are_refused():
+    from dynamics.train import lr_at
+
+    # the known answer: warm-up over the first 11 of 12 updates, the 12th at lr itself
+    a, b = (from_dict(tiny(train={"warmup_steps": 11, "min_lr_frac": f})) for f in (0.1, 0.5))
+    assert [lr_at(a, s) for s in range(12)] == [lr_at(b, s) for s in range(12)]
+    with pytest.raises(ConfigError, match=r"differ only in train.min_lr_frac, which come to the same training \(the "
+                                          r"cosine decay to min_lr_frac starts after the last update"):
+        expand_grid(from_dict(tiny({"train.min_lr_frac": [0.1, 0.5]}, train={"warmup_steps": 11})))
+    assert len(expand_grid(from_dict(tiny({"train.min_lr_frac": [0.1, 0.5]}, train={"warmup_steps": 10})))) == 2
+
+
+def test_mixture_weights_alike_but_for_ints_and_floats_name_the_axis():
+    # [1, 3] == [1.0, 3.0] in Python: "they differ only in , which ..." named nothing
+    mix = {"name": "mixture", "components": ["induction", "markov"]}
+    with pytest.raises(ConfigError, match=r"they differ only in task.weights, which come to the same training"):
+        expand_grid(from_dict(tiny({"task.weights": [[1, 3], [1.0, 3.0]]}, task=mix)))
 
 
 def test_each_point_intervention_is_checked_before_any_work():

@@ -3,6 +3,7 @@ point validated and given its run id)."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -114,7 +115,8 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
         same = _read_identity(point_cfg)
         if same in same_as:
             other = same_as[same]  # as written, as this one is here
-            differ = [k for k in axes if other.values[k] != values[k]]
+            # as text: [1, 3] == [1.0, 3.0] in Python, and the message named no axis at all
+            differ = [k for k in axes if json.dumps(other.values[k]) != json.dumps(values[k])]
             names = point_cfg.task.component_names
             unread = {"task." + k for c in (point_cfg, other.cfg) for k in tasks.unread_keys(c)}
             settings = {k: c for c in (point_cfg, other.cfg) for k in unread_settings(c.to_dict())}
@@ -124,9 +126,9 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
                 whos = dict.fromkeys(not_read_by(k, settings[k].to_dict()) for k in differ if k in settings)
                 why = "which " + ", nor which ".join(whos) + (
                     f", nor {' and '.join(names)}" if any(k in unread for k in differ) else "")
-            else:  # normalised mixture weights, or a mixture of one component
-                why = ("which come to the same task (mixture weights count as the probabilities they give, and a "
-                       "mixture of one component is that task)")
+            else:  # normalised mixture weights, a mixture of one component, or a setting resolved alike
+                said = dict.fromkeys(_RESOLVED.get(k, _RESOLVED["task"]) for k in differ if k not in unread)
+                why = "which come to the same training (" + "; ".join(said) + ")"
             raise ConfigError(
                 f"sweep points {other.label} and {_label(values)} train the same data and model: they differ "
                 f"only in {', '.join(differ)}, {why}")
@@ -174,12 +176,31 @@ def _unread_at_defaults(cfg: RunConfig) -> RunConfig:
     return replace(cfg, **{**sections, "task": task})
 
 
+_RESOLVED = {
+    "task": "mixture weights count as the probabilities they give, and a mixture of one component is that task",
+    "model.d_head": "d_head 0 is d_model / n_heads",
+    "record.head_weights": 'head_weights "auto" is "on" up to d_model 256 and "off" above',
+    "record.every": "record.every and record.dense_until count as the snapshot steps they give",
+    "record.dense_until": "record.every and record.dense_until count as the snapshot steps they give",
+    "train.min_lr_frac": "the cosine decay to min_lr_frac starts after the last update when warmup_steps >= steps - 1",
+}
+"""Why two settings train alike, for the axes :func:`_read_identity` resolves (task keys: "task")."""
+
+_SCHEDULE_LISTED = 200_000
+"""Snapshot steps past the dense phase up to which a schedule is compared step by step."""
+
+
 def _read_identity(cfg: RunConfig) -> str:
     """The run id of the config written one way for one training: every task key its tasks do
     not read at its default, and so each :data:`~dynamics.identity.CONDITIONAL_KEYS` setting it
     does not read (learned-gate keys under fixed gates, d_mlp without MLPs, ...); mixture weights
     as the probabilities they give (none when equal: ``[]``, ``[1, 1]`` and ``[2, 2]`` draw the
-    same rows); a mixture of one component as that task (it makes the task's very batches)."""
+    same rows); a mixture of one component as that task (it makes the task's very batches).
+
+    Settings that resolve to one training are resolved too (:data:`_RESOLVED`): ``d_head``
+    written as d_model / n_heads, ``head_weights`` as the on or off it comes to,
+    ``min_lr_frac`` where no update reaches the decay, and the snapshot cadence as its steps.
+    Points that differ only there recorded bitwise the same arrays under two run ids."""
     from dynamics.tasks.batch import _mixture_weights
 
     cfg = _unread_at_defaults(cfg)
@@ -190,7 +211,29 @@ def _read_identity(cfg: RunConfig) -> str:
         task = replace(task, weights=weights)
         if len(task.components) == 1:
             task = replace(task, name=task.components[0], components=(), weights=())
-    return replace(cfg, task=task).run_id()
+    m, r, tr = cfg.model, cfg.record, cfg.train
+    model = replace(m, d_head=0) if m.d_head and m.d_head * m.n_heads == m.d_model else m
+    weights_on = r.head_weights == "on" or (r.head_weights == "auto" and m.d_model <= 256)  # record.store_head_weights
+    record = replace(r, head_weights="on" if weights_on else "off", every=SECTIONS["record"].every,
+                     dense_until=SECTIONS["record"].dense_until)
+    train = replace(tr, min_lr_frac=SECTIONS["train"].min_lr_frac) if tr.warmup_steps >= tr.steps - 1 else tr
+    same = replace(cfg, task=task, model=model, record=record, train=train).run_id()
+    return f"{same} {_schedule(tr.steps, r.dense_until, r.every)}"
+
+
+def _schedule(steps: int, dense_until: int, every: int) -> str:
+    """The snapshot steps of record.snapshot_steps (imported here without torch), as a digest;
+    past :data:`_SCHEDULE_LISTED` cadence steps, the cadence and the dense phase's end."""
+    dense, s = [0, steps], 1
+    while s <= min(dense_until, steps):
+        dense.append(s)
+        s *= 2
+    last_dense = s // 2  # the cadence starts past it, as in record.snapshot_steps
+    if steps // every - last_dense // every > _SCHEDULE_LISTED:
+        return f"{last_dense} {every}"
+    cadence = np.arange(every, steps + 1, every, dtype=np.int64)
+    taken = np.union1d(np.array(dense, dtype=np.int64), cadence[cadence > last_dense])
+    return hashlib.sha256(taken.tobytes()).hexdigest()[:16]
 
 
 def _plain(value: Any) -> Any:
