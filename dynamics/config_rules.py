@@ -127,6 +127,9 @@ def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
     _require(tr.warmup_steps >= 0, f"train.warmup_steps: must be >= 0, got {tr.warmup_steps}")
     _require(0 <= tr.min_lr_frac <= 1, f"train.min_lr_frac: must be in [0, 1], got {tr.min_lr_frac}")
     _require(tr.grad_clip >= 0, f"train.grad_clip: must be >= 0, got {tr.grad_clip}")
+    # as lr: the clip's scale is taken in float32, so every gradient was scaled to 0
+    _require(tr.grad_clip == 0 or np.float32(tr.grad_clip) > 0,
+             f"train.grad_clip: must be 0 (off) or > 0 in float32 (it rounds to 0 there), got {tr.grad_clip}")
     # torch.device's own spelling: "cudaa" or "cuda:x" would pass a prefix test and fail only in training
     _require(tr.device == "cpu" or re.fullmatch(r"cuda(:(0|[1-9][0-9]*))?", tr.device) is not None,
              f"train.device: expected cpu, cuda or cuda:<index>, got {tr.device!r}")

@@ -73,6 +73,8 @@ def test_int_accepted_for_float_but_not_reverse():
         ({"model": {"rope_base": 1e39}}, "model.rope_base: must be at most 3.403e+38 (float32), got 1e+39"),
         # 0 in float32: the run trained nothing and said it completed
         ({"train": {"lr": 1e-320}}, "train.lr: must be > 0 in float32 (it rounds to 0 there), got 1e-320"),
+        ({"train": {"grad_clip": 1e-50}},
+         "train.grad_clip: must be 0 (off) or > 0 in float32 (it rounds to 0 there), got 1e-50"),
         # 0 in float32: every attention weight was 0 (no gradient reaches them), and 1e-50 and
         # 1e-300 trained the same run under two run ids
         ({"model": {"init_scale": 1e-50}}, "model.init_scale: must be at least 1.175e-38 (the smallest normal float32; "
