@@ -471,8 +471,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         if len(text) > MAX_CONFIG_BYTES:
             raise ConfigError(f"{path}: longer than {MAX_CONFIG_BYTES:,} bytes, which no config is "
                               f"(a data file or a device?)")
-        # newlines as read_text translated them: a file of bare CR line ends (old Mac) loaded before
-        raw = tomllib.loads(text.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n"))
+        # newlines as read_text translated them: a file of bare CR line ends (old Mac) loaded before;
+        # a leading byte-order mark (Windows Notepad saves one) was "Invalid statement" at line 1
+        raw = tomllib.loads(text.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
     except UnicodeDecodeError as e:

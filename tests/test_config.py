@@ -381,11 +381,12 @@ def test_a_config_too_long_to_be_one_is_refused_unread(tmp_path):
     assert load_config(path).train.steps == 7
 
 
-@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"])
-def test_a_config_with_any_line_ends_loads(tmp_path, newline):
+@pytest.mark.parametrize("newline, start", [(b"\n", b""), (b"\r\n", b""), (b"\r", b""), (b"\r\n", b"\xef\xbb\xbf")])
+def test_a_config_with_any_line_ends_loads(tmp_path, newline, start):
     # read as bytes (bounded, above), a file of bare CR line ends (old Mac) was invalid TOML,
-    # where read_text's newline translation had loaded it
+    # where read_text's newline translation had loaded it; one that Windows Notepad saved, with a
+    # byte-order mark first, was "invalid TOML: Invalid statement (at line 1, column 1)"
     path = tmp_path / "c.toml"
-    path.write_bytes(newline.join([b"[train]", b"steps = 7", b'[task]', b'name = "markov"', b""]))
+    path.write_bytes(start + newline.join([b"[train]", b"steps = 7", b'[task]', b'name = "markov"', b""]))
     cfg = load_config(path)
     assert (cfg.train.steps, cfg.task.name) == (7, "markov")
