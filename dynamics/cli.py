@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -562,7 +563,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 # What a stopped command leaves: only training resumes; the others' results are saved whole or
 # not at all (store.write_analysis, write_derived), so "resumable" would promise what they do not do.
+_SIGNED = re.compile(r"-\.?[0-9]")
+
+
+def _signed_values_attached(argv: list[str]) -> list[str]:
+    """``--opt -0.1,0.2`` as ``--opt=-0.1,0.2``: argparse takes a value that starts with "-" for an
+    option unless it is one plain negative number, and said "--horizons: expected one argument"
+    of a list of them (so the value's own check can name what is wrong with it)."""
+    out: list[str] = []
+    for a in argv:
+        if out and _SIGNED.match(a) and out[-1].startswith("--") and "=" not in out[-1] and out[-1] != "--":
+            out[-1] = f"{out[-1]}={a}"
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = _signed_values_attached(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     # check_args (no empty value; ~ in a path expanded) inside, so that its refusal is one line too
     return run_to_end(args.command, lambda: check_args(args) or args.func(args))

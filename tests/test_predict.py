@@ -258,6 +258,8 @@ def test_cli_says_when_nothing_is_readable_and_stores_none(small_store, capsys):
         (["--target", "nope"], "unknown target"),
         (["--horizon", "1.5"], "out of range"),
         (["--horizons", "0,abc"], "--horizons"),
+        # a value starting with "-" that is no plain negative number: "expected one argument"
+        (["--horizons", "-0.1,0.2"], "error: horizon -0.1 out of range: a fraction of the run must lie in [0, 1]"),
         (["--horizon", "0.1,0.2"], "--horizon: expected one number, got '0.1,0.2'"),
         (["--horizon", "1e400"], "horizon inf is not a finite number"),
         (["--null", "-1"], "error: --null: permutations must be in [0, 1000]; got -1"),  # the flag, not the field
