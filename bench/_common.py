@@ -4,6 +4,7 @@ repository root on ``sys.path``)."""
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -64,3 +65,18 @@ def check_step_config(cfg, source: str) -> None:
     if changes:
         raise ConfigError(f"{source}: {' and '.join(changes)} change{'' if len(changes) > 1 else 's'} train_run's step in ways this bench's step "
                           f"does not apply; time such a config with `dynamics run` (its run's wall_time)")
+
+
+def peak_rss_bytes() -> int:
+    """This process's own peak resident memory (VmHWM).
+
+    Not ``ru_maxrss``: for a process started by fork/vfork + exec it is at least the parent's
+    peak RSS at the spawn (the kernel carries the old address space's high-water mark over
+    the exec), so a child spawned by a parent that had built a large store reported that as
+    its own peak, and an analysis that did nothing showed as growing.
+    """
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # no /proc status: kB on Linux

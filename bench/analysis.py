@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import numpy as np  # noqa: E402
 
-from bench._common import Parser, at_least, bad_input, load_line, positive  # noqa: E402
+from bench._common import Parser, at_least, bad_input, load_line, peak_rss_bytes, positive  # noqa: E402
 
 KINDS = ("prev", "sink", "self", "content")
 SYNTHETIC_D_MODEL = 64  # build_store's default: each head's W_Q/W_K/W_V/W_O slices are d_model x d_head
@@ -146,21 +146,6 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def peak_rss_bytes() -> int:
-    """This process's own peak resident memory (VmHWM).
-
-    Not ``ru_maxrss``: for a process started by fork/vfork + exec it is at least the parent's
-    peak RSS at the spawn (the kernel carries the old address space's high-water mark over
-    the exec), so a child spawned by a parent that had built a large store reported that as
-    its own peak, and an analysis that did nothing showed as growing.
-    """
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # kB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # no /proc status: kB on Linux
-
-
 def analysis_failures(rows: list[dict]) -> list[str]:
     """'run: why' for each run analyse_store did not analyse (it reports a run whose analysis
     raised, MemoryError included, as a skipped row rather than raising)."""
@@ -220,8 +205,11 @@ def time_round(cfg, tmp: str, analyses: int) -> tuple[float, float, float, float
 
     path = tempfile.mkdtemp(dir=tmp, suffix=".zarr")
     w0, c0 = time.perf_counter(), time.process_time()
-    train_run(cfg, path)
+    result = train_run(cfg, path)
     t_wall, t_cpu = time.perf_counter() - w0, time.process_time() - c0
+    if result.status != "completed":  # a share of a run cut short (diverged) is against less training than said
+        raise SystemExit(f"bench analysis: the trained run ended {result.status} after {result.steps_done} of "
+                         f"{cfg.train.steps} steps; no time share is measured on it")
     walls, cpus = [], []
     for _ in range(analyses):
         w0, c0 = time.perf_counter(), time.process_time()
@@ -271,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         return bad_input(f"--heads {args.heads} does not divide the synthetic model's d_model {SYNTHETIC_D_MODEL}")
 
     print(f"{os.cpu_count()} CPUs, {load_line()}")
+    failed = 0  # synthetic stores whose analysis failed (the --cap-mb run's verdict is a figure, not this)
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_time:
             import torch
@@ -308,10 +297,14 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_child(path)
                 results.append((path, info, r))
                 inc = r["peak_rss"] - r["base_rss"]
-                status = "" if r["ok"] else f"  FAILED: {r['error']}"
-                print(f"   {info['shape']:<34}{info['attention_bytes'] / 2**20:>9.0f}{info['total_bytes'] / 2**20:>8.0f}"
-                      f"{disk / 2**20:>9.0f}{r.get('path', '?'):>11}{inc / 2**20:>14.0f}{inc / info['attention_bytes']:>8.2f}"
-                      f"{inc / info['total_bytes']:>7.2f}{r['wall']:>8.1f}{status}")
+                head = (f"   {info['shape']:<34}{info['attention_bytes'] / 2**20:>9.0f}{info['total_bytes'] / 2**20:>8.0f}"
+                        f"{disk / 2**20:>9.0f}{r.get('path', '?'):>11}")
+                if r["ok"]:
+                    print(f"{head}{inc / 2**20:>14.0f}{inc / info['attention_bytes']:>8.2f}"
+                          f"{inc / info['total_bytes']:>7.2f}{r['wall']:>8.1f}")
+                else:  # the memory of an analysis that stopped early is no figure of the analysis
+                    failed += 1
+                    print(f"{head}{'-':>14}{'-':>8}{'-':>7}{'-':>8}  FAILED: {r['error']}")
             same = [x for x in results if x[2].get("path") == results[-1][2].get("path") and x[2]["ok"]]
             if len(same) >= 2:
                 (_, i0, r0), (_, i1, r1) = same[-2], same[-1]
@@ -343,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
                           f"baseline); it grew by {(r['peak_rss'] - r['base_rss']) / 2**20:.0f} MiB "
                           f"({(r['peak_rss'] - r['base_rss']) / info['attention_bytes']:.2f} x the run's attention)")
     print(f"\n{load_line()} at end")
+    if failed:
+        print(f"bench analysis: the analysis of {failed} synthetic store(s) failed; their rows show no figures",
+              file=sys.stderr)
+        return 1
     return 0
 
 

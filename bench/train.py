@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench._common import Parser, at_least, bad_input, check_step_config, load_line  # noqa: E402
+from bench._common import Parser, at_least, bad_input, check_step_config, load_line, peak_rss_bytes  # noqa: E402
 from dynamics.allocator import keep_freed_memory  # noqa: E402
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override, replace_section, with_values  # noqa: E402
 from dynamics.tasks import make_batch  # noqa: E402
@@ -345,7 +345,10 @@ def train_run_step_time(cfg: RunConfig, steps: int, tmp: str) -> float:
         stamps[step] = time.perf_counter()
 
     path = tempfile.mkdtemp(dir=tmp, suffix=".zarr")
-    train_run(cfg, path, progress=progress, recording=False)
+    result = train_run(cfg, path, progress=progress, recording=False)
+    if result.status != "completed":  # a step time of a run cut short, or an IndexError below
+        raise SystemExit(f"bench train: the train_run ended {result.status} after {result.steps_done} of "
+                         f"{cfg.train.steps} steps; no step time is measured on it")
     marks = sorted(s for s in stamps if 10 <= s < cfg.train.steps)  # step 0 records; skip it
     return (stamps[marks[-1]] - stamps[marks[0]]) / (marks[-1] - marks[0])
 
@@ -358,7 +361,9 @@ def worker(args: argparse.Namespace) -> int:
     trainer.timed(2)
     times = [trainer.timed(args.steps) for _ in range(args.repeats)]
     faults, sys_s = trainer.faults(args.steps)
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    # VmHWM, not ru_maxrss: a spawned worker's ru_maxrss starts at its parent's peak, so both
+    # malloc settings showed the parent's figure (peak_rss_bytes)
+    peak_mib = peak_rss_bytes() / 2**20
     print(json.dumps({"step_s": median(times), "faults": faults, "sys_s": sys_s, "peak_mib": peak_mib}))
     return 0
 

@@ -119,9 +119,37 @@ def test_analysis_peak_rss_is_the_childs_own_not_its_parents():
     # bench's child, spawned by a parent that had just built a store, reported that as its peak.
     ballast = np.ones(256 * 2**20 // 8)  # this process's peak rises past 256 MiB
     del ballast
-    code = "import sys; sys.path.insert(0, sys.argv[1]); from bench.analysis import peak_rss_bytes; print(peak_rss_bytes())"
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from bench._common import peak_rss_bytes; print(peak_rss_bytes())"
     res = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True)
     assert int(res.stdout) < 128 * 2**20
+
+
+def test_the_train_benchs_worker_reports_its_own_peak_memory():
+    # Its "peak RSS MiB" column read ru_maxrss: both malloc settings' workers showed the parent's peak.
+    ballast = np.ones(1536 * 2**20 // 8)  # this process's peak rises past 1.5 GiB, far above a worker's
+    ballast[::512] = 1.0
+    del ballast
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "train.py"), "--worker", "--threads", "1", "--steps", "1",
+                          "--repeats", "1"], capture_output=True, text=True, check=True)
+    peak = json.loads(res.stdout.strip().splitlines()[-1])["peak_mib"]
+    assert 0 < peak < 1024, peak
+
+
+def test_bench_figures_are_not_measured_on_a_diverged_run(tmp_path, capsys):
+    # analysis.py printed a time share against 5 steps of training labelled as 60, exit 0; train.py
+    # failed with an IndexError, record.py with an AssertionError (none under python -O)
+    from dynamics.config import from_dict
+
+    diverges = {"train": {"lr": 300.0, "warmup_steps": 1, "steps": 60}}
+    config = tmp_path / "div.toml"
+    config.write_text("[train]\nlr = 300.0\nwarmup_steps = 1\n")
+    with pytest.raises(SystemExit, match=r"^bench analysis: the trained run ended diverged after \d+ of 50 steps; no "
+                                         r"time share is measured on it$"):
+        bench_analysis.main(["--skip-memory", "--config", str(config), "--steps", "60", "--rounds", "1", "--analyses", "1"])
+    with pytest.raises(SystemExit, match=r"^bench train: the train_run ended diverged after \d+ of 60 steps"):
+        bench_train.train_run_step_time(from_dict(diverges), 60, str(tmp_path))
+    with pytest.raises(SystemExit, match=r"^bench record: a run ended diverged after \d+ of 60 steps"):
+        bench_record.run_once(from_dict(diverges), str(tmp_path), True)
 
 
 def test_rounding_compares_two_stores_of_the_same_run_with_known_differences(tmp_path, capsys):
