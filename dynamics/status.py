@@ -158,8 +158,9 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
         # earlier; a finished one is never retrained.
         resumes = "-" if a.get("status") in FINISHED_STATUSES else _resumes_at(path, run_id, a, status)
         done = max(done, int(resumes)) if resumes.isdigit() else done  # a checkpoint newer than the attrs
-        rows.append([run_id, *shown(run_id), status,
-                     f"{done}/{a.get('steps_total', '?')}", resumes, "-" if loss is None else f"{loss:.4f}"])
+        # a diverged session ended with a loss JSON cannot hold (NaN, inf): not "-", which says unwritten
+        last = f"{loss:.4f}" if loss is not None else "not finite" if a.get("status") == "diverged" else "-"
+        rows.append([run_id, *shown(run_id), status, f"{done}/{a.get('steps_total', '?')}", resumes, last])
     for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet: no checkpoint to resume
         total = index.get("steps", {}).get(run_id, "?")  # "?": an index written before it held steps
         rows.append([run_id, *shown(run_id), "pending", f"0/{total}", "-", "-"])

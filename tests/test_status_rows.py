@@ -57,6 +57,10 @@ def test_a_diverged_run_is_never_resumed(copy):
     header, [row], _ = status_table(str(path))
     got = dict(zip(header, row, strict=True))
     assert (got["status"], got["steps"], got["resumes_at"]) == ("diverged", "12/12", "-")
+    # its last loss not finite (stored as null, JSON holds no NaN): "-" read as never written
+    store.update_run_attrs(path, run_id, last_loss=None)
+    header, [row], _ = status_table(str(path))
+    assert dict(zip(header, row, strict=True))["last_loss"] == "not finite"
 
 
 @pytest.mark.parametrize("status", ["interrupted", "failed", "running"])
