@@ -561,8 +561,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# What a stopped command leaves: only training resumes; the others' results are saved whole or
-# not at all (store.write_analysis, write_derived), so "resumable" would promise what they do not do.
 _SIGNED = re.compile(r"-\.?[0-9]")
 
 
@@ -579,6 +577,8 @@ def _signed_values_attached(argv: list[str]) -> list[str]:
     return out
 
 
+# What a stopped command leaves: only training resumes; the others' results are saved whole or
+# not at all (store.write_analysis, write_derived), so "resumable" would promise what they do not do.
 def main(argv: list[str] | None = None) -> int:
     argv = _signed_values_attached(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
