@@ -57,6 +57,29 @@ def test_an_address_that_answers_but_is_no_scheduler_is_refused_not_waited_on():
         check_scheduler(cluster.scheduler_address)
 
 
+def test_an_address_that_answers_with_other_bytes_is_no_scheduler():
+    # An SSH server's banner read as Dask's frame length: "cannot reach a Dask scheduler there
+    # (Unable to allocate 2.82 EiB for an array ...)"
+    import socket
+    import threading
+
+    from dynamics.sweep.launcher import check_scheduler
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+
+        def banner():
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6p1 Debian-4\r\n" * 4)
+                conn.recv(1)  # held open until the client hangs up
+
+        threading.Thread(target=banner, daemon=True).start()
+        with pytest.raises(ConfigError, match=rf"^--scheduler tcp://127.0.0.1:{port}: something answers there, not a "
+                                              r"Dask scheduler \(its reply is no Dask message\)$"):
+            check_scheduler(f"tcp://127.0.0.1:{port}", timeout=5.0)
+
+
 def test_check_scheduler_reaches_a_tls_cluster_and_runs_inside_an_event_loop(tmp_path):
     # Asked without the TLS settings of Dask's config, a tls:// cluster the sweep reaches was
     # refused; and asyncio.run inside a running loop (run_sweep in a notebook) was "cannot reach".

@@ -122,6 +122,11 @@ def check_scheduler(scheduler: str, timeout: float = 10.0) -> None:
         info = _identity(address, timeout)
     except TimeoutError:
         raise ConfigError(f"--scheduler {scheduler}: no Dask scheduler answered there within {timeout:g} s") from None
+    except MemoryError:
+        # bytes that are no Dask message (an SSH banner read as a frame length: "Unable to allocate
+        # 2.82 EiB"): something answered, and it is not Dask (a ValueError is a malformed address)
+        raise ConfigError(f"--scheduler {scheduler}: something answers there, not a Dask scheduler "
+                          f"(its reply is no Dask message)") from None
     # Any failure to connect is the same bad input: Dask also raises TypeError (tls:// without TLS
     # settings, ucx:// without ucx) and AssertionError (an address without a host) from deep inside.
     except Exception as e:  # noqa: BLE001
