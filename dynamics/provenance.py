@@ -97,7 +97,7 @@ def same_code_or_refuse(expected: str, run_id: str, function: str, args: bytes):
     class the arguments name, or take fewer of them."""
     if (here := process_code_hash()) != expected:
         return {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False,
-                "error": other_code(here, expected), "traceback": None, "waited": None}
+                "error": other_code(here, expected), "traceback": None, "waited": None, "refused": "code"}
     module, name = function.split(":")
     return getattr(importlib.import_module(module), name)(*pickle.loads(args))
 

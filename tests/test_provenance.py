@@ -55,7 +55,7 @@ def test_the_check_calls_the_task_only_where_the_code_is_the_launchers():
         pickle.loads(unloadable)
     out = provenance.same_code_or_refuse("0" * 64, "r1", "no_such_module:f", unloadable)
     assert out == {"run_id": "r1", "status": "failed", "steps_done": 0, "skipped": False, "traceback": None,
-                   "waited": None, "error": provenance.other_code(here, "0" * 64)}
+                   "waited": None, "error": provenance.other_code(here, "0" * 64), "refused": "code"}
     assert out["error"] == (
         f"this worker runs other dynamics code than the launcher (code hash {here[:16]}... against "
         f"0000000000000000...: another checkout or an older install, or the source edited since the sweep started "

@@ -15,6 +15,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.config import ConfigError, from_dict, with_values
+from dynamics.provenance import same_code_or_refuse as _REAL_CHECK  # the task's check, before any monkeypatch
 from dynamics.sweep import (
     expand_grid,
     lock_path,
@@ -269,6 +270,29 @@ def test_a_point_finished_elsewhere_before_its_task_reached_it_is_counted_as_not
     summary = run_sweep(cfg, str(tmp_path / "s.zarr"), scheduler=threaded_cluster, progress=False)
     assert summary.ok and summary.skipped == [cfg.run_id()] and not summary.waited
     assert summary.lines()[0].startswith("sweep: 1 run: 1 completed (1 already finished, not retrained) in ")
+
+
+def _orphan_finishes_then_refused(expected, run_id, function, args):
+    from dynamics import provenance
+
+    _REAL_CHECK(expected, run_id, function, args)  # the orphaned task, training the run to the end
+    return {"run_id": run_id, "status": "failed", "steps_done": 0, "skipped": False, "traceback": None,
+            "waited": None, "error": provenance.other_code("1" * 64, expected), "refused": "code"}
+
+
+def test_a_point_refused_for_other_code_after_another_process_finished_it_is_not_failed(tmp_path, monkeypatch,
+                                                                                        threaded_cluster):
+    # A relaunch's task queued behind a killed launcher's orphaned one, on a worker whose code had
+    # changed since: refused once the orphan had completed the run, and summarised "failed" for a
+    # run the store held completed. (The task payload names its function by module and name.)
+    from dynamics import provenance
+
+    monkeypatch.setattr(provenance, "same_code_or_refuse", _orphan_finishes_then_refused)
+    cfg = from_dict(tiny())
+    path = str(tmp_path / "s.zarr")
+    summary = run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
+    assert store.run_attrs(path, cfg.run_id())["status"] == "completed"
+    assert summary.ok and summary.skipped == [cfg.run_id()] and not summary.failed, summary.lines()
 
 
 SUBMITTED_CWDS: list = []
