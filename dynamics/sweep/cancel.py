@@ -1,5 +1,5 @@
-"""What the launcher makes of tasks the cluster cancelled or gave up on, and of a cluster left
-without workers.
+"""What the launcher makes of tasks the cluster cancelled or gave up on, or a worker refused, and
+of a cluster left without workers.
 
 Dask cancels every future of a client that loses its scheduler, and ``Future.cancel`` from
 another client cancels one task; neither can stop a task already running, whose thread trains
@@ -96,6 +96,20 @@ def outcome(path: str, run_id: str, why: str, trained_on: bool, still: bool = Fa
         r["error"] = (f"its task was cancelled on the cluster ({why}); it was trained on and stopped before "
                       f"the end; the same command resumes it")
     return r
+
+
+def finished_elsewhere(path: str, run_id: str) -> dict | None:
+    """A skipped result for a run its task was refused for (a worker on other code) that the
+    store holds finished: trained to the end by another process (a killed launcher's orphaned task,
+    which the refused one had queued behind), not failed as the refusal alone said."""
+    try:
+        status = store.run_attrs(path, run_id).get("status") if store.has_run(path, run_id) else None
+    except store.StoreError:
+        return None
+    if status not in FINISHED_STATUSES:
+        return None
+    return {"run_id": run_id, "status": status, "steps_done": 0, "skipped": True, "error": None,
+            "traceback": None, "waited": None}
 
 
 def given_up(path: str, run_id: str, starts_before: int | None, deaths: int, last_worker: str) -> dict:

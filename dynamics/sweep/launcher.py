@@ -457,7 +457,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
         if f.status == "finished":
             r = f.result()
             if r.get("refused") == "code":  # refused unread: the run may have been finished meanwhile
-                r = _finished_elsewhere(path, run_id) or r
+                r = cancel.finished_elsewhere(path, run_id) or r
         elif f.status == "cancelled":  # on the cluster, not by Ctrl-C here: see cancel's docstring
             why = cancelled.get(f.key, "reason unknown")
             still = cancel.still_trained(path, run_id)
@@ -528,20 +528,6 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 cluster.close()
             _mark_interrupted(path, [r for r in by_run if results.get(r, {}).get("status", "cancelled") == "cancelled"])
     return [results[p.run_id] for p in todo if p.run_id in results]
-
-
-def _finished_elsewhere(path: str, run_id: str) -> dict | None:
-    """A skipped result for a run its task was refused for (a worker on other code) that the
-    store holds finished: trained to the end by another process (a killed launcher's orphaned task,
-    which the refused one had queued behind), not failed as the refusal alone said."""
-    try:
-        status = store.run_attrs(path, run_id).get("status") if store.has_run(path, run_id) else None
-    except store.StoreError:
-        return None
-    if status not in FINISHED:
-        return None
-    return {"run_id": run_id, "status": status, "steps_done": 0, "skipped": True, "error": None,
-            "traceback": None, "waited": None}
 
 
 def _waited_note(r: dict) -> str:
