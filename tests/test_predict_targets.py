@@ -127,6 +127,29 @@ def test_use_stored_analysis_false_computes_targets_even_when_runs_carry_an_anal
         predict.check_runs(blind, PredictOptions(use_stored_analysis=False))
 
 
+def test_the_redundant_target_is_one_for_heads_in_a_cluster_of_two_or_more():
+    # Known answer: layer 0's heads 0 and 1 both attend to the previous token, and layer 1's head 0
+    # does too (clusters span layers); layer 0's head 2 attends to the first key, layer 1's head 1 to
+    # itself, layer 1's head 2 uniformly: each alone. The fixture of the other tests has every head
+    # redundant, so a target of 1 everywhere passed them all.
+    T = 6
+    prev = np.eye(T, k=-1)
+    prev[0, 0] = 1.0
+    sink = np.zeros((T, T))
+    sink[:, 0] = 1.0
+    uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+    maps = [[prev, prev, sink], [prev, np.eye(T), uniform]]  # (layer, head) of (query, key)
+    attn = np.array(maps)[None, :, :, None]  # (snapshot, layer, head, probe, query, key)
+    ds = xr.Dataset({"attention": (("snapshot", "layer", "head", "probe", "query", "key"), attn)},
+                    coords={"step": ("snapshot", [10]), "layer": [0, 1], "head": [0, 1, 2]})
+    got = predict.final_targets(ds, "redundant")
+    np.testing.assert_array_equal(got.target.values, [[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    # a head missing from a narrower layer (NaN attention, label -1) has no target
+    ds["attention"][0, 1, 2] = np.nan
+    np.testing.assert_array_equal(predict.final_targets(ds, "redundant").target.values,
+                                  [[1.0, 1.0, 0.0], [1.0, 0.0, np.nan]])
+
+
 def test_a_lone_head_has_no_redundancy_target():
     # It was labelled 0 ("not redundant"), a claim about a comparison that cannot be made.
     r = make_runs(n_seeds=1)[0]
@@ -166,8 +189,9 @@ def test_stored_analysis_under_other_thresholds_is_not_read_as_the_target():
     assert got.attrs["source"] == "computed from the final snapshot"
     assert got.target.values.sum() == 0 < predict.final_targets(r.data, "slash", analysis).target.values.sum()
     loose = AnalysisOptions(cluster_threshold=0.9)
-    np.testing.assert_array_equal(predict.final_targets(r.data, "redundant", analysis, loose).target.values,
-                                  predict.final_targets(r.data, "redundant", None, loose).target.values)
+    got = predict.final_targets(r.data, "redundant", analysis, loose)
+    assert got.attrs["source"] == "computed from the final snapshot"  # the values alike: every head redundant at both
+    np.testing.assert_array_equal(got.target.values, predict.final_targets(r.data, "redundant", None, loose).target.values)
     other_token = AnalysisOptions(roles=dataclasses.replace(strict.roles, token_id=3))
     assert predict.final_targets(r.data, "role", analysis, other_token).attrs["source"] != "stored analysis"
     other_induction = AnalysisOptions(roles=dataclasses.replace(strict.roles, induction=0.9))
