@@ -450,6 +450,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for line in summary.lines():
         print(line)
     t_train = time.perf_counter() - t0
+    from dynamics import store
+
+    others = len(set(store.list_runs(out, damaged="include")) - set(summary.labels))
+    if others:  # --out at a store of other runs: analysed, predicted and reported with the demo's
+        print(f"dynamics: note: {out} holds {others} run(s) besides this demo's {summary.total}; the analysis, "
+              f"predictor and report below include them", file=sys.stderr, flush=True)
 
     print("== 2/4 analyse", flush=True)
     t1 = time.perf_counter()
@@ -472,20 +478,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     print("== 4/4 report", flush=True)
     page = write_report(out, report_out)
-    print(demo_timing(t_train, t_analyse, time.perf_counter() - t0, len(summary.skipped), summary.total))
+    print(demo_timing(t_train, t_analyse, time.perf_counter() - t0, len(summary.skipped), summary.total,
+                      others))
     print(f"report: {page}\nopen {page.resolve().as_uri()}")
     return 0 if summary.ok and not failed else 1
 
 
-def demo_timing(t_train: float, t_analyse: float, t_total: float, n_skipped: int, n_runs: int) -> str:
+def demo_timing(t_train: float, t_analyse: float, t_total: float, n_skipped: int, n_runs: int,
+                n_others: int = 0) -> str:
     """The demo's closing line: its analysis time as a share of training (the goal is <= 10%).
 
-    Only when this command trained every run: runs already finished in the store cost no training
-    here, so the share would compare the analysis of every run with the training of some (of none
-    on a second demo of one store: 0.0 s, and a ratio in the tens of thousands of percent).
+    Only when this command trained every run it analysed: runs already finished in the store cost
+    no training here, so the share would compare the analysis of every run with the training of
+    some (of none on a second demo of one store: 0.0 s, and a ratio in the tens of thousands of
+    percent); ``n_others``, the store's runs outside the demo's grid, are analysed and not trained.
     """
     if n_skipped:
         share = f"no share of training: {n_skipped} of {n_runs} runs were already finished, not retrained"
+    elif n_others:
+        share = f"no share of training: the store's {n_others} other run(s) were analysed too, not trained"
     else:
         share = f"{t_analyse / t_train:.1%} of training" if t_train > 0 else "no share of training"
     return f"training {t_train:.1f}s, analysis {t_analyse:.1f}s ({share}), total {t_total:.0f}s"

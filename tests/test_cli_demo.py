@@ -75,6 +75,18 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
             assert f'<p class="note">Note: {html.escape(sentence)}.</p>' in (tmp_path / folder / "index.html").read_text()
 
 
+    # --out at a store holding other runs (here the 4 above, for a grid of another seed): they are
+    # analysed, predicted and reported with the demo's, said so, and the closing line's share,
+    # 6 runs' analysis against 2 runs' training, is not given
+    other_seed = [a if a != "sweep.train.seed=[0,1]" else "sweep.train.seed=[2]" for a in SHRINK]
+    assert cli.main(["demo", "--out", str(out), *other_seed]) == 0
+    third, err = capsys.readouterr()
+    assert f"dynamics: note: {out} holds 4 run(s) besides this demo's 2; the analysis, predictor and report below " \
+           f"include them\n" in err, err
+    assert re.search(r"^training [\d.]+s, analysis [\d.]+s \(no share of training: the store's 4 other run\(s\) were "
+                     r"analysed too, not trained\), total \d+s$", third, re.M), third
+
+
 def test_demo_timing_gives_a_share_of_training_only_when_it_trained_every_run():
     # a second `dynamics demo` of one store trained nothing and printed
     # "training 0.0s, analysis 4.9s (26694.6% of training)"
@@ -84,3 +96,7 @@ def test_demo_timing_gives_a_share_of_training_only_when_it_trained_every_run():
     assert demo_timing(0.02, 4.9, 9.0, 12, 12) == ("training 0.0s, analysis 4.9s (no share of training: 12 of 12 "
                                                    "runs were already finished, not retrained), total 9s")
     assert "% of training" not in demo_timing(40.0, 8.0, 50.0, 6, 12)
+    # --out at a store of another config's runs: 24 runs' analysis against 12 runs' training, "18.6%"
+    assert demo_timing(31.9, 5.9, 50.0, 0, 12, 12) == ("training 31.9s, analysis 5.9s (no share of training: the "
+                                                       "store's 12 other run(s) were analysed too, not trained), total 50s")
+
