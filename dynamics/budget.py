@@ -33,6 +33,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from dynamics.config import ConfigError, RunConfig
 
 GIB = 2**30
@@ -94,8 +96,45 @@ class Estimate:
 SCHEDULE_BUILT, SCHEDULE_HELD = 60, 88
 
 
+def snapshot_steps(steps: int, dense_until: int, every: int) -> np.ndarray:
+    """Steps at which snapshots are taken.
+
+    Step 0 (initialisation), then geometrically 1, 2, 4, ... up to ``dense_until``, then
+    every ``every`` steps (the multiples of ``every`` past the last power of two), and always
+    the last step ``steps`` (the state after all updates).
+
+    Parameters
+    ----------
+    steps : int
+        Number of optimiser updates in the run.
+    dense_until : int
+        Last step of the geometric (dense) phase.
+    every : int
+        Cadence after the dense phase.
+
+    Returns
+    -------
+    numpy.ndarray of int64, sorted and unique.
+
+    Example
+    -------
+    >>> snapshot_steps(1000, 64, 250).tolist()
+    [0, 1, 2, 4, 8, 16, 32, 64, 250, 500, 750, 1000]
+    """
+    out = {0, steps}
+    s = 1
+    while s <= min(dense_until, steps):
+        out.add(s)
+        s *= 2
+    # The cadence starts where the powers of two stop, not at dense_until itself: with
+    # dense_until 1000 and every 100, steps 600..1000 would otherwise go unrecorded.
+    last_dense = s // 2  # 0 when there is no dense phase
+    out.update(x for x in range(every, steps + 1, every) if x > last_dense)
+    return np.array(sorted(out), dtype=np.int64)
+
+
 def n_snapshots(steps: int, dense_until: int, every: int) -> int:
-    """``len(record.snapshot_steps(steps, dense_until, every))``, counted without building it."""
+    """``len(snapshot_steps(steps, dense_until, every))``, counted without building it."""
     powers, s = 0, 1
     while s <= min(dense_until, steps):
         powers, s = powers + 1, s * 2

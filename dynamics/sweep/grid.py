@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dynamics import tasks
+from dynamics.budget import n_snapshots, snapshot_steps
 from dynamics.config import SECTIONS, ConfigError, RunConfig, TaskConfig, with_values
 from dynamics.identity import EXECUTION_KEYS, condition_key, not_read_by, unread_settings
 from dynamics.limits import MAX_POINTS
@@ -187,7 +188,7 @@ _RESOLVED = {
 """Why two settings train alike, for the axes :func:`_read_identity` resolves (task keys: "task")."""
 
 _SCHEDULE_LISTED = 200_000
-"""Snapshot steps past the dense phase up to which a schedule is compared step by step."""
+"""Snapshot steps up to which a schedule is compared step by step."""
 
 
 def _read_identity(cfg: RunConfig) -> str:
@@ -222,18 +223,11 @@ def _read_identity(cfg: RunConfig) -> str:
 
 
 def _schedule(steps: int, dense_until: int, every: int) -> str:
-    """The snapshot steps of record.snapshot_steps (imported here without torch), as a digest;
-    past :data:`_SCHEDULE_LISTED` cadence steps, the cadence and the dense phase's end."""
-    dense, s = [0, steps], 1
-    while s <= min(dense_until, steps):
-        dense.append(s)
-        s *= 2
-    last_dense = s // 2  # the cadence starts past it, as in record.snapshot_steps
-    if steps // every - last_dense // every > _SCHEDULE_LISTED:
-        return f"{last_dense} {every}"
-    cadence = np.arange(every, steps + 1, every, dtype=np.int64)
-    taken = np.union1d(np.array(dense, dtype=np.int64), cadence[cadence > last_dense])
-    return hashlib.sha256(taken.tobytes()).hexdigest()[:16]
+    """The snapshot steps (:func:`~dynamics.budget.snapshot_steps`) as a digest; past
+    :data:`_SCHEDULE_LISTED` of them, the dense phase's last power of two and the cadence."""
+    if n_snapshots(steps, dense_until, every) > _SCHEDULE_LISTED:
+        return f"{min(dense_until, steps).bit_length()} {every}"
+    return hashlib.sha256(snapshot_steps(steps, dense_until, every).tobytes()).hexdigest()[:16]
 
 
 def _plain(value: Any) -> Any:
