@@ -91,9 +91,15 @@ def test_cli_without_computing_names_the_missing_runs_and_replaces_frames(built,
     # `dynamics analyse` skips an unfinished run: told to run it, its reader changed nothing
     plain = html.unescape(text)
     b, c = ids["B"], ids["C"]
-    assert f"{b} (completed: no stored analysis (run `dynamics analyse`))" in plain
-    assert (f"{c} (stopped: no stored analysis (`dynamics analyse` analyses it once it has finished; without "
-            "--no-compute the report analyses what it has recorded))") in plain
+    assert "<td>no stored analysis (run <code>dynamics analyse</code>)</td>" in plain
+    assert ("<td>no stored analysis (<code>dynamics analyse</code> analyses it once it has finished; without "
+            "--no-compute the report analyses what it has recorded)</td>") in plain
+    # and what is missing, for each
+    assert f"{b} (completed: no stored analysis (run <code>dynamics analyse</code>))" in plain
+    assert f"{c} (stopped: no stored analysis (<code>dynamics analyse</code> analyses it" in plain
+    # a page shows commands as code, never the terminal's backticks (alt text has no markup: plain)
+    assert "`" not in re.sub(r'alt="[^"]*"', "", re.sub(r"<script>.*?</script>", "", text, flags=re.S))
+    assert "<figcaption>" in text and all("`" not in alt for alt in re.findall(r'alt="([^"]*)"', text))
     assert f"Not available: the dendrogram and JS matrix of run {ids['C']}" in text
     for src in _srcs(text) + [f["src"] for f in frames]:
         assert _png_ok(out / src), src

@@ -75,3 +75,12 @@ def test_swept_values_with_dollar_signs_are_drawn_as_written():
     shown = [t._preprocess_math(t.get_text()) for t in ax.get_legend().get_texts()]  # (text drawn, as mathtext?)
     assert shown == [(f"teacher={p}", False) for p in paths]
     assert sorted(groups.labels.values()) == [f"teacher={p}" for p in paths]  # captions (HTML) keep the value as is
+
+
+def test_prose_sets_quoted_commands_as_code_after_escaping():
+    from dynamics.report.draw import _plain, _prose
+
+    assert _prose("run `dynamics analyse` on <a & b>") == "run <code>dynamics analyse</code> on &lt;a &amp; b&gt;"
+    # markup inside the quotes is escaped too, and a lone backtick is left as written
+    assert _prose("`<b>` and ` alone") == "<code>&lt;b&gt;</code> and ` alone"
+    assert _plain("run `dynamics gates` here") == "run dynamics gates here"

@@ -11,7 +11,7 @@ import numpy as np
 from dynamics import store
 from dynamics.analysis import ROLES
 from dynamics.report.data import _Ctx, _Section
-from dynamics.report.draw import _figure
+from dynamics.report.draw import _figure, _prose
 from dynamics.schema import FINISHED_STATUSES
 
 
@@ -172,7 +172,7 @@ def _attention_section(ctx: _Ctx) -> _Section:
     <span id="step-label">{html.escape(first["label"])}</span>
   </div>
   <img id="frame" src="{html.escape(first["src"])}" alt="attention maps of every head at the selected snapshot">
-  <figcaption>{html.escape(caption)}</figcaption>
+  <figcaption>{_prose(caption)}</figcaption>
   <script type="application/json" id="frames-data">{data}</script>
 </figure>"""
     return sec

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,23 @@ def _no_mathtext(text: str) -> str:
     """`text` as matplotlib shows it literally: a pair of `$` would start mathtext (a teacher store
     path "runs/$a_$.zarr" swept as an axis raised ValueError and lost the whole section)."""
     return text.replace("$", r"\$")
+
+
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def _prose(text: str) -> str:
+    """`text` as HTML: escaped, with each `quoted` command or name set as code.
+
+    Notes and captions quote commands the way the terminal output does (`dynamics analyse`);
+    escaped alone, the page showed the backticks themselves.
+    """
+    return _CODE.sub(r"<code>\1</code>", html.escape(text))
+
+
+def _plain(text: str) -> str:
+    """`text` without the backticks that quote code, for places that take no markup (alt text)."""
+    return _CODE.sub(r"\1", text)
 
 
 def _fmt(value: Any) -> str:

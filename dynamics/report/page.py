@@ -33,7 +33,7 @@ from dynamics.report.data import (
     _setting_axes,
     _table_settings,
 )
-from dynamics.report.draw import _fmt, _short
+from dynamics.report.draw import _fmt, _plain, _prose, _short
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
 from dynamics.report.predictor import _predict_section
 from dynamics.report.redundancy import _redundancy_section
@@ -518,7 +518,7 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
         snaps = "-" if r.status == "pending" else f"{r.n_recorded}/{r.n_snapshots}"
         rows.append(f"<tr><td><code>{html.escape(r.run_id)}</code>{mark}</td>{cells}<td>{html.escape(r.status)}</td>"
                     f"<td class=num>{snaps}</td><td class=num>{loss}</td>"
-                    f"<td>{html.escape(r.analysis_note)}</td></tr>")
+                    f"<td>{_prose(r.analysis_note)}</td></tr>")
     return (f"<table><thead><tr><th>run</th>{head}<th>status</th><th>snapshots recorded</th>"
             f"<th>last training loss (nats)</th><th>analysis</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
@@ -551,9 +551,9 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
     for s in sections:
         parts = [f'<section id="{s.anchor}"><h2>{html.escape(s.title)}</h2>', s.html]
         for rel, caption in s.figures:
-            parts.append(f'<figure><img src="{html.escape(href + rel)}" alt="{html.escape(caption[:120])}">'
-                         f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-        parts.extend(f'<p class="missing">{html.escape(m)}</p>' for m in s.missing)
+            parts.append(f'<figure><img src="{html.escape(href + rel)}" alt="{html.escape(_plain(caption)[:120])}">'
+                         f"<figcaption>{_prose(caption)}</figcaption></figure>")
+        parts.extend(f'<p class="missing">{_prose(m)}</p>' for m in s.missing)
         parts.append("</section>")
         body.append("\n".join(parts))
     return f"""<!DOCTYPE html>
@@ -567,8 +567,8 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
 <body>
 <h1>{html.escape(title)}</h1>
 <p class="meta">Store <code>{html.escape(_shown(os.fspath(path)))}</code> · {html.escape(status)} · written {when}.
-Per-run figures show run <code>{html.escape(str(chosen))}</code>. {html.escape(policy)}</p>
-{"".join(f'<p class="note">Note: {html.escape(n[0].upper() + n[1:])}.</p>' for n in notes or [])}
+Per-run figures show run <code>{html.escape(str(chosen))}</code>. {_prose(policy)}</p>
+{"".join(f'<p class="note">Note: {_prose(n[0].upper() + n[1:])}.</p>' for n in notes or [])}
 <nav>{nav}</nav>
 <h2>Runs</h2>
 {_runs_table(sorted([*runs, *pending], key=lambda r: grid_key(index or {})(r.run_id)), axes, chosen)}
