@@ -8,8 +8,10 @@ whatever device wrote it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import zipfile
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -91,6 +93,42 @@ def load_checkpoint(path: str, run_id: str) -> dict | None:
     return ckpt
 
 
+@contextlib.contextmanager
+def fitting(path: str, run_id: str) -> Iterator[None]:
+    """Around loading a checkpoint's states into the run's model (optimiser, intervention): one
+    that does not fit them is refused as damage, a StoreError naming the run.
+
+    Only a checkpoint file put there from outside does that (one copied in from another run, whose
+    shapes or keys differ): ``dynamics gates`` printed a traceback from deep in torch naming
+    neither, and a resume recorded the run as failed, its status rewritten.
+    """
+    try:
+        yield
+    except (torch.OutOfMemoryError, ConfigError, store.StoreError):
+        # the device's, not the checkpoint's; and refusals already worded (a resume naming another
+        # teacher than its checkpoint's), though OutOfMemoryError and ConfigError are RuntimeError and ValueError
+        raise
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+        if isinstance(e, KeyError):
+            reason = f"it holds no {e.args[0]!r}" if e.args else "a key is missing"
+        else:  # load_state_dict's first line is "Error(s) in loading state_dict for X:", the cause below it
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("Error(s) in loading")]
+            reason = lines[0] if lines else type(e).__name__
+        raise store.StoreError(f"run {run_id}'s checkpoint in {path} is damaged (it does not fit the run's model: "
+                               f"{reason}); its recorded arrays are untouched") from e
+
+
+def check_fits(ckpt: dict, cfg: RunConfig, path: str, run_id: str) -> None:
+    """Refuse, as :func:`fitting` does, a checkpoint whose model state does not fit the run's model.
+
+    A resume calls this before it takes the run's lock, as it makes its other refusals: taking
+    the lock rewrites the lock file's holder, and a refused command leaves the store as it was.
+    """
+    model = Transformer(cfg.model, generator=torch.Generator())  # its own generator: see load_run_model
+    with fitting(path, run_id):
+        model.load_state_dict(ckpt["model"])
+
+
 def _crc_mismatch(blob: bytes) -> str | None:
     """The first member of a checkpoint's zip whose bytes do not match their stored CRC-32, or None.
 
@@ -167,6 +205,7 @@ def load_run_model(
     # A generator of its own: the weights are overwritten, and drawing them from torch's global one
     # moved the caller's random stream
     model = Transformer(cfg.model, generator=torch.Generator()).to(device)
-    model.load_state_dict(ckpt["model"])
+    with fitting(path, run_id):
+        model.load_state_dict(ckpt["model"])
     model.eval()
     return model, cfg, int(ckpt["step"])

@@ -303,8 +303,12 @@ def train_run(
         return _skipped(run_id, prior)
     hash_now = data_hash(cfg)
     refuse_other_data(prior, cfg, path, run_id, hash_now)
-    if prior:  # damaged or lost: StoreError, here before the lock as well
-        store.check_checkpoint_kept(path, run_id, prior, present=checkpoint.load_checkpoint(path, run_id) is not None)
+    if prior:  # damaged, lost or another model's: StoreError, here before the lock as well
+        ckpt = checkpoint.load_checkpoint(path, run_id)
+        store.check_checkpoint_kept(path, run_id, prior, present=ckpt is not None)
+        if ckpt is not None:
+            checkpoint.check_fits(ckpt, cfg, path, run_id)
+            del ckpt  # loaded again under the lock, where it may have changed
     # a caller's no_grad or inference_mode (thread-local) would fail the run at its first backward
     threads = torch.get_num_threads()
     try:
@@ -376,12 +380,13 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
 
         start = 0
         if ckpt is not None:
-            model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            prev = ckpt["prev_grads"]  # loaded on the CPU (see checkpoint.load_checkpoint)
-            recorder.prev_grads = None if prev is None else prev.to(device)
-            if intervention is not None:
-                intervention.load_state_dict(ckpt["intervention"])
+            with checkpoint.fitting(path, run_id):
+                model.load_state_dict(ckpt["model"])
+                optimizer.load_state_dict(ckpt["optimizer"])
+                prev = ckpt["prev_grads"]  # loaded on the CPU (see checkpoint.load_checkpoint)
+                recorder.prev_grads = None if prev is None else prev.to(device)
+                if intervention is not None:
+                    intervention.load_state_dict(ckpt["intervention"])
             start = int(ckpt["step"])
     except (ConfigError, store.StoreError):
         # a refusal, not a failure of this run: its teacher changed or was damaged since the

@@ -1,4 +1,5 @@
 import io
+import json
 
 import numpy as np
 import pytest
@@ -154,7 +155,21 @@ def _interrupted_run(tmp_path, steps: int):
     return toml, cfg, path, Path(path, "checkpoints", cfg.run_id(), "ckpt.pt")
 
 
-@pytest.mark.parametrize("damage", ["truncated", "empty", "folder", "bitflip", "encrypted"])
+def _another_models_state(ckpt, what: str) -> None:
+    """Rewrite the checkpoint whole (so every CRC holds) with a state that does not fit the run:
+    a weight of another shape, a key lost, or the optimiser state of a model with fewer tensors."""
+    state = torch.load(ckpt, weights_only=False)
+    if what == "other_shape":  # as if copied in from a run of another width
+        state["model"]["ln_final.weight"] = torch.ones(3)
+    elif what == "no_model":
+        del state["model"]
+    else:
+        state["optimizer"]["param_groups"][0]["params"] = state["optimizer"]["param_groups"][0]["params"][:2]
+    ckpt.write_bytes(checkpoint_bytes(state))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "folder", "bitflip", "encrypted",
+                                    "other_shape", "no_model", "other_optimizer"])
 def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_path, damage):
     # torch's unpickler raised from deep inside: `dynamics run` recorded the run as failed (its
     # status and traceback rewritten) and `dynamics gates` printed 25 lines, naming no file.
@@ -172,21 +187,35 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_
         _flip_a_weight_byte(ckpt)
     elif damage == "encrypted":
         _flip_the_encrypted_flag(ckpt)
+    elif damage in ("other_shape", "no_model", "other_optimizer"):
+        # a traceback from load_state_dict in gates; a resume recorded the run as failed
+        _another_models_state(ckpt, damage)
     else:
         ckpt.write_bytes(ckpt.read_bytes()[:100] if damage == "truncated" else b"")
     Path(path, "checkpoints", cfg.run_id(), "train.lock").write_text('{"pid": 1, "host": "earlier"}')
     before = {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
-    for args in (["run", toml, "--out", path], ["gates", path, "--steps", "2", "--init-steps", "1"]):
+    misfit = {"other_shape": "size mismatch for ln_final.weight", "no_model": "it holds no 'model'",
+              "other_optimizer": "parameter group"}.get(damage)
+    # gates loads the model alone: an optimiser state of another model does not stop it
+    gates = [] if damage == "other_optimizer" else [["gates", path, "--steps", "2", "--init-steps", "1"]]
+    for args in [["run", toml, "--out", path], *gates]:
         done = cli_in_process(*args)
         assert done.returncode == 2, done.stderr
         [line] = done.stderr.splitlines()
         assert line.startswith(f"dynamics: error: run {cfg.run_id()}'s checkpoint in {path} is damaged (")
         assert ("fails its CRC check" in line) == (damage == "bitflip")  # torch.load names the others
+        if misfit:
+            assert "(it does not fit the run's model: " in line and misfit in line, line
         assert line.endswith("its recorded arrays are untouched")
-    assert {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()} == before
+    after = {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
+    if damage == "other_optimizer":  # found under the run's lock, as it is loaded: the lock names its latest holder
+        lock = str(Path(path, "checkpoints", cfg.run_id(), "train.lock"))
+        assert json.loads(after.pop(lock))["pid"] != 1 and before.pop(lock)
+    assert after == before
     assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"
-    with pytest.raises(store.StoreError, match="checkpoint in .* is damaged"):
-        load_run_model(path, cfg.run_id())
+    if damage != "other_optimizer":
+        with pytest.raises(store.StoreError, match="checkpoint in .* is damaged"):
+            load_run_model(path, cfg.run_id())
 
 
 def test_a_run_whose_checkpoint_is_lost_is_not_trained_again_over_its_snapshots(tmp_path):
