@@ -279,6 +279,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
             horizons = tuple(float(x) for x in args.horizons.split(","))
         except ValueError:
             raise UsageError(f"--horizons: expected numbers separated by commas, got {args.horizons!r}") from None
+    elif args.horizon is None and args.unit == "step":  # the default horizon is a fraction of the run
+        raise UsageError("--unit step needs --horizon or --horizons in steps (the default horizon, 0.1, is a "
+                         "fraction of the run)")
     else:
         try:
             horizons = (float(args.horizon if args.horizon is not None else "0.1"),)

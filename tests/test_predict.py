@@ -268,6 +268,9 @@ def test_cli_says_when_nothing_is_readable_and_stores_none(small_store, capsys):
         (["--group", "config"], "one group"),
         (["--target", "chg"], "chg_role"),
         (["--unit", "step", "--horizon", "1000"], "ends at step"),
+        # the default horizon is a fraction: "horizon step 0.1 is not a whole step" named one nobody gave
+        (["--unit", "step"], "error: --unit step needs --horizon or --horizons in steps (the default horizon, 0.1, "
+                             "is a fraction of the run)"),
         (["--folds", "1"], "--folds: must be >= 2, got 1"),
     ],
 )

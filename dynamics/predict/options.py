@@ -77,13 +77,17 @@ class PredictError(ValueError):
     """Bad input for the predictor (unknown target, too few runs, a single group...): one line."""
 
 
+DEFAULT_HORIZONS = (0.1,)
+"""One horizon, a tenth of each run: the default under the default unit, "fraction"."""
+
+
 @dataclass(frozen=True)
 class PredictOptions:
     """Everything that decides one prediction table; stored in the result's attrs."""
 
     target: str = "slash"
     """One of `TARGETS`."""
-    horizons: tuple[float, ...] = (0.1,)
+    horizons: tuple[float, ...] = DEFAULT_HORIZONS
     """Horizons h: features see the snapshots with step <= h (see `unit`). Kept in increasing
     order, whatever order they are given in: they are the curve's x axis."""
     unit: str = "fraction"
@@ -135,6 +139,10 @@ class PredictOptions:
         object.__setattr__(self, "horizons", tuple(self.horizons))
         if not self.horizons:
             raise PredictError("no horizons given")
+        if self.unit == "step" and self.horizons == DEFAULT_HORIZONS:
+            # the default is a fraction: "horizon step 0.1 is not a whole step" named a horizon nobody gave
+            raise PredictError(f"unit 'step' needs its horizons given in steps (the default, {DEFAULT_HORIZONS[0]}, "
+                               f"is a fraction of the run)")
         for h in self.horizons:
             if not isinstance(h, Real) or isinstance(h, bool):  # True was the h = 1 ceiling
                 raise PredictError(f"horizon {h!r} is not a number")
