@@ -54,6 +54,24 @@ def test_how_early_says_not_readable_when_no_band_clears_and_names_the_nearest()
                         "training adds nothing that clears it")
 
 
+def test_the_nearest_miss_is_never_h0_where_the_early_models_are_the_init_ones():
+    # At h=0 linear and boosting see the init snapshot alone: the init baselines' numbers. Their
+    # narrow bands there (margin -2 sd) beat h=0.25's wider miss, and the line named "linear
+    # 0.929 at h=0", the baseline's twin, as the nearest early-training model.
+    mean, sd = table({"chance": [(0.5, 0.0)] * 2, "layer": [(0.55, 0.05)] * 2, "init_linear": [(0.9, 0.01)] * 2,
+                      "init_boosting": [(0.85, 0.01)] * 2, "linear": [(0.9, 0.01), (0.85, 0.1)],
+                      "boosting": [(0.85, 0.01), (0.8, 0.1)]})
+    got = predict.judge([0.0, 0.25], mean, sd, "auroc")
+    assert got.horizon is None and got.readable == (False, False)
+    assert got.line.startswith("how early: not readable at any horizon measured (h=0 to h=0.25): no early-training "
+                               "model's band clears the best baseline's, init_linear 0.900 (band 0.890 to 0.910); "
+                               "nearest: linear 0.850 (band 0.750 to 0.950) at h=0.25; it is legible")
+    # h=0 alone: named, and said to be the initialisation's
+    one = predict.judge([0.0], mean[:1], sd[:1], "auroc")
+    assert ("nearest: linear 0.900 (band 0.890 to 0.910) at h=0 (there the early-training models see the "
+            "initialisation alone); it is legible") in one.line
+
+
 def test_a_target_set_at_initialisation_is_said_to_be_legible_there_not_just_unreadable():
     # Every model, the init-only ones included, reads it perfectly: "not readable" alone read as
     # "unpredictable". Where no init baseline clears chance and layer, nothing is added.

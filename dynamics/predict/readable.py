@@ -172,14 +172,20 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
         line = (f"how early: first readable at {labels[i]}: {_cell(models[m], mean[i, m], low[i, m], high[i, m])} "
                 f"clears the best baseline, {_cell(models[b], mean[i, b], low[i, b], high[i, b])}{rest}{tail}")
         return Readable(readable, float(horizons[i]), models[m], models[b], low, high, line, True)
-    # none readable: say how close the nearest came, so a reader sees the size of the gap
-    flat = np.where(np.isfinite(margin), margin, -np.inf)
+    # none readable: say how close the nearest came, so a reader sees the size of the gap. At h = 0
+    # the early models see the initialisation alone, the init baselines' very features: their
+    # margin there is the baseline's own band against itself, and as the "nearest" (a narrow
+    # band at h = 0 beats a wide one later) it named the baseline's twin as the closest miss.
+    trained = [i for i in judged if horizons[i] > 0] or judged
+    flat = np.full(margin.shape, -np.inf)
+    flat[trained] = np.where(np.isfinite(margin[trained]), margin[trained], -np.inf)
     i, k = np.unravel_index(int(np.argmax(flat)), flat.shape)
     m, b = early[k], best_baseline(i)
     span = labels[judged[0]] if len(judged) == 1 else f"{labels[judged[0]]} to {labels[judged[-1]]}"
+    twin = " (there the early-training models see the initialisation alone)" if horizons[i] <= 0 else ""
     line = (f"how early: not readable at any horizon measured ({span}): no early-training model's band clears the best "
             f"baseline's, {_cell(models[b], mean[i, b], low[i, b], high[i, b])}; nearest: "
-            f"{_cell(models[m], mean[i, m], low[i, m], high[i, m])} at {labels[i]}{tail}")
+            f"{_cell(models[m], mean[i, m], low[i, m], high[i, m])} at {labels[i]}{twin}{tail}")
     # A target set at initialisation reads "not readable": the early models can add nothing to
     # what the init-only ones already read, which is itself an answer, and said as one.
     blind = high[i, [models.index(n) for n in ("chance", "layer")]]
