@@ -55,7 +55,11 @@ class OneLineParser(argparse.ArgumentParser):
         return namespace, rest
 
     def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        # "dynamics: error:" as every other refusal of the command, where argparse put the
+        # subcommand's prog ("dynamics run: error:"); prog names the help to read. A bench script's
+        # parser keeps its own name.
+        head = self.prog.split()[0] if self.prog.startswith("dynamics ") else self.prog
+        self.exit(EXIT_BAD_INPUT, f"{head}: error: {message} (see {self.prog} --help)\n")
 
 
 def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str = "--out") -> None:
@@ -88,8 +92,10 @@ def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str =
         # a newer version's store, or a damaged sweep index: `run` trained into such a store, and
         # rewrote its root zarr.json, where every other command refused it
         store.check_store(path)
-        if finished is None or (not os.access(path, os.W_OK | os.X_OK) and not finished()):
-            check_writable(path, flag)
+        if finished is None or not finished():
+            # its runs/ and checkpoints/ too: a read-only one (or a file there) let a sweep start its
+            # cluster and rewrite the sweep index, then fail every point (exit 1)
+            check_writable(path, flag, into=("runs", "checkpoints"))
 
 
 def _local(value: str) -> str:

@@ -30,6 +30,8 @@ def one_line_exit_2(r, needle):
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
+    # argparse's own refusals too ("dynamics run: error: argument --out: given twice")
+    assert lines[0].startswith("dynamics: error: "), lines[0]
 
 
 @pytest.mark.parametrize("args, needle", [

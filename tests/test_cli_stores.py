@@ -98,6 +98,46 @@ def test_a_store_whose_derived_folder_is_read_only_is_refused_before_any_work(ti
             subprocess.run(["umount", str(derived)], check=True)
 
 
+@pytest.mark.parametrize("command", ["run", "sweep"])
+@pytest.mark.parametrize("section", ["runs", "checkpoints"])
+@pytest.mark.parametrize("how", ["read_only", "file"])
+def test_a_store_whose_runs_or_checkpoints_folder_cannot_take_a_run_is_refused_before_training(
+        tiny, tmp_path, command, section, how):
+    # Only the store's root was checked: a sweep started its cluster, rewrote the sweep index and
+    # failed every point (exit 1); a run failed after its lock was written (exit 1)
+    _, cfg, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    toml = tmp_path / "sweep.toml"
+    toml.write_text(Path(cfg).read_text() + '\n[sweep]\n"train.seed" = [5, 6]\n')
+    args = [command, toml if command == "sweep" else cfg, "--out", s]
+    args += ["--workers", "1"] if command == "sweep" else ["--set", "train.seed=7"]  # a run not recorded yet
+    folder = s / section
+    folder.mkdir(exist_ok=True)
+    if how == "file":
+        shutil.rmtree(folder)
+        folder.write_text("x")
+    elif os.geteuid() != 0:
+        folder.chmod(0o555)
+    elif subprocess.run(f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} {folder}",
+                        shell=True, capture_output=True).returncode != 0:
+        pytest.skip("root here cannot make a read-only mount")
+    before = {str(p): p.read_bytes() for p in sorted(s.rglob("*")) if p.is_file()}
+    try:
+        one_line_exit_2(cli_in_process(*args),
+                        f"--out {s}: its {section}/ folder is read-only here, and this command writes into it"
+                        if how == "read_only" else
+                        f"{s}: {section} is not a folder (the store is damaged); restore it from a backup")
+    finally:
+        if how == "file":
+            pass
+        elif os.geteuid() != 0:
+            folder.chmod(0o755)
+        else:
+            subprocess.run(["umount", str(folder)], check=True)
+    assert {str(p): p.read_bytes() for p in sorted(s.rglob("*")) if p.is_file()} == before
+
+
 @pytest.mark.parametrize("section", ["analysis", "derived"])
 def test_a_computed_section_that_is_a_file_stops_its_writers_not_its_readers(tiny, tmp_path, section):
     # analyse failed each run's analysis with a FileExistsError; status read no further than the check
