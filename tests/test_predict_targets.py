@@ -159,6 +159,22 @@ def test_a_lone_head_has_no_redundancy_target():
     assert np.isfinite(predict.final_targets(two, "redundant").target.values).all()
 
 
+@pytest.mark.parametrize("target", ["slash", "role", "importance", "redundant"])
+def test_a_run_picked_from_a_padded_sweep_has_its_own_targets_and_none_for_heads_it_lacks(target):
+    # open_sweep pads a shorter run's snapshots and a smaller model's heads with NaN, and
+    # .sel(run=...) keeps that padding: the final snapshot read was padding (every role 'none',
+    # every importance NaN), and a head the run lacks was labelled 'none' rather than left out.
+    r = make_runs(n_seeds=1)[0].data
+    padded = r.pad(snapshot=(0, 2), head=(0, 1)).assign_coords(head=np.arange(H + 1))  # (..., H + 1) heads
+    assert np.isnan(padded["step"].values[-1])
+    want = predict.final_targets(r, target).target.values  # (L, H)
+    got = predict.final_targets(padded, target).target.values  # (L, H + 1)
+    np.testing.assert_array_equal(got[:, :H], want)
+    assert np.isnan(got[:, H]).all()
+    assert np.isfinite(want).any()
+    np.testing.assert_array_equal(predict.horizon_steps(padded, [0.5, 1.0], "fraction"), [50.0, 100.0])
+
+
 def test_a_nan_importance_leaves_its_peers_ranked():
     # rankdata made the whole layer NaN: one head's NaN importance took every head of its layer
     # out of the importance target and out of both rank features

@@ -77,7 +77,7 @@ def horizon_steps(run: xr.Dataset, horizons: Sequence[float], unit: str) -> np.n
     >>> horizon_steps(xr.Dataset(coords={"step": ("snapshot", [0, 400])}), [0.575], "fraction").tolist()
     [230.0]
     """
-    final = float(np.max(run["step"].values))
+    final = float(np.nanmax(run["step"].values))  # a run picked from a sweep: NaN steps are its padding
     h = np.asarray(horizons, dtype=np.float64)
     if unit != "fraction":
         return h

@@ -8,6 +8,7 @@ from dataclasses import asdict
 import numpy as np
 import xarray as xr
 
+from dynamics.analysis.bifurcation import last_recorded
 from dynamics.analysis.divergence import js_distance
 from dynamics.analysis.pipeline import AnalysisOptions, is_current, slash_dominance
 from dynamics.analysis.redundancy import cluster_heads
@@ -57,7 +58,7 @@ def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[st
         last_step = float(analysis["step"].values[-1])
     except Exception as e:  # noqa: BLE001 - any codec's error: a damaged chunk
         raise _Unreadable(e) from e
-    if last_step != float(np.max(run["step"].values)):
+    if last_step != float(np.nanmax(run["step"].values)):  # NaN steps: a sweep's padding
         return None  # analysed before the run finished: its last snapshot is not the final one
     a = analysis.attrs
     n_query = run["attention"].sizes["query"] if "attention" in run else run["probe_tokens"].shape[-1]
@@ -121,7 +122,12 @@ def final_targets(
     if target not in TARGETS:
         raise PredictError(f"unknown target {target!r}; one of: {', '.join(TARGETS)}")
     opt = options or AnalysisOptions()
-    last = run.isel({SNAPSHOT: -1})
+    # A run picked from a sweep (.sel(run=...)) keeps the sweep's padding: a shorter run's last
+    # snapshot is its last recorded one (isel(-1) read its NaN padding: every role 'none').
+    last = last_recorded(run)
+    # and a head it lacks (a sweep of head counts) is padding too: no label
+    present = (last["attention"].isel(probe=0, query=0, key=0).transpose(LAYER, HEAD).notnull().values
+               if "attention" in last else None)
     out = xr.Dataset()
     source = "recorded"
 
@@ -157,12 +163,11 @@ def final_targets(
         stored = stored.transpose(LAYER, HEAD, ...)
         if target == "slash":
             flag = np.asarray(stored["slash_dominant"].values, dtype=np.float64)
-            present = (last["attention"].isel(probe=0, query=0, key=0).transpose(LAYER, HEAD).notnull().values
-                       if "attention" in last else np.ones(flag.shape, bool))
-            out["target"] = ((LAYER, HEAD), np.where(present, flag, np.nan))
+            out["target"] = ((LAYER, HEAD), flag if present is None else np.where(present, flag, np.nan))
             out["offset"] = ((LAYER, HEAD), np.asarray(stored["best_offset"].values, dtype=np.float64))
         elif target == "role":
-            out["target"] = ((LAYER, HEAD), np.asarray(stored["role"].values, dtype=np.float64))
+            codes = np.asarray(stored["role"].values, dtype=np.float64)  # a missing head's scores: NaN, so 'none'
+            out["target"] = ((LAYER, HEAD), codes if present is None else np.where(present, codes, np.nan))
         else:
             labels = np.asarray(stored["cluster"].values, dtype=np.int64)
             valid = labels >= 0
