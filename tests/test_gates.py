@@ -165,6 +165,18 @@ def test_chg_agrees_with_single_head_ablation(trained, report):
     named = xr.DataArray(minus, dims=("layer", "head")).transpose("head", "layer")
     again = pruning_curves(model, cfg, plus, named, delta, n_random=1, options=REPORT)
     assert again.order_heads.sel(order="chg").values.tolist() == curves.order_heads.sel(order="chg").values.tolist()
+    # and by its labels: heads sorted the other way (each value kept with its head) were read by
+    # position, the masks put on other heads than the values'
+    L, H = minus.shape
+    labelled = xr.DataArray(minus, dims=("layer", "head"), coords={"layer": range(L), "head": range(H)})
+    flipped = pruning_curves(model, cfg, plus, labelled.sortby("head", ascending=False), delta, n_random=1,
+                             options=REPORT)
+    assert flipped.order_heads.sel(order="chg").values.tolist() == curves.order_heads.sel(order="chg").values.tolist()
+    np.testing.assert_array_equal(flipped.loss.sel(order="chg").values, curves.loss.sel(order="chg").values)
+    from dynamics.gates.pruning import per_head
+
+    with pytest.raises(ValueError, match=r"minus must hold each head 0..3 of this model once, got head labels \[1, 2, 3, 4\]"):
+        per_head("minus", labelled.assign_coords(head=labelled["head"] + 1), L, H)
     with pytest.raises(ValueError, match="delta must be one value per head"):
         pruning_curves(model, cfg, plus, minus, report.delta_loss.values, n_random=1, options=REPORT)
 

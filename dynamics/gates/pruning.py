@@ -31,6 +31,15 @@ def per_head(name: str, values, L: int, H: int) -> np.ndarray:
     """
     if isinstance(values, xr.DataArray) and {"layer", "head"} <= set(values.dims):
         values = values.transpose("layer", "head", ...)
+        # and by label: after a sortby or an isel the positions are not the heads, and read by
+        # position the ablation masks went to other heads than the values' own, without a word
+        for dim, n in (("layer", L), ("head", H)):
+            if dim in values.coords:
+                labels = np.asarray(values[dim].values)
+                if labels.shape != (n,) or sorted(labels.tolist()) != list(range(n)):
+                    raise ValueError(f"pruning_curves: {name} must hold each {dim} 0..{n - 1} of this model once, "
+                                     f"got {dim} labels {labels.tolist()}")
+                values = values.sortby(dim)
     out = np.asarray(values, dtype=np.float64)
     if out.shape != (L, H):
         raise ValueError(f"pruning_curves: {name} must be one value per head, shape (layer, head) = ({L}, {H}) "
