@@ -91,17 +91,21 @@ def refuse_unrecorded(path: str, run_id: str, steps_at, start: int) -> None:
 
 
 def note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int, code_now: str | None) -> None:
-    """Say so when a resume runs on another device, thread count or CPU kernels than the session before it.
+    """Say so when a resume runs on another device, thread count or CPU kernels than the session
+    that trained the steps it keeps.
 
     Both are execution keys (the same experiment, the same run id), so the resume goes ahead and
     ``resumes`` records it; but reductions then sum in another order, so the remaining steps
     match an uninterrupted run only to float rounding (~1e-7 in loss on the CPU), not bitwise.
     Other dynamics code (``code_now``, its hash) is said too: the later steps are that code's.
     """
-    before = prior.get("resumes", [])
-    last = before[-1] if before else {"device": prior.get("device"), "cpu_capability": prior.get("cpu_capability"),
-                                      "threads": prior.get("config", {}).get("train", {}).get("threads"),
-                                      "code_hash": prior.get("code_hash")}
+    first = {"device": prior.get("device"), "cpu_capability": prior.get("cpu_capability"),
+             "threads": prior.get("config", {}).get("train", {}).get("threads"), "code_hash": prior.get("code_hash")}
+    sessions = [(0, first)] + [(r.get("step", 0), r) for r in prior.get("resumes", []) if isinstance(r, dict)]
+    # Compared with the session that trained the steps before `start`, the last one to begin
+    # before it: one stopped before its first checkpoint kept none, and compared with it a resume
+    # on the first session's threads said they changed, and one on its own said nothing.
+    last = [session for began, session in sessions if began < start][-1] if start > 0 else sessions[-1][1]
     now = {"train.device": ("device", cfg.train.device), "train.threads": ("threads", cfg.train.threads),
            "CPU kernels": ("cpu_capability", torch.backends.cpu.get_cpu_capability())}
     changed = [f"{name} {last.get(k)} -> {v}" for name, (k, v) in now.items()

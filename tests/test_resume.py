@@ -139,6 +139,31 @@ def test_a_resume_on_another_thread_count_says_so(cfg, tmp_path, capsys):
     assert attrs["config"]["train"]["threads"] == 1
 
 
+@pytest.mark.parametrize("threads, note", [(2, True), (1, False)])
+def test_a_resume_compares_with_the_session_that_trained_its_kept_steps(cfg, tmp_path, capsys, threads, note):
+    # A session on 2 threads stopped before its first checkpoint keeps nothing: the next resume's
+    # steps before the checkpoint were all trained on 1. Compared with that session instead, a
+    # resume on 2 threads said nothing (its steps then differ from an uninterrupted run's), and
+    # one on 1 thread said they changed (it is bitwise an uninterrupted run).
+    import torch
+
+    path = str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(12))  # on 1 thread
+    at = store.run_attrs(path, cfg.run_id())["checkpoint_step"]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_run(with_values(cfg, {"train.threads": 2}), path, progress=interrupt_at(12))  # keeps nothing
+        capsys.readouterr()
+        train_run(with_values(cfg, {"train.threads": threads}), path)
+    finally:
+        torch.set_num_threads(1)  # train_run set the session's count for this process
+    err = capsys.readouterr().err
+    assert [r["step"] for r in store.run_attrs(path, cfg.run_id())["resumes"]] == [at, at]  # the second kept none
+    assert (f"{cfg.run_id()} resumes at step {at} with train.threads 1 -> 2" in err) == note, err
+    assert ("note" in err) == note, err
+
+
 def test_a_run_records_the_code_that_trains_it_and_a_resume_by_other_code_says_so(cfg, tmp_path, capsys):
     # `version` is one release while the code changes: code_hash tells two checkouts' runs apart
     from dynamics.provenance import code_hash
