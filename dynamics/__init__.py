@@ -39,3 +39,8 @@ def __getattr__(name: str):
     if name in _SUBMODULES:
         return import_module(f"dynamics.{name}")
     raise AttributeError(f"module 'dynamics' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazy names too: a notebook's tab completion on `dynamics.` offered none of them
+    return sorted(set(globals()) | set(_EXPORTS) | _SUBMODULES)

@@ -34,3 +34,12 @@ def test_every_top_level_name_the_readme_shows_is_there():
     assert {"StaleAnalysisWarning", "StoreError", "check_recorded", "open_run", "open_derived"} <= names
     for name in names:
         dynamics.__getattr__(name)
+
+
+def test_dir_lists_the_lazy_names_for_tab_completion():
+    # a module __getattr__ without __dir__: IPython offered none of open_run, load_config, analysis
+    import dynamics
+
+    names = dir(dynamics)
+    assert {"open_run", "open_sweep", "load_config", "analysis", "store", "__version__"} <= set(names)
+    assert names == sorted(names) and "_EXPORTS" in names  # the module's own globals stay
