@@ -569,6 +569,23 @@ def test_wrong_input_is_named_before_any_work():
     assert analyse_run(ds.isel(layer=[0]), AnalysisOptions()).sizes["layer"] == 1
 
 
+def test_the_time_axis_analysers_and_summary_row_name_a_wrong_input():
+    # a bare KeyError: 'snapshot' for a curve over "step", "tuple.index(x): x not in tuple" for a
+    # share without "probe", and a TypeError on converting arrays for a sweep's whole analysis
+    from dynamics.analysis import bifurcation_step, commitment_step, emergence_step, token_dominant
+
+    curve = xr.DataArray(np.zeros((5, 2)), dims=("step", "layer"))
+    for fn, what in ((bifurcation_step, "curve"), (commitment_step, "labels"), (emergence_step, "dominant")):
+        with pytest.raises(ValueError, match=rf"{fn.__name__}: {what} needs dims \('snapshot',\); 'snapshot' missing"):
+            fn(curve)
+    with pytest.raises(ValueError, match=r"token_dominant: share needs dims \('probe',\); 'probe' missing"):
+        token_dominant(xr.DataArray([[0.6, 0.7, 0.8]], dims=("head", "probes")))
+    result = analyse_run(sweep_like())
+    with pytest.raises(ValueError, match=r"summary_row takes one run's analysis; select one with .sel\(run=...\)"):
+        summary_row(result)
+    assert summary_row(result.sel(run="a")) == summary_row(analyse_run(sweep_like().sel(run="a", drop=True)))
+
+
 @pytest.mark.parametrize("narrower", ["d_head", "d_model"])
 def test_a_run_padded_to_wider_weights_keeps_its_qk_cosines_and_subspaces(narrower):
     # open_sweep pads a narrower run's weight columns with NaN (head-count sweeps at a fixed

@@ -22,7 +22,7 @@ import numpy as np
 import xarray as xr
 
 from dynamics.analysis.divergence import _as_b
-from dynamics.schema import HEAD, SNAPSHOT
+from dynamics.schema import HEAD, SNAPSHOT, require_dims
 
 STEP = "step"  # the snapshot coordinate (schema: "step" is the snapshot coordinate)
 
@@ -124,6 +124,7 @@ def bifurcation_step(
     >>> float(bifurcation_step(x))
     40.0
     """
+    require_dims(curve, (SNAPSHOT,), "bifurcation_step: curve")  # a bare KeyError: 'snapshot' named no input
     n = curve.sizes[SNAPSHOT]
     if not 2 <= n_baseline < n:
         raise ValueError(f"n_baseline={n_baseline!r} must be >= 2 and < the {n} snapshots")
@@ -173,6 +174,7 @@ def commitment_step(labels: xr.DataArray) -> xr.DataArray:
     >>> float(commitment_step(lab)[0, 0])
     300.0
     """
+    require_dims(labels, (SNAPSHOT,), "commitment_step: labels")
     n = labels.sizes[SNAPSHOT]
     later = labels.isel({SNAPSHOT: slice(1, None)})
     # Each label is compared with the last one seen before it: a head missing at one snapshot

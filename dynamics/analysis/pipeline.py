@@ -335,6 +335,8 @@ def summary_row(result: xr.Dataset) -> dict:
     ``layer_bifurcation_steps`` is ``bifurcation_step`` per layer (a list, in layer order), or
     None for an analysis stored before it was computed.
     """
+    if RUN in result.dims:  # a sweep's analysis: every number below would be an array
+        raise ValueError("summary_row takes one run's analysis; select one with .sel(run=...) or .isel(run=...)")
     from dynamics.analysis.roles import role_names
 
     last = last_recorded(result)  # a run picked from a sweep ends before the sweep's padding

@@ -26,7 +26,7 @@ import numpy as np
 import xarray as xr
 
 from dynamics.analysis.bifurcation import recorded
-from dynamics.schema import HEAD, KEY, LAYER, OFFSET, POSITION, PROBE, QUERY, SNAPSHOT
+from dynamics.schema import HEAD, KEY, LAYER, OFFSET, POSITION, PROBE, QUERY, SNAPSHOT, require_dims
 
 __all__ = [
     "DEFAULT_KAPPA",
@@ -419,6 +419,7 @@ def token_dominant(share: xr.DataArray, threshold: float = 0.5, run_length: int 
     >>> token_dominant(s.isel(probe=[0, 1])).values.tolist()  # two probes cannot hold a run of 3
     [nan]
     """
+    require_dims(share, (PROBE,), "token_dominant: share")  # else "tuple.index(x): x not in tuple"
     if run_length < 1:
         raise ValueError(f"run_length must be >= 1; got {run_length}")
     out = xr.apply_ufunc(
@@ -469,6 +470,7 @@ def emergence_step(dominant: xr.DataArray) -> xr.DataArray:
     >>> emergence_step(d).values.tolist()
     [30.0]
     """
+    require_dims(dominant, (SNAPSHOT,), "emergence_step: dominant")
     # A run's padding past its last recorded snapshot (ragged sweep, NaN step) is not data: it
     # neither breaks the final stretch nor can start it (its NaN step drops out of the min).
     flag = _as_flag(dominant) | ~recorded(dominant)
