@@ -18,6 +18,24 @@ def test_options_of_the_wrong_type_are_named():
     assert GateOptions(steps=np.int64(3), lam=np.float32(0.5), init_steps=None).steps == 3
 
 
+def test_the_gates_functions_take_gate_options_or_none_and_name_anything_else():
+    # fit_chg(model, cfg, {"steps": 5}) failed inside the fit: 'dict' object has no attribute 'restarts'
+    import torch
+
+    from dynamics import gates
+    from dynamics.config import RunConfig
+    from dynamics.gates.options import gate_options
+    from dynamics.model import Transformer
+
+    assert gate_options(None) == GateOptions() and gate_options(GateOptions(steps=3)).steps == 3
+    cfg = RunConfig()
+    model = Transformer(cfg.model, generator=torch.Generator())
+    for call in (lambda o: gates.fit_chg(model, cfg, o), lambda o: gates.head_ablation(model, cfg, options=o),
+                 lambda o: gates.head_importance(model, cfg, o)):
+        with pytest.raises(ConfigError, match=r"^options must be a GateOptions \(or None for the defaults\), got dict$"):
+            call({"steps": 5})
+
+
 def test_an_absurd_restart_count_is_refused_before_the_fit():
     # Restarts are one batch: --restarts 1000000 asked for 32 GB at the first forward, a traceback
     assert GateOptions(restarts=256).restarts == 256

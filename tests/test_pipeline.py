@@ -1,5 +1,6 @@
 """analyse_run: the lazy, block-by-block path gives the in-memory path's values."""
 
+import re
 import warnings
 
 import dask
@@ -569,6 +570,26 @@ def test_wrong_input_is_named_before_any_work():
     assert analyse_run(ds.isel(layer=[0]), AnalysisOptions()).sizes["layer"] == 1
 
 
+def test_options_of_the_wrong_kind_are_named_by_field():
+    # roles=None: AttributeError; kappa="0.5": a bare TypeError from '<'; token_run_length=2.5
+    # accepted, and token_dominant then used a run of 2
+    from dynamics.analysis import AnalysisOptions, RoleThresholds
+
+    for kw, message in ((dict(roles=None), "AnalysisOptions.roles: expected a RoleThresholds, got None"),
+                        (dict(kappa="0.5"), "AnalysisOptions.kappa: expected a number, got '0.5'"),
+                        (dict(token_run_length=2.5), "AnalysisOptions.token_run_length: expected an integer, got 2.5"),
+                        (dict(max_offset=True), "AnalysisOptions.max_offset: expected an integer, got True")):
+        with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+            AnalysisOptions(**kw)
+    for kw, message in ((dict(sink="0.3"), "RoleThresholds.sink: expected a number, got '0.3'"),
+                        (dict(local_width=2.0), "RoleThresholds.local_width: expected an integer, got 2.0")):
+        with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+            RoleThresholds(**kw)
+    # numpy scalars are numbers, and None stays the slash window's default
+    assert AnalysisOptions(kappa=np.float32(0.5), max_offset=np.int64(4)).max_offset == 4
+    assert RoleThresholds(slash_max_offset=None, token_id=np.int64(3)).slash_max_offset is None
+
+
 def test_the_time_axis_analysers_and_summary_row_name_a_wrong_input():
     # a bare KeyError: 'snapshot' for a curve over "step", "tuple.index(x): x not in tuple" for a
     # share without "probe", and a TypeError on converting arrays for a sweep's whole analysis
@@ -578,6 +599,8 @@ def test_the_time_axis_analysers_and_summary_row_name_a_wrong_input():
     for fn, what in ((bifurcation_step, "curve"), (commitment_step, "labels"), (emergence_step, "dominant")):
         with pytest.raises(ValueError, match=rf"{fn.__name__}: {what} needs dims \('snapshot',\); 'snapshot' missing"):
             fn(curve)
+    with pytest.raises(TypeError, match=r"token_dominant: run_length must be an integer; got 1.9"):
+        token_dominant(xr.DataArray([0.9, 0.1, 0.9], dims="probe"), run_length=1.9)
     with pytest.raises(ValueError, match=r"token_dominant: share needs dims \('probe',\); 'probe' missing"):
         token_dominant(xr.DataArray([[0.6, 0.7, 0.8]], dims=("head", "probes")))
     result = analyse_run(sweep_like())

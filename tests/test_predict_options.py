@@ -51,6 +51,8 @@ def test_bad_options_and_runs():
         PredictOptions(horizons=(-3.0,), unit="step")
     with pytest.raises(PredictError, match="horizon step 0.5 is not a whole step"):
         PredictOptions(horizons=(0.5,), unit="step")
+    with pytest.raises(PredictError, match=r"^analysis must be an AnalysisOptions, got None$"):
+        PredictOptions(analysis=None)  # accepted, then a TypeError from asdict once targets were read
     with pytest.raises(PredictError, match=r"unit 'step' needs its horizons given in steps \(the default, 0.1, is a "):
         PredictOptions(unit="step")
     runs = make_runs(n_seeds=3)

@@ -22,7 +22,7 @@ from dynamics.analysis.divergence import (
     within_layer_divergence,
 )
 from dynamics.analysis.redundancy import attention_correlation, cluster_heads, redundancy_fraction
-from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, role_scores
+from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, check_kinds, role_scores
 from dynamics.analysis.slash import (
     DEFAULT_KAPPA,
     best_offset,
@@ -70,6 +70,8 @@ class AnalysisOptions:
     """Snapshots that define the initial noise band of the divergence curve."""
 
     def __post_init__(self):
+        check_kinds(self, ints=("slash_min_offset", "max_offset", "token_run_length", "baseline_snapshots"),
+                    nested={"roles": RoleThresholds})
         if not 0.0 < self.kappa <= 1.0:
             raise ValueError(f"AnalysisOptions.kappa must be in (0, 1]; got {self.kappa!r}")
         if self.slash_min_offset < 0:

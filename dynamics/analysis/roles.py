@@ -23,7 +23,8 @@ pass through. NaN-padded heads get NaN scores and the label "none" from `assign_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from numbers import Integral, Real
 
 import numpy as np
 import xarray as xr
@@ -54,6 +55,28 @@ SPECIFIC_ROLES = ROLES[:6]
 
 GENERIC_ROLES = ROLES[6:8]
 """Roles that describe a shape rather than a mechanism: local (near the diagonal), diffuse (spread)."""
+
+
+def check_kinds(options, ints: tuple[str, ...], nested: dict[str, type] | None = None) -> None:
+    """TypeError naming the first field of the dataclass `options` whose value is not of its kind:
+    an integer for `ints` (or None where None is the field's default), an instance of its class
+    for `nested`, a real number for the others.
+
+    The range checks after it compared a string with '<' (a bare TypeError naming no field), and a
+    count given as 2.5 was accepted and truncated where it was used.
+    """
+    nested = nested or {}
+    for f in fields(options):
+        value = getattr(options, f.name)
+        if f.name in nested:
+            ok, kind = isinstance(value, nested[f.name]), f"a {nested[f.name].__name__}"
+        elif f.name in ints:
+            ok = (isinstance(value, Integral) and not isinstance(value, bool)) or (value is None and f.default is None)
+            kind = "an integer"
+        else:
+            ok, kind = isinstance(value, Real) and not isinstance(value, bool), "a number"
+        if not ok:
+            raise TypeError(f"{type(options).__name__}.{f.name}: expected {kind}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +120,7 @@ class RoleThresholds:
     """Band width w of the local role: offsets 0..w-1."""
 
     def __post_init__(self):
+        check_kinds(self, ints=("slash_min_offset", "slash_max_offset", "token_id", "local_width"))
         for name in ROLES[:-1]:
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:

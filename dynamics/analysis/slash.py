@@ -21,6 +21,7 @@ computed eagerly: dask-backed inputs give dask-backed outputs.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from numbers import Integral
 
 import numpy as np
 import xarray as xr
@@ -420,6 +421,8 @@ def token_dominant(share: xr.DataArray, threshold: float = 0.5, run_length: int 
     [nan]
     """
     require_dims(share, (PROBE,), "token_dominant: share")  # else "tuple.index(x): x not in tuple"
+    if not isinstance(run_length, Integral) or isinstance(run_length, bool):  # 2.5 ran as 2, 1.9 as 1
+        raise TypeError(f"token_dominant: run_length must be an integer; got {run_length!r}")
     if run_length < 1:
         raise ValueError(f"run_length must be >= 1; got {run_length}")
     out = xr.apply_ufunc(

@@ -12,7 +12,7 @@ from torch import Tensor
 from dynamics.config import ConfigError, RunConfig
 from dynamics.gates._engine import _batches, _device, _score, entry
 from dynamics.gates.maths import component_weights, layer_normalised
-from dynamics.gates.options import HELDOUT_STEP, GateOptions
+from dynamics.gates.options import HELDOUT_STEP, GateOptions, gate_options
 from dynamics.model import Transformer
 from dynamics.schema import COMPONENT, HEAD, LAYER
 
@@ -64,7 +64,7 @@ def ablation_losses(
     """
     if method not in ("zero", "mean"):
         raise ConfigError(f"ablation method: expected zero or mean, got {method!r}")
-    opts = options or GateOptions()
+    opts = gate_options(options)
     device = _device(model)
     masks = np.asarray(ablate, dtype=bool)
     masks = masks[None] if masks.ndim == 2 else masks  # (N, L, H)
@@ -145,7 +145,7 @@ def head_importance(model: Transformer, cfg: RunConfig, options: GateOptions | N
     -------
     >>> head_importance(model, cfg).sel(layer=0)  # doctest: +SKIP
     """
-    opts = options or GateOptions()
+    opts = gate_options(options)
     device = _device(model)
     L, H = cfg.model.n_layers, cfg.model.n_heads
     per_component = []

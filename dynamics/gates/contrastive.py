@@ -14,7 +14,7 @@ from dynamics.config import ConfigError, RunConfig
 from dynamics.gates._engine import Progress, _batches, _device, _init_logits, _nll_per_set, _optimise, _score, entry
 from dynamics.gates.fit import _coords
 from dynamics.gates.maths import contrastive_loss
-from dynamics.gates.options import HELDOUT_STEP, RESTART, GateOptions
+from dynamics.gates.options import HELDOUT_STEP, RESTART, GateOptions, gate_options
 from dynamics.model import Transformer
 from dynamics.schema import HEAD, LAYER
 
@@ -72,7 +72,7 @@ def fit_contrastive(
         ("gated"), and the binarised sub-circuit ("circuit"); ``contrast_settle`` (restart, layer,
         head) each gate's absolute change over the fit's last tenth of updates. Attrs ``retain``, ``forget``.
     """
-    opts = options or GateOptions()
+    opts = gate_options(options)
     names = cfg.task.component_names
     for name in (retain, forget):
         if name not in names:

@@ -14,7 +14,7 @@ from torch import Tensor
 from dynamics.config import RunConfig
 from dynamics.gates._engine import Progress, _batches, _device, _init_logits, _nll_per_set, _optimise, _score, entry
 from dynamics.gates.maths import chg_loss, chg_roles, label_agreement
-from dynamics.gates.options import CHG_ROLES, RESTART, STAGES, GateOptions
+from dynamics.gates.options import CHG_ROLES, RESTART, STAGES, GateOptions, gate_options
 from dynamics.model import Transformer
 from dynamics.schema import FIT, FITS, HEAD, LAYER
 
@@ -71,7 +71,7 @@ def fit_chg(
     >>> ds = fit_chg(model, cfg, GateOptions(steps=200, restarts=4))  # doctest: +SKIP
     >>> ds.chg.sel(fit="minus").mean("restart")  # doctest: +SKIP
     """
-    opts = options or GateOptions()
+    opts = gate_options(options)
     device = _device(model)
     logits0 = (_init_logits(cfg, opts, opts.restarts) if init_logits is None else init_logits.float()).to(device)
     k = logits0.shape[0]

@@ -27,6 +27,16 @@ batch_size rows per update, 16,384 at the bound with the default batch), so a mi
 (--restarts 1000000) failed allocating the batch with a traceback after the model was loaded."""
 
 
+def gate_options(options) -> GateOptions:
+    """``options``, or the defaults for None; ConfigError for anything else (a dict of options
+    failed deep inside the fit with an AttributeError naming no argument)."""
+    if options is None:
+        return GateOptions()
+    if not isinstance(options, GateOptions):
+        raise ConfigError(f"options must be a GateOptions (or None for the defaults), got {type(options).__name__}")
+    return options
+
+
 @dataclass(frozen=True)
 class GateOptions:
     """How gates are fitted and scored; the authors' defaults except clamp_start (package docstring, dynamics/gates/__init__.py)."""

@@ -8,7 +8,7 @@ import xarray as xr
 from dynamics.config import ConfigError, RunConfig
 from dynamics.gates.ablation import ablation_losses, head_importance
 from dynamics.gates.maths import component_weights
-from dynamics.gates.options import PRUNE_ORDERS, GateOptions
+from dynamics.gates.options import PRUNE_ORDERS, GateOptions, gate_options
 from dynamics.model import Transformer
 
 
@@ -87,7 +87,7 @@ def pruning_curves(
     """
     if n_random < 1:
         raise ConfigError(f"pruning_curves: n_random must be >= 1 (the random order is their mean), got {n_random}")
-    opts = options or GateOptions()
+    opts = gate_options(options)
     L, H = cfg.model.n_layers, cfg.model.n_heads
     n = L * H
     plus, minus, delta = (per_head(name, x, L, H) for name, x in (("plus", plus), ("minus", minus), ("delta", delta)))

@@ -12,7 +12,7 @@ from dynamics.gates.ablation import head_ablation
 from dynamics.gates.contrastive import fit_contrastive
 from dynamics.gates.fit import fit_chg
 from dynamics.gates.maths import component_weights, rank_agreement, rank_agreement_undefined, tied_majority, unsettled
-from dynamics.gates.options import CHG_ROLES, RESTART, GateOptions
+from dynamics.gates.options import CHG_ROLES, RESTART, GateOptions, gate_options
 from dynamics.interventions.common import forward_changes
 from dynamics.model import Transformer
 from dynamics.schema import COMPONENT, HEAD, LAYER
@@ -58,7 +58,7 @@ def gate_report(
         of ``model``, so gates fitted to it would describe another network than the one trained.
     """
     check_fittable(cfg)
-    opts = options or GateOptions()
+    opts = gate_options(options)
     ds = fit_chg(model, cfg, opts, progress=progress)
     if progress is not None:
         progress("ablation", 0, 1)

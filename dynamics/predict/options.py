@@ -128,6 +128,8 @@ class PredictOptions:
     def __post_init__(self):
         if self.target not in TARGETS:
             raise PredictError(f"unknown target {self.target!r}; one of: {', '.join(TARGETS)}")
+        if not isinstance(self.analysis, AnalysisOptions):  # None or a dict failed only once targets were read
+            raise PredictError(f"analysis must be an AnalysisOptions, got {self.analysis!r}")
         if self.unit not in UNITS:
             raise PredictError(f"unknown horizon unit {self.unit!r}; one of: {', '.join(UNITS)}")
         if self.group_by not in GROUPINGS:
