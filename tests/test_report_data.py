@@ -20,7 +20,7 @@ def test_partial_store_runs_are_analysed_in_memory_and_said_so(built):
     row = {k: re.search(rf"<tr><td><code>{ids[k]}</code>.*?</tr>", text).group(0) for k in ids}
     assert ">pending<" in row["P"] and "not started yet" in row["P"]  # in the sweep index, never started
     assert "2 completed, 1 pending, 1 stopped (3 of 4 runs of the sweep index started)" in text
-    assert "stored by `dynamics analyse`" in html.unescape(row["A"])
+    assert "stored by <code>dynamics analyse</code>" in html.unescape(row["A"])  # the terminal's `quotes` as code
     assert "computed for this report (not stored)" in row["B"]
     # "running" in its attrs, but nobody holds its training lock: killed, shown as `dynamics status` does.
     assert store.run_attrs(path, ids["C"])["status"] == "running"
@@ -238,7 +238,7 @@ def test_an_analysis_stored_by_older_analysers_is_recomputed_and_said_so(built, 
     text = html.unescape(write_report(copy, tmp_path / "out").read_text())
     row = re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
     assert "computed for this report (not stored); the stored one is from an older version of the analysers" in row
-    assert "stored by `dynamics analyse`" not in row
+    assert "stored by <code>dynamics analyse</code>" not in row
     # without computing, the chosen run's figures say the same, not that it has no analysis
     text = html.unescape(write_report(copy, tmp_path / "out2", run_id=ids["A"], compute_missing=False).read_text())
     assert "role labels not available because the run's stored analysis is from an older version" in text
@@ -255,8 +255,8 @@ def test_a_damaged_stored_analysis_is_recomputed_and_said_so(built, tmp_path):
     data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0x08
     chunk.write_bytes(bytes(data))
-    said = ("its stored analysis could not be read (a chunk failed its checksum; `dynamics analyse` writes it "
-            "again)")
+    said = ("its stored analysis could not be read (a chunk failed its checksum; <code>dynamics analyse</code> writes "
+            "it again)")
     text = html.unescape(write_report(copy, tmp_path / "out").read_text())
     row = re.search(rf"<tr><td><code>{ids['A']}</code>.*?</tr>", text).group(0)
     assert f"computed for this report (not stored); {said}" in row
