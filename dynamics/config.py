@@ -277,6 +277,9 @@ def _flatten(prefix: str, table: dict) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in table.items():
         key = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict) and not v:  # --set 'sweep.intervene.templates={}' swept nothing, without a word
+            raise ConfigError(f"sweep.{key}: an empty table holds no axis (an axis is a list of values, "
+                              f"e.g. sweep.{key}.<key> = [...])")
         for dotted, value in (_flatten(key, v) if isinstance(v, dict) else {key: v}).items():
             if dotted in out:
                 raise ConfigError(f"sweep.{dotted}: given twice (as a dotted key and in a table)")

@@ -85,6 +85,10 @@ def test_int_accepted_for_float_but_not_reverse():
          "sweep.train.seed: given twice (in [sweep] and in its axes table)"),
         ({"model": {"gate_init": float("nan")}}, "model.gate_init: expected a finite number"),
         ({"sweep": {"train": {"seed": []}}}, "sweep.train.seed: empty list"),
+        # --set 'sweep.intervene.templates={}' swept nothing and trained the file's grid
+        ({"sweep": {"train.seed": [0, 1], "intervene": {"templates": {}}}},
+         "sweep.intervene.templates: an empty table holds no axis (an axis is a list of values, "
+         "e.g. sweep.intervene.templates.<key> = [...])"),
         # bounded before any work: the loss curve and schedule are allocated whole, and torch
         # seeds are 64-bit
         ({"train": {"steps": 10**8 + 1}}, "train.steps: must be in [1, 100,000,000], got 100000001"),
