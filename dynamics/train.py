@@ -380,13 +380,13 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
 
         start = 0
         if ckpt is not None:
-            with checkpoint.fitting(path, run_id):
+            with checkpoint.fitting(path, run_id):  # a device's own error stays outside it: not the checkpoint's
                 model.load_state_dict(ckpt["model"])
                 optimizer.load_state_dict(ckpt["optimizer"])
                 prev = ckpt["prev_grads"]  # loaded on the CPU (see checkpoint.load_checkpoint)
-                recorder.prev_grads = None if prev is None else prev.to(device)
                 if intervention is not None:
                     intervention.load_state_dict(ckpt["intervention"])
+            recorder.prev_grads = None if prev is None else prev.to(device)
             start = int(ckpt["step"])
     except (ConfigError, store.StoreError):
         # a refusal, not a failure of this run: its teacher changed or was damaged since the
