@@ -47,7 +47,7 @@ def test_a_failure_the_store_could_not_record_says_so(tmp_path, monkeypatch):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(fs)], capture_output=True).returncode:
         pytest.skip("cannot mount a small filesystem here (needs root)")
     try:
-        cfg = from_dict(tiny(train={"steps": 3000}, record={"every": 5}))
+        cfg = from_dict(tiny(train={"steps": 60}, record={"every": 5}))
         path, run_id = str(fs / "s.zarr"), cfg.run_id()
         store.init_store(path)
         fill = fs / "fill"
