@@ -16,6 +16,7 @@ from bench import rounding as bench_rounding
 from bench import store as bench_store
 from bench import sweep as bench_sweep
 from bench import train as bench_train
+from tests.conftest import TINY as TINY_TOML
 
 ROOT = Path(__file__).resolve().parents[1]
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"  # where train.py sets malloc's thresholds
@@ -245,29 +246,33 @@ def test_rounding_compares_two_identical_diverged_runs_as_equal(tmp_path):
 
 
 @pytest.mark.parametrize("script, argv, printed", [
+    # --set a narrower MLP: every section on a cheaper model, and the override seen to reach it
+    # (2 x (4 x 64 x 64 + 2 x 64 x 128) + 64 x 64 = 69,632 weights)
     ("train.py", ["--steps", "1", "--repeats", "1", "--peak-n", "64", "--run-steps", "21", "--pairs", "1", "--no-threads",
-                  "--allocator-rounds", "1"],
-     ["FLOPs/token = 6 x 102400 + 6 L (T+1) H d_head", "MFU = ", "2. where the step goes", "dense matmuls:",
+                  "--allocator-rounds", "1", "--set", "model.d_mlp=128"],
+     ["d_model=64 H=4 d_head=16 d_mlp=128", "FLOPs/token = 6 x 69632 + 6 L (T+1) H d_head", "MFU = ",
+      "2. where the step goes", "dense matmuls:",
       "attention alone,", "profiler self time", "3. train_run(recording=False) step / bare step = ",
       "step time at batch 16 / 32 / 64: ", "the least-squares line through each round's three: ", "the rows' own ",
       "minor page faults: ", "5. malloc thresholds"]
      + (["with train.py's malloc thresholds", "train.py's (dynamics.allocator)"] if GLIBC else ["not compared"])),
-    ("train.py", ["--steps", "1", "--repeats", "1", "--peak-n", "64", "--no-train-run", "--no-threads", "--no-profile",
-                  "--no-allocator", "--no-batch-line", "--set", "model.d_model=128", "--set", "model.d_mlp=512"],
-     ["d_model=128 H=4 d_head=32 d_mlp=512", "MFU = "]),
-    ("record.py", ["--steps", "20", "--dense-steps", "2", "--repeats", "1", "--calls", "1"],
+    ("record.py", ["--steps", "20", "--dense-steps", "2", "--repeats", "1", "--calls", "1", "--config", "TINY"],
      ["1. end to end: train_run time / recording=False time", "every step, 2 steps, on, sync writes",
       "2. per snapshot, each piece alone", "all, training thread"]),
     ("store.py", ["--snapshots", "1", "--repeats", "1"],
      ["blosc-zstd-5-shuffle", "<- store", "store uses: zstd-1", "least CPU within 5% of the best ratio: "]),
-    ("analysis.py", ["--skip-memory", "--steps", "30", "--rounds", "1", "--analyses", "1"],
+    ("analysis.py", ["--skip-memory", "--steps", "30", "--rounds", "1", "--analyses", "1", "--config", "TINY"],
      ["1. time: analyse_store / train_run on the same store", "(goal <= 10%"]),
     ("analysis.py", ["--skip-time", "--store-mb", "1", "--runs", "1", "--layers", "1", "--heads", "2", "--cap-mb", "256"],
      ["2. memory: analyse_store", "under RLIMIT_AS = baseline address space + 256 MiB: finished"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
-def test_each_bench_runs_end_to_end_and_prints_what_readme_quotes(script, argv, printed):
+def test_each_bench_runs_end_to_end_and_prints_what_readme_quotes(script, argv, printed, tmp_path):
     # The other tests here check flags and formulas; a bench broken on its working path (a renamed
     # import, a changed API) went unseen until someone re-measured README's Performance table.
+    # "TINY": the tests' tiny model, where the bench's figures do not matter, only its path through
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text(TINY_TOML.format(steps=20, every=10))
+    argv = [str(tiny) if a == "TINY" else a for a in argv]
     r = subprocess.run([sys.executable, str(ROOT / "bench" / script), *argv], capture_output=True, text=True,
                        cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
