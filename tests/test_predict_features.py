@@ -133,3 +133,26 @@ def test_a_horizon_between_snapshots_is_said_to_see_the_last_snapshot_before_it(
     assert curve.n_snapshots_seen.values.tolist() == [[3] * 3]
     assert "features saw snapshots up to step h=0.15: 10 (final step 100)" in predict.format_curve(curve)
     assert "h=0.15 (step 10)" in curve.attrs["readable_summary"]
+
+
+def test_horizons_that_see_the_same_snapshots_share_their_features(monkeypatch):
+    # h = 0 and init both cut at step 0, h = 0.12 and h = 0.15 both at step 10 (snapshots at 0,
+    # 5, 10, 20, 40, 70, 100; h = 0.5 sees 5 of them): with the cache predict_runs passes, each run's features are computed once per
+    # cut, 3 cuts in all, and the tables equal those computed without it
+    from dynamics.predict import features
+
+    runs = make_runs(n_seeds=3)
+    opt = PredictOptions(horizons=(0.0, 0.12, 0.15, 0.5), n_splits=3, boosting_iter=5)
+    rows = predict.target_table(runs, opt)
+    calls: list[int] = []
+    real = features.head_features
+    monkeypatch.setattr(features, "head_features", lambda early, o=None: calls.append(early.sizes["snapshot"]) or real(early, o))
+    cache: dict = {}
+    shared = [features.feature_table(runs, rows, h, opt, cache) for h in (None, *opt.horizons)]
+    assert sorted(calls) == sorted([1, 3, 5] * len(runs)) and len(cache) == 3 * len(runs)
+    alone = [features.feature_table(runs, rows, h, opt) for h in (None, *opt.horizons)]
+    for a, b in zip(shared, alone, strict=True):
+        xr.testing.assert_identical(a, b)
+    calls.clear()
+    predict.predict_runs(runs, opt)  # which passes its cache
+    assert len(calls) == 3 * len(runs)

@@ -89,8 +89,9 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
 
     say = progress or (lambda text: None)
     say(f"{len(runs)} runs, {rows.sizes['head_row']} heads: features at {len(opt.horizons)} horizon(s)")
-    init = feature_table(runs, rows, None, opt)
-    tables = {h: feature_table(runs, rows, h, opt) for h in opt.horizons}
+    cut: dict = {}  # horizons that see the same snapshots of a run share its features
+    init = feature_table(runs, rows, None, opt, cut)
+    tables = {h: feature_table(runs, rows, h, opt, cut) for h in opt.horizons}
     say(f"fitting {len(MODELS)} models x {len(splits)} folds at {len(opt.horizons)} horizon(s)")
     preds, scores = cross_validate(
         {h: t.values for h, t in tables.items()}, init.values, rows["target"].values,

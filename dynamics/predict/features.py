@@ -247,7 +247,8 @@ def head_features(early: xr.Dataset, options: AnalysisOptions | None = None) -> 
 # --------------------------------------------------------------------------- feature table
 
 
-def feature_table(runs: Sequence[Run], rows: xr.Dataset, horizon: float | None, options: PredictOptions) -> xr.DataArray:
+def feature_table(runs: Sequence[Run], rows: xr.Dataset, horizon: float | None, options: PredictOptions,
+                  cache: dict | None = None) -> xr.DataArray:
     """Features (head_row, feature) of the heads in `rows`, each from its run cut at the horizon.
 
     Parameters
@@ -258,6 +259,10 @@ def feature_table(runs: Sequence[Run], rows: xr.Dataset, horizon: float | None, 
     horizon : float or None
         In ``options.unit``; None means the first snapshot only (initialisation).
     options : PredictOptions
+    cache : dict, optional
+        Kept across calls with the same runs and options (`predict_runs` passes one): a run cut
+        at the same snapshot for two horizons (or for a horizon and initialisation) has its
+        features computed once. Keyed by run id and the number of snapshots seen.
 
     Returns
     -------
@@ -276,9 +281,17 @@ def feature_table(runs: Sequence[Run], rows: xr.Dataset, horizon: float | None, 
         else:
             step = float(horizon_steps(data, [horizon], options.unit)[0])
         early = early_snapshots(data, step)  # cut FIRST: nothing below sees later snapshots
-        per_run[rid] = head_features(early, options.analysis)
         steps[rid] = float(np.max(early["step"].values))
         seen[rid] = int(early.sizes[SNAPSHOT])
+        # early_snapshots keeps a prefix of the snapshots, so its length says which; head_features
+        # reads per-snapshot variables only, not the loss that the cut also shortens by step
+        key = (rid, seen[rid])
+        if cache is not None and key in cache:
+            per_run[rid] = cache[key]
+            continue
+        per_run[rid] = head_features(early, options.analysis)
+        if cache is not None:
+            cache[key] = per_run[rid]
     names = {rid: set(p["feature"].values.tolist()) for rid, p in per_run.items()}
     common = [f for f in per_run[wanted[0]]["feature"].values.tolist() if all(f in n for n in names.values())]
     run_of = rows["row_run"].values
