@@ -340,10 +340,13 @@ def test_seed_consistency_groups_runs_by_their_config(three_runs, tmp_path):
     assert derived is not None and derived.similarity.sizes["group"] == 2
 
 
-def _with_two_slow_seeds(three_runs, path):
-    """A copy of the store with two seeds of its config at train.lr 1e-3 added: (path, its completed
-    runs before, their stored config, the added configs)."""
-    path = str(path)
+@pytest.fixture(scope="module")
+def two_slow_seeds(three_runs, tmp_path_factory):
+    """A copy of the store with two seeds of its config at train.lr 1e-3 added, every run analysed:
+    (path, its completed runs before, their stored config, the added configs). Trained and analysed
+    once for the tests below, which copy it: seed_consistency reads the sweep index they write
+    when it is called, so they need not analyse again."""
+    path = str(tmp_path_factory.mktemp("slow") / "s.zarr")
     shutil.copytree(three_runs[0], path)
     done = [r for r in store.list_runs(path) if store.run_attrs(path, r)["status"] == "completed"]
     base = store.run_attrs(path, done[0])["config"]
@@ -351,31 +354,36 @@ def _with_two_slow_seeds(three_runs, path):
     slow = [with_values(cfg, {"train.lr": 1e-3, "train.seed": s}) for s in (0, 1)]
     for c in slow:
         train_run(c, path)
+    analyse_store(path, workers=1)
     return path, done, base, slow
 
 
-def test_seed_consistency_names_groups_that_share_their_swept_values(three_runs, tmp_path):
+def _with_two_slow_seeds(two_slow_seeds, path):
+    """A copy of the `two_slow_seeds` store at `path`, and what the fixture returns of it."""
+    shutil.copytree(two_slow_seeds[0], path)
+    return str(path), *two_slow_seeds[1:]
+
+
+def test_seed_consistency_names_groups_that_share_their_swept_values(two_slow_seeds, tmp_path):
     # A second sweep of the same axis from another base config (--set train.lr=...) into the store:
     # both groups have the same swept values, and their lines must still say which is which.
     from dynamics.analyse import seed_consistency
 
-    path, done, base, slow = _with_two_slow_seeds(three_runs, tmp_path / "m.zarr")
+    path, done, base, slow = _with_two_slow_seeds(two_slow_seeds, tmp_path / "m.zarr")
     scale = base["model"]["init_scale"]
     points = {r: {"model.init_scale": scale, "train.seed": store.run_attrs(path, r)["config"]["train"]["seed"]}
               for r in [*done, *(c.run_id() for c in slow)]}
     store.write_sweep_index(path, {"axes": ["model.init_scale", "train.seed"], "runs": points})
-    analyse_store(path, workers=1)
     rows = {label: n for label, _, _, n in seed_consistency(path)}
     swept = json.dumps({"model.init_scale": scale})
     assert rows == {f"{swept}, train.lr={base['train']['lr']}": 3, f"{swept}, train.lr=0.001": 2}
 
 
-def test_seed_consistency_lines_come_in_the_grids_order(three_runs, tmp_path):
+def test_seed_consistency_lines_come_in_the_grids_order(two_slow_seeds, tmp_path):
     # They came in the order of their groups' config hashes, under a table in the grid's order.
     from dynamics.analyse import seed_consistency
 
-    path, done, base, slow = _with_two_slow_seeds(three_runs, tmp_path / "o.zarr")
-    analyse_store(path, workers=1)
+    path, done, base, slow = _with_two_slow_seeds(two_slow_seeds, tmp_path / "o.zarr")
     lr = base["train"]["lr"]
     runs = {r: {"train.lr": lr, "train.seed": store.run_attrs(path, r)["config"]["train"]["seed"]} for r in done}
     runs |= {c.run_id(): {"train.lr": 1e-3, "train.seed": c.train.seed} for c in slow}
