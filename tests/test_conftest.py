@@ -49,3 +49,11 @@ def test_a_strict_modules_own_open_pipe_still_fails_it(tmp_path):
     r = pytest_in(tmp_path, {"test_a_strict.py": STRICT.replace("def test_collects", LEAK + "\ndef test_collects")})
     assert r.returncode == 1 and "1 failed, 1 passed" in r.stdout, r.stdout + r.stderr
     assert "ResourceWarning: unclosed file" in r.stdout, r.stdout
+
+
+def test_every_file_the_suite_starts_first_exists():
+    # A renamed or split file would silently drop out of the order and could start last again.
+    from tests.conftest import SLOWEST_FIRST
+
+    assert [p for p in SLOWEST_FIRST if not (CONFTEST.parent / p).is_file()] == []
+    assert len(set(SLOWEST_FIRST)) == len(SLOWEST_FIRST)
