@@ -23,7 +23,6 @@ pass through. NaN-padded heads get NaN scores and the label "none" from `assign_
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, fields
 from numbers import Integral, Real
 
@@ -417,33 +416,25 @@ def _positional_baselines(attn: xr.DataArray, max_offset: int, thresholds: RoleT
     }
 
 
-@functools.lru_cache(maxsize=64)
-def _confounded_roles(n: int, max_offset: int, thresholds: RoleThresholds) -> tuple[str, ...]:
-    """The positional roles that uniform causal attention, or (for the roles other than sink) all
-    attention on the first token, already passes over ``n`` positions.
+def _unless_confounded(scores: dict, n: int, max_offset: int, thresholds: RoleThresholds) -> dict:
+    """`scores` with NaN for each positional role that uniform causal attention, or (for the roles
+    other than sink) all attention on the first token, already passes over ``n`` positions.
 
     Probes that short cannot tell such a head from no pattern, or from a sink: alpha_0 = H_T / T
     reaches the sink threshold 0.3 up to T = 9 and self's 0.5 up to T = 4, so every head read
-    "sink" there; at T <= 3 a sink head scores previous_token(1) = 0.5.
-
-    Cached: it depends on the probe length and the settings alone, and `role_scores`, which the
-    predictor calls once per run and horizon, scored the two patterns at every call (about 4 ms
-    of its 50 ms on 4 probes of 16 positions, timed alone on the first-generation AMD EPYC).
+    "sink" there; at T <= 3 a sink head scores previous_token(1) = 0.5. NaN never passes.
     """
     keep = np.tril(np.ones((n, n)))
     uniform = xr.DataArray((keep / keep.sum(1, keepdims=True))[None], dims=(PROBE, QUERY, KEY))  # (1, T, T)
     first = xr.DataArray(np.eye(n)[[0] * n][None], dims=(PROBE, QUERY, KEY))  # (1, T, T): all on key 0
     by_uniform = _positional_baselines(uniform, max_offset, thresholds)
     by_first = _positional_baselines(first, max_offset, thresholds)
-    return tuple(role for role in _POSITIONAL_ROLES
-                 if by_uniform[role] >= getattr(thresholds, role)
-                 or (role != "sink" and by_first[role] >= getattr(thresholds, role)))
-
-
-def _unless_confounded(scores: dict, n: int, max_offset: int, thresholds: RoleThresholds) -> dict:
-    """`scores` with NaN for each of :func:`_confounded_roles`: NaN never passes."""
-    return {role: xr.full_like(score, np.nan) if role in _confounded_roles(n, max_offset, thresholds) else score
-            for role, score in scores.items()}
+    out = dict(scores)
+    for role in _POSITIONAL_ROLES:
+        limit = getattr(thresholds, role)
+        if by_uniform[role] >= limit or (role != "sink" and by_first[role] >= limit):
+            out[role] = xr.full_like(scores[role], np.nan)
+    return out
 
 
 def assign_roles(scores: xr.Dataset, thresholds: RoleThresholds | None = None) -> xr.DataArray:
