@@ -97,6 +97,50 @@ def tiny(tmp_path_factory):
     return d, cfg, path
 
 
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size) -> a fresh tmpfs of that size, for a full disk (skips where it cannot mount: root
+    only); mount.remount(path, size) resizes it.
+
+    Each is unmounted after the test; one still busy is detached (``umount -l``) and the test
+    errors. A mount left behind (an unmount whose failure went unchecked) was renamed with pytest's
+    old temporary folders from one run to the next, and no later run could delete them.
+    """
+    import subprocess
+    import time
+
+    mounted = []
+
+    def mount(size: str):
+        d = tmp_path / f"fs{len(mounted)}"
+        d.mkdir()
+        try:
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True)
+        except FileNotFoundError:  # no mount(8): not Linux
+            r = None
+        if r is None or r.returncode != 0:
+            pytest.skip("cannot mount a small filesystem here (a tmpfs: root, on Linux)")
+        mounted.append(d)
+        return d
+
+    def remount(d, size: str):
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(d)], check=True)
+
+    mount.remount = remount
+    yield mount
+    busy = []
+    for d in mounted:
+        for _ in range(20):  # a process the test started may still be closing its files there
+            if subprocess.run(["umount", str(d)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            subprocess.run(["umount", "-l", str(d)], check=False)
+            busy.append(str(d))
+    if busy:
+        pytest.fail(f"tmpfs still busy after the test, detached: {', '.join(busy)}")
+
+
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
     """The report tests' shared store, trained and reported once per session (per xdist worker):

@@ -4,7 +4,6 @@ folders; stores that are damaged, read-only, on a full disk, or of another versi
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -222,7 +221,7 @@ def test_a_finished_run_of_a_read_only_store_is_skipped_not_refused(tiny, read_o
     assert done.stdout.strip().endswith(f"already completed in {read_only_store}; nothing retrained")
 
 
-def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmp_path):
+def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmpfs):
     """`analyse` and `report` on a full disk printed a traceback (the derived consistency and the
     report page are written after each run's analysis). Needs a small filesystem: a tmpfs, which
     only root can mount."""
@@ -233,42 +232,34 @@ def test_a_full_disk_is_one_line_exit_1_and_keeps_what_was_there(tiny, tmp_path)
 
     from dynamics import store
 
-    if os.geteuid() != 0 or sys.platform != "linux":
-        pytest.skip("a full disk needs a tmpfs mount, which needs root")
     _, _, path = tiny
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("root here cannot mount a tmpfs")
-    try:
-        copy = disk / path.name
-        shutil.copytree(path, copy)
-        # a second seed, so that cross-seed consistency has a pair: a full disk made every run's
-        # analysis "fail" on its own, and consistency was rewritten empty from none of them
-        train_run(with_values(load_config(tiny[1]), {"train.seed": 1}), str(copy))
-        assert cli_in_process("analyse", copy).returncode == 0
-        assert cli_in_process("report", copy, "--out", disk / "rep").returncode == 0
-        run_id = store.list_runs(copy)[0]
-        before = store.open_analysis(copy, run_id).load()
-        consistency = store.open_derived(copy, "consistency").load()
-        assert consistency.sizes["group"] == 1
-        page = (disk / "rep" / "index.html").read_bytes()
-        figures = sorted(os.listdir(disk / "rep" / "figures"))
-        free = shutil.disk_usage(disk).free
-        with open(disk / "filler", "wb") as f:  # every free block taken
-            f.write(b"\0" * free)
-        for args in (["analyse", copy], ["report", copy, "--out", disk / "rep"]):
-            r = cli_in_process(*args)
-            assert r.returncode == 1, (r.stdout, r.stderr)
-            last = r.stderr.strip().splitlines()[-1]
-            assert "Traceback" not in r.stderr and last.startswith(f"dynamics: {args[0]} stopped: No space left on device")
-            assert "analysis failed" not in r.stdout + r.stderr
-        xr.testing.assert_identical(store.open_analysis(copy, run_id).load(), before)
-        xr.testing.assert_identical(store.open_derived(copy, "consistency").load(), consistency)
-        assert (disk / "rep" / "index.html").read_bytes() == page
-        assert sorted(os.listdir(disk / "rep" / "figures")) == figures  # no folder of the failed report left
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
+    disk = tmpfs("4m")
+    copy = disk / path.name
+    shutil.copytree(path, copy)
+    # a second seed, so that cross-seed consistency has a pair: a full disk made every run's
+    # analysis "fail" on its own, and consistency was rewritten empty from none of them
+    train_run(with_values(load_config(tiny[1]), {"train.seed": 1}), str(copy))
+    assert cli_in_process("analyse", copy).returncode == 0
+    assert cli_in_process("report", copy, "--out", disk / "rep").returncode == 0
+    run_id = store.list_runs(copy)[0]
+    before = store.open_analysis(copy, run_id).load()
+    consistency = store.open_derived(copy, "consistency").load()
+    assert consistency.sizes["group"] == 1
+    page = (disk / "rep" / "index.html").read_bytes()
+    figures = sorted(os.listdir(disk / "rep" / "figures"))
+    free = shutil.disk_usage(disk).free
+    with open(disk / "filler", "wb") as f:  # every free block taken
+        f.write(b"\0" * free)
+    for args in (["analyse", copy], ["report", copy, "--out", disk / "rep"]):
+        r = cli_in_process(*args)
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        last = r.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in r.stderr and last.startswith(f"dynamics: {args[0]} stopped: No space left on device")
+        assert "analysis failed" not in r.stdout + r.stderr
+    xr.testing.assert_identical(store.open_analysis(copy, run_id).load(), before)
+    xr.testing.assert_identical(store.open_derived(copy, "consistency").load(), consistency)
+    assert (disk / "rep" / "index.html").read_bytes() == page
+    assert sorted(os.listdir(disk / "rep" / "figures")) == figures  # no folder of the failed report left
 
 
 def test_a_report_does_not_replace_a_page_it_did_not_write(tiny, tmp_path):

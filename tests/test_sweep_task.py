@@ -33,53 +33,45 @@ def test_a_worker_that_makes_other_data_than_the_launcher_refuses_the_point_unto
     assert run_point(cfg, path, cfg.run_id(), {}, data=data_hash(cfg))["status"] == "completed"
 
 
-def test_a_failure_the_store_could_not_record_says_so(tmp_path, monkeypatch):
+def test_a_failure_the_store_could_not_record_says_so(tmpfs, monkeypatch):
     # A disk that filled up mid-sweep: neither train_run nor the task could record the failure, so
     # the run stayed marked running (`dynamics status`: stopped) while the sweep's summary said
     # "failed" as of a run holding its traceback; `dynamics run` says which it is, and now so does it.
-    import subprocess
-
     from dynamics import train
     from dynamics.sweep.task import _failure_recorded
 
-    fs = tmp_path / "fs"
-    fs.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(fs)], capture_output=True).returncode:
-        pytest.skip("cannot mount a small filesystem here (needs root)")
-    try:
-        cfg = from_dict(tiny(train={"steps": 60}, record={"every": 5}))
-        path, run_id = str(fs / "s.zarr"), cfg.run_id()
-        store.init_store(path)
-        fill = fs / "fill"
-        save_checkpoint = train._save_checkpoint
+    fs = tmpfs("64m")
+    cfg = from_dict(tiny(train={"steps": 60}, record={"every": 5}))
+    path, run_id = str(fs / "s.zarr"), cfg.run_id()
+    store.init_store(path)
+    fill = fs / "fill"
+    save_checkpoint = train._save_checkpoint
 
-        # The disk fills up while the run trains, between two of its writes: filled from a thread
-        # of the test's own, it raced the writer, whose half-written file, deleted as its write
-        # failed, made room for the failure's record (CI, stop 39). On the writer's own thread,
-        # right after a checkpoint, nothing is half-written and every later write finds no room.
-        def fill_after_checkpoint(at, rid, state, writer, step, *rest) -> None:
-            save_checkpoint(at, rid, state, writer, step, *rest)
-            if step >= 10 and not fill.exists():
-                with contextlib.suppress(OSError), open(fill, "wb") as f:
-                    while True:
-                        f.write(b"\0" * 65536)
-                        f.flush()
+    # The disk fills up while the run trains, between two of its writes: filled from a thread
+    # of the test's own, it raced the writer, whose half-written file, deleted as its write
+    # failed, made room for the failure's record (CI, stop 39). On the writer's own thread,
+    # right after a checkpoint, nothing is half-written and every later write finds no room.
+    def fill_after_checkpoint(at, rid, state, writer, step, *rest) -> None:
+        save_checkpoint(at, rid, state, writer, step, *rest)
+        if step >= 10 and not fill.exists():
+            with contextlib.suppress(OSError), open(fill, "wb") as f:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
 
-        monkeypatch.setattr(train, "_save_checkpoint", fill_after_checkpoint)
-        out = run_point(cfg, path, run_id, {})
-        monkeypatch.undo()
-        assert out["status"] == "failed" and "No space left on device" in out["error"], out
-        assert store.run_attrs(path, run_id)["status"] == "running"  # nothing could be written
-        assert out["error"].endswith(" (its traceback could not be recorded in the store)")
+    monkeypatch.setattr(train, "_save_checkpoint", fill_after_checkpoint)
+    out = run_point(cfg, path, run_id, {})
+    monkeypatch.undo()
+    assert out["status"] == "failed" and "No space left on device" in out["error"], out
+    assert store.run_attrs(path, run_id)["status"] == "running"  # nothing could be written
+    assert out["error"].endswith(" (its traceback could not be recorded in the store)")
 
-        fill.unlink()  # room again: the same point resumes, and a failure it records is not said unrecorded
-        again = run_point(cfg, path, run_id, {})
-        assert again["status"] == "completed", again
-        store.update_run_attrs(path, run_id, traceback="Traceback ...\nOSError: [Errno 28] No space left on device")
-        assert _failure_recorded(path, run_id, OSError(28, "No space left on device"))
-        assert not _failure_recorded(path, "rnotthere", OSError(28, "No space left on device"))
-    finally:
-        subprocess.run(["umount", str(fs)], check=False)
+    fill.unlink()  # room again: the same point resumes, and a failure it records is not said unrecorded
+    again = run_point(cfg, path, run_id, {})
+    assert again["status"] == "completed", again
+    store.update_run_attrs(path, run_id, traceback="Traceback ...\nOSError: [Errno 28] No space left on device")
+    assert _failure_recorded(path, run_id, OSError(28, "No space left on device"))
+    assert not _failure_recorded(path, "rnotthere", OSError(28, "No space left on device"))
 
 
 def test_a_point_refused_for_its_remade_teacher_is_not_marked_failed(tmp_path):

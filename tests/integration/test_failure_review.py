@@ -10,8 +10,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
 from dynamics import store
 from dynamics.config import load_config
 from tests.conftest import assert_same_run_arrays, cli_in_process, wait_for_checkpoint
@@ -22,29 +20,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 def dyn(*args, **kw):
     return subprocess.run([sys.executable, "-m", "dynamics", *map(str, args)], capture_output=True, text=True,
                           env=ENV, **kw)
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """mount(size) -> a fresh tmpfs of that size (root only); remount(path, size) resizes it."""
-    mounted = []
-
-    def mount(size: str):
-        d = tmp_path / f"fs{len(mounted)}"
-        d.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True)
-        if r.returncode != 0:
-            pytest.skip("cannot mount a small filesystem here (needs root)")
-        mounted.append(d)
-        return d
-
-    def remount(d, size: str):
-        subprocess.run(["mount", "-o", f"remount,size={size}", str(d)], check=True)
-
-    mount.remount = remount
-    yield mount
-    for d in mounted:
-        subprocess.run(["umount", str(d)], check=False)
 
 
 def failure_line(r):
