@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dynamics import store
+from dynamics import store, train
 from dynamics.config import ConfigError, load_config, with_values
 from dynamics.model import Transformer
 from dynamics.store.writer import RunWriter
@@ -135,19 +135,22 @@ def test_started_is_said_once_before_the_first_snapshot_and_never_with_a_refusal
     assert train_run(cfg, path, started=events.append).skipped and events == []  # refused, skipped: nothing begins
 
 
-def test_an_interrupt_in_the_progress_callback_counts_the_update_it_follows(cfg, tmp_path):
+def test_an_interrupt_in_the_progress_callback_counts_the_update_it_follows(cfg, tmp_path, monkeypatch):
     # progress(step) comes once update `step` is applied, but steps_done (and steps_trained) read
     # `step`: stopped in progress(20), the run recorded 20 steps done after 21 updates.
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     path = str(tmp_path / "s.zarr")
     made = []
-    counting = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: made.append(None))
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            train_run(cfg, path, progress=interrupt_at(20))
-    finally:
-        counting.remove()
+    make = train.make_optimizer
+
+    def counted(*args):
+        opt = make(*args)
+        step = opt.step
+        opt.step = lambda: (made.append(None), step())[1]
+        return opt
+
+    monkeypatch.setattr(train, "make_optimizer", counted)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(20))
     attrs = store.run_attrs(path, cfg.run_id())
     assert (attrs["steps_done"], attrs["steps_trained"], attrs["checkpoint_step"]) == (len(made), len(made), 20)
     assert len(made) == 21
@@ -259,7 +262,7 @@ def test_ctrl_c_while_the_run_group_is_created_leaves_it_interrupted(cfg, tmp_pa
 
 HOLD = """
 import sys
-from dynamics import store
+from dynamics import store, train
 with store.run_lock(sys.argv[1], sys.argv[2]):
     print("held", flush=True)
     sys.stdin.read()

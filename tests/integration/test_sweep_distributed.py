@@ -98,9 +98,9 @@ def sweep_cmd(config: Path, out: Path, address: str) -> list[str]:
     return [sys.executable, "-m", "dynamics", "sweep", str(config), "--out", str(out), "--scheduler", address]
 
 
-# Load torch and its optimiser machinery (the first optimiser imports torch._dynamo) on the
-# workers during set-up. Source text: a function of this test module would not unpickle there.
-WARM = "import torch, dynamics.train; torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])"
+# Load torch and dynamics.train on the workers during set-up. Source text: a function of this
+# test module would not unpickle there.
+WARM = "import torch, dynamics.train"
 
 
 @pytest.fixture(scope="module")
