@@ -1,8 +1,6 @@
 """dynamics.optim against torch.optim, the optimisers it stands in for: the same weights bit for
-bit, the same state dicts, each loading the other's; and no torch._dynamo import on the way."""
-
-import subprocess
-import sys
+bit, the same state dicts, each loading the other's. That a training process never imports
+torch._dynamo, as torch.optim would, is tests/test_train.py's to check."""
 
 import pytest
 import torch
@@ -158,30 +156,3 @@ def test_zero_grad_clears_every_grad_as_torchs_does(set_to_none):
             assert all(p.grad is None for p in params)
         else:  # the same tensors, zeroed in place
             assert all(p.grad is g and not g.any() for p, g in zip(params, grads, strict=True))
-
-
-def test_a_training_run_never_imports_torch_dynamo():
-    # torch.optim's step and state_dict import it (2 s on a 2-core host): a run that checkpoints,
-    # resumes and trains with either optimiser must not, in a process of its own.
-    code = """
-import sys, tempfile
-from dynamics.config import from_dict
-from dynamics import store
-from dynamics.train import train_run
-from tests.conftest import interrupt_at
-with tempfile.TemporaryDirectory() as d:
-    for opt in ("adamw", "sgd"):
-        cfg = from_dict({"model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab_size": 8, "context": 32},
-                         "train": {"steps": 14, "batch_size": 2, "optimizer": opt}, "record": {"every": 4}})
-        path = f"{d}/{opt}.zarr"
-        try:
-            train_run(cfg, path, progress=interrupt_at(10))
-        except KeyboardInterrupt:
-            pass
-        assert train_run(cfg, path).status == "completed"
-        assert [r["step"] for r in store.run_attrs(path, cfg.run_id())["resumes"]] == [8]  # its checkpoint's
-print("torch._dynamo" in sys.modules)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False"]

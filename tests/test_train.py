@@ -616,3 +616,40 @@ def test_the_writer_queue_is_bounded_so_a_dense_cadence_cannot_fill_memory():
     writer.close()
     assert max(sizes) == _Writer.MAX_PENDING
     assert done == list(range(_Writer.MAX_PENDING + 5))  # in order, none dropped
+
+
+def test_a_training_process_imports_neither_torch_dynamo_nor_xarray():
+    # What a run or sweep worker pays before its first update, on the 2-core Zen host:
+    # torch.optim's step and state_dict import torch._dynamo (2 s), and the store's readers
+    # imported xarray with pandas (0.9 s) though a new run only writes. Runs that checkpoint and
+    # are stopped, with either optimiser, in a process of its own; then their resumes, which
+    # open what was recorded with xarray to check it, but still import no torch._dynamo.
+    code = """
+import sys, tempfile
+from dynamics import store
+from dynamics.config import from_dict
+from dynamics.train import train_run
+def interrupt_at(n):  # tests.conftest's, whose own imports (xarray among them) would spoil the check
+    def progress(step, steps, loss):
+        if step >= n:
+            raise KeyboardInterrupt
+    return progress
+cfgs = {opt: from_dict({"model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab_size": 8, "context": 32},
+                        "train": {"steps": 14, "batch_size": 2, "optimizer": opt}, "record": {"every": 4}})
+        for opt in ("adamw", "sgd")}
+with tempfile.TemporaryDirectory() as d:
+    for opt, cfg in cfgs.items():
+        try:
+            train_run(cfg, f"{d}/{opt}.zarr", progress=interrupt_at(10))
+        except KeyboardInterrupt:
+            pass
+    print(*(m in sys.modules for m in ("torch._dynamo", "xarray", "pandas")))
+    for opt, cfg in cfgs.items():
+        path = f"{d}/{opt}.zarr"
+        assert train_run(cfg, path).status == "completed"
+        assert [r["step"] for r in store.run_attrs(path, cfg.run_id())["resumes"]] == [8]  # its checkpoint's
+    print(*(m in sys.modules for m in ("torch._dynamo", "xarray")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "False", "False", "True"]

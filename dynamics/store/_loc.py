@@ -10,14 +10,16 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import numpy as np
-import xarray as xr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as _sync
 from zarr.storage import FsspecStore, LocalStore
+
+if TYPE_CHECKING:  # imported where a group is opened: a training process only writes (0.9 s with pandas)
+    import xarray as xr
 
 try:  # POSIX only; without it, index updates are guarded within this process only
     import fcntl
@@ -383,6 +385,8 @@ def _open_group_once(loc: _Loc, gpath: str, dask: bool) -> xr.Dataset:
         damaged = _unreadable_member(loc, gpath)
         if damaged is not None:
             raise damaged
+    import xarray as xr
+
     try:
         if dask:
             return xr.open_zarr(loc.url, group=gpath, consolidated=False)

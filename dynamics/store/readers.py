@@ -13,15 +13,16 @@ import shutil
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-import xarray as xr
 import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as _sync
 from zarr.storage import LocalStore, MemoryStore
+
+if TYPE_CHECKING:  # imported where used: a training process writes, and xarray with pandas took 0.9 s
+    import xarray as xr
 
 try:  # POSIX only; without it, staging leftovers of killed writers are not cleared
     import fcntl
@@ -182,6 +183,9 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
         masks.append((ds.indexes.get(LAYER), ds.indexes.get(HEAD)))
         datasets.append(ds)
 
+    import pandas as pd
+    import xarray as xr
+
     attrs = [run_attrs(loc.url, rid) for rid in run_ids]
     sweep = xr.concat(
         datasets,
@@ -237,6 +241,8 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
 
 def _write_whole(loc: _Loc, gpath: str, ds: xr.Dataset) -> None:
     """Replace group `gpath` with `ds` (loaded first: it may be read from that very group)."""
+    import xarray as xr
+
     if not isinstance(ds, xr.Dataset):
         raise StoreError(f"{gpath}: expected an xarray.Dataset, got {type(ds).__name__}")
     check_sections(loc, (gpath.split("/")[0],))  # a file there: named, not a bare FileExistsError
