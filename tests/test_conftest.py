@@ -37,9 +37,12 @@ def pytest_in(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProc
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    # one process, in file order: the collection must land in the strict module
+    # One process, in file order: the collection must land in the strict module. Its own
+    # --basetemp: in the shared one, the inner pytest deleted the outer runs' old numbered folders
+    # as it exited (pytest keeps 3), stores and all, which took one of these tests 36-48 s.
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:xdist",
-                           "-p", "no:cacheprovider", *files], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                           "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "basetemp"), *files],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
 
 
 def test_an_earlier_modules_open_pipe_does_not_fail_a_strict_module(tmp_path):
