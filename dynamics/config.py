@@ -179,12 +179,30 @@ class RecordConfig:
     """Updates per CHG stage when fitting during training."""
 
 
+def _hashable(value: Any) -> Any:
+    """``value`` with its dicts as frozensets of items and its lists as tuples: what a frozen
+    config holding tables hashes, so that equal configs (as ``==`` compares them: dicts in any
+    order, 1 and 1.0 alike) hash alike."""
+    if isinstance(value, dict):
+        return frozenset((k, _hashable(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def _hash_fields(cfg: Any) -> int:
+    return hash((type(cfg).__name__, *(_hashable(getattr(cfg, f.name)) for f in dataclasses.fields(cfg))))
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     axes: dict[str, tuple] = field(default_factory=dict)
     """Dotted config key -> list of values; the default is the full grid over axes."""
     zip: tuple[tuple[str, ...], ...] = ()
     """Groups of axes paired element-wise instead of crossed (equal lengths)."""
+
+    # dataclass's own hash fails on the axes dict: "unhashable type: 'dict'"
+    __hash__ = _hash_fields
 
 
 @dataclass(frozen=True)
@@ -201,6 +219,9 @@ class RunConfig:
     """Grid of variations; empty for a single run."""
     intervene: dict = field(default_factory=dict)
     """Interventions during training (templates, distillation, conditioned gates); see docs."""
+
+    # frozen, so a set or dict key; dataclass's own hash failed on the intervene and axes dicts
+    __hash__ = _hash_fields
 
     def to_dict(self) -> dict:
         """Plain, JSON-able dict of the whole config (tuples become lists)."""

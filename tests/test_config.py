@@ -26,6 +26,23 @@ def test_load_and_override(tmp_path):
     assert cfg.train.lr == 0.5 and cfg.task.name == "offset_copy" and cfg.model.attn_only is True
 
 
+def test_configs_are_hashable_and_equal_ones_hash_alike():
+    # frozen, yet hash() raised "unhashable type: 'dict'" on the intervene and sweep tables, so a
+    # config could not key a dict of results or sit in a set
+    root = Path(__file__).parents[1] / "experiments"
+    a, b = load_config(root / "conditioned_gates.toml"), load_config(root / "conditioned_gates.toml")
+    assert a.intervene and a.sweep.axes and a is not b and a == b and hash(a) == hash(b)
+    assert len({a, b, from_dict({}), RunConfig()}) == 2
+    assert {a: "run"}[b] == "run"
+    other = load_config(root / "conditioned_gates.toml", ["intervene.conditioned_gates.lr=0.123"])
+    assert other != a and len({a, other}) == 2
+    # as == compares: the tables in any order, an int lr and its float alike
+    c = from_dict({"intervene": {"templates": {"layer": 0, "head": 1}}, "sweep": {"train.seed": [0, 1]}})
+    d = from_dict({"intervene": {"templates": {"head": 1, "layer": 0}}, "sweep": {"train.seed": [0, 1]}})
+    assert c == d and hash(c) == hash(d)
+    assert hash(from_dict({"train": {"lr": 1}})) == hash(from_dict({"train": {"lr": 1.0}}))
+
+
 def test_int_accepted_for_float_but_not_reverse():
     assert from_dict({"train": {"lr": 1}}).train.lr == 1.0
     with pytest.raises(ConfigError, match="train.steps: expected an integer"):
