@@ -93,9 +93,13 @@ class _Optimizer:
             # a key an older torch did not write takes its default, as torch.optim's __setstate__ does
             for key, value in self.defaults.items():
                 s.setdefault(key, value)
+            self._check_group(s)  # refused now, not at the first update of a resumed run
             s["params"] = group["params"]
         self.param_groups = saved
         self.state = state
+
+    def _check_group(self, group: dict) -> None:
+        """ValueError for a group setting :meth:`step` does not implement."""
 
     @staticmethod
     def _cast(key: str, value, p: Tensor):
@@ -128,11 +132,14 @@ class AdamW(_Optimizer):
                                                           torch.bfloat16)):
                 raise ValueError(f"AdamW's fused kernel takes floating-point parameters, not {p.dtype}")
 
+    def _check_group(self, group: dict) -> None:
+        if group["amsgrad"] or group["maximize"] or not group["decoupled_weight_decay"]:
+            raise ValueError("this AdamW implements neither amsgrad, maximize nor coupled weight decay")
+
     @torch.no_grad()
     def step(self) -> None:
         for group in self.param_groups:
-            if group["amsgrad"] or group["maximize"] or not group["decoupled_weight_decay"]:
-                raise ValueError("this AdamW implements neither amsgrad, maximize nor coupled weight decay")
+            self._check_group(group)
             # one kernel call per device and dtype, as torch.optim groups them
             lists: dict[tuple, tuple[list, list, list, list, list]] = {}
             for p in group["params"]:
@@ -167,11 +174,14 @@ class SGD(_Optimizer):
                                   "nesterov": False, "maximize": False, "foreach": None, "differentiable": False,
                                   "fused": None})
 
+    def _check_group(self, group: dict) -> None:
+        if group["nesterov"] or group["maximize"]:
+            raise ValueError("this SGD implements neither nesterov nor maximize")
+
     @torch.no_grad()
     def step(self) -> None:
         for group in self.param_groups:
-            if group["nesterov"] or group["maximize"]:
-                raise ValueError("this SGD implements neither nesterov nor maximize")
+            self._check_group(group)
             lr, momentum, decay, damp = float(group["lr"]), group["momentum"], group["weight_decay"], group["dampening"]
             for p in group["params"]:
                 if p.grad is None:

@@ -110,6 +110,7 @@ def _saved(kind: str) -> dict:
     ("other_shape", r"exp_avg has shape \(3,\), its parameter \(16, 32\)"),
     ("no_moment", "parameter 0 has no 'exp_avg_sq'"),
     ("unlisted", "state for parameter 999, which no group lists"),
+    ("amsgrad", "neither amsgrad"),
 ])
 def test_a_state_dict_that_does_not_fit_is_refused_before_anything_changes(damage, message):
     # torch.optim took a moment of another shape and failed at the next update, the run resumed
@@ -123,6 +124,8 @@ def test_a_state_dict_that_does_not_fit_is_refused_before_anything_changes(damag
         state["state"][0]["exp_avg"] = torch.zeros(3)
     elif damage == "no_moment":
         del state["state"][0]["exp_avg_sq"]
+    elif damage == "amsgrad":  # torch.optim.AdamW(amsgrad=True)'s: its updates are not this one's
+        group["amsgrad"] = True
     else:
         state["state"][999] = state["state"][0]
     model = _model()
