@@ -1,5 +1,5 @@
 """`python -m dynamics ...` is the same as `dynamics ...`."""
 
-from dynamics.cli import main
+from dynamics.cli import console
 
-raise SystemExit(main())
+raise SystemExit(console())

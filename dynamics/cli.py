@@ -13,6 +13,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -598,3 +599,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # check_args (no empty value; ~ in a path expanded) inside, so that its refusal is one line too
     return run_to_end(args.command, lambda: check_args(args) or args.func(args))
+
+
+def console() -> int:
+    """The ``dynamics`` program (and ``python -m dynamics``): :func:`main`, then an exit that a
+    late Ctrl-C leaves alone.
+
+    Once main returns, the command's work is on disk and its exit status settled; what remains is
+    the interpreter joining idle I/O threads (zarr's) and running exit handlers. A Ctrl-C there
+    printed a KeyboardInterrupt traceback under a finished command's last line, or ended the
+    process by SIGINT in place of that status. Not in main itself: a program calling main keeps
+    its own Ctrl-C.
+    """
+    try:
+        return main()
+    finally:  # an uncaught error's status (argparse's exit, a bug's traceback) is settled as well
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -34,6 +34,42 @@ def one_line_exit_2(r, needle):
     assert lines[0].startswith("dynamics: error: "), lines[0]
 
 
+# Loaded at the start of the program under test (sitecustomize, through PYTHONPATH): a Ctrl-C
+# while the interpreter exits, as one pressed just after a command's last line lands.
+CTRL_C_AT_EXIT = """
+import os, signal, threading
+threading._register_atexit(lambda: os.kill(os.getpid(), signal.SIGINT))
+"""
+
+
+@pytest.mark.parametrize("how", ["module", "script"])
+def test_a_ctrl_c_after_a_command_has_finished_changes_neither_its_status_nor_its_output(tiny, tmp_path, how):
+    # It printed a KeyboardInterrupt traceback under a finished run's last line (exit 0), or ended
+    # the process by SIGINT (-2) in place of the command's own status.
+    d, cfg, path = tiny
+    (tmp_path / "sitecustomize.py").write_text(CTRL_C_AT_EXIT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    # the installed `dynamics` program's entry point, run as pip's script runs it
+    script = "import sys; from dynamics.cli import console; sys.exit(console())"
+    prog = [sys.executable, "-m", "dynamics"] if how == "module" else [sys.executable, "-c", script]
+    ok = subprocess.run([*prog, "status", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert (ok.returncode, ok.stderr) == (0, ""), ok.stderr
+    assert "completed" in ok.stdout
+    one_line_exit_2(subprocess.run([*prog, "status", str(d / "afile")], capture_output=True, text=True, env=env,
+                                   cwd=tmp_path), "afile")
+    # without console's exit, the same program is interrupted: the hook fires (the test can fail)
+    bare = [sys.executable, "-c", "import sys; from dynamics.cli import main; sys.exit(main())"]
+    hit = subprocess.run([*bare, "status", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert "KeyboardInterrupt" in hit.stderr or hit.returncode == -2, (hit.returncode, hit.stderr)
+
+
+def test_the_installed_program_is_consoles_entry_point():
+    from importlib.metadata import entry_points
+
+    (entry,) = [e for e in entry_points(group="console_scripts") if e.name == "dynamics"]
+    assert entry.value == "dynamics.cli:console"
+
+
 @pytest.mark.parametrize("args, needle", [
     (["run", "{cfg}", "--out", "{d}/afile/sub.zarr"], "afile is a file, not a directory"),
     (["sweep", "{cfg}", "--out", "{d}/afile/sub.zarr"], "afile is a file, not a directory"),
