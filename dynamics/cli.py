@@ -10,6 +10,7 @@ instant.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -51,6 +52,24 @@ from dynamics.usage import (
 # How errors name a path the command chose: naming --out when none was given puzzled.
 DEFAULT_STORE = "no --out given: the default store"
 DEFAULT_REPORT = "the default report folder"
+
+
+def refuse_twin(cfg: RunConfig, out: str) -> None:
+    """ConfigError when the store at ``out`` holds, under another run id, a run that trains bitwise
+    what ``cfg`` trains (its config written another way): the same training twice read as two
+    configs (``sweep.grid.twin_in_store``). A run id given with --run-id is the user's own name,
+    not checked."""
+    from dynamics.store import is_store, list_runs, run_attrs
+    from dynamics.sweep.grid import twin_in_store
+
+    if not is_store(out):
+        return
+    # damaged runs are named by the commands that read them; nothing to compare them with here
+    recorded = {r: run_attrs(out, r).get("config") for r in list_runs(out, damaged="skip")}
+    if (twin := twin_in_store(cfg, recorded)) is not None:
+        sets = " ".join(f"--set {k}={json.dumps(theirs)}" for k, (theirs, _) in twin.settings.items())
+        raise ConfigError(f"{out} holds this training already: {twin}; give {sets} to resume or skip that run, "
+                          f"or another --out")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -116,6 +135,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                               f"but `dynamics sweep` of it would be refused)") from None
         notes.append(f"{source} has a [sweep] table; `dynamics run` trains only its base point "
                      f"(`dynamics sweep` trains the grid)")
+
+    if not args.run_id and not has_run(out, run_id):
+        refuse_twin(cfg, out)
 
     started = []  # training has begun: a StoreError after it is no refusal
 

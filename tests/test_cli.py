@@ -63,6 +63,27 @@ def test_a_ctrl_c_after_a_command_has_finished_changes_neither_its_status_nor_it
     assert "KeyboardInterrupt" in hit.stderr or hit.returncode == -2, (hit.returncode, hit.stderr)
 
 
+def test_a_run_the_store_holds_under_another_id_is_refused_and_as_that_run_is_written_skipped(tiny, tmp_path):
+    # Its config written another way (d_head as d_model / n_heads: 32 / 2) trained the same arrays
+    # again under a second run id, read as a second config
+    d, cfg, path = tiny
+    held = load_config(cfg).run_id()
+    r = cli_in_process("run", cfg, "--out", path, "--set", "model.d_head=16")
+    one_line_exit_2(r, f"{path} holds this training already: run {held} there trains the same data and model: its "
+                       "config differs only in model.d_head = 0 against 16, which come to the same training (d_head 0 "
+                       "is d_model / n_heads); give --set model.d_head=0 to resume or skip that run, or another --out")
+    assert held in store.list_runs(path) and load_config(cfg, ["model.d_head=16"]).run_id() not in store.list_runs(path)
+    r = cli_in_process("run", cfg, "--out", path, "--set", "model.d_head=0")  # as the line says
+    assert (r.returncode, r.stdout.strip()) == (0, f"{held}: already completed in {path}; nothing retrained")
+    # a run id given by name is the user's own: trained (into a copy, leaving the module's store be)
+    import shutil
+
+    shutil.copytree(path, tmp_path / "s.zarr")
+    r = cli_in_process("run", cfg, "--out", tmp_path / "s.zarr", "--set", "model.d_head=16", "--run-id", "mine")
+    assert r.returncode == 0, r.stderr
+    assert "mine" in store.list_runs(tmp_path / "s.zarr")
+
+
 def test_the_installed_program_is_consoles_entry_point():
     from importlib.metadata import entry_points
 

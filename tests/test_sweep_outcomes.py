@@ -222,3 +222,16 @@ def test_a_late_failure_record_never_overwrites_a_finished_run(tmp_path):
     assert store.run_attrs(path, cfg.run_id())["status"] == "running"
     _mark_interrupted(path, [cfg.run_id()])  # nobody holds it now: it was cut short
     assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"
+
+
+def test_a_point_whose_training_the_store_holds_under_another_id_is_refused_before_any_trains(copy):
+    from dynamics.sweep import run_sweep
+
+    path, run_id = copy
+    # seed 0's point is the stored run's training with d_head written as d_model / n_heads
+    grid = from_dict(tiny({"model.d_head": [8], "train.seed": [5, 0]}))
+    with pytest.raises(store.StoreError, match=rf"^sweep point model.d_head=8, train.seed=0: {path} holds this "
+                                               rf"training already: run {run_id} there trains the same data and "
+                                               r"model: its config differs only in model.d_head = 0 against 8, "):
+        run_sweep(grid, path, progress=False)
+    assert store.list_runs(path) == [run_id]  # seed 5's point, listed first, did not train either

@@ -14,8 +14,15 @@ import numpy as np
 
 from dynamics import tasks
 from dynamics.budget import n_snapshots, snapshot_steps
-from dynamics.config import SECTIONS, ConfigError, RunConfig, TaskConfig, with_values
-from dynamics.identity import EXECUTION_KEYS, condition_key, not_read_by, unread_settings
+from dynamics.config import SECTIONS, ConfigError, RunConfig, TaskConfig, recorded_config, with_values
+from dynamics.identity import (
+    EXECUTION_KEYS,
+    condition_key,
+    differing_settings,
+    not_read_by,
+    seed_settings,
+    unread_settings,
+)
 from dynamics.limits import MAX_POINTS
 from dynamics.schema import config_value
 
@@ -118,21 +125,9 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
             other = same_as[same]  # as written, as this one is here
             # as text: [1, 3] == [1.0, 3.0] in Python, and the message named no axis at all
             differ = [k for k in axes if json.dumps(other.values[k]) != json.dumps(values[k])]
-            names = point_cfg.task.component_names
-            unread = {"task." + k for c in (point_cfg, other.cfg) for k in tasks.unread_keys(c)}
-            settings = {k: c for c in (point_cfg, other.cfg) for k in unread_settings(c.to_dict())}
-            if all(k in unread for k in differ):
-                why = f"which {' and '.join(names)} {'does' if len(names) == 1 else 'do'} not read"
-            elif all(k in unread or k in settings for k in differ):
-                whos = dict.fromkeys(not_read_by(k, settings[k].to_dict()) for k in differ if k in settings)
-                why = "which " + ", nor which ".join(whos) + (
-                    f", nor {' and '.join(names)}" if any(k in unread for k in differ) else "")
-            else:  # normalised mixture weights, a mixture of one component, or a setting resolved alike
-                said = dict.fromkeys(_RESOLVED.get(k, _RESOLVED["task"]) for k in differ if k not in unread)
-                why = "which come to the same training (" + "; ".join(said) + ")"
             raise ConfigError(
                 f"sweep points {other.label} and {_label(values)} train the same data and model: they differ "
-                f"only in {', '.join(differ)}, {why}")
+                f"only in {', '.join(differ)}, {_why_alike(point_cfg, other.cfg, differ)}")
         raws.append(point_cfg)
         same_as[same] = Point(run_id, values, point_cfg)
         # A setting this point does not read, at its default: kept, it gave the point another
@@ -162,6 +157,65 @@ def expand_grid(cfg: RunConfig) -> list[Point]:
                           f"{not_read_by(key, first)} it), so every run would train what it trains without it, "
                           f"under another run id; drop the setting, or sweep {condition_key(key)}")
     return points
+
+
+def _why_alike(a: RunConfig, b: RunConfig, differ: list[str]) -> str:
+    """Why two configs that differ in the settings ``differ`` (dotted keys) train alike: the
+    close of the refusal that names them."""
+    names = a.task.component_names
+    unread = {"task." + k for c in (a, b) for k in tasks.unread_keys(c)}
+    settings = {k: c for c in (a, b) for k in unread_settings(c.to_dict())}
+    if all(k in unread for k in differ):
+        return f"which {' and '.join(names)} {'does' if len(names) == 1 else 'do'} not read"
+    if all(k in unread or k in settings for k in differ):
+        whos = dict.fromkeys(not_read_by(k, settings[k].to_dict()) for k in differ if k in settings)
+        return "which " + ", nor which ".join(whos) + (
+            f", nor {' and '.join(names)}" if any(k in unread for k in differ) else "")
+    # normalised mixture weights, a mixture of one component, or a setting resolved alike
+    said = dict.fromkeys(_RESOLVED.get(k, _RESOLVED["task"]) for k in differ if k not in unread)
+    return "which come to the same training (" + "; ".join(said) + ")"
+
+
+@dataclass(frozen=True)
+class Twin:
+    """A recorded run that trains bitwise what a config trains, under another run id."""
+
+    run_id: str
+    """The recorded run's id."""
+    settings: dict[str, tuple[Any, Any]]
+    """Dotted key -> (the recorded run's value, the config's value), for each setting they differ in."""
+    why: str
+    """Why those settings come to the same training: ``"which come to the same training (...)"``."""
+
+    def __str__(self) -> str:
+        shown = ", ".join(f"{k} = {json.dumps(theirs)} against {json.dumps(ours)}"
+                          for k, (theirs, ours) in self.settings.items())
+        return f"run {self.run_id} there trains the same data and model: its config differs only in {shown}, {self.why}"
+
+
+def twin_in_store(cfg: RunConfig, recorded: dict[str, dict]) -> Twin | None:
+    """The first of ``recorded`` (run id -> its recorded ``config`` attr) that trains bitwise what
+    ``cfg`` trains under another run id, or None when none does.
+
+    Within a grid :func:`expand_grid` refuses such twins. Across commands (a ``dynamics run`` of
+    a config written another way, ``d_head`` given as d_model / n_heads, into a store whose sweep
+    trained it) the store held the same training twice, which read as two configs alike.
+    """
+    same, own = _read_identity(cfg), cfg.run_id()
+    for run_id, raw in recorded.items():
+        if run_id == own:
+            continue
+        try:
+            other = recorded_config(raw, f"run {run_id}")
+        except ConfigError:  # a config this version cannot read is compared with nothing
+            continue
+        if _read_identity(other) != same:
+            continue
+        theirs, ours = other.to_dict(), cfg.to_dict()
+        differ = differing_settings([seed_settings(theirs), seed_settings(ours)])
+        return Twin(run_id, {k: (config_value(theirs, k), config_value(ours, k)) for k in differ},
+                    _why_alike(cfg, other, differ))
+    return None
 
 
 def _unread_at_defaults(cfg: RunConfig) -> RunConfig:
