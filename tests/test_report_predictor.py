@@ -172,3 +172,28 @@ def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_i
         sec.figures)["predict_slash.png"]
     assert ("in 6 of 40 permutations (15%); 4 runs could only trade with runs of their own seed, so it may "
             "overstate.") in dict(sec.figures)["predict_slash.png"]
+
+
+def test_a_model_scoring_what_an_earlier_one_does_at_every_horizon_says_so_in_the_legend(tmp_path, monkeypatch):
+    # The layer prior often scores what the chance model does: its dashed line covered chance's,
+    # and the legend named a line nobody could see.
+    from dynamics.report import predictor
+    from dynamics.report.data import _Ctx
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    curve = _role_curve(chance_attr=0.25)
+    curve["score"][:] = np.arange(6)[None, :, None] / 10 + np.arange(2)[:, None, None] / 100  # all apart
+    curve["score"][:, 1] = curve["score"][:, 0]  # layer = chance, at both horizons
+    curve["score"][0, 3] = curve["score"][0, 2]  # init_boosting = init_linear at the first horizon only
+    store.write_derived(path, "predict.role", curve)
+    figs = {}
+    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
+    predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    lines = {ln.get_label(): ln for ln in figs["predict_role.png"].axes[0].get_lines()}
+    assert [label for label in lines if not label.startswith("chance level")] == [
+        "chance (baseline)", "layer (baseline; the same scores as chance at every horizon)", "init_linear (baseline)",
+        "init_boosting (baseline)", "linear", "boosting"]
+    covering = lines["layer (baseline; the same scores as chance at every horizon)"]
+    assert (covering.get_marker(), covering.get_markerfacecolor()) == ("s", "none")  # drawn around, not over
+    assert lines["linear"].get_marker() == "o"

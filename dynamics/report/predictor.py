@@ -67,9 +67,18 @@ def _predict_section(ctx: _Ctx) -> _Section:
             continue
         fig = _figure(8.6, 4.2)
         ax = fig.subplots()
+        drawn: list[tuple[str, np.ndarray, np.ndarray]] = []
         for label, x, mean, band, baseline in lines:
-            (line,) = ax.plot(x, mean, marker="o", ms=3.5, ls="--" if baseline else "-", lw=1.1 if baseline else 1.8,
-                              label=label + (" (baseline)" if baseline else ""))
+            # The layer prior often scores what the chance model does at every horizon: its line
+            # covered chance's, whose legend entry then pointed at nothing to be seen.
+            twin = next((name for name, x0, m0 in drawn
+                         if np.array_equal(x0, x) and np.array_equal(m0, mean, equal_nan=True)), None)
+            drawn.append((label, np.asarray(x), np.asarray(mean)))
+            notes = ["baseline"] * baseline + [f"the same scores as {twin} at every horizon"] * (twin is not None)
+            # a hollow square around the marker it lies on, so both stay visible
+            (line,) = ax.plot(x, mean, marker="s" if twin else "o", ms=6 if twin else 3.5, mfc="none" if twin else None,
+                              ls="--" if baseline else "-", lw=1.1 if baseline else 1.8,
+                              label=label + (f" ({'; '.join(notes)})" if notes else ""))
             if band is not None:
                 ax.fill_between(x, *band, color=line.get_color(), alpha=0.12, lw=0)
         metric_key = str(ds.attrs.get("metric", ""))
