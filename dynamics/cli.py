@@ -57,16 +57,16 @@ DEFAULT_REPORT = "the default report folder"
 def refuse_twin(cfg: RunConfig, out: str) -> None:
     """ConfigError when the store at ``out`` holds, under another run id, a run that trains bitwise
     what ``cfg`` trains (its config written another way): the same training twice read as two
-    configs (``sweep.grid.twin_in_store``). A run id given with --run-id is the user's own name,
+    configs (``sweep.grid.twins_in_store``). A run id given with --run-id is the user's own name,
     not checked."""
     from dynamics.store import is_store, list_runs, run_attrs
-    from dynamics.sweep.grid import twin_in_store
+    from dynamics.sweep.grid import twins_in_store
 
     if not is_store(out):
         return
     # damaged runs are named by the commands that read them; nothing to compare them with here
     recorded = {r: run_attrs(out, r).get("config") for r in list_runs(out, damaged="skip")}
-    if (twin := twin_in_store(cfg, recorded)) is not None:
+    if (twin := twins_in_store([cfg], recorded).get(cfg.run_id())) is not None:
         sets = " ".join(f"--set {k}={json.dumps(theirs)}" for k, (theirs, _) in twin.settings.items())
         raise ConfigError(f"{out} holds this training already: {twin}; give {sets} to resume or skip that run, "
                           f"or another --out")

@@ -193,29 +193,33 @@ class Twin:
         return f"run {self.run_id} there trains the same data and model: its config differs only in {shown}, {self.why}"
 
 
-def twin_in_store(cfg: RunConfig, recorded: dict[str, dict]) -> Twin | None:
-    """The first of ``recorded`` (run id -> its recorded ``config`` attr) that trains bitwise what
-    ``cfg`` trains under another run id, or None when none does.
+def twins_in_store(cfgs: list[RunConfig], recorded: dict[str, dict]) -> dict[str, Twin]:
+    """For each of ``cfgs`` that a run of ``recorded`` (run id -> its recorded ``config`` attr)
+    trains bitwise under another run id, that run: ``{cfg.run_id(): Twin}``.
 
     Within a grid :func:`expand_grid` refuses such twins. Across commands (a ``dynamics run`` of
     a config written another way, ``d_head`` given as d_model / n_heads, into a store whose sweep
-    trained it) the store held the same training twice, which read as two configs alike.
+    trained it) the store held the same training twice, which read as two configs alike. The
+    recorded runs are indexed once, so a grid's points cost one lookup each.
     """
-    same, own = _read_identity(cfg), cfg.run_id()
+    by_training: dict[str, list[tuple[str, RunConfig]]] = {}
     for run_id, raw in recorded.items():
-        if run_id == own:
-            continue
         try:
             other = recorded_config(raw, f"run {run_id}")
         except ConfigError:  # a config this version cannot read is compared with nothing
             continue
-        if _read_identity(other) != same:
+        by_training.setdefault(_read_identity(other), []).append((run_id, other))
+    twins = {}
+    for cfg in cfgs:
+        own = cfg.run_id()
+        run_id, other = next(((r, c) for r, c in by_training.get(_read_identity(cfg), []) if r != own), (None, None))
+        if other is None:
             continue
         theirs, ours = other.to_dict(), cfg.to_dict()
         differ = differing_settings([seed_settings(theirs), seed_settings(ours)])
-        return Twin(run_id, {k: (config_value(theirs, k), config_value(ours, k)) for k in differ},
-                    _why_alike(cfg, other, differ))
-    return None
+        twins[own] = Twin(run_id, {k: (config_value(theirs, k), config_value(ours, k)) for k in differ},
+                                   _why_alike(cfg, other, differ))
+    return twins
 
 
 def _unread_at_defaults(cfg: RunConfig) -> RunConfig:

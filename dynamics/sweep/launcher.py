@@ -23,7 +23,7 @@ from dynamics.identity import experiment_identity
 from dynamics.schema import config_value
 from dynamics.signals import deferred_signals, sigterm_as_interrupt
 from dynamics.sweep import cancel
-from dynamics.sweep.grid import Point, _plain, expand_grid, twin_in_store
+from dynamics.sweep.grid import Point, _plain, expand_grid, twins_in_store
 from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
@@ -413,7 +413,7 @@ def _refuse_point(p: Point, attrs: dict, path: str, data: str | None = None) -> 
 
 def _refuse_twins(todo: list[Point], existing: set[str], path: str) -> None:
     """StoreError, before any point trains, for a new point whose training a run the store holds
-    under another id trains already (``grid.twin_in_store``: a `dynamics run` of the config
+    under another id trains already (``grid.twins_in_store``: a `dynamics run` of the config
     written another way, or an earlier grid's point): kept, the store held it twice."""
     new = [p for p in todo if p.run_id not in existing]
     if not new or not existing:
@@ -422,8 +422,9 @@ def _refuse_twins(todo: list[Point], existing: set[str], path: str) -> None:
     for run_id in sorted(existing):
         with contextlib.suppress(store.StoreError):  # damaged: named by the commands that read it
             recorded[run_id] = store.run_attrs(path, run_id).get("config")
+    twins = twins_in_store([p.cfg for p in new], recorded)
     for p in new:
-        if (twin := twin_in_store(p.cfg, recorded)) is not None:
+        if (twin := twins.get(p.run_id)) is not None:
             raise store.StoreError(f"sweep point {p.label}: {path} holds this training already: {twin}; sweep the "
                                    "setting as that run has it, or give another --out")
 
