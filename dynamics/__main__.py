@@ -1,5 +1,24 @@
-"""`python -m dynamics ...` is the same as `dynamics ...`."""
+"""The ``dynamics`` program: ``dynamics ...`` and ``python -m dynamics ...`` both run :func:`console`."""
 
-from dynamics.cli import console
+import signal
 
-raise SystemExit(console())
+from dynamics.cli import main
+
+
+def console() -> int:
+    """The program: :func:`dynamics.cli.main`, then an exit that a late Ctrl-C leaves alone.
+
+    Once main returns, the command's work is on disk and its exit status settled; what remains is
+    the interpreter joining idle I/O threads (zarr's) and running exit handlers. A Ctrl-C there
+    printed a KeyboardInterrupt traceback under a finished command's last line, or ended the
+    process by SIGINT in place of that status. Not in main itself: a program calling main keeps
+    its own Ctrl-C.
+    """
+    try:
+        return main()
+    finally:  # an uncaught error's status (argparse's exit, a bug's traceback) is settled as well
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+if __name__ == "__main__":
+    raise SystemExit(console())

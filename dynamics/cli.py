@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import signal
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ from dynamics.messages import (
     print_note,
     progress_printer,
 )
-from dynamics.tables import analysis_failures, print_analysis, print_consistency, print_table
+from dynamics.tables import analysis_failures, demo_timing, print_analysis, print_consistency, print_table
 from dynamics.usage import EXIT_BAD_INPUT as EXIT_BAD_INPUT  # cli.EXIT_BAD_INPUT, as before
 from dynamics.usage import (
     OneLineParser,
@@ -52,24 +51,6 @@ from dynamics.usage import (
 # How errors name a path the command chose: naming --out when none was given puzzled.
 DEFAULT_STORE = "no --out given: the default store"
 DEFAULT_REPORT = "the default report folder"
-
-
-def refuse_twin(cfg: RunConfig, out: str) -> None:
-    """ConfigError when the store at ``out`` holds, under another run id, a run that trains bitwise
-    what ``cfg`` trains (its config written another way): the same training twice read as two
-    configs (``sweep.grid.twins_in_store``). A run id given with --run-id is the user's own name,
-    not checked."""
-    from dynamics.store import is_store, list_runs, run_attrs
-    from dynamics.sweep.grid import twins_in_store
-
-    if not is_store(out):
-        return
-    # damaged runs are named by the commands that read them; nothing to compare them with here
-    recorded = {r: run_attrs(out, r).get("config") for r in list_runs(out, damaged="skip")}
-    if (twin := twins_in_store([cfg], recorded).get(cfg.run_id())) is not None:
-        sets = " ".join(f"--set {k}={json.dumps(theirs)}" for k, (theirs, _) in twin.settings.items())
-        raise ConfigError(f"{out} holds this training already: {twin}; give {sets} to resume or skip that run, "
-                          f"or another --out")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -136,8 +117,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         notes.append(f"{source} has a [sweep] table; `dynamics run` trains only its base point "
                      f"(`dynamics sweep` trains the grid)")
 
-    if not args.run_id and not has_run(out, run_id):
-        refuse_twin(cfg, out)
+    from dynamics.sweep.twins import recorded_twins
+
+    # a run id given by name (--run-id) is the user's own, not checked
+    if not args.run_id and not has_run(out, run_id) and (twin := recorded_twins(out, [cfg]).get(run_id)):
+        sets = " ".join(f"--set {k}={json.dumps(theirs)}" for k, (theirs, _) in twin.settings.items())
+        raise ConfigError(f"{out} holds this training already: {twin}; give {sets} to resume or skip that run, "
+                          f"or another --out")
 
     started = []  # training has begun: a StoreError after it is no refusal
 
@@ -510,24 +496,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if summary.ok and not failed else 1
 
 
-def demo_timing(t_train: float, t_analyse: float, t_total: float, n_skipped: int, n_runs: int,
-                n_others: int = 0) -> str:
-    """The demo's closing line: its analysis time as a share of training (the goal is <= 10%).
-
-    Only when this command trained every run it analysed: runs already finished in the store cost
-    no training here, so the share would compare the analysis of every run with the training of
-    some (of none on a second demo of one store: 0.0 s, and a ratio in the tens of thousands of
-    percent); ``n_others``, the store's runs outside the demo's grid, are analysed and not trained.
-    """
-    if n_skipped:
-        share = f"no share of training: {n_skipped} of {n_runs} runs were already finished, not retrained"
-    elif n_others:
-        share = f"no share of training: the store's {n_others} other run(s) were analysed too, not trained"
-    else:
-        share = f"{t_analyse / t_train:.1%} of training" if t_train > 0 else "no share of training"
-    return f"training {t_train:.1f}s, analysis {t_analyse:.1f}s ({share}), total {t_total:.0f}s"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="dynamics", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -621,19 +589,3 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # check_args (no empty value; ~ in a path expanded) inside, so that its refusal is one line too
     return run_to_end(args.command, lambda: check_args(args) or args.func(args))
-
-
-def console() -> int:
-    """The ``dynamics`` program (and ``python -m dynamics``): :func:`main`, then an exit that a
-    late Ctrl-C leaves alone.
-
-    Once main returns, the command's work is on disk and its exit status settled; what remains is
-    the interpreter joining idle I/O threads (zarr's) and running exit handlers. A Ctrl-C there
-    printed a KeyboardInterrupt traceback under a finished command's last line, or ended the
-    process by SIGINT in place of that status. Not in main itself: a program calling main keeps
-    its own Ctrl-C.
-    """
-    try:
-        return main()
-    finally:  # an uncaught error's status (argparse's exit, a bug's traceback) is settled as well
-        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -114,3 +114,21 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
         lone = any(r.get("redundancy") == "undefined" for r in rows)
         print("undefined: one head per layer, so no pair of heads to compare (bifurcation and divergence are "
               "measured between the heads of a layer" + (", redundancy between the heads of the model)" if lone else ")"))
+
+
+def demo_timing(t_train: float, t_analyse: float, t_total: float, n_skipped: int, n_runs: int,
+                n_others: int = 0) -> str:
+    """The demo's closing line: its analysis time as a share of training (the goal is <= 10%).
+
+    Only when this command trained every run it analysed: runs already finished in the store cost
+    no training here, so the share would compare the analysis of every run with the training of
+    some (of none on a second demo of one store: 0.0 s, and a ratio in the tens of thousands of
+    percent); ``n_others``, the store's runs outside the demo's grid, are analysed and not trained.
+    """
+    if n_skipped:
+        share = f"no share of training: {n_skipped} of {n_runs} runs were already finished, not retrained"
+    elif n_others:
+        share = f"no share of training: the store's {n_others} other run(s) were analysed too, not trained"
+    else:
+        share = f"{t_analyse / t_train:.1%} of training" if t_train > 0 else "no share of training"
+    return f"training {t_train:.1f}s, analysis {t_analyse:.1f}s ({share}), total {t_total:.0f}s"

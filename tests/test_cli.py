@@ -50,7 +50,7 @@ def test_a_ctrl_c_after_a_command_has_finished_changes_neither_its_status_nor_it
     (tmp_path / "sitecustomize.py").write_text(CTRL_C_AT_EXIT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     # the installed `dynamics` program's entry point, run as pip's script runs it
-    script = "import sys; from dynamics.cli import console; sys.exit(console())"
+    script = "import sys; from dynamics.__main__ import console; sys.exit(console())"
     prog = [sys.executable, "-m", "dynamics"] if how == "module" else [sys.executable, "-c", script]
     ok = subprocess.run([*prog, "status", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert (ok.returncode, ok.stderr) == (0, ""), ok.stderr
@@ -88,7 +88,7 @@ def test_the_installed_program_is_consoles_entry_point():
     from importlib.metadata import entry_points
 
     (entry,) = [e for e in entry_points(group="console_scripts") if e.name == "dynamics"]
-    assert entry.value == "dynamics.cli:console"
+    assert entry.value == "dynamics.__main__:console"
 
 
 @pytest.mark.parametrize("args, needle", [

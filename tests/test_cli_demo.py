@@ -90,7 +90,7 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
 def test_demo_timing_gives_a_share_of_training_only_when_it_trained_every_run():
     # a second `dynamics demo` of one store trained nothing and printed
     # "training 0.0s, analysis 4.9s (26694.6% of training)"
-    from dynamics.cli import demo_timing
+    from dynamics.tables import demo_timing
 
     assert demo_timing(80.0, 8.0, 95.4, 0, 12) == "training 80.0s, analysis 8.0s (10.0% of training), total 95s"
     assert demo_timing(0.02, 4.9, 9.0, 12, 12) == ("training 0.0s, analysis 4.9s (no share of training: 12 of 12 "

@@ -262,26 +262,3 @@ def test_experiment_configs_are_valid_sweeps():
     heads = load_config(ROOT / "experiments" / "head_count.toml")
     assert heads.model.d_model == 64 and heads.sweep.axes["model.n_heads"] == (2, 4, 8, 16)
     assert load_config(ROOT / "experiments" / "positional.toml").sweep.axes["model.pos"] == ("rope", "learned", "none")
-
-
-def test_a_recorded_run_of_the_same_training_under_another_id_is_its_twin_and_no_other_run_is():
-    from dynamics.sweep.grid import twins_in_store
-
-    # d_model 16 with 2 heads: d_head 8 written out is the d_head 0 default (the known answer
-    # behind it: test_points_whose_settings_resolve_alike_are_refused)
-    default, written = from_dict(tiny()), from_dict(tiny(model={"d_head": 8}))
-    assert default.run_id() != written.run_id()
-    twin = twins_in_store([written], {default.run_id(): default.to_dict()})[written.run_id()]
-    assert (twin.run_id, twin.settings) == (default.run_id(), {"model.d_head": (0, 8)})
-    assert str(twin) == (f"run {default.run_id()} there trains the same data and model: its config differs only in "
-                         "model.d_head = 0 against 8, which come to the same training (d_head 0 is d_model / n_heads)")
-    seed_1, d_head_4 = from_dict(tiny(train={"seed": 1})), from_dict(tiny(model={"d_head": 4}))
-    unreadable = {"model": {"n_layers": "two"}}
-    recorded = {r.run_id(): r.to_dict() for r in (written, seed_1, d_head_4)} | {"r0": unreadable}
-    twins = twins_in_store([written, default, seed_1, from_dict(tiny(train={"seed": 2}))], recorded)
-    # its own id is no twin, nor are other trainings: only default has one
-    assert {k: t.run_id for k, t in twins.items()} == {default.run_id(): written.run_id()}
-    # a store holding both spellings already: each is the other's twin, never its own
-    both = {default.run_id(): default.to_dict(), written.run_id(): written.to_dict()}
-    assert {k: t.run_id for k, t in twins_in_store([written, default], both).items()} == {
-        written.run_id(): default.run_id(), default.run_id(): written.run_id()}

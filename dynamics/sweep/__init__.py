@@ -75,6 +75,9 @@ Faults:
 Modules
 -------
 - :mod:`~dynamics.sweep.grid`: :class:`Point` and :func:`expand_grid`.
+- :mod:`~dynamics.sweep.twins`: a run the store holds that trains what a config trains under another
+  run id (:class:`Twin`, :func:`twins_in_store`, :func:`recorded_twins`), refused by ``dynamics run``
+  and by :func:`run_sweep` for its new points (:func:`refuse_sweep_twins`).
 - :mod:`~dynamics.sweep.lock`: the store lock (``LOCK_NAME``, ``LOCK_STALE_AFTER``, ``LOCK_HEARTBEAT_EVERY``,
   :class:`SweepLockError`, :class:`SweepLock`, :func:`acquire_lock`, :func:`read_lock`, :func:`lock_path`,
   :func:`lock_stale_reason`).

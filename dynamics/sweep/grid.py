@@ -14,15 +14,8 @@ import numpy as np
 
 from dynamics import tasks
 from dynamics.budget import n_snapshots, snapshot_steps
-from dynamics.config import SECTIONS, ConfigError, RunConfig, TaskConfig, recorded_config, with_values
-from dynamics.identity import (
-    EXECUTION_KEYS,
-    condition_key,
-    differing_settings,
-    not_read_by,
-    seed_settings,
-    unread_settings,
-)
+from dynamics.config import SECTIONS, ConfigError, RunConfig, TaskConfig, with_values
+from dynamics.identity import EXECUTION_KEYS, condition_key, not_read_by, unread_settings
 from dynamics.limits import MAX_POINTS
 from dynamics.schema import config_value
 
@@ -174,52 +167,6 @@ def _why_alike(a: RunConfig, b: RunConfig, differ: list[str]) -> str:
     # normalised mixture weights, a mixture of one component, or a setting resolved alike
     said = dict.fromkeys(_RESOLVED.get(k, _RESOLVED["task"]) for k in differ if k not in unread)
     return "which come to the same training (" + "; ".join(said) + ")"
-
-
-@dataclass(frozen=True)
-class Twin:
-    """A recorded run that trains bitwise what a config trains, under another run id."""
-
-    run_id: str
-    """The recorded run's id."""
-    settings: dict[str, tuple[Any, Any]]
-    """Dotted key -> (the recorded run's value, the config's value), for each setting they differ in."""
-    why: str
-    """Why those settings come to the same training: ``"which come to the same training (...)"``."""
-
-    def __str__(self) -> str:
-        shown = ", ".join(f"{k} = {json.dumps(theirs)} against {json.dumps(ours)}"
-                          for k, (theirs, ours) in self.settings.items())
-        return f"run {self.run_id} there trains the same data and model: its config differs only in {shown}, {self.why}"
-
-
-def twins_in_store(cfgs: list[RunConfig], recorded: dict[str, dict]) -> dict[str, Twin]:
-    """For each of ``cfgs`` that a run of ``recorded`` (run id -> its recorded ``config`` attr)
-    trains bitwise under another run id, that run: ``{cfg.run_id(): Twin}``.
-
-    Within a grid :func:`expand_grid` refuses such twins. Across commands (a ``dynamics run`` of
-    a config written another way, ``d_head`` given as d_model / n_heads, into a store whose sweep
-    trained it) the store held the same training twice, which read as two configs alike. The
-    recorded runs are indexed once, so a grid's points cost one lookup each.
-    """
-    by_training: dict[str, list[tuple[str, RunConfig]]] = {}
-    for run_id, raw in recorded.items():
-        try:
-            other = recorded_config(raw, f"run {run_id}")
-        except ConfigError:  # a config this version cannot read is compared with nothing
-            continue
-        by_training.setdefault(_read_identity(other), []).append((run_id, other))
-    twins = {}
-    for cfg in cfgs:
-        own = cfg.run_id()
-        run_id, other = next(((r, c) for r, c in by_training.get(_read_identity(cfg), []) if r != own), (None, None))
-        if other is None:
-            continue
-        theirs, ours = other.to_dict(), cfg.to_dict()
-        differ = differing_settings([seed_settings(theirs), seed_settings(ours)])
-        twins[own] = Twin(run_id, {k: (config_value(theirs, k), config_value(ours, k)) for k in differ},
-                                   _why_alike(cfg, other, differ))
-    return twins
 
 
 def _unread_at_defaults(cfg: RunConfig) -> RunConfig:

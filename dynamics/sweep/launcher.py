@@ -23,11 +23,12 @@ from dynamics.identity import experiment_identity
 from dynamics.schema import config_value
 from dynamics.signals import deferred_signals, sigterm_as_interrupt
 from dynamics.sweep import cancel
-from dynamics.sweep.grid import Point, _plain, expand_grid, twins_in_store
+from dynamics.sweep.grid import Point, _plain, expand_grid
 from dynamics.sweep.lock import _is_url, acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
 from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _stop_name
+from dynamics.sweep.twins import refuse_sweep_twins
 from dynamics.tasks import data_hash
 from dynamics.tasks.hashing import other_data
 
@@ -343,7 +344,7 @@ def run_sweep(
                 todo.append(p)
                 starts[p.run_id] = int(attrs.get("starts", 0)) if p.run_id in existing else None
         _refuse_other_data_than_finished(todo, hashes, elsewhere, path)
-        _refuse_twins(todo, existing, path)
+        refuse_sweep_twins([p for p in todo if p.run_id not in existing], path)
         _write_index(path, points)
         if not store.is_remote(path):  # a remote store's is rebuilt whole below
             store.refresh_index(path, summary.skipped)  # as train_run's skip: an entry a kill left stale
@@ -409,24 +410,6 @@ def _refuse_point(p: Point, attrs: dict, path: str, data: str | None = None) -> 
             distill.refuse_other_teacher(attrs, p.cfg, path, p.run_id)
     except store.StoreError as e:
         raise store.StoreError(f"sweep point {p.label}: {e}") from None
-
-
-def _refuse_twins(todo: list[Point], existing: set[str], path: str) -> None:
-    """StoreError, before any point trains, for a new point whose training a run the store holds
-    under another id trains already (``grid.twins_in_store``: a `dynamics run` of the config
-    written another way, or an earlier grid's point): kept, the store held it twice."""
-    new = [p for p in todo if p.run_id not in existing]
-    if not new or not existing:
-        return
-    recorded = {}
-    for run_id in sorted(existing):
-        with contextlib.suppress(store.StoreError):  # damaged: named by the commands that read it
-            recorded[run_id] = store.run_attrs(path, run_id).get("config")
-    twins = twins_in_store([p.cfg for p in new], recorded)
-    for p in new:
-        if (twin := twins.get(p.run_id)) is not None:
-            raise store.StoreError(f"sweep point {p.label}: {path} holds this training already: {twin}; sweep the "
-                                   "setting as that run has it, or give another --out")
 
 
 def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int, display: _Display,
