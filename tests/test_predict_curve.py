@@ -243,6 +243,27 @@ def test_a_null_check_with_nothing_to_permute_is_refused_before_any_fit(planted,
         predict.predict_runs(runs, dataclasses.replace(opt, null=2))
 
 
+def test_folds_that_each_test_one_class_are_refused_before_any_fit(monkeypatch):
+    # Seed 0's heads all turn slash, seeds 1 and 2 grow none: the store holds both classes, but
+    # every fold holding out a whole seed tests one, and the table came out all n/a, exit 0.
+    from dynamics.predict import curve as curve_module
+
+    fates = [np.ones((L, H), bool), np.zeros((L, H), bool), np.zeros((L, H), bool)]
+    runs = [Run(f"r{s}", make_run(s, fate), seed=s) for s, fate in enumerate(fates)]
+    opt = PredictOptions(horizons=(0.1,), n_splits=3, boosting_iter=10)
+    fit = curve_module.cross_validate
+    monkeypatch.setattr(curve_module, "cross_validate", lambda *a, **k: pytest.fail("fitted before refusing"))
+    with pytest.raises(predict.PredictError, match=(
+            r"^target 'slash': AUROC is undefined on every one of the 3 test folds holding out whole seeds, each of "
+            r"one class \(seed=\d; seed=\d; seed=\d\), so no model can be scored; fewer --folds put more groups in a "
+            r"test fold$")):
+        predict.predict_runs(runs, opt)
+    # Two folds put two seeds in one test fold, which then holds both classes: scored, not refused.
+    monkeypatch.setattr(curve_module, "cross_validate", fit)
+    curve = predict.predict_runs(runs, dataclasses.replace(opt, n_splits=2))
+    assert np.isfinite(curve.score.values).any(axis=-1).all()
+
+
 def test_the_features_attr_lists_only_features_with_a_value(planted, tables):
     # attrs["features"] listed every column of the first horizon's table, values or not: at h=0
     # gradient agreement (NaN at the first snapshot) and, here, the sink and token scores (the

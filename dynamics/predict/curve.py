@@ -21,6 +21,28 @@ from dynamics.predict.targets import class_name, target_table
 
 # --------------------------------------------------------------------------- whole pipeline
 
+METRIC_NAMES = {"auroc": "AUROC", "balanced_accuracy": "balanced accuracy", "spearman": "Spearman"}
+
+
+def _check_some_fold_scored(rows: xr.Dataset, splits: Sequence[tuple[np.ndarray, np.ndarray]], metric: str,
+                            options: PredictOptions) -> None:
+    """PredictError when the metric is undefined on every test fold, before any model is fitted.
+
+    Each run's heads can all share one class (every head of a seed diffuse, say) while the store
+    holds both: then every fold holding out whole groups tests one class, and the table would be
+    all n/a. Whether a fold can be scored depends on its targets alone, so scoring the targets
+    against themselves tells."""
+    y = rows["target"].values
+    if any(np.isfinite(score(metric, y[test], y[test])) for _, test in splits):
+        return
+    groups = rows["row_group"].values
+    what = "a constant target or under 3 heads" if metric == "spearman" else "one class"
+    tested = "; ".join(", ".join(sorted(set(groups[test]))) for _, test in splits)
+    hint = "; fewer --folds put more groups in a test fold" if len(splits) > 2 else ""
+    raise PredictError(f"target {options.target!r}: {METRIC_NAMES[metric]} is undefined on every one of the "
+                       f"{len(splits)} test folds holding out whole {options.group_by}s, each of {what} "
+                       f"({tested}), so no model can be scored{hint}")
+
 
 def _versions() -> dict[str, str]:
     import scipy
@@ -78,6 +100,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         raise PredictError("null check: no two runs label the same heads, so there is nothing to permute")
     groups = rows["row_group"].values
     splits = group_splits(groups, opt.n_splits)
+    _check_some_fold_scored(rows, splits, spec.metric, opt)
     if opt.null:
         null_rows, null_splits = null_folds(blocks, splits, rows.sizes["head_row"])
         if len(null_splits) < 2:  # judge names nothing over fewer than 2 folds: 0 of N would say nothing
@@ -477,7 +500,7 @@ def format_curve(curve: xr.Dataset) -> str:
     >>> print(format_curve(predict_store("runs.zarr")))  # doctest: +SKIP
     """
     a = curve.attrs
-    metric = {"auroc": "AUROC", "balanced_accuracy": "balanced accuracy", "spearman": "Spearman"}[a["metric"]]
+    metric = METRIC_NAMES[a["metric"]]
     lines = [
         f"target {a['target']}: {a['description']}",
         f"{curve.sizes['head_row']} heads in {a['n_runs']} runs; {a['n_splits']} folds holding out whole "
