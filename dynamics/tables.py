@@ -100,20 +100,31 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
             continue
         roles = " ".join(f"{k}:{v}" for k, v in sorted(r["roles"].items(), key=lambda kv: -kv[1]))
         bif = _bifurcation(r["bifurcation_step"], r.get("layer_bifurcation_steps"))
-        div, red = r["final_divergence"], r["redundancy"]
+        div = r["final_divergence"]
         table.append([r["run"], *point, r["status"], bif, div if isinstance(div, str) else f"{div:.3f}",
-                      red if isinstance(red, str) else f"{red:.2f}", str(r["slash_dominant"]), roles])
+                      _redundancy(r), str(r["slash_dominant"]), roles])
     print_table(header, table)
     if any(not r.get("skipped") for r in rows):  # the columns, once, under the table
         print("bifurcation: step the heads' divergence (the mean over layers) left its early band (split, or "
               "collapsed), and by layer each layer's own where one differs (a layer can leave its band while the mean "
               "does not); "
-              "divergence: mean within-layer JS distance at the last snapshot; redundancy: share of heads in a cluster of 2 or more there (average linkage, JS distance cut at 0.1); "
+              "divergence: mean within-layer JS distance at the last snapshot; redundancy: heads in a cluster of 2 or more there, of all heads (average linkage, JS distance cut at 0.1); "
               "slash_dom: heads slash-dominant there; final roles: heads per role there")
     if any(r.get("final_divergence") == "undefined" for r in rows):
         lone = any(r.get("redundancy") == "undefined" for r in rows)
         print("undefined: one head per layer, so no pair of heads to compare (bifurcation and divergence are "
               "measured between the heads of a layer" + (", redundancy between the heads of the model)" if lone else ")"))
+
+
+def _redundancy(row: dict) -> str:
+    """The redundancy cell: "5/8" heads from summary_row's counts, exact where two decimals were
+    not (5/8 printed 0.62); a row without them (built by hand) gets its fraction."""
+    red = row["redundancy"]
+    if isinstance(red, str):
+        return red
+    if row.get("redundant_heads") is not None and row.get("heads"):
+        return f"{row['redundant_heads']}/{row['heads']}"
+    return f"{red:.3f}"
 
 
 def demo_timing(t_train: float, t_analyse: float, t_total: float, n_skipped: int, n_runs: int,

@@ -406,12 +406,12 @@ def test_analyse_table_prints_the_row_as_summary_row_gives_it(capsys):
     from dynamics.tables import print_analysis
 
     row = {"run": "r1", "status": "completed", "bifurcation_step": None, "layer_bifurcation_steps": [32, 100],
-           "final_divergence": 0.12345, "redundancy": 0.375, "slash_dominant": 2,
+           "final_divergence": 0.12345, "redundancy": 0.375, "redundant_heads": 3, "heads": 8, "slash_dominant": 2,
            "roles": {"diffuse": 1, "slash": 3, "sink": 2}}
     print_analysis([row])
     line = capsys.readouterr().out.splitlines()[1].split("  ")
     cells = [c.strip() for c in line if c.strip()]
-    assert cells == ["r1", "completed", "never (by layer: 32, 100)", "0.123", "0.38", "2", "slash:3 sink:2 diffuse:1"]
+    assert cells == ["r1", "completed", "never (by layer: 32, 100)", "0.123", "3/8", "2", "slash:3 sink:2 diffuse:1"]
     row.update(bifurcation_step=40, layer_bifurcation_steps=[40, 40])
     print_analysis([row])
     assert "  40  " in capsys.readouterr().out.splitlines()[1]

@@ -286,6 +286,20 @@ def test_a_one_head_model_has_no_redundancy_and_no_winner_take_all():
     assert summary_row(per_layer)["redundancy"] == float(per_layer.redundancy_fraction[-1])
 
 
+def test_the_summary_counts_redundant_heads_of_the_heads_a_run_has():
+    # Run b lacks its last head in each layer (a sweep's padding): 4 heads. Three of them given
+    # one pattern form a cluster, the fourth (random) stays alone: 3 of 4, not of the 6 slots.
+    ds = sweep_like()
+    a = ds.attention.values.copy()
+    for layer, head in ((0, 1), (1, 0)):
+        a[1, :, layer, head] = a[1, :, 0, 0]
+    ds["attention"] = (ds.attention.dims, a)
+    row = summary_row(analyse_run(ds).load().sel(run="b"))
+    assert (row["redundant_heads"], row["heads"], row["redundancy"]) == (3, 4, 0.75)
+    lone = summary_row(analyse_run(ds.sel(run="a", drop=True).isel(layer=[0], head=[0])).load())
+    assert lone["redundancy"] == "undefined" and lone["redundant_heads"] is None and lone["heads"] == 1
+
+
 def test_a_long_offset_slash_head_is_slash_dominant_where_its_role_is_slash():
     # T = 64: the slash role looks at offsets up to T // 2 = 32. A perfect offset-20 head (the
     # offset_copy task's kind) was labelled "slash" but scored for dominance only up to the

@@ -13,9 +13,21 @@ def test_analyse_table_of_a_one_head_model_prints_redundancy_undefined(capsys):
     lines = capsys.readouterr().out.splitlines()
     header = lines[0].split()
     assert lines[1].split()[header.index("redundancy")] == "undefined"
-    assert lines[2].split()[header.index("redundancy")] == "0.50"
+    assert lines[2].split()[header.index("redundancy")] == "0.500"  # a row built without summary_row's counts
     assert lines[3].startswith("bifurcation: step the heads' divergence (the mean over layers) left its early band")  # the columns
     assert lines[4].endswith("redundancy between the heads of the model)")
+
+
+def test_analyse_table_gives_redundancy_as_a_count_of_heads(capsys):
+    # Two decimals printed 5 of 8 heads as 0.62 and 3 of 8 as 0.38 (half to even on exact halves).
+    row = {"status": "completed", "bifurcation_step": 10, "final_divergence": 0.25, "slash_dominant": 0,
+           "roles": {"induction": 8}}
+    print_analysis([{"run": "r1", "redundancy": 0.625, "redundant_heads": 5, "heads": 8} | row,
+                    {"run": "r2", "redundancy": 0.0, "redundant_heads": 0, "heads": 8} | row])
+    lines = capsys.readouterr().out.splitlines()
+    column = lines[0].split().index("redundancy")
+    assert [line.split()[column] for line in lines[1:3]] == ["5/8", "0/8"]
+    assert "redundancy: heads in a cluster of 2 or more there, of all heads (" in lines[3]
 
 
 def test_analyse_table_gives_each_runs_swept_values_in_the_grid_order(tmp_path, capsys):
@@ -36,7 +48,7 @@ def test_analyse_table_gives_each_runs_swept_values_in_the_grid_order(tmp_path, 
 
 
 ANALYSED = {"run": "r1", "status": "completed", "bifurcation_step": 40, "final_divergence": 0.25, "redundancy": 0.5,
-            "slash_dominant": 1, "roles": {"induction": 1, "previous_token": 3}}
+            "redundant_heads": 2, "heads": 4, "slash_dominant": 1, "roles": {"induction": 1, "previous_token": 3}}
 
 
 def _cells(capsys) -> list[list[str]]:
@@ -49,7 +61,7 @@ def _cells(capsys) -> list[list[str]]:
 
 def test_analyse_table_cells_of_an_analysed_run(capsys):
     print_analysis([ANALYSED])
-    assert _cells(capsys) == [["r1", "completed", "40", "0.250", "0.50", "1", "previous_token:3 induction:1"]]
+    assert _cells(capsys) == [["r1", "completed", "40", "0.250", "2/4", "1", "previous_token:3 induction:1"]]
 
 
 def test_bifurcation_cell_names_each_layer_only_where_one_differs_from_the_model(capsys):

@@ -332,7 +332,9 @@ def summary_row(result: xr.Dataset) -> dict:
     noise band, or "undefined" when there is no curve at all (no layer has two heads to
     compare), which is not the same as never bifurcating. ``final_divergence`` is then
     "undefined" too: NaN there means no pair of heads, not a distance. ``redundancy`` is
-    "undefined" when the model has fewer than two heads (no pair to be redundant), and
+    "undefined" when the model has fewer than two heads (no pair to be redundant), when
+    ``redundant_heads`` is None (else redundancy x ``heads``, the heads in a cluster of two or
+    more), and
     ``slash_dominant`` (a count of heads) when no head has a slash offset scored.
     ``layer_bifurcation_steps`` is ``bifurcation_step`` per layer (a list, in layer order), or
     None for an analysis stored before it was computed.
@@ -346,6 +348,7 @@ def summary_row(result: xr.Dataset) -> dict:
     counts = {r: int((labels == r).sum()) for r in ROLES if (labels == r).any()}
     no_pairs = not bool(result["mean_divergence"].notnull().any())
     redundancy = float(last["redundancy_fraction"].values)
+    n_heads = int((last["cluster"] >= 0).sum())  # the fraction's denominator: a sweep's padded heads are -1
     flags = np.asarray(last["slash_dominant"].values, dtype=np.float64)
     return {
         "bifurcation_step": _step_or_why(result["bifurcation_step"], result["mean_divergence"]),
@@ -355,6 +358,10 @@ def summary_row(result: xr.Dataset) -> dict:
                                                              strict=True)],
         "final_divergence": "undefined" if no_pairs else float(last["mean_divergence"].values),
         "redundancy": "undefined" if np.isnan(redundancy) else redundancy,
+        # The fraction as a count of heads: k / n with n a few heads is exact that way, where two
+        # decimals rounded 5/8 to 0.62 and 3/8 to 0.38 (half to even, on exact binary halves)
+        "redundant_heads": None if np.isnan(redundancy) else round(redundancy * n_heads),
+        "heads": n_heads,
         # NaN: a sweep's padded head, or undefined (no offset scored): "undefined" if every head is
         "slash_dominant": int(np.nansum(flags)) if np.isfinite(flags).any() else "undefined",
         "roles": counts,
