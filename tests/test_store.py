@@ -105,3 +105,32 @@ def test_what_the_store_writes_is_readable_as_the_umask_says(tmp_path):
         assert stat.S_IMODE(p.stat().st_mode) == 0o755, p
     for p in (path / "analysis" / "r1" / "zarr.json", path / "checkpoints" / "r1" / "ckpt.pt"):
         assert stat.S_IMODE(p.stat().st_mode) == 0o644, p
+
+
+def test_an_interrupt_as_zarrs_event_loop_is_made_waits_until_it_is_whole(tmp_path):
+    # A SIGTERM inside asyncio's loop constructor, as `dynamics analyse` opened its first run, left
+    # a half-made loop whose __del__ printed "Exception ignored ... '_debug'" and a traceback
+    # under the "interrupted" line. The interrupt lands here at the constructor's set_debug call.
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import asyncio.base_events, signal
+        set_debug = asyncio.base_events.BaseEventLoop.set_debug
+        def interrupted(self, enabled):
+            signal.raise_signal(signal.SIGINT)  # a Ctrl-C at this very instant
+            set_debug(self, enabled)
+        asyncio.base_events.BaseEventLoop.set_debug = interrupted
+        from dynamics import store
+        try:
+            store.init_store({str(tmp_path / "s.zarr")!r})  # its first zarr write makes the loop
+            print("no interrupt")
+        except KeyboardInterrupt:
+            from zarr.core.sync import loop
+            print("interrupted; loop whole:", loop[0] is not None and loop[0].get_debug() is not None)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "interrupted; loop whole: True"
+    assert proc.stderr == ""

@@ -18,6 +18,8 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as _sync
 from zarr.storage import FsspecStore, LocalStore
 
+from dynamics.signals import deferred_signals
+
 if TYPE_CHECKING:  # imported where a group is opened: a training process only writes (0.9 s with pandas)
     import xarray as xr
 
@@ -61,6 +63,7 @@ class _Loc:
     @property
     def store(self) -> Any:
         if self._store is None:
+            start_io()  # every zarr read and write of this package goes through here first
             self._store = LocalStore(self.local) if self.local is not None else FsspecStore.from_url(self.url)
         return self._store
 
@@ -91,6 +94,37 @@ class _Loc:
             return sorted(_sync(collect()))
         except FileNotFoundError:
             return []
+
+
+_IO_STARTED = False
+
+
+def start_io() -> None:
+    """Start zarr's I/O event loop and its thread now, SIGINT and SIGTERM held back meanwhile.
+
+    Zarr makes them at its first read or write. A Ctrl-C (or SIGTERM) landing inside asyncio's
+    loop constructor left a half-made loop, whose ``__del__`` printed "Exception ignored ...
+    AttributeError: ... '_debug'" and its traceback under the command's "interrupted" line
+    (`dynamics analyse` stopped as its first run opened, once in CI)."""
+    global _IO_STARTED
+    if _IO_STARTED:
+        return
+
+    async def nothing() -> None:
+        return None
+
+    with deferred_signals():
+        _sync(nothing())
+    _IO_STARTED = True
+
+
+def _forget_io() -> None:
+    global _IO_STARTED
+    _IO_STARTED = False  # zarr makes a forked child its own loop (reset_resources_after_fork)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_io)
 
 
 def check_sections(loc: _Loc, sections: tuple[str, ...] = SECTIONS) -> None:
