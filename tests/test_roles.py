@@ -148,6 +148,22 @@ def test_a_self_head_on_adjacent_repeats_is_not_induction():
     assert assign_roles(scores).item() == ROLES.index("self")
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int8, np.uint8, np.uint16, np.uint64])
+def test_key_0_never_matches_whatever_the_token_dtype(dtype):
+    # Key 0 has no preceding token. A -1 fill before it wrapped to 255 in uint8 ids, so a sink
+    # head scored 1 on bytes whenever a query held the byte 255 (or -1 in signed ids, never real).
+    top = np.iinfo(dtype).max
+    tokens = xr.DataArray(np.array([[top, 1, 2, 3, 4, top]], dtype=dtype), dims=("probe", "position"))
+    sink = np.zeros((1, 6, 6))
+    sink[..., 0] = 1.0
+    # query 5 (a repeat of the id at 0) is the one query with a previous occurrence: its match is key 1
+    assert induction_score(xr.DataArray(sink, dims=("probe", "query", "key")), tokens).item() == 0.0
+    to_key_1 = np.zeros((1, 6, 6))
+    to_key_1[..., 0, 0] = 1.0
+    to_key_1[..., 1:, 1] = 1.0
+    assert induction_score(xr.DataArray(to_key_1, dims=("probe", "query", "key")), tokens).item() == 1.0
+
+
 def test_scores_match_loop_references_on_random_attention():
     rng = np.random.default_rng(1)
     t, p = 9, 4

@@ -178,10 +178,12 @@ def induction_score(attn: xr.DataArray, tokens: xr.DataArray) -> xr.DataArray:
     n = _check_square(attn)
     if POSITION not in tokens.dims or tokens.sizes[POSITION] != n:
         raise ValueError(f"tokens need dim {POSITION!r} of length {n}; got {dict(tokens.sizes)}")
-    # -1 before position 0: never a token id, so key 0 never matches.
-    preceding = tokens.rename({POSITION: KEY}).shift({KEY: 1}, fill_value=-1)
+    # key 0 has no preceding token: masked by position, not by a fill value, since a -1 fill
+    # wraps to a real id (255) in unsigned token ids and key 0 matched every query holding it
+    preceding = tokens.rename({POSITION: KEY}).shift({KEY: 1}, fill_value=0)
     current = tokens.rename({POSITION: QUERY})
-    match = (preceding == current) & (_positions(n, KEY) < _positions(n, QUERY))  # (probe, query, key)
+    key = _positions(n, KEY)
+    match = (preceding == current) & (key >= 1) & (key < _positions(n, QUERY))  # (probe, query, key)
     mass = xr.dot(attn.astype(np.float32), match.astype(np.float32), dim=KEY).astype(np.float64)
     valid = match.any(KEY)  # (probe, query)
     count = valid.sum([PROBE, QUERY])
