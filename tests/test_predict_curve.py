@@ -302,3 +302,32 @@ def test_folds_whose_test_runs_have_a_seed_twin_in_training_are_flagged(planted)
     _, _, by_seed = planted
     assert by_seed.attrs["folds_sharing_seeds"] == 0
     assert "caution" not in predict.format_curve(by_seed)
+
+
+def _padded(ds, extra: int = 2):
+    """``ds`` as ``open_sweep(...).sel(run=...)`` gives it when another run of the sweep is longer:
+    ``extra`` snapshots past its end, every value and the step NaN."""
+    import xarray as xr
+
+    tail = ds.isel(snapshot=[-1] * extra).copy(deep=True)
+    for name, v in tail.data_vars.items():
+        if "snapshot" in v.dims:
+            tail[name] = v.astype(np.float64) * np.nan
+    tail = tail.assign_coords(step=("snapshot", [np.nan] * extra))
+    return xr.concat([ds.assign_coords(step=ds.step.astype(np.float64)), tail], dim="snapshot",
+                     data_vars="minimal", coords="minimal")
+
+
+def test_runs_picked_from_a_padded_sweep_give_their_own_curve():
+    # The padding's NaN steps made the first step NaN ("no snapshot at or before step nan") and
+    # would have made the final step NaN: h=1 not flagged a ceiling, a step past the end not refused.
+    runs = make_runs(6)
+    padded = [dataclasses.replace(r, data=_padded(r.data)) for r in runs]
+    opt = PredictOptions(target="slash", horizons=(0.1, 1.0), **FAST)
+    plain, cut = predict.predict_runs(runs, opt), predict.predict_runs(padded, opt)
+    np.testing.assert_array_equal(cut["score"].values, plain["score"].values)
+    np.testing.assert_array_equal(cut["final_step"].values, plain["final_step"].values)
+    assert predict.readable.ceiling_horizons(cut) == [False, True]
+    past = dataclasses.replace(opt, unit="step", horizons=(float(plain["final_step"].max()) + 1,))
+    with pytest.raises(predict.PredictError, match="out of range"):
+        predict.predict_runs(padded, past)

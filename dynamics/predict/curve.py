@@ -64,6 +64,20 @@ def _preload(data: xr.Dataset) -> xr.Dataset:
     return data.assign(loaded.data_vars).assign_coords(loaded.coords)
 
 
+def _unpadded(data: xr.Dataset) -> xr.Dataset:
+    """``data`` without the snapshots past a run's end that a padded sweep gives it.
+
+    A run picked from a sweep (``open_sweep(...).sel(run=...)``) keeps the sweep's padding: steps
+    NaN after its last snapshot. Its final step read NaN, so the h = 1 horizon was not flagged a
+    ceiling and a step horizon past its end was not refused; the first step read NaN and the
+    init features failed with "no snapshot at or before step nan". The package's own loader
+    opens runs one by one, with no padding."""
+    if "step" not in data.coords or data["step"].dims != ("snapshot",):
+        return data  # check_runs names what is missing
+    finite = np.isfinite(np.asarray(data["step"].values, dtype=np.float64))
+    return data if finite.all() else data.isel(snapshot=np.flatnonzero(finite))
+
+
 def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
                  left_out: Sequence[str] = (), progress: Callable[[str], None] | None = None) -> xr.Dataset:
     """Targets, features at every horizon, grouped cross-validation, as one dataset.
@@ -91,6 +105,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         For the cases of `check_runs` and `target_table`.
     """
     opt = options or PredictOptions()
+    runs = [replace(r, data=_unpadded(r.data)) for r in runs]
     check_runs(runs, opt)
     runs = [replace(r, data=_preload(r.data)) for r in runs]
     spec = TARGETS[opt.target]
