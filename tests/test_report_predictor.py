@@ -197,3 +197,21 @@ def test_a_model_scoring_what_an_earlier_one_does_at_every_horizon_says_so_in_th
     covering = lines["layer (baseline; the same scores as chance at every horizon)"]
     assert (covering.get_marker(), covering.get_markerfacecolor()) == ("s", "none")  # drawn around, not over
     assert lines["linear"].get_marker() == "o"
+
+
+def test_the_caption_marks_every_horizon_that_saw_a_final_snapshot():
+    # The caption named a ceiling only at h = 1 of a fraction curve: a --unit step curve whose last
+    # horizon is the runs' final step, or h = 0.5 that reached a short run's end, went unmarked,
+    # while `dynamics predict` flagged them and its how-early line (in the same caption) said so.
+    from dynamics.report.predictor import _ceiling
+
+    curve = _predict_curve().assign_coords(run=["ra", "rb"])  # horizons 0, 0.1, 0.25, 0.5, 1
+    assert _ceiling(curve, "fraction") == (" h = 1 sees a run's final snapshot, which defines the target: a ceiling, "
+                                           "not a prediction.")  # saved without the steps it saw
+    seen = np.array([[0, 0], [10, 10], [20, 25], [50, 40], [100, 40]], float)
+    stepped = curve.assign(horizon_step=(("horizon", "run"), seen), final_step=("run", [100.0, 40.0]))
+    assert _ceiling(stepped, "fraction").startswith(" h = 0.5, h = 1 see a run's final snapshot")
+    stepped = stepped.assign_coords(horizon=[0.0, 10.0, 25.0, 50.0, 100.0])
+    assert _ceiling(stepped, "step").startswith(" step 50, step 100 see a run's final snapshot")
+    early = stepped.isel(horizon=[0, 1, 2])
+    assert _ceiling(early, "step") == ""

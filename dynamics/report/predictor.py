@@ -93,8 +93,7 @@ def _predict_section(ctx: _Ctx) -> _Section:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
         spread = _spread_text(ds, fold, metric)
-        ceiling = " h = 1 sees the final snapshot that defines the target: a ceiling, not a prediction." \
-            if horizon_unit == "fraction" and float(ds["horizon"].max()) >= 1 else ""
+        ceiling = _ceiling(ds, horizon_unit)
         description = ds.attrs.get("description") or target
         version = ds.attrs.get("analysis_version")
         stale = "" if version == ANALYSIS_VERSION else (
@@ -143,6 +142,25 @@ def _outdated(ds: xr.Dataset, ctx: _Ctx) -> str:
         [f"{len(gone)} of its runs the store no longer holds as completed ({_first_few(gone)})"] if gone else [])
     return (f" Out of date: this curve was computed from other runs than the store's completed runs now: "
             f"{'; '.join(parts)}; rerun `dynamics predict`.")
+
+
+def _ceiling(ds: xr.Dataset, unit: str) -> str:
+    """The caption's sentence on horizons whose features saw a run's final snapshot, the one that
+    defines the target, as `dynamics predict` prints it (predict.readable.ceiling_horizons, redone
+    here: the report imports no sklearn). It named only h = 1 of a fraction curve: a step curve's
+    last step, or a fraction short of 1 that reached a run's final snapshot, went unmarked."""
+    horizons = ds["horizon"].values
+    if "horizon_step" in ds and "final_step" in ds:
+        seen = np.asarray(ds["horizon_step"].transpose("horizon", "run").values, dtype=np.float64)
+        final = np.asarray(ds["final_step"].values, dtype=np.float64)
+        at = [bool(np.any(s >= final)) for s in seen]
+    else:  # a curve saved without the steps it saw: a fraction of 1 is the final snapshot
+        at = [unit == "fraction" and float(h) >= 1 for h in horizons]
+    labels = [f"h = {float(h):g}" if unit == "fraction" else f"step {int(h)}" for h, c in zip(horizons, at, strict=True) if c]
+    if not labels:
+        return ""
+    return (f" {', '.join(labels)} {'sees' if len(labels) == 1 else 'see'} a run's final snapshot, which defines the "
+            "target: a ceiling, not a prediction.")
 
 
 def _how_early(ds: xr.Dataset) -> str:
