@@ -44,7 +44,9 @@ def test_init_store_refuses_foreign_paths_and_leaves_them_alone(tmp_path):
 @pytest.mark.parametrize("attrs, problem", [
     ([], "attributes = [], not a table"),
     ({"status": "completed", "steps_done": "x"}, "steps_done = 'x', not an integer"),
-    ({"status": "stopped", "checkpoint_step": None}, "checkpoint_step = None, not an integer"),
+    ({"status": "interrupted", "checkpoint_step": None}, "checkpoint_step = None, not an integer"),
+    ({"status": "stopped"}, "status = 'stopped', not one a run writes (running, completed, diverged, failed, "
+                            "interrupted)"),  # shown by `dynamics status`, never written: read as unfinished
     ({"status": "completed", "last_loss": "x"}, "last_loss = 'x', not a number"),
     ({"status": ["x"]}, "status = ['x'], not a string"),
     ({"status": "completed", "steps_done": True}, "steps_done = True, not an integer"),

@@ -15,7 +15,7 @@ import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.group import GroupMetadata
 
-from dynamics.schema import FINISHED_STATUSES, STORE_VERSION
+from dynamics.schema import FINISHED_STATUSES, RUN_STATUSES, STORE_VERSION
 from dynamics.store._loc import (
     _NAME,
     SECTIONS,
@@ -419,7 +419,8 @@ def run_attrs(path: str | os.PathLike, run_id: str) -> dict:
 
 def _attrs_problem(attrs: Any) -> str | None:
     """What is wrong with a run's attributes, if the bookkeeping the commands read (its status,
-    step counts, last loss and config) is not of the types a run writes; None if nothing is."""
+    step counts, last loss and config) is not of the types a run writes, or its status none a run
+    writes; None if nothing is."""
     if not isinstance(attrs, dict):
         return f"attributes = {attrs!r}, not a table"
     kinds = {"status": (str, "a string"), "steps_done": (int, "an integer"), "steps_total": (int, "an integer"),
@@ -427,6 +428,10 @@ def _attrs_problem(attrs: Any) -> str | None:
     for key, (kind, name) in kinds.items():
         if key in attrs and (not isinstance(attrs[key], kind) or isinstance(attrs[key], bool)):
             return f"{key} = {attrs[key]!r}, not {name}"
+    if "status" in attrs and attrs["status"] not in RUN_STATUSES:
+        # a string of no status a run writes ("stopped" and "pending" are only shown) read as
+        # unfinished: `run` resumed a completed run at its last step and rewrote its checkpoint
+        return f"status = {attrs['status']!r}, not one a run writes ({', '.join(RUN_STATUSES)})"
     # every run is created with its config (a run written through the store API may have none)
     if "config" in attrs and not isinstance(attrs["config"], dict):
         return f"config = {attrs['config']!r}, not a table"
