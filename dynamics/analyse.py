@@ -50,7 +50,10 @@ def analyse_one(path: str, run_id: str) -> dict:
     if isinstance(result, dict):  # too few snapshots: its row says so
         return result
     store.write_analysis(path, run_id, result)
-    return {"run": run_id, "status": attrs["status"], **summary_row(result)}
+    row = {"run": run_id, "status": attrs["status"], **summary_row(result)}
+    if attrs["status"] == "diverged":  # its "final" figures are from before the divergence: the table says where
+        row.update(diverged_step=int(attrs["diverged_step"]), read_at_step=int(result["step"].values.max()))
+    return row
 
 
 def _analysis_of(path: str, run_id: str, attrs: dict):

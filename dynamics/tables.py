@@ -110,6 +110,12 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
               "does not); "
               "divergence: mean within-layer JS distance at the last snapshot; redundancy: heads in a cluster of 2 or more there, of all heads (average linkage, JS distance cut at 0.1); "
               "slash_dom: heads slash-dominant there; final roles: heads per role there")
+    if early := [r for r in rows if not r.get("skipped") and "read_at_step" in r]:
+        # the footnote's "last snapshot" of a diverged run is its last finite one, often well
+        # before the schedule's end: only the status column said so
+        print("diverged: read at the last snapshot recorded before the divergence, not at the schedule's end: "
+              + ", ".join(f"{r['run']} at step {r['read_at_step']} (diverged at step {r['diverged_step']})"
+                          for r in early[:4]) + (f", and {len(early) - 4} more" if len(early) > 4 else ""))
     if any(r.get("final_divergence") == "undefined" for r in rows):
         lone = any(r.get("redundancy") == "undefined" for r in rows)
         print("undefined: one head per layer, so no pair of heads to compare (bifurcation and divergence are "

@@ -483,6 +483,7 @@ def test_a_diverged_run_is_analysed_on_the_snapshots_it_recorded(tmp_path):
     assert not row.get("skipped")
     result = store.open_analysis(path, cfg.run_id())
     assert result.step.values.max() < diverged
+    assert (row["read_at_step"], row["diverged_step"]) == (int(result.step.values.max()), diverged)  # the table's note
     assert result.sizes["snapshot"] >= 4
     assert row["final_divergence"] == pytest.approx(float(result.mean_divergence[-1]))
     assert result.mean_divergence.notnull().all() and result.redundancy_fraction.notnull().all()

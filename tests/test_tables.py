@@ -30,6 +30,24 @@ def test_analyse_table_gives_redundancy_as_a_count_of_heads(capsys):
     assert "redundancy: heads in a cluster of 2 or more there, of all heads (" in lines[3]
 
 
+def test_the_table_says_where_a_diverged_run_was_read(capsys):
+    # Its "final" figures come from its last finite snapshot (step 8 of a run that diverged at
+    # 13, the schedule running to 300), while the footnote said "at the last snapshot".
+    row = {"bifurcation_step": 10, "final_divergence": 0.25, "redundancy": 0.0, "redundant_heads": 0, "heads": 8,
+           "slash_dominant": 0, "roles": {"induction": 8}}
+    diverged = [{"run": f"d{i}", "status": "diverged", "diverged_step": 13 + i, "read_at_step": 8 + i} | row
+                for i in range(6)]
+    print_analysis([{"run": "r1", "status": "completed"} | row, diverged[0]])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == ("diverged: read at the last snapshot recorded before the divergence, not at the schedule's "
+                       "end: d0 at step 8 (diverged at step 13)")
+    print_analysis(diverged)
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        "d3 at step 11 (diverged at step 16), and 2 more")
+    print_analysis([{"run": "r1", "status": "completed"} | row])
+    assert "diverged" not in capsys.readouterr().out
+
+
 def test_analyse_table_gives_each_runs_swept_values_in_the_grid_order(tmp_path, capsys):
     # The table listed runs by id (hashes) with no swept value, so which row was which point of the
     # grid could only be read off `dynamics status`; it now has status's columns and order.
