@@ -324,7 +324,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def default_report_dir(store_path: str) -> Path:
     """Where `report` and `demo` put a store's report without --out / --report: next to a local
     store (runs/x.zarr -> runs/x-report, git-ignored with runs/); for a URL, its name in the
-    working directory (a path built from the URL would be a folder named "s3:" or "file:")."""
+    working directory (a path built from the URL would be a folder named "s3:"). A file:// URL
+    names a local store: its report goes next to it, as for the plain path."""
+    if store_path.startswith("file://"):
+        store_path = unquote(store_path[len("file://"):])
     base = Path(store_path.rstrip("/").rsplit("/", 1)[-1] if "://" in store_path else store_path.rstrip("/"))
     base = base.absolute() if base.name in ("", ".", "..") else base  # `dynamics report .` inside a store
     base = Path(os.path.normpath(base))

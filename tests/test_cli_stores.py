@@ -325,17 +325,29 @@ def test_analyse_goes_on_past_a_run_whose_analysis_fails(tiny, tmp_path):
     assert store.open_analysis(path, broken) is None
 
 
-def test_demo_report_default_for_a_url_store_is_its_name_in_cwd(tmp_path, monkeypatch, capsys):
+def test_demo_report_default_for_a_file_url_store_is_next_to_the_folder_it_names(tmp_path, monkeypatch, capsys):
     # as `dynamics report` does; the demo made Path("file:///x/d.zarr" - ".zarr" + "-report"), a
-    # folder "file:" in the working directory. Both defaults are made unusable here, so the demo
-    # is refused before any work and the refusal names the one it chose.
+    # folder "file:" in the working directory, and then "d%20e-report" there, the URL's name
+    # undecoded, for a store that is a local folder. Every default is made unusable here, so the
+    # demo is refused before any work and the refusal names the one it chose.
     from dynamics.cli import main
 
-    (tmp_path / "file:").write_text("")
-    (tmp_path / "d-report").write_text("")
-    monkeypatch.chdir(tmp_path)
-    assert main(["demo", "--out", f"file://{tmp_path}/d.zarr"]) == 2
-    assert capsys.readouterr().err == "dynamics: error: the default report folder d-report exists and is not a directory\n"
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    for name in ("file:", "d%20e-report", "d e-report"):
+        (cwd / name).write_text("")
+    (tmp_path / "d e-report").write_text("")
+    monkeypatch.chdir(cwd)
+    assert main(["demo", "--out", f"file://{tmp_path}/d%20e.zarr"]) == 2
+    assert capsys.readouterr().err == (f"dynamics: error: the default report folder {tmp_path}/d e-report exists "
+                                       f"and is not a directory\n")
+
+
+def test_report_default_for_a_remote_store_is_its_name_in_cwd():
+    from dynamics.cli import default_report_dir
+
+    assert default_report_dir("memory://bucket/x/d.zarr") == Path("d-report")
+    assert default_report_dir("file:///data/my%20runs.zarr") == Path("/data/my runs-report")
 
 
 def test_a_report_inside_the_default_store_names_it_as_the_default(tmp_path, monkeypatch, capsys):

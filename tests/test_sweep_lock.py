@@ -10,11 +10,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
 from dynamics import store
 from dynamics.sweep import LOCK_NAME, SweepLockError, acquire_lock, lock_path, lock_stale_reason, read_lock
+from dynamics.sweep import lock as lock_module
 from tests.test_sweep import cli, tiny, write_toml
 
 
@@ -165,6 +167,37 @@ def test_lock_on_an_fsspec_url():
         with pytest.raises(SweepLockError, match="another sweep"):
             acquire_lock(url)
     assert read_lock(url) is None
+
+
+def test_a_file_url_locks_the_folder_it_names_as_a_plain_path_does(tmp_path, monkeypatch):
+    # Taken for a remote URL, a file:// store's lock was fsspec's check-then-write (two launchers
+    # started together both held it: 12 of 40 tries) at a path with its %-escapes left in (a
+    # FileNotFoundError once the store "my store.zarr" had been made).
+    folder = tmp_path / "my store.zarr"
+    folder.mkdir()
+    url = "file://" + quote(str(folder))
+    assert "%20" in url
+    placed = []
+    real_place = lock_module._place
+    monkeypatch.setattr(lock_module, "_place", lambda src, target: placed.append(target) or real_place(src, target))
+    with acquire_lock(url) as lock:
+        assert placed == [str(folder / LOCK_NAME)]  # the exclusive create: one hard link, or O_EXCL
+        assert read_lock(str(folder))["token"] == lock.token == read_lock(url)["token"]
+        with pytest.raises(SweepLockError, match="another sweep"):
+            acquire_lock(str(folder))
+    assert list(folder.iterdir()) == []
+    with acquire_lock(str(folder)):
+        with pytest.raises(SweepLockError, match="another sweep"):
+            acquire_lock(url)
+
+
+def test_a_sweep_into_a_file_url_with_escapes_writes_the_folder_it_names(tmp_path):
+    config = write_toml(tmp_path / "s.toml", tiny({"train.seed": [0]}))
+    folder = tmp_path / "my store.zarr"
+    r = cli("sweep", str(config), "--out", "file://" + quote(str(folder)), "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert len(store.list_runs(str(folder))) == 1 and store.is_finished(str(folder), store.list_runs(str(folder))[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my store.zarr", "s.toml"]
 
 
 def test_cli_refuses_a_locked_store(tmp_path):

@@ -56,7 +56,7 @@ wrong numbers (analyses and derived data too: :func:`write_analysis`, :func:`wri
 # `name as name`: module-level names kept reachable as store.<name>, outside __all__.
 from dynamics.schema import STORE_VERSION as STORE_VERSION
 from dynamics.store._loc import SECTIONS as SECTIONS
-from dynamics.store._loc import StoreError, check_run_id, is_partial, is_remote
+from dynamics.store._loc import StoreError, check_run_id, is_partial, is_remote, local_path
 from dynamics.store.checkpoints import (
     RunLocked,
     atomic_write_bytes,
@@ -131,6 +131,7 @@ __all__ = [
     "is_remote",
     "is_store",
     "list_runs",
+    "local_path",
     "open_analysis",
     "open_derived",
     "open_run",

@@ -145,6 +145,13 @@ def is_remote(path: str | os.PathLike) -> bool:
     return _Loc(path).local is None
 
 
+def local_path(path: str | os.PathLike) -> str | None:
+    """The folder on this machine that a store path names, absolute (a ``file://`` URL's
+    %-escapes undone, as every store function reads it); None for a remote store."""
+    local = _Loc(path).local
+    return None if local is None else str(local)
+
+
 _THREAD_LOCK = threading.RLock()
 _HELD = threading.local()
 

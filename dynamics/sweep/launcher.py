@@ -24,7 +24,7 @@ from dynamics.schema import config_value
 from dynamics.signals import deferred_signals, sigterm_as_interrupt
 from dynamics.sweep import cancel
 from dynamics.sweep.grid import Point, _plain, expand_grid
-from dynamics.sweep.lock import _is_url, acquire_lock
+from dynamics.sweep.lock import acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
 from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _stop_name
@@ -316,8 +316,8 @@ def run_sweep(
     t0 = time.perf_counter()
     cwd = os.getcwd()  # relative paths in the config (a teacher) are to it, where the tasks run too
     points = check_points(cfg, path, scheduler)
-    if not _is_url(path):
-        path = os.path.abspath(path)  # workers may run elsewhere
+    if (local := store.local_path(path)) is not None:  # a file:// URL decoded, as the store reads it
+        path = os.path.abspath(local)  # workers may run elsewhere
     for p in points:
         if p.cfg.intervene:  # a student into its teacher's store: refused here, not in every worker
             from dynamics import interventions

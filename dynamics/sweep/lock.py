@@ -32,12 +32,19 @@ class SweepLockError(store.StoreError):
 
 
 def _is_url(path: str) -> bool:
-    return "://" in str(path)
+    return store.is_remote(path)
+
+
+def _where(path: str) -> str:
+    """The store as the lock addresses it: a local store's folder, a ``file://`` URL decoded as the
+    store reads it (taken for a remote URL, its lock was fsspec's check-then-write, which two
+    launchers passed at once, and a %-escaped name was a path that does not exist); else the URL."""
+    return store.local_path(path) or str(path)
 
 
 def lock_path(path: str) -> str:
     """Where the sweep lock of the store at ``path`` lives."""
-    return f"{str(path).rstrip('/')}/{LOCK_NAME}"
+    return f"{_where(path).rstrip('/')}/{LOCK_NAME}"
 
 
 def _fs(path: str):
@@ -275,7 +282,7 @@ def _clear_leftovers(path: str, older_than: float) -> None:
         return
     now = time.time()
     with contextlib.suppress(OSError):
-        for entry in os.scandir(path):
+        for entry in os.scandir(_where(path)):
             if _LEFTOVER.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                 with contextlib.suppress(OSError):
                     if now - entry.stat(follow_symlinks=False).st_mtime > older_than:
