@@ -122,6 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # a run id given by name (--run-id) is the user's own, not checked
     if not args.run_id and not has_run(out, run_id) and (twin := recorded_twins(out, [cfg]).get(run_id)):
         sets = " ".join(f"--set {k}={json.dumps(theirs)}" for k, (theirs, _) in twin.settings.items())
+        sets = sets or f"--run-id {twin.run_id}"  # the same config: only its id reaches that run
         raise ConfigError(f"{out} holds this training already: {twin}; give {sets} to resume or skip that run, "
                           f"or another --out")
 

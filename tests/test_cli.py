@@ -82,6 +82,16 @@ def test_a_run_the_store_holds_under_another_id_is_refused_and_as_that_run_is_wr
     r = cli_in_process("run", cfg, "--out", tmp_path / "s.zarr", "--set", "model.d_head=16", "--run-id", "mine")
     assert r.returncode == 0, r.stderr
     assert "mine" in store.list_runs(tmp_path / "s.zarr")
+    # the same config under an id given by name: only that id reaches it (the line named no setting:
+    # "differs only in , which ...; give  to resume or skip that run")
+    fresh = tmp_path / "m.zarr"
+    assert cli_in_process("run", cfg, "--out", fresh, "--run-id", "mine").returncode == 0
+    r = cli_in_process("run", cfg, "--out", fresh)
+    one_line_exit_2(r, f"{fresh} holds this training already: run mine there trains this very config, under a run "
+                       "id of its own (given with --run-id); give --run-id mine to resume or skip that run, or "
+                       "another --out")
+    r = cli_in_process("run", cfg, "--out", fresh, "--run-id", "mine")  # as the line says
+    assert (r.returncode, r.stdout.strip()) == (0, f"mine: already completed in {fresh}; nothing retrained")
 
 
 def test_the_installed_program_is_consoles_entry_point():

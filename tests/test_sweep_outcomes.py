@@ -235,3 +235,18 @@ def test_a_point_whose_training_the_store_holds_under_another_id_is_refused_befo
                                                r"model: its config differs only in model.d_head = 0 against 8, "):
         run_sweep(grid, path, progress=False)
     assert store.list_runs(path) == [run_id]  # seed 5's point, listed first, did not train either
+
+
+def test_a_point_the_store_holds_under_a_run_id_given_by_name_is_refused_in_words_that_fit(tmp_path):
+    # the same config under `--run-id baseline`: the line read "its config differs only in , which
+    # induction does not read; sweep the setting as that run has it", naming no setting
+    from dynamics.sweep import run_sweep
+
+    path = str(tmp_path / "s.zarr")
+    train_run(from_dict(tiny()), path, "baseline")
+    with pytest.raises(store.StoreError) as e:
+        run_sweep(from_dict(tiny({"train.seed": [5, 0]})), path, progress=False)
+    assert str(e.value) == (f"sweep point train.seed=0: {path} holds this training already: run baseline there "
+                            "trains this very config, under a run id of its own (given with --run-id); give another "
+                            "--out")
+    assert store.list_runs(path) == ["baseline"]

@@ -36,6 +36,8 @@ class Twin:
     """Why those settings come to the same training: ``"which come to the same training (...)"``."""
 
     def __str__(self) -> str:
+        if not self.settings:  # "differs only in , which ..." (a --run-id run of this very config)
+            return f"run {self.run_id} there trains this very config, under a run id of its own (given with --run-id)"
         shown = ", ".join(f"{k} = {json.dumps(theirs)} against {json.dumps(ours)}"
                           for k, (theirs, ours) in self.settings.items())
         return f"run {self.run_id} there trains the same data and model: its config differs only in {shown}, {self.why}"
@@ -87,5 +89,6 @@ def refuse_sweep_twins(points: list[Point], path: str) -> None:
     twins = recorded_twins(path, [p.cfg for p in points]) if points else {}
     for p in points:
         if (twin := twins.get(p.run_id)) is not None:
-            raise store.StoreError(f"sweep point {p.label}: {path} holds this training already: {twin}; sweep the "
-                                   "setting as that run has it, or give another --out")
+            fix = "sweep the setting as that run has it, or give" if twin.settings else "give"
+            raise store.StoreError(f"sweep point {p.label}: {path} holds this training already: {twin}; {fix} "
+                                   "another --out")
