@@ -13,6 +13,7 @@ This module imports nothing from the package: everything else imports it.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import math
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamics.identity import experiment_identity
-from dynamics.limits import MAX_CONFIG_BYTES
+from dynamics.limits import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_INT
 
 TASKS = ("induction", "offset_copy", "markov", "slash_text", "corpus", "mixture")
 BYTE_TASKS = ("slash_text", "corpus")  # byte-level: need vocab_size >= 256
@@ -251,6 +252,8 @@ def _coerce(key: str, value: Any, default: Any, item: type | None = None) -> Any
     if isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if not -MAX_INT < value < MAX_INT:
+            raise ConfigError(f"{key}: expected an integer within +-2**63, got {int_text(value)}")
         return value
     if isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -261,7 +264,8 @@ def _coerce(key: str, value: Any, default: Any, item: type | None = None) -> Any
             raise ConfigError(f"{key}: expected a finite number, got an integer beyond the float range") from None
         if not math.isfinite(number):  # nan or inf: no setting means that
             raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-        return number
+        # -0.0 trains what 0.0 does, but its JSON "-0.0" gave the run another id, not seen as a twin
+        return number + 0.0
     if isinstance(default, str):
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -274,6 +278,26 @@ def _coerce(key: str, value: Any, default: Any, item: type | None = None) -> Any
                 _coerce(f"{key}[{i}]", v, item())
         return tuple(value)  # as written: converting [1, 3] to floats would change the run id
     return value
+
+
+def int_text(value: int) -> str:
+    """An integer as an error line shows it: a 400-digit one as its length, not its digits."""
+    digits = len(str(abs(value)))
+    return str(value) if digits <= 24 else f"{'a negative' if value < 0 else 'an'} integer of {digits} digits"
+
+
+def _check_values(key: str, value: Any, depth: int = 0) -> None:
+    """ConfigError for what no setting takes anywhere in a config (intervene and sweep tables
+    included, which are read later, point by point): a TOML date or time, which failed the run id's
+    JSON with a traceback; and nesting deeper than :data:`MAX_DEPTH`, a RecursionError."""
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"{key}: nested more than {MAX_DEPTH} tables or lists deep, which no config is")
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime.datetime is a date
+        raise ConfigError(f"{key}: a TOML date or time ({value.isoformat()}), which no setting takes "
+                          f"(quoted, \"{value.isoformat()}\" is a string)")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        _check_values(f"{key}[{k}]" if isinstance(value, list) else f"{key}.{k}" if key else str(k), v, depth + 1)
 
 
 def _build_section(name: str, raw: dict) -> Any:
@@ -385,6 +409,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         doc = tomllib.loads(f"v = {value.strip()}")
     except tomllib.TOMLDecodeError:
         return key, value.strip()
+    except RecursionError:  # tomllib reads nested lists and tables recursively
+        raise ConfigError(f"--set {key}: nested more than {MAX_DEPTH} tables or lists deep, which no config is") from None
     if len(doc) > 1:  # "5\ntrain.lr=-1": the lines after the value were dropped unread
         raise ConfigError(f"--set {key}: one value per --set, got more lines: {value.strip()!r}")
     return key, doc["v"]
@@ -414,6 +440,7 @@ def from_dict(raw: dict, *, recorded: bool = False) -> RunConfig:
     ``recorded``: a run's own, see :func:`recorded_config`)."""
     if not isinstance(raw, dict):
         raise ConfigError("config: expected a table at top level")
+    _check_values("", raw)
     for section in raw:
         if section not in (*SECTIONS, "sweep", "intervene"):
             raise ConfigError(f"unknown section '{section}'")
@@ -500,6 +527,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raw = tomllib.loads(text.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:  # tomllib reads nested lists and tables recursively
+        raise ConfigError(f"{path}: nested more than {MAX_DEPTH} tables or lists deep, which no config is") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (TOML is UTF-8): byte {e.start}") from None
     except OSError as e:

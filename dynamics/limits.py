@@ -36,3 +36,14 @@ MAX_CONFIG_BYTES = 16 * 2**20
 """Upper bound on a config file's length, past any written one (a grid of MAX_POINTS values is
 a few hundred kB): a config is read whole, and ``dynamics run /dev/zero`` read on without end,
 filling memory, where a data file given by mistake was read whole before TOML refused it."""
+
+
+MAX_DEPTH = 32
+"""Upper bound on how deeply a config's tables and lists nest, past any config's (a sweep axis
+of intervention tables is five deep): the config is walked recursively, and a value nested
+hundreds deep ended a command in a RecursionError traceback."""
+
+
+MAX_INT = 2**63
+"""Integer settings lie in (-MAX_INT, MAX_INT): TOML integers have no bound, and one past int64
+failed inside numpy or a float division with a traceback, some after the store was made."""

@@ -1,11 +1,20 @@
 """Config: TOML in, overrides, and one-line errors that name the key."""
 
+import datetime
+import math
 import re
 from pathlib import Path
 
 import pytest
 
 from dynamics.config import ConfigError, RunConfig, from_dict, load_config, parse_override, with_values
+
+
+def nested(depth: int) -> list:
+    value: list | int = 1
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 def write(tmp_path, text):
@@ -109,10 +118,25 @@ def test_int_accepted_for_float_but_not_reverse():
         # bounded before any work: the loss curve and schedule are allocated whole, and torch
         # seeds are 64-bit
         ({"train": {"steps": 10**8 + 1}}, "train.steps: must be in [1, 100,000,000], got 100000001"),
-        ({"train": {"seed": 2**63}}, "train.seed: must be in [0, 2**63)"),
+        ({"train": {"seed": -1}}, "train.seed: must be in [0, 2**63)"),
+        # TOML integers are unbounded: past int64 a size failed in the memory check's float
+        # division, and a warm-up in the learning rate's, with a traceback after the store was made
+        ({"train": {"seed": 2**63}}, "train.seed: expected an integer within +-2**63, got 9223372036854775808"),
+        ({"train": {"warmup_steps": 10**400}},
+         "train.warmup_steps: expected an integer within +-2**63, got an integer of 401 digits"),
+        ({"record": {"n_probe": -(10**320)}}, "record.n_probe: expected an integer within +-2**63, got a negative integer of 321 digits"),
+        # a TOML date where a string was meant: the run id's JSON failed with a traceback
+        ({"intervene": {"distill": {"teacher": datetime.date(2024, 1, 1)}}},
+         'intervene.distill.teacher: a TOML date or time (2024-01-01), which no setting takes (quoted, "2024-01-01" '
+         'is a string)'),
+        ({"sweep": {"train.seed": [datetime.time(7, 32)]}}, "sweep.train.seed[0]: a TOML date or time (07:32:00)"),
+        ({"model": {"pos": datetime.datetime(1979, 5, 27, 7, 32)}}, "model.pos: a TOML date or time (1979-05-27T07:32:00)"),
+        # walked recursively (a RecursionError traceback at a few hundred levels)
+        ({"intervene": {"templates": {"heads": nested(40)}}},
+         "intervene.templates.heads[0][0]"),
         # past it a run failed once recorded (gates' own limit), or the CHG note overflowed
         ({"record": {"chg_every": 1, "chg_steps": 2 * 10**8}}, "record.chg_steps: must be in [1, 100,000,000]"),
-        ({"record": {"chg_every": 10**20}}, "record.chg_every: must be in [0, 100,000,000], got 100000000000000000000"),
+        ({"record": {"chg_every": 10**18}}, "record.chg_every: must be in [0, 100,000,000], got 1000000000000000000"),
         # torch hands a mistyped count to OpenMP, which died starting threads after the store was made
         ({"train": {"threads": 10**6}}, "train.threads: must be in [1, 1024], got 1000000"),
         ({"train": {"threads": 0}}, "train.threads: must be in [1, 1024], got 0"),
@@ -132,6 +156,33 @@ def test_errors_name_the_key(raw, needle):
         from_dict(raw)
     assert needle in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_config_nested_past_the_limit_is_one_line_from_a_file_and_from_set(tmp_path):
+    deep = "[" * 500 + "]" * 500  # tomllib itself recursed past Python's limit
+    path = tmp_path / "deep.toml"
+    path.write_text(f"[train]\nlr = {deep}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: nested more than 32 tables or lists deep, which no config is$"):
+        load_config(path)
+    ok = tmp_path / "ok.toml"
+    ok.write_text("[train]\nsteps = 3\n")
+    with pytest.raises(ConfigError, match=r"^--set train.lr: nested more than 32 tables or lists deep"):
+        load_config(ok, [f"train.lr={deep}"])
+    # a dotted key of 40 parts: nested 40 deep by TOML itself
+    path.write_text("[sweep]\n" + ".".join(["a"] * 40) + " = [1]\n")
+    with pytest.raises(ConfigError, match=r"^sweep(\.a)+: nested more than 32"):
+        load_config(path)
+
+
+def test_negative_zero_is_zero_so_the_same_training_has_one_run_id():
+    # -0.0 trained bitwise what 0.0 does, under another run id (its JSON is "-0.0"), and was no twin
+    neg, pos = from_dict({"train": {"weight_decay": -0.0}}), from_dict({"train": {"weight_decay": 0.0}})
+    assert math.copysign(1.0, neg.train.weight_decay) == 1.0
+    assert neg.run_id() == pos.run_id()
+    with pytest.raises(ConfigError, match=r"train.grad_clip=0.0 and train.grad_clip=-0.0 are the same experiment"):
+        from dynamics.sweep import expand_grid
+
+        expand_grid(from_dict({"sweep": {"train.grad_clip": [0.0, -0.0]}}))
 
 
 def test_sweep_table_and_zip(tmp_path):

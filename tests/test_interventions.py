@@ -578,6 +578,12 @@ def test_static_gate_baseline_has_no_input_weights():
     ({"conditioned_gates": {"ema_mix": 2.0}}, "intervene.conditioned_gates.ema_mix"),
     ({"conditioned_gates": {"ema_mix": 1.0}}, "intervene.conditioned_gates.ema_mix"),  # nothing would train
     ({"conditioned_gates": {"init": 1e39}}, "intervene.conditioned_gates.init"),  # overflowed float32 mid-run
+    # TOML integers are unbounded: an OverflowError traceback from math.isfinite, and a width
+    # numpy could not hold, after the store was made
+    ({"templates": {"heads": PINNED, "weight": 10**400}},
+     "intervene.templates.weight: expected a finite number, got an integer beyond the float range"),
+    ({"templates": {"heads": [{"layer": 0, "head": 0, "pattern": "local", "width": 10**20}]}},
+     r"heads\[0\]\.width: expected an integer within \+-2\*\*63, got 100000000000000000000"),
 ])
 def test_bad_options_name_the_key(table, key):
     with pytest.raises(ConfigError, match=key):

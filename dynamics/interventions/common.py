@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dynamics.config import ConfigError, RunConfig
-from dynamics.limits import FLOAT32_MAX
+from dynamics.config import ConfigError, RunConfig, int_text
+from dynamics.limits import FLOAT32_MAX, MAX_INT
 
 SCHEDULES = ("constant", "warmup", "linear_decay", "cosine_decay")
 """Weight schedules, see :func:`schedule_factor`."""
@@ -42,9 +42,17 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             fail(f"{key}: expected an integer, got {value!r}")
+        if not -MAX_INT < value < MAX_INT:  # a template width of 10**20 failed in numpy, after the store was made
+            fail(f"{key}: expected an integer within +-2**63, got {int_text(value)}")
         return value
     if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            fail(f"{key}: expected a finite number, got {value!r}")
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an integer past the float range (TOML integers have no bound)
+            fail(f"{key}: expected a finite number, got an integer beyond the float range")
+        if not finite:
             fail(f"{key}: expected a finite number, got {value!r}")
         if abs(value) > FLOAT32_MAX:  # every option scales float32 tensors: inf there, a run "diverged" at step 0
             fail(f"{key}: must be within +-{FLOAT32_MAX:.4g} (float32), got {value!r}")
