@@ -212,6 +212,8 @@ def test_points_whose_tasks_come_to_the_same_data_are_refused():
     ("record.head_weights", ["auto", "on"], ["on", "off"], r'head_weights "auto" is "on" up to d_model 256'),
     ("record.every", [13, 20], [6, 5], r"record.every and record.dense_until count as the snapshot steps they give"),
     ("record.dense_until", [4, 7], [4, 8], r"record.every and record.dense_until count as the snapshot steps"),
+    # CHG fitted at snapshots 0 and 5 for both (record.chg_fitted: the known answer below), 0, 4, 5 for 4
+    ("record.chg_every", [5, 9], [4, 5], r"a chg_every at or past the last snapshot's index fits CHG at the first"),
 ])
 def test_points_whose_settings_resolve_alike_are_refused(axis, same, other, why):
     # Each pair recorded bitwise the same arrays under two run ids (d_model 16, 2 heads; 12 steps,
@@ -221,6 +223,17 @@ def test_points_whose_settings_resolve_alike_are_refused(axis, same, other, why)
                                           rf"in {axis}, which come to the same training \(.*{why}"):
         expand_grid(from_dict(tiny({axis: same})))
     assert len(expand_grid(from_dict(tiny({axis: other})))) == 2, label
+
+
+def test_chg_every_past_the_last_snapshot_fits_what_the_last_snapshots_index_fits():
+    from dynamics.budget import snapshot_steps
+    from dynamics.record import chg_fitted
+
+    steps = snapshot_steps(12, 4, 6)
+    assert steps.tolist() == [0, 1, 2, 4, 6, 12]
+    fitted = {k: chg_fitted(from_dict(tiny(record={"chg_every": k})), steps).nonzero()[0].tolist()
+              for k in (4, 5, 9, 10**6)}
+    assert fitted == {4: [0, 4, 5], 5: [0, 5], 9: [0, 5], 10**6: [0, 5]}
 
 
 def test_min_lr_frac_points_alike_when_no_update_reaches_the_decay_are_refused():

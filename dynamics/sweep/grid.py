@@ -188,6 +188,8 @@ _RESOLVED = {
     "record.head_weights": 'head_weights "auto" is "on" up to d_model 256 and "off" above',
     "record.every": "record.every and record.dense_until count as the snapshot steps they give",
     "record.dense_until": "record.every and record.dense_until count as the snapshot steps they give",
+    "record.chg_every": "a chg_every at or past the last snapshot's index fits CHG at the first and the last "
+                        "snapshots alone",
     "train.min_lr_frac": "the cosine decay to min_lr_frac starts after the last update when warmup_steps >= steps - 1",
 }
 """Why two settings train alike, for the axes :func:`_read_identity` resolves (task keys: "task")."""
@@ -205,7 +207,8 @@ def _read_identity(cfg: RunConfig) -> str:
 
     Settings that resolve to one training are resolved too (:data:`_RESOLVED`): ``d_head``
     written as d_model / n_heads, ``head_weights`` as the on or off it comes to,
-    ``min_lr_frac`` where no update reaches the decay, and the snapshot cadence as its steps.
+    ``min_lr_frac`` where no update reaches the decay, the snapshot cadence as its steps, and
+    ``chg_every`` as the snapshots it fits CHG at.
     Points that differ only there recorded bitwise the same arrays under two run ids."""
     from dynamics.tasks.batch import _mixture_weights
 
@@ -220,8 +223,11 @@ def _read_identity(cfg: RunConfig) -> str:
     m, r, tr = cfg.model, cfg.record, cfg.train
     model = replace(m, d_head=0) if m.d_head and m.d_head * m.n_heads == m.d_model else m
     weights_on = r.head_weights == "on" or (r.head_weights == "auto" and m.d_model <= 256)  # record.store_head_weights
+    # CHG is fitted at every chg_every-th snapshot and the last (record.chg_fitted): past the
+    # last index, every chg_every fits the first and the last alone
+    chg_every = min(r.chg_every, n_snapshots(tr.steps, r.dense_until, r.every) - 1)
     record = replace(r, head_weights="on" if weights_on else "off", every=SECTIONS["record"].every,
-                     dense_until=SECTIONS["record"].dense_until)
+                     dense_until=SECTIONS["record"].dense_until, chg_every=chg_every)
     train = replace(tr, min_lr_frac=SECTIONS["train"].min_lr_frac) if tr.warmup_steps >= tr.steps - 1 else tr
     same = replace(cfg, task=task, model=model, record=record, train=train).run_id()
     return f"{same} {_schedule(tr.steps, r.dense_until, r.every)}"
