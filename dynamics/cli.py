@@ -101,9 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                      f"snapshots (record.chg_every = {cfg.record.chg_every}), {3 * cfg.record.chg_steps} gate updates "
                      f"each; training waits for each fit, so the progress lines pause")
     if cfg == RunConfig():
-        # An empty file (a redirect that failed, the wrong path) trained the defaults without a word
-        notes.append(f"{args.config}{' with its --set' if args.set else ''} changes no default: this is "
-                     f"RunConfig()'s default run (is it the config you meant?)")
+        notes.append(_default_note(args))
     if cfg.sweep.axes:
         given = [key for key, _ in map(parse_override, args.set) if key.split(".")[0] == "sweep"]
         source = f"{args.config} with --set {given[0]}" if given else args.config  # its file may have none
@@ -187,6 +185,12 @@ def _run_failed(out: str, run_id: str, e: BaseException, *, trained: bool) -> in
     return 1
 
 
+def _default_note(args: argparse.Namespace) -> str:
+    # An empty file (a redirect that failed, the wrong path) trained the defaults without a word
+    return (f"{args.config}{' with its --set' if args.set else ''} changes no default: this is RunConfig()'s "
+            f"default run (is it the config you meant?)")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     check_not_swept(cfg, args.set)
@@ -195,6 +199,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_devices(cfg)
     out = args.out or f"runs/{Path(args.config).stem}.zarr"
     check_out(out, flag="--out" if args.out else DEFAULT_STORE)
+    if cfg == RunConfig():  # a grid of this one point, as `run` notes
+        print(f"dynamics: note: {_default_note(args)}", file=sys.stderr, flush=True)
     from dynamics.sweep import run_sweep  # imports torch: after the checks that need none
     summary = run_sweep(cfg, out, workers=args.workers, scheduler=args.scheduler)
     for line in summary.lines():

@@ -124,6 +124,26 @@ def test_run_of_a_config_that_changes_no_default_says_so_as_training_begins(tmp_
                                                  f"default run (is it the config you meant?)")
 
 
+def test_sweep_of_a_config_that_changes_no_default_says_so_before_it_starts(tmp_path, monkeypatch, capsys):
+    # as `run` does: `dynamics sweep empty.toml` trained the default run without a word
+    import dynamics.sweep
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("")
+
+    def sweep(*args, **kwargs):
+        raise store.StoreError("stopped by the test")
+
+    monkeypatch.setattr(dynamics.sweep, "run_sweep", sweep)
+    assert cli.main(["sweep", str(cfg), "--out", str(tmp_path / "t.zarr")]) == 2
+    assert lines(capsys.readouterr().err) == [
+        f"dynamics: note: {cfg} changes no default: this is RunConfig()'s default run (is it the config you meant?)",
+        "dynamics: error: stopped by the test"]
+    cfg.write_text("[train]\nsteps = 999\n")
+    assert cli.main(["sweep", str(cfg), "--out", str(tmp_path / "t.zarr")]) == 2
+    assert "note" not in capsys.readouterr().err
+
+
 # --- run: a failure while training --------------------------------------------------------------
 
 
