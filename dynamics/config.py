@@ -23,6 +23,7 @@ import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from dynamics.identity import experiment_identity
 from dynamics.limits import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_INT
@@ -511,6 +512,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"config path: expected a str or path-like, got {type(path).__name__} {path!r}")
     if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides):
         raise ConfigError(f"overrides: expected a list of 'section.key=value' strings, got {overrides!r}")
+    if isinstance(path, str) and path.startswith("file://"):  # as a store's: Path() made it "file:/x", not found
+        path = unquote(path[len("file://"):])
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory, not a config file")

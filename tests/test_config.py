@@ -270,6 +270,14 @@ def test_missing_file(tmp_path):
         load_config(tmp_path)
 
 
+def test_a_config_named_by_a_file_url_is_read_as_a_store_named_so_is():
+    # Path("file:///x/c.toml") is "file:/x/c.toml": "config file not found" for a file that is there
+    from urllib.parse import quote
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.toml"
+    assert load_config("file://" + quote(str(path))) == load_config(path)
+
+
 
 def test_a_config_from_a_pipe_is_read(tmp_path):
     # `dynamics run <(sed ... base.toml)`: /dev/fd/N is no regular file, and was "not found"
