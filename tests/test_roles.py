@@ -348,3 +348,25 @@ def test_a_wide_slash_window_drops_only_the_offsets_a_sink_passes(window):
     # the sink's best slash offset is then the widest one it cannot pass: 13, where it scores 1/3
     np.testing.assert_allclose(scores["slash"].values.ravel()[1], 1 / 3 if window else 1 / (T - 8))
     assert role_names(assign_roles(scores)).ravel().tolist() == ["slash", "sink"]
+
+
+def test_float16_rows_that_sum_past_1_score_at_most_1():
+    # A real softmax row stored as float16 sums to up to 1 + 2**-11: summed without a clip, a
+    # local head read 1.000366 and an induction head 1.0002, past the documented bound of 1
+    row = np.array([0.3027, 0.547, 0.1508], dtype=np.float16)
+    assert row.astype(np.float64).sum() > 1.0003
+    a = np.zeros((1, 4, 4), dtype=np.float16)
+    a[0, 0, 0] = 1
+    a[0, 1, :2] = [0.5, 0.5]
+    a[0, 2, :3] = row
+    a[0, 3, 1:4] = row  # query 3's window of 3: all of its mass, as float16 rounds it
+    attn = xr.DataArray(a, dims=("probe", "query", "key"))
+    assert local_score(attn, width=3).item() == 1.0
+    # all 5s: query 2's match is key 1, query 3's keys 1 and 2, where a float16 pair puts all its
+    # mass (softmax 0.81327 and 0.18673 round to 0.8135 and 0.1868, 1.000244 together)
+    pair = np.array([0.8132702392002724, 1 - 0.8132702392002724]).astype(np.float16)
+    assert pair.astype(np.float64).sum() > 1.0002
+    a[0, 2, :] = [0, 1, 0, 0]
+    a[0, 3, :] = [0, *pair, 0]
+    tokens = xr.DataArray([[5, 5, 5, 5]], dims=("probe", "position"))
+    assert induction_score(xr.DataArray(a, dims=("probe", "query", "key")), tokens).item() == 1.0

@@ -351,3 +351,14 @@ def test_extra_run_dim_and_nan_padded_heads():
     assert (dominant.isel(run=0) == 1).all() and dominant.isel(run=1, head=2).isnull().all()
     present = share.notnull().any("probe").isel(snapshot=0, drop=True)
     np.testing.assert_allclose(dominant_share(dominant, present).values, [[[1], [1]], [[1], [1]]])
+
+
+def test_float16_rows_that_sum_past_1_share_at_most_1():
+    # every visible token is the one counted: the share is the row's sum, 1.000366 in float16
+    row = np.array([0.3027, 0.547, 0.1508], dtype=np.float16)
+    a = np.zeros((1, 3, 3), dtype=np.float16)
+    a[0, 0, 0], a[0, 1, :2], a[0, 2] = 1, [0.5, 0.5], row
+    attn = xr.DataArray(a, dims=("probe", "query", "key"))
+    tokens = xr.DataArray([[SLASH, SLASH, SLASH]], dims=("probe", "position"))
+    assert token_share(attn, tokens).values.tolist() == [1.0]
+    assert token_ratio(attn, tokens).max().item() <= 3.0

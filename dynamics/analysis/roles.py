@@ -151,7 +151,8 @@ def induction_score(attn: xr.DataArray, tokens: xr.DataArray) -> xr.DataArray:
     ``V = {(p, i) : M_p[i, :] has a 1}`` pools the queries with a previous occurrence over all
     probe sequences.
 
-    Bounds: [0, 1]. It is NaN when no query has a previous occurrence. Use probes that repeat
+    Bounds: [0, 1] (each query's mass clipped to [0, 1]: float16 rows do not sum exactly to 1).
+    It is NaN when no query has a previous occurrence. Use probes that repeat
     random segments with varying periods: with a fixed period, a fixed-offset (slash) head
     scores as well as an induction head.
 
@@ -184,7 +185,8 @@ def induction_score(attn: xr.DataArray, tokens: xr.DataArray) -> xr.DataArray:
     current = tokens.rename({POSITION: QUERY})
     key = _positions(n, KEY)
     match = (preceding == current) & (key >= 1) & (key < _positions(n, QUERY))  # (probe, query, key)
-    mass = xr.dot(attn.astype(np.float32), match.astype(np.float32), dim=KEY).astype(np.float64)
+    # clipped as diffuse_score's rows are: a float16 row sums to up to 1 + 2**-11, and read 1.0004 here
+    mass = xr.dot(attn.astype(np.float32), match.astype(np.float32), dim=KEY).astype(np.float64).clip(0.0, 1.0)
     valid = match.any(KEY)  # (probe, query)
     count = valid.sum([PROBE, QUERY])
     out = mass.where(valid, 0.0).sum([PROBE, QUERY], skipna=False) / count.where(count > 0)
@@ -237,7 +239,8 @@ def local_score(attn: xr.DataArray, width: int = 3) -> xr.DataArray:
     out because for them the band covers every visible key, so their mass would be 1 whatever
     the head does.
 
-    Bounds: [0, 1]. Uniform causal attention gives ``mean_{i >= w} w / (i + 1)``.
+    Bounds: [0, 1] (each query's mass clipped to [0, 1]: float16 rows do not sum exactly to 1).
+    Uniform causal attention gives ``mean_{i >= w} w / (i + 1)``.
 
     Parameters
     ----------
@@ -264,7 +267,7 @@ def local_score(attn: xr.DataArray, width: int = 3) -> xr.DataArray:
     behind = _positions(n, QUERY) - _positions(n, KEY)
     band = ((behind >= 0) & (behind < width)).astype(np.float32)  # (query, key)
     mass = xr.dot(attn.astype(np.float32), band, dim=KEY).isel({QUERY: slice(width, None)})
-    out = mass.astype(np.float64).mean([QUERY, PROBE], skipna=False)
+    out = mass.astype(np.float64).clip(0.0, 1.0).mean([QUERY, PROBE], skipna=False)  # clipped: see induction_score
     out.name = "local"
     return out
 

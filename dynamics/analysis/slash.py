@@ -279,7 +279,8 @@ def _token_mass(attn: xr.DataArray, tokens: xr.DataArray, token_id: int):
     n = _check_square(attn)
     mask, visible = _token_masks(tokens, token_id, n)
     # float16 storage -> float32 for the contraction; the per-query result is small.
-    mass = xr.dot(attn.astype(np.float32), mask, dim=KEY).astype(np.float64)  # (..., probe, query)
+    # clipped: a float16 row sums to up to 1 + 2**-11, and a share read 1.00004 past its bound of 1
+    mass = xr.dot(attn.astype(np.float32), mask, dim=KEY).astype(np.float64).clip(0.0, 1.0)  # (..., probe, query)
     return mass, visible
 
 
@@ -295,8 +296,9 @@ def token_share(attn: xr.DataArray, tokens: xr.DataArray, token_id: int = ord("/
     token 100% at half of those queries and 0% at the others has share 0.5 here. A per-query
     reading would be ``min`` instead of ``mean`` over V_p, a stricter test.
 
-    Bounds: [0, 1]. It is NaN for probe sequences where no query sees the token (the token is
-    absent), and for padded heads.
+    Bounds: [0, 1] (each query's mass clipped to [0, 1]: float16 rows do not sum exactly to 1).
+    It is NaN for probe sequences where no query sees the token (the token is absent), and for
+    padded heads.
 
     Parameters
     ----------
