@@ -107,6 +107,18 @@ def test_bifurcation_step_vectorised_lazy_and_without_step_coord():
     np.testing.assert_array_equal(bare.values, np.where(jumps < len(STEPS), jumps, np.nan))
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_an_all_nan_curve_has_no_bifurcation_lazily_as_in_memory_without_a_warning():
+    # a layer of one head has no within-layer divergence: dask's nanmean and nanvar warned
+    # "invalid value encountered in divide" (analyse on a store read lazily), numpy's did not
+    curve = xr.DataArray(np.full((2, 5), np.nan), dims=("layer", "snapshot"), coords={"step": ("snapshot", STEPS[:5])})
+    curve[1] = [1.0, 1.0, 1.0, 1.0, 5.0]
+    for c in (curve, curve.chunk()):
+        with dask.config.set(scheduler="synchronous"):
+            out = bifurcation_step(c, n_baseline=3).compute()
+        np.testing.assert_array_equal(out.values, [np.nan, STEPS[4]])
+
+
 def test_bifurcation_step_validates():
     with pytest.raises(ValueError, match="n_baseline"):
         bifurcation_step(curve(np.ones(len(STEPS))), n_baseline=1)

@@ -131,8 +131,12 @@ def bifurcation_step(
     if k < 0 or rel_tol < 0 or abs_tol < 0:
         raise ValueError(f"k={k!r}, rel_tol={rel_tol!r} and abs_tol={abs_tol!r} must be >= 0")
     baseline = curve.isel({SNAPSHOT: slice(0, n_baseline)})
-    mu = baseline.mean(SNAPSHOT)
-    half_width = np.fmax(np.fmax(k * baseline.std(SNAPSHOT, ddof=1), rel_tol * abs(mu)), abs_tol)
+    # mean and sample sd by hand: dask's nanmean and nanvar warn on an all-NaN baseline (a layer
+    # of one head has no within-layer divergence), where numpy's, and these, give NaN silently
+    count = baseline.count(SNAPSHOT)
+    mu = baseline.sum(SNAPSHOT) / count.where(count > 0)
+    sd = np.sqrt(((baseline - mu) ** 2).sum(SNAPSHOT) / (count - 1).where(count > 1))
+    half_width = np.fmax(np.fmax(k * sd, rel_tol * abs(mu)), abs_tol)
     # NaN compares False: inside. Padding after a run's last recorded snapshot (ragged sweep)
     # counts as outside: it is not data and cannot contradict a departure.
     outside = (abs(curve - mu) > half_width) | ~recorded(curve)
