@@ -79,19 +79,26 @@ def attention_maps(rng: np.random.Generator, noise: np.ndarray, sharpness: float
     return logits.astype(np.float16)
 
 
+def synthetic_config(*, layers: int, heads: int, probes: int, context: int, steps: int,
+                     d_model: int = SYNTHETIC_D_MODEL):
+    """The RunConfig a synthetic store is recorded under (not trained: its arrays are made up)."""
+    from dynamics.config import ModelConfig, RecordConfig, RunConfig, TrainConfig
+
+    return RunConfig(model=ModelConfig(n_layers=layers, n_heads=heads, d_model=d_model, context=context,
+                                       attn_only=True, vocab_size=64),
+                     train=TrainConfig(steps=steps), record=RecordConfig(n_probe=probes, head_weights="on"))
+
+
 def build_store(path: str, *, layers: int, heads: int, probes: int, context: int, attention_mb: float,
                 d_model: int = SYNTHETIC_D_MODEL, seed: int = 0, run_id: str = "synthetic") -> dict:
     """Write a synthetic completed run; returns its sizes."""
     from dynamics import store
-    from dynamics.config import ModelConfig, RecordConfig, RunConfig, TrainConfig
     from dynamics.record import coords, variables
 
     per_snap = layers * heads * probes * context * context * 2
     n_snap = max(4, int(round(attention_mb * 2**20 / per_snap)))
     steps = n_snap * 10
-    cfg = RunConfig(model=ModelConfig(n_layers=layers, n_heads=heads, d_model=d_model, context=context,
-                                      attn_only=True, vocab_size=64),
-                    train=TrainConfig(steps=steps), record=RecordConfig(n_probe=probes, head_weights="on"))
+    cfg = synthetic_config(layers=layers, heads=heads, probes=probes, context=context, steps=steps, d_model=d_model)
     steps_at = np.linspace(0, steps, n_snap).round().astype(np.int64)
     variables_ = variables(cfg, n_snap)
     writer = store.RunWriter(path, run_id, variables=variables_, coords=coords(cfg, steps_at),
@@ -245,18 +252,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(args.child, args.cap_mb)
 
-    from dynamics.config import ConfigError, RunConfig, load_config, replace_section
+    from dynamics import interventions
+    from dynamics.analysis import AnalysisOptions
+    from dynamics.budget import n_snapshots
+    from dynamics.config import ConfigError, RunConfig, check, load_config, replace_section
     from dynamics.usage import UsageError, check_device
 
+    need = AnalysisOptions().baseline_snapshots + 1  # as dynamics.analyse: fewer snapshots are not analysed
     try:
         if not args.skip_time:
             cfg = load_config(args.config) if args.config else RunConfig()
             cfg = replace_section(cfg, "train", steps=args.steps, threads=args.threads)  # train_run applies it
             check_device(cfg.train.device)  # a config's cuda on a machine without one: a line, not a traceback
+            interventions.check(cfg)  # a distillation's teacher store: a line, not a traceback in the warm-up
+            if (n := n_snapshots(cfg.train.steps, cfg.record.dense_until, cfg.record.every)) < need:
+                raise ConfigError(f"--steps {args.steps}: {n} snapshot(s), and an analysis needs >= {need}")
     except (ConfigError, UsageError) as e:
         return bad_input(str(e))
     if not args.skip_memory and SYNTHETIC_D_MODEL % args.heads:
         return bad_input(f"--heads {args.heads} does not divide the synthetic model's d_model {SYNTHETIC_D_MODEL}")
+    if not args.skip_memory:  # the synthetic stores' config, as the package would check it
+        try:
+            check(synthetic_config(layers=args.layers, heads=args.heads, probes=args.probes, context=args.context,
+                                   steps=10 * need))
+        except ConfigError as e:
+            return bad_input(f"--layers {args.layers} --heads {args.heads} --probes {args.probes} --context "
+                             f"{args.context}: the synthetic stores' config: {e}")
 
     print(f"{os.cpu_count()} CPUs, {load_line()}")
     failed = 0  # synthetic stores whose analysis failed (the --cap-mb run's verdict is a figure, not this)
@@ -311,10 +332,14 @@ def main(argv: list[str] | None = None) -> int:
                 # Runs are analysed one after another, so peak memory can only follow the size of
                 # one run: the increment is per extra byte of a run's attention.
                 per_run0, per_run1 = i0["attention_bytes"] / args.runs, i1["attention_bytes"] / args.runs
-                grow = ((r1["peak_rss"] - r1["base_rss"]) - (r0["peak_rss"] - r0["base_rss"])) / (per_run1 - per_run0)
-                print(f"   marginal ({r1.get('path')} path, {per_run0 / 2**20:.0f} -> {per_run1 / 2**20:.0f} MiB of "
-                      f"attention per run): peak memory grows {grow:.2f} bytes per extra byte of a run's attention "
-                      f"(0: streams; >= 1: holds the run)")
+                if per_run1 == per_run0:  # repeated --store-mb, or sizes both raised to the 4-snapshot floor
+                    print(f"   marginal: not measured: the two largest stores hold the same attention per run "
+                          f"({per_run1 / 2**20:.0f} MiB; a run has at least 4 snapshots): give larger --store-mb")
+                else:
+                    grow = ((r1["peak_rss"] - r1["base_rss"]) - (r0["peak_rss"] - r0["base_rss"])) / (per_run1 - per_run0)
+                    print(f"   marginal ({r1.get('path')} path, {per_run0 / 2**20:.0f} -> {per_run1 / 2**20:.0f} MiB of "
+                          f"attention per run): peak memory grows {grow:.2f} bytes per extra byte of a run's attention "
+                          f"(0: streams; >= 1: holds the run)")
             if args.cap_mb:
                 # One run as large as the largest store, so the run itself exceeds the cap.
                 path = os.path.join(tmp, "synthetic-one-run.zarr")

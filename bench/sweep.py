@@ -81,10 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=at_least(1), nargs="+", default=[1, 2])
     parser.add_argument("--repeat", type=at_least(1), default=2, help="rounds over the worker counts; the best time counts")
     args = parser.parse_args(argv)
+    if len(set(args.workers)) < len(args.workers):  # a count's second sweep found its runs done: ~0 s
+        parser.error(f"--workers {' '.join(map(str, args.workers))}: a worker count given twice")
     from dynamics.config import ConfigError
+    from dynamics.sweep import expand_grid
 
     try:
         cfg = grid(args.runs, args.steps)
+        expand_grid(cfg)  # past the point limit: refused here, not by run_sweep once a cluster started
     except ConfigError as e:
         return bad_input(str(e))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
