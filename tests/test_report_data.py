@@ -379,3 +379,17 @@ def test_report_reads_each_runs_attributes_once_and_lists_a_damaged_run_as_damag
     text = (tmp_path / "out" / "index.html").read_text()
     assert re.search(r"<code>r1</code></td><td>2</td><td>0</td><td>damaged</td>", text)  # not the run shown
     assert "<code>r0</code> (shown)" in text
+
+
+def test_a_run_that_ends_while_the_report_reads_it_shows_the_loss_it_ended_with(built):
+    # The report read a run's attrs once; run_status then read the status the run had ended with
+    # since, and the row said "completed" beside last loss "-" from the attrs read while it ran.
+    from dynamics.report.data import _collect_run
+
+    path, _, ids = built
+    attrs = store.run_attrs(path, ids["A"])
+    assert attrs["status"] == "completed" and attrs["last_loss"] is not None
+    while_running = {k: v for k, v in attrs.items() if k != "last_loss"} | {"status": "running"}
+    run = _collect_run(path, ids["A"], None, False, while_running)  # nobody holds its lock: it has ended
+    assert run.status == "completed"
+    assert run.last_loss == attrs["last_loss"]

@@ -246,13 +246,18 @@ def _finished(run: _Run) -> bool:
 
 
 def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, attrs: dict) -> _Run:
+    status = store.run_status(path, run_id, attrs)  # "stopped": killed, resumable with the same command
+    if status not in (str(attrs.get("status", "unknown")), "stopped"):
+        # It ended since `attrs` were read: its last loss and recorded snapshots as it ended, not
+        # "completed" beside the "-" of a loss it had not written yet (as `dynamics status` does)
+        attrs = store.run_attrs(path, run_id)
     ds = store.open_run(path, run_id)
     point = (index or {}).get("runs", {}).get(run_id)
     if point is None:  # no sweep index entry: the swept axes' values from the run's own config
         point = {a: config_value(attrs.get("config", {}), a) for a in (index or {}).get("axes", [])}
     run = _Run(
         run_id=run_id,
-        status=store.run_status(path, run_id, attrs),
+        status=status,
         params=dict(point),
         last_loss=_float_or_none(attrs.get("last_loss")),
         n_snapshots=int(ds.sizes.get("snapshot", 0)),
