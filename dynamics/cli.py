@@ -10,7 +10,6 @@ instant.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -115,14 +114,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         notes.append(f"{source} has a [sweep] table; `dynamics run` trains only its base point "
                      f"(`dynamics sweep` trains the grid)")
 
-    from dynamics.sweep.twins import recorded_twins
+    from dynamics.sweep.twins import refuse_run_twin
 
-    # a run id given by name (--run-id) is the user's own, not checked
-    if not args.run_id and not has_run(out, run_id) and (twin := recorded_twins(out, [cfg]).get(run_id)):
-        sets = " ".join(f"--set {k}={json.dumps(theirs)}" for k, (theirs, _) in twin.settings.items())
-        sets = sets or f"--run-id {twin.run_id}"  # the same config: only its id reaches that run
-        raise ConfigError(f"{out} holds this training already: {twin}; give {sets} to resume or skip that run, "
-                          f"or another --out")
+    guard = None  # a run id given by name (--run-id) is the user's own, not checked
+    if not args.run_id and not has_run(out, run_id):
+        guard = refuse_run_twin(out, cfg)  # and what checks again, as the run's group is made
 
     started = []  # training has begun: a StoreError after it is no refusal
 
@@ -134,7 +130,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     interrupted = None
     try:
         with sigterm_as_interrupt():
-            result = train_run(cfg, out, run_id, progress=progress_printer(run_id), started=begin)
+            result = train_run(cfg, out, run_id, progress=progress_printer(run_id), started=begin,
+                               before_create=guard)
     except InterruptedAfterFinish as e:  # the run finished as the interrupt came: said so, not "resumable"
         result, interrupted = e.result, e
     except StoreError as e:

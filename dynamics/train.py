@@ -237,6 +237,7 @@ def train_run(
     extra_attrs: dict | None = None,
     recording: bool = True,
     started: Callable[[int], None] | None = None,
+    before_create: Callable[[], None] | None = None,
 ) -> RunResult:
     """Train one run into the store at ``path``, resuming it if it was interrupted.
 
@@ -263,6 +264,11 @@ def train_run(
         ``started(step)``, once, as training begins at ``step`` (0, or a resume's checkpoint):
         after every refusal and before the first snapshot, so what it says comes before the
         first step's work (a CHG fit at step 0 included) and never with a refusal.
+    before_create : callable, optional
+        Called under the store's lock just before a new run's group is made
+        (``store.RunWriter``); what it raises propagates with nothing written. Not called on a
+        resume. ``dynamics run`` and a sweep's points check there for a twin another process
+        recorded meanwhile (`dynamics.sweep.twins.twin_guard`).
 
     Returns
     -------
@@ -317,7 +323,7 @@ def train_run(
     threads = torch.get_num_threads()
     try:
         with torch.inference_mode(False), torch.enable_grad(), store.run_lock(path, run_id):
-            return _train_locked(cfg, path, run_id, progress, extra_attrs, recording, hash_now, started)
+            return _train_locked(cfg, path, run_id, progress, extra_attrs, recording, hash_now, started, before_create)
     finally:  # train.threads is the run's: a notebook's later torch work ran on 1 thread after it
         torch.set_num_threads(threads)
 
@@ -337,7 +343,8 @@ apart they end)."""
 
 
 def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | None, extra_attrs: dict | None,
-                  recording: bool, hash_now: str, started: Callable[[int], None] | None) -> RunResult:
+                  recording: bool, hash_now: str, started: Callable[[int], None] | None,
+                  before_create: Callable[[], None] | None = None) -> RunResult:
     existing = run_id in store.list_runs(path, damaged="include")
     prior = store.run_attrs(path, run_id) if existing else {}
     # another process may have started or finished the run since train_run looked
@@ -438,7 +445,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
         # and zarr coroutines never awaited. Held back, the interrupt lands as the hold ends.
         with deferred_signals():
             writer = store.RunWriter(path, run_id, variables=recorded, coords=coords(cfg, steps_at),
-                                     attrs=start_attrs, resume=existing)
+                                     attrs=start_attrs, resume=existing, before_create=before_create)
             writer.write_region("probe_tokens", 0, recorder.probe_tokens)
     except KeyboardInterrupt:
         if writer is not None:

@@ -94,6 +94,30 @@ def test_a_run_the_store_holds_under_another_id_is_refused_and_as_that_run_is_wr
     assert (r.returncode, r.stdout.strip()) == (0, f"mine: already completed in {fresh}; nothing retrained")
 
 
+def test_a_twin_another_process_records_after_runs_first_check_is_refused_as_the_group_is_made(tiny, tmp_path,
+                                                                                                 monkeypatch):
+    # `dynamics run` checked for a twin before it trained only: another run of the same training,
+    # written another way, recorded between that check and this run's group, was trained twice
+    # (1 of 5 tries of two at once). The other process lands right after the first check here.
+    import dynamics.sweep.twins as twins
+
+    d, cfg, _ = tiny
+    fresh, first_check = tmp_path / "r.zarr", twins.recorded_twins
+
+    def other_process_meanwhile(path, cfgs):
+        found = first_check(path, cfgs)
+        train_run(load_config(cfg), str(path))  # the default spelling, d_head 0
+        return found
+
+    monkeypatch.setattr(twins, "recorded_twins", other_process_meanwhile)
+    r = cli_in_process("run", cfg, "--out", fresh, "--set", "model.d_head=16")
+    held = load_config(cfg).run_id()
+    one_line_exit_2(r, f"{fresh} holds this training already: run {held} there trains the same data and model: its "
+                       "config differs only in model.d_head = 0 against 16, which come to the same training (d_head 0 "
+                       "is d_model / n_heads); give --set model.d_head=0 to resume or skip that run, or another --out")
+    assert store.list_runs(fresh) == [held]  # nothing of this run written
+
+
 def test_the_installed_program_is_consoles_entry_point():
     from importlib.metadata import entry_points
 

@@ -114,7 +114,7 @@ def test_run_of_a_config_that_changes_no_default_says_so_as_training_begins(tmp_
     cfg = tmp_path / "c.toml"
     cfg.write_text(text)
 
-    def train(cfg, out, run_id, progress, started):
+    def train(cfg, out, run_id, progress, started, before_create=None):
         started(0)
         raise store.StoreError("stopped by the test")
 
@@ -211,7 +211,7 @@ def test_what_training_raises_is_a_failed_run_or_bad_input(tiny, tmp_path, monke
 
     cfg, _, _ = tiny
 
-    def train(cfg, out, run_id, progress, started):
+    def train(cfg, out, run_id, progress, started, before_create=None):
         if begins:
             started(0)
         raise error

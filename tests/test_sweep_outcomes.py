@@ -237,6 +237,20 @@ def test_a_point_whose_training_the_store_holds_under_another_id_is_refused_befo
     assert store.list_runs(path) == [run_id]  # seed 5's point, listed first, did not train either
 
 
+def test_a_point_whose_twin_another_process_recorded_since_the_launch_is_refused_as_its_group_is_made(copy):
+    # The launcher checks the store once, before any point trains; a `dynamics run` of a point's
+    # training written another way, recorded after that, was trained again by the point (3 of 3
+    # tries). The task checks again under the store's lock: the point fails, nothing written.
+    path, run_id = copy
+    point = from_dict(tiny(model={"d_head": 8}))  # the stored run's training, d_head as d_model / n_heads
+    out = run_point(point, path, point.run_id(), {"model.d_head": 8}, "launch-1")
+    assert out["status"] == "failed" and out["traceback"] is not None
+    assert out["error"].startswith(f"StoreError: sweep point model.d_head=8: {path} holds this training already: run "
+                                   f"{run_id} there trains the same data and model: its config differs only in "
+                                   "model.d_head = 0 against 8, ")
+    assert store.list_runs(path) == [run_id]  # not marked failed in the store: it was never made there
+
+
 def test_a_point_the_store_holds_under_a_run_id_given_by_name_is_refused_in_words_that_fit(tmp_path):
     # the same config under `--run-id baseline`: the line read "its config differs only in , which
     # induction does not read; sweep the setting as that run has it", naming no setting

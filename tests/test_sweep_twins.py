@@ -26,3 +26,38 @@ def test_a_recorded_run_of_the_same_training_under_another_id_is_its_twin_and_no
     both = {default.run_id(): default.to_dict(), written.run_id(): written.to_dict()}
     assert {k: t.run_id for k, t in twins_in_store([written, default], both).items()} == {
         written.run_id(): default.run_id(), default.run_id(): written.run_id()}
+
+
+def test_twin_guard_refuses_a_twin_made_since_the_first_check_and_the_writer_then_makes_nothing(tmp_path):
+    # Checked only before training, two commands making one training written two ways at once
+    # both trained it: the guard checks again under the store's lock, as the run's group is made.
+    import numpy as np
+    import pytest
+
+    from dynamics import store
+    from dynamics.sweep.twins import twin_guard
+
+    default, written, seed_1 = (from_dict(tiny()), from_dict(tiny(model={"d_head": 8})),
+                                from_dict(tiny(train={"seed": 1})))
+    path = str(tmp_path / "s.zarr")
+    spec = {"variables": {"gate": (("snapshot", "layer", "head"), (1, 2, 2), "float32")},
+            "coords": {"step": ("snapshot", np.array([0]))}}
+    store.RunWriter(path, default.run_id(), attrs={"config": default.to_dict()}, **spec).finalize()
+
+    def refusal(twin):
+        return RuntimeError(f"twin {twin.run_id}: {sorted(twin.settings)}")
+
+    with pytest.raises(RuntimeError, match=rf"^twin {default.run_id()}: \['model.d_head'\]$"):
+        twin_guard(path, written, refusal)()
+    twin_guard(path, written, refusal, checked=[default.run_id()])()  # compared already: not read again
+    twin_guard(path, default, refusal)()  # its own run is no twin
+    seen = {}
+    twin_guard(path, seed_1, refusal, seen=seen)()  # another training: no twin, and what it read is kept
+    assert list(seen) == [default.run_id()] and seen[default.run_id()][1] == default
+    with pytest.raises(RuntimeError, match="model.d_head"):
+        twin_guard(path, written, refusal, seen=seen)()  # from what was seen
+    # the writer calls it before it makes the group: refused, nothing written
+    with pytest.raises(RuntimeError, match=f"twin {default.run_id()}"):
+        store.RunWriter(path, written.run_id(), attrs={"config": written.to_dict()},
+                        before_create=twin_guard(path, written, refusal), **spec)
+    assert store.list_runs(path) == [default.run_id()]

@@ -121,6 +121,11 @@ class RunWriter:
         data; the variables and coords must match what is stored.
     codec : str
         Key of :data:`CODECS` for numeric arrays.
+    before_create : callable, optional
+        Called with no arguments under the store's lock when the run's group is new, just
+        before it is made; what it raises refuses the run with nothing written. A check of the
+        store's other runs made here sees every group another process made before this one
+        (``dynamics run``'s twin check), which one made before taking the lock could miss.
 
     Example
     -------
@@ -140,6 +145,7 @@ class RunWriter:
         attrs: dict,
         resume: bool = False,
         codec: str = DEFAULT_CODEC,
+        before_create: Callable[[], None] | None = None,
     ) -> None:
         self.path, self.run_id = path, _check_name("run id", run_id)
         self._loc = loc = _Loc(path)
@@ -157,6 +163,8 @@ class RunWriter:
             if exists:  # its attrs are merged below, once the stored arrays are known to match
                 group = zarr.open_group(loc.store, path=gpath, mode="r+", use_consolidated=False)
             else:
+                if before_create is not None:
+                    before_create()
                 group = zarr.create_group(loc.store, path=gpath, zarr_format=3,
                                           attributes={**clean_attrs, EMPTY_CHUNKS_WRITTEN: True})
 

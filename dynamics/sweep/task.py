@@ -11,6 +11,7 @@ import traceback
 from dynamics import allocator, store
 from dynamics.config import ConfigError, RunConfig
 from dynamics.schema import FINISHED_STATUSES
+from dynamics.sweep.twins import point_refusal, twin_guard
 
 
 def _progress_topic(token: str) -> str:
@@ -66,6 +67,11 @@ class _TaskReporter:
                 raise KeyboardInterrupt("sweep stopped by its launcher")
 
 
+_SEEN: dict[tuple[str, str], dict] = {}
+"""(launch token, store) -> the runs' trainings this worker read for :func:`twin_guard`, kept for
+one launch only: a store rewritten between launches is read again."""
+
+
 def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str = "",
               cwd: str | None = None, data: str | None = None) -> dict:
     """Train one sweep point (the Dask task); never raises for a run's own failure.
@@ -106,11 +112,17 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
                 f"{here[:16]}... against {data[:16]}...: another Python's standard library, for the corpus?); not "
                 f"trained here, so that the sweep's runs all train on the same data"))
             return out
+    # The launcher refused the twins the store held; one another process (`dynamics run`) made
+    # since is refused as the point's group is made, as train_run's StoreError below
+    for key in [k for k in _SEEN if k[0] != token]:
+        del _SEEN[key]
+    guard = twin_guard(path, cfg, lambda twin: point_refusal(values, path, twin), seen=_SEEN.setdefault((token, path), {}))
     # A URL store's root index is the launcher's to rebuild
     with store.deferred_index(path), relative_to(cwd or os.getcwd()):
         while True:
             try:
-                result = train_run(cfg, path, run_id, progress=reporter, extra_attrs={"sweep_values": values})
+                result = train_run(cfg, path, run_id, progress=reporter, extra_attrs={"sweep_values": values},
+                                   before_create=guard)
                 out.update(status=result.status, steps_done=result.steps_done, skipped=result.skipped)
             except store.RunLocked as e:
                 # Refused before anything was written: the holder's outcome is the run's, so the

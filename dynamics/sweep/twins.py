@@ -4,13 +4,15 @@ Within a grid :func:`~dynamics.sweep.grid.expand_grid` refuses points that train
 commands (a ``dynamics run`` of a config written another way, ``d_head`` given as d_model /
 n_heads, into a store whose sweep trained it) the store held the same training twice, which read
 as two configs alike: ``dynamics run`` and a sweep's new points are refused such a twin
-(:func:`recorded_twins`, :func:`refuse_sweep_twins`).
+(:func:`recorded_twins`, :func:`refuse_sweep_twins`), and checked again under the store's lock
+as the run's group is made (:func:`twin_guard`), where another process's twin made meanwhile shows.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +20,7 @@ from dynamics import store
 from dynamics.config import ConfigError, RunConfig, recorded_config
 from dynamics.identity import differing_settings, seed_settings
 from dynamics.schema import config_value
-from dynamics.sweep.grid import _read_identity, _why_alike
+from dynamics.sweep.grid import _label, _read_identity, _why_alike
 
 if TYPE_CHECKING:
     from dynamics.sweep.grid import Point
@@ -61,13 +63,17 @@ def twins_in_store(cfgs: list[RunConfig], recorded: dict[str, dict]) -> dict[str
     for cfg in cfgs:
         own = cfg.run_id()
         run_id, other = next(((r, c) for r, c in by_training.get(_read_identity(cfg), []) if r != own), (None, None))
-        if other is None:
-            continue
-        theirs, ours = other.to_dict(), cfg.to_dict()
-        differ = differing_settings([seed_settings(theirs), seed_settings(ours)])
-        settings = {k: (config_value(theirs, k), config_value(ours, k)) for k in differ}
-        twins[own] = Twin(run_id, settings, _why_alike(cfg, other, differ))
+        if other is not None:
+            twins[own] = _twin(cfg, run_id, other)
     return twins
+
+
+def _twin(cfg: RunConfig, run_id: str, other: RunConfig) -> Twin:
+    """Run ``run_id``, recorded with ``other``, as ``cfg``'s twin: the settings they differ in."""
+    theirs, ours = other.to_dict(), cfg.to_dict()
+    differ = differing_settings([seed_settings(theirs), seed_settings(ours)])
+    settings = {k: (config_value(theirs, k), config_value(ours, k)) for k in differ}
+    return Twin(run_id, settings, _why_alike(cfg, other, differ))
 
 
 def recorded_twins(path: str, cfgs: list[RunConfig]) -> dict[str, Twin]:
@@ -89,6 +95,66 @@ def refuse_sweep_twins(points: list[Point], path: str) -> None:
     twins = recorded_twins(path, [p.cfg for p in points]) if points else {}
     for p in points:
         if (twin := twins.get(p.run_id)) is not None:
-            fix = "sweep the setting as that run has it, or give" if twin.settings else "give"
-            raise store.StoreError(f"sweep point {p.label}: {path} holds this training already: {twin}; {fix} "
-                                   "another --out")
+            raise point_refusal(p.values, path, twin)
+
+
+def point_refusal(values: dict[str, Any], path: str, twin: Twin) -> store.StoreError:
+    """The refusal of the sweep point at ``values`` whose training ``path`` holds as ``twin``."""
+    fix = "sweep the setting as that run has it, or give" if twin.settings else "give"
+    return store.StoreError(f"sweep point {_label(values)}: {path} holds this training already: {twin}; {fix} "
+                            "another --out")
+
+
+def run_refusal(path: str, twin: Twin) -> ConfigError:
+    """`dynamics run`'s refusal of a config whose training ``path`` holds as ``twin``: the
+    ``--set``s (or the ``--run-id``) that reach that run."""
+    sets = " ".join(f"--set {k}={json.dumps(theirs)}" for k, (theirs, _) in twin.settings.items())
+    sets = sets or f"--run-id {twin.run_id}"  # the same config: only its id reaches that run
+    return ConfigError(f"{path} holds this training already: {twin}; give {sets} to resume or skip that run, "
+                       f"or another --out")
+
+
+def refuse_run_twin(path: str, cfg: RunConfig) -> Callable[[], None]:
+    """`dynamics run`'s twin check: ConfigError now if the store holds ``cfg``'s training under
+    another run id, and the :func:`twin_guard` that checks the runs made since, under the lock."""
+    checked = store.list_runs(path, damaged="include") if store.is_store(path) else []
+    if twin := recorded_twins(path, [cfg]).get(cfg.run_id()):
+        raise run_refusal(path, twin)
+    return twin_guard(path, cfg, lambda twin: run_refusal(path, twin), checked=checked)
+
+
+def twin_guard(path: str, cfg: RunConfig, refusal: Callable[[Twin], Exception], *, checked: Collection[str] = (),
+               seen: dict[str, tuple[str, RunConfig] | None] | None = None) -> Callable[[], None]:
+    r"""A check for ``train_run(before_create=...)``: ``refusal(twin)`` for a run the store holds
+    that trains ``cfg`` under another id.
+
+    A command checks the store for twins before it trains (:func:`recorded_twins`), but another
+    process can make one between that check and the run's group: two ``dynamics run``\ s of one
+    training written two ways both trained in 1 of 5 tries, a sweep and such a run in 3 of 3.
+    Under the store's lock, where groups are made one at a time, the later of the two sees the
+    earlier's group. Each run's config is read once, under a lock every writer of the store
+    waits on: ``checked`` are runs already compared, not read; ``seen`` (run id -> what it
+    trains, or None: a config this version cannot read) carries what was read from one guard
+    to the next, as a sweep's worker does for the points of one launch.
+    """
+    checked, seen = frozenset(checked), {} if seen is None else seen
+    own, training = cfg.run_id(), _read_identity(cfg)
+
+    def before_create() -> None:
+        for run_id in store.list_runs(path, damaged="skip"):
+            if run_id in checked or run_id == own:
+                continue
+            if run_id not in seen:
+                try:
+                    raw = store.run_attrs(path, run_id).get("config")
+                except store.StoreError:  # damaged since it was listed: named by the commands that read it
+                    continue
+                try:
+                    other = recorded_config(raw, f"run {run_id}")
+                    seen[run_id] = (_read_identity(other), other)
+                except ConfigError:
+                    seen[run_id] = None
+            if (known := seen[run_id]) is not None and known[0] == training:
+                raise refusal(_twin(cfg, run_id, known[1]))
+
+    return before_create
