@@ -135,6 +135,14 @@ class Recorder:
     @torch.no_grad()
     def snapshot(self, model: Transformer) -> dict[str, np.ndarray]:
         """All per-snapshot blocks; call after backward on this step's training batch."""
+        return {"attention": self.attention(model), **self.gradient_stats(model), "eval_loss": self.eval_loss(model)}
+
+    @torch.no_grad()
+    def gradient_stats(self, model: Transformer) -> dict[str, np.ndarray]:
+        """The blocks a snapshot takes from the gradients already computed and the parameters:
+        per-head gradient norms and cosines to the last snapshot's, gate importance and values,
+        and head weights when recorded. Keeps this snapshot's gradients for the next cosine.
+        (Its own method so that bench/record.py times what a snapshot runs.)"""
         grads = model.head_grads()  # (L, H, 4, d_model, d_head)
         # Norms and cosines in float64: float32 squares of entries below ~1e-19 (init_scale 1e-8,
         # a gate shut to 1e-26) underflowed, so grad_norm read 0 and grad_cosine 1e6 for real gradients.
@@ -151,13 +159,11 @@ class Recorder:
             cosine = cosine.masked_fill(zero, float("nan"))
         self.prev_grads = grads  # a fresh stack, not a view of the live .grad tensors
         blocks = {
-            "attention": self.attention(model),
             # = model.head_grad_norms(), from the slices already stacked above
             "grad_norm": flat.norm(dim=-1).float().cpu().numpy(),
             "grad_cosine": cosine.float().cpu().numpy(),
             "importance": model.gate_grads().abs().float().cpu().numpy(),
             "gate": model.gate_values().float().cpu().numpy(),
-            "eval_loss": self.eval_loss(model),
         }
         if self.with_weights:
             blocks["head_weights"] = model.head_weights().float().cpu().numpy()
