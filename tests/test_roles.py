@@ -135,6 +135,15 @@ def test_probes_too_short_for_a_role_leave_it_unscored(t):
     assert role_names(assign_roles(s)).item() == "none"
 
 
+def test_probes_of_one_position_are_refused_in_words_not_a_key_error():
+    # model.context >= 2 is required; through the Python API one position raised
+    # KeyError "not all values found in index 'offset'"
+    attn = xr.DataArray(np.ones((1, 1, 1, 1, 1, 1)), dims=DIMS)
+    tokens = xr.DataArray(np.zeros((1, 1), np.int64), dims=("probe", "position"))
+    with pytest.raises(ValueError, match=r"^role_scores needs probes of at least 2 positions .*; got query=1$"):
+        role_scores(attn, tokens)
+
+
 def test_a_self_head_on_adjacent_repeats_is_not_induction():
     # In 5 5 5 5 the key after the previous 5 is, for the query at i, any k in 1..i; k = i is
     # the query itself, so a pure self head would score 1 if the query's own position counted.

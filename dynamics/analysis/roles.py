@@ -364,6 +364,9 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
     """
     thresholds = RoleThresholds() if thresholds is None else thresholds
     n = _check_square(attn)
+    if n < 2:  # as model.context >= 2: one position attends to itself whatever the head does
+        raise ValueError(f"role_scores needs probes of at least 2 positions (no previous token to score at 1); "
+                         f"got query={n}")
     max_offset = n // 2 if thresholds.slash_max_offset is None else thresholds.slash_max_offset
     max_offset = min(max(max_offset, 1), n - 1)
     diagonals = slash_score(attn, max_offset=max_offset)
