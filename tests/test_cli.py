@@ -139,6 +139,7 @@ def test_the_installed_program_is_consoles_entry_point():
     (["demo", "--workers", "-1", "--out", "{d}/new3.zarr"], "--workers: must be >= 1, got -1"),
     (["report", "{path}", "--out", "{d}/afile/x"], "afile is a file, not a directory"),
     (["gates", "{path}", "--lam", "nan"], "--lam: give |lambda|"),
+    (["gates", "{path}", "--lam", "0"], "--lam: give |lambda| (> 0; G+ uses +lam, G- uses -lam), got 0.0"),
     (["gates", "{path}", "--steps", "0"], "--steps: must be positive, got 0"),
     (["gates", "{path}", "--init-steps", "10000000000000"], "--init-steps: must be in [0, 100,000,000]"),
     (["gates", "{path}", "--lam", "1e39"], "--lam: must be at most 3.403e+38 (float32)"),

@@ -53,3 +53,12 @@ def test_counts_past_the_step_limit_and_a_lambda_float32_cannot_hold_are_refused
     assert GateOptions(lam=3.4e38).lam == 3.4e38
     with pytest.raises(ConfigError, match=r"^gates.lam: must be at most 3.403e\+38 \(float32\), got 1e\+39$"):
         GateOptions(lam=1e39)
+
+
+def test_a_lambda_of_0_is_refused_g_plus_and_g_minus_would_be_the_first_fit_again():
+    # --lam 0 fitted G+ and G- as the lambda = 0 stage: the same gates, every head "facilitating"
+    # with agreement 1, exit 0
+    for lam in (0.0, -0.0, -0.1):
+        with pytest.raises(ConfigError, match=r"^gates.lam: give \|lambda\| \(> 0; G\+ uses \+lam, G- uses -lam\), got "):
+            GateOptions(lam=lam)
+    assert GateOptions(lam=1e-6).lam == 1e-6

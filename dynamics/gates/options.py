@@ -46,7 +46,7 @@ class GateOptions:
     init_steps: int | None = None
     """Adam updates of the lambda = 0 stage; None = steps (the authors' num_updates / num_reg_updates)."""
     lam: float = 0.1
-    """|lambda|, weight of mean(clamp(logit)); G+ uses +lam (toward open), G- uses -lam (toward shut).
+    """|lambda| > 0, weight of mean(clamp(logit)); G+ uses +lam (toward open), G- uses -lam (toward shut).
 
     The authors' 0.1. On small attention-only pre-LN models a uniform down-scaling of every
     head costs little (LayerNorm undoes it), so G- separates heads more clearly at 0.3
@@ -109,8 +109,10 @@ class GateOptions:
             raise ConfigError(f"gates.steps: must be at most {MAX_STEPS:,}, got {self.steps}")
         if self.init_steps is not None and not 0 <= self.init_steps <= MAX_STEPS:
             raise ConfigError(f"gates.init_steps: must be in [0, {MAX_STEPS:,}], got {self.init_steps}")
-        if not self.lam >= 0 or not math.isfinite(self.lam):
-            raise ConfigError(f"gates.lam: give |lambda| (>= 0); G- uses -lam, got {self.lam}")
+        if not self.lam > 0 or not math.isfinite(self.lam):
+            # lambda 0 is the first stage's fit: G+ and G- then repeat it, the same gates, and every
+            # head read "facilitating" with agreement 1
+            raise ConfigError(f"gates.lam: give |lambda| (> 0; G+ uses +lam, G- uses -lam), got {self.lam}")
         if self.lam > FLOAT32_MAX:  # the fit holds it in a float32 tensor: a traceback after fitting began
             raise ConfigError(f"gates.lam: must be at most {FLOAT32_MAX:.4g} (float32), got {self.lam}")
         if not self.grad_clip >= 0 or not math.isfinite(self.grad_clip):
