@@ -243,6 +243,22 @@ def test_a_null_check_with_nothing_to_permute_is_refused_before_any_fit(planted,
         predict.predict_runs(runs, dataclasses.replace(opt, null=2))
 
 
+def test_a_null_check_at_ceiling_horizons_only_is_refused_before_any_fit(planted, monkeypatch):
+    # judge never names a ceiling horizon: "named a readable horizon in 0 of 2 permutations (0%)"
+    # was certain before the 17 s of fits that printed it
+    from dynamics.predict import curve as curve_module
+
+    runs, opt, _ = planted
+    monkeypatch.setattr(curve_module, "cross_validate", lambda *a, **k: pytest.fail("fitted before refusing"))
+    with pytest.raises(predict.PredictError, match=(
+            r"^null check: every horizon given is a ceiling \(its features see a run's final snapshot, which defines "
+            r"the target\), and none is ever named readable, so 0 of N would say nothing; give a horizon before the "
+            r"runs' ends$")):
+        predict.predict_runs(runs, dataclasses.replace(opt, horizons=(1.0,), null=2))
+    with pytest.raises(pytest.fail.Exception, match="fitted before refusing"):  # one horizon before the end: fitted
+        predict.predict_runs(runs, dataclasses.replace(opt, horizons=(0.5, 1.0), null=2))
+
+
 def test_folds_that_each_test_one_class_are_refused_before_any_fit(monkeypatch):
     # Seed 0's heads all turn slash, seeds 1 and 2 grow none: the store holds both classes, but
     # every fold holding out a whole seed tests one, and the table came out all n/a, exit 0.

@@ -114,6 +114,34 @@ def test_bands_that_touch_are_a_tie_not_a_reading():
     assert predict.judge([0.0, 0.1], mean, sd, "auroc").readable == (False, True)
 
 
+def test_bands_that_touch_in_decimals_are_a_tie_whichever_way_binary_rounds_them():
+    # 0.8 - 0.1 is 0.7000000000000001 and 0.6 + 0.1 is 0.7 in binary: the touching bands were "readable"
+    mean, sd = table({"chance": flat((0.3, 0.05), 1), "layer": flat((0.3, 0.05), 1), "init_linear": flat((0.6, 0.1), 1),
+                      "init_boosting": flat((0.4, 0.05), 1), "linear": flat((0.8, 0.1), 1),
+                      "boosting": flat((0.6, 0.05), 1)})
+    assert 0.8 - 0.1 > 0.6 + 0.1  # the rounding the tie tolerance absorbs
+    got = predict.judge([0.1], mean, sd, "balanced_accuracy")
+    assert got.readable == (False,) and got.line.startswith("how early: not readable")
+
+
+def test_judge_refuses_unsorted_horizons_a_negative_sd_and_labels_or_ceilings_of_another_length():
+    mean, sd = table({m: flat((0.5, 0.1), 2) for m in MODELS})
+    with pytest.raises(ValueError, match=r"^judge: horizons must be increasing; got \[0.5, 0.1\]$"):
+        predict.judge([0.5, 0.1], mean, sd, "auroc")  # named h=0.5 "first readable", h=0.1 "also"
+    with pytest.raises(ValueError, match=r"^judge: horizons must be increasing"):
+        predict.judge([0.1, 0.1], mean, sd, "auroc")
+    neg = sd.copy()
+    neg[1, 0] = -0.5
+    with pytest.raises(ValueError, match=r"^judge: an sd is negative \(-0.5\): a band needs sd >= 0$"):
+        predict.judge([0.0, 0.1], mean, neg, "auroc")  # an inverted band, judged
+    with pytest.raises(ValueError, match=r"^judge: one ceiling and one label per horizon \(2\); got 1 and 2$"):
+        predict.judge([0.0, 0.1], mean, sd, "auroc", ceiling=[False])  # an IndexError
+    with pytest.raises(ValueError, match=r"^judge: one ceiling and one label per horizon \(2\); got 2 and 3$"):
+        predict.judge([0.0, 0.1], mean, sd, "auroc", labels=["a", "b", "c"])
+    sd[0, 0] = np.nan  # no spread is NaN, not negative: judged as before
+    predict.judge([0.0, 0.1], mean, sd, "auroc")
+
+
 def test_a_ceiling_horizon_is_never_readable_and_a_later_miss_is_named():
     mean, sd = table({"chance": flat((0.5, 0.0), 4), "layer": flat((0.5, 0.0), 4), "init_linear": flat((0.5, 0.05), 4),
                       "init_boosting": flat((0.5, 0.05), 4),

@@ -12,7 +12,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.analysis.pipeline import ANALYSIS_VERSION
-from dynamics.predict.features import feature_table
+from dynamics.predict.features import feature_table, horizon_steps
 from dynamics.predict.load import check_runs, load_store
 from dynamics.predict.models import _mean_sd, cross_validate, group_splits, score, unseen_classes
 from dynamics.predict.options import MODELS, TARGETS, PredictError, PredictOptions, Run
@@ -78,6 +78,11 @@ def _unpadded(data: xr.Dataset) -> xr.Dataset:
     return data if finite.all() else data.isel(snapshot=np.flatnonzero(finite))
 
 
+def _is_ceiling(runs: list[Run], horizon: float, unit: str) -> bool:
+    """Whether the features at ``horizon`` see some run's final snapshot (as `ceiling_horizons`)."""
+    return any(float(horizon_steps(r.data, [horizon], unit)[0]) >= float(np.max(r.data["step"].values)) for r in runs)
+
+
 def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
                  left_out: Sequence[str] = (), progress: Callable[[str], None] | None = None) -> xr.Dataset:
     """Targets, features at every horizon, grouped cross-validation, as one dataset.
@@ -116,6 +121,11 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     groups = rows["row_group"].values
     splits = group_splits(groups, opt.n_splits)
     _check_some_fold_scored(rows, splits, spec.metric, opt)
+    if opt.null and all(_is_ceiling(runs, h, opt.unit) for h in opt.horizons):
+        # judge never names a ceiling: "0 of N permutations" would be certain before any fit
+        raise PredictError("null check: every horizon given is a ceiling (its features see a run's final snapshot, "
+                           "which defines the target), and none is ever named readable, so 0 of N would say nothing; "
+                           "give a horizon before the runs' ends")
     if opt.null:
         null_rows, null_splits = null_folds(blocks, splits, rows.sizes["head_row"])
         if len(null_splits) < 2:  # judge names nothing over fewer than 2 folds: 0 of N would say nothing

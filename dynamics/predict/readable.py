@@ -10,7 +10,8 @@ table's means and sds, so it can be checked by hand against a printed table:
 - The target is *readable* at a horizon when the band of an early-training model (``linear``
   or ``boosting``) lies wholly above the band of every baseline (``chance``, ``layer``,
   ``init_linear``, ``init_boosting``): its mean - sd exceeds each baseline's mean + sd. Bands
-  that touch or overlap are a tie, not a reading.
+  that touch or overlap are a tie, not a reading (ends within `TIE` of each other touch). The
+  sd is the sample sd over the folds (ddof 1).
 - Horizons whose features saw a run's final snapshot (which defines the target) are a ceiling,
   not a prediction, and are never readable; nor is a horizon without a spread (a metric defined
   on fewer than 2 folds).
@@ -41,6 +42,10 @@ EARLY = ("linear", "boosting")
 
 METRIC_RANGE = {"auroc": (0.0, 1.0), "balanced_accuracy": (0.0, 1.0), "spearman": (-1.0, 1.0)}
 """Attrs ``metric`` -> the range its fold scores lie in, where bands are capped."""
+
+TIE = 1e-9
+"""Band ends closer than this touch: a tie. Sums of a table's decimals round either way in binary
+(0.8 - 0.1 is 0.7000000000000001, 0.6 + 0.1 is 0.7), which named bands that touch a reading."""
 
 CRITERION = ("readable: an early-training model's band (mean ± 1 sd over folds, capped to the metric's range) "
              "lies wholly above every init-only baseline's; a horizon whose features see a run's final snapshot is "
@@ -132,9 +137,18 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
     want = (len(horizons), len(models))
     if mean.shape != want or sd.shape != want:
         raise ValueError(f"judge: mean and sd must be (horizon, model) = {want}; got {mean.shape} and {sd.shape}")
-    low, high = score_band(mean, sd, metric)
+    # Unsorted horizons named a later one "first readable"; a negative sd judged an inverted band;
+    # labels or ceilings of another length were an IndexError.
+    if len(horizons) > 1 and not (np.diff(np.asarray(horizons, dtype=np.float64)) > 0).all():
+        raise ValueError(f"judge: horizons must be increasing; got {list(horizons)}")
+    if (sd < 0).any():
+        raise ValueError(f"judge: an sd is negative ({float(sd[sd < 0][0])}): a band needs sd >= 0")
     ceiling = [False] * len(horizons) if ceiling is None else [bool(c) for c in ceiling]
     labels = [f"h={h:g}" for h in horizons] if labels is None else list(labels)
+    if len(ceiling) != len(horizons) or len(labels) != len(horizons):
+        raise ValueError(f"judge: one ceiling and one label per horizon ({len(horizons)}); got {len(ceiling)} "
+                         f"and {len(labels)}")
+    low, high = score_band(mean, sd, metric)
     base = [models.index(m) for m in BASELINES]
     early = [models.index(m) for m in EARLY]
 
@@ -153,7 +167,7 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
         if b is None or ceiling[i]:
             continue
         margin[i] = low[i, early] - high[i, b]
-    readable = tuple(bool(np.any(row > 0)) for row in margin)  # NaN (no band) never clears
+    readable = tuple(bool(np.any(row > TIE)) for row in margin)  # NaN (no band) never clears
 
     judged = [i for i in range(len(horizons)) if not ceiling[i] and np.isfinite(margin[i]).any()]
     skipped = [labels[i] for i in range(len(horizons)) if ceiling[i]]
