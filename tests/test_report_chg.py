@@ -7,6 +7,7 @@ import html
 import json
 
 import numpy as np
+import xarray as xr
 
 from dynamics import store
 from dynamics.report import CHG_LABELS, _Run, chg_label, write_report
@@ -201,3 +202,29 @@ def test_chg_taxonomy_shares_over_training_are_fractions_of_the_heads_at_each_fi
     assert share["facilitating"] == [[at[0], 1.0], [at[1], 0.25]]
     assert share["irrelevant"] == [[at[0], 0.0], [at[1], 0.25]]
     assert share["interfering"] == [[at[0], 0.0], [at[1], 0.5]]
+
+
+def test_a_fit_made_at_another_threshold_is_labelled_ringed_and_captioned_at_it(tmp_path, monkeypatch):
+    # GateOptions(threshold=0.8) (Python API): its stored labels were drawn against regions at 0.5,
+    # ringed as differing from where they sit, and the caption said "threshold 0.5"
+    from dynamics.config import from_dict
+    from dynamics.report import chg
+
+    cfg = from_dict(TINY)
+    L, H = cfg.model.n_layers, cfg.model.n_heads
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    g = np.resize(np.array([[0.9, 0.9], [0.7, 0.3], [0.9, 0.6], [0.3, 0.3]], np.float32), (1, L, H, 2))  # one restart
+    codes = np.array([CHG_LABELS.index(x) for x in chg_label(g[..., 0], g[..., 1], 0.8).ravel()], np.int8)
+    assert (codes != [CHG_LABELS.index(x) for x in chg_label(g[..., 0], g[..., 1]).ravel()]).any()  # 0.5 differs
+    gates = xr.Dataset({"chg": (("restart", "layer", "head", "fit"), g),
+                        "role": (("layer", "head"), codes.reshape(L, H))},
+                       coords={"restart": [0], "layer": np.arange(L), "head": np.arange(H), "fit": ["plus", "minus"]},
+                       attrs={"options": {"restarts": 1, "steps": 60, "lam": 0.1, "threshold": 0.8}})
+    store.write_derived(path, "gates.r0", gates)
+    figs = _capture_figures(monkeypatch, chg)
+    text = html.unescape(write_report(path, tmp_path / "out", compute_missing=False).read_text())
+    assert "both fractions in [0, 1], threshold 0.8. " in text
+    assert "At the last fit no head's label differs from the region it is drawn in." in text
+    vline, hline = figs["chg.png"].axes[0].get_lines()  # the regions' edges
+    assert (vline.get_xdata()[0], hline.get_ydata()[0]) == (0.8, 0.8)

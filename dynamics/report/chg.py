@@ -118,6 +118,11 @@ def _chg_fits(path, run: _Run, derived: list[str]) -> list[tuple[xr.DataArray, x
                 pair = pair.transpose("snapshot", "layer", "head", "fit")
                 if role is not None:
                     role = role.transpose("snapshot", "layer", "head")
+                # labelled at the threshold it was fitted with (GateOptions.threshold, Python API only)
+                opts = gates.attrs.get("options")
+                thr = opts.get("threshold", CHG_THRESHOLD) if isinstance(opts, dict) else CHG_THRESHOLD
+                thr = thr if isinstance(thr, (int, float)) and 0 < thr < 1 else CHG_THRESHOLD  # as GateOptions checks
+                pair = pair.assign_attrs(chg_threshold=float(thr))
                 fits.append((pair, _checked_roles(pair, role), f"derived/{name} (`dynamics gates`{_fit_options(gates)})"))
                 break
     return fits
@@ -204,22 +209,26 @@ def _chg_section(ctx: _Ctx) -> _Section:
         sec.missing += [unread] if unreadable else []
         sec.missing += [f"derived/ could not be read ({ctx.derived_problem})."] if ctx.derived_problem else []
         return sec
-    t = CHG_THRESHOLD
+    def threshold(pair: xr.DataArray) -> float:  # training's fits use GateOptions' default
+        return float(pair.attrs.get("chg_threshold", CHG_THRESHOLD))
+
+    # The left panel's regions at the threshold its fits share; where they differ, each head's
+    # label and ring still at its own fit's, and the caption names them
+    shown = sorted({threshold(p) for p, _, _ in found.values()})
+    t = shown[0] if len(shown) == 1 else CHG_THRESHOLD
     groups = ctx.groups([r for r in runs if r.run_id in found])
     fig = _figure(11.5, 4.4)
     ax1, ax2, ax3 = fig.subplots(1, 3, width_ratios=[1, 1, 1.1])
-    for ax in (ax1, ax2):
-        _chg_regions(ax, t)
     ringed = heads = 0
     for key in groups.keys:
         for r in groups.members[key]:
             pair, role, _ = found[r.run_id]
-            labels, _stored = _chg_classes(pair, role, t)
+            labels, _stored = _chg_classes(pair, role, threshold(pair))
             last = pair.isel(snapshot=-1)
             gp, gm = last.sel(fit="plus").values.ravel(), last.sel(fit="minus").values.ravel()
             ax1.scatter(gp, gm, color=groups.colours[key], marker=groups.markers[key], s=30, edgecolor="k", lw=0.4,
                         zorder=3, alpha=0.85)
-            ringed += _ring_disagreements(ax1, gp, gm, labels[-1], t)
+            ringed += _ring_disagreements(ax1, gp, gm, labels[-1], threshold(pair))
             heads += gp.size
     ax1.set_title("every head, latest fit", fontsize=9)
     handles = [ax1.scatter([], [], color=groups.colours[k], marker=groups.markers[k], s=30, edgecolor="k", lw=0.4,
@@ -233,6 +242,13 @@ def _chg_section(ctx: _Ctx) -> _Section:
     # Over training: the chosen run if it has fits, else the first run with fits.
     rid = chosen if chosen in found else next(iter(found))
     pair, role, source = over[rid]
+    t_over = threshold(pair)
+    if t_over != t:  # the middle panel's regions at its own fit's threshold
+        _chg_regions(ax2, t_over)
+        _chg_regions(ax1, t)
+    else:
+        for ax in (ax1, ax2):
+            _chg_regions(ax, t)
     steps = pair["step"].values if "step" in pair.coords else np.arange(pair.sizes["snapshot"])
     gp = pair.sel(fit="plus").values.reshape(pair.sizes["snapshot"], -1)
     gm = pair.sel(fit="minus").values.reshape(pair.sizes["snapshot"], -1)
@@ -243,8 +259,8 @@ def _chg_section(ctx: _Ctx) -> _Section:
         ax2.plot(gp[:, h], gm[:, h], color="grey", lw=0.7, alpha=0.6, zorder=2)
     sc = ax2.scatter(gp.ravel(), gm.ravel(), c=np.repeat(steps, gp.shape[1]), cmap=cmap, s=18, zorder=3,
                      edgecolor="k", lw=0.2)
-    labels, stored = _chg_classes(pair, role, t)
-    _ring_disagreements(ax2, gp.ravel(), gm.ravel(), labels.ravel(), t)
+    labels, stored = _chg_classes(pair, role, t_over)
+    _ring_disagreements(ax2, gp.ravel(), gm.ravel(), labels.ravel(), t_over)
     fig.colorbar(sc, ax=ax2, shrink=0.8, label="training step (steps)")
     so_far = "" if by_id[rid].status in FINISHED_STATUSES else " so far"  # still training, or stopped
     ax2.set_title(f"run {rid}: each head over training{so_far}", fontsize=9)
@@ -282,9 +298,16 @@ def _chg_section(ctx: _Ctx) -> _Section:
                 f"plotted gates. ")
     rings = (f"Red rings (left and middle): points whose label differs from the region they are drawn in; left: "
              f"{ringed} of {heads} heads. " if ringed else "At the last fit no head's label differs from the region it is drawn in. ")
+    if len(shown) == 1 and t_over == t:
+        at = f"threshold {t:g}"
+    else:
+        by = {rid_: threshold(p) for rid_, (p, _, _) in found.items()}
+        at = ("thresholds by run (each head labelled and ringed at its own fit's): "
+              + "; ".join(f"{v:g} for {', '.join(k for k, x in by.items() if x == v)}" for v in sorted(set(by.values())))
+              + f"; regions drawn at {t:g} on the left and {t_over:g} in the middle")
     sec.figures.append((_save(fig, out, "chg.png"),
                         f"Causal head gating (Nam et al. 2025): each head's gate fitted toward open (G+, x) and toward shut "
-                        f"(G-, y), both fractions in [0, 1], threshold {t}. Regions: facilitating (both high), irrelevant "
+                        f"(G-, y), both fractions in [0, 1], {at}. Regions: facilitating (both high), irrelevant "
                         f"(G+ high, G- low), interfering (both low). Left: every head of {len(found)} run(s) at its latest fit, "
                         f"{groups.description(scatter=True)}; middle and right: run {rid} over training. {how}{rings}"
                         f"Sources: {sources}"))
