@@ -245,10 +245,35 @@ def test_a_point_whose_twin_another_process_recorded_since_the_launch_is_refused
     point = from_dict(tiny(model={"d_head": 8}))  # the stored run's training, d_head as d_model / n_heads
     out = run_point(point, path, point.run_id(), {"model.d_head": 8}, "launch-1")
     assert out["status"] == "failed" and out["traceback"] is not None
-    assert out["error"].startswith(f"StoreError: sweep point model.d_head=8: {path} holds this training already: run "
+    assert out["error"].startswith(f"TwinRefused: sweep point model.d_head=8: {path} holds this training already: run "
                                    f"{run_id} there trains the same data and model: its config differs only in "
                                    "model.d_head = 0 against 8, ")
     assert store.list_runs(path) == [run_id]  # not marked failed in the store: it was never made there
+
+
+def test_a_point_refused_as_its_group_is_made_leaves_the_sweep_index_not_pending_for_ever(tmp_path, monkeypatch):
+    # The launcher lists the points in the sweep index before any trains: one refused later, under
+    # the store's lock, for a twin another process recorded meanwhile, showed "pending" for ever.
+    import dynamics.sweep.launcher as launcher
+    from dynamics.status import status_table
+    from dynamics.sweep import run_sweep
+
+    path = str(tmp_path / "s.zarr")
+    grid = from_dict(tiny({"model.d_head": [8], "train.seed": [5, 0]}))  # seed 0: the default d_head's twin
+    twin = from_dict(tiny())
+
+    def another_process_meanwhile(points, store_path):  # as if it recorded right after the launcher's check
+        train_run(twin, store_path)
+
+    monkeypatch.setattr(launcher, "refuse_sweep_twins", another_process_meanwhile)
+    summary = run_sweep(grid, path, workers=1, progress=False)
+    (refused,) = summary.failed
+    assert summary.errors[refused].startswith(f"TwinRefused: sweep point model.d_head=8, train.seed=0: {path} holds "
+                                              f"this training already: run {twin.run_id()} there trains the same data")
+    assert refused not in store.list_runs(path)  # nothing made
+    assert refused not in store.read_sweep_index(path)["runs"]  # nor listed
+    _, rows, _ = status_table(path)
+    assert [row[0] for row in rows if refused in row[0] or "pending" in row] == []
 
 
 def test_a_point_the_store_holds_under_a_run_id_given_by_name_is_refused_in_words_that_fit(tmp_path):

@@ -28,7 +28,7 @@ from dynamics.sweep.lock import acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
 from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _stop_name
-from dynamics.sweep.twins import refuse_sweep_twins
+from dynamics.sweep.twins import refuse_sweep_twins, unindex_refused
 from dynamics.tasks import data_hash
 from dynamics.tasks.hashing import other_data
 
@@ -354,6 +354,8 @@ def run_sweep(
                 display = _display(progress, len(points), len(summary.skipped))
                 display.starting(len(todo), scheduler or n)  # a given cluster's size is its own
                 results = _launch(todo, path, scheduler, n, display, cwd, hashes, starts)
+                if refused := [r["run_id"] for r in results if r.get("twin")]:
+                    unindex_refused(path, refused)
                 for r in results:
                     summary.counts[r["status"]] = summary.counts.get(r["status"], 0) + 1
                     if r["status"] in ("failed", "cancelled"):

@@ -11,7 +11,7 @@ import traceback
 from dynamics import allocator, store
 from dynamics.config import ConfigError, RunConfig
 from dynamics.schema import FINISHED_STATUSES
-from dynamics.sweep.twins import point_refusal, twin_guard
+from dynamics.sweep.twins import TwinRefused, point_refusal, twin_guard
 
 
 def _progress_topic(token: str) -> str:
@@ -114,8 +114,9 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
             return out
     # The launcher refused the twins the store held; one another process (`dynamics run`) made
     # since is refused as the point's group is made, as train_run's StoreError below
-    for key in [k for k in _SEEN if k[0] != token]:
-        del _SEEN[key]
+    for key in list(_SEEN):  # list() is atomic under the GIL; tasks of two launches may share a worker
+        if key[0] != token:
+            _SEEN.pop(key, None)
     guard = twin_guard(path, cfg, lambda twin: point_refusal(values, path, twin), seen=_SEEN.setdefault((token, path), {}))
     # A URL store's root index is the launcher's to rebuild
     with store.deferred_index(path), relative_to(cwd or os.getcwd()):
@@ -139,6 +140,8 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
             except Exception as e:  # noqa: BLE001 - recorded in the run (train_run) and in the summary
                 tb = traceback.format_exc()
                 out.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0], traceback=tb)
+                if isinstance(e, TwinRefused):  # its group never made: the launcher takes it out of the index
+                    out["twin"] = True
                 # Another StoreError, or a ConfigError (its teacher gone or remade since the launcher's
                 # checks), is train_run refusing the run, as `dynamics run` refuses it: the run is not
                 # this task's to mark failed. One raised by a write while training was recorded by

@@ -98,10 +98,14 @@ def refuse_sweep_twins(points: list[Point], path: str) -> None:
             raise point_refusal(p.values, path, twin)
 
 
-def point_refusal(values: dict[str, Any], path: str, twin: Twin) -> store.StoreError:
+class TwinRefused(store.StoreError):
+    """A sweep point refused for a twin the store holds (:func:`point_refusal`)."""
+
+
+def point_refusal(values: dict[str, Any], path: str, twin: Twin) -> TwinRefused:
     """The refusal of the sweep point at ``values`` whose training ``path`` holds as ``twin``."""
     fix = "sweep the setting as that run has it, or give" if twin.settings else "give"
-    return store.StoreError(f"sweep point {_label(values)}: {path} holds this training already: {twin}; {fix} "
+    return TwinRefused(f"sweep point {_label(values)}: {path} holds this training already: {twin}; {fix} "
                             "another --out")
 
 
@@ -158,3 +162,16 @@ def twin_guard(path: str, cfg: RunConfig, refusal: Callable[[Twin], Exception], 
                 raise refusal(_twin(cfg, run_id, known[1]))
 
     return before_create
+
+
+def unindex_refused(path: str, run_ids: list[str]) -> None:
+    """Take sweep points refused as twins under the store's lock (``run_point``'s ``twin``) out of
+    the sweep index, where the launcher listed them before they trained: never made, they showed
+    "pending" for ever beside the run that trains what they would."""
+    index = store.read_sweep_index(path)
+    have = set(store.list_runs(path, damaged="include"))
+    gone = {r for r in run_ids if r not in have}
+    if not index or not gone:
+        return
+    store.write_sweep_index(path, {**index, "runs": {k: v for k, v in index["runs"].items() if k not in gone},
+                                   "steps": {k: v for k, v in index.get("steps", {}).items() if k not in gone}})
