@@ -87,7 +87,7 @@ def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets
 
 
 def test_a_null_permutation_moves_every_run_uniformly_over_such():
-    from dynamics.predict.curve import derangement
+    from dynamics.predict.null import derangement
 
     rng = np.random.default_rng(0)
     draws = [tuple(derangement(3, rng)) for _ in range(2000)]
@@ -102,7 +102,7 @@ def test_a_null_permutation_moves_every_run_uniformly_over_such():
 @pytest.mark.parametrize("classes", [[0, 0, 1, 1], [0, 0, 0, 1, 1, 2], [None, None, None],
                                      [0] * 20 + [1] * 20 + [2] * 20])  # the last: past the rejection draws
 def test_a_null_permutation_across_seeds_sends_every_run_to_another_seed(classes):
-    from dynamics.predict.curve import derangement_across
+    from dynamics.predict.null import derangement_across
 
     rng = np.random.default_rng(0)
     labels = np.array([f"none{i}" if c is None else str(c) for i, c in enumerate(classes)])
@@ -114,7 +114,7 @@ def test_a_null_permutation_across_seeds_sends_every_run_to_another_seed(classes
 
 
 def test_a_null_permutation_across_seeds_is_uniform_and_refused_where_none_exists():
-    from dynamics.predict.curve import derangement_across
+    from dynamics.predict.null import derangement_across
 
     rng = np.random.default_rng(1)
     draws = [tuple(derangement_across(["a", "a", "b", "b"], rng)) for _ in range(4000)]
@@ -194,7 +194,7 @@ def test_the_null_check_in_blocks_of_two_runs_gives_no_run_its_own_targets():
 
 
 def test_a_run_with_no_peer_is_left_out_of_the_null_check(planted):
-    from dynamics.predict.curve import null_folds
+    from dynamics.predict.null import null_folds
 
     runs, opt, _ = planted
     lone = runs[0].data.copy()

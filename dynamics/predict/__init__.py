@@ -65,12 +65,12 @@ from dynamics.predict.curve import (
     format_curve,
     predict_runs,
     predict_store,
-    same_head_blocks,
     write_curve,
 )
 from dynamics.predict.features import early_snapshots, feature_table, head_features, horizon_steps
 from dynamics.predict.load import check_runs, load_runs, load_store
 from dynamics.predict.models import cross_validate, group_splits, score
+from dynamics.predict.null import same_head_blocks
 from dynamics.predict.options import (
     CHG_CLASSES,
     GROUPINGS,
