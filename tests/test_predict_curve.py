@@ -86,45 +86,6 @@ def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets
         dataclasses.replace(opt, null=-1)
 
 
-def test_a_null_permutation_moves_every_run_uniformly_over_such():
-    from dynamics.predict.null import derangement
-
-    rng = np.random.default_rng(0)
-    draws = [tuple(derangement(3, rng)) for _ in range(2000)]
-    # of 3! orders, (1, 2, 0) and (2, 0, 1) leave no index in place; a plain shuffle drew the other 4 too
-    assert set(draws) == {(1, 2, 0), (2, 0, 1)}
-    assert abs(draws.count((1, 2, 0)) / len(draws) - 0.5) < 0.05
-    assert all(tuple(derangement(2, rng)) == (1, 0) for _ in range(5))
-    with pytest.raises(ValueError, match="no derangement of 1 item"):
-        derangement(1, rng)
-
-
-@pytest.mark.parametrize("classes", [[0, 0, 1, 1], [0, 0, 0, 1, 1, 2], [None, None, None],
-                                     [0] * 20 + [1] * 20 + [2] * 20])  # the last: past the rejection draws
-def test_a_null_permutation_across_seeds_sends_every_run_to_another_seed(classes):
-    from dynamics.predict.null import derangement_across
-
-    rng = np.random.default_rng(0)
-    labels = np.array([f"none{i}" if c is None else str(c) for i, c in enumerate(classes)])
-    draws = [derangement_across(classes, rng) for _ in range(200)]
-    for order in draws:
-        assert sorted(order.tolist()) == list(range(len(classes)))
-        assert (labels[order] != labels).all()
-    assert len({tuple(o) for o in draws}) > 1  # drawn, not one fixed order
-
-
-def test_a_null_permutation_across_seeds_is_uniform_and_refused_where_none_exists():
-    from dynamics.predict.null import derangement_across
-
-    rng = np.random.default_rng(1)
-    draws = [tuple(derangement_across(["a", "a", "b", "b"], rng)) for _ in range(4000)]
-    # 0 and 1 go to 2 and 3, and 2 and 3 to 0 and 1: 2 x 2 orders, equally likely
-    assert set(draws) == {(2, 3, 0, 1), (2, 3, 1, 0), (3, 2, 0, 1), (3, 2, 1, 0)}
-    assert all(abs(draws.count(d) / len(draws) - 0.25) < 0.03 for d in set(draws))
-    assert derangement_across([0, 0, 0, 1], rng) is None  # seed 0 holds 3 of 4: one must stay in it
-    assert derangement_across([7], rng) is None
-
-
 def test_the_null_never_gives_a_run_the_roles_of_a_run_of_its_own_seed(monkeypatch):
     # Runs of one seed share initial weights and data order, so their heads' fates agree: a twin's
     # roles kept the run's own signal, and the null fired 8 times in 40 where it fired 0 without.
