@@ -393,3 +393,23 @@ def test_a_run_that_ends_while_the_report_reads_it_shows_the_loss_it_ended_with(
     run = _collect_run(path, ids["A"], None, False, while_running)  # nobody holds its lock: it has ended
     assert run.status == "completed"
     assert run.last_loss == attrs["last_loss"]
+
+
+def test_a_finished_run_too_short_to_analyse_is_said_so_not_sent_to_dynamics_analyse(tmp_path):
+    # `dynamics analyse` refuses a run of 3 snapshots; the report told its reader to run it
+    import json as _json
+
+    from dynamics.config import from_dict
+    from dynamics.train import train_run
+    from tests._report_store import TINY as RAW
+
+    raw = _json.loads(_json.dumps(RAW))
+    raw["train"].update(steps=2, warmup_steps=1)
+    path = tmp_path / "s.zarr"
+    rid = train_run(from_dict(raw), str(path)).run_id
+    text = html.unescape(write_report(path, tmp_path / "out", compute_missing=False).read_text())
+    text = re.sub(r"<[^>]+>", "", text)  # `quotes` are <code> on the page
+    assert f"{rid} (shown)completed3/3" in text
+    assert ("no stored analysis (dynamics analyse cannot analyse it: only 3 snapshot(s) recorded, and an analysis "
+            "needs 4)") in text
+    assert "run dynamics analyse" not in text

@@ -236,6 +236,9 @@ def _to_analyse(run: _Run) -> str:
     """What gives a run a stored analysis: `dynamics analyse` skips an unfinished one, so telling
     it to a stopped or interrupted run's reader changed nothing."""
     if _finished(run):
+        if run.n_recorded < _MIN_SNAPSHOTS:  # analyse refuses it: telling a reader to run it was no help
+            return (f"`dynamics analyse` cannot analyse it: only {run.n_recorded} snapshot(s) recorded, and an "
+                    f"analysis needs {_MIN_SNAPSHOTS}")
         return "run `dynamics analyse`"
     return "`dynamics analyse` analyses it once it has finished; without --no-compute the report analyses what it has recorded"
 
