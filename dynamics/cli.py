@@ -44,6 +44,7 @@ from dynamics.usage import (
     check_store,
     check_workers,
     check_writable,
+    no_runs,
     report_dir,
 )
 
@@ -262,7 +263,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     if args.run and args.run not in ids:
         raise _no_run(args.store, args.run, "analyse")
     if not ids:
-        raise UsageError(f"{args.store} holds no runs to analyse")
+        raise no_runs(args.store, " to analyse")
     if args.run:
         store.run_attrs(args.store, args.run)  # the one run asked for is damaged: StoreError naming it, exit 2
     t0 = time.perf_counter()
@@ -345,7 +346,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     ids = store.list_runs(args.store, damaged="include")  # the page names a damaged run as unreadable
     if not ids:
-        raise UsageError(f"{args.store} holds no runs to report on")
+        raise no_runs(args.store, " to report on")
     if args.run and args.run not in ids:
         raise _no_run(args.store, args.run, "report on")
     if args.run:
@@ -374,7 +375,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
 
     runs = store.list_runs(args.store, damaged="include")  # a damaged one, if chosen: run_attrs names it
     if not runs:
-        raise UsageError(f"{args.store} holds no runs")
+        raise no_runs(args.store, "")
     run_id = args.run or (runs[0] if len(runs) == 1 else None)
     if args.run and run_id not in runs:
         raise _no_run(args.store, args.run, "fit gates to")

@@ -221,6 +221,21 @@ def check_store(path: str) -> None:
         raise UsageError(str(e)) from None
 
 
+def no_runs(path: str, what: str) -> UsageError:
+    """The refusal of a store holding no run group: "holds no runs{what}", and where its sweep
+    index lists runs not started yet, how many (`dynamics status` lists them as pending)."""
+    from dynamics import store
+
+    try:
+        pending = len((store.read_sweep_index(path) or {}).get("runs", {}))
+    except store.StoreError:
+        pending = 0
+    if pending:
+        return UsageError(f"{path} holds no runs{what} yet: its sweep index lists {pending} not started (pending in "
+                          f"`dynamics status`; the sweep that lists them trains them)")
+    return UsageError(f"{path} holds no runs{what}")
+
+
 def check_device(device: str) -> None:
     """A CUDA device that this torch cannot use is bad input, found before any store is made."""
     if device.startswith("cuda"):

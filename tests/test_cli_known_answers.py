@@ -246,6 +246,12 @@ def test_a_store_of_no_runs_is_named_exit_2(tmp_path, command, says, capsys):
     assert cli.main([command, str(s), *extra]) == 2
     out, err = capsys.readouterr()
     assert out == "" and lines(err) == [f"dynamics: error: {s} {says}"]
+    # a sweep listed runs that never started: "holds no runs" beside `dynamics status` listing them pending
+    store.write_sweep_index(s, {"axes": ["train.seed"], "runs": {"ra": {"train.seed": 0}, "rb": {"train.seed": 1}}})
+    assert cli.main([command, str(s), *extra]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and lines(err) == [f"dynamics: error: {s} {says} yet: its sweep index lists 2 not started "
+                                        "(pending in `dynamics status`; the sweep that lists them trains them)"]
 
 
 # --- gates --------------------------------------------------------------------------------------
