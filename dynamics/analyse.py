@@ -36,7 +36,8 @@ def analyse_one(path: str, run_id: str) -> dict:
     attrs = store.run_attrs(path, run_id)
     if attrs.get("status") not in FINISHED_STATUSES:
         # "stopped", not "running", for a killed run, as `dynamics status` names it
-        return {"run": run_id, "status": store.run_status(path, run_id, attrs), "skipped": True, "reason": "unfinished"}
+        status = store.run_status(path, run_id, attrs)
+        return {"run": run_id, "status": status, "skipped": True, "reason": unfinished_reason(status, attrs)}
     # A chunk file gone from the run reads as NaN (or 0) without a word: named, not analysed.
     store.check_recorded(path, run_id, attrs=attrs)
     try:
@@ -54,6 +55,15 @@ def analyse_one(path: str, run_id: str) -> dict:
     if attrs["status"] == "diverged":  # its "final" figures are from before the divergence: the table says where
         row.update(diverged_step=int(attrs["diverged_step"]), read_at_step=int(result["step"].values.max()))
     return row
+
+
+def unfinished_reason(status: str, attrs: dict) -> str:
+    """Why an unfinished run is not analysed; a failed one with its error, which no command
+    showed (its traceback is in the run's attributes), and what finishes it."""
+    if status != "failed":
+        return "unfinished"
+    last = (str(attrs.get("traceback") or "").strip().splitlines() or ["no traceback recorded"])[-1]
+    return f"unfinished: it failed with {last}; the command that trained it resumes it"
 
 
 def _analysis_of(path: str, run_id: str, attrs: dict):

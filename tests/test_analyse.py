@@ -538,3 +538,25 @@ def test_analyse_of_one_run_it_could_not_analyse_exits_1_naming_why(three_runs, 
     assert "analysed no run" in out
     assert err.strip().splitlines()[-1] == f"dynamics: run {unfinished} was not analysed: unfinished (interrupted)"
     assert store.open_analysis(copy, unfinished) is None
+
+
+def test_a_failed_run_is_not_analysed_and_its_error_and_what_finishes_it_are_said(three_runs, tmp_path):
+    # analyse said only "unfinished" and the report "once it has finished", as if it would: a
+    # failed run's error was shown by no command but the `dynamics run` that failed
+    import html
+    import re
+
+    from dynamics.report import write_report
+
+    path, unfinished = three_runs
+    s = str(tmp_path / "s.zarr")
+    shutil.copytree(path, s)
+    store.update_run_attrs(s, unfinished, status="failed",
+                           traceback="Traceback (most recent call last):\n  ...\nRuntimeError: boom\n")
+    (row,) = [r for r in analyse_store(s, [unfinished]) if r.get("skipped")]
+    assert row == {"run": unfinished, "status": "failed", "skipped": True,
+                   "reason": "unfinished: it failed with RuntimeError: boom; the command that trained it resumes it"}
+    page = write_report(s, tmp_path / "rep", run_id=unfinished, compute_missing=False)
+    text = re.sub(r"<[^>]+>", "", html.unescape(page.read_text()))
+    assert ("no stored analysis (unfinished: it failed with RuntimeError: boom; the command that trained it resumes "
+            "it; dynamics analyse analyses it once it has finished") in text

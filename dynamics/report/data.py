@@ -15,6 +15,7 @@ import numpy as np
 import xarray as xr
 
 from dynamics import store
+from dynamics.analyse import unfinished_reason
 from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions, is_current
 from dynamics.identity import differing_settings, seed_settings
@@ -51,6 +52,7 @@ class _Run:
     # its stored analysis, or the recordings analysed here, found damaged (a lost chunk, a failed
     # checksum): a line each, for stderr and the command's exit code
     damage: list[str] = field(default_factory=list)
+    unfinished: str = "unfinished"  # analyse.unfinished_reason: a failed run's with its error
 
     @property
     def n_recorded(self) -> int:
@@ -235,6 +237,9 @@ def _pending_runs(index: dict | None, recorded: list[str]) -> list[_Run]:
 def _to_analyse(run: _Run) -> str:
     """What gives a run a stored analysis: `dynamics analyse` skips an unfinished one, so telling
     it to a stopped or interrupted run's reader changed nothing."""
+    if run.status == "failed":  # not "once it has finished": a failed run finishes only if resumed
+        return (f"{run.unfinished}; `dynamics analyse` analyses it once it has finished; without --no-compute the "
+                f"report analyses what it has recorded")
     if _finished(run):
         if run.n_recorded < _MIN_SNAPSHOTS:  # analyse refuses it: telling a reader to run it was no help
             return (f"`dynamics analyse` cannot analyse it: only {run.n_recorded} snapshot(s) recorded, and an "
@@ -267,6 +272,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         recorded=_recorded_mask(ds, attrs) if "snapshot" in ds.dims else np.zeros(0, bool),
         steps=np.asarray(ds["step"].values) if "step" in ds.coords else np.arange(ds.sizes.get("snapshot", 0)),
         settings=seed_settings(attrs.get("config", {})),
+        unfinished=unfinished_reason(status, attrs),
         code=trained_by(attrs),
         execution=trained_on(attrs),
     )
