@@ -242,13 +242,9 @@ def _chg_section(ctx: _Ctx) -> _Section:
     # Over training: the chosen run if it has fits, else the first run with fits.
     rid = chosen if chosen in found else next(iter(found))
     pair, role, source = over[rid]
-    t_over = threshold(pair)
-    if t_over != t:  # the middle panel's regions at its own fit's threshold
-        _chg_regions(ax2, t_over)
-        _chg_regions(ax1, t)
-    else:
-        for ax in (ax1, ax2):
-            _chg_regions(ax, t)
+    t_over = threshold(pair)  # the middle panel's regions at its own fit's threshold
+    _chg_regions(ax1, t)
+    _chg_regions(ax2, t_over)
     steps = pair["step"].values if "step" in pair.coords else np.arange(pair.sizes["snapshot"])
     gp = pair.sel(fit="plus").values.reshape(pair.sizes["snapshot"], -1)
     gm = pair.sel(fit="minus").values.reshape(pair.sizes["snapshot"], -1)
