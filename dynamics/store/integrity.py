@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,19 @@ def _keys(group: Any, prefix: str) -> set[str]:
         return {k async for k in group.store.list_prefix(prefix)}
 
     return _sync(collect())
+
+
+def _stored(loc: _Loc, group: Any, prefix: str) -> Callable[[str], bool]:
+    """Whether the chunk key (from the store's root) under `prefix` is stored.
+
+    On a local store, a file's existence: listing walks every chunk directory (a run's
+    arrays keep one per snapshot and dim), 11 ms for a demo run's 389 against 0.8 ms for
+    its 143 chunk files checked one by one, most of `check_recorded`'s time.
+    """
+    if loc.local is not None:
+        root = os.fspath(loc.local)
+        return lambda key: os.path.isfile(os.path.join(root, key))
+    return _keys(group, prefix).__contains__
 
 
 def _where(loc: _Loc, run_id: str, steps: Any, name: str, arr: Any, coords: tuple[int, ...]) -> str:
@@ -167,11 +181,11 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
         if TRAIN_STEP in dims and not is_coord and train_steps is not None:
             chunk = arr.chunks[dims.index(TRAIN_STEP)]
             ranges[dims.index(TRAIN_STEP)] = range(-(-train_steps // chunk))
-        present = _keys(group, f"{gpath}/{name}/")
+        stored = _stored(loc, group, f"{gpath}/{name}/")
         missing += [(name, c) for c in itertools.product(*ranges)
-                    if f"{gpath}/{name}/{arr.metadata.encode_chunk_key(c)}" not in present]
+                    if not stored(f"{gpath}/{name}/{arr.metadata.encode_chunk_key(c)}")]
     if not every:
-        missing = _unexplained(group, gpath, arrays, missing, snapshots, attrs)
+        missing = _unexplained(loc, group, gpath, arrays, missing, snapshots, attrs)
     if not missing:
         return
     name, coords = missing[0]
@@ -188,7 +202,7 @@ GRADIENT_VARIABLES = ("grad_norm", "importance")
 run completed, and these NaN at that snapshot, which zarr writes as no chunk."""
 
 
-def _unexplained(group: Any, gpath: str, arrays: dict, missing: list, snapshots: list[int],
+def _unexplained(loc: _Loc, group: Any, gpath: str, arrays: dict, missing: list, snapshots: list[int],
                  attrs: dict) -> list[tuple[str, tuple[int, ...]]]:
     """`missing` less the chunks a NaN gradient at a completed run's last snapshot left unwritten.
 
@@ -209,11 +223,11 @@ def _unexplained(group: Any, gpath: str, arrays: dict, missing: list, snapshots:
         return missing
     cosine = arrays["grad_cosine"]
     dims = tuple(cosine.metadata.dimension_names or ())
-    present = _keys(group, f"{gpath}/grad_cosine/")
+    stored = _stored(loc, group, f"{gpath}/grad_cosine/")
     keys = [f"{gpath}/grad_cosine/{cosine.metadata.encode_chunk_key(c)}"
             for c in itertools.product(*(range(n) if d != SNAPSHOT else [last]
                                          for d, n in zip(dims, cosine.cdata_shape, strict=True)))]
-    if any(k in present for k in keys):
+    if any(stored(k) for k in keys):
         return missing
     return [(n, c) for n, c in missing if not at_last(n, c)]
 
