@@ -234,7 +234,6 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
     """
     from dynamics import store
 
-    import_analysers()  # before any run: an interrupt while they import lands after, not inside one
     # a damaged run: its row says so; an empty selection is no run, not every run
     known = store.list_runs(path, damaged="include")
     if run_ids is None:
@@ -259,6 +258,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
                 progress(len(rows), len(ids), row)
 
     if n <= 1:
+        import_analysers()  # before any run: an interrupt while they import lands after, not inside one
         for rid in ids:
             done(rid, analyse_or_report(path, rid))
         return [rows[r] for r in ids]
@@ -298,8 +298,9 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
                                                 initargs=(os.getpid(),)) as pool:
         feeders = [threading.Thread(target=feed, args=(pool,), daemon=True) for _ in range(n - 1)]
         for t in feeders:
-            t.start()
+            t.start()  # the workers are spawned now, and import theirs while this process imports its own
         try:
+            import_analysers()
             while (rid := take()) is not None:
                 done(rid, analyse_or_report(path, rid))
         except BaseException as e:
