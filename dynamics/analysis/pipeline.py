@@ -39,6 +39,9 @@ from dynamics.schema import ANALYSIS_VERSION as ANALYSIS_VERSION  # re-exported:
 from dynamics.schema import D_HEAD, D_MODEL, HEAD, KEY, LAYER, PROBE, QUERY, RUN, SNAPSHOT, WEIGHT, require_dims
 
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
+READS = ("attention", "probe_tokens", "importance", "head_weights")
+"""The run variables `analyse_run` reads (``head_weights`` when recorded), besides coordinates:
+a caller loading a run for it need not read the rest (gradients, gates, losses)."""
 
 
 def is_current(analysis: xr.Dataset) -> bool:
@@ -160,7 +163,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     if options is not None and not isinstance(options, AnalysisOptions):
         raise TypeError(f"options must be an AnalysisOptions, e.g. AnalysisOptions(cluster_threshold=0.2); "
                         f"got {type(options).__name__}")
-    missing = [v for v in ("attention", "probe_tokens", "importance") if v not in ds]
+    missing = [v for v in READS[:3] if v not in ds]
     if missing:
         raise ValueError(f"analyse_run needs the run's variables attention, probe_tokens and importance; "
                          f"{', '.join(missing)} missing from this dataset")
