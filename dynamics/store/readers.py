@@ -17,9 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
-from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as _sync
-from zarr.storage import MemoryStore
 
 if TYPE_CHECKING:  # imported where used: a training process writes, and xarray with pandas took 0.9 s
     import xarray as xr
@@ -49,6 +47,7 @@ from dynamics.store._loc import (
 )
 from dynamics.store.checkpoints import run_status
 from dynamics.store.root import _index_update, _require_store, read_sweep_index, run_attrs
+from dynamics.store.staged import staged_keys
 from dynamics.store.writer import CODECS, DEFAULT_CODEC, EMPTY_CHUNKS_WRITTEN
 
 # --------------------------------------------------------------------------- reading
@@ -250,27 +249,17 @@ def _write_whole(loc: _Loc, gpath: str, ds: xr.Dataset) -> None:
     for name, var in ds.variables.items():
         if var.dtype.kind in "US":  # fixed-width strings have no stable zarr v3 dtype: store vlen
             ds[name] = var.astype(str).astype(object)
-    for var in ds.variables.values():
-        # stale chunk/codec encodings from a source store do not apply here; the runs' codec does
-        var.encoding = {"compressors": CODECS[DEFAULT_CODEC]()}
     ds.attrs = {k: _jsonable(v, k) for k, v in ds.attrs.items()}
     # Every chunk stored, all-NaN ones included, and the group says so: then a chunk file that is
     # not there was lost, and _whole refuses the group instead of zarr reading the fill value
     # (a lost `role` chunk read as role 0, previous_token, for every head).
     ds.attrs[EMPTY_CHUNKS_WRITTEN] = True
-    # xarray encodes into memory, then every key is written at once: to_zarr straight into the
-    # store makes one blocking round trip per array creation, attribute update and chunk (~20 ms
-    # per variable here, 0.5 s per analysis of 30 variables; bench/analysis.py).
-    staged = MemoryStore()
-    ds.to_zarr(staged, mode="w", consolidated=False, zarr_format=3, write_empty_chunks=True)
-
-    async def read_staged() -> list[tuple[str, Any]]:
-        keys = sorted([k async for k in staged.list()], key=lambda k: k == "zarr.json")  # the group last
-        proto = default_buffer_prototype()
-        values = await asyncio.gather(*(staged.get(k, prototype=proto) for k in keys))
-        return list(zip(keys, values, strict=True))
-
-    items = _sync(read_staged())
+    # Encoded into memory, then every key is written at once: to_zarr straight into the store
+    # made one blocking round trip per array creation, attribute update and chunk (~20 ms per
+    # variable here, 0.5 s per analysis of 30 variables; bench/analysis.py), and into memory
+    # still most of the write (store.staged). Stale chunk and codec encodings from a source
+    # store do not apply here; the runs' codec does.
+    items = staged_keys(ds, CODECS[DEFAULT_CODEC])
 
     async def copy(target: Any, prefix: str) -> None:
         await target.delete_dir(prefix)
