@@ -328,6 +328,12 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
         # runs a feeder put back after the pool broke, once this thread had left its loop
         while (rid := take()) is not None:
             done(rid, analyse_or_report(path, rid))
+        if not errors:
+            # Every run is written: the workers' own exit (their interpreters' teardown, 0.5 s in
+            # a demo) is not waited for here, only at this process's exit (concurrent.futures
+            # joins its pools then), so a demo's predictor starts meanwhile. The `with` then
+            # waits for nothing. After an error it still waits, as before.
+            pool.shutdown(wait=False)
     if errors:
         raise errors[0]
     return [rows[r] for r in ids]
