@@ -8,6 +8,9 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from dynamics import store
 from dynamics.report import write_report
 from tests._report_store import _frames, _unwritten_run
@@ -56,3 +59,40 @@ def test_a_diverged_runs_captions_do_not_wait_for_more_snapshots(built, tmp_path
     assert "(the last snapshot recorded before it diverged)" in text and "so far (diverged)" not in text
     live = html.unescape(write_report(path, tmp_path / "live", run_id=ids["C"]).read_text())
     assert "Only 6 of 9 snapshots are recorded so far (stopped)." in live
+
+
+def test_frame_snapshots_keeps_every_recorded_one_up_to_the_cap_and_spreads_the_cap_over_more():
+    from dynamics.report.attention import frame_snapshots
+
+    recorded = np.array([True, False, True, True, False, True])
+    assert frame_snapshots(recorded, cap=4).tolist() == [0, 2, 3, 5]  # all 4 recorded: none dropped
+    assert frame_snapshots(recorded, cap=2).tolist() == [0, 5]  # the first and the last
+    # positions 0, 1.5 (rounded half to even: 2) and 3 among the recorded snapshots 0, 2, 3, 5
+    assert frame_snapshots(recorded, cap=3).tolist() == [0, 3, 5]
+    assert frame_snapshots(np.zeros(3, dtype=bool), cap=5).tolist() == []
+    many = frame_snapshots(np.ones(4001, dtype=bool), cap=250)
+    assert many.size == 250 and many[0] == 0 and many[-1] == 4000
+    assert set(np.diff(many).tolist()) <= {16, 17}  # 4000 / 249 = 16.06: evenly spaced, none repeated
+    with pytest.raises(ValueError, match="cap must be at least 2"):
+        frame_snapshots(recorded, cap=1)
+
+
+def test_a_run_with_more_recorded_snapshots_than_the_cap_shows_the_cap_and_says_so(built, tmp_path, monkeypatch):
+    # A run recorded at every one of 4,000 steps drew 4,000 frames, 3 min 41 s of its report.
+    from dynamics.report import attention
+
+    path, _, ids = built
+    monkeypatch.setattr(attention, "MAX_FRAMES", 4)
+    page = write_report(path, tmp_path / "out", run_id=ids["C"])  # 6 of its 9 snapshots recorded
+    text = html.unescape(page.read_text())
+    frames = _frames(text)
+    steps = store.open_run(path, ids["C"])["step"].values
+    assert [f["step"] for f in frames] == [int(steps[i]) for i in (0, 2, 3, 5)]
+    assert [f["label"] for f in frames] == [f"step {int(steps[i])} (snapshot {i + 1} of 6)" for i in (0, 2, 3, 5)]
+    assert 'max="3"' in text
+    assert ("The slider shows 4 of the 6 recorded snapshots, evenly spaced by snapshot, the first and last "
+            "included (a report draws at most 4); the store holds every one.") in text
+    assert len(list((page.parent / frames[0]["src"]).parent.iterdir())) == 4
+    monkeypatch.setattr(attention, "MAX_FRAMES", 6)  # as many as it recorded: every one, and no such sentence
+    again = html.unescape(write_report(path, tmp_path / "all", run_id=ids["C"]).read_text())
+    assert len(_frames(again)) == 6 and "The slider shows" not in again

@@ -88,7 +88,7 @@ def _chg_fits(path, run: _Run, derived: list[str]) -> list[tuple[xr.DataArray, x
     fitted head are dropped (the labels then come from the positions, and the caption says so).
     """
     fits = []
-    ds = store.open_run(path, run.run_id)
+    ds = store.open_run(path, run.run_id, dask=False)
     if "chg" in ds:
         chg = ds["chg"].load().transpose("snapshot", "layer", "head", "fit")
         fitted = chg.notnull().any([d for d in chg.dims if d != "snapshot"]).values  # NaN: not fitted at that snapshot

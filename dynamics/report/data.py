@@ -259,7 +259,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         # It ended since `attrs` were read: its last loss and recorded snapshots as it ended, not
         # "completed" beside the "-" of a loss it had not written yet (as `dynamics status` does)
         attrs = store.run_attrs(path, run_id)
-    ds = store.open_run(path, run_id)
+    ds = store.open_run(path, run_id, dask=False)  # plain zarr reads: a dask task per chunk cost 3x on long runs
     point = (index or {}).get("runs", {}).get(run_id)
     if point is None:  # no sweep index entry: the swept axes' values from the run's own config
         point = {a: config_value(attrs.get("config", {}), a) for a in (index or {}).get("axes", [])}
@@ -363,7 +363,7 @@ def _chosen_analysis(path, run: _Run, compute_missing: bool, damaged: list[str] 
         return None, f"the run has only {run.n_recorded} recorded snapshot(s)"
     out = run.analysis if run.analysis_source == "computed" else None
     if out is None or "js_distance" not in out:
-        out = _analyse_recorded(store.open_run(path, run.run_id), run.recorded, ["role", "js_distance"])
+        out = _analyse_recorded(store.open_run(path, run.run_id, dask=False), run.recorded, ["role", "js_distance"])
     out = out[[v for v in ("role", "js_distance") if v in out]]
     out.attrs.setdefault("cluster_threshold", AnalysisOptions().cluster_threshold)
     # its JS distances may be what failed, which the runs table (whose figures need none) did not read
