@@ -70,13 +70,13 @@ def _analysis_of(path: str, run_id: str, attrs: dict):
     """The computed analysis of a finished run, or its skipped row when it recorded too few snapshots."""
     from dynamics import store
     from dynamics.analysis import AnalysisOptions, analyse_run
-    from dynamics.analysis.pipeline import READS
+    from dynamics.analysis.pipeline import READS, read_in_blocks
 
     def read(ds):  # what the analysers read: a demo run's gradients, gates and losses took 40 ms more
         return ds[[v for v in READS if v in ds]]
 
     ds = read(store.open_run(path, run_id, dask=False))  # sizes only: nothing is read yet
-    ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else read(store.open_run(path, run_id))
+    ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else read_in_blocks(ds)
     need = AnalysisOptions().baseline_snapshots + 1  # the divergence curve's noise band needs them
     if attrs["status"] == "diverged":
         ds = recorded_before_divergence(ds, attrs["diverged_step"])

@@ -65,6 +65,38 @@ def test_worker_processes_give_the_single_process_results(three_runs, tmp_path):
         assert a.attrs["analysis_version"] == ANALYSIS_VERSION  # readers recompute any other
 
 
+def test_a_run_past_the_in_memory_size_is_read_in_blocks_to_the_same_analysis(three_runs, tmp_path, monkeypatch):
+    # The lazy path read a run one snapshot per dask task; it now reads blocks of snapshots,
+    # each one zarr read (read_in_blocks). Blocks of 2 snapshots here, so edges fall inside.
+    from dynamics import analyse
+    from dynamics.analysis import pipeline
+
+    path, _ = three_runs
+    eager, lazy = str(tmp_path / "eager.zarr"), str(tmp_path / "lazy.zarr")
+    shutil.copytree(path, eager)
+    shutil.copytree(path, lazy)
+    rows = analyse_store(eager)
+    run = rows[0]["run"]
+    attention = store.open_run(path, run, dask=False).attention
+    seen = []
+    blocks = pipeline.read_in_blocks
+
+    def spy(ds):
+        seen.append(blocks(ds))
+        return seen[-1]
+
+    monkeypatch.setattr(analyse, "IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(pipeline, "STAGE_BYTES", 2 * attention.nbytes // attention.sizes["snapshot"])
+    monkeypatch.setattr(pipeline, "read_in_blocks", spy)
+    assert analyse_store(lazy) == rows
+    assert len(seen) == 3 and seen[0].attention.chunksizes["snapshot"] == (2, 2, 2, 2)  # 8 snapshots
+    assert seen[0].probe_tokens.chunks is None  # no snapshot dim: read whole
+    for r in rows:
+        if not r.get("skipped"):
+            xr.testing.assert_identical(store.open_analysis(lazy, r["run"]).load(),
+                                        store.open_analysis(eager, r["run"]).load())
+
+
 def test_rewriting_an_analysis_replaces_it_whole(three_runs):
     path, _ = three_runs
     run_id = store.list_runs(path)[0]
