@@ -391,6 +391,9 @@ def test_teacher_problems_are_config_errors(templated, tmp_path):
     store.init_store(tmp_path / "empty.zarr")
     with pytest.raises(ConfigError, match=r"^intervene.distill.teacher: teacher store .*empty.zarr holds no runs$"):
         interventions.check(config({"distill": {"teacher": str(tmp_path / "empty.zarr")}}))
+    # a teacher URL whose server refuses the connection said "not a dynamics store" (port 1: nothing listens)
+    with pytest.raises(ConfigError, match=r"^intervene.distill.teacher: ftp://127.0.0.1:1/t.zarr: cannot be reached: "):
+        interventions.check(config({"distill": {"teacher": "ftp://127.0.0.1:1/t.zarr"}}))
     both = config({"distill": {"teacher": path}, "templates": {"heads": PINNED}})
     with pytest.raises(ConfigError, match="intervene.distill: head"):
         interventions.check(both)

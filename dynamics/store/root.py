@@ -239,7 +239,10 @@ def _require_store(loc: _Loc) -> dict:
     # written. One read of the root metadata answers both questions.
     try:
         root = _store_root(loc)
-    except Exception:  # unreachable remote, bad URL: as is_store, not a store we can use
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own: the first line of any names it
+        if loc.local is None:  # a refused connection is no missing store: a teacher URL said "not a dynamics store"
+            reason = (str(e).splitlines() or [""])[0] or type(e).__name__
+            raise StoreError(f"{loc}: cannot be reached: {reason}") from None
         root = None
     if root is None:
         raise StoreError(_unreadable_root(loc) or _not_a_store(loc))
