@@ -88,6 +88,36 @@ def test_clusters_are_cut_by_average_linkage_at_the_threshold():
         assert cluster_heads(d).values.ravel().tolist() == want, pair
 
 
+def test_snapshots_whose_heads_are_all_apart_take_no_linkage_and_give_its_labels():
+    # cluster_heads answers "every head its own cluster" without scipy where every pair of
+    # present heads is farther apart than the cut; each snapshot must get what the per-snapshot
+    # linkage gives, at the cut, near it, with ties and missing heads.
+    from dynamics.analysis.redundancy import _cluster_all, _cluster_one
+
+    rng = np.random.default_rng(7)
+    B, L, H = 400, 2, 3
+    d = rng.uniform(0.0, 0.3, size=(B, L, H, L, H))
+    d = 0.5 * (d + d.transpose(0, 3, 4, 1, 2))
+    d[:, np.arange(L)[:, None], np.arange(H), np.arange(L)[:, None], np.arange(H)] = 0.0
+    d[::7] = np.round(d[::7], 1)  # ties, and distances exactly at the cut 0.1
+    d[1::9] += 0.1  # most pairs apart
+    d[2::11, 0, 1] = np.nan  # a missing head
+    d[2::11, :, :, 0, 1] = np.nan
+    for method in ("average", "single", "complete", "weighted"):
+        for threshold in (0.0, 0.1, 0.15):
+            got = _cluster_all(d, threshold, method)
+            want = np.stack([_cluster_one(x, threshold, method) for x in d])
+            assert np.array_equal(got, want), (method, threshold)
+    far = np.full((2, L, H, L, H), 0.5)  # every pair apart: each head alone, in head order
+    far[1, 0, 1] = far[1, :, :, 0, 1] = np.nan  # head (0, 1) missing: -1, and the others close up
+    assert _cluster_all(far, 0.1, "average").tolist() == [[[0, 1, 2], [3, 4, 5]], [[0, -1, 1], [2, 3, 4]]]
+    # a NaN distance between two present heads is never "apart": scipy refuses it, as before
+    bad = far[:1].copy()
+    bad[0, 1, 2, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="must contain only finite values"):
+        _cluster_all(bad, 0.1, "average")
+
+
 def test_planted_clusters_are_recovered():
     jsd = js_distance(two_snapshots())
     planted = jsd.isel(snapshot=1).values.reshape(8, 8)
