@@ -1,4 +1,4 @@
-"""The attention maps of every head of one run, one PNG per snapshot, and the slider markup."""
+"""The attention maps of every head of one run, one PNG per shown snapshot (at most MAX_FRAMES), and the slider markup."""
 
 from __future__ import annotations
 
