@@ -425,15 +425,15 @@ def read_in_blocks(ds: xr.Dataset) -> xr.Dataset:
     zarr fetches together. Opened with dask, a run comes one snapshot per task, and on a run of
     3,997 snapshots those tasks' overhead was 28 s of its 34 s analysis. Variables without a
     snapshot dim (probe_tokens) are read whole: they are small."""
-    out = {}
-    for name, da in ds.data_vars.items():
-        if SNAPSHOT in da.dims:
-            per_snapshot = max(1, da.nbytes // max(1, da.sizes[SNAPSHOT]))
-            whole = {d: -1 for d in da.dims if d != SNAPSHOT}
-            out[name] = da.chunk({**whole, SNAPSHOT: int(max(1, STAGE_BYTES // per_snapshot))})
-        else:
-            out[name] = da.load()
-    return ds.assign(out)
+    return ds.assign({name: da.chunk(_snapshot_blocks(da)) if SNAPSHOT in da.dims else da.load()
+                      for name, da in ds.data_vars.items()})
+
+
+def _snapshot_blocks(da: xr.DataArray) -> dict[str, int]:
+    """Chunks of about STAGE_BYTES along snapshot, whole along every dim but snapshot and run."""
+    per_snapshot = max(1, da.nbytes // max(1, da.sizes[SNAPSHOT]))
+    whole = {d: -1 for d in da.dims if d not in (SNAPSHOT, RUN)}
+    return {**whole, SNAPSHOT: int(max(1, STAGE_BYTES // per_snapshot))}
 
 
 def _in_blocks(da: xr.DataArray) -> xr.DataArray:
@@ -446,9 +446,7 @@ def _in_blocks(da: xr.DataArray) -> xr.DataArray:
     """
     if da.chunks is None or SNAPSHOT not in da.dims:
         return da
-    per_snapshot = max(1, da.nbytes // max(1, da.sizes[SNAPSHOT]))
-    whole = {d: -1 for d in da.dims if d not in (SNAPSHOT, RUN)}
-    return da.chunk({**whole, SNAPSHOT: int(max(1, STAGE_BYTES // per_snapshot))})
+    return da.chunk(_snapshot_blocks(da))
 
 
 def _attention_stage(attn: xr.DataArray, tokens: xr.DataArray, attn0: xr.DataArray, opt: AnalysisOptions,
