@@ -77,6 +77,32 @@ def test_swept_values_with_dollar_signs_are_drawn_as_written():
     assert sorted(groups.labels.values()) == [f"teacher={p}" for p in paths]  # captions (HTML) keep the value as is
 
 
+def test_save_writes_the_pixels_savefig_writes(tmp_path):
+    # _save draws once where savefig drew twice (its layout run a second time): the same PNG
+    # pixels are the claim, on a constrained figure of curves, an image, a colour bar and titles.
+    from PIL import Image
+
+    from dynamics.report.draw import _figure, _save
+
+    def drawn():
+        rng = np.random.default_rng(0)
+        fig = _figure(9, 3)
+        left, right = fig.subplots(1, 2)
+        for k in range(4):
+            left.plot(np.arange(30), rng.random(30), label=f"seed {k}")
+        left.set_ylabel("a long label on the y axis (fraction)")
+        left.legend(fontsize=7)
+        fig.colorbar(right.imshow(rng.random((8, 8))), ax=right, label="weight")
+        fig.suptitle("run r0 · step 10")
+        return fig
+
+    assert _save(drawn(), tmp_path, "ours.png") == "ours.png"
+    drawn().savefig(tmp_path / "savefig.png", dpi=drawn().dpi)
+    ours, theirs = (np.asarray(Image.open(tmp_path / f)) for f in ("ours.png", "savefig.png"))
+    assert ours.shape == theirs.shape == (270, 810, 4)
+    assert (ours == theirs).all()
+
+
 def test_prose_sets_quoted_commands_as_code_after_escaping():
     from dynamics.report.draw import _plain, _prose
 

@@ -84,12 +84,13 @@ def _attention_frames(fig, images, titles, suptitle, attn, run, roles_by_step, l
     from PIL import Image
 
     canvas = fig.canvas
-    canvas.draw()  # runs the constrained layout once, with the widest titles
-    fig.set_layout_engine("none")
     moving = [*images, *titles, suptitle]
     for artist in moving:
         artist.set_animated(True)  # left out of canvas.draw(): the background has no data
+    # One draw both runs the constrained layout (which sizes animated titles too, here the
+    # widest a frame can get) and paints the background; a second full draw cost as much again.
     canvas.draw()
+    fig.set_layout_engine("none")
     background = canvas.copy_from_bbox(fig.bbox)
     L, H = len(layers), len(heads)
     # One read of every shown snapshot (S, L, H, T, T): per-snapshot reads each pay zarr's overhead.
