@@ -23,6 +23,7 @@ pass through. NaN-padded heads get NaN scores and the label "none" from `assign_
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 from numbers import Integral, Real
 
@@ -432,17 +433,28 @@ def _unless_confounded(scores: dict, n: int, max_offset: int, thresholds: RoleTh
     reaches the sink threshold 0.3 up to T = 9 and self's 0.5 up to T = 4, so every head read
     "sink" there; at T <= 3 a sink head scores previous_token(1) = 0.5. NaN never passes.
     """
+    out = dict(scores)
+    for role in _confounded_roles(n, max_offset, thresholds):
+        out[role] = xr.full_like(scores[role], np.nan)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _confounded_roles(n: int, max_offset: int, thresholds: RoleThresholds) -> tuple[str, ...]:
+    """The positional roles `_unless_confounded` blanks over ``n`` positions.
+
+    A function of the probe length and the thresholds alone, so it is worked out once for each:
+    scoring the two reference patterns cost about 27 ms, paid at every `role_scores` call (each
+    block of a run read in blocks, each run the predictor loads).
+    """
     keep = np.tril(np.ones((n, n)))
     uniform = xr.DataArray((keep / keep.sum(1, keepdims=True))[None], dims=(PROBE, QUERY, KEY))  # (1, T, T)
     first = xr.DataArray(np.eye(n)[[0] * n][None], dims=(PROBE, QUERY, KEY))  # (1, T, T): all on key 0
     by_uniform = _positional_baselines(uniform, max_offset, thresholds)
     by_first = _positional_baselines(first, max_offset, thresholds)
-    out = dict(scores)
-    for role in _POSITIONAL_ROLES:
-        limit = getattr(thresholds, role)
-        if by_uniform[role] >= limit or (role != "sink" and by_first[role] >= limit):
-            out[role] = xr.full_like(scores[role], np.nan)
-    return out
+    return tuple(role for role in _POSITIONAL_ROLES
+                 if by_uniform[role] >= getattr(thresholds, role)
+                 or (role != "sink" and by_first[role] >= getattr(thresholds, role)))
 
 
 def assign_roles(scores: xr.Dataset, thresholds: RoleThresholds | None = None) -> xr.DataArray:
