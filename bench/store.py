@@ -16,6 +16,12 @@ Printed per codec: bytes per snapshot (all arrays, and attention alone), compres
 whole process, which other load on the machine does not distort), read throughput (just after
 the write, so from the page cache, not the disk), and the
 codec the store uses next to the rule it was chosen by.
+
+Then the root index (``--index-runs``): the store's root zarr.json indexes every group, and a
+run rewrites it at each of its checkpoints, under the store lock. One update (of one run's
+entry) is timed with the store holding that many runs and their analyses, the entries copies
+of a run written here with the default config in its attributes, against validating and
+serialising the whole root through zarr, as the store did before (median of 5 each, alternated).
 """
 
 from __future__ import annotations
@@ -163,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--snapshots", type=at_least(1), default=30)
     parser.add_argument("--repeats", type=at_least(1), default=3)
+    parser.add_argument("--index-runs", type=at_least(1), nargs="+", default=[12, 100, 500],
+                        help="runs in the store for the root index's update time (default: 12 100 500)")
     args = parser.parse_args(argv)
 
     variables, coords, snapshots, loss = make_run(args.snapshots)
@@ -238,7 +246,63 @@ def main(argv: list[str] | None = None) -> int:
         f"least CPU within 5% of the best ratio: {rule['codec']}"
         + ("" if rule is chosen else "  (differs from the store's choice)")
     )
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_index(args.index_runs, Path(tmp))
     return 0
+
+
+def bench_index(sizes: list[int], tmp: Path) -> None:
+    """Print one root-index update's time at each number of runs in the store (see the docstring)."""
+    import copy
+    import json
+    import statistics
+
+    import xarray as xr
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.group import GroupMetadata
+
+    from dynamics.config import RunConfig
+    from dynamics.store._loc import _Loc
+    from dynamics.store.root import _index_entries
+
+    path = tmp / "index.zarr"
+    variables, coords, snapshots, _ = make_run(2, seed=2)
+    w = store.RunWriter(path, "r0", variables=variables, coords=coords,
+                        attrs={"status": "completed", "config": RunConfig().to_dict()})
+    w.write_snapshot(0, snapshots[0])
+    w.finalize()
+    # an analysis group beside it, for its index entry (a few of analyse_run's attrs)
+    store.write_analysis(path, "r0", xr.Dataset({"importance": (("layer", "head"), snapshots[0]["importance"])},
+                                                attrs={"analysis_version": 1, "kappa": 0.5}))
+    loc = _Loc(path)
+    base = json.loads((path / "zarr.json").read_text())
+    run, analysis = (base["consolidated_metadata"]["metadata"][g] for g in ("runs/r0", "analysis/r0"))
+
+    def zarrs_whole_root() -> None:  # the store's write before: the whole root through zarr
+        root = json.loads((path / "zarr.json").read_text())
+        meta = GroupMetadata.from_dict(copy.deepcopy(root))
+        loc.set("zarr.json", meta.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
+
+    print("\nroot index: one run's entry updated (the store's _index_entries, at every checkpoint of a run), "
+          "against the whole root validated and written through zarr as before (median of 5, alternated)")
+    for n in sizes:
+        root = copy.deepcopy(base)
+        flat = root["consolidated_metadata"]["metadata"]
+        for i in range(1, n):
+            flat[f"runs/r{i}"], flat[f"analysis/r{i}"] = copy.deepcopy(run), copy.deepcopy(analysis)
+        (path / "zarr.json").write_text(json.dumps(root))
+        now: list[float] = []
+        before: list[float] = []
+        calls = ((now, lambda: _index_entries(loc, ["runs/r0"])), (before, zarrs_whole_root))
+        for i in range(5):
+            for times, call in calls[:: 1 if i % 2 == 0 else -1]:  # alternated: neither always runs first
+                t = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - t)
+        a, b = statistics.median(now), statistics.median(before)
+        size = (path / "zarr.json").stat().st_size
+        print(f"  {n:>5} runs ({size / 1024:,.0f} KiB root): {a * 1e3:8.1f} ms; zarr's whole root {b * 1e3:8.1f} ms "
+              f"({b / a:.1f}x)")
 
 
 if __name__ == "__main__":

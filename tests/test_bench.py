@@ -56,6 +56,7 @@ def test_the_batch_line_is_the_least_squares_line_through_the_step_times():
     (bench_record.main, ["--threads", "0"]),
     (bench_store.main, ["--snapshots", "0"]),
     (bench_store.main, ["--repeats", "0"]),
+    (bench_store.main, ["--index-runs", "12", "0"]),
     (bench_sweep.main, ["--workers", "0"]),  # hung: a LocalCluster of no workers
     (bench_sweep.main, ["--repeat", "0"]),
     # the second sweep of a count found its store's runs completed, and timed nothing: ~0 s
@@ -268,8 +269,9 @@ def test_rounding_compares_two_identical_diverged_runs_as_equal(tmp_path):
      ["1. end to end: train_run time / recording=False time", "every step, 2 steps, on, sync writes",
       "2. per snapshot, each piece alone", "all, training thread"]),
     # 3: past the 2 snapshots of the untimed first write, which once failed every larger run
-    ("store.py", ["--snapshots", "3", "--repeats", "1"],
-     ["blosc-zstd-5-shuffle", "<- store", "store uses: zstd-1", "least CPU within 5% of the best ratio: "]),
+    ("store.py", ["--snapshots", "3", "--repeats", "1", "--index-runs", "2", "20"],
+     ["blosc-zstd-5-shuffle", "<- store", "store uses: zstd-1", "least CPU within 5% of the best ratio: ",
+      "root index: one run's entry updated", "     20 runs ("]),
     ("analysis.py", ["--skip-memory", "--steps", "30", "--rounds", "1", "--analyses", "1", "--config", "TINY"],
      ["1. time: analyse_store / train_run on the same store", "(goal <= 10%"]),
     ("analysis.py", ["--skip-time", "--store-mb", "1", "--runs", "1", "--layers", "1", "--heads", "2", "--cap-mb", "256"],
