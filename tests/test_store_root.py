@@ -161,6 +161,30 @@ def test_a_store_of_a_newer_version_is_neither_read_nor_written(tmp_path):
             store.list_runs(path)
 
 
+def test_a_root_accepted_once_is_checked_again_when_its_bytes_or_its_runs_folder_change(tmp_path):
+    # Every store call checks the root; bytes equal to those last accepted are accepted without
+    # being parsed again (7 ms a call with 200 runs indexed). Any other bytes are parsed, and the
+    # runs folder, no part of those bytes, is looked at every time.
+    import shutil
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    good = (path / "zarr.json").read_bytes()
+    assert store.list_runs(path) == ["r1"]
+    newer = json.loads(good)
+    newer["attributes"]["dynamics_store"] = store.STORE_VERSION + 1
+    (path / "zarr.json").write_text(json.dumps(newer))
+    with pytest.raises(StoreError, match="is newer than this package supports"):
+        store.list_runs(path)
+    (path / "zarr.json").write_bytes(good)
+    assert store.list_runs(path) == ["r1"]
+    shutil.move(path / "runs", tmp_path / "runs-aside")
+    (path / "runs").write_text("not a folder")
+    with pytest.raises(StoreError, match="runs is not a folder"):
+        store.run_attrs(path, "r1")
+    assert (path / "zarr.json").read_bytes() == good
+
+
 @pytest.mark.parametrize("index, problem", [
     (5, "5, not a table"),
     ({"axes": "x", "runs": {}}, "axes = 'x', not a list of keys"),

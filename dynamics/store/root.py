@@ -231,9 +231,10 @@ def is_store(path: str | os.PathLike) -> bool:
         return False
 
 
-def _store_root(loc: _Loc) -> dict | None:
-    """The root group metadata if `loc` holds a dynamics store, else None."""
-    root = loc.get_json("zarr.json")
+def _store_root(loc: _Loc, raw: bytes | None = None) -> dict | None:
+    """The root group metadata if `loc` holds a dynamics store, else None (`raw`: its root
+    zarr.json's bytes, already read)."""
+    root = loc.get_json("zarr.json") if raw is None else _json_dict(raw)
     if root and root.get("node_type") == "group" and "dynamics_store" in root.get("attributes", {}):
         return root
     return None
@@ -256,14 +257,43 @@ def check_store(path: str | os.PathLike) -> None:
     named here too, not once a command has analysed the runs (or begun a report) and reads it.
     """
     loc = _Loc(path)
-    _check_index(loc, _require_store(loc))
+    _check_index(loc, _required_root(loc))
 
 
-def _require_store(loc: _Loc) -> dict:
-    # Every reader and writer of the package calls this: a newer layout is neither read nor
-    # written. One read of the root metadata answers both questions.
+_CHECKED_ROOTS: dict[str, bytes] = {}
+"""URL -> the root zarr.json bytes that `_require_store` last accepted there, in this process."""
+_CHECKED_LOCK = threading.Lock()
+
+
+def _require_store(loc: _Loc) -> None:
+    """StoreError unless `loc` holds a dynamics store this package can read and write.
+
+    Every reader and writer of the package calls this, so it must not cost what the store's
+    size does: the root zarr.json indexes every group, and parsing it took 7 ms with 200 runs in
+    the store, at each call (a run's every store read and write; 400 calls for the cross-seed
+    check of 200 runs). The verdict is a function of those bytes alone, so bytes equal to those
+    last accepted (one read and one comparison) are accepted again without parsing them.
+    """
+    raw = None
+    if loc.local is not None:
+        raw = loc.get("zarr.json")
+        with _CHECKED_LOCK:
+            seen = _CHECKED_ROOTS.get(loc.url)
+        if raw is not None and raw == seen:
+            check_sections(loc, ("runs",))  # a folder, not the root's bytes: checked every time
+            return
+    _required_root(loc, raw)
+    if raw is not None:
+        with _CHECKED_LOCK:
+            _CHECKED_ROOTS[loc.url] = raw
+
+
+def _required_root(loc: _Loc, raw: bytes | None = None) -> dict:
+    """`_require_store`, parsing the root (`raw`, those bytes already read): its metadata, for
+    the callers that use it."""
+    # A newer layout is neither read nor written. One read of the root metadata answers both questions.
     try:
-        root = _store_root(loc)
+        root = _store_root(loc, raw)
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own: the first line of any names it
         if loc.local is None:  # a refused connection is no missing store: a teacher URL said "not a dynamics store"
             reason = (str(e).splitlines() or [""])[0] or type(e).__name__
@@ -554,7 +584,7 @@ def write_sweep_index(path: str | os.PathLike, index: dict) -> None:
 def read_sweep_index(path: str | os.PathLike) -> dict | None:
     """The sweep index from the root attrs, or None if the launcher wrote none."""
     loc = _Loc(path)
-    return _check_index(loc, _require_store(loc))
+    return _check_index(loc, _required_root(loc))
 
 
 def _check_index(loc: _Loc, root: dict) -> dict | None:
