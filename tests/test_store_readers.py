@@ -66,6 +66,10 @@ def test_an_analysis_keeps_the_values_and_attributes_it_is_given(tmp_path):
     got = store.open_analysis(path, "r1").load()
     assert got.third.dtype == np.float64 and np.array_equal(got.third.values, thirds.values)
     assert got.attrs == {"fit": {"k": 3}}
+    # without dask (the cross-seed check reads one snapshot): not dask-backed, the same dataset
+    plain = store.open_analysis(path, "r1", dask=False)
+    assert not isinstance(plain.third.variable._data, da.Array)
+    xr.testing.assert_identical(plain.load(), got)
 
 
 def test_a_write_of_what_is_no_group_of_the_store_is_refused(tmp_path):

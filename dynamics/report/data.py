@@ -278,7 +278,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
     )
     stale, unread = False, ""
     try:
-        stored = store.open_analysis(path, run_id, stale="allow")
+        stored = store.open_analysis(path, run_id, stale="allow", dask=False)  # loaded below: no dask graph
         if stored is not None and not is_current(stored):
             stored, stale = None, True  # older analysers' results: not mixed with this version's
         have = [v for v in _RUN_VARS if v in stored] if stored is not None else []
@@ -342,7 +342,7 @@ def _chosen_analysis(path, run: _Run, compute_missing: bool, damaged: list[str] 
     found damaged here and not by the run's row (its JS distances) is added to `damaged`."""
     unread = False
     try:
-        stored = store.open_analysis(path, run.run_id, stale="allow")
+        stored = store.open_analysis(path, run.run_id, stale="allow", dask=False)
         if stored is not None and "js_distance" in stored and is_current(stored):
             out = stored[[v for v in ("role",) if v in stored]].load()
             out.attrs = dict(stored.attrs)
