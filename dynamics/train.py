@@ -305,7 +305,7 @@ def train_run(
     # refused command leaves the store as it found it. Both are decided again under the lock,
     # where the attrs are read again.
     # another run's damaged group is no reason to refuse this one (a damaged run_id: run_attrs names it)
-    prior = store.run_attrs(path, run_id) if run_id in store.list_runs(path, damaged="include") else {}
+    prior = store.run_attrs(path, run_id) if store.run_listed(path, run_id) else {}
     refuse_other_experiment(prior, cfg, path, run_id)
     if prior.get("status") in FINISHED_STATUSES:
         interventions.distill.refuse_other_teacher(prior, cfg, path, run_id)
@@ -345,7 +345,7 @@ apart they end)."""
 def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | None, extra_attrs: dict | None,
                   recording: bool, hash_now: str, started: Callable[[int], None] | None,
                   before_create: Callable[[], None] | None = None) -> RunResult:
-    existing = run_id in store.list_runs(path, damaged="include")
+    existing = store.run_listed(path, run_id)
     prior = store.run_attrs(path, run_id) if existing else {}
     # another process may have started or finished the run since train_run looked
     refuse_other_experiment(prior, cfg, path, run_id)

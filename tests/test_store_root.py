@@ -185,6 +185,24 @@ def test_a_root_accepted_once_is_checked_again_when_its_bytes_or_its_runs_folder
     assert (path / "zarr.json").read_bytes() == good
 
 
+def test_run_listed_answers_as_the_listing_with_damaged_runs_included(tmp_path):
+    # train_run asked `run_id in list_runs(path, damaged="include")`, which reads every run's
+    # group: twice per run a sweep trains. run_listed reads the one run's group, to the same answer.
+    path = tmp_path / "s.zarr"
+    for r in ("r1", "r2", "r3"):
+        write_run(path, r)
+    cut = path / "runs" / "r2" / "zarr.json"
+    cut.write_bytes(cut.read_bytes()[:30])  # cut short: damaged
+    (path / "runs" / "r3" / "zarr.json").unlink()  # gone from beside its arrays: damaged
+    (path / "runs" / "r4").mkdir()  # an empty folder: no run
+    listed = store.list_runs(path, damaged="include")
+    assert listed == ["r1", "r2", "r3"]
+    for run_id in ("r1", "r2", "r3", "r4", "r5", "no such/name", ""):
+        assert store.run_listed(path, run_id) == (run_id in listed), run_id
+    with pytest.raises(StoreError, match="the path does not exist"):  # as list_runs
+        store.run_listed(tmp_path / "elsewhere", "r1")
+
+
 @pytest.mark.parametrize("index, problem", [
     (5, "5, not a table"),
     ({"axes": "x", "runs": {}}, "axes = 'x', not a list of keys"),

@@ -95,6 +95,7 @@ from dynamics.store.root import (
     refresh_index,
     reindex,
     run_attrs,
+    run_listed,
     update_run_attrs,
     write_sweep_index,
 )
@@ -131,6 +132,7 @@ __all__ = [
     "is_remote",
     "is_store",
     "list_runs",
+    "run_listed",
     "local_path",
     "open_analysis",
     "open_derived",

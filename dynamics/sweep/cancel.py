@@ -123,7 +123,7 @@ def given_up(path: str, run_id: str, starts_before: int | None, deaths: int, las
     the summary said failed.
     """
     try:
-        attrs = store.run_attrs(path, run_id) if run_id in store.list_runs(path, damaged="include") else None
+        attrs = store.run_attrs(path, run_id) if store.run_listed(path, run_id) else None
         began = attrs is not None and (starts_before is None or int(attrs.get("starts", 0)) > starts_before)
     except Exception:  # noqa: BLE001 - cannot tell: as a run that began (its failure recorded if it can be)
         began = True
