@@ -461,7 +461,7 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
         `dynamics.analysis.pipeline.is_current` themselves.
     dask : bool
         As :func:`open_run`'s: False opens the arrays lazily indexed, without dask, for a caller
-        that reads a small part of them (about a third less time to open an analysis).
+        that reads a small part of them (about a quarter less time to open an analysis).
 
     Raises
     ------
