@@ -263,7 +263,7 @@ def bench_index(sizes: list[int], tmp: Path) -> None:
 
     from dynamics.config import RunConfig
     from dynamics.store._loc import _Loc
-    from dynamics.store.root import _index_entries
+    from dynamics.store.index import _index_entries
 
     path = tmp / "index.zarr"
     variables, coords, snapshots, _ = make_run(2, seed=2)

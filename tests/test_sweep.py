@@ -119,9 +119,12 @@ def test_run_sweep_then_rerun_skips_everything(tmp_path, threaded_cluster, monke
         meta["consolidated_metadata"]["metadata"][f"runs/{p.run_id}"]["attributes"]["status"] = "running"
     root.write_text(json.dumps(meta))
     before = {p.run_id: store.run_attrs(path, p.run_id) for p in points}
+    from dynamics.store import index as store_index
+
     writes = []
-    real_write = store_root._write_root
-    monkeypatch.setattr(store_root, "_write_root", lambda loc, meta: (writes.append(1), real_write(loc, meta)))
+    real_write = store_index._write_root
+    for module in (store_root, store_index):  # the sweep index is written from root, the index entries from index
+        monkeypatch.setattr(module, "_write_root", lambda loc, meta: (writes.append(1), real_write(loc, meta)))
     again = run_sweep(cfg, path, progress=False)  # nothing to do: no cluster is even started
     assert len(writes) == 2  # the sweep index, then every stale entry at once (one each was quadratic)
     assert again.skipped == [p.run_id for p in points] and again.counts == {"completed": 2}

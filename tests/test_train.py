@@ -205,7 +205,7 @@ def test_a_kill_between_the_last_attrs_and_their_index_entry_is_mended_by_the_ne
     # running: the same command skipped the run as finished and nothing ever rewrote its entry.
     import xarray as xr
 
-    from dynamics.store import root, writer
+    from dynamics.store import index, root, writer
 
     path = str(tmp_path / "s.zarr")
     real = root._index_update
@@ -226,7 +226,8 @@ def test_a_kill_between_the_last_attrs_and_their_index_entry_is_mended_by_the_ne
             raise error
 
         with monkeypatch.context() as m:
-            m.setattr(root, "_write_root", unwritable)
+            for module in (root, index):
+                m.setattr(module, "_write_root", unwritable)
             assert train_run(cfg, path).status == "completed"
     assert xr.open_zarr(path, group=f"runs/{cfg.run_id()}").attrs["status"] == "running"
     assert train_run(cfg, path).status == "completed"  # skipped: nothing retrained

@@ -32,6 +32,8 @@ index (they open groups with ``consolidated=False``), so a stale index can only 
 plain-xarray users; :func:`reindex` rebuilds it from the groups on disk, and
 :func:`refresh_index` mends the entries of given runs (``dynamics run`` and ``sweep`` do, for
 the finished runs they skip: a kill after a run's last attributes left its entry stale).
+The index is kept by `dynamics.store.index`: each update validates the entries it puts in and
+writes the root by json's C encoder, since its size, and so each rewrite's cost, grows with the runs.
 
 Locations
 ---------
@@ -70,6 +72,7 @@ from dynamics.store.checkpoints import (
     run_status,
     write_checkpoint,
 )
+from dynamics.store.index import deferred_index
 from dynamics.store.integrity import check_recorded, failed_checksum, unreadable_chunk
 from dynamics.store.readers import (
     StaleAnalysisWarning,
@@ -85,7 +88,6 @@ from dynamics.store.root import (
     check_folders,
     check_store,
     damaged_root,
-    deferred_index,
     has_run,
     init_store,
     is_finished,

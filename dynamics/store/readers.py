@@ -46,7 +46,8 @@ from dynamics.store._loc import (
     new_dir,
 )
 from dynamics.store.checkpoints import run_status
-from dynamics.store.root import _index_update, _require_store, read_sweep_index, run_attrs
+from dynamics.store.index import _index_update
+from dynamics.store.root import _require_store, read_sweep_index, run_attrs
 from dynamics.store.staged import staged_keys
 from dynamics.store.writer import CODECS, DEFAULT_CODEC, EMPTY_CHUNKS_WRITTEN
 

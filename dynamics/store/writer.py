@@ -23,7 +23,8 @@ from dynamics.store._loc import (
     _locked,
     _unreadable_member,
 )
-from dynamics.store.root import _index_update, _update_group_attrs, init_store
+from dynamics.store.index import _index_update
+from dynamics.store.root import _update_group_attrs, init_store
 
 TRAIN_STEP_CHUNK = 4096
 
