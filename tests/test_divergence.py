@@ -295,6 +295,26 @@ def test_extra_run_dim_with_nan_padded_head():
     np.testing.assert_array_equal(fi.isel(snapshot=0, run=0).values, 0.0)
 
 
+def test_a_head_with_an_all_zero_row_is_nan_not_a_distance():
+    # No distribution: smoothed it summed to eps and sat about 0.59 from every real pattern.
+    a = random_attn(seed=12)
+    values = a.values.copy()
+    values[1, 0, 2, 1, 4] = 0.0  # snapshot 1, layer 0, head 2, probe 1, query 4: no mass at all
+    zeroed = a.copy(data=values)
+    d = js_distance(zeroed)
+    bad = dict(snapshot=1, layer=0, head=2)
+    assert np.isnan(d.isel(bad).values).all()
+    assert np.isnan(d.isel(snapshot=1, layer_b=0, head_b=2).values).all()
+    fine = d.isel(snapshot=1, head=[0, 1], head_b=[0, 1])
+    np.testing.assert_array_equal(fine.values, js_distance(a).isel(snapshot=1, head=[0, 1], head_b=[0, 1]).values)
+    np.testing.assert_array_equal(d.isel(snapshot=0).values, js_distance(a).isel(snapshot=0).values)
+    aligned = js_distance(zeroed, a)
+    assert np.isnan(float(aligned.isel(bad))) and np.isfinite(aligned.drop_isel(head=2).values).all()
+    # a row that sums to 0 through its visible keys alone: mass on hidden keys does not count
+    values[1, 0, 2, 1, 4, 5] = 1.0
+    assert np.isnan(js_distance(a.copy(data=values)).isel(bad).values).all()
+
+
 # ----------------------------------------------------------------------------- weights
 
 

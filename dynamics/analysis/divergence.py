@@ -101,7 +101,9 @@ def js_distance(
 
     in nats. D is 0 for identical patterns, symmetric, and bounded by sqrt(ln 2) ~ 0.833;
     the bound is approached by disjoint one-hot rows over many keys (smoothing keeps it
-    strictly below, and a query that sees one key always contributes 0). Clark et al. sum
+    strictly below, and a query that sees one key always contributes 0). A row with no mass
+    on its visible keys is no distribution, so a head with one such row is NaN to every head,
+    as a missing (NaN) head is. Clark et al. sum
     over tokens; the mean here keeps D comparable across probe lengths. The root of the
     mean is a metric on the concatenated rows (Endres & Schindelin 2003).
 
