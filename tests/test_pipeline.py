@@ -101,13 +101,9 @@ def test_a_sink_head_is_not_slash_dominant():
     assert np.isnan(r.slash_emergence_step)
 
 
-def test_a_shorter_run_in_a_sweep_ends_at_its_own_last_snapshot():
-    # open_sweep pads a run with fewer snapshots with NaN at the end, step included (run,
-    # snapshot). The "from here to the end" analysers must end that run at its last recorded
-    # snapshot, as when it is analysed alone, not read the padding as its final stretch.
-    ds = sweep_like()
-    n = 5
-    alone = ds.sel(run="b").isel(snapshot=slice(0, n))
+def shorter_b(ds, n):
+    """`ds` as open_sweep pads it when run b recorded only its first n snapshots: NaN after
+    them, step included (run, snapshot)."""
     padded = ds.copy(deep=True)
     for name in ("attention", "importance", "head_weights"):
         values = padded[name].values
@@ -115,7 +111,17 @@ def test_a_shorter_run_in_a_sweep_ends_at_its_own_last_snapshot():
         padded[name] = (padded[name].dims, values)
     step = np.tile(ds.step.values.astype(np.float64), (2, 1))
     step[1, n:] = np.nan
-    padded = padded.drop_vars("step").assign_coords(step=(("run", "snapshot"), step))
+    return padded.drop_vars("step").assign_coords(step=(("run", "snapshot"), step))
+
+
+def test_a_shorter_run_in_a_sweep_ends_at_its_own_last_snapshot():
+    # open_sweep pads a run with fewer snapshots with NaN at the end, step included (run,
+    # snapshot). The "from here to the end" analysers must end that run at its last recorded
+    # snapshot, as when it is analysed alone, not read the padding as its final stretch.
+    ds = sweep_like()
+    n = 5
+    alone = ds.sel(run="b").isel(snapshot=slice(0, n))
+    padded = shorter_b(ds, n)
     got = analyse_run(padded).load().sel(run="b")
     want = analyse_run(alone).load()
     # run b picked from the sweep keeps the padding, with a 1-D step that is NaN there
@@ -458,6 +464,19 @@ def test_too_few_snapshots_are_refused_naming_how_many_are_needed():
     # bifurcation_step raised "n_baseline=3 must be >= 2 and < the 2 snapshots", an option's inner name
     with pytest.raises(ValueError, match=r"^2 snapshot\(s\) given; the analysis needs >= 4 "):
         analyse_run(sweep_like().isel(snapshot=[0, 1]))
+
+
+@pytest.mark.parametrize("pick", [False, True])
+def test_a_sweep_run_with_too_few_recorded_snapshots_is_refused_not_read_as_never_bifurcating(pick):
+    # Counted by the sweep's padded snapshot dim (7), run b's 3 passed, and its bifurcation came
+    # out NaN, which summary_row prints as "never left its noise band": alone it is refused.
+    padded = shorter_b(sweep_like(), 3)
+    with pytest.raises(ValueError, match=r"^3 snapshot\(s\) given; the analysis needs >= 4 "):
+        analyse_run(padded.sel(run="b").isel(snapshot=slice(0, 3)))
+    name = "" if pick else r"run b: "
+    with pytest.raises(ValueError, match=rf"^{name}3 snapshot\(s\) given; the analysis needs >= 4 "):
+        analyse_run(padded.sel(run="b") if pick else padded)
+    assert analyse_run(shorter_b(sweep_like(), 4)).sizes["run"] == 2  # 4 recorded: analysed
 
 
 def one_run(n_snapshots, seed=0):

@@ -13,7 +13,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import xarray as xr
 
-from dynamics.analysis.bifurcation import bifurcation_step, commitment_step, last_recorded, winner_take_all
+from dynamics.analysis.bifurcation import (
+    STEP,
+    bifurcation_step,
+    commitment_step,
+    last_recorded,
+    recorded,
+    winner_take_all,
+)
 from dynamics.analysis.divergence import (
     js_distance,
     mean_within_layer_divergence,
@@ -182,8 +189,11 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         tokens = tokens.astype(np.int64)
     _refuse_unwritten(ds)
     need = opt.baseline_snapshots + 1
-    if ds.sizes.get(SNAPSHOT, 0) < need:  # bifurcation_step said only "n_baseline=3 must be ... < the 1 snapshots"
-        raise ValueError(f"{ds.sizes.get(SNAPSHOT, 0)} snapshot(s) given; the analysis needs >= {need} "
+    have, short = _fewest_recorded(ds)
+    if have < need:  # bifurcation_step said only "n_baseline=3 must be ... < the 1 snapshots"
+        # A sweep's shorter run is padded to the longest one's snapshots: counted by the padding,
+        # it passed, and its bifurcation came out NaN, which reads as "never left its band".
+        raise ValueError(f"{short}{have} snapshot(s) given; the analysis needs >= {need} "
                          f"(options.baseline_snapshots + 1: the divergence curve's noise band and one more)")
     T = attn.sizes["query"]
     # Gathered, then made one Dataset: each `out[name] = ...` merged and aligned the growing
@@ -264,6 +274,19 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         baseline_snapshots=opt.baseline_snapshots,
     )
     return out
+
+
+def _fewest_recorded(ds: xr.Dataset) -> tuple[int, str]:
+    """The fewest snapshots any run of `ds` recorded (padding, NaN steps, not counted), and
+    ``"run <id>: "`` naming that run when `ds` holds several, else ``""``."""
+    n = ds.sizes.get(SNAPSHOT, 0)
+    if n == 0 or STEP not in ds.coords or SNAPSHOT not in ds[STEP].dims:
+        return n, ""
+    counts = recorded(ds[STEP]).sum(SNAPSHOT).compute()  # step is small: (snapshot,) or (run, snapshot)
+    fewest = int(counts.min())
+    if RUN not in counts.dims:
+        return fewest, ""
+    return fewest, f"run {ds[RUN].values[int(np.argmin(counts.values))]}: "
 
 
 def _refuse_unwritten(ds: xr.Dataset) -> None:
