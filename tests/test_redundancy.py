@@ -350,3 +350,20 @@ def test_cross_seed_consistency_lazy_and_validates():
     np.testing.assert_allclose(eager.similarity.sel(group="a").values, [1.0, 1.0], rtol=1e-12)
     with pytest.raises(ValueError, match="run_group"):
         cross_seed_consistency(prof, ["a", "a"])
+
+
+def test_cross_seed_consistency_matches_a_labelled_run_group_by_run_not_by_position():
+    # Read by position, labels in another run order paired r0 with r2 (0.577) instead of r1 (1.0).
+    e = np.eye(3)
+    runs = ["r0", "r1", "r2"]
+    prof = xr.DataArray(np.stack([e, e[[2, 0, 1]], np.ones((3, 3))])[:, None],
+                        dims=("run", "layer", "head", "feature"), coords={"run": runs})
+    in_order = xr.DataArray(["A", "A", "B"], dims="run", coords={"run": runs})
+    shuffled = in_order.isel(run=[1, 2, 0])
+    for group in (in_order, shuffled, ["A", "A", "B"]):
+        out = cross_seed_consistency(prof, group)
+        assert list(zip(out.run_a.values, out.run_b.values, strict=True)) == [("r0", "r1")]
+        assert float(out.similarity.sel(group="A")) == pytest.approx(1.0, abs=1e-12)
+    for other in (in_order.assign_coords(run=["r0", "r1", "x"]), in_order.isel(run=[0, 1])):
+        with pytest.raises(ValueError, match=r"^run_group's run labels \['r0', 'r1'"):
+            cross_seed_consistency(prof, other)

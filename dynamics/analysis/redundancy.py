@@ -341,7 +341,8 @@ def cross_seed_consistency(
         share when the token never occurs).
     run_group : array-like, DataArray or str
         Group label per run, shape (run,) (same config, different seeds), or the name of a
-        coordinate of ``profiles`` along run. Labels decide which pairs exist, so they are
+        coordinate of ``profiles`` along run. A DataArray with run labels is matched to
+        ``profiles`` by label (it must hold the same runs); an array by position. Labels decide which pairs exist, so they are
         read into memory (metadata, not data).
     feature_dim : str
         Name of the profile dim.
@@ -368,6 +369,13 @@ def cross_seed_consistency(
     """
     if isinstance(run_group, str):
         run_group = profiles[run_group]
+    if isinstance(run_group, xr.DataArray) and RUN in run_group.indexes and RUN in profiles.indexes:
+        # by label, as xarray would: read by position, a DataArray in another run order
+        # paired the wrong seeds without a word
+        mine, theirs = profiles.indexes[RUN], run_group.indexes[RUN]
+        if not (theirs.is_unique and len(theirs) == len(mine) and set(theirs) == set(mine)):
+            raise ValueError(f"run_group's run labels {list(theirs)} are not those of profiles {list(mine)}")
+        run_group = run_group.sel({RUN: mine})
     groups = np.asarray(run_group.values if isinstance(run_group, xr.DataArray) else run_group)
     n_run = profiles.sizes[RUN]
     if groups.shape != (n_run,):

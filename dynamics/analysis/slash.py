@@ -14,8 +14,8 @@ Sources
 Every function takes and returns `xarray.DataArray`s with named dims (see `dynamics.schema`).
 Attention is ``(..., snapshot, layer, head, probe, query, key)``: causal softmax rows, stored
 as float16, so sums are taken in float32/float64. Leading dims such as ``run`` pass through, and
-NaN-padded heads (a sweep over head counts) come out as NaN scores and False flags. Nothing is
-computed eagerly: dask-backed inputs give dask-backed outputs.
+NaN-padded heads (a sweep over head counts) come out as NaN scores and NaN flags (undefined,
+not False). Nothing is computed eagerly: dask-backed inputs give dask-backed outputs.
 """
 
 from __future__ import annotations
