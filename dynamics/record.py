@@ -4,8 +4,11 @@ A snapshot turns the live model into named numpy blocks (see ``schema.RUN_VARIAB
 attention on a fixed probe batch (one batched eager forward), per-head gradient norms
 and gate gradients taken from the gradients the training step already computed (no extra
 backward pass), and held-out loss per task component. The importance is |dL/dg| of the
-batch-mean loss: the batch form of Michel et al. 2019's E_x |dL(x)/dg|, which would need
-per-example gradients; per-example gradients that cancel within a batch make it smaller.
+batch's training objective (the mean loss, with any intervention's terms; not learned gates'
+L1). Times the gate g it is the batch form of Michel et al. 2019's E_x |dL(x)/dxi|, xi a gate
+held at 1 on the head's output (`dynamics.analysis.bifurcation.head_importance`; the same
+where g = 1, fixed gates), which would need per-example gradients; per-example gradients that
+cancel within a batch make it smaller.
 The trainer hands the blocks to the store; nothing here touches zarr.
 """
 

@@ -592,3 +592,23 @@ def test_a_failed_run_is_not_analysed_and_its_error_and_what_finishes_it_are_sai
     text = re.sub(r"<[^>]+>", "", html.unescape(page.read_text()))
     assert ("no stored analysis (unfinished: it failed with RuntimeError: boom; the command that trained it resumes "
             "it; dynamics analyse analyses it once it has finished") in text
+
+
+def test_a_learned_gate_runs_winner_take_all_is_of_michels_importance(tmp_path):
+    # analyse reads the gates with the importance: winner_take_all is the Gini of g |dL/dg|
+    # (Michel et al.'s |dL/dxi|), not of |dL/dg|, which made a shut head its layer's largest
+    from dynamics.analysis.bifurcation import head_importance, winner_take_all
+    from tests.conftest import TINY
+
+    cfg_path = tmp_path / "tiny.toml"
+    cfg_path.write_text(TINY.format(steps=8, every=4))
+    cfg = with_values(load_config(cfg_path), {"model.gates": "learned", "model.gate_init": -1.0})
+    path = str(tmp_path / "gates.zarr")
+    train_run(cfg, path)
+    [row] = analyse_store(path)
+    assert not row.get("skipped")
+    run = store.open_run(path).load()
+    assert float(run.gate.max()) < 0.5  # sigmoid(-1) = 0.27: far from fixed gates' 1
+    got = store.open_analysis(path).winner_take_all.values
+    np.testing.assert_allclose(got, winner_take_all(head_importance(run.importance, run.gate)).values, rtol=1e-6)
+    assert not np.allclose(got, winner_take_all(run.importance).values, rtol=1e-3)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dynamics.analysis.bifurcation import bifurcation_step, commitment_step, gini, winner_take_all
+from dynamics.analysis.bifurcation import bifurcation_step, commitment_step, gini, head_importance, winner_take_all
 
 
 def _refuse(*args, **kwargs):
@@ -244,3 +244,17 @@ def test_winner_take_all_is_undefined_for_a_layer_of_one_head():
     imp = xr.DataArray([[[2.0, np.nan, np.nan], [1.0, 3.0, np.nan], [0.0, 0.0, 5.0]]], dims=("snapshot", "layer", "head"))
     np.testing.assert_allclose(winner_take_all(imp).values, [[np.nan, 0.25, 2 / 3]])
     assert np.isnan(winner_take_all(imp.isel(head=[0]))).all()
+
+
+def test_head_importance_is_the_gate_times_the_recorded_gradient():
+    # Michel et al.'s xi sits on the head's output g z: dL/dxi = g dL/dg, with g in [0, 1].
+    imp = xr.DataArray([[[2.0, 2.0, np.nan], [1.0, 4.0, 3.0]]], dims=("snapshot", "layer", "head"), name="importance")
+    gate = xr.DataArray([[[1.0, 0.25, 1.0], [0.5, 0.0, 1.0]]], dims=("snapshot", "layer", "head"))
+    out = head_importance(imp, gate)
+    np.testing.assert_array_equal(out.values, [[[2.0, 0.5, np.nan], [0.5, 0.0, 3.0]]])
+    assert out.name == "importance" and out.dims == imp.dims
+    assert head_importance(imp) is imp  # fixed gates: g = 1
+    np.testing.assert_array_equal(head_importance(imp, gate * 0 + 1).values, imp.values)
+    # the Gini sees a shut head as carrying nothing, not as the layer's largest
+    np.testing.assert_allclose(winner_take_all(out).values, [[0.3, 4 / 7]])  # sum|xi - xj| / (2 n^2 mean)
+    np.testing.assert_allclose(winner_take_all(imp).values, [[0.0, 0.25]])

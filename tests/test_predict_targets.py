@@ -193,6 +193,26 @@ def test_a_nan_importance_leaves_its_peers_ranked():
                                [0.5, np.nan, np.nan, np.nan])
 
 
+def test_the_importance_target_and_features_are_michels_gate_times_the_recorded_gradient():
+    # With learned gates the recorded |dL/dg| is not Michel et al.'s |dL/dxi| = g |dL/dg|: a
+    # nearly shut head (g 0.01) ranked first in its layer on |dL/dg| alone.
+    from dynamics.predict.features import head_features
+
+    imp = np.array([[[4.0, 3.0, 2.0, 1.0]]])  # (snapshot, layer, head): recorded |dL/dg|
+    gate = np.array([[[0.01, 1.0, 1.0, 1.0]]])  # michel: 0.04, 3, 2, 1
+    ds = xr.Dataset({"importance": (("snapshot", "layer", "head"), imp), "gate": (("snapshot", "layer", "head"), gate)},
+                    coords={"step": ("snapshot", [100]), "layer": [0], "head": [0, 1, 2, 3]})
+    expected = [[0.0, 1.0, 2 / 3, 1 / 3]]
+    np.testing.assert_allclose(predict.final_targets(ds, "importance").target.values, expected)
+    feats = head_features(ds)
+    np.testing.assert_allclose(feats.sel(feature="importance_rank_h").values, expected)
+    np.testing.assert_allclose(feats.sel(feature="importance_h").values, np.log10(imp[0] * gate[0] + 1e-12))
+    # fixed gates (g = 1) and no gate recorded give the recorded value itself
+    ones = ds.assign(gate=ds.gate * 0 + 1)
+    np.testing.assert_array_equal(predict.final_targets(ones, "importance").target.values,
+                                  predict.final_targets(ds.drop_vars("gate"), "importance").target.values)
+
+
 def test_stored_analysis_under_other_thresholds_is_not_read_as_the_target():
     # The curve records the thresholds of its options; a stored analysis made under others
     # defines another target, so the target is recomputed (or refused without attention).

@@ -589,6 +589,15 @@ def test_a_snapshot_holds_its_checkpoint_weights_and_their_gradient_on_that_step
     np.testing.assert_array_equal(ds.gate.values, g.numpy())
     dl_dg = torch.stack(grads[len(weights):]) / (g * (1 - g))  # (L, H)
     np.testing.assert_allclose(ds.importance.values, dl_dg.abs().numpy(), rtol=1e-4)
+    # Michel et al.'s: a gate xi held at 1 on each head's output, dL/dxi = g dL/dg (not dL/dg)
+    from dynamics.analysis.bifurcation import head_importance
+
+    xi = torch.ones(len(attn), g.shape[1], requires_grad=True)
+    (dl_dxi,) = torch.autograd.grad(F.cross_entropy(model(tokens[:, :-1], head_gates=xi).flatten(0, 1),
+                                                    tokens[:, 1:].flatten()), xi)
+    michel = head_importance(ds.importance, ds.gate).values
+    np.testing.assert_allclose(michel, dl_dxi.abs().numpy(), rtol=1e-4)
+    assert not np.allclose(ds.importance.values, dl_dxi.abs().numpy(), rtol=1e-2)  # g is far enough from 1
     assert store.run_attrs(path, cfg.run_id())["last_loss"] == loss.item()
 
     probe = torch.from_numpy(ds.probe_tokens.values)

@@ -249,6 +249,45 @@ def gini(x: xr.DataArray, dim: str = HEAD) -> xr.DataArray:
     return xr.where((total == 0) & (n > 0), 0.0, g).rename("gini")
 
 
+def head_importance(importance: xr.DataArray, gate: xr.DataArray | None = None) -> xr.DataArray:
+    """Michel et al. 2019's head importance from the recorded ``importance`` and ``gate``.
+
+    Michel et al. put a gate xi, held at 1, on each head's output and take |dL/dxi|. The
+    recorder stores |dL/dg| for the model's own gate g (what training's backward gives); the
+    head's output is g z, so a xi on it has dL/dxi = g dL/dg, and with g >= 0
+
+    .. math::
+
+        I_{l,h} = g_{l,h} \\, |\\partial L / \\partial g_{l,h}|
+
+    It is the recorded value itself where g = 1 (fixed gates, the default; ``gate`` None
+    means those). With learned gates |dL/dg| alone is what a head would matter if it were
+    opened: a nearly shut head (g = 0.02) read about 50 times as important as it is.
+
+    Parameters
+    ----------
+    importance : DataArray
+        The recorded |dL/dg|, dims (..., snapshot, layer, head).
+    gate : DataArray, optional
+        The recorded gate values, same dims; None for fixed gates (g = 1).
+
+    Returns
+    -------
+    DataArray
+        Same dims, non-negative, NaN where either input is.
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> imp = xr.DataArray([[2.0, 2.0]], dims=("layer", "head"))
+    >>> head_importance(imp, xr.DataArray([[1.0, 0.25]], dims=("layer", "head"))).values.tolist()
+    [[2.0, 0.5]]
+    """
+    if gate is None:
+        return importance
+    return (importance * gate).rename(importance.name)
+
+
 def winner_take_all(importance: xr.DataArray) -> xr.DataArray:
     """Concentration of head importance within each layer: Gini across heads.
 
@@ -256,7 +295,8 @@ def winner_take_all(importance: xr.DataArray) -> xr.DataArray:
 
         WTA_l = G(I_{l,1}, \\dots, I_{l,H}) \\in [0, (H-1)/H]
 
-    with I the head importance of Michel et al. 2019 (non-negative). 0: all heads of a
+    with I the head importance of Michel et al. 2019 (non-negative; :func:`head_importance`
+    makes it from what a run records). 0: all heads of a
     layer matter equally; (H-1)/H: one head carries the layer. A layer with fewer than two
     (non-missing) heads has no heads to compare: NaN, not the Gini of one value (0), which
     would read as "importance evenly spread".
@@ -264,7 +304,7 @@ def winner_take_all(importance: xr.DataArray) -> xr.DataArray:
     Parameters
     ----------
     importance : DataArray
-        Dims (..., snapshot, layer, head).
+        Michel et al.'s I (:func:`head_importance`), dims (..., snapshot, layer, head).
 
     Returns
     -------

@@ -17,6 +17,7 @@ from dynamics.analysis.bifurcation import (
     STEP,
     bifurcation_step,
     commitment_step,
+    head_importance,
     last_recorded,
     recorded,
     winner_take_all,
@@ -46,9 +47,9 @@ from dynamics.schema import ANALYSIS_VERSION as ANALYSIS_VERSION  # re-exported:
 from dynamics.schema import D_HEAD, D_MODEL, HEAD, KEY, LAYER, PROBE, QUERY, RUN, SNAPSHOT, WEIGHT, require_dims
 
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
-READS = ("attention", "probe_tokens", "importance", "head_weights")
-"""The run variables `analyse_run` reads (``head_weights`` when recorded), besides coordinates:
-a caller loading a run for it need not read the rest (gradients, gates, losses)."""
+READS = ("attention", "probe_tokens", "importance", "gate", "head_weights")
+"""The run variables `analyse_run` reads (``gate`` and ``head_weights`` when recorded), besides coordinates:
+a caller loading a run for it need not read the rest (gradients, losses)."""
 
 
 def is_current(analysis: xr.Dataset) -> bool:
@@ -247,7 +248,9 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     # mean in its band (a run with four induction heads read "never"; its layers left theirs at
     # steps 32 and 100)
     parts["layer_bifurcation_step"] = bifurcation_step(parts["within_layer_divergence"], n_baseline=opt.baseline_snapshots)
-    parts["winner_take_all"] = winner_take_all(_in_blocks(ds["importance"]))
+    # Michel et al.'s importance: the recorded |dL/dg| times g (the same where g = 1)
+    importance = head_importance(ds["importance"], ds["gate"] if "gate" in ds else None)
+    parts["winner_take_all"] = winner_take_all(_in_blocks(importance))
 
     clusters = cluster_heads(jsd, threshold=opt.cluster_threshold)
     parts["cluster"] = clusters

@@ -13,9 +13,9 @@ Targets (``TARGETS``), all at the final snapshot:
 - ``slash``: slash-dominant or not (Cheng et al. 2026, kappa of `AnalysisOptions`), AUROC;
   the offset of each head's best slash score is kept next to it.
 - ``role``: the role label of `dynamics.analysis.roles.assign_roles`, balanced accuracy.
-- ``importance``: rank of the head's recorded importance within its layer, scaled to [0, 1]
-  (|dL/dg| of the batch-mean loss, the batch form of Michel et al. 2019's), Spearman
-  correlation.
+- ``importance``: rank of the head's importance within its layer, scaled to [0, 1]
+  (Michel et al. 2019's in its batch form: the gate times the recorded |dL/dg| of the
+  batch-mean loss, `dynamics.analysis.bifurcation.head_importance`), Spearman correlation.
 - ``chg``: the causal-head-gating class recorded in ``chg_role`` (Nam et al. 2025), where
   fitted (code >= 0), balanced accuracy.
 - ``redundant``: the head shares its JS-distance cluster with another head

@@ -8,6 +8,7 @@ import numpy as np
 import xarray as xr
 from scipy.stats import rankdata
 
+from dynamics.analysis.bifurcation import head_importance
 from dynamics.analysis.divergence import divergence_from_init, js_distance
 from dynamics.analysis.pipeline import AnalysisOptions
 from dynamics.analysis.roles import ROLES, role_scores
@@ -199,7 +200,8 @@ def head_features(early: xr.Dataset, options: AnalysisOptions | None = None) -> 
                 out[f"grad_cosine_{w}_h"] = values[-1, ..., i] if len(values) > 1 else np.full((L, H), np.nan)
 
     if "importance" in early:
-        imp = np.asarray(early["importance"].transpose(SNAPSHOT, LAYER, HEAD).values, dtype=np.float64)
+        imp = head_importance(early["importance"], early["gate"] if "gate" in early else None)  # Michel et al.'s
+        imp = np.asarray(imp.transpose(SNAPSHOT, LAYER, HEAD).values, dtype=np.float64)
         _trajectory(out, "importance", np.log10(imp + _TINY), t)
         out["importance_rank_init"] = _rank_in_layer(imp[0])
         out["importance_rank_h"] = _rank_in_layer(imp[-1])

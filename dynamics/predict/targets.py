@@ -8,7 +8,7 @@ from dataclasses import asdict
 import numpy as np
 import xarray as xr
 
-from dynamics.analysis.bifurcation import last_recorded
+from dynamics.analysis.bifurcation import head_importance, last_recorded
 from dynamics.analysis.divergence import js_distance
 from dynamics.analysis.pipeline import AnalysisOptions, is_current, slash_dominance
 from dynamics.analysis.redundancy import cluster_heads
@@ -132,7 +132,8 @@ def final_targets(
     source = "recorded"
 
     if target == "importance":
-        imp = np.asarray(last["importance"].transpose(LAYER, HEAD).values, dtype=np.float64)
+        imp = head_importance(last["importance"], last["gate"] if "gate" in last else None)  # Michel et al.'s
+        imp = np.asarray(imp.transpose(LAYER, HEAD).values, dtype=np.float64)
         # a head with no peer in its layer (a layer of one, or one importance left) has no rank
         peers = (~np.isnan(imp)).sum(axis=1, keepdims=True) > 1  # (L, 1)
         out["target"] = ((LAYER, HEAD), np.where(peers, _rank_in_layer(imp), np.nan))
