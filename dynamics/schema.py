@@ -28,7 +28,8 @@ a window reaching them blanked it for every head; version 7: ``slash_dominant`` 
 ``token_dominant`` float, NaN where undefined, and left out of the dominant shares, where they
 read False and counted as 0; version 8: ``layer_bifurcation_step``, the rule on each layer's own
 divergence; version 9: ``winner_take_all`` of Michel et al.'s importance, gate x the recorded
-|dL/dg|, where it took |dL/dg| alone: the same with fixed gates, not with learned ones).
+|dL/dg|, where it took |dL/dg| alone: the same with fixed gates, not with learned ones; and
+induction unscored on probes where uniform attention reaches its threshold).
 Defined here, not in the analysers, so the store can tell a stale analysis without importing
 them."""
 

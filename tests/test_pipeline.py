@@ -534,7 +534,9 @@ def test_analysis_options_refuse_what_no_analyser_can_use():
     from dynamics.analysis.roles import RoleThresholds
 
     # a role window below the slash-dominance start raised "no offsets in [1, 0]" from analyse_run
-    with pytest.raises(ValueError, match=r"roles.slash_max_offset 0 leaves slash-dominance no offsets"):
+    with pytest.raises(ValueError, match=r"roles.slash_max_offset 2 leaves slash-dominance no offsets"):
+        pipeline.AnalysisOptions(slash_min_offset=3, roles=RoleThresholds(slash_min_offset=1, slash_max_offset=2))
+    with pytest.raises(ValueError, match=r"slash_max_offset must be >= 1 \(offset 0 alone is the self role\); got 0"):
         pipeline.AnalysisOptions(roles=RoleThresholds(slash_min_offset=0, slash_max_offset=0))
     for kw, needle in [({"kappa": 0.0}, "kappa must be in"), ({"kappa": 1.5}, "kappa must be in"),
                        ({"max_offset": 0}, "max_offset must be >= 1"), ({"baseline_snapshots": 1}, r"baseline_snapshots must be >= 2; got 1"),

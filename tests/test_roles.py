@@ -379,3 +379,79 @@ def test_float16_rows_that_sum_past_1_score_at_most_1():
     a[0, 3, :] = [0, *pair, 0]
     tokens = xr.DataArray([[5, 5, 5, 5]], dims=("probe", "position"))
     assert induction_score(xr.DataArray(a, dims=("probe", "query", "key")), tokens).item() == 1.0
+
+
+def induction_head(tokens):
+    """(probe, query, key): each query with an earlier occurrence of its token on the key after
+    the last one, the others uniform."""
+    p, t = tokens.shape
+    a = np.zeros((p, t, t))
+    for b in range(p):
+        for q in range(t):
+            keys = [j + 1 for j in range(q) if tokens[b, j] == tokens[b, q] and j + 1 < q]
+            if keys:
+                a[b, q, keys[-1]] = 1.0
+            else:
+                a[b, q, : q + 1] = 1.0 / (q + 1)
+    return a
+
+
+def test_probes_on_which_uniform_attention_passes_induction_leave_it_unscored():
+    # On few or repetitive tokens a head with no pattern reaches the induction threshold (0.45 for
+    # uniform attention on random bits at T = 64), and read "induction"; lost probe tokens (all 0)
+    # made every head of a distillation teacher induction. Unscored (NaN) there, as the
+    # positional roles are on probes too short for them; random tokens of a larger vocabulary keep it.
+    rng = np.random.default_rng(3)
+    for vocab, blanked in ((2, True), (1, True), (64, False)):
+        tok = rng.integers(0, vocab, size=(4, 64))
+        tokens = xr.DataArray(tok, dims=("probe", "position"))
+        flat = np.broadcast_to(uniform(64), (4, 64, 64))
+        # the chance level by a plain loop: uniform mass on the matching keys, over queries that have one
+        by_chance = np.mean([sum(tok[b, j] == tok[b, q] for j in range(q - 1)) / (q + 1)
+                             for b in range(4) for q in range(64) if any(tok[b, j] == tok[b, q] for j in range(q - 1))])
+        assert (by_chance >= 0.4) == blanked
+        heads = np.stack([flat, induction_head(tok)])[None, None]  # (snapshot, layer, head, probe, query, key)
+        scores = role_scores(xr.DataArray(heads, dims=DIMS), tokens)
+        raw = induction_score(xr.DataArray(heads, dims=DIMS), tokens)
+        assert raw.values[0, 0, 0] == pytest.approx(by_chance, abs=1e-6)  # what uniform attention scores
+        assert raw.values[0, 0, 1] == 1.0  # the induction head
+        names = role_names(assign_roles(scores)).ravel().tolist()
+        if blanked:
+            assert scores["induction"].isnull().all()
+            assert names[0] == "diffuse" and names[1] != "induction"
+        else:
+            np.testing.assert_array_equal(scores["induction"].values, raw.values)
+            assert names == ["diffuse", "induction"]
+
+
+def test_labels_take_the_thresholds_the_scores_were_made_with():
+    # A uniform head at T = 10: alpha_0 = H_10 / 10 = 0.293 is kept when scored at sink 0.3 and
+    # blanked at 0.25, which it passes. Labelled at 0.25 from scores made at 0.3 it read "sink";
+    # now that is refused, and without thresholds the labels follow the scores' own.
+    attn = xr.DataArray(uniform(10)[None, None, None, None], dims=DIMS)
+    tokens = xr.DataArray(np.arange(10)[None], dims=("probe", "position"))
+    low = RoleThresholds(sink=0.25)
+    made_default = role_scores(attn, tokens)
+    assert made_default["sink"].item() == pytest.approx(sum(1 / k for k in range(1, 11)) / 10)
+    assert role_names(assign_roles(made_default)).item() == "diffuse"
+    with pytest.raises(ValueError, match=r"^assign_roles: the sink score was made with threshold 0.3, not 0.25; "):
+        assign_roles(made_default, low)
+    made_low = role_scores(attn, tokens, low)
+    assert np.isnan(made_low["sink"].item())
+    assert role_names(assign_roles(made_low)).item() == role_names(assign_roles(made_low, low)).item() == "diffuse"
+    with pytest.raises(ValueError, match=r"^assign_roles: the sink score was made with threshold 0.25, not 0.3; "):
+        assign_roles(made_low, RoleThresholds())
+    # a head just above uniform passes sink at 0.295, not at the default 0.3: labelled by the scores' own thresholds
+    tilted = uniform(10).copy()
+    tilted[:, 0] += 0.01
+    tilted /= tilted.sum(-1, keepdims=True)
+    made = role_scores(xr.DataArray(tilted[None, None, None, None], dims=DIMS), tokens, RoleThresholds(sink=0.295))
+    assert 0.295 <= made["sink"].item() < 0.3 and role_names(assign_roles(made)).item() == "sink"  # not at the default 0.3
+
+
+def test_a_slash_window_of_offset_0_alone_is_refused():
+    # previous_token's offset 1 is scored whatever the window, and a window [0, 0] was read at it:
+    # a head with 0.45 of its mass one step back labelled "slash" at offset 1
+    with pytest.raises(ValueError, match=r"slash_max_offset must be >= 1 \(offset 0 alone is the self role\); got 0"):
+        RoleThresholds(slash_min_offset=0, slash_max_offset=0)
+    RoleThresholds(slash_min_offset=0, slash_max_offset=1)

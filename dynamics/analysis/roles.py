@@ -96,8 +96,11 @@ class RoleThresholds:
     kappa; see `dynamics.analysis.slash.DEFAULT_KAPPA`."""
     induction: float = 0.4
     """Mean attention on the token after a previous occurrence of the current token. Under
-    uniform attention this is about (#occurrences / (i + 1)), which is small for random tokens.
-    0.4 asks for a clear majority of the mass of a clean induction head."""
+    uniform attention this is about (#occurrences / (i + 1)), which is small for random tokens
+    (0.05 on the quickstart's induction probes) but not for few or repetitive ones (0.45 on
+    random binary tokens at T = 64): `role_scores` leaves induction unscored on probes where
+    uniform attention reaches this threshold. 0.4 asks for a clear majority of the mass of a
+    clean induction head."""
     sink: float = 0.3
     """alpha_0, the mean attention on position 0. Gu et al.'s epsilon. Uniform causal attention
     gives H_T / T, which is 0.21 at T = 16 but 0.34 at T = 8: probes need T >= 10 (0.293)."""
@@ -132,6 +135,11 @@ class RoleThresholds:
             raise ValueError(
                 f"RoleThresholds.slash_max_offset must be >= slash_min_offset; got {self.slash_max_offset!r}"
             )
+        if self.slash_max_offset is not None and self.slash_max_offset < 1:
+            # role_scores scores offset 1 for previous_token whatever the window, and a window
+            # of offset 0 alone was read there: a head 0.45 one step back labelled "slash"
+            raise ValueError(f"RoleThresholds.slash_max_offset must be >= 1 (offset 0 alone is the self role); "
+                             f"got {self.slash_max_offset!r}")
         if self.local_width < 1:
             raise ValueError(f"RoleThresholds.local_width must be >= 1; got {self.local_width!r}")
 
@@ -331,7 +339,8 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
     causal attention over the probe's T positions, or (for all but sink) attention wholly on
     the first token, already reaches its threshold (sink for T <= 9, self for T <= 4,
     previous_token for T <= 3): such probes cannot tell that role from no pattern, or from a
-    sink. ``slash`` leaves out, offset by offset, those where either does
+    sink. ``induction`` is NaN where uniform attention on these probes' tokens reaches its
+    threshold (few or repetitive tokens). ``slash`` leaves out, offset by offset, those where either does
     (`dynamics.analysis.slash.confounded_offsets`: at the default window, its one offset at
     T = 4; a window reaching T - 2, its last offsets at any T), and is NaN when none is left.
 
@@ -384,12 +393,19 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
         slash_offset, slash = best_offset(told, thresholds.slash_min_offset, max_offset)
     else:
         slash_offset, slash = unscored, unscored
+    # Induction's chance level rests on the tokens, not on T alone: on few or repetitive ones
+    # uniform attention already reaches the threshold (0.75 on 4-token Markov probes), and every
+    # head with no pattern read "induction". NaN there, as the positional roles below.
+    keep = np.tril(np.ones((n, n)))
+    uniform = xr.DataArray(np.broadcast_to(keep / keep.sum(1, keepdims=True), (tokens.sizes[PROBE], n, n)),
+                           dims=(PROBE, QUERY, KEY))  # (P, T, T)
+    by_chance = induction_score(uniform, tokens)  # () over these probes; lazy on lazy tokens
     scores = _unless_confounded({
         "previous_token": diagonals.sel({OFFSET: 1}, drop=True),
         "self": diagonals.sel({OFFSET: 0}, drop=True),
         "slash": slash,
         "slash_offset": slash_offset,
-        "induction": induction_score(attn, tokens),
+        "induction": induction_score(attn, tokens).where(by_chance < thresholds.induction),
         "sink": sink_score(attn),
         "token": token_share(attn, tokens, thresholds.token_id).mean(PROBE),  # NaN probes skipped
         "local": local_score(attn, thresholds.local_width) if thresholds.local_width < n else unscored,
@@ -480,7 +496,9 @@ def assign_roles(scores: xr.Dataset, thresholds: RoleThresholds | None = None) -
     scores : Dataset
         Output of `role_scores`.
     thresholds : RoleThresholds, optional
-        Defaults to `RoleThresholds()`.
+        Must be those the scores were made with (`role_scores` blanks roles by them, and
+        records each in its score's ``threshold`` attr): other ones raise ValueError. Defaults
+        to the scores' own, and to `RoleThresholds()` for a score that records none.
 
     Returns
     -------
@@ -496,7 +514,15 @@ def assign_roles(scores: xr.Dataset, thresholds: RoleThresholds | None = None) -
     >>> role_names(assign_roles(s)).tolist()
     ['self', 'diffuse']
     """
-    thresholds = RoleThresholds() if thresholds is None else thresholds
+    made = {r: scores[r].attrs["threshold"] for r in ROLES[:-1] if r in scores and "threshold" in scores[r].attrs}
+    if thresholds is None:
+        thresholds = RoleThresholds(**made)
+    for role, value in made.items():
+        if value != getattr(thresholds, role):
+            # which roles role_scores blanks depends on them: a uniform head at T = 10, its sink
+            # blanked at 0.3, kept 0.293 and read "sink" when labelled at 0.25
+            raise ValueError(f"assign_roles: the {role} score was made with threshold {value!r}, not "
+                             f"{getattr(thresholds, role)!r}; score again with these thresholds (role_scores)")
     role_dim = "_role"
 
     def ranked(roles):
