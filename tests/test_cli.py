@@ -143,6 +143,7 @@ def test_the_installed_program_is_consoles_entry_point():
     (["gates", "{path}", "--steps", "0"], "--steps: must be positive, got 0"),
     (["gates", "{path}", "--init-steps", "10000000000000"], "--init-steps: must be in [0, 100,000,000]"),
     (["gates", "{path}", "--lam", "1e39"], "--lam: must be at most 3.403e+38 (float32)"),
+    (["gates", "{path}", "--lam", "1e-50"], "--lam: must be > 0 in float32 (it rounds to 0 there), got 1e-50"),
     (["run", "{cfg}", "--out", "{d}/new4.zarr", "--run-id", "zarr.json"], "invalid run id 'zarr.json': reserved by zarr"),
     (["run", "{cfg}", "--out", "{path}/runs/inner.zarr"], "is inside the store"),
     (["report", "{path}", "--out", "{path}"], "is a dynamics store; a report goes next to it, not into it"),

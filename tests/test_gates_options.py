@@ -62,3 +62,13 @@ def test_a_lambda_of_0_is_refused_g_plus_and_g_minus_would_be_the_first_fit_agai
         with pytest.raises(ConfigError, match=r"^gates.lam: give \|lambda\| \(> 0; G\+ uses \+lam, G- uses -lam\), got "):
             GateOptions(lam=lam)
     assert GateOptions(lam=1e-6).lam == 1e-6
+
+
+def test_values_that_round_to_0_in_float32_are_refused():
+    # --lam 1e-50 became tensor([0., 0.]) in the fit: G+ and G- were the lambda = 0 stage's gates
+    # (0.664 0.664, ...), stored under lam=1e-50; lr 1e-50 moved no gate at all
+    for name in ("lam", "lr", "clamp", "max_diff", "grad_clip"):
+        with pytest.raises(ConfigError, match=rf"^gates.{name}: must be > 0 in float32 \(it rounds to 0 there\), got 1e-50$"):
+            GateOptions(**{name: 1e-50})
+        assert getattr(GateOptions(**{name: 1e-45}), name) == 1e-45  # the least float32 subnormal: not 0
+    assert GateOptions(grad_clip=0.0).grad_clip == 0.0  # off

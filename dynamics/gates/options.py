@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, fields
 from numbers import Integral, Real
 
+import numpy as np
+
 from dynamics.analysis.chg import CHG_ROLES as CHG_ROLES  # role names by int8 code; -1 is "unfitted"
 from dynamics.analysis.chg import FACILITATING as FACILITATING
 from dynamics.analysis.chg import INCONSISTENT as INCONSISTENT
@@ -117,6 +119,11 @@ class GateOptions:
             raise ConfigError(f"gates.lam: must be at most {FLOAT32_MAX:.4g} (float32), got {self.lam}")
         if not self.grad_clip >= 0 or not math.isfinite(self.grad_clip):
             raise ConfigError(f"gates.grad_clip: must be >= 0, got {self.grad_clip}")
+        # The fits hold these in float32, where a value below half its least subnormal is 0: --lam
+        # 1e-50 fitted G+ and G- as the lambda = 0 stage, the same gates, and stored them under 1e-50
+        for name in ("lam", "lr", "clamp", "max_diff", *(("grad_clip",) if self.grad_clip > 0 else ())):
+            if not np.float32(getattr(self, name)) > 0:
+                raise ConfigError(f"gates.{name}: must be > 0 in float32 (it rounds to 0 there), got {getattr(self, name)}")
         if not 0.0 < self.threshold < 1.0:
             raise ConfigError(f"gates.threshold: must be in (0, 1), got {self.threshold}")
         if not 0.0 < self.init_low < self.init_high < 1.0:
