@@ -544,3 +544,26 @@ def test_run_refuses_a_store_whose_sweep_index_is_damaged_as_every_command_does(
         one_line_exit_2(cli_in_process("run", cfg, "--out", s, *extra),
                         f"{s}: the sweep index in the store's root zarr.json is damaged (5, not a table)")
     assert tree_bytes(s) == before
+
+
+def test_a_sweep_refuses_a_store_with_a_run_of_damaged_attributes_outside_its_grid(tiny, tmp_path):
+    # An unreadable zarr.json outside the grid was refused, damaged attributes were not: the sweep
+    # trained its points, exit 0, and named nothing (README: sweep refuses such a store)
+    import json
+
+    from dynamics.sweep import expand_grid
+
+    _, cfg, path = tiny
+    s = tmp_path / "s.zarr"
+    shutil.copytree(path, s)
+    [rid] = store.list_runs(s)
+    meta = json.loads((s / "runs" / rid / "zarr.json").read_text())
+    meta["attributes"]["status"] = "weird"
+    (s / "runs" / rid / "zarr.json").write_text(json.dumps(meta))
+    swept = tmp_path / "sweep.toml"
+    swept.write_text(Path(cfg).read_text() + '\n[sweep]\n"train.seed" = [5]\n')  # not tiny's run
+    assert rid not in {p.run_id for p in expand_grid(load_config(swept))}
+    before = {str(p): p.read_bytes() for p in sorted(s.rglob("*")) if p.is_file()}
+    one_line_exit_2(cli_in_process("sweep", swept, "--out", s, "--workers", "1"),
+                    f"run group runs/{rid} has damaged attributes in runs/{rid}/zarr.json (status = 'weird', not one a run writes")
+    assert {str(p): p.read_bytes() for p in sorted(s.rglob("*")) if p.is_file()} == before

@@ -327,6 +327,8 @@ def run_sweep(
     summary = SweepSummary(total=len(points), labels={p.run_id: p.label for p in points})
     with sigterm_as_interrupt(), acquire_lock(path):
         existing = set(store.list_runs(path))
+        for run_id in sorted(existing - {p.run_id for p in points}):  # damaged attrs: named, as a point's are
+            store.run_attrs(path, run_id)
         todo = []
         starts: dict[str, int | None] = {}  # each point's starts before this launch (None: no run group)
         hashes: dict[str, str] = {}  # the data this machine makes for each point: its workers must make the same
