@@ -140,7 +140,9 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
             attrs[run_id] = store.run_attrs(path, run_id)
         except store.StoreError as e:  # its group cannot be read: named, and the others shown
             damaged[run_id] = str(e)
-    labels, shown = row_labels(index, attrs, [*recorded, *swept])
+    # a checkpoint whose run group is gone: named (run and sweep refuse to write over it), not hidden
+    orphans = store.checkpoints_without_runs(path, set(recorded))
+    labels, shown = row_labels(index, attrs, [*recorded, *swept, *orphans])
     header = ["run", *labels, "status", "steps", "resumes_at", "last_loss"]
     rows = []
     for run_id in recorded:
@@ -161,7 +163,15 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
         # a diverged session ended with a loss JSON cannot hold (NaN, inf): not "-", which says unwritten
         last = f"{loss:.4f}" if loss is not None else "not finite" if a.get("status") == "diverged" else "-"
         rows.append([run_id, *shown(run_id), status, f"{done}/{a.get('steps_total', '?')}", resumes, last])
-    for run_id in (r for r in swept if r not in recorded):  # in the sweep, not started yet: no checkpoint to resume
+    for run_id in orphans:
+        if store.run_listed(path, run_id):  # made since the listing: its group comes before its checkpoint
+            continue
+        try:
+            store.check_checkpoint_kept(path, run_id, {})
+        except store.StoreError as e:
+            damaged[run_id] = str(e)
+            rows.append([run_id, *shown(run_id), "damaged", "-", "-", "-"])
+    for run_id in (r for r in swept if r not in recorded and r not in damaged):  # not started yet: no checkpoint
         total = index.get("steps", {}).get(run_id, "?")  # "?": an index written before it held steps
         rows.append([run_id, *shown(run_id), "pending", f"0/{total}", "-", "-"])
     key = grid_key(index)

@@ -319,6 +319,8 @@ def train_run(
         if ckpt is not None:
             checkpoint.check_fits(ckpt, cfg, path, run_id)
             del ckpt  # loaded again under the lock, where it may have changed
+    else:  # no group: a checkpoint left there is a run whose group went, not to be written over
+        store.check_checkpoint_kept(path, run_id, prior)
     # a caller's no_grad or inference_mode (thread-local) would fail the run at its first backward
     threads = torch.get_num_threads()
     try:
@@ -371,7 +373,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     # Read before anything is written: a damaged checkpoint is refused (StoreError naming it), where
     # inside the try below it was recorded as the run failing, its status rewritten
     ckpt = checkpoint.load_checkpoint(path, run_id) if existing else None
-    store.check_checkpoint_kept(path, run_id, prior, present=ckpt is not None)
+    store.check_checkpoint_kept(path, run_id, prior, present=ckpt is not None if existing else None)
     try:
         device = torch.device(cfg.train.device)
         if device.type == "cpu":

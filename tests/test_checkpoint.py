@@ -244,6 +244,38 @@ def test_a_run_whose_checkpoint_is_lost_is_not_trained_again_over_its_snapshots(
     assert {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()} == before
 
 
+def test_a_checkpoint_whose_run_group_is_gone_is_named_and_not_written_over(tmp_path):
+    # runs/<id> deleted, checkpoints/<id> left: status showed an empty table (exit 0), and `run`
+    # and `sweep` trained the run again from step 0 over that checkpoint (found by an audit helper)
+    import shutil
+    from pathlib import Path
+
+    from tests.conftest import cli_in_process, interrupt_at
+
+    toml = tmp_path / "t.toml"
+    toml.write_text(TINY.format(steps=40, every=10))
+    cfg, path = load_config(toml), str(tmp_path / "s.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, path, progress=interrupt_at(22))
+    rid = cfg.run_id()
+    shutil.rmtree(Path(path, "runs", rid))
+    before = {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
+    line = (f"run {rid} in {path} has a checkpoint (checkpoints/{rid}/ckpt.pt) but no run group (runs/{rid} is gone, "
+            f"and what it recorded with it); refusing to train it again over that checkpoint: restore runs/{rid}, "
+            f"or move checkpoints/{rid} out of the store to start afresh")
+    swept = tmp_path / "sweep.toml"
+    swept.write_text(toml.read_text() + '\n[sweep]\n"train.seed" = [0, 1]\n')
+    for args, said in ((("run", toml, "--out", path), line),
+                       (("sweep", swept, "--out", path, "--workers", "1"), f"sweep point train.seed=0: {line}")):
+        done = cli_in_process(*args)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines() == [f"dynamics: error: {said}"]
+    assert {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()} == before
+    shown = cli_in_process("status", path)
+    assert shown.returncode == 1 and line in shown.stderr, shown.stderr
+    assert any(row.split()[:2] == [rid, "damaged"] for row in shown.stdout.splitlines()), shown.stdout
+
+
 class _Code:
     """Not plain weights: a weights_only load refuses what a full load would run."""
 

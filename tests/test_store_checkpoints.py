@@ -82,6 +82,33 @@ def test_a_run_past_step_0_without_its_checkpoint_is_refused(tmp_path):
         store.check_checkpoint_kept(path, "r1", {"checkpoint_step": 10}, present=False)
 
 
+def test_a_checkpoint_without_its_run_group_is_refused_and_listed(tmp_path):
+    # The group deleted (or left out of a copy), the checkpoint left: `run` trained the run again
+    # from step 0 and wrote over that checkpoint, and `status` showed nothing.
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.check_checkpoint_kept(path, "r1", {})  # no group, no checkpoint: a new run
+    assert store.checkpoints_without_runs(path, set()) == []
+    store.write_checkpoint(path, "r1", b"weights")
+    (path / "checkpoints" / "r2").mkdir()  # a lock's folder, no checkpoint: nothing recorded there
+    (path / "checkpoints" / "r2" / "train.lock").write_text("")
+    (path / "checkpoints" / ".tmp").mkdir()  # no run id
+    with pytest.raises(StoreError, match=r"^run r1 in .* has a checkpoint \(checkpoints/r1/ckpt.pt\) but no run group "
+                                         r"\(runs/r1 is gone, and what it recorded with it\); refusing to train it again"):
+        store.check_checkpoint_kept(path, "r1", {})
+    store.check_checkpoint_kept(path, "r2", {})
+    assert store.checkpoints_without_runs(path, set()) == ["r1"]
+    assert store.checkpoints_without_runs(path, {"r1"}) == []
+    assert store.checkpoints_without_runs(f"file://{path}", set()) == ["r1"]
+    remote = f"memory://{tmp_path.name}/s.zarr"  # an fsspec store: listed through its filesystem
+    store.init_store(remote)
+    assert store.checkpoints_without_runs(remote, set()) == []
+    store.write_checkpoint(remote, "r1", b"weights")
+    assert store.checkpoints_without_runs(remote, set()) == ["r1"]
+    with pytest.raises(StoreError, match=r"^run r1 in memory://.* has a checkpoint"):
+        store.check_checkpoint_kept(remote, "r1", {})
+
+
 def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
     target = tmp_path / "ckpt.pt"
     store.atomic_write_bytes(target, b"first")

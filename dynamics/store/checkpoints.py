@@ -156,13 +156,47 @@ def has_checkpoint(path: str | os.PathLike, run_id: str) -> bool:
 def check_checkpoint_kept(path: str | os.PathLike, run_id: str, attrs: dict, present: bool | None = None) -> None:
     """StoreError when a run that trained past step 0 (its attrs' ``checkpoint_step``) has no
     checkpoint: deleted to save space, or left out of a copy. Resumed, it would start again at
-    step 0 and write over the snapshots it recorded. ``present``: whether it has one, if known."""
+    step 0 and write over the snapshots it recorded. ``present``: whether it has one, if known.
+
+    Empty ``attrs`` say the run has no group: then a checkpoint is what is left of a run whose
+    group went (deleted, or left out of a copy), and the StoreError names it. Trained again
+    from step 0, the run wrote over that checkpoint, its last state."""
+    if not attrs:
+        if has_checkpoint(path, run_id):
+            raise StoreError(
+                f"run {run_id} in {path} has a checkpoint (checkpoints/{run_id}/ckpt.pt) but no run group "
+                f"(runs/{run_id} is gone, and what it recorded with it); refusing to train it again over that "
+                f"checkpoint: restore runs/{run_id}, or move checkpoints/{run_id} out of the store to start afresh")
+        return
     step = int(attrs.get("checkpoint_step") or 0)
     if step > 0 and not (has_checkpoint(path, run_id) if present is None else present):
         raise StoreError(
             f"run {run_id} in {path} recorded training up to step {step}, but its checkpoint "
             f"(checkpoints/{run_id}/ckpt.pt) is missing; refusing to train it again from step 0 over its "
             f"recorded snapshots (train it into another store to start it afresh)")
+
+
+def checkpoints_without_runs(path: str | os.PathLike, runs: set[str]) -> list[str]:
+    """Sorted ids of the runs with a checkpoint in the store but not in ``runs`` (its run groups,
+    damaged ones included): runs whose group is gone (:func:`check_checkpoint_kept`)."""
+    loc = _Loc(path)
+    if loc.local is not None:
+        folder = loc.local / "checkpoints"
+        names = [p.name for p in folder.iterdir() if (p / CHECKPOINT_FILE).is_file()] if folder.is_dir() else []
+    else:
+        import fsspec.core
+
+        fs, root = fsspec.core.url_to_fs(loc.url)
+        base = f"{root.rstrip('/')}/checkpoints"
+        entries = [e.rstrip("/") for e in fs.ls(base, detail=False)] if fs.isdir(base) else []
+        names = [e.rsplit("/", 1)[-1] for e in entries if fs.isfile(f"{e}/{CHECKPOINT_FILE}")]
+    out = []
+    for name in sorted(set(names) - set(runs)):
+        try:
+            out.append(_check_name("run id", name))
+        except StoreError:  # no run's folder (a stray name): no run id to name
+            continue
+    return out
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
