@@ -50,6 +50,10 @@ def test_init_store_refuses_foreign_paths_and_leaves_them_alone(tmp_path):
     ({"status": "completed", "last_loss": "x"}, "last_loss = 'x', not a number"),
     ({"status": ["x"]}, "status = ['x'], not a string"),
     ({"status": "completed", "steps_done": True}, "steps_done = True, not an integer"),
+    ({"status": "completed", "steps_total": -5}, "steps_total = -5, not a step count a run writes (>= 1)"),
+    ({"status": "completed", "steps_total": 0}, "steps_total = 0, not a step count a run writes (>= 1)"),
+    ({"status": "interrupted", "checkpoint_step": -1}, "checkpoint_step = -1, not a step count a run writes (>= 0)"),
+    ({"status": "completed", "steps_done": -20}, "steps_done = -20, not a step count a run writes (>= 0)"),
 ])
 def test_a_run_whose_attributes_are_of_the_wrong_types_is_named_damaged(tmp_path, attrs, problem):
     # zarr.json readable, but its bookkeeping hand-edited or corrupted: `dynamics status` (and

@@ -349,8 +349,8 @@ def run_attrs(path: str | os.PathLike, run_id: str) -> dict:
 
 def _attrs_problem(attrs: Any) -> str | None:
     """What is wrong with a run's attributes, if the bookkeeping the commands read (its status,
-    step counts, last loss and config) is not of the types a run writes, or its status none a run
-    writes; None if nothing is."""
+    step counts, last loss and config) is not of the types a run writes, its status none a run
+    writes, or a step count below any a run writes; None if nothing is."""
     if not isinstance(attrs, dict):
         return f"attributes = {attrs!r}, not a table"
     kinds = {"status": (str, "a string"), "steps_done": (int, "an integer"), "steps_total": (int, "an integer"),
@@ -358,6 +358,10 @@ def _attrs_problem(attrs: Any) -> str | None:
     for key, (kind, name) in kinds.items():
         if key in attrs and (not isinstance(attrs[key], kind) or isinstance(attrs[key], bool)):
             return f"{key} = {attrs[key]!r}, not {name}"
+    # of the right type but no count a run writes (its config's steps are >= 1): status showed 20/-5
+    for key, least in (("steps_done", 0), ("checkpoint_step", 0), ("steps_total", 1)):
+        if key in attrs and attrs[key] < least:
+            return f"{key} = {attrs[key]!r}, not a step count a run writes (>= {least})"
     if "status" in attrs and attrs["status"] not in RUN_STATUSES:
         # a string of no status a run writes ("stopped" and "pending" are only shown) read as
         # unfinished: `run` resumed a completed run at its last step and rewrote its checkpoint
