@@ -170,7 +170,9 @@ def child(store_path: str, cap_mb: float | None) -> int:
     from dynamics import analyse, cli, store
     from dynamics.analysis import analyse_run  # noqa: F401
 
-    in_memory = all(store.open_run(store_path, r).nbytes < analyse.IN_MEMORY_BYTES for r in store.list_runs(store_path))
+    # sized as the analysis sizes it: the variables it reads, not the whole run
+    in_memory = all(analyse.analysed_variables(store_path, r).nbytes < analyse.IN_MEMORY_BYTES
+                    for r in store.list_runs(store_path))
     reset_peak_rss()  # the peak of the imports is no part of the analysis
     base_rss, base_vm = rss_bytes(), vm_bytes()
     if cap_mb is not None:

@@ -66,16 +66,23 @@ def unfinished_reason(status: str, attrs: dict) -> str:
     return f"unfinished: it failed with {last}; the command that trained it resumes it"
 
 
+def analysed_variables(path: str, run_id: str):
+    """A run's variables the analysers read (``pipeline.READS``), opened without dask: sizes
+    only, nothing read yet. Under IN_MEMORY_BYTES they are loaded whole, else read in blocks
+    (bench/analysis.py names the path from this size too)."""
+    from dynamics import store
+    from dynamics.analysis.pipeline import READS
+
+    ds = store.open_run(path, run_id, dask=False)
+    return ds[[v for v in READS if v in ds]]  # a demo run's gradients and losses read took 40 ms more
+
+
 def _analysis_of(path: str, run_id: str, attrs: dict):
     """The computed analysis of a finished run, or its skipped row when it recorded too few snapshots."""
-    from dynamics import store
     from dynamics.analysis import AnalysisOptions, analyse_run
-    from dynamics.analysis.pipeline import READS, read_in_blocks
+    from dynamics.analysis.pipeline import read_in_blocks
 
-    def read(ds):  # what the analysers read: a demo run's gradients, gates and losses took 40 ms more
-        return ds[[v for v in READS if v in ds]]
-
-    ds = read(store.open_run(path, run_id, dask=False))  # sizes only: nothing is read yet
+    ds = analysed_variables(path, run_id)
     ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else read_in_blocks(ds)
     need = AnalysisOptions().baseline_snapshots + 1  # the divergence curve's noise band needs them
     if attrs["status"] == "diverged":
