@@ -25,7 +25,12 @@ def print_consistency(path: str, rows: list[dict]) -> None:
     # Only runs that have a seed to be compared with: on runs of different configs, with no
     # seed group at all, the line listed every diverged run as "left out" of nothing.
     peers = _seed_groups(path, [r["run"] for r in rows if r["status"] in FINISHED_STATUSES])
-    left_out = [f"{r['run']} ({'diverged' if r['status'] == 'diverged' else 'not analysed'})" for r in rows
+    from dynamics import store
+    from dynamics.status import grid_key
+
+    key = grid_key(store.read_sweep_index(path) or {})  # in the table's order, not by id (a hash)
+    left_out = [f"{r['run']} ({'diverged' if r['status'] == 'diverged' else 'not analysed'})"
+                for r in sorted(rows, key=lambda r: key(r["run"]))
                 if r["status"] in FINISHED_STATUSES and r["run"] not in compared and peers.get(r["run"], 0) > 1]
     if left_out:
         print(f"cross-seed consistency leaves out {len(left_out)} finished run(s) without a final profile "
@@ -83,13 +88,18 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
         rows = [*rows, *({"run": rid, "status": "pending", "skipped": True, "reason": "not started"}
                          for rid in swept if rid not in listed)]
     rows = sorted(rows, key=lambda r: key(r["run"]))
+    # every run of the store, not only the rows shown: the settings that tell a run from its twin
+    # at one swept point (a sweep of the grid at another lr) are found among all of them, and
+    # `analyse --run` of one twin lost its train.lr column
+    ids = [r["run"] for r in rows]
+    ids += [rid for rid in (store.list_runs(path, damaged="include") if path is not None else []) if rid not in ids]
     attrs = {}
-    for r in rows if path is not None else ():
+    for rid in ids if path is not None else ():
         try:
-            attrs[r["run"]] = store.run_attrs(path, r["run"])
+            attrs[rid] = store.run_attrs(path, rid)
         except store.StoreError:  # pending, or its group unreadable: the row says why
             pass
-    labels, shown = row_labels(index, attrs, [r["run"] for r in rows])
+    labels, shown = row_labels(index, attrs, ids)
     header = ["run", *labels, "status", "bifurcation", "divergence", "redundancy", "slash_dom", "final roles"]
     table = []
     for r in rows:

@@ -113,3 +113,44 @@ def test_a_pending_point_already_in_the_rows_is_listed_once(tmp_path, capsys):
     rows = _cells(capsys)
     assert [row[0] for row in rows] == ["ra", "rb"]
     assert rows[1][-1] == "not analysed (not started)"
+
+
+def _configured(path, run_id, **values):
+    """A run whose attrs hold a full config with `values` ({"train.lr": 0.01, ...}) set."""
+    from dynamics.config import RunConfig
+    from tests.test_store import write_run
+
+    status = values.pop("status", "completed")
+    config = RunConfig().to_dict()
+    for key, value in values.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    write_run(path, run_id, attrs={"status": status, "config": config})
+
+
+def test_one_run_of_twins_keeps_the_setting_that_tells_it_from_its_twin(tmp_path, capsys):
+    # Two sweeps of one grid at two lrs: `analyse --run` of one printed its swept values only, and
+    # its row read as its twin's (the lr column was found among the rows shown, one run)
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    _configured(path, "ra", **{"train.lr": 0.003})
+    _configured(path, "rb", **{"train.lr": 0.01})
+    store.write_sweep_index(path, {"axes": ["train.seed"], "runs": {"ra": {"train.seed": 0}, "rb": {"train.seed": 0}}})
+    print_analysis([ANALYSED | {"run": "rb"}], str(path))
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert lines[0][:4] == ["run", "train.seed", "train.lr", "status"]
+    assert lines[1][:4] == ["rb", "0", "0.01", "completed"] and len([x for x in lines if x[0] == "ra"]) == 0
+
+
+def test_the_runs_cross_seed_consistency_leaves_out_come_in_the_tables_order(tmp_path, capsys):
+    from dynamics.tables import print_consistency
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    for rid, seed in (("rz", 0), ("ry", 1), ("rx", 2)):  # ids against the grid's order
+        _configured(path, rid, **{"train.seed": seed, "status": "diverged"})
+    store.write_sweep_index(path, {"axes": ["train.seed"],
+                                   "runs": {"rz": {"train.seed": 0}, "ry": {"train.seed": 1}, "rx": {"train.seed": 2}}})
+    rows = [{"run": rid, "status": "diverged", "skipped": True} for rid in ("rx", "ry", "rz")]  # analyse's order: by id
+    print_consistency(str(path), rows)
+    assert capsys.readouterr().out.strip().endswith("rz (diverged), ry (diverged), rx (diverged)")
