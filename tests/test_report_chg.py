@@ -228,3 +228,36 @@ def test_a_fit_made_at_another_threshold_is_labelled_ringed_and_captioned_at_it(
     assert "At the last fit no head's label differs from the region it is drawn in." in text
     vline, hline = figs["chg.png"].axes[0].get_lines()  # the regions' edges
     assert (vline.get_xdata()[0], hline.get_ydata()[0]) == (0.8, 0.8)
+
+
+def test_over_training_is_the_run_fitted_most_often_and_the_caption_says_whose_fits_it_shows(tmp_path, monkeypatch):
+    # The chosen run unfitted: the middle and right panels took the first run with any fit, a lone
+    # `dynamics gates` fit (one point), while the caption said they showed another run's fits
+    # recorded during training (found by an audit helper).
+    from dynamics.config import from_dict, with_values
+    from dynamics.record import coords, snapshot_steps, variables
+    from dynamics.report import chg
+    from dynamics.report.data import _Ctx
+
+    cfg = with_values(from_dict(TINY), {"record.chg_every": 4})
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    path = tmp_path / "s.zarr"
+    runs = []
+    for rid, fitted in (("ra", ()), ("rb", (0, 4))):  # ra: a `dynamics gates` fit only; rb: fits at steps 0 and 8 too
+        writer = store.RunWriter(path, rid, variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
+                                 attrs={"status": "running", "config": cfg.to_dict()})
+        for i in fitted:
+            writer.write_snapshot(i, {"chg": np.full((2, 2, 2), 0.8, np.float32), "chg_role": np.zeros((2, 2), np.int8)})
+        writer.finalize()
+        gates = _gates_dataset(cfg).assign_attrs(options={"restarts": 3, "steps": 500, "lam": 0.3, "threshold": 0.5})
+        store.write_derived(path, f"gates.{rid}", gates.assign_attrs(step=8))
+        runs.append(_Run(rid, "running", {}, None, len(steps_at), np.zeros(len(steps_at), bool), np.asarray(steps_at)))
+    figs = {}
+    monkeypatch.setattr(chg, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
+    both = "Run(s) rb have fits recorded during training and a `dynamics gates` fit: the left panel shows the one at the later step (the `dynamics gates` one at the same step)"
+    sec = chg._chg_section(_Ctx(path, runs, "rx", [], tmp_path, False))  # the chosen run has no fits
+    assert figs.pop("chg.png").axes[1].get_title() == "run rb: each head over training so far"
+    assert f"{both}, the middle and right panels the fits recorded during training." in sec.figures[0][1]
+    sec = chg._chg_section(_Ctx(path, runs, "ra", [], tmp_path, False))  # chosen: its one fit over training
+    assert figs.pop("chg.png").axes[1].get_title() == "run ra: each head over training so far"
+    assert f"{both}." in sec.figures[0][1]

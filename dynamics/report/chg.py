@@ -239,8 +239,9 @@ def _chg_section(ctx: _Ctx) -> _Section:
                    title_fontsize=7)
 
     by_id = {r.run_id: r for r in runs}
-    # Over training: the chosen run if it has fits, else the first run with fits.
-    rid = chosen if chosen in found else next(iter(found))
+    # Over training: the chosen run if it has fits, else the run with the most fitted snapshots (the
+    # first had been taken, a lone `dynamics gates` fit one point, beside a run fitted all along)
+    rid = chosen if chosen in found else max(found, key=lambda k: over[k][0].sizes["snapshot"])
     pair, role, source = over[rid]
     t_over = threshold(pair)  # the middle panel's regions at its own fit's threshold
     _chg_regions(ax1, t)
@@ -277,8 +278,8 @@ def _chg_section(ctx: _Ctx) -> _Section:
     sources += f". Middle and right: {source}."
     if both:  # a later `dynamics gates` re-fit must not be hidden behind the fits made during training
         sources += (f" Run(s) {', '.join(both)} have fits recorded during training and a `dynamics gates` fit: the left "
-                    f"panel shows the one at the later step (the `dynamics gates` one at the same step), the middle and "
-                    f"right panels the fits recorded during training.")
+                    f"panel shows the one at the later step (the `dynamics gates` one at the same step)"
+                    + (", the middle and right panels the fits recorded during training." if rid in both else "."))
     early = [(k, by_id[k], _last_step(p)) for k, (p, _, _) in found.items()]
     early = [f"{k} ({r.status}, step {s:g} of {int(r.steps.max())})" for k, r, s in early
              if r.steps.size and np.isfinite(s) and s < r.steps.max()]
