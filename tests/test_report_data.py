@@ -60,6 +60,7 @@ def test_an_unfinished_run_missing_a_chunk_before_its_checkpoint_is_damaged_not_
     assert f"run {ids['C']}: array attention at snapshot 4 (step 8): its chunk runs/{ids['C']}/attention/c/4/" in damaged[ids["C"]]
     row = re.search(rf"<tr><td><code>{ids['C']}</code>.*?</tr>", text).group(0)
     assert "<td>damaged</td>" in row and "computed for this report" not in row
+    assert "<td>damaged</td><td class=num>-</td>" in row  # nothing read: not 0/0, "0 of 0 snapshots recorded"
     assert f"Not available: attention maps because run {ids['C']} (damaged) could not be read (StoreError: " in text
     # what was written after the checkpoint is not expected: the same run whole is no damage
     (tmp_path / "lost").rename(copy / "runs" / ids["C"] / "attention" / "c" / "4")

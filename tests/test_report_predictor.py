@@ -120,6 +120,10 @@ def test_the_predictor_caption_says_when_the_curve_was_made_from_other_runs():
     assert _outdated(curve, ctx(ra="completed", rb="running")) == (
         " Out of date: this curve was computed from other runs than the store's completed runs now: 1 of its runs "
         "the store no longer holds as completed (rb); rerun `dynamics predict`.")
+    # a damaged run (its attrs may still say completed): unreadable, not "no longer completed"
+    assert _outdated(curve, ctx(ra="completed", rb="damaged")) == (
+        " Out of date: this curve was computed from other runs than the store's completed runs now: 1 of its runs "
+        "that can no longer be read (damaged: rb); rerun `dynamics predict`.")
     assert _outdated(_predict_curve(), ctx(rc="completed")) == ""  # a curve without its runs: nothing to compare
 
 

@@ -515,7 +515,8 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
         cells = "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in values)
         loss = "-" if r.last_loss is None else f"{r.last_loss:.4f}"
         mark = " (shown)" if r.run_id == chosen else ""
-        snaps = "-" if r.status == "pending" else f"{r.n_recorded}/{r.n_snapshots}"
+        # "-": none read (pending, or a run that could not be read, whose placeholder said 0/0)
+        snaps = "-" if r.status == "pending" or not r.n_snapshots else f"{r.n_recorded}/{r.n_snapshots}"
         rows.append(f"<tr><td><code>{html.escape(r.run_id)}</code>{mark}</td>{cells}<td>{html.escape(r.status)}</td>"
                     f"<td class=num>{snaps}</td><td class=num>{loss}</td>"
                     f"<td>{_prose(r.analysis_note)}</td></tr>")

@@ -138,8 +138,12 @@ def _outdated(ds: xr.Dataset, ctx: _Ctx) -> str:
     new, gone = sorted(completed - used), sorted(used - completed)
     if not new and not gone:
         return ""
+    # a damaged run may still say "completed": it is unreadable, not no longer completed
+    damaged = {r.run_id for r in ctx.runs if r.status == "damaged"}
+    unread, gone = [r for r in gone if r in damaged], [r for r in gone if r not in damaged]
     parts = ([f"{len(new)} completed run(s) it leaves out ({_first_few(new)})"] if new else []) + (
-        [f"{len(gone)} of its runs the store no longer holds as completed ({_first_few(gone)})"] if gone else [])
+        [f"{len(gone)} of its runs the store no longer holds as completed ({_first_few(gone)})"] if gone else []) + (
+        [f"{len(unread)} of its runs that can no longer be read (damaged: {_first_few(unread)})"] if unread else [])
     return (f" Out of date: this curve was computed from other runs than the store's completed runs now: "
             f"{'; '.join(parts)}; rerun `dynamics predict`.")
 
