@@ -218,19 +218,27 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_written(tmp_
             load_run_model(path, cfg.run_id())
 
 
-def test_a_run_whose_checkpoint_is_lost_is_not_trained_again_over_its_snapshots(tmp_path):
-    # With ckpt.pt deleted (to save space, or left out of a copy), the same command started the
-    # run again at step 0 and wrote over the snapshots it had recorded, while status still said
-    # it resumes at its last checkpoint.
-    from pathlib import Path
-
-    from tests.conftest import cli_in_process, interrupt_at
+def _interrupted(tmp_path):
+    """(toml, cfg, store path) of a tiny run of 40 steps stopped by Ctrl-C at step 22, checkpointed."""
+    from tests.conftest import interrupt_at
 
     toml = tmp_path / "t.toml"
     toml.write_text(TINY.format(steps=40, every=10))
     cfg, path = load_config(toml), str(tmp_path / "s.zarr")
     with pytest.raises(KeyboardInterrupt):
         train_run(cfg, path, progress=interrupt_at(22))
+    return toml, cfg, path
+
+
+def test_a_run_whose_checkpoint_is_lost_is_not_trained_again_over_its_snapshots(tmp_path):
+    # With ckpt.pt deleted (to save space, or left out of a copy), the same command started the
+    # run again at step 0 and wrote over the snapshots it had recorded, while status still said
+    # it resumes at its last checkpoint.
+    from pathlib import Path
+
+    from tests.conftest import cli_in_process
+
+    toml, cfg, path = _interrupted(tmp_path)
     step = store.run_attrs(path, cfg.run_id())["checkpoint_step"]
     assert step > 0
     Path(path, "checkpoints", cfg.run_id(), "ckpt.pt").unlink()
@@ -250,13 +258,9 @@ def test_a_checkpoint_whose_run_group_is_gone_is_named_and_not_written_over(tmp_
     import shutil
     from pathlib import Path
 
-    from tests.conftest import cli_in_process, interrupt_at
+    from tests.conftest import cli_in_process
 
-    toml = tmp_path / "t.toml"
-    toml.write_text(TINY.format(steps=40, every=10))
-    cfg, path = load_config(toml), str(tmp_path / "s.zarr")
-    with pytest.raises(KeyboardInterrupt):
-        train_run(cfg, path, progress=interrupt_at(22))
+    toml, cfg, path = _interrupted(tmp_path)
     rid = cfg.run_id()
     shutil.rmtree(Path(path, "runs", rid))
     before = {str(p): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}

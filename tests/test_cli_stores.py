@@ -182,18 +182,24 @@ def test_a_run_whose_recorded_config_this_version_cannot_read_is_named(tiny, tmp
     one_line_exit_2(cli_in_process("gates", s, "--steps", "2", "--restarts", "1"), f"run {rid} in {s}: {needle}")
 
 
-def test_a_run_that_records_no_config_is_not_called_one_of_another_config(tiny, tmp_path):
-    # a run written through the store API may have no config: "recorded with a different config" was untrue
+def _copy_with_attributes(tiny, tmp_path, change):
+    """(config path, store, run id): a copy of tiny's store whose one run's zarr.json attributes
+    ``change(attributes)`` edits in place, as a hand edit would."""
     import json
-    import shutil
 
     _, cfg, path = tiny
     s = tmp_path / "s.zarr"
     shutil.copytree(path, s)
     [rid] = store.list_runs(s)
     meta = json.loads((s / "runs" / rid / "zarr.json").read_text())
-    del meta["attributes"]["config"]
+    change(meta["attributes"])
     (s / "runs" / rid / "zarr.json").write_text(json.dumps(meta))
+    return cfg, s, rid
+
+
+def test_a_run_that_records_no_config_is_not_called_one_of_another_config(tiny, tmp_path):
+    # a run written through the store API may have no config: "recorded with a different config" was untrue
+    cfg, s, rid = _copy_with_attributes(tiny, tmp_path, lambda a: a.pop("config"))
     one_line_exit_2(cli_in_process("run", cfg, "--out", s),
                     f"run {rid} in {s} records no config, so it cannot be told to be this config's run; refusing "
                     "to train into it")
@@ -549,17 +555,9 @@ def test_run_refuses_a_store_whose_sweep_index_is_damaged_as_every_command_does(
 def test_a_sweep_refuses_a_store_with_a_run_of_damaged_attributes_outside_its_grid(tiny, tmp_path):
     # An unreadable zarr.json outside the grid was refused, damaged attributes were not: the sweep
     # trained its points, exit 0, and named nothing (README: sweep refuses such a store)
-    import json
-
     from dynamics.sweep import expand_grid
 
-    _, cfg, path = tiny
-    s = tmp_path / "s.zarr"
-    shutil.copytree(path, s)
-    [rid] = store.list_runs(s)
-    meta = json.loads((s / "runs" / rid / "zarr.json").read_text())
-    meta["attributes"]["status"] = "weird"
-    (s / "runs" / rid / "zarr.json").write_text(json.dumps(meta))
+    cfg, s, rid = _copy_with_attributes(tiny, tmp_path, lambda a: a.update(status="weird"))
     swept = tmp_path / "sweep.toml"
     swept.write_text(Path(cfg).read_text() + '\n[sweep]\n"train.seed" = [5]\n')  # not tiny's run
     assert rid not in {p.run_id for p in expand_grid(load_config(swept))}
