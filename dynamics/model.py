@@ -383,6 +383,10 @@ class Transformer(nn.Module):
         L, H = self.cfg.n_layers, self.cfg.n_heads
         if head_gates is not None and head_gates.shape not in ((L, H), (B, L, H), (1, L, H)):
             raise ValueError(f"head_gates: expected shape ({L}, {H}) or ({B}, {L}, {H}), got {tuple(head_gates.shape)}")
+        if head_gates is not None and head_gates.dtype != self.W_E.dtype:
+            # a gate tensor made from a numpy array is float64; refused here by name rather than by
+            # torch.addmm's "mat1 and mat2 must have the same dtype" deep in the first block
+            raise ValueError(f"head_gates: expected dtype {self.W_E.dtype} (the model's), got {head_gates.dtype}")
         # F.embedding, not W_E[tokens]: indexing's backward (index_put_ with accumulate) adds with
         # atomics on more than one thread, so at train.threads > 1 the same run's W_E gradient changed
         # from one run to the next; the embedding's sums each row in token order on any thread count

@@ -109,6 +109,13 @@ def test_batched_head_gates_equal_per_row_runs():
         model(toks, head_gates=torch.ones(H, L))
 
 
+def test_head_gates_of_another_dtype_refused_by_name():
+    # gates made from a numpy array are float64: named here, not torch.addmm's dtype error
+    model, toks = make(), tokens(B=2)
+    with pytest.raises(ValueError, match=r"head_gates: expected dtype torch.float32 \(the model's\), got torch.float64"):
+        model(toks, head_gates=torch.ones(L, H, dtype=torch.float64))
+
+
 def test_gate_grads_fixed_equal_autograd():
     model, toks = make(), tokens()
     loss = nll(model(toks), toks)
