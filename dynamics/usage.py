@@ -252,8 +252,9 @@ def check_device(device: str) -> None:
 
 
 def check_devices(cfg) -> None:
-    """Every device a sweep's points would train on (the base one and a train.device axis)."""
-    for device in {cfg.train.device, *cfg.sweep.axes.get("train.device", ())}:
+    """Every device a sweep's points would train on: a train.device axis's values, else the base one
+    (which no point trains on when the axis sets it at every point)."""
+    for device in dict.fromkeys(cfg.sweep.axes.get("train.device", (cfg.train.device,))):
         check_device(str(device))
 
 

@@ -327,6 +327,18 @@ def test_cuda_without_cuda_is_refused_before_any_store(tiny):
     assert not (d / "c.zarr").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA")
+def test_a_base_device_every_point_of_a_device_axis_replaces_is_not_checked(tiny):
+    # no point trains on [train] device when a train.device axis sets it at every point
+    from dynamics.config import load_config
+    from dynamics.usage import UsageError, check_devices
+
+    _, cfg, _ = tiny
+    check_devices(load_config(cfg, ["train.device='cuda'", "sweep.train.device=['cpu']"]))
+    with pytest.raises(UsageError, match="train.device 'cuda:1': this torch .* has no usable CUDA device"):
+        check_devices(load_config(cfg, ["sweep.train.device=['cpu', 'cuda:1']"]))
+
+
 def test_a_sweep_on_an_existing_cluster_leaves_devices_to_its_workers(tiny):
     d, cfg, _ = tiny
     # The CUDA check is local; with --scheduler the workers decide, so the scheduler is what fails.
