@@ -28,6 +28,10 @@ def code_hash(package: str = "dynamics") -> str | None:
     """SHA-256 hex digest of the package's ``.py`` files, by their relative paths and bytes, or
     None where no such package is installed.
 
+    Only files Python could import as modules: an editor's lock file beside one being edited
+    (Emacs's ``.#model.py``, a link to a file that does not exist) is not code the package runs,
+    and opening it failed every run and sweep after its store was made.
+
     Read from disk on each call (about a megabyte, a few ms); :func:`process_code_hash` keeps
     the first for the process.
 
@@ -43,7 +47,8 @@ def code_hash(package: str = "dynamics") -> str | None:
     files = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        files += [os.path.join(folder, n) for n in names if n.endswith(".py")]
+        files += [path for n in names if n.endswith(".py") and n[:-3].isidentifier()
+                  and os.path.isfile(path := os.path.join(folder, n))]
     h = hashlib.sha256()
     for name in sorted(os.path.relpath(f, root).replace(os.sep, "/") for f in files):
         with open(os.path.join(root, name), "rb") as f:
@@ -60,7 +65,10 @@ def process_code_hash() -> str | None:
 
     What a long-running process trains with is the code it imported, not files edited on disk
     since: a researcher who edits an editable install while a sweep runs must not see its later
-    points refused, nor a notebook's runs take the hash of code it never loaded."""
+    points refused, nor a notebook's runs take the hash of code it never loaded. So
+    :mod:`dynamics.train` makes the first call as it is imported, with the model, task and store
+    code it trains with; a module it imports only when first needed (the CHG fits', the analysers
+    a distillation reads) and edited in between is read as edited, and hashed as it was."""
     return code_hash()
 
 

@@ -42,6 +42,10 @@ from dynamics.signals import deferred_signals
 from dynamics.store.writer import EMPTY_CHUNKS_WRITTEN
 from dynamics.tasks import data_hash, make_batch
 
+# the hash of the code this process loaded, taken now: at a run's first call, a notebook that
+# imported this module and then saved an edit recorded the edited files' hash, not its own code's
+provenance.process_code_hash()
+
 Progress = Callable[[int, int, float], None]
 """progress(step, total_steps, last_loss), called every few steps."""
 

@@ -202,3 +202,31 @@ def test_mixed_execution_compares_only_what_every_run_recorded():
     resumed = AVX2 | {"resumes": [{"step": 9, "torch_version": T, "device": CPU}]}
     assert mixed_execution({"r1": AVX2, "x": resumed, "u": AVX2 | {"torch_version": "2.12.1+cpu"}}) == NOTE.format(
         n=3, groups="torch 2.13.0+cpu, cpu: r1, x; torch 2.12.1+cpu, cpu: u")
+
+
+def test_an_editors_lock_file_is_not_hashed_as_code(tmp_path, monkeypatch):
+    # Emacs's .#b.py beside b.py being edited: a link to a file that does not exist, and no module
+    make_package(tmp_path, "pkg_locked", {"__init__.py": b"x = 1", "b.py": b"y = 2\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = provenance.code_hash("pkg_locked")
+    os.symlink("user@host.1234:1700000000", tmp_path / "pkg_locked" / ".#b.py")
+    (tmp_path / "pkg_locked" / "b copy.py").write_bytes(b"y = 3\n")  # no module either: not importable by name
+    assert provenance.code_hash("pkg_locked") == before
+
+
+def test_a_process_that_imported_the_training_code_keeps_its_hash_through_a_later_edit(tmp_path):
+    # a notebook imports dynamics.train, saves an edit, then trains: the run must record the code it
+    # trained with, not the edited files', which it read at its first call before
+    package = Path(provenance.__file__).parent
+    shutil.copytree(package, tmp_path / "dynamics", ignore=shutil.ignore_patterns("__pycache__"))
+    script = (
+        "from dynamics.provenance import code_hash\n"
+        "loaded = code_hash()\n"
+        "import dynamics.train\n"
+        "open('dynamics/limits.py', 'a').write('# edited\\n')\n"
+        "from dynamics.provenance import process_code_hash\n"
+        "print(process_code_hash() == loaded, code_hash() != loaded)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "True True\n"
