@@ -117,3 +117,21 @@ def test_root_index_survives_sweep_index_and_concurrent_writers(tmp_path):
     store.reindex(path)
     assert xr.open_zarr(path, group="runs/t0").attrs["status"] == "completed"
     assert store.read_sweep_index(path)["axes"] == ["train.seed"]
+
+
+@pytest.mark.parametrize("damage", [
+    lambda cm: cm.update(metadata=[]), lambda cm: cm.update(metadata="x"), lambda cm: cm.update(metadata=None),
+    lambda cm: cm["metadata"].update({"runs/r1": 7}), lambda cm: cm.clear()])
+def test_an_index_that_is_not_one_is_rebuilt_by_the_next_write(tmp_path, damage):
+    # a hand-edited index (a list, a string, null, an entry no dict) failed every later write of the
+    # store with a TypeError, after `run` had made its run group; it is rebuilt from the groups instead
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    edit_root(path, lambda root: damage(root["consolidated_metadata"]))
+    write_run(path, "r2", seed=1)
+    assert set(index(path)) == {"runs", "analysis", "derived", "runs/r1", "runs/r2"}
+    edit_root(path, lambda root: damage(root["consolidated_metadata"]))
+    store.init_store(path)
+    store.refresh_index(path, ["r1"])
+    assert index(path)["runs/r1"]["attributes"] == {"status": "completed", "empty_chunks_written": True}
+    assert xr.open_zarr(path, group="runs/r2").attrs["status"] == "completed"

@@ -66,6 +66,17 @@ def _write_root(loc: _Loc, root: dict) -> None:
     loc.set("zarr.json", json.dumps(root, allow_nan=True).encode())
 
 
+def _index_of(root: dict) -> dict | None:
+    """The root's index (group path -> entry), or None where it is missing or not one: a
+    hand-edited ``metadata`` list, string or null failed every later write of the store with a
+    TypeError, and the index holds nothing the groups do not (it is rebuilt from them)."""
+    cm = root.get("consolidated_metadata")
+    flat = cm.get("metadata") if isinstance(cm, dict) else None
+    if not isinstance(flat, dict) or not all(isinstance(e, dict) for e in flat.values()):
+        return None
+    return flat
+
+
 def _read_root(loc: _Loc) -> dict:
     root = loc.get_json("zarr.json")
     if root is None:
@@ -116,7 +127,7 @@ def _index_entries(loc: _Loc, gpaths: list[str]) -> None:
     """Refresh the root-index entries of these groups in one read-modify-write of the root."""
     with _locked(loc):
         root = _read_root(loc)
-        flat = root.get("consolidated_metadata", {}).get("metadata")
+        flat = _index_of(root)
         if flat is None:
             _rebuild_index(loc)
             return

@@ -33,6 +33,7 @@ from dynamics.store._loc import (
 from dynamics.store.index import (
     _DEFERRED,
     _index_entries,
+    _index_of,
     _index_update,
     _node_entry,
     _read_root,
@@ -71,7 +72,7 @@ def refresh_index(path: str | os.PathLike, run_ids: list[str]) -> None:
     if loc.local is None and loc.url in _DEFERRED:
         return
     try:
-        flat = _read_root(loc).get("consolidated_metadata", {}).get("metadata") or {}
+        flat = _index_of(_read_root(loc)) or {}
         # compared as JSON text: an attribute that is NaN is never equal to itself
         stale = [g for g in (f"runs/{r}" for r in run_ids)
                  if json.dumps(flat.get(g), sort_keys=True) != json.dumps(_node_entry(loc, g), sort_keys=True)]
@@ -276,7 +277,7 @@ def init_store(path: str | os.PathLike) -> None:
     check_sections(loc)
     if loc.local is not None:  # an hour old: no live write (a creation of a run's arrays rewrites these unlocked)
         clear_partials(loc.local, *(loc.local / s for s in SECTIONS), min_age=STALE_PARTIAL_S)
-    if not all(_group_exists(loc, s) for s in SECTIONS) or "consolidated_metadata" not in root:
+    if not all(_group_exists(loc, s) for s in SECTIONS) or _index_of(root) is None:
         with _locked(loc):
             for section in SECTIONS:
                 if not _group_exists(loc, section):
