@@ -36,8 +36,7 @@ def chg_fitted(cfg: RunConfig, steps_at: np.ndarray) -> np.ndarray:
 
 def store_head_weights(cfg: RunConfig) -> bool:
     """Whether head weight slices are recorded (auto: up to d_model 256)."""
-    mode = cfg.record.head_weights
-    return mode == "on" or (mode == "auto" and cfg.model.d_model <= 256)
+    return schema.head_weights_recorded(cfg.record.head_weights, cfg.model.d_model)
 
 
 def variables(cfg: RunConfig, n_snapshots: int) -> dict[str, tuple]:

@@ -69,6 +69,40 @@ RUN_VARIABLES = {
     "chg_role": (SNAPSHOT, LAYER, HEAD),
 }
 
+HEAD_WEIGHTS_AUTO_MAX_D_MODEL = 256
+"""``record.head_weights = "auto"`` records head weight slices up to this d_model."""
+
+
+def head_weights_recorded(mode: str, d_model: int) -> bool:
+    """Whether a run records ``head_weights``, from its ``record.head_weights`` and ``model.d_model``."""
+    return mode == "on" or (mode == "auto" and d_model <= HEAD_WEIGHTS_AUTO_MAX_D_MODEL)
+
+
+def recorded_arrays(config) -> frozenset[str] | None:
+    """The variables and coordinates a training run with this stored ``config`` attr (the nested
+    dict of ``RunConfig.to_dict``) creates, the interventions' arrays aside; None where the
+    config lacks what decides them.
+
+    Zarr lists a group's arrays from the folders there: an array whose folder is gone is not
+    listed at all, so checking the chunks of the arrays listed never names it (a run's lost
+    ``grad_norm`` then dropped that feature from every run a predictor fitted, without a word).
+    """
+    model = config.get("model") if isinstance(config, dict) else None
+    record = config.get("record") if isinstance(config, dict) else None
+    if not isinstance(model, dict) or not isinstance(record, dict):
+        return None
+    mode, d_model, chg_every = record.get("head_weights"), model.get("d_model"), record.get("chg_every")
+    if not isinstance(mode, str) or not isinstance(d_model, int) or not isinstance(chg_every, int):
+        return None
+    names = {"attention", "probe_tokens", "grad_norm", "grad_cosine", "importance", "gate", "loss", "eval_loss",
+             "step", LAYER, HEAD, WEIGHT, COMPONENT, TRAIN_STEP}
+    if head_weights_recorded(mode, d_model):
+        names.add("head_weights")
+    if chg_every:
+        names |= {"chg", "chg_role", FIT}
+    return frozenset(names)
+
+
 RUN_STATUSES = ("running", "completed", "diverged", "failed", "interrupted")
 FINISHED_STATUSES = ("completed", "diverged")
 """Statuses of a run whose training ended on its own: never retrained, analysed as final."""

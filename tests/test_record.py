@@ -262,3 +262,18 @@ def test_the_probe_and_each_components_eval_loss_by_hand(tmp_path):
         with torch.no_grad():
             want = F.cross_entropy(model(rows[:, :-1]).flatten(0, 1), rows[:, 1:].flatten()).item()
         assert ds.eval_loss.values[-1, c] == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("settings", [
+    {}, {"model": {"d_model": 320, "n_heads": 4}}, {"record": {"head_weights": "off"}},
+    {"record": {"head_weights": "on", "chg_every": 2}, "model": {"d_model": 320, "n_heads": 4}}])
+def test_recorded_arrays_are_those_a_run_creates(settings):
+    # what check_recorded expects of a run from its config attr, torch-free, against what the writer is given
+    from dynamics import schema
+    from dynamics.config import from_dict
+    from dynamics.record import coords, variables
+
+    cfg = from_dict({"train": {"steps": 10}} | settings)
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    assert schema.recorded_arrays(cfg.to_dict()) == set(variables(cfg, len(steps_at))) | set(coords(cfg, steps_at))
+    assert schema.recorded_arrays({"model": {}}) is None and schema.recorded_arrays(None) is None

@@ -3,6 +3,8 @@ unreadable_chunk: a chunk cut short, named with its run and array."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -234,3 +236,22 @@ def test_a_chunk_cut_short_is_named_with_its_run_and_array(tmp_path):
     assert isinstance(e, StoreError)
     assert f"{path}: run r1: array grad_norm at snapshot 1 (step 5): its chunk runs/r1/grad_norm/c/1/0/0/0 cannot be " \
            f"decoded (damaged: " in str(e) and "\n" not in str(e)
+
+
+def test_an_array_whose_whole_folder_is_gone_is_named(tmp_path, tiny_config):
+    # zarr lists a group's arrays from its folders: one whose folder is gone is not listed, so no
+    # chunk of it was checked, and a predictor dropped its grad_norm features for every run unsaid
+    from dynamics.config import load_config
+    from dynamics.train import train_run
+
+    path = tmp_path / "s.zarr"
+    run_id = train_run(load_config(tiny_config(steps=10, every=5)), str(path)).run_id
+    store.check_recorded(path, run_id)
+    run = path / "runs" / run_id
+    shutil.rmtree(run / "grad_norm")
+    with pytest.raises(StoreError, match=rf"^{path}: run {run_id}: array grad_norm is missing, though the run wrote "
+                                         rf"it: its folder runs/{run_id}/grad_norm is gone; restore runs/{run_id}"):
+        store.check_recorded(path, run_id)
+    shutil.rmtree(run / "layer")
+    with pytest.raises(StoreError, match=rf"run {run_id}: array grad_norm \(and layer\) is missing"):
+        store.check_recorded(path, run_id)

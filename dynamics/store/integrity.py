@@ -29,7 +29,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync as _sync
 
-from dynamics.schema import FINISHED_STATUSES, SNAPSHOT, TRAIN_STEP
+from dynamics.schema import FINISHED_STATUSES, SNAPSHOT, TRAIN_STEP, recorded_arrays
 from dynamics.store._loc import StoreError, _default_run, _Loc, _unreadable_member
 from dynamics.store.root import _require_store, run_attrs
 from dynamics.store.writer import EMPTY_CHUNKS_WRITTEN
@@ -122,7 +122,9 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
     analyses such runs, asks for it: a lost chunk there read as NaN, drawn as a snapshot whose
     heads all had no role.
 
-    Checked, from the file listing alone (no chunk is read): every coordinate, the
+    Checked, from the file listing alone (no chunk is read): that every array a training run
+    creates is there (:func:`~dynamics.schema.recorded_arrays`, in a run marked
+    EMPTY_CHUNKS_WRITTEN whose ``config`` attr says which), every coordinate, the
     :data:`WRITTEN_EVERY_SNAPSHOT` variables at every snapshot the run recorded (every variable
     with a snapshot dimension, in a run marked :data:`~dynamics.store.writer.EMPTY_CHUNKS_WRITTEN`),
     ``loss`` over the steps it trained, and ``probe_tokens``. Runs not finished are not checked (their later
@@ -158,6 +160,13 @@ def check_recorded(path: str | os.PathLike, run_id: str | None = None, attrs: di
         return
     snapshots, train_steps = extent
     every = attrs.get(EMPTY_CHUNKS_WRITTEN) is True
+    # an array whose folder is gone is not listed, so none of its chunks are checked below
+    expected = recorded_arrays(attrs.get("config")) if every else None
+    lost = sorted(expected - arrays.keys()) if expected else []
+    if lost:
+        more = f" (and {', '.join(lost[1:])})" if len(lost) > 1 else ""
+        raise StoreError(f"{loc}: run {run_id}: array {lost[0]}{more} is missing, though the run wrote it: its "
+                         f"folder runs/{run_id}/{lost[0]} is gone; {_go_on(run_id)}")
     missing: list[tuple[str, tuple[int, ...]]] = []
     for name in sorted(arrays):
         arr = arrays[name]
