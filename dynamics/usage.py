@@ -54,6 +54,16 @@ class OneLineParser(argparse.ArgumentParser):
         vars(namespace).pop(_GIVEN, None)
         return namespace, rest
 
+    def parse_args(self, args=None, namespace=None):
+        namespace, rest = self.parse_known_args(args, namespace)
+        if rest:
+            # argparse refuses a subcommand's unknown flag from the top parser, whose help lists
+            # no flags of the subcommand's: its own help is the one to read
+            chosen = [a.choices.get(getattr(namespace, a.dest, None)) for a in self._actions
+                      if isinstance(a, argparse._SubParsersAction)]
+            (next((p for p in chosen if p is not None), self)).error(f"unrecognized arguments: {' '.join(rest)}")
+        return namespace
+
     def error(self, message: str):
         # "dynamics: error:" as every other refusal of the command, where argparse put the
         # subcommand's prog ("dynamics run: error:"); prog names the help to read. A bench script's

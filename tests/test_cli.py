@@ -172,6 +172,8 @@ def test_the_installed_program_is_consoles_entry_point():
     # argparse kept the last of a flag given twice: the run went to new19.zarr
     (["run", "{cfg}", "--out", "{d}/new20.zarr", "--out", "{d}/new19.zarr"], "argument --out: given twice"),
     (["gates", "{path}", "--run", "a", "--run", "b"], "argument --run: given twice"),
+    # refused from the top parser, whose help lists none of the subcommand's flags
+    (["status", "{path}", "--bogus"], "unrecognized arguments: --bogus (see dynamics status --help)"),
     (["run", "{cfg}", "--out", "{d}/new21.zarr", "--device", "cpu", "--set", "train.device=\"cuda\""],
      "give --device or --set train.device, not both"),
     # the working directory became the store, or received the report's index.html
