@@ -82,17 +82,25 @@ def test_a_task_payload_runs_the_check_where_it_is_loaded_and_names_what_a_worke
     assert provenance.missing_code(ValueError("dynamics.provenance"), here) is None
 
 
-def test_a_process_keeps_the_hash_of_the_code_it_started_with(tmp_path):
+@pytest.mark.parametrize("script", [
     # An editable install edited while a sweep runs: its workers imported the code as it was, and
     # their later points must not be refused as other code.
+    "from dynamics.provenance import code_hash, process_code_hash\n"
+    "loaded = process_code_hash()\n"
+    "open('dynamics/limits.py', 'a').write('# edited\\n')\n"
+    "print(loaded == process_code_hash(), loaded != code_hash())\n",
+    # A notebook imports dynamics.train, saves an edit, then trains: the run must record the code it
+    # trained with, not the edited files', which it read at its first call before.
+    "from dynamics.provenance import code_hash\n"
+    "loaded = code_hash()\n"
+    "import dynamics.train\n"
+    "open('dynamics/limits.py', 'a').write('# edited\\n')\n"
+    "from dynamics.provenance import process_code_hash\n"
+    "print(process_code_hash() == loaded, code_hash() != loaded)\n"], ids=["sweep_worker", "notebook"])
+def test_a_process_keeps_the_hash_of_the_code_it_loaded(tmp_path, script):
     package = Path(provenance.__file__).parent
     shutil.copytree(package, tmp_path / "dynamics", ignore=shutil.ignore_patterns("__pycache__"))
-    script = (
-        "from dynamics.provenance import code_hash, process_code_hash\n"
-        "first = process_code_hash()\n"
-        "open('dynamics/limits.py', 'a').write('# edited\\n')\n"
-        "print(first == process_code_hash(), first != code_hash())\n")
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert r.stdout == "True True\n"  # the files changed under it, and the kept hash did not
@@ -213,20 +221,3 @@ def test_an_editors_lock_file_is_not_hashed_as_code(tmp_path, monkeypatch):
     (tmp_path / "pkg_locked" / "b copy.py").write_bytes(b"y = 3\n")  # no module either: not importable by name
     assert provenance.code_hash("pkg_locked") == before
 
-
-def test_a_process_that_imported_the_training_code_keeps_its_hash_through_a_later_edit(tmp_path):
-    # a notebook imports dynamics.train, saves an edit, then trains: the run must record the code it
-    # trained with, not the edited files', which it read at its first call before
-    package = Path(provenance.__file__).parent
-    shutil.copytree(package, tmp_path / "dynamics", ignore=shutil.ignore_patterns("__pycache__"))
-    script = (
-        "from dynamics.provenance import code_hash\n"
-        "loaded = code_hash()\n"
-        "import dynamics.train\n"
-        "open('dynamics/limits.py', 'a').write('# edited\\n')\n"
-        "from dynamics.provenance import process_code_hash\n"
-        "print(process_code_hash() == loaded, code_hash() != loaded)\n")
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == "True True\n"
