@@ -430,6 +430,26 @@ def test_weight_metrics_dask_run_dim_and_missing_heads():
         assert np.isfinite(eager.isel(run=1, head=[0, 1], head_b=[0, 1]).values).all()
 
 
+@pytest.mark.parametrize("narrower", ["d_head", "d_model"])
+def test_weight_metrics_of_a_run_padded_to_a_wider_one_are_its_own(narrower):
+    # open_sweep pads a narrower run's d_head (a head-count sweep at a fixed d_model) or d_model
+    # with NaN in every head: each of its real heads read as missing, NaN throughout
+    rng = np.random.default_rng(3)
+    w = head_weights(rng.normal(size=(2, 2, 3, 4, 6, 4)))  # (snapshot, layer, head, weight, d_model, d_head)
+    own = w.isel({narrower: slice(0, 2)})
+    sweep = xr.concat([w, own.pad({narrower: (0, w.sizes[narrower] - 2)})], dim="run")  # run 1: last columns NaN
+    for fn in (qk_cosine, principal_angles, lambda x: principal_angles(x, "v", kind="angles")):
+        for data in (sweep, sweep.chunk({"snapshot": 1})):
+            got = fn(data).compute()
+            np.testing.assert_allclose(got.isel(run=0).values, fn(w).values, rtol=1e-12)
+            mine = got.isel(run=1)
+            if "angle" in got.dims:  # its own min(d_model, d_head) = 2 of them, then NaN
+                assert np.isnan(mine.isel(angle=slice(2, None)).values).all()
+                mine = mine.isel(angle=slice(0, 2))
+            np.testing.assert_allclose(mine.values, fn(own).values, rtol=1e-12)
+            assert np.isfinite(mine.values).all()
+
+
 def test_analysis_modules_import_neither_torch_nor_zarr():
     root = Path(__file__).resolve().parents[1] / "dynamics" / "analysis"
     modules = sorted(root.glob("*.py"))

@@ -307,18 +307,49 @@ def _gram(w):
     return np.swapaxes(w, -1, -2)[..., :, None, :, :] @ w[..., None, :, :, :]
 
 
-def _principal_cos_kernel(w):
-    # w (..., H, M, D) -> cosines of principal angles (..., H, H, D), descending
-    missing = np.isnan(w).any(axis=(-2, -1))  # (..., H)
-    q, _ = np.linalg.qr(np.where(np.isnan(w), 0.0, w.astype(np.float64)))  # (..., H, M, D)
-    overlap = _gram(q)  # (..., H, H, D, D) = Q_a^T Q_b
+def _real_blocks(w):
+    """Slices of w (N, H, M, D) grouped by the d_model rows and d_head columns that hold a value
+    in any head: (indices, rows, cols) per group, for the slices with any value at all.
+
+    open_sweep pads a narrower run's d_model and d_head with NaN in every head (a head-count
+    sweep at a fixed d_model, a width sweep), and one NaN column made each of its real heads
+    missing. Each width is computed on its own columns: zero columns instead would keep QK^T but
+    add an arbitrary QR completion to the subspaces."""
+    finite = ~np.isnan(w)
+    masks = np.concatenate([finite.any(axis=(1, 3)), finite.any(axis=(1, 2))], axis=1)  # (N, M + D)
+    kinds, which = np.unique(masks, axis=0, return_inverse=True)
+    for k, mask in enumerate(kinds):
+        rows, cols = mask[: w.shape[2]], mask[w.shape[2]:]
+        if rows.any() and cols.any():
+            yield np.flatnonzero(which.ravel() == k), rows, cols
+
+
+def _principal_cos_block(w):
+    # w (N, H, M, D) without padding -> cosines of principal angles (N, H, H, min(M, D)), descending
+    missing = np.isnan(w).any(axis=(-2, -1))  # (N, H)
+    q, _ = np.linalg.qr(np.where(np.isnan(w), 0.0, w.astype(np.float64)))  # (N, H, M, D)
+    overlap = _gram(q)  # (N, H, H, D, D) = Q_a^T Q_b
     cos = np.clip(np.linalg.svd(overlap, compute_uv=False), 0.0, 1.0)
     bad = missing[..., :, None] | missing[..., None, :]
     return np.where(bad[..., None], np.nan, cos)
 
 
+def _principal_cos_kernel(w):
+    # w (..., H, M, D) -> cosines of principal angles (..., H, H, min(M, D)), descending; NaN past
+    # a padded slice's own min(M, D)
+    *lead, H, M, D = w.shape
+    flat = w.reshape(-1, H, M, D)
+    out = np.full((flat.shape[0], H, H, min(M, D)), np.nan)
+    for idx, rows, cols in _real_blocks(flat):
+        cos = _principal_cos_block(flat[idx][:, :, rows][:, :, :, cols])  # (n, H, H, r)
+        out[idx, :, :, : cos.shape[-1]] = cos
+    return out.reshape(*lead, H, H, min(M, D))
+
+
 def _mean_cos_kernel(w):
-    return _principal_cos_kernel(w).mean(-1)
+    cos = _principal_cos_kernel(w)
+    n = np.count_nonzero(~np.isnan(cos), axis=-1)  # a slice's own number of angles; 0 for a missing head
+    return np.where(n > 0, np.nansum(cos, axis=-1) / np.maximum(n, 1), np.nan)
 
 
 def _angles_kernel(w):
@@ -356,7 +387,10 @@ def principal_angles(head_weights: xr.DataArray, weight: str = "q", *, kind: str
     Returns
     -------
     DataArray
-        float64; NaN where either head is missing.
+        float64; NaN where either head is missing. Each slice is taken on the d_model rows and
+        d_head columns its heads hold: in a sweep from ``open_sweep``, whose narrower runs are
+        padded with NaN, a run's heads are compared on its own width, and with
+        ``kind="angles"`` its angles past its own min(d_model, d_head) are NaN.
 
     Examples
     --------
@@ -387,7 +421,17 @@ def principal_angles(head_weights: xr.DataArray, weight: str = "q", *, kind: str
 
 
 def _qk_cosine_kernel(wq, wk):
-    # wq, wk (..., H, M, D) -> (..., H, H)
+    # wq, wk (..., H, M, D) -> (..., H, H), each slice on its own rows and columns (_real_blocks)
+    *lead, H, M, D = wq.shape
+    fq, fk = wq.reshape(-1, H, M, D), wk.reshape(-1, H, M, D)
+    out = np.full((fq.shape[0], H, H), np.nan)
+    for idx, rows, cols in _real_blocks(fq):
+        out[idx] = _qk_cosine_block(fq[idx][:, :, rows][:, :, :, cols], fk[idx][:, :, rows][:, :, :, cols])
+    return out.reshape(*lead, H, H)
+
+
+def _qk_cosine_block(wq, wk):
+    # wq, wk (N, H, M, D) without padding -> (N, H, H)
     wq, wk = wq.astype(np.float64), wk.astype(np.float64)
     # <Wq_a Wk_a^T, Wq_b Wk_b^T>_F = sum_ij (Wq_a^T Wq_b)_ij (Wk_a^T Wk_b)_ij: (D x D) Gram
     # blocks per pair instead of (d_model x d_model) circuits.
@@ -419,7 +463,9 @@ def qk_cosine(head_weights: xr.DataArray) -> xr.DataArray:
     Returns
     -------
     DataArray
-        Dims (..., layer, head, head_b); NaN for a missing or all-zero head.
+        Dims (..., layer, head, head_b); NaN for a missing or all-zero head. Each slice is
+        taken on the d_model rows and d_head columns its heads hold, so a narrower run of a
+        sweep from ``open_sweep`` (padded with NaN) is compared on its own width.
 
     Examples
     --------

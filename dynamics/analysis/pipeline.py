@@ -44,7 +44,7 @@ from dynamics.analysis.slash import (
     token_share,
 )
 from dynamics.schema import ANALYSIS_VERSION as ANALYSIS_VERSION  # re-exported: its home before it moved to schema
-from dynamics.schema import D_HEAD, D_MODEL, HEAD, KEY, LAYER, PROBE, QUERY, RUN, SNAPSHOT, WEIGHT, require_dims
+from dynamics.schema import HEAD, KEY, LAYER, PROBE, QUERY, RUN, SNAPSHOT, require_dims
 
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
 READS = ("attention", "probe_tokens", "importance", "gate", "head_weights")
@@ -259,8 +259,8 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
 
     if "head_weights" in ds:
         weights = _in_blocks(ds["head_weights"])
-        parts["qk_cosine"] = by_weight_width(weights, qk_cosine)
-        parts["q_subspace_cos"] = by_weight_width(weights, lambda w: principal_angles(w, weight="q"))
+        parts["qk_cosine"] = qk_cosine(weights)  # each run on its own width (open_sweep pads narrower ones)
+        parts["q_subspace_cos"] = principal_angles(weights, weight="q")
 
     out = xr.Dataset(parts, coords={"step": ds["step"]})
     out.attrs.update(
@@ -413,36 +413,6 @@ STAGE_BYTES = 8 * 2**20
 """Attention bytes per task of the per-snapshot stage (dask input). A task's peak memory is a
 few times this (43 MiB on bench/analysis.py's blocks of 4 snapshots: the float64 temporaries
 of the head-by-head JS kernel, `js_kernels`), per thread, whatever the run's length."""
-
-
-def by_weight_width(weights: xr.DataArray, fn) -> xr.DataArray:
-    """``fn(weights)``, computed over each set of runs whose weights share one (d_model, d_head)
-    width, on those columns only.
-
-    open_sweep pads a narrower run's d_model and d_head with NaN (a head-count sweep at a fixed
-    d_model, a width sweep), and one NaN column made each of its heads' QK cosines and subspace
-    angles NaN: real heads read as missing. Zero columns instead would keep QK^T but add an
-    arbitrary QR completion to the subspaces, so each width is computed on its own. A run's
-    width is read from its first snapshot's first head (every run has both), a small read. One
-    run picked from a sweep (``.sel(run=...)``, run a scalar coordinate) keeps its padding, so it
-    is cropped the same way, as a sweep of one.
-    """
-    if RUN not in weights.dims:
-        return by_weight_width(weights.expand_dims(RUN), fn).isel({RUN: 0})
-    first = weights.isel({SNAPSHOT: 0, LAYER: 0, HEAD: 0, WEIGHT: 0})  # (run, d_model, d_head): initial weights
-    widths = list(zip(first.isel({D_HEAD: 0}).notnull().sum(D_MODEL).values.tolist(),
-                      first.isel({D_MODEL: 0}).notnull().sum(D_HEAD).values.tolist(), strict=True))
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, width in enumerate(widths):
-        groups.setdefault(width, []).append(i)
-    parts, order = [], []
-    for (d_model, d_head), runs in groups.items():
-        # a run without head_weights (record.head_weights off, or auto past d_model 256) reads
-        # width 0: kept whole, its result all NaN as before, where a 0-wide slice failed in dask
-        cut = {D_MODEL: slice(0, d_model), D_HEAD: slice(0, d_head)} if d_model and d_head else {}
-        parts.append(fn(weights.isel({RUN: runs, **cut})))
-        order += runs
-    return parts[0] if len(parts) == 1 else xr.concat(parts, dim=RUN).isel({RUN: np.argsort(order)})
 
 
 def read_in_blocks(ds: xr.Dataset) -> xr.Dataset:
