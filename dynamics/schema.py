@@ -131,6 +131,9 @@ def require_dims(data, dims, what: str) -> None:
     have = tuple(getattr(data, "dims", ()))
     if not hasattr(data, "dims"):
         raise ValueError(f"{what} must be an xarray DataArray with dims {tuple(dims)}; got {type(data).__name__}")
+    if hasattr(data, "data_vars"):  # a Dataset has dims too, and failed deep in xarray ("inconsistent chunks")
+        raise ValueError(f"{what} must be an xarray DataArray with dims {tuple(dims)}, one variable of the "
+                         f"Dataset given (its variables: {', '.join(map(str, data.data_vars))})")
     missing = [d for d in dims if d not in have]
     if missing:
         hint = " (a .sel or .isel with an int drops the dim it picks: select with a list to keep it)"

@@ -605,6 +605,47 @@ def test_wrong_input_is_named_before_any_work():
     assert analyse_run(ds.isel(layer=[0]), AnalysisOptions()).sizes["layer"] == 1
 
 
+def test_the_public_analysers_name_a_dataset_or_a_variable_given_for_another():
+    # a Dataset passed where one of its variables is wanted failed deep in xarray ("inconsistent
+    # chunks", "the first argument to .rename must be a dictionary"); a variable without the dims
+    # within_layer_divergence averages over was averaged all the same: its mean importance read as a
+    # divergence curve
+    import dynamics.analysis as A
+
+    ds = sweep_like().sel(run="a", drop=True)
+    scores = A.role_scores(ds.attention, ds.probe_tokens)
+    for call, what in (
+            (lambda x: A.js_distance(x), "js_distance: attn_a"),
+            (lambda x: A.principal_angles(x), "head_weights"),
+            (lambda x: A.qk_cosine(x), "head_weights"),
+            (lambda x: A.winner_take_all(x), "winner_take_all: importance"),
+            (lambda x: A.gini(x), "gini: x"),
+            (lambda x: A.redundancy_fraction(x), r"redundancy_fraction: labels \(of cluster_heads\)"),
+            (lambda x: A.attention_correlation(x), "attention_correlation: attn"),
+            (lambda x: A.within_layer_divergence(x), r"within_layer_divergence: jsd \(of js_distance\)"),
+            (lambda x: A.slash_score(x), "attention"),
+            (lambda x: A.best_offset(x), r"scores \(of slash_score\)"),
+            (lambda x: A.slash_dominant(x, delta=1), r"slash_dominant: scores \(of slash_score\)"),
+            (lambda x: A.dominant_share(x), "dominant_share: dominant"),
+            (lambda x: A.commitment_step(x), "commitment_step: labels")):
+        with pytest.raises(ValueError, match=rf"^{what} must be an xarray DataArray with dims .*, one variable of "
+                                             rf"the Dataset given \(its variables: attention, "):
+            call(ds)
+    for call, what in ((lambda: A.within_layer_divergence(ds.importance), "within_layer_divergence: jsd"),
+                       (lambda: A.mean_within_layer_divergence(ds.attention), "within_layer_divergence: jsd"),
+                       (lambda: A.attention_correlation(ds.importance), "attention_correlation: attn"),
+                       (lambda: A.principal_angles(ds.attention), "head_weights"),
+                       (lambda: A.token_share(ds.attention, ds.probe_tokens.rename(position="pos")), "tokens")):
+        with pytest.raises(ValueError, match=rf"{what}.* needs dims"):
+            call()
+    with pytest.raises(ValueError, match=r"^role_scores: tokens must be an xarray DataArray with dims "
+                                         r"\('probe', 'position'\); got ndarray$"):
+        A.role_scores(ds.attention, ds.probe_tokens.values)
+    with pytest.raises(ValueError, match=r"^assign_roles: scores must be the Dataset of every role score that "
+                                         r"role_scores returns; got DataArray$"):
+        A.assign_roles(scores["self"])
+
+
 def test_options_of_the_wrong_kind_are_named_by_field():
     # roles=None: AttributeError; kappa="0.5": a bare TypeError from '<'; token_run_length=2.5
     # accepted, and token_dominant then used a run of 2

@@ -239,6 +239,7 @@ def gini(x: xr.DataArray, dim: str = HEAD) -> xr.DataArray:
     >>> float(gini(xr.DataArray([0.0, 0.0, 0.0, 5.0], dims="head")))
     0.75
     """
+    require_dims(x, (dim,), "gini: x")
     # Coords along ``dim`` other than its index would clash once renamed; they are not needed.
     x = x.drop_vars([c for c in x.coords if dim in x[c].dims and c != dim])
     dim_b = f"{dim}_b"
@@ -318,4 +319,5 @@ def winner_take_all(importance: xr.DataArray) -> xr.DataArray:
     >>> winner_take_all(imp).values.tolist()
     [[0.0, 0.5]]
     """
+    require_dims(importance, (HEAD,), "winner_take_all: importance")
     return gini(importance, HEAD).where(importance.count(HEAD) >= 2).rename("winner_take_all")

@@ -218,6 +218,8 @@ def within_layer_divergence(jsd: xr.DataArray) -> xr.DataArray:
     >>> float(within_layer_divergence(d)[0])
     0.4
     """
+    # without head_b this averaged any input (importance, attention) into a plausible curve
+    require_dims(jsd, (LAYER, HEAD, HEAD_B), "within_layer_divergence: jsd (of js_distance)")
     block = _same_layer_block(jsd)
     n_head = block.sizes[HEAD]
     off_diagonal = xr.DataArray(~np.eye(n_head, dtype=bool), dims=(HEAD, HEAD_B))
@@ -293,6 +295,7 @@ def divergence_from_init(attn: xr.DataArray, *, eps: float = 1e-3) -> xr.DataArr
 
 
 def _select_weight(head_weights: xr.DataArray, name: str) -> xr.DataArray:
+    require_dims(head_weights, (HEAD, WEIGHT, D_MODEL, D_HEAD), "head_weights")
     if name not in WEIGHTS:
         raise ValueError(f"weight={name!r} is not one of {WEIGHTS}")
     if WEIGHT in head_weights.indexes:

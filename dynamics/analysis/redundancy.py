@@ -183,6 +183,7 @@ def redundancy_fraction(labels: xr.DataArray) -> xr.DataArray:
     >>> float(redundancy_fraction(lab))
     0.5
     """
+    require_dims(labels, (LAYER, HEAD), "redundancy_fraction: labels (of cluster_heads)")
     valid = labels >= 0
     same = (labels == _as_b(labels, [LAYER, HEAD])) & valid
     shares = same.sum((LAYER_B, HEAD_B)) >= 2  # the head itself plus at least one other
@@ -224,6 +225,7 @@ def attention_correlation(attn: xr.DataArray) -> xr.DataArray:
     >>> attention_correlation(attn).round(6).values.ravel().tolist()
     [1.0, 1.0, 1.0, 1.0]
     """
+    require_dims(attn, (LAYER, HEAD, PROBE, QUERY, KEY), "attention_correlation: attn")
     mask = xr.DataArray(_causal_mask(attn), dims=(QUERY, KEY))
     core = [PROBE, QUERY, KEY]
     x = attn.astype(np.float64).where(mask, 0.0)

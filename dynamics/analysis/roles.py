@@ -32,7 +32,7 @@ import xarray as xr
 from scipy.special import entr
 
 from dynamics.analysis.slash import _check_square, best_offset, confounded_offsets, slash_score, token_share
-from dynamics.schema import KEY, OFFSET, POSITION, PROBE, QUERY
+from dynamics.schema import KEY, OFFSET, POSITION, PROBE, QUERY, require_dims
 
 __all__ = [
     "GENERIC_ROLES",
@@ -186,7 +186,8 @@ def induction_score(attn: xr.DataArray, tokens: xr.DataArray) -> xr.DataArray:
     1.0
     """
     n = _check_square(attn)
-    if POSITION not in tokens.dims or tokens.sizes[POSITION] != n:
+    require_dims(tokens, (PROBE, POSITION), "induction_score: tokens")
+    if tokens.sizes[POSITION] != n:
         raise ValueError(f"tokens need dim {POSITION!r} of length {n}; got {dict(tokens.sizes)}")
     # key 0 has no preceding token: masked by position, not by a fill value, since a -1 fill
     # wraps to a real id (255) in unsigned token ids and key 0 matched every query holding it
@@ -374,6 +375,7 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
     """
     thresholds = RoleThresholds() if thresholds is None else thresholds
     n = _check_square(attn)
+    require_dims(tokens, (PROBE, POSITION), "role_scores: tokens")  # ds.probe_tokens, not its .values
     if n < 2:  # as model.context >= 2: one position attends to itself whatever the head does
         raise ValueError(f"role_scores needs probes of at least 2 positions (no previous token to score at 1); "
                          f"got query={n}")
@@ -514,6 +516,9 @@ def assign_roles(scores: xr.Dataset, thresholds: RoleThresholds | None = None) -
     >>> role_names(assign_roles(s)).tolist()
     ['self', 'diffuse']
     """
+    if not hasattr(scores, "data_vars"):  # one score failed as "The truth value of a Array is ambiguous"
+        raise ValueError(f"assign_roles: scores must be the Dataset of every role score that role_scores returns; "
+                         f"got {type(scores).__name__}")
     made = {r: scores[r].attrs["threshold"] for r in ROLES[:-1] if r in scores and "threshold" in scores[r].attrs}
     if thresholds is None:
         thresholds = RoleThresholds(**made)

@@ -49,6 +49,7 @@ which is H_T / T (0.21 at T = 16, 0.07 at T = 64)."""
 
 
 def _check_square(attn: xr.DataArray) -> int:
+    require_dims(attn, (PROBE, QUERY, KEY), "attention")
     for dim in (PROBE, QUERY, KEY):
         if dim not in attn.dims:
             raise ValueError(f"attention needs dim {dim!r}; got dims {attn.dims}")
@@ -131,6 +132,7 @@ def slash_score(attn: xr.DataArray, max_offset: int | None = None) -> xr.DataArr
 
 
 def _offset_window(scores: xr.DataArray, min_offset: int, max_offset: int | None) -> xr.DataArray:
+    require_dims(scores, (OFFSET,), "scores (of slash_score)")
     window = scores.sel({OFFSET: slice(min_offset, max_offset)})
     if window.sizes[OFFSET] == 0:
         raise ValueError(
@@ -243,6 +245,7 @@ def slash_dominant(
     """
     if not 0.0 <= kappa <= 1.0:
         raise ValueError(f"kappa must be in [0, 1]; got {kappa}")
+    require_dims(scores, (OFFSET,), "slash_dominant: scores (of slash_score)")
     if delta is not None:
         if delta not in scores[OFFSET]:
             raise ValueError(f"delta={delta} was not scored; offsets are {scores[OFFSET].values.tolist()}")
@@ -260,6 +263,7 @@ def slash_dominant(
 
 def _token_masks(tokens: xr.DataArray, token_id: int, n: int) -> tuple[xr.DataArray, xr.DataArray]:
     # (probe, query, key) weights of the visible occurrences of token_id, and their count per query.
+    require_dims(tokens, (PROBE, POSITION), "tokens")
     if POSITION not in tokens.dims or tokens.sizes[POSITION] != n:
         raise ValueError(f"tokens need dim {POSITION!r} of length {n} (= query/key); got {dict(tokens.sizes)}")
     is_token = tokens.rename({POSITION: KEY}) == token_id
@@ -522,6 +526,7 @@ def dominant_share(dominant: xr.DataArray, present: xr.DataArray | None = None) 
     >>> dominant_share(d).values.tolist()
     [[0.5]]
     """
+    require_dims(dominant, (HEAD,), "dominant_share: dominant")
     flag = dominant.astype(np.float64)
     if present is not None:
         flag = flag.where(present)
