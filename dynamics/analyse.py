@@ -33,10 +33,10 @@ def analyse_one(path: str, run_id: str) -> dict:
     from dynamics.analysis import summary_row
     from dynamics.schema import FINISHED_STATUSES
 
-    attrs = store.run_attrs(path, run_id)
-    if attrs.get("status") not in FINISHED_STATUSES:
-        # "stopped", not "running", for a killed run, as `dynamics status` names it
-        status = store.run_status(path, run_id, attrs)
+    # "stopped", not "running", for a killed run, as `dynamics status` names it; one that finished
+    # since its attributes were read is analysed as it finished
+    status, attrs = store.run_now(path, run_id, store.run_attrs(path, run_id))
+    if status not in FINISHED_STATUSES:
         return {"run": run_id, "status": status, "skipped": True, "reason": unfinished_reason(status, attrs)}
     # A chunk file gone from the run reads as NaN (or 0) without a word: named, not analysed.
     store.check_recorded(path, run_id, attrs=attrs)

@@ -150,9 +150,7 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
             rows.append([run_id, *shown(run_id), "damaged", "-", "-", "-"])
             continue
         a = attrs[run_id]
-        status = store.run_status(path, run_id, a)  # "stopped": killed, resumable with the same command
-        if status not in (str(a.get("status", "unknown")), "stopped"):  # it ended since `a` was read: as it ended
-            a = store.run_attrs(path, run_id)
+        status, a = store.run_now(path, run_id, a)  # "stopped": killed, resumable with the same command
         loss = a.get("last_loss")
         # while a run trains, its checkpoint is the progress; steps_done is where it (re)started
         done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))

@@ -234,14 +234,13 @@ def test_an_analysis_swapped_into_a_mix_that_cannot_open_is_opened_again(tmp_pat
     np.testing.assert_array_equal(got.v.values, np.full(50, 2.0))
 
 
-def test_a_status_row_of_a_run_that_finishes_while_it_is_read_is_all_of_one_moment(tmp_path, monkeypatch):
-    # The status now read again (above), the rest of the row came from the attributes read
-    # before: "completed  40/200  40", a finished run shown with a checkpoint to resume from.
-    from dynamics.status import status_table
+def _finished_at_the_lock_probe(tmp_path, monkeypatch, write=write_run):
+    """Run r1 "running" at checkpoint 40 of 200 under a trainer's lock, which finishes it (its last
+    attributes, then the lock let go) just as a reader probes that lock."""
     from dynamics.store import checkpoints
 
     path = tmp_path / "s.zarr"
-    write_run(path, "r1", attrs={"status": "running", "steps_total": 200, "steps_done": 0, "checkpoint_step": 40})
+    write(path, "r1", attrs={"status": "running", "steps_total": 200, "steps_done": 0, "checkpoint_step": 40})
     trainer = store.run_lock(path, "r1")
     trainer.__enter__()
     real_probe = checkpoints.run_lock_held
@@ -253,8 +252,25 @@ def test_a_status_row_of_a_run_that_finishes_while_it_is_read_is_all_of_one_mome
         return real_probe(*args)
 
     monkeypatch.setattr(checkpoints, "run_lock_held", finish_then_probe)
+    return path
+
+
+def test_a_status_row_of_a_run_that_finishes_while_it_is_read_is_all_of_one_moment(tmp_path, monkeypatch):
+    # The status now read again (above), the rest of the row came from the attributes read
+    # before: "completed  40/200  40", a finished run shown with a checkpoint to resume from.
+    from dynamics.status import status_table
+
+    path = _finished_at_the_lock_probe(tmp_path, monkeypatch)
     _, [row], _ = status_table(str(path))
     assert row == ["r1", "completed", "200/200", "-", "0.5000"], row
+
+
+def test_open_run_of_a_run_that_finishes_while_it_is_opened_has_the_attributes_it_ended_with(tmp_path, monkeypatch):
+    # its status as it ended beside the rest as read: "completed" with no last loss, 0 steps done
+    path = _finished_at_the_lock_probe(tmp_path, monkeypatch)
+    got = store.open_run(path, "r1").attrs
+    assert {k: got.get(k) for k in ("status", "steps_done", "checkpoint_step", "last_loss", "run_id")} == {
+        "status": "completed", "steps_done": 200, "checkpoint_step": 200, "last_loss": 0.5, "run_id": "r1"}
 
 
 def test_opening_a_group_that_is_not_there_says_so_not_that_it_was_rewritten(tmp_path):
@@ -290,3 +306,14 @@ def test_a_run_created_while_the_runs_are_listed_is_not_called_damaged(tmp_path,
     monkeypatch.setattr(_loc._Loc, "get", get_then_create)
     assert store.list_runs(path) == ["r1", "r2"]
     assert created == ["runs/r2/zarr.json"]
+
+
+def test_analyse_of_a_run_that_finishes_as_its_status_is_read_analyses_it(tmp_path, monkeypatch):
+    # skipped as unfinished ("completed ... not analysed"), its status read again beside the rest as read
+    from dynamics.analyse import analyse_one
+    from tests.test_store_integrity import write_whole_run
+
+    path = _finished_at_the_lock_probe(tmp_path, monkeypatch, write_whole_run)
+    row = analyse_one(str(path), "r1")
+    # analysed as the finished run it is: refused only for its 3 snapshots (too few for the noise band)
+    assert (row["status"], row["reason"]) == ("completed", "only 3 snapshot(s) recorded; analysis needs >= 4"), row

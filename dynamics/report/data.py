@@ -254,11 +254,10 @@ def _finished(run: _Run) -> bool:
 
 
 def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, attrs: dict) -> _Run:
-    status = store.run_status(path, run_id, attrs)  # "stopped": killed, resumable with the same command
-    if status not in (str(attrs.get("status", "unknown")), "stopped"):
-        # It ended since `attrs` were read: its last loss and recorded snapshots as it ended, not
-        # "completed" beside the "-" of a loss it had not written yet (as `dynamics status` does)
-        attrs = store.run_attrs(path, run_id)
+    # "stopped": killed, resumable with the same command; one that ended since `attrs` were read,
+    # its last loss and recorded snapshots as it ended, not "completed" beside the "-" of a loss
+    # it had not written yet
+    status, attrs = store.run_now(path, run_id, attrs)
     ds = store.open_run(path, run_id, dask=False)  # plain zarr reads: a dask task per chunk cost 3x on long runs
     point = (index or {}).get("runs", {}).get(run_id)
     if point is None:  # no sweep index entry: the swept axes' values from the run's own config

@@ -70,6 +70,7 @@ from dynamics.store.checkpoints import (
     read_checkpoint,
     run_lock,
     run_lock_held,
+    run_now,
     run_status,
     write_checkpoint,
 )
@@ -127,6 +128,7 @@ __all__ = [
     "read_checkpoint",
     "run_lock",
     "run_lock_held",
+    "run_now",
     "run_status",
     "write_checkpoint",
     "has_run",

@@ -343,6 +343,13 @@ def run_lock_held(path: str | os.PathLike, run_id: str) -> bool | None:
 def run_status(path: str | os.PathLike, run_id: str, attrs: dict) -> str:
     """The run's ``status`` attr, except "stopped" for a "running" run whose lock nobody holds:
     a killed run had no chance to rewrite its status (``dynamics status`` and the report)."""
+    return run_now(path, run_id, attrs)[0]
+
+
+def run_now(path: str | os.PathLike, run_id: str, attrs: dict) -> tuple[str, dict]:
+    """(:func:`run_status`, the run's attributes): `attrs`, or those the run ended with where it
+    ended since `attrs` were read. Its status alone, as it ended, beside the rest as read gave a
+    "completed" run with no last loss and the steps done of the session's start."""
     status = str(attrs.get("status", "unknown"))
     if status == "running" and run_lock_held(path, run_id) is False:
         # The run may have ended since `attrs` were read: a trainer writes its last status and
@@ -352,5 +359,5 @@ def run_status(path: str | os.PathLike, run_id: str, attrs: dict) -> str:
         except StoreError:  # gone or damaged since: as read, with nobody training it
             now = {}
         status = str(now.get("status", "running"))
-        return "stopped" if status == "running" else status
-    return status
+        return ("stopped", attrs) if status == "running" else (status, now)
+    return status, attrs

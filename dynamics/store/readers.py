@@ -45,7 +45,7 @@ from dynamics.store._loc import (
     check_sections,
     new_dir,
 )
-from dynamics.store.checkpoints import run_status
+from dynamics.store.checkpoints import run_now, run_status
 from dynamics.store.index import _index_update
 from dynamics.store.root import _require_store, read_sweep_index, run_attrs
 from dynamics.store.staged import staged_keys
@@ -89,10 +89,12 @@ def open_run(path: str | os.PathLike, run_id: str | None = None, *, dask: bool =
     _require_store(loc)
     run_id = _default_run(loc, run_id)
     ds = _open_group_ds(loc, f"runs/{run_id}", dask=dask)
-    ds.attrs.setdefault("run_id", run_id)
-    # A killed run never rewrote its "running": read as such, it looked alive forever.
+    # A killed run never rewrote its "running": read as such, it looked alive forever. One that
+    # ended since its group was opened: its attributes as it ended, not its status alone.
     if "status" in ds.attrs:
-        ds.attrs["status"] = run_status(path, run_id, ds.attrs)
+        status, attrs = run_now(path, run_id, ds.attrs)
+        ds.attrs = {**attrs, "status": status}
+    ds.attrs.setdefault("run_id", run_id)
     return ds
 
 
