@@ -320,11 +320,22 @@ def _real_blocks(w):
     add an arbitrary QR completion to the subspaces."""
     finite = ~np.isnan(w)
     masks = np.concatenate([finite.any(axis=(1, 3)), finite.any(axis=(1, 2))], axis=1)  # (N, M + D)
-    kinds, which = np.unique(masks, axis=0, return_inverse=True)
+    if (masks == masks[:1]).all():  # one width throughout (one run, or a sweep of one width): no sorting
+        kinds, which = masks[:1], np.zeros(len(masks), int)
+    else:
+        kinds, which = np.unique(masks, axis=0, return_inverse=True)
     for k, mask in enumerate(kinds):
         rows, cols = mask[: w.shape[2]], mask[w.shape[2]:]
         if rows.any() and cols.any():
             yield np.flatnonzero(which.ravel() == k), rows, cols
+
+
+def _crop(w, idx, rows, cols):
+    """w[idx] on those rows and columns, C-contiguous (a boolean index's result was not, and the
+    batched matmuls on it ran 5x slower); w itself where that is all of it."""
+    if len(idx) == len(w) and rows.all() and cols.all():
+        return w
+    return w[idx].take(np.flatnonzero(rows), axis=2).take(np.flatnonzero(cols), axis=3)
 
 
 def _principal_cos_block(w):
@@ -344,7 +355,7 @@ def _principal_cos_kernel(w):
     flat = w.reshape(-1, H, M, D)
     out = np.full((flat.shape[0], H, H, min(M, D)), np.nan)
     for idx, rows, cols in _real_blocks(flat):
-        cos = _principal_cos_block(flat[idx][:, :, rows][:, :, :, cols])  # (n, H, H, r)
+        cos = _principal_cos_block(_crop(flat, idx, rows, cols))  # (n, H, H, r)
         out[idx, :, :, : cos.shape[-1]] = cos
     return out.reshape(*lead, H, H, min(M, D))
 
@@ -429,7 +440,7 @@ def _qk_cosine_kernel(wq, wk):
     fq, fk = wq.reshape(-1, H, M, D), wk.reshape(-1, H, M, D)
     out = np.full((fq.shape[0], H, H), np.nan)
     for idx, rows, cols in _real_blocks(fq):
-        out[idx] = _qk_cosine_block(fq[idx][:, :, rows][:, :, :, cols], fk[idx][:, :, rows][:, :, :, cols])
+        out[idx] = _qk_cosine_block(_crop(fq, idx, rows, cols), _crop(fk, idx, rows, cols))
     return out.reshape(*lead, H, H)
 
 
