@@ -73,13 +73,30 @@ def _preload(data: xr.Dataset) -> xr.Dataset:
 
 
 def _unpadded(data: xr.Dataset) -> xr.Dataset:
-    """``data`` without the snapshots past a run's end that a padded sweep gives it.
+    """``data`` without the snapshots past a run's end, and the heads and layers it lacks, that a
+    padded sweep gives it.
 
     A run picked from a sweep (``open_sweep(...).sel(run=...)``) keeps the sweep's padding: steps
     NaN after its last snapshot. Its final step read NaN, so the h = 1 horizon was not flagged a
     ceiling and a step horizon past its end was not refused; the first step read NaN and the
-    init features failed with "no snapshot at or before step nan". The package's own loader
-    opens runs one by one, with no padding."""
+    init features failed with "no snapshot at or before step nan". And its padded heads (where
+    ``head_mask`` is False) made every layer mean and norm of its real heads' features NaN (the
+    ``*_rel_*`` features and ``importance_share_h``, then imputed with medians: scores up to 0.27
+    apart from the same runs opened alone), as its weights' padded d_model and d_head columns did
+    the ``weight_norm_*`` features. The package's own loader opens runs one by one, with no
+    padding."""
+    if "head_mask" in data.coords and data["head_mask"].ndim >= 1 and not bool(data["head_mask"].all()):
+        mask = data["head_mask"]
+        keep = {d: np.flatnonzero(mask.any([o for o in mask.dims if o != d]).values) if mask.ndim > 1
+                else np.flatnonzero(mask.values) for d in mask.dims}
+        data = data.isel(keep)
+    if "head_weights" in data and data["head_weights"].size:
+        # open_sweep pads a narrower run's columns at the end; its width, from its first head's
+        # initial weights, as analyse reads it
+        first = data["head_weights"].isel({d: 0 for d in data["head_weights"].dims if d not in ("d_model", "d_head")})
+        width = {"d_model": int(first.isel(d_head=0).notnull().sum()), "d_head": int(first.isel(d_model=0).notnull().sum())}
+        if all(width.values()) and any(n < data.sizes[d] for d, n in width.items()):
+            data = data.isel({d: slice(0, n) for d, n in width.items()})
     if "step" not in data.coords or data["step"].dims != ("snapshot",):
         return data  # check_runs names what is missing
     finite = np.isfinite(np.asarray(data["step"].values, dtype=np.float64))
