@@ -75,6 +75,17 @@ def test_rank_agreement_says_which_side_is_constant():
     assert rank_agreement_undefined(varied, varied) is None
 
 
+def test_rank_agreement_pairs_dataarrays_head_for_head_and_names_shapes_that_differ():
+    # a (head, layer) delta beside a (layer, head) G- paired other heads by position: 0.80 for
+    # identical values; a delta per task component failed in numpy's concatenate
+    import xarray as xr
+
+    minus = xr.DataArray(np.array([[0.1, 0.4, 0.2], [0.9, 0.3, 0.7]]), dims=("layer", "head"))
+    assert rank_agreement(minus, minus.transpose("head", "layer")) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=r"G- has shape \(2, 3\) and the ablation delta \(2, 3, 2\); give each"):
+        rank_agreement(minus, minus.expand_dims(component=2, axis=-1))
+
+
 def test_taxonomy_from_planted_gates():
     plus = np.array([0.9, 0.9, 0.1, 0.1, np.nan, 0.5])
     minus = np.array([0.9, 0.1, 0.1, 0.9, 0.9, 0.49])

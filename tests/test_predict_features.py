@@ -90,6 +90,11 @@ def test_a_fraction_horizon_on_a_snapshot_keeps_that_snapshot():
     runs = [Run(r.run_id, r.data.assign_coords(step=("snapshot", steps)), r.seed, r.config)
             for r in make_runs(n_seeds=2)]
     assert predict.horizon_steps(runs[0].data, [0.575], "fraction").tolist() == [230.0]
+    # a misspelled unit was taken as steps (h = 0.575 a step), a fraction past 1 as a step past the end
+    with pytest.raises(ValueError, match=r"^horizon_steps: unknown unit 'fractions'; one of: fraction, step$"):
+        predict.horizon_steps(runs[0].data, [0.575], "fractions")
+    with pytest.raises(ValueError, match=r"^horizon_steps: fraction horizons must be in \[0, 1\]; got \[2.0\]$"):
+        predict.horizon_steps(runs[0].data, [2.0], "fraction")
     opt = PredictOptions(horizons=(0.575,))
     rows = predict.target_table(runs, opt)
     feats = predict.feature_table(runs, rows, 0.575, opt)

@@ -100,9 +100,22 @@ def layer_normalised(importance: np.ndarray) -> np.ndarray:
     return imp / np.where(norm > 0, norm, 1.0)
 
 
+def _paired(minus, delta) -> tuple[np.ndarray, np.ndarray]:
+    """G- and the ablation delta as two flat arrays, head for head: DataArrays matched by dim name
+    (a (head, layer) delta beside a (layer, head) G- paired other heads: rho 0.80 for identical
+    values), and one value per head on each side."""
+    if hasattr(minus, "dims") and hasattr(delta, "dims") and set(minus.dims) == set(delta.dims):
+        delta = delta.transpose(*minus.dims)
+    a, b = np.asarray(minus, dtype=np.float64), np.asarray(delta, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"rank_agreement: G- has shape {a.shape} and the ablation delta {b.shape}; give each "
+                         f"one value per head (a delta of several task components: weight or sum them first)")
+    return a.ravel(), b.ravel()
+
+
 def rank_agreement_undefined(minus: np.ndarray, delta: np.ndarray) -> str | None:
     """Why :func:`rank_agreement` of these heads is undefined (NaN), or None where it is defined."""
-    a, b = np.asarray(minus, dtype=np.float64).ravel(), np.asarray(delta, dtype=np.float64).ravel()
+    a, b = _paired(minus, delta)
     if a.size < 3:
         # Two heads have ranks (1, 2) on either side, so rho is +-1 whatever the fits: a sign, not a correlation.
         return f"{a.size} head{'s' if a.size != 1 else ''}; a rank correlation needs 3 or more"
@@ -126,7 +139,7 @@ def rank_agreement(minus: np.ndarray, delta: np.ndarray) -> float:
 
     if rank_agreement_undefined(minus, delta) is not None:
         return float("nan")
-    a, b = np.asarray(minus, dtype=np.float64).ravel(), np.asarray(delta, dtype=np.float64).ravel()
+    a, b = _paired(minus, delta)
     return float(spearmanr(a, b).statistic)
 
 

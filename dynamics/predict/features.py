@@ -13,7 +13,7 @@ from dynamics.analysis.divergence import divergence_from_init, js_distance
 from dynamics.analysis.pipeline import AnalysisOptions
 from dynamics.analysis.roles import ROLES, role_scores
 from dynamics.analysis.slash import best_offset, slash_score
-from dynamics.predict.options import PredictError, PredictOptions, Run
+from dynamics.predict.options import UNITS, PredictError, PredictOptions, Run
 from dynamics.schema import HEAD, LAYER, SNAPSHOT, TRAIN_STEP, WEIGHT
 
 _TINY = 1e-12  # floor before log10: a zero gradient norm stays finite (-12), not -inf
@@ -78,10 +78,14 @@ def horizon_steps(run: xr.Dataset, horizons: Sequence[float], unit: str) -> np.n
     >>> horizon_steps(xr.Dataset(coords={"step": ("snapshot", [0, 400])}), [0.575], "fraction").tolist()
     [230.0]
     """
+    if unit not in UNITS:  # "fractions" was taken as steps: h = 0.5 a step, not half the run
+        raise ValueError(f"horizon_steps: unknown unit {unit!r}; one of: {', '.join(UNITS)}")
     final = float(np.nanmax(run["step"].values))  # a run picked from a sweep: NaN steps are its padding
     h = np.asarray(horizons, dtype=np.float64)
     if unit != "fraction":
         return h
+    if not ((h >= 0.0) & (h <= 1.0)).all():  # 2.0 of a 40-step run was step 80, past its end
+        raise ValueError(f"horizon_steps: fraction horizons must be in [0, 1]; got {h.tolist()}")
     # Steps are whole numbers, and a fraction given in decimal is rarely exact in binary:
     # 0.575 * 400 is 229.99999999999997, which would leave out the snapshot at step 230.
     steps = h * final
