@@ -38,6 +38,11 @@ def test_other_targets_and_chg_where_fitted():
             codes[-1, 0, 0] = -1  # one unfitted head
             ds = ds.assign(chg_role=(("snapshot", "layer", "head"), codes))
         with_chg.append(Run(r.run_id, ds, r.seed, r.config))
+    # given from Python, a run that never finished is named as such, not counted among completed runs
+    failed = Run(runs[3].run_id, with_chg[3].data.assign_attrs(status="failed"), runs[3].seed, runs[3].config)
+    chg_failed = predict.predict_runs([*with_chg[:3], failed], PredictOptions(target="chg", **quick))
+    assert chg_failed.attrs["runs_unlabelled"][-1] == (
+        f"{runs[3].run_id} (no head labelled at its final snapshot; failed, not completed)")
     chg = predict.predict_runs(with_chg, PredictOptions(target="chg", **quick))
     assert chg.attrs["metric"] == "balanced_accuracy"
     assert chg.sizes["head_row"] == 2 * (L * H - 1)  # 2 fitted runs, one unfitted head each
@@ -48,7 +53,7 @@ def test_other_targets_and_chg_where_fitted():
     unlabelled = [f"{runs[1].run_id} (no CHG fit recorded: record.chg_every = 0)",
                   f"{runs[3].run_id} (no head labelled at its final snapshot)"]
     assert chg.attrs["runs_unlabelled"] == unlabelled
-    assert (f"left out: 2 completed run(s) with no head labelled for target chg: {', '.join(unlabelled)}"
+    assert (f"left out: 2 run(s) with no head labelled for target chg: {', '.join(unlabelled)}"
             in predict.format_curve(chg).splitlines())
 
     imp = predict.predict_runs(runs, PredictOptions(target="importance", group_by="run", **quick))

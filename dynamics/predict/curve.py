@@ -484,7 +484,7 @@ def format_curve(curve: xr.Dataset) -> str:
                 lines.append(f"left out: {len(out)} run(s) {why}: "
                              + _first_five(out))
     if out := a.get("runs_unlabelled"):
-        lines.append(f"left out: {len(out)} completed run(s) with no head labelled for target {a['target']}: "
+        lines.append(f"left out: {len(out)} run(s) with no head labelled for target {a['target']}: "
                      + _first_five(out))
     if unreadable := a.get("analysis_unreadable"):
         lines.append(f"recomputed from the final snapshot: the target of {len(unreadable)} run(s) whose stored analysis "

@@ -219,7 +219,10 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
         layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
         keep = np.isfinite(ft["target"].values).ravel()
         if not keep.any():
-            unlabelled.append(f"{r.run_id} (no head labelled at its final snapshot)")
+            # a run given from Python may be one that never finished, which "completed" misnamed
+            status = r.data.attrs.get("status", "completed")
+            unlabelled.append(f"{r.run_id} (no head labelled at its final snapshot"
+                              + (f"; {status}, not completed)" if status != "completed" else ")"))
         row = {
             "target": ft["target"].values.ravel()[keep],
             "row_run": np.full(keep.sum(), r.run_id, dtype=object),
