@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -69,3 +71,31 @@ def test_bad_options_and_runs():
     with pytest.raises(PredictError, match=r"constant: .*; another --target \(role, importance, chg, redundant\) "
                                            r"may vary here$"):
         predict.predict_runs(never, PredictOptions())
+
+
+def test_the_python_entry_points_name_an_argument_of_the_wrong_kind(tmp_path):
+    # a dict for the options, a DataArray or a path for a run's Dataset, Datasets for Runs: each
+    # failed deep inside ("'dict' object has no attribute 'use_stored_analysis'", "The truth
+    # value of an Array is ambiguous", an IndexError for no runs)
+    from dynamics.analysis import AnalysisOptions
+
+    run = make_runs(n_seeds=2)[0]
+    cases = [
+        (lambda: predict.predict_store(str(tmp_path), {"target": "role"}),
+         "load_store: options must be a PredictOptions; got dict"),
+        (lambda: predict.predict_runs([], PredictOptions()),
+         "predict_runs: runs must be Run(run_id, data, seed, config)s, as load_runs gives them; got none"),
+        (lambda: predict.predict_runs([run.data, run.data]),
+         "predict_runs: runs must be Run(run_id, data, seed, config)s, as load_runs gives them; got Dataset"),
+        (lambda: predict.predict_runs([run], {"target": "role"}), "predict_runs: options must be a PredictOptions; got dict"),
+        (lambda: predict.final_targets(run.data["importance"], "importance"),
+         "final_targets: expected a run's Dataset (open_run(STORE, RUN_ID), or a sweep's .sel(run=...)); got DataArray"),
+        (lambda: predict.final_targets("runs.zarr", "role"),
+         "final_targets: expected a run's Dataset (open_run(STORE, RUN_ID), or a sweep's .sel(run=...)); got str"),
+        (lambda: predict.head_features(run.data, PredictOptions()),
+         "head_features: options must be an AnalysisOptions; got PredictOptions"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+            call()
+    assert predict.head_features(run.data, AnalysisOptions()).sizes["feature"] > 0

@@ -23,7 +23,7 @@ from dynamics.predict.null import (
     null_folds,
     same_head_blocks,
 )
-from dynamics.predict.options import MODELS, TARGETS, PredictError, PredictOptions, Run
+from dynamics.predict.options import MODELS, TARGETS, PredictError, PredictOptions, Run, check_arguments
 from dynamics.predict.readable import CRITERION, METRIC_RANGE, ceiling_horizons, judge, readable_of
 from dynamics.predict.targets import class_name, target_table
 
@@ -134,6 +134,11 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     PredictError
         For the cases of `check_runs` and `target_table`.
     """
+    check_arguments("predict_runs", options, PredictOptions)
+    runs = list(runs)
+    if not runs or not all(isinstance(r, Run) for r in runs):
+        got = "none" if not runs else type(next(r for r in runs if not isinstance(r, Run))).__name__
+        raise TypeError(f"predict_runs: runs must be Run(run_id, data, seed, config)s, as load_runs gives them; got {got}")
     opt = options or PredictOptions()
     runs = [replace(r, data=_unpadded(r.data)) for r in runs]
     check_runs(runs, opt)

@@ -13,7 +13,7 @@ from dynamics.analysis.divergence import divergence_from_init, js_distance
 from dynamics.analysis.pipeline import AnalysisOptions
 from dynamics.analysis.roles import ROLES, role_scores
 from dynamics.analysis.slash import best_offset, slash_score
-from dynamics.predict.options import UNITS, PredictError, PredictOptions, Run
+from dynamics.predict.options import UNITS, PredictError, PredictOptions, Run, check_arguments
 from dynamics.schema import HEAD, LAYER, SNAPSHOT, TRAIN_STEP, WEIGHT
 
 _TINY = 1e-12  # floor before log10: a zero gradient norm stays finite (-12), not -inf
@@ -178,6 +178,7 @@ def head_features(early: xr.Dataset, options: AnalysisOptions | None = None) -> 
     >>> feats = head_features(early_snapshots(run, 100))  # doctest: +SKIP
     >>> feats.sel(feature="grad_norm_q_slope")  # doctest: +SKIP
     """
+    check_arguments("head_features", options, AnalysisOptions, early)
     opt = options or AnalysisOptions()
     t = np.log1p(np.asarray(early["step"].values, dtype=np.float64))
     first_last = [0, early.sizes[SNAPSHOT] - 1]

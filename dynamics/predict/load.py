@@ -11,7 +11,7 @@ import numpy as np
 
 from dynamics import store
 from dynamics.identity import differing_settings, experiment_identity, seed_settings
-from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run
+from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run, check_arguments
 from dynamics.schema import config_value
 
 # --------------------------------------------------------------------------- loading
@@ -87,6 +87,7 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
     store.StoreError
         If `path` is not a store.
     """
+    check_arguments("load_store", options, PredictOptions)  # predict_store and load_runs come through here
     opt = options or PredictOptions()
     index = store.read_sweep_index(path) or {}
     # A damaged run (group metadata unreadable, or a chunk it wrote gone) is left out and named, as

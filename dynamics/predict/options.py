@@ -217,3 +217,16 @@ class Run:
                 raise PredictError(f"run {self.run_id!r} records no seed; use grouping 'run'")
             return f"seed={self.seed}"
         return self.config
+
+
+def check_arguments(fn: str, options: Any = None, kind: type | None = None, data: Any = None) -> None:
+    """TypeError naming `fn`'s argument for what a notebook passes in place of another: options of
+    another class (a dict, AnalysisOptions for PredictOptions), or a DataArray, a path or numpy in
+    place of a run's Dataset; they failed deep inside ("'dict' object has no attribute 'roles'",
+    "The truth value of an Array is ambiguous")."""
+    if options is not None and kind is not None and not isinstance(options, kind):
+        article = "an" if kind.__name__[0] in "AEIOU" else "a"
+        raise TypeError(f"{fn}: options must be {article} {kind.__name__}; got {type(options).__name__}")
+    if data is not None and not isinstance(data, xr.Dataset):
+        raise TypeError(f"{fn}: expected a run's Dataset (open_run(STORE, RUN_ID), or a sweep's .sel(run=...)); "
+                        f"got {type(data).__name__}")

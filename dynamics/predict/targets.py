@@ -15,7 +15,7 @@ from dynamics.analysis.redundancy import cluster_heads
 from dynamics.analysis.roles import ROLES, assign_roles, role_scores
 from dynamics.analysis.slash import slash_score
 from dynamics.predict.features import _rank_in_layer
-from dynamics.predict.options import CHG_CLASSES, TARGETS, PredictError, PredictOptions, Run
+from dynamics.predict.options import CHG_CLASSES, TARGETS, PredictError, PredictOptions, Run, check_arguments
 from dynamics.schema import HEAD, LAYER, SNAPSHOT
 
 # --------------------------------------------------------------------------- targets
@@ -119,6 +119,7 @@ def final_targets(
     --------
     >>> final_targets(open_run("runs.zarr"), "slash")["target"].values  # doctest: +SKIP
     """
+    check_arguments("final_targets", options, AnalysisOptions, run)
     if target not in TARGETS:
         raise PredictError(f"unknown target {target!r}; one of: {', '.join(TARGETS)}")
     opt = options or AnalysisOptions()
