@@ -5,6 +5,7 @@ The validation tests train one small mixture model once (module fixture) and che
 single-head ablation, as Nam et al. 2025 (arXiv 2505.13737) validate it.
 """
 
+import re
 import shutil
 import warnings
 
@@ -98,6 +99,37 @@ def test_fits_refuse_a_model_of_another_config_and_a_float64_default(tiny):
         torch.set_default_dtype(torch.float32)
 
 
+def test_fits_name_init_logits_masks_and_a_float64_model(tiny):
+    # Each failed inside the model's forward, naming its head_gates argument, or (numpy logits)
+    # with an AttributeError; a flat mask of set_ablation was first padded into another shape.
+    model, cfg = tiny
+    init = np.zeros((1, 2, 2), np.float32)
+    xr.testing.assert_identical(fit_chg(model, cfg, FAST, init_logits=init),
+                                fit_chg(model, cfg, FAST, init_logits=torch.from_numpy(init)))
+    for logits, shape in ((torch.zeros(2, 2), r"got \(2, 2\) \(one set of restarts: init_logits\[None\]\)"),
+                          (torch.zeros(1, 2, 3), r"got \(1, 2, 3\)$"), (torch.zeros(0, 2, 2), r"got \(0, 2, 2\)$")):
+        for fit, args in ((fit_chg, ()), (fit_contrastive, ("markov", "offset_copy"))):
+            with pytest.raises(ConfigError, match=r"init_logits must have shape \(restart, layer, head\) = "
+                                                  r"\(k, 2, 2\) for this model, " + shape):
+                fit(model, cfg, *args, FAST, init_logits=logits)
+    with pytest.raises(ConfigError, match="fit_chg: init_logits holds values that are not finite"):
+        fit_chg(model, cfg, FAST, init_logits=torch.full((1, 2, 2), float("nan")))
+    from dynamics.gates.ablation import set_ablation
+
+    for call, name in ((ablation_losses, "ablation_losses"), (set_ablation, "set_ablation")):
+        for mask in (np.zeros(4, bool), np.zeros((1, 2, 3), bool)):
+            with pytest.raises(ConfigError, match=rf"{name}: ablate must be a bool array of shape \(layer, head\) "
+                                                  rf"= \(2, 2\) or \(set, layer, head\) for this model, got shape "
+                                                  rf"{re.escape(str(mask.shape))}"):
+                call(model, cfg, mask, options=FAST)
+    wide = build(cfg, torch.device("cpu")).double()
+    for call in (lambda: fit_chg(wide, cfg, FAST), lambda: head_importance(wide, cfg, FAST),
+                 lambda: ablation_losses(wide, cfg, np.zeros((2, 2), bool), options=FAST)):
+        with pytest.raises(ConfigError, match="the model's parameters are torch.float64, but gates are fitted and "
+                                              r"scored in float32, the dtype runs train in: pass model.float\(\)"):
+            call()
+
+
 def test_fits_run_under_a_callers_inference_mode(tiny):
     # "element 0 of tensors does not require grad": torch.enable_grad does not leave inference_mode
     model, cfg = tiny
@@ -179,6 +211,11 @@ def test_chg_agrees_with_single_head_ablation(trained, report):
         per_head("minus", labelled.assign_coords(head=labelled["head"] + 1), L, H)
     with pytest.raises(ValueError, match="delta must be one value per head"):
         pruning_curves(model, cfg, plus, minus, report.delta_loss.values, n_random=1, options=REPORT)
+    # The hint names the dims the value has: G+ of every restart was told to reduce over components.
+    with pytest.raises(ValueError, match=rf"got shape \({L}, {H}, \d+\) \(reduce over restart first, e\.g\. \.mean\('restart'\)\)"):
+        per_head("plus", report.chg.sel(fit="plus"), L, H)
+    with pytest.raises(ValueError, match="fit_chg's restarts by a mean, head_ablation's components weighted"):
+        per_head("plus", report.chg.sel(fit="plus").values, L, H)
 
 
 def test_report_names_the_heads_whose_labels_a_fit_left_unsettled(report):

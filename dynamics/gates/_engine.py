@@ -41,6 +41,9 @@ def entry(fn: Callable) -> Callable:
             raise ConfigError(f"{fn.__name__}: the model was built from another config than cfg.model ("
                               f"{'; '.join(differ[:3]) or 'not a dynamics Transformer'}): pass the run's own config, "
                               f"as load_run_model returns it")
+        if (dtype := next(model.parameters()).dtype) != torch.float32:
+            raise ConfigError(f"{fn.__name__}: the model's parameters are {dtype}, but gates are fitted and scored in "
+                              f"float32, the dtype runs train in: pass model.float()")
         with torch.inference_mode(False):
             return fn(model, cfg, *args, **kwargs)
 
@@ -58,6 +61,28 @@ def _init_logits(cfg: RunConfig, opts: GateOptions, k: int) -> Tensor:
     rng = np.random.default_rng(np.random.SeedSequence([cfg.train.seed, opts.seed, 0x4348]))
     u = rng.uniform(opts.init_low, opts.init_high, size=(k, cfg.model.n_layers, cfg.model.n_heads))
     return torch.from_numpy(np.log(u / (1 - u))).float()  # (k, L, H)
+
+
+def start_logits(fn: str, cfg: RunConfig, opts: GateOptions, init_logits) -> Tensor:
+    """The initial logits of a fit, (k, L, H) float32: the seeded draw, or ``init_logits`` (a
+    Tensor or an array) checked here, since a wrong shape otherwise failed inside the model's
+    forward, naming its ``head_gates`` rather than this argument."""
+    if init_logits is None:
+        return _init_logits(cfg, opts, opts.restarts)
+    try:
+        logits = torch.as_tensor(np.asarray(init_logits, dtype=np.float32) if not isinstance(init_logits, Tensor)
+                                 else init_logits.detach().cpu()).float()
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{fn}: init_logits must be numbers of shape (restart, layer, head), got "
+                          f"{type(init_logits).__name__} ({e})") from None
+    L, H = cfg.model.n_layers, cfg.model.n_heads
+    if logits.ndim != 3 or logits.shape[1:] != (L, H) or logits.shape[0] < 1:
+        hint = " (one set of restarts: init_logits[None])" if tuple(logits.shape) == (L, H) else ""
+        raise ConfigError(f"{fn}: init_logits must have shape (restart, layer, head) = (k, {L}, {H}) for this model, "
+                          f"got {tuple(logits.shape)}{hint}")
+    if not torch.isfinite(logits).all():
+        raise ConfigError(f"{fn}: init_logits holds values that are not finite")
+    return logits  # (k, L, H)
 
 
 def _nll_per_set(model: Transformer, tokens: Tensor, gates: Tensor, groups: int = 1) -> Tensor:

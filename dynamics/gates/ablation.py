@@ -19,6 +19,17 @@ from dynamics.schema import COMPONENT, HEAD, LAYER
 # ----------------------------------------------------------------------------- ablations
 
 
+def _masks(fn: str, ablate, L: int, H: int) -> np.ndarray:
+    """``ablate`` as bool (N, L, H), N >= 1; ConfigError naming it otherwise (a flat or wrong-width
+    mask failed inside the model's forward, naming its ``head_gates``)."""
+    masks = np.asarray(ablate, dtype=bool)
+    masks = masks[None] if masks.ndim == 2 else masks  # (N, L, H)
+    if masks.ndim != 3 or masks.shape[1:] != (L, H) or masks.shape[0] < 1:
+        raise ConfigError(f"{fn}: ablate must be a bool array of shape (layer, head) = ({L}, {H}) or (set, layer, "
+                          f"head) for this model, got shape {np.shape(ablate)}")
+    return masks
+
+
 @torch.no_grad()
 def _mean_z(model: Transformer, tokens: Tensor) -> list[Tensor]:
     """Per layer, each head's z averaged over the reference rows at each position: (T, H, dh)."""
@@ -66,8 +77,7 @@ def ablation_losses(
         raise ConfigError(f"ablation method: expected zero or mean, got {method!r}")
     opts = gate_options(options)
     device = _device(model)
-    masks = np.asarray(ablate, dtype=bool)
-    masks = masks[None] if masks.ndim == 2 else masks  # (N, L, H)
+    masks = _masks("ablation_losses", ablate, cfg.model.n_layers, cfg.model.n_heads)  # (N, L, H)
     keep = torch.from_numpy(~masks).float().to(device)  # (N, L, H)
     names = cfg.task.component_names
     data = [_batches(cfg, HELDOUT_STEP, opts.eval_batches, opts.batch_size, device, n) for n in names]
@@ -119,8 +129,7 @@ def set_ablation(
     model: Transformer, cfg: RunConfig, ablate: np.ndarray, method: str = "zero", options: GateOptions | None = None
 ) -> xr.DataArray:
     """Delta held-out NLL per component for head sets (bool (N, L, H) or (L, H)); dims (set, component)."""
-    masks = np.asarray(ablate, dtype=bool)
-    masks = masks[None] if masks.ndim == 2 else masks
+    masks = _masks("set_ablation", ablate, cfg.model.n_layers, cfg.model.n_heads)  # (N, L, H)
     loss = ablation_losses(model, cfg, np.concatenate([np.zeros_like(masks[:1]), masks]), method, options)
     return (loss[1:] - loss[0].values).rename("delta_loss").assign_attrs(method=method)
 

@@ -11,7 +11,7 @@ import xarray as xr
 from torch import Tensor
 
 from dynamics.config import ConfigError, RunConfig
-from dynamics.gates._engine import Progress, _batches, _device, _init_logits, _nll_per_set, _optimise, _score, entry
+from dynamics.gates._engine import Progress, _batches, _device, _nll_per_set, _optimise, _score, entry, start_logits
 from dynamics.gates.fit import _coords
 from dynamics.gates.maths import contrastive_loss
 from dynamics.gates.options import HELDOUT_STEP, RESTART, GateOptions, gate_options
@@ -80,7 +80,7 @@ def fit_contrastive(
     if retain == forget:  # as parse_contrast refuses it: the objective would fight itself
         raise ConfigError(f"fit_contrastive: retain and forget are both {retain!r}")
     device = _device(model)
-    logits0 = (_init_logits(cfg, opts, opts.restarts) if init_logits is None else init_logits.float()).to(device)
+    logits0 = start_logits("fit_contrastive", cfg, opts, init_logits).to(device)
     k = logits0.shape[0]
     data_r = _batches(cfg, 0, opts.fit_batches, opts.batch_size, device, retain)  # (n, B, T + 1)
     data_f = _batches(cfg, 0, opts.fit_batches, opts.batch_size, device, forget)  # (n, B, T + 1)

@@ -12,7 +12,7 @@ import xarray as xr
 from torch import Tensor
 
 from dynamics.config import RunConfig
-from dynamics.gates._engine import Progress, _batches, _device, _init_logits, _nll_per_set, _optimise, _score, entry
+from dynamics.gates._engine import Progress, _batches, _device, _nll_per_set, _optimise, _score, entry, start_logits
 from dynamics.gates.maths import chg_loss, chg_roles, label_agreement
 from dynamics.gates.options import CHG_ROLES, RESTART, STAGES, GateOptions, gate_options
 from dynamics.model import Transformer
@@ -49,7 +49,7 @@ def fit_chg(
     cfg : RunConfig
         The run's config (task data, seed).
     options : GateOptions, optional
-    init_logits : Tensor, shape (k, L, H), optional
+    init_logits : Tensor or array, shape (k, L, H), optional
         Initial logits instead of the seeded U(init_low, init_high) draw (k overrides restarts).
     progress : callable, optional
         ``progress(stage, done, total)`` after each update; stages ``"lambda=0"`` and ``"G+/G-"``.
@@ -73,7 +73,7 @@ def fit_chg(
     """
     opts = gate_options(options)
     device = _device(model)
-    logits0 = (_init_logits(cfg, opts, opts.restarts) if init_logits is None else init_logits.float()).to(device)
+    logits0 = start_logits("fit_chg", cfg, opts, init_logits).to(device)
     k = logits0.shape[0]
     data = _batches(cfg, 0, opts.fit_batches, opts.batch_size, device)  # (n, B, T + 1)
 

@@ -22,6 +22,18 @@ def pruning_order(plus: np.ndarray, minus: np.ndarray) -> np.ndarray:
     return np.lexsort((np.asarray(plus).ravel(), np.asarray(minus).ravel()))
 
 
+def _reduce_hint(values, ndim: int) -> str:
+    if isinstance(values, xr.DataArray) and {"layer", "head"} <= set(values.dims):
+        extra = [d for d in values.dims if d not in ("layer", "head")]
+        if extra:  # name the dims it has, not the one a caller might have
+            return (f" (reduce over {', '.join(map(str, extra))} first, e.g. .mean({str(extra[0])!r})"
+                    + (", or weighted by gates.component_weights(cfg)" if "component" in extra else "") + ")")
+    if ndim == 3:
+        return (" (reduce over the extra dimension first: fit_chg's restarts by a mean, head_ablation's "
+                "components weighted by gates.component_weights(cfg))")
+    return ""
+
+
 def per_head(name: str, values, L: int, H: int) -> np.ndarray:
     """``values`` as an (L, H) array, layer-major; ValueError naming ``name`` otherwise.
 
@@ -43,8 +55,7 @@ def per_head(name: str, values, L: int, H: int) -> np.ndarray:
     out = np.asarray(values, dtype=np.float64)
     if out.shape != (L, H):
         raise ValueError(f"pruning_curves: {name} must be one value per head, shape (layer, head) = ({L}, {H}) "
-                         f"for this model, got shape {out.shape}" + (" (reduce over components first, e.g. "
-                         "weighted by gates.component_weights(cfg))" if out.ndim == 3 else ""))
+                         f"for this model, got shape {out.shape}" + _reduce_hint(values, out.ndim))
     return out
 
 
