@@ -168,7 +168,9 @@ class RecordConfig:
     every: int = 100
     """Snapshot cadence after the dense phase (dense_until 100, every 30: ..., 32, 64, 90, 120, ...)."""
     n_probe: int = 8
-    """Probe sequences drawn once per run; attention is recorded on them."""
+    """Probe sequences drawn once per run; attention is recorded on them. On the induction
+    task each probe has one period, and induction differs from attention at a fixed offset only
+    across probes of several periods: with one probe a fixed-offset head can read "induction"."""
     attention_dtype: str = "float16"
     """float16 | float32 for the stored attention maps."""
     head_weights: str = "auto"
