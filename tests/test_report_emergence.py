@@ -128,6 +128,43 @@ def test_slash_caption_and_line_name_each_kappa_the_runs_were_analysed_with(tmp_
     assert dotted == [0.3, 0.7]
 
 
+def test_runs_with_no_slash_offset_to_score_are_left_out_of_the_slash_figure_and_named(tmp_path, monkeypatch):
+    # Context 3: every offset of the window is one uniform attention passes, so best_slash is NaN
+    # throughout. The run had a legend entry and no line, and the caption no word on why.
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    steps = np.array([0, 10, 20, 40])
+
+    def run(rid, context, slash):
+        analysis = xr.Dataset({"best_slash": (("snapshot", "layer", "head"), np.full((4, 1, 2), slash)),
+                               "slash_dominant": (("snapshot", "layer", "head"), np.full((4, 1, 2), slash * 0)),
+                               "mean_divergence": (("snapshot",), np.array([0.1, 0.1, 0.2, 0.3]))},
+                              coords={"step": ("snapshot", steps)}, attrs={"slash_offsets": [1, context // 2]})
+        return _Run(rid, "completed", {"model.context": context, "train.seed": 0}, 1.0, 4, np.ones(4, bool), steps,
+                    analysis=analysis, analysis_source="stored")
+
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    ctx = _Ctx(tmp_path / "x", [run("short", 3, np.nan), run("long", 16, 0.2)], None, ["model.context"], tmp_path, True)
+    sec = emergence._emergence_section(ctx)
+    name, caption = sec.figures[0]
+    assert name.endswith("emergence_slash.png")
+    ax = figs["emergence_slash.png"].axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["context=16"]
+    assert "offset in 1..8," in caption  # the window of the runs drawn, not 1..1 too
+    assert caption.endswith("Left out of this figure: 1 run(s) whose probes are too short to score any slash offset "
+                            "(no offset that uniform attention does not already reach), so their slash scores are "
+                            "undefined, not 0: short.")
+    figs.clear()
+    sec = emergence._emergence_section(_Ctx(tmp_path / "x", [run("short", 3, np.nan)], None, ["model.context"],
+                                            tmp_path, True))
+    assert "emergence_slash.png" not in figs and not any(n.endswith("emergence_slash.png") for n, _ in sec.figures)
+    assert ("Not available: slash curves because the probes of every analysed run are too short to score any slash "
+            "offset (no offset that uniform attention does not already reach), so their slash scores are undefined, "
+            "not 0: short.") in sec.missing
+
+
 def test_emergence_captions_say_where_the_mean_covers_fewer_seeds(built):
     # Runs B and C share init_scale 2, but C stopped after 6 of 9 snapshots: past them the
     # "mean of 2" line is B alone, and the caption must say so.

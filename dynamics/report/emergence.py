@@ -46,29 +46,41 @@ def _emergence_section(ctx: _Ctx) -> _Section:
         spread += (f" (in {', '.join(ragged)}, not every seed has a value at every step, e.g. a run still going, "
                    f"stopped or diverged: there the mean and band are over the seeds that have one)")
 
-    # Slash: the mean best-slash score over heads, and the share of slash-dominant heads.
-    fig = _figure(10, 3.6)
-    ax1, ax2 = fig.subplots(1, 2)
-    best = {r.run_id: (r.analysis["step"].values, r.analysis["best_slash"].mean(("layer", "head")).values)
-            for r in done if "best_slash" in r.analysis}
-    dom = {r.run_id: (r.analysis["step"].values, r.analysis["slash_dominant"].astype(float).mean(("layer", "head")).values)
-           for r in done if "slash_dominant" in r.analysis}
-    _curves(ax1, groups, best)
-    _curves(ax2, groups, dom)
-    kappas, kappa_text = _kappas(done)
-    for ax, label in ((ax1, "best slash score, head mean (fraction)"), (ax2, "slash-dominant heads (fraction of heads)")):
-        _step_axis(ax, np.concatenate([r.analysis["step"].values for r in done]))
-        ax.set_ylabel(label)
-        ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-    for kappa in kappas:  # one dotted line per threshold the runs were analysed with
-        ax1.axhline(kappa, color="grey", ls=":", lw=1)
-    _legend(ax1, groups)
-    sec.figures.append((_save(fig, out, "emergence_slash.png"),
-                        f"Slash pattern against training step, {colour}; {spread}. Left: best slash score "
-                        f"(attention on the single best offset {_offset_window(done)}, Cheng et al. 2026) averaged over heads, "
-                        f"dotted: {kappa_text}. "
-                        f"Right: fraction of heads that are slash-dominant (best slash score >= kappa)."))
+    # Slash: the mean best-slash score over heads, and the share of slash-dominant heads. A run
+    # whose probes leave no offset to score (context <= 3) has none at any snapshot: left out
+    # and named, where it had a legend entry and no line, and the caption a window it never had.
+    unscored = _no_slash(done)
+    scored = [r for r in done if r.run_id not in unscored]
+    if scored:
+        fig = _figure(10, 3.6)
+        ax1, ax2 = fig.subplots(1, 2)
+        best = {r.run_id: (r.analysis["step"].values, r.analysis["best_slash"].mean(("layer", "head")).values)
+                for r in scored if "best_slash" in r.analysis}
+        dom = {r.run_id: (r.analysis["step"].values,
+                          r.analysis["slash_dominant"].astype(float).mean(("layer", "head")).values)
+               for r in scored if "slash_dominant" in r.analysis}
+        _curves(ax1, groups, best)
+        _curves(ax2, groups, dom)
+        kappas, kappa_text = _kappas(scored)
+        for ax, label in ((ax1, "best slash score, head mean (fraction)"),
+                          (ax2, "slash-dominant heads (fraction of heads)")):
+            _step_axis(ax, np.concatenate([r.analysis["step"].values for r in scored]))
+            ax.set_ylabel(label)
+            ax.set_ylim(-0.02, 1.02)
+            ax.grid(alpha=0.3)
+        for kappa in kappas:  # one dotted line per threshold the runs were analysed with
+            ax1.axhline(kappa, color="grey", ls=":", lw=1)
+        _legend(ax1, groups)
+        sec.figures.append((_save(fig, out, "emergence_slash.png"),
+                            f"Slash pattern against training step, {colour}; {spread}. Left: best slash score "
+                            f"(attention on the single best offset {_offset_window(scored)}, Cheng et al. 2026) "
+                            f"averaged over heads, dotted: {kappa_text}. "
+                            f"Right: fraction of heads that are slash-dominant (best slash score >= kappa)."
+                            f"{_no_slash_sentence(unscored, 'this figure')}"))
+    else:
+        sec.missing.append(f"Not available: slash curves because the probes of every analysed run are too short to "
+                           f"score any slash offset (no offset that uniform attention does not already reach), so "
+                           f"their slash scores are undefined, not 0: {', '.join(unscored)}.")
 
     # Roles: one panel per role that occurs anywhere.
     shares = {}
@@ -141,6 +153,21 @@ def _no_head_pairs(runs) -> list[str]:
     pair of heads to compare and no bifurcation step (undefined, not "never")."""
     return [r.run_id for r in runs if "mean_divergence" in r.analysis and r.analysis.sizes.get("head", 1) == 1
             and not np.isfinite(np.asarray(r.analysis["mean_divergence"].values, dtype=float)).any()]
+
+
+def _no_slash(runs) -> list[str]:
+    """Runs whose best slash score is NaN at every snapshot: probes too short for any offset of
+    the window that uniform attention does not already pass (undefined, not 0)."""
+    return [r.run_id for r in runs if "best_slash" in r.analysis
+            and not np.isfinite(np.asarray(r.analysis["best_slash"].values, dtype=float)).any()]
+
+
+def _no_slash_sentence(run_ids: list[str], where: str) -> str:
+    if not run_ids:
+        return ""
+    return (f" Left out of {where}: {len(run_ids)} run(s) whose probes are too short to score any slash offset "
+            f"(no offset that uniform attention does not already reach), so their slash scores are undefined, "
+            f"not 0: {', '.join(run_ids)}.")
 
 
 def _no_pairs_sentence(run_ids: list[str], where: str) -> str:
