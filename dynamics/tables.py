@@ -123,7 +123,10 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
     if early := [r for r in rows if not r.get("skipped") and "read_at_step" in r]:
         # the footnote's "last snapshot" of a diverged run is its last finite one, often well
         # before the schedule's end: only the status column said so
-        print("diverged: read at the last snapshot recorded before the divergence, not at the schedule's end: "
+        # "up to": the snapshot at the diverging step is read when its attention is still finite
+        # (a gradient overflowed under a finite loss), and "before" then contradicted "at step 5 (diverged at step 5)"
+        print("diverged: read at the last snapshot with finite attention, recorded up to the divergence, not at the "
+              "schedule's end: "
               + ", ".join(f"{r['run']} at step {r['read_at_step']} (diverged at step {r['diverged_step']})"
                           for r in early[:4]) + (f", and {len(early) - 4} more" if len(early) > 4 else ""))
     if any(r.get("final_divergence") == "undefined" for r in rows):

@@ -6,8 +6,10 @@ from __future__ import annotations
 import html
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
+import xarray as xr
 
 from dynamics import cli, store
 from dynamics.report import _choose_run, _Run, write_report
@@ -97,6 +99,32 @@ def test_choose_run_prefers_the_median_completed_run():
     assert _choose_run(runs) == "a"
     assert _choose_run([run("d", "running", None, 4), run("e", "failed", None, 7)]) == "e"
     assert _choose_run([]) is None
+    # of the completed runs, those with an analysis: a run too short to analyse was shown by
+    # default, with no roles or redundancy figure, beside runs that had them
+    analysed = xr.Dataset(attrs={"analysis_version": 1})
+    short = [run("s1", "completed", 1.0, 3), run("s2", "completed", 1.5, 3), run("x", "completed", 2.5, 9)]
+    short[2].analysis = analysed
+    assert _choose_run(short) == "x"
+    assert _choose_run(short[:2]) == "s1"  # none analysed: the median of all, as before
+
+
+def test_the_runs_table_says_a_diverged_runs_loss_is_not_finite_and_attention_says_no_snapshot_ever():
+    # As `dynamics status` says it: "-" reads as a loss not written yet (still training, killed).
+    from dynamics.report.page import _runs_table
+
+    runs = [_Run("nan", "diverged", {}, None, 9, np.arange(9) < 2, np.arange(9)),
+            _Run("live", "running", {}, None, 9, np.arange(9) < 2, np.arange(9))]
+    cells = {r.run_id: re.search(rf"<code>{r.run_id}</code>.*?</tr>", _runs_table(runs, [], None)).group(0)
+             for r in runs}
+    assert "<td class=num>not finite</td>" in cells["nan"] and "<td class=num>-</td>" in cells["live"]
+    # a run that diverged at step 0 will never record a snapshot: "yet" said it might
+    from dynamics.report.attention import _attention_section
+    from dynamics.report.data import _Ctx
+
+    for status, end in (("diverged", "has no recorded snapshot."), ("running", "has no recorded snapshot yet.")):
+        run = _Run("r0", status, {}, None, 9, np.zeros(9, bool), np.arange(9))
+        sec = _attention_section(_Ctx(Path("unused.zarr"), [run], "r0", [], Path("unused"), True))
+        assert sec.missing == [f"Not available: attention maps because run r0 ({status}) {end}"]
 
 
 def test_runs_of_other_base_configs_at_one_swept_point_are_not_averaged_as_seeds(tmp_path):

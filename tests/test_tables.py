@@ -39,8 +39,8 @@ def test_the_table_says_where_a_diverged_run_was_read(capsys):
                 for i in range(6)]
     print_analysis([{"run": "r1", "status": "completed"} | row, diverged[0]])
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == ("diverged: read at the last snapshot recorded before the divergence, not at the schedule's "
-                       "end: d0 at step 8 (diverged at step 13)")
+    assert out[-1] == ("diverged: read at the last snapshot with finite attention, recorded up to the divergence, not "
+                       "at the schedule's end: d0 at step 8 (diverged at step 13)")
     print_analysis(diverged)
     assert capsys.readouterr().out.splitlines()[-1].endswith(
         "d3 at step 11 (diverged at step 16), and 2 more")

@@ -127,7 +127,9 @@ def _attention_section(ctx: _Ctx) -> _Section:
         sec.missing.append(f"Not available: attention maps because run {run.run_id} ({run.status}) {run.analysis_note}.")
         return sec
     if run.n_recorded == 0:
-        sec.missing.append(f"Not available: attention maps because run {run.run_id} ({run.status}) has no recorded snapshot yet.")
+        yet = "" if run.status in FINISHED_STATUSES else " yet"  # a run diverged at step 0 records none, ever
+        sec.missing.append(f"Not available: attention maps because run {run.run_id} ({run.status}) has no recorded "
+                           f"snapshot{yet}.")
         return sec
     ds = store.open_run(path, run.run_id, dask=False)  # plain zarr reads: a dask graph per chunk cost 3x
     analysis, source = ctx.chosen_analysis()

@@ -120,13 +120,17 @@ class _Ctx:
 
 
 def _choose_run(runs: list[_Run]) -> str | None:
-    """Default run of the per-run figures: the completed run with the median final loss.
+    """Default run of the per-run figures: the completed run with the median final loss, of those
+    with an analysis (stored or computed for the report) where any has one.
 
     The median (lower median for an even count) shows a typical run rather than the luckiest
     seed. Without completed runs, the run with the most recorded snapshots, a damaged one last;
     None for no runs.
     """
     done = [r for r in runs if r.status == "completed" and r.last_loss is not None and math.isfinite(r.last_loss)]
+    # a run too short to analyse (3 snapshots) was shown by default, with no roles or redundancy
+    # figure, beside runs that had them
+    done = [r for r in done if r.analysis is not None] or done
     if done:
         done.sort(key=lambda r: (r.last_loss, r.run_id))
         return done[(len(done) - 1) // 2].run_id

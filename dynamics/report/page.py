@@ -513,7 +513,8 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
         # a setting a recorded run lacks is an [intervene] section it has none of; a pending run has no settings
         values = [r.params[a] if a in r.params else r.settings.get(a, "none") if r.settings else "" for a in axes]
         cells = "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in values)
-        loss = "-" if r.last_loss is None else f"{r.last_loss:.4f}"
+        # as `dynamics status` says it: "-" is a loss not written yet, not a NaN one
+        loss = f"{r.last_loss:.4f}" if r.last_loss is not None else "not finite" if r.status == "diverged" else "-"
         mark = " (shown)" if r.run_id == chosen else ""
         # "-": none read (pending, or a run that could not be read, whose placeholder said 0/0)
         snaps = "-" if r.status == "pending" or not r.n_snapshots else f"{r.n_recorded}/{r.n_snapshots}"
