@@ -154,6 +154,31 @@ def test_the_null_check_in_blocks_of_two_runs_gives_no_run_its_own_targets():
     assert curve.attrs["null_readable"] == 0 and curve.attrs["null_left_out_runs"] == 0
 
 
+def test_permutations_that_cannot_be_judged_are_not_counted_as_silent_ones():
+    # Two runs with slash heads (seeds 0 and 1) and two with none (both seed 2): every permutation
+    # must give the two slash runs' fates to the seed-2 runs, leaving the seed-0 and seed-1 folds
+    # one class each, so no band and no horizon could ever be named. They were counted as curves
+    # where the criterion kept quiet: "0 of 6 permutations (0%)".
+    fates = [np.eye(L, H, dtype=bool), np.eye(L, H, k=2, dtype=bool), np.zeros((L, H), bool), np.zeros((L, H), bool)]
+    runs = [Run(f"r{i}", make_run(i, fate), seed=min(i, 2), config="base") for i, fate in enumerate(fates)]
+    opt = PredictOptions(target="slash", horizons=(0.0, 0.1), null=6, group_by="seed", **FAST)
+    curve = predict.predict_runs(runs, opt)
+    assert curve.attrs["null_permutations"] == 6 and curve.attrs["null_judged"] == 0
+    assert curve.attrs["null_readable"] == 0
+    assert predict.format_curve(curve).splitlines()[-1] == (
+        "null check: none of the 6 permutations could be judged (their folds left fewer than 2 with a spread, e.g. "
+        "one class, so they could name no horizon): it says nothing on how often the criterion reads a horizon on "
+        "these runs")
+    # some judged: the rate is over those, and the rest are named
+    some = curve.assign_attrs(null_judged=4, null_readable=1)
+    assert "the criterion named a readable horizon in 1 of the 4 permutations it could judge (25%; 2 of 6 could not " \
+           "be: their folds left fewer than 2 with a spread, e.g. one class, so they could name no horizon): how " \
+           "often" in predict.format_curve(some)
+    old = curve.copy()
+    del old.attrs["null_judged"]  # saved before: every permutation taken as judged, as it was
+    assert "in 0 of 6 permutations (0%)" in predict.format_curve(old)
+
+
 def test_a_run_with_no_peer_is_left_out_of_the_null_check(planted):
     from dynamics.predict.null import null_folds
 

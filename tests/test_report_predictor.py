@@ -176,6 +176,15 @@ def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_i
         sec.figures)["predict_slash.png"]
     assert ("in 6 of 40 permutations (15%); 4 runs could only trade with runs of their own seed, so it may "
             "overstate.") in dict(sec.figures)["predict_slash.png"]
+    # permutations that could not be judged (a fold of one class) are no silent ones: the rate is
+    # over the judged, and with none judged there is no rate
+    for judged, said in ((30, "named a horizon in 6 of the 30 permutations it could judge (20%; 10 of 40 could not be)"),
+                         (0, "Null check: none of the 40 permutations could be judged (their folds left fewer than 2 "
+                             "with a spread), so it says nothing here.")):
+        curve.attrs.update(null_same_seed_runs=0, null_judged=judged)
+        store.write_derived(path, "predict.slash", curve)
+        sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+        assert said in dict(sec.figures)["predict_slash.png"]
 
 
 def test_a_model_scoring_what_an_earlier_one_does_at_every_horizon_says_so_in_the_legend(tmp_path, monkeypatch):

@@ -24,7 +24,15 @@ from dynamics.predict.null import (
     same_head_blocks,
 )
 from dynamics.predict.options import MODELS, TARGETS, PredictError, PredictOptions, Run, check_arguments
-from dynamics.predict.readable import CRITERION, METRIC_RANGE, ceiling_horizons, judge, readable_of
+from dynamics.predict.readable import (
+    CRITERION,
+    METRIC_RANGE,
+    NULL_UNJUDGED,
+    ceiling_horizons,
+    judge,
+    null_count,
+    readable_of,
+)
 from dynamics.predict.targets import class_name, target_table
 
 # --------------------------------------------------------------------------- whole pipeline
@@ -275,8 +283,9 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     ds.attrs.update(readable_horizon=answer.horizon, readable_model=answer.model, readable_baseline=answer.baseline,
                     readable_summary=answer.line, readable_criterion=CRITERION)
     if opt.null:
-        hits, same_seed = _null_readable(ds, tables, init, rows, blocks, null_rows, null_splits, opt, say, seed_of)
-        ds.attrs.update(null_permutations=opt.null, null_readable=hits, null_same_seed_runs=same_seed,
+        hits, judged, same_seed = _null_readable(ds, tables, init, rows, blocks, null_rows, null_splits, opt, say,
+                                                 seed_of)
+        ds.attrs.update(null_permutations=opt.null, null_readable=hits, null_judged=judged, null_same_seed_runs=same_seed,
                         null_left_out_runs=len(run_ids) - sum(len(b) for b in blocks))
     if spec.task != "regression":
         ds.attrs["classes"] = classes.astype(int).tolist()
@@ -292,9 +301,14 @@ def _summary(scores: np.ndarray) -> np.ndarray:
 
 
 def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Dataset, blocks: list[np.ndarray],
-                   keep: np.ndarray, splits, opt, say: Callable[[str], None], seed_of: dict) -> tuple[int, int]:
-    """In how many of ``opt.null`` curves on permuted targets `judge` names a readable horizon, and
-    how many runs could not be kept from trading with a run of their own seed.
+                   keep: np.ndarray, splits, opt, say: Callable[[str], None], seed_of: dict) -> tuple[int, int, int]:
+    """In how many of ``opt.null`` curves on permuted targets `judge` names a readable horizon, in
+    how many it could judge one at all, and how many runs could not be kept from trading with a
+    run of their own seed.
+
+    A permutation can leave all but one fold with one class, where no spread, so no band, can be
+    had: such a curve could never name a horizon, and counted with the rest it made the false
+    alarm rate look lower than it is (0 of 20 where no permutation could have fired).
 
     Each permutation gives every run's final roles, whole, to another run labelling the same
     heads (``blocks``, from :func:`same_head_blocks`), of another seed (`derangement_across`; where
@@ -312,7 +326,7 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     features = {h: t.values[keep] for h, t in tables.items()}
     init_kept, layer = init.values[keep], rows["row_layer"].values[keep]
     rng = np.random.default_rng(opt.random_state)
-    hits = 0
+    hits = judged = 0
     for i in range(opt.null):
         say(f"null check {i + 1}/{opt.null}: the curve on permuted final roles")
         permuted = y.copy()
@@ -321,9 +335,11 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
             permuted[block.ravel()] = y[block[order].ravel()]
         _, scores = cross_validate(features, init_kept, permuted[keep], layer, splits, opt)
         summary = _summary(scores)
-        hits += judge(opt.horizons, summary[..., 0], summary[..., 1], spec.metric, models=MODELS, ceiling=ceiling,
-                      labels=labels).horizon is not None
-    return hits, sum(len(b) for b, ok in zip(blocks, across, strict=True) if not ok)
+        answer = judge(opt.horizons, summary[..., 0], summary[..., 1], spec.metric, models=MODELS, ceiling=ceiling,
+                       labels=labels)
+        hits += answer.horizon is not None
+        judged += answer.judged
+    return hits, judged, sum(len(b) for b, ok in zip(blocks, across, strict=True) if not ok)
 
 
 def predict_store(path: str, options: PredictOptions | None = None,
@@ -381,7 +397,8 @@ def predict_store(path: str, options: PredictOptions | None = None,
         options, versions (of dynamics, scikit-learn, numpy and scipy, which fitted and scored
         the models), classes / class_counts (classification), class_names (role, chg); with
         ``options.null``: null_permutations, null_readable (in how many of them the criterion
-        named a horizon), null_left_out_runs (runs labelling heads no other run labels, left
+        named a horizon), null_judged (in how many it could judge one: some horizon's folds had
+        a spread), null_left_out_runs (runs labelling heads no other run labels, left
         out of the null fits), null_same_seed_runs (runs of a set where one seed holds more than
         half, which may trade roles with a run of their own seed).
 
@@ -553,17 +570,21 @@ def format_curve(curve: xr.Dataset) -> str:
         capped = int(np.sum((mean - sd < lo) | (mean + sd > hi)))
     lines += [answer.line, _criterion_line(curve, capped)] if answer.judged else [answer.line]
     if a.get("null_permutations"):
-        k, n = a["null_readable"], a["null_permutations"]
+        n = a["null_permutations"]
         left = a.get("null_left_out_runs", 0)
         twins = a.get("null_same_seed_runs", 0)
         # a curve saved before the seeds were kept apart has no such attr: its partner may share a seed
         seeds = "" if "null_same_seed_runs" not in a else " and another seed" if not twins else \
             " and, where its set allows, another seed"
-        lines.append(f"null check: with each run's final roles given whole to another run with the same heads"
-                     f"{seeds}, the criterion named a readable horizon in {k} of {n} permutations ({k / n:.0%}): "
-                     f"how often it reads one on these runs where there is nothing to read" + (
-                         f" ({left} run{'s' if left > 1 else ''} labelling heads no other run labels left out of it)"
-                         if left else ""))
+        if a.get("null_judged", n) == 0:  # a rate of 0% here could never have been more
+            lines.append(f"null check: none of the {n} permutations could be judged ({NULL_UNJUDGED}): it says "
+                         f"nothing on how often the criterion reads a horizon on these runs")
+        else:
+            lines.append(f"null check: with each run's final roles given whole to another run with the same heads"
+                         f"{seeds}, the criterion named a readable horizon in {null_count(a)}: "
+                         f"how often it reads one on these runs where there is nothing to read" + (
+                             f" ({left} run{'s' if left > 1 else ''} labelling heads no other run labels left out of "
+                             f"it)" if left else ""))
         if twins:  # their init and data order carry into the null: it may fire more often than it should
             lines.append(f"caution: {twins} of these runs are in sets where one seed holds more than half the runs, "
                          f"so they may be given the roles of a run of their own seed (its initial weights and data "

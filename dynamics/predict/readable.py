@@ -98,6 +98,21 @@ def _cell(model: str, mean: float, low: float, high: float) -> str:
     return f"{model} {mean:.3f} (band {_num(low)} to {_num(high)})"
 
 
+def null_count(attrs: dict) -> str:
+    """"k of n permutations (p%)" from a curve's null attrs, over the permutations that could be
+    judged (``null_judged``, at least 1; all of them for a curve saved without it), naming those
+    that could not."""
+    k, n = int(attrs["null_readable"]), int(attrs["null_permutations"])
+    m = int(attrs.get("null_judged", n))
+    if m == n:
+        return f"{k} of {n} permutations ({k / n:.0%})"
+    return (f"{k} of the {m} permutations it could judge ({k / m:.0%}; {n - m} of {n} could not be: "
+            f"{NULL_UNJUDGED})")
+
+
+NULL_UNJUDGED = "their folds left fewer than 2 with a spread, e.g. one class, so they could name no horizon"
+
+
 def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[str] = MODELS,
           ceiling: Sequence[bool] | None = None, labels: Sequence[str] | None = None) -> Readable:
     """The how-early answer from a table of means and sds (see the module docstring).

@@ -176,8 +176,14 @@ def _how_early(ds: xr.Dataset) -> str:
         twins = ds.attrs.get("null_same_seed_runs", 0)
         seeds = "" if "null_same_seed_runs" not in ds.attrs else " and other seeds" if not twins else \
             " and, where their set allows, other seeds"  # absent: saved before seeds were kept apart
+        m = int(ds.attrs.get("null_judged", n))  # absent: saved before unjudged permutations were told apart
+        if m == 0:
+            return text + (f" Null check: none of the {n} permutations could be judged (their folds left fewer than "
+                           f"2 with a spread), so it says nothing here.")
+        count = (f"{k} of {n} permutations ({k / n:.0%})" if m == n else
+                 f"{k} of the {m} permutations it could judge ({k / m:.0%}; {n - m} of {n} could not be)")
         text += (f" Null check: on final roles permuted between runs with the same heads{seeds}, the "
-                 f"criterion named a horizon in {k} of {n} permutations ({k / n:.0%})"
+                 f"criterion named a horizon in {count}"
                  + (f"; {twins} runs could only trade with runs of their own seed, so it may overstate." if twins
                     else "."))
     return text
