@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable
 
 from dynamics.config import ConfigError
-from dynamics.signals import reader_may_leave
+from dynamics.signals import reader_may_leave, sigterm_as_interrupt
 from dynamics.usage import EXIT_BAD_INPUT, UsageError
 
 EXIT_INTERRUPTED = 130
@@ -38,18 +38,27 @@ AFTER_INTERRUPT = {
 }
 """What the line after an interrupt says was kept, per command."""
 
+WRITE_REFUSED = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space",
+                 errno.EFBIG: "raise the file-size limit (ulimit -f)", errno.EROFS: "make it writable"}
+"""The errnos of a write the machine refused (a full disk or quota, a file-size limit, a read-only
+filesystem), and the fix each line names: the command stops there, exit 1; code that turns other
+errors into notes (a report section) must let these through."""
+
 
 def run_to_end(command: str, work: Callable[[], int]) -> int:
     """``work()``'s exit status, or the status and one line of the way it stopped short."""
     _names_as_given()
     try:
-        with reader_may_leave():
+        # SIGTERM (kill, a batch system's limit) as Ctrl-C for every command: predict, gates and
+        # report died of it at once, exit 143 and not a word, leaving a figures folder behind
+        with reader_may_leave(), sigterm_as_interrupt():
             return work()
     except (ConfigError, UsageError) as e:
         print(f"dynamics: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # one zarr was waiting for leaves a coroutine never run: no warning of it at exit
         warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+        _quiet_pending_tasks()
         print(f"dynamics: interrupted; {AFTER_INTERRUPT.get(command, AFTER_INTERRUPT['run'])}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as e:
@@ -59,7 +68,7 @@ def run_to_end(command: str, work: Callable[[], int]) -> int:
             print(f"dynamics: {command} stopped: {reason} on {e.filename or '?'}; check its permissions "
                   f"and run it again", file=sys.stderr)
             return 1
-        fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EROFS: "make it writable"}
+        fix = WRITE_REFUSED
         if e.errno not in fix:
             raise
         # A full disk (or a read-only filesystem) is no bug to trace: analyses, derived results and
@@ -75,6 +84,16 @@ def run_to_end(command: str, work: Callable[[], int]) -> int:
             print(f"dynamics: error: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT
         raise
+
+
+def _quiet_pending_tasks() -> None:
+    """No "Task was destroyed but it is pending!" at exit, with its coroutine, for each of the
+    zarr reads an interrupt left in flight (up to 138 lines after the one saying what was kept):
+    asyncio logs them through its logger, and the interrupt has said all there is to say."""
+    import logging
+
+    logging.getLogger("asyncio").addFilter(lambda record: "Task was destroyed but it is pending" not in
+                                           record.getMessage())
 
 
 def _names_as_given() -> None:

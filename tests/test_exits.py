@@ -22,6 +22,9 @@ def raising(e: BaseException):
 @pytest.mark.parametrize("code, line", [
     ("EROFS", "{err} writing s.zarr/analysis/r1; what it was replacing is kept: make it writable and run it again"),
     ("ENOSPC", "{err} writing s.zarr/analysis/r1; what it was replacing is kept: free some space and run it again"),
+    # `ulimit -f`: was a traceback from every command but report, which wrote a near-empty page
+    ("EFBIG", "{err} writing s.zarr/analysis/r1; what it was replacing is kept: raise the file-size limit (ulimit -f) "
+              "and run it again"),
     # a read as likely as a write (a colleague's run folder of mode 700): no claim which
     ("EACCES", "{err} on s.zarr/analysis/r1; check its permissions and run it again"),
 ])
@@ -78,3 +81,35 @@ def test_a_path_given_in_bytes_that_are_not_utf8_is_printed_as_those_bytes(monke
 def test_each_refusal_by_the_system_names_what_it_knows(capsys, error, line):
     assert run_to_end("analyse", raising(error)) == 1
     assert capsys.readouterr().err == f"dynamics: {line}\n"
+
+
+@pytest.mark.parametrize("command", ["predict", "gates", "report", "status"])
+def test_sigterm_stops_every_command_as_ctrl_c_does(capsys, command):
+    # Only run, analyse and sweep took it so: predict, gates and report died at once, exit 143 and
+    # not a word on what was kept.
+    import signal
+    import time
+
+    from dynamics.exits import AFTER_INTERRUPT
+
+    def work() -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal arrives well before: a KeyboardInterrupt out of the sleep
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_to_end(command, work) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == f"dynamics: interrupted; {AFTER_INTERRUPT[command]}\n"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_an_interrupt_leaves_no_line_per_zarr_read_it_cut_short(caplog):
+    # "Task was destroyed but it is pending!" and its coroutine, up to 138 of them after the line
+    # saying what was kept, for the zarr reads in flight when Ctrl-C came
+    import logging
+
+    assert run_to_end("analyse", raising(KeyboardInterrupt())) == EXIT_INTERRUPTED
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        logging.getLogger("asyncio").error("Task was destroyed but it is pending!\ntask: <Task pending name='Task-1'>")
+        logging.getLogger("asyncio").error("Unclosed connection")
+    assert [r.getMessage() for r in caplog.records] == ["Unclosed connection"]

@@ -362,6 +362,37 @@ def test_a_report_stopped_part_way_leaves_the_previous_one_whole(tmp_path, monke
     assert sorted(p.name for p in out.iterdir()) == ["figures", "index.html"]
 
 
+@pytest.mark.parametrize("code", ["ENOSPC", "EFBIG", "EDQUOT", "EROFS"])
+def test_a_full_disk_in_a_section_stops_the_report_and_keeps_the_previous_one(tmp_path, monkeypatch, code):
+    # savefig's "No space left on device" became a "Not available" line like any section's error:
+    # the report replaced a whole one with a near-empty page and exited 0, "report written".
+    import errno
+
+    from dynamics.report import page as page_module
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_derived(path, "predict.slash", _predict_curve())
+    out = tmp_path / "out"
+    before = write_report(path, out).read_text()
+
+    def full(ctx):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(page_module, "_emergence_section", full)
+    with pytest.raises(OSError) as raised:
+        write_report(path, out)
+    assert raised.value.errno == getattr(errno, code)
+    assert (out / "index.html").read_text() == before and _png_ok(out / _srcs(before)[0])
+    # other errors of a section are still its own "Not available" line, the rest of the page written
+    def _emergence_section(ctx):  # named as the section it stands in for, which the line names
+        return open(tmp_path / "gone" / "x")
+
+    monkeypatch.setattr(page_module, "_emergence_section", _emergence_section)
+    page = write_report(path, out).read_text()
+    assert "Not available: the emergence figures because building them failed (FileNotFoundError: " in page
+
+
 def test_a_report_deletes_only_figure_folders_it_made_or_its_page_linked_to(tmp_path):
     # Every folder of figures/ named like a report's (<date>-<time>-<n>) was deleted by the next
     # report, so a user's figures/20240101-120000-0/ went; and with a report page present, every

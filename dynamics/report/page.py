@@ -19,6 +19,7 @@ except ImportError:  # Windows
     fcntl = None
 
 from dynamics import store
+from dynamics.exits import WRITE_REFUSED
 from dynamics.provenance import mixed_code, mixed_execution
 from dynamics.report.attention import _attention_section
 from dynamics.report.chg import _chg_section
@@ -358,18 +359,29 @@ def _safe(make: Callable, ctx: _Ctx) -> _Section:
     """Build one section; an unexpected error becomes a "Not available" line, not a crash."""
     try:
         return make(ctx)
+    except OSError as e:
+        # A full disk (or a file-size limit, a read-only filesystem) is no section's problem: as a
+        # "Not available" line it replaced a whole report with a near-empty one, exit 0.
+        if e.errno in WRITE_REFUSED:
+            raise
+        return _unavailable(make, ctx, e)
     except Exception as e:  # noqa: BLE001 - a report of a partial store must still be written
-        anchor = make.__name__.strip("_").removesuffix("_section")
-        section = _Section(anchor, anchor.replace("_", " ").capitalize())
-        why = f"{type(e).__name__}: {e}"
-        if store.failed_checksum(e) or "decompression" in why:
-            # a chunk that cannot be decoded: named with its run, array and snapshot (every chunk of
-            # the runs read, on this failure only), not as zarr's bytes of both checksums
-            found = (store.unreadable_chunk(ctx.path, r.run_id) for r in ctx.runs if r.status != "damaged")
-            why = str(next((f for f in found if f is not None), None) or why)
-            ctx.damaged.append(why)
-        section.missing.append(f"Not available: the {anchor} figures because building them failed ({why}).")
-        return section
+        return _unavailable(make, ctx, e)
+
+
+def _unavailable(make: Callable, ctx: _Ctx, e: Exception) -> _Section:
+    """The section of ``make`` that failed with ``e``: one "Not available" line naming why."""
+    anchor = make.__name__.strip("_").removesuffix("_section")
+    section = _Section(anchor, anchor.replace("_", " ").capitalize())
+    why = f"{type(e).__name__}: {e}"
+    if store.failed_checksum(e) or "decompression" in why:
+        # a chunk that cannot be decoded: named with its run, array and snapshot (every chunk of
+        # the runs read, on this failure only), not as zarr's bytes of both checksums
+        found = (store.unreadable_chunk(ctx.path, r.run_id) for r in ctx.runs if r.status != "damaged")
+        why = str(next((f for f in found if f is not None), None) or why)
+        ctx.damaged.append(why)
+    section.missing.append(f"Not available: the {anchor} figures because building them failed ({why}).")
+    return section
 
 
 # --------------------------------------------------------------------------- page
