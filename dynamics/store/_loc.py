@@ -136,7 +136,8 @@ def check_sections(loc: _Loc, sections: tuple[str, ...] = SECTIONS) -> None:
         d = loc.local / section
         if not d.is_dir() and (d.exists() or d.is_symlink()):
             fix = ("restore it from a backup" if section in ("runs", "checkpoints") else
-                   "move it aside: what it holds is computed from the runs, and can be computed again")
+                   "move it aside: results are written there before they are swapped in" if section == ".staging"
+                   else "move it aside: what it holds is computed from the runs, and can be computed again")
             raise StoreError(f"{loc}: {section} is not a folder (the store is damaged); {fix}")
 
 
