@@ -393,6 +393,34 @@ def test_a_full_disk_in_a_section_stops_the_report_and_keeps_the_previous_one(tm
     assert "Not available: the emergence figures because building them failed (FileNotFoundError: " in page
 
 
+def test_earlier_figures_that_cannot_be_removed_are_a_note_once_the_new_page_is_written(tmp_path, monkeypatch):
+    # A colleague's read-only figure folder: the page was already replaced, whole, when deleting the
+    # old folder failed, and the command said "report stopped: Permission denied ... run it again", exit 1.
+    import errno
+
+    from dynamics.report import page as page_module
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_derived(path, "predict.slash", _predict_curve())
+    out = tmp_path / "out"
+    before = _srcs(write_report(path, out).read_text())
+    old = out / before[0]
+
+    def refused(folder):
+        raise PermissionError(errno.EACCES, "Permission denied", str(old))
+
+    monkeypatch.setattr(page_module, "_delete_generation", refused)
+    notes = []
+    after = _srcs(write_report(path, out, on_note=notes.append).read_text())
+    assert after != before and _png_ok(out / after[0]) and old.is_file()
+    assert notes == [f"the report is written, but the earlier report's figures could not all be removed (Permission "
+                     f"denied on {old}); the next report tries again"]
+    monkeypatch.undo()
+    write_report(path, out)  # and the next one does
+    assert not old.exists()
+
+
 def test_a_report_deletes_only_figure_folders_it_made_or_its_page_linked_to(tmp_path):
     # Every folder of figures/ named like a report's (<date>-<time>-<n>) was deleted by the next
     # report, so a user's figures/20240101-120000-0/ went; and with a report page present, every

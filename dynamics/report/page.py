@@ -89,7 +89,8 @@ def write_report(
     on_note : callable, optional
         Called with each note the page carries under its heading: runs not all trained by the
         same dynamics code (:func:`dynamics.provenance.mixed_code`), or not with the same torch
-        build, device and CPU kernels (:func:`dynamics.provenance.mixed_execution`).
+        build, device and CPU kernels (:func:`dynamics.provenance.mixed_execution`); and, once
+        the page is written, with a line on earlier figures that could not be removed.
     progress : callable, optional
         Called with a line on where the report is: as it starts reading the runs, between
         two runs at most every 5 s while it reads them (reading a run can mean analysing it,
@@ -164,7 +165,11 @@ def write_report(
             draft.unlink(missing_ok=True)
             shutil.rmtree(stage, ignore_errors=True)
             raise
-        _remove_earlier_reports(out, keep=stage.name, linked=earlier)
+        try:
+            _remove_earlier_reports(out, keep=stage.name, linked=earlier)
+        except OSError as e:  # the new page is in place and whole: "stopped, run it again" said it was not
+            (on_note or print)(f"the report is written, but the earlier report's figures could not all be removed "
+                               f"({e.strerror or e} on {e.filename or out / 'figures'}); the next report tries again")
         # once the page that names them is in place; a run listed as damaged went to on_damaged
         for line in dict.fromkeys([*(d for r in runs if r.status != "damaged" for d in r.damage), *ctx.damaged]):
             if on_damaged_data is not None:
