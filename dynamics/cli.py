@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 from dynamics.budget import check_fits
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override
-from dynamics.exits import EXIT_INTERRUPTED, run_to_end
+from dynamics.exits import EXIT_INTERRUPTED, WRITE_REFUSED, run_to_end
 from dynamics.messages import (
     damaged_runs_named,
     gates_progress,
@@ -179,12 +179,13 @@ def _run_failed(out: str, run_id: str, e: BaseException, *, trained: bool) -> in
               f"whole{'; the same command again refreshes the index' if trained else ''})", file=sys.stderr)
         return 1
     where = "traceback in the run's attributes" if traceback_recorded(attrs, e) else "its traceback could not be recorded in the store"
-    print(f"dynamics: run {run_id} failed: {type(e).__name__}: {message} ({where})", file=sys.stderr)
+    fix = WRITE_REFUSED.get(getattr(e, "errno", None)) if attrs.get("status") == "failed" else None  # a full disk
+    print(f"dynamics: run {run_id} failed: {type(e).__name__}: {message} ({where})"
+          + (f"; {fix} and the same command resumes it" if fix else ""), file=sys.stderr)
     return 1
 
 
-def _default_note(args: argparse.Namespace) -> str:
-    # An empty file (a redirect that failed, the wrong path) trained the defaults without a word
+def _default_note(args: argparse.Namespace) -> str:  # an empty file (a failed redirect) trained them in silence
     return (f"{args.config}{' with its --set' if args.set else ''} changes no default: this is RunConfig()'s "
             f"default run (is it the config you meant?)")
 

@@ -178,6 +178,22 @@ def test_a_failure_with_a_note_is_found_in_the_recorded_traceback(tiny, tmp_path
     assert lines(capsys.readouterr().err) == [
         f"dynamics: run {run_id} failed: OSError: disk gone (traceback in the run's attributes)"]
 
+def test_a_run_failed_on_a_full_disk_says_how_to_go_on(tiny, tmp_path, capsys):
+    # as analyse says it: it read like the run's own fault, with nothing on freeing space and resuming
+    import errno
+    import traceback
+
+    _, path, run_id = tiny
+    s = copy_of(path, tmp_path)
+    for code, fix in (("ENOSPC", "free some space"), ("EFBIG", "raise the file-size limit (ulimit -f)")):
+        e = OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+        store.update_run_attrs(s, run_id, status="failed", traceback="".join(traceback.format_exception(e)))
+        assert cli._run_failed(str(s), run_id, e, trained=True) == 1
+        assert lines(capsys.readouterr().err) == [
+            f"dynamics: run {run_id} failed: OSError: [Errno {e.errno}] {e.strerror} (traceback in the run's "
+            f"attributes); {fix} and the same command resumes it"]
+
+
 def test_a_failure_with_an_empty_message_is_still_one_line(tmp_path, capsys):
     assert cli._run_failed(str(tmp_path / "gone.zarr"), "r1", RuntimeError(), trained=False) == 1
     assert lines(capsys.readouterr().err) == [
