@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable
 
 from dynamics.config import ConfigError
+from dynamics.refused import WRITE_REFUSED
 from dynamics.signals import reader_may_leave, sigterm_as_interrupt
 from dynamics.usage import EXIT_BAD_INPUT, UsageError
 
@@ -38,11 +39,6 @@ AFTER_INTERRUPT = {
 }
 """What the line after an interrupt says was kept, per command."""
 
-WRITE_REFUSED = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space",
-                 errno.EFBIG: "raise the file-size limit (ulimit -f)", errno.EROFS: "make it writable"}
-"""The errnos of a write the machine refused (a full disk or quota, a file-size limit, a read-only
-filesystem), and the fix each line names: the command stops there, exit 1; code that turns other
-errors into notes (a report section) must let these through."""
 
 
 def run_to_end(command: str, work: Callable[[], int]) -> int:

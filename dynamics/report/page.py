@@ -19,8 +19,8 @@ except ImportError:  # Windows
     fcntl = None
 
 from dynamics import store
-from dynamics.exits import WRITE_REFUSED
 from dynamics.provenance import mixed_code, mixed_execution
+from dynamics.refused import WRITE_REFUSED
 from dynamics.report.attention import _attention_section
 from dynamics.report.chg import _chg_section
 from dynamics.report.data import (
