@@ -43,7 +43,7 @@ seen, since snapshots are geometric early on): log10 grad_norm of g at init, at 
 slope, rel at init and at h; grad_cosine of g (gradient-direction agreement between
 consecutive snapshots) mean and at h; log10 importance likewise, plus its rank and l2 share
 within the layer; every role score (entropy is ``diffuse``) at init, at h and its change;
-best slash score at init and at h and its offset; mean JS distance to the other heads of the
+best slash score at init and at h, and its offset at h; mean JS distance to the other heads of the
 layer and to the nearest other head at init and at h, and divergence from init; log10
 weight norms at init and their change when head weights were recorded; layer index and
 relative depth. Only features every run can provide are used.

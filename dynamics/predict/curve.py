@@ -394,7 +394,8 @@ def predict_store(path: str, options: PredictOptions | None = None,
         horizon), init_features (with a value at initialisation), features_empty (computed for
         every run but without a value at any horizon, so no model used them), target_sources,
         analysis_unreadable (runs whose stored analysis was damaged: their targets recomputed),
-        options, versions (of dynamics, scikit-learn, numpy and scipy, which fitted and scored
+        options, analysis_options and role_thresholds (those the targets and features were
+        computed with), versions (of dynamics, scikit-learn, numpy and scipy, which fitted and scored
         the models), classes / class_counts (classification), class_names (role, chg); with
         ``options.null``: null_permutations, null_readable (in how many of them the criterion
         named a horizon), null_judged (in how many it could judge one: some horizon's folds had
@@ -494,7 +495,7 @@ def format_curve(curve: xr.Dataset) -> str:
     if a["metric"] == "balanced_accuracy":
         # The header's level guesses a class each test fold holds; the chance row guesses the
         # training folds' majority, which scores 0 on a fold that lacks it (--group config).
-        lines[-1] = lines[-1].removesuffix(")") + ": one constant class present in each test fold; "
+        lines[-1] = lines[-1].removesuffix(")") + ": a constant guess of a class the test fold holds; "
         lines[-1] += "the chance row guesses the training folds' majority)"
     if a.get("runs_left_out"):
         # Runs that diverged or failed have no final role: the curve speaks for the runs that
