@@ -15,6 +15,7 @@ import concurrent.futures.process
 import errno
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import threading
@@ -41,7 +42,7 @@ def analyse_one(path: str, run_id: str) -> dict:
     # A chunk file gone from the run reads as NaN (or 0) without a word: named, not analysed.
     store.check_recorded(path, run_id, attrs=attrs)
     try:
-        result = _analysis_of(path, run_id, attrs)
+        result, first = _analysis_of(path, run_id, attrs)
     except Exception as e:
         # a chunk cut short fails in its codec naming neither the run nor the array: found and named
         damaged = store.unreadable_chunk(path, run_id)
@@ -54,6 +55,11 @@ def analyse_one(path: str, run_id: str) -> dict:
     row = {"run": run_id, "status": attrs["status"], **summary_row(result)}
     if attrs["status"] == "diverged":  # its "final" figures are from before the divergence: the table says where
         row.update(diverged_step=int(attrs["diverged_step"]), read_at_step=int(result["step"].values.max()))
+    # A loss that blew up to a huge but finite value (lr 10: 242 nats, against 4.2 at step 0) is no
+    # divergence, and its heads got roles like any run's: the table says training made it worse.
+    last = attrs.get("last_loss")
+    if isinstance(last, (int, float)) and math.isfinite(last) and math.isfinite(first) and last > first:
+        row["loss_rose"] = (first, float(last))
     return row
 
 
@@ -66,23 +72,28 @@ def unfinished_reason(status: str, attrs: dict) -> str:
     return f"unfinished: it failed with {last}; the command that trained it resumes it"
 
 
-def analysed_variables(path: str, run_id: str):
+def analysed_variables(path: str, run_id: str, ds=None):
     """A run's variables the analysers read (``pipeline.READS``), opened without dask: sizes
     only, nothing read yet. Under IN_MEMORY_BYTES they are loaded whole, else read in blocks
-    (bench/analysis.py names the path from this size too)."""
+    (bench/analysis.py names the path from this size too). ``ds``: the run, opened already."""
     from dynamics import store
     from dynamics.analysis.pipeline import READS
 
-    ds = store.open_run(path, run_id, dask=False)
+    ds = store.open_run(path, run_id, dask=False) if ds is None else ds
     return ds[[v for v in READS if v in ds]]  # a demo run's gradients and losses read took 40 ms more
 
 
 def _analysis_of(path: str, run_id: str, attrs: dict):
-    """The computed analysis of a finished run, or its skipped row when it recorded too few snapshots."""
+    """The computed analysis of a finished run, or its skipped row when it recorded too few
+    snapshots; and its loss at step 0 (NaN where there is none)."""
+    from dynamics import store
     from dynamics.analysis import AnalysisOptions, analyse_run
     from dynamics.analysis.pipeline import read_in_blocks
 
-    ds = analysed_variables(path, run_id)
+    run = store.open_run(path, run_id, dask=False)
+    # the loss it started from: one value, from the group opened here anyway (a second open of it cost 90 ms)
+    first = float(run["loss"].values[0]) if "loss" in run and run["loss"].size else math.nan
+    ds = analysed_variables(path, run_id, run)
     ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else read_in_blocks(ds)
     need = AnalysisOptions().baseline_snapshots + 1  # the divergence curve's noise band needs them
     if attrs["status"] == "diverged":
@@ -90,11 +101,11 @@ def _analysis_of(path: str, run_id: str, attrs: dict):
         if ds.sizes["snapshot"] < need:
             return {"run": run_id, "status": "diverged", "skipped": True,
                     "reason": f"diverged at step {attrs['diverged_step']} after {ds.sizes['snapshot']} "
-                              f"finite snapshots; analysis needs >= {need}"}
+                              f"finite snapshots; analysis needs >= {need}"}, first
     elif ds.sizes["snapshot"] < need:  # a very short run: its schedule took fewer snapshots
         return {"run": run_id, "status": attrs["status"], "skipped": True,
-                "reason": f"only {ds.sizes['snapshot']} snapshot(s) recorded; analysis needs >= {need}"}
-    return analyse_run(ds).compute()
+                "reason": f"only {ds.sizes['snapshot']} snapshot(s) recorded; analysis needs >= {need}"}, first
+    return analyse_run(ds).compute(), first
 
 
 def disk_full(e: BaseException | None) -> OSError | None:

@@ -327,6 +327,26 @@ def test_a_killed_run_is_listed_as_stopped_as_status_lists_it(three_runs, tmp_pa
     assert row["skipped"] and row["status"] == "stopped" == store.run_status(copy, unfinished, store.run_attrs(copy, unfinished))
 
 
+def test_a_run_whose_loss_rose_to_a_huge_finite_value_is_said_so(three_runs, tmp_path, capsys):
+    # lr 10 on learning_rate.toml: 242 nats at the end against 4.2 at step 0, finite, so "completed",
+    # and its heads got roles and slash counts like any run's, with no word on it
+    from dynamics.analyse import analyse_one
+    from dynamics.tables import print_analysis
+
+    path, _ = three_runs
+    copy = str(tmp_path / "s.zarr")
+    shutil.copytree(path, copy)
+    blown, fine = [r for r in store.list_runs(copy) if store.run_attrs(copy, r)["status"] == "completed"][:2]
+    first = float(store.open_run(copy, blown)["loss"].values[0])
+    store.update_run_attrs(copy, blown, last_loss=242.0)
+    rows = [analyse_one(copy, blown), analyse_one(copy, fine)]
+    assert rows[0]["loss_rose"] == (first, 242.0) and "loss_rose" not in rows[1]
+    print_analysis(rows)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"loss rose: the last training loss is above the loss at step 0, so training made these runs worse and their "
+        f"heads' figures are not those of a model that learned its task: {blown} ({first:.4g} -> 242 nats)")
+
+
 def test_a_run_too_short_for_the_noise_band_is_said_not_analysed(tmp_path, capsys):
     from tests.conftest import TINY
 
