@@ -118,7 +118,7 @@ def test_store_with_a_just_started_run_names_every_missing_part(tmp_path, monkey
     text = page.read_text()
     for needle in ("Not available: attention maps because run r0 (running) has no recorded snapshot yet",
                    "Not available: emergence curves for 1 run(s)",
-                   "Not available: bifurcation and emergence steps against init_scale, lr or n_heads because the store "
+                   "Not available: bifurcation and emergence steps against a swept parameter because the store "
                    "has no sweep index",
                    "Not available: the dendrogram and JS matrix of run r0 because the run has only 0 recorded snapshot(s)",
                    "Not available: the CHG scatter",

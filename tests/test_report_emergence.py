@@ -56,6 +56,30 @@ def test_bifurcation_marks_unfinished_runs_and_says_what_the_mean_is(tmp_path, m
     assert "mean over the finished runs where the event happened" in caption
 
 
+def test_bifurcation_is_drawn_against_a_categorical_axis_when_no_numeric_one_is_swept(tmp_path, monkeypatch):
+    # positional.toml sweeps model.pos alone: "Not available ... against init_scale, lr or n_heads",
+    # though its question is when heads split under each scheme (and a numeric axis was drawn)
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    runs = []
+    for i, (pos, step) in enumerate([("rope", 10.0), ("learned", 30.0), ("rope", 20.0), ("alibi", np.nan)]):
+        run = _analysed_run(f"r{i}", "completed", 1.0, step, np.nan)
+        run.params = {"model.pos": pos, "train.seed": i}
+        runs.append(run)
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, ["model.pos", "train.seed"], tmp_path, True))
+    assert not sec.missing or "Not available: bifurcation" not in " ".join(sec.missing)
+    ax = figs["bifurcation.png"].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["rope", "learned", "alibi"]  # as they first appear
+    marks = sorted(tuple(xy) for c in ax.collections for xy in c.get_offsets().tolist())
+    never = dict(zip([t.get_text() for t in ax.get_yticklabels()], ax.get_yticks(), strict=True))["never"]
+    assert marks == [(0.0, 10.0), (0.0, 20.0), (1.0, 30.0), (2.0, never)]
+    (means,) = ax.get_lines()
+    assert means.get_xydata().tolist() == [[0.0, 15.0], [1.0, 30.0]] and means.get_linestyle() == "None"
+
+
 def test_captions_name_the_slash_window_and_the_unfinished_run(built):
     _, page, ids = built
     text = html.unescape(page.read_text())

@@ -14,6 +14,7 @@ from dynamics.report.draw import (
     _analysed,
     _curves,
     _figure,
+    _fmt,
     _legend,
     _missing_runs_sentence,
     _no_mathtext,
@@ -232,13 +233,17 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
     if not swept:  # none of the three: fall back on any other numeric swept axis
         swept = [a for a in axes if not _is_seed(a)
                  and all(isinstance(r.params.get(a), (int, float)) and not isinstance(r.params.get(a), bool) for r in runs)]
+    if not swept:  # then on a categorical one, its values in the order they first appear (model.pos: positional.toml's question)
+        swept = [a for a in axes if not _is_seed(a) and all(isinstance(r.params.get(a), (str, bool)) for r in runs)]
+    categories = {a: list(dict.fromkeys(r.params[a] for r in runs)) for a in swept
+                  if any(not isinstance(r.params.get(a), (int, float)) or isinstance(r.params.get(a), bool) for r in runs)}
     if not swept:
         index_axes = sorted({a for r in runs for a in r.params})
         why = (f"among the {len(runs)} run(s) in the store only {', '.join(axes)} varies (sweep axes: "
                f"{', '.join(index_axes)})" if axes else
                f"no swept value varies among the {len(runs)} run(s) in the store" if index_axes else
                "the store has no sweep index")
-        sec.missing.append(f"Not available: bifurcation and emergence steps against init_scale, lr or n_heads because {why}.")
+        sec.missing.append(f"Not available: bifurcation and emergence steps against a swept parameter because {why}.")
         return sec
     if not done:
         sec.missing.append(_missing_runs_sentence(runs, "bifurcation and emergence steps") or "Not available: no runs.")
@@ -260,8 +265,11 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
             ax = grid[i, j]
             drawn = {"never": False, "not yet": False}
             means: dict[float, list[float]] = {}
+            cats = categories.get(axis)
             for r, y in points[var]:
                 x = r.params.get(axis)
+                if cats is not None:
+                    x = cats.index(x) if x in cats else None
                 if not isinstance(x, (int, float)) or isinstance(x, bool):
                     continue
                 key = groups.key_of(r)
@@ -284,9 +292,13 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
             if means:
                 mx = sorted(means)
                 # a marker too: events at one swept value give a one-point "line", drawn as nothing
-                ax.plot(mx, [np.mean(means[x]) for x in mx], color="k", lw=1, alpha=0.6, zorder=2, marker="_", ms=14)
+                ax.plot(mx, [np.mean(means[x]) for x in mx], color="k", lw=1, alpha=0.6, zorder=2, marker="_", ms=14,
+                        ls="none" if cats is not None else "-")  # no line between categories: no order to follow
             values = sorted({float(r.params[axis]) for r in runs if isinstance(r.params.get(axis), (int, float))})
-            if values and min(values) > 0 and max(values) / min(values) >= 8:
+            if cats is not None:
+                ax.set_xticks(range(len(cats)), [_fmt(c) for c in cats])
+                ax.set_xlim(-0.5, len(cats) - 0.5)
+            elif values and min(values) > 0 and max(values) / min(values) >= 8:
                 ax.set_xscale("log", base=2 if axis != "train.lr" else 10)
             ax.set_xlabel(f"{_short(axis)} ({'learning rate' if axis == 'train.lr' else 'multiplier' if axis == 'model.init_scale' else 'heads per layer' if axis == 'model.n_heads' else 'swept value'})")
             ax.set_ylabel(ylabel)
