@@ -268,6 +268,20 @@ def test_run_attrs_hold_the_resolved_interventions(templated, students, gated):
             in _intervention_note(students["distilled"].attrs["interventions"]))
     assert "conditioned gates scale the heads of layer(s) 0, 1." in _intervention_note(gated.attrs["interventions"])
     assert _intervention_note(None) == ""
+    # a run shortened below its curriculum: layer 1's stage (step 150) never came in 100 steps, and
+    # it was named as distilled; a logits-only student was said to have "those heads" shaped
+    staged = distilled | {"order": "shallow_first", "stage_steps": 150}
+    assert (f"attention of L0H0, L0H1 distilled from run {attrs['run_id']} (L1H0 (from step 150), L1H1 (from step "
+            f"150) never, its stage starting after the run's 100 steps). Those heads' maps and roles are shaped by "
+            f"the intervention, not learned freely") in _intervention_note({"distill": staged}, steps=100)
+    assert "attention of L0H0, L0H1, L1H0, L1H1 distilled" in _intervention_note({"distill": staged}, steps=200)
+    logits = distilled | {"attention_weight": 0.0, "logits_weight": 1.0}
+    assert _intervention_note({"distill": logits}) == (
+        f" Trained with interventions: logits distilled from run {attrs['run_id']}. Every head's map and role may be "
+        f"shaped by the teacher's logits, not learned freely (run attribute `interventions`).")
+    both = distilled | {"logits_weight": 1.0}
+    assert (". Those heads' maps and roles are shaped by the intervention, and every head's may be by the teacher's "
+            "logits, not learned freely") in _intervention_note({"distill": both})
     unpulled = {"templates": got | {"weight": 0.0}}  # a weight-0 control point: nothing pulls
     assert _intervention_note(unpulled) == ""
     clamped = {"templates": got | {"weight": 0.0, "heads": [h | {"hard": True} for h in got["heads"]]}}

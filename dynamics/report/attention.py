@@ -15,13 +15,23 @@ from dynamics.report.draw import _figure, _prose
 from dynamics.schema import FINISHED_STATUSES
 
 
-def _intervention_note(described: dict | None) -> str:
+def _distill_starts(d: dict) -> dict[int, int]:
+    """Student layer -> the step its attention distillation switches on (the curriculum of
+    `dynamics.interventions.distill`: ``order``, ``stage_steps``)."""
+    layers = sorted({int(p[0]) for p in d.get("pairs", [])})
+    order, stage = d.get("order", "together"), int(d.get("stage_steps") or 0)
+    ranks = layers if order != "deep_first" else layers[::-1]
+    return {layer: 0 if order == "together" else r * stage for r, layer in enumerate(ranks)}
+
+
+def _intervention_note(described: dict | None, steps: int | None = None) -> str:
     """Caption sentence naming the heads a run's interventions acted on, from its ``interventions``
     attribute: a templated or distilled head's map is pulled toward what the intervention asked
-    for (clamped to it where hard), so a reader must not take its role for one it learned."""
+    for (clamped to it where hard), so a reader must not take its role for one it learned.
+    ``steps``: the run's train.steps, past which a distillation stage never switched on."""
     if not described:
         return ""
-    parts = []
+    parts, whole_model = [], False
     t = described.get("templates") or {}
     weight = float(t.get("weight", 0))
     # at weight 0 only hard heads are acted on: the soft ones train freely
@@ -33,18 +43,33 @@ def _intervention_note(described: dict | None) -> str:
         parts.append(f"templates pull {', '.join(heads)}{pull}")
     d = described.get("distill")
     if d:
+        # a layer whose stage starts at or after the run's last step was never distilled (a run
+        # shortened below its curriculum): it was named as shaped by the teacher all the same
+        starts = _distill_starts(d)
         heads = sorted({(int(p[0]), int(p[1])) for p in d.get("pairs", [])})
-        if float(d.get("attention_weight", 0)) > 0 and heads:
-            parts.append(f"attention of {', '.join(f'L{l}H{h}' for l, h in heads)} distilled from run {d.get('teacher_run')}")
-        elif float(d.get("logits_weight", 0)) > 0:
-            parts.append(f"logits (no head's attention) distilled from run {d.get('teacher_run')}")
+        on = [(l, h) for l, h in heads if steps is None or starts.get(l, 0) < steps]
+        off = [f"L{l}H{h} (from step {starts[l]})" for l, h in heads if (l, h) not in on]
+        if float(d.get("attention_weight", 0)) > 0 and on:
+            parts.append(f"attention of {', '.join(f'L{l}H{h}' for l, h in on)} distilled from run {d.get('teacher_run')}"
+                         + (f" ({', '.join(off)} never, its stage starting after the run's {steps} steps)" if off else ""))
+        if float(d.get("logits_weight", 0)) > 0:
+            whole_model = True
+            parts.append(f"logits distilled from run {d.get('teacher_run')}")
     g = described.get("conditioned_gates")
     if g:
         parts.append(f"conditioned gates scale the heads of layer(s) {', '.join(map(str, g.get('layers', [])))}")
     if not parts:
         return ""
-    return (" Trained with interventions: " + "; ".join(parts) + ". Those heads' maps and roles are shaped by the "
-            "intervention, not learned freely (run attribute `interventions`).")
+    named = len(parts) > whole_model  # heads named, besides the logits term that names none
+    shaped = ("Those heads' maps and roles are shaped by the intervention" if named else "") + (
+        (", and every head's may be by the teacher's logits" if named else
+         "Every head's map and role may be shaped by the teacher's logits") if whole_model else "")
+    return " Trained with interventions: " + "; ".join(parts) + f". {shaped}, not learned freely (run attribute `interventions`)."
+
+
+def _train_steps(attrs: dict) -> int | None:
+    steps = attrs.get("steps_total")
+    return int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) else None
 
 
 MAX_FRAMES = 250
@@ -196,7 +221,7 @@ def _attention_section(ctx: _Ctx) -> _Section:
                f"(the first of the {P} fixed probe sequences, {T} tokens long; not a mean, which would blur content-dependent heads such as induction), "
                f"at the step chosen with the slider. Axes: query and key position (tokens); colour: attention weight (fraction "
                f"of the query's attention, 0-1, square-root scale; grey: future keys, masked). "
-               f"{role_note}{partial}{_intervention_note(ds.attrs.get('interventions'))}")
+               f"{role_note}{partial}{_intervention_note(ds.attrs.get('interventions'), _train_steps(ds.attrs))}")
     first = frames[0]
     data = json.dumps(frames).replace("</", "<\\/")
     sec.html = f"""
