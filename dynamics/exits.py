@@ -34,7 +34,8 @@ AFTER_INTERRUPT = {
                "(run the same command again to analyse them)",
     "predict": "a curve is saved whole or not at all; the store holds the previous one otherwise",
     "gates": "the gates are saved whole or not at all; the store holds the previous ones otherwise",
-    "report": "the report folder still holds the previous report, if any, whole; run the same command again",
+    "report": "the report folder holds a whole report, the previous one (if any) or, once it was in place, this one; "
+              "run the same command again",
     "status": "nothing was written",
 }
 """What the line after an interrupt says was kept, per command."""
@@ -88,8 +89,14 @@ def _quiet_pending_tasks() -> None:
     asyncio logs them through its logger, and the interrupt has said all there is to say."""
     import logging
 
-    logging.getLogger("asyncio").addFilter(lambda record: "Task was destroyed but it is pending" not in
-                                           record.getMessage())
+    # zarr's tasks only, and once: a program calling main keeps its own warnings of this kind
+    if not any(getattr(f, "_dynamics", False) for f in logging.getLogger("asyncio").filters):
+        def zarr_tasks(record) -> bool:
+            text = record.getMessage()
+            return not ("Task was destroyed but it is pending" in text and "zarr" in text)
+
+        zarr_tasks._dynamics = True
+        logging.getLogger("asyncio").addFilter(zarr_tasks)
 
 
 def _names_as_given() -> None:

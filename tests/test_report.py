@@ -421,6 +421,61 @@ def test_earlier_figures_that_cannot_be_removed_are_a_note_once_the_new_page_is_
     assert not old.exists()
 
 
+def test_an_interrupt_after_the_page_is_switched_keeps_the_new_figures(tmp_path, monkeypatch):
+    # The flush after the switch sat in the clean-up's try: Ctrl-C (or SIGTERM, now an interrupt)
+    # there deleted the figures the new page linked to.
+    from dynamics.report import page as page_module
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_derived(path, "predict.slash", _predict_curve())
+    out = tmp_path / "out"
+    write_report(path, out)
+    real = page_module._fsync
+
+    def interrupted(p):
+        if Path(p) == out:
+            raise KeyboardInterrupt
+        return real(p)
+
+    monkeypatch.setattr(page_module, "_fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(path, out)
+    linked = _srcs((out / "index.html").read_text())
+    assert linked and all(_png_ok(out / rel) for rel in linked)
+
+
+def test_a_figure_subfolder_that_cannot_be_removed_keeps_its_marker_for_the_next_report(tmp_path, monkeypatch):
+    # rmtree(ignore_errors) of the old attention/ folder, then the marker: the rest stayed, with no
+    # marker, so no later report took it, and the note promising that the next one would never came
+    import shutil
+
+    from dynamics.report import page as page_module
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_derived(path, "predict.slash", _predict_curve())
+    out = tmp_path / "out"
+    old = out / _srcs(write_report(path, out).read_text())[0]
+    (old.parent / "attention").mkdir(exist_ok=True)
+    (old.parent / "attention" / "snapshot_0000.png").write_bytes(b"png")
+    real = shutil.rmtree
+
+    def refused(p, *a, **k):
+        if Path(p).name == "attention" and not k.get("ignore_errors"):
+            raise PermissionError(13, "Permission denied", str(p))
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(page_module.shutil, "rmtree", refused)
+    notes = []
+    write_report(path, out, on_note=notes.append)
+    assert len(notes) == 1 and "could not all be removed (Permission denied on " in notes[0]
+    assert (old.parent / page_module._MARK).is_file()  # still the report's own, for the next one
+    monkeypatch.undo()
+    write_report(path, out)
+    assert not old.parent.exists()
+
+
 def test_a_report_deletes_only_figure_folders_it_made_or_its_page_linked_to(tmp_path):
     # Every folder of figures/ named like a report's (<date>-<time>-<n>) was deleted by the next
     # report, so a user's figures/20240101-120000-0/ went; and with a report page present, every

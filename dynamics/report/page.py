@@ -160,11 +160,13 @@ def write_report(
                              encoding="utf-8")
             _fsync_tree(stage, draft)
             os.replace(draft, page)  # the switch: one rename, so a reader sees the old page or the new one
-            _fsync(out)  # the rename is on disk before the old figures are deleted
         except BaseException:  # Ctrl-C included: the previous report stays whole, the new figures go
             draft.unlink(missing_ok=True)
             shutil.rmtree(stage, ignore_errors=True)
             raise
+        # after the switch, outside the clean-up above: an interrupt here deleted the figures
+        # the new page links to, and said the previous report was whole
+        _fsync(out)  # the rename is on disk before the old figures are deleted
         try:
             _remove_earlier_reports(out, keep=stage.name, linked=earlier)
         except OSError as e:  # the new page is in place and whole: "stopped, run it again" said it was not
@@ -330,7 +332,7 @@ def _delete_generation(folder: Path) -> None:
         if child.name == _MARK:
             continue
         if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child, ignore_errors=True)
+            shutil.rmtree(child)  # an error raised, not ignored: with the marker gone no later report took the rest
         else:
             child.unlink(missing_ok=True)
     (folder / _MARK).unlink(missing_ok=True)
