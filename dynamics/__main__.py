@@ -6,7 +6,7 @@ from dynamics.cli import main
 
 
 def console() -> int:
-    """The program: :func:`dynamics.cli.main`, then an exit that a late Ctrl-C leaves alone.
+    """The program: :func:`dynamics.cli.main`, then an exit that a late Ctrl-C or SIGTERM leaves alone.
 
     Once main returns, the command's work is on disk and its exit status settled; what remains is
     the interpreter joining idle I/O threads (zarr's) and running exit handlers. A Ctrl-C there
@@ -18,6 +18,7 @@ def console() -> int:
         return main()
     finally:  # an uncaught error's status (argparse's exit, a bug's traceback) is settled as well
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as Ctrl-C: exit 143 for work already saved
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import concurrent.futures.process
-import errno
 import hashlib
 import json
 import math
@@ -109,9 +108,12 @@ def _analysis_of(path: str, run_id: str, attrs: dict):
 
 
 def disk_full(e: BaseException | None) -> OSError | None:
-    """The full-disk (or quota) OSError that ``e`` is, or was raised from; None if none."""
+    """The refused write (a full disk or quota, a file-size limit, a read-only filesystem:
+    `dynamics.refused.WRITE_REFUSED`) that ``e`` is, or was raised from; None if none."""
+    from dynamics.refused import WRITE_REFUSED
+
     while e is not None:
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(e, OSError) and e.errno in WRITE_REFUSED:
             return e
         e = e.__cause__ or e.__context__
     return None
@@ -162,9 +164,13 @@ def analyse_or_report(path: str, run_id: str) -> dict:
     import traceback
 
     from dynamics import store
+    from dynamics.signals import sigterm_as_interrupt
 
     try:
-        return analyse_one(path, run_id)
+        # in a worker too (spawned, so without its parent's handler): a SIGTERM to the process
+        # group killed it, and its run was said "not analysed: its analysis process died"
+        with sigterm_as_interrupt():
+            return analyse_one(path, run_id)
     except Exception as e:  # noqa: BLE001 - reported in the row; the other runs go on
         if (stop := interrupt_in(e)) is not None:
             raise stop from None  # an interrupt during an import, wrapped: it stops everything
