@@ -179,9 +179,9 @@ def _run_failed(out: str, run_id: str, e: BaseException, *, trained: bool) -> in
               f"whole{'; the same command again refreshes the index' if trained else ''})", file=sys.stderr)
         return 1
     where = "traceback in the run's attributes" if traceback_recorded(attrs, e) else "its traceback could not be recorded in the store"
-    fix = WRITE_REFUSED.get(getattr(e, "errno", None)) if attrs.get("status") == "failed" else None  # a full disk
+    fix = WRITE_REFUSED.get(getattr(e, "errno", None))  # a full disk, whether or not "failed" could be written
     print(f"dynamics: run {run_id} failed: {type(e).__name__}: {message} ({where})"
-          + (f"; {fix} and the same command resumes it" if fix else ""), file=sys.stderr)
+          + (f"; {fix} and run the same command again" if fix else ""), file=sys.stderr)
     return 1
 
 

@@ -209,7 +209,9 @@ def check_writable(path: str, what: str, into: tuple[str, ...] = ()) -> None:
 
         # one that is a file: the work would fail to save, run by run; .staging, where analyses and
         # derived results are written before they are swapped in, failed with a traceback after it
-        store.check_folders(path, (*into, ".staging"))
+        # (not for run and sweep, which never write there)
+        into = (*into, ".staging") if {"analysis", "derived"} & set(into) else into
+        store.check_folders(path, into)
     for folder in (_local(path), *(os.path.join(_local(path), f) for f in into)):
         if (folder == _local(path) or os.path.isdir(folder)) and not os.access(folder, os.W_OK | os.X_OK):
             where = "the store is" if folder == _local(path) else f"its {os.path.basename(folder)}/ folder is"

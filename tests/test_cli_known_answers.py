@@ -191,7 +191,7 @@ def test_a_run_failed_on_a_full_disk_says_how_to_go_on(tiny, tmp_path, capsys):
         assert cli._run_failed(str(s), run_id, e, trained=True) == 1
         assert lines(capsys.readouterr().err) == [
             f"dynamics: run {run_id} failed: OSError: [Errno {e.errno}] {e.strerror} (traceback in the run's "
-            f"attributes); {fix} and the same command resumes it"]
+            f"attributes); {fix} and run the same command again"]
 
 
 def test_a_failure_with_an_empty_message_is_still_one_line(tmp_path, capsys):

@@ -157,6 +157,10 @@ def test_a_computed_section_that_is_a_file_stops_its_writers_not_its_readers(tin
     r = cli_in_process("status", s)
     assert r.returncode == 0 and store.list_runs(s)[0] in r.stdout
     assert (s / section).read_text() == "x"
+    if section == ".staging":  # run and sweep never write there: a stray file does not stop training
+        from dynamics.usage import check_writable
+
+        check_writable(str(s), "--out", into=("runs", "checkpoints"))
 
 
 @pytest.mark.parametrize("config, needle", [

@@ -112,7 +112,7 @@ def test_fits_name_init_logits_masks_and_a_float64_model(tiny):
             with pytest.raises(ConfigError, match=r"init_logits must have shape \(restart, layer, head\) = "
                                                   r"\(k, 2, 2\) for this model, " + shape):
                 fit(model, cfg, *args, FAST, init_logits=logits)
-    with pytest.raises(ConfigError, match="fit_chg: init_logits holds values that are not finite"):
+    with pytest.raises(ConfigError, match="fit_chg: init_logits holds values that are not finite in float32"):
         fit_chg(model, cfg, FAST, init_logits=torch.full((1, 2, 2), float("nan")))
     from dynamics.gates.ablation import set_ablation
 
@@ -122,6 +122,13 @@ def test_fits_name_init_logits_masks_and_a_float64_model(tiny):
                                                   rf"= \(2, 2\) or \(set, layer, head\) for this model, got shape "
                                                   rf"{re.escape(str(mask.shape))}"):
                 call(model, cfg, mask, options=FAST)
+    # G- values, or NaN, where a mask belongs: cast to bool they removed every head, a plausible loss
+    for mask in (np.full((2, 2), 0.3), np.full((2, 2), np.nan)):
+        with pytest.raises(ConfigError, match=r"ablation_losses: ablate must be a bool array \(True where a head is "
+                                              r"removed\), got float64 values other than 0 and 1"):
+            ablation_losses(model, cfg, mask, options=FAST)
+    xr.testing.assert_identical(ablation_losses(model, cfg, np.eye(2), options=FAST),
+                                ablation_losses(model, cfg, np.eye(2, dtype=bool), options=FAST))
     wide = build(cfg, torch.device("cpu")).double()
     for call in (lambda: fit_chg(wide, cfg, FAST), lambda: head_importance(wide, cfg, FAST),
                  lambda: ablation_losses(wide, cfg, np.zeros((2, 2), bool), options=FAST)):
@@ -216,6 +223,11 @@ def test_chg_agrees_with_single_head_ablation(trained, report):
         per_head("plus", report.chg.sel(fit="plus"), L, H)
     with pytest.raises(ValueError, match="fit_chg's restarts by a mean, head_ablation's components weighted"):
         per_head("plus", report.chg.sel(fit="plus").values, L, H)
+    # G+ and G- side by side: a mean over fit is neither; components: weighted, not a plain mean
+    with pytest.raises(ValueError, match=r"\(pick one fit first, e\.g\. \.sel\(fit='minus'\), then reduce over restart\)"):
+        per_head("minus", report.chg, L, H)
+    with pytest.raises(ValueError, match=r"\(reduce over component first, weighted by gates\.component_weights\(cfg\)\)"):
+        per_head("delta", report.delta_loss, L, H)
 
 
 def test_report_names_the_heads_whose_labels_a_fit_left_unsettled(report):

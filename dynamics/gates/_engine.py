@@ -81,7 +81,7 @@ def start_logits(fn: str, cfg: RunConfig, opts: GateOptions, init_logits) -> Ten
         raise ConfigError(f"{fn}: init_logits must have shape (restart, layer, head) = (k, {L}, {H}) for this model, "
                           f"got {tuple(logits.shape)}{hint}")
     if not torch.isfinite(logits).all():
-        raise ConfigError(f"{fn}: init_logits holds values that are not finite")
+        raise ConfigError(f"{fn}: init_logits holds values that are not finite in float32 (NaN, inf, or past 3.4e38)")
     return logits  # (k, L, H)
 
 

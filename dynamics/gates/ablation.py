@@ -22,7 +22,12 @@ from dynamics.schema import COMPONENT, HEAD, LAYER
 def _masks(fn: str, ablate, L: int, H: int) -> np.ndarray:
     """``ablate`` as bool (N, L, H), N >= 1; ConfigError naming it otherwise (a flat or wrong-width
     mask failed inside the model's forward, naming its ``head_gates``)."""
-    masks = np.asarray(ablate, dtype=bool)
+    given = np.asarray(ablate)
+    # G- values or a NaN mask cast to bool as "remove every head": only True/False (or 0/1) are masks
+    if given.dtype != bool and not (given.size and np.isin(given, (0, 1)).all()):
+        raise ConfigError(f"{fn}: ablate must be a bool array (True where a head is removed), got {given.dtype} "
+                          f"values other than 0 and 1 (threshold gate values first, e.g. gates < 0.5)")
+    masks = given.astype(bool)
     masks = masks[None] if masks.ndim == 2 else masks  # (N, L, H)
     if masks.ndim != 3 or masks.shape[1:] != (L, H) or masks.shape[0] < 1:
         raise ConfigError(f"{fn}: ablate must be a bool array of shape (layer, head) = ({L}, {H}) or (set, layer, "

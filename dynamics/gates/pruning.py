@@ -25,9 +25,12 @@ def pruning_order(plus: np.ndarray, minus: np.ndarray) -> np.ndarray:
 def _reduce_hint(values, ndim: int) -> str:
     if isinstance(values, xr.DataArray) and {"layer", "head"} <= set(values.dims):
         extra = [d for d in values.dims if d not in ("layer", "head")]
+        if "fit" in extra:  # G+ and G- side by side: a mean over them is neither
+            return " (pick one fit first, e.g. .sel(fit='minus'), then reduce over restart)"
+        if "component" in extra:
+            return " (reduce over component first, weighted by gates.component_weights(cfg))"
         if extra:  # name the dims it has, not the one a caller might have
-            return (f" (reduce over {', '.join(map(str, extra))} first, e.g. .mean({str(extra[0])!r})"
-                    + (", or weighted by gates.component_weights(cfg)" if "component" in extra else "") + ")")
+            return f" (reduce over {', '.join(map(str, extra))} first, e.g. .mean({str(extra[0])!r}))"
     if ndim == 3:
         return (" (reduce over the extra dimension first: fit_chg's restarts by a mean, head_ablation's "
                 "components weighted by gates.component_weights(cfg))")

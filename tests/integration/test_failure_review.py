@@ -44,7 +44,7 @@ def test_a_full_disk_fails_the_run_resumably_and_says_where_its_traceback_is(tin
         reference.kill()
     run_id = load_config(cfg).run_id()
     assert line.startswith(f"dynamics: run {run_id} failed: OSError: [Errno 28] No space left on device")
-    assert line.endswith("(traceback in the run's attributes); free some space and the same command resumes it")
+    assert line.endswith("(traceback in the run's attributes); free some space and run the same command again")
     attrs = store.run_attrs(out, run_id)
     assert attrs["status"] == "failed" and "No space left on device" in attrs["traceback"]
 
