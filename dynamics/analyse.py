@@ -164,13 +164,11 @@ def analyse_or_report(path: str, run_id: str) -> dict:
     import traceback
 
     from dynamics import store
-    from dynamics.signals import sigterm_as_interrupt
 
+    # Not SIGTERM as an interrupt here, in the workers: a pool that breaks SIGTERMs its busy
+    # workers, which then went back to wait for work that never came, and the pool's join hung.
     try:
-        # in a worker too (spawned, so without its parent's handler): a SIGTERM to the process
-        # group killed it, and its run was said "not analysed: its analysis process died"
-        with sigterm_as_interrupt():
-            return analyse_one(path, run_id)
+        return analyse_one(path, run_id)
     except Exception as e:  # noqa: BLE001 - reported in the row; the other runs go on
         if (stop := interrupt_in(e)) is not None:
             raise stop from None  # an interrupt during an import, wrapped: it stops everything
