@@ -64,7 +64,8 @@ def test_a_disk_too_full_to_make_the_store_does_not_point_at_a_traceback_nowhere
     # and line of a failed run through the real entry point: the test above and the one below)
     line = failure_line(cli_in_process("run", cfg, "--out", out))
     assert "No space left on device" in line
-    assert line.endswith("(its traceback could not be recorded in the store)")
+    assert line.endswith("(its traceback could not be recorded in the store); free some space and run the same "
+                         "command again")
     assert not store.is_store(out) or load_config(cfg).run_id() not in store.list_runs(out)
 
 
