@@ -451,7 +451,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_workers(args.workers)
     check_devices(cfg)
     out = args.out or "runs/quickstart.zarr"
-    check_out(out, flag="--out" if args.out else DEFAULT_STORE)
+    check_out(out, flag="--out" if args.out else DEFAULT_STORE, also=("analysis", "derived"))
     report_out = report_dir(args.report, "--report") if args.report else default_report_dir(out)
     check_report_dir(report_out, "--report" if args.report else DEFAULT_REPORT)
     local = unquote(out[len("file://"):]) if out.startswith("file://") else None if "://" in out else out

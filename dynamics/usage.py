@@ -72,7 +72,8 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{head}: error: {message} (see {self.prog} --help)\n")
 
 
-def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str = "--out") -> None:
+def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str = "--out",
+              also: tuple[str, ...] = ()) -> None:
     """--out of a command that makes or extends a store: a URL with a filesystem, an empty or new
     writable path outside any store, or a writable dynamics store; never something else to overwrite.
     ``finished()``, asked of a read-only store, says the command has nothing to write there (a
@@ -105,7 +106,9 @@ def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str =
         if finished is None or not finished():
             # its runs/ and checkpoints/ too: a read-only one (or a file there) let a sweep start its
             # cluster and rewrite the sweep index, then fail every point (exit 1)
-            check_writable(path, flag, into=("runs", "checkpoints"))
+            # ``also``: the store's folders the command writes besides (demo: analysis, derived, and
+            # so .staging, where a file let it train every run, then fail each analysis)
+            check_writable(path, flag, into=("runs", "checkpoints", *also))
 
 
 def _local(value: str) -> str:
