@@ -131,8 +131,8 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
                           for r in early[:4]) + (f", and {len(early) - 4} more" if len(early) > 4 else ""))
     if rose := [r for r in rows if not r.get("skipped") and "loss_rose" in r]:
         # finite, so not "diverged": its heads' figures read like any run's, of a model that lost its task
-        print("loss rose: the last training loss is above the loss at step 0, so training made these runs worse and "
-              "their heads' figures are not those of a model that learned its task: "
+        print("loss rose: the eval loss at the last snapshot is above that at step 0, so training made these runs worse "
+              "and their heads' figures are not those of a model that learned its task: "
               + ", ".join(f"{r['run']} ({r['loss_rose'][0]:.4g} -> {r['loss_rose'][1]:.4g} nats)" for r in rose[:4])
               + (f", and {len(rose) - 4} more" if len(rose) > 4 else ""))
     if any(r.get("final_divergence") == "undefined" for r in rows):
