@@ -224,8 +224,10 @@ def test_chg_agrees_with_single_head_ablation(trained, report):
     with pytest.raises(ValueError, match="fit_chg's restarts by a mean, head_ablation's components weighted"):
         per_head("plus", report.chg.sel(fit="plus").values, L, H)
     # G+ and G- side by side: a mean over fit is neither; components: weighted, not a plain mean
-    with pytest.raises(ValueError, match=r"\(pick one fit first, e\.g\. \.sel\(fit='minus'\), then reduce over restart\)"):
+    with pytest.raises(ValueError, match=r"\(pick one fit first, \.sel\(fit='minus'\), then reduce over restart\)"):
         per_head("minus", report.chg, L, H)
+    with pytest.raises(ValueError, match=r"\(pick one fit first, \.sel\(fit='plus'\)\)$"):  # G+ for plus
+        per_head("plus", report.chg.mean("restart"), L, H)
     with pytest.raises(ValueError, match=r"\(reduce over component first, weighted by gates\.component_weights\(cfg\)\)"):
         per_head("delta", report.delta_loss, L, H)
 

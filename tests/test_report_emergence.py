@@ -180,6 +180,18 @@ def test_runs_with_no_slash_offset_to_score_are_left_out_of_the_slash_figure_and
     assert caption.endswith("Left out of this figure: 1 run(s) whose probes are too short to score any slash offset "
                             "(no offset that uniform attention does not already reach), so their slash scores are "
                             "undefined, not 0: short.")
+    # nor drawn as "never" reaching slash-dominance in the bifurcation figure's bottom row
+    runs = [run("short", 3, np.nan), run("long", 16, 0.2)]
+    for r in runs:
+        r.analysis = r.analysis.assign(bifurcation_step=((), 10.0), slash_emergence_step=(
+            ("layer", "head"), np.full((1, 2), np.nan)))
+    sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, ["model.context"], tmp_path, True))
+    bottom = figs["bifurcation.png"].axes[1]
+    assert [tuple(xy)[0] for c in bottom.collections for xy in c.get_offsets().tolist()] == [16.0]
+    assert "slash emergence: 1 of 1 finished run(s) never reached it" in sec.figures[0][1]
+    assert sec.figures[0][1].endswith("Left out of the bottom row: 1 run(s) whose probes are too short to score any "
+                                      "slash offset (no offset that uniform attention does not already reach), so "
+                                      "their slash scores are undefined, not 0: short.")
     figs.clear()
     sec = emergence._emergence_section(_Ctx(tmp_path / "x", [run("short", 3, np.nan)], None, ["model.context"],
                                             tmp_path, True))

@@ -22,11 +22,12 @@ def pruning_order(plus: np.ndarray, minus: np.ndarray) -> np.ndarray:
     return np.lexsort((np.asarray(plus).ravel(), np.asarray(minus).ravel()))
 
 
-def _reduce_hint(values, ndim: int) -> str:
+def _reduce_hint(name: str, values, ndim: int) -> str:
     if isinstance(values, xr.DataArray) and {"layer", "head"} <= set(values.dims):
         extra = [d for d in values.dims if d not in ("layer", "head")]
         if "fit" in extra:  # G+ and G- side by side: a mean over them is neither
-            return " (pick one fit first, e.g. .sel(fit='minus'), then reduce over restart)"
+            fit = "plus" if name == "plus" else "minus"
+            return f" (pick one fit first, .sel(fit={fit!r})" + (", then reduce over restart)" if "restart" in extra else ")")
         if "component" in extra:
             return " (reduce over component first, weighted by gates.component_weights(cfg))"
         if extra:  # name the dims it has, not the one a caller might have
@@ -58,7 +59,7 @@ def per_head(name: str, values, L: int, H: int) -> np.ndarray:
     out = np.asarray(values, dtype=np.float64)
     if out.shape != (L, H):
         raise ValueError(f"pruning_curves: {name} must be one value per head, shape (layer, head) = ({L}, {H}) "
-                         f"for this model, got shape {out.shape}" + _reduce_hint(values, out.ndim))
+                         f"for this model, got shape {out.shape}" + _reduce_hint(name, values, out.ndim))
     return out
 
 

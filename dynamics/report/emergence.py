@@ -253,8 +253,9 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
     groups = ctx.groups(done)
     rows = (("bifurcation_step", "bifurcation step (steps)"),
             ("slash_emergence_step", "first slash-dominant head (steps)"))
-    undefined = _no_head_pairs(done)
-    points = {var: _event_steps(done, var, skip=undefined if var == "bifurcation_step" else ())
+    undefined, unscored = _no_head_pairs(done), _no_slash(done)
+    # a run with no slash score (context <= 3) has no slash emergence: undefined, not "never"
+    points = {var: _event_steps(done, var, skip=undefined if var == "bifurcation_step" else unscored)
               for var, _ in rows}
     fig = _figure(3.6 * len(swept) + 0.4, 6.0)
     grid = fig.subplots(2, len(swept), squeeze=False)
@@ -312,7 +313,8 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
             ax.grid(alpha=0.3)
     _bifurcation_legend(fig, groups, points)
     sec.figures.append((_save(fig, out, "bifurcation.png"),
-                        _bifurcation_caption(groups, points) + _no_pairs_sentence(undefined, "the top row")))
+                        _bifurcation_caption(groups, points) + _no_pairs_sentence(undefined, "the top row")
+                        + _no_slash_sentence(unscored, "the bottom row")))
     note = _missing_runs_sentence(runs, "bifurcation points")
     if note:
         sec.missing.append(note)
