@@ -275,6 +275,12 @@ def test_run_attrs_hold_the_resolved_interventions(templated, students, gated):
             f"150) never, its stage starting after the run's 100 steps). Those heads' maps and roles are shaped by "
             f"the intervention, not learned freely") in _intervention_note({"distill": staged}, steps=100)
     assert "attention of L0H0, L0H1, L1H0, L1H1 distilled" in _intervention_note({"distill": staged}, steps=200)
+    # what the run recorded decides where it has it: a schedule decayed to 0, or a divergence, before layer 1's stage
+    recorded = np.zeros((3, 2, 2), np.float32)
+    recorded[:2, 0] = 1.0
+    assert (f"attention of L0H0, L0H1 distilled from run {attrs['run_id']} (L1H0 (from step 150), L1H1 (from step "
+            f"150) never, its weight 0 at every recorded snapshot)") in _intervention_note(
+        {"distill": staged}, steps=200, weights=recorded)
     logits = distilled | {"attention_weight": 0.0, "logits_weight": 1.0}
     assert _intervention_note({"distill": logits}) == (
         f" Trained with interventions: logits distilled from run {attrs['run_id']}. Every head's map and role may be "

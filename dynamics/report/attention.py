@@ -24,11 +24,14 @@ def _distill_starts(d: dict) -> dict[int, int]:
     return {layer: 0 if order == "together" else r * stage for r, layer in enumerate(ranks)}
 
 
-def _intervention_note(described: dict | None, steps: int | None = None) -> str:
+def _intervention_note(described: dict | None, steps: int | None = None,
+                       weights: np.ndarray | None = None) -> str:
     """Caption sentence naming the heads a run's interventions acted on, from its ``interventions``
     attribute: a templated or distilled head's map is pulled toward what the intervention asked
     for (clamped to it where hard), so a reader must not take its role for one it learned.
-    ``steps``: the run's train.steps, past which a distillation stage never switched on."""
+    ``steps``: the run's train.steps, past which a distillation stage never switched on;
+    ``weights``: (snapshot, layer, head) its recorded ``distill_weight``, which says so itself
+    (a schedule that ended first, a run that diverged first)."""
     if not described:
         return ""
     parts, whole_model = [], False
@@ -47,11 +50,17 @@ def _intervention_note(described: dict | None, steps: int | None = None) -> str:
         # shortened below its curriculum): it was named as shaped by the teacher all the same
         starts = _distill_starts(d)
         heads = sorted({(int(p[0]), int(p[1])) for p in d.get("pairs", [])})
-        on = [(l, h) for l, h in heads if steps is None or starts.get(l, 0) < steps]
+        if weights is not None:  # what the run recorded, where it has it
+            acted = np.nan_to_num(np.asarray(weights, dtype=np.float64)).max(0) > 0  # (layer, head)
+            on = [(l, h) for l, h in heads if acted[l, h]]
+        else:
+            on = [(l, h) for l, h in heads if steps is None or starts.get(l, 0) < steps]
         off = [f"L{l}H{h} (from step {starts[l]})" for l, h in heads if (l, h) not in on]
         if float(d.get("attention_weight", 0)) > 0 and on:
+            never = ("its weight 0 at every recorded snapshot" if weights is not None else
+                     f"its stage starting after the run's {steps} steps")
             parts.append(f"attention of {', '.join(f'L{l}H{h}' for l, h in on)} distilled from run {d.get('teacher_run')}"
-                         + (f" ({', '.join(off)} never, its stage starting after the run's {steps} steps)" if off else ""))
+                         + (f" ({', '.join(off)} never, {never})" if off else ""))
         if float(d.get("logits_weight", 0)) > 0:
             whole_model = True
             parts.append(f"logits distilled from run {d.get('teacher_run')}")
@@ -196,6 +205,8 @@ def _attention_section(ctx: _Ctx) -> _Section:
     fig.colorbar(images[0], ax=grid, shrink=0.8, label="attention weight (fraction of row, sqrt scale)")
     suptitle = fig.suptitle(f"run {run.run_id} · step {int(run.steps.max())} · probe 0", fontsize=9)
     shown = frame_snapshots(run.recorded, MAX_FRAMES)
+    weights = (ds["distill_weight"].isel(snapshot=np.flatnonzero(run.recorded)).transpose("snapshot", "layer", "head").values
+               if "distill_weight" in ds else None)  # (snapshot, layer, head)
     rank = np.cumsum(run.recorded)  # a snapshot's place among the recorded ones, from 1
     frames = [
         {"src": ctx.href + src, "step": step, "label": f"step {step} (snapshot {rank[s]} of {run.n_recorded})"}
@@ -221,7 +232,7 @@ def _attention_section(ctx: _Ctx) -> _Section:
                f"(the first of the {P} fixed probe sequences, {T} tokens long; not a mean, which would blur content-dependent heads such as induction), "
                f"at the step chosen with the slider. Axes: query and key position (tokens); colour: attention weight (fraction "
                f"of the query's attention, 0-1, square-root scale; grey: future keys, masked). "
-               f"{role_note}{partial}{_intervention_note(ds.attrs.get('interventions'), _train_steps(ds.attrs))}")
+               f"{role_note}{partial}{_intervention_note(ds.attrs.get('interventions'), _train_steps(ds.attrs), weights)}")
     first = frames[0]
     data = json.dumps(frames).replace("</", "<\\/")
     sec.html = f"""
