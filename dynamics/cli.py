@@ -468,8 +468,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     print(f"== 1/4 sweep: {config.name} -> {out}", flush=True)
     summary = run_sweep(cfg, out, workers=args.workers)
-    for line in summary.lines():
-        print(line)
+    print("\n".join(summary.lines()))
     t_train = time.perf_counter() - t0
     from dynamics import store
 
@@ -499,8 +498,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     print("== 4/4 report", flush=True)
     page = write_report(out, report_out)
-    print(demo_timing(t_train, t_analyse, time.perf_counter() - t0, len(summary.skipped), summary.total,
-                      others))
+    print(demo_timing(t_train, t_analyse, time.perf_counter() - t0, len(summary.skipped), summary.total, others,
+                      resumed=sum(store.run_attrs(out, r).get("starts", 1) > 1 for r in summary.labels
+                                  if r not in summary.skipped), analysed=sum(not r.get("skipped") for r in rows)))
     print(f"report: {page}\nopen {page.resolve().as_uri()}")
     return 0 if summary.ok and not failed else 1
 

@@ -153,15 +153,21 @@ def _redundancy(row: dict) -> str:
 
 
 def demo_timing(t_train: float, t_analyse: float, t_total: float, n_skipped: int, n_runs: int,
-                n_others: int = 0) -> str:
+                n_others: int = 0, *, resumed: int = 0, analysed: int | None = None) -> str:
     """The demo's closing line: its analysis time as a share of training (the goal is <= 10%).
 
     Only when this command trained every run it analysed: runs already finished in the store cost
     no training here, so the share would compare the analysis of every run with the training of
     some (of none on a second demo of one store: 0.0 s, and a ratio in the tens of thousands of
-    percent); ``n_others``, the store's runs outside the demo's grid, are analysed and not trained.
+    percent); ``n_others``, the store's runs outside the demo's grid, are analysed and not trained;
+    ``resumed`` runs were trained here from a checkpoint only (a part of their training, against
+    the analysis of all of it: 22% where a whole demo gave 10%); ``analysed``: runs analysed.
     """
-    if n_skipped:
+    if analysed == 0:
+        share = "no share of training: no run was analysed"
+    elif resumed:
+        share = f"no share of training: {resumed} of {n_runs} runs were resumed from a checkpoint, not trained whole here"
+    elif n_skipped:
         share = f"no share of training: {n_skipped} of {n_runs} runs were already finished, not retrained"
     elif n_others:
         share = f"no share of training: the store's {n_others} other run(s) were analysed too, not trained"

@@ -99,4 +99,11 @@ def test_demo_timing_gives_a_share_of_training_only_when_it_trained_every_run():
     # --out at a store of another config's runs: 24 runs' analysis against 12 runs' training, "18.6%"
     assert demo_timing(31.9, 5.9, 50.0, 0, 12, 12) == ("training 31.9s, analysis 5.9s (no share of training: the "
                                                        "store's 12 other run(s) were analysed too, not trained), total 50s")
+    # runs resumed from a checkpoint trained 100 of their 600 steps here: "22.4% of training", against
+    # 10.1% for the same grid trained whole; and every run failed, none analysed: "13.3%"
+    assert demo_timing(9.3, 2.1, 12.0, 0, 2, resumed=2) == (
+        "training 9.3s, analysis 2.1s (no share of training: 2 of 2 runs were resumed from a checkpoint, not trained "
+        "whole here), total 12s")
+    assert "no share of training: no run was analysed" in demo_timing(10.1, 1.3, 12.0, 0, 8, analysed=0)
+    assert "10.0% of training" in demo_timing(80.0, 8.0, 95.4, 0, 12, resumed=0, analysed=12)
 
