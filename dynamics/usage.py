@@ -341,10 +341,13 @@ def check_report_dir(out: Path, flag: str) -> None:
     if out.is_dir() and any((out / name).exists() for name in ("zarr.json", ".zgroup", ".zarray")):
         # another tool's zarr store: the report's files would be mixed into its data
         raise UsageError(f"{flag} {out} is a zarr store; give the report a folder of its own")
-    from dynamics.report.page import refuse_foreign_files
+    from dynamics.report.page import _sole_writer, refuse_foreign_files
 
-    try:  # the report's own rule, asked before any work (demo trains for minutes before it reports)
+    try:  # the report's own rules, asked before any work (demo trains for minutes before it reports)
         refuse_foreign_files(out)
+        if out.is_dir():  # a report being written there: the demo was refused only after all its work
+            with _sole_writer(out):
+                pass
     except store.StoreError as e:
         raise UsageError(f"{flag} {e}") from None
     if not out.exists():

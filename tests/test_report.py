@@ -325,6 +325,17 @@ def test_a_second_report_into_a_folder_being_written_is_refused_in_one_line(tmp_
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"another dynamics report is being written into {out}" in err
     assert not any(out.iterdir())
+    # the demo too, before its sweep: it trained, analysed and predicted, then was refused
+    demo = tmp_path / "demo.zarr"
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert cli.main(["demo", "--out", str(demo), "--report", str(out)]) == cli.EXIT_BAD_INPUT
+    finally:
+        os.close(fd)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--report another dynamics report is being written into {out}" in err
+    assert not demo.exists()
 
 
 def test_a_report_stopped_part_way_leaves_the_previous_one_whole(tmp_path, monkeypatch):
