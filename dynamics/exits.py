@@ -84,19 +84,34 @@ def run_to_end(command: str, work: Callable[[], int]) -> int:
 
 
 def _quiet_pending_tasks() -> None:
-    """No "Task was destroyed but it is pending!" at exit, with its coroutine, for each of the
-    zarr reads an interrupt left in flight (up to 138 lines after the one saying what was kept):
-    asyncio logs them through its logger, and the interrupt has said all there is to say."""
+    """No lines at exit for the zarr reads an interrupt left in flight: "Task was destroyed but it
+    is pending!", "Task exception was never retrieved" ("cannot schedule new futures after
+    shutdown") and "Exception ignored in: <coroutine ...>" ("Event loop is closed"), each with its
+    coroutine or traceback, up to 700 lines after the one saying what was kept. asyncio logs the
+    first two, the interpreter hands the third to sys.unraisablehook; the interrupt has said all
+    there is to say. Once, and zarr's only: a program calling main keeps its own such warnings."""
     import logging
 
-    # zarr's tasks only, and once: a program calling main keeps its own warnings of this kind
+    def from_zarr(text: str, error: BaseException | None) -> bool:
+        said = str(error) if error is not None else ""
+        return "zarr" in text or said in ("cannot schedule new futures after shutdown", "Event loop is closed")
+
     if not any(getattr(f, "_dynamics", False) for f in logging.getLogger("asyncio").filters):
         def zarr_tasks(record) -> bool:
             text = record.getMessage()
-            return not ("Task was destroyed but it is pending" in text and "zarr" in text)
+            error = record.exc_info[1] if record.exc_info else None
+            return not (("Task was destroyed but it is pending" in text or "exception was never retrieved" in text)
+                        and from_zarr(text, error))
 
         zarr_tasks._dynamics = True
         logging.getLogger("asyncio").addFilter(zarr_tasks)
+        before = sys.unraisablehook
+
+        def unraisable(u) -> None:
+            if not from_zarr(repr(u.object), u.exc_value):
+                before(u)
+
+        sys.unraisablehook = unraisable
 
 
 def _names_as_given() -> None:

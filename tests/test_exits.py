@@ -119,3 +119,31 @@ def test_an_interrupt_leaves_no_line_per_zarr_read_it_cut_short(caplog):
             logging.getLogger("asyncio").error(text)
     # zarr's only: a program that calls main keeps its own tasks' warnings
     assert [r.getMessage() for r in caplog.records] == [theirs, "Unclosed connection"]
+    caplog.clear()
+    shut = RuntimeError("cannot schedule new futures after shutdown")
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        logging.getLogger("asyncio").error("Task exception was never retrieved\nfuture: <Task finished name='Task-9' "
+                                           "coro=<concurrent_map.<locals>.run() done, defined at /x/zarr/core/common.py>>",
+                                           exc_info=(RuntimeError, shut, None))
+        logging.getLogger("asyncio").error("_GatheringFuture exception was never retrieved", exc_info=(RuntimeError, shut, None))
+        logging.getLogger("asyncio").error("Task exception was never retrieved\nfuture: <Task mine()>",
+                                           exc_info=(ValueError, ValueError("mine"), None))
+    assert [r.getMessage() for r in caplog.records] == ["Task exception was never retrieved\nfuture: <Task mine()>"]
+    # "Exception ignored in: <coroutine ...>" goes to sys.unraisablehook, zarr's dropped there too
+    import types
+
+    seen = []
+    hook = sys.unraisablehook
+    try:
+        sys.unraisablehook = seen.append
+        del logging.getLogger("asyncio").filters[:]
+        assert run_to_end("analyse", raising(KeyboardInterrupt())) == EXIT_INTERRUPTED
+        closed = types.SimpleNamespace(object="<coroutine object concurrent_map.<locals>.run>",
+                                       exc_value=RuntimeError("Event loop is closed"))
+        mine = types.SimpleNamespace(object="<coroutine object mine>", exc_value=ValueError("mine"))
+        sys.unraisablehook(closed)
+        sys.unraisablehook(mine)
+        assert seen == [mine]
+    finally:
+        sys.unraisablehook = hook
+        del logging.getLogger("asyncio").filters[:]
