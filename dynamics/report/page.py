@@ -164,9 +164,7 @@ def write_report(
             draft.unlink(missing_ok=True)
             shutil.rmtree(stage, ignore_errors=True)
             raise
-        # after the switch, outside the clean-up above: an interrupt here deleted the figures
-        # the new page links to, and said the previous report was whole
-        _fsync(out)  # the rename is on disk before the old figures are deleted
+        _fsync(out)  # the rename on disk before old figures go; past the clean-up, which deleted the new ones
         try:
             _remove_earlier_reports(out, keep=stage.name, linked=earlier)
         except OSError as e:  # the new page is in place and whole: "stopped, run it again" said it was not
