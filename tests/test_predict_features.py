@@ -129,6 +129,33 @@ def test_gradient_features_by_hand_are_relative_to_the_heads_own_layer():
     assert f.sel(feature="depth").values.tolist() == [[0, 0, 0], [1, 1, 1]]
 
 
+def test_importance_share_is_each_heads_part_of_its_layers_l2_norm():
+    # Michel et al. normalise importance by the l2 norm within a layer: heads of 3 and 4 share
+    # 3/5 and 4/5 (an l1 norm gives 3/7 and 4/7); the first snapshot is not the horizon's.
+    ds = xr.Dataset({"importance": (("snapshot", "layer", "head"), np.array([[[1.0, 1.0]], [[3.0, 4.0]]]))},
+                    coords={"step": ("snapshot", [0, 10])})
+    np.testing.assert_allclose(predict.head_features(ds).sel(feature="importance_share_h").values, [[0.6, 0.8]])
+
+
+def test_attention_features_are_changes_from_init_and_distances_to_other_heads():
+    # role *_change is the horizon's score minus the initial one (not the reverse), and
+    # js_nearest the JS distance to the nearest OTHER head, never the head to itself (0)
+    from dynamics.analysis import js_distance
+
+    ds = make_run(0, np.ones((L, H), bool))  # every head planted: a slash pattern at the last snapshot
+    f = predict.head_features(ds)
+    roles = [str(n)[: -len("_change")] for n in f.feature.values if str(n).endswith("_change")
+             and not str(n).startswith("weight_norm")]
+    change = {r: f.sel(feature=f"{r}_h").values - f.sel(feature=f"{r}_init").values for r in roles}
+    for role in roles:
+        np.testing.assert_allclose(f.sel(feature=f"{role}_change").values, change[role])
+    assert np.abs(change["slash"]).min() > 0.1  # the plant moved it: a sign error would show
+    d = np.asarray(js_distance(ds["attention"].isel(snapshot=[-1])).values, dtype=np.float64)[0].reshape(L * H, L * H)
+    np.fill_diagonal(d, np.inf)
+    np.testing.assert_allclose(f.sel(feature="js_nearest_h").values, d.min(axis=1).reshape(L, H))
+    assert (f.sel(feature="js_nearest_h").values > 0).all()
+
+
 def test_a_horizon_between_snapshots_is_said_to_see_the_last_snapshot_before_it():
     # Known answer: h = 0.15 of the 100-step runs is step 15, but the snapshots are at 0, 5, 10,
     # 20...: the features saw step 10 (3 snapshots), and the table must say 10, not 15.

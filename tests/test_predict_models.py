@@ -75,6 +75,31 @@ def test_auroc_matches_sklearn():
     assert predict.score("auroc", y, np.zeros(60)) == 0.5
 
 
+def test_spearman_matches_scipy_and_is_zero_for_constant_predictions():
+    # constant predictions rank nothing: 0, not NaN, which would drop the fold from the mean
+    # and leave the model scored on its better folds
+    from scipy.stats import spearmanr
+
+    y, p = np.array([3.0, 1.0, 2.0, 5.0]), np.array([0.2, 0.1, 0.4, 0.3])
+    assert predict.score("spearman", y, p) == pytest.approx(spearmanr(y, p).statistic)
+    assert predict.score("spearman", [1, 2, 3], [5, 5, 5]) == 0.0
+    assert np.isnan(predict.score("spearman", [2, 2, 2], [1, 2, 3]))
+
+
+@pytest.mark.parametrize("kind", ["linear", "boosting"])
+def test_the_classifiers_weigh_each_class_equally(kind):
+    # class_weight="balanced" (README): 18 heads at x = 0 of class 0 and 2 at x = 1 of class 1
+    # weigh the same in all, so the problem is symmetric. The logistic fit (intercept unpenalised)
+    # is then 0.5 at the midpoint; boosting, whose leaves need 3 heads and so cannot split off
+    # the 2, predicts the weighted prior, 0.5, everywhere. Unweighted: 0.5 -> 0.28, and 0.1.
+    from dynamics.predict.models import _fit_predict
+
+    X, y = np.r_[np.zeros(18), np.ones(2)][:, None], np.r_[np.zeros(18), np.ones(2)].astype(int)
+    p = _fit_predict(kind, "binary", X, y, np.array([[0.5], [0.0], [1.0]]), PredictOptions())
+    assert p[0] == pytest.approx(0.5, abs=1e-3)
+    assert p[1] + p[2] == pytest.approx(1.0, abs=1e-3)
+
+
 def test_layer_baseline_is_the_layers_majority_class():
     from dynamics.predict.models import _layer_prior
 

@@ -243,6 +243,18 @@ def test_a_horizon_seeing_the_final_snapshot_is_never_named_readable():
     assert curve.attrs["readable_horizon"] is None and not bool(curve.readable.values[-1])
 
 
+def test_a_horizon_that_saw_one_runs_final_snapshot_is_a_ceiling():
+    # Runs of different lengths, horizons in steps: step 400 is the final snapshot of the
+    # 400-step run, so that run's target was in view there, though not the 1000-step run's.
+    import xarray as xr
+
+    from dynamics.predict.readable import ceiling_horizons
+
+    curve = xr.Dataset({"horizon_step": (("horizon", "run"), [[100.0, 100.0], [400.0, 400.0]]),
+                        "final_step": ("run", [400.0, 1000.0])}, coords={"horizon": [100.0, 400.0]})
+    assert ceiling_horizons(curve) == [False, True]
+
+
 def test_legible_at_initialisation_needs_the_init_band_above_chance_and_layer_both():
     # Known answer: init_linear's band (0.68 to 0.72) clears chance's (0.5) but not the layer
     # prior's (0.65 to 0.75): the layer alone reads as much, so nothing is legible from the

@@ -329,6 +329,16 @@ def test_short_probes_label_no_role_that_uniform_attention_or_a_sink_passes(T):
     assert role_names(assign_roles(scores)).ravel().tolist() == labels
 
 
+def test_a_threshold_uniform_attention_reaches_exactly_blanks_the_role():
+    # "Reaches" is >=: at T = 2 uniform attention scores local (width 1) exactly 0.5, so at a
+    # threshold of 0.5 the score cannot tell a local head from no pattern; just above it, it can.
+    keep = np.tril(np.ones((2, 2)))
+    attn = xr.DataArray((keep / keep.sum(1, keepdims=True))[None, None, None, None], dims=DIMS)
+    tokens = xr.DataArray(np.arange(2)[None], dims=("probe", "position"))
+    assert np.isnan(role_scores(attn, tokens, RoleThresholds(local=0.5, local_width=1))["local"].item())
+    assert role_scores(attn, tokens, RoleThresholds(local=0.5 + 1e-6, local_width=1))["local"].item() == 0.5
+
+
 def test_probes_long_enough_keep_every_positional_role():
     T = 10  # H_10 / 10 = 0.293 < 0.3: the first length at which uniform attention is no sink
     sink = np.zeros((T, T))
