@@ -41,6 +41,13 @@ def test_learned_pos_rejects_long_input():
         make(pos="learned")(torch.zeros(1, 17, dtype=torch.long))
 
 
+def test_learned_positions_add_row_t_of_w_pos_at_position_t():
+    # T = 12 < context 16: an offset slice (W_pos[1:T + 1]) has the right shape and ran unseen
+    model, toks = make(pos="learned"), tokens()
+    resid = model.run_with_cache(toks, ["blocks.0.hook_resid_pre"])[1]["blocks.0.hook_resid_pre"]  # (B, T, D)
+    torch.testing.assert_close(resid, model.W_E[toks] + model.W_pos[:T], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("pos", ["rope", "learned"])
 def test_fused_equals_eager(pos):
     model, toks = make(pos=pos), tokens()

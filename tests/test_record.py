@@ -66,6 +66,11 @@ def test_grad_cosine_known_answers_and_nan_for_a_zero_gradient():
     assert np.isnan(second[0, 1, 0])  # undefined, not 0 ("orthogonal")
     rest = np.delete(second.reshape(-1), np.ravel_multi_index((0, 1, 0), second.shape))
     np.testing.assert_allclose(rest, -1.0, atol=1e-6)
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(-1.0)  # 2 g: opposite to the last snapshot's (-1), along the first one's (+1)
+    third = rec.snapshot(model)["grad_cosine"].reshape(-1)
+    np.testing.assert_allclose(np.delete(third, np.ravel_multi_index((0, 1, 0), second.shape)), -1.0, atol=1e-6)
 
 
 def test_grad_norm_and_cosine_of_a_tiny_gradient_are_its_own_not_float32_underflow():

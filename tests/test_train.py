@@ -487,6 +487,33 @@ def test_learned_gates_are_held_exactly_while_the_l1_ramp_has_not_begun(cfg, tmp
     assert (gate[2] != gate[0]).all()
 
 
+def test_a_nan_loss_diverges_at_the_step_whose_loss_it_is(tmp_path, monkeypatch):
+    # The loss of step 4 is NaN: diverged_step 4, no update from it (steps_done 4), the losses of
+    # steps 0-3 recorded and step 4's left NaN. Only an analysis test checked this step before.
+    import torch.nn.functional as F
+
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY.format(steps=6, every=2))
+    cfg = load_config(p)
+    real, calls = F.cross_entropy, []
+
+    def nan_at_step_4(logits, target, *args, **kwargs):
+        loss = real(logits, target, *args, **kwargs)
+        if logits.requires_grad:  # the training objective, once a step
+            calls.append(len(calls))
+            if calls[-1] == 4:
+                return loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(F, "cross_entropy", nan_at_step_4)
+    path = str(tmp_path / "n.zarr")
+    assert train_run(cfg, path).status == "diverged"
+    attrs = store.run_attrs(path, cfg.run_id())
+    assert attrs["diverged_step"] == 4 and attrs["steps_done"] == 4
+    loss = store.open_run(path).loss.values
+    assert np.isfinite(loss[:4]).all() and np.isnan(loss[4:]).all()
+
+
 @pytest.mark.parametrize("broken", ["nan", "norm_overflow"])
 def test_a_non_finite_gradient_under_a_finite_loss_diverges_at_its_own_step(tmp_path, monkeypatch, broken):
     # sqrt at 0 in the objective: the loss is unchanged and finite, its gradient NaN (inf * 0).

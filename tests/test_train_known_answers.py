@@ -44,11 +44,12 @@ def test_learned_gates_are_held_up_to_the_last_step_under_a_tenth_of_the_run(ste
     assert not gates_held(from_dict({"train": {"steps": steps}}), 0)  # fixed gates: nothing to hold
 
 
+@pytest.mark.parametrize("wd", [0.0, 0.01, 0.1])
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
-def test_one_update_of_each_optimiser_moves_every_weight_by_its_known_amount(optimizer):
+def test_one_update_of_each_optimiser_moves_every_weight_by_its_known_amount(optimizer, wd):
     # AdamW built for train.optimizer = "sgd" passed the suite (SGD built for "adamw" failed only an
     # intervention's convergence test). A gradient of 0.5 everywhere, one update at lr 0.1 with
-    # weight decay 0.01:
+    # weight decay wd (AdamW's own default, 0.01, among them: one not passed on went unseen):
     #   SGD (momentum 0.9, L2 decay; the first step's buffer is the gradient): w - lr (g + wd w)
     #   AdamW (decoupled decay; bias-corrected moments m = g, v = g^2): w (1 - lr wd) - lr g / (|g| + eps)
     import torch
@@ -56,7 +57,7 @@ def test_one_update_of_each_optimiser_moves_every_weight_by_its_known_amount(opt
     from dynamics.train import build, make_optimizer
 
     cfg = from_dict({"model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab_size": 8, "context": 32},
-                     "train": {"optimizer": optimizer, "lr": 0.1, "weight_decay": 0.01, "beta1": 0.9,
+                     "train": {"optimizer": optimizer, "lr": 0.1, "weight_decay": wd, "beta1": 0.9,
                                "beta2": 0.99}})
     model = build(cfg, torch.device("cpu"))
     opt = make_optimizer(cfg, model)
@@ -67,7 +68,7 @@ def test_one_update_of_each_optimiser_moves_every_weight_by_its_known_amount(opt
         p.grad = torch.full_like(p, 0.5)
     opt.step()
     for p, w in zip(params, before, strict=True):
-        want = w - 0.1 * (0.5 + 0.01 * w) if optimizer == "sgd" else w * (1 - 0.1 * 0.01) - 0.1 * 0.5 / (0.5 + 1e-8)
+        want = w - 0.1 * (0.5 + wd * w) if optimizer == "sgd" else w * (1 - 0.1 * wd) - 0.1 * 0.5 / (0.5 + 1e-8)
         torch.testing.assert_close(p.detach(), want, rtol=1e-6, atol=1e-7)
 
 
@@ -195,3 +196,60 @@ def test_each_steps_loss_is_the_nll_of_its_batch_at_the_weights_its_update_start
                 moved.append(F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).item())
     np.testing.assert_allclose(loss, want, rtol=1e-6)
     assert np.abs(np.array(moved) / np.array(want[:-1]) - 1).max() > 1e-3  # an off-by-one would show
+
+
+@pytest.mark.parametrize("clip", [1e-3, 0.0])
+def test_each_update_applies_the_clipped_gradient_of_the_nll_plus_the_gate_l1(tmp_path, monkeypatch, clip):
+    # The gradient each update applies, rebuilt from the weights it starts from: d(NLL + w_s * L1)
+    # (L1 = the mean learned gate, w_s the ramp; the gates' own gradient dropped while they are
+    # held), then scaled to norm `train.grad_clip` where it is larger (0: no clipping). Clipping
+    # removed, or the L1 subtracted (pushing gates open), passed every other test.
+    import torch
+    import torch.nn.functional as F
+
+    from dynamics import train
+    from dynamics.model import Transformer
+    from dynamics.tasks import make_batch
+
+    d = _tiny(10, 10)
+    d["model"] |= {"gates": "learned", "gate_l1": 0.5}
+    d["train"] |= {"grad_clip": clip, "warmup_steps": 1}
+    cfg = from_dict(d)
+    seen: list[tuple[dict, list]] = []  # (state, the optimiser's grads) as each update found them
+    make = train.make_optimizer
+
+    def spied(cfg_, model, extra=None):
+        opt = make(cfg_, model, extra)
+        step = opt.step
+
+        def spy(*args, **kwargs):
+            seen.append(({k: v.detach().clone() for k, v in model.state_dict().items()},
+                         [None if p.grad is None else p.grad.clone() for p in model.optim_parameters()]))
+            return step(*args, **kwargs)
+
+        opt.step = spy
+        return opt
+
+    monkeypatch.setattr(train, "make_optimizer", spied)
+    train.train_run(cfg, str(tmp_path / "s.zarr"))
+    assert len(seen) == 10
+    model = Transformer(cfg.model)
+    params = model.optim_parameters()
+    logits_of = {id(b.attn.gate_logit) for b in model.blocks}
+    clipped = 0
+    for s, (state, got) in enumerate(seen):
+        model.load_state_dict(state)
+        model.zero_grad()
+        tokens = torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens)
+        loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        (loss + train.gate_reg_weight(cfg, s) * model.gate_l1()).backward()
+        want = [None if train.gates_held(cfg, s) and id(p) in logits_of else p.grad for p in params]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in want if g is not None]))
+        scale = min(1.0, clip / (float(norm) + 1e-6)) if clip else 1.0
+        clipped += scale < 1.0
+        for g, w in zip(got, want, strict=True):
+            assert (g is None) == (w is None)
+            if w is not None:
+                torch.testing.assert_close(g, w * scale, rtol=1e-4, atol=1e-9)
+    assert clipped == (10 if clip else 0)
+    assert train.gate_reg_weight(cfg, 9) > 0 and train.gates_held(cfg, 0) and not train.gates_held(cfg, 1)
