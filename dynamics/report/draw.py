@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,8 @@ def _missing_runs_sentence(runs: list[_Run], what: str) -> str | None:
         return None
     names = "; ".join(f"{r.run_id} ({r.status}: {r.analysis_note})" for r in lacking)
     return f"Not available: {what} for {len(lacking)} run(s) because they have no analysis: {names}."
+
+
+def _warn(note: str) -> None:
+    """A note for a caller who passed no handler for it: a RuntimeWarning, not a line on stdout."""
+    warnings.warn(note, RuntimeWarning, stacklevel=3)

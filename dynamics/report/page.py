@@ -34,7 +34,7 @@ from dynamics.report.data import (
     _setting_axes,
     _table_settings,
 )
-from dynamics.report.draw import _fmt, _plain, _prose, _short
+from dynamics.report.draw import _fmt, _plain, _prose, _short, _warn
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
 from dynamics.report.predictor import _predict_section
 from dynamics.report.redundancy import _redundancy_section
@@ -87,10 +87,10 @@ def write_report(
         a run's stored analysis, a derived curve or gates dataset, the recordings a section
         draws. The page says each where the data would have been shown, either way.
     on_note : callable, optional
-        Called with each note the page carries under its heading: runs not all trained by the
-        same dynamics code (:func:`dynamics.provenance.mixed_code`), or not with the same torch
-        build, device and CPU kernels (:func:`dynamics.provenance.mixed_execution`); and, once
-        the page is written, with a line on earlier figures that could not be removed.
+        Called with each note the page carries under its heading: runs not all trained by the same
+        code (:func:`dynamics.provenance.mixed_code`), or torch build, device and CPU kernels
+        (:func:`dynamics.provenance.mixed_execution`); and, once the page is written, with a line on
+        earlier figures that could not be removed (without it: on the page only; a RuntimeWarning).
     progress : callable, optional
         Called with a line on where the report is: as it starts reading the runs, between
         two runs at most every 5 s while it reads them (reading a run can mean analysing it,
@@ -168,7 +168,7 @@ def write_report(
         try:
             _remove_earlier_reports(out, keep=stage.name, linked=earlier)
         except OSError as e:  # the new page is in place and whole: "stopped, run it again" said it was not
-            (on_note or print)(f"the report is written, but the earlier report's figures could not all be removed "
+            (on_note or _warn)(f"the report is written, but the earlier report's figures could not all be removed "
                                f"({e.strerror or e} on {e.filename or out / 'figures'}); the next report tries again")
         # once the page that names them is in place; a run listed as damaged went to on_damaged
         for line in dict.fromkeys([*(d for r in runs if r.status != "damaged" for d in r.damage), *ctx.damaged]):
