@@ -117,7 +117,7 @@ def test_fits_name_init_logits_masks_and_a_float64_model(tiny):
     from dynamics.gates.ablation import set_ablation
 
     for call, name in ((ablation_losses, "ablation_losses"), (set_ablation, "set_ablation")):
-        for mask in (np.zeros(4, bool), np.zeros((1, 2, 3), bool)):
+        for mask in (np.zeros(4, bool), np.zeros((1, 2, 3), bool), np.zeros((0, 2, 2)), np.zeros(0)):
             with pytest.raises(ConfigError, match=rf"{name}: ablate must be a bool array of shape \(layer, head\) "
                                                   rf"= \(2, 2\) or \(set, layer, head\) for this model, got shape "
                                                   rf"{re.escape(str(mask.shape))}"):

@@ -24,7 +24,7 @@ def _masks(fn: str, ablate, L: int, H: int) -> np.ndarray:
     mask failed inside the model's forward, naming its ``head_gates``)."""
     given = np.asarray(ablate)
     # G- values or a NaN mask cast to bool as "remove every head": only True/False (or 0/1) are masks
-    if given.dtype != bool and not (given.size and np.isin(given, (0, 1)).all()):
+    if given.dtype != bool and given.size and not np.isin(given, (0, 1)).all():  # empty: a shape to name
         raise ConfigError(f"{fn}: ablate must be a bool array (True where a head is removed), got {given.dtype} "
                           f"values other than 0 and 1 (threshold gate values first, e.g. gates < 0.5)")
     masks = given.astype(bool)
