@@ -204,6 +204,37 @@ def test_chg_taxonomy_shares_over_training_are_fractions_of_the_heads_at_each_fi
     assert share["interfering"] == [[at[0], 0.0], [at[1], 0.5]]
 
 
+def test_the_left_panel_is_a_completed_runs_latest_fit_and_a_fit_at_its_last_step_is_not_provisional(
+        tmp_path, monkeypatch):
+    # Fits at the first snapshot (every gate 0.9) and at the final step (0.1): the panel titled
+    # "latest fit" must draw the 0.1s, and a completed run's fit at its last step is final.
+    from dynamics.config import from_dict
+    from dynamics.gates import UNFITTED
+    from dynamics.record import coords, snapshot_steps, variables
+    from dynamics.report import chg
+
+    raw = json.loads(json.dumps(TINY))
+    cfg = from_dict(raw | {"record": raw["record"] | {"chg_every": 4, "chg_steps": 5}})
+    path = tmp_path / "s.zarr"
+    _written_run(path, "r0", cfg, "completed")
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    S, L, H = len(steps_at), cfg.model.n_layers, cfg.model.n_heads
+    gates = np.full((S, L, H, 2), np.nan, np.float32)
+    roles = np.full((S, L, H), UNFITTED, np.int8)
+    gates[0], roles[0] = 0.9, 0  # facilitating
+    gates[S - 1], roles[S - 1] = 0.1, 2  # interfering, at the final step
+    writer = store.RunWriter(path, "r0", variables=variables(cfg, S), coords=coords(cfg, steps_at), attrs={},
+                             resume=True)
+    writer.write_region("chg", 0, gates)
+    writer.write_region("chg_role", 0, roles)
+    writer.finalize()
+    figs = _capture_figures(monkeypatch, chg)
+    page = write_report(path, tmp_path / "out", compute_missing=False).read_text()
+    dots = next(c for c in figs["chg.png"].axes[0].collections if len(c.get_offsets()) == L * H)
+    np.testing.assert_allclose(dots.get_offsets(), 0.1)
+    assert "Causal head gating" in page and "provisional" not in page
+
+
 def test_a_fit_made_at_another_threshold_is_labelled_ringed_and_captioned_at_it(tmp_path, monkeypatch):
     # GateOptions(threshold=0.8) (Python API): its stored labels were drawn against regions at 0.5,
     # ringed as differing from where they sit, and the caption said "threshold 0.5"

@@ -198,6 +198,22 @@ def test_a_later_sweep_into_the_store_keeps_every_runs_swept_values(tmp_path, th
                              new: {"model.init_scale": 1.0, "train.seed": 1}}
 
 
+def test_a_diverged_point_is_finished_so_a_rerun_skips_it_and_starts_no_cluster(tmp_path, threaded_cluster, monkeypatch):
+    # run_sweep: finished runs, completed or diverged, are skipped; with nothing left to train no
+    # cluster is started. Skipping only "completed" retrained every diverged point on each rerun.
+    from dynamics.sweep import launcher
+
+    cfg = from_dict(tiny({"train.seed": [0]}, train={"lr": 1e6, "grad_clip": 0.0, "optimizer": "sgd", "warmup_steps": 0}))
+    path = str(tmp_path / "s.zarr")
+    assert run_sweep(cfg, path, scheduler=threaded_cluster, progress=False).counts == {"diverged": 1}
+    [run_id] = store.list_runs(path)
+    before = store.run_attrs(path, run_id)
+    monkeypatch.setattr(launcher, "_launch", lambda *a, **k: pytest.fail("a cluster was started for a finished run"))
+    again = run_sweep(cfg, path, progress=False)
+    assert again.counts == {"diverged": 1} and again.skipped == [run_id]
+    assert store.run_attrs(path, run_id) == before
+
+
 def test_a_finished_run_of_a_points_id_but_another_config_is_not_skipped_as_that_point(tmp_path, threaded_cluster):
     # A run recorded under a point's id with another config (dynamics run --run-id) was counted
     # finished, and status and open_sweep gave it the point's values; then its task refused it,
