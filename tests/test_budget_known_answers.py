@@ -143,3 +143,18 @@ def test_the_need_and_what_is_there_never_read_the_same(short, need, have):
         check_memory(cfg, peak - short)
     assert str(e.value).startswith(f"config needs at least {need} of memory (")
     assert f"more than the {have} this machine has" in str(e.value)
+
+
+def test_a_gpu_run_is_checked_against_what_the_device_holds_only(monkeypatch):
+    # the probe pool, loss curve and schedule stay in host memory: a GPU with room for exactly the
+    # device's part holds the run
+    from dynamics import budget
+    from dynamics.config import RunConfig, with_values
+
+    cfg = with_values(RunConfig(), {"train.device": "cuda", "task.pool_size": 200000})
+    monkeypatch.delenv(MEMORY_ENV, raising=False)
+    monkeypatch.setattr(budget, "machine_memory", lambda: 2**40)
+    device = estimate(cfg, "device").peak
+    assert device < estimate(cfg, "all").peak
+    monkeypatch.setattr(budget, "gpu_memory", lambda _: device)
+    check_fits(cfg)

@@ -332,6 +332,20 @@ def test_cuda_without_cuda_is_refused_before_any_store(tiny):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA")
+def test_a_cuda_index_past_the_last_device_is_refused(monkeypatch):
+    # cuda:1 on a one-GPU machine: refused up front, not at the first tensor moved (no GPU here:
+    # torch's own answers stand in for one)
+    import torch
+
+    from dynamics.usage import UsageError, check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    check_device("cuda:0")
+    with pytest.raises(UsageError, match="only 1 CUDA device"):
+        check_device("cuda:1")
+
+
 def test_a_base_device_every_point_of_a_device_axis_replaces_is_not_checked(tiny):
     # no point trains on [train] device when a train.device axis sets it at every point
     from dynamics.config import load_config

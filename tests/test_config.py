@@ -470,3 +470,15 @@ def test_a_config_with_any_line_ends_loads(tmp_path, newline, start):
     path.write_bytes(start + newline.join([b"[train]", b"steps = 7", b'[task]', b'name = "markov"', b""]))
     cfg = load_config(path)
     assert (cfg.train.steps, cfg.task.name) == (7, "markov")
+
+
+def test_the_documented_bounds_of_steps_and_threads_are_where_they_are_checked():
+    # "train.steps: must be in [1, ...]" and threads in [1, MAX_THREADS], both ends included
+    from dynamics.limits import MAX_THREADS
+
+    with pytest.raises(ConfigError, match=r"train.steps: must be in \[1, "):
+        from_dict({"train": {"steps": 0}})
+    assert from_dict({"train": {"steps": 1}}).train.steps == 1
+    assert from_dict({"train": {"threads": MAX_THREADS}}).train.threads == MAX_THREADS
+    with pytest.raises(ConfigError, match="train.threads"):
+        from_dict({"train": {"threads": MAX_THREADS + 1}})

@@ -8,8 +8,9 @@ import shutil
 import pytest
 
 from dynamics import store
-from dynamics.config import ConfigError, RunConfig, from_dict, load_config
+from dynamics.config import ConfigError, RunConfig, from_dict, load_config, with_values
 from dynamics.train import train_run
+from tests.conftest import TINY
 
 SMALL = {"model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_mlp": 32, "vocab_size": 16, "context": 16},
          "task": {"min_period": 2, "max_period": 6},
@@ -177,3 +178,33 @@ def test_a_pooled_runs_data_hash_names_its_seed():
     pooled = [data_hash(from_dict({"task": {"pool_size": 8}, "train": {"seed": s}})) for s in (0, 1)]
     assert pooled[0] != pooled[1]
     assert data_hash(from_dict({"train": {"seed": 0}})) == data_hash(from_dict({"train": {"seed": 1}}))
+
+
+def test_a_seed_group_does_not_depend_on_the_order_of_keys():
+    # stored configs keep the key order they were written in (an [intervene] table's, say): two
+    # seeds of one config must share the group whatever that order
+    from dynamics.identity import seed_group
+
+    a = {"train": {"seed": 0, "lr": 0.1}, "intervene": {"a": 1, "b": 2}}
+    b = {"intervene": {"b": 2, "a": 1}, "train": {"lr": 0.1, "seed": 1}}
+    assert seed_group(a) == seed_group(b)
+    assert seed_group(a) != seed_group({**b, "intervene": {"b": 2, "a": 3}})
+
+
+def test_chg_steps_is_unread_only_where_no_chg_is_fitted():
+    from dynamics.identity import unread_settings
+
+    assert unread_settings(from_dict({"record": {"chg_steps": 5}}).to_dict()) == {"record.chg_steps": 5}
+    assert unread_settings(from_dict({"record": {"chg_every": 2, "chg_steps": 5}}).to_dict()) == {}
+
+
+def test_a_run_id_given_twice_with_another_seed_is_refused(tmp_path):
+    # --run-id names the run, so a second seed under it would have been a resume of the first,
+    # mixing two seeds' training in one run
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY.format(steps=10, every=5))
+    cfg = load_config(p)
+    path = str(tmp_path / "s.zarr")
+    train_run(cfg, path, run_id="mine")
+    with pytest.raises(store.StoreError, match="recorded with a different config"):
+        train_run(with_values(cfg, {"train.seed": cfg.train.seed + 1}), path, run_id="mine")

@@ -85,3 +85,11 @@ def test_a_killed_runs_steps_are_its_checkpoints_even_where_that_checkpoint_is_g
     header, [row], _ = status_table(str(path))
     got = dict(zip(header, row, strict=True))
     assert (got["status"], got["steps"], got["resumes_at"]) == ("stopped", "6/12", "lost")
+
+
+def test_a_pending_point_shows_the_steps_its_sweep_index_records(tmp_path):
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    store.write_sweep_index(path, {"axes": ["train.lr"], "runs": {"rabc": {"train.lr": 0.1}}, "steps": {"rabc": 40}})
+    header, rows, _ = status_table(path)
+    assert rows[0][header.index("steps")] == "0/40" and rows[0][header.index("status")] == "pending"

@@ -170,3 +170,9 @@ def test_the_run_lock_clears_a_temporary_checkpoint_a_killed_trainer_left(tmp_pa
     with store.run_lock(path, "r1"):
         assert sorted(p.name for p in folder.iterdir()) == ["ckpt.pt", "notes.txt", "train.lock"]
     assert store.read_checkpoint(path, "r1") == b"step 10"
+
+
+def test_a_gone_checkpoint_of_step_1_is_refused(tmp_path):
+    # every snapshot is checkpointed, step 1's too: without it the run would retrain from step 0 unsaid
+    with pytest.raises(StoreError, match="recorded training up to step 1"):
+        store.check_checkpoint_kept(str(tmp_path), "r1", {"checkpoint_step": 1}, present=False)

@@ -178,6 +178,7 @@ def test_open_sweep_has_swept_coordinates(tmp_path):
     path = tmp_path / "s.zarr"
     index = grid_store(path)
     assert store.read_sweep_index(path) == index
+    write_run(path, "a0")  # a run outside the sweep (`dynamics run` into its store): not one of its points
     sw = store.open_sweep(path)
     assert list(sw.run.values) == ["g0", "g1", "g2", "g3"]  # runs not yet in the store are skipped
     assert list(sw.init_scale.values) == [0.5, 0.5, 2.0, 2.0]

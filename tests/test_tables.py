@@ -154,3 +154,9 @@ def test_the_runs_cross_seed_consistency_leaves_out_come_in_the_tables_order(tmp
     rows = [{"run": rid, "status": "diverged", "skipped": True} for rid in ("rx", "ry", "rz")]  # analyse's order: by id
     print_consistency(str(path), rows)
     assert capsys.readouterr().out.strip().endswith("rz (diverged), ry (diverged), rx (diverged)")
+
+
+def test_one_run_already_finished_gives_no_share_of_training():
+    from dynamics.tables import demo_timing
+
+    assert "no share of training: 1 of 4 runs were already finished" in demo_timing(10.0, 1.0, 12.0, 1, 4)
