@@ -482,7 +482,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rows = analyse_store(out, workers=args.workers)
     print_analysis(rows, out)
     t_analyse = time.perf_counter() - t1
-    note_mixed_training(out, [r["run"] for r in rows if not r.get("skipped")])  # runs kept from an earlier demo
+    said = note_mixed_training(out, [r["run"] for r in rows if not r.get("skipped")])  # runs of an earlier demo
     failed = analysis_failures(rows)
 
     print("== 3/4 predict: how early is each head's final role readable from its early gradients?", flush=True)
@@ -497,7 +497,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         predict.write_curve(out, curve)
 
     print("== 4/4 report", flush=True)
-    page = write_report(out, report_out)
+    page = write_report(out, report_out, on_note=lambda note: None if note in said else print_note(note))
     print(demo_timing(t_train, t_analyse, time.perf_counter() - t0, len(summary.skipped), summary.total, others,
                       resumed=sum(store.run_attrs(out, r).get("starts", 1) > 1 for r in summary.labels
                                   if r not in summary.skipped), analysed=sum(not r.get("skipped") for r in rows)))

@@ -46,10 +46,11 @@ def progress_printer(label: str):
     return log
 
 
-def note_mixed_training(path: str, ids: list[str]) -> None:
+def note_mixed_training(path: str, ids: list[str]) -> list[str]:
     """A note on stderr where the runs ``ids`` compared were not all trained by the same dynamics
     code (provenance.mixed_code), and one where not with the same torch build, device and CPU
-    kernels (provenance.mixed_execution); a run whose attributes cannot be read is named elsewhere."""
+    kernels (provenance.mixed_execution); a run whose attributes cannot be read is named elsewhere.
+    Returns the notes said."""
     from dynamics import store
     from dynamics.provenance import mixed_code, mixed_execution, trained_by, trained_on
 
@@ -60,8 +61,10 @@ def note_mixed_training(path: str, ids: list[str]) -> None:
         except store.StoreError:
             continue
         codes[run_id], executions[run_id] = trained_by(attrs), trained_on(attrs)
-    print_note(mixed_code(codes))
-    print_note(mixed_execution(executions))
+    said = [note for note in (mixed_code(codes), mixed_execution(executions)) if note]
+    for note in said:
+        print_note(note)
+    return said
 
 
 def print_note(note: str | None) -> None:
