@@ -137,3 +137,38 @@ def test_head_importance_is_the_per_sequence_absolute_gate_gradient_normalised_w
     np.testing.assert_allclose(imp.values, raw / np.linalg.norm(raw, axis=1, keepdims=True), rtol=1e-4, atol=1e-7)
     assert imp.values[0, 1] == 0 and imp.values[0, 0] == pytest.approx(1.0)
     assert all(p.grad is None for p in model.parameters())  # the model stays untouched
+
+
+def _mixture_model():
+    # an induction-markov mixture (weights 0.8, 0.2) and its two components on their own
+    small = {"n_layers": 2, "d_model": 32, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16}
+    periods = {"min_period": 2, "max_period": 6}
+    mix = from_dict({"model": small, "task": {"name": "mixture", "components": ["induction", "markov"],
+                                              "weights": [0.8, 0.2], **periods}})
+    single = {"induction": from_dict({"model": small, "task": {"name": "induction", **periods}}),
+              "markov": from_dict({"model": small, "task": {"name": "markov"}})}
+    torch.manual_seed(0)
+    return build(mix, torch.device("cpu")).eval(), mix, single
+
+
+def test_head_importance_of_a_mixture_is_the_weighted_sum_of_its_components():
+    # "per component, then mixture-weighted": equal weights passed every other test
+    model, mix, single = _mixture_model()
+    opts = GateOptions(eval_batches=1, batch_size=8)
+    raw = np.array(head_importance(model, mix, opts).attrs["raw"])
+    per = {n: np.array(head_importance(model, c, opts).attrs["raw"]) for n, c in single.items()}
+    assert not np.allclose(per["induction"], per["markov"], rtol=1e-3)  # the weighting matters here
+    np.testing.assert_allclose(raw, 0.8 * per["induction"] + 0.2 * per["markov"], rtol=1e-4, atol=1e-7)
+
+
+def test_a_pruning_curves_loss_is_the_mixture_weighted_nll():
+    from dynamics.gates import pruning_curves
+
+    model, mix, _ = _mixture_model()
+    opts = GateOptions(eval_batches=1, batch_size=8)
+    g = np.array([[0.1, 0.9], [0.5, 0.3]])
+    ds = pruning_curves(model, mix, g, g, g, n_random=1, options=opts)
+    per = ablation_losses(model, mix, np.zeros((2, 2), bool), options=opts).values[0]  # (component,)
+    assert abs(per[0] - per[1]) > 1e-3
+    for order in ds.order.values:
+        assert float(ds.loss.sel(order=order, removed=0)) == pytest.approx(0.8 * per[0] + 0.2 * per[1], rel=1e-5)

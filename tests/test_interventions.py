@@ -691,3 +691,46 @@ def test_gate_ema_tracks_the_heads_own_gate_and_snapshot_s_has_seen_s_updates():
     assert not np.allclose(own[1], own[0])  # b moved, so the two definitions differ
     for s in range(3):
         np.testing.assert_allclose(emas[s + 1], d * emas[s] + (1 - d) * own[s], rtol=1e-6)
+
+
+def test_template_kl_is_recorded_for_a_hard_head_beside_a_soft_one():
+    # template_kl of a hard head is the attention it would have had (README): scored beside a soft
+    # head of its layer too, not NaN there
+    from dynamics.interventions import kl_rows, templates
+
+    cfg = from_dict({"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16}, "task": {"name": "markov"}})
+    opts = templates.parse(cfg, {"heads": [{"layer": 0, "head": 0, "pattern": "previous_token", "hard": True},
+                                           {"layer": 0, "head": 1, "pattern": "uniform"}]})
+    t = templates.Templates(opts, cfg, torch.device("cpu"))
+    T = 8
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 2, T, T, generator=g).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    out = t.blocks(torch.zeros(3, T, dtype=torch.long), torch.zeros(3, T, 16), {0: scores})
+    kl = out["template_kl"]
+    for h, kind in ((0, "previous_token"), (1, "uniform")):
+        tmpl = torch.tensor(templates.template_pattern(kind, T), dtype=torch.float32)
+        expect = kl_rows(tmpl, scores[:, h].log_softmax(-1)).mean().item()
+        assert kl[0, h] == pytest.approx(expect, rel=1e-5)
+    assert np.isnan(kl[1]).all()
+
+
+def test_a_head_both_pinned_and_distilled_is_refused_by_its_student_index(tmp_path):
+    # a student head pinned and distilled has two targets, whatever its teacher head's index: a
+    # check against the teacher's indices let (0, 1) from teacher (1, 0) through
+    from dynamics import interventions
+    from dynamics.train import train_run
+
+    base = {"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16}, "task": {"name": "markov"},
+            "train": {"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup_steps": 1, "eval_batches": 1},
+            "record": {"dense_until": 0, "every": 2, "n_probe": 2, "eval_batch_size": 4, "head_weights": "off"}}
+    path = str(tmp_path / "teacher.zarr")
+    assert train_run(from_dict(base), path).status == "completed"
+    conflict = {**base, "intervene": {
+        "templates": {"heads": [{"layer": 0, "head": 1, "pattern": "uniform"}]},
+        "distill": {"teacher": path, "map": "heads", "heads": [{"layer": 0, "head": 1, "teacher_layer": 1, "teacher_head": 0}]}}}
+    with pytest.raises(ConfigError, match="also pinned"):
+        interventions.check(from_dict(conflict))
+    fine = {**base, "intervene": {
+        "templates": {"heads": [{"layer": 1, "head": 0, "pattern": "uniform"}]},
+        "distill": {"teacher": path, "map": "heads", "heads": [{"layer": 0, "head": 1, "teacher_layer": 1, "teacher_head": 0}]}}}
+    interventions.check(from_dict(fine))  # a teacher head's index may equal a pinned student head's

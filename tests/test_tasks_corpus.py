@@ -157,3 +157,19 @@ def test_files_the_install_writes_are_not_corpus(tmp_path, monkeypatch):
         assert corpus._corpus_files().names == ("a.py", "pkg/_sysconfigdata_x.py", "pkg/config-like.py")
         hashes.append(corpus._corpus_hash())
     assert hashes[0] == hashes[1]
+
+
+def test_a_window_as_long_as_the_longest_file_of_a_side_is_accepted_and_drawn():
+    # check_corpus refuses a window no file holds: at exactly the longest file's length on the
+    # side whose longest file is shorter, that file holds one window, and it is the one drawn
+    from dynamics.tasks.corpus import _corpus, _corpus_files, _held_out, check_corpus
+
+    c = _corpus_files()
+    held = _held_out(c.names, 0.1)
+    L = int(min(c.lengths[held].max(), c.lengths[~held].max()))
+    assert check_corpus(0.1, L) is None and "too long for the corpus" in check_corpus(0.1, L + 1)
+    split = "eval" if c.lengths[held].max() == L else "train"
+    windows = _corpus(np.random.default_rng(0), 2, L, 0.1, split)  # (2, L): the one window there is
+    longest = np.flatnonzero((held == (split != "train")) & (c.lengths == L))[0]
+    assert windows.shape == (2, L) and bytes(windows[0].astype(np.uint8)) == bytes(windows[1].astype(np.uint8)) \
+        == c.file(longest)

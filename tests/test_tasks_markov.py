@@ -79,3 +79,24 @@ def test_markov_first_tokens_are_uniform_over_the_vocabulary():
     cfg = cfg_for("markov", vocab=16, markov_order=2)
     first = make_batch(cfg, "train", 0, 256).tokens[:, :2]  # drawn uniformly, before the chain reads them
     assert set(first.ravel().tolist()) == set(range(16))
+
+
+def test_markov_draws_each_successor_with_its_documented_probability():
+    # Each context's successors come at the probabilities markov_transitions gives: over ~4M
+    # transitions the last successor's rate is within 4 sds of them. A draw that never reached the
+    # top quantisation level made it (256 - c) / 65280 too rare (z -8 to -11), which only the
+    # data-hash pin had caught.
+    from dynamics.tasks import markov_transitions
+    from dynamics.tasks.markov import _markov
+
+    V, K = 64, 3
+    tok = _markov(np.random.default_rng(123), 32768, 129, V, 1, K)  # (n, L)
+    succ, prob = markov_transitions(V, 1, K, np.arange(V)[:, None])  # (V, K)
+    distinct = np.array([len(set(r)) == K for r in succ.tolist()])
+    ctx, nxt = tok[:, :-1].ravel(), tok[:, 1:].ravel()
+    use = distinct[ctx]
+    ctx, nxt = ctx[use], nxt[use]
+    hit = nxt == succ[ctx, -1]
+    p = prob[ctx, -1]
+    z = (hit.sum() - p.sum()) / np.sqrt((p * (1 - p)).sum())
+    assert abs(z) < 4, z
