@@ -3,7 +3,9 @@ unreadable_chunk: a chunk cut short, named with its run and array."""
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -255,3 +257,34 @@ def test_an_array_whose_whole_folder_is_gone_is_named(tmp_path, tiny_config):
     shutil.rmtree(run / "layer")
     with pytest.raises(StoreError, match=rf"run {run_id}: array grad_norm \(and layer\) is missing"):
         store.check_recorded(path, run_id)
+
+
+def _chunk_of(path, run_id, name, snapshot):
+    folder = os.path.join(path, "runs", run_id, name, "c", str(snapshot))
+    [hit] = [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs]
+    return hit
+
+
+def test_a_changed_byte_is_named_as_a_checksum_mismatch_in_zarrs_own_words(tmp_path):
+    # failed_checksum matches zarr's Crc32cCodec message: if it drifted, a flipped byte read as
+    # zarr's raw error (both sums' bytes), not the line naming the chunk
+    path = str(tmp_path / "s.zarr")
+    write_whole_run(path, "r1")
+    chunk = _chunk_of(path, "r1", "attention", 1)
+    data = bytearray(Path(chunk).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    Path(chunk).write_bytes(bytes(data))
+    text = str(store.unreadable_chunk(path, "r1"))
+    assert "array attention at snapshot 1 (step 5)" in text and "its CRC32C checksum does not match" in text
+
+
+def test_a_resume_checks_the_snapshot_at_its_checkpoint_step_too(tmp_path):
+    # "the snapshots up to that step": the one at the checkpoint's step is written before it
+    path = str(tmp_path / "s.zarr")
+    write_whole_run(path, "r1", attrs={"status": "interrupted", "checkpoint_step": 5})  # snapshots at 0, 5, 10
+    store.check_recorded(path, "r1", so_far=True)
+    os.remove(_chunk_of(path, "r1", "attention", 2))  # after the checkpoint: a resume writes it
+    store.check_recorded(path, "r1", so_far=True)
+    os.remove(_chunk_of(path, "r1", "attention", 1))
+    with pytest.raises(StoreError, match=r"array attention at snapshot 1 \(step 5\)"):
+        store.check_recorded(path, "r1", so_far=True)

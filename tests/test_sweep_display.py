@@ -143,3 +143,15 @@ def test_the_stop_line_is_written_above_the_bars_not_at_the_end_of_one():
     log = io.StringIO()
     _Display(2, 0, stream=log).say("dynamics: stopping")
     assert log.getvalue() == "dynamics: stopping\n"
+
+
+def test_a_resumed_runs_bar_starts_at_its_step():
+    # from 0, its rate counted the steps before the resume as done in the first second
+    import io
+
+    from dynamics.sweep.progress import _Bars
+
+    d = _Bars(total=2, done=0, stream=io.StringIO())
+    d.step("r1", 1500, 2000, 0.5)
+    assert d.bars["r1"].initial == 1500 and d.bars["r1"].n == 1500
+    d.close()

@@ -289,3 +289,45 @@ def test_a_point_the_store_holds_under_a_run_id_given_by_name_is_refused_in_word
                             "trains this very config, under a run id of its own (given with --run-id); give another "
                             "--out")
     assert store.list_runs(path) == ["baseline"]
+
+
+def test_a_failure_record_leaves_a_run_another_process_finished_alone(tmp_path):
+    from tests.test_store import write_run
+
+    path = str(tmp_path / "s.zarr")
+    for rid, status in (("done", "completed"), ("div", "diverged"), ("live", "running")):
+        write_run(path, rid, attrs={"status": status})
+        _record_failure(path, rid, "Traceback: boom")
+    got = {rid: store.run_attrs(path, rid)["status"] for rid in ("done", "div", "live")}
+    assert got == {"done": "completed", "div": "diverged", "live": "failed"}
+
+
+def test_an_interrupted_sweep_marks_only_the_runs_still_marked_running(tmp_path):
+    from dynamics.sweep.launcher import _mark_interrupted
+    from tests.test_store import write_run
+
+    path = str(tmp_path / "s.zarr")
+    for rid, status in (("a", "running"), ("b", "failed"), ("c", "diverged"), ("d", "interrupted")):
+        write_run(path, rid, attrs={"status": status})
+    _mark_interrupted(path, ["a", "b", "c", "d", "not-there"])
+    got = {rid: store.run_attrs(path, rid)["status"] for rid in "abcd"}
+    assert got == {"a": "interrupted", "b": "failed", "c": "diverged", "d": "interrupted"}
+    assert "not-there" not in store.list_runs(path)
+
+
+@pytest.mark.parametrize("status, finished", [("completed", True), ("diverged", True), ("failed", False),
+                                              ("interrupted", False), ("running", False)])
+def test_a_run_is_finished_elsewhere_only_if_the_store_holds_it_finished(tmp_path, status, finished):
+    from tests.test_store import write_run
+
+    path = str(tmp_path / "s.zarr")
+    write_run(path, "r1", attrs={"status": status})
+    r = cancel.finished_elsewhere(path, "r1")
+    assert (r is not None and r["skipped"] is True and r["status"] == status) if finished else r is None
+    assert cancel.finished_elsewhere(path, "absent") is None
+
+
+def test_a_given_up_runs_reason_counts_its_workers_deaths():
+    assert "died once (last tcp://w:1)" in killed_reason(1, "tcp://w:1")
+    assert "died 2 times (last tcp://w:1)" in killed_reason(2, "tcp://w:1")
+    assert "died 3 times" in killed_reason(3, "w")
