@@ -375,3 +375,17 @@ def test_a_checkpoint_holds_the_interventions_state_as_taken(tmp_path):
     assert list(state["intervention"]) == list(want) == ["conditioned_gates"]
     for k, v in want["conditioned_gates"].items():
         assert torch.equal(state["intervention"]["conditioned_gates"][k], v), k
+
+
+def test_a_sweep_whose_run_fails_exits_1_naming_it_failed(tmp_path):
+    # README: a run that raises is recorded failed, the sweep goes on, and it exits non-zero (a
+    # damaged checkpoint is such a run in a sweep: `run` refuses it up front, exit 2)
+    from tests.conftest import cli_in_process
+
+    toml, cfg, path, ckpt = _interrupted_run(tmp_path, steps=40)
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    done = cli_in_process("sweep", toml, "--out", path, "--workers", "1")
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.startswith("sweep: 1 run: 1 failed in "), done.stdout
+    assert f"[sweep] {cfg.run_id()} failed: StoreError: run {cfg.run_id()}'s checkpoint in {path} is damaged (" \
+        in done.stderr, done.stderr

@@ -354,3 +354,16 @@ def test_a_relative_teacher_path_is_to_the_launchers_directory(tmp_path, monkeyp
     distilled = attrs["interventions"]["distill"]
     assert distilled["teacher_store"] == str(launcher / "runs" / "teacher.zarr")
     assert distilled["teacher_run"] == teacher.run_id
+
+
+def test_a_sweep_with_a_point_finished_counts_both_in_its_log_lines(tmp_path, threaded_cluster, capsys):
+    # one of two points finished before: "1 run(s) to train, 1 of 2 already finished", and the
+    # run that ends is the second of 2 (not "2/1", nor "2 run(s) to train")
+    path = str(tmp_path / "s.zarr")
+    run_sweep(from_dict(tiny({"train.seed": [0]})), path, scheduler=threaded_cluster, progress=False)
+    capsys.readouterr()
+    run_sweep(from_dict(tiny({"train.seed": [0, 1]})), path, scheduler=threaded_cluster, progress=None)  # a log
+    err = capsys.readouterr().err
+    assert f"[sweep] 1 run(s) to train on the cluster at {threaded_cluster}, 1 of 2 already finished; " in err, err
+    [ended] = [line for line in err.splitlines() if line.endswith("finished)") and " completed " in line]
+    assert ended.endswith("completed (2/2 finished)"), err
