@@ -166,13 +166,13 @@ def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisio
     assert "so provisional (a run still training, stopped, or a fit of an earlier checkpoint): r0 (running, step 16 of 40)." in caption
 
 
-def test_chg_taxonomy_shares_over_training_are_fractions_of_the_heads_at_each_fit(tmp_path, monkeypatch):
-    # A share over heads x fits (sum / labels.size) drew the same single-fit figure and halved
-    # these two fits' shares: each point is the fraction of the 4 heads holding the label then.
+def _completed_run_with_fits(tmp_path, fits):
+    """A completed run of TINY whose CHG fits (every 4 snapshots) are `fits`: {snapshot: (gates as
+    (L, H, 2) or a scalar, role codes as (L, H) or a scalar)}, negative snapshots from the end; the
+    rest unfitted. Returns the store and the steps of its snapshots."""
     from dynamics.config import from_dict
     from dynamics.gates import UNFITTED
     from dynamics.record import coords, snapshot_steps, variables
-    from dynamics.report import chg
 
     raw = json.loads(json.dumps(TINY))
     cfg = from_dict(raw | {"record": raw["record"] | {"chg_every": 4, "chg_steps": 5}})
@@ -181,19 +181,27 @@ def test_chg_taxonomy_shares_over_training_are_fractions_of_the_heads_at_each_fi
     steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
     S, L, H = len(steps_at), cfg.model.n_layers, cfg.model.n_heads
     assert (L, H) == (2, 2) and S >= 3
-    position = {0: (0.9, 0.9), 1: (0.9, 0.1), 2: (0.1, 0.1)}  # facilitating, irrelevant, interfering
-    codes = {0: [0, 0, 0, 0], 2: [0, 1, 2, 2]}  # fitted at snapshots 0 and 2 only
     gates = np.full((S, L, H, 2), np.nan, np.float32)
     roles = np.full((S, L, H), UNFITTED, np.int8)
-    for i, cs in codes.items():
-        gates[i] = np.array([position[c] for c in cs], np.float32).reshape(L, H, 2)
-        roles[i] = np.array(cs, np.int8).reshape(L, H)
+    for i, (g, r) in fits.items():
+        gates[i], roles[i] = g, r
     writer = store.RunWriter(path, "r0", variables=variables(cfg, S), coords=coords(cfg, steps_at), attrs={},
                              resume=True)
     writer.write_region("chg", 0, gates)
     writer.write_region("chg_role", 0, roles)
     writer.finalize()
+    return path, steps_at
 
+
+def test_chg_taxonomy_shares_over_training_are_fractions_of_the_heads_at_each_fit(tmp_path, monkeypatch):
+    # A share over heads x fits (sum / labels.size) drew the same single-fit figure and halved
+    # these two fits' shares: each point is the fraction of the 4 heads holding the label then.
+    from dynamics.report import chg
+
+    position = {0: (0.9, 0.9), 1: (0.9, 0.1), 2: (0.1, 0.1)}  # facilitating, irrelevant, interfering
+    codes = {0: [0, 0, 0, 0], 2: [0, 1, 2, 2]}  # fitted at snapshots 0 and 2 only
+    path, steps_at = _completed_run_with_fits(tmp_path, {
+        i: (np.array([position[c] for c in cs]).reshape(2, 2, 2), np.array(cs).reshape(2, 2)) for i, cs in codes.items()})
     figs = _capture_figures(monkeypatch, chg)
     write_report(path, tmp_path / "out", compute_missing=False)
     ax3 = next(ax for ax in figs["chg.png"].axes if ax.get_ylabel() == "heads with this CHG label (fraction)")
@@ -206,31 +214,15 @@ def test_chg_taxonomy_shares_over_training_are_fractions_of_the_heads_at_each_fi
 
 def test_the_left_panel_is_a_completed_runs_latest_fit_and_a_fit_at_its_last_step_is_not_provisional(
         tmp_path, monkeypatch):
-    # Fits at the first snapshot (every gate 0.9) and at the final step (0.1): the panel titled
-    # "latest fit" must draw the 0.1s, and a completed run's fit at its last step is final.
-    from dynamics.config import from_dict
-    from dynamics.gates import UNFITTED
-    from dynamics.record import coords, snapshot_steps, variables
+    # Fits at the first snapshot (every gate 0.9, facilitating) and at the final step (0.1,
+    # interfering): the panel titled "latest fit" must draw the 0.1s, and a completed run's fit
+    # at its last step is final.
     from dynamics.report import chg
 
-    raw = json.loads(json.dumps(TINY))
-    cfg = from_dict(raw | {"record": raw["record"] | {"chg_every": 4, "chg_steps": 5}})
-    path = tmp_path / "s.zarr"
-    _written_run(path, "r0", cfg, "completed")
-    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
-    S, L, H = len(steps_at), cfg.model.n_layers, cfg.model.n_heads
-    gates = np.full((S, L, H, 2), np.nan, np.float32)
-    roles = np.full((S, L, H), UNFITTED, np.int8)
-    gates[0], roles[0] = 0.9, 0  # facilitating
-    gates[S - 1], roles[S - 1] = 0.1, 2  # interfering, at the final step
-    writer = store.RunWriter(path, "r0", variables=variables(cfg, S), coords=coords(cfg, steps_at), attrs={},
-                             resume=True)
-    writer.write_region("chg", 0, gates)
-    writer.write_region("chg_role", 0, roles)
-    writer.finalize()
+    path, _ = _completed_run_with_fits(tmp_path, {0: (0.9, 0), -1: (0.1, 2)})
     figs = _capture_figures(monkeypatch, chg)
     page = write_report(path, tmp_path / "out", compute_missing=False).read_text()
-    dots = next(c for c in figs["chg.png"].axes[0].collections if len(c.get_offsets()) == L * H)
+    dots = next(c for c in figs["chg.png"].axes[0].collections if len(c.get_offsets()) == 4)
     np.testing.assert_allclose(dots.get_offsets(), 0.1)
     assert "Causal head gating" in page and "provisional" not in page
 

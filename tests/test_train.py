@@ -487,41 +487,15 @@ def test_learned_gates_are_held_exactly_while_the_l1_ramp_has_not_begun(cfg, tmp
     assert (gate[2] != gate[0]).all()
 
 
-def test_a_nan_loss_diverges_at_the_step_whose_loss_it_is(tmp_path, monkeypatch):
-    # The loss of step 4 is NaN: diverged_step 4, no update from it (steps_done 4), the losses of
-    # steps 0-3 recorded and step 4's left NaN. Only an analysis test checked this step before.
-    import torch.nn.functional as F
-
-    p = tmp_path / "tiny.toml"
-    p.write_text(TINY.format(steps=6, every=2))
-    cfg = load_config(p)
-    real, calls = F.cross_entropy, []
-
-    def nan_at_step_4(logits, target, *args, **kwargs):
-        loss = real(logits, target, *args, **kwargs)
-        if logits.requires_grad:  # the training objective, once a step
-            calls.append(len(calls))
-            if calls[-1] == 4:
-                return loss * float("nan")
-        return loss
-
-    monkeypatch.setattr(F, "cross_entropy", nan_at_step_4)
-    path = str(tmp_path / "n.zarr")
-    assert train_run(cfg, path).status == "diverged"
-    attrs = store.run_attrs(path, cfg.run_id())
-    assert attrs["diverged_step"] == 4 and attrs["steps_done"] == 4
-    loss = store.open_run(path).loss.values
-    assert np.isfinite(loss[:4]).all() and np.isnan(loss[4:]).all()
-
-
-@pytest.mark.parametrize("broken", ["nan", "norm_overflow"])
-def test_a_non_finite_gradient_under_a_finite_loss_diverges_at_its_own_step(tmp_path, monkeypatch, broken):
+@pytest.mark.parametrize("broken", ["nan", "norm_overflow", "nan_loss"])
+def test_a_non_finite_loss_or_gradient_diverges_at_its_own_step(tmp_path, monkeypatch, broken):
     # sqrt at 0 in the objective: the loss is unchanged and finite, its gradient NaN (inf * 0).
     # The run applied that update and stopped one step later, at the first NaN loss, so
     # diverged_step named a step whose weights were already NaN, and the step that broke
     # training read as a healthy one. A finite gradient of ~1e25 per logit has a global norm that
     # overflows float32: diverged too, as README says (unclipped, grad_clip = 0 here, AdamW's
     # second moment would go inf and freeze the weights; clipped, the update would be zero).
+    # A NaN loss at step 4 names step 4 too, its loss left unrecorded.
     import torch
     import torch.nn.functional as F
 
@@ -536,6 +510,8 @@ def test_a_non_finite_gradient_under_a_finite_loss_diverges_at_its_own_step(tmp_
         loss = real(logits, target, *args, **kwargs)
         if torch.is_grad_enabled() and logits.requires_grad:  # the training objective, once a step
             calls.append(len(calls))
+            if calls[-1] == 4 and broken == "nan_loss":
+                return loss * float("nan")
             if calls[-1] == 4 and broken == "nan":
                 return loss + torch.sqrt(logits.sum() * 0.0)
             if calls[-1] == 4:
@@ -548,11 +524,11 @@ def test_a_non_finite_gradient_under_a_finite_loss_diverges_at_its_own_step(tmp_
     attrs = store.run_attrs(path, cfg.run_id())
     assert attrs["diverged_step"] == 4 and attrs["steps_done"] == 4
     ds = store.open_run(path).load()
-    assert np.isfinite(ds.loss.values[:5]).all()  # step 4's loss is finite, and recorded
-    assert np.isnan(ds.loss.values[5:]).all()
+    kept = 4 if broken == "nan_loss" else 5  # a finite loss at step 4 is recorded
+    assert np.isfinite(ds.loss.values[:kept]).all() and np.isnan(ds.loss.values[kept:]).all()
     at = ds.sel(snapshot=int(np.flatnonzero(ds.step.values == 4)[0]))
     assert np.isfinite(at.head_weights.values).all()  # the weights that gave it: no update applied
-    if broken == "nan":
+    if broken != "norm_overflow":
         assert np.isnan(at.grad_norm.values).all()
     else:  # each head's own norm, taken in float64, fits float32 where the global one overflowed
         assert np.isfinite(at.grad_norm.values).all() and at.grad_norm.values.max() > 1e25
