@@ -371,7 +371,7 @@ class Transformer(nn.Module):
             Token ids; T <= cfg.context when pos == "learned".
         head_gates : Tensor, shape (L, H) or (B, L, H), optional
             External gates multiplying each head's z before W_O, on top of the model's own gate
-            (several gate sets can be batched along B).
+            (several gate sets can be batched along B; (1, L, H) is one set for every row).
 
         Returns
         -------

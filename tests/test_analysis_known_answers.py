@@ -418,3 +418,11 @@ def test_analyse_table_prints_the_row_as_summary_row_gives_it(capsys):
     row.update(layer_bifurcation_steps=[40, 100])  # one layer differs: every layer's step is shown
     print_analysis([row])
     assert "40 (by layer: 40, 100)" in capsys.readouterr().out
+
+
+def test_the_slash_window_stays_within_t_minus_1():
+    from dynamics.analysis.pipeline import AnalysisOptions
+    from dynamics.analysis.roles import RoleThresholds
+
+    assert AnalysisOptions().slash_window(10) == 5
+    assert AnalysisOptions(roles=RoleThresholds(slash_max_offset=50)).slash_window(10) == 9

@@ -446,3 +446,47 @@ def test_the_embeddings_are_normal_with_std_0_02_whatever_the_init(init):
                     generator=torch.Generator().manual_seed(0))
     for w in (m.W_E, m.W_pos):  # 4096 draws each
         assert w.detach().std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_hooks_take_a_generator_of_hooks():
+    # the unknown-name check read the pairs once: a generator was used up there, and no hook ran
+    model = make()
+    with model.hooks((n, lambda t, _: t * 0) for n in ["blocks.0.hook_attn_out"]):
+        assert model.hook_points()["blocks.0.hook_attn_out"].active
+    assert not any(p.active for p in model.hook_points().values())
+
+
+def test_an_unknown_hook_name_adds_no_hook_at_all():
+    # "removed on exit, even on error": a good hook named before a bad one stayed attached
+    model = make()
+    with pytest.raises(KeyError, match="unknown hook names"):
+        with model.hooks([("blocks.0.hook_resid_pre", lambda t, n: None), ("no.such.hook", lambda t, n: None)]):
+            pass
+    assert not any(p.active for p in model.hook_points().values())
+
+
+@pytest.mark.parametrize("name", ["hook_rot_q", "hook_rot_k", "hook_q", "hook_k"])
+def test_a_hook_on_q_or_k_alone_takes_effect(name):
+    # the fast RoPE path computes q and k without their hook points: a hook on any one of them
+    # must send the forward through the path that calls it
+    model, toks = make(), tokens()
+    with torch.no_grad():
+        base = model(toks)
+        with model.hooks([(f"blocks.0.attn.{name}", lambda t, n: t * 0)]):
+            assert not torch.allclose(base, model(toks))
+
+
+def test_gate_values_are_detached_and_gate_grads_zero_before_a_backward():
+    model = make(gates="learned")
+    g = torch.sigmoid(torch.tensor(model.cfg.gate_init))
+    assert not model.gate_values().requires_grad
+    torch.testing.assert_close(model.gate_values(), torch.full((L, H), g.item()))
+    assert torch.equal(model.gate_grads(), torch.zeros(L, H))
+
+
+def test_one_set_of_head_gates_with_a_leading_1_is_the_same_set_for_every_row():
+    model, toks = make(), tokens()
+    g = torch.rand(L, H, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(toks, head_gates=g[None]), model(toks, head_gates=g))
+        torch.testing.assert_close(model(toks, head_gates=g[None]), model(toks, head_gates=g.expand(3, L, H)))

@@ -317,3 +317,19 @@ def test_analyse_of_a_run_that_finishes_as_its_status_is_read_analyses_it(tmp_pa
     row = analyse_one(str(path), "r1")
     # analysed as the finished run it is: refused only for its 3 snapshots (too few for the noise band)
     assert (row["status"], row["reason"]) == ("completed", "only 3 snapshot(s) recorded; analysis needs >= 4"), row
+
+
+def test_a_running_run_whose_lock_cannot_be_read_is_running_not_stopped(tmp_path, monkeypatch):
+    # run_lock_held is None where the filesystem cannot tell (no flock): not evidence of a kill
+    from dynamics.store import checkpoints
+    from tests.test_store import write_run
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1", attrs={"status": "running", "steps_done": 3})
+    stale = store.run_attrs(path, "r1")
+    monkeypatch.setattr(checkpoints, "run_lock_held", lambda *a: None)
+    assert store.run_status(path, "r1", stale) == "running"
+    monkeypatch.undo()
+    store.update_run_attrs(path, "r1", status="completed", steps_done=10)  # it ended meanwhile
+    status, attrs = store.run_now(path, "r1", stale)
+    assert status == "completed" and attrs["steps_done"] == 10
