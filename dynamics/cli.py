@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 from dynamics.budget import check_fits
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override
-from dynamics.exits import EXIT_INTERRUPTED, WRITE_REFUSED, run_to_end
+from dynamics.exits import EXIT_INTERRUPTED, WRITE_REFUSED, run_to_end, stage
 from dynamics.messages import (
     damaged_runs_named,
     gates_progress,
@@ -466,7 +466,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     check_points(cfg, out)  # a bad grid, or a point too big for memory, refused before the banner
     t0 = time.perf_counter()
-    print(f"== 1/4 sweep: {config.name} -> {out}", flush=True)
+    stage(args, 1, 4, f"sweep: {config.name} -> {out}")
     summary = run_sweep(cfg, out, workers=args.workers)
     print("\n".join(summary.lines()))
     t_train = time.perf_counter() - t0
@@ -477,7 +477,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"dynamics: note: {out} holds {others} run(s) besides this demo's {summary.total}; the analysis, "
               f"predictor and report below include them", file=sys.stderr, flush=True)
 
-    print("== 2/4 analyse", flush=True)
+    stage(args, 2, 4, "analyse")
     t1 = time.perf_counter()
     rows = analyse_store(out, workers=args.workers)
     print_analysis(rows, out)
@@ -485,7 +485,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     said = note_mixed_training(out, [r["run"] for r in rows if not r.get("skipped")])  # runs of an earlier demo
     failed = analysis_failures(rows)
 
-    print("== 3/4 predict: how early is each head's final role readable from its early gradients?", flush=True)
+    stage(args, 3, 4, "predict: how early is each head's final role readable from its early gradients?")
     for target in ("role",):  # the quickstart task (induction) grows few slash heads: role is the question
         opts = predict.PredictOptions(target=target, horizons=(0.0, 0.05, 0.1, 0.2, 0.5))
         try:
@@ -496,7 +496,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(predict.format_curve(curve))
         predict.write_curve(out, curve)
 
-    print("== 4/4 report", flush=True)
+    stage(args, 4, 4, "report")
     page = write_report(out, report_out, on_note=lambda note: None if note in said else print_note(note))
     print(demo_timing(t_train, t_analyse, time.perf_counter() - t0, len(summary.skipped), summary.total, others,
                       resumed=sum(store.run_attrs(out, r).get("starts", 1) > 1 for r in summary.labels
@@ -597,4 +597,4 @@ def main(argv: list[str] | None = None) -> int:
     argv = _signed_values_attached(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     # check_args (no empty value; ~ in a path expanded) inside, so that its refusal is one line too
-    return run_to_end(args.command, lambda: check_args(args) or args.func(args))
+    return run_to_end(args.command, lambda: check_args(args) or args.func(args), lambda: getattr(args, "stage", None))

@@ -37,13 +37,32 @@ AFTER_INTERRUPT = {
     "report": "the report folder holds a whole report, the previous one (if any) or, once it was in place, this one; "
               "run the same command again",
     "status": "nothing was written",
+    # Past the demo's sweep every run has ended, so "resumable" said nothing of what was kept.
+    "demo analyse": "training has ended (the same command retrains no finished run); the analyses written "
+                    "before are whole",
+    "demo predict": "training and the analysis have ended (the same command retrains no finished run); a curve "
+                    "is saved whole or not at all",
+    "demo report": "training, the analysis and the predictor curve have ended (the same command retrains no "
+                   "finished run); the report folder holds a whole report, the previous one (if any) or, once it "
+                   "was in place, this one",
 }
-"""What the line after an interrupt says was kept, per command."""
+"""What the line after an interrupt says was kept, per command, and per stage of one that has
+stages (``"demo report"``: :func:`stage`)."""
+
+
+def stage(args, n: int, total: int, text: str) -> None:
+    """Print a stage's banner, ``== n/total text``, and name the stage (the text's first word) in
+    ``args.stage`` for the line an interrupt prints (:func:`run_to_end`'s ``stage``)."""
+    args.stage = text.split(":")[0].split()[0]
+    print(f"== {n}/{total} {text}", flush=True)
 
 
 
-def run_to_end(command: str, work: Callable[[], int]) -> int:
-    """``work()``'s exit status, or the status and one line of the way it stopped short."""
+def run_to_end(command: str, work: Callable[[], int], stage: Callable[[], str | None] = lambda: None) -> int:
+    """``work()``'s exit status, or the status and one line of the way it stopped short.
+
+    ``stage()``: the stage the command was in when it stopped (:func:`stage`), whose own line an
+    interrupt prints where :data:`AFTER_INTERRUPT` has one."""
     _names_as_given()
     try:
         # SIGTERM (kill, a batch system's limit) as Ctrl-C for every command: predict, gates and
@@ -56,7 +75,8 @@ def run_to_end(command: str, work: Callable[[], int]) -> int:
     except KeyboardInterrupt:  # one zarr was waiting for leaves a coroutine never run: no warning of it at exit
         warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
         _quiet_pending_tasks()
-        print(f"dynamics: interrupted; {AFTER_INTERRUPT.get(command, AFTER_INTERRUPT['run'])}", file=sys.stderr)
+        kept = AFTER_INTERRUPT.get(f"{command} {stage()}") or AFTER_INTERRUPT.get(command, AFTER_INTERRUPT["run"])
+        print(f"dynamics: interrupted; {kept}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as e:
         # an OSError made in code (a library's own raise) may carry the errno without its text

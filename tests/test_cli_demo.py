@@ -119,3 +119,42 @@ def test_demo_timing_gives_a_share_of_training_only_when_it_trained_every_run():
     assert "no share of training: no run was analysed" in demo_timing(10.1, 1.3, 12.0, 0, 8, analysed=0)
     assert "10.0% of training" in demo_timing(80.0, 8.0, 95.4, 0, 12, resumed=0, analysed=12)
 
+
+
+def test_a_demo_stopped_past_its_sweep_says_what_each_stage_kept(tmp_path, capsys, monkeypatch):
+    # Stopped in the analysis or the report, the demo said "runs are resumable with the same
+    # command", as in its sweep, though every run had ended and nothing was left to resume.
+    # A real SIGTERM, which the command takes as Ctrl-C, sent as each stage starts.
+    import os
+    import signal
+
+    from dynamics.exits import AFTER_INTERRUPT
+
+    out = tmp_path / "d.zarr"
+    two = [a if a != "sweep.model.init_scale=[1.0,2.0]" else "sweep.model.init_scale=[1.0]" for a in SHRINK]
+    assert cli.main(["demo", "--out", str(out), *two]) == 0
+    capsys.readouterr()
+    pages = sorted(p.name for p in (tmp_path / "d-report").iterdir())
+
+    def signalled(real):
+        def stage(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return real(*args, **kwargs)
+        return stage
+
+    for name, kept in (("analyse_store", "demo analyse"), ("write_report", "demo report")):
+        with monkeypatch.context() as m:
+            if name == "analyse_store":
+                m.setattr(cli, name, signalled(cli.analyse_store))
+            else:
+                import dynamics.report
+
+                m.setattr(dynamics.report, name, signalled(dynamics.report.write_report))
+            assert cli.main(["demo", "--out", str(out), *two]) == 130
+        err = capsys.readouterr().err
+        assert err.splitlines()[-1] == f"dynamics: interrupted; {AFTER_INTERRUPT[kept]}", err
+        assert "resumable" not in err
+    assert AFTER_INTERRUPT["demo report"].startswith("training, the analysis and the predictor curve have ended")
+    # and what the lines say was kept is: no run retrained, the earlier report whole
+    assert [store.run_attrs(str(out), r)["starts"] for r in store.list_runs(str(out))] == [1, 1]
+    assert sorted(p.name for p in (tmp_path / "d-report").iterdir()) == pages

@@ -147,3 +147,30 @@ def test_an_interrupt_leaves_no_line_per_zarr_read_it_cut_short(caplog):
     finally:
         sys.unraisablehook = hook
         del logging.getLogger("asyncio").filters[:]
+
+
+def test_an_interrupt_names_what_its_stage_kept_and_falls_back_to_the_commands_line(capsys):
+    from dynamics.exits import AFTER_INTERRUPT
+
+    def work() -> int:
+        raise KeyboardInterrupt
+
+    assert run_to_end("demo", work, lambda: "predict") == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == f"dynamics: interrupted; {AFTER_INTERRUPT['demo predict']}\n"
+    # a stage without a line of its own (the demo's sweep), or no stage yet: the command's line
+    for stage in (lambda: "sweep", lambda: None):
+        assert run_to_end("demo", work, stage) == EXIT_INTERRUPTED
+        assert capsys.readouterr().err == "dynamics: interrupted; runs are resumable with the same command\n"
+
+
+def test_stage_prints_its_banner_and_names_its_first_word():
+    import argparse
+    import contextlib
+
+    from dynamics.exits import stage
+
+    args, printed = argparse.Namespace(), io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        stage(args, 3, 4, "predict: how early is each head's final role readable?")
+    assert printed.getvalue() == "== 3/4 predict: how early is each head's final role readable?\n"
+    assert args.stage == "predict"
