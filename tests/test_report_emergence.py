@@ -211,3 +211,28 @@ def test_emergence_captions_say_where_the_mean_covers_fewer_seeds(built):
     for caption in captions:
         assert ("(in init_scale=2, not every seed has a value at every step, e.g. a run still going, stopped or "
                 "diverged: there the mean and band are over the seeds that have one)") in caption
+
+
+def test_the_report_draws_a_categorical_axis_in_the_sweeps_order_not_by_run_id(tmp_path, tiny_config, monkeypatch):
+    # positional.toml's question, when heads split under each scheme, was drawn with its schemes
+    # in the store's order (run ids: hashes), so the x axis read in no order the config gave.
+    from dynamics import store
+    from dynamics.config import load_config
+    from dynamics.report import emergence, write_report
+    from dynamics.train import train_run
+    from tests._report_store import _capture_figures
+
+    out, path = tmp_path / "s.zarr", tiny_config(steps=20, every=5)
+    ids = {}
+    for pos in ("rope", "learned", "none"):
+        cfg = load_config(path, [f"model.pos={pos}"])
+        ids[pos] = cfg.run_id()
+        train_run(cfg, str(out))
+    order = sorted(ids, key=ids.get)  # by run id, the order the store lists them
+    swept = order[::-1] if order != ["rope", "learned", "none"] else ["none", "rope", "learned"]
+    assert swept != order
+    store.write_sweep_index(str(out), {"axes": ["model.pos"], "runs": {ids[p]: {"model.pos": p} for p in swept}})
+    figs = _capture_figures(monkeypatch, emergence)
+    write_report(str(out), tmp_path / "r", on_note=lambda note: None)
+    ax = figs[next(k for k in figs if k.endswith("bifurcation.png"))].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == swept

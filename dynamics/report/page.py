@@ -156,8 +156,7 @@ def write_report(
             table_axes += _table_settings(runs, table_axes, axes)
             swept = set((index or {}).get("runs", {}))
             draft.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept, href,
-                                   index, notes),
-                             encoding="utf-8")
+                                   index, notes), encoding="utf-8")
             _fsync_tree(stage, draft)
             os.replace(draft, page)  # the switch: one rename, so a reader sees the old page or the new one
         except BaseException:  # Ctrl-C included: the previous report stays whole, the new figures go
@@ -179,13 +178,14 @@ def write_report(
 
 def _read_runs(store_path, ids: list[str], index: dict | None, compute_missing: bool,
                on_damaged: Callable[[str, str], None] | None, progress: Callable[[str], None]) -> list[_Run]:
-    """Every run's data for the page, with a progress line at the start and, between runs, at
-    most every 5 s: the part of a report that grows with the store (and, analysing runs without
-    a stored analysis, the slow one), where it printed nothing for as long as it took."""
+    """Every run's data for the page, in the grid's order (`status`'s: a categorical axis was drawn
+    in run-id order, hashes), with a progress line at the start and, between runs, at most every
+    5 s: the part of a report that grows with the store (and, analysing runs without a stored
+    analysis, the slow one), where it printed nothing for as long as it took."""
     missing = " (analysing those without a stored analysis)" if compute_missing else ""
     progress(f"reading {len(ids)} run(s){missing}")
     runs, last = [], monotonic()
-    for i, rid in enumerate(ids):
+    for i, rid in enumerate(sorted(ids, key=grid_key(index or {}))):
         if monotonic() - last >= 5.0:
             last = monotonic()
             progress(f"read {i}/{len(ids)} runs")
