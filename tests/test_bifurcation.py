@@ -258,3 +258,82 @@ def test_head_importance_is_the_gate_times_the_recorded_gradient():
     # the Gini sees a shut head as carrying nothing, not as the layer's largest
     np.testing.assert_allclose(winner_take_all(out).values, [[0.3, 4 / 7]])  # sum|xi - xj| / (2 n^2 mean)
     np.testing.assert_allclose(winner_take_all(imp).values, [[0.0, 0.25]])
+
+
+# Known answers that mutants of this module passed: each computed on paper or by a small numpy or
+# scipy reference, never by the function under test.
+
+def _curve(values, steps):
+    return xr.DataArray(np.asarray(values, float), dims="snapshot",
+                        coords={"step": ("snapshot", np.asarray(steps, float))})
+
+
+def test_commitment_step_of_one_run_picked_from_a_ragged_sweep():
+    # One run .sel()-ed from a ragged sweep has a 1-D step ending in NaN; its last label is
+    # its last recorded one, not the padding (a mutant read the padding and gave NaN).
+    lab = xr.DataArray(np.array([0.0, 1.0, 1.0, np.nan])[:, None, None], dims=("snapshot", "layer", "head"),
+                       coords={"step": ("snapshot", [0.0, 10.0, 20.0, np.nan])})
+    assert float(commitment_step(lab)[0, 0]) == 10.0
+
+
+def test_commitment_step_ignores_a_change_into_padding_of_integer_labels():
+    # Integer labels cannot hold NaN: only the NaN step marks the padding. A mutant that read
+    # the padding's label as a change gave NaN.
+    lab = xr.DataArray(np.array([0, 1, 1, 2])[:, None, None], dims=("snapshot", "layer", "head"),
+                       coords={"step": ("snapshot", [0.0, 10.0, 20.0, np.nan])})
+    assert float(commitment_step(lab)[0, 0]) == 10.0
+
+
+def test_bifurcation_with_k_zero_and_every_point_outside():
+    # k >= 0 is allowed (k = 0 keeps only the floors), and when nothing lies inside the band
+    # the final stretch starts at snapshot 0. Band: mu = 2/3, w = max(0, 0.05 * 2/3, 1e-6).
+    x = _curve([0.0, 2.0, 0.0, 5.0, 5.0], [0, 10, 20, 30, 40])
+    assert float(bifurcation_step(x, k=0.0)) == 0.0
+
+
+def test_bifurcation_baseline_mean_skips_a_missing_point():
+    # Baseline [1, NaN, 1]: mu = 1, sd = 0, w = rel_tol = 0.05; 1.02 is inside, 1.5 outside.
+    # A mean dividing by n_baseline (mu = 2/3) widened the band and found no departure.
+    x = _curve([1.0, np.nan, 1.0, 1.0, 1.02, 1.5], [0, 10, 20, 30, 40, 50])
+    assert float(bifurcation_step(x)) == 50.0
+
+
+def test_bifurcation_band_keeps_its_floors_when_one_baseline_point_is_recorded():
+    # sd of one value is undefined; np.fmax lets the floors define the band (w = 0.05 around
+    # mu = 1). np.maximum made the band NaN and every such curve "never departs".
+    x = _curve([np.nan, np.nan, 1.0, 1.02, 1.5], [0, 10, 20, 30, 40])
+    assert float(bifurcation_step(x)) == 40.0
+
+
+def test_bifurcation_relative_floor_uses_the_absolute_baseline_mean():
+    # mu = -1: w = 0.05 |mu| = 0.05, so -1.02 is inside. Without abs() the floor vanished
+    # and the tiny drift at step 30 was the bifurcation.
+    x = _curve([-1.0, -1.0, -1.0, -1.02, -1.5, -1.5], [0, 10, 20, 30, 40, 50])
+    assert float(bifurcation_step(x)) == 40.0
+
+
+def test_bifurcation_of_a_padded_run_that_departs():
+    # Padding past a run's last snapshot cannot contradict a departure.
+    x = _curve([1.0, 1.0, 1.0, 1.0, 5.0, np.nan], [0, 10, 20, 30, 40, np.nan])
+    assert float(bifurcation_step(x)) == 40.0
+
+
+def test_steps_are_float64_and_exact_past_float32():
+    # Documented float64 step; 2**24 + 1 is not representable in float32.
+    big = 2.0**24
+    x = _curve([1.0, 1.0, 1.0, 5.0, 5.0], [0, 1, 2, big + 1, big + 3])
+    out = bifurcation_step(x)
+    assert out.dtype == np.float64 and float(out) == big + 1
+
+
+def test_gini_of_a_single_present_value_is_zero():
+    # G in [0, (n-1)/n]: one value is 0 (winner_take_all, not gini, makes it NaN).
+    assert float(gini(xr.DataArray([3.0, np.nan], dims="head"))) == 0.0
+
+
+def test_head_importance_is_nan_where_the_gate_is():
+    # "NaN where either input is": a missing gate must not read as g = 1.
+    imp = xr.DataArray([[2.0, 2.0]], dims=("layer", "head"))
+    gate = xr.DataArray([[np.nan, 0.5]], dims=("layer", "head"))
+    out = head_importance(imp, gate).values[0]
+    assert np.isnan(out[0]) and out[1] == 1.0

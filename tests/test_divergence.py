@@ -8,6 +8,7 @@ import dask
 import numpy as np
 import pytest
 import xarray as xr
+from scipy.linalg import subspace_angles
 from scipy.spatial.distance import jensenshannon
 
 from dynamics.analysis.divergence import (
@@ -18,6 +19,7 @@ from dynamics.analysis.divergence import (
     qk_cosine,
     within_layer_divergence,
 )
+from dynamics.analysis.redundancy import attention_correlation
 
 
 def _refuse(*args, **kwargs):
@@ -464,3 +466,114 @@ def test_analysis_modules_import_neither_torch_nor_zarr():
             elif isinstance(node, ast.ImportFrom) and node.module:
                 imported.add(node.module.split(".")[0])
         assert not imported & {"torch", "zarr"}, name
+
+
+# Known answers that mutants of this module passed: each computed on paper or by a small numpy or
+# scipy reference, never by the function under test.
+CORE = ("probe", "query", "key")
+WEIGHT_DIMS = ("layer", "head", "weight", "d_model", "d_head")
+
+
+def _two_heads_one_disagreeing_row():
+    # (head, probe, query, key): row 0 sees one key (always [1, 0]); row 1 is [1, 0] in head 0
+    # and [0, 1] in head 1.
+    a = np.zeros((2, 1, 2, 2))
+    a[:, 0, 0, 0] = 1.0
+    a[0, 0, 1, 0] = 1.0
+    a[1, 0, 1, 1] = 1.0
+    return a
+
+
+def _js_two_keys_eps(eps):
+    # Row 1 smoothed over n = 2 keys: p' = (1 - eps/2, eps/2), q' reversed, m = (1/2, 1/2);
+    # JS = KL(p'||m) (both halves equal). Row 0 contributes 0; mean over 2 queries.
+    hi, lo = 1 - eps / 2, eps / 2
+    js = sum(x * np.log(x / 0.5) for x in (hi, lo) if x > 0)
+    return np.sqrt(js / 2)
+
+def test_eps_of_one_is_in_range_and_makes_every_head_uniform():
+    # Pins the closed upper end of eps in [0, 1] (a mutant rejecting eps = 1 survived).
+    attn = xr.DataArray(_two_heads_one_disagreeing_row()[None], dims=("layer", "head", *CORE))
+    np.testing.assert_allclose(js_distance(attn, eps=1.0).values, 0.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.5])
+def test_eps_reaches_every_mode_of_js_distance(eps):
+    # eps was dropped (the default 1e-3 used) in the aligned mode and in divergence_from_init
+    # without any test failing.
+    a = _two_heads_one_disagreeing_row()
+    want = _js_two_keys_eps(eps)
+    pair = js_distance(xr.DataArray(a[None], dims=("layer", "head", *CORE)), eps=eps)
+    np.testing.assert_allclose(float(pair[0, 0, 0, 1]), want, rtol=1e-12)
+    h0, h1 = (xr.DataArray(a[i], dims=CORE) for i in (0, 1))
+    np.testing.assert_allclose(float(js_distance(h0, h1, eps=eps)), want, rtol=1e-12)
+    snaps = xr.DataArray(a[:, None, None], dims=("snapshot", "layer", "head", *CORE))
+    np.testing.assert_allclose(divergence_from_init(snaps, eps=eps).values.ravel(), [0.0, want], rtol=1e-12)
+
+
+def test_mean_within_layer_divergence_skips_a_layer_of_one_head():
+    # Docstring: layers without a defined W_l are skipped. A skipna=False mean (NaN for the
+    # whole model whenever a padded layer has one head) survived.
+    d = np.full((2, 2, 2, 2), np.nan)
+    d[0, :, 0, :] = [[0.0, 0.4], [0.4, 0.0]]
+    d[1, 0, 1, 0] = 0.0  # layer 1: head 1 missing
+    jsd = xr.DataArray(d, dims=("layer", "head", "layer_b", "head_b"))
+    assert float(mean_within_layer_divergence(jsd)) == pytest.approx(0.4)
+
+
+def test_weight_is_selected_by_its_label_not_its_position():
+    # With the weight coord in another order, a mutant reading "q" by position compared k.
+    w = np.zeros((1, 2, 4, 4, 2))
+    w[0, :, 1, :2] = np.eye(2)  # q (label order k, q, v, o): both heads span e0, e1
+    w[0, 0, 0, :2] = np.eye(2)  # k: head 0 spans e0, e1 ...
+    w[0, 1, 0, 2:] = np.eye(2)  # ... head 1 spans e2, e3: orthogonal
+    hw = xr.DataArray(w, dims=WEIGHT_DIMS, coords={"weight": ["k", "q", "v", "o"]})
+    np.testing.assert_allclose(principal_angles(hw, "q").values[0], [[1.0, 1.0], [1.0, 1.0]], atol=1e-12)
+    np.testing.assert_allclose(principal_angles(hw, "k").values[0], [[1.0, 0.0], [0.0, 1.0]], atol=1e-12)
+
+
+def test_weight_metrics_of_one_run_picked_from_a_padded_sweep_use_its_own_columns():
+    # One run .sel()-ed from a width sweep keeps its NaN d_head column in every head; a
+    # mutant taking the whole array when every slice shares one mask made every head missing.
+    rng = np.random.default_rng(3)
+    real = rng.normal(size=(1, 2, 4, 5, 2))
+    padded = np.concatenate([real, np.full((1, 2, 4, 5, 1), np.nan)], axis=-1)
+    hw = xr.DataArray(padded, dims=WEIGHT_DIMS, coords={"weight": ["q", "k", "v", "o"]})
+    q0, q1 = real[0, 0, 0], real[0, 1, 0]
+    want_cos = np.cos(subspace_angles(q0, q1)).mean()
+    np.testing.assert_allclose(float(principal_angles(hw, "q")[0, 0, 1]), want_cos, rtol=1e-10)
+    c0, c1 = (real[0, h, 0] @ real[0, h, 1].T for h in (0, 1))
+    want_qk = (c0 * c1).sum() / np.linalg.norm(c0) / np.linalg.norm(c1)
+    np.testing.assert_allclose(float(qk_cosine(hw)[0, 0, 1]), want_qk, rtol=1e-10)
+
+
+def test_pairwise_outputs_label_their_b_axes_like_the_originals():
+    # .sel(head_b=...) on a labelled run needs the labels; dropping them survived.
+    attn = xr.DataArray(_two_heads_one_disagreeing_row()[None], dims=("layer", "head", *CORE),
+                        coords={"layer": [5], "head": [3, 7]})
+    jsd = js_distance(attn)
+    assert jsd["head_b"].values.tolist() == [3, 7] and jsd["layer_b"].values.tolist() == [5]
+    w = np.random.default_rng(0).normal(size=(1, 2, 4, 4, 2))
+    hw = xr.DataArray(w, dims=WEIGHT_DIMS, coords={"weight": ["q", "k", "v", "o"], "head": [3, 7]})
+    assert principal_angles(hw)["head_b"].values.tolist() == [3, 7]
+    assert qk_cosine(hw)["head_b"].values.tolist() == [3, 7]
+
+
+def test_lazy_head_by_head_distance_has_its_real_sizes_before_compute():
+    # The dask output sizes of layer_b and head_b were swapped without a failure (the lazy
+    # test had as many layers as heads).
+    a = np.tile(_two_heads_one_disagreeing_row()[:1], (3, 1, 1, 1))  # 3 identical heads
+    attn = xr.DataArray(a[None], dims=("layer", "head", *CORE)).chunk({"head": 1})
+    out = js_distance(attn)
+    assert out.chunks is not None
+    assert dict(out.sizes) == {"layer": 1, "head": 3, "layer_b": 1, "head_b": 3}
+    np.testing.assert_allclose(out.compute().values, 0.0, atol=1e-12)
+
+
+def test_attention_correlation_keeps_non_index_head_coords_on_both_sides():
+    # _as_b renames coords along the paired dims; without that a head's name coord vanished
+    # from the result.
+    a = np.tril(np.random.default_rng(0).random((1, 2, 1, 3, 3)))
+    attn = xr.DataArray(a, dims=("layer", "head", *CORE), coords={"name": ("head", ["x", "y"])})
+    out = attention_correlation(attn)
+    assert out["name"].values.tolist() == ["x", "y"] and out["name_b"].values.tolist() == ["x", "y"]

@@ -4,7 +4,8 @@ import dask
 import numpy as np
 import pytest
 import xarray as xr
-from scipy.cluster.hierarchy import fcluster
+from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.spatial.distance import squareform
 
 from dynamics.analysis.divergence import js_distance
 from dynamics.analysis.redundancy import (
@@ -367,3 +368,107 @@ def test_cross_seed_consistency_matches_a_labelled_run_group_by_run_not_by_posit
     for other in (in_order.assign_coords(run=["r0", "r1", "x"]), in_order.isel(run=[0, 1])):
         with pytest.raises(ValueError, match=r"^run_group's run labels \['r0', 'r1'"):
             cross_seed_consistency(prof, other)
+
+
+# Known answers that mutants of this module passed: each computed on paper or by a small numpy or
+# scipy reference, never by the function under test.
+CORE = ("probe", "query", "key")
+
+
+def _profiles(a, b):
+    return xr.DataArray(np.array([a, b], float)[:, None], dims=("run", "layer", "head", "feature"))
+
+
+def test_a_present_head_is_never_matched_to_a_missing_one():
+    # Run b has one head (head 1 padded). a1 = b0 (cos 1); a0 is left over and must be -1,
+    # not b's padding.
+    out = cross_seed_consistency(_profiles([[1, 0], [0, 1]], [[0, 1], [np.nan, np.nan]]), ["g", "g"])
+    assert out.match.values.ravel().tolist() == [-1, 0]
+    sim = out.matched_similarity.values.ravel()
+    assert np.isnan(sim[0]) and sim[1] == pytest.approx(1.0)
+
+
+def test_a_missing_head_of_run_a_is_matched_to_nothing():
+    out = cross_seed_consistency(_profiles([[1, 0], [np.nan, np.nan]], [[0, 1], [1, 0]]), ["g", "g"])
+    assert out.match.values.ravel().tolist() == [1, -1]
+
+
+def test_an_all_zero_profile_has_cosine_zero_not_missing():
+    # Docstring: an all-zero profile has cosine 0 with everything; it is a present head.
+    out = cross_seed_consistency(_profiles([[1, 0], [0, 0]], [[1, 0], [0, 0]]), ["g", "g"])
+    assert out.matched_similarity.values.ravel().tolist() == pytest.approx([1.0, 0.0])
+    assert float(out.similarity.sel(group="g")) == pytest.approx(0.5)
+
+
+def test_group_similarity_leaves_out_pairs_with_no_present_head():
+    # Run c is all padding: pairs (a, c), (b, c) have no similarity and must not count as 0.
+    f = [[1, 0], [0, 1]]
+    prof = xr.DataArray(np.array([f, f, np.full((2, 2), np.nan)])[:, None], dims=("run", "layer", "head", "feature"))
+    out = cross_seed_consistency(prof, ["g", "g", "g"])
+    assert float(out.similarity.sel(group="g")) == pytest.approx(1.0)
+    assert float(out.unmatched_similarity.sel(group="g")) == pytest.approx(0.5)
+
+
+def test_unmatched_similarity_leaves_out_missing_heads():
+    # cos(a_h, b_h') over present pairs: a0.b0 = 1, a1.b0 = 0 -> 0.5 (b1 padded).
+    out = cross_seed_consistency(_profiles([[1, 0], [0, 1]], [[1, 0], [np.nan, np.nan]]), ["g", "g"])
+    assert float(out.unmatched_similarity.sel(group="g")) == pytest.approx(0.5)
+
+
+def test_cross_seed_consistency_with_heads_in_several_dask_chunks():
+    # The per-layer (head, head_b) cosine matrix must be one chunk for apply_ufunc.
+    prof = _profiles([[1, 0], [0, 1]], [[0, 1], [1, 0]]).chunk({"head": 1})
+    out = cross_seed_consistency(prof, ["g", "g"]).compute()
+    assert out.match.values.ravel().tolist() == [1, 0]
+
+
+def test_cluster_heads_with_heads_in_several_dask_chunks():
+    d = np.array([[0, 0.01, 0.8], [0.01, 0, 0.8], [0.8, 0.8, 0]]).reshape(1, 3, 1, 3)
+    jsd = xr.DataArray(d, dims=("layer", "head", "layer_b", "head_b")).chunk({"head": 1, "head_b": 1})
+    assert cluster_heads(jsd).compute().values.tolist() == [[0, 0, 1]]
+
+
+def test_attention_correlation_can_be_negative():
+    # r lies in [-1, 1]; a clip to [0, 1] survived. Causal entries (0,0), (1,0), (1,1).
+    a = np.zeros((1, 2, 1, 2, 2))
+    a[0, :, 0, 0, 0] = 1.0
+    a[0, 0, 0, 1] = [0.9, 0.1]
+    a[0, 1, 0, 1] = [0.1, 0.9]
+    want = np.corrcoef([1.0, 0.9, 0.1], [1.0, 0.1, 0.9])[0, 1]
+    out = attention_correlation(xr.DataArray(a, dims=("layer", "head", *CORE)))
+    assert want < 0
+    np.testing.assert_allclose(float(out[0, 0, 0, 1]), want, rtol=1e-12)
+
+
+def test_attention_correlation_of_float16_attention_is_float64():
+    # Attention is stored as float16; the sums must not run (or come back) in float16.
+    rng = np.random.default_rng(1)
+    a = np.tril(rng.random((1, 2, 3, 16, 16))).astype(np.float16)
+    out = attention_correlation(xr.DataArray(a, dims=("layer", "head", *CORE)))
+    mask = np.tril(np.ones((16, 16), bool))
+    x0, x1 = (a[0, h][:, mask].astype(np.float64).ravel() for h in (0, 1))
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(float(out[0, 0, 0, 1]), np.corrcoef(x0, x1)[0, 1], rtol=1e-10)
+
+
+def _four_head_distances():
+    d = np.array([[0, .2, .9, .8], [.2, 0, .7, .9], [.9, .7, 0, .3], [.8, .9, .3, 0]])
+    return d, d.reshape(2, 2, 2, 2)  # (L, H, L, H), layer-major
+
+
+def test_linkage_matrix_reads_a_dataarray_in_any_dim_order():
+    d, d4 = _four_head_distances()
+    da = xr.DataArray(d4, dims=("layer", "head", "layer_b", "head_b")).transpose("layer", "layer_b", "head", "head_b")
+    np.testing.assert_allclose(linkage_matrix(da), linkage(squareform(d), method="average"))
+
+
+def test_linkage_matrix_squeezes_a_snapshot_dim_of_one():
+    d, d4 = _four_head_distances()
+    da = xr.DataArray(d4[None], dims=("snapshot", "layer", "head", "layer_b", "head_b"))
+    np.testing.assert_allclose(linkage_matrix(da), linkage(squareform(d), method="average"))
+
+
+def test_linkage_matrix_with_one_present_head_names_the_problem():
+    d = np.array([[0.0, np.nan], [np.nan, np.nan]])
+    with pytest.raises(ValueError, match="at least 2 non-missing heads"):
+        linkage_matrix(d)

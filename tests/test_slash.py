@@ -9,6 +9,7 @@ import xarray as xr
 from dynamics.analysis.slash import (
     DEFAULT_KAPPA,
     best_offset,
+    confounded_offsets,
     dominant_share,
     emergence_step,
     slash_dominant,
@@ -362,3 +363,63 @@ def test_float16_rows_that_sum_past_1_share_at_most_1():
     tokens = xr.DataArray([[SLASH, SLASH, SLASH]], dims=("probe", "position"))
     assert token_share(attn, tokens).values.tolist() == [1.0]
     assert token_ratio(attn, tokens).max().item() <= 3.0
+
+
+# Known answers that mutants of this module passed: each computed on paper or by a small numpy or
+# scipy reference, never by the function under test.
+CORE = ("probe", "query", "key")
+
+
+def test_confounded_offsets_on_paper():
+    # T = 4, threshold 0.5. Uniform: mean_{i>=d} 1/(i+1) = .52, .36, .29, .25; sink:
+    # 1/(T-d) = .25, .33, .5, 1. Offsets 0 (uniform), 2 and 3 (sink, 2 exactly at 0.5).
+    assert confounded_offsets(4, range(4), 0.5) == [0, 2, 3]
+    assert confounded_offsets(4, [1], 0.36) == [1]  # uniform .361 >= .36
+
+
+def test_token_share_of_float16_attention_accumulates_past_float16():
+    # A float16 contraction rounded each query's mass to about 2**-11.
+    rng = np.random.default_rng(2)
+    t = 64
+    a = np.tril(rng.random((2, t, t)))
+    a = (a / a.sum(-1, keepdims=True)).astype(np.float16)
+    tokens = np.where(np.arange(t) % 2 == 0, 47, 5)[None].repeat(2, 0)
+    want = (a.astype(np.float64) * (tokens[:, None, :] == 47)).sum(-1).clip(0, 1).mean(-1)
+    out = token_share(xr.DataArray(a, dims=CORE), xr.DataArray(tokens, dims=("probe", "position")))
+    np.testing.assert_allclose(out.values, want, rtol=0, atol=1e-6)
+
+
+def test_emergence_step_of_a_padded_run():
+    # Padding past the last recorded snapshot neither breaks nor starts the final stretch.
+    d = xr.DataArray([[0.0, 1.0, 1.0, np.nan]], dims=("head", "snapshot"),
+                     coords={"step": ("snapshot", [0.0, 10.0, 20.0, np.nan])})
+    assert emergence_step(d).values.tolist() == [10.0]
+
+
+def test_slash_score_of_attention_chunked_along_probe_and_query():
+    a = np.zeros((2, 4, 4))
+    a[:, 0, 0] = 1.0
+    a[:, np.arange(1, 4), np.arange(0, 3)] = 1.0  # offset 1 on every row that has it
+    attn = xr.DataArray(a, dims=CORE).chunk({"probe": 1, "query": 2})
+    out = slash_score(attn)
+    assert out.chunks is not None
+    # offset 0: only row 0 on it, 1/4; offset 1: 3/3; offsets 2, 3: 0.
+    np.testing.assert_allclose(out.compute().values, [0.25, 1.0, 0.0, 0.0])
+
+
+def test_token_dominant_of_shares_chunked_along_probe():
+    share = xr.DataArray([[0.9, 0.8, 0.1, 0.7, 0.6, 0.9]], dims=("head", "probe")).chunk({"probe": 2})
+    assert token_dominant(share).compute().values.tolist() == [1.0]
+
+
+def test_token_dominant_rejects_a_fractional_run_length():
+    share = xr.DataArray([[0.9, 0.8, 0.7]], dims=("head", "probe"))
+    with pytest.raises(TypeError, match="run_length"):
+        token_dominant(share, run_length=2.5)
+
+
+def test_best_offset_is_labelled_as_an_offset_not_a_score():
+    s = xr.DataArray([0.1, 0.9], dims="offset", coords={"offset": [0, 1]},
+                     attrs={"long_name": "mean attention on diagonal key = query - offset", "units": "1"})
+    offset, _ = best_offset(s)
+    assert offset.attrs["units"] == "positions"
