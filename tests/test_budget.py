@@ -162,3 +162,21 @@ def test_no_experiment_point_is_refused_on_a_4_gib_machine():
             point = with_values(cfg, dict(zip(cfg.sweep.axes, values, strict=True)))
             assert estimate(point).peak < 64 * 2**20, (path.name, values)  # 4 GiB / 64: ample margin
             check_memory(point, 4 * GIB)
+
+
+def test_the_machines_memory_is_lowered_to_its_cgroup_limit(monkeypatch):
+    # budget.machine_memory: a container's limit below the physical memory is what a run may use
+    # (dropping `min(total, limit)`, mutant B31, checked runs against the host's whole memory and
+    # let the kernel's OOM killer refuse them instead). cgroup_limit stands in for the files
+    # under /sys/fs/cgroup, which a test cannot set; the physical memory is this machine's own.
+    import os
+
+    from dynamics import budget
+
+    monkeypatch.delenv(budget.MEMORY_ENV, raising=False)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert physical > 2**26
+    monkeypatch.setattr(budget, "cgroup_limit", lambda: 2**26)
+    assert budget.machine_memory() == 2**26
+    monkeypatch.setattr(budget, "cgroup_limit", lambda: physical * 2)  # v1's "no limit": a number past any memory
+    assert budget.machine_memory() == physical

@@ -10,6 +10,7 @@ from dynamics import store
 from dynamics.checkpoint import checkpoint_bytes, checkpoint_state, copy_tensors, load_checkpoint, load_run_model
 from dynamics.config import ConfigError, load_config
 from dynamics.record import Recorder
+from dynamics.store import StoreError
 from dynamics.store.writer import RunWriter
 from dynamics.tasks import make_batch
 from dynamics.train import build, make_optimizer, train_run
@@ -389,3 +390,42 @@ def test_a_sweep_whose_run_fails_exits_1_naming_it_failed(tmp_path):
     assert done.stdout.startswith("sweep: 1 run: 1 failed in "), done.stdout
     assert f"[sweep] {cfg.run_id()} failed: StoreError: run {cfg.run_id()}'s checkpoint in {path} is damaged (" \
         in done.stderr, done.stderr
+
+
+def test_batch_loss_is_the_next_token_cross_entropy():
+    # checkpoint.batch_loss: predictions at position t are scored against token t + 1; scored
+    # against the inputs themselves (`tokens[:, :-1]`, mutant K8) it was still finite, so
+    # `dynamics gates`' finiteness check could not tell
+    import torch
+
+    from dynamics.checkpoint import batch_loss
+    from dynamics.config import RunConfig
+    from dynamics.model import Transformer
+    from dynamics.tasks import make_batch
+
+    cfg = RunConfig()
+    model = Transformer(cfg.model, generator=torch.Generator().manual_seed(0))
+    tokens = torch.from_numpy(make_batch(cfg, "train", 0, 8).tokens)  # (8, T + 1)
+    with torch.no_grad():
+        logp = model(tokens[:, :-1]).log_softmax(-1)  # (8, T, V)
+    nll = -np.take_along_axis(logp.numpy(), tokens[:, 1:].numpy()[..., None], axis=-1).mean()
+    assert batch_loss(model, cfg) == pytest.approx(float(nll), rel=1e-5)
+
+
+def test_a_checkpoint_that_does_not_fit_names_the_first_cause(tmp_path):
+    # checkpoint.fitting: torch lists the causes under "Error(s) in loading state_dict for X:";
+    # the first is named (missing keys here), not the last (mutant K22: the unexpected one)
+    import torch
+
+    from dynamics.checkpoint import fitting
+    from dynamics.config import RunConfig
+    from dynamics.model import Transformer
+
+    model = Transformer(RunConfig().model, generator=torch.Generator())
+    state = dict(model.state_dict())
+    missing = sorted(state)[0]
+    del state[missing]
+    state["extra.weight"] = torch.zeros(1)
+    with pytest.raises(StoreError, match=r"^run r1's checkpoint in p is damaged \(it does not fit the run's model: "
+                                         r"Missing key\(s\) in state_dict: "), fitting("p", "r1"):
+        model.load_state_dict(state)

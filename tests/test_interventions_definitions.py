@@ -9,12 +9,15 @@ two weights swapped (the existing test's decay of 0.5 is symmetric in them).
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dynamics import interventions
+from dynamics import interventions, store
 from dynamics.config import ConfigError
 from dynamics.interventions import distill
 from dynamics.model import Transformer
@@ -232,3 +235,74 @@ def test_true_is_not_an_integer_option():
     heads = [{"layer": True, "head": 0, "pattern": "uniform"}]
     with pytest.raises(ConfigError, match=r"intervene.templates.heads\[0\].layer: expected an integer, got True"):
         interventions.parse(config({"templates": {"heads": heads}}))
+
+
+@pytest.mark.parametrize("table, message", [
+    # D5: a role with only teacher_layer given is both ways of naming a source (`or`, not `and`)
+    ({"map": "heads", "heads": [{"layer": 0, "head": 0, "role": "sink", "teacher_layer": 1}]},
+     r"^intervene\.distill\.heads\[0\]: give either role or teacher_layer/teacher_head, not both$"),
+    # D6: teacher_layer without teacher_head names no head (refused here, not as head -1 later)
+    ({"map": "heads", "heads": [{"layer": 0, "head": 0, "teacher_layer": 1}]},
+     r"^intervene\.distill\.heads\[0\]: needs teacher_layer and teacher_head, or role$"),
+    # D7: "none" is in ROLES but labels a head with no role: no head to copy
+    ({"map": "heads", "heads": [{"layer": 0, "head": 0, "role": "none"}]},
+     r"^intervene\.distill\.heads\[0\]\.role: unknown role 'none' \(previous_token \| .* \| diffuse\)$"),
+    # D8: layer n_layers does not exist (0-based): `<=` let it through to a hook that never fires
+    ({"layers": [2]}, r"^intervene\.distill\.layers\[0\]: layer 2 does not exist \(model\.n_layers = 2\)$"),
+    # D9: a layer named twice would count its pairs twice in |pairs|
+    ({"layers": [0, 0]}, r"^intervene\.distill\.layers: duplicate layer$"),
+])
+def test_distill_head_and_layer_options_are_refused_at_parse(table, message):
+    with pytest.raises(ConfigError, match=message):
+        interventions.parse(config({"distill": {"teacher": "x.zarr", **table}}))
+
+
+def _copy(teacher, tmp_path):
+    shutil.copytree(teacher, tmp_path / "t.zarr")
+    return tmp_path / "t.zarr", store.list_runs(tmp_path / "t.zarr")[0]
+
+
+def test_a_diverged_teacher_is_refused(teacher, tmp_path):
+    # distill._teacher: only a completed teacher is distilled from; a diverged one's checkpoint
+    # holds weights from before its divergence, not a trained model (mutant D35 took any finished run)
+    path, run_id = _copy(teacher, tmp_path)
+    store.update_run_attrs(path, run_id, status="diverged", diverged_step=2)
+    with pytest.raises(ConfigError, match=rf"^intervene\.distill\.teacher: teacher run {run_id} is diverged, not completed$"):
+        interventions.check(config({"distill": {"teacher": str(path)}}))
+
+
+def test_a_teacher_without_a_checkpoint_is_a_config_error_before_training(teacher, tmp_path):
+    # distill._teacher: load_checkpoint reads a missing checkpoint as None, without a word; without
+    # has_checkpoint's test (mutant D43) the check passed and the student failed later, in
+    # load_run_model, as a StoreError after its store was made
+    path, run_id = _copy(teacher, tmp_path)
+    os.remove(path / "checkpoints" / run_id / "ckpt.pt")
+    with pytest.raises(ConfigError, match=rf"^intervene\.distill\.teacher: teacher run {run_id} in .*t\.zarr has no "
+                                          r"checkpoint to load$"):
+        interventions.check(config({"distill": {"teacher": str(path)}}))
+
+
+def test_layer_map_distils_only_the_layers_named(teacher):
+    # distill._pairs: `layers` restricts map = "layer" to those student layers (mutant D36 ignored
+    # it and distilled every layer)
+    c = config({"distill": {"teacher": teacher, "layers": [1]}})
+    _, pairs = distill.resolve(interventions.parse(c).distill, c)
+    assert pairs == [(1, 0, 1, 0), (1, 1, 1, 1)]
+
+
+def test_the_recorded_ramp_and_stage_are_the_ones_used_not_the_zeros_written(teacher):
+    # Distill.describe (the run's `interventions` attr, which the report reads for "from step N"):
+    # ramp_steps 0 and stage_steps 0 mean train.steps and train.steps // (layers + 1); recording the
+    # 0s as written (mutants D40, D41) said every layer was on from step 0 and no ramp
+    c = config({"distill": {"teacher": teacher, "order": "shallow_first", "schedule": "warmup"}})  # train.steps 50
+    described = interventions.build(c, Transformer(c.model), CPU).parts[0].describe()
+    assert described["ramp_steps"] == 50
+    assert described["stage_steps"] == 50 // 3  # two layers distilled
+
+
+def test_together_switches_every_distilled_head_on_from_step_0(teacher):
+    # Distill.head_weights: order "together" stages nothing (mutant D45 staged it like shallow_first,
+    # layer 1 off until train.steps // 3)
+    c = config({"distill": {"teacher": teacher}})  # order = "together"
+    d = interventions.build(c, Transformer(c.model), CPU).parts[0]
+    assert d.head_weights(0).tolist() == [[1.0, 1.0], [1.0, 1.0]]

@@ -176,3 +176,34 @@ def test_a_gone_checkpoint_of_step_1_is_refused(tmp_path):
     # every snapshot is checkpointed, step 1's too: without it the run would retrain from step 0 unsaid
     with pytest.raises(StoreError, match="recorded training up to step 1"):
         store.check_checkpoint_kept(str(tmp_path), "r1", {"checkpoint_step": 1}, present=False)
+
+
+def test_a_stray_file_where_the_runs_checkpoint_folder_goes_is_no_checkpoint(tmp_path):
+    # checkpoints.read_checkpoint: a file named checkpoints/<run_id> (no folder) means the run has
+    # no checkpoint (None), as has_checkpoint says; catching FileNotFoundError alone let
+    # NotADirectoryError out as a traceback (mutant C12)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "r1").write_bytes(b"stray")
+    assert store.has_checkpoint(tmp_path, "r1") is False
+    assert store.read_checkpoint(tmp_path, "r1") is None
+
+
+def test_a_held_run_lock_reads_as_held(tmp_path):
+    # checkpoints.run_lock_held: the probe's shared flock is refused while a trainer holds the
+    # exclusive one (flock conflicts between open files even within one process). Read as free
+    # (mutant C23), every live run read "stopped" in `dynamics status` and the report.
+    path = tmp_path / "s.zarr"
+    path.mkdir()
+    assert store.run_lock_held(path, "r1") is False  # no lock file yet
+    with store.run_lock(path, "r1"):
+        assert store.run_lock_held(path, "r1") is True
+    assert store.run_lock_held(path, "r1") is False
+
+
+def test_a_stray_checkpoint_folder_that_names_no_run_is_not_a_run_without_its_group(tmp_path):
+    # checkpoints_without_runs: only folder names that are valid run ids are runs whose group went;
+    # a stray ".trash" (starts with a symbol) was listed as one (mutant C20)
+    for name in (".trash", "r1"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        (tmp_path / "checkpoints" / name / "ckpt.pt").write_bytes(b"x")
+    assert store.checkpoints_without_runs(tmp_path, set()) == ["r1"]

@@ -288,3 +288,53 @@ def test_a_resume_checks_the_snapshot_at_its_checkpoint_step_too(tmp_path):
     os.remove(_chunk_of(path, "r1", "attention", 1))
     with pytest.raises(StoreError, match=r"array attention at snapshot 1 \(step 5\)"):
         store.check_recorded(path, "r1", so_far=True)
+
+
+def test_a_run_checkpointed_at_step_0_has_its_first_snapshot_checked(tmp_path):
+    # integrity._checkpointed: `step >= 0` -> `step > 0` left a run interrupted right after its
+    # step-0 checkpoint unchecked, its lost snapshot-0 attention read as NaN by the report
+    path = str(tmp_path / "s.zarr")
+    write_whole_run(path, "r1", attrs={"status": "interrupted", "checkpoint_step": 0})  # snapshots at 0, 5, 10
+    os.remove(_chunk_of(path, "r1", "attention", 2))  # after the checkpoint: not yet written, no loss
+    store.check_recorded(path, "r1", so_far=True)
+    os.remove(_chunk_of(path, "r1", "attention", 0))
+    with pytest.raises(StoreError, match=r"array attention at snapshot 0 \(step 0\)"):
+        store.check_recorded(path, "r1", so_far=True)
+
+
+def test_a_diverged_runs_last_kept_snapshot_gets_no_nan_gradient_excuse(tmp_path):
+    # integrity._unexplained: only a *completed* run's last snapshot may hold a NaN gradient never
+    # written (a diverged run's NaN one is at its diverging step, which is not checked). With the
+    # status test widened (`!= "completed"` -> `== "running"`), both files of a diverged run's
+    # last kept snapshot going missing went unnamed.
+    path = tmp_path / "s.zarr"
+    run = recorded(path, {"status": "diverged", "diverged_step": 10}, n_snap=3, earlier=True)  # keeps 0, 5
+    store.check_recorded(path)
+    (run / "grad_norm" / "c" / "1" / "0").unlink()
+    (run / "grad_cosine" / "c" / "1" / "0").unlink()
+    with pytest.raises(StoreError, match=r"array grad_norm at snapshot 1 \(step 5\): .* is missing"):
+        store.check_recorded(path)
+
+
+def test_a_lost_step_coordinate_of_an_earlier_run_is_named_as_the_coordinate(tmp_path):
+    # integrity: `step` is a coordinate though its dim is `snapshot` (is_coord by name). Mutant
+    # `name in (dims[0], "step")` -> `name == dims[0]` skipped it in a run from before
+    # EMPTY_CHUNKS_WRITTEN (not a WRITTEN_EVERY_SNAPSHOT variable): every snapshot then read as
+    # step 0. And _where's `name != "step"` keeps "at snapshot 0" out of the coordinate's own line.
+    path = tmp_path / "s.zarr"
+    run = recorded(path, {"status": "completed"}, earlier=True)
+    store.check_recorded(path)
+    (run / "step" / "c" / "0").unlink()
+    with pytest.raises(StoreError, match=r": run r1: array step: its chunk runs/r1/step/c/0 is missing, though the run "
+                                         r"wrote it: zarr would read it as 0;"):
+        store.check_recorded(path)
+
+
+def test_a_run_checkpointed_at_step_0_has_no_loss_to_check(tmp_path):
+    # integrity: `train_steps` 0 (checkpoint at step 0) means no loss chunk was written before the
+    # checkpoint; testing it for truth (`train_steps is not None` -> `train_steps`, mutant I37)
+    # checked every loss chunk and named an unwritten one as lost
+    path = str(tmp_path / "s.zarr")
+    write_whole_run(path, "r1", attrs={"status": "interrupted", "checkpoint_step": 0})
+    os.remove(os.path.join(path, "runs", "r1", "loss", "c", "0"))
+    store.check_recorded(path, "r1", so_far=True)
