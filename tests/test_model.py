@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dynamics import model as model_module
 from dynamics.config import ModelConfig
 from dynamics.model import HookPoint, Transformer, apply_rope
 
@@ -490,3 +491,90 @@ def test_one_set_of_head_gates_with_a_leading_1_is_the_same_set_for_every_row():
     with torch.no_grad():
         torch.testing.assert_close(model(toks, head_gates=g[None]), model(toks, head_gates=g))
         torch.testing.assert_close(model(toks, head_gates=g[None]), model(toks, head_gates=g.expand(3, L, H)))
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """LayerNorm by its definition: population variance, eps 1e-5 (torch's default)."""
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
+def rope_by_hand(x, base):
+    """Rotate-half RoPE at positions 0..T-1 on (B, T, H, d): channel i turns with channel i + d/2
+    by the angle t * base ** (-2 i / d)."""
+    d = x.shape[-1]
+    i = torch.arange(d // 2, dtype=torch.float64)
+    angle = torch.arange(x.shape[1], dtype=torch.float64)[:, None] * base ** (-2 * i / d)  # (T, d/2)
+    cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]  # (T, 1, d/2)
+    x1, x2 = x[..., : d // 2].double(), x[..., d // 2:].double()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def causal_pattern(q, k):
+    """softmax(q k^T / sqrt(dh)) over keys at or before each query; (B, T, H, dh) -> (B, H, T, T)."""
+    scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(q.shape[-1])
+    future = torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).triu(1)
+    return scores.masked_fill(future, float("-inf")).softmax(-1)
+
+
+@pytest.mark.parametrize("attn_only", [False, True])
+def test_attention_is_added_to_the_residual_not_put_in_its_place(attn_only):
+    # `x = attn(ln1(x))` (residual dropped) passed every test: the MLP and logits tests read
+    # resid_mid / resid_post from the cache, so they followed whatever the block put there.
+    m = one_layer(attn_only=attn_only)
+    names = ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.0.hook_resid_post"]
+    names += [] if attn_only else ["blocks.0.hook_resid_mid", "blocks.0.hook_mlp_out"]
+    _, c = m.run_with_cache(tokens(), names)
+    mid = c["blocks.0.hook_resid_pre"] + c["blocks.0.hook_attn_out"]
+    if attn_only:
+        torch.testing.assert_close(c["blocks.0.hook_resid_post"], mid)
+    else:
+        torch.testing.assert_close(c["blocks.0.hook_resid_mid"], mid)
+        torch.testing.assert_close(c["blocks.0.hook_resid_post"], mid + c["blocks.0.hook_mlp_out"])
+
+
+def test_the_heads_read_ln1_of_the_residual_with_eps_1e_5():
+    # ln1 built with another eps (1e-2) passed: at init the residual's variance is ~4e-4
+    # (embeddings of std 0.02), where the eps is most of the denominator. v = ln1(x) W_V by hand.
+    m = one_layer(pos="learned")
+    attn = m.blocks[0].attn
+    _, c = m.run_with_cache(tokens(), ["blocks.0.hook_resid_pre", "blocks.0.attn.hook_v"])
+    x = c["blocks.0.hook_resid_pre"]  # (B, T, D)
+    assert x.var(-1).max().item() < 1e-2  # the regime where the eps matters
+    h = layer_norm(x, m.blocks[0].ln1.weight, m.blocks[0].ln1.bias)
+    torch.testing.assert_close(c["blocks.0.attn.hook_v"], torch.einsum("btd,hde->bthe", h, attn.W_V))
+
+
+def test_the_paired_rope_table_of_one_base_is_not_served_to_a_model_of_another():
+    # The complex table's cache key without the base passed: every test builds its RoPE models
+    # with one base, so the first table made for (T, d_head, dtype, heads) was the right one.
+    # Two models of one shape and different bases in one process (a rope_base sweep run by one
+    # worker, an analysis of two runs) then rotated the second by the first's angles.
+    model_module._ROPE_CACHE.clear()  # a cache: clearing it changes no result, only what is cached
+    other, m = one_layer(pos="rope", rope_base=10000.0), one_layer(pos="rope", rope_base=37.0)
+    toks = tokens()
+    other(toks)  # the unhooked (paired) path fills the table for this shape at base 10000
+    q_rot = {}
+
+    def keep(t, name):
+        q_rot[name] = t
+
+    with m.hooks([("blocks.0.attn.hook_pattern", keep)]):
+        m(toks)  # paired path at base 37
+    x = layer_norm(m.W_E[toks].detach(), m.blocks[0].ln1.weight, m.blocks[0].ln1.bias)
+    attn = m.blocks[0].attn
+    q, k = (rope_by_hand(torch.einsum("btd,hde->bthe", x, w.detach()), 37.0) for w in (attn.W_Q, attn.W_K))
+    torch.testing.assert_close(q_rot["blocks.0.attn.hook_pattern"], causal_pattern(q, k))
+
+
+def test_apply_rope_turns_half_precision_input_by_float32_angles_with_base_10000_by_default():
+    # Angles taken in float16 (x's dtype) passed: every test fed float32/64. At position 2000 a
+    # float16 angle is off by up to 1 rad (its spacing there is 1 or 2). And the default base
+    # (10000, RoFormer's) was read by no test: only norm and position-0 checks used it.
+    x = torch.randn(1, 2048, 1, 8, generator=torch.Generator().manual_seed(0))
+    want = rope_by_hand(x.double(), 10000.0)
+    torch.testing.assert_close(apply_rope(x, torch.arange(x.shape[1])), want.float(), atol=2e-4, rtol=0)  # float32 angles near 2000 rad
+    half = apply_rope(x.half(), torch.arange(x.shape[1]))
+    assert half.dtype == torch.float16
+    torch.testing.assert_close(half.double(), rope_by_hand(x.half().double(), 10000.0), atol=4e-3, rtol=0)

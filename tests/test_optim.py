@@ -159,3 +159,58 @@ def test_zero_grad_clears_every_grad_as_torchs_does(set_to_none):
             assert all(p.grad is None for p in params)
         else:  # the same tensors, zeroed in place
             assert all(p.grad is g and not g.any() for p, g in zip(params, grads, strict=True))
+
+
+def test_adamw_defaults_are_torchs():
+    # The docstring promises torch.optim.AdamW(params, lr, betas, eps, weight_decay); its tests
+    # and train.make_optimizer pass every setting, so default weight_decay 0 or betas (0.9, 0.99)
+    # passed. Torch's defaults: betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2.
+    ours = optim.AdamW([torch.zeros(1)], lr=0.1)
+    theirs = torch.optim.AdamW([torch.zeros(1)], lr=0.1)
+    for key in ("betas", "eps", "weight_decay"):
+        assert ours.param_groups[0][key] == theirs.param_groups[0][key] == {"betas": (0.9, 0.999), "eps": 1e-8,
+                                                                          "weight_decay": 1e-2}[key], key
+    # and one update by hand: decay first, then the bias-corrected step m_hat / (sqrt(v_hat) + eps)
+    # = g / (|g| + 1e-8) after one update
+    p = torch.tensor([2.0, -3.0], dtype=torch.float64)
+    g = torch.tensor([0.5, -0.25], dtype=torch.float64)
+    p.grad = g.clone()
+    optim.AdamW([p], lr=0.1).step()
+    want = torch.tensor([2.0, -3.0], dtype=torch.float64) * (1 - 0.1 * 1e-2) - 0.1 * g / (g.abs() + 1e-8)
+    torch.testing.assert_close(p, want, rtol=0, atol=1e-12)
+
+
+def test_sgd_momentum_below_one_half_is_applied_by_hand():
+    # A step that skipped the momentum buffer below momentum 0.5 passed: the tests use 0.9 only.
+    # torch.optim.SGD: buf_1 = g_1, buf_2 = m buf_1 + g_2, p -= lr buf (dampening 0).
+    p = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    opt = optim.SGD([p], lr=0.5, momentum=0.25)
+    g1, g2 = torch.tensor([0.4, 0.8], dtype=torch.float64), torch.tensor([-0.2, 1.0], dtype=torch.float64)
+    for g in (g1, g2):
+        p.grad = g.clone()
+        opt.step()
+    want = torch.tensor([1.0, -2.0], dtype=torch.float64) - 0.5 * g1 - 0.5 * (0.25 * g1 + g2)
+    torch.testing.assert_close(p, want, rtol=0, atol=1e-15)
+    torch.testing.assert_close(opt.state[p]["momentum_buffer"], 0.25 * g1 + g2, rtol=0, atol=1e-15)
+
+
+def test_a_loaded_adamw_state_takes_its_parameters_dtype_as_torchs_does():
+    # Moments loaded in their saved dtype (float64 from a double model, into float32 weights)
+    # passed: every state dict in the tests was written for the same dtype. torch.optim casts
+    # them to the parameter's dtype; the next update then runs as torch's, bit for bit.
+    def state(opt):
+        sd = opt.state_dict()
+        sd["state"] = {0: {"step": torch.tensor(3.0), "exp_avg": torch.tensor([0.1, -0.2], dtype=torch.float64),
+                           "exp_avg_sq": torch.tensor([0.01, 0.04], dtype=torch.float64)}}
+        return sd
+
+    ours_p, theirs_p = torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])
+    ours, theirs = optim.AdamW([ours_p], lr=0.1), torch.optim.AdamW([theirs_p], lr=0.1, fused=True)
+    ours.load_state_dict(state(ours))
+    theirs.load_state_dict(state(theirs))
+    assert ours.state[ours_p]["exp_avg"].dtype == ours.state[ours_p]["exp_avg_sq"].dtype == torch.float32
+    torch.testing.assert_close(ours.state[ours_p]["exp_avg"], torch.tensor([0.1, -0.2]))
+    for p, opt in ((ours_p, ours), (theirs_p, theirs)):
+        p.grad = torch.tensor([0.3, -0.1])
+        opt.step()
+    assert torch.equal(ours_p, theirs_p)

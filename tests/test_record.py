@@ -282,3 +282,18 @@ def test_recorded_arrays_are_those_a_run_creates(settings):
     steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
     assert schema.recorded_arrays(cfg.to_dict()) == set(variables(cfg, len(steps_at))) | set(coords(cfg, steps_at))
     assert schema.recorded_arrays({"model": {}}) is None and schema.recorded_arrays(None) is None
+
+
+@pytest.mark.parametrize("attention_dtype", ["float16", "float32"])
+def test_the_attention_array_is_made_in_record_attention_dtype(attention_dtype):
+    # variables() declaring the maps float32 whatever record.attention_dtype passed every test:
+    # the snapshot converts to the configured dtype, and the writer stored it in a float32 array
+    # (twice the disk of the float16 default). Layout (S, L, H, P, T, T) by hand.
+    from dynamics.config import from_dict
+    from dynamics.record import variables
+
+    cfg = from_dict({"model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "vocab_size": 16, "context": 8},
+                     "task": {"name": "markov"}, "record": {"n_probe": 3, "attention_dtype": attention_dtype}})
+    spec = variables(cfg, 5)
+    assert spec["attention"][1:] == ((5, 2, 2, 3, 8, 8), attention_dtype)
+    assert spec["grad_norm"][1:] == ((5, 2, 2, 4), "float32")
