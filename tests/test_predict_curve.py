@@ -7,9 +7,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+import xarray as xr
 
 from dynamics import predict
-from dynamics.predict import PredictOptions, Run
+from dynamics.predict import MODELS, PredictOptions, Run
 from tests.test_predict import FAST, H, L, make_run, make_runs
 
 # ----------------------------------------------------------------------------- the table and its attributes
@@ -356,3 +357,120 @@ def test_runs_picked_from_a_sweep_of_more_heads_and_wider_weights_give_their_own
     plain, cut = predict.predict_runs(runs, opt), predict.predict_runs(padded, opt)
     np.testing.assert_array_equal(cut["score"].values, plain["score"].values)
     np.testing.assert_array_equal(cut["prediction"].values, plain["prediction"].values)
+
+
+# Known answers that mutants of this module passed (a mutation audit's): each pins a behaviour
+# a mutant changed without any other test noticing.
+
+
+@pytest.fixture(scope="module")
+def seedless():
+    """Three planted runs that record no seed, grouped by run: one fold per run."""
+
+    runs = [Run(r.run_id, r.data, seed=None, config=r.config) for r in make_runs(n_seeds=3)]
+    opt = PredictOptions(horizons=(0.1,), group_by="run", n_splits=3, boosting_iter=5)
+    return predict.predict_runs(runs, opt)
+
+
+def test_runs_without_a_seed_are_not_counted_as_sharing_one(seedless):
+    # Mutant dropping `- {None}` from the seed-twin count: runs that record no seed all "shared"
+    # the seed None, and every fold was flagged with the seed-twin caution.
+    assert seedless.attrs["folds_sharing_seeds"] == 0
+    assert "caution: in" not in predict.format_curve(seedless)
+
+
+def _with_table(curve: xr.Dataset, mean: float, sd: float) -> xr.Dataset:
+    out = curve.copy()
+    out["score_mean"] = xr.full_like(curve["score_mean"], mean)
+    out["score_std"] = xr.full_like(curve["score_std"], sd)
+    return out
+
+
+def test_a_mean_plus_sd_of_exactly_the_top_is_not_counted_as_capped(seedless):
+    # Mutant `mean + sd > hi` -> `>=`: a perfect 1.000 ± 0.000 (or 0.9 ± 0.1) reaches the top
+    # of AUROC's range without passing it; the criterion line said the table's numbers were capped.
+    text = predict.format_curve(_with_table(seedless, 1.0, 0.0))
+    assert "capped there" not in text and "how early" in text
+    text = predict.format_curve(_with_table(seedless, 0.75, 0.5))  # 0.25 to 1.25: every cell capped
+    assert f"{len(MODELS)} of the table's mean ± sd reach past that range, capped there; " in text
+
+
+def test_three_folds_are_said_to_give_a_rough_sd(seedless):
+    # Mutant `defined <= 3` -> `< 3`: with 3 scored folds the criterion line dropped "the sd
+    # itself is rough", the case README's 3-fold curves are in.
+    assert int(np.isfinite(seedless["score"].values).any(axis=(0, 1)).sum()) == 3
+    text = predict.format_curve(_with_table(seedless, 0.6, 0.05))
+    assert "a description of the spread over 3 folds, not a significance test: with so few, the sd itself is rough" in text
+
+
+def test_the_left_out_line_names_five_runs_and_counts_the_rest(seedless):
+    # Mutant `ids[:5]` -> `ids[:4]`: four runs named "and 2 more" of seven hid one run entirely.
+    curve = seedless.copy()
+    curve.attrs = {**seedless.attrs, "runs_left_out": [f"x{i}" for i in range(7)]}
+    assert "left out: 7 run(s) not completed, so without a final role: x0, x1, x2, x3, x4 and 2 more" in \
+        predict.format_curve(curve)
+
+
+def _chg_runs(codes_by_run: list[np.ndarray]) -> list[Run]:
+    """Planted runs carrying a causal-head-gating class per head (2 x 8 heads) at every snapshot."""
+
+    runs = []
+    for r, codes in zip(make_runs(n_seeds=len(codes_by_run)), codes_by_run, strict=True):
+        S = r.data.sizes["snapshot"]
+        chg = np.broadcast_to(np.asarray(codes, dtype=np.int64), (S, *np.shape(codes)))
+        runs.append(Run(r.run_id, r.data.assign(chg_role=(("snapshot", "layer", "head"), chg.copy())), seed=r.seed,
+                        config=r.config))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def chg_curve():
+    """Run r0 alone holds class 2, in one head; r1 and r2 hold classes 0 and 1 only (-1: not fitted)."""
+    base = np.tile([0, 1], (2, 4))
+    r0 = base.copy()
+    r0[1, 7] = 2
+    r1 = base.copy()
+    r1[0, 0] = -1
+    runs = _chg_runs([r0, base, r1])
+    opt = PredictOptions(target="chg", horizons=(0.1,), group_by="run", n_splits=3, boosting_iter=5)
+    return predict.predict_runs(runs, opt)
+
+
+def test_one_unseen_head_is_one_head(chg_curve):
+    # Mutant `> 1` -> `>= 1` in the plural: "2 (1 heads)".
+    k = [str(g) for g in chg_curve["test_groups"].values].index("r0-base")
+    from dynamics.predict.options import CHG_CLASSES
+
+    assert str(chg_curve["unseen_classes"].values[k]) == f"{CHG_CLASSES[2]} (1 head)"
+    assert [str(u) for j, u in enumerate(chg_curve["unseen_classes"].values) if j != k] == ["", ""]
+
+
+def test_chg_classes_counts_and_chance_by_hand(chg_curve):
+    # 3 runs x 16 heads, one head not fitted (-1): 47 labelled, class 0 ("facilitating" code 0
+    # included, not taken for "not fitted") in 23, class 1 in 23, class 2 in 1. Chance is a constant
+    # guess of a class each test fold holds: (1/2 + 1/3 + 1/2) / 3.
+    assert chg_curve.sizes["head_row"] == 47
+    assert chg_curve.attrs["classes"] == [0, 1, 2] and chg_curve.attrs["class_counts"] == [23, 23, 1]
+    assert chg_curve.attrs["chance"] == pytest.approx((1 / 2 + 1 / 3 + 1 / 2) / 3)
+
+
+def test_pooled_score_is_the_metric_over_all_out_of_fold_predictions(seedless):
+    # Mutant storing the fold mean as score_pooled: the documented "metric over all out-of-fold
+    # predictions" (where a per-fold constant is no constant) was silently the mean again.
+    from sklearn.metrics import roc_auc_score
+
+    y = seedless["target"].values
+    for m in MODELS:
+        pred = seedless["prediction"].sel(horizon=0.1, model=m).values
+        assert float(seedless["score_pooled"].sel(horizon=0.1, model=m)) == pytest.approx(roc_auc_score(y, pred))
+    # the constant-per-fold chance row: pooled differs from its per-fold 0.5
+    assert float(seedless["score_mean"].sel(horizon=0.1, model="chance")) == 0.5
+    assert float(seedless["score_pooled"].sel(horizon=0.1, model="chance")) != pytest.approx(0.5)
+
+
+def test_row_fold_is_the_fold_that_tests_the_row(seedless):
+    # Mutant renumbering row_fold: a head's fold must be the one whose test_groups hold its run.
+    for k, groups in enumerate(seedless["test_groups"].values):
+        runs = sorted(set(seedless["row_run"].values[seedless["row_fold"].values == k]))
+        assert ", ".join(runs) == str(groups)
+    assert seedless["n_test"].values.tolist() == [int((seedless["row_fold"].values == k).sum()) for k in range(3)]

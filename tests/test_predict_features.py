@@ -188,3 +188,118 @@ def test_horizons_that_see_the_same_snapshots_share_their_features(monkeypatch):
     calls.clear()
     predict.predict_runs(runs, opt)  # which passes its cache
     assert len(calls) == 3 * len(runs)
+
+
+# Known answers that mutants of this module passed (a mutation audit's): each pins a behaviour
+# a mutant changed without any other test noticing.
+
+
+def test_importance_rank_in_layer_by_hand():
+    # Mutants of `_rank_in_layer`: rank / n (ranks 1/3..1, never 0) and a lone head's 0.5 -> 0.
+    # Layer 0: importances 1, 3, 2 rank 0, 1, 0.5; layer 1: one importance left (others NaN), no peer: 0.5.
+    imp = np.array([[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], [[1.0, 3.0, 2.0], [5.0, np.nan, np.nan]]])
+    ds = xr.Dataset({"importance": (("snapshot", "layer", "head"), imp)}, coords={"step": ("snapshot", [0, 10])})
+    got = predict.head_features(ds).sel(feature="importance_rank_h").values
+    np.testing.assert_allclose(got, [[0.0, 1.0, 0.5], [0.5, np.nan, np.nan]])
+    np.testing.assert_allclose(predict.head_features(ds).sel(feature="importance_rank_init").values,
+                               [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]])  # ties averaged: (2 - 1) / 2
+
+
+def test_a_two_snapshot_slope_is_the_line_through_them():
+    # Mutant `t.size < 2` -> `< 3`: with init and one later snapshot (h at the second snapshot)
+    # the slope was 0, not (log10 100 - log10 1) / log(1 + 10).
+    gn = np.ones((2, 1, 2, 4))
+    gn[1, 0, 0, 0] = 100.0
+    ds = xr.Dataset({"grad_norm": (("snapshot", "layer", "head", "weight"), gn)},
+                    coords={"step": ("snapshot", [0, 10]), "weight": ["q", "k", "v", "o"]})
+    got = predict.head_features(ds).sel(feature="grad_norm_q_slope").values
+    np.testing.assert_allclose(got, [[2.0 / np.log(11.0), 0.0]], atol=1e-9)
+
+
+def test_a_head_alone_in_its_layer_has_no_mean_distance_to_its_layer():
+    # Mutant `count > 0` -> `count >= 0` in `_masked_mean`: a layer of one head has no other head
+    # to be distant from, and its js_layer read 0 (as close as can be) rather than NaN.
+    ds = make_run(0, np.zeros((2, 8), bool)).isel(head=[0])
+    f = predict.head_features(ds)
+    assert np.isnan(f.sel(feature="js_layer_init").values).all()
+    assert np.isnan(f.sel(feature="js_layer_h").values).all()
+    assert (f.sel(feature="js_nearest_h").values > 0).all()  # the other layer's head is still a neighbour
+
+
+def test_js_layer_is_the_mean_distance_to_the_layers_other_heads():
+    # Mutant keeping the diagonal in the layer block: each head's own distance 0 was averaged in,
+    # shrinking js_layer by (H - 1) / H.
+    from dynamics.analysis import js_distance
+
+    ds = make_run(0, np.ones((2, 8), bool))
+    f = predict.head_features(ds)
+    d = np.asarray(js_distance(ds["attention"].isel(snapshot=[-1])).values, dtype=np.float64)[0]  # (L, H, L, H)
+    want = [[(d[layer, h, layer].sum() - d[layer, h, layer, h]) / 7 for h in range(8)] for layer in range(2)]
+    np.testing.assert_allclose(f.sel(feature="js_layer_h").values, want, rtol=1e-6)
+
+
+def test_the_horizons_offset_and_divergence_are_read_at_the_horizon_not_at_init():
+    # Mutants reading best_offset_h and divergence_from_init_h at the first snapshot: the planted
+    # heads' slash at offset 3 appears only at the final snapshot, and init diverges from itself by 0.
+    from dynamics.analysis import divergence_from_init
+    from tests.test_predict import OFFSET, make_run
+
+    ds = make_run(0, np.ones((2, 8), bool))
+    f = predict.head_features(ds)
+    assert (f.sel(feature="best_offset_h").values == OFFSET).all()
+    first_last = ds["attention"].isel(snapshot=[0, -1])
+    want = np.asarray(divergence_from_init(first_last).values, dtype=np.float64)[1]
+    np.testing.assert_allclose(f.sel(feature="divergence_from_init_h").values, want, rtol=1e-6)
+    assert (want > 0.05).all()
+
+
+def test_weight_norm_features_by_hand():
+    # Mutants of the weight features: change is log10(norm at h) - log10(norm at init), not the
+    # reverse, rel_init is minus the layer's mean, and a norm is the l2 norm (not its square).
+    # Head (0, 0): q slice of 4 ones (norm 2) grows 10x; head (0, 1): q slice of 4 twos (norm 4), fixed.
+    w = np.ones((2, 1, 2, 4, 2, 2))
+    w[:, 0, 1] = 2.0
+    w[1, 0, 0, 0] = 10.0
+    ds = xr.Dataset({"head_weights": (("snapshot", "layer", "head", "weight", "d_model", "d_head"), w),
+                     "importance": (("snapshot", "layer", "head"), np.ones((2, 1, 2)))},
+                    coords={"step": ("snapshot", [0, 10]), "weight": ["q", "k", "v", "o"]})
+    f = predict.head_features(ds)
+    np.testing.assert_allclose(f.sel(feature="weight_norm_q_init").values, [[np.log10(2.0), np.log10(4.0)]])
+    np.testing.assert_allclose(f.sel(feature="weight_norm_q_change").values, [[1.0, 0.0]], atol=1e-9)
+    half = (np.log10(4.0) - np.log10(2.0)) / 2
+    np.testing.assert_allclose(f.sel(feature="weight_norm_q_rel_init").values, [[-half, half]], atol=1e-9)
+
+
+def test_a_fraction_of_one_is_the_runs_final_step():
+    # Mutant `h <= 1.0` -> `h < 1.0`: the whole run (h = 1, the ceiling the table marks) was refused.
+    ds = xr.Dataset(coords={"step": ("snapshot", [0, 10, 200])})
+    assert predict.horizon_steps(ds, [0, 0.1, 1.0], "fraction").tolist() == [0.0, 20.0, 200.0]
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\]"):
+        predict.horizon_steps(ds, [1.5], "fraction")
+
+
+def test_features_one_run_lacks_are_left_out_of_the_table():
+    # Mutant `all(...)` -> `any(...)` for the common features: a run without gradient agreement
+    # recorded made the table fail, rather than keep the features every run has.
+    runs = make_runs(n_seeds=3)
+    runs[1] = Run(runs[1].run_id, runs[1].data.drop_vars("grad_cosine"), seed=runs[1].seed, config=runs[1].config)
+    opt = PredictOptions(horizons=(0.1,), n_splits=3)
+    rows = predict.target_table(runs, opt)
+    table = predict.feature_table(runs, rows, 0.1, opt)
+    names = table["feature"].values.tolist()
+    assert not [n for n in names if n.startswith("grad_cosine")] and "grad_norm_q_slope" in names
+    assert table.shape == (rows.sizes["head_row"], len(names))
+
+
+def test_gradient_agreement_at_the_horizon_and_its_mean_by_hand():
+    # Mutant reading grad_cosine_h at the second snapshot: the horizon is the last one seen.
+    # Cosines NaN (no earlier gradient), 0.2, 0.8: h = 0.8, mean over the defined ones 0.5.
+    gc = np.full((3, 1, 1, 4), 0.0)
+    gc[0] = np.nan
+    gc[1, 0, 0, 0], gc[2, 0, 0, 0] = 0.2, 0.8
+    ds = xr.Dataset({"grad_cosine": (("snapshot", "layer", "head", "weight"), gc),
+                     "importance": (("snapshot", "layer", "head"), np.ones((3, 1, 1)))},
+                    coords={"step": ("snapshot", [0, 5, 10]), "weight": ["q", "k", "v", "o"]})
+    f = predict.head_features(ds)
+    assert float(f.sel(feature="grad_cosine_q_h").values[0, 0]) == pytest.approx(0.8)
+    assert float(f.sel(feature="grad_cosine_q_mean").values[0, 0]) == pytest.approx(0.5)

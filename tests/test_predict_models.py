@@ -223,3 +223,73 @@ def test_folds_where_auroc_is_undefined_are_named_and_one_fold_has_no_sd():
 def test_group_splits_rejects_a_single_group():
     with pytest.raises(PredictError, match="at least 2"):
         predict.group_splits(["a"] * 5)
+
+
+# Known answers that mutants of this module passed (a mutation audit's): each pins a behaviour
+# a mutant changed without any other test noticing.
+
+
+def test_a_layer_the_training_fold_lacks_gets_the_smoothed_overall_rate():
+    # Mutant `(k + 1) / (n + 2)` -> `k / n` for the overall rate: the existing answer (4 of 8) is
+    # 0.5 either way. 3 positives of 8: Laplace gives 4/10, the raw rate 3/8.
+    from dynamics.predict.models import _layer_prior
+
+    layer = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    y = np.array([1, 1, 0, 0, 1, 0, 0, 0], dtype=float)
+    np.testing.assert_allclose(_layer_prior(layer, y, np.array([0, 1, 2]), "binary"), [3 / 6, 2 / 6, 4 / 10])
+
+
+def test_a_recorded_target_is_not_called_recomputed_when_the_analysis_is_damaged():
+    # Mutant dropping `source != "recorded"`: the importance target is read from the recordings,
+    # never from the analysis, yet a run whose analysis could not be opened was named as recomputed.
+    runs = [Run(r.run_id, r.data, seed=r.seed, config=r.config, analysis_unreadable="checksum")
+            for r in make_runs(n_seeds=2)]
+    rows = predict.target_table(runs, PredictOptions(target="importance"))
+    assert rows.attrs["sources"] == {"recorded": 2} and rows.attrs["analysis_unreadable"] == []
+
+
+def test_boosting_leaf_size_follows_the_training_rows():
+    # Mutant `n_train // 8` -> `// 4`: the default leaf is an eighth of the training rows,
+    # floored at 3 and capped at 20 (80 rows: 10, not 20), unless set.
+    import dataclasses
+
+    from dynamics.predict.models import _estimator
+
+    opt = PredictOptions()
+    leaf = {n: _estimator("boosting", "binary", opt, n)[-1].min_samples_leaf for n in (8, 40, 80, 400)}
+    assert leaf == {8: 3, 40: 5, 80: 10, 400: 20}
+    assert _estimator("boosting", "regression", dataclasses.replace(opt, boosting_min_leaf=7), 80)[-1].min_samples_leaf == 7
+
+
+def test_a_feature_missing_for_some_training_heads_is_still_used():
+    # Mutant `isfinite(X).any(axis=0)` -> `.all(axis=0)`: a feature with one NaN in the training
+    # fold (a token score where the token never appears for one head) was dropped, and with it
+    # the only signal: linear fell back to the constant chance guess.
+    from dynamics.predict.models import _fit_predict
+
+    x = np.array([0, 1, 0, 1, 0, 1, 0, 1, np.nan, 1], dtype=float)
+    y = np.array([0, 1, 0, 1, 0, 1, 0, 1, 0, 1], dtype=float)
+    got = _fit_predict("linear", "binary", x[:, None], y, np.array([[0.0], [1.0]]), PredictOptions())
+    assert got[0] < 0.3 and got[1] > 0.7
+
+
+def test_the_chance_row_predicts_the_training_folds_base_rate():
+    # Mutant predicting the training median: the stored chance predictions of a binary target are
+    # P(positive) = the training fold's positive share (AUROC alone, 0.5 for any constant, hides it).
+    from dynamics.predict.models import cross_validate
+
+    y = np.array([1, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 1], dtype=float)
+    groups = np.repeat(["a", "b", "c"], 4)
+    splits = predict.group_splits(groups, 3)
+    X = np.arange(12, dtype=float)[:, None]
+    preds, _ = cross_validate({0.1: X}, X, y, np.zeros(12), splits, PredictOptions(boosting_iter=2))
+    chance = preds[0, MODELS.index("chance")]
+    for train, test in splits:
+        np.testing.assert_allclose(chance[test], y[train].mean())
+
+
+def test_spearman_needs_three_heads_in_a_fold():
+    # Mutant `size < 3` -> `< 2`: two heads always rank +-1, a perfect score from nothing; the
+    # table names such folds "a constant target or under 3 heads".
+    assert np.isnan(predict.score("spearman", [0.0, 1.0], [0.2, 0.9]))
+    assert predict.score("spearman", [0.0, 1.0, 0.5], [0.3, 0.9, 0.2]) == pytest.approx(0.5)

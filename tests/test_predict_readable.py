@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import xarray as xr
 
 from dynamics import predict
 from dynamics.predict import MODELS, PredictOptions
+from dynamics.predict.readable import ceiling_horizons, null_count
 from tests.test_predict import FAST, make_runs
 
 
@@ -267,3 +269,61 @@ def test_legible_at_initialisation_needs_the_init_band_above_chance_and_layer_bo
     # and with the layer band below init_linear's, it is
     mean[:, MODELS.index("layer")] = 0.6
     assert "; it is legible at initialisation: init_linear 0.700" in predict.judge([0.0, 0.1, 0.5], mean, sd, "auroc").line
+
+
+# Known answers that mutants of this module passed (a mutation audit's): each pins a behaviour
+# a mutant changed without any other test noticing.
+
+
+def _table(rows: dict) -> tuple[np.ndarray, np.ndarray]:
+    cells = np.array([rows[m] for m in MODELS], dtype=float)  # (model, horizon, 2)
+    return cells[..., 0].T, cells[..., 1].T
+
+
+def test_a_saved_fraction_curve_without_steps_counts_h1_as_a_ceiling():
+    # Mutant `float(h) >= 1.0` -> `> 1.0`: a curve saved without horizon_step/final_step had its
+    # h = 1 (the final snapshot, which defines the target) judged as a prediction.
+    curve = xr.Dataset(coords={"horizon": [0.0, 0.5, 1.0]}, attrs={"horizon_unit": "fraction"})
+    assert ceiling_horizons(curve) == [False, False, True]
+    steps = xr.Dataset(coords={"horizon": [0.0, 1.0]}, attrs={"horizon_unit": "step"})
+    assert ceiling_horizons(steps) == [False, False]  # step 1 is no fraction of a run
+
+
+def test_the_null_rate_is_over_the_permutations_that_could_be_judged():
+    # Mutant `k / m` -> `k / n` in the percentage: 1 hit of the 4 judged permutations is 25%,
+    # not 10% of all 10 (the unjudged ones could never have fired).
+    got = null_count({"null_readable": 1, "null_permutations": 10, "null_judged": 4})
+    assert got.startswith("1 of the 4 permutations it could judge (25%; 6 of 10 could not be: ")
+    assert null_count({"null_readable": 3, "null_permutations": 4}) == "3 of 4 permutations (75%)"
+
+
+def test_a_spearman_band_capped_at_minus_one_prints_the_bound_itself():
+    # Mutant dropping -1.0 from `_num`'s bounds: a band capped at -1 printed "-1.000", hiding
+    # that the cap bit (as 0 and 1 are shown for AUROC).
+    base = [(0.0, 0.1)]
+    mean, sd = _table({"chance": base, "layer": base, "init_linear": base, "init_boosting": base,
+                       "linear": [(-0.5, 0.7)], "boosting": [(-0.9, 0.3)]})
+    got = predict.judge([0.1], mean, sd, "spearman")
+    assert got.horizon is None
+    assert "nearest: linear -0.500 (band -1 to 0.200) at h=0.1" in got.line
+
+
+def test_unjudged_for_want_of_a_spread_is_not_blamed_on_a_later_ceiling():
+    # Mutant `all(ceiling)` -> `any(ceiling)`: with h=0.1 unjudged for lack of a spread and h=1
+    # a ceiling, the line said "every horizon is a ceiling", which is false.
+    mean, sd = _table({m: [(0.6, np.nan), (0.9, np.nan)] for m in MODELS})
+    got = predict.judge([0.1, 1.0], mean, sd, "auroc", ceiling=[False, True])
+    assert not got.judged and got.horizon is None
+    assert got.line == ("how early: cannot be judged: the metric has a spread on fewer than 2 folds; h=1 not judged: "
+                        "features see a run's final snapshot (a ceiling)")
+
+
+def test_one_early_model_with_a_band_is_enough_to_judge_a_horizon():
+    # Mutant `np.isfinite(margin[i]).any()` -> `.all()`: boosting without a spread made the
+    # horizon unjudged, though linear's band clears every baseline's (0.85 > 0.6).
+    base = [(0.5, 0.1)]
+    mean, sd = _table({"chance": base, "layer": base, "init_linear": base, "init_boosting": base,
+                       "linear": [(0.9, 0.05)], "boosting": [(0.9, np.nan)]})
+    got = predict.judge([0.1], mean, sd, "auroc")
+    assert got.judged and got.readable == (True,)
+    assert (got.horizon, got.model, got.baseline) == (0.1, "linear", "chance")

@@ -265,3 +265,70 @@ def test_a_sink_head_is_not_a_slash_target_nor_a_long_offset_feature():
     np.testing.assert_array_equal(stored.offset.values, fresh.offset.values)
     features = predict.head_features(ds.isel(snapshot=slice(0, 3)))
     assert float(features.sel(layer=0, head=0, feature="best_offset_h")) <= T // 2
+
+
+# Known answers that mutants of this module passed (a mutation audit's): each pins a behaviour
+# a mutant changed without any other test noticing.
+
+
+def test_the_redundant_target_counts_a_cluster_of_exactly_two():
+    # Mutant `>= 2` -> `>= 3`: the existing known answer has a cluster of three; a pair of heads
+    # with the same map is redundant too. Layer 0: prev, prev, sink; layer 1: self, uniform, sink.
+    T = 6
+    prev = np.eye(T, k=-1)
+    prev[0, 0] = 1.0
+    sink = np.zeros((T, T))
+    sink[:, 0] = 1.0
+    uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+    attn = np.array([[prev, prev, sink], [np.eye(T), uniform, sink]])[None, :, :, None]
+    ds = xr.Dataset({"attention": (("snapshot", "layer", "head", "probe", "query", "key"), attn)},
+                    coords={"step": ("snapshot", [10]), "layer": [0, 1], "head": [0, 1, 2]})
+    np.testing.assert_array_equal(predict.final_targets(ds, "redundant").target.values, [[1, 1, 1], [0, 0, 1]])
+
+
+def test_a_stored_analysis_with_other_role_thresholds_than_ours_is_not_read():
+    # Mutant comparing threshold dicts as `stored >= wanted`: an analysis recording a threshold
+    # these options lack was read as made under the same ones.
+    r = make_runs(n_seeds=1)[0]
+    analysis = analyse_run(r.data).load()
+    assert predict.final_targets(r.data, "role", analysis).attrs["source"] == "stored analysis"
+    extra = analysis.copy()
+    extra.attrs = {**analysis.attrs, "role_thresholds": {**analysis.attrs["role_thresholds"], "retired": 0.5}}
+    assert predict.final_targets(r.data, "role", extra).attrs["source"] == "computed from the final snapshot"
+
+
+def test_exactly_min_heads_labelled_heads_are_enough():
+    # Mutant `n < min_heads` -> `<=`: "need at least 32" refused 32 heads.
+    runs = make_runs(n_seeds=2)  # 2 runs x 16 heads, every head labelled
+    rows = predict.target_table(runs, PredictOptions(min_heads=32))
+    assert rows.sizes["head_row"] == 32
+    with pytest.raises(predict.PredictError, match="32 labelled head"):
+        predict.target_table(runs, PredictOptions(min_heads=33))
+
+
+def test_a_constant_target_and_a_single_group_are_refused_by_name():
+    # Mutants `values.size < 2` -> `< 1` and `len(groups) < 2` -> `< 1`: a store without slash
+    # heads, or runs of one seed grouped by seed, went on to fit without the message that says why.
+    from tests.test_predict import make_run
+
+    flat = [Run(f"r{s}", make_run(s, np.zeros((2, 8), bool)), seed=s) for s in range(2)]
+    with pytest.raises(predict.PredictError, match=r"^target 'slash' is constant: every one of 32 heads has the value 0; "
+                                                   r"another --target \(.*\) may vary here$"):
+        predict.target_table(flat, PredictOptions())
+    fates = np.zeros((2, 8), bool)
+    fates[0, :4] = True
+    same_seed = [Run(f"r{c}", make_run(c, fates), seed=0, config=str(c)) for c in range(2)]
+    with pytest.raises(predict.PredictError, match="labelled heads fall in one group"):
+        predict.target_table(same_seed, PredictOptions(group_by="seed"))
+
+
+def test_a_stored_slash_analysis_under_other_offsets_is_not_read():
+    # Mutant leaving slash_offsets out of the settings compared: an analysis whose offsets window
+    # differs from these options' defines another slash target, yet was read as this one.
+    r = make_runs(n_seeds=1)[0]
+    analysis = analyse_run(r.data).load()
+    assert predict.final_targets(r.data, "slash", analysis).attrs["source"] == "stored analysis"
+    other = analysis.copy()
+    lo, hi = analysis.attrs["slash_offsets"]
+    other.attrs = {**analysis.attrs, "slash_offsets": [lo, hi - 1]}
+    assert predict.final_targets(r.data, "slash", other).attrs["source"] == "computed from the final snapshot"
