@@ -32,6 +32,7 @@ from dynamics.analysis import (
     token_share,
     within_layer_divergence,
 )
+from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, local_score, role_names, sink_score
 
 ATTN_DIMS = ("snapshot", "layer", "head", "probe", "query", "key")
 
@@ -426,3 +427,327 @@ def test_the_slash_window_stays_within_t_minus_1():
 
     assert AnalysisOptions().slash_window(10) == 5
     assert AnalysisOptions(roles=RoleThresholds(slash_max_offset=50)).slash_window(10) == 9
+
+# Known answers that mutants of roles, the pipeline and the JS kernels passed (a mutation audit's),
+# each worked out by hand or by a plain numpy loop, never by the function under test.
+
+
+def _heads(*mats):
+    """(snapshot=1, layer=1, head=len(mats), probe=1, T, T) from (T, T) patterns."""
+    a = np.stack([np.asarray(m, dtype=np.float64) for m in mats])
+    return xr.DataArray(a[None, None, :, None], dims=ATTN_DIMS)
+
+
+def _offset_head(t, delta):
+    """Every query i >= delta on key i - delta; earlier queries on key 0."""
+    a = np.zeros((t, t))
+    for i in range(t):
+        a[i, i - delta if i >= delta else 0] = 1.0
+    return a
+
+
+def _uniform(t):
+    keep = np.tril(np.ones((t, t)))
+    return keep / keep.sum(1, keepdims=True)
+
+
+def _tokens(t, probes=1):
+    return xr.DataArray(np.arange(probes * t).reshape(probes, t) % 251, dims=("probe", "position"))
+
+
+# sink_score
+
+def test_sink_position_past_the_last_key_is_refused_in_words():
+    # Pins the range check `0 <= position < n`: with `<= n`, position T passed the check and
+    # failed later as a bare IndexError from isel, naming no argument.
+    a = xr.DataArray(_uniform(4)[None], dims=("probe", "query", "key"))
+    with pytest.raises(ValueError, match="position must be in"):
+        sink_score(a, position=4)
+
+
+# local_score
+
+def test_local_band_as_wide_as_the_probe_is_refused():
+    # The docstring says the width must be less than T: at width == T no query i >= w is left,
+    # and the score was the mean of nothing (NaN with a RuntimeWarning), not an error.
+    a = xr.DataArray(np.eye(3)[None], dims=("probe", "query", "key"))
+    with pytest.raises(ValueError, match="width must be in"):
+        local_score(a, width=3)
+
+
+def test_local_score_default_band_is_three_offsets():
+    # The default width is RoleThresholds.local_width's 3. A head 2 back is in a band of 3
+    # (offsets 0..2) at every query i >= 3: score 1; in a band of 2 it would score 0.
+    a = xr.DataArray(_offset_head(8, 2)[None], dims=("probe", "query", "key"))
+    assert local_score(a).item() == 1.0
+    assert local_score(a, width=2).item() == 0.0
+
+
+# role_scores: the slash window
+
+def test_a_slash_window_of_one_offset_is_still_scored():
+    # At T = 5 the default window is 2..T // 2 = 2..2, one offset. It must be scored
+    # (`slash_min_offset <= max_offset`), not left NaN as an empty window: a head 2 back scores
+    # A[i, i - 2] = 1 at queries 2, 3, 4, so slash = 1 at offset 2 and the label is "slash".
+    # Offset 2 is not confounded at T = 5: uniform gives (1/3 + 1/4 + 1/5) / 3 = 0.26, a sink 1/3.
+    scores = role_scores(_heads(_offset_head(5, 2)), _tokens(5))
+    assert scores["slash"].item() == 1.0
+    assert scores["slash_offset"].item() == 2
+    assert role_names(assign_roles(scores)).item() == "slash"
+
+
+def test_the_slash_window_attr_is_the_window_used():
+    # ds.attrs["slash_max_offset"] records the window the scores were read over: the configured
+    # 5 at T = 16, not T // 2 = 8. A head 7 back is outside 2..5: its best offset there is 5,
+    # where only query 5 (on key 0 = 5 - 5) scores, 1 / (16 - 5), not offset 7's 1.
+    th = RoleThresholds(slash_max_offset=5)
+    scores = role_scores(_heads(_offset_head(16, 7)), _tokens(16), th)
+    assert scores.attrs["slash_max_offset"] == 5
+    assert scores.attrs["slash_min_offset"] == 2
+    assert scores["slash"].item() == pytest.approx(1 / 11)
+    assert scores["slash_offset"].item() == 5
+
+
+def test_induction_is_unscored_where_uniform_attention_reaches_its_threshold_exactly():
+    # Tokens a a b a: only query 3 has an earlier occurrence (keys k < 3 with tok[k-1] = a:
+    # k = 1, 2), so uniform attention scores 2/4 = 0.5 exactly. At an induction threshold of
+    # 0.5, chance already reaches it, so induction is NaN (the blank is inclusive, `<`), even
+    # for a head that puts all of query 3 on key 2.
+    a = _uniform(4)
+    a[3] = [0, 0, 1, 0]
+    tokens = xr.DataArray([[5, 5, 6, 5]], dims=("probe", "position"))
+    th = RoleThresholds(induction=0.5)
+    assert np.isnan(role_scores(_heads(a), tokens, th)["induction"].item())
+    # just above chance's 0.5 the same head is scored 1
+    assert role_scores(_heads(a), tokens, RoleThresholds(induction=0.55))["induction"].item() == 1.0
+
+
+# assign_roles
+
+def test_an_exact_tie_between_generic_roles_goes_to_local():
+    # "Exact ties go to the role that comes first in ROLES": local (index 6) before diffuse (7),
+    # among the generic roles too, not only the specific ones.
+    s = xr.Dataset({r: ("head", [0.0]) for r in ROLES[:-1]})
+    s["local"][:] = 0.9
+    s["diffuse"][:] = 0.9
+    assert role_names(assign_roles(s)).tolist() == ["local"]
+
+
+# analyse_run / summary_row
+
+def _run(patterns, tokens=None):
+    """One run as open_run gives it: (snapshot, layer=1, head, probe=1, T, T) float16 from
+    `patterns` [snapshot][head] of (T, T) arrays, step 0, 10, 20, ..."""
+    a = np.array(patterns, dtype=np.float64)[:, None, :, None]
+    n_snap, t = a.shape[0], a.shape[-1]
+    snap = ("snapshot", "layer", "head")
+    tokens = np.arange(t)[None] if tokens is None else np.asarray(tokens)
+    return xr.Dataset(
+        {"attention": (snap + ("probe", "query", "key"), a.astype(np.float16)),
+         "probe_tokens": (("probe", "position"), tokens),
+         "importance": (snap, np.ones(a.shape[:3], np.float32))},
+        coords={"step": ("snapshot", 10 * np.arange(n_snap))},
+    )
+
+
+def _two_run_sweep(t=6, n_snap=5, b_snaps=4):
+    """Two runs as open_sweep pads them: 1 layer, 3 heads (previous-token, uniform, self, at
+    every snapshot), 1 probe; run b lacks head 2 and its snapshots from `b_snaps` on (NaN,
+    step included)."""
+    one = _run([[_offset_head(t, 1), _uniform(t), np.eye(t)]] * n_snap)
+    ds = xr.concat([one, one], "run").assign_coords(run=["a", "b"])
+    attn = ds.attention.values.copy()
+    attn[1, :, :, 2] = np.nan
+    attn[1, b_snaps:] = np.nan
+    importance = ds.importance.values.copy()
+    importance[1, :, :, 2] = np.nan
+    importance[1, b_snaps:] = np.nan
+    step = np.tile(ds.step.values.astype(np.float64), (2, 1))
+    step[1, b_snaps:] = np.nan
+    return ds.assign(attention=(ds.attention.dims, attn), importance=(ds.importance.dims, importance),
+                     probe_tokens=ds.probe_tokens.isel(run=0, drop=True)).assign_coords(
+                         step=(("run", "snapshot"), step))
+
+
+def test_summary_of_a_run_with_a_padded_head_counts_its_real_heads_flags():
+    # summary_row says "undefined" for slash_dominant only when EVERY head's flag is NaN. Run b
+    # picked from the sweep has a padded head (NaN flag) beside a previous-token head, which is
+    # (0.5, 1)-slash-dominant (slash_score(1) = 1): the count is 1, not "undefined".
+    from dynamics.analysis.pipeline import analyse_run, summary_row
+
+    row = summary_row(analyse_run(_two_run_sweep().sel(run="b")).load())
+    assert row["slash_dominant"] == 1
+    assert row["heads"] == 2
+
+
+def test_a_curve_with_padding_that_never_leaves_its_band_is_never_not_undefined():
+    # Run b picked from the sweep: its two real heads keep one distance at every snapshot, so
+    # the divergence curve never leaves its band (bifurcation None, "never"), though the curve
+    # is NaN at the padded snapshot 4. "undefined" is only for a curve with no value at all.
+    from dynamics.analysis.pipeline import analyse_run, summary_row
+
+    row = summary_row(analyse_run(_two_run_sweep().sel(run="b")).load())
+    assert row["bifurcation_step"] is None
+    assert row["layer_bifurcation_steps"] == [None]
+
+
+def test_layer_bifurcation_uses_the_options_baseline():
+    # Two heads identical at snapshots 0 and 1 (distance 0), apart from snapshot 2 on (x > 0).
+    # With baseline_snapshots = 2 the band is 0 +- 1e-6 and the layer leaves it at snapshot 2,
+    # step 20, as the model's curve does. With a baseline of 3 (0, 0, x): mean x/3, sd x/sqrt(3),
+    # so x stays within 3 sd: never. The per-layer step must use the options' baseline too.
+    from dynamics.analysis.pipeline import AnalysisOptions, analyse_run
+
+    t = 6
+    same = [_offset_head(t, 1), _offset_head(t, 1)]
+    apart = [_offset_head(t, 1), np.eye(t)]
+    out = analyse_run(_run([same, same, apart, apart, apart]), AnalysisOptions(baseline_snapshots=2)).load()
+    assert out["bifurcation_step"].item() == 20
+    assert out["layer_bifurcation_step"].values.tolist() == [20]
+
+
+def test_analysis_stores_slash_scores_to_max_offset_and_records_the_dominance_window():
+    # AnalysisOptions.max_offset = 16: slash_score holds offsets 0..16 on T = 20 probes (the
+    # window T // 2 = 10 is smaller), and attrs["slash_offsets"] is the dominance window
+    # [slash_min_offset, T // 2] = [1, 10], not the stored offsets.
+    from dynamics.analysis.pipeline import analyse_run
+
+    t = 20
+    out = analyse_run(_run([[_offset_head(t, 1)]] * 4))
+    assert out["slash_score"]["offset"].values.tolist() == list(range(17))
+    assert out.attrs["slash_offsets"] == [1, 10]
+
+
+def test_token_share_is_nan_not_zero_where_the_token_never_appears():
+    # token_share is the mean over the probes that hold the token: with no '/' (47) in the
+    # probe tokens (0..5) there is no such probe, so it is undefined (NaN), not a share of 0.
+    from dynamics.analysis.pipeline import analyse_run
+
+    out = analyse_run(_run([[_offset_head(6, 1)]] * 4)).load()
+    assert out["token_share"].isnull().all()
+    assert out["token_ratio"].isnull().all()
+
+
+# js kernels: blocking
+
+def _js_reference(pa, pb, eps=1e-3):
+    """sqrt(mean over (probe, query) of JS) for (P, T, T) patterns, row by row in plain numpy."""
+    terms = []
+    n_probe, t, _ = pa.shape
+    for k in range(n_probe):
+        for i in range(t):
+            p = pa[k, i, : i + 1] / pa[k, i, : i + 1].sum()
+            q = pb[k, i, : i + 1] / pb[k, i, : i + 1].sum()
+            p = eps / (i + 1) + (1 - eps) * p
+            q = eps / (i + 1) + (1 - eps) * q
+            m = (p + q) / 2
+            terms.append(0.5 * (p * np.log(p / m)).sum() + 0.5 * (q * np.log(q / m)).sum())
+    return np.sqrt(np.mean(terms))
+
+
+def _random_causal(rng, shape, t):
+    logits = rng.normal(size=(*shape, t, t)) * 2
+    logits = np.where(np.tril(np.ones((t, t), bool)), logits, -np.inf)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_divergence_from_init_in_blocks_fills_the_last_partial_block():
+    # 5 snapshots against snapshot 0, with block_bytes two snapshots' worth: blocks 0-1, 2-3 and
+    # a last partial block of snapshot 4. Every snapshot, the last included, must be its
+    # reference distance (the output starts as np.empty: a skipped block is garbage, not NaN).
+    from dynamics.analysis.divergence import js_distance
+
+    rng = np.random.default_rng(3)
+    p, t = 2, 5
+    a = _random_causal(rng, (5, 1, 1, p), t)
+    attn = xr.DataArray(a, dims=ATTN_DIMS)
+    per_item = p * t * t * 8
+    got = js_distance(attn, attn.isel(snapshot=0, drop=True), block_bytes=2 * per_item)
+    want = [_js_reference(a[s, 0, 0], a[0, 0, 0]) for s in range(5)]
+    np.testing.assert_allclose(got.values.reshape(5), want, rtol=1e-9, atol=1e-12)
+
+
+def test_head_by_head_distance_in_query_blocks_counts_the_last_partial_block():
+    # 2 heads over T = 5 queries, block_bytes sized for 2 queries a block: blocks 0-1, 2-3 and a
+    # last partial block of query 4, which sees all 5 keys. The distance is the row-by-row
+    # reference, so no query block (nor the last key of a block) may be dropped.
+    from dynamics.analysis.divergence import js_distance
+
+    rng = np.random.default_rng(4)
+    p, t, n = 2, 5, 2
+    a = _random_causal(rng, (1, 1, n, p), t)
+    attn = xr.DataArray(a, dims=ATTN_DIMS)
+    per_query = n * n * p * t * 8
+    got = js_distance(attn, block_bytes=2 * per_query).values.reshape(n, n)
+    want = _js_reference(a[0, 0, 0], a[0, 0, 1])
+    np.testing.assert_allclose(got, [[0.0, want], [want, 0.0]], rtol=1e-9, atol=1e-12)
+
+
+# argument checks (batch 2)
+
+def test_diffuse_score_of_one_position_is_refused_in_words():
+    # One query sees one key: ln(1) = 0 normalises nothing. The score is refused by name
+    # (n < 2), not returned as the NaN mean of an empty set of queries.
+    from dynamics.analysis.roles import diffuse_score
+
+    with pytest.raises(ValueError, match="diffuse_score needs at least 2 positions"):
+        diffuse_score(xr.DataArray(np.ones((1, 1, 1)), dims=("probe", "query", "key")))
+
+
+def test_local_band_of_width_0_is_refused():
+    # A band of no offsets holds no mass: every head would score 0. Width must be >= 1.
+    a = xr.DataArray(np.eye(4)[None], dims=("probe", "query", "key"))
+    with pytest.raises(ValueError, match="width must be in"):
+        local_score(a, width=0)
+
+
+def test_sink_position_must_not_be_negative():
+    # A negative position would silently read from the end (isel(key=-1) is the last key).
+    a = xr.DataArray(_uniform(4)[None], dims=("probe", "query", "key"))
+    with pytest.raises(ValueError, match="position must be in"):
+        sink_score(a, position=-1)
+
+
+def test_a_diffuse_threshold_of_0_is_refused():
+    # "Every threshold lies in (0, 1]", the last role's too: diffuse = 0 passed every head
+    # (entropy >= 0), so no head was ever "none".
+    with pytest.raises(ValueError, match="RoleThresholds.diffuse must be in"):
+        RoleThresholds(diffuse=0.0)
+
+
+def test_role_threshold_settings_below_their_range_are_refused():
+    with pytest.raises(ValueError, match="local_width must be >= 1"):
+        RoleThresholds(local_width=0)
+    with pytest.raises(ValueError, match="slash_min_offset must be >= 0"):
+        RoleThresholds(slash_min_offset=-1)
+
+
+def test_near_identical_heads_are_at_distance_0_not_nan():
+    # Each JS term is >= 0 in exact arithmetic, but heads one ulp apart sum to about -3e-18 in
+    # float64 about one time in five: the root of that is NaN unless the sum is clipped at 0.
+    # A distance is in [0, sqrt(ln 2)], never NaN for two real heads.
+    from dynamics.analysis.divergence import js_distance
+
+    rng = np.random.default_rng(0)
+    t = 8
+    a = _random_causal(rng, (1, 1, 20, 1), t)  # 20 heads
+    b = a.copy()
+    b[..., -1, 0] = np.nextafter(b[..., -1, 0], 1)  # one ulp on one entry
+    pair = _heads(*a[0, 0, :, 0], *b[0, 0, :, 0])  # heads 0..19 and their one-ulp twins
+    aligned = js_distance(pair.isel(head=slice(0, 20)), pair.isel(head=slice(20, 40)).assign_coords(head=range(20)))
+    assert np.isfinite(aligned.values).all() and (aligned.values >= 0).all()
+    assert aligned.values.max() < 1e-6
+    pairwise = js_distance(pair).values.reshape(40, 40)
+    assert np.isfinite(pairwise).all() and (pairwise >= 0).all()
+    twins = pairwise[np.arange(20), np.arange(20) + 20]
+    assert twins.max() < 1e-6
+
+
+def test_a_cluster_threshold_of_0_is_refused():
+    # A cut at distance 0 joins only identical heads: redundancy would read "none redundant"
+    # for any trained model. The options refuse it (> 0), naming the field.
+    from dynamics.analysis.pipeline import AnalysisOptions
+
+    with pytest.raises(ValueError, match="cluster_threshold must be > 0"):
+        AnalysisOptions(cluster_threshold=0.0)

@@ -119,3 +119,30 @@ def test_rank_agreement_is_undefined_below_three_heads_and_where_a_side_is_const
     assert rank_agreement(np.array([0.1, 0.5, 0.9]), np.array([0.2, 0.3, 0.1])) == pytest.approx(-0.5)
     # ranks, not values: one outlying delta leaves the order, and rho, at 1 (Pearson's r: 0.80)
     assert rank_agreement(np.array([1.0, 2.0, 3.0, 4.0]), np.array([1.0, 2.0, 3.0, 100.0])) == pytest.approx(1.0)
+
+
+def test_chg_gate_at_exactly_the_threshold_counts_as_high_on_both_sides():
+    # The taxonomy says G >= t is high, for G+ and for G- alike: G- = 0.5 is high at t = 0.5.
+    from dynamics.analysis.chg import FACILITATING, INCONSISTENT, chg_roles
+
+    assert chg_roles(np.array([0.5, 0.1]), np.array([0.5, 0.5])).tolist() == [FACILITATING, INCONSISTENT]
+
+
+def test_chg_majority_counts_inconsistent_restarts_and_breaks_ties_low():
+    # Every fitted code votes, inconsistent (3) included: 3, 3, 0 is an inconsistent majority
+    # of 2/3. A 1-1 tie goes to the lower code (irrelevant 1 before interfering 2).
+    from dynamics.analysis.chg import label_agreement
+
+    majority, agreement = label_agreement(np.array([[3, 2], [3, 1], [0, -1]]))
+    assert majority.tolist() == [3, 1]
+    assert agreement.tolist() == pytest.approx([2 / 3, 1 / 2])
+
+
+def test_chg_majority_of_a_head_one_restart_fitted_is_that_restarts_role():
+    # Unfitted restarts (-1) do not vote, so one fitted restart is a majority of 1 (agreement
+    # 1.0); only a head no restart fitted is -1 with agreement NaN.
+    from dynamics.analysis.chg import label_agreement
+
+    majority, agreement = label_agreement(np.array([[2, -1], [-1, -1], [-1, -1]]))
+    assert majority.tolist() == [2, -1]
+    assert agreement[0] == 1.0 and np.isnan(agreement[1])
