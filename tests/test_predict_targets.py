@@ -132,21 +132,29 @@ def test_use_stored_analysis_false_computes_targets_even_when_runs_carry_an_anal
         predict.check_runs(blind, PredictOptions(use_stored_analysis=False))
 
 
+def _planted(t: int) -> tuple[np.ndarray, ...]:
+    """(query, key) maps of a previous-token, a first-key (sink), a uniform and a self head."""
+    prev = np.eye(t, k=-1)
+    prev[0, 0] = 1.0
+    sink = np.zeros((t, t))
+    sink[:, 0] = 1.0
+    return prev, sink, np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None], np.eye(t)
+
+
+def _final_maps(maps) -> xr.Dataset:
+    """A one-snapshot run (step 10) of one probe from maps[layer][head], each (query, key)."""
+    attn = np.array(maps)[None, :, :, None]  # (snapshot, layer, head, probe, query, key)
+    return xr.Dataset({"attention": (("snapshot", "layer", "head", "probe", "query", "key"), attn)},
+                      coords={"step": ("snapshot", [10]), "layer": [0, 1], "head": [0, 1, 2]})
+
+
 def test_the_redundant_target_is_one_for_heads_in_a_cluster_of_two_or_more():
     # Known answer: layer 0's heads 0 and 1 both attend to the previous token, and layer 1's head 0
     # does too (clusters span layers); layer 0's head 2 attends to the first key, layer 1's head 1 to
     # itself, layer 1's head 2 uniformly: each alone. The fixture of the other tests has every head
     # redundant, so a target of 1 everywhere passed them all.
-    T = 6
-    prev = np.eye(T, k=-1)
-    prev[0, 0] = 1.0
-    sink = np.zeros((T, T))
-    sink[:, 0] = 1.0
-    uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
-    maps = [[prev, prev, sink], [prev, np.eye(T), uniform]]  # (layer, head) of (query, key)
-    attn = np.array(maps)[None, :, :, None]  # (snapshot, layer, head, probe, query, key)
-    ds = xr.Dataset({"attention": (("snapshot", "layer", "head", "probe", "query", "key"), attn)},
-                    coords={"step": ("snapshot", [10]), "layer": [0, 1], "head": [0, 1, 2]})
+    prev, sink, uniform, self_ = _planted(6)
+    ds = _final_maps([[prev, prev, sink], [prev, self_, uniform]])
     got = predict.final_targets(ds, "redundant")
     np.testing.assert_array_equal(got.target.values, [[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     # a head missing from a narrower layer (NaN attention, label -1) has no target
@@ -274,15 +282,8 @@ def test_a_sink_head_is_not_a_slash_target_nor_a_long_offset_feature():
 def test_the_redundant_target_counts_a_cluster_of_exactly_two():
     # Mutant `>= 2` -> `>= 3`: the existing known answer has a cluster of three; a pair of heads
     # with the same map is redundant too. Layer 0: prev, prev, sink; layer 1: self, uniform, sink.
-    T = 6
-    prev = np.eye(T, k=-1)
-    prev[0, 0] = 1.0
-    sink = np.zeros((T, T))
-    sink[:, 0] = 1.0
-    uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
-    attn = np.array([[prev, prev, sink], [np.eye(T), uniform, sink]])[None, :, :, None]
-    ds = xr.Dataset({"attention": (("snapshot", "layer", "head", "probe", "query", "key"), attn)},
-                    coords={"step": ("snapshot", [10]), "layer": [0, 1], "head": [0, 1, 2]})
+    prev, sink, uniform, self_ = _planted(6)
+    ds = _final_maps([[prev, prev, sink], [self_, uniform, sink]])
     np.testing.assert_array_equal(predict.final_targets(ds, "redundant").target.values, [[1, 1, 1], [0, 0, 1]])
 
 
