@@ -208,3 +208,52 @@ def test_a_run_id_given_twice_with_another_seed_is_refused(tmp_path):
     train_run(cfg, path, run_id="mine")
     with pytest.raises(store.StoreError, match="recorded with a different config"):
         train_run(with_values(cfg, {"train.seed": cfg.train.seed + 1}), path, run_id="mine")
+
+# Known answers that mutants of this module passed (a mutation audit's): each pins a number, an
+# order or a wording the other tests let move.
+
+
+def test_differing_settings_come_sorted_whatever_order_the_configs_list_them():
+    # `sorted({...})` -> first-seen order survived: the table's setting columns moved with the configs' key order
+    from dynamics.identity import differing_settings
+
+    assert differing_settings([{"train.lr": 0.1, "model.d_model": 16, "task.name": "x"},
+                               {"train.lr": 0.2, "model.d_model": 32, "task.name": "x"}]) == ["model.d_model", "train.lr"]
+
+
+def test_a_section_value_with_its_keys_in_another_order_is_not_a_difference():
+    # json.dumps(sort_keys=True) -> repr survived: an [intervene] table read back with its keys in
+    # another order (TOML, JSON attrs) made a column of two equal values
+    from dynamics.identity import differing_settings
+
+    assert differing_settings([{"intervene.templates": {"a": 1, "b": [2, 3]}, "train.seed": 0},
+                               {"intervene.templates": {"b": [2, 3], "a": 1}, "train.seed": 1}]) == ["train.seed"]
+
+
+def test_who_does_not_read_a_setting_agrees_in_number_and_spells_the_condition_as_toml_would():
+    # the verb's number (do/does) and the condition's JSON spelling ("fixed", true) were pinned by no test
+    from dynamics.identity import not_read_by
+
+    assert not_read_by("model.gate_init", {"model": {"gates": "fixed"}}) == \
+        'fixed gates (model.gates = "fixed") do not read'
+    assert not_read_by("model.d_mlp", {"model": {"attn_only": True}}) == \
+        "an attention-only model (model.attn_only = true) does not read"
+
+
+def test_the_condition_a_config_leaves_out_is_read_at_its_default():
+    # `_get` without the config class's default survived: a stored config of an older dynamics,
+    # without model.gates, was said to run under "model.gates = null"
+    from dynamics.identity import not_read_by, unread_settings
+
+    assert not_read_by("model.gate_init", {"model": {}}) == 'fixed gates (model.gates = "fixed") do not read'
+    # record.chg_every left out: 0 by default, so chg_steps set away from its default goes unread
+    assert unread_settings({"record": {"chg_steps": 50}}) == {"record.chg_steps": 50}
+
+
+def test_the_unread_setting_problem_names_the_first_unread_setting():
+    # `next(iter(...))` -> the last survived: two unread gate settings named the later one
+    from dynamics.identity import unread_setting_problem
+
+    line = unread_setting_problem({"model": {"gates": "fixed", "gate_init": 1.0, "gate_l1": 0.5}})
+    assert line.startswith('model.gate_init = 1.0: fixed gates (model.gates = "fixed") do not read it, so the run')
+    assert line.endswith('drop the setting, or set model.gates = "learned"')

@@ -221,3 +221,17 @@ def test_an_editors_lock_file_is_not_hashed_as_code(tmp_path, monkeypatch):
     (tmp_path / "pkg_locked" / "b copy.py").write_bytes(b"y = 3\n")  # no module either: not importable by name
     assert provenance.code_hash("pkg_locked") == before
 
+# Known answers that mutants of this module passed (a mutation audit's): each pins a number, an
+# order or a wording the other tests let move.
+
+
+def test_mixed_code_names_three_runs_of_one_code_in_full():
+    # `len(ids) <= 3` -> `< 3` survived: a group of exactly three runs read "r1, r2 and 1 others"
+    note = provenance.mixed_code({"r1": (A,), "r2": (A,), "r3": (A,), "s": (B,)})
+    assert "(code hash aaaaaaaaaaaa: r1, r2, r3; bbbbbbbbbbbb: s)" in note
+
+
+def test_mixed_code_names_each_codes_runs_by_id_whatever_order_they_came_in():
+    # `sorted(sessions)` -> `sessions` survived: the note named a group's runs in the caller's order
+    note = provenance.mixed_code({"r2": (A,), "s": (B,), "r1": (A,)})
+    assert "(code hash aaaaaaaaaaaa: r1, r2; bbbbbbbbbbbb: s)" in note

@@ -93,3 +93,72 @@ def test_a_pending_point_shows_the_steps_its_sweep_index_records(tmp_path):
     store.write_sweep_index(path, {"axes": ["train.lr"], "runs": {"rabc": {"train.lr": 0.1}}, "steps": {"rabc": 40}})
     header, rows, _ = status_table(path)
     assert rows[0][header.index("steps")] == "0/40" and rows[0][header.index("status")] == "pending"
+
+# Known answers that mutants of this module passed (a mutation audit's): each pins a number, an
+# order or a wording the other tests let move.
+
+
+def test_status_gives_the_last_loss_to_four_decimals(tmp_path):
+    # `:.4f` -> `:.3f` survived: no test read the last_loss column's value
+    from dynamics import store
+    from dynamics.status import status_table
+    from tests.test_store import write_run
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    write_run(path, "r1", attrs={"status": "completed", "last_loss": 0.123456, "steps_done": 12, "steps_total": 12})
+    header, [row], damaged = status_table(str(path))
+    got = dict(zip(header, row, strict=True))
+    assert (got["status"], got["steps"], got["resumes_at"], got["last_loss"]) == ("completed", "12/12", "-", "0.1235")
+    assert damaged == {}
+
+
+def test_a_sweep_point_left_as_a_checkpoint_without_its_group_is_one_damaged_row(tmp_path):
+    # `r not in damaged` dropped from the pending rows survived: the point was listed twice, damaged and pending
+    from dynamics import store
+    from dynamics.status import status_table
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_sweep_index(path, {"axes": ["train.lr"], "runs": {"rabc": {"train.lr": 0.1}}, "steps": {"rabc": 40}})
+    (path / "checkpoints" / "rabc").mkdir(parents=True)
+    (path / "checkpoints" / "rabc" / "ckpt.pt").write_bytes(b"not read")
+    header, rows, damaged = status_table(str(path))
+    assert rows == [["rabc", "0.1", "damaged", "-", "-", "-"]]
+    assert list(damaged) == ["rabc"]
+
+
+def test_runs_of_one_grid_point_keep_their_rank_when_a_table_value_lists_its_keys_in_another_order():
+    # grid_order's json.dumps(sort_keys=True) -> repr survived: an [intervene] value recorded by
+    # two sweeps with its keys in other orders ranked as two values, and its runs split apart
+    from dynamics.status import grid_key
+
+    axis = "intervene.conditioned_gates"
+    index = {"axes": [axis], "runs": {"ra": {axis: {"a": 1, "b": 2}}, "rb": {axis: {"x": 0}},
+                                      "rc": {axis: {"b": 2, "a": 1}}}}
+    assert sorted(["rc", "rb", "ra"], key=grid_key(index)) == ["ra", "rc", "rb"]
+
+
+def test_the_setting_columns_are_sorted_across_grid_points():
+    # sorted(...) -> first-seen order survived: the columns' order followed which point was listed first
+    from dynamics.status import setting_columns
+
+    settings = {"ra": {"model.d_model": 16, "train.lr": 0.1}, "rb": {"model.d_model": 32, "train.lr": 0.1},
+                "rc": {"model.d_model": 16, "train.lr": 0.1}, "rd": {"model.d_model": 16, "train.lr": 0.2}}
+    points = {"ra": ["1"], "rb": ["1"], "rc": ["0"], "rd": ["0"]}
+    assert setting_columns(settings, points) == ["model.d_model", "train.lr"]
+    # runs at different points differ in what tells the points apart, not in a column of their own
+    assert setting_columns({"ra": settings["ra"], "rd": settings["rd"]}, {"ra": ["1"], "rd": ["0"]}) == []
+
+
+def test_status_gives_a_question_mark_for_a_total_the_attrs_do_not_record(tmp_path):
+    # an older run's attrs without steps_total: "?" (unknown), not a total of 0
+    from dynamics import store
+    from dynamics.status import status_table
+    from tests.test_store import write_run
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    write_run(path, "r1", attrs={"status": "completed", "steps_done": 7})
+    header, [row], _ = status_table(str(path))
+    assert dict(zip(header, row, strict=True))["steps"] == "7/?"

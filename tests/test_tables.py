@@ -160,3 +160,155 @@ def test_one_run_already_finished_gives_no_share_of_training():
     from dynamics.tables import demo_timing
 
     assert "no share of training: 1 of 4 runs were already finished" in demo_timing(10.0, 1.0, 12.0, 1, 4)
+
+# Known answers that mutants of this module passed (a mutation audit's): each pins a number, an
+# order or a wording the other tests let move.
+
+
+_ROW = {"bifurcation_step": 10, "final_divergence": 0.25, "redundancy": 0.0, "redundant_heads": 0, "heads": 8,
+        "slash_dominant": 0, "roles": {"induction": 8}}
+
+
+def test_print_table_pads_each_column_to_its_widest_cell(capsys):
+    # the widths are each column's longest cell (header included), cells two spaces apart, no trailing blanks
+    from dynamics.tables import print_table
+
+    print_table(["a", "bb"], [["ccc", "d"], ["e", "ffff"]])
+    assert capsys.readouterr().out == "a    bb\nccc  d\ne    ffff\n"
+
+
+def test_the_diverged_footnote_names_four_runs_without_a_count_of_more(capsys):
+    # `len(early) > 4` -> `>= 4` survived: four diverged runs read "..., and 0 more"
+    from dynamics.tables import print_analysis
+
+    rows = [{"run": f"d{i}", "status": "diverged", "diverged_step": 13 + i, "read_at_step": 8 + i} | _ROW
+            for i in range(4)]
+    print_analysis(rows)
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        "d2 at step 10 (diverged at step 15), d3 at step 11 (diverged at step 16)")
+
+
+def test_the_loss_rose_footnote_gives_four_significant_digits_of_four_runs_then_a_count(capsys):
+    # its rounding (:.4g) and its cut at four runs were pinned by no test
+    from dynamics.tables import print_analysis
+
+    rows = [{"run": f"r{i}", "status": "completed", "loss_rose": (2.30258, 2.71828 + i)} | _ROW for i in range(5)]
+    print_analysis(rows)
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("loss rose: the eval loss at the last snapshot is above that at step 0")
+    assert last.endswith(": r0 (2.303 -> 2.718 nats), r1 (2.303 -> 3.718 nats), r2 (2.303 -> 4.718 nats), "
+                         "r3 (2.303 -> 5.718 nats), and 1 more")
+    print_analysis(rows[:4])
+    assert capsys.readouterr().out.splitlines()[-1].endswith("r3 (2.303 -> 5.718 nats)")
+
+
+def test_demo_timing_gives_the_share_to_a_tenth_of_a_percent_and_the_total_to_the_second():
+    from dynamics.tables import demo_timing
+
+    # 0.56 / 10 = 5.6%; 11.44 s rounds to 11
+    assert demo_timing(10.0, 0.56, 11.44, 0, 3) == "training 10.0s, analysis 0.6s (5.6% of training), total 11s"
+
+
+def _two_seeds(path):
+    """Two completed runs of one config (seeds 0 and 1), each with a current analysis whose final
+    profiles are the other's with its heads swapped: similarity 1."""
+    import numpy as np
+    import xarray as xr
+
+    from dynamics import store
+    from dynamics.analysis import ROLES
+    from dynamics.analysis.pipeline import ANALYSIS_VERSION
+    from dynamics.config import RunConfig
+    from tests.test_store import write_run
+
+    store.init_store(path)
+    profile = np.random.default_rng(0).random((len(ROLES) - 1, 1, 2, 2))
+    for rid, seed, p in (("ra", 0, profile), ("rb", 1, profile[..., ::-1])):
+        config = RunConfig().to_dict()
+        config["train"]["seed"] = seed
+        write_run(path, rid, attrs={"status": "completed", "config": config})
+        store.write_analysis(path, rid, xr.Dataset(
+            {"role_score": (("role_name", "snapshot", "layer", "head"), p)},
+            coords={"role_name": list(ROLES[:-1]), "layer": [0, 1], "head": [0, 1]},
+            attrs={"analysis_version": ANALYSIS_VERSION}))
+    return str(path)
+
+
+def test_the_cross_seed_line_gives_three_decimals(tmp_path, capsys):
+    # `{sim:.3f}` / `{unmatched:.3f}` -> two decimals survived: no test read the printed line
+    import re
+
+    from dynamics.tables import print_consistency
+
+    path = _two_seeds(tmp_path / "s.zarr")
+    print_consistency(path, [{"run": "ra", "status": "completed"}, {"run": "rb", "status": "completed"}])
+    [line] = capsys.readouterr().out.splitlines()
+    m = re.fullmatch(r"cross-seed consistency config [0-9a-f]{8}: (\S+) over 2 seeds \(1 = same heads up to "
+                     r"permutation; unmatched heads give (\S+)\)", line)
+    assert m, line
+    assert m[1] == "1.000" and re.fullmatch(r"\d\.\d{3}", m[2])
+
+
+def test_a_completed_run_whose_analysis_failed_is_left_out_of_its_seed_group(tmp_path, capsys):
+    # `not r.get("skipped")` dropped from `compared` survived: a run whose analysis failed this
+    # time was compared by the one an earlier analyse left in the store
+    from dynamics.tables import print_consistency
+
+    path = _two_seeds(tmp_path / "s.zarr")
+    print_consistency(path, [{"run": "ra", "status": "completed"},
+                             {"run": "rb", "status": "completed", "skipped": True, "reason": "analysis failed"}])
+    assert capsys.readouterr().out == (
+        "cross-seed consistency leaves out 1 finished run(s) without a final profile (it compares completed, "
+        "analysed runs): rb (not analysed)\n")
+
+
+def test_a_diverged_run_without_a_seed_to_compare_is_not_said_to_be_left_out(tmp_path, capsys):
+    # `peers > 1` -> `>= 1` survived: on runs of two configs, one seed each, the line named every
+    # diverged run as "left out" of a comparison there was none to make
+    from dynamics import store
+    from dynamics.config import RunConfig
+    from dynamics.tables import print_consistency
+    from tests.test_store import write_run
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    for rid, lr in (("ra", 0.01), ("rb", 0.003)):
+        config = RunConfig().to_dict()
+        config["train"]["lr"] = lr
+        write_run(path, rid, attrs={"status": "diverged", "config": config})
+    print_consistency(str(path), [{"run": "ra", "status": "diverged", "skipped": True},
+                                  {"run": "rb", "status": "diverged", "skipped": True}])
+    assert capsys.readouterr().out == ""
+
+
+def test_a_row_with_a_count_of_redundant_heads_but_no_count_of_heads_gets_its_fraction(capsys):
+    # `and row.get("heads")` dropped survived: such a row printed "2/None"
+    from dynamics.tables import print_analysis
+
+    print_analysis([{"run": "r1", "status": "completed", "redundancy": 0.5, "redundant_heads": 2, "heads": None}
+                    | {k: v for k, v in _ROW.items() if k not in ("redundancy", "redundant_heads", "heads")}])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[lines[0].split().index("redundancy")] == "0.500"
+
+
+def test_a_table_of_runs_none_of_them_analysed_has_no_footnote_on_its_columns(capsys):
+    # `any(not skipped)` -> `rows` survived: the columns' footnote was printed under a table of dashes
+    from dynamics.tables import print_analysis
+
+    print_analysis([{"run": "r1", "status": "running", "skipped": True, "reason": "unfinished"}])
+    assert capsys.readouterr().out.splitlines() == [
+        "run  status   bifurcation  divergence  redundancy  slash_dom  final roles",
+        "r1   running  -            -           -           -          not analysed (unfinished)"]
+
+
+def test_the_undefined_note_is_said_where_one_run_of_several_has_a_single_head_per_layer(capsys):
+    # `any(... == "undefined")` -> `all(...)` survived: beside a run of two heads per layer the note went
+    from dynamics.tables import print_analysis
+
+    one_head = {"run": "r2", "status": "completed", "bifurcation_step": "undefined",
+                "final_divergence": "undefined", "redundancy": "undefined", "slash_dominant": 0,
+                "roles": {"previous_token": 1}}
+    print_analysis([{"run": "r1", "status": "completed"} | _ROW, one_head])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "undefined: one head per layer, so no pair of heads to compare (bifurcation and divergence are measured "
+        "between the heads of a layer, redundancy between the heads of the model)")
