@@ -14,19 +14,12 @@ from dynamics.config import from_dict
 from dynamics.gates import GateOptions, fit_chg
 from dynamics.tasks import make_batch
 from dynamics.train import build
+from tests.test_gates import one_thread  # noqa: F401 - the module-scoped autouse fixture
 
 TINY = {
     "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "attn_only": True, "vocab_size": 16, "context": 16},
     "task": {"name": "mixture", "components": ["offset_copy", "markov"], "delta": 2},
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture
