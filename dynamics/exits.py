@@ -57,11 +57,10 @@ def stage(args, n: int, total: int, text: str) -> None:
     print(f"== {n}/{total} {text}", flush=True)
 
 
-
-def run_to_end(command: str, work: Callable[[], int], stage: Callable[[], str | None] = lambda: None) -> int:
+def run_to_end(command: str, work: Callable[[], int], at_stage: Callable[[], str | None] = lambda: None) -> int:
     """``work()``'s exit status, or the status and one line of the way it stopped short.
 
-    ``stage()``: the stage the command was in when it stopped (:func:`stage`), whose own line an
+    ``at_stage()``: the stage the command was in when it stopped (:func:`stage`), whose own line an
     interrupt prints where :data:`AFTER_INTERRUPT` has one."""
     _names_as_given()
     try:
@@ -75,7 +74,7 @@ def run_to_end(command: str, work: Callable[[], int], stage: Callable[[], str | 
     except KeyboardInterrupt:  # one zarr was waiting for leaves a coroutine never run: no warning of it at exit
         warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
         _quiet_pending_tasks()
-        kept = AFTER_INTERRUPT.get(f"{command} {stage()}") or AFTER_INTERRUPT.get(command, AFTER_INTERRUPT["run"])
+        kept = AFTER_INTERRUPT.get(f"{command} {at_stage()}") or AFTER_INTERRUPT.get(command, AFTER_INTERRUPT["run"])
         print(f"dynamics: interrupted; {kept}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as e:
