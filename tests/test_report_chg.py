@@ -116,8 +116,20 @@ def test_a_damaged_gates_dataset_is_named_not_sent_to_the_runs_table(tmp_path):
     assert "see Runs" not in text and "<td>damaged</td>" not in text
     assert ("Not available: CHG gates for 2 run(s) because they could not be read: r0 (a chunk of derived/gates.r0 "
             f"failed its checksum); r1 ({path}: derived/gates.r1: array chg has 1 of its 1 chunk(s) missing") in text
-    assert "the store has no readable derived gates.<run_id> dataset." in text
+    assert f"the store has no readable derived gates.<run_id> dataset (<code>dynamics gates {path} --run ID</code> fits" in text
     assert "recorded no fitted chg" not in text  # each run named once, with its reason
+
+
+def test_sections_with_nothing_derived_yet_name_the_command_that_writes_it(tmp_path):
+    # "run the predictor on the finished sweep first" named no command; the CHG line named none.
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    text = html.unescape(write_report(path, tmp_path / "out").read_text())
+    assert ("Not available: the CHG scatter because no run recorded fitted <code>chg</code> gates (record.chg_every = "
+            "0, or no fit reached yet) and the store has no derived gates.<run_id> dataset (<code>dynamics gates "
+            f"{path} --run ID</code> fits and saves one for a run).") in text
+    assert ("Not available: the predictor curves because the store has no derived predict.<target> dataset "
+            f"(<code>dynamics predict {path}</code> writes one, from the finished sweep's runs).") in text
 
 
 def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisional(tmp_path, monkeypatch):

@@ -385,7 +385,7 @@ def test_a_derived_that_is_a_file_is_named_not_read_as_no_predictor_run_yet(buil
     assert len(err) == 1 and err[0].startswith(f"dynamics: {why}")
     text = html.unescape((tmp_path / "out" / "index.html").read_text())
     assert f"Not available: the predictor curves because derived/ could not be read ({why}" in text
-    assert "run the predictor" not in text
+    assert "dynamics predict" not in text
     assert (copy / "derived").read_text() == "x"
 
 

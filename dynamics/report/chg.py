@@ -205,7 +205,8 @@ def _chg_section(ctx: _Ctx) -> _Section:
     if not found:
         sec.missing.append(f"Not available: the CHG scatter because no {'readable ' if unreadable else ''}run recorded "
                            "fitted `chg` gates (record.chg_every = 0, or no fit reached yet) and the store has no "
-                           f"{'readable ' if unreadable else ''}derived gates.<run_id> dataset.")
+                           f"{'readable ' if unreadable else ''}derived gates.<run_id> dataset (`dynamics gates "
+                           f"{ctx.path} --run ID` fits and saves one for a run).")
         sec.missing += [unread] if unreadable else []
         sec.missing += [f"derived/ could not be read ({ctx.derived_problem})."] if ctx.derived_problem else []
         return sec

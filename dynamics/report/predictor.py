@@ -36,7 +36,7 @@ def _predict_section(ctx: _Ctx) -> _Section:
         return sec
     if not names:
         sec.missing.append("Not available: the predictor curves because the store has no derived predict.<target> "
-                           "dataset (run the predictor on the finished sweep first).")
+                           f"dataset (`dynamics predict {path}` writes one, from the finished sweep's runs).")
         return sec
     for name in names:
         try:
