@@ -331,6 +331,20 @@ def test_gini_of_a_single_present_value_is_zero():
     assert float(gini(xr.DataArray([3.0, np.nan], dims="head"))) == 0.0
 
 
+def test_head_importance_refuses_a_whole_run_or_a_run_as_gate_naming_the_argument():
+    # A whole run came back unchanged, no error; a run passed as gate raised xarray's "the first
+    # argument to .rename must be a dictionary".
+    imp = xr.DataArray([[1.0, 2.0]], dims=("layer", "head"), name="importance")
+    run = xr.Dataset({"importance": imp, "gate": imp * 0 + 1})
+    with pytest.raises(ValueError, match=r"^head_importance: importance must be an xarray DataArray .*its variables: "
+                                         r"importance, gate"):
+        head_importance(run)
+    with pytest.raises(ValueError, match=r"^head_importance: gate must be an xarray DataArray .*its variables"):
+        head_importance(imp, run)
+    with pytest.raises(ValueError, match=r"^head_importance: gate needs dims \('head',\)"):
+        head_importance(imp, imp.isel(head=0))
+
+
 def test_head_importance_is_nan_where_the_gate_is():
     # "NaN where either input is": a missing gate must not read as g = 1.
     imp = xr.DataArray([[2.0, 2.0]], dims=("layer", "head"))

@@ -284,8 +284,11 @@ def head_importance(importance: xr.DataArray, gate: xr.DataArray | None = None) 
     >>> head_importance(imp, xr.DataArray([[1.0, 0.25]], dims=("layer", "head"))).values.tolist()
     [[2.0, 0.5]]
     """
+    # a whole run passed came back unchanged, and a run passed as gate failed in xarray's rename
+    require_dims(importance, (HEAD,), "head_importance: importance")
     if gate is None:
         return importance
+    require_dims(gate, (HEAD,), "head_importance: gate")
     return (importance * gate).rename(importance.name)
 
 
