@@ -266,7 +266,9 @@ def test_cli_says_when_nothing_is_readable_and_stores_none(small_store, capsys):
         (["--null", "1001"], "error: --null: permutations must be in [0, 1000]; got 1001"),
         (["--horizon", "0.1", "--horizons", "0.2"], "not both"),
         (["--group", "config"], "one group"),
-        (["--target", "chg"], "chg_role"),
+        # "causal head gating was never fitted" of a store `dynamics gates` may have fitted afterwards
+        (["--target", "chg"], "error: target 'chg': no run records chg_role (causal head gating fitted during training, "
+                              "record.chg_every > 0; fits by `dynamics gates` afterwards are not read)"),
         (["--unit", "step", "--horizon", "1000"], "ends at step"),
         # the default horizon is a fraction: "horizon step 0.1 is not a whole step" named one nobody gave
         (["--unit", "step"], "error: --unit step needs --horizon or --horizons in steps (the default horizon, 0.1, "

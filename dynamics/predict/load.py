@@ -158,7 +158,10 @@ def check_runs(runs: Sequence[Run], options: PredictOptions) -> None:
         )
     t = options.target
     if t == "chg" and not any("chg_role" in r.data for r in runs):
-        raise PredictError("target 'chg': no run records chg_role (causal head gating was never fitted)")
+        # "never fitted" was wrong of a store whose runs `dynamics gates` had fitted afterwards: the
+        # target is the class fitted during training, which those fits do not give
+        raise PredictError("target 'chg': no run records chg_role (causal head gating fitted during training, "
+                           "record.chg_every > 0; fits by `dynamics gates` afterwards are not read)")
     if t == "importance":
         lacking = [r.run_id for r in runs if "importance" not in r.data]
         if lacking:
