@@ -134,9 +134,14 @@ def report_lines(ds: xr.Dataset) -> list[str]:
         where = ("every head" if shared.all() else f"{int(shared.sum())} of {shared.size} heads ("
                  + ", ".join(f"L{layer}H{head}" for layer, head in zip(*np.nonzero(shared), strict=True)) + ")")
         clamp = ds.attrs.get("options", {}).get("clamp", 4.0)
+        # With every head shared the restarts repeat one another; with some, those heads' fits still
+        # differ through the others' gates (a tie at such a head was measured), only less than elsewhere.
+        after = ("the restarts then repeat one another, so their agreement is the lambda=0 fit's, not G+ and G- "
+                 "fitted again from different starts" if shared.all() else
+                 "their restarts differ there only through the other heads' gates, so the agreement at those heads "
+                 "tests less than G+ and G- fitted again from different starts")
         lines.append(f"labels: at {where} every restart's lambda=0 fit ended past the clamp (|logit| >= {clamp:g}) on "
-                     "one side, so G+ and G- started from one point in every restart there: the agreement at those "
-                     "heads is the lambda=0 fit's, not G+ and G- fitted again from different starts")
+                     f"one side, so G+ and G- started from one point in every restart there: {after}")
     tied = tied_majority(ds.chg_role.transpose(RESTART, LAYER, HEAD).values)
     if tied.any():
         where = [f"L{layer}H{head}" for layer, head in zip(*np.nonzero(tied), strict=True)]
@@ -159,7 +164,8 @@ def _shared_starts(ds: xr.Dataset) -> np.ndarray:
 
     With ``clamp_start`` the fits start from the lambda = 0 logits clamped to [-clamp, clamp]: a
     head whose logit ended past the clamp on one side in every restart starts from that bound in
-    each, and the fits, on the same batches, then repeat one another there.
+    each. Where every head does, the fits, on the same batches, repeat one another; where some
+    do, those heads' fits differ only through the other heads' gates.
     """
     opts = ds.attrs.get("options", {})
     shape = ds.role.shape
