@@ -100,6 +100,44 @@ def test_a_label_is_unsettled_where_any_restart_left_its_gate_moving(tiny):
     assert labels.startswith("convergence of the labels: not settled at L1H0 (")
 
 
+def test_the_contrastive_fit_says_how_settled_its_kept_heads_are(tiny):
+    # contrast_settle was saved and never read: a contrastive gate at 0.404 that moved 0.204 over
+    # the last tenth stood in the keep column with no word that it could still cross 0.5.
+    import xarray as xr
+
+    model, cfg = tiny
+    ds = xr.concat([gate_report(model, cfg, FAST)] * 2, "restart", data_vars="minimal")
+    gate = np.full((2, 2, 2), 0.9)  # (restart, layer, head): 0.4 from the threshold
+    gate[0, 1, 0] = 0.404
+    settle = np.zeros_like(gate)
+    settle[0, 1, 0] = 0.204
+    ds["contrast_gate"] = (("restart", "layer", "head"), gate)
+    ds["contrast_settle"] = (("restart", "layer", "head"), settle)
+    ds["contrast_loss"] = xr.DataArray(np.full((2, 2, 3), 2.0), dims=("restart", "side", "state"),
+                                       coords={"side": ["retain", "forget"], "state": ["full", "gated", "circuit"]})
+    ds.attrs.update(retain="offset_copy", forget="markov")
+    ds.attrs["options"] = {**ds.attrs["options"], "steps": 200}
+    lines = report_lines(ds)
+    assert lines[-2:] == [
+        "convergence of the contrastive fit: the largest change of any gate over its last 20 of 200 updates: 0.204",
+        "convergence of the kept heads: not settled at L1H0 (a contrastive gate moved over its last tenth at least as "
+        "far as it now sits from the 0.5 threshold); refit with more --steps"]
+    ds["contrast_settle"] = ds.contrast_settle * 0.0 + 0.05  # every gate farther from 0.5 than it moved
+    ds["contrast_gate"] = ds.contrast_gate.where(ds.contrast_gate > 0.5, 0.2)
+    assert report_lines(ds)[-1] == ("convergence of the kept heads: settled (every contrastive gate sits farther from "
+                                    "the 0.5 threshold than it moved over its last tenth)")
+    gate = ds.contrast_gate.values.copy()
+    gate[1, 0, 1] = np.nan
+    ds["contrast_gate"] = (("restart", "layer", "head"), gate)
+    assert report_lines(ds)[-2:] == [
+        "convergence of the kept heads: undefined at L0H1 (a contrastive gate is not a number: the model's loss was "
+        "not finite)",
+        "convergence of the kept heads: settled at the other heads (every contrastive gate there sits farther from the "
+        "0.5 threshold than it moved over its last tenth)"]
+    assert not [x for x in report_lines(ds.drop_vars("contrast_settle"))  # a fit saved before it was recorded
+                if x.startswith(("convergence of the contrastive", "convergence of the kept"))]
+
+
 def test_a_gate_that_is_not_a_number_is_never_called_settled(tiny):
     # NaN gates (a model whose loss is not finite, fitted through the Python API) compared False
     # with their movement, so the report called every label settled.

@@ -156,6 +156,7 @@ def report_lines(ds: xr.Dataset) -> list[str]:
             lines.append(f"contrast {side} {ds.attrs[side]}: held-out NLL {float(full.mean()):.4f} -> "
                          f"{_over_restarts(gated)} gated, {_over_restarts(circuit)} with only the kept heads "
                          f"(gate >= threshold)")
+        lines += _contrast_settle_lines(ds)
     return lines
 
 
@@ -203,26 +204,45 @@ def _settle_lines(ds: xr.Dataset) -> list[str]:
     parts = [f"{float(moved.sel(stage=s)):.3f} ({name}, last {settle_window(n)} of {n} updates)"
              for name, s, n in stages if n]
     lines = ["convergence of the fits: the largest change of any gate over a stage's last tenth: " + ", ".join(parts)]
-    threshold = _threshold(ds)
-    open_ = np.zeros(ds.role.shape, dtype=bool)  # (L, H)
-    lost = np.zeros(ds.role.shape, dtype=bool)  # (L, H): a gate that is not a number
-    for fit, stage in (("plus", "plus"), ("minus", "minus")):
-        gates = ds.chg.sel(fit=fit).transpose(RESTART, LAYER, HEAD).values
-        near = unsettled(gates, ds.settle.sel(stage=stage).transpose(RESTART, LAYER, HEAD).values, threshold)
-        open_ |= near.any(0)
+    fits = [(ds.chg.sel(fit=fit), ds.settle.sel(stage=fit)) for fit in ("plus", "minus")]
+    return lines + _open_lines("convergence of the labels", "G+ or G- gate", "every G+ and G- gate", fits,
+                               _threshold(ds))
+
+
+def _contrast_settle_lines(ds: xr.Dataset) -> list[str]:
+    """As :func:`_settle_lines`, for the contrastive gates, whose kept heads are its result."""
+    if "contrast_settle" not in ds:  # a fit saved before contrast_settle was recorded
+        return []
+    n = ds.attrs.get("options", {}).get("steps")
+    window = f"last {settle_window(n)} of {n} updates" if n else "last tenth of its updates"
+    lines = [f"convergence of the contrastive fit: the largest change of any gate over its {window}: "
+             f"{float(ds.contrast_settle.max()):.3f}"]
+    return lines + _open_lines("convergence of the kept heads", "contrastive gate", "every contrastive gate",
+                               [(ds.contrast_gate, ds.contrast_settle)], _threshold(ds))
+
+
+def _open_lines(what: str, a_gate: str, every_gate: str, fits: list[tuple[xr.DataArray, xr.DataArray]],
+                threshold: float) -> list[str]:
+    """The heads whose thresholded reading any restart of these (gates, settle) pairs leaves open."""
+    shape = fits[0][0].isel({RESTART: 0}).shape
+    open_ = np.zeros(shape, dtype=bool)  # (L, H)
+    lost = np.zeros(shape, dtype=bool)  # (L, H): a gate that is not a number
+    for gates, settle in fits:
+        gates = gates.transpose(RESTART, LAYER, HEAD).values  # (restart, L, H)
+        open_ |= unsettled(gates, settle.transpose(RESTART, LAYER, HEAD).values, threshold).any(0)
         lost |= ~np.isfinite(gates).all(0)
+    lines = []
     if lost.any():
         # more updates cannot settle a gate the fit lost: the model's loss was not finite
         heads = ", ".join(f"L{layer}H{head}" for layer, head in zip(*np.nonzero(lost), strict=True))
-        lines.append(f"convergence of the labels: undefined at {heads} (a G+ or G- gate is not a number: the "
-                     "model's loss was not finite)")
+        lines.append(f"{what}: undefined at {heads} (a {a_gate} is not a number: the model's loss was not finite)")
         open_ &= ~lost
     if open_.any():
         heads = ", ".join(f"L{layer}H{head}" for layer, head in zip(*np.nonzero(open_), strict=True))
-        lines.append(f"convergence of the labels: not settled at {heads} (a G+ or G- gate moved over its last tenth at least as far "
+        lines.append(f"{what}: not settled at {heads} (a {a_gate} moved over its last tenth at least as far "
                      f"as it now sits from the {threshold:g} threshold); refit with more --steps")
     elif not lost.all():
         where = " at the other heads" if lost.any() else ""
-        lines.append(f"convergence of the labels: settled{where} (every G+ and G- gate{where and ' there'} sits farther from the "
+        lines.append(f"{what}: settled{where} ({every_gate}{where and ' there'} sits farther from the "
                      f"{threshold:g} threshold than it moved over its last tenth)")
     return lines
