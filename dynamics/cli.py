@@ -418,7 +418,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
               f"of {cfg.train.steps}, not to a finished model", file=sys.stderr)
     ds = gate_report(model, cfg, options, contrast=contrast, progress=gates_progress(run_id))
     ds.attrs["step"] = step  # the checkpoint fitted; the run may be resumed past it later
-    print(f"{run_id} at step {step}: causal head gating, {options.restarts} restarts x {options.steps} updates")
+    print(f"{run_id} at step {step}: causal head gating, {options.restarts} restart(s) x {options.steps} updates")
     print_table(*report_table(ds))
     for line in report_lines(ds):
         print(line)

@@ -280,7 +280,8 @@ def test_gates_says_what_it_fitted_first_and_where_it_saved_it_last(tiny, tmp_pa
     no_save = [] if save else ["--no-save"]
     assert cli.main(["gates", str(s), "--steps", "2", "--init-steps", "0", "--restarts", "1", *no_save]) == 0
     out = lines(capsys.readouterr().out)
-    assert out[0] == f"{run_id} at step 10: causal head gating, 1 restarts x 2 updates"
+    # "1 restarts": written as the report's CHG caption writes a fit's options
+    assert out[0] == f"{run_id} at step 10: causal head gating, 1 restart(s) x 2 updates"
     saved = store.open_derived(s, f"gates.{run_id}")
     if save:
         assert out[-1] == f"saved to derived/gates.{run_id}" and saved is not None
