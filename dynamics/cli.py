@@ -1,4 +1,4 @@
-"""Command line: ``dynamics <command>`` (or ``python -m dynamics <command>``).
+"""Command line: dynamics <command>, or python -m dynamics <command>; each command's --help says more.
 
 The only module that may import everything. Bad input is reported as one line naming the
 problem, with exit code 2, before any work starts (the checks the commands share are in
@@ -525,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", metavar="ADDRESS", help="run on an existing Dask cluster (tcp://host:port or a scheduler file)")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("status", help="runs in a store, in grid order: swept values, status, steps done, the step a resume restarts from, last loss")
+    p = sub.add_parser("status", help="runs in a store, in grid order: swept values, status, steps done, the step a resume restarts from, last loss (the final model's, on one training batch)")
     p.add_argument("store")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("analyse", help="compute every analyser for every run; write results next to the recordings")

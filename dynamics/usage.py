@@ -40,6 +40,15 @@ class _Once(argparse._StoreAction):
 _GIVEN = "_flags_given"
 
 
+class _Subcommands(argparse._SubParsersAction):
+    """Subcommands whose own ``--help`` opens with the line ``dynamics --help`` lists them by:
+    ``dynamics status --help`` said nothing of what status prints, only its usage."""
+
+    def add_parser(self, name, **kwargs):
+        kwargs.setdefault("description", kwargs.get("help"))
+        return super().add_parser(name, **kwargs)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the usage itself is in --help), exit code 2, and
     a flag that takes one value is refused when given twice (:class:`_Once`)."""
@@ -48,6 +57,7 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.register("action", None, _Once)
         self.register("action", "store", _Once)
+        self.register("action", "parsers", _Subcommands)
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, rest = super().parse_known_args(args, namespace)

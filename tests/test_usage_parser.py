@@ -1,0 +1,31 @@
+"""dynamics.usage.OneLineParser as the command line builds it: what each command's --help says."""
+
+import argparse
+
+from dynamics.cli import build_parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub
+
+
+def test_each_commands_help_opens_with_the_line_dynamics_help_lists_it_by():
+    # `dynamics status --help` gave its usage and nothing of what status prints.
+    sub = _subcommands(build_parser())
+    listed = {a.dest: a.help for a in sub._choices_actions}
+    assert set(listed) == {"run", "sweep", "status", "analyse", "predict", "report", "gates", "demo"}
+    for name, parser in sub.choices.items():
+        assert listed[name] and parser.description == listed[name]
+        assert " ".join(listed[name].split()) in " ".join(parser.format_help().split())
+    status = " ".join(sub.choices["status"].format_help().split())
+    assert ("swept values, status, steps done, the step a resume restarts from, last loss (the final model's, on one "
+            "training batch)") in status  # not the curve's last value, nor a mean of it (README, The store)
+
+
+def test_a_description_given_is_kept():
+    from dynamics.usage import OneLineParser
+
+    sub = OneLineParser(prog="x").add_subparsers()
+    assert sub.add_parser("a", help="short", description="long").description == "long"
+    assert sub.add_parser("b").description is None  # no help, no description: argparse's own
