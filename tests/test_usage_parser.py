@@ -19,8 +19,9 @@ def test_each_commands_help_opens_with_the_line_dynamics_help_lists_it_by():
         assert listed[name] and parser.description == listed[name]
         assert " ".join(listed[name].split()) in " ".join(parser.format_help().split())
     status = " ".join(sub.choices["status"].format_help().split())
-    assert ("swept values, status, steps done, the step a resume restarts from, last loss (the final model's, on one "
-            "training batch)") in status  # not the curve's last value, nor a mean of it (README, The store)
+    # one batch, not a mean of the curve; of the final model only for a completed run (README, The store)
+    assert ("swept values, status, steps done, the step a resume restarts from, last loss (one training batch's, at "
+            "the last step reached)") in status
 
 
 def test_a_description_given_is_kept():
