@@ -4,6 +4,7 @@ to the memory check or to a kept checkpoint, each on a real store."""
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -177,19 +178,82 @@ def test_ctrl_c_on_a_cluster_without_workers_does_not_wait_out_the_grace(monkeyp
 
     from distributed import Client, LocalCluster
 
-    from dynamics.sweep import launcher
 
     looks = []
     real = cancel.settled
     monkeypatch.setattr(cancel, "settled", lambda *a, **k: looks.append(1) or real(*a, **k))
-    monkeypatch.setattr(launcher, "STOP_GRACE", 10.0)  # 20 looks of 0.5 s before the change
+    monkeypatch.setattr(cancel, "STOP_GRACE", 10.0)  # 20 looks of 0.5 s before the change
     with LocalCluster(n_workers=0, processes=False, dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         queued = client.submit(sum, [1, 2], key="dynamics-train-rq-0-1", pure=False)
-        launcher._stop_running(client, None, {queued: "rq"}, lambda f, run_id: None, {})
+        assert cancel.stop_running(client, None, {queued: "rq"}, lambda f, run_id: None, {}) is False
         assert len(looks) == 1
         assert queued.status == "cancelled"
     assert "dynamics: stopping the sweep" in capsys.readouterr().err
+
+
+_HELD = threading.Event()
+
+
+def _deaf_run(seconds: float) -> bool:
+    """A task that does not see the sweep's stop event (on an in-process worker: _HELD is this one)."""
+    return _HELD.wait(seconds)
+
+
+def test_a_second_ctrl_c_while_stopping_is_an_abort(capsys):
+    # A real SIGINT while the launcher waits for a run that does not stop: stop_running says so,
+    # and the launcher then kills the workers rather than waiting out the cluster's close.
+    import logging
+    import signal
+
+    from distributed import Client, LocalCluster
+
+    _HELD.clear()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
+                      scheduler_kwargs={"dashboard_address": ":0"}, silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+        training = client.submit(_deaf_run, 60, key="dynamics-train-rt-0-1", pure=False)
+        second = threading.Timer(0.5, signal.raise_signal, (signal.SIGINT,))
+        second.start()
+        try:
+            assert cancel.stop_running(client, None, {training: "rt"}, lambda f, run_id: None, {}) is True
+        finally:
+            second.cancel()
+            _HELD.set()
+    assert "Ctrl-C again to abort at once" in capsys.readouterr().err
+
+
+def test_kill_workers_ends_the_embedded_clusters_worker_processes_mid_task():
+    # Closing a cluster whose worker trains waits out the nanny's timeout while it trains on:
+    # after a second Ctrl-C the workers are killed instead, and the close that follows is clean.
+    import time
+
+    from distributed import Client
+
+    from dynamics.sweep.launcher import local_cluster
+
+    def state(pid: int) -> str:  # "R", "S", ...; "Z" (killed, not yet reaped) or "gone"
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return "gone"
+
+    cluster = local_cluster(1)
+    try:
+        with Client(cluster) as client:
+            busy = client.submit(time.sleep, 60, pure=False)
+            while busy.status == "pending" and not client.processing()[next(iter(client.processing()))]:
+                time.sleep(0.05)  # until the task is on the worker
+            [pid] = [nanny.pid for nanny in cluster.workers.values()]
+            assert state(pid) not in ("Z", "gone")
+            cancel.kill_workers(cluster)
+            deadline = time.monotonic() + 60  # a liveness bound, not a speed check
+            while state(pid) not in ("Z", "gone") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert state(pid) in ("Z", "gone")
+    finally:
+        cluster.close()
+    cancel.kill_workers(cluster)  # its workers already gone: nothing to do, nothing raised
 
 
 def test_a_finished_point_whose_checkpoint_was_deleted_is_skipped(copy):
@@ -206,7 +270,7 @@ def test_a_late_failure_record_never_overwrites_a_finished_run(tmp_path):
     # A task failing after another process finished its run (or while it trains it, holding the
     # lock) must leave that run as it is: its failure goes to the sweep summary only. Likewise the
     # launcher's marking of runs left "running" after Ctrl-C: a locked one is another's, live.
-    from dynamics.sweep.launcher import _mark_interrupted
+    from dynamics.sweep.cancel import mark_interrupted
     from dynamics.sweep.task import _record_failure
 
     cfg = from_dict(tiny())
@@ -218,9 +282,9 @@ def test_a_late_failure_record_never_overwrites_a_finished_run(tmp_path):
     store.update_run_attrs(path, cfg.run_id(), status="running")
     with store.run_lock(path, cfg.run_id()):
         _record_failure(path, cfg.run_id(), "Traceback: late")
-        _mark_interrupted(path, [cfg.run_id()])
+        mark_interrupted(path, [cfg.run_id()])
     assert store.run_attrs(path, cfg.run_id())["status"] == "running"
-    _mark_interrupted(path, [cfg.run_id()])  # nobody holds it now: it was cut short
+    mark_interrupted(path, [cfg.run_id()])  # nobody holds it now: it was cut short
     assert store.run_attrs(path, cfg.run_id())["status"] == "interrupted"
 
 
@@ -303,13 +367,13 @@ def test_a_failure_record_leaves_a_run_another_process_finished_alone(tmp_path):
 
 
 def test_an_interrupted_sweep_marks_only_the_runs_still_marked_running(tmp_path):
-    from dynamics.sweep.launcher import _mark_interrupted
+    from dynamics.sweep.cancel import mark_interrupted
     from tests.test_store import write_run
 
     path = str(tmp_path / "s.zarr")
     for rid, status in (("a", "running"), ("b", "failed"), ("c", "diverged"), ("d", "interrupted")):
         write_run(path, rid, attrs={"status": status})
-    _mark_interrupted(path, ["a", "b", "c", "d", "not-there"])
+    mark_interrupted(path, ["a", "b", "c", "d", "not-there"])
     got = {rid: store.run_attrs(path, rid)["status"] for rid in "abcd"}
     assert got == {"a": "interrupted", "b": "failed", "c": "diverged", "d": "interrupted"}
     assert "not-there" not in store.list_runs(path)

@@ -84,17 +84,17 @@ Modules
 - :mod:`~dynamics.sweep.task`: the Dask task :func:`run_point` and its worker-side helpers (progress
   events, the stop event, the Ctrl-C plugin of the embedded cluster).
 - :mod:`~dynamics.sweep.launcher`: :func:`run_sweep`, :func:`local_cluster`, :func:`default_workers`,
-  submission and resubmission (``MAX_RESUBMITS``), stopping on Ctrl-C (``STOP_GRACE``).
+  submission and resubmission (``MAX_RESUBMITS``).
 - :mod:`~dynamics.sweep.cancel`: what the launcher makes of tasks cancelled on the cluster, and
-  of a cluster without workers.
+  of a cluster without workers; stopping on Ctrl-C (``STOP_GRACE``), a second one aborting at once.
 - :mod:`~dynamics.sweep.progress`: the launcher's display (tqdm bars, log lines, or nothing).
 - :mod:`~dynamics.sweep.summary`: :class:`SweepSummary` and ``FINISHED``.
 """
 
 # `name as name`: module-level names kept reachable as sweep.<name>, outside __all__.
+from dynamics.sweep.cancel import STOP_GRACE as STOP_GRACE
 from dynamics.sweep.grid import Point, expand_grid
 from dynamics.sweep.launcher import MAX_RESUBMITS as MAX_RESUBMITS
-from dynamics.sweep.launcher import STOP_GRACE as STOP_GRACE
 from dynamics.sweep.launcher import check_points as check_points
 from dynamics.sweep.launcher import default_workers, local_cluster, run_sweep
 from dynamics.sweep.lock import LOCK_HEARTBEAT_EVERY as LOCK_HEARTBEAT_EVERY

@@ -9,12 +9,10 @@ import logging
 import os
 import pickle
 import signal
-import sys
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 
 from dynamics import provenance, store
 from dynamics.budget import DoesNotFit, check_fits
@@ -34,8 +32,6 @@ from dynamics.tasks.hashing import other_data
 
 MAX_RESUBMITS = 2
 """Extra submissions of a run whose task the scheduler gave up on (KilledWorker)."""
-STOP_GRACE = 30.0
-"""Seconds the launcher waits, after Ctrl-C, for running tasks to record `interrupted`."""
 
 
 def local_cluster(n_workers: int):
@@ -503,6 +499,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     cancelled: dict = {}  # key -> why, for tasks cancelled on the cluster
     orphans: dict = {}  # run id -> why, for those whose worker trains on
     watch = cancel.WorkerWatch(client)
+    aborted = False  # a second Ctrl-C while stopping
     try:
         stop = Event(_stop_name(token), client=client)
         client.subscribe_topic(_progress_topic(token), events.put)
@@ -523,16 +520,20 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 watch.check(time.monotonic(), display)
             display.tick()
     except KeyboardInterrupt:  # stopping: a run still trained elsewhere is not waited for
-        _stop_running(client, stop, pending, functools.partial(collect, wait=False), cancelled, display.say)
+        aborted = cancel.stop_running(client, stop, pending, functools.partial(collect, wait=False), cancelled,
+                                      display.say)
         raise
     finally:
         display.close()
         with contextlib.suppress(Exception), _quiet("distributed.client"):
             client.close()  # after a lost scheduler, Dask logs the cancelled reconnection as an error traceback
         if cluster is not None:
+            if aborted:
+                cancel.kill_workers(cluster)
             with contextlib.suppress(Exception):
                 cluster.close()
-            _mark_interrupted(path, [r for r in by_run if results.get(r, {}).get("status", "cancelled") == "cancelled"])
+            cancel.mark_interrupted(path, [r for r in by_run
+                                           if results.get(r, {}).get("status", "cancelled") == "cancelled"])
     return [results[p.run_id] for p in todo if p.run_id in results]
 
 
@@ -557,44 +558,3 @@ def _quiet(name: str):
         yield
     finally:
         log.setLevel(level)
-
-
-def _stop_running(client, stop, pending: dict, collect, cancelled: dict,
-                  say: Callable[[str], None] | None = None) -> None:
-    """After Ctrl-C: ask running tasks to stop, cancel queued ones, wait a little (``say``: how
-    the line saying so is written, above the progress bars)."""
-    (say or functools.partial(print, file=sys.stderr, flush=True))(
-        "dynamics: stopping the sweep (Ctrl-C again to abort at once); runs stay resumable")
-    if client.status != "running":  # the scheduler is gone (Ctrl-C while an orphaned run was waited for):
-        return  # nothing to stop through it, and its calls raised from a closed client: a traceback, not exit 130
-    try:
-        if stop is not None:
-            stop.set()
-        deadline = time.monotonic() + STOP_GRACE
-        while pending and time.monotonic() < deadline:
-            for f in cancel.settled(pending, cancelled):
-                collect(f, pending.pop(f))
-            if pending and not client.nthreads():
-                # no worker: no run is training to stop, and no queued task can start to see the
-                # stop; waiting out the grace only held Ctrl-C for 30 s
-                break
-        client.cancel(list(pending), force=True)
-    except (KeyboardInterrupt, Exception):  # noqa: BLE001 - a second Ctrl-C, or the scheduler lost meanwhile:
-        pass  # the runs stay resumable all the same
-
-
-def _mark_interrupted(path: str, run_ids: list[str]) -> None:
-    """After the embedded cluster is gone, runs still marked running were cut short.
-
-    Under each run's lock, as `task._record_failure`: a run still marked running may be one that
-    another process (`dynamics run`, another launcher) is training right now, which holds the
-    lock, and is left alone (run_lock refuses).
-    """
-    try:
-        present = set(store.list_runs(path))  # one listing; run_lock would make a lock file for a run not there
-    except Exception:  # noqa: BLE001 - best effort: the runs stay "running", which status shows as stopped
-        return
-    for run_id in (r for r in run_ids if r in present):
-        with contextlib.suppress(Exception), store.run_lock(path, run_id):
-            if store.run_attrs(path, run_id).get("status") == "running":
-                store.update_run_attrs(path, run_id, status="interrupted")

@@ -124,7 +124,7 @@ def test_ctrl_c_after_the_scheduler_is_gone_stops_without_a_traceback(capsys):
     # closed client, and AttributeError or ClosedClientError came out as a traceback, not exit 130.
     from distributed import Client, Event, LocalCluster
 
-    from dynamics.sweep.launcher import _stop_running
+    from dynamics.sweep.cancel import stop_running
 
     cluster = LocalCluster(n_workers=0, processes=False, dashboard_address=None)
     client = Client(cluster, timeout=30)
@@ -132,5 +132,5 @@ def test_ctrl_c_after_the_scheduler_is_gone_stops_without_a_traceback(capsys):
     client.close()
     cluster.close()
     assert client.status != "running"
-    _stop_running(client, stop, {}, lambda f, run_id: None, {})  # returns, raising nothing
+    assert stop_running(client, stop, {}, lambda f, run_id: None, {}) is False  # returns, raising nothing
     assert "stopping the sweep" in capsys.readouterr().err
