@@ -113,14 +113,27 @@ def test_a_run_given_up_on_is_failed_only_if_it_began_this_launch(copy):
     assert not (Path(path) / "runs" / "rnever").exists()
     # begun this launch (its starts count grew): failed, and recorded so
     r = given_up(path, run_id, starts - 1, 3, "tcp://w:1")
-    assert r["status"] == "failed" and r["error"] == killed_reason(3, "tcp://w:1")
+    assert r["status"] == "failed" and r["error"] == killed_reason(3, "tcp://w:1", 1)
     assert store.run_attrs(path, run_id)["status"] == "failed"
+    # "the worker training it died 3 times" of a run one session of which began: the other two
+    # deaths came with its task queued behind another run, which may be the one that crashes them
+    assert r["error"] == ("KilledWorker: the worker training it died once, and 2 times more with it queued behind "
+                          "another run (last tcp://w:1); the same command resumes it")
+    assert given_up(path, run_id, starts - 2, 2, "w")["error"].startswith("KilledWorker: the worker training it died "
+                                                                          "2 times (last w)")
+    assert given_up(path, run_id, None, 1, "w")["error"].startswith("KilledWorker: the worker training it died once "
+                                                                    "(last w)")  # made this launch
 
 
 def test_a_killed_workers_reason_counts_every_death():
-    assert killed_reason(1, "tcp://w:1") == ("KilledWorker: the worker training it died once (last tcp://w:1); the "
-                                              "same command resumes it")
-    assert killed_reason(8, "tcp://w:1").startswith("KilledWorker: the worker training it died 8 times (last ")
+    assert killed_reason(1, "tcp://w:1", 1) == ("KilledWorker: the worker training it died once (last tcp://w:1); the "
+                                                 "same command resumes it")
+    assert killed_reason(8, "tcp://w:1", 8).startswith("KilledWorker: the worker training it died 8 times (last ")
+    assert killed_reason(8, "w", 3).startswith("KilledWorker: the worker training it died 3 times, and 5 times more "
+                                               "with it queued behind another run (last w)")
+    # how many came while it trained not known: not all called "training it"
+    assert killed_reason(2, "w") == ("KilledWorker: the workers holding its task died 2 times (with it training or "
+                                     "queued; last w); the same command resumes it")
 
 
 def test_a_point_finished_in_the_store_needs_no_memory_but_the_others_do(copy, monkeypatch):
@@ -392,6 +405,6 @@ def test_a_run_is_finished_elsewhere_only_if_the_store_holds_it_finished(tmp_pat
 
 
 def test_a_given_up_runs_reason_counts_its_workers_deaths():
-    assert "died once (last tcp://w:1)" in killed_reason(1, "tcp://w:1")
-    assert "died 2 times (last tcp://w:1)" in killed_reason(2, "tcp://w:1")
+    assert "died once (last tcp://w:1)" in killed_reason(1, "tcp://w:1", 1)
+    assert "died 2 times (last tcp://w:1)" in killed_reason(2, "tcp://w:1", 2)
     assert "died 3 times" in killed_reason(3, "w")

@@ -131,9 +131,12 @@ def given_up(path: str, run_id: str, starts_before: int | None, deaths: int, las
     nothing recorded the run's end, and it would stay "running" (`dynamics status`: stopped) while
     the summary said failed.
     """
+    trained = None  # of the deaths, those while it trained: one session begun this launch each
     try:
         attrs = store.run_attrs(path, run_id) if store.run_listed(path, run_id) else None
         began = attrs is not None and (starts_before is None or int(attrs.get("starts", 0)) > starts_before)
+        if began:
+            trained = min(deaths, int(attrs.get("starts", 0)) - (starts_before or 0)) or None
     except Exception:  # noqa: BLE001 - cannot tell: as a run that began (its failure recorded if it can be)
         began = True
     out = {"run_id": run_id, "steps_done": 0, "skipped": False, "traceback": None}
@@ -142,15 +145,26 @@ def given_up(path: str, run_id: str, starts_before: int | None, deaths: int, las
             f"not trained: the workers its task waited on died {_times(deaths)} before it began (last {last_worker}; "
             f"a run beside it on the same worker may have crashed them); the same command "
             f"{'trains' if attrs is None else 'resumes'} it")}
-    error = killed_reason(deaths, last_worker)
+    error = killed_reason(deaths, last_worker, trained)
     _record_failure(path, run_id, error)
     return out | {"status": "failed", "error": error}
 
 
-def killed_reason(deaths: int, last_worker: str) -> str:
+def killed_reason(deaths: int, last_worker: str, trained: int | None = None) -> str:
     """The one-line error of a run whose task the scheduler gave up on (KilledWorker) for good:
-    Dask's own message counts the workers of the last submission only."""
-    return f"KilledWorker: the worker training it died {_times(deaths)} (last {last_worker}); the same command resumes it"
+    Dask's own message counts the workers of the last submission only.
+
+    ``trained``: how many of the ``deaths`` came while the run trained (its sessions begun this
+    launch, each ended by one), the rest with its task queued behind another run, whose crash
+    they may be. "The worker training it died 3 times" of a run trained once sent a researcher
+    looking for a crash in the wrong run. None: not known, and the line says either may be.
+    """
+    if trained is None:
+        return (f"KilledWorker: the workers holding its task died {_times(deaths)} (with it training or queued; last "
+                f"{last_worker}); the same command resumes it")
+    queued = f", and {_times(deaths - trained)} more with it queued behind another run" if deaths > trained else ""
+    return (f"KilledWorker: the worker training it died {_times(trained)}{queued} (last {last_worker}); the same "
+            f"command resumes it")
 
 
 def _times(n: int) -> str:
