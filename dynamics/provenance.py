@@ -91,11 +91,14 @@ def other_code(here: str | None, expected: str) -> str:
                 "worker")
     # A worker keeps the hash of the code it imported; one restarted (a worker killed and replaced)
     # hashes the source as it is then, so an edit or a pull since the launch is refused here too.
+    # A worker of a long-lived cluster that imported the code before a pull was refused at every
+    # launch, told to launch again: restarting it is what reads the code as it is now.
     return (f"this worker runs other dynamics code than the launcher (code hash {here[:16]}... against "
-            f"{expected[:16]}...: another checkout or an older install, or the source edited since the sweep "
-            f"started and read by a worker started after the edit?); not trained here, so that the sweep's runs "
-            f"are all trained by the same code: install the launcher's on every worker, or launch the sweep "
-            f"again to go on with the code as it is now")
+            f"{expected[:16]}...: another checkout or an older install, a worker that imported the code before "
+            f"an edit or a pull and keeps what it imported, or one started after an edit made while the sweep "
+            f"ran?); not trained here, so that the sweep's runs are all trained by the same code: give every "
+            f"worker the launcher's code and restart the workers, or launch the sweep again to go on with the "
+            f"code as it is now")
 
 
 def same_code_or_refuse(expected: str, run_id: str, function: str, args: bytes):

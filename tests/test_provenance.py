@@ -56,12 +56,13 @@ def test_the_check_calls_the_task_only_where_the_code_is_the_launchers():
     out = provenance.same_code_or_refuse("0" * 64, "r1", "no_such_module:f", unloadable)
     assert out == {"run_id": "r1", "status": "failed", "steps_done": 0, "skipped": False, "traceback": None,
                    "waited": None, "error": provenance.other_code(here, "0" * 64), "refused": "code"}
+    # a worker of a long-lived cluster that imported the code before a pull: restarting it is the fix
     assert out["error"] == (
         f"this worker runs other dynamics code than the launcher (code hash {here[:16]}... against "
-        f"0000000000000000...: another checkout or an older install, or the source edited since the sweep started "
-        f"and read by a worker started after the edit?); not trained here, so that the sweep's runs are all "
-        f"trained by the same code: install the launcher's on every worker, or launch the sweep again to go on "
-        f"with the code as it is now")
+        f"0000000000000000...: another checkout or an older install, a worker that imported the code before an "
+        f"edit or a pull and keeps what it imported, or one started after an edit made while the sweep ran?); not "
+        f"trained here, so that the sweep's runs are all trained by the same code: give every worker the "
+        f"launcher's code and restart the workers, or launch the sweep again to go on with the code as it is now")
 
 
 def test_a_task_payload_runs_the_check_where_it_is_loaded_and_names_what_a_worker_lacks():
