@@ -137,6 +137,8 @@ def test_a_store_path_whose_bytes_are_not_utf8_is_shown_not_a_crash(tmp_path):
     text = page.read_bytes().decode("utf-8")  # strict: the page is UTF-8 throughout
     assert "<title>dynamics report: s\ufffd.zarr</title>" in text
     assert f"Store <code>{html.escape(str(tmp_path))}/s\ufffd.zarr</code>" in text
+    # and in any sentence that names it: the sections' "Not available" lines name their command
+    assert f"<code>dynamics predict {html.escape(str(tmp_path))}/s\ufffd.zarr</code>" in text
 
 
 def _imports(module: str) -> set[str]:

@@ -155,8 +155,8 @@ def write_report(
             table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
             table_axes += _table_settings(runs, table_axes, axes)
             swept = set((index or {}).get("runs", {}))
-            draft.write_text(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending, swept, href,
-                                   index, notes), encoding="utf-8")
+            draft.write_text(_shown(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending,
+                                          swept, href, index, notes)), encoding="utf-8")  # a path in any sentence
             _fsync_tree(stage, draft)
             os.replace(draft, page)  # the switch: one rename, so a reader sees the old page or the new one
         except BaseException:  # Ctrl-C included: the previous report stays whole, the new figures go
@@ -543,8 +543,8 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
 
 
 def _shown(name: str | bytes) -> str:
-    """A path as a UTF-8 page can hold it: bytes that are not UTF-8 (which Python carries as lone
-    surrogates) shown as U+FFFD; written as they were, they made the page unwritable."""
+    """A path, or a page naming one, as UTF-8 can hold it: bytes that are not UTF-8 (lone surrogates
+    in Python) shown as U+FFFD; written as they were, they made the page unwritable."""
     return os.fsencode(name).decode("utf-8", "replace")
 
 
