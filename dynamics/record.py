@@ -123,15 +123,16 @@ class Recorder:
             out.append(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).item())
         return np.array(out, dtype=np.float32)
 
-    def chg(self, model: Transformer, fit: bool) -> dict[str, np.ndarray]:
-        """Causal head gating at this snapshot (Nam et al. 2025), or the unfitted markers."""
+    def chg(self, model: Transformer, fit: bool, progress=None) -> dict[str, np.ndarray]:
+        """Causal head gating at this snapshot (Nam et al. 2025), or the unfitted markers;
+        ``progress(stage, done, total)`` after each update of the fit (see ``chg_snapshot``)."""
         from dynamics.gates import UNFITTED, chg_snapshot
 
         L, H = self.cfg.model.n_layers, self.cfg.model.n_heads
         if not fit:
             return {"chg": np.full((L, H, 2), np.nan, dtype=np.float32),
                     "chg_role": np.full((L, H), UNFITTED, dtype=np.int8)}
-        chg, role = chg_snapshot(model, self.cfg)
+        chg, role = chg_snapshot(model, self.cfg, progress=progress)
         return {"chg": chg, "chg_role": role}
 
     @torch.no_grad()

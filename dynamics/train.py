@@ -47,7 +47,9 @@ from dynamics.tasks import data_hash, make_batch
 provenance.process_code_hash()
 
 Progress = Callable[[int, int, float], None]
-"""progress(step, total_steps, last_loss), called every few steps."""
+"""progress(step, total_steps, last_loss), called every few steps, and with the same step after
+each update of a gate fit at a snapshot before the last (record.chg_every). Raising
+KeyboardInterrupt from it stops the run as Ctrl-C does."""
 
 OWN_ATTRS = frozenset({
     "run_id", "config", "seed", "version", "code_hash", "torch_version", "device", "cpu_capability", "data_hash",
@@ -255,7 +257,7 @@ def train_run(
     run_id : str, optional
         Group name under runs/; defaults to ``cfg.run_id()``.
     progress : callable, optional
-        ``progress(step, steps, loss)``.
+        ``progress(step, steps, loss)`` (:data:`Progress`).
     extra_attrs : dict, optional
         Extra JSON-able run attributes (e.g. the swept values); not one training writes itself
         (`OWN_ATTRS`: ConfigError).
@@ -534,7 +536,12 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                 with model.hooks(intervention.eval_hooks() if intervention is not None else []):
                     blocks = recorder.snapshot(model)
                     if cfg.record.chg_every:
-                        blocks |= recorder.chg(model, bool(fitted[index_of[step]]))
+                        # A fit takes seconds: a sweep's stop, read in the progress callback, went
+                        # unseen until it ended (7-10 s). The last step's is left alone: at the
+                        # total, a callback says the run is done (a bar closes).
+                        during = (None if progress is None or step >= cfg.train.steps else
+                                  lambda *_: progress(step, cfg.train.steps, last_loss))  # noqa: B023 - called now
+                        blocks |= recorder.chg(model, bool(fitted[index_of[step]]), during)
                 if intervention is not None:
                     blocks |= intervention.snapshot(model, recorder.probe_tokens)
                 bg.submit(writer.write_snapshot, index_of[step], blocks)

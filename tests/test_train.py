@@ -303,6 +303,32 @@ def test_never_written_snapshots_of_gate_fits_read_unfitted(cfg, tmp_path):
     assert (ds.chg_role.values[0] >= 0).all()  # snapshot 0 was fitted
 
 
+def test_a_stop_is_seen_during_a_gate_fit_and_the_resume_records_what_an_unbroken_run_does(cfg, tmp_path):
+    # A sweep's stop is read in the progress callback, which a gate fit (seconds) never called: a
+    # Ctrl-C at a sweep recording fits waited 7-10 s for the fit to end. Now the fit calls it,
+    # with the snapshot's step, and a stop there is an interrupt like any other.
+    chg = with_values(cfg, {"record.chg_every": 1, "record.chg_steps": 5})
+    calls = []
+
+    def stop_in_a_fit(step, steps, loss):
+        calls.append(step)
+        if step >= 8 and calls.count(step) > 1:  # a second call at one step: inside its snapshot's fit
+            raise KeyboardInterrupt
+
+    path, ref = str(tmp_path / "s.zarr"), str(tmp_path / "ref.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(chg, path, progress=stop_in_a_fit)
+    stopped = calls[-1]
+    assert 8 <= stopped < chg.train.steps and stopped in store.open_run(path).step.values
+    attrs = store.run_attrs(path, chg.run_id())
+    assert attrs["status"] == "interrupted" and attrs["steps_done"] == stopped  # its update not made
+    finals = []
+    train_run(chg, path, progress=lambda step, steps, loss: finals.append(step) if step == steps else None)
+    assert finals == [chg.train.steps]  # the last snapshot's fit says nothing: at the total, a bar closes
+    train_run(chg, ref)
+    assert_same_run_arrays(path, ref)
+
+
 def test_an_interrupt_while_the_last_writes_drain_is_recorded_interrupted(cfg, tmp_path, monkeypatch):
     import dynamics.train as train
 

@@ -124,7 +124,8 @@ def fit_chg(
 
 
 def chg_snapshot(
-    model: Transformer, cfg: RunConfig, steps: int | None = None, options: GateOptions | None = None
+    model: Transformer, cfg: RunConfig, steps: int | None = None, options: GateOptions | None = None,
+    progress: Progress | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """CHG of the model as it is now, for the recorder: ``(chg (L, H, 2) float32, chg_role (L, H) int8)``.
 
@@ -143,6 +144,9 @@ def chg_snapshot(
         Updates per stage; default ``cfg.record.chg_steps``.
     options : GateOptions, optional
         Default: one restart.
+    progress : callable, optional
+        As :func:`fit_chg`'s: training looks for a stop (a sweep's, by its progress callback)
+        through it, since a fit takes seconds.
 
     Example
     -------
@@ -152,7 +156,7 @@ def chg_snapshot(
     """
     # `steps or ...` read steps=0 as "the default" (200 updates)
     opts = replace(options or GateOptions(restarts=1), steps=cfg.record.chg_steps if steps is None else steps)
-    ds = fit_chg(model, cfg, opts)
+    ds = fit_chg(model, cfg, opts, progress=progress)
     chg = ds.chg.mean(RESTART).transpose(LAYER, HEAD, FIT).values.astype(np.float32)
     role = ds.chg_role.values[0] if opts.restarts == 1 else ds.role.values
     return chg, role.astype(np.int8)
