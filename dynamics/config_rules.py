@@ -100,13 +100,15 @@ def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
                  f"(needs >= {2 * t.max_period})")
     if "offset_copy" in comps:
         _require(t.delta >= 1, f"task.delta: must be >= 1, got {t.delta}")
-        _require(m.context > 2 * t.delta, f"model.context: {m.context} is too short for task.delta {t.delta}")
+        _require(m.context > 2 * t.delta,
+                 f"model.context: {m.context} is too short for task.delta {t.delta} (needs >= {2 * t.delta + 1})")
         _require(0.0 <= t.p <= 1.0, f"task.p: must be in [0, 1], got {t.p}")
     if "markov" in comps:
         _require(t.markov_order >= 1, f"task.markov_order: must be >= 1, got {t.markov_order}")
         _require(1 <= t.markov_branching <= m.vocab_size,
                  f"task.markov_branching: must be in [1, vocab_size], got {t.markov_branching}")
-        _require(m.context > t.markov_order, f"model.context: too short for task.markov_order {t.markov_order}")
+        _require(m.context > t.markov_order, f"model.context: {m.context} is too short for task.markov_order "
+                                             f"{t.markov_order} (needs >= {t.markov_order + 1})")
     if any(c in BYTE_TASKS for c in comps):
         _require(m.vocab_size >= 256, f"model.vocab_size: byte-level task needs >= 256, got {m.vocab_size}")
     _require(t.pool_size >= 0, f"task.pool_size: must be >= 0, got {t.pool_size}")

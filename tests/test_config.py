@@ -68,6 +68,11 @@ def test_int_accepted_for_float_but_not_reverse():
         ({"train": {"lr": 0}}, "train.lr: must be > 0"),
         ({"train": {"lr": -1e-3}}, "train.lr: must be > 0"),
         ({"model": {"context": 16}, "task": {"max_period": 16}}, "model.context: 16 is too short for induction"),
+        # the bound given, as induction's is: "too short for task.delta 32" said nothing of what is enough
+        ({"model": {"context": 64}, "task": {"name": "offset_copy", "delta": 32}},
+         "model.context: 64 is too short for task.delta 32 (needs >= 65)"),
+        ({"model": {"context": 64}, "task": {"name": "markov", "markov_order": 64}},
+         "model.context: 64 is too short for task.markov_order 64 (needs >= 65)"),
         ({"task": {"name": "nope"}}, "task.name: unknown task"),
         # byte tasks have no look-back of their own; the analysers need a second position
         ({"model": {"context": 1, "vocab_size": 256}, "task": {"name": "corpus"}}, "model.context: must be >= 2"),
