@@ -239,9 +239,15 @@ def test_a_null_check_at_ceiling_horizons_only_is_refused_before_any_fit(planted
     monkeypatch.setattr(curve_module, "cross_validate", lambda *a, **k: pytest.fail("fitted before refusing"))
     with pytest.raises(predict.PredictError, match=(
             r"^null check: every horizon given is a ceiling \(its features see a run's final snapshot, which defines "
-            r"the target\), and none is ever named readable, so 0 of N would say nothing; give a horizon before the "
-            r"runs' ends$")):
+            r"the target\) or sees the initialisation alone \(the early-training models are then the init "
+            r"baselines\), and none is ever named readable, so 0 of N would say nothing; give a horizon between the "
+            r"runs' first snapshot after step 0 and their ends$")):
         predict.predict_runs(runs, dataclasses.replace(opt, horizons=(1.0,), null=2))
+    # the initialisation alone, or it and the end: "0 of 2 permutations" was as certain there
+    first = min(float(np.sort(r.data["step"].values)[1]) for r in runs) / max(float(r.data["step"].max()) for r in runs)
+    for horizons in ((0.0,), (0.0, 1.0), (first / 2, 1.0)):
+        with pytest.raises(predict.PredictError, match="or sees the initialisation alone"):
+            predict.predict_runs(runs, dataclasses.replace(opt, horizons=horizons, null=2))
     with pytest.raises(pytest.fail.Exception, match="fitted before refusing"):  # one horizon before the end: fitted
         predict.predict_runs(runs, dataclasses.replace(opt, horizons=(0.5, 1.0), null=2))
 

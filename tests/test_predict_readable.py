@@ -74,6 +74,36 @@ def test_the_nearest_miss_is_never_h0_where_the_early_models_are_the_init_ones()
             "initialisation alone); it is legible") in one.line
 
 
+def test_a_small_horizon_that_saw_step_0_alone_is_the_init_baselines_twin_too():
+    # h=1e-7 of a 500-step run sees step 0 alone, as h=0 does: the guard read h > 0 and named the
+    # baseline's twin at h=1e-07 (step 0) the nearest, without saying so.
+    mean, sd = table({"chance": [(0.5, 0.0)] * 2, "layer": [(0.55, 0.05)] * 2, "init_linear": [(0.9, 0.01)] * 2,
+                      "init_boosting": [(0.85, 0.01)] * 2, "linear": [(0.9, 0.01), (0.85, 0.1)],
+                      "boosting": [(0.85, 0.01), (0.8, 0.1)]})
+    got = predict.judge([1e-7, 0.25], mean, sd, "auroc", init_only=[True, False])
+    assert "nearest: linear 0.850 (band 0.750 to 0.950) at h=0.25;" in got.line
+    one = predict.judge([1e-7], mean[:1], sd[:1], "auroc", init_only=[True])
+    assert "at h=1e-07 (there the early-training models see the initialisation alone)" in one.line
+    with pytest.raises(ValueError, match=r"one ceiling, label and init_only per horizon \(2\); got 2, 2 and 1"):
+        predict.judge([1e-7, 0.25], mean, sd, "auroc", init_only=[True])
+    # a curve says it from the snapshots its features saw: one, at every run, is the initialisation's
+    from dynamics.predict.readable import init_only_horizons
+
+    curve = xr.Dataset({"n_snapshots_seen": (("horizon", "run"), [[1, 1], [1, 2], [3, 4]])},
+                       coords={"horizon": [1e-7, 0.01, 0.2]})
+    assert init_only_horizons(curve) == [True, False, False]
+
+
+def test_bands_that_touch_are_no_legibility_at_initialisation():
+    # chance 0.5 +- 0.1 and init_linear 0.8 +- 0.2 both end at 0.600: a tie, as everywhere else in
+    # the criterion, where the line said init_linear "clears the chance and layer bands".
+    mean, sd = table({"chance": flat((0.5, 0.1)), "layer": flat((0.5, 0.1)), "init_linear": flat((0.8, 0.2)),
+                      "init_boosting": flat((0.5, 0.1)), "linear": flat((0.5, 0.1)), "boosting": flat((0.5, 0.1))})
+    assert "legible" not in predict.judge([0.0, 0.1, 0.5], mean, sd, "auroc").line
+    mean[:, MODELS.index("init_linear")] = 0.8 + 1e-6
+    assert "it is legible at initialisation: init_linear" in predict.judge([0.0, 0.1, 0.5], mean, sd, "auroc").line
+
+
 def test_a_target_set_at_initialisation_is_said_to_be_legible_there_not_just_unreadable():
     # Every model, the init-only ones included, reads it perfectly: "not readable" alone read as
     # "unpredictable". Where no init baseline clears chance and layer, nothing is added.
@@ -136,9 +166,9 @@ def test_judge_refuses_unsorted_horizons_a_negative_sd_and_labels_or_ceilings_of
     neg[1, 0] = -0.5
     with pytest.raises(ValueError, match=r"^judge: an sd is negative \(-0.5\): a band needs sd >= 0$"):
         predict.judge([0.0, 0.1], mean, neg, "auroc")  # an inverted band, judged
-    with pytest.raises(ValueError, match=r"^judge: one ceiling and one label per horizon \(2\); got 1 and 2$"):
+    with pytest.raises(ValueError, match=r"^judge: one ceiling, label and init_only per horizon \(2\); got 1, 2 and 2$"):
         predict.judge([0.0, 0.1], mean, sd, "auroc", ceiling=[False])  # an IndexError
-    with pytest.raises(ValueError, match=r"^judge: one ceiling and one label per horizon \(2\); got 2 and 3$"):
+    with pytest.raises(ValueError, match=r"^judge: one ceiling, label and init_only per horizon \(2\); got 2, 3 and 2$"):
         predict.judge([0.0, 0.1], mean, sd, "auroc", labels=["a", "b", "c"])
     sd[0, 0] = np.nan  # no spread is NaN, not negative: judged as before
     predict.judge([0.0, 0.1], mean, sd, "auroc")

@@ -29,6 +29,7 @@ from dynamics.predict.readable import (
     METRIC_RANGE,
     NULL_UNJUDGED,
     ceiling_horizons,
+    init_only_horizons,
     judge,
     null_count,
     readable_of,
@@ -111,9 +112,11 @@ def _unpadded(data: xr.Dataset) -> xr.Dataset:
     return data if finite.all() else data.isel(snapshot=np.flatnonzero(finite))
 
 
-def _is_ceiling(runs: list[Run], horizon: float, unit: str) -> bool:
-    """Whether the features at ``horizon`` see some run's final snapshot (as `ceiling_horizons`)."""
-    return any(float(horizon_steps(r.data, [horizon], unit)[0]) >= float(np.max(r.data["step"].values)) for r in runs)
+def _never_judged(runs: list[Run], horizon: float, unit: str) -> bool:
+    """Whether the features at ``horizon`` see some run's final snapshot (a ceiling, as
+    `ceiling_horizons`) or every run's first snapshot alone (as `init_only_horizons`)."""
+    steps = [(float(horizon_steps(r.data, [horizon], unit)[0]), np.sort(r.data["step"].values)) for r in runs]
+    return any(h >= s[-1] for h, s in steps) or all(s.size < 2 or h < s[1] for h, s in steps)
 
 
 def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
@@ -159,11 +162,13 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     groups = rows["row_group"].values
     splits = group_splits(groups, opt.n_splits)
     _check_some_fold_scored(rows, splits, spec.metric, opt)
-    if opt.null and all(_is_ceiling(runs, h, opt.unit) for h in opt.horizons):
-        # judge never names a ceiling: "0 of N permutations" would be certain before any fit
+    if opt.null and all(_never_judged(runs, h, opt.unit) for h in opt.horizons):
+        # judge never names a ceiling, nor a horizon where the early models are the init baselines'
+        # twins: "0 of N permutations" would be certain before any fit
         raise PredictError("null check: every horizon given is a ceiling (its features see a run's final snapshot, "
-                           "which defines the target), and none is ever named readable, so 0 of N would say nothing; "
-                           "give a horizon before the runs' ends")
+                           "which defines the target) or sees the initialisation alone (the early-training models "
+                           "are then the init baselines), and none is ever named readable, so 0 of N would say "
+                           "nothing; give a horizon between the runs' first snapshot after step 0 and their ends")
     if opt.null:
         null_rows, null_splits = null_folds(blocks, splits, rows.sizes["head_row"])
         if len(null_splits) < 2:  # judge names nothing over fewer than 2 folds: 0 of N would say nothing
@@ -322,7 +327,7 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     seeds = [[seed_of[row_run[b[r, 0]]] for r in range(len(b))] for b in blocks]
     across = [_can_cross(_class_labels(s)) for s in seeds]
     y = rows["target"].values
-    spec, ceiling, labels = TARGETS[opt.target], ceiling_horizons(ds), _readable_labels(ds)
+    spec, ceiling, labels, blind = TARGETS[opt.target], ceiling_horizons(ds), _readable_labels(ds), init_only_horizons(ds)
     features = {h: t.values[keep] for h, t in tables.items()}
     init_kept, layer = init.values[keep], rows["row_layer"].values[keep]
     rng = np.random.default_rng(opt.random_state)
@@ -336,7 +341,7 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
         _, scores = cross_validate(features, init_kept, permuted[keep], layer, splits, opt)
         summary = _summary(scores)
         answer = judge(opt.horizons, summary[..., 0], summary[..., 1], spec.metric, models=MODELS, ceiling=ceiling,
-                       labels=labels)
+                       labels=labels, init_only=blind)
         hits += answer.horizon is not None
         judged += answer.judged
     return hits, judged, sum(len(b) for b, ok in zip(blocks, across, strict=True) if not ok)

@@ -114,7 +114,8 @@ NULL_UNJUDGED = "their folds left fewer than 2 with a spread, e.g. one class, so
 
 
 def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[str] = MODELS,
-          ceiling: Sequence[bool] | None = None, labels: Sequence[str] | None = None) -> Readable:
+          ceiling: Sequence[bool] | None = None, labels: Sequence[str] | None = None,
+          init_only: Sequence[bool] | None = None) -> Readable:
     """The how-early answer from a table of means and sds (see the module docstring).
 
     Parameters
@@ -131,6 +132,9 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
         Per horizon: its features saw a run's final snapshot. Default: none.
     labels : sequence of str, optional
         How each horizon is named in the line (default ``h=<horizon>``).
+    init_only : sequence of bool, optional
+        Per horizon: its features saw the initial snapshot alone, where the early-training models
+        are the init baselines' twins (default: horizons <= 0).
 
     Returns
     -------
@@ -160,9 +164,10 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
         raise ValueError(f"judge: an sd is negative ({float(sd[sd < 0][0])}): a band needs sd >= 0")
     ceiling = [False] * len(horizons) if ceiling is None else [bool(c) for c in ceiling]
     labels = [f"h={h:g}" for h in horizons] if labels is None else list(labels)
-    if len(ceiling) != len(horizons) or len(labels) != len(horizons):
-        raise ValueError(f"judge: one ceiling and one label per horizon ({len(horizons)}); got {len(ceiling)} "
-                         f"and {len(labels)}")
+    init_only = [h <= 0 for h in horizons] if init_only is None else [bool(b) for b in init_only]
+    if len(ceiling) != len(horizons) or len(labels) != len(horizons) or len(init_only) != len(horizons):
+        raise ValueError(f"judge: one ceiling, label and init_only per horizon ({len(horizons)}); got {len(ceiling)}, "
+                         f"{len(labels)} and {len(init_only)}")
     low, high = score_band(mean, sd, metric)
     base = [models.index(m) for m in BASELINES]
     early = [models.index(m) for m in EARLY]
@@ -204,14 +209,15 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
     # none readable: say how close the nearest came, so a reader sees the size of the gap. At h = 0
     # the early models see the initialisation alone, the init baselines' very features: their
     # margin there is the baseline's own band against itself, and as the "nearest" (a narrow
-    # band at h = 0 beats a wide one later) it named the baseline's twin as the closest miss.
-    trained = [i for i in judged if horizons[i] > 0] or judged
+    # band at h = 0 beats a wide one later) it named the baseline's twin as the closest miss; so at
+    # any horizon whose features saw step 0 alone (a small fraction, before the next snapshot).
+    trained = [i for i in judged if not init_only[i]] or judged
     flat = np.full(margin.shape, -np.inf)
     flat[trained] = np.where(np.isfinite(margin[trained]), margin[trained], -np.inf)
     i, k = np.unravel_index(int(np.argmax(flat)), flat.shape)
     m, b = early[k], best_baseline(i)
     span = labels[judged[0]] if len(judged) == 1 else f"{labels[judged[0]]} to {labels[judged[-1]]}"
-    twin = " (there the early-training models see the initialisation alone)" if horizons[i] <= 0 else ""
+    twin = " (there the early-training models see the initialisation alone)" if init_only[i] else ""
     line = (f"how early: not readable at any horizon measured ({span}): no early-training model's band clears the best "
             f"baseline's, {_cell(models[b], mean[i, b], low[i, b], high[i, b])}; nearest: "
             f"{_cell(models[m], mean[i, m], low[i, m], high[i, m])} at {labels[i]}{twin}{tail}")
@@ -219,7 +225,7 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
     # what the init-only ones already read, which is itself an answer, and said as one.
     blind = high[i, [models.index(n) for n in ("chance", "layer")]]
     init = [k for k in (models.index(n) for n in ("init_linear", "init_boosting"))
-            if np.isfinite(blind).all() and low[i, k] > blind.max()]
+            if np.isfinite(blind).all() and low[i, k] > blind.max() + TIE]  # touching bands are a tie
     if init:
         k = max(init, key=lambda k: low[i, k])
         line += (f"; it is legible at initialisation: {_cell(models[k], mean[i, k], low[i, k], high[i, k])} clears the "
@@ -238,8 +244,17 @@ def ceiling_horizons(curve: xr.Dataset) -> list[bool]:
     return [whole and float(h) >= 1.0 for h in curve["horizon"].values]
 
 
+def init_only_horizons(curve: xr.Dataset) -> list[bool]:
+    """Per horizon of `curve`: did its features see every run's initial snapshot alone."""
+    if "n_snapshots_seen" in curve:
+        seen = np.asarray(curve["n_snapshots_seen"].transpose("horizon", "run").values, dtype=np.float64)
+        return [bool(np.all(s <= 1)) for s in seen]
+    return [float(h) <= 0 for h in curve["horizon"].values]
+
+
 def readable_of(curve: xr.Dataset, labels: Sequence[str] | None = None) -> Readable:
     """`judge` applied to a curve from `predict_runs` (its ``score_mean``, ``score_std``, steps seen)."""
     return judge(curve["horizon"].values.tolist(), curve["score_mean"].transpose("horizon", "model").values,
                  curve["score_std"].transpose("horizon", "model").values, str(curve.attrs["metric"]),
-                 models=[str(m) for m in curve["model"].values], ceiling=ceiling_horizons(curve), labels=labels)
+                 models=[str(m) for m in curve["model"].values], ceiling=ceiling_horizons(curve), labels=labels,
+                 init_only=init_only_horizons(curve))
