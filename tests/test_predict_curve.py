@@ -73,6 +73,11 @@ def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets
         "null check: with each run's final roles given whole to another run with the same heads and another seed, "
         "the criterion named a readable horizon in 0 of 4 permutations (0%): how often it reads one on these runs "
         "where there is nothing to read")
+    # of the importance target it permutes ranks, not roles (the line said "final roles" of it too)
+    ranks = null.copy()
+    ranks.attrs["target"] = "importance"
+    assert predict.format_curve(ranks).splitlines()[-1].startswith(
+        "null check: with each run's final importance ranks given whole to another run with the same heads")
     old = null.copy()
     del old.attrs["null_same_seed_runs"]  # saved before seeds were kept apart: not said to have been
     assert predict.format_curve(old).splitlines()[-1].startswith(

@@ -39,6 +39,7 @@ from dynamics.predict.targets import class_name, target_table
 # --------------------------------------------------------------------------- whole pipeline
 
 METRIC_NAMES = {"auroc": "AUROC", "balanced_accuracy": "balanced accuracy", "spearman": "Spearman"}
+PERMUTED = {"importance": "importance ranks"}  # what the null check permutes, where "final roles" is wrong
 
 
 def _check_some_fold_scored(rows: xr.Dataset, splits: Sequence[tuple[np.ndarray, np.ndarray]], metric: str,
@@ -333,7 +334,7 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     rng = np.random.default_rng(opt.random_state)
     hits = judged = 0
     for i in range(opt.null):
-        say(f"null check {i + 1}/{opt.null}: the curve on permuted final roles")
+        say(f"null check {i + 1}/{opt.null}: the curve on permuted final {PERMUTED.get(opt.target, 'roles')}")
         permuted = y.copy()
         for block, block_seeds, ok in zip(blocks, seeds, across, strict=True):  # (runs, heads)
             order = derangement_across(block_seeds, rng) if ok else derangement(len(block), rng)
@@ -586,7 +587,8 @@ def format_curve(curve: xr.Dataset) -> str:
             lines.append(f"null check: none of the {n} permutations could be judged ({NULL_UNJUDGED}): it says "
                          f"nothing on how often the criterion reads a horizon on these runs")
         else:
-            lines.append(f"null check: with each run's final roles given whole to another run with the same heads"
+            lines.append(f"null check: with each run's final {PERMUTED.get(a.get('target'), 'roles')} given whole to "
+                         f"another run with the same heads"
                          f"{seeds}, the criterion named a readable horizon in {null_count(a)}: "
                          f"how often it reads one on these runs where there is nothing to read" + (
                              f" ({left} run{'s' if left > 1 else ''} labelling heads no other run labels left out of "
