@@ -139,7 +139,7 @@ def test_an_axis_spelled_twice_inside_one_sweep_table_is_refused():
     ({"task": {"name": "markov", "markov_branching": 64}}, None),  # vocab_size 64: every id a successor
     ({"task": {"name": "markov", "markov_branching": 65}}, "task.markov_branching: must be in"),
     ({"task": {"name": "markov", "markov_order": 15}, "model": {"context": 16}}, None),
-    ({"task": {"name": "markov", "markov_order": 16}, "model": {"context": 16}}, "model.context: too short"),
+    ({"task": {"name": "markov", "markov_order": 16}, "model": {"context": 16}}, "model.context: 16 is too short"),
     ({"task": {"name": "offset_copy", "delta": 7}, "model": {"context": 16}}, None),
     ({"task": {"name": "offset_copy", "delta": 8}, "model": {"context": 16}}, "model.context: 16 is too short"),
     ({"task": {"name": "corpus", "holdout": 0.0}, "model": {"vocab_size": 256}}, "task.holdout: must be in"),
