@@ -185,6 +185,16 @@ def test_token_share_hand_computed():
     assert np.isnan(token_share(attn, tok, token_id=999).item())
 
 
+def test_token_share_and_ratio_name_tokens_with_other_probe_rows():
+    # 3 probe rows of tokens against attention on 2: the line names both counts, not xarray's
+    # AlignmentError on the dim alone
+    tok = xr.DataArray(np.full((3, 4), SLASH), dims=("probe", "position"))
+    attn = as_attention(np.broadcast_to(uniform(4), (1, 1, 1, 2, 4, 4)))
+    for f in (token_share, token_ratio):
+        with pytest.raises(ValueError, match="tokens have 3 probe rows but attention has 2"):
+            f(attn, tok)
+
+
 def test_token_share_against_a_loop_on_random_attention():
     rng = np.random.default_rng(2)
     t, p = 9, 5

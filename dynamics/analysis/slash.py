@@ -282,6 +282,10 @@ def _mean_over_valid_queries(per_query: xr.DataArray, valid: xr.DataArray) -> xr
 def _token_mass(attn: xr.DataArray, tokens: xr.DataArray, token_id: int):
     n = _check_square(attn)
     mask, visible = _token_masks(tokens, token_id, n)
+    if tokens.sizes[PROBE] != attn.sizes[PROBE]:
+        # xarray's own AlignmentError names the dim but not which argument is short
+        raise ValueError(f"tokens have {tokens.sizes[PROBE]} probe rows but attention has "
+                         f"{attn.sizes[PROBE]}; pass the probe tokens the attention was recorded on")
     # float16 storage -> float32 for the contraction; the per-query result is small.
     # clipped: a float16 row sums to up to 1 + 2**-11, and a share read 1.00004 past its bound of 1
     mass = xr.dot(attn.astype(np.float32), mask, dim=KEY).astype(np.float64).clip(0.0, 1.0)  # (..., probe, query)
