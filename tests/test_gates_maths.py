@@ -128,6 +128,14 @@ def test_chg_gate_at_exactly_the_threshold_counts_as_high_on_both_sides():
     assert chg_roles(np.array([0.5, 0.1]), np.array([0.5, 0.5])).tolist() == [FACILITATING, INCONSISTENT]
 
 
+def test_chg_roles_refuses_gates_of_other_shapes():
+    # (restarts, heads) G+ against a (heads,) G- would broadcast into labels never fitted together
+    from dynamics.analysis.chg import chg_roles
+
+    with pytest.raises(ValueError, match=r"plus has shape \(2, 3\) but minus has \(3,\)"):
+        chg_roles(np.full((2, 3), 0.9), np.full(3, 0.1))
+
+
 def test_chg_majority_counts_inconsistent_restarts_and_breaks_ties_low():
     # Every fitted code votes, inconsistent (3) included: 3, 3, 0 is an inconsistent majority
     # of 2/3. A 1-1 tie goes to the lower code (irrelevant 1 before interfering 2).

@@ -28,6 +28,11 @@ def chg_roles(plus: np.ndarray, minus: np.ndarray, threshold: float = 0.5) -> np
     [0, 1, 2, 3]
     """
     plus, minus = np.asarray(plus, dtype=np.float64), np.asarray(minus, dtype=np.float64)
+    if plus.shape != minus.shape:
+        # numpy would broadcast a (heads,) G- against (restarts, heads) G+ into labels for
+        # pairs that were never fitted together
+        raise ValueError(f"chg_roles: plus has shape {plus.shape} but minus has {minus.shape}; "
+                         "they must match head for head")
     hp, hm = plus >= threshold, minus >= threshold
     role = np.select([hp & hm, hp & ~hm, ~hp & ~hm], [FACILITATING, IRRELEVANT, INTERFERING], INCONSISTENT)
     role[np.isnan(plus) | np.isnan(minus)] = UNFITTED
