@@ -137,6 +137,15 @@ def test_importance_share_is_each_heads_part_of_its_layers_l2_norm():
     np.testing.assert_allclose(predict.head_features(ds).sel(feature="importance_share_h").values, [[0.6, 0.8]])
 
 
+def test_importance_share_skips_a_nan_head_as_the_ranks_do():
+    # One NaN head leaves its own share NaN; its peers' shares are of the finite heads' norm
+    # (3, 4 -> 0.6, 0.8), not NaN for the whole layer. A layer of NaN heads stays NaN.
+    imp = np.array([[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], [[3.0, np.nan, 4.0], [np.nan, np.nan, np.nan]]])
+    ds = xr.Dataset({"importance": (("snapshot", "layer", "head"), imp)}, coords={"step": ("snapshot", [0, 10])})
+    np.testing.assert_allclose(predict.head_features(ds).sel(feature="importance_share_h").values,
+                               [[0.6, np.nan, 0.8], [np.nan, np.nan, np.nan]])
+
+
 def test_attention_features_are_changes_from_init_and_distances_to_other_heads():
     # role *_change is the horizon's score minus the initial one (not the reverse), and
     # js_nearest the JS distance to the nearest OTHER head, never the head to itself (0)

@@ -210,7 +210,9 @@ def head_features(early: xr.Dataset, options: AnalysisOptions | None = None) -> 
         _trajectory(out, "importance", np.log10(imp + _TINY), t)
         out["importance_rank_init"] = _rank_in_layer(imp[0])
         out["importance_rank_h"] = _rank_in_layer(imp[-1])
-        norm = np.sqrt((imp[-1] ** 2).sum(axis=1, keepdims=True))  # Michel et al.'s per-layer l2 norm
+        # Michel et al.'s per-layer l2 norm, over the layer's finite heads as the ranks are: a
+        # plain sum made one NaN head's whole layer NaN
+        norm = np.sqrt(np.nansum(imp[-1] ** 2, axis=1, keepdims=True))
         out["importance_share_h"] = np.where(norm > 0, imp[-1] / np.where(norm > 0, norm, 1.0), np.nan)
 
     if "attention" in early and "probe_tokens" in early:
