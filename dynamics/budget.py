@@ -22,8 +22,9 @@ possibly fit, never a run that would. A finished run is let through (it is skipp
 - an evaluation: the logits and log-softmax of ``eval_batches * eval_batch_size`` rows;
 - an attention snapshot: the probe's L x H x n_probe x T x T maps, cached in float32, stacked
   in float32 and converted to ``record.attention_dtype``;
-- the snapshot schedule: built before training (a set, a list and an array), then held as an
-  array and a dict from step to snapshot (see ``SCHEDULE_HELD``).
+- the snapshot schedule, held as an array and a dict from step to snapshot (see
+  ``SCHEDULE_HELD``). Building it before training (a set, a list and an array) takes less than
+  holding it does, before anything else is held, so it never sets the peak and is not counted.
 
 Pure functions of the config and this module's imports only: no torch, no zarr.
 """
@@ -60,8 +61,6 @@ class Estimate:
     """Held for the whole run, by what holds it (keys of ``_KEYS``)."""
     phases: dict[str, int]
     """Largest transient of each phase, on top of ``held``; the phases do not overlap."""
-    schedule: int
-    """Building the snapshot schedule, done (and its set dropped) before anything is held."""
 
     @property
     def state(self) -> int:
@@ -69,13 +68,11 @@ class Estimate:
 
     @property
     def peak(self) -> int:
-        return max(self.schedule, self.state + max(self.phases.values()))
+        return self.state + max(self.phases.values())
 
     @property
     def phase(self) -> str:
         """The phase that sets the peak."""
-        if self.schedule >= self.state + max(self.phases.values()):
-            return "building the snapshot schedule"
         return max(self.phases, key=self.phases.__getitem__)
 
     @property
@@ -83,18 +80,16 @@ class Estimate:
         """The largest single part of the peak: its phase, or a part held throughout (whose keys
         to lower: a huge pool is not made smaller by a smaller batch)."""
         phase = self.phase
-        if phase == "building the snapshot schedule":
-            return phase
         part = max(self.held, key=self.held.__getitem__)
         return part if self.held[part] > self.phases[phase] else phase
 
 
-# Bytes per snapshot of the schedule, measured 75 to build and 110 held (record.snapshot_steps,
-# train's index_of) at 5 million snapshots; counted here as the least CPython can take: building,
-# a set slot (16), an int (28), a list slot (8) and the array entry (8); held, the array entry (8)
-# and the index's dict entry (24), key and value ints (56). Ints up to 256 are shared, which
-# matters only for schedules too short to count.
-SCHEDULE_BUILT, SCHEDULE_HELD = 60, 88
+# Bytes per snapshot of the schedule held, measured 110 (record.snapshot_steps, train's index_of)
+# at 5 million snapshots; counted here as the least CPython can take: the array entry (8) and the
+# index's dict entry (24), key and value ints (56). Ints up to 256 are shared, which matters only
+# for schedules too short to count. Building it was measured at 75, and is at least 60 (a set
+# slot, an int, a list slot and the array entry), below this: it never sets the peak.
+SCHEDULE_HELD = 88
 
 
 def snapshot_steps(steps: int, dense_until: int, every: int) -> np.ndarray:
@@ -182,8 +177,7 @@ def estimate(cfg: RunConfig, part: str = "all") -> Estimate:
     if part == "host":
         # the probe stays here (its tokens are written to the store) and the pool is drawn from here
         return Estimate(curve | {"the tokens": row * (r.n_probe + cfg.task.pool_size)},
-                        {"a training step": row * tr.batch_size, "an attention snapshot": (4 + itemsize) * maps},
-                        SCHEDULE_BUILT * snapshots)
+                        {"a training step": row * tr.batch_size, "an attention snapshot": (4 + itemsize) * maps})
     model = (4 * m.weight_entries * (2 + moments)
              + 4 * 4 * L * H * d * dh)  # the previous snapshot's W_Q/W_K/W_V/W_O gradients
     # the probe and eval batches move to the run's device; the pool does not (only its batches do)
@@ -197,8 +191,8 @@ def estimate(cfg: RunConfig, part: str = "all") -> Estimate:
     }
     held = {"the model": model, "the tokens": tokens}
     if part == "device":
-        return Estimate(held, phases, 0)
-    return Estimate(held | curve, phases, SCHEDULE_BUILT * snapshots)
+        return Estimate(held, phases)
+    return Estimate(held | curve, phases)
 
 
 def machine_memory() -> int | None:
@@ -287,7 +281,6 @@ _KEYS = {
     "the model": "model.d_model, model.n_layers, model.d_mlp or model.vocab_size",
     "the tokens": "task.pool_size, record.n_probe, record.eval_batch_size or train.eval_batches",
     "the loss curve and snapshot schedule": "train.steps or record.every",
-    "building the snapshot schedule": "train.steps or record.every",
     "a training step": "train.batch_size, model.context or model.vocab_size",
     "an evaluation": "train.eval_batches, record.eval_batch_size, model.context or model.vocab_size",
     "an attention snapshot": "record.n_probe or model.context",
@@ -334,11 +327,8 @@ def check_memory(cfg: RunConfig, available: int | None = None, *, part: str = "a
     if est.peak <= available:
         return
     phase, largest = est.phase, est.largest
-    if phase == "building the snapshot schedule":
-        parts = f"for {phase}"
-    else:
-        most = f", {_size(est.held[largest])} of it for {largest}," if largest in est.held else ""
-        parts = f"{_size(est.state)} held throughout{most} + {_size(est.peak - est.state)} for {phase}"
+    most = f", {_size(est.held[largest])} of it for {largest}," if largest in est.held else ""
+    parts = f"{_size(est.state)} held throughout{most} + {_size(est.peak - est.state)} for {phase}"
     need, have = _apart(est.peak, available)
     raise DoesNotFit(
         f"config needs at least {need} of memory ({parts}), more than the {have} {where}: "
