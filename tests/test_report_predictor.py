@@ -228,3 +228,39 @@ def test_the_caption_marks_every_horizon_that_saw_a_final_snapshot():
     assert _ceiling(stepped, "step").startswith(" step 50, step 100 see a run's final snapshot")
     early = stepped.isel(horizon=[0, 1, 2])
     assert _ceiling(early, "step") == ""
+
+
+def test_a_curve_of_one_horizon_shows_each_models_band_as_an_error_bar(tmp_path, monkeypatch):
+    # `dynamics predict` measures one horizon by default: fill_between over one x draws nothing,
+    # so the band the caption describes was invisible and the models bare dots.
+    from matplotlib.collections import LineCollection
+
+    from dynamics.report import predictor
+    from dynamics.report.data import _Ctx
+
+    curve = _predict_curve().isel(horizon=[2])
+    low = np.linspace(0.1, 0.6, curve.sizes["model"])[None, :]
+    curve["score_low"], curve["score_high"] = (("horizon", "model"), low), (("horizon", "model"), low + 0.2)
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_derived(path, "predict.slash", curve)
+    figs = {}
+    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
+    predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    ax = figs["predict_slash.png"].axes[0]
+    bars = [c for c in ax.collections if isinstance(c, LineCollection)]
+    spans = sorted((round(float(s[:, 1].min()), 6), round(float(s[:, 1].max()), 6)) for c in bars for s in c.get_segments())
+    assert spans == [(round(a, 6), round(a + 0.2, 6)) for a in low[0]]
+    # side by side in the legend's order, at one tick naming the horizon
+    assert sorted(float(s[0, 0]) for c in bars for s in c.get_segments()) == list(range(curve.sizes["model"]))
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"{float(curve['horizon'][0]):g}"]
+    assert "the one horizon measured" in ax.get_xlabel()
+
+
+def test_lone_band_points_are_those_without_a_banded_neighbour():
+    from dynamics.report.predictor import _lone
+
+    nan = np.nan
+    low = np.array([0.1, nan, 0.2, 0.3, nan, 0.4])
+    assert _lone((low, low + 0.1)).tolist() == [True, False, False, False, False, True]
+    assert _lone((np.array([0.5]), np.array([0.7]))).tolist() == [True]

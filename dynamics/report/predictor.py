@@ -68,12 +68,17 @@ def _predict_section(ctx: _Ctx) -> _Section:
         fig = _figure(8.6, 4.2)
         ax = fig.subplots()
         drawn: list[tuple[str, np.ndarray, np.ndarray]] = []
-        for label, x, mean, band, baseline in lines:
+        # `dynamics predict` measures one horizon by default: there the models stand side by
+        # side, each with its band as a bar, which at one x would all stand on one another
+        one = ds.sizes["horizon"] == 1
+        for k, (label, x, mean, band, baseline) in enumerate(lines):
             # The layer prior often scores what the chance model does at every horizon: its line
             # covered chance's, whose legend entry then pointed at nothing to be seen.
             twin = next((name for name, x0, m0 in drawn
                          if np.array_equal(x0, x) and np.array_equal(m0, mean, equal_nan=True)), None)
             drawn.append((label, np.asarray(x), np.asarray(mean)))
+            if one:
+                x = np.array([float(k)])
             notes = ["baseline"] * baseline + [f"the same scores as {twin} at every horizon"] * (twin is not None)
             # a hollow square around the marker it lies on, so both stay visible
             (line,) = ax.plot(x, mean, marker="s" if twin else "o", ms=6 if twin else 3.5, mfc="none" if twin else None,
@@ -81,6 +86,12 @@ def _predict_section(ctx: _Ctx) -> _Section:
                               label=label + (f" ({'; '.join(notes)})" if notes else ""))
             if band is not None:
                 ax.fill_between(x, *band, color=line.get_color(), alpha=0.12, lw=0)
+                # a band point with no banded neighbour (predict's default, one horizon) is a
+                # fill of zero width, which draws nothing: it gets a bar of the band's colour instead
+                lone = _lone(band)
+                if lone.any():
+                    low, high = (np.asarray(b, dtype=float)[lone] for b in band)
+                    ax.vlines(np.asarray(x)[lone], low, high, colors=line.get_color(), lw=4, alpha=0.25)
         metric_key = str(ds.attrs.get("metric", ""))
         chance, chance_text = _chance_level(ds, metric_key, fold)
         if chance is not None:
@@ -89,6 +100,10 @@ def _predict_section(ctx: _Ctx) -> _Section:
         horizon_unit = str(ds.attrs.get("horizon_unit") or ds["horizon"].attrs.get("units") or "step")
         ax.set_xlabel("horizon: fraction of each run's training seen by the features (fraction)"
                       if horizon_unit == "fraction" else f"horizon: training seen by the features ({horizon_unit}s)")
+        if one:
+            ax.set_xticks([(len(lines) - 1) / 2], [f"{float(ds['horizon'][0]):g}"])
+            ax.set_xlim(-0.7, len(lines) - 0.3)
+            ax.set_xlabel(ax.get_xlabel() + "\nthe one horizon measured: its models side by side, in the legend's order")
         ax.set_ylabel(f"{metric} ({unit})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
@@ -121,6 +136,21 @@ def _predict_section(ctx: _Ctx) -> _Section:
                             f"initialisation-only features); {chance_text}{spread}.{ceiling}{_how_early(ds)}{caveats}"
                             f"{stale}"))
     return sec
+
+
+def _lone(band: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Where a band is defined but neither neighbour's is, so ``fill_between`` draws nothing there.
+
+    Example
+    -------
+    >>> nan = float("nan")
+    >>> _lone((np.array([0.1, nan, 0.2, 0.3]), np.array([0.5, nan, 0.6, 0.7]))).tolist()
+    [True, False, False, False]
+    """
+    ok = np.isfinite(np.asarray(band[0], dtype=float)) & np.isfinite(np.asarray(band[1], dtype=float))
+    left = np.concatenate([[False], ok[:-1]])
+    right = np.concatenate([ok[1:], [False]])
+    return ok & ~left & ~right
 
 
 def _first_few(ids: list[str]) -> str:
