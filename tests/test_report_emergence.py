@@ -45,7 +45,7 @@ def test_bifurcation_marks_unfinished_runs_and_says_what_the_mean_is(tmp_path, m
     assert ((1.0, 10.0), False) in marks and ((1.0, 30.0), False) in marks  # finished: filled
     assert ((1.0, 4.0), True) in marks  # unfinished, with a step so far: hollow
     assert ((2.0, ticks["never"]), False) in marks  # finished without the event: "never"
-    assert ticks["40"] == 40 and ticks["never"] == 44  # the last step's tick kept below "never"
+    assert ticks["40"] == 40 and ticks["never"] == 46  # the last step's tick kept below "never"
     assert ((2.0, ticks["not yet"]), True) in marks  # unfinished without it: "not yet", not "never"
     (mean_line,) = ax.get_lines()
     assert mean_line.get_xydata().tolist() == [[1.0, 20.0]]  # finished runs where it happened only

@@ -3,6 +3,7 @@ against the swept parameters."""
 
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
@@ -260,12 +261,16 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
     fig = _figure(3.6 * len(swept) + 0.4, 6.0)
     grid = fig.subplots(2, len(swept), squeeze=False)
     top = max(float(np.nanmax(r.analysis["step"].values)) for r in done)
-    never_y, not_yet_y = top * 1.10, top * 1.22
+    # 0.15 x top above it, so "never"'s tick label clears the last step's
+    never_y, not_yet_y = top * 1.15, top * 1.28
     for j, axis in enumerate(swept):
         for i, (var, ylabel) in enumerate(rows):
             ax = grid[i, j]
             drawn = {"never": False, "not yet": False}
             means: dict[float, list[float]] = {}
+            # runs at one swept value often share a step (snapshots are sparse): their marks lie
+            # exactly on one another, and one dot read as one run
+            stacked: collections.Counter = collections.Counter()
             cats = categories.get(axis)
             for r, y in points[var]:
                 x = r.params.get(axis)
@@ -275,6 +280,7 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                     continue
                 key = groups.key_of(r)
                 colour, marker, finished = groups.colours[key], groups.markers[key], _finished(r)
+                stacked[float(x), y if math.isfinite(y) else never_y if finished else not_yet_y] += 1
                 if math.isfinite(y):
                     # Filled: a finished run; hollow: unfinished, its step may still move or vanish.
                     # Larger and on top, so a hollow mark stays visible over a finished run at the same point.
@@ -290,6 +296,11 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                     ax.scatter([float(x)], [not_yet_y], marker=marker, s=60, zorder=4, facecolor="none",
                                edgecolor=colour, lw=1.1)
                     drawn["not yet"] = True
+            for (x, y), n in stacked.items():
+                if n > 1:
+                    # above the mark: to its right, the last swept value's ran off the axes
+                    ax.annotate(f"\u00d7{n}", (x, y), xytext=(0, 4), textcoords="offset points", fontsize=7,
+                                ha="center", va="bottom", zorder=5)
             if means:
                 mx = sorted(means)
                 # a marker too: events at one swept value give a one-point "line", drawn as nothing
@@ -303,10 +314,10 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                 ax.set_xscale("log", base=2 if axis != "train.lr" else 10)
             ax.set_xlabel(f"{_short(axis)} ({'learning rate' if axis == 'train.lr' else 'multiplier' if axis == 'model.init_scale' else 'heads per layer' if axis == 'model.n_heads' else 'swept value'})")
             ax.set_ylabel(ylabel)
-            ax.set_ylim(-0.03 * top, top * 1.3)
+            ax.set_ylim(-0.03 * top, top * 1.38)
             extra = [(y, name) for y, name in ((never_y, "never"), (not_yet_y, "not yet")) if drawn[name]]
             if extra:  # name the rows the "never" / "not yet" marks sit on (dropping step ticks among them)
-                # the last step's tick stays: "never" sits 0.1 x top above it (a strict test of that
+                # the last step's tick stays: "never" sits 0.15 x top above it (a strict test of that
                 # gap, in floating point, dropped it, and the highest marks sat at an unlabelled height)
                 ticks = [t for t in ax.get_yticks() if -0.03 * top <= t <= top]
                 ax.set_yticks([*ticks, *(y for y, _ in extra)], [f"{t:g}" for t in ticks] + [n for _, n in extra])
@@ -375,4 +386,7 @@ def _bifurcation_caption(groups, points) -> str:
             f"step at which the first head becomes slash-dominant for good. Marks: runs, {groups.description(scatter=True)} "
             "(the colours of the curves); line: per swept value, the mean over the finished runs where the event "
             "happened (runs where it never happens are not in it); red crosses on the 'never' row: finished runs "
-            f"where it never happened within the run. {named}Counts: {'; '.join(counts)}.")
+            "where it never happened within the run; \u00d7n beside a mark: n runs at that point. A run whose heads "
+            "start far apart (a large init_scale) can stay in its initial band throughout: 'never' there may be "
+            "heads split from initialisation, not heads that never split (the divergence curves tell which). "
+            f"{named}Counts: {'; '.join(counts)}.")
