@@ -293,6 +293,14 @@ def test_over_training_is_the_run_fitted_most_often_and_the_caption_says_whose_f
     sec = chg._chg_section(_Ctx(path, runs, "rx", [], tmp_path, False))  # the chosen run has no fits
     assert figs.pop("chg.png").axes[1].get_title() == "run rb: each head over training so far"
     assert f"{both}, the middle and right panels the fits recorded during training." in sec.figures[0][1]
+    # the page says its per-run figures show rx: these panels say they do not
+    assert ("middle and right: run rb over training (run rx, which the other per-run figures show, has no gate "
+            "fits).") in sec.figures[0][1]
     sec = chg._chg_section(_Ctx(path, runs, "ra", [], tmp_path, False))  # chosen: its one fit over training
-    assert figs.pop("chg.png").axes[1].get_title() == "run ra: each head over training so far"
-    assert f"{both}." in sec.figures[0][1]
+    fig = figs.pop("chg.png")
+    assert fig.axes[1].get_title() == "run ra: each head over training so far"
+    assert f"{both}." in sec.figures[0][1] and "which the other per-run figures show" not in sec.figures[0][1]
+    # one fit, at step 8: its colour scale and the shares' axis name that step alone, not 7.2 to 8.8
+    colourbar = fig.axes[-1]
+    assert [t.get_text() for t in colourbar.get_yticklabels()] == ["8"]
+    assert [t.get_text() for t in fig.axes[2].get_xticklabels()] == ["8"]

@@ -259,7 +259,12 @@ def _chg_section(ctx: _Ctx) -> _Section:
                      edgecolor="k", lw=0.2)
     labels, stored = _chg_classes(pair, role, t_over)
     _ring_disagreements(ax2, gp.ravel(), gm.ravel(), labels.ravel(), t_over)
-    fig.colorbar(sc, ax=ax2, shrink=0.8, label="training step (steps)")
+    bar = fig.colorbar(sc, ax=ax2, shrink=0.8, label="training step (steps)")
+    if np.unique(steps).size == 1:
+        # one fit (a lone `dynamics gates`): matplotlib widens a one-value scale to +-10% around
+        # it, which read as fits from step 54 to 66 for one at 60
+        bar.set_ticks([float(steps[0])], labels=[f"{float(steps[0]):g}"])
+        ax3.set_xticks([float(steps[0])], [f"{float(steps[0]):g}"])
     so_far = "" if by_id[rid].status in FINISHED_STATUSES else " so far"  # still training, or stopped
     ax2.set_title(f"run {rid}: each head over training{so_far}", fontsize=9)
     for name, colour in zip(CHG_LABELS, ("#2a9d8f", "#e9c46a", "#e76f51", "#7a5195", "#999999"), strict=True):
@@ -303,11 +308,13 @@ def _chg_section(ctx: _Ctx) -> _Section:
         at = ("thresholds by run (each head labelled and ringed at its own fit's): "
               + "; ".join(f"{v:g} for {', '.join(k for k, x in by.items() if x == v)}" for v in sorted(set(by.values())))
               + f"; regions drawn at {t:g} on the left and {t_over:g} in the middle")
+    # the page's per-run figures show `chosen`: these panels may not, and say so
+    elsewhere = f" (run {chosen}, which the other per-run figures show, has no gate fits)" if chosen and rid != chosen else ""
     sec.figures.append((_save(fig, out, "chg.png"),
                         f"Causal head gating (Nam et al. 2025): each head's gate fitted toward open (G+, x) and toward shut "
                         f"(G-, y), both fractions in [0, 1], {at}. Regions: facilitating (both high), irrelevant "
                         f"(G+ high, G- low), interfering (both low). Left: every head of {len(found)} run(s) at its latest fit, "
-                        f"{groups.description(scatter=True)}; middle and right: run {rid} over training. {how}{rings}"
+                        f"{groups.description(scatter=True)}; middle and right: run {rid} over training{elsewhere}. {how}{rings}"
                         f"Sources: {sources}"))
     sec.missing += [unread] if unreadable else []
     lacking = [r.run_id for r in runs if r.run_id not in found and r.run_id not in unreadable]
