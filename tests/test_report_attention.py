@@ -19,7 +19,8 @@ from tests._report_store import _frames, _unwritten_run
 def test_slider_scrubs_every_recorded_snapshot_of_the_median_run(built):
     path, page, ids = built
     text = page.read_text()
-    chosen = re.search(r"Per-run figures show run <code>(\w+)</code>", text).group(1)
+    chosen = re.search(r"Per-run figures show run <code>(\w+)</code> \(of the 2 completed run\(s\), the one with the "
+                       r"median final loss, the lower for an even count; --run ID shows another\)\.", text).group(1)
     losses = {k: store.run_attrs(path, ids[k])["last_loss"] for k in ("A", "B")}
     assert chosen == ids[min(losses, key=losses.get)]  # lower median of the two completed runs
     frames = _frames(text)

@@ -90,6 +90,21 @@ def test_a_snapshot_half_written_past_the_last_checkpoint_is_not_counted(built, 
     assert "computed for this report on 5 of 9 snapshots" in row and "5/9" in row
 
 
+def test_the_page_says_why_its_per_run_figures_show_the_run_they_show():
+    from dynamics.report.data import chosen_why
+
+    def run(rid, status, loss):
+        return _Run(rid, status, {}, loss, 9, np.ones(9, bool), np.arange(9))
+
+    three = [run("a", "completed", 2.0), run("b", "completed", 1.0), run("c", "completed", 3.0)]
+    assert chosen_why(three, "a") == " (of the 3 completed run(s), the one with the median final loss; --run ID shows another)"
+    assert chosen_why(three[:2], "b") == (" (of the 2 completed run(s), the one with the median final loss, the lower "
+                                          "for an even count; --run ID shows another)")
+    assert chosen_why(three, "c") == " (chosen with --run)"
+    stopped = [run("d", "stopped", None)]
+    assert chosen_why(stopped, "d") == " (no run has completed with a finite loss: the run with the most snapshots recorded)"
+
+
 def test_choose_run_prefers_the_median_completed_run():
     def run(rid, status, loss, n):
         return _Run(rid, status, {}, loss, 9, np.arange(9) < n, np.arange(9))

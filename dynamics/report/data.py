@@ -139,6 +139,25 @@ def _choose_run(runs: list[_Run]) -> str | None:
     return max(runs, key=lambda r: (r.status != "damaged", r.n_recorded, r.run_id)).run_id
 
 
+def chosen_why(runs: list[_Run], chosen: str | None) -> str:
+    """Why the per-run figures show ``chosen``, as :func:`_choose_run` picks it (or ``--run``).
+
+    Example
+    -------
+    >>> chosen_why([], None)
+    ''
+    """
+    if chosen is None:
+        return ""
+    if chosen != _choose_run(runs):
+        return " (chosen with --run)"
+    done = [r for r in runs if r.status == "completed" and r.last_loss is not None and math.isfinite(r.last_loss)]
+    if not done:
+        return " (no run has completed with a finite loss: the run with the most snapshots recorded)"
+    return (f" (of the {len(done)} completed run(s), the one with the median final loss"
+            f"{', the lower for an even count' if len(done) % 2 == 0 else ''}; --run ID shows another)")
+
+
 # --------------------------------------------------------------------------- collecting
 
 

@@ -33,6 +33,7 @@ from dynamics.report.data import (
     _Section,
     _setting_axes,
     _table_settings,
+    chosen_why,
 )
 from dynamics.report.draw import _fmt, _plain, _prose, _short, _warn
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
@@ -142,7 +143,6 @@ def write_report(
             chosen = run_id or _choose_run(runs)
             axes = _colour_axes([*runs, *pending], index)  # pending runs too: colours stay put as the sweep fills in
             axes += _setting_axes(runs, axes)
-
             href = f"figures/{stage.name}/"
             ctx = _Ctx(store_path, runs, chosen, axes, stage, compute_missing, pending=pending, href=href)
             sections = []
@@ -586,7 +586,7 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
 <body>
 <h1>{html.escape(title)}</h1>
 <p class="meta">Store <code>{html.escape(_shown(os.fspath(path)))}</code> · {html.escape(status)} · written {when}.
-Per-run figures show run <code>{html.escape(str(chosen))}</code>. {_prose(policy)}</p>
+Per-run figures show run <code>{html.escape(str(chosen))}</code>{html.escape(chosen_why(runs, chosen))}. {_prose(policy)}</p>
 {"".join(f'<p class="note">Note: {_prose(n[0].upper() + n[1:])}.</p>' for n in notes or [])}
 <nav>{nav}</nav>
 <h2>Runs</h2>
