@@ -264,3 +264,27 @@ def test_lone_band_points_are_those_without_a_banded_neighbour():
     low = np.array([0.1, nan, 0.2, 0.3, nan, 0.4])
     assert _lone((low, low + 0.1)).tolist() == [True, False, False, False, False, True]
     assert _lone((np.array([0.5]), np.array([0.7]))).tolist() == [True]
+
+
+def test_the_missing_curve_names_target_role_where_no_head_ends_slash_dominant(tmp_path):
+    # On the quickstart's store `dynamics predict STORE` is refused (slash constant): the note
+    # named that command as the one that writes the curve.
+    from dynamics.report import _Run, predictor
+    from dynamics.report.data import _Ctx
+
+    def run(rid, final):
+        dominant = np.zeros((2, 1, 2))
+        dominant[-1, 0] = final
+        analysis = xr.Dataset({"slash_dominant": (("snapshot", "layer", "head"), dominant)},
+                              coords={"step": ("snapshot", [0, 10])})
+        return _Run(rid, "completed", {}, 1.0, 2, np.ones(2, bool), np.array([0, 10]), analysis=analysis)
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    (missing,) = predictor._predict_section(_Ctx(path, [run("a", [0, 0]), run("b", [0, np.nan])], None, [],
+                                                 tmp_path, True)).missing
+    assert (f"(`dynamics predict {path} --target role` writes one, from the finished sweep's runs; no completed run "
+            "has a slash-dominant head, so the default target, slash, is constant there).") in missing
+    (missing,) = predictor._predict_section(_Ctx(path, [run("a", [0, 0]), run("b", [0, 1])], None, [], tmp_path,
+                                                 True)).missing
+    assert f"(`dynamics predict {path}` writes one, from the finished sweep's runs)." in missing

@@ -35,8 +35,12 @@ def _predict_section(ctx: _Ctx) -> _Section:
                            f"({ctx.derived_problem}).")
         return sec
     if not names:
+        # the default target, slash, is refused as constant where no head ends slash-dominant (the
+        # quickstart's store): the command named must be one that runs
+        role = _no_slash_heads(ctx.runs)
         sec.missing.append("Not available: the predictor curves because the store has no derived predict.<target> "
-                           f"dataset (`dynamics predict {path}` writes one, from the finished sweep's runs).")
+                           f"dataset (`dynamics predict {path}{' --target role' if role else ''}` writes one, from the "
+                           f"finished sweep's runs{role}).")
         return sec
     for name in names:
         try:
@@ -136,6 +140,16 @@ def _predict_section(ctx: _Ctx) -> _Section:
                             f"initialisation-only features); {chance_text}{spread}.{ceiling}{_how_early(ds)}{caveats}"
                             f"{stale}"))
     return sec
+
+
+def _no_slash_heads(runs) -> str:
+    """Why to name ``--target role``: no completed run's analysis has a slash-dominant head at its
+    last snapshot, so predict's default target would be constant; empty where one has, or none is analysed."""
+    finals = [r.analysis["slash_dominant"].isel(snapshot=-1).values for r in runs
+              if r.status == "completed" and r.analysis is not None and "slash_dominant" in r.analysis]
+    if not finals or any(np.nansum(np.asarray(f, dtype=float)) > 0 for f in finals):
+        return ""
+    return "; no completed run has a slash-dominant head, so the default target, slash, is constant there"
 
 
 def _lone(band: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
