@@ -64,6 +64,25 @@ def test_stale_lock_of_a_dead_pid_is_taken_over(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no stale leftovers
 
 
+def test_a_lock_of_a_killed_launcher_not_yet_reaped_is_taken_over(tmp_path):
+    # A launcher killed (`timeout -s KILL`) and not yet reaped by its parent is a zombie, which
+    # still answers signal 0: the rerun was refused until the heartbeat went stale, 120 s later.
+    p = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    try:
+        for _ in range(500):  # bounded poll for the zombie state, not a timed assertion
+            if Path(f"/proc/{p.pid}/stat").read_bytes().rsplit(b")", 1)[1][1:2] == b"Z":
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the killed child never became a zombie")
+        plant_lock(tmp_path, pid=p.pid)
+        assert lock_stale_reason(read_lock(str(tmp_path))) == f"pid {p.pid} is not running on {socket.gethostname()}"
+        with acquire_lock(str(tmp_path)) as lock:
+            assert read_lock(str(tmp_path))["token"] == lock.token
+    finally:
+        p.wait()
+
+
 def test_stale_lock_of_an_old_heartbeat_is_taken_over(tmp_path):
     plant_lock(tmp_path, host="some-other-host", pid=1, heartbeat=time.time() - 3600)
     assert "heartbeat" in lock_stale_reason(read_lock(str(tmp_path)))

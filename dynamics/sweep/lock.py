@@ -104,7 +104,22 @@ def _pid_alive(pid: int) -> bool:
         return True
     except (OverflowError, ValueError):
         return False
-    return True
+    # A killed launcher its parent has not reaped yet (a zombie) still answers signal 0: a rerun
+    # right after `timeout -s KILL` was refused as "being written by another sweep" until the
+    # heartbeat went stale, 120 s later.
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (state ``Z`` in Linux's /proc; False
+    where there is no /proc to read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # the state follows the command name, which is in parentheses and may itself hold ") "
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"Z"
 
 
 def lock_stale_reason(info: dict, *, stale_after: float = LOCK_STALE_AFTER, now: float | None = None) -> str | None:
