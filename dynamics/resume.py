@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import torch
 
 from dynamics import store
 from dynamics.config import RunConfig
@@ -106,6 +105,8 @@ def note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int, 
     # before it: one stopped before its first checkpoint kept none, and compared with it a resume
     # on the first session's threads said they changed, and one on its own said nothing.
     last = [session for began, session in sessions if began < start][-1] if start > 0 else sessions[-1][1]
+    import torch  # here, not at import: `dynamics status` checks recordings with this module's refusals
+
     now = {"train.device": ("device", cfg.train.device), "train.threads": ("threads", cfg.train.threads),
            "CPU kernels": ("cpu_capability", torch.backends.cpu.get_cpu_capability())}
     changed = [f"{name} {last.get(k)} -> {v}" for name, (k, v) in now.items()

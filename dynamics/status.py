@@ -128,7 +128,8 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
     config is unknown: pending or damaged), status (:func:`dynamics.store.run_status`, or
     ``damaged``, or ``pending`` for a sweep point not started), steps done of total,
     ``resumes_at`` (the last checkpoint's step for an unfinished run, ``lost`` where that
-    checkpoint is gone, ``-`` for a finished one, never retrained, and for a pending one, which
+    checkpoint is gone, ``refused`` where recordings before it are missing, which `run` names,
+    ``-`` for a finished one, never retrained, and for a pending one, which
     has no checkpoint) and the last loss. Rows in the grid's order; runs outside any sweep after it, by id.
     """
     index = store.read_sweep_index(path) or {}
@@ -179,8 +180,9 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
 
 def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> str:
     """The step an unfinished run resumes at: its checkpoint's, or ``lost`` where that checkpoint
-    is gone (`run` and `sweep` refuse it: :func:`dynamics.store.check_checkpoint_kept`), where a
-    step offered a resume that the next command refused.
+    is gone (`run` and `sweep` refuse it: :func:`dynamics.store.check_checkpoint_kept`), or
+    ``refused`` where recordings before it are missing (:func:`dynamics.resume.refuse_unrecorded`):
+    in either, a step offered a resume that the next command refused.
 
     It is read from the checkpoint itself: the attrs name it only after it is written, so a kill
     between the two left them naming the checkpoint before (status said 420, the run resumed at
@@ -190,4 +192,14 @@ def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> str:
         store.check_checkpoint_kept(path, run_id, attrs)
     except store.StoreError:
         return "lost"
-    return str(store.checkpoint_step(path, run_id) or int(attrs.get("checkpoint_step", 0)))
+    start = store.checkpoint_step(path, run_id) or int(attrs.get("checkpoint_step", 0))
+    if start and status != "running":  # a live run's writes are in flight: nothing to judge yet
+        from dynamics.resume import refuse_unrecorded
+
+        # A store copied while the run trained holds a later checkpoint than recordings: status
+        # offered a resume there that `run` then refused (an audit's copy said 990, refused).
+        try:
+            refuse_unrecorded(path, run_id, store.open_run(path, run_id, dask=False)["step"].values, start)
+        except store.StoreError:
+            return "refused"
+    return str(start)

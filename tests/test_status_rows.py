@@ -87,6 +87,26 @@ def test_a_killed_runs_steps_are_its_checkpoints_even_where_that_checkpoint_is_g
     assert (got["status"], got["steps"], got["resumes_at"]) == ("stopped", "6/12", "lost")
 
 
+@pytest.mark.parametrize("status", ["interrupted", "running"])
+def test_a_checkpoint_ahead_of_the_recordings_is_refused_not_offered(copy, status):
+    # A store copied while the run trained (runs/ before checkpoints/): status offered a resume at
+    # the checkpoint's step, which `run` then refused; an interrupted run is judged, a live one not.
+    path, run_id = copy
+    at = store.checkpoint_step(path, run_id)
+    steps = store.open_run(path, run_id)["step"].values.tolist()
+    store.update_run_attrs(path, run_id, status="interrupted")
+    header, [row], _ = status_table(str(path))
+    assert dict(zip(header, row, strict=True))["resumes_at"] == str(at)  # all recorded: resumable
+    for chunk in (path / "runs" / run_id / "importance" / "c" / str(steps.index(4))).rglob("*"):
+        if chunk.is_file():
+            chunk.unlink()
+    store.update_run_attrs(path, run_id, status=status)
+    header, [row], _ = status_table(str(path))
+    got = dict(zip(header, row, strict=True))
+    # "running" with no process holding it is a killed run, "stopped": judged as well
+    assert (got["status"], got["resumes_at"]) == ({"interrupted": "interrupted", "running": "stopped"}[status], "refused")
+
+
 def test_a_pending_point_shows_the_steps_its_sweep_index_records(tmp_path):
     path = str(tmp_path / "s.zarr")
     store.init_store(path)
