@@ -5,6 +5,7 @@ are in tests/test_sweep_<module>.py."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -239,6 +240,20 @@ def _two_points_the_first_interrupted(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train_run(point.cfg, path, point.run_id, progress=interrupt_at(8))
     return path, cfg, point, other
+
+
+def test_a_point_resumed_by_the_sweep_says_so_in_its_line_and_the_summary(tmp_path, threaded_cluster, capsys):
+    # `dynamics run` says "(resumed at step N)"; the sweep's line said just "completed", and its
+    # summary counted the run with the others, as if trained whole by this launch.
+    path, cfg, point, other = _two_points_the_first_interrupted(tmp_path)
+    at = store.checkpoint_step(path, point.run_id)
+    assert at
+    summary = run_sweep(cfg, path, scheduler=threaded_cluster, progress=None)
+    assert summary.resumed == {point.run_id: at}
+    assert re.match(r"sweep: 2 runs: 2 completed \(1 resumed from a checkpoint\) in ", summary.lines()[0])
+    err = capsys.readouterr().err
+    assert f"[sweep] {point.run_id} completed (resumed at step {at}) (" in err
+    assert re.search(rf"\[sweep\] {other.run_id} completed \(\d/2 finished\)", err)  # trained whole: no note
 
 
 def test_a_point_whose_checkpoint_is_lost_is_refused_before_any_point_trains(tmp_path, threaded_cluster):

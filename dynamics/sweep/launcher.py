@@ -365,6 +365,8 @@ def run_sweep(
                         summary.skipped.append(r["run_id"])
                     if r.get("after_cancel"):
                         summary.after_cancel[r["run_id"]] = r["after_cancel"]
+                    if r.get("resumed_from") and not r.get("skipped"):
+                        summary.resumed[r["run_id"]] = int(r["resumed_from"])
         finally:
             if store.is_remote(path):  # its tasks left the root index alone (store.deferred_index)
                 store.reindex(path)
@@ -493,6 +495,8 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
             note = f": {r['after_cancel']}"
         if r.get("skipped"):
             note = " (finished by another process)" if r.get("waited") else " (already finished)"
+        elif r.get("resumed_from"):  # as `dynamics run` says it: the steps before were trained by an earlier launch
+            note = f" (resumed at step {r['resumed_from']})" + note
         display.finished(run_id, r["status"], note)
 
     pending: dict = {}

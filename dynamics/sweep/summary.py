@@ -31,6 +31,8 @@ class SweepSummary:
     """run id -> how it finished, for runs whose task was cancelled on the cluster (the scheduler
     lost) but that finished in the store, before the cancellation or trained on after it: counted
     by that status, not cancelled."""
+    resumed: dict[str, int] = field(default_factory=dict)
+    """run id -> the checkpoint step it resumed at (trained before by an earlier launch, or a worker that died)."""
     labels: dict[str, str] = field(default_factory=dict)
     """run id -> point label (``model.n_heads=4, train.seed=0``)."""
     wall_time: float = 0.0
@@ -45,8 +47,12 @@ class SweepSummary:
         """Human-readable summary, one line per fact."""
         parts = [f"{n} {s}" for s, n in sorted(self.counts.items(), key=lambda kv: -kv[1])]
         head = f"sweep: {self.total} run{'' if self.total == 1 else 's'}: " + (", ".join(parts) or "nothing to do")
-        if self.skipped:
-            head += f" ({len(self.skipped)} already finished, not retrained)"
+        notes = [f"{len(self.skipped)} already finished, not retrained"] if self.skipped else []
+        # their first steps trained before (an earlier launch, a worker that died), as `dynamics run` says
+        if self.resumed:
+            notes.append(f"{len(self.resumed)} resumed from a checkpoint")
+        if notes:
+            head += f" ({'; '.join(notes)})"
         out = [head + f" in {self.wall_time:.1f} s"]
         for status, run_ids in (("failed", self.failed), ("cancelled", self.cancelled)):
             for run_id in run_ids:

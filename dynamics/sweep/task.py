@@ -124,7 +124,8 @@ def run_point(cfg: RunConfig, path: str, run_id: str, values: dict, token: str =
             try:
                 result = train_run(cfg, path, run_id, progress=reporter, extra_attrs={"sweep_values": values},
                                    before_create=guard)
-                out.update(status=result.status, steps_done=result.steps_done, skipped=result.skipped)
+                out.update(status=result.status, steps_done=result.steps_done, skipped=result.skipped,
+                           resumed_from=result.resumed_from)
             except store.RunLocked as e:
                 # Refused before anything was written: the holder's outcome is the run's, so the
                 # sweep waits for it rather than report a failure of a run that goes on training.
