@@ -204,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     # end-to-end ratios compare; counting it put the pieces' sum 1/18 above them.
     n_default = len(snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)) - 1
     n_dense = len(snapshot_steps(dense.train.steps, 0, 1)) - 1
+    # the goal is the issue's, at the default model's cadence over 1000 steps: 8 snapshots over
+    # 100 steps printed "+10.8% (goal <= 3%)" for a cadence the goal is not about
+    goal = "(goal <= 3%)" if not args.config and args.steps == 1000 else \
+        f"(the <= 3% goal is for the defaults' 1000 steps; {n_default} snapshot(s) after step 0 over {args.steps} here)"
     r = cfg.record
     print(f"config: {'--config ' + args.config if args.config else 'RunConfig() defaults'}; "
           f"record: dense_until {r.dense_until}, every {r.every}, n_probe {r.n_probe}, "
@@ -219,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             res = end_to_end(cfg, {"off": dict(recording=False), "on": dict(recording=True)}, args.repeats, tmp)
             w, c, lo, hi = res["on"]
             print(f"   default cadence, {args.steps} steps: wall {w:.3f} [{lo:.3f}, {hi:.3f}]  cpu {c:.3f}"
-                  f"   -> overhead {w - 1:+.1%} wall, {c - 1:+.1%} cpu (goal <= 3%)")
+                  f"   -> overhead {w - 1:+.1%} wall, {c - 1:+.1%} cpu {goal}")
             res = end_to_end(dense, {"off": dict(recording=False), "on": dict(recording=True),
                                      "on, sync writes": dict(recording=True, sync_writes=True)}, args.repeats, tmp)
             for name, (w, c, lo, hi) in res.items():

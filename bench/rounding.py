@@ -81,10 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     for p in (args.store_a, args.store_b):
         if not store.is_store(p):
             return bad_input(f"{p} is not a dynamics store")
-    common = sorted(set(store.list_runs(args.store_a)) & set(store.list_runs(args.store_b)))
+    try:
+        return _compare(args.store_a, args.store_b)
+    except store.StoreError as e:  # a damaged run: one line, as bad input gets, not a traceback
+        return bad_input(str(e))
+
+
+def _compare(store_a: str, store_b: str) -> int:
+    from dynamics import store
+
+    common = sorted(set(store.list_runs(store_a)) & set(store.list_runs(store_b)))
     if not common:
-        return bad_input(f"{args.store_a} and {args.store_b} hold no run in common")
-    values = {r: store.run_attrs(args.store_a, r).get("sweep_values") or {} for r in common}
+        return bad_input(f"{store_a} and {store_b} hold no run in common")
+    values = {r: store.run_attrs(store_a, r).get("sweep_values") or {} for r in common}
     swept = {r: " ".join(f"{k}={v}" for k, v in values[r].items()) for r in common}
     # in grid order, numbers as numbers
     common.sort(key=lambda r: (tuple((0, v, "") if isinstance(v, int | float) else (1, 0, str(v))
@@ -92,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'run':<13}{'swept':<28}{'first step':>11}{'loss rel':>10}{'attention':>10}{'roles':>8}")
     total, heads, unknown = 0, 0, False
     for run_id in common:
-        d = compare_run(args.store_a, args.store_b, run_id)
+        d = compare_run(store_a, store_b, run_id)
         roles = "-" if d["roles"] is None else f"{d['roles']}/{d['heads']}"
         first = "none" if d["first_step"] is None else str(d["first_step"])
         print(f"{run_id:<13}{swept[run_id]:<28}{first:>11}{d['loss_rel']:>10.2e}{d['attention']:>10.3g}{roles:>8}")

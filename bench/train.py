@@ -412,6 +412,13 @@ def allocator_compare(args: argparse.Namespace, rounds: int) -> dict[str, dict[s
 
 
 def make_cfg(args: argparse.Namespace) -> RunConfig:
+    for t in args.set:
+        # replaced below by --device and --threads: `--set train.device=cuda` ran on the CPU, its
+        # header echoing the --set
+        key = t.split("=", 1)[0].strip()
+        if key in ("train.device", "train.threads"):
+            flag = "--" + key.split(".")[1]
+            raise ConfigError(f"--set {key}: this bench sets it from {flag}; pass {flag} instead")
     cfg = load_config(args.config, args.set) if args.config else \
         with_values(RunConfig(), dict(parse_override(t) for t in args.set))
     check_step_config(cfg, f"--config {args.config}" if args.config else "--set")
