@@ -89,7 +89,8 @@ def refuse_unrecorded(path: str, run_id: str, steps_at, start: int) -> None:
     store.check_recorded(path, run_id, so_far=True)
 
 
-def note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int, code_now: str | None) -> None:
+def note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int, code_now: str | None,
+                          cpu_now: str | None) -> None:
     """Say so when a resume runs on another device, thread count or CPU kernels than the session
     that trained the steps it keeps.
 
@@ -97,6 +98,8 @@ def note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int, 
     ``resumes`` records it; but reductions then sum in another order, so the remaining steps
     match an uninterrupted run only to float rounding (~1e-7 in loss on the CPU), not bitwise.
     Other dynamics code (``code_now``, its hash) is said too: the later steps are that code's.
+    ``cpu_now``: this session's CPU kernels (torch's ``get_cpu_capability``), passed in so that
+    this module imports no torch: `dynamics status` (and the report, through it) uses its checks.
     """
     first = {"device": prior.get("device"), "cpu_capability": prior.get("cpu_capability"),
              "threads": prior.get("config", {}).get("train", {}).get("threads"), "code_hash": prior.get("code_hash")}
@@ -105,10 +108,8 @@ def note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int, 
     # before it: one stopped before its first checkpoint kept none, and compared with it a resume
     # on the first session's threads said they changed, and one on its own said nothing.
     last = [session for began, session in sessions if began < start][-1] if start > 0 else sessions[-1][1]
-    import torch  # here, not at import: `dynamics status` checks recordings with this module's refusals
-
     now = {"train.device": ("device", cfg.train.device), "train.threads": ("threads", cfg.train.threads),
-           "CPU kernels": ("cpu_capability", torch.backends.cpu.get_cpu_capability())}
+           "CPU kernels": ("cpu_capability", cpu_now)}
     changed = [f"{name} {last.get(k)} -> {v}" for name, (k, v) in now.items()
                if last.get(k) is not None and last[k] != v]
     if changed:

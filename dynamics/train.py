@@ -417,7 +417,7 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
     if start:
         refuse_unrecorded(path, run_id, steps_at, start)
     if ckpt is not None:  # after that refusal: a note, then the error, was two lines where bad input gets one
-        note_execution_change(run_id, prior, cfg, start, base_attrs["code_hash"])
+        note_execution_change(run_id, prior, cfg, start, base_attrs["code_hash"], base_attrs["cpu_capability"])
     recorded = variables(cfg, len(steps_at)) | (intervention.variables(len(steps_at)) if intervention else {})
     if existing:  # the first start's provenance stays; each resume adds its own
         this_start = {k: base_attrs[k] for k in PROVENANCE_KEYS} | {"step": start, "threads": cfg.train.threads}
