@@ -200,6 +200,17 @@ def test_query_key_coords_define_the_causal_mask():
     np.testing.assert_allclose(d, np.sqrt(np.mean(vals)), rtol=1e-10)
 
 
+def test_a_cut_without_positions_is_refused_not_misread():
+    # isel(query=slice(4, None)) with no coords: query 4 was scored as position 0, seeing key 0
+    # alone, and the distances came out plausible and wrong (0.2072 against 0.2686 in an audit)
+    attn = random_attn(seed=7, shape=(1, 1, 2, 1, 8))
+    cut = attn.isel(query=slice(4, None))
+    for f in (js_distance, divergence_from_init, lambda a: attention_correlation(a.isel(snapshot=0))):
+        with pytest.raises(ValueError, match="attention has 4 queries but 8 keys and no numeric query/key coordinates"):
+            f(cut)
+    js_distance(attn)  # whole, square: positions 0..n-1 are right
+
+
 def test_missing_dims_are_named():
     attn = random_attn()
     with pytest.raises(ValueError, match=r"js_distance: attn_a needs dims .*'layer' missing"):

@@ -66,7 +66,18 @@ def _positions(da: xr.DataArray, dim: str) -> np.ndarray:
 
 
 def _causal_mask(attn: xr.DataArray) -> np.ndarray:
-    """(query, key) boolean: key position <= query position (what a causal head can see)."""
+    """(query, key) boolean: key position <= query position (what a causal head can see).
+
+    Positions come from numeric query/key coordinates, else 0..n-1; without them a cut along one
+    dim (``isel(query=slice(4, None))``) would pair query 4 with key 0's visibility, and the
+    distances come out plausible and wrong, so unequal sizes without coordinates are refused.
+    """
+    named = all(dim in attn.indexes and np.issubdtype(np.asarray(attn.indexes[dim]).dtype, np.number)
+                for dim in (QUERY, KEY))
+    if attn.sizes[QUERY] != attn.sizes[KEY] and not named:
+        raise ValueError(f"attention has {attn.sizes[QUERY]} queries but {attn.sizes[KEY]} keys and no numeric "
+                         f"query/key coordinates to say which positions they are: keep query and key whole, or "
+                         f"give both their positions (assign_coords(query=..., key=...)) before a cut")
     q = _positions(attn, QUERY)
     k = _positions(attn, KEY)
     return k[None, :] <= q[:, None]
