@@ -160,6 +160,11 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         was never written (running, interrupted, failed or diverged: what training never
         reached reads as NaN), naming the selection of what it recorded.
 
+    A snapshot in the middle whose chunk file was lost also reads as NaN (zarr's fill value), and
+    is analysed as what it reads: its heads "none", inside the bifurcation's band. This function
+    does not look for lost chunks; ``dynamics.check_recorded(STORE, RUN_ID)`` names them, and
+    ``dynamics analyse`` calls it before it analyses a run.
+
     Example
     -------
     >>> result = analyse_run(dynamics.open_run("runs/induction.zarr"))  # doctest: +SKIP
