@@ -86,6 +86,18 @@ def test_known_roles_and_missing_heads():
     assert result["commitment_step"].sel(run="a", layer=0, head=0).item() == 2.0
 
 
+def test_every_variable_names_what_it_is_and_its_units():
+    # Plots label their axes from attrs: most variables had none, best_slash carried slash_score's
+    # "diagonal key = query - offset", and the two dominant shares had one long_name between them.
+    result = analyse_run(sweep_like())
+    for name, v in result.data_vars.items():
+        assert v.attrs.get("long_name"), name
+        assert "units" in v.attrs or name == "role", name  # role: flag_values and flag_meanings instead
+    assert result["best_slash"].attrs["long_name"] != result["slash_score"].attrs["long_name"]
+    assert result["slash_dominant_share"].attrs["long_name"] != result["token_dominant_share"].attrs["long_name"]
+    assert result["js_distance"].attrs["units"] == "sqrt(nat)" and result["bifurcation_step"].attrs["units"] == "steps"
+
+
 def test_a_sink_head_is_not_slash_dominant():
     # slash_score(T - 1) = A[T-1, 0] = 1 for a sink head, so the dominance window must stop at
     # T // 2 like the slash role's; T = 10 here, within the stored offsets 0..min(16, T-1).

@@ -268,6 +268,9 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         parts["q_subspace_cos"] = principal_angles(weights, weight="q")
 
     out = xr.Dataset(parts, coords={"step": ds["step"]})
+    for name, (long_name, units) in VARIABLE_ATTRS.items():
+        if name in out:
+            out[name].attrs.update(long_name=long_name, units=units)
     out.attrs.update(
         analysis_version=ANALYSIS_VERSION,
         roles=list(ROLES),
@@ -282,6 +285,36 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         baseline_snapshots=opt.baseline_snapshots,
     )
     return out
+
+
+_JS = "sqrt(nat)"  # js_distance is the square root of a mean JS divergence in nats (bound sqrt(ln 2))
+VARIABLE_ATTRS = {
+    "role_score": ("score of each role's pattern (see RoleThresholds)", "1"),
+    "commitment_step": ("step from which the head's role never changes again", "steps"),
+    "best_slash": ("largest slash score over the scored offsets", "1"),
+    "slash_dominant": ("slash-dominant head: 1, else 0 (NaN where undefined)", "1"),
+    "slash_emergence_step": ("first step from which the head stays slash-dominant (NaN: not at the end)", "steps"),
+    "slash_dominant_share": ("share of the layer's heads that are slash-dominant", "1"),
+    "token_ratio": ("attention on the token relative to uniform causal attention", "1"),
+    "token_dominant": ("token-dominant head: 1, else 0 (NaN where undefined)", "1"),
+    "token_emergence_step": ("first step from which the head stays token-dominant (NaN: not at the end)", "steps"),
+    "token_dominant_share": ("share of the layer's heads that are token-dominant", "1"),
+    "js_distance": ("Jensen-Shannon distance between two heads' attention", _JS),
+    "within_layer_divergence": ("mean Jensen-Shannon distance between the layer's heads", _JS),
+    "mean_divergence": ("within-layer divergence, mean over layers", _JS),
+    "divergence_from_init": ("Jensen-Shannon distance of the head's attention from its first snapshot's", _JS),
+    "bifurcation_step": ("step the mean within-layer divergence leaves its initial band for good (NaN: never)",
+                         "steps"),
+    "layer_bifurcation_step": ("step the layer's divergence leaves its initial band for good (NaN: never)", "steps"),
+    "winner_take_all": ("Gini coefficient of the layer's head importances", "1"),
+    "cluster": ("redundancy cluster of the head within its layer", ""),
+    "redundancy_fraction": ("share of heads that share their cluster with another head", "1"),
+    "attention_correlation": ("Pearson correlation of two heads' causal attention, last snapshot", "1"),
+    "qk_cosine": ("cosine between two heads' QK circuits W_Q W_K^T", "1"),
+    "q_subspace_cos": ("mean cosine of the principal angles between two heads' W_Q subspaces", "1"),
+}
+"""``long_name`` and ``units`` of the variables :func:`analyse_run` returns (the others keep the
+ones their analyser gives): a plot's axis labels, and two shares told apart."""
 
 
 def _fewest_recorded(ds: xr.Dataset) -> tuple[int, str]:
