@@ -7,10 +7,9 @@ run failed tens of seconds later with a MemoryError (or, with overcommit, pushed
 into swap). :func:`check_memory` refuses such a config as one line, before anything is made.
 
 The estimate counts only arrays a run cannot do without, at the moment of its largest phase,
-so it stays *below* the real peak (measured 1.4 to 3.5 times it above torch's own 270 MiB, on
-configs whose estimate was 330 to 630 MiB, set by each phase and by the pool; 1.07 times, nearly
-tight, where an evaluation's logits set an estimate of 514 MiB): it refuses what cannot
-possibly fit, never a run that would. A finished run is let through (it is skipped). What it counts, in bytes:
+so it stays *below* the real peak (1.22 times it above the baseline of importing torch, where an
+evaluation's logits set an estimate of 514.9 MiB and it is nearly all there is; README's
+Configs gives the command): it refuses what cannot possibly fit, never a run that would. A finished run is let through (it is skipped). What it counts, in bytes:
 
 - state, held throughout: float32 weights, their gradients and the optimiser's moments (two for
   AdamW, one for SGD with momentum), the previous snapshot's per-head gradients, the loss curve
