@@ -97,7 +97,7 @@ class RoleThresholds:
     induction: float = 0.4
     """Mean attention on the token after a previous occurrence of the current token. Under
     uniform attention this is about (#occurrences / (i + 1)), which is small for random tokens
-    (0.05 on the quickstart's induction probes) but not for few or repetitive ones (0.45 on
+    (0.04 to 0.17 on the experiments' probe batches, README's Analysis definitions) but not for few or repetitive ones (0.45 on
     random binary tokens at T = 64): `role_scores` leaves induction unscored on probes where
     uniform attention reaches this threshold. 0.4 asks for a clear majority of the mass of a
     clean induction head."""
