@@ -465,3 +465,10 @@ def test_a_slash_window_of_offset_0_alone_is_refused():
     with pytest.raises(ValueError, match=r"slash_max_offset must be >= 1 \(offset 0 alone is the self role\); got 0"):
         RoleThresholds(slash_min_offset=0, slash_max_offset=0)
     RoleThresholds(slash_min_offset=0, slash_max_offset=1)
+
+
+def test_tokens_of_other_probe_rows_are_named_not_an_alignment_error():
+    attn = xr.DataArray(np.broadcast_to(np.eye(6), (1, 1, 1, 2, 6, 6)), dims=DIMS)
+    tokens = xr.DataArray(np.arange(18).reshape(3, 6), dims=("probe", "position"))
+    with pytest.raises(ValueError, match=r"^role_scores: tokens have 3 probe rows but attention has 2; "):
+        role_scores(attn, tokens)

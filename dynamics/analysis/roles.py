@@ -376,6 +376,9 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
     thresholds = RoleThresholds() if thresholds is None else thresholds
     n = _check_square(attn)
     require_dims(tokens, (PROBE, POSITION), "role_scores: tokens")  # ds.probe_tokens, not its .values
+    if tokens.sizes[PROBE] != attn.sizes[PROBE]:  # xarray's AlignmentError named the dim alone
+        raise ValueError(f"role_scores: tokens have {tokens.sizes[PROBE]} probe rows but attention has "
+                         f"{attn.sizes[PROBE]}; pass the probe tokens the attention was recorded on")
     if n < 2:  # as model.context >= 2: one position attends to itself whatever the head does
         raise ValueError(f"role_scores needs probes of at least 2 positions (no previous token to score at 1); "
                          f"got query={n}")
