@@ -181,6 +181,7 @@ def test_open_sweep_has_swept_coordinates(tmp_path):
     write_run(path, "a0")  # a run outside the sweep (`dynamics run` into its store): not one of its points
     sw = store.open_sweep(path)
     assert list(sw.run.values) == ["g0", "g1", "g2", "g3"]  # runs not yet in the store are skipped
+    assert sw.attrs["runs_not_started"] == ["not_started"]  # and named: the run dim is not the whole grid
     assert list(sw.init_scale.values) == [0.5, 0.5, 2.0, 2.0]
     np.testing.assert_array_equal(sw.model_init_scale.values, sw.init_scale.values)
     assert list(sw.lr.values) == list(sw.train_lr.values) == [1e-3, 1e-2, 1e-3, 1e-2]

@@ -136,7 +136,8 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
         runs are padded at the end with NaN (indexed dims such as ``head`` by an outer join on
         their labels); ``head_mask`` (run, layer, head) is True where the head exists. ``step``
         becomes (run, snapshot) only when runs disagree on it. ``attrs``: ``sweep`` (the
-        index, if any) and ``runs`` (each run's attributes).
+        index, if any), ``runs`` (each run's attributes) and, with an index, ``runs_not_started``
+        (its points with no run group yet, which the run dim leaves out).
 
     Example
     -------
@@ -235,6 +236,9 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
     sweep.attrs = {"runs": dict(zip(run_ids, attrs, strict=True))}
     if index:
         sweep.attrs["sweep"] = index
+        # a sweep still training lists only its started points: the rest are named, so that a
+        # mean over runs is not read as one over the whole grid
+        sweep.attrs["runs_not_started"] = [r for r in index["runs"] if r not in present]
     return sweep
 
 
