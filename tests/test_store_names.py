@@ -319,3 +319,18 @@ def test_zarrs_temporaries_a_killed_writer_left_are_cleared_under_the_locks(tmp_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         store.open_run(path, "r1")
+
+
+def test_store_error_is_named_where_users_import_it_and_pickles_there():
+    # a traceback said "dynamics.store._loc.StoreError", a private module; a sweep's task sends
+    # it back from its worker by pickle
+    import pickle
+    import traceback
+
+    import dynamics
+    from dynamics import store
+
+    assert dynamics.StoreError is store.StoreError
+    e = store.StoreError("a line")
+    assert traceback.format_exception_only(type(e), e) == ["dynamics.store.StoreError: a line\n"]
+    assert type(pickle.loads(pickle.dumps(e))) is store.StoreError

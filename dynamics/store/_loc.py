@@ -37,6 +37,11 @@ class StoreError(Exception):
     """A store problem; the message is one line naming the path and what is wrong."""
 
 
+# Named where users import it (dynamics.store, and dynamics, re-export it): a traceback said
+# "dynamics.store._loc.StoreError", a private module. Pickle finds it there as well.
+StoreError.__module__ = "dynamics.store"
+
+
 # --------------------------------------------------------------------------- locations
 
 
