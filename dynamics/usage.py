@@ -98,6 +98,10 @@ def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str =
         return
     p = Path(path)
     check_not_in_store(p, flag)
+    if p.is_dir() and not os.access(p, os.R_OK | os.X_OK):
+        # its listing raised PermissionError below: "run stopped ... run it again", exit 1, for
+        # input that is refused before any work
+        raise UsageError(f"{flag} {path}: no permission to read this directory; check its permissions")
     if not p.exists():
         check_creatable(p, flag)
     elif p.is_dir() and all(store.is_partial(e.name) for e in p.iterdir()):

@@ -574,3 +574,48 @@ def test_a_sweep_refuses_a_store_with_a_run_of_damaged_attributes_outside_its_gr
     one_line_exit_2(cli_in_process("sweep", swept, "--out", s, "--workers", "1"),
                     f"run group runs/{rid} has damaged attributes in runs/{rid}/zarr.json (status = 'weird', not one a run writes")
     assert {str(p): p.read_bytes() for p in sorted(s.rglob("*")) if p.is_file()} == before
+
+
+def _without_dac_override(cmd: list[str]) -> list[str]:
+    """`cmd` run where file modes stop it: as a user they do; root gets setpriv to drop its
+    override of them for the command alone (skipped where root cannot)."""
+    if os.geteuid() != 0:
+        return cmd
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    if shutil.which("setpriv") is None or subprocess.run([*drop, "true"], capture_output=True).returncode != 0:
+        pytest.skip("root here cannot drop its override of file modes")
+    return [*drop, *cmd]
+
+
+def test_an_unreadable_store_or_run_is_named_as_unreadable_and_the_other_runs_go_on(tiny, tmp_path):
+    # A store with the wrong owner was "not a dynamics store" (its data called foreign), `run --out`
+    # into it "stopped ... run it again" (exit 1), and one run's unreadable zarr.json stopped
+    # `status` of every run with no table.
+    import sys
+
+    d, cfg, path = tiny
+    dyn = [sys.executable, "-m", "dynamics"]
+    shut = tmp_path / "shut.zarr"
+    shutil.copytree(path, shut)
+    shut.chmod(0o000)
+    try:
+        for args in (["status", str(shut)], ["run", str(cfg), "--out", str(shut)]):
+            r = subprocess.run(_without_dac_override([*dyn, *args]), capture_output=True, text=True)
+            assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+            assert "permission" in r.stderr.lower() and "not a dynamics store" not in r.stderr, r.stderr
+    finally:
+        shut.chmod(0o755)
+    two = tmp_path / "two.zarr"
+    shutil.copytree(path, two)
+    other = train_run(with_values(load_config(cfg), {"train.seed": 7}), str(two)).run_id
+    (first,) = [r for r in store.list_runs(two) if r != other]
+    meta = two / "runs" / first / "zarr.json"
+    meta.chmod(0o000)
+    try:
+        r = subprocess.run(_without_dac_override([*dyn, "status", str(two)]), capture_output=True, text=True)
+    finally:
+        meta.chmod(0o644)
+    assert r.returncode == 1, r.stderr
+    rows = {line.split()[0]: line.split()[1] for line in r.stdout.strip().splitlines()[1:]}
+    assert rows == {first: "damaged", other: "completed"}, r.stdout
+    assert f"runs/{first}/zarr.json cannot be read: Permission denied; check its permissions" in r.stderr

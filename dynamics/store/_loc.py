@@ -300,7 +300,15 @@ def _group_meta(loc: _Loc, gpath: str) -> dict | None:
     groups are recomputed whole, so an unreadable one is simply replaced.)
     """
     key = f"{gpath}/zarr.json"
-    raw = loc.get(key)
+    try:
+        raw = loc.get(key)
+    except PermissionError as e:
+        if not gpath.startswith("runs/"):
+            raise
+        # named as a damaged run is, so that listings go on with the others: as an OSError it
+        # stopped `status`, `report`, `predict` and `analyse` of every run
+        raise StoreError(f"{loc}: run group {gpath}'s metadata {key} cannot be read: "
+                         f"{e.strerror or 'permission denied'}; check its permissions") from None
     meta = _group_json(raw)
     if meta is not None or not gpath.startswith("runs/"):
         return meta

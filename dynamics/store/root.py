@@ -223,6 +223,9 @@ def _unreadable_root(loc: _Loc) -> str | None:
                     f"group(s) ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}) (damaged); restore it "
                     f"from a backup")
         damaged = _json_dict(raw) is None
+    except PermissionError as e:  # an unreadable store is recorded data with the wrong owner, not "not a store"
+        return (f"{loc}: the store's root metadata zarr.json cannot be read: {e.strerror or 'permission denied'} "
+                f"on {e.filename or loc}; check its permissions")
     except Exception:  # unreachable remote: not a store we can use, as above
         return None
     if not damaged:
