@@ -27,9 +27,11 @@ EXIT_INTERRUPTED = 130
 """As a shell reports a command that SIGINT ended."""
 
 AFTER_INTERRUPT = {
-    "run": "runs are resumable with the same command",
-    "sweep": "runs are resumable with the same command",
-    "demo": "runs are resumable with the same command",
+    # stopped before anything was made too (a config read from a pipe, a wait for a scheduler),
+    # where "runs are resumable" named runs that did not exist
+    "run": "what was recorded is kept; the same command resumes each run, or starts one not begun",
+    "sweep": "what was recorded is kept; the same command resumes each run, or starts one not begun",
+    "demo": "what was recorded is kept; the same command resumes each run, or starts one not begun",
     "analyse": "the analyses written before are whole; the other runs keep their previous analysis, if any "
                "(run the same command again to analyse them)",
     "predict": "a curve is saved whole or not at all; the store holds the previous one otherwise",

@@ -160,7 +160,7 @@ def test_an_interrupt_names_what_its_stage_kept_and_falls_back_to_the_commands_l
     # a stage without a line of its own (the demo's sweep), or no stage yet: the command's line
     for stage in (lambda: "sweep", lambda: None):
         assert run_to_end("demo", work, stage) == EXIT_INTERRUPTED
-        assert capsys.readouterr().err == "dynamics: interrupted; runs are resumable with the same command\n"
+        assert capsys.readouterr().err == "dynamics: interrupted; what was recorded is kept; the same command resumes each run, or starts one not begun\n"
 
 
 def test_stage_prints_its_banner_and_names_its_first_word():

@@ -101,7 +101,7 @@ def test_ctrl_c_while_the_cluster_starts_ends_in_one_line_and_exit_130(tmp_path,
     # A shell sees 130 either way.
     assert proc.returncode in (130, -signal.SIGINT), text
     assert "Traceback" not in text and "Warning" not in text, text
-    assert text.rstrip().splitlines()[-1] == "dynamics: interrupted; runs are resumable with the same command"
+    assert text.rstrip().splitlines()[-1] == "dynamics: interrupted; what was recorded is kept; the same command resumes each run, or starts one not begun"
 
 
 def test_without_signal_masks_the_cluster_starts_unmasked(monkeypatch):

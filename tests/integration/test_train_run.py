@@ -104,7 +104,7 @@ def test_sigterm_records_the_run_interrupted(tiny_config, tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    assert "interrupted; runs are resumable" in err
+    assert "interrupted; what was recorded is kept; the same command resumes each run" in err
     attrs = store.run_attrs(out, run_id)
     assert attrs["status"] == "interrupted" and attrs["steps_done"] < 3000
 
