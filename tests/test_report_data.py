@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import xarray as xr
 
 from dynamics import cli, store
@@ -402,6 +403,23 @@ def test_a_derived_that_is_a_file_is_named_not_read_as_no_predictor_run_yet(buil
     assert f"Not available: the predictor curves because derived/ could not be read ({why}" in text
     assert "dynamics predict" not in text
     assert (copy / "derived").read_text() == "x"
+
+
+def test_an_analysis_that_is_a_file_is_named_not_read_as_never_analysed(built, tmp_path, capsys):
+    # The page listed every run as "no stored analysis (run dynamics analyse)", exit 0, and
+    # `dynamics analyse` then refused the store: analysis is not a folder.
+    path, _, _ = built
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(path, copy)
+    shutil.rmtree(copy / "analysis")
+    (copy / "analysis").write_text("x")
+    assert cli.main(["report", str(copy), "--out", str(tmp_path / "out"), "--no-compute"]) == 1
+    why = f"{copy}: analysis is not a folder (the store is damaged); move it aside"
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[report]")]
+    assert err and all(why in line and "`dynamics analyse` writes it again" not in line for line in err), err
+    assert (copy / "analysis").read_text() == "x"
+    with pytest.raises(store.StoreError, match="analysis is not a folder"):
+        store.open_analysis(str(copy), store.list_runs(str(copy))[0])
 
 
 def test_report_reads_each_runs_attributes_once_and_lists_a_damaged_run_as_damaged(tmp_path, monkeypatch, capsys):

@@ -310,7 +310,8 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         # or damaged (a chunk failing its checksum): said, so that the page does not hide it
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         why = "a chunk failed its checksum" if store.failed_checksum(e) else f"{type(e).__name__}: {why}"
-        again = "" if "writes it again" in why else "; `dynamics analyse` writes it again"  # a StoreError may say it
+        # a StoreError may say it, or say what to do first (analysis/ a file, which analyse refuses)
+        again = "" if "writes it again" in why or "move it aside" in why else "; `dynamics analyse` writes it again"
         unread = f"its stored analysis could not be read ({why}{again})"
         if is_damage(e):
             run.damage.append(f"run {run_id}: {unread}")

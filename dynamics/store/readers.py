@@ -481,6 +481,7 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
     loc = _Loc(path)
     _require_store(loc)
     run_id = _default_run(loc, run_id)
+    check_sections(loc, ("analysis",))  # a file there: named, not None, "never analysed", for every run
     if not _group_exists(loc, f"analysis/{run_id}"):
         return None
     ds = _whole(loc, f"analysis/{run_id}", _open_group_ds(loc, f"analysis/{run_id}", dask))
