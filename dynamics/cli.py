@@ -31,8 +31,10 @@ from dynamics.messages import (
     progress_printer,
 )
 from dynamics.tables import analysis_failures, demo_timing, print_analysis, print_consistency, print_table
-from dynamics.usage import EXIT_BAD_INPUT as EXIT_BAD_INPUT  # cli.EXIT_BAD_INPUT, as before
 from dynamics.usage import (
+    DEFAULT_REPORT,
+    DEFAULT_STORE,
+    STORE_HELP,
     OneLineParser,
     UsageError,
     check_args,
@@ -47,10 +49,7 @@ from dynamics.usage import (
     no_runs,
     report_dir,
 )
-
-# How errors name a path the command chose: naming --out when none was given puzzled.
-DEFAULT_STORE = "no --out given: the default store"
-DEFAULT_REPORT = "the default report folder"
+from dynamics.usage import EXIT_BAD_INPUT as EXIT_BAD_INPUT  # cli.EXIT_BAD_INPUT, as before
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -526,15 +525,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("status", help="runs in a store, in grid order: swept values, status, steps done, the step a resume restarts from, last loss (one training batch's, at the last step reached)")
-    p.add_argument("store")
+    p.add_argument("store", help=STORE_HELP)
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("analyse", help="compute every analyser for every run; write results next to the recordings")
-    p.add_argument("store")
+    p.add_argument("store", help=STORE_HELP)
     p.add_argument("--run", help="only this run id")
     p.add_argument("--workers", type=int, help="processes analysing runs at once (default: one per core)")
     p.set_defaults(func=cmd_analyse)
     p = sub.add_parser("predict", help="predict each head's final specialisation from its early gradients (grouped CV)")
-    p.add_argument("store")
+    p.add_argument("store", help=STORE_HELP)
     p.add_argument("--target", default="slash", help="slash (default), role, importance, chg or redundant")
     p.add_argument("--horizon", help="one horizon (default 0.1)")
     p.add_argument("--horizons", help="comma-separated horizons for the curve, e.g. 0,0.02,0.05,0.1,0.2,0.5")
@@ -548,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-save", action="store_true", help="print only; do not write derived/predict.<target>")
     p.set_defaults(func=cmd_predict)
     p = sub.add_parser("report", help="write an HTML report (figures + step slider) of a store; opens from file://")
-    p.add_argument("store")
+    p.add_argument("store", help=STORE_HELP)
     p.add_argument("--out", help="report directory (default <store>-report next to the store, "
                                   ".zarr dropped: runs/x.zarr -> runs/x-report)")
     p.add_argument("--run", help="run shown in the attention maps and dendrogram (default: median final loss)")
@@ -556,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave runs without stored analysis out instead of analysing them in memory")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("gates", help="causal head gating (G+, G-, roles) and single-head ablation of a recorded run")
-    p.add_argument("store")
+    p.add_argument("store", help=STORE_HELP)
     p.add_argument("--run", help="run id (default: the store's only run)")
     p.add_argument("--contrast", metavar="retain=A,forget=B", help="also fit gates that keep component A and lose B")
     p.add_argument("--steps", type=int, help="Adam updates of the G+/G- (and contrastive) fits (default 200)")

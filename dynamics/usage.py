@@ -82,6 +82,12 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{head}: error: {message} (see {self.prog} --help)\n")
 
 
+# How errors name a path the command chose: naming --out when none was given puzzled.
+DEFAULT_STORE = "no --out given: the default store"
+DEFAULT_REPORT = "the default report folder"
+STORE_HELP = "a dynamics store: its folder, or an fsspec URL (file://, s3://, ...)"
+
+
 def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str = "--out",
               also: tuple[str, ...] = ()) -> None:
     """--out of a command that makes or extends a store: a URL with a filesystem, an empty or new

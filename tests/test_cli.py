@@ -131,6 +131,8 @@ def test_the_installed_program_is_consoles_entry_point():
     (["run", "{cfg}", "--out", "{d}/afile/sub.zarr"], "afile is a file, not a directory"),
     (["sweep", "{cfg}", "--out", "{d}/afile/sub.zarr"], "afile is a file, not a directory"),
     (["run", "{cfg}", "--out", "{d}/new1.zarr", "--run-id", "bad id!"], "invalid run id 'bad id!'"),
+    # "use letters" refused "\u00fc", a letter: ASCII ones are meant
+    (["run", "{cfg}", "--out", "{d}/new1.zarr", "--run-id", "r\u00fc"], "invalid run id 'r\u00fc': use ASCII letters"),
     (["sweep", "{cfg}", "--out", "{d}/new2.zarr", "--scheduler", "{d}/nofile.json"],
      "neither an address (tcp://host:port) nor a scheduler file"),
     (["demo", "--workers", "0", "--out", "{d}/new3.zarr"], "--workers: must be >= 1, got 0"),

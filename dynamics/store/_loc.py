@@ -237,7 +237,7 @@ made by an earlier version with any id this long stays readable."""
 
 def _check_name(kind: str, name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
-        raise StoreError(f"invalid {kind} {name!r}: use letters, digits, '.', '_' or '-', not starting with a symbol")
+        raise StoreError(f"invalid {kind} {name!r}: use ASCII letters, digits, '.', '_' or '-', not starting with a symbol")
     if name == "zarr.json":  # the group's own metadata key in zarr v3
         raise StoreError(f"invalid {kind} {name!r}: reserved by zarr")
     if len(name.encode()) > MAX_NAME:  # no folder can be named so: the lock failed once the store was made
