@@ -575,6 +575,9 @@ def test_static_gate_baseline_has_no_input_weights():
     ({"templates": {"heads": [{"layer": 0, "head": 7, "pattern": "uniform"}]}}, r"heads\[0\]\.head"),
     ({"templates": {"heads": [{"layer": 0, "head": 0, "pattern": "diagonal"}]}}, r"heads\[0\]\.pattern"),
     ({"templates": {"heads": [{"layer": 0, "head": 0, "pattern": "offset", "delta": 16}]}}, r"heads\[0\]\.delta"),
+    # past the context (16) the band is every causal key, as at 16: another run id, the same training
+    ({"templates": {"heads": [{"layer": 0, "head": 0, "pattern": "local", "width": 17}]}},
+     r"heads\[0\]\.width: must be in \[1, model.context = 16\], got 17"),
     ({"templates": {"heads": PINNED + PINNED[:1]}}, r"heads\[2\]"),
     ({"templates": {"heads": PINNED, "weight": "lots"}}, "intervene.templates.weight"),
     ({"templates": {"heads": PINNED, "weight": -1.0}}, "intervene.templates.weight"),

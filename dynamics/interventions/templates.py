@@ -139,8 +139,10 @@ def parse(cfg: RunConfig, raw: object) -> TemplateOptions:
             fail(f"{key}.pattern: unknown template {h.pattern!r} ({' | '.join(PATTERNS)})")
         if not 1 <= h.delta < cfg.model.context:
             fail(f"{key}.delta: must be in [1, model.context), got {h.delta}")
-        if h.width < 1:
-            fail(f"{key}.width: must be >= 1, got {h.width}")
+        if not 1 <= h.width <= cfg.model.context:
+            # past the context the band is every causal key, as at the context: another run id
+            # for the same training
+            fail(f"{key}.width: must be in [1, model.context = {cfg.model.context}], got {h.width}")
 
     heads = parse_heads(prefix, entries, TemplateHead, cfg, check=check, duplicate="head ({layer}, {head}) is pinned twice")
     opts = TemplateOptions(**{**kw, "heads": heads})
