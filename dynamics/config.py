@@ -330,7 +330,9 @@ def _flatten(prefix: str, table: dict) -> dict[str, Any]:
                               f"e.g. sweep.{key}.<key> = [...])")
         for dotted, value in (_flatten(key, v) if isinstance(v, dict) else {key: v}).items():
             if dotted in out:
-                raise ConfigError(f"sweep.{dotted}: given twice (as a dotted key and in a table)")
+                # one of the two may be a --set of the table beside the file's dotted key: say the form that replaces it
+                raise ConfigError(f"sweep.{dotted}: given twice (as a dotted key and in a table, in the file or one "
+                                  f"by --set; --set sweep.{dotted}=[...] replaces the file's either way)")
             out[dotted] = value
     return out
 

@@ -116,6 +116,10 @@ def test_int_accepted_for_float_but_not_reverse():
          "sweep.train.seed: given twice (in [sweep] and in its axes table)"),
         ({"model": {"gate_init": float("nan")}}, "model.gate_init: expected a finite number"),
         ({"sweep": {"train": {"seed": []}}}, "sweep.train.seed: empty list"),
+        # the file's dotted key beside a --set of its table: the line named neither, nor the way out
+        ({"sweep": {"train.seed": [0, 1], "train": {"seed": [1, 2]}}},
+         r"sweep.train.seed: given twice (as a dotted key and in a table, in the file or one by --set; "
+         r"--set sweep.train.seed=[...] replaces the file's either way)"),
         # --set 'sweep.intervene.templates={}' swept nothing and trained the file's grid
         ({"sweep": {"train.seed": [0, 1], "intervene": {"templates": {}}}},
          "sweep.intervene.templates: an empty table holds no axis (an axis is a list of values, "
