@@ -319,6 +319,11 @@ def _build_section(name: str, raw: dict) -> Any:
     return cls(**kwargs)
 
 
+# one of the two may be a --set of the table beside the file's dotted key: the form that replaces it
+_TWO_SPELLINGS = ("as a dotted key and in a table, in the file or one by --set; --set sweep.{key}=[...] replaces "
+                  "the file's either way")
+
+
 def _flatten(prefix: str, table: dict) -> dict[str, Any]:
     """Nested tables to dotted keys. TOML spells one axis two ways (``"model.init_scale"`` and a
     ``model`` table's ``init_scale``): given both, one list would silently replace the other."""
@@ -330,9 +335,7 @@ def _flatten(prefix: str, table: dict) -> dict[str, Any]:
                               f"e.g. sweep.{key}.<key> = [...])")
         for dotted, value in (_flatten(key, v) if isinstance(v, dict) else {key: v}).items():
             if dotted in out:
-                # one of the two may be a --set of the table beside the file's dotted key: say the form that replaces it
-                raise ConfigError(f"sweep.{dotted}: given twice (as a dotted key and in a table, in the file or one "
-                                  f"by --set; --set sweep.{dotted}=[...] replaces the file's either way)")
+                raise ConfigError(f"sweep.{dotted}: given twice ({_TWO_SPELLINGS.format(key=dotted)})")
             out[dotted] = value
     return out
 
@@ -362,7 +365,7 @@ def _build_sweep(raw: dict) -> SweepConfig:
         for key, values in _flatten("", v if in_axes else {k: v}).items():
             if key in flat:  # one list silently replaced the other
                 where = ("in [sweep] and in its axes table" if in_axes or key in from_axes
-                         else "as a dotted key and in a table")
+                         else _TWO_SPELLINGS.format(key=key))
                 raise ConfigError(f"sweep.{key}: given twice ({where})")
             flat[key] = values
             if in_axes:
