@@ -107,6 +107,22 @@ def test_a_checkpoint_ahead_of_the_recordings_is_refused_not_offered(copy, statu
     assert (got["status"], got["resumes_at"]) == ({"interrupted": "interrupted", "running": "stopped"}[status], "refused")
 
 
+@pytest.mark.parametrize("array", ["step", "importance"])
+def test_a_damaged_chunk_is_no_traceback_and_one_before_the_checkpoint_is_refused(copy, array):
+    # A `step` chunk failing its checksum raised out of status (ValueError), no table for any run.
+    # The schedule now comes from the config; a damaged importance chunk before the checkpoint
+    # is one `run` refuses, naming it.
+    path, run_id = copy
+    at = store.checkpoint_step(path, run_id)
+    store.update_run_attrs(path, run_id, status="interrupted")
+    chunk = next(p for p in (path / "runs" / run_id / array / "c").rglob("*") if p.is_file())
+    blob = bytearray(chunk.read_bytes())
+    blob[len(blob) // 2] ^= 0x10
+    chunk.write_bytes(bytes(blob))
+    header, [row], _ = status_table(str(path))
+    assert dict(zip(header, row, strict=True))["resumes_at"] == {"step": str(at), "importance": "refused"}[array]
+
+
 def test_a_pending_point_shows_the_steps_its_sweep_index_records(tmp_path):
     path = str(tmp_path / "s.zarr")
     store.init_store(path)
