@@ -104,6 +104,13 @@ def test_the_page_says_why_its_per_run_figures_show_the_run_they_show():
     assert chosen_why(three, "c") == " (chosen with --run)"
     stopped = [run("d", "stopped", None)]
     assert chosen_why(stopped, "d") == " (no run has completed with a finite loss: the run with the most snapshots recorded)"
+    # the median is over the analysed runs where any is, as _choose_run takes it: an unanalysed
+    # run of loss 0.5 made the sentence count 4 runs and describe another one
+    for r in three:
+        r.analysis = xr.Dataset()
+    four = [*three, run("e", "completed", 0.5)]
+    assert chosen_why(four, "a") == (" (of the 3 analysed completed run(s), the one with the median final loss; "
+                                     "--run ID shows another)")
 
 
 def test_choose_run_prefers_the_median_completed_run():

@@ -246,7 +246,8 @@ def test_a_curve_of_one_horizon_shows_each_models_band_as_an_error_bar(tmp_path,
     store.write_derived(path, "predict.slash", curve)
     figs = {}
     monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
-    predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    assert "(one horizon measured: the models side by side, each band a bar)" in dict(sec.figures)["predict_slash.png"]
     ax = figs["predict_slash.png"].axes[0]
     bars = [c for c in ax.collections if isinstance(c, LineCollection)]
     spans = sorted((round(float(s[:, 1].min()), 6), round(float(s[:, 1].max()), 6)) for c in bars for s in c.get_segments())

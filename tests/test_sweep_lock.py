@@ -64,6 +64,7 @@ def test_stale_lock_of_a_dead_pid_is_taken_over(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no stale leftovers
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc to see a zombie")
 def test_a_lock_of_a_killed_launcher_not_yet_reaped_is_taken_over(tmp_path):
     # A launcher killed (`timeout -s KILL`) and not yet reaped by its parent is a zombie, which
     # still answers signal 0: the rerun was refused until the heartbeat went stale, 120 s later.

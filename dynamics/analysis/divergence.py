@@ -70,7 +70,9 @@ def _causal_mask(attn: xr.DataArray) -> np.ndarray:
 
     Positions come from numeric query/key coordinates, else 0..n-1; without them a cut along one
     dim (``isel(query=slice(4, None))``) would pair query 4 with key 0's visibility, and the
-    distances come out plausible and wrong, so unequal sizes without coordinates are refused.
+    distances come out plausible and wrong, so unequal sizes without coordinates are refused. A
+    cut of equal length along both (``query=slice(4, None), key=slice(None, -4)``) cannot be
+    told from whole attention: give coordinates before any cut.
     """
     named = all(dim in attn.indexes and np.issubdtype(np.asarray(attn.indexes[dim]).dtype, np.number)
                 for dim in (QUERY, KEY))

@@ -154,8 +154,13 @@ def chosen_why(runs: list[_Run], chosen: str | None) -> str:
     done = [r for r in runs if r.status == "completed" and r.last_loss is not None and math.isfinite(r.last_loss)]
     if not done:
         return " (no run has completed with a finite loss: the run with the most snapshots recorded)"
-    return (f" (of the {len(done)} completed run(s), the one with the median final loss"
-            f"{', the lower for an even count' if len(done) % 2 == 0 else ''}; --run ID shows another)")
+    # as _choose_run picks: among the analysed ones where any is (a run too short to analyse is not)
+    analysed = [r for r in done if r.analysis is not None]
+    which = f"{len(analysed)} analysed completed run(s)" if analysed and len(analysed) < len(done) else \
+        f"{len(done)} completed run(s)"
+    n = len(analysed) or len(done)
+    return (f" (of the {which}, the one with the median final loss"
+            f"{', the lower for an even count' if n % 2 == 0 else ''}; --run ID shows another)")
 
 
 # --------------------------------------------------------------------------- collecting

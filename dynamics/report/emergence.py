@@ -386,7 +386,7 @@ def _bifurcation_caption(groups, points) -> str:
             f"step at which the first head becomes slash-dominant for good. Marks: runs, {groups.description(scatter=True)} "
             "(the colours of the curves); line: per swept value, the mean over the finished runs where the event "
             "happened (runs where it never happens are not in it); red crosses on the 'never' row: finished runs "
-            "where it never happened within the run; \u00d7n beside a mark: n runs at that point. A run whose heads "
+            "where it never happened within the run; \u00d7n above a mark: n runs at that point. A run whose heads "
             "start far apart (a large init_scale) can stay in its initial band throughout: 'never' there may be "
             "heads split from initialisation, not heads that never split (the divergence curves tell which). "
             f"{named}Counts: {'; '.join(counts)}.")

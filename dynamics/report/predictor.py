@@ -135,7 +135,8 @@ def _predict_section(ctx: _Ctx) -> _Section:
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", target)
         sec.figures.append((_save(fig, out, f"predict_{safe}.png"),
                             f"Predicting, for every head, the target {target!r} ({description}; derived/{name}) from "
-                            f"features of the training seen up to each horizon: {metric} against horizon, one line per model; dashed: "
+                            f"features of the training seen up to each horizon: {metric} against horizon, one line per model"
+                            f"{' (one horizon measured: the models side by side, each band a bar)' if one else ''}; dashed: "
                             f"baselines (chance: a constant, the training folds' majority class or prior; layer prior; "
                             f"initialisation-only features); {chance_text}{spread}.{ceiling}{_how_early(ds)}{caveats}"
                             f"{stale}"))
@@ -144,10 +145,13 @@ def _predict_section(ctx: _Ctx) -> _Section:
 
 def _no_slash_heads(runs) -> str:
     """Why to name ``--target role``: no completed run's analysis has a slash-dominant head at its
-    last snapshot, so predict's default target would be constant; empty where one has, or none is analysed."""
-    finals = [r.analysis["slash_dominant"].isel(snapshot=-1).values for r in runs
-              if r.status == "completed" and r.analysis is not None and "slash_dominant" in r.analysis]
-    if not finals or any(np.nansum(np.asarray(f, dtype=float)) > 0 for f in finals):
+    last snapshot, so predict's default target would be constant; empty where one has, or where a
+    completed run has no analysis here to tell."""
+    completed = [r for r in runs if r.status == "completed"]
+    finals = [r.analysis["slash_dominant"].isel(snapshot=-1).values for r in completed
+              if r.analysis is not None and "slash_dominant" in r.analysis]
+    # every completed run seen (--no-compute leaves unanalysed ones out): else it may be false
+    if not finals or len(finals) < len(completed) or any(np.nansum(np.asarray(f, dtype=float)) > 0 for f in finals):
         return ""
     return "; no completed run has a slash-dominant head, so the default target, slash, is constant there"
 
