@@ -484,7 +484,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     said = note_mixed_training(out, [r["run"] for r in rows if not r.get("skipped")])  # runs of an earlier demo
     failed = analysis_failures(rows)
 
-    stage(args, 3, 4, "predict: how early is each head's final role readable from its early gradients?")
+    stage(args, 3, 4, "predict: how early is each head's final role readable from its early training (gradients, attention, weights)?")
     for target in ("role",):  # the quickstart task (induction) grows few slash heads: role is the question
         opts = predict.PredictOptions(target=target, horizons=(0.0, 0.05, 0.1, 0.2, 0.5))
         try:
@@ -532,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", help="only this run id")
     p.add_argument("--workers", type=int, help="processes analysing runs at once (default: one per core)")
     p.set_defaults(func=cmd_analyse)
-    p = sub.add_parser("predict", help="predict each head's final specialisation from its early gradients (grouped CV)")
+    p = sub.add_parser("predict", help="predict each head's final specialisation from early training: gradients, attention, weights (grouped CV)")
     p.add_argument("store", help=STORE_HELP)
     p.add_argument("--target", default="slash", help="slash (default), role, importance, chg or redundant")
     p.add_argument("--horizon", help="one horizon (default 0.1)")

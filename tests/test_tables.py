@@ -15,6 +15,8 @@ def test_analyse_table_of_a_one_head_model_prints_redundancy_undefined(capsys):
     assert lines[1].split()[header.index("redundancy")] == "undefined"
     assert lines[2].split()[header.index("redundancy")] == "0.500"  # a row built without summary_row's counts
     assert lines[3].startswith("bifurcation: step the heads' divergence (the mean over layers) left its early band")  # the columns
+    # "never" with the divergence near its bound at step 0 is heads split from initialisation, which the page's caption said
+    assert "never where it did not: heads that start far apart (a large init_scale) can stay in their band" in lines[3]
     assert lines[4].endswith("redundancy between the heads of the model)")
 
 
