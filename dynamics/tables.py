@@ -121,6 +121,10 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
               "their band, split from initialisation; "
               "divergence: mean within-layer JS distance at the last snapshot; redundancy: heads in a cluster of 2 or more there, of all heads (average linkage, JS distance cut at 0.1); "
               "slash_dom: heads slash-dominant there; final roles: heads per role there")
+    if unseen := [r for r in rows if not r.get("skipped") and r.get("token_unseen") is not None]:
+        ids = sorted({r["token_unseen"] for r in unseen})
+        print(f"token roles: token {', '.join(map(str, ids))} never appears in the probes of {len(unseen)} of these "
+              f"run(s), so none of their heads can be a token head (their data does not hold it)")
     if early := [r for r in rows if not r.get("skipped") and "read_at_step" in r]:
         # the footnote's "last snapshot" of a diverged run is its last finite one, often well
         # before the schedule's end: only the status column said so

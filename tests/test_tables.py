@@ -314,3 +314,36 @@ def test_the_undefined_note_is_said_where_one_run_of_several_has_a_single_head_p
     assert capsys.readouterr().out.splitlines()[-1] == (
         "undefined: one head per layer, so no pair of heads to compare (bifurcation and divergence are measured "
         "between the heads of a layer, redundancy between the heads of the model)")
+
+
+def test_the_token_footnote_says_where_no_probe_holds_the_token():
+    # The quickstart's vocabulary of 32 holds no '/' (47): every head's token share is NaN, and a
+    # count of 0 token heads read as a finding
+    import io
+    from contextlib import redirect_stdout
+
+    rows = [{"run": "a", "status": "completed"} | _ROW | {"token_unseen": 47},
+            {"run": "b", "status": "completed"} | _ROW | {"token_unseen": None}]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        print_analysis(rows)
+    assert ("token roles: token 47 never appears in the probes of 1 of these run(s), so none of their heads can be a "
+            "token head (their data does not hold it)") in out.getvalue()
+    out = io.StringIO()
+    with redirect_stdout(out):
+        print_analysis(rows[1:])
+    assert "token roles" not in out.getvalue()
+
+
+def test_summary_row_names_the_token_no_probe_holds():
+    import numpy as np
+    import xarray as xr
+
+    from dynamics.analysis.pipeline import analyse_run, summary_row
+    from tests.test_pipeline import sweep_like
+
+    result = analyse_run(sweep_like()).isel(run=0).load()
+    assert bool(result["token_share"].notnull().any())  # its probes hold the token
+    assert summary_row(result)["token_unseen"] is None
+    blank = result.assign(token_share=xr.full_like(result["token_share"], np.nan))
+    assert summary_row(blank)["token_unseen"] == result.attrs["token_id"]

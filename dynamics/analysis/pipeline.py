@@ -407,7 +407,8 @@ def summary_row(result: xr.Dataset) -> dict:
     more), and
     ``slash_dominant`` (a count of heads) when no head has a slash offset scored.
     ``layer_bifurcation_steps`` is ``bifurcation_step`` per layer (a list, in layer order), or
-    None for an analysis stored before it was computed.
+    None for an analysis stored before it was computed. ``token_unseen`` is the token id the token
+    roles look for where no probe sequence holds it, else None.
     """
     if RUN in result.dims:  # a sweep's analysis: every number below would be an array
         raise ValueError("summary_row takes one run's analysis; select one with .sel(run=...) or .isel(run=...)")
@@ -435,6 +436,10 @@ def summary_row(result: xr.Dataset) -> dict:
         # NaN: a sweep's padded head, or undefined (no offset scored): "undefined" if every head is
         "slash_dominant": int(np.nansum(flags)) if np.isfinite(flags).any() else "undefined",
         "roles": counts,
+        # the token the token roles look for, where no probe holds it (the quickstart's vocabulary of
+        # 32 has no '/', 47): none of its heads can be a token head, which a count of 0 does not say
+        "token_unseen": int(result.attrs.get("token_id", ord("/")))
+        if "token_share" in last and bool(last["token_share"].isnull().all()) else None,
     }
 
 
