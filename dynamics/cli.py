@@ -320,7 +320,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(predict.format_curve(curve))
     note_mixed_training(args.store, curve["run"].values.tolist())
     if not args.no_save:
-        print(f"saved derived/{predict.write_curve(args.store, curve)} in {args.store}")
+        replacing = predict.replaced_note(args.store, curve)  # read before the write replaces it
+        print(f"saved derived/{predict.write_curve(args.store, curve)} in {args.store}{replacing}")
     # left out of the curve (its "left out" line): named with why on stderr, exit 1, as by analyse and report
     damaged = [r.removesuffix(" (damaged)") for r in curve.attrs["runs_left_out"] if r.endswith(" (damaged)")]
     return 1 if damaged_runs_named(args.store, damaged, chunks=True, decode=True) else 0

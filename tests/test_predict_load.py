@@ -125,3 +125,20 @@ def test_a_killed_run_is_left_out_as_stopped_not_running(tmp_path):
     with store.run_lock(str(path), runs[3].run_id):
         _, left_out = predict.load_store(str(path))
     assert left_out == [f"{runs[2].run_id} (stopped)", f"{runs[3].run_id} (running)"]
+
+
+def test_saving_a_curve_says_which_saved_curve_it_replaces(tmp_path):
+    # A quick variant's curve took the place of the demo's five horizons without a word, and the
+    # report then showed only the new one.
+    import xarray as xr
+
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    curve = xr.Dataset({"score": (("horizon",), [0.5, 0.6, 0.7])}, coords={"horizon": [0.0, 0.1, 0.5]},
+                       attrs={"target": "role", "horizon_unit": "fraction"})
+    assert predict.replaced_note(path, curve) == ""  # nothing saved yet
+    assert predict.write_curve(path, curve) == "predict.role"
+    quick = curve.isel(horizon=[1])
+    assert predict.replaced_note(path, quick) == (" (replacing the curve saved before, of horizons 0,0.1,0.5 (fraction); "
+                                                  "--no-save prints a curve without replacing it)")
+    assert predict.replaced_note(path, quick.assign_attrs(target="slash")) == ""  # another target's: untouched

@@ -61,14 +61,12 @@ This module never imports torch: it reads the store and the analysers only.
 
 # `name as name`: module-level names kept reachable as predict.<name>, outside __all__.
 from dynamics.predict.curve import (
-    derived_name,
     format_curve,
     predict_runs,
     predict_store,
-    write_curve,
 )
 from dynamics.predict.features import early_snapshots, feature_table, head_features, horizon_steps
-from dynamics.predict.load import check_runs, load_runs, load_store
+from dynamics.predict.load import check_runs, derived_name, load_runs, load_store, replaced_note, write_curve
 from dynamics.predict.models import cross_validate, group_splits, score
 from dynamics.predict.null import same_head_blocks
 from dynamics.predict.options import (
@@ -115,6 +113,7 @@ __all__ = [
     "predict_runs",
     "predict_store",
     "readable_of",
+    "replaced_note",
     "same_head_blocks",
     "score",
     "score_band",

@@ -435,18 +435,6 @@ def predict_store(path: str, options: PredictOptions | None = None,
                                f"damaged); prediction needs at least 2") from None
 
 
-def derived_name(target: str) -> str:
-    """Name of the curve of `target` under ``STORE/derived/`` (a group name has no '/')."""
-    return f"predict.{target}"
-
-
-def write_curve(path: str, curve: xr.Dataset) -> str:
-    """Store `curve` as ``derived/predict.<target>`` (replacing it); returns that name."""
-    name = derived_name(curve.attrs["target"])
-    store.write_derived(path, name, curve)
-    return name
-
-
 def _first_five(ids: Sequence[str]) -> str:
     """Up to five run ids, and how many more: a line names runs, it does not list a sweep."""
     return ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")

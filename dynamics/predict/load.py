@@ -181,3 +181,32 @@ def check_runs(runs: Sequence[Run], options: PredictOptions) -> None:
                 raise PredictError(
                     f"horizon step {max(options.horizons):g} out of range: run {r.run_id!r} ends at step {final:g}"
                 )
+
+
+def derived_name(target: str) -> str:
+    """Name of the curve of `target` under ``STORE/derived/`` (a group name has no '/')."""
+    return f"predict.{target}"
+
+
+def write_curve(path: str, curve) -> str:
+    """Store `curve` as ``derived/predict.<target>`` (replacing it); returns that name."""
+    name = derived_name(curve.attrs["target"])
+    store.write_derived(path, name, curve)
+    return name
+
+
+def replaced_note(path: str, curve) -> str:
+    """What saving `curve` replaces, said before it does: a quick variant's curve took the place of
+    the demo's five horizons without a word, and the report then showed only the new one.
+
+    Empty where no curve of its target is saved (or the saved one cannot be read)."""
+    try:
+        before = store.open_derived(path, derived_name(curve.attrs["target"]))
+    except Exception:  # noqa: BLE001 - damaged: replaced all the same, and its reader names it
+        return ""
+    if before is None or "horizon" not in before.dims:
+        return ""
+    old = [f"{float(h):g}" for h in before["horizon"].values]
+    unit = before.attrs.get("horizon_unit", "fraction")
+    return (f" (replacing the curve saved before, of horizons {','.join(old)} ({unit}); --no-save prints a "
+            f"curve without replacing it)")
