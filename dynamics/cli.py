@@ -477,7 +477,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"dynamics: note: {out} holds {others} run(s) besides this demo's {summary.total}; the analysis, "
               f"predictor and report below include them", file=sys.stderr, flush=True)
 
-    stage(args, 2, 4, "analyse")
+    stage(args, 2, 4, f"analyse (cross-seed consistency left out: `dynamics analyse {out}` gives it)")
     t1 = time.perf_counter()
     rows = analyse_store(out, workers=args.workers)
     print_analysis(rows, out)

@@ -20,7 +20,8 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
     assert "not all trained by the same dynamics code" not in err  # one checkout trained them all
     assert "not all trained with the same torch build" not in err  # on one machine
     banners = [line for line in printed.splitlines() if line.startswith("== ")]
-    assert banners == [f"== 1/4 sweep: quickstart.toml -> {out}", "== 2/4 analyse",
+    assert banners == [f"== 1/4 sweep: quickstart.toml -> {out}",
+                       f"== 2/4 analyse (cross-seed consistency left out: `dynamics analyse {out}` gives it)",
                        "== 3/4 predict: how early is each head's final role readable from its early training (gradients, attention, weights)?",
                        "== 4/4 report"]
     assert re.search(r"^sweep: 4 runs: 4 completed in [\d.]+ s$", printed, re.M), printed
