@@ -44,10 +44,9 @@ def refuse_other_data(prior: dict, cfg: RunConfig, path: str, run_id: str, hash_
         raise store.StoreError(other_data(run_id, path, prior["data_hash"], hash_now, cfg.task.name))
 
 
-def refuse_unrecorded(path: str, run_id: str, steps_at, start: int, *, listing: bool = True) -> None:
+def refuse_unrecorded(path: str, run_id: str, steps_at, start: int) -> None:
     """StoreError when snapshots or losses before the checkpoint's step hold no data, or a chunk
-    the run wrote before its last checkpoint is missing (`store.check_recorded`; left out with
-    ``listing=False``, as `dynamics status` does: it lists every chunk file of the run).
+    the run wrote before its last checkpoint is missing (`store.check_recorded`).
 
     A run writes each snapshot before the checkpoint taken at its step, so in its own store
     they are all there. A store copied while the run trained (``cp -r`` of ``runs/`` before
@@ -87,8 +86,7 @@ def refuse_unrecorded(path: str, run_id: str, steps_at, start: int, *, listing: 
             f"the run again under another --run-id")
     # The other arrays of those snapshots (attention, gradients, ...), from the file listing: a lost
     # chunk there was resumed over, and the run ended "completed" with a hole `analyse` named later.
-    if listing:
-        store.check_recorded(path, run_id, so_far=True)
+    store.check_recorded(path, run_id, so_far=True)
 
 
 def note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int, code_now: str | None,
