@@ -123,8 +123,9 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
               "slash_dom: heads slash-dominant there; final roles: heads per role there")
     if unseen := [r for r in rows if not r.get("skipped") and r.get("token_unseen") is not None]:
         ids = sorted({r["token_unseen"] for r in unseen})
-        print(f"token roles: token {', '.join(map(str, ids))} never appears in the probes of {len(unseen)} of these "
-              f"run(s), so none of their heads can be a token head (their data does not hold it)")
+        print(f"token roles: token {', '.join(map(str, ids))} is in none of the probe sequences of {len(unseen)} of "
+              f"these run(s), so none of their heads can be measured as a token head (a vocabulary without it, or "
+              f"too few probes: record.n_probe)")
     if early := [r for r in rows if not r.get("skipped") and "read_at_step" in r]:
         # the footnote's "last snapshot" of a diverged run is its last finite one, often well
         # before the schedule's end: only the status column said so

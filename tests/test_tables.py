@@ -327,8 +327,8 @@ def test_the_token_footnote_says_where_no_probe_holds_the_token():
     out = io.StringIO()
     with redirect_stdout(out):
         print_analysis(rows)
-    assert ("token roles: token 47 never appears in the probes of 1 of these run(s), so none of their heads can be a "
-            "token head (their data does not hold it)") in out.getvalue()
+    assert ("token roles: token 47 is in none of the probe sequences of 1 of these run(s), so none of their heads "
+            "can be measured as a token head (a vocabulary without it, or too few probes: record.n_probe)") in out.getvalue()
     out = io.StringIO()
     with redirect_stdout(out):
         print_analysis(rows[1:])
@@ -336,14 +336,14 @@ def test_the_token_footnote_says_where_no_probe_holds_the_token():
 
 
 def test_summary_row_names_the_token_no_probe_holds():
-    import numpy as np
-    import xarray as xr
-
     from dynamics.analysis.pipeline import analyse_run, summary_row
     from tests.test_pipeline import sweep_like
 
-    result = analyse_run(sweep_like()).isel(run=0).load()
+    ds = sweep_like()
+    result = analyse_run(ds).isel(run=0).load()
     assert bool(result["token_share"].notnull().any())  # its probes hold the token
     assert summary_row(result)["token_unseen"] is None
-    blank = result.assign(token_share=xr.full_like(result["token_share"], np.nan))
-    assert summary_row(blank)["token_unseen"] == result.attrs["token_id"]
+    # the same runs with probe tokens below '/' (47) only, as a vocabulary of 32 draws them
+    tokens = ds["probe_tokens"] % 32
+    without = analyse_run(ds.assign(probe_tokens=tokens)).isel(run=0).load()
+    assert summary_row(without)["token_unseen"] == 47 == without.attrs["token_id"]
