@@ -13,6 +13,7 @@ import argparse
 import math
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -320,8 +321,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(predict.format_curve(curve))
     note_mixed_training(args.store, curve["run"].values.tolist())
     if not args.no_save:
-        replacing = predict.replaced_note(args.store, curve)  # read before the write replaces it
-        print(f"saved derived/{predict.write_curve(args.store, curve)} in {args.store}{replacing}")
+        print(predict.save_curve(args.store, curve))
     # left out of the curve (its "left out" line): named with why on stderr, exit 1, as by analyse and report
     damaged = [r.removesuffix(" (damaged)") for r in curve.attrs["runs_left_out"] if r.endswith(" (damaged)")]
     return 1 if damaged_runs_named(args.store, damaged, chunks=True, decode=True) else 0
@@ -477,7 +477,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"dynamics: note: {out} holds {others} run(s) besides this demo's {summary.total}; the analysis, "
               f"predictor and report below include them", file=sys.stderr, flush=True)
 
-    stage(args, 2, 4, f"analyse (cross-seed consistency left out: `dynamics analyse {out}` gives it)")
+    stage(args, 2, 4, f"analyse (cross-seed consistency left out: `dynamics analyse {shlex.quote(str(out))}` gives it)")
     t1 = time.perf_counter()
     rows = analyse_store(out, workers=args.workers)
     print_analysis(rows, out)
@@ -494,7 +494,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"predict --target {target}: not possible on this sweep: {e}")
             continue
         print(predict.format_curve(curve))
-        predict.write_curve(out, curve)
+        print(predict.save_curve(out, curve))  # a curve of its target saved before is replaced: said
 
     stage(args, 4, 4, "report")
     page = write_report(out, report_out, on_note=lambda note: None if note in said else print_note(note))

@@ -34,6 +34,7 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
     assert "target role: role label at the final snapshot" in printed and "\nhow early: " in printed
     curve = store.open_derived(str(out), "predict.role")
     assert curve is not None and list(curve["horizon"].values) == [0.0, 0.05, 0.1, 0.2, 0.5]
+    assert f"\nsaved derived/predict.role in {out}\n" in printed  # said, and nothing saved before to replace
     assert re.search(r"^training [\d.]+s, analysis [\d.]+s \([\d.]+% of training\), total \d+s$", printed, re.M)
     page = tmp_path / "d-report" / "index.html"
     assert page.is_file() and f"report: {page}\nopen {page.as_uri()}\n" in printed
@@ -64,6 +65,9 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
     assert re.search(r"^training [\d.]+s, analysis [\d.]+s \(no share of training: 4 of 4 runs were already "
                      r"finished, not retrained\), total \d+s$", again, re.M), again
     assert [store.run_attrs(str(out), r)["starts"] for r in ids] == [1, 1, 1, 1]
+    # its curve replaces the first demo's, and says so (a curve of the user's own would go the same way)
+    assert (f"saved derived/predict.role in {out} (replacing the curve saved before, of horizons 0,0.05,0.1,0.2,0.5 "
+            "(fraction); --no-save prints a curve without replacing it)") in again
     for command in (["analyse", str(out)], ["predict", str(out), "--target", "role", "--no-save"],
                     ["report", str(out), "--out", str(tmp_path / "r2")]):
         assert cli.main(command) == 0

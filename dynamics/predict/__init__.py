@@ -66,7 +66,15 @@ from dynamics.predict.curve import (
     predict_store,
 )
 from dynamics.predict.features import early_snapshots, feature_table, head_features, horizon_steps
-from dynamics.predict.load import check_runs, derived_name, load_runs, load_store, replaced_note, write_curve
+from dynamics.predict.load import (
+    check_runs,
+    derived_name,
+    load_runs,
+    load_store,
+    replaced_note,
+    save_curve,
+    write_curve,
+)
 from dynamics.predict.models import cross_validate, group_splits, score
 from dynamics.predict.null import same_head_blocks
 from dynamics.predict.options import (
@@ -115,6 +123,7 @@ __all__ = [
     "readable_of",
     "replaced_note",
     "same_head_blocks",
+    "save_curve",
     "score",
     "score_band",
     "target_table",

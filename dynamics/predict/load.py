@@ -210,3 +210,9 @@ def replaced_note(path: str, curve) -> str:
     unit = before.attrs.get("horizon_unit", "fraction")
     return (f" (replacing the curve saved before, of horizons {','.join(old)} ({unit}); --no-save prints a "
             f"curve without replacing it)")
+
+
+def save_curve(path: str, curve) -> str:
+    """:func:`write_curve`, and the line that says so: the name, and the curve it replaced."""
+    replacing = replaced_note(path, curve)  # read before the write replaces it
+    return f"saved derived/{write_curve(path, curve)} in {path}{replacing}"
