@@ -394,14 +394,19 @@ def test_damaged_stored_data_of_readable_runs_is_named_on_stderr_and_exits_1(bui
     assert "<td>damaged</td>" not in text
 
 
+def _section_as_a_file(built, tmp_path, section: str):
+    """A copy of the built store whose `section` folder is a file holding "x"."""
+    copy = tmp_path / "store.zarr"
+    shutil.copytree(built[0], copy)
+    shutil.rmtree(copy / section)
+    (copy / section).write_text("x")
+    return copy
+
+
 def test_a_derived_that_is_a_file_is_named_not_read_as_no_predictor_run_yet(built, tmp_path, capsys):
     # The page said "the store has no derived predict.<target> dataset (run the predictor ... first)",
     # exit 0, and `dynamics predict` then refused the store as damaged.
-    path, _, _ = built
-    copy = tmp_path / "store.zarr"
-    shutil.copytree(path, copy)
-    shutil.rmtree(copy / "derived")
-    (copy / "derived").write_text("x")
+    copy = _section_as_a_file(built, tmp_path, "derived")
     assert cli.main(["report", str(copy), "--out", str(tmp_path / "out")]) == 1
     why = f"{copy}: derived is not a folder (the store is damaged); move it aside"
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[report]")]
@@ -415,11 +420,7 @@ def test_a_derived_that_is_a_file_is_named_not_read_as_no_predictor_run_yet(buil
 def test_an_analysis_that_is_a_file_is_named_not_read_as_never_analysed(built, tmp_path, capsys):
     # The page listed every run as "no stored analysis (run dynamics analyse)", exit 0, and
     # `dynamics analyse` then refused the store: analysis is not a folder.
-    path, _, _ = built
-    copy = tmp_path / "store.zarr"
-    shutil.copytree(path, copy)
-    shutil.rmtree(copy / "analysis")
-    (copy / "analysis").write_text("x")
+    copy = _section_as_a_file(built, tmp_path, "analysis")
     assert cli.main(["report", str(copy), "--out", str(tmp_path / "out"), "--no-compute"]) == 1
     why = f"{copy}: analysis is not a folder (the store is damaged); move it aside"
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[report]")]

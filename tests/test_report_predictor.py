@@ -27,6 +27,19 @@ def _role_curve(chance_attr: float) -> xr.Dataset:
                "chance": chance_attr, "horizon_unit": "fraction", "group_by": "seed"})
 
 
+def _drawn(curve: xr.Dataset, tmp_path, monkeypatch):
+    """(store path, figures drawn by name, section) of a store holding `curve` as predict.slash."""
+    from dynamics.report import predictor
+    from dynamics.report.data import _Ctx
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_derived(path, "predict.slash", curve)
+    figs = {}
+    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
+    return path, figs, predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+
+
 def test_predictor_chance_line_leaves_out_folds_of_one_class(tmp_path, monkeypatch):
     # predict does not score a test fold of one class (a constant guess of it scores 1); the report
     # still counted such a fold at 1/1, and drew chance above every model.
@@ -144,12 +157,7 @@ def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_i
     curve["score_low"] = (("horizon", "model"), answer.low)
     curve["score_high"] = (("horizon", "model"), answer.high)
     curve.attrs["readable_summary"] = answer.line
-    path = tmp_path / "s.zarr"
-    store.init_store(path)
-    store.write_derived(path, "predict.slash", curve)
-    figs = {}
-    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
-    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    path, figs, sec = _drawn(curve, tmp_path, monkeypatch)
     ax = figs["predict_slash.png"].axes[0]
     tops = [float(p.vertices[:, 1].max()) for c in ax.collections for p in c.get_paths()]
     assert len(tops) == 6 and max(tops) == 1.0  # linear's band reaches 1, capped; none passes it
@@ -235,18 +243,10 @@ def test_a_curve_of_one_horizon_shows_each_models_band_as_an_error_bar(tmp_path,
     # so the band the caption describes was invisible and the models bare dots.
     from matplotlib.collections import LineCollection
 
-    from dynamics.report import predictor
-    from dynamics.report.data import _Ctx
-
     curve = _predict_curve().isel(horizon=[2])
     low = np.linspace(0.1, 0.6, curve.sizes["model"])[None, :]
     curve["score_low"], curve["score_high"] = (("horizon", "model"), low), (("horizon", "model"), low + 0.2)
-    path = tmp_path / "s.zarr"
-    store.init_store(path)
-    store.write_derived(path, "predict.slash", curve)
-    figs = {}
-    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
-    sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    path, figs, sec = _drawn(curve, tmp_path, monkeypatch)
     assert "(one horizon measured: the models side by side, each band a bar)" in dict(sec.figures)["predict_slash.png"]
     ax = figs["predict_slash.png"].axes[0]
     bars = [c for c in ax.collections if isinstance(c, LineCollection)]
