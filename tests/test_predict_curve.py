@@ -62,8 +62,10 @@ def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets
     said = []
     null = predict.predict_runs(runs, dataclasses.replace(opt, null=4), progress=said.append)
     # each stage said as it starts: with --null N, N more curves ran in silence
-    assert said[1].startswith("fitting 6 models x") and said[0].startswith(f"{len(runs)} runs, ")
-    assert said[2:] == [f"null check {i}/4: the curve on permuted final roles" for i in range(1, 5)]
+    # the first before any run is read: 19 s of silence on 150 runs
+    assert said[0] == f"{len(runs)} runs: reading their recordings and final targets"
+    assert said[2].startswith("fitting 6 models x") and said[1].startswith(f"{len(runs)} runs, ")
+    assert said[3:] == [f"null check {i}/4: the curve on permuted final roles" for i in range(1, 5)]
     # the real curve is untouched by it
     np.testing.assert_array_equal(null.score.values, curve.score.values)
     assert null.attrs["null_permutations"] == 4
