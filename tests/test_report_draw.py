@@ -110,3 +110,28 @@ def test_prose_sets_quoted_commands_as_code_after_escaping():
     # markup inside the quotes is escaped too, and a lone backtick is left as written
     assert _prose("`<b>` and ` alone") == "<code>&lt;b&gt;</code> and ` alone"
     assert _plain("run `dynamics gates` here") == "run dynamics gates here"
+
+
+def test_a_legend_of_many_groups_goes_outside_the_axes_and_the_figure_widens_for_it():
+    # A 5 x 4 sweep's 20 groups: the legend inside the axes covered the curves and ran off the
+    # figure. Eight or fewer stay inside, at matplotlib's best place.
+    from types import SimpleNamespace
+
+    from dynamics.report.draw import _figure, _legend
+
+    for n, inside in ((8, True), (20, False), (42, False)):
+        fig = _figure(6.5, 3.8)
+        ax = fig.subplots()
+        for i in range(n):
+            ax.plot([0, 1], [i, i], label=f"group {i}")
+        _legend(ax, SimpleNamespace(title="init_scale x lr"))
+        if inside:
+            assert ax.get_legend() is not None and not fig.legends
+            assert tuple(fig.get_size_inches()) == (6.5, 3.8)
+            continue
+        assert ax.get_legend() is None and len(fig.legends) == 1
+        ncol = -(-n // 18)  # 18 a column
+        assert fig.legends[0]._ncols == ncol
+        assert fig.get_size_inches()[0] == 6.5 + 1.9 * ncol
+        fig.canvas.draw()  # the panel keeps most of its width beside the legend
+        assert ax.get_position().width * fig.get_size_inches()[0] > 4.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -263,11 +264,26 @@ class _quiet:
         self._w.__exit__(*exc)
 
 
+LEGEND_ROWS = 18
+"""Entries in one legend column; a legend of more than 8 goes outside the axes, right of the figure."""
+
+
 def _legend(ax, groups: _Groups) -> None:
     handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(handles, labels, title=_no_mathtext(groups.title), fontsize=7, title_fontsize=8, loc="best", frameon=False,
-                  handlelength=3.2)  # long enough to show each line style's dash pattern
+    if not handles:
+        return
+    # handlelength: long enough to show each line style's dash pattern
+    style = dict(title=_no_mathtext(groups.title), fontsize=7, title_fontsize=8, frameon=False, handlelength=3.2)
+    if len(handles) <= 8:
+        ax.legend(handles, labels, loc="best", **style)
+        return
+    # A 5 x 4 sweep's 20 groups inside the axes covered the curves and ran off the figure: outside,
+    # in columns, the figure widened (and heightened) for them so that the panels keep their size
+    fig = ax.figure
+    ncol = math.ceil(len(handles) / LEGEND_ROWS)
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width + 1.9 * ncol, max(height, 0.15 * min(len(handles), LEGEND_ROWS) + 0.9))
+    fig.legend(handles, labels, loc="outside right upper", ncol=ncol, **style)
 
 
 def _analysed(runs: list[_Run]) -> list[_Run]:

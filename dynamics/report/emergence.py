@@ -361,6 +361,8 @@ def _bifurcation_legend(fig, groups, points) -> None:
         handles.append(Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="grey",
                               label="hollow: unfinished run (provisional; top row: not yet)"))
     ncol = max(1, min(len(handles), int(fig.get_figwidth() // 2.7)))  # columns that fit the figure's width
+    # taller by the legend's rows: a 42-group sweep's crushed the four panels above it
+    fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + 0.15 * math.ceil(len(handles) / ncol))
     fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=7, frameon=False,
                title=_no_mathtext(groups.title), title_fontsize=7)
 
