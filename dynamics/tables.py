@@ -121,6 +121,16 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
               "their band, split from initialisation; "
               "divergence: mean within-layer JS distance at the last snapshot; redundancy: heads in a cluster of 2 or more there, of all heads (average linkage, JS distance cut at 0.1); "
               "slash_dom: heads slash-dominant there; final roles: heads per role there")
+    # the notes on the columns first, under the table; then those on runs
+    if any(r.get("final_divergence") == "undefined" for r in rows):
+        lone = any(r.get("redundancy") == "undefined" for r in rows)
+        print("undefined: one head per layer, so no pair of heads to compare (bifurcation and divergence are "
+              "measured between the heads of a layer" + (", redundancy between the heads of the model)" if lone else ")"))
+    if unseen := [r for r in rows if not r.get("skipped") and r.get("token_unseen") is not None]:
+        ids = sorted({r["token_unseen"] for r in unseen})
+        print(f"token roles: token {', '.join(map(str, ids))} is in none of the probe sequences of {len(unseen)} of "
+              f"these run(s), so none of their heads can be measured as a token head (a vocabulary without it, or "
+              f"too few probes: record.n_probe)")
     if early := [r for r in rows if not r.get("skipped") and "read_at_step" in r]:
         # the footnote's "last snapshot" of a diverged run is its last finite one, often well
         # before the schedule's end: only the status column said so
@@ -136,16 +146,6 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
               "and their heads' figures are not those of a model that learned its task: "
               + ", ".join(f"{r['run']} ({r['loss_rose'][0]:.4g} -> {r['loss_rose'][1]:.4g} nats)" for r in rose[:4])
               + (f", and {len(rose) - 4} more" if len(rose) > 4 else ""))
-    if any(r.get("final_divergence") == "undefined" for r in rows):
-        lone = any(r.get("redundancy") == "undefined" for r in rows)
-        print("undefined: one head per layer, so no pair of heads to compare (bifurcation and divergence are "
-              "measured between the heads of a layer" + (", redundancy between the heads of the model)" if lone else ")"))
-    # last: the notes on the columns (undefined above) come first, under the table
-    if unseen := [r for r in rows if not r.get("skipped") and r.get("token_unseen") is not None]:
-        ids = sorted({r["token_unseen"] for r in unseen})
-        print(f"token roles: token {', '.join(map(str, ids))} is in none of the probe sequences of {len(unseen)} of "
-              f"these run(s), so none of their heads can be measured as a token head (a vocabulary without it, or "
-              f"too few probes: record.n_probe)")
 
 
 def _redundancy(row: dict) -> str:
