@@ -272,7 +272,10 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
     # a damaged run: its row says so; an empty selection is no run, not every run
     known = store.list_runs(path, damaged="include")
     if run_ids is None:
-        ids = list(known)
+        from dynamics.status import grid_key
+
+        # in the grid's order, as `status` and the table list them: its lines came in run-id order
+        ids = sorted(known, key=grid_key(store.read_sweep_index(path) or {}))
     else:
         # a run named twice is analysed once (two workers would write its analysis at once); a
         # run the store does not hold is no damaged run: refused before any is analysed

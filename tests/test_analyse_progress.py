@@ -98,3 +98,16 @@ def test_a_run_named_twice_is_analysed_once_and_an_unknown_run_is_refused_before
                          progress=lambda done, total, row: calls.append((done, total, row["run"])))
     assert [r["run"] for r in rows] == [completed] and not rows[0].get("skipped")
     assert calls == [(1, 1, completed)]
+
+
+def test_runs_are_analysed_and_said_in_the_sweep_grids_order(shortest, tmp_path):
+    # `status` and the table list runs in the grid's order; analyse's lines came in run-id order
+    path, _ = shortest
+    copy = str(tmp_path / "s.zarr")
+    shutil.copytree(path, copy)
+    ids = store.list_runs(copy)  # by id
+    grid = list(reversed(ids))
+    store.write_sweep_index(copy, {"axes": ["train.seed"], "runs": {r: {"train.seed": i} for i, r in enumerate(grid)}})
+    calls = []
+    rows = analyse_store(copy, workers=1, progress=lambda done, total, row: calls.append(row["run"]))
+    assert calls == grid and [r["run"] for r in rows] == grid
