@@ -58,8 +58,12 @@ def refuse_unrecorded(path: str, run_id: str, steps_at, start: int) -> None:
     every earlier step, and the run ended "completed" with no file missing for a later check to
     name; a chunk that cannot be decoded stopped the resume at its first loss write, a codec's
     error naming no chunk, the run then marked failed.
+
+    ``steps_at``: the run's snapshot schedule; None reads the one it recorded (`dynamics status`).
     """
     ds = store.open_run(path, run_id, dask=False)
+    if steps_at is None:  # read here, inside the caller's guard: a step chunk may be what is damaged
+        steps_at = ds["step"].values
     before = np.flatnonzero(np.asarray(steps_at) < start)
     try:
         imp = ds["importance"].isel(snapshot=before).values if "importance" in ds and before.size else None
