@@ -27,10 +27,31 @@ would dominate them. Larger runs are analysed lazily, a block of snapshots per t
 (``analysis.pipeline.STAGE_BYTES``), so memory stays bounded whatever their length."""
 
 
-def analyse_one(path: str, run_id: str) -> dict:
-    """Analyse one run and write ``analysis/<run_id>``; its summary row (skipped if unfinished)."""
+ANALYSED_FROM = "analysed_from"
+"""The analysis attr naming the recording it was computed from and the code that computed it
+(`source_of`): an analysis whose run and code still match it is kept by a later `dynamics
+analyse` (`kept_row`)."""
+
+
+def source_of(attrs: dict) -> dict:
+    """What identifies a finished run's recording, and the dynamics code analysing it now: a
+    finished run is never written again, and one trained again under the same id (its group
+    removed by hand) has another wall time. The code's hash covers every module (the analysers,
+    the store's readers, their thresholds' defaults): an edit or an upgrade, even one that left
+    ``ANALYSIS_VERSION`` as it was, analyses every run again."""
+    from dynamics.provenance import process_code_hash
+
+    return {**{k: attrs.get(k) for k in ("status", "steps_done", "starts", "wall_time", "diverged_step")},
+            "code_hash": process_code_hash()}
+
+
+def analyse_one(path: str, run_id: str, again: bool = False) -> dict:
+    """Analyse one run and write ``analysis/<run_id>``; its summary row (skipped if unfinished).
+
+    Unless ``again``, a run analysed before by this very code (``ANALYSIS_VERSION``, and the
+    package's code hash), from the recording it holds now, is not analysed twice: its row is read
+    from its stored analysis, with ``kept``."""
     from dynamics import store
-    from dynamics.analysis import summary_row
     from dynamics.schema import FINISHED_STATUSES
 
     # "stopped", not "running", for a killed run, as `dynamics status` names it; one that finished
@@ -40,6 +61,8 @@ def analyse_one(path: str, run_id: str) -> dict:
         return {"run": run_id, "status": status, "skipped": True, "reason": unfinished_reason(status, attrs)}
     # A chunk file gone from the run reads as NaN (or 0) without a word: named, not analysed.
     store.check_recorded(path, run_id, attrs=attrs)
+    if not again and (row := kept_row(path, run_id, attrs)) is not None:
+        return row
     try:
         result, first = _analysis_of(path, run_id, attrs)
     except Exception as e:
@@ -50,7 +73,16 @@ def analyse_one(path: str, run_id: str) -> dict:
         raise damaged from e
     if isinstance(result, dict):  # too few snapshots: its row says so
         return result
+    result.attrs[ANALYSED_FROM] = source_of(attrs)
     store.write_analysis(path, run_id, result)
+    return row_of(run_id, attrs, result, first)
+
+
+def row_of(run_id: str, attrs: dict, result, first: tuple[float, float]) -> dict:
+    """The table's row of a finished run from its analysis, and its eval loss at its first and
+    last snapshots."""
+    from dynamics.analysis import summary_row
+
     row = {"run": run_id, "status": attrs["status"], **summary_row(result)}
     if attrs["status"] == "diverged":  # its "final" figures are from before the divergence: the table says where
         row.update(diverged_step=int(attrs["diverged_step"]), read_at_step=int(result["step"].values.max()))
@@ -62,6 +94,36 @@ def analyse_one(path: str, run_id: str) -> dict:
     if attrs["status"] == "completed" and math.isfinite(start) and math.isfinite(end) and end > start:
         row["loss_rose"] = (start, end)
     return row
+
+
+def kept_row(path: str, run_id: str, attrs: dict) -> dict | None:
+    """The row of a finished run's stored analysis, with ``kept``, if these analysers wrote it from
+    the recording the run holds now; else None, and the run is analysed again. Analysing it again
+    would give the same figures (the analysers are deterministic, and read only the run): at 150
+    runs a second `dynamics analyse` redid a minute of work to add nothing."""
+    from dynamics import store
+    from dynamics.analysis.pipeline import is_current
+
+    try:
+        stored = store.open_analysis(path, run_id, stale="allow", dask=False)
+        if stored is None or not is_current(stored) or stored.attrs.get(ANALYSED_FROM) != source_of(attrs):
+            return None
+        stored = stored.load()
+    except Exception:  # noqa: BLE001 - a damaged or unreadable analysis is analysed again, and rewritten whole
+        return None
+    return {**row_of(run_id, attrs, stored, eval_ends(store.open_run(path, run_id, dask=False))), "kept": True}
+
+
+def eval_ends(run) -> tuple[float, float]:
+    """The eval loss (mean over components) at a run's first and last snapshots; NaN where a
+    snapshot holds none."""
+    import numpy as np
+
+    if "eval_loss" not in run or not run["eval_loss"].sizes.get("snapshot", 0):
+        return (math.nan, math.nan)
+    with np.errstate(all="ignore"):
+        mean = run["eval_loss"].isel(snapshot=[0, -1]).values.astype(np.float64).mean(-1)  # (2,)
+    return (float(mean[0]), float(mean[1]))
 
 
 def unfinished_reason(status: str, attrs: dict) -> str:
@@ -87,20 +149,12 @@ def analysed_variables(path: str, run_id: str, ds=None):
 def _analysis_of(path: str, run_id: str, attrs: dict):
     """The computed analysis of a finished run, or its skipped row when it recorded too few
     snapshots; and its eval loss at its first and last snapshots (NaN where there is none)."""
-    import numpy as np
-
     from dynamics import store
     from dynamics.analysis import AnalysisOptions, analyse_run
     from dynamics.analysis.pipeline import read_in_blocks
 
     run = store.open_run(path, run_id, dask=False)
-    # the eval loss (mean over components) at the first and last snapshots, from the group opened
-    # here anyway (a second open of it cost 90 ms); NaN where a snapshot holds none
-    first = (math.nan, math.nan)
-    if "eval_loss" in run and run["eval_loss"].sizes.get("snapshot", 0):
-        with np.errstate(all="ignore"):
-            mean = run["eval_loss"].isel(snapshot=[0, -1]).values.astype(np.float64).mean(-1)  # (2,)
-        first = (float(mean[0]), float(mean[1]))
+    first = eval_ends(run)  # from the group opened here anyway (a second open of it cost 90 ms)
     ds = analysed_variables(path, run_id, run)
     ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else read_in_blocks(ds)
     need = AnalysisOptions().baseline_snapshots + 1  # the divergence curve's noise band needs them
@@ -166,7 +220,7 @@ def import_analysers() -> None:
             raise
 
 
-def analyse_or_report(path: str, run_id: str) -> dict:
+def analyse_or_report(path: str, run_id: str, again: bool = False) -> dict:
     """:func:`analyse_one`, but a run whose analysis raises (a corrupt chunk, an analyser's error on
     an unusual run) gives a skipped row with ``error`` (one line) instead of ending the analysis
     of every other run. KeyboardInterrupt, and a full disk (`disk_full`), still stop everything."""
@@ -177,7 +231,7 @@ def analyse_or_report(path: str, run_id: str) -> dict:
     # Not SIGTERM as an interrupt here, in the workers: a pool that breaks SIGTERMs its busy
     # workers, which then went back to wait for work that never came, and the pool's join hung.
     try:
-        return analyse_one(path, run_id)
+        return analyse_one(path, run_id, again)
     except Exception as e:  # noqa: BLE001 - reported in the row; the other runs go on
         if (stop := interrupt_in(e)) is not None:
             raise stop from None  # an interrupt during an import, wrapped: it stops everything
@@ -245,7 +299,7 @@ def exit_with_parent(parent: int) -> None:
 
 
 def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
-                  progress: Callable[[int, int, dict], None] | None = None) -> list[dict]:
+                  progress: Callable[[int, int, dict], None] | None = None, again: bool = False) -> list[dict]:
     """Analyse runs of a store (default: all), ``workers`` at a time; rows in run order.
 
     Parameters
@@ -260,6 +314,9 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
         alone: its root index has no cross-process lock.
     progress : callable, optional
         ``progress(done, total, row)`` as each run's analysis is written, from any thread.
+    again : bool
+        Analyse every run, those analysed before by these analysers too; by default their rows
+        are read from their stored analyses, with ``kept`` (see :func:`analyse_one`).
 
     Returns
     -------
@@ -298,7 +355,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
     if n <= 1:
         import_analysers()  # before any run: an interrupt while they import lands after, not inside one
         for rid in ids:
-            done(rid, analyse_or_report(path, rid))
+            done(rid, analyse_or_report(path, rid, again))
         return [rows[r] for r in ids]
 
     queue = collections.deque(ids)
@@ -316,7 +373,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
                 # every run in flight. Those are named; this process takes the rest, this one too
                 # if the pool broke before it was sent.
                 try:
-                    future = pool.submit(analyse_or_report, path, rid)
+                    future = pool.submit(analyse_or_report, path, rid, again)
                 except concurrent.futures.process.BrokenProcessPool:
                     with lock:
                         queue.appendleft(rid)
@@ -340,7 +397,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
         try:
             import_analysers()
             while (rid := take()) is not None:
-                done(rid, analyse_or_report(path, rid))
+                done(rid, analyse_or_report(path, rid, again))
         except BaseException as e:
             errors.append(e)
         # A first interrupt here (the main thread's runs done, the workers' still going) stops
@@ -353,15 +410,15 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
                     t.join()
             except BaseException as e:
                 with lock:
-                    again = bool(errors)
+                    second = bool(errors)
                     errors.append(e)
-                    if again:
+                    if second:
                         quiet.append(True)
-                if again:
+                if second:
                     raise
         # runs a feeder put back after the pool broke, once this thread had left its loop
         while (rid := take()) is not None:
-            done(rid, analyse_or_report(path, rid))
+            done(rid, analyse_or_report(path, rid, again))
         if not errors:
             # Every run is written: the workers' own exit (their interpreters' teardown, 0.5 s in
             # a demo) is not waited for here, only at this process's exit (concurrent.futures

@@ -19,9 +19,11 @@ import time
 from pathlib import Path
 from urllib.parse import unquote
 
+from dynamics import tables
 from dynamics.budget import check_fits
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override
 from dynamics.exits import EXIT_INTERRUPTED, WRITE_REFUSED, run_to_end, stage
+from dynamics.limits import usable_cores
 from dynamics.messages import (
     damaged_runs_named,
     gates_progress,
@@ -83,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Said as training begins: before it, a refusal (the run trained elsewhere, recorded with
     # another config, damaged) is to be the command's one line, and a skipped run trains nothing.
     notes = []
-    if cfg.train.device == "cpu" and cfg.train.threads > (cores := _usable_cores()):
+    if cfg.train.device == "cpu" and cfg.train.threads > (cores := usable_cores()):
         # Not refused: the config may be meant for a larger machine, and the numbers are the same
         # up to float rounding; but threads beyond the cores fight each other (README: 3.3x slower).
         notes.append(f"train.threads {cfg.train.threads} is more than the {cores} core"
@@ -217,7 +219,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 1 if damaged else 0
 
 
-def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | None = None) -> list[dict]:
+def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | None = None,
+                  again: bool = False) -> list[dict]:
     """Run every analyser on each run of a store and write analysis/<run_id>; one summary per run.
 
     ``workers`` processes at once, one per core by default (see dynamics.analyse). A line on
@@ -227,21 +230,12 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | No
     from dynamics.signals import sigterm_as_interrupt
 
     def log(done: int, total: int, row: dict) -> None:
-        what = f"not analysed ({row.get('reason', 'unfinished')})" if row.get("skipped") else "analysed"
+        what = (f"not analysed ({row.get('reason', 'unfinished')})" if row.get("skipped")
+                else "kept (analysed before, by these analysers)" if row.get("kept") else "analysed")
         print(f"[analyse] {done}/{total} {row['run']} {what}", file=sys.stderr, flush=True)
 
     with sigterm_as_interrupt():
-        return analyse(path, run_ids, workers=workers or _usable_cores(), progress=log)
-
-
-def _usable_cores() -> int:
-    """Cores this process may run on, as the sweep's default_workers counts them: under a CPU
-    affinity mask (taskset, a cgroup cpuset, a batch scheduler's allocation) os.cpu_count()
-    counts the whole machine, and that many processes would each hold a run on fewer cores."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # no affinity masks on this platform
-        return max(1, os.cpu_count() or 1)
+        return analyse(path, run_ids, workers=workers or usable_cores(), progress=log, again=again)
 
 
 def _no_run(path: str, run_id: str, verb: str) -> UsageError:
@@ -269,15 +263,12 @@ def cmd_analyse(args: argparse.Namespace) -> int:
         store.run_attrs(args.store, args.run)  # the one run asked for is damaged: StoreError naming it, exit 2
     t0 = time.perf_counter()
     check_workers(args.workers)
-    rows = analyse_store(args.store, [args.run] if args.run else None, workers=args.workers)
+    rows = analyse_store(args.store, [args.run] if args.run else None, workers=args.workers, again=args.again)
     print_analysis(rows, args.store, pending=not args.run)
     if not args.run:
         print_consistency(args.store, rows)
     note_mixed_training(args.store, [r["run"] for r in rows if not r.get("skipped")])
-    if n := sum(not r.get("skipped") for r in rows):
-        print(f"analysed {n} run{'' if n == 1 else 's'} in {time.perf_counter() - t0:.1f}s -> {args.store} (analysis/<run_id>)")
-    else:  # "analysed 0 runs ... -> STORE" read as if something had been written there
-        print("analysed no run: none could be (the table says why)")
+    print(tables.analysed_line(rows, time.perf_counter() - t0, args.store))
     if args.run and rows[0].get("skipped") and not rows[0].get("error"):
         # the one run asked for was not analysed (unfinished, too few snapshots): exit 0 read as done
         print(f"dynamics: run {args.run} was not analysed: {rows[0].get('reason', 'unfinished')} "
@@ -500,7 +491,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     page = write_report(out, report_out, on_note=lambda note: None if note in said else print_note(note))
     print(demo_timing(t_train, t_analyse, time.perf_counter() - t0, len(summary.skipped), summary.total, others,
                       resumed=sum(store.run_attrs(out, r).get("starts", 1) > 1 for r in summary.labels
-                                  if r not in summary.skipped), analysed=sum(not r.get("skipped") for r in rows)))
+                                  if r not in summary.skipped), analysed=sum(not r.get("skipped") and not r.get("kept") for r in rows)))
     print(f"report: {page}\nopen {page.resolve().as_uri()}")
     return 0 if summary.ok and not failed else 1
 
@@ -532,6 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store", help=STORE_HELP)
     p.add_argument("--run", help="only this run id")
     p.add_argument("--workers", type=int, help="processes analysing runs at once (default: one per core)")
+    p.add_argument("--again", action="store_true", help="analyse runs analysed before by these analysers too "
+                   "(by default their stored analyses are kept)")
     p.set_defaults(func=cmd_analyse)
     p = sub.add_parser("predict", help="predict each head's final specialisation from early training: gradients, attention, weights (grouped CV)")
     p.add_argument("store", help=STORE_HELP)

@@ -2,6 +2,8 @@
 later with a traceback, after the store was made; :func:`dynamics.config.validate` and the
 gate options enforce them."""
 
+import os
+
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: a setting that scales the model's float32 numbers must fit in one."""
 MAX_STEPS = 10**8
@@ -47,3 +49,14 @@ hundreds deep ended a command in a RecursionError traceback."""
 MAX_INT = 2**63
 """Integer settings lie in (-MAX_INT, MAX_INT): TOML integers have no bound, and one past int64
 failed inside numpy or a float division with a traceback, some after the store was made."""
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: one worker each, by default, for a sweep and for
+    `dynamics analyse`. Under a CPU affinity mask (taskset, a cgroup cpuset, a batch scheduler's
+    allocation) os.cpu_count() counts the whole machine, and that many processes would each hold
+    a run on fewer cores."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity masks on this platform
+        return max(1, os.cpu_count() or 1)

@@ -170,14 +170,28 @@ def demo_timing(t_train: float, t_analyse: float, t_total: float, n_skipped: int
     ``resumed`` runs were trained here from a checkpoint only (a part of their training, against
     the analysis of all of it: 22% where a whole demo gave 10%); ``analysed``: runs analysed.
     """
-    if analysed == 0:
-        share = "no share of training: no run was analysed"
-    elif resumed:
+    if resumed:
         share = f"no share of training: {resumed} of {n_runs} runs were resumed from a checkpoint, not trained whole here"
     elif n_skipped:
         share = f"no share of training: {n_skipped} of {n_runs} runs were already finished, not retrained"
     elif n_others:
         share = f"no share of training: the store's {n_others} other run(s) were analysed too, not trained"
+    elif analysed == 0:
+        share = "no share of training: no run was analysed"
     else:
         share = f"{t_analyse / t_train:.1%} of training" if t_train > 0 else "no share of training"
     return f"training {t_train:.1f}s, analysis {t_analyse:.1f}s ({share}), total {t_total:.0f}s"
+
+
+def analysed_line(rows: list[dict], seconds: float, path: str) -> str:
+    """`dynamics analyse`'s closing line: the runs it analysed, and those it kept as analysed
+    before (their rows read from their stored analyses; ``--again`` redoes them)."""
+    n = sum(not r.get("skipped") and not r.get("kept") for r in rows)
+    kept = sum(bool(r.get("kept")) for r in rows)
+    said = (f"analysed {n} run{'' if n == 1 else 's'} in {seconds:.1f}s -> {path} (analysis/<run_id>)" if n
+            # "analysed 0 runs ... -> STORE" read as if something had been written there
+            else "analysed no run: none could be (the table says why)" if not kept else "analysed no run")
+    if kept:
+        said += (f"{'; ' if n else ': '}kept {kept} analysed before by these analysers, from the recordings "
+                 f"they hold now (`--again` analyses {'it' if kept == 1 else 'them'} again)")
+    return said

@@ -75,7 +75,7 @@ def test_a_run_past_the_in_memory_size_is_read_in_blocks_to_the_same_analysis(th
     eager, lazy = str(tmp_path / "eager.zarr"), str(tmp_path / "lazy.zarr")
     shutil.copytree(path, eager)
     shutil.copytree(path, lazy)
-    rows = analyse_store(eager)
+    rows = analyse_store(eager, again=True)  # the fixture's store was analysed: its analyses would be kept
     run = rows[0]["run"]
     attention = store.open_run(path, run, dask=False).attention
     seen = []
@@ -88,7 +88,7 @@ def test_a_run_past_the_in_memory_size_is_read_in_blocks_to_the_same_analysis(th
     monkeypatch.setattr(analyse, "IN_MEMORY_BYTES", 0)
     monkeypatch.setattr(pipeline, "STAGE_BYTES", 2 * attention.nbytes // attention.sizes["snapshot"])
     monkeypatch.setattr(pipeline, "read_in_blocks", spy)
-    assert analyse_store(lazy) == rows
+    assert analyse_store(lazy, again=True) == rows
     assert len(seen) == 3 and seen[0].attention.chunksizes["snapshot"] == (2, 2, 2, 2)  # 8 snapshots
     assert seen[0].probe_tokens.chunks is None  # no snapshot dim: read whole
     for r in rows:
@@ -211,7 +211,7 @@ def test_an_interrupt_while_the_analysers_import_lands_after_their_imports(monke
 def test_an_interrupt_wrapped_in_another_error_still_stops_the_analysis(monkeypatch, three_runs):
     from dynamics import analyse
 
-    def wrapped(path, run_id):
+    def wrapped(path, run_id, again=False):
         try:
             raise KeyboardInterrupt
         except KeyboardInterrupt as e:
@@ -583,7 +583,7 @@ def test_a_lost_or_damaged_chunk_is_named_not_analysed_as_nan(three_runs, tmp_pa
     chunk = attention / "4" / "0" / "0" / "0" / "0" / "0"
     shutil.copy(chunk, attention / "3" / "0" / "0" / "0" / "0" / "0")
     chunk.write_bytes(chunk.read_bytes()[:50])
-    row = analyse_or_report(str(s), rid)
+    row = analyse_or_report(str(s), rid, again=True)  # a chunk's contents are read only when analysed
     assert row["error"].startswith(f"StoreError: {s}: run {rid}: array attention at snapshot 4 (step {step[4]}): its chunk "
                                    f"runs/{rid}/attention/c/4/0/0/0/0/0 cannot be decoded (damaged: ")
     assert not (s / "analysis" / rid).exists() or store.open_analysis(s, rid) is not None  # nothing half-written
@@ -592,7 +592,7 @@ def test_a_lost_or_damaged_chunk_is_named_not_analysed_as_nan(three_runs, tmp_pa
     data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0x10
     chunk.write_bytes(bytes(data))
-    row = analyse_or_report(str(s), rid)
+    row = analyse_or_report(str(s), rid, again=True)
     assert row["error"] == (f"StoreError: {s}: run {rid}: array attention at snapshot 4 (step {step[4]}): its chunk "
                             f"runs/{rid}/attention/c/4/0/0/0/0/0 cannot be decoded (damaged: its CRC32C checksum does "
                             f"not match: its bytes changed, or were cut short, after they were written); restore runs/{rid} from a backup, "

@@ -42,7 +42,7 @@ def test_a_full_disk_met_by_one_run_stops_the_analysis(monkeypatch, tmp_path):
     # every other run would fail alike, each named as its own failure
     full = OSError(errno.ENOSPC, "No space left on device", "s.zarr/analysis/r1")
 
-    def fails(path, run_id):
+    def fails(path, run_id, again=False):
         raise raised_while_handling(full, RuntimeError("zarr could not close the group"))
 
     monkeypatch.setattr(analyse, "analyse_one", fails)
@@ -55,7 +55,7 @@ def test_a_run_whose_analysis_fails_gets_the_first_line_of_its_error(monkeypatch
     path = str(tmp_path / "s.zarr")
     store.init_store(path)
 
-    def fails(path, run_id):
+    def fails(path, run_id, again=False):
         raise ValueError("no snapshot has a finite loss\n  (a second line of detail)")
 
     monkeypatch.setattr(analyse, "analyse_one", fails)

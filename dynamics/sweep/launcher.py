@@ -18,6 +18,7 @@ from dynamics import provenance, store
 from dynamics.budget import DoesNotFit, check_fits
 from dynamics.config import ConfigError, RunConfig
 from dynamics.identity import experiment_identity
+from dynamics.limits import usable_cores
 from dynamics.schema import config_value
 from dynamics.signals import deferred_signals, sigterm_as_interrupt
 from dynamics.sweep import cancel
@@ -194,11 +195,8 @@ def _scheduler_file_address(file: str) -> str:
 
 
 def default_workers() -> int:
-    """One worker per usable core."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
+    """One worker per usable core (`dynamics.limits.usable_cores`)."""
+    return usable_cores()
 
 
 def _write_index(path: str, points: list[Point]) -> None:

@@ -1,0 +1,129 @@
+"""A second `dynamics analyse` keeps each analysis these analysers wrote from the recording its
+run holds now, and gives the same rows; ``--again`` (``again=True``) analyses every run anew."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dynamics import cli, store
+from dynamics.analyse import ANALYSED_FROM, analyse_store
+from dynamics.config import load_config, with_values
+from dynamics.schema import ANALYSIS_VERSION
+from dynamics.tables import analysed_line
+from dynamics.train import train_run
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    """Three completed tiny runs and a diverged one, analysed once: (store, rows, run ids)."""
+    from tests.conftest import TINY
+
+    d = tmp_path_factory.mktemp("kept")
+    (d / "tiny.toml").write_text(TINY.format(steps=30, every=10))
+    base = load_config(d / "tiny.toml")
+    path = str(d / "s.zarr")
+    ids = []
+    for seed in (0, 1, 2):
+        cfg = with_values(base, {"train.seed": seed})
+        assert train_run(cfg, path).status == "completed"
+        ids.append(cfg.run_id())
+    # SGD at lr 100 blows up a few steps in (as in test_analyse's diverged run)
+    cfg = with_values(base, {"train.lr": 100.0, "train.grad_clip": 0.0, "train.optimizer": "sgd",
+                             "train.warmup_steps": 20, "record.dense_until": 0, "record.every": 1})
+    assert train_run(cfg, path).status == "diverged"
+    ids.append(cfg.run_id())
+    rows = analyse_store(path)
+    assert not any(r.get("skipped") or r.get("kept") for r in rows)
+    return path, rows, ids
+
+
+def _written(path: str, run_id: str) -> tuple[int, int]:
+    """The identity of a run's stored analysis metadata file: a rewrite makes a new file."""
+    st = (Path(path) / "analysis" / run_id / "zarr.json").stat()
+    return st.st_ino, st.st_mtime_ns
+
+
+def _copy(analysed, tmp_path) -> str:
+    copy = str(tmp_path / "s.zarr")
+    shutil.copytree(analysed[0], copy)
+    return copy
+
+
+def _without_kept(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "kept"} for r in rows]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_second_analyse_keeps_every_analysis_and_gives_the_same_rows(analysed, tmp_path, workers):
+    _, rows, ids = analysed
+    copy = _copy(analysed, tmp_path)
+    before = {r: _written(copy, r) for r in ids}
+    again = analyse_store(copy, workers=workers)  # in a worker process too
+    assert [r.get("kept") for r in again] == [True] * 4
+    # the diverged run's note (diverged_step, read_at_step) and every figure, as first computed
+    assert _without_kept(again) == rows
+    assert {r["status"] for r in again} == {"completed", "diverged"}
+    assert {r: _written(copy, r) for r in ids} == before  # not one analysis rewritten
+
+
+def test_again_analyses_every_run_anew_to_the_same_rows(analysed, tmp_path):
+    _, rows, ids = analysed
+    copy = _copy(analysed, tmp_path)
+    before = {r: _written(copy, r) for r in ids}
+    assert analyse_store(copy, again=True) == rows  # no row kept
+    assert all(_written(copy, r) != before[r] for r in ids)
+
+
+def test_a_stale_or_changed_or_damaged_analysis_is_analysed_again(analysed, tmp_path):
+    _, rows, ids = analysed
+    copy = _copy(analysed, tmp_path)
+    older, unmarked, retrained, damaged = ids
+
+    def edit_attrs(run_id: str, change) -> None:
+        meta = Path(copy) / "analysis" / run_id / "zarr.json"
+        doc = json.loads(meta.read_text())
+        change(doc["attributes"])
+        meta.write_text(json.dumps(doc))
+
+    edit_attrs(older, lambda a: a.update(analysis_version=ANALYSIS_VERSION - 1))  # other analysers wrote it
+    edit_attrs(unmarked, lambda a: a.pop(ANALYSED_FROM))  # written before the mark was: which recording, unknown
+    # trained again under the same id (its group moved out by hand): another recording, another wall time
+    store.update_run_attrs(copy, retrained, wall_time=store.run_attrs(copy, retrained)["wall_time"] + 1.0)
+    chunk = next(p for p in (Path(copy) / "analysis" / damaged / "role").rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk.unlink()  # a chunk file of the stored analysis lost
+    again = analyse_store(copy)
+    assert [r.get("kept") for r in again] == [None] * 4  # each analysed anew, none an error
+    assert again == rows
+    for rid in ids:
+        stored = store.open_analysis(copy, rid)
+        assert stored.attrs["analysis_version"] == ANALYSIS_VERSION
+        assert stored.attrs[ANALYSED_FROM]["wall_time"] == store.run_attrs(copy, rid)["wall_time"]
+    assert [r.get("kept") for r in analyse_store(copy)] == [True] * 4  # and kept from then on
+    # written by other dynamics code (an edit, an upgrade) that left ANALYSIS_VERSION as it was
+    edit_attrs(older, lambda a: a[ANALYSED_FROM].update(code_hash="0" * 64))
+    assert [r.get("kept") for r in analyse_store(copy, [older, unmarked])] == [None, True]
+
+
+def test_the_command_says_which_runs_it_kept_and_again_redoes_them(analysed, tmp_path, capsys):
+    _, rows, _ = analysed
+    copy = _copy(analysed, tmp_path)
+    capsys.readouterr()
+    assert cli.main(["analyse", copy, "--workers", "1"]) == 0
+    out = capsys.readouterr()
+    assert f"[analyse] 1/4 {rows[0]['run']} kept (analysed before, by these analysers)" in out.err
+    assert out.out.splitlines()[-1] == ("analysed no run: kept 4 analysed before by these analysers, from the "
+                                        "recordings they hold now (`--again` analyses them again)")
+    assert cli.main(["analyse", copy, "--workers", "1", "--again"]) == 0
+    out = capsys.readouterr()
+    assert "kept" not in out.err and out.out.splitlines()[-1].startswith("analysed 4 runs in ")
+
+
+def test_the_closing_line_counts_runs_analysed_and_kept():
+    fresh, kept, skipped = {"run": "a"}, {"run": "b", "kept": True}, {"run": "c", "skipped": True}
+    assert analysed_line([fresh, fresh, kept], 1.25, "s.zarr") == (
+        "analysed 2 runs in 1.2s -> s.zarr (analysis/<run_id>); kept 1 analysed before by these analysers, "
+        "from the recordings they hold now (`--again` analyses it again)")
+    assert analysed_line([fresh, skipped], 0.5, "s.zarr") == "analysed 1 run in 0.5s -> s.zarr (analysis/<run_id>)"
+    assert analysed_line([skipped], 0.5, "s.zarr") == "analysed no run: none could be (the table says why)"
