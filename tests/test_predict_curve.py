@@ -372,6 +372,17 @@ def test_runs_picked_from_a_sweep_of_more_heads_and_wider_weights_give_their_own
     np.testing.assert_array_equal(cut["prediction"].values, plain["prediction"].values)
 
 
+def test_the_folds_refused_as_one_class_are_named_by_seed_value(monkeypatch):
+    # seed=10 came before seed=2 and seed=9 in text order
+    from dynamics.predict import curve as curve_module
+
+    fates = {2: np.ones((L, H), bool), 9: np.zeros((L, H), bool), 10: np.zeros((L, H), bool)}
+    runs = [Run(f"r{s}", make_run(s, fate), seed=s) for s, fate in fates.items()]
+    monkeypatch.setattr(curve_module, "cross_validate", lambda *a, **k: pytest.fail("fitted before refusing"))
+    with pytest.raises(predict.PredictError, match=r"one class \(seed=2; seed=9; seed=10\), so no model"):
+        predict.predict_runs(runs, PredictOptions(horizons=(0.1,), n_splits=3, boosting_iter=10))
+
+
 # Known answers that mutants of this module passed (a mutation audit's): each pins a behaviour
 # a mutant changed without any other test noticing.
 

@@ -293,3 +293,32 @@ def test_spearman_needs_three_heads_in_a_fold():
     # table names such folds "a constant target or under 3 heads".
     assert np.isnan(predict.score("spearman", [0.0, 1.0], [0.2, 0.9]))
     assert predict.score("spearman", [0.0, 1.0, 0.5], [0.3, 0.9, 0.2]) == pytest.approx(0.5)
+
+
+def test_folds_and_their_groups_are_listed_by_value_with_the_same_scores():
+    # Seeds 2, 3, 10, 11 in 2 folds: GroupKFold (text order of the labels) put seeds 3 and 11 in
+    # fold 0 and 2 and 10 in fold 1, listed "seed=11, seed=3" then "seed=10, seed=2". By value:
+    # the fold of 2 and 10 first, each fold's seeds ascending. Which seeds share a fold, and
+    # every score, stay GroupKFold's: the per-fold scores are the same numbers, moved.
+    from dynamics.predict.models import group_key
+
+    fates = {s: np.random.default_rng(s).random((L, H)) < 0.5 for s in (2, 3, 10, 11)}
+    runs = [Run(f"r{s}", make_run(s, fate), seed=s) for s, fate in fates.items()]
+    opt = PredictOptions(horizons=(0.1,), n_splits=2, boosting_iter=5)
+    curve = predict.predict_runs(runs, opt)
+    assert curve.test_groups.values.tolist() == ["seed=2, seed=10", "seed=3, seed=11"]
+    for k, names in enumerate(curve.test_groups.values):  # row_fold follows its fold
+        assert ", ".join(sorted(set(curve.row_group.values[curve.row_fold.values == k]), key=group_key)) == names
+    groups = curve.row_group.values
+    splits = predict.group_splits(groups, 2)  # the folds as GroupKFold numbers them
+    assert [sorted(set(groups[test])) for _, test in splits] == [["seed=11", "seed=3"], ["seed=10", "seed=2"]]
+    from dynamics.predict.features import feature_table
+
+    rows = predict.target_table(runs, opt)
+    feats = {0.1: feature_table(runs, rows, 0.1, opt, {}).values}
+    _, scores = predict.cross_validate(feats, feature_table(runs, rows, None, opt, {}).values, rows["target"].values,
+                                       rows["row_layer"].values, splits, opt)
+    np.testing.assert_array_equal(curve.score.values, scores[..., ::-1])
+    assert curve.score_mean.values.tolist() == [[float(np.mean(s[np.isfinite(s)])) for s in scores[0]]]
+    assert sorted(["seed=10", "seed=9", "seed=2", "lr=1e-3"], key=group_key) == ["lr=1e-3", "seed=2", "seed=9",
+                                                                                 "seed=10"]

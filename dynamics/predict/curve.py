@@ -14,7 +14,15 @@ from dynamics import store
 from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.predict.features import feature_table, horizon_steps
 from dynamics.predict.load import check_runs, load_store
-from dynamics.predict.models import _mean_sd, cross_validate, group_splits, score, unseen_classes
+from dynamics.predict.models import (
+    _mean_sd,
+    cross_validate,
+    fold_names,
+    group_splits,
+    in_group_order,
+    score,
+    unseen_classes,
+)
 from dynamics.predict.null import (
     _can_cross,
     _class_labels,
@@ -55,7 +63,7 @@ def _check_some_fold_scored(rows: xr.Dataset, splits: Sequence[tuple[np.ndarray,
         return
     groups = rows["row_group"].values
     what = "a constant target or under 3 heads" if metric == "spearman" else "one class"
-    tested = "; ".join(", ".join(sorted(set(groups[test]))) for _, test in splits)
+    tested = "; ".join(fold_names(groups, splits, in_order=True))
     hint = "; fewer --folds put more groups in a test fold" if len(splits) > 2 else ""
     raise PredictError(f"target {options.target!r}: {METRIC_NAMES[metric]} is undefined on every one of the "
                        f"{len(splits)} test folds holding out whole {options.group_by}s, each of {what} "
@@ -218,7 +226,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
             "prediction": (("horizon", "model", "head_row"), preds),
             "target": rows["target"],
             "n_test": ("fold", np.array([test.size for _, test in splits])),
-            "test_groups": ("fold", np.array([", ".join(sorted(set(groups[test]))) for _, test in splits])),
+            "test_groups": ("fold", np.array(fold_names(groups, splits))),
             "unseen_classes": ("fold", np.array(unseen, dtype=str)),
             "horizon_step": (("horizon", "run"), horizon_step),
             "n_snapshots_seen": (("horizon", "run"), n_seen),
@@ -300,7 +308,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         ds.attrs["class_counts"] = [int(np.sum(rows["target"].values == c)) for c in classes]
     if opt.target in ("role", "chg"):
         ds.attrs["class_names"] = [class_name(opt.target, c) for c in classes]
-    return ds
+    return in_group_order(ds)  # seed=2 before seed=10; after every score, so none changes
 
 
 def _summary(scores: np.ndarray) -> np.ndarray:
