@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,6 +35,12 @@ def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
     to no use (an ``init_scale`` below the smallest normal float32: all-zero attention weights;
     a ``rope_base`` past float32: a RoPE table of inf). Such a run stays loadable by gates,
     resume and distillation, as before those rules.
+
+    Not refused: an induction ``task.max_period`` above ``model.vocab_size``. Its segments cannot
+    be distinct, so the current token no longer says alone where to look back, but the rows are
+    still periodic and the task well defined, a harder one: ``dynamics.tasks.induction`` draws such
+    segments on purpose, and keeps their data hash so that their runs resume.
+    :func:`small_vocabulary_note` words the note that says so.
     """
     m, t, tr, r = cfg.model, cfg.task, cfg.train, cfg.record
     for key in ("n_layers", "d_model", "n_heads", "vocab_size", "context"):
@@ -147,3 +154,24 @@ def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
     # bounded as train.steps: past it, a run failed once recorded (gates' own limit) or overflowed
     _require(0 <= r.chg_every <= MAX_STEPS, f"record.chg_every: must be in [0, {MAX_STEPS:,}], got {r.chg_every}")
     _require(1 <= r.chg_steps <= MAX_STEPS, f"record.chg_steps: must be in [1, {MAX_STEPS:,}], got {r.chg_steps}")
+
+
+def small_vocabulary_note(cfgs: Sequence[RunConfig]) -> str | None:
+    """The note for configs (a run's, or a sweep's points) whose induction segments cannot be
+    distinct: ``task.max_period`` above ``model.vocab_size``; None where none has it.
+
+    A note, not a refusal (see :func:`validate`): the task is harder, not broken. It is said because
+    the change is a cliff, not a slope: the segment is drawn ``max_period`` tokens long, all of it
+    i.i.d. once it cannot be distinct, so the rows whose period fits the vocabulary hold repeats
+    too (at vocab_size 8, max_period 8 none does; at max_period 9 most rows do).
+    """
+    small = [c for c in cfgs if "induction" in c.task.component_names and c.task.max_period > c.model.vocab_size]
+    if not small:
+        return None
+    first = small[0]
+    which = (f"task.max_period {first.task.max_period} is above model.vocab_size {first.model.vocab_size}"
+             if len(cfgs) == 1 else f"{len(small)} of the {len(cfgs)} sweep points have task.max_period above "
+             f"model.vocab_size (the first: {first.task.max_period} above {first.model.vocab_size})")
+    return (f"{which}: induction segments are drawn with repeated tokens, in every row (those whose period fits the "
+            f"vocabulary too), so the current token alone no longer says where to look back; a harder task than "
+            f"distinct segments give (data/README.md, induction)")

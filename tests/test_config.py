@@ -491,3 +491,54 @@ def test_the_documented_bounds_of_steps_and_threads_are_where_they_are_checked()
     assert from_dict({"train": {"threads": MAX_THREADS}}).train.threads == MAX_THREADS
     with pytest.raises(ConfigError, match="train.threads"):
         from_dict({"train": {"threads": MAX_THREADS + 1}})
+
+
+def test_an_induction_period_past_the_vocabulary_is_noted_not_refused():
+    # Segments cannot be distinct past the vocabulary; the task code draws them with repeats on
+    # purpose (a harder task, whose runs resume), so validate accepts it and the note says it.
+    from dynamics.config_rules import small_vocabulary_note
+
+    def cfg(vocab, max_period, name="induction", **task):
+        return from_dict({"model": {"vocab_size": vocab, "context": 2 * max_period + 4},
+                          "task": {"name": name, "min_period": 3, "max_period": max_period, **task}})
+
+    assert small_vocabulary_note([cfg(8, 8)]) is None  # distinct: a period of the whole vocabulary
+    assert small_vocabulary_note([cfg(8, 12, "offset_copy")]) is None  # reads no period
+    note = small_vocabulary_note([cfg(8, 9)])
+    assert note.startswith("task.max_period 9 is above model.vocab_size 8: induction segments are drawn with "
+                           "repeated tokens, in every row") and "\n" not in note
+    mixed = cfg(8, 9, "mixture", components=["induction", "markov"])
+    assert small_vocabulary_note([mixed]) == note
+    assert small_vocabulary_note([cfg(8, 8), cfg(8, 12), cfg(16, 12)]).startswith(
+        "1 of the 3 sweep points have task.max_period above model.vocab_size (the first: 12 above 8): ")
+    # "in every row": the rows whose period fits the vocabulary hold repeats too, past max_period 8
+    import numpy as np
+
+    from dynamics.tasks import make_batch
+
+    def fitting_rows_with_repeats(c):
+        b = make_batch(c, "train", 0, 2000)
+        period = np.argmax(b.repeat_mask, axis=1) + 1
+        return np.mean([len(set(r[:p])) < p for r, p in zip(b.tokens, period, strict=True) if p <= 8])
+
+    assert fitting_rows_with_repeats(cfg(8, 8)) == 0.0
+    assert fitting_rows_with_repeats(cfg(8, 9)) > 0.5  # 0.77 expected: 1 - prod(1 - i/8) averaged over P = 3..8
+
+
+def test_shipped_experiments_and_tiny_are_valid_with_distinct_induction_segments(monkeypatch):
+    import tomllib
+
+    from dynamics import interventions
+    from dynamics.config_rules import small_vocabulary_note
+    from dynamics.sweep.grid import expand_grid
+    from tests.conftest import TINY
+
+    monkeypatch.setattr(interventions, "check", lambda cfg: None)  # distill's teacher store is not made here
+    root = Path(__file__).parents[1] / "experiments"
+    paths = sorted(root.glob("*.toml"))
+    assert len(paths) >= 10
+    for path in paths:
+        cfg = load_config(path)
+        points = [p.cfg for p in expand_grid(cfg)] if cfg.sweep.axes else [cfg]
+        assert small_vocabulary_note(points) is None, path.name
+    assert small_vocabulary_note([from_dict(tomllib.loads(TINY.format(steps=60, every=10)))]) is None
