@@ -40,7 +40,7 @@ def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
     be distinct, so the current token no longer says alone where to look back, but the rows are
     still periodic and the task well defined, a harder one: ``dynamics.tasks.induction`` draws such
     segments on purpose, and keeps their data hash so that their runs resume.
-    :func:`small_vocabulary_note` words the note that says so.
+    `dynamics run` and `dynamics sweep` say so as they start (:func:`small_vocabulary_note`).
     """
     m, t, tr, r = cfg.model, cfg.task, cfg.train, cfg.record
     for key in ("n_layers", "d_model", "n_heads", "vocab_size", "context"):
@@ -172,6 +172,6 @@ def small_vocabulary_note(cfgs: Sequence[RunConfig]) -> str | None:
     which = (f"task.max_period {first.task.max_period} is above model.vocab_size {first.model.vocab_size}"
              if len(cfgs) == 1 else f"{len(small)} of the {len(cfgs)} sweep points have task.max_period above "
              f"model.vocab_size (the first: {first.task.max_period} above {first.model.vocab_size})")
-    return (f"{which}: induction segments are drawn with repeated tokens, in every row (those whose period fits the "
-            f"vocabulary too), so the current token alone no longer says where to look back; a harder task than "
+    return (f"{which}: induction segments are drawn with tokens that may repeat, in every row (those whose period "
+            f"fits the vocabulary too), so the current token alone no longer says where to look back; a harder task than "
             f"distinct segments give (data/README.md, induction)")

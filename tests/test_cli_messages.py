@@ -379,3 +379,22 @@ def test_run_interrupted_as_its_run_finishes_says_it_finished(tiny, tmp_path, mo
     assert r.stdout.strip().endswith(f"{rid}: completed after {store.run_attrs(s, rid)['steps_done']} steps -> {s}")
     assert r.stderr.strip().splitlines()[-1] == (f"dynamics: interrupted as {rid} finished: it is completed, with "
                                                  "nothing left to resume")
+
+
+def test_run_and_sweep_note_an_induction_period_past_the_vocabulary(tiny, tmp_path, capsys):
+    # Not refused (config_rules.validate: a harder task), but said as training starts: segments
+    # cannot be distinct, in any row.
+    from dynamics.cli import main
+
+    _, cfg, _ = tiny
+    small = ["--set", "model.vocab_size=5", "--set", "train.steps=2"]  # TINY's max_period is 6
+    assert main(["run", str(cfg), "--out", str(tmp_path / "r.zarr"), *small]) == 0
+    err = capsys.readouterr().err
+    assert ("dynamics: note: task.max_period 6 is above model.vocab_size 5: induction segments are drawn with "
+            "tokens that may repeat, in every row") in err
+    grid = ["--set", "sweep.model.vocab_size=[5,16]", "--set", "train.steps=2"]
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "s.zarr"), "--workers", "1", *grid]) == 0
+    assert ("dynamics: note: 1 of the 2 sweep points have task.max_period above model.vocab_size (the first: 6 "
+            "above 5)") in capsys.readouterr().err
+    assert main(["run", str(cfg), "--out", str(tmp_path / "t.zarr"), "--set", "train.steps=2"]) == 0
+    assert "vocab_size" not in capsys.readouterr().err  # TINY's 16 holds a period of 6

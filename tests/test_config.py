@@ -506,7 +506,7 @@ def test_an_induction_period_past_the_vocabulary_is_noted_not_refused():
     assert small_vocabulary_note([cfg(8, 12, "offset_copy")]) is None  # reads no period
     note = small_vocabulary_note([cfg(8, 9)])
     assert note.startswith("task.max_period 9 is above model.vocab_size 8: induction segments are drawn with "
-                           "repeated tokens, in every row") and "\n" not in note
+                           "tokens that may repeat, in every row") and "\n" not in note
     mixed = cfg(8, 9, "mixture", components=["induction", "markov"])
     assert small_vocabulary_note([mixed]) == note
     assert small_vocabulary_note([cfg(8, 8), cfg(8, 12), cfg(16, 12)]).startswith(
