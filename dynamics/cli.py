@@ -217,12 +217,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     check_store(args.store)
-    from dynamics.status import status_table
+    from dynamics.status import show_status
 
-    header, rows, damaged = status_table(args.store)
-    name_damaged(damaged)  # on stderr; the others are shown
-    print_table(header, rows)
-    return 1 if damaged else 0
+    return show_status(args.store)
 
 
 def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | None = None,

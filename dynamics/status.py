@@ -178,6 +178,25 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
     return header, rows, damaged
 
 
+def show_status(path: str) -> int:
+    """``dynamics status STORE``: the table on stdout; damaged runs named on stderr, one line each,
+    and exit 1 where there are any. A store with nothing to list is refused in one line (exit 2),
+    as `analyse`, `report` and `gates` refuse a store of no runs."""
+    from dynamics.messages import name_damaged
+    from dynamics.tables import print_table
+    from dynamics.usage import UsageError
+
+    header, rows, damaged = status_table(path)
+    if not rows:
+        # A header alone read as a table of runs that failed to show. Runs of a sweep not started yet
+        # are rows (pending), so this is a store that nothing has trained into yet.
+        raise UsageError(f"{path} holds no runs yet: `dynamics run CONFIG --out {path}` or `dynamics sweep CONFIG "
+                         f"--out {path}` trains some")
+    name_damaged(damaged)  # the others are shown
+    print_table(header, rows)
+    return 1 if damaged else 0
+
+
 def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> str:
     """The step an unfinished run resumes at: its checkpoint's, or ``lost`` where that checkpoint
     is gone (`run` and `sweep` refuse it: :func:`dynamics.store.check_checkpoint_kept`), or

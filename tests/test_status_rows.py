@@ -198,3 +198,29 @@ def test_status_gives_a_question_mark_for_a_total_the_attrs_do_not_record(tmp_pa
     write_run(path, "r1", attrs={"status": "completed", "steps_done": 7})
     header, [row], _ = status_table(str(path))
     assert dict(zip(header, row, strict=True))["steps"] == "7/?"
+
+
+# --- `dynamics status` of a store with nothing to list, and of a hand-edited sweep index ---------
+
+
+@pytest.mark.parametrize("index", [None, {"axes": ["train.seed"], "runs": {}}])
+def test_a_store_of_no_runs_is_one_line_saying_what_trains_some_exit_2(tmp_path, capsys, index):
+    # It printed the table's header alone, exit 0: read as runs that failed to show. `analyse`,
+    # `report` and `gates` refuse a store of no runs with exit 2, and so does status now.
+    from dynamics import cli
+
+    path = tmp_path / "e.zarr"
+    store.init_store(path)
+    if index is not None:  # a sweep index of no runs: as empty
+        store.write_sweep_index(path, index)
+    assert cli.main(["status", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        f"dynamics: error: {path} holds no runs yet: `dynamics run CONFIG --out {path}` or `dynamics sweep CONFIG "
+        f"--out {path}` trains some"]
+    # a sweep's points not started yet are its rows, exit 0
+    store.write_sweep_index(path, {"axes": ["train.seed"], "runs": {"rabc": {"train.seed": 0}}, "steps": {"rabc": 8}})
+    assert cli.main(["status", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.splitlines()[1].split() == ["rabc", "0", "pending", "0/8", "-", "-"]
+
