@@ -4,6 +4,7 @@ which runs cannot be read at all (damaged)."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 
 from dynamics import store
@@ -121,7 +122,14 @@ def row_labels(index: dict, attrs: dict[str, dict], run_ids) -> tuple[list[str],
 
 
 def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]:
-    """Header, rows and damaged runs (id -> reason) of ``dynamics status STORE``.
+    """Header, rows and damaged runs (id -> reason) of ``dynamics status STORE`` (:func:`status_of`)."""
+    header, rows, damaged, _ = status_of(path)
+    return header, rows, damaged
+
+
+def status_of(path: str) -> tuple[list[str], list[list[str]], dict[str, str], dict[str, str]]:
+    """Header, rows, damaged runs (id -> reason) and bad sweep-index entries (entry -> the line
+    naming it, :func:`bad_index_entries`: no row) of ``dynamics status STORE``.
 
     Columns: run id, the sweep index's axes, the settings that tell apart runs with the same
     swept values (:func:`setting_columns`; ``none`` where a run lacks it, blank for a run whose
@@ -133,8 +141,10 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
     has no checkpoint) and the last loss. Rows in the grid's order; runs outside any sweep after it, by id.
     """
     index = store.read_sweep_index(path) or {}
-    swept = index.get("runs", {})
     recorded = store.list_runs(path, damaged="include")
+    bad = bad_index_entries(path, index, set(recorded))
+    index = {**index, "runs": {r: values for r, values in index.get("runs", {}).items() if r not in bad}}
+    swept = index["runs"]
     damaged, attrs = {}, {}
     for run_id in recorded:
         try:
@@ -175,18 +185,42 @@ def status_table(path: str) -> tuple[list[str], list[list[str]], dict[str, str]]
         rows.append([run_id, *shown(run_id), "pending", f"0/{total}", "-", "-"])
     key = grid_key(index)
     rows.sort(key=lambda row: key(row[0]))
-    return header, rows, damaged
+    return header, rows, damaged, bad
+
+
+def bad_index_entries(path: str, index: dict, recorded: set[str]) -> dict[str, str]:
+    """Entries of the sweep index's runs that no run can have: entry -> one line naming it and the store.
+
+    The launcher writes run ids (hashes); an entry that is no valid run id (``../evil``, a name
+    with a space) came from a hand edit. `status` listed it as a pending point that no sweep
+    trains: `dynamics sweep` keeps it in the index as a point of an earlier sweep and never
+    starts it. A recorded run is never one (its group's name is a run id).
+    """
+    bad = {}
+    for entry in index.get("runs", {}):
+        if entry in recorded:
+            continue
+        try:
+            store.check_run_id(entry)  # new: a pending point's group would be made under this name
+        except store.StoreError as e:
+            why = str(e).split(": ", 1)[-1]  # past "invalid run id '...'", which would name it twice
+            bad[entry] = (f"{path}: the sweep index lists {entry!r}, which is no run id ({why}): not a sweep point, "
+                          f"and no sweep trains it; delete it from the \"sweep\" attribute's runs in the store's "
+                          f"root zarr.json")
+    return bad
 
 
 def show_status(path: str) -> int:
-    """``dynamics status STORE``: the table on stdout; damaged runs named on stderr, one line each,
-    and exit 1 where there are any. A store with nothing to list is refused in one line (exit 2),
-    as `analyse`, `report` and `gates` refuse a store of no runs."""
+    """``dynamics status STORE``: the table on stdout; damaged runs and bad sweep-index entries named
+    on stderr, one line each, and exit 1 where there are any. A store with nothing to list is
+    refused in one line (exit 2), as `analyse`, `report` and `gates` refuse a store of no runs."""
     from dynamics.messages import name_damaged
     from dynamics.tables import print_table
     from dynamics.usage import UsageError
 
-    header, rows, damaged = status_table(path)
+    header, rows, damaged, bad = status_of(path)
+    for line in bad.values():
+        print(f"dynamics: {line}", file=sys.stderr)
     if not rows:
         # A header alone read as a table of runs that failed to show. Runs of a sweep not started yet
         # are rows (pending), so this is a store that nothing has trained into yet.
@@ -194,7 +228,7 @@ def show_status(path: str) -> int:
                          f"--out {path}` trains some")
     name_damaged(damaged)  # the others are shown
     print_table(header, rows)
-    return 1 if damaged else 0
+    return 1 if damaged or bad else 0
 
 
 def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> str:

@@ -224,3 +224,23 @@ def test_a_store_of_no_runs_is_one_line_saying_what_trains_some_exit_2(tmp_path,
     out, err = capsys.readouterr()
     assert err == "" and out.splitlines()[1].split() == ["rabc", "0", "pending", "0/8", "-", "-"]
 
+
+def test_a_sweep_index_entry_that_is_no_run_id_is_named_not_listed_pending(copy, capsys):
+    # A hand-edited index: '../evil' was an ordinary pending row, a point for a sweep to train,
+    # which none ever does (the launcher keeps it in the index as an earlier sweep's point).
+    from dynamics import cli
+
+    path, run_id = copy
+    store.write_sweep_index(path, {"axes": ["train.seed"], "steps": {"rabc": 8},
+                                   "runs": {run_id: {"train.seed": 0}, "../evil": {"train.seed": 5},
+                                            "rabc": {"train.seed": 1}}})
+    header, rows, damaged = status_table(str(path))
+    assert [row[0] for row in rows] == [run_id, "rabc"] and damaged == {}
+    assert cli.main(["status", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert [line.split()[:3] for line in out.splitlines()] == [["run", "train.seed", "status"],
+                                                               [run_id, "0", "completed"], ["rabc", "1", "pending"]]
+    assert err.splitlines() == [
+        f"dynamics: {path}: the sweep index lists '../evil', which is no run id (use ASCII letters, digits, '.', '_' "
+        "or '-', not starting with a symbol): not a sweep point, and no sweep trains it; delete it from the "
+        "\"sweep\" attribute's runs in the store's root zarr.json"]
