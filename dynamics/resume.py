@@ -44,8 +44,9 @@ def refuse_other_data(prior: dict, cfg: RunConfig, path: str, run_id: str, hash_
         raise store.StoreError(other_data(run_id, path, prior["data_hash"], hash_now, cfg.task.name))
 
 
-def refuse_unrecorded(path: str, run_id: str, steps_at, start: int) -> None:
-    """StoreError when snapshots or losses before the checkpoint's step hold no data, or a chunk
+def refuse_unrecorded(path: str, run_id: str, steps_at, start: int) -> float | None:
+    """The loss recorded at the step before the checkpoint's (None where none is: start 0, no loss
+    array); StoreError when snapshots or losses before the checkpoint's step hold no data, or a chunk
     the run wrote before its last checkpoint is missing (`store.check_recorded`).
 
     A run writes each snapshot before the checkpoint taken at its step, so in its own store
@@ -59,7 +60,8 @@ def refuse_unrecorded(path: str, run_id: str, steps_at, start: int) -> None:
     name; a chunk that cannot be decoded stopped the resume at its first loss write, a codec's
     error naming no chunk, the run then marked failed.
 
-    ``steps_at``: the run's snapshot schedule; None reads the one it recorded (`dynamics status`).
+    ``steps_at``: the run's snapshot schedule; None reads the one it recorded (`dynamics status`,
+    which shows the loss returned: the last one recorded, read here so the run is opened once).
     """
     ds = store.open_run(path, run_id, dask=False)
     if steps_at is None:  # read here, inside the caller's guard: a step chunk may be what is damaged
@@ -91,6 +93,7 @@ def refuse_unrecorded(path: str, run_id: str, steps_at, start: int) -> None:
     # The other arrays of those snapshots (attention, gradients, ...), from the file listing: a lost
     # chunk there was resumed over, and the run ended "completed" with a hole `analyse` named later.
     store.check_recorded(path, run_id, so_far=True)
+    return float(loss[-1]) if loss is not None and loss.size else None
 
 
 def note_execution_change(run_id: str, prior: dict, cfg: RunConfig, start: int, code_now: str | None,

@@ -134,11 +134,12 @@ def status_of(path: str) -> tuple[list[str], list[list[str]], dict[str, str], di
     Columns: run id, the sweep index's axes, the settings that tell apart runs with the same
     swept values (:func:`setting_columns`; ``none`` where a run lacks it, blank for a run whose
     config is unknown: pending or damaged), status (:func:`dynamics.store.run_status`, or
-    ``damaged``, or ``pending`` for a sweep point not started), steps done of total,
+    ``damaged``, or ``pending`` for a sweep point not started), steps recorded of total (with
+    ``(+N unrecorded)`` for steps a stopped session trained past its last checkpoint),
     ``resumes_at`` (the last checkpoint's step for an unfinished run, ``lost`` where that
     checkpoint is gone, ``refused`` where recordings before it are missing, which `run` names,
     ``-`` for a finished one, never retrained, and for a pending one, which
-    has no checkpoint) and the last loss. Rows in the grid's order; runs outside any sweep after it, by id.
+    has no checkpoint) and the last loss recorded. Rows in the grid's order; runs outside any sweep after it, by id.
     """
     index = store.read_sweep_index(path) or {}
     recorded = store.list_runs(path, damaged="include")
@@ -165,13 +166,20 @@ def status_of(path: str) -> tuple[list[str], list[list[str]], dict[str, str], di
         loss = a.get("last_loss")
         # while a run trains, its checkpoint is the progress; steps_done is where it (re)started
         done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))
-        # A stopped run reached `done` but resumes from its last checkpoint, up to `record.every` steps
-        # earlier; a finished one is never retrained.
-        resumes = "-" if a.get("status") in FINISHED_STATUSES else _resumes_at(path, run_id, a, status)
-        done = max(done, int(resumes)) if resumes.isdigit() else done  # a checkpoint newer than the attrs
+        # an unfinished run resumes from its last checkpoint; a finished one is never retrained
+        finished = a.get("status") in FINISHED_STATUSES
+        resumes, kept_loss = ("-", None) if finished else _resumes_at(path, run_id, a, status)
+        steps = f"{max(done, int(resumes)) if resumes.isdigit() else done}/{a.get('steps_total', '?')}"
+        if resumes.isdigit() and done > int(resumes):
+            # Trained past its last checkpoint by a session that stopped (Ctrl-C; a failed write, after
+            # which a full disk dropped every write): the store holds neither those steps nor the loss
+            # the attrs name (status said 36/60 and that loss of a run recorded to 22), and a resume
+            # trains them again. What the store records is shown, the steps past it marked.
+            steps = f"{resumes}/{a.get('steps_total', '?')} (+{done - int(resumes)} unrecorded)"
+            loss = kept_loss
         # a diverged session ended with a loss JSON cannot hold (NaN, inf): not "-", which says unwritten
         last = f"{loss:.4f}" if loss is not None else "not finite" if a.get("status") == "diverged" else "-"
-        rows.append([run_id, *shown(run_id), status, f"{done}/{a.get('steps_total', '?')}", resumes, last])
+        rows.append([run_id, *shown(run_id), status, steps, resumes, last])
     for run_id in orphans:
         if store.run_listed(path, run_id):  # made since the listing: its group comes before its checkpoint
             continue
@@ -231,8 +239,9 @@ def show_status(path: str) -> int:
     return 1 if damaged or bad else 0
 
 
-def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> str:
-    """The step an unfinished run resumes at: its checkpoint's, or ``lost`` where that checkpoint
+def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> tuple[str, float | None]:
+    """The step an unfinished run resumes at, with the loss recorded at the step before it (None
+    where it is not read: a live run, a checkpoint at step 0). The step: its checkpoint's, or ``lost`` where that checkpoint
     is gone (`run` and `sweep` refuse it: :func:`dynamics.store.check_checkpoint_kept`), or
     ``refused`` where recordings before it are missing (:func:`dynamics.resume.refuse_unrecorded`):
     in either, a step offered a resume that the next command refused.
@@ -244,7 +253,7 @@ def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> str:
     try:
         store.check_checkpoint_kept(path, run_id, attrs)
     except store.StoreError:
-        return "lost"
+        return "lost", None
     start = store.checkpoint_step(path, run_id) or int(attrs.get("checkpoint_step", 0))
     if start and status != "running":  # a live run's writes are in flight: nothing to judge yet
         from dynamics.resume import refuse_unrecorded
@@ -253,7 +262,8 @@ def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> str:
         # offered a resume there that `run` then refused (an audit's copy said 990, refused).
         # The check `run` makes (tens of ms a run: only unfinished runs, often one per worker).
         try:
-            refuse_unrecorded(path, run_id, None, start)  # None: the schedule the run recorded
+            kept = refuse_unrecorded(path, run_id, None, start)  # None: the schedule the run recorded
         except Exception:  # noqa: BLE001 - a chunk failing its checksum (a ValueError): `run` refuses it too, naming it
-            return "refused"
-    return str(start)
+            return "refused", None
+        return str(start), kept
+    return str(start), None

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dynamics import store
@@ -73,22 +74,25 @@ def test_run_says_how_many_gate_fits_training_will_wait_for(tiny, tmp_path):
 
 def test_status_says_where_an_interrupted_run_resumes(tiny, tmp_path, capsys):
     # Interrupted in progress(10), once update 10 is made, it showed "11/20" alone: a resume
-    # restarts from its checkpoint at 8.
+    # restarts from its checkpoint at 8. The 3 steps past it, and the loss the attrs hold (step
+    # 10's), the store never recorded: shown as what it records, those steps marked.
     _, cfg, _ = tiny
     s = tmp_path / "s.zarr"
     with pytest.raises(KeyboardInterrupt):
         train_run(load_config(cfg, ["train.steps=20", "record.every=15"]), str(s), progress=interrupt_at(10))
     [rid] = store.list_runs(s)
+    loss = store.open_run(s, rid)["loss"].values
+    assert np.isnan(loss[8:]).all() and store.run_attrs(s, rid)["last_loss"] != pytest.approx(float(loss[7]))
     header, [row] = status_rows(capsys, s)
-    got = dict(zip(header, row, strict=True))
-    assert (got["status"], got["steps"], got["resumes_at"]) == ("interrupted", "11/20", "8")
+    assert header == ["run", "status", "steps", "resumes_at", "last_loss"]
+    assert row[1:] == ["interrupted", "8/20", "(+3", "unrecorded)", "8", f"{loss[7]:.4f}"]
     store.update_run_attrs(s, rid, status="running")  # as a run killed by SIGKILL leaves it
     _, [row] = status_rows(capsys, s)
-    assert row[1:4] == ["stopped", "11/20", "8"]
+    assert row[1:5] == ["stopped", "8/20", "(+3", "unrecorded)"]
     # killed after its checkpoint was written, before the attrs named it: the checkpoint's own step
     store.update_run_attrs(s, rid, checkpoint_step=4)
     _, [row] = status_rows(capsys, s)
-    assert row[1:4] == ["stopped", "11/20", "8"]
+    assert row[1:6] == ["stopped", "8/20", "(+3", "unrecorded)", "8"]
     store.update_run_attrs(s, rid, steps_done=4)  # and the steps done before it
     _, [row] = status_rows(capsys, s)
     assert row[1:4] == ["stopped", "8/20", "8"]

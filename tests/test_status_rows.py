@@ -244,3 +244,37 @@ def test_a_sweep_index_entry_that_is_no_run_id_is_named_not_listed_pending(copy,
         f"dynamics: {path}: the sweep index lists '../evil', which is no run id (use ASCII letters, digits, '.', '_' "
         "or '-', not starting with a symbol): not a sweep point, and no sweep trains it; delete it from the "
         "\"sweep\" attribute's runs in the store's root zarr.json"]
+
+
+def test_a_run_failed_by_a_full_disk_shows_the_steps_and_loss_its_store_records(tmp_path, monkeypatch):
+    # A write failed (ENOSPC) and the writer dropped every write after it, while training went on
+    # until the error surfaced: status said the steps trained in memory (36/60) and the last of
+    # their losses, of a run whose store held steps and losses to its checkpoint at 22.
+    import errno
+
+    import numpy as np
+
+    full = {"snapshot": 5}  # snapshots at 0, 1, 2, 4, 6, 8: the one at step 8 finds the disk full
+    write = store.RunWriter.write_snapshot
+
+    def write_snapshot(self, index, arrays):
+        if index >= full["snapshot"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(self, index, arrays)
+
+    monkeypatch.setattr(store.RunWriter, "write_snapshot", write_snapshot)
+    cfg = from_dict({**TINY, "train": {**TINY["train"], "steps": 20}, "record": {**TINY["record"], "every": 2}})
+    path = tmp_path / "s.zarr"
+    with pytest.raises(OSError, match="No space left"):
+        train_run(cfg, str(path))
+    run_id = cfg.run_id()
+    attrs, at = store.run_attrs(path, run_id), store.checkpoint_step(path, run_id)
+    loss = store.open_run(path, run_id)["loss"].values
+    # trained past the checkpoint (how far depends on when the error surfaced), recorded to it
+    assert attrs["status"] == "failed" and at == 6 and attrs["steps_done"] > at
+    assert np.isfinite(loss[:at]).all() and np.isnan(loss[at:]).all()
+    assert f"{attrs['last_loss']:.4f}" != f"{loss[at - 1]:.4f}"  # else the loss shown tells nothing
+    header, [row], _ = status_table(str(path))
+    got = dict(zip(header, row, strict=True))
+    assert (got["status"], got["steps"], got["resumes_at"], got["last_loss"]) == (
+        "failed", f"6/20 (+{attrs['steps_done'] - 6} unrecorded)", "6", f"{loss[5]:.4f}")
