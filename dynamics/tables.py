@@ -77,7 +77,7 @@ def _bifurcation(step: int | str | None, layers: list | None) -> str:
 
 def print_analysis(rows: list[dict], path: str | None = None, pending: bool = False) -> None:
     from dynamics import store
-    from dynamics.status import grid_key, row_labels
+    from dynamics.status import bad_index_entries, grid_key, row_labels
 
     # As `dynamics status` lists them: each run's swept values and the settings that tell apart
     # runs with the same ones, in the grid's order (run ids are hashes)
@@ -85,8 +85,10 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
     swept, key = index.get("runs", {}), grid_key(index)
     if pending:  # sweep points not started yet (a sweep running, or stopped part-way), as status lists them
         listed = {r["run"] for r in rows}
+        # an entry no run can have (a hand edit, '../evil') is no point to train: status names it
+        bad = bad_index_entries(path, index, listed)
         rows = [*rows, *({"run": rid, "status": "pending", "skipped": True, "reason": "not started"}
-                         for rid in swept if rid not in listed)]
+                         for rid in swept if rid not in listed and rid not in bad)]
     rows = sorted(rows, key=lambda r: key(r["run"]))
     # every run of the store, not only the rows shown: the settings that tell a run from its twin
     # at one swept point (a sweep of the grid at another lr) are found among all of them, and

@@ -244,6 +244,9 @@ def test_a_sweep_index_entry_that_is_no_run_id_is_named_not_listed_pending(copy,
         f"dynamics: {path}: the sweep index lists '../evil', which is no run id (use ASCII letters, digits, '.', '_' "
         "or '-', not starting with a symbol): not a sweep point, and no sweep trains it; delete it from the "
         "\"sweep\" attribute's runs in the store's root zarr.json"]
+    assert cli.main(["analyse", str(path), "--workers", "1"]) == 0  # nor a pending row of analyse's table
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[1:3]] == [run_id, "rabc"] and not any("evil" in line for line in out)
 
 
 def test_a_run_failed_by_a_full_disk_shows_the_steps_and_loss_its_store_records(tmp_path, monkeypatch):
