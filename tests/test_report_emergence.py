@@ -236,3 +236,43 @@ def test_the_report_draws_a_categorical_axis_in_the_sweeps_order_not_by_run_id(t
     write_report(str(out), tmp_path / "r", on_note=lambda note: None)
     ax = figs[next(k for k in figs if k.endswith("bifurcation.png"))].axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == swept
+
+
+def test_bifurcation_count_labels_of_crowded_marks_do_not_overlap(tmp_path, monkeypatch):
+    # 12 seeds of one init_scale reaching the event in pairs at steps 4..16 of a 300-step run: their
+    # marks lie a few points apart, and "x2" set above each overlapped the next into a smear
+    from matplotlib.text import Text
+
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    steps = np.array([*range(33), *range(50, 301, 50)])
+
+    def run(rid, scale, seed, bif):
+        analysis = xr.Dataset({"bifurcation_step": ((), float(bif)),
+                               "slash_emergence_step": (("layer", "head"), np.full((1, 2), 250.0 + 50 * (seed % 2)))},
+                              coords={"step": ("snapshot", steps)}, attrs={"slash_offsets": [1, 5]})
+        return _Run(rid, "completed", {"model.init_scale": scale, "train.seed": seed}, 1.0, steps.size,
+                    np.ones(steps.size, bool), steps, analysis=analysis, analysis_source="stored")
+
+    bifs = {1.0: [4, 4, 5, 5, 6, 6, 8, 8, 10, 10, 16, 16], 2.0: [20, 20, 22, 22, 24, 24, 150, 150, 200, 200, 200, 300],
+            4.0: [np.nan] * 12}
+    runs = [run(f"r{s}_{i}", s, i, b) for s, bs in bifs.items() for i, b in enumerate(bs)]
+    figs = _capture_figures(monkeypatch, emergence)
+    emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, ["model.init_scale", "train.seed"], tmp_path, True))
+    fig = figs["bifurcation.png"]
+    renderer = fig.canvas.get_renderer()
+    top, bottom = fig.axes[:2]
+    never = dict(zip([t.get_text() for t in top.get_yticklabels()], top.get_yticks(), strict=True))["never"]
+    # every shared mark counted once, at its mark (the label's anchor)
+    assert sorted((t.xy, t.get_text()) for t in top.texts) == sorted(
+        [((1.0, float(b)), "\u00d72") for b in (4, 5, 6, 8, 10, 16)]
+        + [((2.0, float(b)), "\u00d72") for b in (20, 22, 24, 150)] + [((2.0, 200.0), "\u00d73"), ((4.0, never), "\u00d712")])
+    assert len(bottom.texts) == 6  # x6 at 250 and at 300 for each init_scale
+    for ax in (top, bottom):
+        inside = ax.get_window_extent(renderer)
+        boxes = [Text.get_window_extent(t, renderer) for t in ax.texts]  # the text's, less its leader line
+        for i, a in enumerate(boxes):
+            assert inside.x0 <= a.x0 and a.x1 <= inside.x1 and inside.y0 <= a.y0 and a.y1 <= inside.y1
+            for b in boxes[i + 1:]:
+                assert not a.overlaps(b), (a, b)

@@ -174,7 +174,7 @@ def test_bifurcation_marks_means_and_counts_have_known_values(tmp_path, monkeypa
     never = dict(zip([t.get_text() for t in bottom.get_yticklabels()], bottom.get_yticks(), strict=True))["never"]
     assert [(t.xy, t.get_text()) for t in bottom.texts] == [((2.0, never), "\u00d72")]
     assert len(top.texts) == 0  # no two runs share a mark there
-    assert "\u00d7n above a mark: n runs at that point" in sec.figures[0][1]
+    assert "\u00d7n beside a mark: n runs at that point" in sec.figures[0][1]
     assert top.get_lines()[0].get_xydata().tolist() == [[1.0, 30.0], [2.0, 40.0]]
     assert bottom.get_lines()[0].get_xydata().tolist() == [[1.0, 50.0]]  # the running run's 10 is not in it
     caption = sec.figures[0][1]

@@ -263,6 +263,7 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
     top = max(float(np.nanmax(r.analysis["step"].values)) for r in done)
     # 0.15 x top above it, so "never"'s tick label clears the last step's
     never_y, not_yet_y = top * 1.15, top * 1.28
+    counted: dict = {}  # axes -> [(x, y, n)]: the marks n > 1 runs share, labelled once the layout is final
     for j, axis in enumerate(swept):
         for i, (var, ylabel) in enumerate(rows):
             ax = grid[i, j]
@@ -296,11 +297,7 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                     ax.scatter([float(x)], [not_yet_y], marker=marker, s=60, zorder=4, facecolor="none",
                                edgecolor=colour, lw=1.1)
                     drawn["not yet"] = True
-            for (x, y), n in stacked.items():
-                if n > 1:
-                    # above the mark: to its right, the last swept value's ran off the axes
-                    ax.annotate(f"\u00d7{n}", (x, y), xytext=(0, 4), textcoords="offset points", fontsize=7,
-                                ha="center", va="bottom", zorder=5)
+            counted[ax] = [(x, y, n) for (x, y), n in stacked.items() if n > 1]
             if means:
                 mx = sorted(means)
                 # a marker too: events at one swept value give a one-point "line", drawn as nothing
@@ -323,6 +320,7 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                 ax.set_yticks([*ticks, *(y for y, _ in extra)], [f"{t:g}" for t in ticks] + [n for _, n in extra])
             ax.grid(alpha=0.3)
     _bifurcation_legend(fig, groups, points)
+    _count_labels(fig, counted)
     sec.figures.append((_save(fig, out, "bifurcation.png"),
                         _bifurcation_caption(groups, points) + _no_pairs_sentence(undefined, "the top row")
                         + _no_slash_sentence(unscored, "the bottom row")))
@@ -344,6 +342,62 @@ def _event_steps(runs, var: str, skip=()) -> list[tuple]:
         value = np.asarray(r.analysis[var].values, dtype=float)
         out.append((r, float(np.nanmin(value)) if value.size and np.isfinite(value).any() else math.nan))
     return out
+
+
+_LABEL_PT = 9.0  # height of a count label (7 pt type) and the gap between two, in points
+_LABEL_GAP = 8.0  # from the mark's centre to its label's near edge, in points: clears the mean's "_" (14 pt wide)
+
+
+def _count_labels(fig, counted: dict) -> None:
+    """Label each mark that several runs share with "\u00d7n", beside it, no two labels overlapping.
+
+    Runs of one swept value that reach the event at close steps (the dense early snapshots)
+    give marks a few points apart: labels set above each overlapped into an unreadable smear
+    (a 12-seed sweep's, bifurcating between steps 4 and 16). Each label sits level with its
+    mark, right of it (left at the axes' right edge); where labels would overlap they are
+    spread apart in one column, centred on their marks, each joined to its mark by a thin line.
+    Positions need the figure's final layout, so it is drawn (not rendered) first.
+    """
+    if not any(counted.values()):
+        return
+    fig.draw_without_rendering()
+    scale = 72.0 / fig.dpi  # pixels -> points
+    for ax, items in counted.items():
+        box = ax.get_window_extent()
+        columns: dict = {}
+        for x, y, n in items:
+            px, py = ax.transData.transform((x, y))
+            columns.setdefault(round(float(px), 1), []).append((float(py) * scale, x, y, n))
+        for px, column in columns.items():
+            # right of the marks, unless a label (up to "\u00d7999", about 18 pt) would cross the axes' right edge
+            left = (box.x1 - px) * scale < _LABEL_GAP + 18
+            column.sort()
+            placed = _spread([c[0] for c in column], _LABEL_PT, box.y0 * scale + _LABEL_PT / 2,
+                             box.y1 * scale - _LABEL_PT / 2)
+            for (want, x, y, n), at in zip(column, placed, strict=True):
+                moved = abs(at - want) > 1.0
+                ax.annotate(f"\u00d7{n}", (x, y), xytext=(-_LABEL_GAP if left else _LABEL_GAP, at - want),
+                            textcoords="offset points", fontsize=7, ha="right" if left else "left", va="center",
+                            zorder=5, arrowprops=dict(arrowstyle="-", lw=0.4, color="0.45", shrinkA=0, shrinkB=3)
+                            if moved else None)
+
+
+def _spread(wanted: list[float], height: float, low: float, high: float) -> list[float]:
+    """Centres for labels of `height` wanted at the sorted centres `wanted`, no two closer than
+    `height`: overlapping ones merged into runs, each run centred on the mean of its wants, and
+    the whole kept within [low, high] where it fits."""
+    blocks: list[list[float]] = []  # [start, count, sum of wants]
+    for w in wanted:
+        blocks.append([w, 1, w])
+        while len(blocks) > 1 and blocks[-2][0] + blocks[-2][1] * height > blocks[-1][0]:
+            b = blocks.pop()
+            a = blocks[-1]
+            a[1], a[2] = a[1] + b[1], a[2] + b[2]
+            a[0] = a[2] / a[1] - (a[1] - 1) * height / 2  # the run's centre at the mean of its wants
+    out = [b[0] + i * height for b in blocks for i in range(b[1])]
+    shift = max(0.0, out[-1] - high) if out else 0.0  # off the top: down, then off the bottom: up
+    shift -= max(0.0, low - (out[0] - shift)) if out else 0.0
+    return [v - shift for v in out]
 
 
 def _bifurcation_legend(fig, groups, points) -> None:
@@ -388,7 +442,7 @@ def _bifurcation_caption(groups, points) -> str:
             f"step at which the first head becomes slash-dominant for good. Marks: runs, {groups.description(scatter=True)} "
             "(the colours of the curves); line: per swept value, the mean over the finished runs where the event "
             "happened (runs where it never happens are not in it); red crosses on the 'never' row: finished runs "
-            "where it never happened within the run; \u00d7n above a mark: n runs at that point. A run whose heads "
+            "where it never happened within the run; \u00d7n beside a mark: n runs at that point. A run whose heads "
             "start far apart (a large init_scale) can stay in its initial band throughout: 'never' there may be "
             "heads split from initialisation, not heads that never split (the divergence curves tell which). "
             f"{named}Counts: {'; '.join(counts)}.")
