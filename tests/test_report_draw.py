@@ -38,21 +38,55 @@ def test_groups_differing_only_in_the_second_axis_look_different():
     assert means["init_scale=0.5, lr=0.001 (mean of 2)"] != means["init_scale=0.5, lr=0.01 (mean of 2)"]
 
 
-def test_step_axis_is_symlog_for_a_geometric_schedule_only_however_many_runs():
-    import matplotlib
+def _scheduled_run(rid: str, steps: int, dense_until: int, every: int, scored: bool = True) -> _Run:
+    import xarray as xr
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from dynamics.budget import snapshot_steps
 
-    from dynamics.report.draw import _step_axis
+    at = snapshot_steps(steps, dense_until, every)
+    S = at.size
+    analysis = xr.Dataset({"best_slash": (("snapshot", "layer", "head"), np.full((S, 1, 2), 0.3 if scored else np.nan)),
+                           "slash_dominant": (("snapshot", "layer", "head"), np.zeros((S, 1, 2), bool)),
+                           "role": (("snapshot", "layer", "head"), np.zeros((S, 1, 2), np.int8)),
+                           "mean_divergence": (("snapshot",), np.full(S, 0.1))},
+                          coords={"step": ("snapshot", at)}, attrs={"kappa": 0.5, "slash_offsets": [1, 8]})
+    return _Run(rid, "completed", {"model.init_scale": 1.0, "train.seed": int(rid[-1])}, 1.0, S, np.ones(S, bool), at,
+                analysis=analysis, analysis_source="stored")
 
-    linear, geometric = np.arange(0, 1001, 100.0), np.array([0, 1, 2, 4, 8, 16, 32, 100, 500, 1000.0])
-    for steps, scale in ((linear, "linear"), (np.r_[linear, linear], "linear"),  # two runs' steps at once
-                         (geometric, "symlog"), (np.r_[geometric, geometric, np.nan], "symlog")):
-        fig, ax = plt.subplots()
-        _step_axis(ax, steps)
-        assert ax.get_xscale() == scale, (steps, scale)
-        plt.close(fig)
+
+def test_step_axes_follow_one_rule_in_every_store_and_figure(tmp_path, monkeypatch):
+    # The axis followed the drawn steps' spread (last > 20 x the first after 0): quickstart's sweep
+    # at 300 steps got a symmetric-log axis and at 16 a linear one, a schedule of every 10 steps
+    # without a dense phase a symmetric-log one at 1000 steps; now a snapshot at step 1 (the
+    # recorder's dense phase, record.dense_until >= 1) decides, for every figure of the report
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+    from tests._report_store import _capture_figures
+
+    def drawn(name, runs):
+        out = tmp_path / name
+        out.mkdir()
+        figs = _capture_figures(monkeypatch, emergence)
+        sec = emergence._emergence_section(_Ctx(out / "x", runs, None, ["model.init_scale", "train.seed"], out, True))
+        scales = {(rel, ax.get_xscale(), ax.get_xlabel()) for rel, fig in figs.items() for ax in fig.axes
+                  if ax.get_visible()}
+        return {(s, label) for _, s, label in scales}, [caption for _, caption in sec.figures]
+
+    symlog = {("symlog", "training step (steps, symmetric-log axis)")}
+    linear = {("linear", "training step (steps, linear axis)")}
+    rule = ("every report draws it symmetric-log where a run recorded step 1 (record.dense_until >= 1, the default), "
+            "linear where none did")
+    for name, runs, want in (
+            ("long", [_scheduled_run("a0", 300, 32, 50), _scheduled_run("a1", 300, 32, 50)], symlog),
+            ("short", [_scheduled_run("b0", 16, 32, 50), _scheduled_run("b1", 16, 32, 50)], symlog),  # was linear
+            ("sparse", [_scheduled_run("c0", 1000, 0, 10), _scheduled_run("c1", 1000, 0, 10)], linear),  # was symlog
+            # the scored run is sparse; the unscored one (left out of the slash figure) recorded step 1
+            ("mixed", [_scheduled_run("d0", 1000, 0, 10), _scheduled_run("d1", 16, 8, 4, scored=False)], symlog)):
+        scales, captions = drawn(name, runs)
+        assert scales == want, name
+        assert len(captions) == 3 and all(rule in c for c in captions), name
+        said = "Step axis symmetric-log" if want == symlog else "Step axis linear: no run recorded step 1"
+        assert all(said in c for c in captions), name
 
 
 def test_swept_values_with_dollar_signs_are_drawn_as_written():

@@ -202,21 +202,38 @@ def _is_number(text: str) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _step_axis(ax, steps: np.ndarray) -> None:
-    """Symlog x axis when snapshots are geometric early on, so the dense phase is visible."""
-    # unique: callers pass several runs' steps at once, and a second run's step 0 taken as the
-    # "second snapshot" made any schedule look geometric (symlog for steps 0, 100, ..., 1000)
-    steps = np.asarray(steps, dtype=float)
-    steps = np.unique(steps[np.isfinite(steps)])
-    if steps.size > 2 and steps.max() > 20 * max(1.0, np.sort(steps)[1]):
+def _symlog_steps(runs: list[_Run]) -> bool:
+    """The report's one rule for its step axes: symmetric-log where any run's schedule has a
+    snapshot at step 1 (the start of the recorder's geometric phase, record.dense_until >= 1, the
+    default), so the steps 1, 2, 4, ... where heads first move are spread out; else linear.
+
+    Read from the runs' schedules, not from the steps a figure draws: a rule on the drawn steps'
+    spread (last step > 20 x the first after 0) gave quickstart's 300-step sweep a symmetric-log
+    axis and the same sweep at 16 steps a linear one, and could differ between two figures of one
+    report (the slash curves leave out the runs they cannot score).
+    """
+    return any(bool((np.asarray(r.steps) == 1).any()) for r in runs)
+
+
+def _step_axis(ax, symlog: bool) -> None:
+    if symlog:
         from matplotlib.ticker import FuncFormatter
 
         ax.set_xscale("symlog", linthresh=1.0, linscale=0.3)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 100, not 10^2: steps are counts
         ax.set_xlabel("training step (steps, symmetric-log axis)")
     else:
-        ax.set_xlabel("training step (steps)")
+        ax.set_xlabel("training step (steps, linear axis)")
     ax.set_xlim(left=0)
+
+
+def _step_axis_sentence(symlog: bool) -> str:
+    """The rule `_symlog_steps` applies, for a caption: two reports' step axes differ only by it."""
+    rule = ("symmetric-log where a run recorded step 1 (record.dense_until >= 1, the default), "
+            "linear where none did")
+    if symlog:
+        return f" Step axis symmetric-log (linear from 0 to 1, logarithmic above); every report draws it {rule}."
+    return f" Step axis linear: no run recorded step 1; every report draws it {rule}."
 
 
 def _curves(ax, groups: _Groups, series: dict[str, tuple[np.ndarray, np.ndarray]]) -> bool:

@@ -22,6 +22,8 @@ from dynamics.report.draw import (
     _save,
     _short,
     _step_axis,
+    _step_axis_sentence,
+    _symlog_steps,
 )
 
 # Swept axes the bifurcation figure plots against, in order, when swept.
@@ -40,6 +42,8 @@ def _emergence_section(ctx: _Ctx) -> _Section:
         return sec
     groups = ctx.groups(done)
     undefined = _no_head_pairs(done)
+    symlog = _symlog_steps(runs)  # one rule, from every run's schedule: the same axis in each figure
+    axis_text = _step_axis_sentence(symlog)
     colour = groups.description()
     spread = ("thick line: mean over seeds; band: range (min-max) over seeds; thin lines: single runs"
               if any(len(m) > 1 for m in groups.members.values()) else "one line per run")
@@ -66,7 +70,7 @@ def _emergence_section(ctx: _Ctx) -> _Section:
         kappas, kappa_text = _kappas(scored)
         for ax, label in ((ax1, "best slash score, head mean (fraction)"),
                           (ax2, "slash-dominant heads (fraction of heads)")):
-            _step_axis(ax, np.concatenate([r.analysis["step"].values for r in scored]))
+            _step_axis(ax, symlog)
             ax.set_ylabel(label)
             ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
@@ -78,7 +82,7 @@ def _emergence_section(ctx: _Ctx) -> _Section:
                             f"(attention on the single best offset {_offset_window(scored)}, Cheng et al. 2026) "
                             f"averaged over heads, dotted: {kappa_text}. "
                             f"Right: fraction of heads that are slash-dominant (best slash score >= kappa)."
-                            f"{_no_slash_sentence(unscored, 'this figure')}"))
+                            f"{axis_text}{_no_slash_sentence(unscored, 'this figure')}"))
     else:
         sec.missing.append(f"Not available: slash curves because the probes of every analysed run are too short to "
                            f"score any slash offset (no offset that uniform attention does not already reach), so "
@@ -98,14 +102,13 @@ def _emergence_section(ctx: _Ctx) -> _Section:
         nrow = math.ceil(len(present) / ncol)
         fig = _figure(3.1 * ncol + 0.4, 2.6 * nrow + 0.3)
         panels = np.atleast_1d(fig.subplots(nrow, ncol, squeeze=False)).ravel()
-        steps_all = np.concatenate([r.analysis["step"].values for r in done])
         for ax, role in zip(panels, present, strict=False):
             _curves(ax, groups, {rid: (next(r for r in done if r.run_id == rid).analysis["step"].values, s[role])
                                  for rid, s in shares.items()})
             ax.set_title(role, fontsize=9)
             ax.set_ylim(-0.02, 1.02)
             ax.set_ylabel("heads with this role (fraction)", fontsize=7)
-            _step_axis(ax, steps_all)
+            _step_axis(ax, symlog)
             ax.xaxis.label.set_fontsize(7)
             ax.grid(alpha=0.3)
         for ax in panels[len(present):]:
@@ -113,7 +116,7 @@ def _emergence_section(ctx: _Ctx) -> _Section:
         _legend(panels[0], groups)
         sec.figures.append((_save(fig, out, "emergence_roles.png"),
                             f"Fraction of heads holding each role (one label per head, dynamics.analysis.roles) against "
-                            f"training step, {colour}; {spread}. Roles that never occur are not drawn."))
+                            f"training step, {colour}; {spread}. Roles that never occur are not drawn.{axis_text}"))
     else:
         sec.missing.append("Not available: role shares because no analysed run has role labels.")
 
@@ -122,7 +125,7 @@ def _emergence_section(ctx: _Ctx) -> _Section:
     div = {r.run_id: (r.analysis["step"].values, r.analysis["mean_divergence"].values) for r in done
            if "mean_divergence" in r.analysis and r.run_id not in undefined}
     _curves(ax, groups, div)
-    _step_axis(ax, np.concatenate([r.analysis["step"].values for r in done]))
+    _step_axis(ax, symlog)
     ax.set_ylabel("mean within-layer JS distance (sqrt(nats))")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
@@ -130,7 +133,7 @@ def _emergence_section(ctx: _Ctx) -> _Section:
     sec.figures.append((_save(fig, out, "emergence_divergence.png"),
                         f"Divergence: JS distance between the attention of heads of the same layer (Clark et al. 2019), "
                         f"averaged over head pairs and layers, against training step, {colour}; {spread}. "
-                        f"0 = identical heads; the maximum is sqrt(ln 2) = 0.83.{_no_pairs_sentence(undefined, 'this figure')}"))
+                        f"0 = identical heads; the maximum is sqrt(ln 2) = 0.83.{axis_text}{_no_pairs_sentence(undefined, 'this figure')}"))
     if note:
         sec.missing.append(note)
     if ctx.pending:
