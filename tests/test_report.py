@@ -59,6 +59,26 @@ def test_report_has_every_figure_with_a_caption(built):
     assert 'src="http' not in text and "<script src" not in text  # self-contained: no CDN
 
 
+def test_a_vocabulary_without_the_token_is_said_where_the_report_shows_roles(built):
+    # TINY's vocabulary of 16 has no '/' (47): `dynamics analyse` says no head can be a token head;
+    # the report showed no token panel and "token" in no title, which read as a finding
+    from dynamics.analysis.pipeline import summary_row
+
+    path, page, ids = built
+    assert summary_row(store.open_analysis(path, ids["A"]))["token_unseen"] == 47  # the analyse table's footnote
+    captions = [html.unescape(c) for c in re.findall(r"<figcaption>(.+?)</figcaption>", page.read_text(), re.S)]
+    roles = next(c for c in captions if c.startswith("Fraction of heads holding each role"))
+    # A stored, B and C analysed here: each run's own token_share, all NaN
+    assert ("Token roles: token 47 is in no probe sequence of any of these 3 runs, so none of their heads "
+            "can be measured as a token head (a vocabulary without it, or too few probes: record.n_probe)") in roles
+    chosen = ("Token 47 is in none of this run's probe sequences, so none of its heads can be measured as a token "
+              "head (a vocabulary without it, or too few probes: record.n_probe)")
+    attention = next(c for c in captions if c.startswith("Attention of every head"))
+    redundancy = next(c for c in captions if c.startswith("Run "))
+    assert chosen in attention and chosen in redundancy  # their labels name each head's role
+    assert not any("Token" in c for c in captions if c not in (roles, attention, redundancy))
+
+
 # --------------------------------------------------------------------------- CLI and missing parts
 
 

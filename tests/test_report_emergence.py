@@ -276,3 +276,34 @@ def test_bifurcation_count_labels_of_crowded_marks_do_not_overlap(tmp_path, monk
             assert inside.x0 <= a.x0 and a.x1 <= inside.x1 and inside.y0 <= a.y0 and a.y1 <= inside.y1
             for b in boxes[i + 1:]:
                 assert not a.overlaps(b), (a, b)
+
+
+def test_the_roles_caption_names_the_runs_whose_probes_lack_the_token(tmp_path, monkeypatch):
+    # token_share is NaN at every head and snapshot where no probe holds the token (summary_row's
+    # token_unseen): its runs can have no token head, which the role panels alone do not say
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    steps = np.array([0, 10, 20])
+
+    def run(rid, seed, share, token_id=None):
+        analysis = xr.Dataset({"role": (("snapshot", "layer", "head"), np.full((3, 1, 2), 8, np.int8)),
+                               "mean_divergence": (("snapshot",), np.full(3, 0.1)),
+                               "token_share": (("snapshot", "layer", "head"), np.full((3, 1, 2), share))},
+                              coords={"step": ("snapshot", steps)},
+                              attrs={} if token_id is None else {"token_id": token_id})
+        return _Run(rid, "completed", {"model.init_scale": 1.0, "train.seed": seed}, 1.0, 3, np.ones(3, bool), steps,
+                    analysis=analysis, analysis_source="stored")
+
+    def roles_caption(runs):
+        out = tmp_path / runs[0].run_id
+        out.mkdir()
+        sec = emergence._emergence_section(_Ctx(out / "x", runs, None, ["model.init_scale", "train.seed"], out, True))
+        return next(c for rel, c in sec.figures if rel.endswith("emergence_roles.png"))
+
+    why = "so none of their heads can be measured as a token head (a vocabulary without it, or too few probes"
+    assert (f"Token roles: token 47 is in no probe sequence of 1 of these 3 runs (lack), {why}"
+            in roles_caption([run("lack", 0, np.nan), run("hold", 1, 0.2), run("zero", 2, 0.0)]))
+    assert (f"Token roles: token 5 is in no probe sequence of any of these 2 runs, {why}"
+            in roles_caption([run("five", 0, np.nan, 5), run("five2", 1, np.nan, 5)]))
+    assert "Token roles" not in roles_caption([run("seen", 0, 0.0), run("seen2", 1, 0.7)])  # 0 is a measured share

@@ -23,7 +23,9 @@ from dynamics.provenance import trained_by, trained_on
 from dynamics.schema import FINISHED_STATUSES, config_value
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
-_RUN_VARS = ("best_slash", "slash_dominant", "role", "mean_divergence", "bifurcation_step", "slash_emergence_step")
+# token_share: all NaN where no probe holds the token the token role looks for (summary_row's token_unseen)
+_RUN_VARS = ("best_slash", "slash_dominant", "role", "mean_divergence", "bifurcation_step", "slash_emergence_step",
+             "token_share")
 
 
 _MIN_SNAPSHOTS = AnalysisOptions().baseline_snapshots + 1  # bifurcation_step needs more than the baseline

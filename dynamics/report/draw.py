@@ -315,6 +315,35 @@ def _missing_runs_sentence(runs: list[_Run], what: str) -> str | None:
     return f"Not available: {what} for {len(lacking)} run(s) because they have no analysis: {names}."
 
 
+def _token_unseen(run: _Run) -> int | None:
+    """The token id the token role looks for where none of `run`'s probe sequences holds it, else
+    None: as `dynamics.analysis.pipeline.summary_row`'s ``token_unseen``, from the analysis's
+    ``token_share`` (NaN at every head and snapshot: no visible occurrence to share attention on)."""
+    if run.analysis is None or "token_share" not in run.analysis:
+        return None
+    share = np.asarray(run.analysis["token_share"].values, dtype=float)
+    if share.size and np.isnan(share).all():
+        return int(run.analysis.attrs.get("token_id", ord("/")))
+    return None
+
+
+def _token_unseen_sentence(runs: list[_Run], chosen: bool = False) -> str:
+    """The note `dynamics analyse` prints under its table, for a caption that shows roles: a count of
+    0 token heads, or no token panel, is otherwise read as a finding. `chosen`: of one run."""
+    unseen = {r.run_id: t for r in runs if (t := _token_unseen(r)) is not None}
+    if not unseen:
+        return ""
+    ids = ", ".join(str(t) for t in sorted(set(unseen.values())))
+    why = "(a vocabulary without it, or too few probes: record.n_probe)"
+    if chosen:
+        return (f" Token {ids} is in none of this run's probe sequences, so none of its heads can be measured as a "
+                f"token head {why}: no 'token' label here is no finding.")
+    which = (f"any of these {len(unseen)} runs" if len(unseen) == len(runs) else f"{len(unseen)} of these {len(runs)} "
+             f"runs ({', '.join(list(unseen)[:8])}{f', and {len(unseen) - 8} more' if len(unseen) > 8 else ''})")
+    return (f" Token roles: token {ids} is in no probe sequence of {which}, so none of their heads can be "
+            f"measured as a token head {why}: a missing or empty token panel there is no finding.")
+
+
 def _warn(note: str) -> None:
     """A note for a caller who passed no handler for it: a RuntimeWarning, not a line on stdout."""
     warnings.warn(note, RuntimeWarning, stacklevel=3)

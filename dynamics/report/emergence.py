@@ -24,6 +24,7 @@ from dynamics.report.draw import (
     _step_axis,
     _step_axis_sentence,
     _symlog_steps,
+    _token_unseen_sentence,
 )
 
 # Swept axes the bifurcation figure plots against, in order, when swept.
@@ -116,7 +117,8 @@ def _emergence_section(ctx: _Ctx) -> _Section:
         _legend(panels[0], groups)
         sec.figures.append((_save(fig, out, "emergence_roles.png"),
                             f"Fraction of heads holding each role (one label per head, dynamics.analysis.roles) against "
-                            f"training step, {colour}; {spread}. Roles that never occur are not drawn.{axis_text}"))
+                            f"training step, {colour}; {spread}. Roles that never occur are not drawn."
+                            f"{_token_unseen_sentence(done)}{axis_text}"))
     else:
         sec.missing.append("Not available: role shares because no analysed run has role labels.")
 

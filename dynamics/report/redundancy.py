@@ -9,7 +9,7 @@ import numpy as np
 from dynamics.analysis import ROLES, linkage_matrix
 from dynamics.analysis.pipeline import AnalysisOptions
 from dynamics.report.data import _Ctx, _Section
-from dynamics.report.draw import _figure, _save
+from dynamics.report.draw import _figure, _save, _token_unseen_sentence
 from dynamics.schema import FINISHED_STATUSES
 
 
@@ -74,5 +74,6 @@ def _redundancy_section(ctx: _Ctx) -> _Section:
     sec.figures.append((_save(fig, out, "redundancy.png"),
                         f"Run {run.run_id} at {at}{partial}, {how}. Left: average-linkage dendrogram of the heads on their "
                         f"JS distances (Clark et al. 2019); heads merged below the dashed cut ({threshold:g}) count as redundant. "
-                        f"Right: the JS distance matrix between every pair of heads, in dendrogram order (0 = identical attention)."))
+                        f"Right: the JS distance matrix between every pair of heads, in dendrogram order (0 = identical attention)."
+                        f"{_token_unseen_sentence([run], chosen=True) if 'role' in analysis else ''}"))
     return sec
