@@ -224,15 +224,16 @@ def show_status(path: str) -> int:
     refused in one line (exit 2), as `analyse`, `report` and `gates` refuse a store of no runs."""
     from dynamics.messages import name_damaged
     from dynamics.tables import print_table
-    from dynamics.usage import UsageError
 
     header, rows, damaged, bad = status_of(path)
     for line in bad.values():
         print(f"dynamics: {line}", file=sys.stderr)
     if not rows:
         # A header alone read as a table of runs that failed to show. Runs of a sweep not started yet
-        # are rows (pending), so this is a store that nothing has trained into yet.
-        raise UsageError(f"{path} holds no runs yet: `dynamics run CONFIG --out {path}` or `dynamics sweep CONFIG "
+        # are rows (pending), so this is a store that nothing has trained into yet. A StoreError, not
+        # dynamics.usage's UsageError (the same line, exit 2): usage imports torch, which report's
+        # imports (grid_key, from here) must not reach.
+        raise store.StoreError(f"{path} holds no runs yet: `dynamics run CONFIG --out {path}` or `dynamics sweep CONFIG "
                          f"--out {path}` trains some")
     name_damaged(damaged)  # the others are shown
     print_table(header, rows)
