@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import concurrent.futures.process
+import functools
 import hashlib
 import json
 import math
@@ -33,16 +34,35 @@ ANALYSED_FROM = "analysed_from"
 analyse` (`kept_row`)."""
 
 
-def source_of(attrs: dict) -> dict:
-    """What identifies a finished run's recording, and the dynamics code analysing it now: a
-    finished run is never written again, and one trained again under the same id (its group
-    removed by hand) has another wall time. The code's hash covers every module (the analysers,
-    the store's readers, their thresholds' defaults): an edit or an upgrade, even one that left
-    ``ANALYSIS_VERSION`` as it was, analyses every run again."""
+def source_of(attrs: dict, result) -> dict:
+    """What identifies a finished run's recording, the code analysing it now, and the variables
+    of its analysis ``result``: a finished run is never written again, and one trained again under
+    the same id (its group removed by hand) has another wall time. The code's hash covers every
+    module (the analysers, the store's readers, their thresholds' defaults), taken as
+    `dynamics.analysis` is imported: an edit or an upgrade, even one that left ``ANALYSIS_VERSION``
+    as it was, analyses every run again; so does another version of the libraries the analysers
+    compute with. A stored analysis whose variable set differs from the one recorded lost a
+    variable (a copy cut short): a group without consolidated metadata opens without it."""
     from dynamics.provenance import process_code_hash
 
     return {**{k: attrs.get(k) for k in ("status", "steps_done", "starts", "wall_time", "diverged_step")},
-            "code_hash": process_code_hash()}
+            "code_hash": process_code_hash(), "libraries": library_versions(),
+            "variables": sorted(map(str, result.variables))}
+
+
+@functools.cache
+def library_versions() -> dict[str, str | None]:
+    """The versions of the libraries the analysers compute and store with (from their installed
+    metadata: zarr is imported by dynamics.store alone)."""
+    from importlib import metadata
+
+    versions = {}
+    for name in ("numpy", "scipy", "xarray", "dask", "zarr", "numcodecs"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
 
 
 def analyse_one(path: str, run_id: str, again: bool = False) -> dict:
@@ -73,7 +93,7 @@ def analyse_one(path: str, run_id: str, again: bool = False) -> dict:
         raise damaged from e
     if isinstance(result, dict):  # too few snapshots: its row says so
         return result
-    result.attrs[ANALYSED_FROM] = source_of(attrs)
+    result.attrs[ANALYSED_FROM] = source_of(attrs, result)
     store.write_analysis(path, run_id, result)
     return row_of(run_id, attrs, result, first)
 
@@ -106,12 +126,12 @@ def kept_row(path: str, run_id: str, attrs: dict) -> dict | None:
 
     try:
         stored = store.open_analysis(path, run_id, stale="allow", dask=False)
-        if stored is None or not is_current(stored) or stored.attrs.get(ANALYSED_FROM) != source_of(attrs):
+        if stored is None or not is_current(stored) or stored.attrs.get(ANALYSED_FROM) != source_of(attrs, stored):
             return None
-        stored = stored.load()
+        return {**row_of(run_id, attrs, stored.load(), eval_ends(store.open_run(path, run_id, dask=False))),
+                "kept": True}
     except Exception:  # noqa: BLE001 - a damaged or unreadable analysis is analysed again, and rewritten whole
         return None
-    return {**row_of(run_id, attrs, stored, eval_ends(store.open_run(path, run_id, dask=False))), "kept": True}
 
 
 def eval_ends(run) -> tuple[float, float]:

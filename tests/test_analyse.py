@@ -41,10 +41,19 @@ def three_runs(tmp_path_factory):
     return path, unfinished.run_id()
 
 
+def _unanalysed_copy(src, dst) -> None:
+    """A copy of the fixture's store without its analyses: the first test analyses the fixture's
+    store in place, and `analyse` keeps an analysis written from the recording a run holds (the
+    tests after it, of interrupts, worker deaths and SIGTERM, then timed no analysis)."""
+    from pathlib import Path
+
+    shutil.copytree(src, dst, ignore=lambda folder, names: ["analysis"] if Path(folder) == Path(src) else [])
+
+
 def test_worker_processes_give_the_single_process_results(three_runs, tmp_path):
     path, unfinished = three_runs
     serial = str(tmp_path / "serial.zarr")
-    shutil.copytree(path, serial)
+    _unanalysed_copy(path, serial)
     rows_serial = analyse_store(serial, workers=1)
     rows = analyse_store(path, workers=2)  # spawned worker processes, as `dynamics analyse` does
     assert rows == rows_serial
@@ -73,9 +82,9 @@ def test_a_run_past_the_in_memory_size_is_read_in_blocks_to_the_same_analysis(th
 
     path, _ = three_runs
     eager, lazy = str(tmp_path / "eager.zarr"), str(tmp_path / "lazy.zarr")
-    shutil.copytree(path, eager)
-    shutil.copytree(path, lazy)
-    rows = analyse_store(eager, again=True)  # the fixture's store was analysed: its analyses would be kept
+    _unanalysed_copy(path, eager)
+    _unanalysed_copy(path, lazy)
+    rows = analyse_store(eager)
     run = rows[0]["run"]
     attention = store.open_run(path, run, dask=False).attention
     seen = []
@@ -88,7 +97,7 @@ def test_a_run_past_the_in_memory_size_is_read_in_blocks_to_the_same_analysis(th
     monkeypatch.setattr(analyse, "IN_MEMORY_BYTES", 0)
     monkeypatch.setattr(pipeline, "STAGE_BYTES", 2 * attention.nbytes // attention.sizes["snapshot"])
     monkeypatch.setattr(pipeline, "read_in_blocks", spy)
-    assert analyse_store(lazy, again=True) == rows
+    assert analyse_store(lazy) == rows
     assert len(seen) == 3 and seen[0].attention.chunksizes["snapshot"] == (2, 2, 2, 2)  # 8 snapshots
     assert seen[0].probe_tokens.chunks is None  # no snapshot dim: read whole
     for r in rows:
@@ -174,7 +183,7 @@ def test_an_interrupt_while_the_workers_finish_waits_for_their_lines(three_runs,
     # "[analyse] n/4" line after the caller's "dynamics: interrupted". The first interrupt now
     # waits for the runs in hand, as one during the main thread's own runs did.
     path = str(tmp_path / "s.zarr")
-    shutil.copytree(three_runs[0], path)
+    _unanalysed_copy(three_runs[0], path)
     events = _interrupted_in_the_join(monkeypatch, path, 1)
     assert events[-1] == "raised" and len(events) == 5, events  # all four runs: one was in hand
     assert sorted(events[:-1]) == sorted(f"progress {r}" for r in store.list_runs(path)), events
@@ -182,7 +191,7 @@ def test_an_interrupt_while_the_workers_finish_waits_for_their_lines(three_runs,
 
 def test_a_second_interrupt_leaves_at_once_and_nothing_prints_after_it(three_runs, tmp_path, monkeypatch):
     path = str(tmp_path / "s.zarr")
-    shutil.copytree(three_runs[0], path)
+    _unanalysed_copy(three_runs[0], path)
     events = _interrupted_in_the_join(monkeypatch, path, 2)
     # the main thread's three runs, and the worker's only if its line was already being printed
     assert events[-1] == "raised" and len(events) in (4, 5), events
@@ -230,7 +239,7 @@ def test_sigterm_stops_a_multi_process_analyse_with_its_workers(three_runs, tmp_
     # whose signal was not sent, or came after the work, tests nothing: made again on a fresh copy.
     for attempt in range(3):
         path = str(tmp_path / f"t{attempt}.zarr")
-        shutil.copytree(three_runs[0], path)
+        _unanalysed_copy(three_runs[0], path)
         proc = subprocess.Popen([sys.executable, "-m", "dynamics", "analyse", path, "--workers", "2"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
@@ -263,7 +272,7 @@ def test_the_workers_of_an_analyse_killed_outright_exit_with_it(three_runs, tmp_
     # After SIGKILL (no handler runs) the worker and the resource tracker waited on their pipes
     # for ever, ~160 MB each: a worker holds both ends of its own task pipe.
     path = str(tmp_path / "k.zarr")
-    shutil.copytree(three_runs[0], path)
+    _unanalysed_copy(three_runs[0], path)
     proc = subprocess.Popen([sys.executable, "-m", "dynamics", "analyse", path, "--workers", "2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -287,7 +296,7 @@ def test_a_worker_process_that_dies_loses_its_run_not_the_others(three_runs, tmp
     import threading
 
     path = str(tmp_path / "k.zarr")
-    shutil.copytree(three_runs[0], path)
+    _unanalysed_copy(three_runs[0], path)
     result: list = []
     worker = threading.Thread(target=lambda: result.append(analyse_store(path, workers=2)))
     worker.start()
@@ -321,7 +330,7 @@ def test_a_killed_run_is_listed_as_stopped_as_status_lists_it(three_runs, tmp_pa
 
     path, unfinished = three_runs
     copy = str(tmp_path / "s.zarr")
-    shutil.copytree(path, copy)
+    _unanalysed_copy(path, copy)
     store.update_run_attrs(copy, unfinished, status="running")  # as SIGKILL leaves it
     row = analyse_one(copy, unfinished)
     assert row["skipped"] and row["status"] == "stopped" == store.run_status(copy, unfinished, store.run_attrs(copy, unfinished))
@@ -337,7 +346,7 @@ def test_a_run_whose_loss_rose_to_a_huge_finite_value_is_said_so(three_runs, tmp
 
     path, _ = three_runs
     copy = str(tmp_path / "s.zarr")
-    shutil.copytree(path, copy)
+    _unanalysed_copy(path, copy)
     blown, fine = [r for r in store.list_runs(copy) if store.run_attrs(copy, r)["status"] == "completed"][:2]
     # on the fixed eval batches, not two training batches: one batch at each end rose on healthy
     # runs of a low learning rate by their noise alone
@@ -387,7 +396,7 @@ def test_seed_consistency_groups_runs_by_their_config(three_runs, tmp_path):
     from dynamics.analyse import seed_consistency
 
     path = str(tmp_path / "c.zarr")
-    shutil.copytree(three_runs[0], path)
+    _unanalysed_copy(three_runs[0], path)
     base = store.run_attrs(path, store.list_runs(path)[0])["config"]
     cfg = from_dict({k: v for k, v in base.items() if k != "sweep"})
     other = with_values(cfg, {"train.lr": 1e-3})  # another config, one seed: a group of its own
@@ -421,7 +430,7 @@ def two_slow_seeds(three_runs, tmp_path_factory):
     once for the tests below, which copy it: seed_consistency reads the sweep index they write
     when it is called, so they need not analyse again."""
     path = str(tmp_path_factory.mktemp("slow") / "s.zarr")
-    shutil.copytree(three_runs[0], path)
+    _unanalysed_copy(three_runs[0], path)
     done = [r for r in store.list_runs(path) if store.run_attrs(path, r)["status"] == "completed"]
     base = store.run_attrs(path, done[0])["config"]
     cfg = from_dict({k: v for k, v in base.items() if k != "sweep"})
@@ -474,7 +483,7 @@ def test_seed_consistency_of_a_group_with_fewer_heads_than_the_store(three_runs,
     from dynamics.analyse import seed_consistency
 
     path = str(tmp_path / "h.zarr")
-    shutil.copytree(three_runs[0], path)
+    _unanalysed_copy(three_runs[0], path)
     base = store.run_attrs(path, store.list_runs(path)[0])["config"]
     wide = [with_values(from_dict({k: v for k, v in base.items() if k != "sweep"}),
                         {"model.n_heads": 4, "model.d_model": 32, "train.seed": s}) for s in (0, 1)]
@@ -505,7 +514,7 @@ def test_seed_consistency_compares_completed_runs_with_this_versions_analysis_on
     from dynamics.analysis import ROLES
 
     path = str(tmp_path / "c.zarr")
-    shutil.copytree(three_runs[0], path)
+    _unanalysed_copy(three_runs[0], path)
     seeds = [r for r in store.list_runs(path) if store.run_attrs(path, r)["status"] == "completed"]
     store.update_run_attrs(path, seeds[2], status="diverged", diverged_step=20)
     # Known answer: seed 1 is seed 0 with its heads swapped (1.0); the diverged seed 2 is unlike both
@@ -571,7 +580,7 @@ def test_a_lost_or_damaged_chunk_is_named_not_analysed_as_nan(three_runs, tmp_pa
 
     path, _ = three_runs
     s = tmp_path / "s.zarr"
-    shutil.copytree(path, s)
+    _unanalysed_copy(path, s)
     rid = store.list_runs(s)[0]
     step = store.open_run(s, rid).step.values
     attention = s / "runs" / rid / "attention" / "c"
@@ -583,7 +592,7 @@ def test_a_lost_or_damaged_chunk_is_named_not_analysed_as_nan(three_runs, tmp_pa
     chunk = attention / "4" / "0" / "0" / "0" / "0" / "0"
     shutil.copy(chunk, attention / "3" / "0" / "0" / "0" / "0" / "0")
     chunk.write_bytes(chunk.read_bytes()[:50])
-    row = analyse_or_report(str(s), rid, again=True)  # a chunk's contents are read only when analysed
+    row = analyse_or_report(str(s), rid)
     assert row["error"].startswith(f"StoreError: {s}: run {rid}: array attention at snapshot 4 (step {step[4]}): its chunk "
                                    f"runs/{rid}/attention/c/4/0/0/0/0/0 cannot be decoded (damaged: ")
     assert not (s / "analysis" / rid).exists() or store.open_analysis(s, rid) is not None  # nothing half-written
@@ -592,7 +601,7 @@ def test_a_lost_or_damaged_chunk_is_named_not_analysed_as_nan(three_runs, tmp_pa
     data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0x10
     chunk.write_bytes(bytes(data))
-    row = analyse_or_report(str(s), rid, again=True)
+    row = analyse_or_report(str(s), rid)
     assert row["error"] == (f"StoreError: {s}: run {rid}: array attention at snapshot 4 (step {step[4]}): its chunk "
                             f"runs/{rid}/attention/c/4/0/0/0/0/0 cannot be decoded (damaged: its CRC32C checksum does "
                             f"not match: its bytes changed, or were cut short, after they were written); restore runs/{rid} from a backup, "
@@ -606,7 +615,7 @@ def test_analyse_of_one_run_it_could_not_analyse_exits_1_naming_why(three_runs, 
 
     path, unfinished = three_runs
     copy = str(tmp_path / "s.zarr")
-    shutil.copytree(path, copy)
+    _unanalysed_copy(path, copy)
     assert cli.main(["analyse", copy, "--run", unfinished]) == 1
     out, err = capsys.readouterr()
     assert "analysed no run" in out
@@ -624,7 +633,7 @@ def test_a_failed_run_is_not_analysed_and_its_error_and_what_finishes_it_are_sai
 
     path, unfinished = three_runs
     s = str(tmp_path / "s.zarr")
-    shutil.copytree(path, s)
+    _unanalysed_copy(path, s)
     store.update_run_attrs(s, unfinished, status="failed",
                            traceback="Traceback (most recent call last):\n  ...\nRuntimeError: boom\n")
     (row,) = [r for r in analyse_store(s, [unfinished]) if r.get("skipped")]

@@ -104,6 +104,35 @@ def test_a_stale_or_changed_or_damaged_analysis_is_analysed_again(analysed, tmp_
     # written by other dynamics code (an edit, an upgrade) that left ANALYSIS_VERSION as it was
     edit_attrs(older, lambda a: a[ANALYSED_FROM].update(code_hash="0" * 64))
     assert [r.get("kept") for r in analyse_store(copy, [older, unmarked])] == [None, True]
+    # computed with other versions of the libraries the analysers use (a store copied from elsewhere)
+    edit_attrs(unmarked, lambda a: a[ANALYSED_FROM]["libraries"].update(numpy="0.0"))
+    assert [r.get("kept") for r in analyse_store(copy, [older, unmarked])] == [True, None]
+
+
+def test_a_stored_analysis_missing_a_variable_is_analysed_again(analysed, tmp_path):
+    # A copy cut short can leave out a variable's folder, and a group without consolidated metadata
+    # opens without it: one the table reads (role) failed every plain `analyse` (KeyError, exit 1),
+    # one it does not (role_score) was kept, and cross-seed consistency then ended in a traceback.
+    _, rows, ids = analysed
+    copy = _copy(analysed, tmp_path)
+    shutil.rmtree(Path(copy) / "analysis" / ids[0] / "role")
+    shutil.rmtree(Path(copy) / "analysis" / ids[1] / "role_score")
+    again = analyse_store(copy)
+    assert again == [{**r, "kept": True} if r["run"] not in ids[:2] else r for r in rows]
+    assert {"role", "role_score"} <= set(store.open_analysis(copy, ids[0]).data_vars)
+    assert cli.main(["analyse", copy, "--workers", "1"]) == 0  # consistency too, from every run's analysis
+
+
+def test_the_code_hash_is_taken_as_the_analysers_are_imported():
+    # Taken first as `analyse` wrote its first analysis, it hashed files edited since the analysers
+    # were imported, stamping the old code's results as the new code's, to be kept.
+    import subprocess
+    import sys
+
+    code = ("import dynamics.analysis, dynamics.provenance as p; "
+            "print(p.process_code_hash.cache_info().misses)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "1"
 
 
 def test_the_command_says_which_runs_it_kept_and_again_redoes_them(analysed, tmp_path, capsys):

@@ -4,6 +4,7 @@ Never imports torch or zarr: analysing a sweep needs no model code. Each functio
 named-dim DataArrays and passes leading dims (``run``, ``snapshot``) through, lazily.
 """
 
+from dynamics.analysis import _code  # noqa: F401 - first: the code's hash before any analyser is imported
 from dynamics.analysis.bifurcation import bifurcation_step, commitment_step, gini, winner_take_all
 from dynamics.analysis.divergence import (
     divergence_from_init,
