@@ -173,5 +173,5 @@ def small_vocabulary_note(cfgs: Sequence[RunConfig]) -> str | None:
              if len(cfgs) == 1 else f"{len(small)} of the {len(cfgs)} sweep points have task.max_period above "
              f"model.vocab_size (the first: {first.task.max_period} above {first.model.vocab_size})")
     return (f"{which}: induction segments are drawn with tokens that may repeat, in every row (those whose period "
-            f"fits the vocabulary too), so the current token alone no longer says where to look back; a harder task than "
+            f"fits the vocabulary too), so the current token alone may no longer say where to look back; a harder task than "
             f"distinct segments give (data/README.md, induction)")
