@@ -144,7 +144,7 @@ def status_of(path: str) -> tuple[list[str], list[list[str]], dict[str, str], di
     index = store.read_sweep_index(path) or {}
     recorded = store.list_runs(path, damaged="include")
     bad = bad_index_entries(path, index, set(recorded))
-    index = {**index, "runs": {r: values for r, values in index.get("runs", {}).items() if r not in bad}}
+    index = without(index, bad)
     swept = index["runs"]
     damaged, attrs = {}, {}
     for run_id in recorded:
@@ -169,13 +169,17 @@ def status_of(path: str) -> tuple[list[str], list[list[str]], dict[str, str], di
         # an unfinished run resumes from its last checkpoint; a finished one is never retrained
         finished = a.get("status") in FINISHED_STATUSES
         resumes, kept_loss = ("-", None) if finished else _resumes_at(path, run_id, a, status)
-        steps = f"{max(done, int(resumes)) if resumes.isdigit() else done}/{a.get('steps_total', '?')}"
-        if resumes.isdigit() and done > int(resumes):
-            # Trained past its last checkpoint by a session that stopped (Ctrl-C; a failed write, after
-            # which a full disk dropped every write): the store holds neither those steps nor the loss
-            # the attrs name (status said 36/60 and that loss of a run recorded to 22), and a resume
-            # trains them again. What the store records is shown, the steps past it marked.
-            steps = f"{resumes}/{a.get('steps_total', '?')} (+{done - int(resumes)} unrecorded)"
+        steps = f"{done}/{a.get('steps_total', '?')}"
+        if not finished:
+            # The last checkpoint's step (its file's, newer than the attrs while a run trains; the
+            # attrs' where it is lost). A session that stopped (Ctrl-C, a kill, a failed write after
+            # which a full disk dropped every write) trained past it steps whose losses and snapshots
+            # the store lacks, and a resume trains them again: status said 36/60 of a run recorded to 22.
+            at = int(resumes) if resumes.isdigit() else int(a.get("checkpoint_step", 0))
+            done = max(done, at)
+            steps = f"{at}/{a.get('steps_total', '?')}" + (f" (+{done - at} unrecorded)" if done > at else "")
+            # the last loss its store records: not the attrs' (its session's last, past the checkpoint,
+            # or an earlier session's after a kill); "-" where none is read (training, lost, refused)
             loss = kept_loss
         # a diverged session ended with a loss JSON cannot hold (NaN, inf): not "-", which says unwritten
         last = f"{loss:.4f}" if loss is not None else "not finite" if a.get("status") == "diverged" else "-"
@@ -216,6 +220,18 @@ def bad_index_entries(path: str, index: dict, recorded: set[str]) -> dict[str, s
                           f"and no sweep trains it; delete it from the \"sweep\" attribute's runs in the store's "
                           f"root zarr.json")
     return bad
+
+
+def without(index: dict, bad) -> dict:
+    """The sweep index less the entries `bad` names (:func:`bad_index_entries`): no sweep point,
+    so no pending row in status, analyse, the report, nor a count of runs not started."""
+    return {**index, "runs": {r: values for r, values in index.get("runs", {}).items() if r not in bad}}
+
+
+def sweep_points(path: str, recorded) -> dict:
+    """The store's sweep index (``{}`` where it has none) less the entries no run can have."""
+    index = store.read_sweep_index(path) or {}
+    return without(index, bad_index_entries(path, index, set(recorded)))
 
 
 def show_status(path: str) -> int:

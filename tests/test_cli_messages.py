@@ -88,7 +88,8 @@ def test_status_says_where_an_interrupted_run_resumes(tiny, tmp_path, capsys):
     assert row[1:] == ["interrupted", "8/20", "(+3", "unrecorded)", "8", f"{loss[7]:.4f}"]
     store.update_run_attrs(s, rid, status="running")  # as a run killed by SIGKILL leaves it
     _, [row] = status_rows(capsys, s)
-    assert row[1:5] == ["stopped", "8/20", "(+3", "unrecorded)"]
+    # the loss its store records, not "-" (the attrs' is written as a session ends, a kill's never)
+    assert row[1:] == ["stopped", "8/20", "(+3", "unrecorded)", "8", f"{loss[7]:.4f}"]
     # killed after its checkpoint was written, before the attrs named it: the checkpoint's own step
     store.update_run_attrs(s, rid, checkpoint_step=4)
     _, [row] = status_rows(capsys, s)
@@ -99,7 +100,12 @@ def test_status_says_where_an_interrupted_run_resumes(tiny, tmp_path, capsys):
     store.update_run_attrs(s, rid, steps_done=11, checkpoint_step=8)
     (s / "checkpoints" / rid / "ckpt.pt").rename(tmp_path / "aside.pt")
     _, [row] = status_rows(capsys, s)
-    assert row[1:4] == ["stopped", "11/20", "lost"]  # "8" offered a resume that `run` refuses
+    # "8" offered a resume that `run` refuses; the steps are still those recorded, the loss unread
+    assert row[1:] == ["stopped", "8/20", "(+3", "unrecorded)", "lost", "-"]
+    (tmp_path / "aside.pt").rename(s / "checkpoints" / rid / "ckpt.pt")
+    (s / "runs" / rid / "loss" / "c" / "0").unlink()  # a loss chunk before the checkpoint lost
+    _, [row] = status_rows(capsys, s)
+    assert row[1:] == ["stopped", "8/20", "(+3", "unrecorded)", "refused", "-"]  # the attrs' step-10 loss was shown
     store.update_run_attrs(s, rid, status="completed")
     _, [row] = status_rows(capsys, s)
     assert row[1:4] == ["completed", "11/20", "-"]  # a finished run is never resumed
