@@ -262,9 +262,10 @@ def no_runs(path: str, what: str) -> UsageError:
     """The refusal of a store holding no run group: "holds no runs{what}", and where its sweep
     index lists runs not started yet, how many (`dynamics status` lists them as pending)."""
     from dynamics import store
+    from dynamics.status import sweep_points
 
-    try:
-        pending = len((store.read_sweep_index(path) or {}).get("runs", {}))
+    try:  # an entry that is no run id (a hand edit) is no point: status names it, and lists no pending row
+        pending = len(sweep_points(path, ()).get("runs", {}))
     except store.StoreError:
         pending = 0
     if pending:

@@ -247,6 +247,18 @@ def test_a_sweep_index_entry_that_is_no_run_id_is_named_not_listed_pending(copy,
     assert cli.main(["analyse", str(path), "--workers", "1"]) == 0  # nor a pending row of analyse's table
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in out[1:3]] == [run_id, "rabc"] and not any("evil" in line for line in out)
+    # nor a pending run of the report, counted in its header, a row of its table, or a note
+    from dynamics.report import write_report
+
+    page = write_report(path, path.parent / "rep", compute_missing=False).read_text()
+    assert "evil" not in page and "1 completed, 1 pending (1 of 2 runs of the sweep index started)" in page
+    # an index of that entry alone lists nothing not started: the refusal names no pending runs
+    empty = path.parent / "e.zarr"
+    store.init_store(empty)
+    store.write_sweep_index(empty, {"axes": ["train.seed"], "runs": {"../evil": {"train.seed": 5}}})
+    capsys.readouterr()
+    assert cli.main(["analyse", str(empty)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"dynamics: error: {empty} holds no runs to analyse"]
 
 
 def test_a_run_failed_by_a_full_disk_shows_the_steps_and_loss_its_store_records(tmp_path, monkeypatch):

@@ -39,7 +39,7 @@ from dynamics.report.draw import _fmt, _plain, _prose, _short, _warn
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
 from dynamics.report.predictor import _predict_section
 from dynamics.report.redundancy import _redundancy_section
-from dynamics.status import grid_key
+from dynamics.status import grid_key, sweep_points
 
 # --------------------------------------------------------------------------- public API
 
@@ -133,7 +133,7 @@ def write_report(
         page, draft = out / "index.html", out / f".index.html.{stage.name}.tmp"
         try:
             (stage / "attention").mkdir()
-            index = store.read_sweep_index(store_path)
+            index = sweep_points(store_path, ids) or None  # an entry that is no run id: no point, not pending
             runs = _read_runs(store_path, ids, index, compute_missing, on_damaged, progress)
             notes = [n for n in [mixed_code({r.run_id: r.code for r in runs if r.code}),
                                  mixed_execution({r.run_id: r.execution for r in runs if r.execution})] if n]
