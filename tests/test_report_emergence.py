@@ -7,6 +7,7 @@ import html
 import re
 
 import numpy as np
+import pytest
 import xarray as xr
 
 from dynamics.report import _Run
@@ -307,3 +308,25 @@ def test_the_roles_caption_names_the_runs_whose_probes_lack_the_token(tmp_path, 
     assert (f"Token roles: token 5 is in no probe sequence of any of these 2 runs, {why}"
             in roles_caption([run("five", 0, np.nan, 5), run("five2", 1, np.nan, 5)]))
     assert "Token roles" not in roles_caption([run("seen", 0, 0.0), run("seen2", 1, 0.7)])  # 0 is a measured share
+    # one run: "of any of these 1 runs ... none of their heads"
+    assert ("Token roles: token 47 is in no probe sequence of this run, so none of its heads can be measured as a "
+            "token head" in roles_caption([run("alone", 0, np.nan)]))
+
+
+def test_count_labels_are_spread_within_the_axes_wherever_they_fit():
+    # Crowds at both ends: shifting the whole column left the top label at 99.3 of 95.5
+    from dynamics.report.emergence import _spread
+
+    assert _spread([3.30, 18.39, 26.01, 82.15, 98.13], 9, 4.5, 95.5) == pytest.approx([4.5, 17.7, 26.7, 82.15, 95.5])
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        n, height, low = int(rng.integers(1, 9)), float(rng.uniform(1, 15)), float(rng.uniform(0, 10))
+        high = low + float(rng.uniform(0, 120))
+        wanted = sorted(rng.uniform(low - 10, high + 10, n).tolist())
+        out = _spread(wanted, height, low, high)
+        assert all(b - a >= height - 1e-9 for a, b in zip(out, out[1:], strict=False))  # no two overlap
+        if high - low >= (n - 1) * height:  # they fit: all within the bounds
+            assert low - 1e-9 <= out[0] and out[-1] <= high + 1e-9, (wanted, height, low, high, out)
+        room = all(b - a >= height for a, b in zip(wanted, wanted[1:], strict=False))
+        if room and low <= wanted[0] and wanted[-1] <= high:
+            assert out == pytest.approx(wanted)  # labels with room stay where they are wanted

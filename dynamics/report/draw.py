@@ -338,6 +338,9 @@ def _token_unseen_sentence(runs: list[_Run], chosen: bool = False) -> str:
     if chosen:
         return (f" Token {ids} is in none of this run's probe sequences, so none of its heads can be measured as a "
                 f"token head {why}: no 'token' label here is no finding.")
+    if len(runs) == 1:  # "of any of these 1 runs ... none of their heads"
+        return (f" Token roles: token {ids} is in no probe sequence of this run, so none of its heads can be "
+                f"measured as a token head {why}: a missing or empty token panel here is no finding.")
     which = (f"any of these {len(unseen)} runs" if len(unseen) == len(runs) else f"{len(unseen)} of these {len(runs)} "
              f"runs ({', '.join(list(unseen)[:8])}{f', and {len(unseen) - 8} more' if len(unseen) > 8 else ''})")
     return (f" Token roles: token {ids} is in no probe sequence of {which}, so none of their heads can be "

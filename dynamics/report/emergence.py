@@ -389,20 +389,24 @@ def _count_labels(fig, counted: dict) -> None:
 
 def _spread(wanted: list[float], height: float, low: float, high: float) -> list[float]:
     """Centres for labels of `height` wanted at the sorted centres `wanted`, no two closer than
-    `height`: overlapping ones merged into runs, each run centred on the mean of its wants, and
-    the whole kept within [low, high] where it fits."""
-    blocks: list[list[float]] = []  # [start, count, sum of wants]
-    for w in wanted:
-        blocks.append([w, 1, w])
-        while len(blocks) > 1 and blocks[-2][0] + blocks[-2][1] * height > blocks[-1][0]:
+    `height`, as near their wants as that allows (least squares), and within [low, high] where
+    they fit; where they do not, from `low` up.
+
+    With ``y_i = x_i - i * height`` the spacing is ``y`` non-decreasing and the bounds the same
+    for every ``y_i``, so the answer is the isotonic fit of ``want_i - i * height`` (pool adjacent
+    violators: overlapping labels merged into runs, each centred on the mean of its wants),
+    clipped to the bounds. Shifting the whole column instead left a label past `high` where
+    crowds at both ends met (five labels of 9 in 91 points: one at 99.3 of 95.5)."""
+    blocks: list[list[float]] = []  # [mean of the run's y, count]
+    for i, w in enumerate(wanted):
+        blocks.append([w - i * height, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             b = blocks.pop()
             a = blocks[-1]
-            a[1], a[2] = a[1] + b[1], a[2] + b[2]
-            a[0] = a[2] / a[1] - (a[1] - 1) * height / 2  # the run's centre at the mean of its wants
-    out = [b[0] + i * height for b in blocks for i in range(b[1])]
-    shift = max(0.0, out[-1] - high) if out else 0.0  # off the top: down, then off the bottom: up
-    shift -= max(0.0, low - (out[0] - shift)) if out else 0.0
-    return [v - shift for v in out]
+            a[0], a[1] = (a[0] * a[1] + b[0] * b[1]) / (a[1] + b[1]), a[1] + b[1]
+    top = high - (len(wanted) - 1) * height  # the highest y the last label allows
+    fit = [min(max(m, low), top) if top >= low else low for m, count in blocks for _ in range(int(count))]
+    return [y + i * height for i, y in enumerate(fit)]
 
 
 def _bifurcation_legend(fig, groups, points) -> None:
