@@ -40,3 +40,40 @@ def test_a_null_permutation_across_seeds_is_uniform_and_refused_where_none_exist
     assert all(abs(draws.count(d) / len(draws) - 0.25) < 0.03 for d in set(draws))
     assert derangement_across([0, 0, 0, 1], rng) is None  # seed 0 holds 3 of 4: one must stay in it
     assert derangement_across([7], rng) is None
+
+
+def test_across_seeds_each_run_goes_to_every_other_seeds_run_alike():
+    # 4 configs x 3 seeds: 1 plain shuffle in about 100 crosses, and the 100 tries taken before
+    # failed in a third of the draws, whose fallback sent seed 0's runs to seed 1's twice as often
+    # as to seed 2's (chi-squared 6907 on 84 df over 4000 draws; uniform draws give about 84)
+    classes = [seed for _ in range(4) for seed in range(3)]
+    labels = np.array(classes)
+    rng = np.random.default_rng(0)
+    counts = np.zeros((12, 12))
+    for _ in range(4000):
+        order = derangement_across(classes, rng)
+        assert (labels[order] != labels).all()
+        counts[np.arange(12), order] += 1
+    other = labels[:, None] != labels[None, :]
+    expected = 4000 / 8  # each run to each of the 8 runs of the other seeds
+    chi2 = float(((counts[other] - expected) ** 2 / expected).sum())
+    assert chi2 < 140, chi2  # 84 df: p < 1e-4 above 140
+
+
+def test_the_chain_taken_where_crossing_shuffles_are_rare_draws_alike(monkeypatch):
+    # Swaps alone could never leave a cyclic flow (seed 0's runs all to seed 1's, 1's to 2's, 2's
+    # to 0's), where the fallback started: it sent seed 0's runs to seed 1's every time.
+    from dynamics.predict import null
+
+    monkeypatch.setattr(null, "REJECTION_DRAWS", 0)  # the chain, every draw
+    classes = [seed for _ in range(4) for seed in range(3)]
+    labels = np.array(classes)
+    rng = np.random.default_rng(0)
+    counts = np.zeros((12, 12))
+    for _ in range(2000):
+        order = derangement_across(classes, rng)
+        assert (labels[order] != labels).all()
+        counts[np.arange(12), order] += 1
+    other = labels[:, None] != labels[None, :]
+    chi2 = float(((counts[other] - 2000 / 8) ** 2 / (2000 / 8)).sum())
+    assert chi2 < 140, chi2  # 84 df; the swaps-only chain gave 48,000
