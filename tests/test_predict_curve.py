@@ -74,7 +74,9 @@ def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets
     assert predict.format_curve(null).splitlines()[-1] == (
         "null check: with each run's final roles given whole to another run with the same heads and another seed, "
         "the criterion named a readable horizon in 0 of 4 permutations (0%): how often it reads one on these runs "
-        "where there is nothing to read")
+        "where there is nothing to read; and said \"legible at initialisation\" in 0 of 4 (0%), which a legible line "
+        "on these runs is to be read against")
+    assert null.attrs["null_legible"] == 0
     # of the importance target it permutes ranks, not roles (the line said "final roles" of it too)
     ranks = null.copy()
     ranks.attrs["target"] = "importance"
@@ -90,6 +92,9 @@ def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets
             for i, r in enumerate(runs)]
     alike = predict.predict_runs(same, dataclasses.replace(opt, null=3))
     assert alike.attrs["readable_horizon"] == 0.1 and alike.attrs["null_readable"] == 3
+    old = null.copy()
+    del old.attrs["null_legible"]  # saved before the legible clause was counted: nothing said of it
+    assert predict.format_curve(old).splitlines()[-1].endswith("where there is nothing to read")
     with pytest.raises(predict.PredictError, match="null: permutations must be in"):
         dataclasses.replace(opt, null=-1)
 

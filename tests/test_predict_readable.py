@@ -113,8 +113,10 @@ def test_a_target_set_at_initialisation_is_said_to_be_legible_there_not_just_unr
     assert got.horizon is None
     assert got.line.endswith("; it is legible at initialisation: init_linear 1.000 (band 1 to 1) clears the chance and "
                              "layer bands, and no early-training model clears the best baseline")
+    assert got.legible == "init_linear"  # what the null check counts
     mean[:, MODELS.index("init_linear")] = mean[:, MODELS.index("init_boosting")] = 0.51
-    assert "legible" not in predict.judge([0.0, 0.1, 0.5], mean, sd, "auroc").line
+    none = predict.judge([0.0, 0.1, 0.5], mean, sd, "auroc")
+    assert "legible" not in none.line and none.legible is None
 
 
 def test_a_baseline_with_a_score_but_no_band_is_not_passed_over():

@@ -35,11 +35,10 @@ from dynamics.predict.options import MODELS, TARGETS, PredictError, PredictOptio
 from dynamics.predict.readable import (
     CRITERION,
     METRIC_RANGE,
-    NULL_UNJUDGED,
     ceiling_horizons,
     init_only_horizons,
     judge,
-    null_count,
+    null_lines,
     readable_of,
 )
 from dynamics.predict.targets import class_name, target_table
@@ -299,10 +298,10 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     ds.attrs.update(readable_horizon=answer.horizon, readable_model=answer.model, readable_baseline=answer.baseline,
                     readable_summary=answer.line, readable_criterion=CRITERION)
     if opt.null:
-        hits, judged, same_seed = _null_readable(ds, tables, init, rows, blocks, null_rows, null_splits, opt, say,
-                                                 seed_of)
+        hits, judged, same_seed, legible = _null_readable(ds, tables, init, rows, blocks, null_rows, null_splits,
+                                                          opt, say, seed_of)
         ds.attrs.update(null_permutations=opt.null, null_readable=hits, null_judged=judged, null_same_seed_runs=same_seed,
-                        null_left_out_runs=len(run_ids) - sum(len(b) for b in blocks))
+                        null_left_out_runs=len(run_ids) - sum(len(b) for b in blocks), null_legible=legible)
     if spec.task != "regression":
         ds.attrs["classes"] = classes.astype(int).tolist()
         ds.attrs["class_counts"] = [int(np.sum(rows["target"].values == c)) for c in classes]
@@ -317,10 +316,13 @@ def _summary(scores: np.ndarray) -> np.ndarray:
 
 
 def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Dataset, blocks: list[np.ndarray],
-                   keep: np.ndarray, splits, opt, say: Callable[[str], None], seed_of: dict) -> tuple[int, int, int]:
+                   keep: np.ndarray, splits, opt, say: Callable[[str], None], seed_of: dict
+                   ) -> tuple[int, int, int, int]:
     """In how many of ``opt.null`` curves on permuted targets `judge` names a readable horizon, in
-    how many it could judge one at all, and how many runs could not be kept from trading with a
-    run of their own seed.
+    how many it could judge one at all, how many runs could not be kept from trading with a
+    run of their own seed, and in how many it says "legible at initialisation" (an init-only
+    model's band above the chance and layer bands, which are often one point: it said so on 18
+    of 40 permutations of an importance curve whose horizon it named on 4).
 
     A permutation can leave all but one fold with one class, where no spread, so no band, can be
     had: such a curve could never name a horizon, and counted with the rest it made the false
@@ -342,7 +344,7 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     features = {h: t.values[keep] for h, t in tables.items()}
     init_kept, layer = init.values[keep], rows["row_layer"].values[keep]
     rng = np.random.default_rng(opt.random_state)
-    hits = judged = 0
+    hits = judged = legible = 0
     for i in range(opt.null):
         say(f"null check {i + 1}/{opt.null}: the curve on permuted final {PERMUTED.get(opt.target, 'roles')}")
         permuted = y.copy()
@@ -355,7 +357,8 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
                        labels=labels, init_only=blind)
         hits += answer.horizon is not None
         judged += answer.judged
-    return hits, judged, sum(len(b) for b, ok in zip(blocks, across, strict=True) if not ok)
+        legible += answer.legible is not None
+    return hits, judged, sum(len(b) for b, ok in zip(blocks, across, strict=True) if not ok), legible
 
 
 def predict_store(path: str, options: PredictOptions | None = None,
@@ -574,25 +577,6 @@ def format_curve(curve: xr.Dataset) -> str:
     with np.errstate(invalid="ignore"):
         capped = int(np.sum((mean - sd < lo) | (mean + sd > hi)))
     lines += [answer.line, _criterion_line(curve, capped)] if answer.judged else [answer.line]
-    if a.get("null_permutations"):
-        n = a["null_permutations"]
-        left = a.get("null_left_out_runs", 0)
-        twins = a.get("null_same_seed_runs", 0)
-        # a curve saved before the seeds were kept apart has no such attr: its partner may share a seed
-        seeds = "" if "null_same_seed_runs" not in a else " and another seed" if not twins else \
-            " and, where its set allows, another seed"
-        if a.get("null_judged", n) == 0:  # a rate of 0% here could never have been more
-            lines.append(f"null check: none of the {n} permutations could be judged ({NULL_UNJUDGED}): it says "
-                         f"nothing on how often the criterion reads a horizon on these runs")
-        else:
-            lines.append(f"null check: with each run's final {PERMUTED.get(a.get('target'), 'roles')} given whole to "
-                         f"another run with the same heads"
-                         f"{seeds}, the criterion named a readable horizon in {null_count(a)}: "
-                         f"how often it reads one on these runs where there is nothing to read" + (
-                             f" ({left} run{'s' if left > 1 else ''} labelling heads no other run labels left out of "
-                             f"it)" if left else ""))
-        if twins:  # their init and data order carry into the null: it may fire more often than it should
-            lines.append(f"caution: {twins} of these runs are in sets where one seed holds more than half the runs, "
-                         f"so they may be given the roles of a run of their own seed (its initial weights and data "
-                         f"order): the null count may overstate how often the criterion fires on nothing")
+    lines += null_lines(a, PERMUTED.get(a.get("target"), "roles"))
     return "\n".join(lines)
+

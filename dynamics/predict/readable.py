@@ -73,6 +73,8 @@ class Readable:
     """The answer in one line, with its numbers."""
     judged: bool
     """Some horizon had bands to compare (False: every horizon a ceiling, or no spread)."""
+    legible: str | None = None
+    """The init-only model the line names as "legible at initialisation", where it says so."""
 
 
 def score_band(mean, sd, metric: str) -> tuple[np.ndarray, np.ndarray]:
@@ -234,7 +236,7 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
         k = b if b in init else max(init, key=lambda k: high[i, k])
         line += (f"; it is legible at initialisation: {_cell(models[k], mean[i, k], low[i, k], high[i, k])} clears the "
                  f"chance and layer bands, and no early-training model clears the best baseline")
-    return Readable(readable, None, None, models[b], low, high, line, True)
+    return Readable(readable, None, None, models[b], low, high, line, True, models[k] if init else None)
 
 
 def ceiling_horizons(curve: xr.Dataset) -> list[bool]:
@@ -262,3 +264,42 @@ def readable_of(curve: xr.Dataset, labels: Sequence[str] | None = None) -> Reada
                  curve["score_std"].transpose("horizon", "model").values, str(curve.attrs["metric"]),
                  models=[str(m) for m in curve["model"].values], ceiling=ceiling_horizons(curve), labels=labels,
                  init_only=init_only_horizons(curve))
+
+
+def null_lines(a: dict, permuted: str) -> list[str]:
+    """The lines `dynamics predict` prints under a curve's answer on its null check (``--null N``),
+    from the curve's attrs ``a``; none for a curve without one. ``permuted``: what the null check
+    permutes ("roles", "importance ranks")."""
+    lines: list[str] = []
+    if a.get("null_permutations"):
+        n = a["null_permutations"]
+        left = a.get("null_left_out_runs", 0)
+        twins = a.get("null_same_seed_runs", 0)
+        # a curve saved before the seeds were kept apart has no such attr: its partner may share a seed
+        seeds = "" if "null_same_seed_runs" not in a else " and another seed" if not twins else \
+            " and, where its set allows, another seed"
+        if a.get("null_judged", n) == 0:  # a rate of 0% here could never have been more
+            lines.append(f"null check: none of the {n} permutations could be judged ({NULL_UNJUDGED}): it says "
+                         f"nothing on how often the criterion reads a horizon on these runs")
+        else:
+            lines.append(f"null check: with each run's final {permuted} given whole to "
+                         f"another run with the same heads"
+                         f"{seeds}, the criterion named a readable horizon in {null_count(a)}: "
+                         f"how often it reads one on these runs where there is nothing to read" + _legible_rate(a) + (
+                             f" ({left} run{'s' if left > 1 else ''} labelling heads no other run labels left out of "
+                             f"it)" if left else ""))
+        if twins:  # their init and data order carry into the null: it may fire more often than it should
+            lines.append(f"caution: {twins} of these runs are in sets where one seed holds more than half the runs, "
+                         f"so they may be given the roles of a run of their own seed (its initial weights and data "
+                         f"order): the null count may overstate how often the criterion fires on nothing")
+    return lines
+
+
+def _legible_rate(attrs: dict) -> str:
+    """How often the null's curves said "legible at initialisation", for the null line (nothing for
+    a curve saved before it was counted)."""
+    if "null_legible" not in attrs:
+        return ""
+    k, n = int(attrs["null_legible"]), int(attrs.get("null_judged", attrs["null_permutations"]))
+    return (f"; and said \"legible at initialisation\" in {k} of {n} ({k / n:.0%}), which a legible line on "
+            f"these runs is to be read against")

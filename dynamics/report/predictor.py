@@ -230,8 +230,11 @@ def _how_early(ds: xr.Dataset) -> str:
                            f"2 with a spread), so it says nothing here.")
         count = (f"{k} of {n} permutations ({k / n:.0%})" if m == n else
                  f"{k} of the {m} permutations it could judge ({k / m:.0%}; {n - m} of {n} could not be)")
+        legible = ds.attrs.get("null_legible")  # absent: saved before the legible clause was counted
         text += (f" Null check: on final roles permuted between runs with the same heads{seeds}, the "
                  f"criterion named a horizon in {count}"
+                 + (f", and the line said \"legible at initialisation\" in {legible} of {m}" if legible is not None
+                    else "")
                  + (f"; {twins} runs could only trade with runs of their own seed, so it may overstate." if twins
                     else "."))
     return text
