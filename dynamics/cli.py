@@ -367,6 +367,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     from dynamics import store
     from dynamics.config import recorded_config
     from dynamics.gates import GateOptions, check_fittable, gate_report, parse_contrast, report_lines, report_table
+    from dynamics.gates.report import save_fit
 
     runs = store.list_runs(args.store, damaged="include")  # a damaged one, if chosen: run_attrs names it
     if not runs:
@@ -417,8 +418,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     for line in report_lines(ds):
         print(line)
     if not args.no_save:
-        store.write_derived(args.store, f"gates.{run_id}", ds)
-        print(f"saved to derived/gates.{run_id}")
+        print(save_fit(args.store, run_id, ds))
     return 0
 
 

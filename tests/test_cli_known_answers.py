@@ -285,6 +285,12 @@ def test_gates_says_what_it_fitted_first_and_where_it_saved_it_last(tiny, tmp_pa
     saved = store.open_derived(s, f"gates.{run_id}")
     if save:
         assert out[-1] == f"saved to derived/gates.{run_id}" and saved is not None
+        # a second fit says which it replaces: a quick refit took the place of a longer one unsaid
+        assert cli.main(["gates", str(s), "--steps", "3", "--init-steps", "0", "--restarts", "1", "--lam", "0.3"]) == 0
+        assert lines(capsys.readouterr().out)[-1] == (
+            f"saved to derived/gates.{run_id} (replacing the fit saved before: step 10, 1 restart(s) x 2 updates, "
+            "lambda 0.1, no contrast; --no-save prints a fit without replacing it)")
+        assert store.open_derived(s, f"gates.{run_id}").attrs["options"]["steps"] == 3
     else:
         assert not any("saved" in line for line in out) and saved is None
 

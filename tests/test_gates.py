@@ -361,3 +361,16 @@ def test_cli_gates_says_when_this_machine_makes_other_data_than_the_run_trained_
     assert "this machine makes other data" in err and "000000000000 recorded" in err
     assert cli.main(["gates", path, "--steps", "2", "--init-steps", "1", "--restarts", "1", "--no-save"]) == 0
     assert "other data" not in capsys.readouterr().err
+
+
+def test_report_cautions_where_g_minus_ranks_heads_against_their_ablation(report):
+    # On the mixture model at 400 steps, lambda 0.1 gave rho -0.95 (heads costing 4x the others
+    # labelled "irrelevant") with no word; the labels read as causal importance there are wrong.
+    caution = [x for x in report_lines(report) if x.startswith("caution: rho")]
+    assert caution == [] if report.attrs["rho"] >= 0.3 else len(caution) == 1
+    for rho, word in ((-0.952, "against"), (0.1, "barely by")):
+        lines = report_lines(report.assign_attrs(rho=rho))
+        assert (f"caution: rho {rho:.2f}: G- ranks these heads {word} their {report.attrs['ablation']}-ablation cost, "
+                "so the labels are no reading of each head's causal importance here") in "\n".join(lines)
+    assert not [x for x in report_lines(report.assign_attrs(rho=0.3)) if x.startswith("caution: rho")]
+    assert not [x for x in report_lines(report.assign_attrs(rho=float("nan"))) if x.startswith("caution: rho")]

@@ -28,7 +28,9 @@ this project's models:
   common scale), and along that direction the regulariser pushes with lambda in total. At 0.1
   the G- fit of two 2-layer attention-only models settled in such a uniform shrink (every G-
   0.2-0.5) whose ranking of heads was mostly noise: Spearman rho with single-head ablation
-  0.29-0.67, against 0.83-0.86 at 0.3 (a 2-layer model with MLPs: 0.86-0.91 at either), so
+  0.29-0.67, against 0.83-0.86 at 0.3 (a 2-layer model with MLPs: 0.86-0.91 at either, once
+  trained; the mixture task's at 400 steps gave -0.95 at 0.1 and 0.74 at 0.3, every head then
+  "irrelevant", and at 3000 steps 0.64: `dynamics gates` says so below rho 0.3), so
   ``lam=0.3`` is the better choice for attention-only models. At 0.3, G- shuts the heads whose ablation costs little and keeps the rest partly open
   (G- 0.15-0.45), so the agreement is mostly that split: within the kept group, redundant
   heads share the shrink and their order need not follow single-head ablation.
