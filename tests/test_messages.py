@@ -33,3 +33,50 @@ def test_one_damaged_run_is_named_with_its_reason_then_in_the_summary_line(capsy
                                        "dynamics: 1 run(s) could not be read (damaged), skipped: rx\n")
     name_damaged({})
     assert capsys.readouterr().err == ""
+
+
+def test_runs_of_one_task_setting_trained_on_other_data_are_noted(tmp_path, capsys):
+    # A corpus run made under another Python (another standard library) joined a store's runs of
+    # one setting, and the two were compared as seeds (consistency 0.956) with no word. Runs of
+    # another setting, whose data differ by design, and a low-data pool's per-seed data, are not.
+    from dynamics import store
+    from dynamics.messages import note_mixed_training
+    from tests.test_store import write_run
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    corpus = {"model": {"vocab_size": 256}, "task": {"name": "corpus", "pool_size": 0}}
+    seed = lambda k: {"train": {"seed": k}}  # noqa: E731
+    write_run(path, "r1", attrs={"status": "completed", "data_hash": A, "config": corpus | seed(0)})
+    write_run(path, "r2", attrs={"status": "completed", "data_hash": B, "config": corpus | seed(1)})
+    write_run(path, "r3", attrs={"status": "completed", "data_hash": A, "config": corpus | seed(2)})
+    markov = {"model": {"vocab_size": 64}, "task": {"name": "markov", "pool_size": 0}}
+    write_run(path, "r4", attrs={"status": "completed", "data_hash": "c" * 64, "config": markov | seed(0)})
+    pool = {"model": {"vocab_size": 64}, "task": {"name": "markov", "pool_size": 8}}
+    write_run(path, "r5", attrs={"status": "completed", "data_hash": "d" * 64, "config": pool | seed(0)})
+    write_run(path, "r6", attrs={"status": "completed", "data_hash": "e" * 64, "config": pool | seed(1)})
+    assert note_mixed_training(str(path), ["r4", "r5", "r6"]) == []
+    [said] = note_mixed_training(str(path), ["r1", "r2", "r3", "r4", "r5", "r6"])
+    assert said == ("these 3 runs have the same task settings but were trained on other data (data hash "
+                    "aaaaaaaaaaaa: r1, r3; bbbbbbbbbbbb: r2): for the corpus task, another Python's standard library; "
+                    "a difference between them may be the data's, not the experiment's (each run's data_hash "
+                    "attribute says which)")
+    assert capsys.readouterr().err.count("dynamics: note: these 3 runs have the same task settings") == 1
+
+
+def test_the_report_notes_runs_of_one_task_setting_trained_on_other_data():
+    # the report carries the same note under its heading (page.py's notes)
+    import numpy as np
+
+    from dynamics.provenance import trained_on_data
+    from dynamics.report.data import _Run, training_notes
+
+    key = trained_on_data({"config": {"task": {"name": "corpus"}}})[0]
+
+    def run(rid, data_hash):
+        return _Run(rid, "completed", {}, 1.0, 0, np.zeros(0, bool), np.zeros(0, np.int64), data=(key, data_hash))
+
+    assert training_notes([run("r1", A), run("r2", A)]) == []
+    [note] = training_notes([run("r1", A), run("r2", B)])
+    assert note.startswith("these 2 runs have the same task settings but were trained on other data (data hash "
+                           "aaaaaaaaaaaa: r1; bbbbbbbbbbbb: r2)")

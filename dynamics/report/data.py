@@ -19,7 +19,7 @@ from dynamics.analyse import unfinished_reason
 from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions, is_current
 from dynamics.identity import differing_settings, seed_settings
-from dynamics.provenance import trained_by, trained_on
+from dynamics.provenance import mixed_code, mixed_data, mixed_execution, trained_by, trained_on, trained_on_data
 from dynamics.schema import FINISHED_STATUSES, config_value
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
@@ -51,6 +51,7 @@ class _Run:
     settings: dict[str, Any] = field(default_factory=dict)  # config less seed and execution, "section.key" -> value
     code: tuple[str | None, ...] = ()  # provenance.trained_by: the code hashes of its kept steps; () unread
     execution: tuple[tuple[str | None, ...], ...] = ()  # provenance.trained_on: torch, device, CPU kernels; () unread
+    data: tuple[str, str | None] | None = None  # provenance.trained_on_data: task setting, data hash; None unread
     # its stored analysis, or the recordings analysed here, found damaged (a lost chunk, a failed
     # checksum): a line each, for stderr and the command's exit code
     damage: list[str] = field(default_factory=list)
@@ -278,6 +279,14 @@ def _to_analyse(run: _Run) -> str:
     return "`dynamics analyse` analyses it once it has finished; without --no-compute the report analyses what it has recorded"
 
 
+def training_notes(runs: list[_Run]) -> list[str]:
+    """The report's notes on how its runs were trained: by other dynamics code, with another torch
+    build, device or CPU kernels, or on other data for one task setting (`dynamics.provenance`)."""
+    return [n for n in [mixed_code({r.run_id: r.code for r in runs if r.code}),
+                        mixed_execution({r.run_id: r.execution for r in runs if r.execution}),
+                        mixed_data({r.run_id: r.data for r in runs if r.data})] if n]
+
+
 def _finished(run: _Run) -> bool:
     """Training ended on its own (completed or diverged): its analysis will not change any more."""
     return run.status in FINISHED_STATUSES
@@ -304,6 +313,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         unfinished=unfinished_reason(status, attrs),
         code=trained_by(attrs),
         execution=trained_on(attrs),
+        data=trained_on_data(attrs),
     )
     stale, unread = False, ""
     try:

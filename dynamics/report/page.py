@@ -19,7 +19,6 @@ except ImportError:  # Windows
     fcntl = None
 
 from dynamics import store
-from dynamics.provenance import mixed_code, mixed_execution
 from dynamics.refused import WRITE_REFUSED
 from dynamics.report.attention import _attention_section
 from dynamics.report.chg import _chg_section
@@ -34,6 +33,7 @@ from dynamics.report.data import (
     _setting_axes,
     _table_settings,
     chosen_why,
+    training_notes,
 )
 from dynamics.report.draw import _fmt, _plain, _prose, _short, _warn
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
@@ -90,7 +90,7 @@ def write_report(
     on_note : callable, optional
         Called with each note the page carries under its heading: runs not all trained by the same
         code (:func:`dynamics.provenance.mixed_code`), or torch build, device and CPU kernels
-        (:func:`dynamics.provenance.mixed_execution`); and, once the page is written, with a line on
+        (``mixed_execution``), or data for one task setting (``mixed_data``); and, once written, with a line on
         earlier figures that could not be removed (without it: on the page only; a RuntimeWarning).
     progress : callable, optional
         Called with a line on where the report is: as it starts reading the runs, between
@@ -135,8 +135,7 @@ def write_report(
             (stage / "attention").mkdir()
             index = sweep_points(store_path, ids) or None  # an entry that is no run id: no point, not pending
             runs = _read_runs(store_path, ids, index, compute_missing, on_damaged, progress)
-            notes = [n for n in [mixed_code({r.run_id: r.code for r in runs if r.code}),
-                                 mixed_execution({r.run_id: r.execution for r in runs if r.execution})] if n]
+            notes = training_notes(runs)
             for note in notes if on_note is not None else []:
                 on_note(note)
             pending = _pending_runs(index, ids)  # in the sweep index, not started: listed, never drawn
