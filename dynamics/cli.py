@@ -244,9 +244,9 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | No
 def _no_run(path: str, run_id: str, verb: str) -> UsageError:
     """The refusal of ``--run`` naming a run the store does not hold: a sweep point not started
     yet is one that `dynamics status` lists (as pending), so say that rather than "no run"."""
-    from dynamics import store
+    from dynamics.status import sweep_points
 
-    if run_id in (store.read_sweep_index(path) or {}).get("runs", {}):
+    if run_id in sweep_points(path, ()).get("runs", {}):  # an entry that is no run id is none
         return UsageError(f"run {run_id!r} in {path} is a sweep point not started yet (pending): nothing to {verb}")
     return UsageError(f"no run {run_id!r} in {path}")
 

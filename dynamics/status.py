@@ -178,6 +178,8 @@ def status_of(path: str) -> tuple[list[str], list[list[str]], dict[str, str], di
             at = int(resumes) if resumes.isdigit() else int(a.get("checkpoint_step", 0))
             done = max(done, at)
             steps = f"{at}/{a.get('steps_total', '?')}" + (f" (+{done - at} unrecorded)" if done > at else "")
+            if resumes == "refused":  # the store lacks recordings before the checkpoint: how many it holds, unread
+                steps = f"?/{a.get('steps_total', '?')}"
             # the last loss its store records: not the attrs' (its session's last, past the checkpoint,
             # or an earlier session's after a kill); "-" where none is read (training, lost, refused)
             loss = kept_loss

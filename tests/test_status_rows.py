@@ -252,6 +252,14 @@ def test_a_sweep_index_entry_that_is_no_run_id_is_named_not_listed_pending(copy,
 
     page = write_report(path, path.parent / "rep", compute_missing=False).read_text()
     assert "evil" not in page and "1 completed, 1 pending (1 of 2 runs of the sweep index started)" in page
+    # nor a run predict leaves out as pending, nor one `--run` calls a sweep point not started
+    from dynamics.predict import PredictError
+    from dynamics.predict.load import load_store
+
+    with pytest.raises(PredictError, match=r"1 completed run\(s\) \(1 left out: rabc \(pending\)\); prediction needs"):
+        load_store(str(path))
+    assert cli.main(["analyse", str(path), "--run", "../evil"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"dynamics: error: no run '../evil' in {path}"]
     # an index of that entry alone lists nothing not started: the refusal names no pending runs
     empty = path.parent / "e.zarr"
     store.init_store(empty)

@@ -13,6 +13,7 @@ from dynamics import store
 from dynamics.identity import differing_settings, experiment_identity, seed_settings
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run, check_arguments
 from dynamics.schema import config_value
+from dynamics.status import sweep_points
 
 # --------------------------------------------------------------------------- loading
 
@@ -89,10 +90,10 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
     """
     check_arguments("load_store", options, PredictOptions)  # predict_store and load_runs come through here
     opt = options or PredictOptions()
-    index = store.read_sweep_index(path) or {}
     # A damaged run (group metadata unreadable, or a chunk it wrote gone) is left out and named, as
     # analyse and report do: refusing the store made one damaged run of a hundred stop every prediction.
     present = store.list_runs(path, damaged="include")
+    index = sweep_points(path, present)  # an index entry that is no run id is no point (status names it)
     # A run trained into the store by `dynamics run` is in no sweep index, but it is one of the
     # store's runs (analyse and report include it): left out, it would vanish from the counts.
     # A sweep point not started yet (a sweep still running, or stopped part-way) is a run of the
