@@ -370,7 +370,7 @@ def test_report_cautions_where_g_minus_ranks_heads_against_their_ablation(report
     assert caution == [] if report.attrs["rho"] >= 0.3 else len(caution) == 1
     for rho, word in ((-0.952, "against"), (0.1, "barely by")):
         lines = report_lines(report.assign_attrs(rho=rho))
-        assert (f"caution: rho {rho:.2f}: G- ranks these heads {word} their {report.attrs['ablation']}-ablation cost, "
+        assert (f"caution: rho {rho:.3f}: G- ranks these heads {word} their {report.attrs['ablation']}-ablation cost, "
                 "so the labels are no reading of each head's causal importance here") in "\n".join(lines)
     assert not [x for x in report_lines(report.assign_attrs(rho=0.3)) if x.startswith("caution: rho")]
     assert not [x for x in report_lines(report.assign_attrs(rho=float("nan"))) if x.startswith("caution: rho")]

@@ -503,3 +503,20 @@ def test_row_fold_is_the_fold_that_tests_the_row(seedless):
         runs = sorted(set(seedless["row_run"].values[seedless["row_fold"].values == k]))
         assert ", ".join(runs) == str(groups)
     assert seedless["n_test"].values.tolist() == [int((seedless["row_fold"].values == k).sum()) for k in range(3)]
+
+
+def test_the_null_check_counts_the_curves_that_say_legible_at_initialisation(planted):
+    # Every run with the same fates, planted in its gradients from initialisation on: each null
+    # curve is the real one, which the init-only models read as well as any, so every one says
+    # "legible at initialisation" (a count stuck at 0 passed every test before this one).
+    runs, opt, _ = planted
+    fate = np.eye(L, H, dtype=bool)
+    same = []
+    for i, r in enumerate(runs):
+        ds = make_run(i, fate)
+        ds["grad_norm"].values[0, :, :, 0] *= np.exp(2.0 * fate)  # the fate readable at step 0 too
+        same.append(Run(r.run_id, ds, seed=r.seed, config=r.config))
+    curve = predict.predict_runs(same, dataclasses.replace(opt, null=3))
+    assert "it is legible at initialisation" in curve.attrs["readable_summary"]
+    assert curve.attrs["null_legible"] == 3 and curve.attrs["null_readable"] == 0
+    assert 'and said "legible at initialisation" in 3 of 3 (100%)' in predict.format_curve(curve)

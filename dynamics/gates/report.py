@@ -139,7 +139,7 @@ def report_lines(ds: xr.Dataset) -> list[str]:
         # Measured on an under-trained model with MLPs (400 steps): at lambda 0.1, rho -0.95, the
         # layer-0 heads whose ablation costs 4x the others' labelled "irrelevant" (G- 0.42-0.57),
         # at 0.3 rho 0.74 with every head "irrelevant"; 0.64 on the same config at 3000 steps.
-        lines.append(f"caution: rho {rho:.2f}: G- ranks these heads {'against' if rho < 0 else 'barely by'} their "
+        lines.append(f"caution: rho {rho:.3f}: G- ranks these heads {'against' if rho < 0 else 'barely by'} their "
                      f"{ds.attrs['ablation']}-ablation cost, so the labels are no reading of each head's causal "
                      f"importance here (an under-trained model can do this; try another --lam, and read the "
                      f"ablation deltas)")
