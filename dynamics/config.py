@@ -563,6 +563,8 @@ def with_values(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
     raw.pop("sweep")
     for key, value in values.items():
         section, *path = key.split(".")
+        if not path:  # an IndexError below, naming nothing (the CLI's and the sweep's checks refuse it first)
+            raise ConfigError(f"{key!r}: expected section.key")
         node = raw.setdefault(section, {})
         for i, part in enumerate(path[:-1]):
             node = node.setdefault(part, {})

@@ -542,3 +542,9 @@ def test_shipped_experiments_and_tiny_are_valid_with_distinct_induction_segments
         points = [p.cfg for p in expand_grid(cfg)] if cfg.sweep.axes else [cfg]
         assert small_vocabulary_note(points) is None, path.name
     assert small_vocabulary_note([from_dict(tomllib.loads(TINY.format(steps=60, every=10)))]) is None
+
+
+def test_with_values_names_a_key_without_a_section():
+    # "intervene" alone raised a bare IndexError from the Python API
+    with pytest.raises(ConfigError, match=r"^'intervene': expected section.key$"):
+        with_values(RunConfig(), {"intervene": {"templates": {}}})

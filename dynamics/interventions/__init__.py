@@ -56,7 +56,7 @@ Recorded (all float32 unless said; NaN where a head is not intervened on):
 - distill: ``distill_kl`` (snapshot, layer, head), KL(teacher head || student head) on the
   probes; ``distill_logits_kl`` (snapshot,), tau^2 KL of the next-token distributions on the
   probes, recorded whichever weights are on; ``distill_weight`` (snapshot, layer, head), the
-  effective weight (0 = off or not yet on); ``distill_source`` (snapshot, layer, head) int32,
+  scheduled weight (0 = off or not yet on), before the loss's mean over the mapped pairs; ``distill_source`` (snapshot, layer, head) int32,
   the teacher head as ``teacher_layer * teacher_n_heads + teacher_head``, -1 if none;
 - conditioned gates: ``conditioned_gate`` (snapshot, layer, head, probe), the gate each probe
   sequence got (mean over positions); ``conditioned_gate_ema`` (snapshot, layer, head).

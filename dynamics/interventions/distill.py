@@ -170,7 +170,8 @@ def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
             fail(f"intervene.distill.run: no run {opts.run!r} in {path} (runs: {', '.join(runs[:8]) or 'none'})")
         run_id = opts.run
     elif len(runs) != 1:
-        fail(f"intervene.distill.run: {path} holds {len(runs)} runs; name one ({', '.join(runs[:8])})")
+        fail(f"intervene.distill.run: {path} holds {len(runs)} runs; name one ({', '.join(runs[:8])}"
+             f"{f', and {len(runs) - 8} more' if len(runs) > 8 else ''})")
     else:
         run_id = runs[0]
     attrs = store.run_attrs(path, run_id)
