@@ -22,6 +22,7 @@ from dynamics.gates import (
     UNFITTED,
     GateOptions,
     ablation_losses,
+    chg_roles,
     chg_snapshot,
     component_weights,
     fit_chg,
@@ -374,3 +375,20 @@ def test_report_cautions_where_g_minus_ranks_heads_against_their_ablation(report
                 "so the labels are no reading of each head's causal importance here") in "\n".join(lines)
     assert not [x for x in report_lines(report.assign_attrs(rho=0.3)) if x.startswith("caution: rho")]
     assert not [x for x in report_lines(report.assign_attrs(rho=float("nan"))) if x.startswith("caution: rho")]
+
+
+def test_a_label_its_mean_gates_would_not_give_is_marked(report):
+    # G- 0.468 printed beside "facilitating" (restarts 0.41, 0.37, 0.51, 0.59: a 2-2 tie gone to
+    # the lower code) read as a label the numbers beside it contradict, unmarked but for the tie
+    from dynamics.gates.report import report_table
+
+    assert not [x for x in report_lines(report) if x.startswith("labels marked ^")]
+    assert not any(row[4].endswith("^") for row in report_table(report)[1])
+    odd = report.copy(deep=True)
+    means = chg_roles(odd.chg.sel(fit="plus").mean("restart").values, odd.chg.sel(fit="minus").mean("restart").values)
+    odd["role"].values[0, 1] = (means[0, 1] + 1) % 4  # a majority label the means do not give
+    [line] = [x for x in report_lines(odd) if x.startswith("labels marked ^")]
+    assert line == ("labels marked ^: at L0H1 the mean G+ and G- shown would give another label; the label is the "
+                    "restarts' majority, each restart labelled from its own gates")
+    rows = report_table(odd)[1]
+    assert [row[:2] for row in rows if row[4].endswith("^")] == [["0", "1"]]

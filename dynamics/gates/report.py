@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from dynamics.analysis.chg import chg_roles
 from dynamics.config import ConfigError, RunConfig
 from dynamics.gates._engine import Progress, settle_window
 from dynamics.gates.ablation import head_ablation
@@ -81,7 +82,8 @@ def report_table(ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
     """Header and rows of a :func:`gate_report`: one row per head.
 
     Columns: layer, head, G+ and G- (means over restarts), the majority label (marked ``*``
-    where restarts tie: see :func:`report_lines`), the fraction of restarts agreeing with it,
+    where restarts tie: see :func:`report_lines`; ``^`` where the means shown beside it would give
+    another label, as G- 0.468 beside "facilitating" from restarts at 0.41, 0.37, 0.51, 0.59), the fraction of restarts agreeing with it,
     the ablation delta (mixture-weighted, then per component), and with a contrastive fit the
     mean contrastive gate ("keep") and the fraction of restarts on its majority side of the
     threshold ("k.agree": restarts that keep a head and restarts that drop it average to a
@@ -100,11 +102,13 @@ def report_table(ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
         keep_agree = np.maximum(kept, 1.0 - kept)
         header += ["keep", "k.agree"]
     tied = tied_majority(ds.chg_role.transpose(RESTART, LAYER, HEAD).values)
+    of_means = chg_roles(plus, minus, _threshold(ds))
     rows = []
     for layer in range(plus.shape[0]):
         for head in range(plus.shape[1]):
             row = [str(layer), str(head), f"{plus[layer, head]:.3f}", f"{minus[layer, head]:.3f}",
-                   CHG_ROLES[int(ds.role.values[layer, head])] + ("*" if tied[layer, head] else ""),
+                   CHG_ROLES[int(ds.role.values[layer, head])] + ("*" if tied[layer, head] else "")
+                   + ("^" if of_means[layer, head] != ds.role.values[layer, head] else ""),
                    f"{ds.agreement.values[layer, head]:.2f}",
                    f"{float(delta[layer, head] @ weights):+.4f}", *[f"{d:+.4f}" for d in delta[layer, head]]]
             if keep is not None:
@@ -162,6 +166,12 @@ def report_lines(ds: xr.Dataset) -> list[str]:
         lines.append(f"labels marked *: the restarts tie at {len(where)} head{'s' if len(where) > 1 else ''} "
                      f"({', '.join(where)}), so no role is a majority there; the label shown is the first tied "
                      f"one in the order {', '.join(CHG_ROLES[:-1])}")
+    means = chg_roles(ds.chg.sel(fit="plus").mean(RESTART).values, ds.chg.sel(fit="minus").mean(RESTART).values,
+                      _threshold(ds))
+    if (apart := means != ds.role.values).any():
+        where = [f"L{layer}H{head}" for layer, head in zip(*np.nonzero(apart), strict=True)]
+        lines.append(f"labels marked ^: at {', '.join(where)} the mean G+ and G- shown would give another label; "
+                     f"the label is the restarts' majority, each restart labelled from its own gates")
     lines += _settle_lines(ds)
     if "contrast_loss" in ds:
         loss = ds.contrast_loss
