@@ -271,26 +271,49 @@ def mixed_data(data: dict[str, tuple[str, str | None]]) -> str | None:
     A run refuses to resume on other data, but a new run into a store holding others did not: on
     another Python (a patch upgrade too) the corpus task reads another standard library, and two
     such runs of two seeds were compared as seeds, cross-seed consistency 0.956, with no word.
+    A synthetic task's data differ so only across versions of its generator. Runs drawing a
+    low-data pool are compared only with runs of their own seed (their recorded hash mixes in the
+    seed), so a pool's two Pythons across seeds go unseen.
 
     Example
     -------
     >>> key = trained_on_data({"config": {"task": {"name": "corpus"}}})[0]
     >>> print(mixed_data({"r1": (key, "a" * 64), "r2": (key, "b" * 64)}))
-    these 2 runs have the same task settings but were trained on other data (data hash aaaaaaaaaaaa: r1; bbbbbbbbbbbb: r2): for the corpus task, another Python's standard library; a difference between them may be the data's, not the experiment's (each run's data_hash attribute says which)
+    these 2 runs have the same task settings but were trained on other data (data hash aaaaaaaaaaaa: r1; bbbbbbbbbbbb: r2): another Python's standard library, for the corpus task; a difference between them may be the data's, not the experiment's (each run's data_hash attribute says which)
     """
     settings: dict[str, dict[str, tuple]] = {}
     for run_id, (key, data_hash) in data.items():
         if data_hash is not None:  # not recorded (an older dynamics): no difference claimed
             settings.setdefault(key, {})[run_id] = (data_hash,)
-    split = [_grouped(runs, lambda h: h[:12]) for runs in settings.values()]
-    split = [(len(runs), text) for runs, text in zip(settings.values(), split, strict=True) if text]
+    split = {key: text for key, runs in settings.items() if (text := _grouped(runs, lambda h: h[:12]))}
     if not split:
         return None
-    n = sum(k for k, _ in split)
-    return (f"these {n} runs have the same task settings but were trained on other data (data hash "
-            f"{'; and '.join(text for _, text in split)}): for the corpus task, another Python's standard library; a "
-            f"difference between them may be the data's, not the experiment's (each run's data_hash attribute says "
-            f"which)")
+    n = sum(len(settings[key]) for key in split)
+    flat = {key: _flat(json.loads(key)) for key in split}
+    differ = sorted({k for f in flat.values() for k in f if len({json.dumps(g.get(k)) for g in flat.values()}) > 1})
+    if len(split) == 1:
+        what, groups = "have the same task settings but were trained on other data", next(iter(split.values()))
+    else:  # each setting named by what tells it from the others: "; and" alone read as one setting
+        what = f"(in {len(split)} task settings) were trained on other data within each setting"
+        groups = " | ".join(", ".join(f"{k}={flat[key].get(k)}" for k in differ) + f": {text}"
+                            for key, text in split.items())
+    tasks = {str(flat[key].get("task.name")) for key in split} | {
+        str(c) for key in split for c in (flat[key].get("task.components") or [])}
+    generator = "another version of the data generator (dynamics.tasks.GENERATOR_VERSIONS)"
+    causes = (["another Python's standard library, for the corpus task"] if "corpus" in tasks else []) + (
+        [generator] if tasks - {"corpus", "mixture"} else [])
+    return (f"these {n} runs {what} (data hash {groups}): "
+            f"{', or '.join(causes) or generator}; a difference between them may be the data's, not the "
+            f"experiment's (each run's data_hash attribute says which)")
+
+
+def _flat(key: dict) -> dict:
+    """A task setting's key (:func:`trained_on_data`) as ``section.key`` -> value."""
+    out = {f"task.{k}": v for k, v in (key.get("task") or {}).items()}
+    out["model.vocab_size"] = key.get("vocab_size")
+    if key.get("seed") is not None:
+        out["train.seed"] = key["seed"]
+    return out
 
 
 def _grouped(sessions: dict[str, tuple], name) -> str | None:

@@ -415,6 +415,8 @@ def test_teacher_problems_are_config_errors(templated, tmp_path):
         write_run(tmp_path / "nine.zarr", f"r{i}", attrs={"status": "completed"})
     with pytest.raises(ConfigError, match=r"holds 9 runs; name one \(r0, r1, r2, r3, r4, r5, r6, r7, and 1 more\)$"):
         interventions.check(config({"distill": {"teacher": str(tmp_path / "nine.zarr")}}))
+    with pytest.raises(ConfigError, match=r"no run 'rnope' in .*nine.zarr \(runs: r0, .*, r7, and 1 more\)$"):
+        interventions.check(config({"distill": {"teacher": str(tmp_path / "nine.zarr"), "run": "rnope"}}))
     # an empty store said "holds 0 runs; name one ()"
     store.init_store(tmp_path / "empty.zarr")
     with pytest.raises(ConfigError, match=r"^intervene.distill.teacher: teacher store .*empty.zarr holds no runs$"):

@@ -58,7 +58,7 @@ def test_runs_of_one_task_setting_trained_on_other_data_are_noted(tmp_path, caps
     assert note_mixed_training(str(path), ["r4", "r5", "r6"]) == []
     [said] = note_mixed_training(str(path), ["r1", "r2", "r3", "r4", "r5", "r6"])
     assert said == ("these 3 runs have the same task settings but were trained on other data (data hash "
-                    "aaaaaaaaaaaa: r1, r3; bbbbbbbbbbbb: r2): for the corpus task, another Python's standard library; "
+                    "aaaaaaaaaaaa: r1, r3; bbbbbbbbbbbb: r2): another Python's standard library, for the corpus task; "
                     "a difference between them may be the data's, not the experiment's (each run's data_hash "
                     "attribute says which)")
     assert capsys.readouterr().err.count("dynamics: note: these 3 runs have the same task settings") == 1
@@ -80,3 +80,21 @@ def test_the_report_notes_runs_of_one_task_setting_trained_on_other_data():
     [note] = training_notes([run("r1", A), run("r2", B)])
     assert note.startswith("these 2 runs have the same task settings but were trained on other data (data hash "
                            "aaaaaaaaaaaa: r1; bbbbbbbbbbbb: r2)")
+
+
+def test_the_data_note_names_each_setting_and_a_synthetic_tasks_cause():
+    # Two settings read as one ("; and" between them), and an induction store's note blamed the
+    # corpus's standard library, which a synthetic task never reads.
+    from dynamics.provenance import mixed_data, trained_on_data
+
+    def key(period):
+        return trained_on_data({"config": {"task": {"name": "induction", "max_period": period},
+                                           "model": {"vocab_size": 16}}})[0]
+
+    note = mixed_data({"r1": (key(5), A), "r2": (key(5), B), "r3": (key(6), A), "r4": (key(6), "c" * 64)})
+    assert note == ("these 4 runs (in 2 task settings) were trained on other data within each setting (data hash "
+                    "task.max_period=5: aaaaaaaaaaaa: r1; bbbbbbbbbbbb: r2 | task.max_period=6: aaaaaaaaaaaa: r3; "
+                    "cccccccccccc: r4): another version of the data generator (dynamics.tasks.GENERATOR_VERSIONS); a "
+                    "difference between them may be the data's, not the experiment's (each run's data_hash attribute "
+                    "says which)")
+    assert mixed_data({"r1": (key(5), A), "r3": (key(6), B)}) is None  # other settings: other data by design

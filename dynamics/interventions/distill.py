@@ -165,13 +165,13 @@ def _teacher(opts: DistillOptions, cfg: RunConfig) -> Teacher:
     runs = store.list_runs(path)
     if not runs:
         fail(f"{key}: teacher store {path} holds no runs")
+    more = f", and {len(runs) - 8} more" if len(runs) > 8 else ""  # 8 of 12 named as if they were all
     if opts.run:
         if opts.run not in runs:
-            fail(f"intervene.distill.run: no run {opts.run!r} in {path} (runs: {', '.join(runs[:8]) or 'none'})")
+            fail(f"intervene.distill.run: no run {opts.run!r} in {path} (runs: {', '.join(runs[:8])}{more})")
         run_id = opts.run
     elif len(runs) != 1:
-        fail(f"intervene.distill.run: {path} holds {len(runs)} runs; name one ({', '.join(runs[:8])}"
-             f"{f', and {len(runs) - 8} more' if len(runs) > 8 else ''})")
+        fail(f"intervene.distill.run: {path} holds {len(runs)} runs; name one ({', '.join(runs[:8])}{more})")
     else:
         run_id = runs[0]
     attrs = store.run_attrs(path, run_id)
