@@ -392,3 +392,16 @@ def test_a_label_its_mean_gates_would_not_give_is_marked(report):
                     "restarts' majority, each restart labelled from its own gates")
     rows = report_table(odd)[1]
     assert [row[:2] for row in rows if row[4].endswith("^")] == [["0", "1"]]
+    # judged from the means as printed: G- 0.49996 shows 0.500, which gives "facilitating"
+    edge = report.copy(deep=True)
+    minus = edge["chg"].sel(fit="minus").values  # (restart, layer, head)
+    minus[:, 0, 0] = 0.5
+    minus[0, 0, 0] = 0.5 - 0.00004 * minus.shape[0]  # the mean 0.49996
+    plus = edge["chg"].sel(fit="plus").values
+    plus[:, 0, 0] = 1.0
+    edge["chg"].loc[{"fit": "minus"}] = minus
+    edge["chg"].loc[{"fit": "plus"}] = plus
+    edge["role"].values[0, 0] = 0  # facilitating, as 1.000 and 0.500 read
+    row = next(r for r in report_table(edge)[1] if r[:2] == ["0", "0"])
+    assert row[2:4] == ["1.000", "0.500"] and row[4].rstrip("*") == "facilitating"  # no "^"
+    assert not [x for x in report_lines(edge) if x.startswith("labels marked ^") and "L0H0" in x]

@@ -102,7 +102,8 @@ def report_table(ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
         keep_agree = np.maximum(kept, 1.0 - kept)
         header += ["keep", "k.agree"]
     tied = tied_majority(ds.chg_role.transpose(RESTART, LAYER, HEAD).values)
-    of_means = chg_roles(plus, minus, _threshold(ds))
+    # from the means as printed (3 decimals): a G- of 0.49996 shows 0.500, which gives the label
+    of_means = chg_roles(np.round(plus, 3), np.round(minus, 3), _threshold(ds))
     rows = []
     for layer in range(plus.shape[0]):
         for head in range(plus.shape[1]):
@@ -123,8 +124,9 @@ labels do not rank heads as ablation does."""
 
 
 def report_lines(ds: xr.Dataset) -> list[str]:
-    """Summary lines of a :func:`gate_report`: NLLs, label stability, rho, how settled the fits
-    were when they stopped, and the contrastive losses."""
+    """Summary lines of a :func:`gate_report`: NLLs, label stability, rho (with a caution below
+    `RHO_CAUTION`), the heads whose label is marked ``*`` or ``^``, how settled the fits were
+    when they stopped, and the contrastive losses."""
     nll = ds.nll.mean(RESTART)
     # With no lambda = 0 updates the 'init' stage is the random initial draw, not a fit.
     init = "unfitted initial gates" if ds.attrs.get("options", {}).get("init_steps") == 0 else "lambda=0"
@@ -166,8 +168,8 @@ def report_lines(ds: xr.Dataset) -> list[str]:
         lines.append(f"labels marked *: the restarts tie at {len(where)} head{'s' if len(where) > 1 else ''} "
                      f"({', '.join(where)}), so no role is a majority there; the label shown is the first tied "
                      f"one in the order {', '.join(CHG_ROLES[:-1])}")
-    means = chg_roles(ds.chg.sel(fit="plus").mean(RESTART).values, ds.chg.sel(fit="minus").mean(RESTART).values,
-                      _threshold(ds))
+    means = chg_roles(np.round(ds.chg.sel(fit="plus").mean(RESTART).values, 3),
+                      np.round(ds.chg.sel(fit="minus").mean(RESTART).values, 3), _threshold(ds))
     if (apart := means != ds.role.values).any():
         where = [f"L{layer}H{head}" for layer, head in zip(*np.nonzero(apart), strict=True)]
         lines.append(f"labels marked ^: at {', '.join(where)} the mean G+ and G- shown would give another label; "
