@@ -1,4 +1,5 @@
-"""`dynamics analyse`: every analyser over every finished run of a store, runs in parallel.
+"""`dynamics analyse`: every analyser over every finished run of a store, runs in parallel; a run
+analysed before by this code, from the recording it holds now, is kept (`kept_row`).
 
 Each run is independent (its own ``analysis/<run_id>`` group), so runs are spread over
 worker processes, one per core from the command line, like the sweep that trained them: the analysers
@@ -68,8 +69,8 @@ def library_versions() -> dict[str, str | None]:
 def analyse_one(path: str, run_id: str, again: bool = False) -> dict:
     """Analyse one run and write ``analysis/<run_id>``; its summary row (skipped if unfinished).
 
-    Unless ``again``, a run analysed before by this very code (``ANALYSIS_VERSION``, and the
-    package's code hash), from the recording it holds now, is not analysed twice: its row is read
+    Unless ``again``, a run analysed before by this very code (``ANALYSIS_VERSION``, the package's
+    code hash, the libraries' versions: `source_of`), from the recording it holds now, is not analysed twice: its row is read
     from its stored analysis, with ``kept``."""
     from dynamics import store
     from dynamics.schema import FINISHED_STATUSES
@@ -333,7 +334,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
         usual ``if __name__ == "__main__":`` guard. A URL store is analysed by this process
         alone: its root index has no cross-process lock.
     progress : callable, optional
-        ``progress(done, total, row)`` as each run's analysis is written, from any thread.
+        ``progress(done, total, row)`` as each run's analysis is written (or kept), from any thread.
     again : bool
         Analyse every run, those analysed before by these analysers too; by default their rows
         are read from their stored analyses, with ``kept`` (see :func:`analyse_one`).

@@ -224,7 +224,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | None = None,
                   again: bool = False) -> list[dict]:
-    """Run every analyser on each run of a store and write analysis/<run_id>; one summary per run.
+    """Run every analyser on each finished run of a store and write analysis/<run_id>; one summary
+    per run. A run analysed before by this code, from the recording it holds now, is kept unless
+    ``again`` (see dynamics.analyse.analyse_one).
 
     ``workers`` processes at once, one per core by default (see dynamics.analyse). A line on
     stderr per run; SIGTERM stops it as Ctrl-C does, worker processes included.
@@ -519,10 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", metavar="ADDRESS", help="run on an existing Dask cluster (tcp://host:port or a scheduler file)")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("status", help="runs in a store, in grid order: swept values, status, steps done, the step a resume restarts from, last loss (one training batch's, at the last step reached)")
+    p = sub.add_parser("status", help="runs in a store, in grid order: swept values, status, steps the store records (+N unrecorded past the last checkpoint; ? where refused), the step a resume restarts from, last loss recorded (a finished run's at its last step, an unfinished one's before its checkpoint)")
     p.add_argument("store", help=STORE_HELP)
     p.set_defaults(func=cmd_status)
-    p = sub.add_parser("analyse", help="compute every analyser for every run; write results next to the recordings")
+    p = sub.add_parser("analyse", help="compute every analyser for every finished run not analysed before by this code (--again: all); write results next to the recordings")
     p.add_argument("store", help=STORE_HELP)
     p.add_argument("--run", help="only this run id")
     p.add_argument("--workers", type=int, help="processes analysing runs at once (default: one per core)")
@@ -539,7 +541,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=int, default=5, help="grouped CV folds, at most the number of groups (default 5)")
     p.add_argument("--null", type=int, default=0, metavar="N",
                    help="also fit N curves on final roles permuted between runs, and say how often the how-early "
-                        "criterion then names a horizon (its false-alarm rate here); each costs about one curve's time")
+                        "criterion then names a horizon (its false-alarm rate here) and how often it says 'legible at "
+                        "initialisation'; each costs about one curve's time")
     p.add_argument("--recompute", action="store_true", help="compute final targets from the recordings, not the stored analysis")
     p.add_argument("--no-save", action="store_true", help="print only; do not write derived/predict.<target>")
     p.set_defaults(func=cmd_predict)

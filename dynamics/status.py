@@ -135,11 +135,13 @@ def status_of(path: str) -> tuple[list[str], list[list[str]], dict[str, str], di
     swept values (:func:`setting_columns`; ``none`` where a run lacks it, blank for a run whose
     config is unknown: pending or damaged), status (:func:`dynamics.store.run_status`, or
     ``damaged``, or ``pending`` for a sweep point not started), steps recorded of total (with
-    ``(+N unrecorded)`` for steps a stopped session trained past its last checkpoint),
+    ``(+N unrecorded)`` for steps a stopped session trained past its last checkpoint; ``?`` for
+    a refused run, whose store records fewer than its checkpoint's),
     ``resumes_at`` (the last checkpoint's step for an unfinished run, ``lost`` where that
     checkpoint is gone, ``refused`` where recordings before it are missing, which `run` names,
     ``-`` for a finished one, never retrained, and for a pending one, which
-    has no checkpoint) and the last loss recorded. Rows in the grid's order; runs outside any sweep after it, by id.
+    has no checkpoint) and the last loss recorded (``-`` where none is read: training, lost,
+    refused). Rows in the grid's order; runs outside any sweep after it, by id.
     """
     index = store.read_sweep_index(path) or {}
     recorded = store.list_runs(path, damaged="include")

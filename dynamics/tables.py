@@ -177,7 +177,7 @@ def demo_timing(t_train: float, t_analyse: float, t_total: float, n_skipped: int
     elif n_skipped:
         share = f"no share of training: {n_skipped} of {n_runs} runs were already finished, not retrained"
     elif n_others:
-        share = f"no share of training: the store's {n_others} other run(s) were analysed too, not trained"
+        share = f"no share of training: the store's {n_others} other run(s) were analysed or kept too, not trained"
     elif analysed == 0:
         share = "no share of training: no run was analysed"
     else:

@@ -101,7 +101,7 @@ def test_the_demo_sweeps_analyses_predicts_and_reports_then_retrains_nothing(tmp
     assert f"dynamics: note: {out} holds 4 run(s) besides this demo's 2; the analysis, predictor and report below " \
            f"include them\n" in err, err
     assert re.search(r"^training [\d.]+s, analysis [\d.]+s \(no share of training: the store's 4 other run\(s\) were "
-                     r"analysed too, not trained\), total \d+s$", third, re.M), third
+                     r"analysed or kept too, not trained\), total \d+s$", third, re.M), third
 
 
 def test_demo_timing_gives_a_share_of_training_only_when_it_trained_every_run():
@@ -115,7 +115,7 @@ def test_demo_timing_gives_a_share_of_training_only_when_it_trained_every_run():
     assert "% of training" not in demo_timing(40.0, 8.0, 50.0, 6, 12)
     # --out at a store of another config's runs: 24 runs' analysis against 12 runs' training, "18.6%"
     assert demo_timing(31.9, 5.9, 50.0, 0, 12, 12) == ("training 31.9s, analysis 5.9s (no share of training: the "
-                                                       "store's 12 other run(s) were analysed too, not trained), total 50s")
+                                                       "store's 12 other run(s) were analysed or kept too, not trained), total 50s")
     # runs resumed from a checkpoint trained 100 of their 600 steps here: "22.4% of training", against
     # 10.1% for the same grid trained whole; and every run failed, none analysed: "13.3%"
     assert demo_timing(9.3, 2.1, 12.0, 0, 2, resumed=2) == (

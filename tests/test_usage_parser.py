@@ -19,9 +19,10 @@ def test_each_commands_help_opens_with_the_line_dynamics_help_lists_it_by():
         assert listed[name] and parser.description == listed[name]
         assert " ".join(listed[name].split()) in " ".join(parser.format_help().split())
     status = " ".join(sub.choices["status"].format_help().split())
-    # one batch, not a mean of the curve; of the final model only for a completed run (README, The store)
-    assert ("swept values, status, steps done, the step a resume restarts from, last loss (one training batch's, at "
-            "the last step reached)") in status
+    # the steps and loss the store records: "steps done" and "at the last step reached" were of memory
+    assert ("swept values, status, steps the store records (+N unrecorded past the last checkpoint; ? where refused), "
+            "the step a resume restarts from, last loss recorded (a finished run's at its last step, an unfinished "
+            "one's before its checkpoint)") in status
 
 
 def test_a_description_given_is_kept():

@@ -66,7 +66,8 @@ Modules
 - :mod:`~dynamics.gates.ablation`: ``ablation_losses``, ``head_ablation``, ``set_ablation``,
   ``head_importance`` (Michel et al. 2019's gradient importance, an order of the pruning curves).
 - :mod:`~dynamics.gates.pruning`: ``pruning_order`` and ``pruning_curves``.
-- :mod:`~dynamics.gates.report`: ``check_fittable``, ``gate_report``, ``report_table``, ``report_lines`` (``dynamics gates``).
+- :mod:`~dynamics.gates.report`: ``check_fittable``, ``gate_report``, ``report_table``, ``report_lines``,
+  ``save_fit`` (``dynamics gates``; it names the fit a save replaces, which ``store.write_derived`` does not).
 """
 
 # `name as name`: module-level names kept reachable as gates.<name>, outside __all__.

@@ -420,7 +420,8 @@ def predict_store(path: str, options: PredictOptions | None = None,
         named a horizon), null_judged (in how many it could judge one: some horizon's folds had
         a spread), null_left_out_runs (runs labelling heads no other run labels, left
         out of the null fits), null_same_seed_runs (runs of a set where one seed holds more than
-        half, which may trade roles with a run of their own seed).
+        half, which may trade roles with a run of their own seed), null_legible (in how many the
+        line said "legible at initialisation").
 
     Example
     -------

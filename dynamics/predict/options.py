@@ -123,7 +123,8 @@ class PredictOptions:
     same heads (each run's final roles given whole to another run: none keeps its own, and runs
     whose heads no other run labels are left out), and count how often the "how early"
     criterion names a readable horizon: its false-alarm rate on these runs, where there is
-    nothing to read. Each permutation costs about one curve's fitting time. 0: off."""
+    nothing to read; and how often it says "legible at initialisation". Each permutation costs
+    about one curve's fitting time. 0: off."""
 
     def __post_init__(self):
         if self.target not in TARGETS:
