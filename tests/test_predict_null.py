@@ -42,21 +42,26 @@ def test_a_null_permutation_across_seeds_is_uniform_and_refused_where_none_exist
     assert derangement_across([7], rng) is None
 
 
-def test_across_seeds_each_run_goes_to_every_other_seeds_run_alike():
-    # 4 configs x 3 seeds: 1 plain shuffle in about 100 crosses, and the 100 tries taken before
-    # failed in a third of the draws, whose fallback sent seed 0's runs to seed 1's twice as often
-    # as to seed 2's (chi-squared 6907 on 84 df over 4000 draws; uniform draws give about 84)
+def _pairing_chi2(draws: int) -> float:
+    """Chi-squared of where each of 4 configs x 3 seeds' runs is sent over `draws` draws, against
+    uniform over the 8 runs of the other seeds (84 df), every draw checked to cross seeds."""
     classes = [seed for _ in range(4) for seed in range(3)]
     labels = np.array(classes)
     rng = np.random.default_rng(0)
     counts = np.zeros((12, 12))
-    for _ in range(4000):
+    for _ in range(draws):
         order = derangement_across(classes, rng)
         assert (labels[order] != labels).all()
         counts[np.arange(12), order] += 1
     other = labels[:, None] != labels[None, :]
-    expected = 4000 / 8  # each run to each of the 8 runs of the other seeds
-    chi2 = float(((counts[other] - expected) ** 2 / expected).sum())
+    return float(((counts[other] - draws / 8) ** 2 / (draws / 8)).sum())
+
+
+def test_across_seeds_each_run_goes_to_every_other_seeds_run_alike():
+    # 1 plain shuffle in about 100 crosses, and the 100 tries taken before failed in a third of
+    # the draws, whose fallback sent seed 0's runs to seed 1's twice as often as to seed 2's
+    # (chi-squared 6907 on 84 df over 4000 draws; uniform draws give about 84)
+    chi2 = _pairing_chi2(4000)
     assert chi2 < 140, chi2  # 84 df: p < 1e-4 above 140
 
 
@@ -66,14 +71,5 @@ def test_the_chain_taken_where_crossing_shuffles_are_rare_draws_alike(monkeypatc
     from dynamics.predict import null
 
     monkeypatch.setattr(null, "REJECTION_DRAWS", 0)  # the chain, every draw
-    classes = [seed for _ in range(4) for seed in range(3)]
-    labels = np.array(classes)
-    rng = np.random.default_rng(0)
-    counts = np.zeros((12, 12))
-    for _ in range(2000):
-        order = derangement_across(classes, rng)
-        assert (labels[order] != labels).all()
-        counts[np.arange(12), order] += 1
-    other = labels[:, None] != labels[None, :]
-    chi2 = float(((counts[other] - 2000 / 8) ** 2 / (2000 / 8)).sum())
+    chi2 = _pairing_chi2(2000)
     assert chi2 < 140, chi2  # 84 df; the swaps-only chain gave 48,000
