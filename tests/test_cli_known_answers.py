@@ -289,8 +289,12 @@ def test_gates_says_what_it_fitted_first_and_where_it_saved_it_last(tiny, tmp_pa
         assert cli.main(["gates", str(s), "--steps", "3", "--init-steps", "0", "--restarts", "1", "--lam", "0.3"]) == 0
         assert lines(capsys.readouterr().out)[-1] == (
             f"saved to derived/gates.{run_id} (replacing the fit saved before: step 10, 1 restart(s) x 2 updates, "
-            "lambda 0.1, no contrast; --no-save prints a fit without replacing it)")
+            "0 lambda=0 updates, lambda 0.1, no contrast; --no-save prints a fit without replacing it)")
         assert store.open_derived(s, f"gates.{run_id}").attrs["options"]["steps"] == 3
+        # lambda=0 updates not given: as many as the G+/G- stage's, as the fit ran them
+        for _ in range(2):
+            assert cli.main(["gates", str(s), "--steps", "2", "--restarts", "1"]) == 0
+        assert "1 restart(s) x 2 updates, 2 lambda=0 updates, lambda 0.1" in lines(capsys.readouterr().out)[-1]
     else:
         assert not any("saved" in line for line in out) and saved is None
 

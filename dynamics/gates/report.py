@@ -292,6 +292,9 @@ def save_fit(path: str, run_id: str, ds: xr.Dataset) -> str:
     what = ", ".join(x for x in [
         f"step {before.attrs['step']}" if "step" in before.attrs else "",
         f"{opts['restarts']} restart(s) x {opts['steps']} updates" if {"restarts", "steps"} <= set(opts) else "",
+        # None: as many as steps (GateOptions.init_steps); a quick refit's 0 told apart from a long fit
+        f"{opts['steps'] if opts['init_steps'] is None else opts['init_steps']} lambda=0 updates"
+        if {"init_steps", "steps"} <= set(opts) else "",
         f"lambda {opts['lam']:g}" if "lam" in opts else "",
         f"contrast retain={before.attrs['retain']},forget={before.attrs['forget']}"
         if {"retain", "forget"} <= set(before.attrs) else "no contrast"] if x)
