@@ -382,3 +382,20 @@ def test_a_sweep_with_a_point_finished_counts_both_in_its_log_lines(tmp_path, th
     assert f"[sweep] 1 run(s) to train on the cluster at {threaded_cluster}, 1 of 2 already finished; " in err, err
     [ended] = [line for line in err.splitlines() if line.endswith("finished)") and " completed " in line]
     assert ended.endswith("completed (2/2 finished)"), err
+
+
+def test_a_sweep_names_an_index_entry_that_is_no_run_id_and_keeps_it(tmp_path, capsys):
+    # A hand-edited '../evil' was kept in the index as an earlier sweep's point, never trained,
+    # and the sweep said nothing of it. Every point finished here: no cluster is started.
+    cfg = from_dict(tiny())
+    path = str(tmp_path / "s.zarr")
+    train_run(cfg, path)
+    index = store.read_sweep_index(path) or {"axes": [], "runs": {}}
+    store.write_sweep_index(path, {**index, "runs": {**index.get("runs", {}), "../evil": {}}})
+    capsys.readouterr()
+    assert run_sweep(cfg, path, progress=False).ok
+    assert capsys.readouterr().err.splitlines() == [
+        f"dynamics: note: {path}: the sweep index lists '../evil', which is no run id (use ASCII letters, digits, '.', "
+        "'_' or '-', not starting with a symbol): not a sweep point, and no sweep trains it; delete it from the "
+        "\"sweep\" attribute's runs in the store's root zarr.json"]
+    assert "../evil" in store.read_sweep_index(path)["runs"]  # nothing in a store is dropped

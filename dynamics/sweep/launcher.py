@@ -237,6 +237,19 @@ def _write_index(path: str, points: list[Point]) -> None:
     store.write_sweep_index(path, {"axes": axes, "runs": runs, "steps": {r: steps[r] for r in runs if r in steps}})
 
 
+def _note_bad_entries(path: str) -> None:
+    """A line on stderr for each sweep-index entry that is no run id (a hand edit, '../evil'):
+    kept, as a store's contents are, but no point any sweep trains, which the sweep said nothing of
+    (`dynamics status` names it too)."""
+    import sys
+
+    from dynamics.status import bad_index_entries
+
+    index = store.read_sweep_index(path) or {}
+    for line in bad_index_entries(path, index, set(store.list_runs(path, damaged="include"))).values():
+        print(f"dynamics: note: {line}", file=sys.stderr, flush=True)
+
+
 def check_points(cfg: RunConfig, path: str, scheduler: str | None = None) -> list[Point]:
     """The grid's points, each checked as `run_sweep` checks it before anything is written
     (valid, and fits in this machine's memory unless finished in ``path``, or a ``scheduler``
@@ -342,6 +355,7 @@ def run_sweep(
         _refuse_other_data_than_finished(todo, hashes, elsewhere, path)
         refuse_sweep_twins([p for p in todo if p.run_id not in existing], path)
         _write_index(path, points)
+        _note_bad_entries(path)
         if not store.is_remote(path):  # a remote store's is rebuilt whole below
             store.refresh_index(path, summary.skipped)  # as train_run's skip: an entry a kill left stale
         try:
