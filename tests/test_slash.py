@@ -103,7 +103,8 @@ def test_max_offset_validation():
 
 def test_best_offset_window_and_ties():
     s = xr.DataArray([0.9, 0.1, 0.6, 0.6, 0.2], dims="offset", coords={"offset": range(5)})
-    assert best_offset(s)[0].item() == 0
+    assert best_offset(s)[0].item() == 2  # from offset 1 by default: 0 is the self diagonal
+    assert best_offset(s, min_offset=0)[0].item() == 0
     offset, score = best_offset(s, min_offset=2)
     assert offset.item() == 2 and score.item() == 0.6  # tie -> smaller offset
     assert best_offset(s, min_offset=3, max_offset=4)[0].item() == 3
@@ -123,9 +124,17 @@ def test_slash_dominant():
 
     assert flags(slash_dominant(s, delta=3)) == [True, False, False, "nan"]
     assert flags(slash_dominant(s, delta=2)) == [False, False, False, "nan"]
-    # A sink head scores 1 at offset T - 1 (a single row): why a window cap matters.
-    assert flags(slash_dominant(s)) == [True, False, True, "nan"]
-    assert flags(slash_dominant(s, min_offset=1, max_offset=t // 2)) == [True, False, False, "nan"]
+    # A sink head scores 1 at offset T - 1 (a single row): why a window cap matters. The default
+    # is `dynamics analyse`'s window, 1..T // 2 from the T the scores record; the public
+    # defaults had been 0..T - 1, which counted this sink head (and any self head) dominant.
+    assert s.attrs["n_query"] == t
+    assert flags(slash_dominant(s, max_offset=t - 1)) == [True, False, True, "nan"]
+    assert flags(slash_dominant(s)) == flags(slash_dominant(s, min_offset=1, max_offset=t // 2)) == [True, False, False, "nan"]
+    bare = s.copy()
+    bare.attrs = {}  # scores that do not say their T: every scored offset from 1
+    assert flags(slash_dominant(bare)) == [True, False, True, "nan"]
+    self_head = slash_score(as_attention(np.eye(t)[None, None, None, None]))
+    assert flags(slash_dominant(self_head)) == [False] and flags(slash_dominant(self_head, min_offset=0)) == [True]
     assert flags(slash_dominant(s, kappa=1.0, delta=3)) == [True, False, False, "nan"]
     # offsets left unscored (NaN) for every head: undefined, and left out of a share of heads
     unscored = slash_dominant(s.where(s["offset"] > 5), max_offset=5)

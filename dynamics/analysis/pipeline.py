@@ -291,7 +291,10 @@ _JS = "sqrt(nat)"  # js_distance is the square root of a mean JS divergence in n
 VARIABLE_ATTRS = {
     "role_score": ("score of each role's pattern (see RoleThresholds)", "1"),
     "commitment_step": ("step from which the head's role never changes again", "steps"),
-    "best_slash": ("largest slash score over the scored offsets", "1"),
+    "best_slash": ("largest slash score over the offsets slash_offsets (1..T // 2, less slash_offsets_unscored)", "1"),
+    "best_offset": ("offset of best_slash (the offsets slash_offsets; the slash role's are slash_offset's)", "positions"),
+    "slash_offset": ("offset of the slash role's score (from role_thresholds' slash_min_offset, 2: "
+                     "offset 1 is previous_token's)", "positions"),
     "slash_dominant": ("slash-dominant head: 1, else 0 (NaN where undefined)", "1"),
     "slash_emergence_step": ("first step from which the head stays slash-dominant (NaN: not at the end)", "steps"),
     "slash_dominant_share": ("share of the layer's heads that are slash-dominant", "1"),

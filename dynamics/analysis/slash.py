@@ -127,12 +127,15 @@ def slash_score(attn: xr.DataArray, max_offset: int | None = None) -> xr.DataArr
     )
     out = out.assign_coords({OFFSET: np.arange(max_offset + 1)})
     out.name = "slash_score"
-    out.attrs = {"long_name": "mean attention on diagonal key = query - offset", "units": "1"}
+    # n_query: the window `best_offset` and `slash_dominant` take by default, as `dynamics analyse`'s
+    out.attrs = {"long_name": "mean attention on diagonal key = query - offset", "units": "1", "n_query": n}
     return out
 
 
 def _offset_window(scores: xr.DataArray, min_offset: int, max_offset: int | None) -> xr.DataArray:
     require_dims(scores, (OFFSET,), "scores (of slash_score)")
+    if max_offset is None and isinstance(scores.attrs.get("n_query"), (int, np.integer)):
+        max_offset = int(scores.attrs["n_query"]) // 2
     window = scores.sel({OFFSET: slice(min_offset, max_offset)})
     if window.sizes[OFFSET] == 0:
         raise ValueError(
@@ -166,7 +169,7 @@ def confounded_offsets(n_query: int, offsets: Iterable[int], threshold: float) -
 
 
 def best_offset(
-    scores: xr.DataArray, min_offset: int = 0, max_offset: int | None = None
+    scores: xr.DataArray, min_offset: int = 1, max_offset: int | None = None
 ) -> tuple[xr.DataArray, xr.DataArray]:
     """Offset with the highest slash score, and that score.
 
@@ -178,9 +181,13 @@ def best_offset(
     scores : DataArray
         Output of `slash_score`, ``(..., offset)``.
     min_offset, max_offset : int
-        The offset window, inclusive. ``max_offset=None`` means the largest scored offset.
-        Offsets near ``T - 1`` average over only a few queries (see `slash_score`), so a cap
-        such as ``T // 2`` keeps one lucky row from winning.
+        The offset window, inclusive. The defaults are `dynamics analyse`'s window (its
+        ``best_offset``; the slash role's starts at 2, `RoleThresholds.slash_min_offset`):
+        from 1, since offset 0 is the self diagonal, a self head's, to ``T // 2`` where the
+        scores say their T (`slash_score` records it as ``attrs["n_query"]``), else the largest
+        scored offset. Offsets near ``T - 1`` average over only a few queries (see
+        `slash_score`): a sink head scores 1 at ``T - 1``. On probes of T <= 4 the analysis
+        also leaves out offsets uniform attention passes (its ``slash_offsets_unscored``).
 
     Returns
     -------
@@ -191,8 +198,8 @@ def best_offset(
     Examples
     --------
     >>> import numpy as np, xarray as xr
-    >>> s = xr.DataArray([0.1, 0.2, 0.9, 0.3], dims="offset", coords={"offset": range(4)})
-    >>> [x.item() for x in best_offset(s)]
+    >>> s = xr.DataArray([0.95, 0.2, 0.9, 0.3], dims="offset", coords={"offset": range(4)})
+    >>> [x.item() for x in best_offset(s)]  # offset 0, the self diagonal, is left out
     [2.0, 0.9]
     """
     window = _offset_window(scores, min_offset, max_offset)
@@ -209,14 +216,16 @@ def slash_dominant(
     scores: xr.DataArray,
     kappa: float = DEFAULT_KAPPA,
     delta: int | None = None,
-    min_offset: int = 0,
+    min_offset: int = 1,
     max_offset: int | None = None,
 ) -> xr.DataArray:
     """(kappa, delta)-slash-dominance (Cheng et al. 2026): ``slash_score(delta) >= kappa``.
 
     If ``delta`` is None, a head counts when any offset in ``[min_offset, max_offset]``
-    reaches kappa: ``max_{delta in window} slash_score(delta) >= kappa``. Use
-    ``min_offset=2`` to leave out the self (0) and previous-token (1) cases.
+    reaches kappa: ``max_{delta in window} slash_score(delta) >= kappa``. The default window
+    is `best_offset`'s, `dynamics analyse`'s: 1 (Voita's positional head, the previous-token
+    case) to ``T // 2``. Use ``min_offset=2`` to leave out the previous-token case too, and
+    ``min_offset=0`` to count self heads.
 
     Parameters
     ----------
@@ -228,7 +237,7 @@ def slash_dominant(
     delta : int, optional
         The offset to test. None means any offset in the window.
     min_offset, max_offset : int
-        The window used when ``delta`` is None, inclusive.
+        The window used when ``delta`` is None, inclusive; defaults as `best_offset`'s.
 
     Returns
     -------
