@@ -15,6 +15,7 @@ _EXPORTS = {
     "ConfigError": "dynamics.config",
     "open_run": "dynamics.store",
     "open_sweep": "dynamics.store",
+    "recorded_snapshots": "dynamics.store",
     "open_analysis": "dynamics.store",
     "open_derived": "dynamics.store",
     "list_runs": "dynamics.store",

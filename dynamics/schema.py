@@ -69,6 +69,25 @@ RUN_VARIABLES = {
     "chg_role": (SNAPSHOT, LAYER, HEAD),
 }
 
+# What each recorded variable holds, as attrs that `open_run` and `open_sweep` attach (plots label
+# their axes from long_name and units, and CF readers decode chg_role's codes); README's table has
+# the full text. Attached when read, so runs recorded before these existed get them too.
+CHG_ROLE_FLAGS = {"flag_values": [0, 1, 2, 3, -1],
+                  "flag_meanings": "facilitating irrelevant interfering inconsistent unfitted"}
+RUN_VARIABLE_ATTRS = {
+    "attention": {"long_name": "post-softmax attention on the probe batch", "units": "1"},
+    "probe_tokens": {"long_name": "probe batch token ids"},
+    "grad_norm": {"long_name": "norm of the training-batch gradient of the head's W_Q, W_K, W_V, W_O slice"},
+    "grad_cosine": {"long_name": "cosine between the head's gradient and the previous snapshot's", "units": "1"},
+    "importance": {"long_name": "|dloss/dgate| of the head (times gate: Michel et al.'s importance)", "units": "nat"},
+    "gate": {"long_name": "head gate value", "units": "1"},
+    "head_weights": {"long_name": "the head's slices of W_Q, W_K, W_V, W_O (W_O transposed)"},
+    "loss": {"long_name": "training loss (next-token NLL of the step's batch)", "units": "nat"},
+    "eval_loss": {"long_name": "held-out loss per task component", "units": "nat"},
+    "chg": {"long_name": "causal head gating gate (G+ at fit plus, G- at fit minus)", "units": "1"},
+    "chg_role": {"long_name": "causal head gating role", **CHG_ROLE_FLAGS},
+}
+
 HEAD_WEIGHTS_AUTO_MAX_D_MODEL = 256
 """``record.head_weights = "auto"`` records head weight slices up to this d_model."""
 

@@ -191,36 +191,6 @@ def _float_or_none(value: Any) -> float | None:
     return out if math.isfinite(out) else None
 
 
-def _recorded_mask(ds: xr.Dataset, attrs: dict | None = None) -> np.ndarray:
-    """Snapshots that hold data. Unwritten snapshots read as the NaN fill value.
-
-    ``attrs``: the run's attributes. A run not finished may have been stopped (or be read) part
-    way through writing a snapshot, whose arrays are written side by side and before the
-    checkpoint: past its last checkpoint a snapshot whose ``importance`` is written counts only
-    if its attention is too (before it, `store.check_recorded` found them whole). Such a half
-    snapshot, counted, made `analyse_run` refuse the whole run (its attention NaN there).
-    """
-    if "importance" not in ds:
-        return _attention_written(ds, np.arange(ds.sizes["snapshot"]))
-    # tiny (snapshot, layer, head): cheaper than touching attention
-    mask = ds["importance"].notnull().any([d for d in ds["importance"].dims if d != "snapshot"]).values
-    if attrs is None or attrs.get("status") in FINISHED_STATUSES or "attention" not in ds:
-        return mask
-    through = attrs.get("checkpoint_step")
-    through = through if isinstance(through, int) and not isinstance(through, bool) else -1
-    steps = np.asarray(ds["step"].values, dtype=np.float64) if "step" in ds.coords else np.full(mask.shape, np.inf)
-    late = np.flatnonzero(mask & ~(steps <= through))  # NaN steps (unwritten) included
-    if late.size:
-        mask[late] = _attention_written(ds, late)
-    return mask
-
-
-def _attention_written(ds: xr.Dataset, snapshots: np.ndarray) -> np.ndarray:
-    """Whether each of these snapshots' attention is written: one element of its chunk read."""
-    probe = ds["attention"].isel(snapshot=snapshots, layer=0, head=0, probe=0, query=-1, key=0)  # key 0 is always visible
-    return probe.notnull().values
-
-
 def _collect_or_note(path, run_id: str, index: dict | None, compute_missing: bool,
                      on_damaged: Callable[[str, str], None] | None = None) -> _Run:
     """`_collect_run`, or a placeholder naming why the run could not be read.
@@ -307,7 +277,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         params=dict(point),
         last_loss=_float_or_none(attrs.get("last_loss")),
         n_snapshots=int(ds.sizes.get("snapshot", 0)),
-        recorded=_recorded_mask(ds, attrs) if "snapshot" in ds.dims else np.zeros(0, bool),
+        recorded=store.recorded_mask(ds, attrs) if "snapshot" in ds.dims else np.zeros(0, bool),
         steps=np.asarray(ds["step"].values) if "step" in ds.coords else np.arange(ds.sizes.get("snapshot", 0)),
         settings=seed_settings(attrs.get("config", {})),
         unfinished=unfinished_reason(status, attrs),

@@ -82,6 +82,8 @@ from dynamics.store.readers import (
     open_derived,
     open_run,
     open_sweep,
+    recorded_mask,
+    recorded_snapshots,
     write_analysis,
     write_derived,
 )
@@ -145,6 +147,8 @@ __all__ = [
     "open_run",
     "open_sweep",
     "read_sweep_index",
+    "recorded_mask",
+    "recorded_snapshots",
     "refresh_index",
     "reindex",
     "run_attrs",

@@ -27,7 +27,16 @@ try:  # POSIX only; without it, staging leftovers of killed writers are not clea
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-from dynamics.schema import ANALYSIS_VERSION, HEAD, LAYER, RUN, config_value
+from dynamics.schema import (
+    ANALYSIS_VERSION,
+    FINISHED_STATUSES,
+    HEAD,
+    LAYER,
+    RUN,
+    RUN_VARIABLE_ATTRS,
+    SNAPSHOT,
+    config_value,
+)
 from dynamics.signals import deferred_signals
 from dynamics.store._loc import (
     _NAME,
@@ -45,7 +54,7 @@ from dynamics.store._loc import (
     check_sections,
     new_dir,
 )
-from dynamics.store.checkpoints import run_now, run_status
+from dynamics.store.checkpoints import run_now
 from dynamics.store.index import _index_update
 from dynamics.store.root import _require_store, read_sweep_index, run_attrs
 from dynamics.store.staged import staged_keys
@@ -73,6 +82,8 @@ def open_run(path: str | os.PathLike, run_id: str | None = None, *, dask: bool =
         Dims and coordinates as recorded; ``attrs`` are the run group's, plus ``run_id``,
         except ``status``: "stopped" for a run marked running that no process trains (it was
         killed; the same command resumes it), as ``dynamics status`` and ``open_sweep`` say.
+        Arrays span the run's whole schedule: an unfinished or diverged run's snapshots past
+        what it wrote read NaN (`recorded_snapshots` leaves them out).
 
     Raises
     ------
@@ -83,7 +94,7 @@ def open_run(path: str | os.PathLike, run_id: str | None = None, *, dask: bool =
     Example
     -------
     >>> ds = open_run("runs.zarr")  # doctest: +SKIP
-    >>> ds.attention.sel(layer=0).isel(snapshot=-1).mean("probe")  # doctest: +SKIP
+    >>> recorded_snapshots(ds).attention.sel(layer=0).isel(snapshot=-1).mean("probe")  # doctest: +SKIP
     """
     loc = _Loc(path)
     _require_store(loc)
@@ -95,7 +106,83 @@ def open_run(path: str | os.PathLike, run_id: str | None = None, *, dask: bool =
         status, attrs = run_now(path, run_id, ds.attrs)
         ds.attrs = {**attrs, "status": status}
     ds.attrs.setdefault("run_id", run_id)
+    return _described(ds)
+
+
+def _described(ds: xr.Dataset) -> xr.Dataset:
+    """`ds` with each recorded variable's `RUN_VARIABLE_ATTRS` (what it stores has none)."""
+    for name, attrs in RUN_VARIABLE_ATTRS.items():
+        if name in ds.data_vars:
+            ds[name].attrs = {**attrs, **ds[name].attrs}
     return ds
+
+
+def recorded_mask(ds: xr.Dataset, attrs: dict | None = None) -> np.ndarray:
+    """Which snapshots of one run hold recordings, (snapshot,) bool; see `recorded_snapshots`.
+
+    ``attrs``: the run's attributes (``open_run``'s). A run not finished may have been stopped
+    (or be read) part way through writing a snapshot, whose arrays are written side by side and
+    before the checkpoint: past its last checkpoint a snapshot whose ``importance`` is written
+    counts only if its attention is too (before it, `check_recorded` found them whole). Such a
+    half snapshot, counted, made `analyse_run` refuse the whole run (its attention NaN there).
+    """
+    if "importance" not in ds:
+        return _attention_written(ds, np.arange(ds.sizes[SNAPSHOT]))
+    # tiny (snapshot, layer, head): cheaper than touching attention
+    mask = ds["importance"].notnull().any([d for d in ds["importance"].dims if d != SNAPSHOT]).values
+    if attrs is None or attrs.get("status") in FINISHED_STATUSES or "attention" not in ds:
+        return mask
+    through = attrs.get("checkpoint_step")
+    through = through if isinstance(through, int) and not isinstance(through, bool) else -1
+    steps = np.asarray(ds["step"].values, dtype=np.float64) if "step" in ds.coords else np.full(mask.shape, np.inf)
+    late = np.flatnonzero(mask & ~(steps <= through))  # NaN steps (unwritten) included
+    if late.size:
+        mask[late] = _attention_written(ds, late)
+    return mask
+
+
+def _attention_written(ds: xr.Dataset, snapshots: np.ndarray) -> np.ndarray:
+    """Whether each of these snapshots' attention is written: one element of its chunk read."""
+    probe = ds["attention"].isel(snapshot=snapshots, layer=0, head=0, probe=0, query=-1, key=0)  # key 0 is always visible
+    return probe.notnull().values
+
+
+def recorded_snapshots(ds: xr.Dataset) -> xr.Dataset:
+    """One run (from `open_run`) cut to the snapshots it recorded.
+
+    A run's arrays are created at the full size of its schedule, and ``step`` lists every
+    snapshot the schedule takes. An unfinished run (stopped, killed, still training) or a
+    diverged one never wrote its later snapshots: they read as NaN, so ``isel(snapshot=-1)``
+    of it is an empty snapshot, not its last. This keeps those it wrote (for a diverged run,
+    also not the one at its diverging step where its gradients were already non-finite;
+    ``dynamics.analyse.recorded_before_divergence`` cuts one as `dynamics analyse` does). A
+    finished run comes back whole.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One run with its attributes, as `open_run` gives it.
+
+    Returns
+    -------
+    xarray.Dataset
+
+    Raises
+    ------
+    ValueError
+        For a dataset of several runs (`open_sweep`'s): their recorded snapshots differ.
+
+    Example
+    -------
+    >>> ds = recorded_snapshots(open_run("runs.zarr"))  # doctest: +SKIP
+    >>> ds.attention.isel(snapshot=-1)  # the last snapshot the run wrote  # doctest: +SKIP
+    """
+    if RUN in ds.dims:
+        raise ValueError("recorded_snapshots: one run at a time (open_run's, or sweep.sel(run=ID)); "
+                         f"this dataset has {ds.sizes[RUN]} runs, whose recorded snapshots differ")
+    if SNAPSHOT not in ds.dims:
+        return ds
+    return ds.isel({SNAPSHOT: np.flatnonzero(recorded_mask(ds, ds.attrs))})
 
 
 def _axis_value(value: Any) -> Any:
@@ -215,10 +302,12 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
         dims = (RUN, LAYER, HEAD) if layers is not None else (RUN, HEAD)
         sweep = sweep.assign_coords(head_mask=(dims, np.array(rows, dtype=bool)))
 
-    new_coords: dict[str, tuple[str, np.ndarray]] = {
-        # as `dynamics status` and the report: a run marked running that no process trains was killed
-        "status": (RUN, np.array([run_status(loc.url, rid, a) for rid, a in zip(run_ids, attrs, strict=True)]))
-    }
+    # as `dynamics status`, the report and open_run: a run marked running that no process trains
+    # was killed; `attrs["runs"]` says so too, where it kept the raw "running" beside the
+    # coordinate's "stopped" (and `analyse_run` quoted it)
+    now = [run_now(loc.url, rid, a) for rid, a in zip(run_ids, attrs, strict=True)]
+    attrs = [{**a, "status": status} for status, a in now]
+    new_coords: dict[str, tuple[str, np.ndarray]] = {"status": (RUN, np.array([status for status, _ in now]))}
     axes = list(index["axes"]) if index else []
     leaves = [a.split(".")[-1] for a in axes]
     for axis, leaf in zip(axes, leaves, strict=True):
@@ -232,7 +321,7 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
         taken = set(sweep.variables) | set(sweep.dims) | set(new_coords)
         if leaves.count(leaf) == 1 and leaf not in taken:
             new_coords[leaf] = (RUN, arr)
-    sweep = sweep.assign_coords(new_coords)
+    sweep = _described(sweep.assign_coords(new_coords))
     sweep.attrs = {"runs": dict(zip(run_ids, attrs, strict=True))}
     if index:
         sweep.attrs["sweep"] = index
