@@ -425,3 +425,13 @@ def test_recorded_variables_say_what_they_hold_and_chg_roles_decode(tmp_path):
         assert ds.attention.attrs == {"long_name": "post-softmax attention on the probe batch", "units": "1"}
         assert ds.loss.attrs["units"] == "nat" and ds.gate.attrs["long_name"] == "head gate value"
     assert xr.open_zarr(path, group="runs/r1").attention.attrs == {}  # read, not written: older runs get them too
+
+
+def test_open_sweep_of_a_store_with_a_damaged_run_names_the_way_to_open_the_others(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    write_run(path, "r2")
+    (path / "runs" / "r1" / "zarr.json").write_bytes(b"[1, 2]")
+    with pytest.raises(StoreError, match=r"runs/r1 exists but its metadata .*open_sweep\(path, run_ids=\[\.\.\.\]\)"):
+        store.open_sweep(path)
+    assert list(store.open_sweep(path, ["r2"]).run.values) == ["r2"]  # the way it names

@@ -235,7 +235,10 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
     _require_store(loc)
     index = read_sweep_index(loc.url)
     if run_ids is None:
-        present = _children(loc, "runs")  # a damaged run is named: the sweep would lack it unsaid
+        try:
+            present = _children(loc, "runs")  # a damaged run is named: the sweep would lack it unsaid
+        except StoreError as e:  # the way on from Python, where the commands skip it and go on
+            raise StoreError(f"{e}; or open the other runs by name: open_sweep(path, run_ids=[...])") from e
         run_ids = [r for r in index["runs"] if r in present] if index else present
     else:
         # runs asked for by name: another run's damage does not matter, theirs is named below
