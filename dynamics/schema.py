@@ -15,7 +15,7 @@ Store layout (a Zarr v3 group; see dynamics/store/)::
 
 STORE_VERSION = 1
 
-ANALYSIS_VERSION = 9
+ANALYSIS_VERSION = 10
 """Stamped on every analysis (attr ``analysis_version``) and raised whenever what the analysers
 compute changes; readers recompute a stored analysis of another version rather than mix it with
 this one's, and `dynamics.store.open_analysis` warns on one (version 2: slash window up to T // 2,
@@ -29,7 +29,8 @@ a window reaching them blanked it for every head; version 7: ``slash_dominant`` 
 read False and counted as 0; version 8: ``layer_bifurcation_step``, the rule on each layer's own
 divergence; version 9: ``winner_take_all`` of Michel et al.'s importance, gate x the recorded
 |dL/dg|, where it took |dL/dg| alone: the same with fixed gates, not with learned ones; and
-induction unscored on probes where uniform attention reaches its threshold).
+induction unscored on probes where uniform attention reaches its threshold; version 10:
+``previous_token_peak``, Voita et al.'s rule for the positional head).
 Defined here, not in the analysers, so the store can tell a stale analysis without importing
 them."""
 

@@ -133,6 +133,8 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
         print(f"token roles: token {', '.join(map(str, ids))} is in none of the probe sequences of {len(unseen)} of "
               f"these run(s), so none of their heads can be measured as a token head (a vocabulary without it, or "
               f"too few probes: record.n_probe)")
+    for line in role_notes([r for r in rows if not r.get("skipped")]):
+        print(line)
     if early := [r for r in rows if not r.get("skipped") and "read_at_step" in r]:
         # the footnote's "last snapshot" of a diverged run is its last finite one, often well
         # before the schedule's end: only the status column said so
@@ -148,6 +150,36 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
               "and their heads' figures are not those of a model that learned its task: "
               + ", ".join(f"{r['run']} ({r['loss_rose'][0]:.4g} -> {r['loss_rose'][1]:.4g} nats)" for r in rose[:4])
               + (f", and {len(rose) - 4} more" if len(rose) > 4 else ""))
+
+
+def _runs(counts: list[tuple[str, int]]) -> str:
+    return (", ".join(f"{rid} ({n})" for rid, n in counts[:4])
+            + (f", and {len(counts) - 4} more run(s)" if len(counts) > 4 else ""))
+
+
+def role_notes(rows: list[dict]) -> list[str]:
+    """Notes on what the final-roles column does not say, from `summary_row`'s rows: heads that
+    meet Voita et al.'s positional-head rule but are labelled otherwise, and heads holding a
+    specific role at step 0, before any update."""
+    lines = []
+    if missed := [(r["run"], r["peak_not_previous_token"]) for r in rows if r.get("peak_not_previous_token")]:
+        lines.append(f"previous-token heads: {sum(n for _, n in missed)} head(s) put their largest weight one step "
+                     f"back in >= 90% of rows at the last snapshot (Voita et al.'s positional head) but are not "
+                     f"labelled previous_token, which asks for a mean weight of 0.5 there (or another role's margin "
+                     f"was larger); `previous_token_peak` in the analysis names them: {_runs(missed)}")
+    start = [(r["run"], r["roles_at_start"]) for r in rows if r.get("roles_at_start") and r.get("start_step") == 0]
+    if start:
+        total: dict[str, int] = {}
+        for _, counts in start:
+            for role, n in counts.items():
+                total[role] = total.get(role, 0) + n
+        lines.append(f"roles at step 0: {sum(total.values())} head(s) hold a specific role before any update ("
+                     + ", ".join(f"{role} {n}" for role, n in total.items())
+                     + "): an untrained head departs from uniform attention a little, which passes a role where "
+                       "uniform attention scores close to its threshold (short probes for sink and self, few or "
+                       "repetitive tokens for induction); such a role was there from initialisation, not learned: "
+                     + _runs([(rid, sum(c.values())) for rid, c in start]))
+    return lines
 
 
 def _redundancy(row: dict) -> str:

@@ -742,3 +742,24 @@ def test_a_run_without_head_weights_beside_one_with_them_reads_nan_not_an_error(
             out = analyse_run(data).load()
         assert out["qk_cosine"].sel(run="b").isnull().all() and out["q_subspace_cos"].sel(run="b").isnull().all()
         assert out["qk_cosine"].sel(run="a").notnull().all()
+
+
+def test_the_summary_counts_voita_heads_not_labelled_previous_token_and_roles_held_at_step_0():
+    # Head 0 peaks one step back in every row from snapshot 2, holding 0.43 there (slash_score(1)
+    # at T = 12: 0.3 + 0.7 (H_12 - 1) / 11): Voita et al.'s positional head, short of the
+    # previous_token role's 0.5. Head 1 is a sink (all on key 0) from step 0: a role held before
+    # any update. T = 12 keeps sink scored (uniform alpha_0 = H_12 / 12 = 0.26 < 0.3).
+    t, n = 12, 4
+    ds = uniform_and_sink(n, np.arange(100, 100 + 2 * t).reshape(2, t))
+    weak = 0.3 * np.eye(t, k=-1) + 0.7 * np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    attn = ds["attention"].values.copy()
+    attn[2:, 0, 0] = weak.astype(np.float16)
+    r = analyse_run(ds.assign(attention=(ds["attention"].dims, attn))).load()
+    peak = r["previous_token_peak"].sel(layer=0)
+    np.testing.assert_allclose(peak.sel(head=0), [0, 0, 1, 1])  # uniform rows tie: no peak
+    np.testing.assert_allclose(peak.sel(head=1), 1 / 11)  # key 0 is one step back in row 1 only
+    assert role_names(r["role"].isel(snapshot=-1).values).ravel().tolist() == ["diffuse", "sink"]
+    row = summary_row(r)
+    assert row["peak_not_previous_token"] == 1
+    assert row["roles_at_start"] == {"sink": 1} and row["start_step"] == 0
+    assert r["previous_token_peak"].attrs["units"] == "1"

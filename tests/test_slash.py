@@ -442,3 +442,4 @@ def test_best_offset_is_labelled_as_an_offset_not_a_score():
                      attrs={"long_name": "mean attention on diagonal key = query - offset", "units": "1"})
     offset, _ = best_offset(s)
     assert offset.attrs["units"] == "positions"
+

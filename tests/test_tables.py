@@ -347,3 +347,26 @@ def test_summary_row_names_the_token_no_probe_holds():
     tokens = ds["probe_tokens"] % 32
     without = analyse_run(ds.assign(probe_tokens=tokens)).isel(run=0).load()
     assert summary_row(without)["token_unseen"] == 47 == without.attrs["token_id"]
+
+
+def test_the_role_notes_name_voita_heads_labelled_otherwise_and_roles_held_at_step_0(capsys):
+    from dynamics.tables import role_notes
+
+    rows = [{"run": "a", "status": "completed"} | _ROW | {"peak_not_previous_token": 2, "roles_at_start": {},
+                                                         "start_step": 0},
+            {"run": "b", "status": "completed"} | _ROW | {"peak_not_previous_token": 0,
+                                                         "roles_at_start": {"sink": 3, "induction": 1}, "start_step": 0},
+            {"run": "c", "status": "completed"} | _ROW | {"peak_not_previous_token": 1,
+                                                         "roles_at_start": {"sink": 1}, "start_step": 0}]
+    voita, start = role_notes(rows)
+    assert voita.startswith("previous-token heads: 3 head(s) put their largest weight one step back in >= 90% of rows")
+    assert voita.endswith("`previous_token_peak` in the analysis names them: a (2), c (1)")
+    assert start.startswith("roles at step 0: 5 head(s) hold a specific role before any update (sink 4, induction 1): ")
+    assert start.endswith("not learned: b (4), c (1)")
+    print_analysis(rows)
+    assert voita in capsys.readouterr().out
+    # nothing to say: no line (a row stored before these counts has neither key)
+    quiet = [{"run": "a", "status": "completed"} | _ROW | {"peak_not_previous_token": 0, "roles_at_start": {},
+                                                          "start_step": 0}, {"run": "d", "status": "completed"} | _ROW]
+    assert role_notes(quiet) == []
+    assert role_notes([rows[1] | {"start_step": 5}]) == []  # a first snapshot after updates: not "before any update"

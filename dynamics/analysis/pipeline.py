@@ -29,6 +29,7 @@ from dynamics.analysis.divergence import (
     qk_cosine,
     within_layer_divergence,
 )
+from dynamics.analysis.positional import VOITA_PEAK, peak_share
 from dynamics.analysis.redundancy import attention_correlation, cluster_heads, redundancy_fraction
 from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, check_kinds, role_scores
 from dynamics.analysis.slash import (
@@ -129,8 +130,8 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     -------
     Dataset (lazy) with, per snapshot, layer and head unless stated:
     ``role_score`` (+ role_name), ``slash_offset`` (the offset the slash role score was read
-    at), ``role`` (int8 codes into ROLES), ``slash_score`` (+ offset),
-    ``best_offset``, ``best_slash``, ``slash_dominant``, ``token_share``, ``token_ratio`` (the
+    at), ``role`` (int8 codes into ROLES), ``slash_score`` (+ offset), ``previous_token_peak``
+    (Voita et al.'s rule: the share of rows peaking one step back), ``best_offset``, ``best_slash``, ``slash_dominant``, ``token_share``, ``token_ratio`` (the
     share's ratio to uniform causal attention; both are means over the probes that hold the
     token), ``token_dominant``,
     ``commitment_step`` / ``slash_emergence_step`` / ``token_emergence_step`` (layer, head),
@@ -228,6 +229,9 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
 
     slash = stage["slash"]
     parts["slash_score"] = slash
+    # Voita et al.'s rule for the positional head, which the previous_token role (a mean weight of
+    # 0.5 one step back) does not ask: heads peaking there in every row at 0.35-0.49 read local or none
+    parts["previous_token_peak"] = stage["peak"]
     offset, best, dominant = slash_dominance(slash, opt, T)
     parts["best_offset"], parts["best_slash"] = offset, best
     parts["slash_dominant"] = unpadded(dominant)
@@ -296,6 +300,8 @@ VARIABLE_ATTRS = {
     "slash_offset": ("offset of the slash role's score (from role_thresholds' slash_min_offset, 2: "
                      "offset 1 is previous_token's)", "positions"),
     "slash_dominant": ("slash-dominant head: 1, else 0 (NaN where undefined)", "1"),
+    "previous_token_peak": ("share of rows whose largest weight is one step back (Voita et al.'s positional "
+                            "head: >= 0.9)", "1"),
     "slash_emergence_step": ("first step from which the head stays slash-dominant (NaN: not at the end)", "steps"),
     "slash_dominant_share": ("share of the layer's heads that are slash-dominant", "1"),
     "token_ratio": ("attention on the token relative to uniform causal attention", "1"),
@@ -411,7 +417,10 @@ def summary_row(result: xr.Dataset) -> dict:
     ``slash_dominant`` (a count of heads) when no head has a slash offset scored.
     ``layer_bifurcation_steps`` is ``bifurcation_step`` per layer (a list, in layer order), or
     None for an analysis stored before it was computed. ``token_unseen`` is the token id the token
-    roles look for where no probe sequence holds it, else None.
+    roles look for where no probe sequence holds it, else None. ``peak_not_previous_token``: heads
+    meeting Voita et al.'s rule (``previous_token_peak`` >= 0.9) at the last snapshot but not
+    labelled previous_token. ``roles_at_start``: the specific roles' head counts at the first
+    snapshot, at step ``start_step``.
     """
     if RUN in result.dims:  # a sweep's analysis: every number below would be an array
         raise ValueError("summary_row takes one run's analysis; select one with .sel(run=...) or .isel(run=...)")
@@ -443,7 +452,21 @@ def summary_row(result: xr.Dataset) -> dict:
         # 32 has no '/', 47): none of its heads can be a token head, which a count of 0 does not say
         "token_unseen": int(result.attrs.get("token_id", ord("/")))
         if "token_share" in last and bool(last["token_share"].isnull().all()) else None,
+        # Voita et al.'s positional heads (peak one step back in >= 90% of rows) that the role
+        # label, asking for a mean weight of 0.5 there, does not call previous_token
+        "peak_not_previous_token": None if "previous_token_peak" not in last else int(
+            ((last["previous_token_peak"] >= VOITA_PEAK) & (last["role"] != ROLES.index("previous_token"))).sum()),
+        # specific roles (not local or diffuse) at the first snapshot, before any update where it is step 0
+        "roles_at_start": _specific_counts(result.isel({SNAPSHOT: 0})),
+        "start_step": int(result["step"].values[0]) if "step" in result.coords else None,
     }
+
+
+def _specific_counts(snapshot: xr.Dataset) -> dict[str, int]:
+    from dynamics.analysis.roles import SPECIFIC_ROLES, role_names
+
+    labels = role_names(snapshot["role"].values).ravel()
+    return {r: int((labels == r).sum()) for r in SPECIFIC_ROLES if (labels == r).any()}
 
 
 def _step_or_why(step: xr.DataArray, curve: xr.DataArray) -> int | str | None:
@@ -497,6 +520,7 @@ def _attention_stage(attn: xr.DataArray, tokens: xr.DataArray, attn0: xr.DataArr
     scores = role_scores(attn, tokens, opt.roles)
     out = {f"score_{name}": v for name, v in scores.data_vars.items()}
     out["slash"] = slash_score(attn, max_offset=max_offset)
+    out["peak"] = peak_share(attn, delta=1)
     out["present"] = attn.isel(probe=0, query=0, key=0).notnull()
     out["share"] = token_share(attn, tokens, opt.roles.token_id)
     out["ratio"] = token_ratio(attn, tokens, opt.roles.token_id)

@@ -88,7 +88,9 @@ class RoleThresholds:
     """
 
     previous_token: float = 0.5
-    """slash_score(1) needed. At 0.5 most of the attention goes one step back."""
+    """slash_score(1) needed. At 0.5 most of the attention goes one step back. Not Voita et al.'s
+    rule (the largest weight one step back in >= 90% of rows), which heads holding less meet:
+    the analysis's ``previous_token_peak`` (`dynamics.analysis.positional.peak_share`) gives it."""
     self: float = 0.5
     """slash_score(0) needed."""
     slash: float = 0.5
@@ -103,7 +105,9 @@ class RoleThresholds:
     clean induction head."""
     sink: float = 0.3
     """alpha_0, the mean attention on position 0. Gu et al.'s epsilon. Uniform causal attention
-    gives H_T / T, which is 0.21 at T = 16 but 0.34 at T = 8: probes need T >= 10 (0.293)."""
+    gives H_T / T, which is 0.21 at T = 16 but 0.34 at T = 8: probes need T >= 10 (0.293), and
+    an untrained head, a little off uniform, passes 0.3 at T = 10 (`dynamics analyse` notes
+    roles held at step 0)."""
     token: float = 0.5
     """Mean share of attention on visible occurrences of `token_id`. The post uses 50%."""
     local: float = 0.8

@@ -5,7 +5,8 @@ Sources
 - Cheng et al. 2026, "Demystifying the Slash Pattern in Attention: The Role of RoPE",
   arXiv 2601.08297: the slash score and (kappa, delta)-slash-dominance.
 - Voita et al. 2019: the "positional head" is the delta = 1 case, by its own rule (the row's largest
-  weight at offset 1 in >= 90% of rows); the scores here are mean weights (see `roles`).
+  weight at offset 1 in >= 90% of rows, `dynamics.analysis.positional`); the scores here are mean
+  weights (see `roles`).
 - The slash-dominance post: a head is token-dominant when it puts more than half of its
   attention on "/" tokens whenever one is visible, in 3 or more consecutive samples. Here the
   token id is a parameter. The post's claims (share of heads, layers, emergence phases) are

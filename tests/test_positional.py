@@ -1,0 +1,31 @@
+"""Voita et al.'s positional-head rule: the share of rows peaking at an offset."""
+
+import numpy as np
+import pytest
+
+from dynamics.analysis.positional import VOITA_PEAK, peak_share
+from dynamics.analysis.slash import slash_score
+from tests.test_slash import as_attention, diagonal, uniform
+
+
+def test_peak_share_counts_rows_peaking_at_the_offset_not_the_weight_there():
+    t = 12
+    weak = 0.3 * diagonal(t, 1) + 0.7 * uniform(t)  # peaks one step back in every row, holding 0.43 there
+    sink = np.zeros((t, t))
+    sink[:, 0] = 1
+    tie = uniform(t).copy()
+    tie[2:, :] = 0
+    tie[2:, 0] = tie[2:, 1] = 0.5  # rows from 2 split between keys 0 and 1: one back in row 2, tied there
+    a = np.stack([diagonal(t, 1), weak, uniform(t), sink, tie, np.full((t, t), np.nan)])[None, None, :, None]
+    attn = as_attention(a.astype(np.float16))
+    share = peak_share(attn).values.ravel()
+    # rows 1..11 are the rule's (row 0 sees one key): the sink head's key 0 is one back only in
+    # row 1; a tie is no peak, so uniform rows and the tied head's rows 1 and 2 count nowhere
+    np.testing.assert_allclose(share[:5], [1.0, 1.0, 0.0, 1 / 11, 0.0])
+    assert np.isnan(share[5])  # a padded head: undefined, not a miss
+    assert VOITA_PEAK == 0.9 and share[1] >= VOITA_PEAK
+    assert slash_score(attn).sel(offset=1).isel(head=1).item() < 0.5  # what the previous_token role asks
+    assert peak_share(attn, delta=0).values.ravel()[3] == 0  # sink: key 0 is the self key of row 0 only, not counted
+    np.testing.assert_array_equal(peak_share(attn.chunk({"head": 2})).values, peak_share(attn).values)  # dask
+    with pytest.raises(ValueError, match="delta"):
+        peak_share(attn, delta=t)
