@@ -175,10 +175,10 @@ def role_notes(rows: list[dict]) -> list[str]:
                 total[role] = total.get(role, 0) + n
         lines.append(f"roles at step 0: {sum(total.values())} head(s) hold a specific role before any update ("
                      + ", ".join(f"{role} {n}" for role, n in total.items())
-                     + "): an untrained head departs from uniform attention a little, which passes a role where "
-                       "uniform attention scores close to its threshold (short probes for sink and self, few or "
-                       "repetitive tokens for induction); such a role was there from initialisation, not learned: "
-                     + _runs([(rid, sum(c.values())) for rid, c in start]))
+                     + "), so it was not learned: where uniform attention scores close to a role's threshold "
+                       "(short probes for sink and self, few or repetitive tokens for induction), an untrained "
+                       "head's small departures from uniform pass it, and an [intervene] template or a large "
+                       "init_scale can set one: " + _runs([(rid, sum(c.values())) for rid, c in start]))
     return lines
 
 

@@ -19,13 +19,17 @@ def test_peak_share_counts_rows_peaking_at_the_offset_not_the_weight_there():
     a = np.stack([diagonal(t, 1), weak, uniform(t), sink, tie, np.full((t, t), np.nan)])[None, None, :, None]
     attn = as_attention(a.astype(np.float16))
     share = peak_share(attn).values.ravel()
-    # rows 1..11 are the rule's (row 0 sees one key): the sink head's key 0 is one back only in
-    # row 1; a tie is no peak, so uniform rows and the tied head's rows 1 and 2 count nowhere
-    np.testing.assert_allclose(share[:5], [1.0, 1.0, 0.0, 1 / 11, 0.0])
+    # rows 2..11 are the rule's: row 1's key one back is the first token, where a sink head peaks
+    # (counted, it met the rule at T = 2); a tie is no peak, so uniform rows and the tied head's
+    # row 2 count nowhere
+    np.testing.assert_allclose(share[:5], [1.0, 1.0, 0.0, 0.0, 0.0])
     assert np.isnan(share[5])  # a padded head: undefined, not a miss
     assert VOITA_PEAK == 0.9 and share[1] >= VOITA_PEAK
     assert slash_score(attn).sel(offset=1).isel(head=1).item() < 0.5  # what the previous_token role asks
     assert peak_share(attn, delta=0).values.ravel()[3] == 0  # sink: key 0 is the self key of row 0 only, not counted
-    np.testing.assert_array_equal(peak_share(attn.chunk({"head": 2})).values, peak_share(attn).values)  # dask
+    for chunks in ({"head": 2}, {"probe": 1, "query": 5, "key": 7}):  # dask, chunked along any dim
+        np.testing.assert_array_equal(peak_share(attn.chunk(chunks)).values, peak_share(attn).values)
+    two = as_attention(np.stack([diagonal(2, 1), np.eye(2)[[0, 0]]])[None, None, :, None])
+    assert np.isnan(peak_share(two).values).all()  # T = 2: no row counted, a sink head no positional head
     with pytest.raises(ValueError, match="delta"):
         peak_share(attn, delta=t)

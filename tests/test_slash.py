@@ -130,6 +130,9 @@ def test_slash_dominant():
     assert s.attrs["n_query"] == t
     assert flags(slash_dominant(s, max_offset=t - 1)) == [True, False, True, "nan"]
     assert flags(slash_dominant(s)) == flags(slash_dominant(s, min_offset=1, max_offset=t // 2)) == [True, False, False, "nan"]
+    with pytest.raises(ValueError, match=r"no offsets in \[7, 5\] \(max_offset: by default T // 2 of the scores' n_query 10"):
+        best_offset(s, min_offset=7)
+    assert best_offset(s)[1].attrs == {"long_name": "largest slash score in the offset window", "units": "1"}
     bare = s.copy()
     bare.attrs = {}  # scores that do not say their T: every scored offset from 1
     assert flags(slash_dominant(bare)) == [True, False, True, "nan"]

@@ -405,6 +405,8 @@ def test_recorded_snapshots_keeps_what_an_unfinished_run_wrote(tmp_path):
     xr.testing.assert_identical(store.recorded_snapshots(whole), whole)
     with pytest.raises(ValueError, match="one run at a time"):
         store.recorded_snapshots(store.open_sweep(path))
+    with pytest.raises(ValueError, match="importance or attention tells which snapshots"):
+        store.recorded_snapshots(ds[["grad_norm", "eval_loss"]])
     import dynamics
 
     assert dynamics.recorded_snapshots is store.recorded_snapshots
@@ -432,6 +434,6 @@ def test_open_sweep_of_a_store_with_a_damaged_run_names_the_way_to_open_the_othe
     write_run(path, "r1")
     write_run(path, "r2")
     (path / "runs" / "r1" / "zarr.json").write_bytes(b"[1, 2]")
-    with pytest.raises(StoreError, match=r"runs/r1 exists but its metadata .*open_sweep\(path, run_ids=\[\.\.\.\]\)"):
+    with pytest.raises(StoreError, match=r"runs/r1 exists but its metadata .*open_sweep\(path, run_ids=\[\.\.\.\]\), of 'r2'$"):
         store.open_sweep(path)
     assert list(store.open_sweep(path, ["r2"]).run.values) == ["r2"]  # the way it names

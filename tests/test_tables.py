@@ -361,8 +361,9 @@ def test_the_role_notes_name_voita_heads_labelled_otherwise_and_roles_held_at_st
     voita, start = role_notes(rows)
     assert voita.startswith("previous-token heads: 3 head(s) put their largest weight one step back in >= 90% of rows")
     assert voita.endswith("`previous_token_peak` in the analysis names them: a (2), c (1)")
-    assert start.startswith("roles at step 0: 5 head(s) hold a specific role before any update (sink 4, induction 1): ")
-    assert start.endswith("not learned: b (4), c (1)")
+    assert start.startswith("roles at step 0: 5 head(s) hold a specific role before any update (sink 4, induction 1), ")
+    assert "so it was not learned: where uniform attention scores close to a role's threshold" in start
+    assert start.endswith("an [intervene] template or a large init_scale can set one: b (4), c (1)")
     print_analysis(rows)
     assert voita in capsys.readouterr().out
     # nothing to say: no line (a row stored before these counts has neither key)

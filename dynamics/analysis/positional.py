@@ -31,9 +31,11 @@ VOITA_PEAK = 0.9
 def _peak_rows(a: np.ndarray, delta: int) -> np.ndarray:
     # a: (..., probe, query, key) -> (...). A row counts when its weight at key i - delta is
     # larger than at every other visible key: strictly, so a uniform row (all keys tied) is no
-    # hit. Rows with one visible key (query 0), or none at that offset, are not rows of the rule.
+    # hit. Rows whose key at that offset is the first token (i = delta) are not rows of the rule:
+    # a sink head peaks there (at T = 2 it had met the rule), and for delta = 0 it is the row
+    # with one visible key.
     n = a.shape[-1]
-    start = max(delta, 1)
+    start = delta + 1
     if start >= n:
         return np.full(a.shape[:-3], np.nan)
     rows = np.arange(start, n)  # (R,)
@@ -50,12 +52,13 @@ def _peak_rows(a: np.ndarray, delta: int) -> np.ndarray:
 def peak_share(attn: xr.DataArray, delta: int = 1) -> xr.DataArray:
     """Share of rows whose largest weight is at offset ``delta``: Voita et al. 2019's rule.
 
-    ``mean_{p, i >= max(delta, 1)} [A_p[i, i - delta] > A_p[i, k] for every other k <= i]``.
+    ``mean_{p, i > delta} [A_p[i, i - delta] > A_p[i, k] for every other k <= i]``.
     Voita et al.'s positional head (delta = 1, previous token) has it >= 0.9. It asks where each
     row peaks, not how much it holds there: a head peaking one step back in every row while
     holding 0.4 of its attention there meets it, and scores 0.4 on ``slash_score(1)``, short of
     the previous_token role's 0.5. Ties are no peak (a uniform row has none), so uniform causal
-    attention scores 0, and the row of query 0, with one visible key, is not counted.
+    attention scores 0; the row whose key at the offset is the first token is not counted, so a
+    sink head scores 0 too.
 
     Parameters
     ----------
@@ -67,7 +70,8 @@ def peak_share(attn: xr.DataArray, delta: int = 1) -> xr.DataArray:
     Returns
     -------
     DataArray
-        ``(...)`` in [0, 1], float64; NaN for a NaN-padded head.
+        ``(...)`` in [0, 1], float64; NaN for a NaN-padded head, and where no row is counted
+        (T <= delta + 1).
 
     Examples
     --------
@@ -84,6 +88,7 @@ def peak_share(attn: xr.DataArray, delta: int = 1) -> xr.DataArray:
     out = xr.apply_ufunc(
         _peak_rows, attn, input_core_dims=[[PROBE, QUERY, KEY]], kwargs={"delta": int(delta)},
         dask="parallelized", output_dtypes=[np.float64],
+        dask_gufunc_kwargs={"allow_rechunk": True},  # as slash_score: chunked along probe, query or key too
     )
     out.name = "peak_share"
     out.attrs = {"long_name": f"share of rows whose largest weight is at offset {int(delta)} (Voita et al.: >= 0.9)",

@@ -135,12 +135,14 @@ def slash_score(attn: xr.DataArray, max_offset: int | None = None) -> xr.DataArr
 
 def _offset_window(scores: xr.DataArray, min_offset: int, max_offset: int | None) -> xr.DataArray:
     require_dims(scores, (OFFSET,), "scores (of slash_score)")
+    default = ""
     if max_offset is None and isinstance(scores.attrs.get("n_query"), (int, np.integer)):
         max_offset = int(scores.attrs["n_query"]) // 2
+        default = f" (max_offset: by default T // 2 of the scores' n_query {scores.attrs['n_query']}; pass max_offset=)"
     window = scores.sel({OFFSET: slice(min_offset, max_offset)})
     if window.sizes[OFFSET] == 0:
         raise ValueError(
-            f"no offsets in [{min_offset}, {max_offset}]; scores cover "
+            f"no offsets in [{min_offset}, {max_offset}]{default}; scores cover "
             f"{int(scores[OFFSET].min())}..{int(scores[OFFSET].max())}"
         )
     return window
@@ -210,6 +212,7 @@ def best_offset(
     offset.attrs = {"long_name": "offset of the largest slash score", "units": "positions"}
     score = window.max(OFFSET)
     score.name = "best_slash_score"
+    score.attrs = {"long_name": "largest slash score in the offset window", "units": "1"}  # not slash_score's
     return offset, score
 
 

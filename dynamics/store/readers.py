@@ -127,6 +127,9 @@ def recorded_mask(ds: xr.Dataset, attrs: dict | None = None) -> np.ndarray:
     half snapshot, counted, made `analyse_run` refuse the whole run (its attention NaN there).
     """
     if "importance" not in ds:
+        if "attention" not in ds:
+            raise ValueError("recorded_mask: the run's importance or attention tells which snapshots it wrote; "
+                             "select variables after recorded_snapshots, not before")
         return _attention_written(ds, np.arange(ds.sizes[SNAPSHOT]))
     # tiny (snapshot, layer, head): cheaper than touching attention
     mask = ds["importance"].notnull().any([d for d in ds["importance"].dims if d != SNAPSHOT]).values
@@ -238,7 +241,10 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
         try:
             present = _children(loc, "runs")  # a damaged run is named: the sweep would lack it unsaid
         except StoreError as e:  # the way on from Python, where the commands skip it and go on
-            raise StoreError(f"{e}; or open the other runs by name: open_sweep(path, run_ids=[...])") from e
+            others = _children(loc, "runs", damaged="skip")
+            named = ", ".join(map(repr, others[:8])) + (f", ... ({len(others)} in all)" if len(others) > 8 else "")
+            raise StoreError(f"{e}; or open the other runs by name: open_sweep(path, run_ids=[...])"
+                             + (f", of {named}" if others else "")) from e
         run_ids = [r for r in index["runs"] if r in present] if index else present
     else:
         # runs asked for by name: another run's damage does not matter, theirs is named below
