@@ -19,6 +19,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -386,8 +387,29 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
         with lock:
             return None if errors or not queue else queue.popleft()
 
+    def interrupted() -> bool:
+        # A pool broken by a signal to the whole process group (Ctrl-C, `kill -TERM -PGID`, a batch
+        # system's stop): the workers die of SIGTERM at once, while this process's handler waits
+        # for its main thread. Its run was then named "not analysed (its analysis process
+        # died ...)", blaming memory or the data, above the "interrupted" line, though its
+        # analysis may even have been written. Given a moment, the interrupt shows in `errors`.
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            with lock:
+                if errors:
+                    return True
+            time.sleep(0.02)
+        return False
+
     def feed(pool: concurrent.futures.Executor) -> None:
         # One thread per worker process keeps it busy with one run at a time.
+        if hasattr(signal, "pthread_sigmask"):
+            # The workers are spawned from this thread and keep its signal mask through exec:
+            # with SIGINT blocked they finish the runs in hand on a Ctrl-C to the group, as this
+            # process waits for them, where each printed a KeyboardInterrupt traceback (while it
+            # imported) or zarr's "Task was destroyed" lines over the one "interrupted" line.
+            # The kernel gives the signal to a thread that takes it: this process's main thread.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             while (rid := take()) is not None:
                 # A worker process died (killed, or out of memory): the pool is gone, and with it
@@ -402,7 +424,8 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
                 try:
                     row = future.result()
                 except concurrent.futures.process.BrokenProcessPool:
-                    done(rid, lost_row(path, rid))
+                    if not interrupted():  # else the "interrupted" line says what was kept
+                        done(rid, lost_row(path, rid))
                     return
                 done(rid, row)
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller below

@@ -316,6 +316,74 @@ def test_a_worker_process_that_dies_loses_its_run_not_the_others(three_runs, tmp
     assert all(store.open_analysis(path, r["run"]) is not None for r in finished)
 
 
+def test_a_worker_killed_by_the_groups_interrupt_is_not_named_as_a_lost_run(three_runs, tmp_path, monkeypatch):
+    # SIGTERM to the process group (Ctrl-C's kin: `kill -TERM -PGID`, a batch system's stop) kills
+    # the workers at once while this process's handler waits for its main thread: the worker's run
+    # was printed "not analysed (analysis failed: its analysis process died (killed by a signal,
+    # or out of memory ...)" above the "interrupted" line, blaming the data or memory.
+    import concurrent.futures
+    import concurrent.futures.process
+    import threading
+    import types
+
+    import dynamics.analyse as mod
+
+    path = str(tmp_path / "g.zarr")
+    _unanalysed_copy(three_runs[0], path)
+    interrupted, rows, left = threading.Event(), [], [1]
+
+    class Pool(concurrent.futures.ProcessPoolExecutor):
+        def submit(self, *args, **kwargs):  # the worker dies of the group's signal, as this process is interrupted
+            assert interrupted.wait(120)
+            future = concurrent.futures.Future()
+            future.set_exception(concurrent.futures.process.BrokenProcessPool("a child process terminated abruptly"))
+            return future
+
+    class Feeder(threading.Thread):
+        def join(self, timeout=None):
+            if left[0]:
+                left[0] -= 1
+                interrupted.set()
+                raise KeyboardInterrupt("signal 15")
+            return super().join(timeout)
+
+    monkeypatch.setattr(mod, "threading", types.SimpleNamespace(Thread=Feeder, Lock=threading.Lock))
+    futures = types.SimpleNamespace(ProcessPoolExecutor=Pool, process=concurrent.futures.process)
+    monkeypatch.setattr(mod, "concurrent", types.SimpleNamespace(futures=futures))
+    with pytest.raises(KeyboardInterrupt):
+        analyse_store(path, workers=2, progress=lambda done, total, row: rows.append(row))
+    assert len(rows) == 3 and not [r for r in rows if r.get("error")], rows  # the main thread's three, no lost one
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for signal masks")
+def test_the_workers_leave_ctrl_c_to_the_process_that_started_them(three_runs, tmp_path):
+    # Ctrl-C reaches every process of the group: each worker printed a KeyboardInterrupt
+    # traceback (while it imported) or zarr's "Task was destroyed" lines over the one
+    # "interrupted" line. They are spawned with SIGINT blocked, and finish the runs in hand.
+    path = str(tmp_path / "w.zarr")
+    _unanalysed_copy(three_runs[0], path)
+    proc = subprocess.Popen([sys.executable, "-m", "dynamics", "analyse", path, "--workers", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    masks: dict[int, int] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while not masks and proc.poll() is None and time.monotonic() < deadline:
+            for kid in _children(proc.pid):
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    cmd = open(f"/proc/{kid}/cmdline", "rb").read()
+                    status = open(f"/proc/{kid}/status").read()
+                    if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+                        masks[kid] = int(status.split("SigBlk:")[1].split()[0], 16)
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait()
+    if not masks:
+        pytest.skip("the analysis finished before its worker could be seen (machine too loaded)")
+    assert all(mask & (1 << (signal.SIGINT - 1)) for mask in masks.values()), masks
+    assert not any(mask & (1 << (signal.SIGTERM - 1)) for mask in masks.values()), masks  # SIGTERM still ends them
+
+
 def test_bad_workers_is_one_line_exit_2(three_runs, capsys):
     path, _ = three_runs
     assert cli.main(["analyse", path, "--workers", "0"]) == 2
