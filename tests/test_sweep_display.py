@@ -60,6 +60,34 @@ def test_the_log_lists_only_runs_still_running():
     ]
 
 
+def test_the_log_says_how_long_a_running_run_has_not_reported(monkeypatch):
+    # A run whose worker died, or whose reports a lost scheduler no longer passed on, stayed in the
+    # running line with its last count, unchanged, as if training (three runs on two workers).
+    from dynamics.sweep import progress
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    log = io.StringIO()
+    display = _Display(3, 0, stream=log, every=0)
+    display.step("ra", 660, 1500, 1.0)
+    display.step("rb", 630, 1500, 1.0)
+    clock[0] += progress.QUIET_S - 1
+    display.step("rb", 700, 1500, 1.0)  # rb still reports; ra not, for QUIET_S - 1 s: not yet said
+    display.tick()
+    clock[0] += 1
+    display.tick()  # ra silent for QUIET_S now
+    clock[0] += 20.6
+    display.tick()  # rb silent since its report 21.6 s ago, ra for 50.6 s
+    clock[0] += 9
+    display.tick()
+    assert log.getvalue().splitlines() == [
+        "[sweep] 0/3 finished; running: ra 660/1500, rb 700/1500",
+        "[sweep] 0/3 finished; running: ra 660/1500 (no report for 30 s), rb 700/1500",
+        "[sweep] 0/3 finished; running: ra 660/1500 (no report for 51 s), rb 700/1500",
+        "[sweep] 0/3 finished; running: ra 660/1500 (no report for 60 s), rb 700/1500 (no report for 31 s)",
+    ]
+
+
 def test_the_bars_follow_each_run_below_the_overall_bar():
     term = io.StringIO()
     bars = _Bars(3, 0, stream=term)

@@ -9,6 +9,9 @@ from typing import Any
 
 from dynamics.sweep.summary import FINISHED
 
+QUIET_S = 30.0
+"""Seconds without a step report after which the running line says so (runs report every 0.5 s)."""
+
 
 class _Display:
     """Plain log lines (not a terminal): one line per run that ends, running runs every 10 s.
@@ -22,6 +25,7 @@ class _Display:
         # sys.stderr as it is now, not as it was at import (a caller may have replaced it)
         self.total, self.done, self.stream, self.every = total, done, stream or sys.stderr, every
         self.steps: dict[str, tuple[int, int]] = {}
+        self.heard: dict[str, float] = {}  # run -> when its last step report came
         self.last = time.monotonic()
 
     def starting(self, todo: int, workers: int | str) -> None:
@@ -33,6 +37,7 @@ class _Display:
 
     def step(self, run_id: str, step: int, total: int, loss: float) -> None:
         self.steps[run_id] = (step, total)
+        self.heard[run_id] = time.monotonic()
 
     def waiting(self, run_id: str, text: str) -> None:
         """The run's task waits for another process that is training it."""
@@ -55,8 +60,16 @@ class _Display:
         now = time.monotonic()
         if self.steps and now - self.last >= self.every:
             self.last = now
-            running = ", ".join(f"{r} {s}/{t}" for r, (s, t) in sorted(self.steps.items()))
+            running = ", ".join(f"{r} {s}/{t}{self._quiet_for(r, now)}" for r, (s, t) in sorted(self.steps.items()))
             print(f"[sweep] {self.done}/{self.total} finished; running: {running}", file=self.stream, flush=True)
+
+    def _quiet_for(self, run_id: str, now: float) -> str:
+        # A run reports its step twice a second while it trains. One whose worker died (it waits
+        # to be trained again), or whose reports a lost scheduler no longer passes on, kept its
+        # last count in this line, unchanged, as if it were training: three runs "running" on
+        # two workers. Its count is kept, and how long it has said nothing.
+        quiet = now - self.heard.get(run_id, now)
+        return f" (no report for {quiet:.0f} s)" if quiet >= QUIET_S else ""
 
     def close(self) -> None:
         pass
