@@ -82,11 +82,10 @@ from dynamics.store.readers import (
     open_derived,
     open_run,
     open_sweep,
-    recorded_mask,
-    recorded_snapshots,
     write_analysis,
     write_derived,
 )
+from dynamics.store.recorded import recorded_mask, recorded_snapshots
 from dynamics.store.root import STALE_PARTIAL_S as STALE_PARTIAL_S
 from dynamics.store.root import (
     check_folders,

@@ -1,0 +1,94 @@
+"""What a run's recording holds: which snapshots it wrote, and what its variables mean.
+
+Pure xarray on datasets the readers (`dynamics.store.readers`) opened; no zarr here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dynamics.schema import FINISHED_STATUSES, RUN, RUN_VARIABLE_ATTRS, SNAPSHOT
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+
+def described(ds: xr.Dataset) -> xr.Dataset:
+    """`ds` with each recorded variable's `RUN_VARIABLE_ATTRS` (what it stores has none)."""
+    for name, attrs in RUN_VARIABLE_ATTRS.items():
+        if name in ds.data_vars:
+            ds[name].attrs = {**attrs, **ds[name].attrs}
+    return ds
+
+
+def recorded_mask(ds: xr.Dataset, attrs: dict | None = None) -> np.ndarray:
+    """Which snapshots of one run hold recordings, (snapshot,) bool; see `recorded_snapshots`.
+
+    ``attrs``: the run's attributes (``open_run``'s). A run not finished may have been stopped
+    (or be read) part way through writing a snapshot, whose arrays are written side by side and
+    before the checkpoint: past its last checkpoint a snapshot whose ``importance`` is written
+    counts only if its attention is too (before it, `check_recorded` found them whole). Such a
+    half snapshot, counted, made `analyse_run` refuse the whole run (its attention NaN there).
+    """
+    if "importance" not in ds:
+        if "attention" not in ds:
+            raise ValueError("recorded_mask: the run's importance or attention tells which snapshots it wrote; "
+                             "select variables after recorded_snapshots, not before")
+        return _attention_written(ds, np.arange(ds.sizes[SNAPSHOT]))
+    # tiny (snapshot, layer, head): cheaper than touching attention
+    mask = ds["importance"].notnull().any([d for d in ds["importance"].dims if d != SNAPSHOT]).values
+    if attrs is None or attrs.get("status") in FINISHED_STATUSES or "attention" not in ds:
+        return mask
+    through = attrs.get("checkpoint_step")
+    through = through if isinstance(through, int) and not isinstance(through, bool) else -1
+    steps = np.asarray(ds["step"].values, dtype=np.float64) if "step" in ds.coords else np.full(mask.shape, np.inf)
+    late = np.flatnonzero(mask & ~(steps <= through))  # NaN steps (unwritten) included
+    if late.size:
+        mask[late] = _attention_written(ds, late)
+    return mask
+
+
+def _attention_written(ds: xr.Dataset, snapshots: np.ndarray) -> np.ndarray:
+    """Whether each of these snapshots' attention is written: one element of its chunk read."""
+    probe = ds["attention"].isel(snapshot=snapshots, layer=0, head=0, probe=0, query=-1, key=0)  # key 0 is always visible
+    return probe.notnull().values
+
+
+def recorded_snapshots(ds: xr.Dataset) -> xr.Dataset:
+    """One run (from `open_run`) cut to the snapshots it recorded.
+
+    A run's arrays are created at the full size of its schedule, and ``step`` lists every
+    snapshot the schedule takes. An unfinished run (stopped, killed, still training) or a
+    diverged one never wrote its later snapshots: they read as NaN, so ``isel(snapshot=-1)``
+    of it is an empty snapshot, not its last. This keeps those it wrote (for a diverged run,
+    also not the one at its diverging step where its gradients were already non-finite;
+    ``dynamics.analyse.recorded_before_divergence`` cuts one as `dynamics analyse` does). A
+    finished run comes back whole.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One run with its attributes, as `open_run` gives it.
+
+    Returns
+    -------
+    xarray.Dataset
+
+    Raises
+    ------
+    ValueError
+        For a dataset of several runs (`open_sweep`'s): their recorded snapshots differ.
+
+    Example
+    -------
+    >>> ds = recorded_snapshots(open_run("runs.zarr"))  # doctest: +SKIP
+    >>> ds.attention.isel(snapshot=-1)  # the last snapshot the run wrote  # doctest: +SKIP
+    """
+    if RUN in ds.dims:
+        raise ValueError("recorded_snapshots: one run at a time (open_run's, or sweep.sel(run=ID)); "
+                         f"this dataset has {ds.sizes[RUN]} runs, whose recorded snapshots differ")
+    if SNAPSHOT not in ds.dims:
+        return ds
+    return ds.isel({SNAPSHOT: np.flatnonzero(recorded_mask(ds, ds.attrs))})
