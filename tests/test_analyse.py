@@ -136,11 +136,14 @@ def _children(pid: int) -> set[int]:
     return kids
 
 
-def _interrupted_in_the_join(monkeypatch, path: str, interrupts: int) -> list[str]:
+def _interrupted_in_the_join(monkeypatch, path: str, interrupts: int, broken: bool = False) -> list[str]:
     """analyse_store(workers=2) with `interrupts` KeyboardInterrupts raised in the main thread's
     wait for the worker's feeder, as SIGTERM lands there once the main thread's runs are done;
-    what happened, in order: the progress calls and the raise."""
+    what happened, in order: the progress calls (with " error" for a run not analysed) and the
+    raise. ``broken``: the worker dies of the same signal (SIGTERM to the process group), its
+    pool broken, as the interrupt comes."""
     import concurrent.futures
+    import concurrent.futures.process
     import threading
     import types
 
@@ -152,8 +155,10 @@ def _interrupted_in_the_join(monkeypatch, path: str, interrupts: int) -> list[st
         def submit(self, *args, **kwargs):
             # the feeder's run ends only after the interrupt (waited for here, not in progress(),
             # which runs under analyse_store's lock: the main thread could not take its runs)
-            future = super().submit(*args, **kwargs)
+            future = concurrent.futures.Future() if broken else super().submit(*args, **kwargs)
             assert interrupted.wait(120)
+            if broken:
+                future.set_exception(concurrent.futures.process.BrokenProcessPool("a child process terminated abruptly"))
             return future
 
     class Feeder(threading.Thread):
@@ -167,10 +172,11 @@ def _interrupted_in_the_join(monkeypatch, path: str, interrupts: int) -> list[st
     def progress(done, total, row):
         if threading.current_thread() is not threading.main_thread():
             time.sleep(1.0)  # the worker's line takes a while
-        events.append(f"progress {row['run']}")
+        events.append(f"progress {row['run']}" + (" error" if row.get("error") else ""))
 
+    futures = types.SimpleNamespace(ProcessPoolExecutor=Pool, process=concurrent.futures.process)
     monkeypatch.setattr(mod, "threading", types.SimpleNamespace(Thread=Feeder, Lock=threading.Lock))
-    monkeypatch.setattr(mod, "concurrent", types.SimpleNamespace(futures=types.SimpleNamespace(ProcessPoolExecutor=Pool)))
+    monkeypatch.setattr(mod, "concurrent", types.SimpleNamespace(futures=futures))
     with pytest.raises(KeyboardInterrupt):
         analyse_store(path, workers=2, progress=progress)
     events.append("raised")
@@ -321,38 +327,11 @@ def test_a_worker_killed_by_the_groups_interrupt_is_not_named_as_a_lost_run(thre
     # the workers at once while this process's handler waits for its main thread: the worker's run
     # was printed "not analysed (analysis failed: its analysis process died (killed by a signal,
     # or out of memory ...)" above the "interrupted" line, blaming the data or memory.
-    import concurrent.futures
-    import concurrent.futures.process
-    import threading
-    import types
-
-    import dynamics.analyse as mod
-
     path = str(tmp_path / "g.zarr")
     _unanalysed_copy(three_runs[0], path)
-    interrupted, rows, left = threading.Event(), [], [1]
-
-    class Pool(concurrent.futures.ProcessPoolExecutor):
-        def submit(self, *args, **kwargs):  # the worker dies of the group's signal, as this process is interrupted
-            assert interrupted.wait(120)
-            future = concurrent.futures.Future()
-            future.set_exception(concurrent.futures.process.BrokenProcessPool("a child process terminated abruptly"))
-            return future
-
-    class Feeder(threading.Thread):
-        def join(self, timeout=None):
-            if left[0]:
-                left[0] -= 1
-                interrupted.set()
-                raise KeyboardInterrupt("signal 15")
-            return super().join(timeout)
-
-    monkeypatch.setattr(mod, "threading", types.SimpleNamespace(Thread=Feeder, Lock=threading.Lock))
-    futures = types.SimpleNamespace(ProcessPoolExecutor=Pool, process=concurrent.futures.process)
-    monkeypatch.setattr(mod, "concurrent", types.SimpleNamespace(futures=futures))
-    with pytest.raises(KeyboardInterrupt):
-        analyse_store(path, workers=2, progress=lambda done, total, row: rows.append(row))
-    assert len(rows) == 3 and not [r for r in rows if r.get("error")], rows  # the main thread's three, no lost one
+    events = _interrupted_in_the_join(monkeypatch, path, 1, broken=True)
+    assert events[-1] == "raised" and len(events) == 4, events  # the main thread's three runs; no lost one
+    assert not [e for e in events if e.endswith(" error")], events
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for signal masks")
