@@ -273,14 +273,18 @@ def test_sigterm_stops_a_multi_process_analyse_with_its_workers(three_runs, tmp_
     assert not [k for k in kids if _alive(k)], "worker processes outlived the analyse"
 
 
+def _analysing_a_copy(three_runs, path) -> subprocess.Popen:
+    """`dynamics analyse --workers 2` started, output dropped, on a copy of the fixture's store without analyses."""
+    _unanalysed_copy(three_runs[0], str(path))
+    return subprocess.Popen([sys.executable, "-m", "dynamics", "analyse", str(path), "--workers", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for child processes")
 def test_the_workers_of_an_analyse_killed_outright_exit_with_it(three_runs, tmp_path):
     # After SIGKILL (no handler runs) the worker and the resource tracker waited on their pipes
     # for ever, ~160 MB each: a worker holds both ends of its own task pipe.
-    path = str(tmp_path / "k.zarr")
-    _unanalysed_copy(three_runs[0], path)
-    proc = subprocess.Popen([sys.executable, "-m", "dynamics", "analyse", path, "--workers", "2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = _analysing_a_copy(three_runs, tmp_path / "k.zarr")
     deadline = time.monotonic() + 60
     while len(kids := _children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -339,10 +343,7 @@ def test_the_workers_leave_ctrl_c_to_the_process_that_started_them(three_runs, t
     # Ctrl-C reaches every process of the group: each worker printed a KeyboardInterrupt
     # traceback (while it imported) or zarr's "Task was destroyed" lines over the one
     # "interrupted" line. They are spawned with SIGINT blocked, and finish the runs in hand.
-    path = str(tmp_path / "w.zarr")
-    _unanalysed_copy(three_runs[0], path)
-    proc = subprocess.Popen([sys.executable, "-m", "dynamics", "analyse", path, "--workers", "2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = _analysing_a_copy(three_runs, tmp_path / "w.zarr")
     masks: dict[int, int] = {}
     try:
         deadline = time.monotonic() + 60
