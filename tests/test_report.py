@@ -158,7 +158,7 @@ def test_a_store_path_whose_bytes_are_not_utf8_is_shown_not_a_crash(tmp_path):
     assert "<title>dynamics report: s\ufffd.zarr</title>" in text
     assert f"Store <code>{html.escape(str(tmp_path))}/s\ufffd.zarr</code>" in text
     # and in any sentence that names it: the sections' "Not available" lines name their command
-    assert f"<code>dynamics predict {html.escape(str(tmp_path))}/s\ufffd.zarr</code>" in text
+    assert f"<code>dynamics gates {html.escape(str(tmp_path))}/s\ufffd.zarr --run ID</code>" in text
 
 
 def _imports(module: str) -> set[str]:

@@ -123,13 +123,20 @@ def test_a_damaged_gates_dataset_is_named_not_sent_to_the_runs_table(tmp_path):
 def test_sections_with_nothing_derived_yet_name_the_command_that_writes_it(tmp_path):
     # "run the predictor on the finished sweep first" named no command; the CHG line named none.
     path = tmp_path / "s.zarr"
-    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0},
+                            "r1": {"model.init_scale": 1.0, "train.seed": 1}})
     text = html.unescape(write_report(path, tmp_path / "out").read_text())
     assert ("Not available: the CHG scatter because no run recorded fitted <code>chg</code> gates (record.chg_every = "
             "0, or no fit reached yet) and the store has no derived gates.<run_id> dataset (<code>dynamics gates "
             f"{path} --run ID</code> fits and saves one for a run).") in text
     assert ("Not available: the predictor curves because the store has no derived predict.<target> dataset "
             f"(<code>dynamics predict {path}</code> writes one, from the finished sweep's runs).") in text
+    # one completed run: `dynamics predict` refuses the store (exit 2), so the page names no command
+    one = tmp_path / "one.zarr"
+    _synthetic_store(one, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    text = html.unescape(write_report(one, tmp_path / "out1").read_text())
+    assert ("Not available: the predictor curves because the store has 1 completed run(s), and <code>dynamics "
+            "predict</code> needs at least 2 (the runs of a sweep: <code>dynamics sweep</code>).") in text
 
 
 def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisional(tmp_path, monkeypatch):
@@ -285,7 +292,8 @@ def test_over_training_is_the_run_fitted_most_often_and_the_caption_says_whose_f
             writer.write_snapshot(i, {"chg": np.full((2, 2, 2), 0.8, np.float32), "chg_role": np.zeros((2, 2), np.int8)})
         writer.finalize()
         gates = _gates_dataset(cfg).assign_attrs(options={"restarts": 3, "steps": 500, "lam": 0.3, "threshold": 0.5})
-        store.write_derived(path, f"gates.{rid}", gates.assign_attrs(step=8))
+        # ra's G- ranks its heads against their ablation cost, as `dynamics gates` warns (rho < 0.3)
+        store.write_derived(path, f"gates.{rid}", gates.assign_attrs(step=8, rho=-0.143 if rid == "ra" else 0.5))
         runs.append(_Run(rid, "running", {}, None, len(steps_at), np.zeros(len(steps_at), bool), np.asarray(steps_at)))
     figs = {}
     monkeypatch.setattr(chg, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
@@ -293,12 +301,16 @@ def test_over_training_is_the_run_fitted_most_often_and_the_caption_says_whose_f
     sec = chg._chg_section(_Ctx(path, runs, "rx", [], tmp_path, False))  # the chosen run has no fits
     assert figs.pop("chg.png").axes[1].get_title() == "run rb: each head over training so far"
     assert f"{both}, the middle and right panels the fits recorded during training." in sec.figures[0][1]
+    # the page drew every head of ra "irrelevant"-or-so without the caution `dynamics gates` printed
+    assert (" Caution: in the `dynamics gates` fit of run(s) ra (rho -0.143), G- ranks the heads against, or barely "
+            "by, their single-head ablation cost (Spearman rho below 0.3, as `dynamics gates` warns)") in sec.figures[0][1]
+    assert "rb (rho" not in sec.figures[0][1]
     # the page says its per-run figures show rx: these panels say they do not
     assert ("middle and right: run rb over training (run rx, which the other per-run figures show, has no gate "
             "fits).") in sec.figures[0][1]
     sec = chg._chg_section(_Ctx(path, runs, "ra", [], tmp_path, False))  # chosen: its one fit over training
     fig = figs.pop("chg.png")
-    assert fig.axes[1].get_title() == "run ra: each head over training so far"
+    assert fig.axes[1].get_title() == "run ra: each head at its fit, step 8"  # one fit: no course over training
     assert f"{both}." in sec.figures[0][1] and "which the other per-run figures show" not in sec.figures[0][1]
     # one fit, at step 8: its colour scale and the shares' axis name that step alone, not 7.2 to 8.8
     colourbar = fig.axes[-1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import xarray as xr
 
 from dynamics.report import _Run
 
@@ -169,3 +170,26 @@ def test_a_legend_of_many_groups_goes_outside_the_axes_and_the_figure_widens_for
         assert fig.get_size_inches()[0] == 6.5 + 1.9 * ncol
         fig.canvas.draw()  # the panel keeps most of its width beside the legend
         assert ax.get_position().width * fig.get_size_inches()[0] > 4.0
+
+
+def test_the_voita_sentence_counts_heads_peaking_one_back_that_are_labelled_otherwise():
+    # `dynamics analyse` notes them under its table; the report's role captions said nothing, and
+    # showed one previous-token head where Voita et al.'s rule gives two (the induction run's L0H2).
+    from dynamics.analysis.roles import ROLES
+    from dynamics.report.draw import _voita_sentence
+
+    def run(rid, peak, roles):
+        analysis = xr.Dataset({"previous_token_peak": (("snapshot", "layer", "head"), np.array([[[0.0] * 3], [peak]])),
+                               "role": (("snapshot", "layer", "head"),
+                                        np.array([[[8] * 3], [[ROLES.index(r) for r in roles]]], dtype=np.int8))})
+        return _Run(rid, "completed", {}, 1.0, 2, np.ones(2, bool), np.arange(2), analysis=analysis)
+
+    a = run("a", [0.99, 0.95, 0.5], ["local", "previous_token", "none"])  # one missed, one labelled, one below 0.9
+    b = run("b", [0.9, 0.92, 0.1], ["none", "sink", "diffuse"])  # 0.9 meets the rule: two missed
+    c = run("c", [0.2, 0.3, 0.1], ["none", "none", "none"])
+    assert _voita_sentence([a], chosen=True).startswith(" 1 head(s) of this run put their largest weight one step back")
+    said = _voita_sentence([a, b, c])
+    assert said.startswith(" Previous-token heads: 3 head(s) put their largest weight one step back in >= 90% of rows")
+    assert said.endswith("the analysis's previous_token_peak names them: a (1), b (2).")
+    assert _voita_sentence([c]) == "" and _voita_sentence([_Run("d", "completed", {}, 1.0, 2, np.ones(2, bool),
+                                                                  np.arange(2))]) == ""  # no analysis

@@ -330,3 +330,45 @@ def test_count_labels_are_spread_within_the_axes_wherever_they_fit():
         room = all(b - a >= height for a, b in zip(wanted, wanted[1:], strict=False))
         if room and low <= wanted[0] and wanted[-1] <= high:
             assert out == pytest.approx(wanted)  # labels with room stay where they are wanted
+
+
+def _layered(rid: str, status: str, mean: float, layers: list[float], slash: float = np.nan) -> _Run:
+    run = _analysed_run(rid, status, 1.0, mean, slash)
+    run.analysis = run.analysis.drop_vars("slash_emergence_step").assign(
+        slash_emergence_step=(("layer", "head"), np.full((len(layers), 2), slash)),
+        layer_bifurcation_step=("layer", np.asarray(layers, dtype=float)))
+    return run
+
+
+def test_the_bifurcation_caption_names_never_runs_whose_layers_left_their_bands(tmp_path, monkeypatch):
+    # r04fe602335 of the demo (4 induction heads): `dynamics analyse` said "never (by layer: 32,
+    # 100)", its layers' divergence moving apart and together at once; the report drew a "never"
+    # cross and explained it by a large init_scale, at init_scale 1. A bifurcation can be a collapse too.
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    runs = [_layered("split", "completed", np.nan, [32.0, 100.0]), _layered("flat", "completed", np.nan, [np.nan, np.nan]),
+            _layered("same", "completed", 20.0, [20.0, 20.0]), _layered("live", "running", np.nan, [10.0, np.nan])]
+    (tmp_path / "figures").mkdir()
+    _capture_figures(monkeypatch, emergence)
+    sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, ["model.init_scale", "train.seed"], tmp_path, True))
+    caption = sec.figures[0][1]
+    assert ("Runs on the 'never' row whose layers left their own bands while the mean over layers stayed in its own "
+            "(a layer's heads split as another's merged; `dynamics analyse` gives each layer's step): "
+            "split (by layer: 32, 100). ") in caption  # not flat (no layer left), same (not never), live (unfinished)
+    assert "rising (heads split) or falling (heads collapse together)" in caption
+
+
+def test_a_store_without_a_swept_axis_lists_each_runs_steps(tmp_path):
+    # A store of `dynamics run`s: the page said only "Not available ... no sweep index", while
+    # `dynamics analyse` printed bifurcation 600 (by layer: never, 500) and slash emergence 700.
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    runs = [_layered("ind", "completed", 600.0, [np.nan, 500.0], slash=700.0)]
+    runs[0].params = {}
+    sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, [], tmp_path, True))
+    (line,) = sec.missing
+    assert line.startswith("Not available: bifurcation and emergence steps against a swept parameter because the "
+                           "store has no sweep index. The steps, per run (bifurcation: ")
+    assert line.endswith(": ind: bifurcation 600 (by layer: never, 500), first slash-dominant head 700.")

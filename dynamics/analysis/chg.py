@@ -14,6 +14,10 @@ CHG_ROLES = ("facilitating", "irrelevant", "interfering", "inconsistent", "unfit
 """Role names by int8 code; code -1 (no fit) indexes the last entry, "unfitted"."""
 FACILITATING, IRRELEVANT, INTERFERING, INCONSISTENT, UNFITTED = 0, 1, 2, 3, -1
 
+RHO_CAUTION = 0.3
+"""Below this Spearman rho between G- and the single-head ablation delta (a `dynamics gates` fit's
+attr ``rho``), the labels do not rank heads as ablation does: `dynamics gates` and the report say so."""
+
 
 def chg_roles(plus: np.ndarray, minus: np.ndarray, threshold: float = 0.5) -> np.ndarray:
     """Role codes into :data:`CHG_ROLES` from G+ and G- (any matching shapes).

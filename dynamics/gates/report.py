@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from dynamics.analysis.chg import chg_roles
+from dynamics.analysis.chg import RHO_CAUTION, chg_roles
 from dynamics.config import ConfigError, RunConfig
 from dynamics.gates._engine import Progress, settle_window
 from dynamics.gates.ablation import head_ablation
@@ -116,11 +116,6 @@ def report_table(ds: xr.Dataset) -> tuple[list[str], list[list[str]]]:
                 row += [f"{keep[layer, head]:.3f}", f"{keep_agree[layer, head]:.2f}"]
             rows.append(row)
     return header, rows
-
-
-RHO_CAUTION = 0.3
-"""Below this Spearman rho between G- and the single-head ablation delta, `report_lines` says the
-labels do not rank heads as ablation does."""
 
 
 def report_lines(ds: xr.Dataset) -> list[str]:

@@ -6,7 +6,7 @@ import numpy as np
 import xarray as xr
 
 from dynamics import store
-from dynamics.analysis.chg import CHG_ROLES, chg_roles, label_agreement
+from dynamics.analysis.chg import CHG_ROLES, RHO_CAUTION, chg_roles, label_agreement
 from dynamics.report.data import _Ctx, _open_derived, _Run, _Section, _why, is_damage
 from dynamics.report.draw import _figure, _no_mathtext, _save
 from dynamics.schema import FINISHED_STATUSES
@@ -123,6 +123,8 @@ def _chg_fits(path, run: _Run, derived: list[str]) -> list[tuple[xr.DataArray, x
                 thr = opts.get("threshold", CHG_THRESHOLD) if isinstance(opts, dict) else CHG_THRESHOLD
                 thr = thr if isinstance(thr, (int, float)) and 0 < thr < 1 else CHG_THRESHOLD  # as GateOptions checks
                 pair = pair.assign_attrs(chg_threshold=float(thr))
+                if isinstance(gates.attrs.get("rho"), (int, float)):  # G- against the ablation cost: the caution's
+                    pair = pair.assign_attrs(rho=float(gates.attrs["rho"]))
                 fits.append((pair, _checked_roles(pair, role), f"derived/{name} (`dynamics gates`{_fit_options(gates)})"))
                 break
     return fits
@@ -266,7 +268,9 @@ def _chg_section(ctx: _Ctx) -> _Section:
         bar.set_ticks([float(steps[0])], labels=[f"{float(steps[0]):g}"])
         ax3.set_xticks([float(steps[0])], [f"{float(steps[0]):g}"])
     so_far = "" if by_id[rid].status in FINISHED_STATUSES else " so far"  # still training, or stopped
-    ax2.set_title(f"run {rid}: each head over training{so_far}", fontsize=9)
+    one_fit = np.unique(steps).size == 1  # a lone `dynamics gates` fit: one point per head, no course
+    ax2.set_title(f"run {rid}: each head at its fit, step {float(steps[0]):g}" if one_fit
+                  else f"run {rid}: each head over training{so_far}", fontsize=9)
     for name, colour in zip(CHG_LABELS, ("#2a9d8f", "#e9c46a", "#e76f51", "#7a5195", "#999999"), strict=True):
         share = (labels == name).mean(1)
         if share.any() or name in CHG_LABELS[:3]:
@@ -292,6 +296,15 @@ def _chg_section(ctx: _Ctx) -> _Section:
     if early:
         sources += (f" Fitted before the end of training, so provisional (a run still training, stopped, or a fit of "
                     f"an earlier checkpoint): {', '.join(early)}.")
+    # the caution `dynamics gates` prints with such a fit: the page drew its labels without it
+    against = {k: p.attrs["rho"] for k, (p, _, _) in {**found, rid: over[rid]}.items()
+               if np.isfinite(p.attrs.get("rho", np.nan)) and p.attrs["rho"] < RHO_CAUTION}
+    if against:
+        sources += (" Caution: in the `dynamics gates` fit of run(s) "
+                    + ", ".join(f"{k} (rho {v:.3f})" for k, v in against.items())
+                    + f", G- ranks the heads against, or barely by, their single-head ablation cost (Spearman rho "
+                      f"below {RHO_CAUTION:g}, as `dynamics gates` warns), so those labels are no reading of each "
+                      f"head's causal importance (an under-trained model can do this; its ablation deltas say more).")
     unlabelled = [k for k, (_, role, _) in found.items() if role is None]
     how = ("Labels (the shares on the right, and the rings) are the role codes stored with the fits: with several "
            "restarts the majority vote over restarts, as `dynamics gates` reports them; dots sit at G+ and G- averaged "

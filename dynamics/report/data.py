@@ -24,8 +24,10 @@ from dynamics.schema import FINISHED_STATUSES, config_value
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
 # token_share: all NaN where no probe holds the token the token role looks for (summary_row's token_unseen)
+# layer_bifurcation_step: a run drawn "never" whose layers left their own bands is named;
+# previous_token_peak: heads meeting Voita et al.'s rule with another label are, as analyse notes them
 _RUN_VARS = ("best_slash", "slash_dominant", "role", "mean_divergence", "bifurcation_step", "slash_emergence_step",
-             "token_share")
+             "token_share", "layer_bifurcation_step", "previous_token_peak")
 
 
 _MIN_SNAPSHOTS = AnalysisOptions().baseline_snapshots + 1  # bifurcation_step needs more than the baseline

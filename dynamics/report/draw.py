@@ -347,6 +347,37 @@ def _token_unseen_sentence(runs: list[_Run], chosen: bool = False) -> str:
             f"measured as a token head {why}: a missing or empty token panel there is no finding.")
 
 
+def _peak_not_previous_token(run: _Run) -> int:
+    """Heads of `run` meeting Voita et al.'s positional-head rule at its last analysed snapshot
+    but not labelled previous_token: `summary_row`'s ``peak_not_previous_token``."""
+    from dynamics.analysis.positional import VOITA_PEAK
+    from dynamics.analysis.roles import ROLES
+
+    a = run.analysis
+    if a is None or "previous_token_peak" not in a or "role" not in a or not a.sizes.get("snapshot"):
+        return 0
+    last = a.isel(snapshot=-1)
+    peak = np.asarray(last["previous_token_peak"].values, dtype=float)
+    role = np.asarray(last["role"].values, dtype=float)
+    return int(((peak >= VOITA_PEAK) & (role != ROLES.index("previous_token"))).sum())
+
+
+def _voita_sentence(runs: list[_Run], chosen: bool = False) -> str:
+    """The note `dynamics analyse` prints under its table on previous-token heads by Voita et al.'s
+    rule that are labelled otherwise, for a caption that shows roles. `chosen`: of one run."""
+    counts = {r.run_id: n for r in runs if (n := _peak_not_previous_token(r))}
+    if not counts:
+        return ""
+    rule = ("put their largest weight one step back in >= 90% of rows at the last snapshot (Voita et al.'s positional "
+            "head) but are not labelled previous_token, which asks for a mean weight of 0.5 there (or another role's "
+            "margin is larger); the analysis's previous_token_peak names them")
+    if chosen:
+        return f" {sum(counts.values())} head(s) of this run {rule}."
+    named = ", ".join(f"{rid} ({n})" for rid, n in list(counts.items())[:8]) + (
+        f", and {len(counts) - 8} more run(s)" if len(counts) > 8 else "")
+    return f" Previous-token heads: {sum(counts.values())} head(s) {rule}: {named}."
+
+
 def _warn(note: str) -> None:
     """A note for a caller who passed no handler for it: a RuntimeWarning, not a line on stdout."""
     warnings.warn(note, RuntimeWarning, stacklevel=3)

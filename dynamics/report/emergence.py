@@ -25,6 +25,7 @@ from dynamics.report.draw import (
     _step_axis_sentence,
     _symlog_steps,
     _token_unseen_sentence,
+    _voita_sentence,
 )
 
 # Swept axes the bifurcation figure plots against, in order, when swept.
@@ -118,7 +119,7 @@ def _emergence_section(ctx: _Ctx) -> _Section:
         sec.figures.append((_save(fig, out, "emergence_roles.png"),
                             f"Fraction of heads holding each role (one label per head, dynamics.analysis.roles) against "
                             f"training step, {colour}; {spread}. Roles that never occur are not drawn."
-                            f"{_token_unseen_sentence(done)}{axis_text}"))
+                            f"{_token_unseen_sentence(done)}{_voita_sentence(done)}{axis_text}"))
     else:
         sec.missing.append("Not available: role shares because no analysed run has role labels.")
 
@@ -249,7 +250,8 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                f"{', '.join(index_axes)})" if axes else
                f"no swept value varies among the {len(runs)} run(s) in the store" if index_axes else
                "the store has no sweep index")
-        sec.missing.append(f"Not available: bifurcation and emergence steps against a swept parameter because {why}.")
+        sec.missing.append(f"Not available: bifurcation and emergence steps against a swept parameter because {why}."
+                           + _event_listing(done))
         return sec
     if not done:
         sec.missing.append(_missing_runs_sentence(runs, "bifurcation and emergence steps") or "Not available: no runs.")
@@ -335,6 +337,41 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
     if ctx.pending:
         sec.missing.append(_pending_sentence(ctx.pending))
     return sec
+
+
+def _step_text(value) -> str:
+    value = np.asarray(value, dtype=float)
+    return f"{np.nanmin(value):g}" if value.size and np.isfinite(value).any() else "never"
+
+
+def _layer_steps(run) -> str | None:
+    """", by layer: 32, never": each layer's bifurcation step, where one differs from the run's."""
+    a = run.analysis
+    if "layer_bifurcation_step" not in a or "bifurcation_step" not in a:
+        return None
+    layers = [_step_text(v) for v in np.atleast_1d(np.asarray(a["layer_bifurcation_step"].values, dtype=float))]
+    return f"by layer: {', '.join(layers)}" if any(x != _step_text(a["bifurcation_step"].values) for x in layers) else None
+
+
+def _event_listing(done) -> str:
+    """Each analysed run's steps, where no swept axis gives the figure (a store of `dynamics run`s):
+    the page had none of them, while `dynamics analyse` prints them."""
+    parts = []
+    for r in done[:12]:
+        a = r.analysis
+        if "bifurcation_step" not in a:
+            continue
+        layers = _layer_steps(r)
+        text = f"{r.run_id}: bifurcation {_step_text(a['bifurcation_step'].values)}" + (f" ({layers})" if layers else "")
+        if "slash_emergence_step" in a:
+            text += f", first slash-dominant head {_step_text(a['slash_emergence_step'].values)}"
+        parts.append(text)
+    more = f"; and {len(done) - 12} more run(s)" if len(done) > 12 else ""
+    return f" The steps, per run ({RUN_STEPS_RULE}): {'; '.join(parts)}{more}." if parts else ""
+
+
+RUN_STEPS_RULE = ("bifurcation: the step the mean within-layer divergence leaves its initial noise band for good, a "
+                  "split or a collapse; first slash-dominant head: from which one stays slash-dominant")
 
 
 def _event_steps(runs, var: str, skip=()) -> list[tuple]:
@@ -446,12 +483,20 @@ def _bifurcation_caption(groups, points) -> str:
     named = ("Hollow marks: unfinished runs (" + ", ".join(f"{rid} ({status})" for rid, status in unfinished)
              + "), whose step can still move or appear; those without the event sit on the top row, 'not yet', "
                "and are left out of the mean. ") if unfinished else ""
+    # "never" of the mean, while a layer left its own band (its heads split as another's merged)
+    by_layer = [f"{r.run_id} ({layers})" for r, y in points.get("bifurcation_step", [])
+                if _finished(r) and not math.isfinite(y) and (layers := _layer_steps(r)) is not None]
+    layered = (f"Runs on the 'never' row whose layers left their own bands while the mean over layers stayed in its "
+               f"own (a layer's heads split as another's merged; `dynamics analyse` gives each layer's step): "
+               f"{', '.join(by_layer[:8])}{f', and {len(by_layer) - 8} more' if len(by_layer) > 8 else ''}. "
+               if by_layer else "")
     return ("Top: bifurcation step of each run (the step at which the mean within-layer divergence leaves its "
-            "initial noise band for good, dynamics.analysis.bifurcation) against each swept parameter. Bottom: "
+            "initial noise band for good, rising (heads split) or falling (heads collapse together): the divergence "
+            "curves tell which; dynamics.analysis.bifurcation) against each swept parameter. Bottom: "
             f"step at which the first head becomes slash-dominant for good. Marks: runs, {groups.description(scatter=True)} "
             "(the colours of the curves); line: per swept value, the mean over the finished runs where the event "
             "happened (runs where it never happens are not in it); red crosses on the 'never' row: finished runs "
             "where it never happened within the run; \u00d7n beside a mark: n runs at that point. A run whose heads "
             "start far apart (a large init_scale) can stay in its initial band throughout: 'never' there may be "
             "heads split from initialisation, not heads that never split (the divergence curves tell which). "
-            f"{named}Counts: {'; '.join(counts)}.")
+            f"{layered}{named}Counts: {'; '.join(counts)}.")

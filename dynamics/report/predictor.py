@@ -34,6 +34,12 @@ def _predict_section(ctx: _Ctx) -> _Section:
         sec.missing.append(f"Not available: the predictor curves because derived/ could not be read "
                            f"({ctx.derived_problem}).")
         return sec
+    completed = sum(r.status == "completed" for r in ctx.runs)
+    if not names and completed < 2:
+        # `dynamics predict` refuses such a store (exit 2): the command named below would fail
+        sec.missing.append(f"Not available: the predictor curves because the store has {completed} completed run(s), "
+                           f"and `dynamics predict` needs at least 2 (the runs of a sweep: `dynamics sweep`).")
+        return sec
     if not names:
         # the default target, slash, is refused as constant where no head ends slash-dominant (the
         # quickstart's store): the command named must be one that runs
