@@ -47,7 +47,10 @@ def _redundancy_section(ctx: _Ctx) -> _Section:
     Z = linkage_matrix(js)
     dn = _dendrogram_coords(Z)
     n = len(names)
-    fig = _figure(max(9.0, 0.32 * n + 6), max(4.2, 0.16 * n + 2.5))
+    # taller by the rotated tick names ("L0H0 previous_token": 1.1 in at 7 pt), which squeezed the
+    # axes until their labels were cut at the top
+    longest = max(len(str(x)) for x in names)
+    fig = _figure(max(9.0, 0.32 * n + 6), max(4.2, 0.16 * n + 2.5) + 0.06 * longest)
     ax1, ax2 = fig.subplots(1, 2, width_ratios=[1.1, 1])
     for xs, ys in zip(dn["icoord"], dn["dcoord"], strict=True):
         ax1.plot(xs, ys, color="#345", lw=1.2)
@@ -55,7 +58,7 @@ def _redundancy_section(ctx: _Ctx) -> _Section:
     ax1.set_xticks(5 + 10 * np.arange(n), names[dn["leaves"]], rotation=90, fontsize=7)
     ax1.set_xlim(0, 10 * n)
     ax1.set_ylim(0, max(float(Z[:, 2].max()) * 1.08, threshold * 1.5))
-    ax1.set_ylabel("merge distance: mean JS distance (sqrt(nats))")
+    ax1.set_ylabel("merge distance:\nmean JS distance (sqrt(nats))")
     ax1.set_xlabel("head (layer, head, role at this snapshot)")
     ax1.legend(fontsize=7, frameon=False)
     order = np.flatnonzero(valid)[dn["leaves"]]
@@ -64,7 +67,7 @@ def _redundancy_section(ctx: _Ctx) -> _Section:
     ax2.set_yticks(np.arange(n), names[dn["leaves"]], fontsize=7)
     ax2.set_xlabel("head (dendrogram order)")
     ax2.set_ylabel("head (dendrogram order)")
-    fig.colorbar(im, ax=ax2, shrink=0.85, label="JS distance (sqrt(nats), max sqrt(ln 2))")
+    fig.colorbar(im, ax=ax2, shrink=0.85, label="JS distance\n(sqrt(nats), max sqrt(ln 2))")
     at = f"step {step}" if step is not None else "the last snapshot"
     how = "stored analysis" if source == "stored" else "analysed for this report" + (
         ", its stored analysis could not be read" if source == "computed: stored unreadable" else "")
