@@ -131,6 +131,13 @@ def test_sections_with_nothing_derived_yet_name_the_command_that_writes_it(tmp_p
             f"{path} --run ID</code> fits and saves one for a run).") in text
     assert ("Not available: the predictor curves because the store has no derived predict.<target> dataset "
             f"(<code>dynamics predict {path}</code> writes one, from the finished sweep's runs).") in text
+    # two completed runs of one seed: predict's grouping by seed has one group (exit 2): --group run
+    for rid in ("r0", "r1"):
+        store.update_run_attrs(path, rid, seed=0)
+    text = html.unescape(write_report(path, tmp_path / "out2").read_text())
+    assert (f"(<code>dynamics predict {path} --group run</code> writes one, from the finished sweep's runs; its "
+            "completed runs share one seed (0), so they are grouped by run, where the default grouping by seed would "
+            "have one group).") in text
     # one completed run: `dynamics predict` refuses the store (exit 2), so the page names no command
     one = tmp_path / "one.zarr"
     _synthetic_store(one, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
@@ -293,7 +300,7 @@ def test_over_training_is_the_run_fitted_most_often_and_the_caption_says_whose_f
         writer.finalize()
         gates = _gates_dataset(cfg).assign_attrs(options={"restarts": 3, "steps": 500, "lam": 0.3, "threshold": 0.5})
         # ra's G- ranks its heads against their ablation cost, as `dynamics gates` warns (rho < 0.3)
-        store.write_derived(path, f"gates.{rid}", gates.assign_attrs(step=8, rho=-0.143 if rid == "ra" else 0.5))
+        store.write_derived(path, f"gates.{rid}", gates.assign_attrs(step=8, rho={"ra": -0.143, "rb": 0.2}[rid]))
         runs.append(_Run(rid, "running", {}, None, len(steps_at), np.zeros(len(steps_at), bool), np.asarray(steps_at)))
     figs = {}
     monkeypatch.setattr(chg, "_save", lambda fig, out, rel: figs.setdefault(rel, fig) and rel)
@@ -302,9 +309,11 @@ def test_over_training_is_the_run_fitted_most_often_and_the_caption_says_whose_f
     assert figs.pop("chg.png").axes[1].get_title() == "run rb: each head over training so far"
     assert f"{both}, the middle and right panels the fits recorded during training." in sec.figures[0][1]
     # the page drew every head of ra "irrelevant"-or-so without the caution `dynamics gates` printed
-    assert (" Caution: in the `dynamics gates` fit of run(s) ra (rho -0.143), G- ranks the heads against, or barely "
-            "by, their single-head ablation cost (Spearman rho below 0.3, as `dynamics gates` warns)") in sec.figures[0][1]
-    assert "rb (rho" not in sec.figures[0][1]
+    # rb, the middle panel's run, has training fits too: its `dynamics gates` fit, drawn on the left, is
+    # named (merged with its training fits, it had been dropped)
+    assert (" Caution: in the `dynamics gates` fit of run(s) ra (rho -0.143), rb (rho 0.200), G- ranks the heads "
+            "against, or barely by, their single-head ablation cost (Spearman rho below 0.3, as `dynamics gates` "
+            "warns)") in sec.figures[0][1]
     # the page says its per-run figures show rx: these panels say they do not
     assert ("middle and right: run rb over training (run rx, which the other per-run figures show, has no gate "
             "fits).") in sec.figures[0][1]

@@ -353,9 +353,9 @@ def test_the_bifurcation_caption_names_never_runs_whose_layers_left_their_bands(
     _capture_figures(monkeypatch, emergence)
     sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, ["model.init_scale", "train.seed"], tmp_path, True))
     caption = sec.figures[0][1]
-    assert ("Runs on the 'never' row whose layers left their own bands while the mean over layers stayed in its own "
-            "(a layer's heads split as another's merged; `dynamics analyse` gives each layer's step): "
-            "split (by layer: 32, 100). ") in caption  # not flat (no layer left), same (not never), live (unfinished)
+    assert ("Runs on the 'never' row with a layer that left its own band while the mean over layers stayed in its "
+            "own (a layer can, its change diluted by the others' or offset by them; `dynamics analyse` gives each "
+            "layer's step): split (by layer: 32, 100). ") in caption  # not flat (no layer left), same (not never), live (unfinished)
     assert "rising (heads split) or falling (heads collapse together)" in caption
 
 
@@ -365,10 +365,18 @@ def test_a_store_without_a_swept_axis_lists_each_runs_steps(tmp_path):
     from dynamics.report import emergence
     from dynamics.report.data import _Ctx
 
-    runs = [_layered("ind", "completed", 600.0, [np.nan, 500.0], slash=700.0)]
-    runs[0].params = {}
+    lone = _layered("lone", "completed", np.nan, [np.nan], slash=np.nan)  # one head per layer: no pair to compare
+    lone.analysis = lone.analysis.isel(head=[0]).assign(mean_divergence=("snapshot", np.full(4, np.nan)),
+                                                         best_slash=("snapshot", np.full(4, 0.1)))
+    runs = [_layered("ind", "completed", 600.0, [np.nan, 500.0], slash=700.0),
+            _layered("cut", "stopped", np.nan, [np.nan, np.nan], slash=np.nan), lone]
+    for r in runs:
+        r.params = {}
     sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, [], tmp_path, True))
     (line,) = sec.missing
     assert line.startswith("Not available: bifurcation and emergence steps against a swept parameter because the "
                            "store has no sweep index. The steps, per run (bifurcation: ")
-    assert line.endswith(": ind: bifurcation 600 (by layer: never, 500), first slash-dominant head 700.")
+    # as the figure says them: a stopped run's "not yet", provisional; "undefined" with no pair of heads
+    assert line.endswith(": ind: bifurcation 600 (by layer: never, 500), first slash-dominant head 700; cut (stopped: "
+                         "provisional): bifurcation not yet, first slash-dominant head not yet; lone: bifurcation "
+                         "undefined, first slash-dominant head never.")

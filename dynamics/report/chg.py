@@ -297,7 +297,9 @@ def _chg_section(ctx: _Ctx) -> _Section:
         sources += (f" Fitted before the end of training, so provisional (a run still training, stopped, or a fit of "
                     f"an earlier checkpoint): {', '.join(early)}.")
     # the caution `dynamics gates` prints with such a fit: the page drew its labels without it
-    against = {k: p.attrs["rho"] for k, (p, _, _) in {**found, rid: over[rid]}.items()
+    # the fits the panels draw: each run's on the left, and the middle panel's run's (merged into one
+    # dict, that run's `dynamics gates` fit on the left had been replaced by its training fits, rho-less)
+    against = {k: p.attrs["rho"] for k, (p, _, _) in [*found.items(), (rid, over[rid])]
                if np.isfinite(p.attrs.get("rho", np.nan)) and p.attrs["rho"] < RHO_CAUTION}
     if against:
         sources += (" Caution: in the `dynamics gates` fit of run(s) "
@@ -327,7 +329,8 @@ def _chg_section(ctx: _Ctx) -> _Section:
                         f"Causal head gating (Nam et al. 2025): each head's gate fitted toward open (G+, x) and toward shut "
                         f"(G-, y), both fractions in [0, 1], {at}. Regions: facilitating (both high), irrelevant "
                         f"(G+ high, G- low), interfering (both low). Left: every head of {len(found)} run(s) at its latest fit, "
-                        f"{groups.description(scatter=True)}; middle and right: run {rid} over training{elsewhere}. {how}{rings}"
+                        f"{groups.description(scatter=True)}; middle and right: run {rid} "
+                        f"{f'at its one fit (step {float(steps[0]):g})' if one_fit else 'over training'}{elsewhere}. {how}{rings}"
                         f"Sources: {sources}"))
     sec.missing += [unread] if unreadable else []
     lacking = [r.run_id for r in runs if r.run_id not in found and r.run_id not in unreadable]

@@ -58,6 +58,7 @@ class _Run:
     # checksum): a line each, for stderr and the command's exit code
     damage: list[str] = field(default_factory=list)
     unfinished: str = "unfinished"  # analyse.unfinished_reason: a failed run's with its error
+    seed: Any = None  # train.seed, as the run's attrs record it; None unread
 
     @property
     def n_recorded(self) -> int:
@@ -286,6 +287,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         code=trained_by(attrs),
         execution=trained_on(attrs),
         data=trained_on_data(attrs),
+        seed=attrs.get("seed"),
     )
     stale, unread = False, ""
     try:

@@ -353,18 +353,27 @@ def _layer_steps(run) -> str | None:
     return f"by layer: {', '.join(layers)}" if any(x != _step_text(a["bifurcation_step"].values) for x in layers) else None
 
 
+def _said(run, var: str, undefined: bool) -> str:
+    """A run's step of `var` as the figure tells it: undefined, the step, never, or not yet."""
+    text = "undefined" if undefined else _step_text(run.analysis[var].values)
+    return "not yet" if text == "never" and not _finished(run) else text
+
+
 def _event_listing(done) -> str:
     """Each analysed run's steps, where no swept axis gives the figure (a store of `dynamics run`s):
-    the page had none of them, while `dynamics analyse` prints them."""
-    parts = []
+    the page had none of them, while `dynamics analyse` prints them. As the figure: undefined
+    where there is nothing to measure, "not yet" (and provisional) for a run still unfinished."""
+    parts, pairless, slashless = [], set(_no_head_pairs(done)), set(_no_slash(done))
     for r in done[:12]:
         a = r.analysis
         if "bifurcation_step" not in a:
             continue
-        layers = _layer_steps(r)
-        text = f"{r.run_id}: bifurcation {_step_text(a['bifurcation_step'].values)}" + (f" ({layers})" if layers else "")
+
+        layers = None if r.run_id in pairless else _layer_steps(r)
+        text = (f"{r.run_id}{'' if _finished(r) else f' ({r.status}: provisional)'}: bifurcation "
+                f"{_said(r, 'bifurcation_step', r.run_id in pairless)}" + (f" ({layers})" if layers else ""))
         if "slash_emergence_step" in a:
-            text += f", first slash-dominant head {_step_text(a['slash_emergence_step'].values)}"
+            text += f", first slash-dominant head {_said(r, 'slash_emergence_step', r.run_id in slashless)}"
         parts.append(text)
     more = f"; and {len(done) - 12} more run(s)" if len(done) > 12 else ""
     return f" The steps, per run ({RUN_STEPS_RULE}): {'; '.join(parts)}{more}." if parts else ""
@@ -486,8 +495,9 @@ def _bifurcation_caption(groups, points) -> str:
     # "never" of the mean, while a layer left its own band (its heads split as another's merged)
     by_layer = [f"{r.run_id} ({layers})" for r, y in points.get("bifurcation_step", [])
                 if _finished(r) and not math.isfinite(y) and (layers := _layer_steps(r)) is not None]
-    layered = (f"Runs on the 'never' row whose layers left their own bands while the mean over layers stayed in its "
-               f"own (a layer's heads split as another's merged; `dynamics analyse` gives each layer's step): "
+    layered = (f"Runs on the 'never' row with a layer that left its own band while the mean over layers stayed in "
+               f"its own (a layer can, its change diluted by the others' or offset by them; `dynamics analyse` gives "
+               f"each layer's step): "
                f"{', '.join(by_layer[:8])}{f', and {len(by_layer) - 8} more' if len(by_layer) > 8 else ''}. "
                if by_layer else "")
     return ("Top: bifurcation step of each run (the step at which the mean within-layer divergence leaves its "

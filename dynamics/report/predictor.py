@@ -44,9 +44,15 @@ def _predict_section(ctx: _Ctx) -> _Section:
         # the default target, slash, is refused as constant where no head ends slash-dominant (the
         # quickstart's store): the command named must be one that runs
         role = _no_slash_heads(ctx.runs)
+        # and predict groups by seed: runs of one seed are one group, refused (exit 2)
+        seeds = {r.seed for r in ctx.runs if r.status == "completed"}
+        one_seed = len(seeds) == 1 and None not in seeds
+        group = " --group run" if one_seed else ""
+        why = (f"; its completed runs share one seed ({next(iter(seeds))}), so they are grouped by run, where the "
+               f"default grouping by seed would have one group" if one_seed else "")
         sec.missing.append("Not available: the predictor curves because the store has no derived predict.<target> "
-                           f"dataset (`dynamics predict {path}{' --target role' if role else ''}` writes one, from the "
-                           f"finished sweep's runs{role}).")
+                           f"dataset (`dynamics predict {path}{' --target role' if role else ''}{group}` writes one, "
+                           f"from the finished sweep's runs{role}{why}).")
         return sec
     for name in names:
         try:
