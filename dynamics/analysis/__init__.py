@@ -15,6 +15,7 @@ from dynamics.analysis.divergence import (
     within_layer_divergence,
 )
 from dynamics.analysis.pipeline import AnalysisOptions, analyse_run, summary_row
+from dynamics.analysis.positional import VOITA_PEAK, peak_share
 from dynamics.analysis.redundancy import (
     attention_correlation,
     cluster_heads,
@@ -35,10 +36,10 @@ from dynamics.analysis.slash import (
 )
 
 __all__ = [
-    "ROLES", "AnalysisOptions", "RoleThresholds", "analyse_run", "assign_roles", "attention_correlation",
+    "ROLES", "VOITA_PEAK", "AnalysisOptions", "RoleThresholds", "analyse_run", "assign_roles", "attention_correlation",
     "best_offset", "bifurcation_step", "cluster_heads", "commitment_step", "cross_seed_consistency",
     "divergence_from_init", "dominant_share", "emergence_step", "gini", "js_distance", "linkage_matrix",
-    "mean_within_layer_divergence", "principal_angles", "qk_cosine", "redundancy_fraction", "role_names",
+    "mean_within_layer_divergence", "peak_share", "principal_angles", "qk_cosine", "redundancy_fraction", "role_names",
     "role_scores", "slash_dominant", "slash_score", "summary_row", "token_dominant", "token_ratio",
     "token_share", "winner_take_all", "within_layer_divergence",
 ]

@@ -419,7 +419,7 @@ def summary_row(result: xr.Dataset) -> dict:
     None for an analysis stored before it was computed. ``token_unseen`` is the token id the token
     roles look for where no probe sequence holds it, else None. ``peak_not_previous_token``: heads
     meeting Voita et al.'s rule (``previous_token_peak`` >= 0.9) at the last snapshot but not
-    labelled previous_token. ``roles_at_start``: the specific roles' head counts at the first
+    labelled previous_token (None for an analysis stored without ``previous_token_peak``). ``roles_at_start``: the specific roles' head counts at the first
     snapshot, at step ``start_step``.
     """
     if RUN in result.dims:  # a sweep's analysis: every number below would be an array

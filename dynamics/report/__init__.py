@@ -13,7 +13,8 @@ loads nothing from the network. It shows
    style, marker) by the others, with the mean and range over seeds; a swept value keeps
    its colour in every figure;
 3. bifurcation and slash-emergence steps against the swept init_scale, lr and n_heads,
-   unfinished runs hollow ("not yet" rather than "never");
+   unfinished runs hollow ("not yet" rather than "never"); where no axis is swept, each run's
+   steps as text;
 4. the redundancy dendrogram and the JS distance matrix of one run at its last snapshot;
 5. causal head gating: G+ against G- per head with the taxonomy regions (Nam et al. 2025,
    Figure 1c) and the same over training (the runs' recorded ``chg``, or
@@ -21,7 +22,8 @@ loads nothing from the network. It shows
    scatter shows the fit at the later step, the ``dynamics gates`` one at a tie, and the
    panels over training the recorded fits; the caption names each, and the runs fitted before
    training ended); labels are the stored role codes (majority over restarts, as
-   ``dynamics gates``), positions the mean gates;
+   ``dynamics gates``), positions the mean gates, with ``dynamics gates``' caution where a
+   fit's rho is below ``RHO_CAUTION`` (0.3);
 6. the early-role predictor's metric against horizon (``derived/predict.<target>``, written by
    ``dynamics predict``).
 

@@ -145,8 +145,16 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
         runs are padded at the end with NaN (indexed dims such as ``head`` by an outer join on
         their labels); ``head_mask`` (run, layer, head) is True where the head exists. ``step``
         becomes (run, snapshot) only when runs disagree on it. ``attrs``: ``sweep`` (the
-        index, if any), ``runs`` (each run's attributes) and, with an index, ``runs_not_started``
+        index, if any), ``runs`` (each run's attributes, their ``status`` as the ``status``
+        coordinate reads it: "stopped" for a killed run) and, with an index, ``runs_not_started``
         (its points with no run group yet, which the run dim leaves out).
+
+    Raises
+    ------
+    StoreError
+        A run of the default selection is damaged (its group's ``zarr.json`` unreadable): the
+        message names it and the other runs, which ``run_ids=[...]`` opens; a run named in
+        ``run_ids`` that is missing or damaged.
 
     Example
     -------

@@ -62,10 +62,10 @@ def recorded_snapshots(ds: xr.Dataset) -> xr.Dataset:
     A run's arrays are created at the full size of its schedule, and ``step`` lists every
     snapshot the schedule takes. An unfinished run (stopped, killed, still training) or a
     diverged one never wrote its later snapshots: they read as NaN, so ``isel(snapshot=-1)``
-    of it is an empty snapshot, not its last. This keeps those it wrote (for a diverged run,
-    also not the one at its diverging step where its gradients were already non-finite;
-    ``dynamics.analyse.recorded_before_divergence`` cuts one as `dynamics analyse` does). A
-    finished run comes back whole.
+    of it is an empty snapshot, not its last. This keeps those it wrote whole: a diverged run's
+    snapshot at its diverging step, written with non-finite gradients (NaN importance), is left
+    out (``dynamics.analyse.recorded_before_divergence`` keeps it where its attention is finite,
+    as `dynamics analyse` does). A completed run comes back whole.
 
     Parameters
     ----------
@@ -88,7 +88,7 @@ def recorded_snapshots(ds: xr.Dataset) -> xr.Dataset:
     """
     if RUN in ds.dims:
         raise ValueError("recorded_snapshots: one run at a time (open_run's, or sweep.sel(run=ID)); "
-                         f"this dataset has {ds.sizes[RUN]} runs, whose recorded snapshots differ")
+                         f"this dataset has a run dim ({ds.sizes[RUN]} run(s)), whose recorded snapshots differ")
     if SNAPSHOT not in ds.dims:
         return ds
     return ds.isel({SNAPSHOT: np.flatnonzero(recorded_mask(ds, ds.attrs))})

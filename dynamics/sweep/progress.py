@@ -14,7 +14,8 @@ QUIET_S = 30.0
 
 
 class _Display:
-    """Plain log lines (not a terminal): one line per run that ends, running runs every 10 s.
+    """Plain log lines (not a terminal): one line per run that ends, running runs every 10 s,
+    each silent for `QUIET_S` or more marked ``(no report for N s)``.
 
     ``done`` counts finished runs (completed or diverged) only: a failed, interrupted or
     cancelled one is trained again by the next launch, so counting it would say the sweep
