@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import concurrent.futures.process
+import contextlib
 import functools
 import hashlib
 import json
@@ -20,6 +21,7 @@ import math
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -431,6 +433,12 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller below
             errors.append(e)
 
+    def waiting(e: BaseException) -> None:
+        # a first Ctrl-C waits for the workers' runs in hand: said, or a user pressed it again and again
+        if isinstance(e, KeyboardInterrupt) and (busy := sum(t.is_alive() for t in feeders)):
+            print(f"dynamics: stopping once the {busy} run(s) in hand in other processes are analysed "
+                  f"(Ctrl-C again to abandon them)", file=sys.stderr, flush=True)
+
     # spawn: the caller may hold threads (a Dask client, torch's pools) that fork would copy.
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(n - 1, mp_context=ctx, initializer=exit_with_parent,
@@ -444,10 +452,12 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
                 done(rid, analyse_or_report(path, rid, again))
         except BaseException as e:
             errors.append(e)
+            waiting(e)
         # A first interrupt here (the main thread's runs done, the workers' still going) stops
         # the feeders taking more and waits for the runs in hand, whose lines are printed, as
         # after one in the loop above; left at once, a feeder printed its run's line after
-        # the caller's "interrupted". A second leaves at once, and nothing prints after it.
+        # the caller's "interrupted". A second leaves at once, its workers stopped, and nothing
+        # prints after it.
         while any(t.is_alive() for t in feeders):
             try:
                 for t in feeders:
@@ -459,7 +469,14 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
                     if second:
                         quiet.append(True)
                 if second:
+                    # The workers ignore Ctrl-C (they finish the runs in hand), so leaving the `with`
+                    # waited for them; a third Ctrl-C then cut the pool's shutdown short and the
+                    # command hung for good (Python 3.11, 3.12). They are stopped here instead.
+                    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                        with contextlib.suppress(Exception):
+                            proc.terminate()
                     raise
+                waiting(e)
         # runs a feeder put back after the pool broke, once this thread had left its loop
         while (rid := take()) is not None:
             done(rid, analyse_or_report(path, rid, again))

@@ -184,15 +184,18 @@ def _interrupted_in_the_join(monkeypatch, path: str, interrupts: int, broken: bo
     return events
 
 
-def test_an_interrupt_while_the_workers_finish_waits_for_their_lines(three_runs, tmp_path, monkeypatch):
+def test_an_interrupt_while_the_workers_finish_waits_for_their_lines(three_runs, tmp_path, monkeypatch, capsys):
     # Interrupted there, analyse_store raised at once and the feeder printed its worker's
     # "[analyse] n/4" line after the caller's "dynamics: interrupted". The first interrupt now
-    # waits for the runs in hand, as one during the main thread's own runs did.
+    # waits for the runs in hand, as one during the main thread's own runs did, and says so (a
+    # silent wait of seconds had users pressing Ctrl-C again and again).
     path = str(tmp_path / "s.zarr")
     _unanalysed_copy(three_runs[0], path)
     events = _interrupted_in_the_join(monkeypatch, path, 1)
     assert events[-1] == "raised" and len(events) == 5, events  # all four runs: one was in hand
     assert sorted(events[:-1]) == sorted(f"progress {r}" for r in store.list_runs(path)), events
+    assert capsys.readouterr().err == ("dynamics: stopping once the 1 run(s) in hand in other processes are analysed "
+                                       "(Ctrl-C again to abandon them)\n")
 
 
 def test_a_second_interrupt_leaves_at_once_and_nothing_prints_after_it(three_runs, tmp_path, monkeypatch):
@@ -336,6 +339,43 @@ def test_a_worker_killed_by_the_groups_interrupt_is_not_named_as_a_lost_run(thre
     events = _interrupted_in_the_join(monkeypatch, path, 1, broken=True)
     assert events[-1] == "raised" and len(events) == 4, events  # the main thread's three runs; no lost one
     assert not [e for e in events if e.endswith(" error")], events
+
+
+def test_a_second_interrupt_stops_the_workers_runs_in_hand(three_runs, tmp_path, monkeypatch):
+    # The workers ignore Ctrl-C and finish their runs, so the second Ctrl-C's raise waited for
+    # them as it left the pool; a third cut that wait short and the command hung for good
+    # (Python 3.11 and 3.12: the pool's manager thread read as stopped, its workers never told
+    # to exit). The second now terminates them: their run in hand (here a 30 s one) ends at once.
+    import concurrent.futures
+    import threading
+    import types
+
+    import dynamics.analyse as mod
+
+    path = str(tmp_path / "t.zarr")
+    _unanalysed_copy(three_runs[0], path)
+    busy, procs, left = threading.Event(), [], [2]
+
+    class Pool(concurrent.futures.ProcessPoolExecutor):
+        def submit(self, *args, **kwargs):
+            future = super().submit(time.sleep, 30)  # a long run in hand
+            procs.extend(self._processes.values())
+            busy.set()
+            return future
+
+    class Feeder(threading.Thread):
+        def join(self, timeout=None):
+            if left[0] and busy.wait(60):
+                left[0] -= 1
+                raise KeyboardInterrupt("signal 2")
+            return super().join(timeout)
+
+    futures = types.SimpleNamespace(ProcessPoolExecutor=Pool, process=concurrent.futures.process)
+    monkeypatch.setattr(mod, "threading", types.SimpleNamespace(Thread=Feeder, Lock=threading.Lock))
+    monkeypatch.setattr(mod, "concurrent", types.SimpleNamespace(futures=futures))
+    with pytest.raises(KeyboardInterrupt):
+        analyse_store(path, workers=2)
+    assert procs and all(p.exitcode == -signal.SIGTERM for p in procs), [p.exitcode for p in procs]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for signal masks")

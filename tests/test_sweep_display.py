@@ -70,9 +70,10 @@ def test_the_log_says_how_long_a_running_run_has_not_reported(monkeypatch):
     log = io.StringIO()
     display = _Display(3, 0, stream=log, every=0)
     display.step("ra", 660, 1500, 1.0)
-    display.step("rb", 630, 1500, 1.0)
-    clock[0] += progress.QUIET_S - 1
-    display.step("rb", 700, 1500, 1.0)  # rb still reports; ra not, for QUIET_S - 1 s: not yet said
+    clock[0] += progress.QUIET_S - 1.5
+    display.step("rb", 630, 1500, 1.0)  # rb starts later, and reports at its pace
+    clock[0] += 0.5
+    display.step("rb", 700, 1500, 1.0)  # ra silent for QUIET_S - 1 s: not yet said
     display.tick()
     clock[0] += 1
     display.tick()  # ra silent for QUIET_S now
@@ -86,6 +87,23 @@ def test_the_log_says_how_long_a_running_run_has_not_reported(monkeypatch):
         "[sweep] 0/3 finished; running: ra 660/1500 (no report for 51 s), rb 700/1500",
         "[sweep] 0/3 finished; running: ra 660/1500 (no report for 60 s), rb 700/1500 (no report for 31 s)",
     ]
+    # a run whose steps are slow reports every 10 steps far apart: marked only past 3 times its own
+    # longest gap (40 s here), not at 30 s while it trains on
+    log.seek(0)
+    log.truncate()
+    display.step("rc", 10, 40, 1.0)
+    clock[0] += 40
+    display.step("rc", 20, 40, 1.0)
+    display.finished("ra", "failed")
+    display.finished("rb", "failed")
+    log.truncate(0)
+    log.seek(0)
+    clock[0] += 119
+    display.tick()
+    clock[0] += 1
+    display.tick()
+    assert log.getvalue().splitlines() == ["[sweep] 0/3 finished; running: rc 20/40",
+                                           "[sweep] 0/3 finished; running: rc 20/40 (no report for 120 s)"]
 
 
 def test_the_bars_follow_each_run_below_the_overall_bar():

@@ -10,7 +10,8 @@ from typing import Any
 from dynamics.sweep.summary import FINISHED
 
 QUIET_S = 30.0
-"""Seconds without a step report after which the running line says so (runs report every 0.5 s)."""
+"""Seconds without a step report after which the running line says so (runs report every 10 steps,
+at most twice a second), or 3 times a run's longest gap between reports where that is longer."""
 
 
 class _Display:
@@ -27,6 +28,7 @@ class _Display:
         self.total, self.done, self.stream, self.every = total, done, stream or sys.stderr, every
         self.steps: dict[str, tuple[int, int]] = {}
         self.heard: dict[str, float] = {}  # run -> when its last step report came
+        self.gap: dict[str, float] = {}  # run -> the longest time between two of its reports so far
         self.last = time.monotonic()
 
     def starting(self, todo: int, workers: int | str) -> None:
@@ -38,7 +40,10 @@ class _Display:
 
     def step(self, run_id: str, step: int, total: int, loss: float) -> None:
         self.steps[run_id] = (step, total)
-        self.heard[run_id] = time.monotonic()
+        now = time.monotonic()
+        if run_id in self.heard:
+            self.gap[run_id] = max(self.gap.get(run_id, 0.0), now - self.heard[run_id])
+        self.heard[run_id] = now
 
     def waiting(self, run_id: str, text: str) -> None:
         """The run's task waits for another process that is training it."""
@@ -65,12 +70,14 @@ class _Display:
             print(f"[sweep] {self.done}/{self.total} finished; running: {running}", file=self.stream, flush=True)
 
     def _quiet_for(self, run_id: str, now: float) -> str:
-        # A run reports its step twice a second while it trains. One whose worker died (it waits
+        # A run reports every 10 steps (at most twice a second). One whose worker died (it waits
         # to be trained again), or whose reports a lost scheduler no longer passes on, kept its
         # last count in this line, unchanged, as if it were training: three runs "running" on
-        # two workers. Its count is kept, and how long it has said nothing.
+        # two workers. Its count is kept, and how long it has said nothing: from QUIET_S, or 3
+        # times its own longest gap so far, where its steps are slow (a large model's 4 s steps
+        # gave 40 s gaps, marked though training went on).
         quiet = now - self.heard.get(run_id, now)
-        return f" (no report for {quiet:.0f} s)" if quiet >= QUIET_S else ""
+        return f" (no report for {quiet:.0f} s)" if quiet >= max(QUIET_S, 3 * self.gap.get(run_id, 0.0)) else ""
 
     def close(self) -> None:
         pass
