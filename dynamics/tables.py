@@ -163,10 +163,10 @@ def role_notes(rows: list[dict]) -> list[str]:
     specific role at step 0, before any update."""
     lines = []
     if missed := [(r["run"], r["peak_not_previous_token"]) for r in rows if r.get("peak_not_previous_token")]:
-        lines.append(f"previous-token heads: {sum(n for _, n in missed)} head(s) put their largest weight one step "
-                     f"back in >= 90% of rows at the last snapshot (Voita et al.'s positional head) but are not "
-                     f"labelled previous_token, which asks for a mean weight of 0.5 there (or another role's margin "
-                     f"was larger); `previous_token_peak` in the analysis names them: {_runs(missed)}")
+        from dynamics.analysis.positional import MISSED_NOTE
+
+        lines.append(f"previous-token heads: {sum(n for _, n in missed)} head(s) {MISSED_NOTE}; `previous_token_peak` "
+                     f"in the analysis names them: {_runs(missed)}")
     start = [(r["run"], r["roles_at_start"]) for r in rows if r.get("roles_at_start") and r.get("start_step") == 0]
     if start:
         total: dict[str, int] = {}

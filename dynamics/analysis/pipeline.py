@@ -29,7 +29,7 @@ from dynamics.analysis.divergence import (
     qk_cosine,
     within_layer_divergence,
 )
-from dynamics.analysis.positional import VOITA_PEAK, peak_share
+from dynamics.analysis.positional import missed_previous_token, peak_share
 from dynamics.analysis.redundancy import attention_correlation, cluster_heads, redundancy_fraction
 from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, check_kinds, role_scores
 from dynamics.analysis.slash import (
@@ -131,7 +131,8 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     Dataset (lazy) with, per snapshot, layer and head unless stated:
     ``role_score`` (+ role_name), ``slash_offset`` (the offset the slash role score was read
     at), ``role`` (int8 codes into ROLES), ``slash_score`` (+ offset), ``previous_token_peak``
-    (Voita et al.'s rule: the share of rows peaking one step back), ``best_offset``, ``best_slash``, ``slash_dominant``, ``token_share``, ``token_ratio`` (the
+    (Voita et al.'s rule: the share of rows peaking one step back), ``best_offset``,
+    ``best_slash``, ``slash_dominant``, ``token_share``, ``token_ratio`` (the
     share's ratio to uniform causal attention; both are means over the probes that hold the
     token), ``token_dominant``,
     ``commitment_step`` / ``slash_emergence_step`` / ``token_emergence_step`` (layer, head),
@@ -230,7 +231,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     slash = stage["slash"]
     parts["slash_score"] = slash
     # Voita et al.'s rule for the positional head, which the previous_token role (a mean weight of
-    # 0.5 one step back) does not ask: heads peaking there in every row at 0.35-0.49 read local or none
+    # 0.5 one step back) does not ask: heads peaking there in every row with less read local or none
     parts["previous_token_peak"] = stage["peak"]
     offset, best, dominant = slash_dominance(slash, opt, T)
     parts["best_offset"], parts["best_slash"] = offset, best
@@ -419,8 +420,9 @@ def summary_row(result: xr.Dataset) -> dict:
     None for an analysis stored before it was computed. ``token_unseen`` is the token id the token
     roles look for where no probe sequence holds it, else None. ``peak_not_previous_token``: heads
     meeting Voita et al.'s rule (``previous_token_peak`` >= 0.9) at the last snapshot but not
-    labelled previous_token (None for an analysis stored without ``previous_token_peak``). ``roles_at_start``: the specific roles' head counts at the first
-    snapshot, at step ``start_step``.
+    labelled previous_token (None for an analysis stored without ``previous_token_peak``).
+    ``roles_at_start``: the specific roles' head counts at the first snapshot, at step
+    ``start_step``.
     """
     if RUN in result.dims:  # a sweep's analysis: every number below would be an array
         raise ValueError("summary_row takes one run's analysis; select one with .sel(run=...) or .isel(run=...)")
@@ -454,8 +456,8 @@ def summary_row(result: xr.Dataset) -> dict:
         if "token_share" in last and bool(last["token_share"].isnull().all()) else None,
         # Voita et al.'s positional heads (peak one step back in >= 90% of rows) that the role
         # label, asking for a mean weight of 0.5 there, does not call previous_token
-        "peak_not_previous_token": None if "previous_token_peak" not in last else int(
-            ((last["previous_token_peak"] >= VOITA_PEAK) & (last["role"] != ROLES.index("previous_token"))).sum()),
+        "peak_not_previous_token": None if "previous_token_peak" not in last else missed_previous_token(
+            last["previous_token_peak"].values, last["role"].values),
         # specific roles (not local or diffuse) at the first snapshot, before any update where it is step 0
         "roles_at_start": _specific_counts(result.isel({SNAPSHOT: 0})),
         "start_step": int(result["step"].values[0]) if "step" in result.coords else None,

@@ -22,7 +22,7 @@ import xarray as xr
 from dynamics.analysis.slash import _check_square
 from dynamics.schema import KEY, PROBE, QUERY
 
-__all__ = ["VOITA_PEAK", "peak_share"]
+__all__ = ["MISSED_NOTE", "VOITA_PEAK", "missed_previous_token", "peak_share"]
 
 VOITA_PEAK = 0.9
 """Share of rows peaking at offset 1 that makes Voita et al. 2019's positional head (`peak_share`)."""
@@ -94,3 +94,23 @@ def peak_share(attn: xr.DataArray, delta: int = 1) -> xr.DataArray:
     out.attrs = {"long_name": f"share of rows whose largest weight is at offset {int(delta)} (Voita et al.: >= 0.9)",
                  "units": "1", "offset": int(delta)}
     return out
+
+
+MISSED_NOTE = ("put their largest weight one step back in >= 90% of rows at the last snapshot (Voita et al.'s "
+               "positional head) but are not labelled previous_token, which asks for a mean weight of 0.5 there (or "
+               "another role's margin is larger)")
+"""What `dynamics analyse` and the report say of the heads `missed_previous_token` counts."""
+
+
+def missed_previous_token(peak, role) -> int:
+    """Heads meeting Voita et al.'s rule (``peak >= VOITA_PEAK``) whose role label is not
+    previous_token: ``peak`` a snapshot's ``previous_token_peak``, ``role`` its role codes (NaN:
+    a sweep's padded head, no head).
+
+    >>> missed_previous_token([0.99, 0.95, 0.5], [6, 0, 8])
+    1
+    """
+    from dynamics.analysis.roles import ROLES
+
+    peak, role = np.asarray(peak, dtype=float), np.asarray(role, dtype=float)
+    return int(((peak >= VOITA_PEAK) & (role != ROLES.index("previous_token"))).sum())

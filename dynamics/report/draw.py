@@ -348,18 +348,14 @@ def _token_unseen_sentence(runs: list[_Run], chosen: bool = False) -> str:
 
 
 def _peak_not_previous_token(run: _Run) -> int:
-    """Heads of `run` meeting Voita et al.'s positional-head rule at its last analysed snapshot
-    but not labelled previous_token: `summary_row`'s ``peak_not_previous_token``."""
-    from dynamics.analysis.positional import VOITA_PEAK
-    from dynamics.analysis.roles import ROLES
+    """`summary_row`'s ``peak_not_previous_token`` of `run`, at its last analysed snapshot (0 unread)."""
+    from dynamics.analysis.positional import missed_previous_token
 
     a = run.analysis
     if a is None or "previous_token_peak" not in a or "role" not in a or not a.sizes.get("snapshot"):
         return 0
     last = a.isel(snapshot=-1)
-    peak = np.asarray(last["previous_token_peak"].values, dtype=float)
-    role = np.asarray(last["role"].values, dtype=float)
-    return int(((peak >= VOITA_PEAK) & (role != ROLES.index("previous_token"))).sum())
+    return missed_previous_token(last["previous_token_peak"].values, last["role"].values)
 
 
 def _voita_sentence(runs: list[_Run], chosen: bool = False) -> str:
@@ -368,9 +364,9 @@ def _voita_sentence(runs: list[_Run], chosen: bool = False) -> str:
     counts = {r.run_id: n for r in runs if (n := _peak_not_previous_token(r))}
     if not counts:
         return ""
-    rule = ("put their largest weight one step back in >= 90% of rows at the last snapshot (Voita et al.'s positional "
-            "head) but are not labelled previous_token, which asks for a mean weight of 0.5 there (or another role's "
-            "margin is larger); the analysis's previous_token_peak names them")
+    from dynamics.analysis.positional import MISSED_NOTE
+
+    rule = f"{MISSED_NOTE}; the analysis's previous_token_peak names them"
     if chosen:
         return f" {sum(counts.values())} head(s) of this run {rule}."
     named = ", ".join(f"{rid} ({n})" for rid, n in list(counts.items())[:8]) + (
