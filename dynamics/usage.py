@@ -212,6 +212,15 @@ def check_creatable(p: Path, flag: str) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise UsageError(f"{flag} {p}: {parent} is a file, not a directory")
+    # A folder on the way still to be made, with a name too long for the filesystem: its stat
+    # said only "not there", and mkdir failed after training began (exit 1, a folder left behind)
+    try:
+        limit = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        limit = 255
+    if long := [c for c in p.absolute().relative_to(parent).parts if len(os.fsencode(c)) > limit]:
+        raise UsageError(f"{flag} {p}: the name {long[0][:24]}... is {len(os.fsencode(long[0]))} bytes long, more than "
+                         f"the {limit} a name may have in {parent}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {p}: no permission to create it in {parent}")
     try:  # access() answers yes to root everywhere, /proc and immutable folders included: mkdir says

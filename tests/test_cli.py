@@ -158,6 +158,11 @@ def test_the_installed_program_is_consoles_entry_point():
     (["run", "{cfg}", "--out", "{d}/" + "x" * 300 + ".zarr"], "cannot be looked at: File name too long"),
     (["run", "{d}/" + "x" * 300 + ".toml"], "cannot be looked at: File name too long"),
     (["report", "{path}", "--out", "{d}/" + "x" * 300], "cannot be looked at: File name too long"),
+    # under a folder still to be made, stat said only "not there": mkdir failed once training had begun
+    # (exit 1), and left the missing folder behind
+    (["run", "{cfg}", "--out", "{d}/nosuch/" + "x" * 300 + "/s.zarr"],
+     "the name xxxxxxxxxxxxxxxxxxxxxxxx... is 300 bytes long, more than the 255 a name may have in "),
+    (["report", "{path}", "--out", "{d}/nosuch/" + "x" * 300 + "/rep"], "is 300 bytes long, more than the 255"),
     # the store did not exist yet when the report folder was checked: the demo trained, then wrote its page into it
     (["demo", "--out", "{d}/new12.zarr", "--report", "{d}/new12.zarr"], "is the store --out"),
     (["demo", "--out", "{d}/new13.zarr", "--report", "{d}/new13.zarr/rep"], "is inside the store --out"),
