@@ -56,6 +56,30 @@ def test_recorded_variables_say_what_they_hold_and_chg_roles_decode(tmp_path):
     path = tmp_path / "s.zarr"
     write_run(path, "r1")
     for ds in (store.open_run(path, "r1"), store.open_run(path, "r1", dask=False), store.open_sweep(path)):
-        assert ds.attention.attrs == {"long_name": "post-softmax attention on the probe batch", "units": "1"}
+        said = {k: v for k, v in ds.attention.attrs.items() if k != "stored_dtype"}  # dask's float32: next test
+        assert said == {"long_name": "post-softmax attention on the probe batch", "units": "1"}
         assert ds.loss.attrs["units"] == "nat" and ds.gate.attrs["long_name"] == "head gate value"
     assert xr.open_zarr(path, group="runs/r1").attention.attrs == {}  # read, not written: older runs get them too
+
+
+def test_dask_backed_float16_attention_is_read_as_float32_so_its_means_do_not_overflow(tmp_path):
+    # Known answer: 100,000 values of 1/32 have mean 1/32. Dask sums float16 in float16, which
+    # overflows past 65,504: the mean read 0.0 (a demo run's attention over its snapshots,
+    # probes, queries and keys holds 69,632 values).
+    import dask.array as da
+
+    flat = xr.Dataset({"attention": ("x", da.from_array(np.full(100_000, 1 / 32, np.float16), chunks=50_000))})
+    with np.errstate(over="ignore"):  # dask's own float16 mean: the overflow, still there
+        assert float(flat.attention.mean().compute(scheduler="synchronous")) == 0.0
+    from dynamics.store.recorded import described
+
+    widened = described(flat)
+    assert widened.attention.dtype == np.float32 and widened.attention.attrs["stored_dtype"] == "float16"
+    assert widened.attention.chunks is not None  # still lazy
+    assert float(widened.attention.mean()) == 1 / 32
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    lazy, plain = store.open_run(path, "r1"), store.open_run(path, "r1", dask=False)
+    assert lazy.attention.dtype == np.float32 and plain.attention.dtype == np.float16  # as stored, for numpy
+    np.testing.assert_array_equal(lazy.attention.values, plain.attention.values.astype(np.float32))
+    assert store.open_sweep(path).attention.dtype == np.float32
