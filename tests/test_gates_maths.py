@@ -154,3 +154,13 @@ def test_chg_majority_of_a_head_one_restart_fitted_is_that_restarts_role():
     majority, agreement = label_agreement(np.array([[2, -1], [-1, -1], [-1, -1]]))
     assert majority.tolist() == [2, -1]
     assert agreement[0] == 1.0 and np.isnan(agreement[1])
+
+
+def test_unsettled_counts_nan_and_the_settle_distance_itself_as_unsettled():
+    # Known answers (a mutation audit's): a gate exactly its movement away from the threshold
+    # could still reach it, and a NaN gate or movement (a fit whose loss is not finite) is never
+    # settled; `|g - t| < settle` read all three as settled, and the CHG caution went quiet.
+    from dynamics.gates.maths import unsettled
+
+    assert unsettled(np.array([0.5, np.nan, 0.6]), np.array([0.0, 0.0, np.nan]), 0.5).tolist() == [True, True, True]
+    assert unsettled(np.array([0.75, 0.75]), np.array([0.25, 0.125]), 0.5).tolist() == [True, False]

@@ -33,3 +33,13 @@ def test_peak_share_counts_rows_peaking_at_the_offset_not_the_weight_there():
     assert np.isnan(peak_share(two).values).all()  # T = 2: no row counted, a sink head no positional head
     with pytest.raises(ValueError, match="delta"):
         peak_share(attn, delta=t)
+
+
+def test_a_head_peaking_one_back_in_exactly_the_voita_share_of_rows_counts():
+    # Voita et al.'s rule is inclusive: a peak share of exactly 0.9 meets it (a mutation audit's
+    # `>` survived the module's tests, caught only by the report's)
+    from dynamics.analysis.positional import missed_previous_token
+
+    assert VOITA_PEAK == 0.9
+    assert missed_previous_token([0.9, 0.9], [8, 0]) == 1  # role none counts, previous_token does not
+    assert missed_previous_token([0.8999], [8]) == 0

@@ -472,3 +472,14 @@ def test_tokens_of_other_probe_rows_are_named_not_an_alignment_error():
     tokens = xr.DataArray(np.arange(18).reshape(3, 6), dims=("probe", "position"))
     with pytest.raises(ValueError, match=r"^role_scores: tokens have 3 probe rows but attention has 2; "):
         role_scores(attn, tokens)
+
+
+def test_a_head_passing_two_roles_takes_the_one_it_passes_by_the_larger_ratio_not_difference():
+    # Known answers (a mutation audit's): thresholds differ (sink 0.3, slash 0.5, induction 0.4,
+    # previous_token 0.5), so "furthest past its threshold" by ratio and by difference disagree.
+    # sink 0.45 / 0.3 = 1.5 beats slash 0.70 / 0.5 = 1.4 (by difference slash, 0.20 > 0.15);
+    # induction 0.5 / 0.4 = 1.25 beats previous_token 0.6 / 0.5 = 1.2 (a tie by difference, 0.1).
+    scores = xr.Dataset({r: ("head", [0.0, 0.0]) for r in ROLES[:-1]})
+    scores["sink"][0], scores["slash"][0] = 0.45, 0.70
+    scores["induction"][1], scores["previous_token"][1] = 0.5, 0.6
+    assert role_names(assign_roles(scores)).tolist() == ["sink", "induction"]
