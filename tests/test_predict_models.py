@@ -216,7 +216,7 @@ def test_folds_where_auroc_is_undefined_are_named_and_one_fold_has_no_sd():
     assert "AUROC undefined on 2 of 3 test folds (one class: " in text
     assert "seed=1" in text and "seed=2" in text and "means over the other 1" in text
     assert "±" not in text.split("\n", 4)[-1]  # no "± 0.000" in the table
-    assert text.splitlines()[-1] == "how early: cannot be judged: the metric has a spread on fewer than 2 folds"
+    assert text.splitlines()[-1] == "how early: cannot be judged: fewer than 2 folds have a score of every model"
     assert curve.attrs["readable_horizon"] is None
 
 
@@ -322,3 +322,13 @@ def test_folds_and_their_groups_are_listed_by_value_with_the_same_scores():
     assert curve.score_mean.values.tolist() == [[float(np.mean(s[np.isfinite(s)])) for s in scores[0]]]
     assert sorted(["seed=10", "seed=9", "seed=2", "lr=1e-3"], key=group_key) == ["lr=1e-3", "seed=2", "seed=9",
                                                                                  "seed=10"]
+
+
+def test_the_chance_level_leaves_out_folds_of_one_class():
+    # Known answer: folds holding 1, 2 and 3 classes. The one-class fold is not scored, so the
+    # level is (1/2 + 1/3) / 2; counted as 1/1 it read (1 + 1/2 + 1/3) / 3 = 0.61 (a mutation audit's).
+    from dynamics.predict.models import balanced_chance
+
+    folds = [(None, np.array([0, 1])), (None, np.array([2, 3, 4])), (None, np.array([5, 6, 7, 8]))]
+    assert balanced_chance([0, 0, 1, 1, 2, 0, 1, 2, 2], folds) == pytest.approx((1 / 2 + 1 / 3) / 2)
+    assert np.isnan(balanced_chance([0, 0, 1, 1], [(None, np.array([0, 1])), (None, np.array([2, 3]))]))

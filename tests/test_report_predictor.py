@@ -140,10 +140,10 @@ def test_the_predictor_caption_says_when_the_curve_was_made_from_other_runs():
     assert _outdated(_predict_curve(), ctx(rc="completed")) == ""  # a curve without its runs: nothing to compare
 
 
-def test_predictor_band_is_the_capped_one_predict_judged_and_the_caption_gives_its_answer(tmp_path, monkeypatch):
-    # With 2 folds mean + sd passes 1, which no fold can score: the figure filled mean -+ sd while
-    # `dynamics predict` judged "how early" on the band capped to [0, 1], and the caption did not
-    # say what it had answered.
+def test_predictor_band_is_the_capped_one_predict_saved_and_the_caption_gives_its_answer(tmp_path, monkeypatch):
+    # With 2 folds mean + sd passes 1, which no fold can score: the figure filled mean -+ sd past
+    # 1, where `dynamics predict` saved the band capped to [0, 1], and the caption did not say what
+    # it had answered.
     from dynamics.predict.readable import readable_of
     from dynamics.report import predictor
     from dynamics.report.data import _Ctx

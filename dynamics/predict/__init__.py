@@ -5,8 +5,9 @@ target is read from the run's FINAL snapshot, features are computed from the sna
 to a horizon step h only, and grouped cross-validation scores how well the features predict
 the target, next to baselines that know only the head's layer or only its initialisation.
 Sweeping h gives the "how early can we know" curve, and `dynamics.predict.readable` its answer:
-the first horizon where an early-training model's band (mean ± sd over folds, capped to the
-metric's range) lies wholly above every init-only baseline's.
+the first horizon where an early-training model's gain over the best init-only baseline in
+each test fold (its score minus the best of theirs there) is above 0 in every fold, and so is
+its mean - sd over the folds.
 
 Targets (``TARGETS``), all at the final snapshot:
 

@@ -16,6 +16,7 @@ from dynamics.predict.features import feature_table, horizon_steps
 from dynamics.predict.load import check_runs, load_store
 from dynamics.predict.models import (
     _mean_sd,
+    balanced_chance,
     cross_validate,
     fold_names,
     group_splits,
@@ -33,13 +34,16 @@ from dynamics.predict.null import (
 )
 from dynamics.predict.options import MODELS, TARGETS, PredictError, PredictOptions, Run, check_arguments
 from dynamics.predict.readable import (
+    ALPHA,
     CRITERION,
-    METRIC_RANGE,
+    EARLY,
     ceiling_horizons,
     init_only_horizons,
     judge,
     null_lines,
     readable_of,
+    test_train_of,
+    test_train_ratio,
 )
 from dynamics.predict.targets import class_name, target_table
 
@@ -252,12 +256,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     sharing = sum(bool(({seed_of[r] for r in set(row_run[test])} & {seed_of[r] for r in set(row_run[train])}) - {None})
                   for train, test in splits)
     classes = np.unique(rows["target"].values)
-    if spec.chance is None:  # balanced accuracy: a constant guess of a class each test fold holds
-        # over the folds that are scored: a fold of one class is not (models.score)
-        k = [np.unique(rows["target"].values[test]).size for _, test in splits]
-        chance = float(np.mean([1.0 / n for n in k if n > 1])) if any(n > 1 for n in k) else float("nan")
-    else:
-        chance = spec.chance
+    chance = balanced_chance(rows["target"].values, splits) if spec.chance is None else spec.chance
     ds.attrs.update(
         target=opt.target,
         description=spec.description,
@@ -291,9 +290,15 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     )
     # The answer to "how early", stored with the curve so that Python and the report read the
     # same one the command prints (None where no horizon is readable: a JSON null in the store).
+    # Judged on the folds in group order, the order the line quotes their gains in.
+    ds = in_group_order(ds)
     answer = readable_of(ds, _readable_labels(ds))
     ds["score_low"] = (("horizon", "model"), answer.low)
     ds["score_high"] = (("horizon", "model"), answer.high)
+    ds["gain"] = (("horizon", "early_model", "fold"), answer.gain)
+    ds["gain_t"] = (("horizon", "early_model"), answer.gain_t)
+    ds["gain_critical"] = (("horizon", "early_model"), answer.gain_critical)
+    ds = ds.assign_coords(early_model=list(EARLY))
     ds["readable"] = ("horizon", np.array(answer.readable, dtype=bool))
     ds.attrs.update(readable_horizon=answer.horizon, readable_model=answer.model, readable_baseline=answer.baseline,
                     readable_summary=answer.line, readable_criterion=CRITERION)
@@ -307,7 +312,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         ds.attrs["class_counts"] = [int(np.sum(rows["target"].values == c)) for c in classes]
     if opt.target in ("role", "chg"):
         ds.attrs["class_names"] = [class_name(opt.target, c) for c in classes]
-    return in_group_order(ds)  # seed=2 before seed=10; after every score, so none changes
+    return ds
 
 
 def _summary(scores: np.ndarray) -> np.ndarray:
@@ -321,8 +326,7 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     """In how many of ``opt.null`` curves on permuted targets `judge` names a readable horizon, in
     how many it could judge one at all, how many runs could not be kept from trading with a
     run of their own seed, and in how many it says "legible at initialisation" (an init-only
-    model's band above the chance and layer bands, which are often one point: it said so on 18
-    of 40 permutations of an importance curve whose horizon it named on 4).
+    model's gains over the better of chance and layer, in each fold, above 0).
 
     A permutation can leave all but one fold with one class, where no spread, so no band, can be
     had: such a curve could never name a horizon, and counted with the rest it made the false
@@ -344,6 +348,7 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     features = {h: t.values[keep] for h, t in tables.items()}
     init_kept, layer = init.values[keep], rows["row_layer"].values[keep]
     rng = np.random.default_rng(opt.random_state)
+    test_train = test_train_ratio([len(test) for _, test in splits], int(keep.size))
     hits = judged = legible = 0
     for i in range(opt.null):
         say(f"null check {i + 1}/{opt.null}: the curve on permuted final {PERMUTED.get(opt.target, 'roles')}")
@@ -352,9 +357,8 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
             order = derangement_across(block_seeds, rng) if ok else derangement(len(block), rng)
             permuted[block.ravel()] = y[block[order].ravel()]
         _, scores = cross_validate(features, init_kept, permuted[keep], layer, splits, opt)
-        summary = _summary(scores)
-        answer = judge(opt.horizons, summary[..., 0], summary[..., 1], spec.metric, models=MODELS, ceiling=ceiling,
-                       labels=labels, init_only=blind)
+        answer = judge(opt.horizons, scores, spec.metric, models=MODELS, ceiling=ceiling, labels=labels,
+                       init_only=blind, test_train=test_train)
         hits += answer.horizon is not None
         judged += answer.judged
         legible += answer.legible is not None
@@ -394,9 +398,13 @@ def predict_store(path: str, options: PredictOptions | None = None,
           (horizon, run): the step of the last snapshot each run's features saw (at or before
           the horizon) and how many snapshots they saw;
           ``final_step`` (run): the step of its final snapshot, where the target is read;
-        - ``score_low``, ``score_high`` (horizon, model): the band, mean -/+ sd capped to the
-          metric's range (NaN without an sd); ``readable`` (horizon): the how-early criterion
-          holds there (`dynamics.predict.readable`);
+        - ``score_low``, ``score_high`` (horizon, model): each model's band, mean -/+ sd capped to
+          the metric's range (NaN without an sd), for plots;
+        - ``gain`` (horizon, early_model, fold): the early model's score minus the best init-only
+          baseline's in that fold (NaN where either is unscored, or at a ceiling), and
+          ``gain_t`` (horizon, early_model): their corrected paired t, and ``gain_critical`` the
+          t it must pass; ``readable`` (horizon): the how-early criterion holds there
+          (`dynamics.predict.readable`);
         - ``n_feature_values`` (horizon, feature): how many heads have a value of each feature
           (0: empty there, e.g. gradient agreement before a second snapshot);
         - coords ``row_run``, ``row_layer``, ``row_head``, ``row_group``, ``row_fold``.
@@ -473,16 +481,18 @@ def _readable_labels(curve: xr.Dataset) -> list[str]:
     return labels
 
 
-def _criterion_line(curve: xr.Dataset, capped: int) -> str:
-    lo, hi = METRIC_RANGE[curve.attrs["metric"]]
-    defined = np.isfinite(curve["score"].values).any(axis=(0, 1)).sum()
-    line = (f"readable: an early-training model's band (mean ± 1 sd over the {defined} folds, capped to [{lo:g}, {hi:g}]) "
-            "lies wholly above every init-only baseline's (chance, layer, init_linear, init_boosting); ")
-    if capped:
-        line += (f"{capped} of the table's mean ± sd {'reaches' if capped == 1 else 'reach'} past that range, "
-                 "capped there; ")
-    return line + (f"a description of the spread over {defined} folds, not a significance test" +
-                   (": with so few, the sd itself is rough" if defined <= 3 else ""))
+def _criterion_line(curve: xr.Dataset) -> str:
+    defined = int(np.isfinite(curve["score"].values).any(axis=(0, 1)).sum())
+    ratio = test_train_of(curve)
+    ratio = 1.0 / max(curve.sizes["fold"] - 1, 1) if ratio is None else ratio
+    line = ("readable: an early-training model's gain over the best init-only baseline (chance, layer, init_linear, "
+            "init_boosting) in each test fold, its score there minus the best of theirs (each fold compared with "
+            "itself: the heads a fold tests move every model's score there, chance's too), passes a one-sided paired "
+            f"t-test at {ALPHA:g} over the J folds with a gain ({defined} scored here), with Nadeau and Bengio's "
+            f"correction for the training data folds share: t = mean / (sd sqrt(1/J + n_test/n_train)), "
+            f"n_test/n_train {ratio:.3f} here, against t's {1 - ALPHA:g} point with J - 1 df; each horizon and model "
+            "a test of its own, uncorrected for how many are tried (--null N counts how often some fires on these runs)")
+    return line + ("; with so few folds, the sd itself is rough" if defined <= 3 else "")
 
 
 def format_curve(curve: xr.Dataset) -> str:
@@ -573,11 +583,7 @@ def format_curve(curve: xr.Dataset) -> str:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     # Recomputed, not read from attrs: a curve saved before the answer existed gets one too.
     answer = readable_of(curve, _readable_labels(curve))
-    mean, sd = curve["score_mean"].values, curve["score_std"].values
-    lo, hi = METRIC_RANGE[a["metric"]]
-    with np.errstate(invalid="ignore"):
-        capped = int(np.sum((mean - sd < lo) | (mean + sd > hi)))
-    lines += [answer.line, _criterion_line(curve, capped)] if answer.judged else [answer.line]
+    lines += [answer.line, _criterion_line(curve)] if answer.judged else [answer.line]
     lines += null_lines(a, PERMUTED.get(a.get("target"), "roles"))
     return "\n".join(lines)
 

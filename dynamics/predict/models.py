@@ -120,6 +120,23 @@ def unseen_classes(target, splits: Sequence[tuple[np.ndarray, np.ndarray]]) -> l
     return [np.setdiff1d(np.unique(target[test]), np.unique(target[train])) for train, test in splits]
 
 
+def balanced_chance(target, splits: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
+    """Balanced accuracy of a constant guess of a class each test fold holds, 1/k for a fold of k
+    classes, averaged over the folds that are scored: a fold of one class is not (`score`), and
+    counted as 1 it raised the level a curve's header quotes. NaN where none is.
+
+    Examples
+    --------
+    >>> folds = [(None, np.array([0, 1])), (None, np.array([2, 3, 4])), (None, np.array([5, 6, 7, 8]))]
+    >>> balanced_chance([0, 0, 1, 1, 2, 0, 1, 2, 2], folds)  # fold 0 one class: (1/2 + 1/3) / 2
+    0.41666666666666663
+    """
+    target = np.asarray(target)
+    k = [np.unique(target[test]).size for _, test in splits]
+    scored = [1.0 / n for n in k if n > 1]
+    return float(np.mean(scored)) if scored else float("nan")
+
+
 def _estimator(kind: str, task: str, options: PredictOptions, n_train: int):
     if kind == "linear":
         # median imputation, fitted on the training fold only (boosting takes NaN as is)

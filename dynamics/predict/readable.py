@@ -1,27 +1,39 @@
-"""How early: the first horizon at which early training beats every init-only baseline beyond the fold spread.
+"""How early: the first horizon at which early training beats every init-only baseline, fold by fold, beyond chance.
 
 The curve answers "how early can a head's final role be read" only once someone decides what
-"can be read" means. The criterion here is deliberately plain, and a pure function of the
-table's means and sds, so it can be checked by hand against a printed table:
+"can be read" means. The criterion here is plain, and a pure function of the table's per-fold
+scores, so it can be checked by hand against the printed line, which quotes them:
 
-- A model's *band* at a horizon is its mean ± 1 sd over the folds, capped to the metric's
-  range ([0, 1] for AUROC and balanced accuracy, [-1, 1] for Spearman): no fold can score past
-  it, and with 2 or 3 folds mean + sd often does (0.878 ± 0.190 reaches 1.068).
-- The target is *readable* at a horizon when the band of an early-training model (``linear``
-  or ``boosting``) lies wholly above the band of every baseline (``chance``, ``layer``,
-  ``init_linear``, ``init_boosting``): its mean - sd exceeds each baseline's mean + sd. Bands
-  that touch or overlap are a tie, not a reading (ends within `TIE` of each other touch). The
-  sd is the sample sd over the folds (ddof 1).
+- An early-training model's (``linear`` or ``boosting``) *gain* in a test fold is its score
+  there minus the best score any init-only baseline (``chance``, ``layer``, ``init_linear``,
+  ``init_boosting``) reaches in that same fold. Each fold is compared with itself: the heads a
+  fold tests set its chance level (balanced accuracy 1/k for the k classes it holds) and how
+  hard it is, and that moves every model's score from fold to fold as much as any model does
+  (on an audit's store chance alone read 0.25, 0.33, 0.33 and 0.5 over four folds). Comparing
+  each model's mean ± sd band with each baseline's counted that shared movement as noise: a
+  model ahead of every baseline by 0.09 to 0.27 in each of 4 folds read "not readable".
+- The target is *readable* at a horizon when some early model's gains, over the J >= 2 folds
+  where it and every baseline are scored, pass a one-sided paired t-test at `ALPHA` with
+  Nadeau and Bengio's (2003) correction for the training data the folds share:
+  t = mean / (sd * sqrt(1/J + n_test/n_train)) above the t distribution's 1 - `ALPHA` point
+  with J - 1 degrees of freedom (sd the sample sd, ddof 1; n_test/n_train the test folds' size
+  against their training folds', averaged, 1/(K - 1) for K equal folds). The folds of one
+  cross-validation share most of their training rows, so their gains are not independent, and
+  the plain paired t (variance sd²/J) fires far more often than its level where there is
+  nothing to read; the correction widens it by that share. A mean gain within `TIE` of 0 is a
+  tie, not a reading.
 - Horizons whose features saw a run's final snapshot (which defines the target) are a ceiling,
-  not a prediction, and are never readable; nor is a horizon without a spread (a metric defined
-  on fewer than 2 folds).
+  not a prediction, and are never readable; nor is a horizon where fewer than 2 folds have a
+  gain.
+- "Legible at initialisation" is the same test for the init-only models against the better of
+  chance and layer: what step 0 alone tells beyond a head's layer.
 
-This is a description of the spread, not a significance test: the folds share training runs,
-so their scores are not independent, and an sd over 2 or 3 folds is itself rough. No p-value
-is computed and none is claimed; more seeds (more folds) are what narrows the bands. How often
-the criterion fires where there is nothing to read is measured, on the runs at hand, by the
-null check (``PredictOptions.null``, ``dynamics predict --null N``): with 3 folds and a few
-horizons and models to try, it need not be zero (README, "Predicting a head's final role").
+Each horizon and early model is a test of its own, at `ALPHA` each, with no correction for how
+many are tried (4 horizons and 2 models are 8): how often the line names some horizon where
+there is nothing to read is what the null check measures, on the runs at hand
+(``PredictOptions.null``, ``dynamics predict --null N``; README, "Predicting a head's final
+role"). The table's own bands (each model's mean ± sd over the folds, `score_band`) describe its
+spread for plots; the criterion does not compare them.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import xarray as xr
+from scipy import stats
 
 from dynamics.predict.options import MODELS
 
@@ -40,16 +53,28 @@ BASELINES = ("chance", "layer", "init_linear", "init_boosting")
 EARLY = ("linear", "boosting")
 """Models on features of the training seen up to the horizon (the rest of `MODELS`)."""
 
+BLIND = ("chance", "layer")
+"""Baselines that know nothing of a head but its layer: what "legible at initialisation" must beat."""
+
+INIT = ("init_linear", "init_boosting")
+"""Models on the step-0 features alone."""
+
 METRIC_RANGE = {"auroc": (0.0, 1.0), "balanced_accuracy": (0.0, 1.0), "spearman": (-1.0, 1.0)}
 """Attrs ``metric`` -> the range its fold scores lie in, where bands are capped."""
 
-TIE = 1e-9
-"""Band ends closer than this touch: a tie. Sums of a table's decimals round either way in binary
-(0.8 - 0.1 is 0.7000000000000001, 0.6 + 0.1 is 0.7), which named bands that touch a reading."""
+ALPHA = 0.05
+"""One-sided level of each horizon's test (see the module docstring)."""
 
-CRITERION = ("readable: an early-training model's band (mean ± 1 sd over folds, capped to the metric's range) "
-             "lies wholly above every init-only baseline's; a horizon whose features see a run's final snapshot is "
-             "a ceiling, never readable; a description of the fold spread, not a significance test")
+TIE = 1e-9
+"""A mean gain this close to 0 is a tie: sums of a table's decimals round either way in binary
+(0.1 + 0.2 is 0.30000000000000004), and gains equal in every fold have sd 0, so t = +inf."""
+
+CRITERION = ("readable: an early-training model's gain over the best init-only baseline in each test fold (its score "
+             "minus the best of chance, layer, init_linear and init_boosting in that fold) passes a one-sided paired "
+             f"t-test at {ALPHA:g} over the folds, corrected for the training data they share (Nadeau and Bengio "
+             "2003: t = mean / (sd sqrt(1/J + n_test/n_train)), J - 1 df); a horizon whose features see a run's final "
+             "snapshot is a ceiling, never readable; each horizon and model a test of its own, uncorrected for how "
+             "many are tried: the null check measures how often some fires on these runs")
 """The criterion in one line, stored with the curve (attrs ``readable_criterion``)."""
 
 
@@ -62,17 +87,24 @@ class Readable:
     horizon: float | None
     """The first horizon where it holds; None when it holds nowhere (or cannot be judged)."""
     model: str | None
-    """The early model whose band clears the baselines' at `horizon` (the higher, if both do)."""
+    """The early model whose gains pass at `horizon` (the one with the larger t)."""
     baseline: str | None
-    """The baseline whose band reaches highest at `horizon` (at the best horizon when none is readable)."""
+    """The baseline with the highest mean score at `horizon` (at the nearest miss when none is readable)."""
     low: np.ndarray
-    """(horizon, model) mean - sd capped to the metric's range; NaN without a spread."""
+    """(horizon, model) mean - sd of the scores, capped to the metric's range; NaN without a spread."""
     high: np.ndarray
     """(horizon, model) mean + sd capped likewise."""
+    gain: np.ndarray
+    """(horizon, early model, fold) the early model's score minus the best baseline's in that fold
+    (NaN where the fold lacks a score of either, or the horizon is a ceiling)."""
+    gain_t: np.ndarray
+    """(horizon, early model) the corrected t of those gains (NaN under 2 folds)."""
+    gain_critical: np.ndarray
+    """(horizon, early model) the t it must pass: the 1 - `ALPHA` point with J - 1 df."""
     line: str
     """The answer in one line, with its numbers."""
     judged: bool
-    """Some horizon had bands to compare (False: every horizon a ceiling, or no spread)."""
+    """Some horizon had gains to test (False: every horizon a ceiling, or under 2 folds)."""
     legible: str | None = None
     """The init-only model the line names as "legible at initialisation", where it says so."""
 
@@ -91,13 +123,77 @@ def score_band(mean, sd, metric: str) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(mean - sd, lo, hi), np.clip(mean + sd, lo, hi)
 
 
-def _num(x: float) -> str:
-    # capped ends print as the bound itself ("1", not "1.000"): a reader sees where the cap bit
-    return f"{x:g}" if x in (0.0, 1.0, -1.0) else f"{x:.3f}"
+def fold_gain(scores, rivals) -> np.ndarray:
+    """(..., fold) `scores` minus the best of `rivals` (..., rival, fold) in each fold; NaN where
+    the fold lacks a score of either (a gain over a baseline that was not scored is no gain).
+
+    Examples
+    --------
+    >>> fold_gain([0.5, 0.6, np.nan], [[0.25, 0.5, 0.3], [0.4, np.nan, 0.2]]).round(3).tolist()
+    [0.1, nan, nan]
+    """
+    scores, rivals = np.asarray(scores, dtype=np.float64), np.asarray(rivals, dtype=np.float64)
+    best = np.max(rivals, axis=-2)  # NaN wherever a rival is: the gain is undefined there
+    return scores - best
 
 
-def _cell(model: str, mean: float, low: float, high: float) -> str:
-    return f"{model} {mean:.3f} (band {_num(low)} to {_num(high)})"
+def corrected_t(gain, test_train: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, sd (ddof 1), Nadeau and Bengio's corrected t, and the number of folds J, of
+    (..., fold) gains over the folds that have one: t = mean / (sd sqrt(1/J + test_train)).
+    Mean, sd and t are NaN under 2 folds; sd 0 gives t = ±inf (0 for a mean within `TIE` of 0).
+
+    Examples
+    --------
+    >>> mean, sd, t, n = corrected_t([0.086, 0.098, 0.267, 0.167], 1 / 3)
+    >>> [round(float(x), 3) for x in (mean, sd, t)], int(n)
+    ([0.154, 0.083, 2.435], 4)
+    """
+    gain = np.asarray(gain, dtype=np.float64)
+    ok = np.isfinite(gain)
+    n = ok.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(ok, gain, 0.0).sum(axis=-1) / n
+        sd = np.sqrt(np.where(ok, (gain - mean[..., None]) ** 2, 0.0).sum(axis=-1) / (n - 1))
+        tied = np.abs(mean) <= TIE
+        t = np.where(tied, 0.0, mean / (sd * np.sqrt(1.0 / n + test_train)))
+    few = n < 2
+    return np.where(few, np.nan, mean), np.where(few, np.nan, sd), np.where(few, np.nan, t), n
+
+
+def critical_t(n_folds) -> np.ndarray:
+    """The one-sided 1 - `ALPHA` point of t with J - 1 df, for J folds (NaN under 2).
+
+    Examples
+    --------
+    >>> [round(float(x), 3) for x in critical_t([2, 3, 4, 1])[:3]]
+    [6.314, 2.92, 2.353]
+    """
+    n = np.asarray(n_folds, dtype=np.float64)
+    return np.where(n >= 2, stats.t.ppf(1.0 - ALPHA, np.maximum(n - 1, 1)), np.nan)
+
+
+def passes(gain, test_train: float) -> np.ndarray:
+    """(...,) whether (..., fold) gains pass the test: a mean above `TIE` and a corrected t
+    above the critical point, over at least 2 folds.
+
+    Examples
+    --------
+    >>> passes([[0.1, 0.2, 0.15], [0.05, 0.3, -0.1], [0.1, np.nan, np.nan]], 0.5).tolist()
+    [True, False, False]
+    """
+    mean, _, t, n = corrected_t(gain, test_train)
+    return (n >= 2) & (mean > TIE) & (t > critical_t(n))  # NaN compares False
+
+
+def _gains_text(gain: np.ndarray) -> str:
+    """'+0.136, -0.020, +0.278' over the folds with a gain; each rounded as printed."""
+    return ", ".join(f"{g:+.3f}" for g in gain if np.isfinite(g))
+
+
+def _test_text(gain: np.ndarray, test_train: float) -> str:
+    mean, sd, t, n = (float(x) for x in corrected_t(gain, test_train))
+    crit = float(critical_t(n))
+    return f"mean {mean:.3f}, sd {sd:.3f}: corrected t {t:.2f} {'>' if t > crit else '<='} {crit:.2f}"
 
 
 def null_count(attrs: dict) -> str:
@@ -115,17 +211,31 @@ def null_count(attrs: dict) -> str:
 NULL_UNJUDGED = "their folds left fewer than 2 with a spread, e.g. one class, so they could name no horizon"
 
 
-def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[str] = MODELS,
+def _mean_over_folds(scores: np.ndarray) -> np.ndarray:
+    ok = np.isfinite(scores)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(ok, scores, 0.0).sum(axis=-1) / ok.sum(axis=-1)
+
+
+def _sd_over_folds(scores: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    ok = np.isfinite(scores)
+    n = ok.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sd = np.sqrt(np.where(ok, (scores - mean[..., None]) ** 2, 0.0).sum(axis=-1) / (n - 1))
+    return np.where(n >= 2, sd, np.nan)
+
+
+def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[str] = MODELS,
           ceiling: Sequence[bool] | None = None, labels: Sequence[str] | None = None,
-          init_only: Sequence[bool] | None = None) -> Readable:
-    """The how-early answer from a table of means and sds (see the module docstring).
+          init_only: Sequence[bool] | None = None, test_train: float | None = None) -> Readable:
+    """The how-early answer from a table of per-fold scores (see the module docstring).
 
     Parameters
     ----------
     horizons : sequence of float
         The curve's horizons, increasing.
-    mean, sd : array (horizon, model)
-        ``score_mean`` and ``score_std`` (NaN where undefined).
+    scores : array (horizon, model, fold)
+        ``score``: each model's metric on each test fold (NaN where undefined, e.g. one class).
     metric : str
         ``"auroc"``, ``"balanced_accuracy"`` or ``"spearman"``.
     models : sequence of str
@@ -137,6 +247,9 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
     init_only : sequence of bool, optional
         Per horizon: its features saw the initial snapshot alone, where the early-training models
         are the init baselines' twins (default: horizons <= 0).
+    test_train : float, optional
+        The test folds' size against their training folds', averaged (Nadeau and Bengio's
+        n2/n1); default 1/(K - 1) for the K folds of `scores`, as for equal folds.
 
     Returns
     -------
@@ -144,99 +257,101 @@ def judge(horizons: Sequence[float], mean, sd, metric: str, *, models: Sequence[
 
     Examples
     --------
-    >>> mean = [[0.5, 0.5, 0.6, 0.6, 0.6, 0.6], [0.5, 0.5, 0.6, 0.6, 0.9, 0.7]]
-    >>> sd = [[0.05] * 6, [0.05] * 6]
-    >>> judge([0.0, 0.1], mean, sd, "auroc").horizon
-    0.1
+    Chance varies with each fold's classes; linear leads every baseline in each fold at h=0.5:
+
+    >>> base = [[0.25, 0.33, 0.5]] * 2 + [[0.2, 0.3, 0.45], [0.22, 0.3, 0.4]]
+    >>> at_0, at_half = base + [[0.25, 0.3, 0.5], [0.2, 0.3, 0.4]], base + [[0.45, 0.5, 0.72], [0.3, 0.3, 0.5]]
+    >>> answer = judge([0.0, 0.5], [at_0, at_half], "balanced_accuracy")
+    >>> answer.horizon, answer.model
+    (0.5, 'linear')
     """
     models = list(models)
-    mean, sd = np.asarray(mean, dtype=np.float64), np.asarray(sd, dtype=np.float64)
+    scores = np.asarray(scores, dtype=np.float64)
     # An unknown metric was judged with no range cap; a table of other rows than horizons had
     # its extra rows ignored, or failed with an IndexError.
     if metric not in METRIC_RANGE:
         raise ValueError(f"judge: unknown metric {metric!r} (one of {', '.join(METRIC_RANGE)})")
-    want = (len(horizons), len(models))
-    if mean.shape != want or sd.shape != want:
-        raise ValueError(f"judge: mean and sd must be (horizon, model) = {want}; got {mean.shape} and {sd.shape}")
-    # Unsorted horizons named a later one "first readable"; a negative sd judged an inverted band;
-    # labels or ceilings of another length were an IndexError.
+    if scores.ndim != 3 or scores.shape[:2] != (len(horizons), len(models)):
+        raise ValueError(f"judge: scores must be (horizon, model, fold) with {len(horizons)} horizons and "
+                         f"{len(models)} models; got shape {scores.shape}")
+    # Unsorted horizons named a later one "first readable"; labels or ceilings of another length
+    # were an IndexError.
     if len(horizons) > 1 and not (np.diff(np.asarray(horizons, dtype=np.float64)) > 0).all():
         raise ValueError(f"judge: horizons must be increasing; got {list(horizons)}")
-    if (sd < 0).any():
-        raise ValueError(f"judge: an sd is negative ({float(sd[sd < 0][0])}): a band needs sd >= 0")
     ceiling = [False] * len(horizons) if ceiling is None else [bool(c) for c in ceiling]
     labels = [f"h={h:g}" for h in horizons] if labels is None else list(labels)
     init_only = [h <= 0 for h in horizons] if init_only is None else [bool(b) for b in init_only]
     if len(ceiling) != len(horizons) or len(labels) != len(horizons) or len(init_only) != len(horizons):
         raise ValueError(f"judge: one ceiling, label and init_only per horizon ({len(horizons)}); got {len(ceiling)}, "
                          f"{len(labels)} and {len(init_only)}")
-    low, high = score_band(mean, sd, metric)
-    base = [models.index(m) for m in BASELINES]
-    early = [models.index(m) for m in EARLY]
+    if test_train is None:
+        test_train = 1.0 / max(scores.shape[2] - 1, 1)
+    if not test_train > 0:
+        raise ValueError(f"judge: test_train must be > 0 (n_test / n_train); got {test_train}")
+    mean = _mean_over_folds(scores)  # (horizon, model)
+    low, high = score_band(mean, _sd_over_folds(scores, mean), metric)
+    col = {m: models.index(m) for m in (*BASELINES, *EARLY)}
+    base, early = [col[m] for m in BASELINES], [col[m] for m in EARLY]
 
-    def best_baseline(i: int) -> int | None:
-        tops = high[i, base]
-        # A baseline with a score but no band (a spread on one fold) could be the best: nothing
-        # can be said to clear it, so the horizon is not judged rather than judged without it.
-        if not np.isfinite(tops).any() or (np.isfinite(mean[i, base]) & ~np.isfinite(tops)).any():
-            return None
-        return base[int(np.nanargmax(tops))]
+    gain = fold_gain(scores[:, early, :], scores[:, None, base, :])  # (horizon, early, fold)
+    gain[np.asarray(ceiling, dtype=bool)] = np.nan  # a ceiling's scores are no prediction
+    _, _, gain_t, n_gain = corrected_t(gain, test_train)  # (horizon, early)
+    critical = critical_t(n_gain)
+    lead = passes(gain, test_train)  # (horizon, early)
+    readable = tuple(bool(row.any()) for row in lead)
 
-    # margin: how far an early model's band bottom sits above the highest baseline band top
-    margin = np.full((len(horizons), len(early)), np.nan)
-    for i in range(len(horizons)):
+    def best_baseline(i: int) -> str:
+        means = mean[i, base]
+        return BASELINES[int(np.nanargmax(means))] if np.isfinite(means).any() else BASELINES[0]
+
+    def versus(i: int, e: int) -> str:
         b = best_baseline(i)
-        if b is None or ceiling[i]:
-            continue
-        margin[i] = low[i, early] - high[i, b]
-    readable = tuple(bool(np.any(row > TIE)) for row in margin)  # NaN (no band) never clears
+        return f"{models[e]} {mean[i, e]:.3f} against the highest baseline mean, {b} {mean[i, col[b]]:.3f}"
 
-    judged = [i for i in range(len(horizons)) if not ceiling[i] and np.isfinite(margin[i]).any()]
+    judged = [i for i in range(len(horizons)) if np.isfinite(gain_t[i]).any()]
     skipped = [labels[i] for i in range(len(horizons)) if ceiling[i]]
     tail = f"; {', '.join(skipped)} not judged: features see a run's final snapshot (a ceiling)" if skipped else ""
     if not judged:
-        why = "every horizon is a ceiling" if all(ceiling) else "the metric has a spread on fewer than 2 folds"
-        return Readable(readable, None, None, None, low, high, f"how early: cannot be judged: {why}{tail}", False)
+        why = "every horizon is a ceiling" if all(ceiling) else "fewer than 2 folds have a score of every model"
+        return Readable(readable, None, None, None, low, high, gain, gain_t, critical,
+                        f"how early: cannot be judged: {why}{tail}", False)
     if any(readable):
         i = readable.index(True)
-        m = early[int(np.nanargmax(margin[i]))]
-        b = best_baseline(i)
+        k = int(np.nanargmax(np.where(lead[i], gain_t[i], -np.inf)))
         later = [labels[j] for j in judged if j > i]
         also = [lab for lab, r in zip(labels, readable, strict=True) if r and lab in later]
         not_at = [lab for lab in later if lab not in also]
         rest = (f"; also at {', '.join(also)}" if also else "") + (f"; not at {', '.join(not_at)}" if not_at else "")
-        line = (f"how early: first readable at {labels[i]}: {_cell(models[m], mean[i, m], low[i, m], high[i, m])} "
-                f"clears the best baseline, {_cell(models[b], mean[i, b], low[i, b], high[i, b])}{rest}{tail}")
-        return Readable(readable, float(horizons[i]), models[m], models[b], low, high, line, True)
-    # none readable: say how close the nearest came, so a reader sees the size of the gap. At h = 0
-    # the early models see the initialisation alone, the init baselines' very features: their
-    # margin there is the baseline's own band against itself, and as the "nearest" (a narrow
-    # band at h = 0 beats a wide one later) it named the baseline's twin as the closest miss; so at
-    # any horizon whose features saw step 0 alone (a small fraction, before the next snapshot).
+        line = (f"how early: first readable at {labels[i]}: {EARLY[k]}'s gain over the best init-only baseline in "
+                f"each test fold, {_gains_text(gain[i, k])} ({_test_text(gain[i, k], test_train)}); "
+                f"{versus(i, early[k])}{rest}{tail}")
+        return Readable(readable, float(horizons[i]), EARLY[k], best_baseline(i), low, high, gain, gain_t, critical,
+                        line, True)
+    # none readable: say how close the nearest came, so a reader sees the size of the gap. Where
+    # the features saw step 0 alone the early models are the init baselines' twins, whose gain
+    # over them is at most 0 by construction: the nearest is sought after it, where there is one.
     trained = [i for i in judged if not init_only[i]] or judged
-    flat = np.full(margin.shape, -np.inf)
-    flat[trained] = np.where(np.isfinite(margin[trained]), margin[trained], -np.inf)
+    flat = np.full(gain_t.shape, -np.inf)
+    flat[trained] = np.where(np.isfinite(gain_t[trained]), gain_t[trained], -np.inf)
     i, k = np.unravel_index(int(np.argmax(flat)), flat.shape)
-    m, b = early[k], best_baseline(i)
     span = labels[judged[0]] if len(judged) == 1 else f"{labels[judged[0]]} to {labels[judged[-1]]}"
     twin = " (there the early-training models see the initialisation alone)" if init_only[i] else ""
-    line = (f"how early: not readable at any horizon measured ({span}): no early-training model's band clears the best "
-            f"baseline's, {_cell(models[b], mean[i, b], low[i, b], high[i, b])}; nearest: "
-            f"{_cell(models[m], mean[i, m], low[i, m], high[i, m])} at {labels[i]}{twin}{tail}")
+    line = (f"how early: not readable at any horizon measured ({span}): no early-training model's gain over the best "
+            f"init-only baseline in each test fold passes the test; nearest: {EARLY[k]} at {labels[i]}{twin}, gains "
+            f"{_gains_text(gain[i, k])} ({_test_text(gain[i, k], test_train)}), {versus(i, early[k])}{tail}")
     # A target set at initialisation reads "not readable": the early models can add nothing to
     # what the init-only ones already read, which is itself an answer, and said as one.
-    blind = high[i, [models.index(n) for n in ("chance", "layer")]]
-    init = [k for k in (models.index(n) for n in ("init_linear", "init_boosting"))
-            if np.isfinite(blind).all() and low[i, k] > blind.max() + TIE]  # touching bands are a tie
-    if init:
-        # the best baseline where it is one of these; else the one reaching highest, as the best is
-        # chosen: by its band's bottom, a narrow band was named, which an early model did clear,
-        # and "early training adds nothing that clears it" was false (linear 0.569 to 0.676 against
-        # init_boosting 0.432 to 0.449, the best baseline being init_linear 0.427 to 0.662)
-        k = b if b in init else max(init, key=lambda k: high[i, k])
-        line += (f"; it is legible at initialisation: {_cell(models[k], mean[i, k], low[i, k], high[i, k])} clears the "
-                 f"chance and layer bands, and no early-training model clears the best baseline")
-    return Readable(readable, None, None, models[b], low, high, line, True, models[k] if init else None)
+    blind = scores[i][[col[m] for m in BLIND]]  # (blind, fold)
+    init_gain = fold_gain(scores[i][[col[m] for m in INIT]], blind[None])  # (init, fold)
+    init_lead = passes(init_gain, test_train)
+    legible = None
+    if init_lead.any():
+        j = int(np.nanargmax(np.where(init_lead, corrected_t(init_gain, test_train)[2], -np.inf)))
+        legible = INIT[j]
+        line += (f"; it is legible at initialisation: {legible}'s gain over the better of chance and layer in each "
+                 f"test fold, {_gains_text(init_gain[j])} ({_test_text(init_gain[j], test_train)}), passes it, and no "
+                 f"early-training model's gain over the best baseline does")
+    return Readable(readable, None, None, best_baseline(i), low, high, gain, gain_t, critical, line, True, legible)
 
 
 def ceiling_horizons(curve: xr.Dataset) -> list[bool]:
@@ -259,11 +374,31 @@ def init_only_horizons(curve: xr.Dataset) -> list[bool]:
 
 
 def readable_of(curve: xr.Dataset, labels: Sequence[str] | None = None) -> Readable:
-    """`judge` applied to a curve from `predict_runs` (its ``score_mean``, ``score_std``, steps seen)."""
-    return judge(curve["horizon"].values.tolist(), curve["score_mean"].transpose("horizon", "model").values,
-                 curve["score_std"].transpose("horizon", "model").values, str(curve.attrs["metric"]),
-                 models=[str(m) for m in curve["model"].values], ceiling=ceiling_horizons(curve), labels=labels,
-                 init_only=init_only_horizons(curve))
+    """`judge` applied to a curve from `predict_runs` (its per-fold ``score``, steps seen, fold sizes)."""
+    return judge(curve["horizon"].values.tolist(), curve["score"].transpose("horizon", "model", "fold").values,
+                 str(curve.attrs["metric"]), models=[str(m) for m in curve["model"].values],
+                 ceiling=ceiling_horizons(curve), labels=labels, init_only=init_only_horizons(curve),
+                 test_train=test_train_of(curve))
+
+
+def test_train_of(curve: xr.Dataset) -> float | None:
+    """The test folds' size against their training folds', averaged (None without ``n_test``)."""
+    if "n_test" not in curve:
+        return None
+    n_test = np.asarray(curve["n_test"].values, dtype=np.float64)
+    return test_train_ratio(n_test, curve.sizes["head_row"])
+
+
+def test_train_ratio(n_test, n_rows: int) -> float:
+    """Mean over folds of n_test / (n_rows - n_test): Nadeau and Bengio's n2/n1.
+
+    Examples
+    --------
+    >>> test_train_ratio([32, 32, 32], 96)
+    0.5
+    """
+    n_test = np.asarray(n_test, dtype=np.float64)
+    return float(np.mean(n_test / (n_rows - n_test)))
 
 
 def null_lines(a: dict, permuted: str) -> list[str]:

@@ -257,8 +257,9 @@ def _predict_lines(ds: xr.Dataset) -> tuple[list[tuple], str | None]:
 
     Reads the per-fold ``score`` of `dynamics.predict` (horizon, model, fold) when present
     (mean over the folds where defined, and the band `dynamics predict` saved with it,
-    ``score_low`` / ``score_high``: mean -+ s.d. capped to the metric's range, as its "how early"
-    line judges it; mean -+ s.d. for a curve saved without them); otherwise every numeric
+    ``score_low`` / ``score_high``: mean -+ s.d. capped to the metric's range, each model's own
+    spread; mean -+ s.d. for a curve saved without them; its "how early" line judges per-fold gains,
+    ``gain``, not these bands); otherwise every numeric
     variable over horizon, split by a model-like dim and summarised over a fold-like dim.
     """
     saved_band = "score_low" in ds and "score_high" in ds
