@@ -179,13 +179,13 @@ def test_permutations_that_cannot_be_judged_are_not_counted_as_silent_ones():
     assert curve.attrs["null_permutations"] == 6 and curve.attrs["null_judged"] == 0
     assert curve.attrs["null_readable"] == 0
     assert predict.format_curve(curve).splitlines()[-1] == (
-        "null check: none of the 6 permutations could be judged (their folds left fewer than 2 with a spread, e.g. "
+        "null check: none of the 6 permutations could be judged (their folds left fewer than 2 with a gain to test, e.g. "
         "one class, so they could name no horizon): it says nothing on how often the criterion reads a horizon on "
         "these runs")
     # some judged: the rate is over those, and the rest are named
     some = curve.assign_attrs(null_judged=4, null_readable=1)
     assert "the criterion named a readable horizon in 1 of the 4 permutations it could judge (25%; 2 of 6 could not " \
-           "be: their folds left fewer than 2 with a spread, e.g. one class, so they could name no horizon): how " \
+           "be: their folds left fewer than 2 with a gain to test, e.g. one class, so they could name no horizon): how " \
            "often" in predict.format_curve(some)
     old = curve.copy()
     del old.attrs["null_judged"]  # saved before: every permutation taken as judged, as it was
@@ -511,3 +511,27 @@ def test_the_null_check_counts_the_curves_that_say_legible_at_initialisation(pla
     assert "it is legible at initialisation" in curve.attrs["readable_summary"]
     assert curve.attrs["null_legible"] == 3 and curve.attrs["null_readable"] == 0
     assert 'and said "legible at initialisation" in 3 of 3 (100%)' in predict.format_curve(curve)
+
+
+def test_the_null_check_judges_with_its_own_folds_holdout_shares(monkeypatch):
+    # Each fold's n_test / n_train over the rows the null keeps (a run whose heads no other run
+    # has is left out of it): the test's correction for shared training rows (a reviewer found
+    # that dropping it, or counting every row, passed every test).
+    from dynamics.predict import curve as cv
+    from dynamics.predict.readable import holdout_ratios
+
+    runs = make_runs(n_seeds=8)
+    odd = runs[0].data.isel(head=slice(0, H - 1))
+    runs.append(Run("odd", odd, seed=99, config="base"))
+    got, real_judge, real_folds = [], cv.judge, cv.null_folds
+    folds = []
+    monkeypatch.setattr(cv, "null_folds", lambda *a: (folds.append(real_folds(*a)), folds[-1])[1])
+    monkeypatch.setattr(cv, "judge", lambda *a, **k: (got.append(k["holdout"]), real_judge(*a, **k))[1])
+    curve = predict.predict_runs(runs, PredictOptions(target="slash", horizons=(0.1,), null=2, **FAST))
+    assert curve.attrs["null_left_out_runs"] == 1 and len(got) == 2
+    keep, splits = folds[0]
+    assert keep.size == curve.sizes["head_row"] - L * (H - 1)
+    want = holdout_ratios([len(t) for _, t in splits], keep.size)
+    assert len({round(float(r), 6) for r in want}) > 1  # folds of other sizes: a default 1/(K - 1) would differ
+    for holdout in got:
+        np.testing.assert_allclose(holdout, want)

@@ -14,6 +14,7 @@ from dynamics.predict.readable import (
     corrected_t,
     critical_t,
     fold_gain,
+    holdout_ratios,
     init_only_horizons,
     null_count,
     passes,
@@ -72,7 +73,7 @@ def test_a_model_ahead_in_every_fold_is_readable_though_chance_moves_from_fold_t
                         "test fold, +0.086, +0.098, +0.267, +0.167 (mean 0.154, sd 0.083: corrected t 2.44 > 2.35); "
                         "linear 0.526 against the highest baseline mean, chance 0.354")
     # the same gains with folds whose training share is smaller (n_test/n_train 1/2) do not pass
-    assert predict.judge([0.0, 0.5], folds(rows), "balanced_accuracy", test_train=0.5).horizon is None
+    assert predict.judge([0.0, 0.5], folds(rows), "balanced_accuracy", holdout=0.5).horizon is None
     # the table's bands are still each model's own spread, for plots
     np.testing.assert_allclose(got.high[1, MODELS.index("chance")], np.mean(chance) + np.std(chance, ddof=1))
 
@@ -135,6 +136,35 @@ def test_gains_that_are_0_in_decimals_are_a_tie_whichever_way_binary_rounds_them
     # a real lead equal in every fold (sd 0) passes
     rows["linear"] = same([0.4, 0.4], 1)
     assert predict.judge([0.1], folds(rows), "balanced_accuracy").readable == (True,)
+
+
+def test_gains_equal_in_every_fold_are_judged_not_left_unjudged():
+    # sd 0 makes t = +inf or -inf: "cannot be judged: fewer than 2 folds..." was printed with every
+    # fold scored (a reviewer's case), and the null check dropped such a permutation from both counts
+    base = same([0.5, 0.5], 1)
+    rows = {"chance": base, "layer": base, "init_linear": base, "init_boosting": base,
+            "linear": same([0.75, 0.75], 1), "boosting": same([0.625, 0.625], 1)}
+    got = predict.judge([0.1], folds(rows), "balanced_accuracy")
+    assert got.judged and got.readable == (True,) and (got.horizon, got.model) == (0.1, "linear")
+    assert "corrected t inf > 6.31" in got.line
+    rows["linear"], rows["boosting"] = same([0.4, 0.4], 1), same([0.3, 0.3], 1)
+    got = predict.judge([0.1], folds(rows), "balanced_accuracy")
+    assert got.judged and got.horizon is None and got.line.startswith("how early: not readable")
+
+
+def test_the_holdout_share_is_averaged_over_the_folds_with_a_gain():
+    # Known answer: folds of 48, 16 and 16 of 80 heads (n_test/n_train 1.5, 0.25, 0.25); the big
+    # fold has one class, so no gain. Gains 0.2 and 0.25: mean 0.225, sd 0.0354; over the 2 folds
+    # tested, t = 0.225 / (0.0354 sqrt(1/2 + 0.25)) = 7.35 > 6.31; with the untested fold's 1.5 in
+    # the mean (0.667) t was 5.89, and the horizon was not named.
+    ratios = holdout_ratios([48, 16, 16], 80)
+    base = same([np.nan, 0.5, 0.5], 1)
+    rows = {"chance": base, "layer": base, "init_linear": base, "init_boosting": base,
+            "linear": [[np.nan, 0.7, 0.75]], "boosting": base}
+    mean, sd, t, n = corrected_t(fold_gain([np.nan, 0.7, 0.75], [[np.nan, 0.5, 0.5]]), ratios)
+    assert t == pytest.approx(0.225 / (0.05 / 2 ** 0.5 * 0.75 ** 0.5)) and n == 2
+    assert predict.judge([0.1], folds(rows), "auroc", holdout=ratios).readable == (True,)
+    assert predict.judge([0.1], folds(rows), "auroc", holdout=float(np.mean(ratios))).readable == (False,)
 
 
 def test_a_fold_without_a_baselines_score_gives_no_gain_and_one_fold_no_judgement():
@@ -216,8 +246,10 @@ def test_judge_refuses_an_unknown_metric_unsorted_horizons_and_tables_of_other_s
         predict.judge([0.0, 0.1], scores, "auroc", ceiling=[False])
     with pytest.raises(ValueError, match=r"^judge: one ceiling, label and init_only per horizon \(2\); got 2, 3 and 2$"):
         predict.judge([0.0, 0.1], scores, "auroc", labels=["a", "b", "c"])
-    with pytest.raises(ValueError, match=r"^judge: test_train must be > 0"):
-        predict.judge([0.0, 0.1], scores, "auroc", test_train=0.0)
+    with pytest.raises(ValueError, match=r"^judge: holdout must be one n_test / n_train > 0, or one per fold \(2\)"):
+        predict.judge([0.0, 0.1], scores, "auroc", holdout=0.0)
+    with pytest.raises(ValueError, match=r"^judge: holdout must be one"):
+        predict.judge([0.0, 0.1], scores, "auroc", holdout=[0.5, 0.5, 0.5])
 
 
 def test_bands_are_capped_to_the_metrics_range():
@@ -294,3 +326,21 @@ def test_the_null_rate_is_over_the_permutations_that_could_be_judged():
     got = null_count({"null_readable": 1, "null_permutations": 10, "null_judged": 4})
     assert got.startswith("1 of the 4 permutations it could judge (25%; 6 of 10 could not be: ")
     assert null_count({"null_readable": 3, "null_permutations": 4}) == "3 of 4 permutations (75%)"
+
+
+def test_a_curve_saved_under_an_older_criterion_says_so(planted):
+    # A curve saved before the fold-by-fold test keeps that rule's answer and null count: printed
+    # anew, its line is this version's, and the table said nothing of the older null count (a
+    # reviewer's); the report, which quotes the saved answer, says whose it is.
+    from dynamics.report.predictor import _how_early
+
+    _, _, curve = planted
+    assert "older criterion" not in predict.format_curve(curve) and "older version" not in _how_early(curve)
+    old = curve.drop_vars(["gain", "gain_t", "gain_critical"]).assign_attrs(
+        readable_criterion="readable: an early-training model's band (mean ± 1 sd over folds) lies wholly above ...",
+        null_permutations=4, null_readable=0, null_judged=4)
+    text = predict.format_curve(old)
+    assert ("caution: this curve was saved judged by an older criterion (its attrs readable_criterion and "
+            "readable_summary); the line above is this version's answer on its scores, and the null check below "
+            "counted the older one's") in text
+    assert "(The answer of an older version, which compared each model's band with each baseline's" in _how_early(old)

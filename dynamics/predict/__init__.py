@@ -6,8 +6,8 @@ to a horizon step h only, and grouped cross-validation scores how well the featu
 the target, next to baselines that know only the head's layer or only its initialisation.
 Sweeping h gives the "how early can we know" curve, and `dynamics.predict.readable` its answer:
 the first horizon where an early-training model's gain over the best init-only baseline in
-each test fold (its score minus the best of theirs there) is above 0 in every fold, and so is
-its mean - sd over the folds.
+each test fold (its score minus the best of theirs there) passes a one-sided paired t-test,
+corrected for the training rows the folds share (Nadeau and Bengio 2003).
 
 Targets (``TARGETS``), all at the final snapshot:
 
@@ -56,6 +56,8 @@ Sources
 - Clark, Khandelwal, Levy, Manning 2019 (JS distance between heads).
 - Nam et al. 2025, arXiv 2505.13737 (causal head gating classes).
 - Mann & Whitney 1947 (AUROC as a rank statistic; its null variance sets the tests' bands).
+- Nadeau & Bengio 2003, "Inference for the Generalization Error", Machine Learning 52 (the
+  corrected resampled t-test of the "how early" criterion; Bouckaert & Frank 2004 on its use).
 
 This module never imports torch: it reads the store and the analysers only.
 """

@@ -38,12 +38,12 @@ from dynamics.predict.readable import (
     CRITERION,
     EARLY,
     ceiling_horizons,
+    holdout_of,
+    holdout_ratios,
     init_only_horizons,
     judge,
     null_lines,
     readable_of,
-    test_train_of,
-    test_train_ratio,
 )
 from dynamics.predict.targets import class_name, target_table
 
@@ -326,10 +326,10 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     """In how many of ``opt.null`` curves on permuted targets `judge` names a readable horizon, in
     how many it could judge one at all, how many runs could not be kept from trading with a
     run of their own seed, and in how many it says "legible at initialisation" (an init-only
-    model's gains over the better of chance and layer, in each fold, above 0).
+    model's gains over the better of chance and layer passing the same test).
 
-    A permutation can leave all but one fold with one class, where no spread, so no band, can be
-    had: such a curve could never name a horizon, and counted with the rest it made the false
+    A permutation can leave all but one fold with one class, where no gains can be tested:
+    such a curve could never name a horizon, and counted with the rest it made the false
     alarm rate look lower than it is (0 of 20 where no permutation could have fired).
 
     Each permutation gives every run's final roles, whole, to another run labelling the same
@@ -348,7 +348,7 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
     features = {h: t.values[keep] for h, t in tables.items()}
     init_kept, layer = init.values[keep], rows["row_layer"].values[keep]
     rng = np.random.default_rng(opt.random_state)
-    test_train = test_train_ratio([len(test) for _, test in splits], int(keep.size))
+    holdout = holdout_ratios([len(test) for _, test in splits], int(keep.size))
     hits = judged = legible = 0
     for i in range(opt.null):
         say(f"null check {i + 1}/{opt.null}: the curve on permuted final {PERMUTED.get(opt.target, 'roles')}")
@@ -358,7 +358,7 @@ def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Da
             permuted[block.ravel()] = y[block[order].ravel()]
         _, scores = cross_validate(features, init_kept, permuted[keep], layer, splits, opt)
         answer = judge(opt.horizons, scores, spec.metric, models=MODELS, ceiling=ceiling, labels=labels,
-                       init_only=blind, test_train=test_train)
+                       init_only=blind, holdout=holdout)
         hits += answer.horizon is not None
         judged += answer.judged
         legible += answer.legible is not None
@@ -482,15 +482,16 @@ def _readable_labels(curve: xr.Dataset) -> list[str]:
 
 
 def _criterion_line(curve: xr.Dataset) -> str:
-    defined = int(np.isfinite(curve["score"].values).any(axis=(0, 1)).sum())
-    ratio = test_train_of(curve)
-    ratio = 1.0 / max(curve.sizes["fold"] - 1, 1) if ratio is None else ratio
+    scored = np.isfinite(curve["score"].transpose("horizon", "model", "fold").values).any(axis=(0, 1))
+    defined = int(scored.sum())
+    ratios = holdout_of(curve)
+    ratio = 1.0 / max(curve.sizes["fold"] - 1, 1) if ratios is None else float(np.mean(ratios[scored]))
     line = ("readable: an early-training model's gain over the best init-only baseline (chance, layer, init_linear, "
             "init_boosting) in each test fold, its score there minus the best of theirs (each fold compared with "
             "itself: the heads a fold tests move every model's score there, chance's too), passes a one-sided paired "
             f"t-test at {ALPHA:g} over the J folds with a gain ({defined} scored here), with Nadeau and Bengio's "
             f"correction for the training data folds share: t = mean / (sd sqrt(1/J + n_test/n_train)), "
-            f"n_test/n_train {ratio:.3f} here, against t's {1 - ALPHA:g} point with J - 1 df; each horizon and model "
+            f"n_test/n_train {ratio:.3f} here (over the scored folds), against t's {1 - ALPHA:g} point with J - 1 df; each horizon and model "
             "a test of its own, uncorrected for how many are tried (--null N counts how often some fires on these runs)")
     return line + ("; with so few folds, the sd itself is rough" if defined <= 3 else "")
 
@@ -584,6 +585,12 @@ def format_curve(curve: xr.Dataset) -> str:
     # Recomputed, not read from attrs: a curve saved before the answer existed gets one too.
     answer = readable_of(curve, _readable_labels(curve))
     lines += [answer.line, _criterion_line(curve)] if answer.judged else [answer.line]
+    older = a.get("readable_criterion") not in (None, CRITERION)
+    if older:  # saved by a version that judged otherwise: its stored answer and null count are that rule's
+        lines.append("caution: this curve was saved judged by an older criterion (its attrs readable_criterion and "
+                     "readable_summary); the line above is this version's answer on its scores"
+                     + (", and the null check below counted the older one's" if a.get("null_permutations") else "")
+                     + ": `dynamics predict` again saves both anew")
     lines += null_lines(a, PERMUTED.get(a.get("target"), "roles"))
     return "\n".join(lines)
 

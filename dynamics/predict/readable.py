@@ -137,10 +137,12 @@ def fold_gain(scores, rivals) -> np.ndarray:
     return scores - best
 
 
-def corrected_t(gain, test_train: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def corrected_t(gain, holdout) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Mean, sd (ddof 1), Nadeau and Bengio's corrected t, and the number of folds J, of
-    (..., fold) gains over the folds that have one: t = mean / (sd sqrt(1/J + test_train)).
-    Mean, sd and t are NaN under 2 folds; sd 0 gives t = ±inf (0 for a mean within `TIE` of 0).
+    (..., fold) gains over the folds that have one: t = mean / (sd sqrt(1/J + r)), r the mean over
+    those folds of `holdout`, each fold's n_test / n_train (one number: the same for every fold).
+    Mean, sd and t are NaN under 2 folds; sd 0 gives t = ±inf (0 for a mean within `TIE` of 0):
+    a lead every fold agrees on to the last bit passes, however small.
 
     Examples
     --------
@@ -151,11 +153,14 @@ def corrected_t(gain, test_train: float) -> tuple[np.ndarray, np.ndarray, np.nda
     gain = np.asarray(gain, dtype=np.float64)
     ok = np.isfinite(gain)
     n = ok.sum(axis=-1)
+    ratio = np.broadcast_to(np.asarray(holdout, dtype=np.float64), gain.shape)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(ok, gain, 0.0).sum(axis=-1) / n
         sd = np.sqrt(np.where(ok, (gain - mean[..., None]) ** 2, 0.0).sum(axis=-1) / (n - 1))
+        # over the folds with a gain, as J is: an unscored fold of another size moved it
+        r = np.where(ok, ratio, 0.0).sum(axis=-1) / n
         tied = np.abs(mean) <= TIE
-        t = np.where(tied, 0.0, mean / (sd * np.sqrt(1.0 / n + test_train)))
+        t = np.where(tied, 0.0, mean / (sd * np.sqrt(1.0 / n + r)))
     few = n < 2
     return np.where(few, np.nan, mean), np.where(few, np.nan, sd), np.where(few, np.nan, t), n
 
@@ -172,7 +177,7 @@ def critical_t(n_folds) -> np.ndarray:
     return np.where(n >= 2, stats.t.ppf(1.0 - ALPHA, np.maximum(n - 1, 1)), np.nan)
 
 
-def passes(gain, test_train: float) -> np.ndarray:
+def passes(gain, holdout) -> np.ndarray:
     """(...,) whether (..., fold) gains pass the test: a mean above `TIE` and a corrected t
     above the critical point, over at least 2 folds.
 
@@ -181,7 +186,7 @@ def passes(gain, test_train: float) -> np.ndarray:
     >>> passes([[0.1, 0.2, 0.15], [0.05, 0.3, -0.1], [0.1, np.nan, np.nan]], 0.5).tolist()
     [True, False, False]
     """
-    mean, _, t, n = corrected_t(gain, test_train)
+    mean, _, t, n = corrected_t(gain, holdout)
     return (n >= 2) & (mean > TIE) & (t > critical_t(n))  # NaN compares False
 
 
@@ -190,8 +195,8 @@ def _gains_text(gain: np.ndarray) -> str:
     return ", ".join(f"{g:+.3f}" for g in gain if np.isfinite(g))
 
 
-def _test_text(gain: np.ndarray, test_train: float) -> str:
-    mean, sd, t, n = (float(x) for x in corrected_t(gain, test_train))
+def _test_text(gain: np.ndarray, holdout) -> str:
+    mean, sd, t, n = (float(x) for x in corrected_t(gain, holdout))
     crit = float(critical_t(n))
     return f"mean {mean:.3f}, sd {sd:.3f}: corrected t {t:.2f} {'>' if t > crit else '<='} {crit:.2f}"
 
@@ -208,7 +213,7 @@ def null_count(attrs: dict) -> str:
             f"{NULL_UNJUDGED})")
 
 
-NULL_UNJUDGED = "their folds left fewer than 2 with a spread, e.g. one class, so they could name no horizon"
+NULL_UNJUDGED = "their folds left fewer than 2 with a gain to test, e.g. one class, so they could name no horizon"
 
 
 def _mean_over_folds(scores: np.ndarray) -> np.ndarray:
@@ -227,7 +232,7 @@ def _sd_over_folds(scores: np.ndarray, mean: np.ndarray) -> np.ndarray:
 
 def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[str] = MODELS,
           ceiling: Sequence[bool] | None = None, labels: Sequence[str] | None = None,
-          init_only: Sequence[bool] | None = None, test_train: float | None = None) -> Readable:
+          init_only: Sequence[bool] | None = None, holdout=None) -> Readable:
     """The how-early answer from a table of per-fold scores (see the module docstring).
 
     Parameters
@@ -247,9 +252,10 @@ def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[st
     init_only : sequence of bool, optional
         Per horizon: its features saw the initial snapshot alone, where the early-training models
         are the init baselines' twins (default: horizons <= 0).
-    test_train : float, optional
-        The test folds' size against their training folds', averaged (Nadeau and Bengio's
-        n2/n1); default 1/(K - 1) for the K folds of `scores`, as for equal folds.
+    holdout : float or array (fold,), optional
+        Each test fold's size against its training folds' (Nadeau and Bengio's n2/n1), averaged
+        over the folds with a gain; one number for all. Default 1/(K - 1) for the K folds of
+        `scores`, as for equal folds.
 
     Returns
     -------
@@ -284,10 +290,12 @@ def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[st
     if len(ceiling) != len(horizons) or len(labels) != len(horizons) or len(init_only) != len(horizons):
         raise ValueError(f"judge: one ceiling, label and init_only per horizon ({len(horizons)}); got {len(ceiling)}, "
                          f"{len(labels)} and {len(init_only)}")
-    if test_train is None:
-        test_train = 1.0 / max(scores.shape[2] - 1, 1)
-    if not test_train > 0:
-        raise ValueError(f"judge: test_train must be > 0 (n_test / n_train); got {test_train}")
+    if holdout is None:
+        holdout = 1.0 / max(scores.shape[2] - 1, 1)
+    holdout = np.asarray(holdout, dtype=np.float64)
+    if holdout.shape not in ((), (scores.shape[2],)) or not (holdout > 0).all():
+        raise ValueError(f"judge: holdout must be one n_test / n_train > 0, or one per fold ({scores.shape[2]}); "
+                         f"got {holdout.tolist()}")
     mean = _mean_over_folds(scores)  # (horizon, model)
     low, high = score_band(mean, _sd_over_folds(scores, mean), metric)
     col = {m: models.index(m) for m in (*BASELINES, *EARLY)}
@@ -295,9 +303,9 @@ def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[st
 
     gain = fold_gain(scores[:, early, :], scores[:, None, base, :])  # (horizon, early, fold)
     gain[np.asarray(ceiling, dtype=bool)] = np.nan  # a ceiling's scores are no prediction
-    _, _, gain_t, n_gain = corrected_t(gain, test_train)  # (horizon, early)
+    _, _, gain_t, n_gain = corrected_t(gain, holdout)  # (horizon, early)
     critical = critical_t(n_gain)
-    lead = passes(gain, test_train)  # (horizon, early)
+    lead = passes(gain, holdout)  # (horizon, early)
     readable = tuple(bool(row.any()) for row in lead)
 
     def best_baseline(i: int) -> str:
@@ -308,7 +316,7 @@ def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[st
         b = best_baseline(i)
         return f"{models[e]} {mean[i, e]:.3f} against the highest baseline mean, {b} {mean[i, col[b]]:.3f}"
 
-    judged = [i for i in range(len(horizons)) if np.isfinite(gain_t[i]).any()]
+    judged = [i for i in range(len(horizons)) if (n_gain[i] >= 2).any()]  # t = ±inf (sd 0) is judged too
     skipped = [labels[i] for i in range(len(horizons)) if ceiling[i]]
     tail = f"; {', '.join(skipped)} not judged: features see a run's final snapshot (a ceiling)" if skipped else ""
     if not judged:
@@ -323,7 +331,7 @@ def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[st
         not_at = [lab for lab in later if lab not in also]
         rest = (f"; also at {', '.join(also)}" if also else "") + (f"; not at {', '.join(not_at)}" if not_at else "")
         line = (f"how early: first readable at {labels[i]}: {EARLY[k]}'s gain over the best init-only baseline in "
-                f"each test fold, {_gains_text(gain[i, k])} ({_test_text(gain[i, k], test_train)}); "
+                f"each test fold, {_gains_text(gain[i, k])} ({_test_text(gain[i, k], holdout)}); "
                 f"{versus(i, early[k])}{rest}{tail}")
         return Readable(readable, float(horizons[i]), EARLY[k], best_baseline(i), low, high, gain, gain_t, critical,
                         line, True)
@@ -338,18 +346,18 @@ def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[st
     twin = " (there the early-training models see the initialisation alone)" if init_only[i] else ""
     line = (f"how early: not readable at any horizon measured ({span}): no early-training model's gain over the best "
             f"init-only baseline in each test fold passes the test; nearest: {EARLY[k]} at {labels[i]}{twin}, gains "
-            f"{_gains_text(gain[i, k])} ({_test_text(gain[i, k], test_train)}), {versus(i, early[k])}{tail}")
+            f"{_gains_text(gain[i, k])} ({_test_text(gain[i, k], holdout)}), {versus(i, early[k])}{tail}")
     # A target set at initialisation reads "not readable": the early models can add nothing to
     # what the init-only ones already read, which is itself an answer, and said as one.
     blind = scores[i][[col[m] for m in BLIND]]  # (blind, fold)
     init_gain = fold_gain(scores[i][[col[m] for m in INIT]], blind[None])  # (init, fold)
-    init_lead = passes(init_gain, test_train)
+    init_lead = passes(init_gain, holdout)
     legible = None
     if init_lead.any():
-        j = int(np.nanargmax(np.where(init_lead, corrected_t(init_gain, test_train)[2], -np.inf)))
+        j = int(np.nanargmax(np.where(init_lead, corrected_t(init_gain, holdout)[2], -np.inf)))
         legible = INIT[j]
         line += (f"; it is legible at initialisation: {legible}'s gain over the better of chance and layer in each "
-                 f"test fold, {_gains_text(init_gain[j])} ({_test_text(init_gain[j], test_train)}), passes it, and no "
+                 f"test fold, {_gains_text(init_gain[j])} ({_test_text(init_gain[j], holdout)}), passes it, and no "
                  f"early-training model's gain over the best baseline does")
     return Readable(readable, None, None, best_baseline(i), low, high, gain, gain_t, critical, line, True, legible)
 
@@ -378,27 +386,28 @@ def readable_of(curve: xr.Dataset, labels: Sequence[str] | None = None) -> Reada
     return judge(curve["horizon"].values.tolist(), curve["score"].transpose("horizon", "model", "fold").values,
                  str(curve.attrs["metric"]), models=[str(m) for m in curve["model"].values],
                  ceiling=ceiling_horizons(curve), labels=labels, init_only=init_only_horizons(curve),
-                 test_train=test_train_of(curve))
+                 holdout=holdout_of(curve))
 
 
-def test_train_of(curve: xr.Dataset) -> float | None:
-    """The test folds' size against their training folds', averaged (None without ``n_test``)."""
+def holdout_of(curve: xr.Dataset) -> np.ndarray | None:
+    """Each fold's test size against its training folds' (None without ``n_test``)."""
     if "n_test" not in curve:
         return None
     n_test = np.asarray(curve["n_test"].values, dtype=np.float64)
-    return test_train_ratio(n_test, curve.sizes["head_row"])
+    return holdout_ratios(n_test, curve.sizes["head_row"])
 
 
-def test_train_ratio(n_test, n_rows: int) -> float:
-    """Mean over folds of n_test / (n_rows - n_test): Nadeau and Bengio's n2/n1.
+def holdout_ratios(n_test, n_rows: int) -> np.ndarray:
+    """(fold,) n_test / (n_rows - n_test): Nadeau and Bengio's n2/n1 of each fold, whose training
+    rows are all the rows it does not test.
 
     Examples
     --------
-    >>> test_train_ratio([32, 32, 32], 96)
-    0.5
+    >>> holdout_ratios([48, 16, 16], 80).tolist()
+    [1.5, 0.25, 0.25]
     """
     n_test = np.asarray(n_test, dtype=np.float64)
-    return float(np.mean(n_test / (n_rows - n_test)))
+    return n_test / (n_rows - n_test)
 
 
 def null_lines(a: dict, permuted: str) -> list[str]:

@@ -231,6 +231,9 @@ def _how_early(ds: xr.Dataset) -> str:
     """The curve's answer to "how early", as `dynamics predict` printed it, for the caption."""
     summary = ds.attrs.get("readable_summary")
     text = f" {summary[0].upper()}{summary[1:]}." if isinstance(summary, str) and summary else ""
+    if text and "gain_t" not in ds:  # saved before the fold-by-fold test: its answer compared bands
+        text += (" (The answer of an older version, which compared each model's band with each baseline's; "
+                 "`dynamics predict` again judges it by this version's fold-by-fold test.)")
     n, k = ds.attrs.get("null_permutations"), ds.attrs.get("null_readable")
     if text and n and k is not None:  # saved by `dynamics predict --null N`
         twins = ds.attrs.get("null_same_seed_runs", 0)
@@ -239,7 +242,7 @@ def _how_early(ds: xr.Dataset) -> str:
         m = int(ds.attrs.get("null_judged", n))  # absent: saved before unjudged permutations were told apart
         if m == 0:
             return text + (f" Null check: none of the {n} permutations could be judged (their folds left fewer than "
-                           f"2 with a spread), so it says nothing here.")
+                           f"2 with a gain to test), so it says nothing here.")
         count = (f"{k} of {n} permutations ({k / n:.0%})" if m == n else
                  f"{k} of the {m} permutations it could judge ({k / m:.0%}; {n - m} of {n} could not be)")
         legible = ds.attrs.get("null_legible")  # absent: saved before the legible clause was counted
