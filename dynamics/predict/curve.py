@@ -18,6 +18,7 @@ from dynamics.predict.models import (
     _mean_sd,
     balanced_chance,
     cross_validate,
+    fold_classes,
     fold_names,
     group_splits,
     in_group_order,
@@ -570,6 +571,8 @@ def format_curve(curve: xr.Dataset) -> str:
     if "classes" in a:
         names = a.get("class_names", a["classes"])
         lines.append("classes: " + ", ".join(f"{n}={c}" for n, c in zip(names, a["class_counts"], strict=True)))
+        lines.append("by test fold: " + fold_classes(curve["target"].values, curve["row_fold"].values, a["classes"],
+                                                     names, curve["test_groups"].values.tolist()))
     header = ["model"] + [_horizon_label(float(h), a["horizon_unit"]) for h in curve["horizon"].values]
     rows = []
     for m in curve["model"].values:
