@@ -3,6 +3,9 @@ answer, and the answer stored with the planted curve."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -344,3 +347,25 @@ def test_a_curve_saved_under_an_older_criterion_says_so(planted):
             "readable_summary); the line above is this version's answer on its scores, and the null check below "
             "counted the older one's") in text
     assert "(The answer of an older version, which compared each model's band with each baseline's" in _how_early(old)
+
+
+_LINE = re.compile(r"(?:gain over the best init-only baseline in each test fold, |, gains )([-+0-9., ]+) "
+                   r"\(mean (-?[0-9.]+), sd ([0-9.]+): corrected t (-?[0-9.]+) (>|<=) ([0-9.]+)\)")
+
+
+def test_the_how_early_lines_readme_quotes_add_up():
+    # Every how-early line README quotes prints its gains: their mean, sd and t (its stores' folds
+    # are equal: n_test/n_train 1/(J - 1)) must be what those gains give, to the decimals printed,
+    # and the verdict what the test says.
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("how early:") and "corrected t" in ln]
+    assert len(lines) >= 3
+    for line in lines:
+        match = _LINE.search(line)
+        assert match, line
+        gains = [float(g) for g in match.group(1).split(", ")]
+        mean, sd, t, n = corrected_t(gains, 1 / (len(gains) - 1))
+        np.testing.assert_allclose([mean, sd], [float(match.group(2)), float(match.group(3))], atol=0.0011, err_msg=line)
+        np.testing.assert_allclose(t, float(match.group(4)), rtol=0.02, atol=0.011, err_msg=line)
+        assert float(match.group(6)) == round(float(critical_t(n)), 2), line
+        assert (match.group(5) == ">") == line.startswith("how early: first readable"), line
