@@ -246,7 +246,7 @@ def test_cli_says_when_nothing_is_readable_and_stores_none(small_store, capsys):
     assert cli.main(["predict", small_store, "--horizons", "0", "--folds", "3"]) == 0
     out = capsys.readouterr().out
     assert "how early: not readable at any horizon measured (h=0 (step 0)): " in out
-    assert "passes a one-sided paired t-test at 0.05 over the J folds with a gain (3 scored here)" in out
+    assert "passes a one-sided paired t-test at 0.05 over the J folds where every model is scored (3 here)" in out
     curve = store.open_derived(small_store, predict.derived_name("slash"))
     assert curve.attrs["readable_horizon"] is None and curve.attrs["readable_model"] is None
     assert curve.readable.values.tolist() == [False]

@@ -179,13 +179,13 @@ def test_permutations_that_cannot_be_judged_are_not_counted_as_silent_ones():
     assert curve.attrs["null_permutations"] == 6 and curve.attrs["null_judged"] == 0
     assert curve.attrs["null_readable"] == 0
     assert predict.format_curve(curve).splitlines()[-1] == (
-        "null check: none of the 6 permutations could be judged (their folds left fewer than 2 with a gain to test, e.g. "
+        "null check: none of the 6 permutations could be judged (their folds left fewer than 2 scored for every model, e.g. "
         "one class, so they could name no horizon): it says nothing on how often the criterion reads a horizon on "
         "these runs")
     # some judged: the rate is over those, and the rest are named
     some = curve.assign_attrs(null_judged=4, null_readable=1)
     assert "the criterion named a readable horizon in 1 of the 4 permutations it could judge (25%; 2 of 6 could not " \
-           "be: their folds left fewer than 2 with a gain to test, e.g. one class, so they could name no horizon): how " \
+           "be: their folds left fewer than 2 scored for every model, e.g. one class, so they could name no horizon): how " \
            "often" in predict.format_curve(some)
     old = curve.copy()
     del old.attrs["null_judged"]  # saved before: every permutation taken as judged, as it was
@@ -420,7 +420,7 @@ def test_three_folds_are_said_to_give_a_rough_sd(seedless):
     # itself is rough", the case README's 3-fold curves are in.
     assert int(np.isfinite(seedless["score"].values).any(axis=(0, 1)).sum()) == 3
     text = predict.format_curve(_with_table(seedless, 0.6, 0.05))
-    assert "(3 scored here)" in text and text.endswith("; with so few folds, the sd itself is rough")
+    assert "where every model is scored (3 here)" in text and text.endswith("; with so few folds, the sd itself is rough")
 
 
 def test_the_left_out_line_names_five_runs_and_counts_the_rest(seedless):

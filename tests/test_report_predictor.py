@@ -189,7 +189,7 @@ def test_predictor_band_is_the_capped_one_predict_saved_and_the_caption_gives_it
     # over the judged, and with none judged there is no rate
     for judged, said in ((30, "named a horizon in 6 of the 30 permutations it could judge (20%; 10 of 40 could not be)"),
                          (0, "Null check: none of the 40 permutations could be judged (their folds left fewer than 2 "
-                             "with a gain to test), so it says nothing here.")):
+                             "scored for every model), so it says nothing here.")):
         curve.attrs.update(null_same_seed_runs=0, null_judged=judged)
         store.write_derived(path, "predict.slash", curve)
         sec = predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))

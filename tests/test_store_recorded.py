@@ -63,8 +63,8 @@ def test_recorded_variables_say_what_they_hold_and_chg_roles_decode(tmp_path):
 
 
 def test_dask_backed_float16_attention_is_read_as_float32_so_its_means_do_not_overflow(tmp_path):
-    # Known answer: 100,000 values of 1/32 have mean 1/32. Dask sums float16 in float16, which
-    # overflows past 65,504: the mean read 0.0 (a demo run's attention over its snapshots,
+    # Known answer: 100,000 values of 1/32 have mean 1/32. Dask reduces float16 in float16, whose
+    # count of 100,000 overflows (65,504 is float16's largest): the mean read 0.0 (a demo run's attention over its snapshots,
     # probes, queries and keys holds 69,632 values).
     import dask.array as da
 

@@ -426,8 +426,8 @@ def predict_store(path: str, options: PredictOptions | None = None,
         computed with), versions (of dynamics, scikit-learn, numpy and scipy, which fitted and scored
         the models), classes / class_counts (classification), class_names (role, chg); with
         ``options.null``: null_permutations, null_readable (in how many of them the criterion
-        named a horizon), null_judged (in how many it could judge one: some horizon's folds had
-        a spread), null_left_out_runs (runs labelling heads no other run labels, left
+        named a horizon), null_judged (in how many it could judge one: some horizon had at least 2
+        folds scored for every model), null_left_out_runs (runs labelling heads no other run labels, left
         out of the null fits), null_same_seed_runs (runs of a set where one seed holds more than
         half, which may trade roles with a run of their own seed), null_legible (in how many the
         line said "legible at initialisation").
@@ -490,7 +490,7 @@ def _criterion_line(curve: xr.Dataset) -> str:
     line = ("readable: an early-training model's gain over the best init-only baseline (chance, layer, init_linear, "
             "init_boosting) in each test fold, its score there minus the best of theirs (each fold compared with "
             "itself: the heads a fold tests move every model's score there, chance's too), passes a one-sided paired "
-            f"t-test at {ALPHA:g} over the J folds with a gain ({defined} scored here), with Nadeau and Bengio's "
+            f"t-test at {ALPHA:g} over the J folds where every model is scored ({defined} here), with Nadeau and Bengio's "
             f"correction for the training data folds share: t = mean / (sd sqrt(1/J + n_test/n_train)), "
             f"n_test/n_train {ratio:.3f} here (over the scored folds), against t's {1 - ALPHA:g} point with J - 1 df; each horizon and model "
             "a test of its own, uncorrected for how many are tried (--null N counts how often some fires on these runs)")

@@ -157,7 +157,7 @@ def corrected_t(gain, holdout) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(ok, gain, 0.0).sum(axis=-1) / n
         sd = np.sqrt(np.where(ok, (gain - mean[..., None]) ** 2, 0.0).sum(axis=-1) / (n - 1))
-        # over the folds with a gain, as J is: an unscored fold of another size moved it
+        # over the J folds scored for every model: an unscored fold of another size moved it
         r = np.where(ok, ratio, 0.0).sum(axis=-1) / n
         tied = np.abs(mean) <= TIE
         t = np.where(tied, 0.0, mean / (sd * np.sqrt(1.0 / n + r)))
@@ -191,7 +191,7 @@ def passes(gain, holdout) -> np.ndarray:
 
 
 def _gains_text(gain: np.ndarray) -> str:
-    """'+0.136, -0.020, +0.278' over the folds with a gain; each rounded as printed."""
+    """'+0.136, -0.020, +0.278' over the folds scored for every model; each rounded as printed."""
     return ", ".join(f"{g:+.3f}" for g in gain if np.isfinite(g))
 
 
@@ -213,7 +213,7 @@ def null_count(attrs: dict) -> str:
             f"{NULL_UNJUDGED})")
 
 
-NULL_UNJUDGED = "their folds left fewer than 2 with a gain to test, e.g. one class, so they could name no horizon"
+NULL_UNJUDGED = "their folds left fewer than 2 scored for every model, e.g. one class, so they could name no horizon"
 
 
 def _mean_over_folds(scores: np.ndarray) -> np.ndarray:
@@ -254,7 +254,7 @@ def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[st
         are the init baselines' twins (default: horizons <= 0).
     holdout : float or array (fold,), optional
         Each test fold's size against its training folds' (Nadeau and Bengio's n2/n1), averaged
-        over the folds with a gain; one number for all. Default 1/(K - 1) for the K folds of
+        over the folds scored for every model; one number for all. Default 1/(K - 1) for the K folds of
         `scores`, as for equal folds.
 
     Returns

@@ -242,7 +242,7 @@ def _how_early(ds: xr.Dataset) -> str:
         m = int(ds.attrs.get("null_judged", n))  # absent: saved before unjudged permutations were told apart
         if m == 0:
             return text + (f" Null check: none of the {n} permutations could be judged (their folds left fewer than "
-                           f"2 with a gain to test), so it says nothing here.")
+                           f"2 scored for every model), so it says nothing here.")
         count = (f"{k} of {n} permutations ({k / n:.0%})" if m == n else
                  f"{k} of the {m} permutations it could judge ({k / m:.0%}; {n - m} of {n} could not be)")
         legible = ds.attrs.get("null_legible")  # absent: saved before the legible clause was counted

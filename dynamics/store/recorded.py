@@ -20,9 +20,10 @@ def described(ds: xr.Dataset) -> xr.Dataset:
     dask-backed float16 variables (attention) read as float32, lazily, their attrs saying
     ``stored_dtype: "float16"``.
 
-    Dask reduces a float16 array in float16, whose sums overflow past 65,504: the mean of a
-    demo run's attention over its 17 snapshots, 4 probes and 32 x 32 query-key pairs
-    (69,632 values) read 0.0, where numpy (float32 sums for float16) gives 0.03125. A float16
+    Dask reduces a float16 array in float16, whose largest value is 65,504: a mean's count of
+    values overflows past it (as does any sum), and the mean of a demo run's attention over its
+    17 snapshots, 4 probes and 32 x 32 query-key pairs (69,632 values) read 0.0, where numpy
+    (float32 intermediates for float16) gives 0.03125. A float16
     array read by plain zarr (``open_run(..., dask=False)``) is left as stored: numpy's own
     reductions of it are sound, and the analysers hold it at half the memory.
     """
