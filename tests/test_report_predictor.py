@@ -290,3 +290,18 @@ def test_the_missing_curve_names_target_role_where_no_head_ends_slash_dominant(t
     (missing,) = predictor._predict_section(_Ctx(path, [run("a", [0, 0]), run("b", [0, 1])], None, [], tmp_path,
                                                  True)).missing
     assert f"(`dynamics predict {path}` writes one, from the finished sweep's runs)." in missing
+
+
+def test_the_caption_says_which_test_passes_or_fails():
+    # "passes the test" named no test on the page, which has no criterion line under it
+    from dynamics.report.predictor import _how_early
+
+    curve = _predict_curve()
+    curve.attrs["readable_summary"] = "how early: not readable at any horizon measured (h=0 to h=0.5): ..."
+    assert "The test:" not in _how_early(curve)  # saved before the test: not this one's answer
+    curve["gain_t"] = (("horizon", "early_model"), np.zeros((curve.sizes["horizon"], 2)))
+    said = _how_early(curve)
+    assert said.startswith(" How early: not readable") and said.endswith(
+        " The test: a one-sided paired t-test at 0.05 on each fold's gain over the best baseline there, with Nadeau "
+        "and Bengio's correction for the training runs the folds share; the bands drawn are each model's own spread, "
+        "not what it compares.")

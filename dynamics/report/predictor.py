@@ -234,6 +234,10 @@ def _how_early(ds: xr.Dataset) -> str:
     if text and "gain_t" not in ds:  # saved before the fold-by-fold test: its answer compared bands
         text += (" (The answer of an older version, which compared each model's band with each baseline's; "
                  "`dynamics predict` again judges it by this version's fold-by-fold test.)")
+    # "passes the test" names no test: the page is read without the command's criterion line
+    test = (" The test: a one-sided paired t-test at 0.05 on each fold's gain over the best baseline there, with "
+            "Nadeau and Bengio's correction for the training runs the folds share; the bands drawn are each model's "
+            "own spread, not what it compares.") if text and "gain_t" in ds else ""
     n, k = ds.attrs.get("null_permutations"), ds.attrs.get("null_readable")
     if text and n and k is not None:  # saved by `dynamics predict --null N`
         twins = ds.attrs.get("null_same_seed_runs", 0)
@@ -242,7 +246,7 @@ def _how_early(ds: xr.Dataset) -> str:
         m = int(ds.attrs.get("null_judged", n))  # absent: saved before unjudged permutations were told apart
         if m == 0:
             return text + (f" Null check: none of the {n} permutations could be judged (their folds left fewer than "
-                           f"2 scored for every model), so it says nothing here.")
+                           f"2 scored for every model), so it says nothing here.") + test
         count = (f"{k} of {n} permutations ({k / n:.0%})" if m == n else
                  f"{k} of the {m} permutations it could judge ({k / m:.0%}; {n - m} of {n} could not be)")
         legible = ds.attrs.get("null_legible")  # absent: saved before the legible clause was counted
@@ -252,7 +256,7 @@ def _how_early(ds: xr.Dataset) -> str:
                     else "")
                  + (f"; {twins} runs could only trade with runs of their own seed, so it may overstate." if twins
                     else "."))
-    return text
+    return text + test
 
 
 def _predict_lines(ds: xr.Dataset) -> tuple[list[tuple], str | None]:
