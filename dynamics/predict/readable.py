@@ -151,18 +151,27 @@ def corrected_t(gain, holdout) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     ([0.154, 0.083, 2.435], 4)
     """
     gain = np.asarray(gain, dtype=np.float64)
+    mean, sd, n = _fold_mean_sd(gain)
     ok = np.isfinite(gain)
-    n = ok.sum(axis=-1)
     ratio = np.broadcast_to(np.asarray(holdout, dtype=np.float64), gain.shape)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(ok, gain, 0.0).sum(axis=-1) / n
-        sd = np.sqrt(np.where(ok, (gain - mean[..., None]) ** 2, 0.0).sum(axis=-1) / (n - 1))
         # over the J folds scored for every model: an unscored fold of another size moved it
         r = np.where(ok, ratio, 0.0).sum(axis=-1) / n
         tied = np.abs(mean) <= TIE
         t = np.where(tied, 0.0, mean / (sd * np.sqrt(1.0 / n + r)))
     few = n < 2
     return np.where(few, np.nan, mean), np.where(few, np.nan, sd), np.where(few, np.nan, t), n
+
+
+def _fold_mean_sd(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean (NaN with no fold), sd (ddof 1; NaN under 2 folds) and count of (..., fold) `values`
+    over the folds where they are finite."""
+    ok = np.isfinite(values)
+    n = ok.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(ok, values, 0.0).sum(axis=-1) / n
+        sd = np.sqrt(np.where(ok, (values - mean[..., None]) ** 2, 0.0).sum(axis=-1) / (n - 1))
+    return mean, np.where(n >= 2, sd, np.nan), n
 
 
 def critical_t(n_folds) -> np.ndarray:
@@ -214,20 +223,6 @@ def null_count(attrs: dict) -> str:
 
 
 NULL_UNJUDGED = "their folds left fewer than 2 scored for every model, e.g. one class, so they could name no horizon"
-
-
-def _mean_over_folds(scores: np.ndarray) -> np.ndarray:
-    ok = np.isfinite(scores)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(ok, scores, 0.0).sum(axis=-1) / ok.sum(axis=-1)
-
-
-def _sd_over_folds(scores: np.ndarray, mean: np.ndarray) -> np.ndarray:
-    ok = np.isfinite(scores)
-    n = ok.sum(axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        sd = np.sqrt(np.where(ok, (scores - mean[..., None]) ** 2, 0.0).sum(axis=-1) / (n - 1))
-    return np.where(n >= 2, sd, np.nan)
 
 
 def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[str] = MODELS,
@@ -296,8 +291,8 @@ def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[st
     if holdout.shape not in ((), (scores.shape[2],)) or not (holdout > 0).all():
         raise ValueError(f"judge: holdout must be one n_test / n_train > 0, or one per fold ({scores.shape[2]}); "
                          f"got {holdout.tolist()}")
-    mean = _mean_over_folds(scores)  # (horizon, model)
-    low, high = score_band(mean, _sd_over_folds(scores, mean), metric)
+    mean, sd, _ = _fold_mean_sd(scores)  # (horizon, model)
+    low, high = score_band(mean, sd, metric)
     col = {m: models.index(m) for m in (*BASELINES, *EARLY)}
     base, early = [col[m] for m in BASELINES], [col[m] for m in EARLY]
 
