@@ -56,6 +56,20 @@ def test_gains_are_each_folds_score_minus_its_best_baseline_and_their_t_is_corre
     assert passes([[0.1, 0.1, 0.1], [0.0, 0.0, 0.0], [0.1, 0.2, np.nan]], 0.5).tolist() == [True, False, False]
 
 
+def test_on_independent_gains_of_mean_0_the_test_fires_at_its_known_rate():
+    # Known answers: for J iid normal gains of mean 0 the plain paired t has J - 1 df, so the test
+    # with no correction (n_test/n_train ~0) fires at its level, 0.05, and with 3 equal folds'
+    # correction (1/2) at P(t_2 > 2.92 sqrt(3 (1/3 + 1/2))) = 0.022: the correction widens what
+    # independent folds would need, for folds that share training runs and are not independent.
+    from scipy import stats
+
+    gains = np.random.default_rng(0).normal(size=(40_000, 3))
+    assert passes(gains, 1e-12).mean() == pytest.approx(0.05, abs=0.004)  # 4 sd of 40,000 draws
+    want = stats.t.sf(float(critical_t(3)) * (3 * (1 / 3 + 1 / 2)) ** 0.5, 2)
+    assert want == pytest.approx(0.0219, abs=1e-4)
+    assert passes(gains, 0.5).mean() == pytest.approx(want, abs=0.003)
+
+
 def test_a_model_ahead_in_every_fold_is_readable_though_chance_moves_from_fold_to_fold():
     # Known answer (an audit's store): balanced-accuracy chance is 1/k for the k classes a fold
     # holds, 0.25, 0.333, 0.333 and 0.5 here, a spread no model can narrow. linear leads the best
