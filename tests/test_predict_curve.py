@@ -535,3 +535,12 @@ def test_the_null_check_judges_with_its_own_folds_holdout_shares(monkeypatch):
     assert len({round(float(r), 6) for r in want}) > 1  # folds of other sizes: a default 1/(K - 1) would differ
     for holdout in got:
         np.testing.assert_allclose(holdout, want)
+
+
+def test_the_table_counts_each_test_folds_classes(chg_curve):
+    # Known answer by construction: r0 holds 8 of class 0, 7 of class 1 and the one head of class
+    # 2; r1 8 and 8; r2 7 (its head 0 unfitted) and 8. One head decides a fold's balanced accuracy.
+    lines = predict.format_curve(chg_curve).splitlines()
+    k = lines.index("classes: facilitating=23, irrelevant=23, interfering=1")
+    assert lines[k + 1] == ("by test fold: r0-base: facilitating=8, irrelevant=7, interfering=1; r1-base: facilitating=8, "
+                            "irrelevant=8; r2-base: facilitating=7, irrelevant=8")

@@ -83,3 +83,6 @@ def test_dask_backed_float16_attention_is_read_as_float32_so_its_means_do_not_ov
     assert lazy.attention.dtype == np.float32 and plain.attention.dtype == np.float16  # as stored, for numpy
     np.testing.assert_array_equal(lazy.attention.values, plain.attention.values.astype(np.float32))
     assert store.open_sweep(path).attention.dtype == np.float32
+    # written back, it is stored as read (astype drops the encoding: it was stored as float32)
+    lazy[["attention"]].drop_attrs().to_zarr(tmp_path / "copy.zarr", consolidated=False)
+    assert xr.open_zarr(tmp_path / "copy.zarr", consolidated=False).attention.dtype == np.float16

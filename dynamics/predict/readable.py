@@ -140,7 +140,7 @@ def fold_gain(scores, rivals) -> np.ndarray:
 def corrected_t(gain, holdout) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Mean, sd (ddof 1), Nadeau and Bengio's corrected t, and the number of folds J, of
     (..., fold) gains over the folds that have one: t = mean / (sd sqrt(1/J + r)), r the mean over
-    those folds of `holdout`, each fold's n_test / n_train (one number: the same for every fold).
+    those folds of `holdout`, each fold's n_test / n_train: one per fold, or one number for all.
     Mean, sd and t are NaN under 2 folds; sd 0 gives t = ±inf (0 for a mean within `TIE` of 0):
     a lead every fold agrees on to the last bit passes, however small.
 

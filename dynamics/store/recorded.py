@@ -22,16 +22,20 @@ def described(ds: xr.Dataset) -> xr.Dataset:
 
     Dask reduces a float16 array in float16, whose largest value is 65,504: a mean's count of
     values overflows past it (as does any sum), and the mean of a demo run's attention over its
-    17 snapshots, 4 probes and 32 x 32 query-key pairs (69,632 values) read 0.0, where numpy
-    (float32 intermediates for float16) gives 0.03125. A float16
-    array read by plain zarr (``open_run(..., dask=False)``) is left as stored: numpy's own
-    reductions of it are sound, and the analysers hold it at half the memory.
+    17 snapshots, 4 probes and 32 x 32 query-key pairs (69,632 values) read 0.0, where numpy's
+    mean (float32 intermediates for float16) gives 0.03125. A float16 array read by plain zarr
+    (``open_run(..., dask=False)``) is left as stored, for the analysers, which hold it at half
+    the memory and cast what they reduce: numpy's sum and nanmean, and so xarray's default
+    (skipna) mean, add float16 in float16 too (an induction run's mean read inf). The widened
+    variable's encoding keeps float16, so ``to_zarr`` of an opened run stores what it read.
     """
     for name, attrs in RUN_VARIABLE_ATTRS.items():
         if name in ds.data_vars:
             ds[name].attrs = {**attrs, **ds[name].attrs}
     for name in [n for n, v in ds.data_vars.items() if v.dtype == np.float16 and v.chunks is not None]:
+        encoding = {**ds[name].encoding, "dtype": np.dtype(np.float16)}  # astype drops it: float32 on to_zarr
         ds[name] = ds[name].astype(np.float32).assign_attrs(stored_dtype="float16")
+        ds[name].encoding = encoding
     return ds
 
 
