@@ -544,3 +544,18 @@ def test_the_table_counts_each_test_folds_classes(chg_curve):
     k = lines.index("classes: facilitating=23, irrelevant=23, interfering=1")
     assert lines[k + 1] == ("by test fold: r0-base: facilitating=8, irrelevant=7, interfering=1; r1-base: facilitating=8, "
                             "irrelevant=8; r2-base: facilitating=7, irrelevant=8")
+
+
+def test_a_refusal_names_the_runs_left_out_as_damaged(monkeypatch):
+    # Runs of one seed are refused (no second group to hold out); a damaged run the store also
+    # held went unnamed there, where a curve's table names it (a README walk-through's)
+    from dynamics.predict import curve as cv
+
+    runs = make_runs(n_seeds=1, configs=("a", "b"))
+    monkeypatch.setattr(cv, "load_store", lambda path, opt: (runs, ["r9-a (damaged)", "r8-a (stopped)"]))
+    with pytest.raises(predict.PredictError, match=r"^grouping by seed: all 2 runs fall in one group .*; try --group run \(besides, left out as "
+                                                r"damaged: r9-a\)$"):
+        predict.predict_store("unused.zarr", PredictOptions(target="slash", horizons=(0.1,), **FAST))
+    monkeypatch.setattr(cv, "load_store", lambda path, opt: (runs, ["r8-a (stopped)"]))
+    with pytest.raises(predict.PredictError, match=r"try --group run$"):  # nothing damaged: as it was
+        predict.predict_store("unused.zarr", PredictOptions(target="slash", horizons=(0.1,), **FAST))

@@ -13,7 +13,7 @@ import xarray as xr
 from dynamics import store
 from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.predict.features import feature_table, horizon_steps
-from dynamics.predict.load import check_runs, load_store
+from dynamics.predict.load import check_runs, load_store, naming_damaged
 from dynamics.predict.models import (
     _mean_sd,
     balanced_chance,
@@ -442,8 +442,8 @@ def predict_store(path: str, options: PredictOptions | None = None,
     while True:
         try:
             return predict_runs(runs, opt, left_out, progress)
-        except PredictError:
-            raise
+        except PredictError as e:
+            raise naming_damaged(e, left_out) from None
         except Exception:
             # A chunk that cannot be decoded (failing its checksum, cut short) is found only when
             # read, deep in the features: that run is left out and named, as a run missing a chunk

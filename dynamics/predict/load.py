@@ -148,6 +148,17 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
     return runs, skipped
 
 
+def naming_damaged(error: PredictError, left_out: Sequence[str]) -> PredictError:
+    """`error` with the runs `load_store` left out as damaged named: a refusal for another reason
+    (one seed's runs, say) said nothing of them, where the curve's table would have.
+
+    >>> str(naming_damaged(PredictError("1 group(s)"), ["r1 (damaged)", "r2 (stopped)"]))
+    '1 group(s) (besides, left out as damaged: r1)'
+    """
+    damaged = [r.removesuffix(" (damaged)") for r in left_out if r.endswith(" (damaged)")]
+    return PredictError(f"{error} (besides, left out as damaged: {', '.join(damaged)})") if damaged else error
+
+
 def check_runs(runs: Sequence[Run], options: PredictOptions) -> None:
     """Checks that need no array values: groups, target inputs, horizon range."""
     groups = sorted({r.group(options.group_by) for r in runs})
