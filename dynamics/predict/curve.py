@@ -15,7 +15,6 @@ from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.predict.features import feature_table, horizon_steps
 from dynamics.predict.load import check_runs, load_store, naming_damaged
 from dynamics.predict.models import (
-    _mean_sd,
     balanced_chance,
     cross_validate,
     fold_classes,
@@ -38,6 +37,7 @@ from dynamics.predict.readable import (
     ALPHA,
     CRITERION,
     EARLY,
+    _fold_mean_sd,
     ceiling_horizons,
     holdout_of,
     holdout_ratios,
@@ -318,7 +318,8 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
 
 def _summary(scores: np.ndarray) -> np.ndarray:
     """(horizon, model, 2): mean and sd over the folds of `cross_validate`'s (horizon, model, fold) scores."""
-    return np.array([[_mean_sd(per_model) for per_model in per_horizon] for per_horizon in scores])
+    mean, sd, _ = _fold_mean_sd(scores)
+    return np.stack([mean, sd], axis=-1)
 
 
 def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Dataset, blocks: list[np.ndarray],

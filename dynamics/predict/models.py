@@ -257,14 +257,6 @@ def score(metric: str, y_true, y_pred) -> float:
     raise PredictError(f"unknown metric {metric!r}")
 
 
-def _mean_sd(values: np.ndarray) -> tuple[float, float]:
-    ok = values[np.isfinite(values)]
-    if ok.size == 0:
-        return float("nan"), float("nan")
-    # one fold leaves the spread unknown: NaN, not a "± 0" that reads as perfect agreement
-    return float(ok.mean()), float(ok.std(ddof=1)) if ok.size > 1 else float("nan")
-
-
 def cross_validate(
     features: Mapping[float, np.ndarray],
     init_features: np.ndarray,
