@@ -213,6 +213,7 @@ def test_cli_prints_the_curve_and_saves_it(small_store, capsys):
     assert curve.horizon_step.sel(horizon=0.1).values.tolist() == [10.0] * 3
     assert curve.attrs["readable_summary"] in out.splitlines()
     assert curve.readable.values.tolist() == [False, curve.attrs["readable_horizon"] == 0.1]
+    assert curve.attrs["readable_alpha"] == 0.05  # the report's caption quotes the level from here
 
 
 @pytest.mark.parametrize("streams", ["stdout", "both"])

@@ -305,3 +305,5 @@ def test_the_caption_says_which_test_passes_or_fails():
         " The test: a one-sided paired t-test at 0.05 on each fold's gain over the best baseline there, with Nadeau "
         "and Bengio's correction for the training runs the folds share; the bands drawn are each model's own spread, "
         "not what it compares.")
+    curve.attrs["readable_alpha"] = 0.01  # the level saved with the curve, not a constant of the report's
+    assert " The test: a one-sided paired t-test at 0.01 on each fold's gain" in _how_early(curve)

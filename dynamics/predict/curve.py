@@ -205,7 +205,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     )
     pooled = np.array([[score(spec.metric, rows["target"].values, preds[i, m]) for m in range(len(MODELS))]
                        for i in range(len(opt.horizons))])
-    summary = _summary(scores)
+    score_mean, score_sd, _ = _fold_mean_sd(scores)  # (horizon, model): over the scored folds
 
     # A class a fold's training rows lack is a miss there for every model: said, not averaged in silently.
     y = rows["target"].values
@@ -224,8 +224,8 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     ds = xr.Dataset(
         {
             "score": (("horizon", "model", "fold"), scores),
-            "score_mean": (("horizon", "model"), summary[..., 0]),
-            "score_std": (("horizon", "model"), summary[..., 1]),
+            "score_mean": (("horizon", "model"), score_mean),
+            "score_std": (("horizon", "model"), score_sd),
             "score_pooled": (("horizon", "model"), pooled),
             "prediction": (("horizon", "model", "head_row"), preds),
             "target": rows["target"],
@@ -302,7 +302,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     ds = ds.assign_coords(early_model=list(EARLY))
     ds["readable"] = ("horizon", np.array(answer.readable, dtype=bool))
     ds.attrs.update(readable_horizon=answer.horizon, readable_model=answer.model, readable_baseline=answer.baseline,
-                    readable_summary=answer.line, readable_criterion=CRITERION)
+                    readable_summary=answer.line, readable_criterion=CRITERION, readable_alpha=ALPHA)
     if opt.null:
         hits, judged, same_seed, legible = _null_readable(ds, tables, init, rows, blocks, null_rows, null_splits,
                                                           opt, say, seed_of)
@@ -314,12 +314,6 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     if opt.target in ("role", "chg"):
         ds.attrs["class_names"] = [class_name(opt.target, c) for c in classes]
     return ds
-
-
-def _summary(scores: np.ndarray) -> np.ndarray:
-    """(horizon, model, 2): mean and sd over the folds of `cross_validate`'s (horizon, model, fold) scores."""
-    mean, sd, _ = _fold_mean_sd(scores)
-    return np.stack([mean, sd], axis=-1)
 
 
 def _null_readable(ds: xr.Dataset, tables: dict, init: xr.DataArray, rows: xr.Dataset, blocks: list[np.ndarray],

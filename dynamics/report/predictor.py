@@ -235,7 +235,9 @@ def _how_early(ds: xr.Dataset) -> str:
         text += (" (The answer of an older version, which compared each model's band with each baseline's; "
                  "`dynamics predict` again judges it by this version's fold-by-fold test.)")
     # "passes the test" names no test: the page is read without the command's criterion line
-    test = (" The test: a one-sided paired t-test at 0.05 on each fold's gain over the best baseline there, with "
+    # the level the curve was judged at, as saved with it (0.05 for curves saved before it was)
+    alpha = float(ds.attrs.get("readable_alpha", 0.05))
+    test = (f" The test: a one-sided paired t-test at {alpha:g} on each fold's gain over the best baseline there, with "
             "Nadeau and Bengio's correction for the training runs the folds share; the bands drawn are each model's "
             "own spread, not what it compares.") if text and "gain_t" in ds else ""
     n, k = ds.attrs.get("null_permutations"), ds.attrs.get("null_readable")
