@@ -278,6 +278,10 @@ def test_summary_bifurcation_is_undefined_not_never_with_one_head_per_layer():
     assert one_head["mean_divergence"].isnull().all()
     assert summary_row(one_head)["bifurcation_step"] == "undefined"
     assert summary_row(one_head)["layer_bifurcation_steps"] == ["undefined"] * one_head.sizes["layer"]
+    # and the stored array's label says so: a sum over a head-count sweep in xarray would
+    # otherwise count these runs as "never bifurcated"
+    assert "undefined where no layer has two heads" in one_head["bifurcation_step"].attrs["long_name"]
+    assert "undefined in a layer of one head" in one_head["layer_bifurcation_step"].attrs["long_name"]
     flat = analyse_run(sweep_like().sel(run="a", drop=True)).load()
     assert np.isnan(flat["bifurcation_step"]) and flat["mean_divergence"].notnull().all()
     assert summary_row(flat)["bifurcation_step"] is None
