@@ -97,6 +97,19 @@ def test_the_undefined_note_names_redundancy_only_when_a_run_has_it_undefined(ca
     assert capsys.readouterr().out.splitlines()[-1].endswith("measured between the heads of a layer)")
 
 
+def test_slash_dom_undefined_is_explained_under_the_table(capsys):
+    # probes too short for any slash offset: the column read "undefined" with no note, though the
+    # notes explained every other "undefined" (the report's caption says why; the table did not)
+    print_analysis([ANALYSED | {"run": "short", "slash_dominant": "undefined"}, ANALYSED])
+    out = capsys.readouterr().out
+    column = out.splitlines()[0].split().index("slash_dom")
+    assert [line.split()[column] for line in out.splitlines() if line.startswith("short ")] == ["undefined"]
+    assert ("slash_dom undefined: the probes are too short to score any slash offset (none that uniform attention does "
+            "not already reach)") in out
+    print_analysis([ANALYSED])
+    assert "slash_dom undefined" not in capsys.readouterr().out
+
+
 def test_analysis_failures_name_the_runs_that_raised_not_those_left_unfinished(capsys):
     from dynamics.tables import analysis_failures
 
