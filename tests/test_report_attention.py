@@ -97,3 +97,20 @@ def test_a_run_with_more_recorded_snapshots_than_the_cap_shows_the_cap_and_says_
     monkeypatch.setattr(attention, "MAX_FRAMES", 6)  # as many as it recorded: every one, and no such sentence
     again = html.unescape(write_report(path, tmp_path / "all", run_id=ids["C"]).read_text())
     assert len(_frames(again)) == 6 and "The slider shows" not in again
+
+
+@pytest.mark.parametrize("n_layers, n_heads", [(1, 1), (1, 4), (2, 2), (4, 8)])
+def test_the_weight_scale_label_fits_inside_the_figure_at_any_layer_count(n_layers, n_heads):
+    # At one layer the figure is 2.9 in high, and the label, one line at the default size, ran
+    # past its top and bottom: the page showed "tention weight (fraction of row, sqrt scal".
+    from dynamics.report.attention import _frame_grid
+
+    fig, images, titles = _frame_grid(np.arange(n_layers), np.arange(n_heads), 16, "previous_token")
+    assert len(images) == len(titles) == n_layers * n_heads
+    fig.canvas.draw()  # the constrained layout runs as the figure is drawn
+    renderer = fig.canvas.get_renderer()
+    [bar] = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    label = bar.yaxis.label
+    assert label.get_text().replace("\n", " ") == "attention weight (fraction of row, sqrt scale)"
+    extent, frame = label.get_window_extent(renderer), fig.bbox
+    assert frame.y0 <= extent.y0 and extent.y1 <= frame.y1 and frame.x0 <= extent.x0 and extent.x1 <= frame.x1

@@ -149,6 +149,42 @@ def _attention_frames(fig, images, titles, suptitle, attn, run, roles_by_step, l
         yield rel, step
 
 
+def _frame_grid(layers: np.ndarray, heads: np.ndarray, T: int, widest: str) -> tuple:
+    """The attention figure before any frame is drawn: a (layer, head) grid of T x T maps, each
+    titled with room for the `widest` role name, and the weight scale beside them.
+
+    Returns ``(fig, images, titles)``, the images and titles in (layer, head) order."""
+    L, H = len(layers), len(heads)
+    fig = _figure(2.0 * H + 1.3, 2.0 * L + 0.9)
+    grid = fig.subplots(L, H, squeeze=False, sharex=True, sharey=True)
+    images, titles = [], []
+    from matplotlib import colormaps
+    from matplotlib.colors import PowerNorm
+    from matplotlib.ticker import MaxNLocator
+
+    # Square-root colour scale: diffuse early attention (~1/query) stays visible next to peaks of 1.
+    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+    cmap = colormaps["magma"].with_extremes(bad="#d9d9d9")  # grey: keys a query cannot see (causal mask)
+    for li in range(L):
+        for hi in range(H):
+            ax = grid[li, hi]
+            im = ax.imshow(np.zeros((T, T)), norm=norm, cmap=cmap, interpolation="nearest")
+            images.append(im)
+            # The widest title a frame can get, so the layout computed once below fits all frames.
+            titles.append(ax.set_title(f"L{layers[li]} H{heads[hi]} · {widest}", fontsize=8))
+            ax.tick_params(labelsize=6)
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))  # positions are whole tokens
+            ax.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
+            if li == L - 1:
+                ax.set_xlabel("key position (tokens)", fontsize=7)
+            if hi == 0:
+                ax.set_ylabel("query position (tokens)", fontsize=7)
+    # two lines at the axis labels' size: one at the default size ran past the top and bottom of a
+    # one-layer figure (2.9 in high), which showed "tention weight (fraction of row, sqrt scal"
+    fig.colorbar(images[0], ax=grid, shrink=0.8).set_label("attention weight\n(fraction of row, sqrt scale)", fontsize=7)
+    return fig, images, titles
+
+
 def _attention_section(ctx: _Ctx) -> _Section:
     path, runs, chosen, out = ctx.path, ctx.runs, ctx.chosen, ctx.out
     sec = _Section("attention", "Attention maps of every head, snapshot by snapshot")
@@ -177,32 +213,8 @@ def _attention_section(ctx: _Ctx) -> _Section:
     layers = ds["layer"].values if "layer" in ds.coords else np.arange(L)
     heads = ds["head"].values if "head" in ds.coords else np.arange(H)
 
-    fig = _figure(2.0 * H + 1.3, 2.0 * L + 0.9)
-    grid = fig.subplots(L, H, squeeze=False, sharex=True, sharey=True)
-    images, titles = [], []
     widest = max(ROLES, key=len) if roles_by_step else ""
-    from matplotlib import colormaps
-    from matplotlib.colors import PowerNorm
-    from matplotlib.ticker import MaxNLocator
-
-    # Square-root colour scale: diffuse early attention (~1/query) stays visible next to peaks of 1.
-    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
-    cmap = colormaps["magma"].with_extremes(bad="#d9d9d9")  # grey: keys a query cannot see (causal mask)
-    for li in range(L):
-        for hi in range(H):
-            ax = grid[li, hi]
-            im = ax.imshow(np.zeros((T, T)), norm=norm, cmap=cmap, interpolation="nearest")
-            images.append(im)
-            # The widest title a frame can get, so the layout computed once below fits all frames.
-            titles.append(ax.set_title(f"L{layers[li]} H{heads[hi]} · {widest}", fontsize=8))
-            ax.tick_params(labelsize=6)
-            ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))  # positions are whole tokens
-            ax.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
-            if li == L - 1:
-                ax.set_xlabel("key position (tokens)", fontsize=7)
-            if hi == 0:
-                ax.set_ylabel("query position (tokens)", fontsize=7)
-    fig.colorbar(images[0], ax=grid, shrink=0.8, label="attention weight (fraction of row, sqrt scale)")
+    fig, images, titles = _frame_grid(layers, heads, T, widest)
     suptitle = fig.suptitle(f"run {run.run_id} · step {int(run.steps.max())} · probe 0", fontsize=9)
     shown = frame_snapshots(run.recorded, MAX_FRAMES)
     weights = (ds["distill_weight"].isel(snapshot=np.flatnonzero(run.recorded)).transpose("snapshot", "layer", "head").values
