@@ -22,7 +22,7 @@ from urllib.parse import unquote
 from dynamics import tables
 from dynamics.budget import check_fits
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override
-from dynamics.config_rules import small_vocabulary_note
+from dynamics.config_rules import start_notes
 from dynamics.exits import EXIT_INTERRUPTED, WRITE_REFUSED, run_to_end, stage
 from dynamics.limits import usable_cores
 from dynamics.messages import (
@@ -105,8 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                      f"each; training waits for each fit, so the progress lines pause")
     if cfg == RunConfig():
         notes.append(_default_note(args))
-    if note := small_vocabulary_note([cfg]):  # not refused: a harder task (config_rules.validate)
-        notes.append(note)
+    notes += start_notes([cfg])  # not refused: a harder task (config_rules.validate), a run of use for its losses
     if cfg.sweep.axes:
         given = [key for key, _ in map(parse_override, args.set) if key.split(".")[0] == "sweep"]
         source = f"{args.config} with --set {given[0]}" if given else args.config  # its file may have none
@@ -207,7 +206,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"dynamics: note: {_default_note(args)}", file=sys.stderr, flush=True)
     from dynamics.sweep.grid import expand_grid
 
-    print_note(small_vocabulary_note([p.cfg for p in expand_grid(cfg)]))  # a refused grid refuses here, first
+    for note in start_notes([p.cfg for p in expand_grid(cfg)]):  # a refused grid refuses here, first
+        print_note(note)
     from dynamics.sweep import run_sweep  # imports torch: after the checks that need none
     summary = run_sweep(cfg, out, workers=args.workers, scheduler=args.scheduler)
     for line in summary.lines():

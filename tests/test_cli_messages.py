@@ -392,9 +392,9 @@ def test_run_interrupted_as_its_run_finishes_says_it_finished(tiny, tmp_path, mo
                                                  "nothing left to resume")
 
 
-def test_run_and_sweep_note_an_induction_period_past_the_vocabulary(tiny, tmp_path, capsys):
+def test_run_and_sweep_note_an_induction_period_past_the_vocabulary_and_too_few_snapshots(tiny, tmp_path, capsys):
     # Not refused (config_rules.validate: a harder task), but said as training starts: segments
-    # cannot be distinct, in any row.
+    # cannot be distinct, in any row. So are 2 steps' 3 snapshots, too few for analyse (4).
     from dynamics.cli import main
 
     _, cfg, _ = tiny
@@ -403,9 +403,12 @@ def test_run_and_sweep_note_an_induction_period_past_the_vocabulary(tiny, tmp_pa
     err = capsys.readouterr().err
     assert ("dynamics: note: task.max_period 6 is above model.vocab_size 5: induction segments are drawn with "
             "tokens that may repeat, in every row") in err
+    assert "dynamics: note: the snapshot schedule records 3 snapshot(s) (train.steps 2, record.dense_until" in err
     grid = ["--set", "sweep.model.vocab_size=[5,16]", "--set", "train.steps=2"]
     assert main(["sweep", str(cfg), "--out", str(tmp_path / "s.zarr"), "--workers", "1", *grid]) == 0
+    err = capsys.readouterr().err
     assert ("dynamics: note: 1 of the 2 sweep points have task.max_period above model.vocab_size (the first: 6 "
-            "above 5)") in capsys.readouterr().err
+            "above 5)") in err
+    assert "dynamics: note: 2 of the 2 sweep points record fewer than 4 snapshots (the first: 3) (train.steps 2" in err
     assert main(["run", str(cfg), "--out", str(tmp_path / "t.zarr"), "--set", "train.steps=2"]) == 0
     assert "vocab_size" not in capsys.readouterr().err  # TINY's 16 holds a period of 6
