@@ -20,9 +20,8 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from dynamics import tables
-from dynamics.budget import check_fits
+from dynamics.budget import check_fits, start_notes
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override
-from dynamics.config_rules import start_notes
 from dynamics.exits import EXIT_INTERRUPTED, WRITE_REFUSED, run_to_end, stage
 from dynamics.limits import usable_cores
 from dynamics.messages import (

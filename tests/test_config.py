@@ -496,7 +496,7 @@ def test_the_documented_bounds_of_steps_and_threads_are_where_they_are_checked()
 def test_a_schedule_of_too_few_snapshots_to_analyse_is_noted_not_refused():
     # 300 steps, no dense phase, every 500: snapshots at steps 0 and 300 only, where analyse
     # needs baseline_snapshots + 1 = 4; the first word of it came from analyse, after training.
-    from dynamics.config_rules import few_snapshots_note, start_notes
+    from dynamics.budget import few_snapshots_note, start_notes
 
     def cfg(steps, dense_until=64, every=100):
         return from_dict({"train": {"steps": steps}, "record": {"dense_until": dense_until, "every": every}})
