@@ -3,6 +3,7 @@
 import contextlib
 import dataclasses
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -633,6 +634,31 @@ def test_seed_consistency_compares_completed_runs_with_this_versions_analysis_on
     capsys.readouterr()
     print_consistency(path, rows)
     assert "leaves out" not in capsys.readouterr().out
+
+
+def test_seed_consistency_of_one_head_per_layer_says_matching_has_nothing_to_undo(three_runs, tmp_path, capsys):
+    # Heads are matched within a layer, so one head per layer leaves the identity the only
+    # permutation: the matched and unmatched figures are one number, which the line set side by
+    # side as if one were the other's reference.
+    from dynamics.analysis import ROLES
+
+    path = str(tmp_path / "c.zarr")
+    _unanalysed_copy(three_runs[0], path)
+    seeds = [r for r in store.list_runs(path) if store.run_attrs(path, r)["status"] == "completed"][:2]
+    rng = np.random.default_rng(1)
+    for rid in seeds:
+        store.write_analysis(path, rid, xr.Dataset(
+            {"role_score": (("role_name", "snapshot", "layer", "head"), rng.random((len(ROLES) - 1, 1, 2, 1)))},
+            coords={"role_name": list(ROLES[:-1]), "layer": [0, 1], "head": [0]},
+            attrs={"analysis_version": ANALYSIS_VERSION}))
+    rows = [{"run": r, "status": "completed", "final_divergence": "undefined"} for r in seeds]
+    print_consistency(path, rows)
+    line, note = capsys.readouterr().out.splitlines()
+    matched, unmatched = re.search(r": (\S+) over 2 seeds .* unmatched heads give (\S+)\)$", line).groups()
+    assert matched == unmatched
+    assert note.startswith("cross-seed consistency of runs with one head per layer (2 here): there is no permutation")
+    print_consistency(path, [r | {"final_divergence": 0.3} for r in rows])  # two heads somewhere: no note
+    assert len(capsys.readouterr().out.splitlines()) == 1
 
 
 def test_a_diverged_run_is_analysed_on_the_snapshots_it_recorded(tmp_path):
