@@ -61,6 +61,10 @@ def test_other_targets_and_chg_where_fitted():
     assert float(imp.score.sel(model="chance").mean()) == 0.0
     ranks = imp.target.values[imp.row_run.values == runs[0].run_id].reshape(L, H)
     np.testing.assert_allclose(np.sort(ranks, axis=1), np.tile(np.linspace(0, 1, H), (L, 1)))
+    # a run of one head per layer ranks no head within its layer: said as that, not as "no head labelled"
+    lone = Run(runs[0].run_id, runs[0].data.isel(head=[0]), runs[0].seed, runs[0].config)
+    imp = predict.predict_runs([lone, *runs[1:]], PredictOptions(target="importance", group_by="run", **quick))
+    assert imp.attrs["runs_unlabelled"] == [f"{runs[0].run_id} (one head per layer: a rank within its layer is undefined)"]
 
     role = predict.predict_runs(runs, PredictOptions(target="role", **quick))
     assert role.attrs["metric"] == "balanced_accuracy"

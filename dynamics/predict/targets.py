@@ -222,8 +222,9 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
         if not keep.any():
             # a run given from Python may be one that never finished, which "completed" misnamed
             status = r.data.attrs.get("status", "completed")
-            unlabelled.append(f"{r.run_id} (no head labelled at its final snapshot"
-                              + (f"; {status}, not completed)" if status != "completed" else ")"))
+            why = ("one head per layer: a rank within its layer is undefined" if options.target == "importance"
+                   and H == 1 else "no head labelled at its final snapshot")
+            unlabelled.append(f"{r.run_id} ({why}" + (f"; {status}, not completed)" if status != "completed" else ")"))
         row = {
             "target": ft["target"].values.ravel()[keep],
             "row_run": np.full(keep.sum(), r.run_id, dtype=object),
