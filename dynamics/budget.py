@@ -31,7 +31,7 @@ Pure functions of the config and this module's imports only: no torch, no zarr.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -360,34 +360,3 @@ def _check_fits(cfg: RunConfig) -> None:
     if gpu is not None:
         check_memory(cfg, gpu, part="device", where=f"{MEMORY_ENV} allows" if given else f"{cfg.train.device} has")
 
-
-def few_snapshots_note(cfgs: Sequence[RunConfig]) -> str | None:
-    """The note for configs (a run's, or a sweep's points) whose snapshot schedule records fewer
-    snapshots than `dynamics analyse` needs under its default options (the divergence curve's noise
-    band: ``AnalysisOptions.baseline_snapshots`` + 1); None where every one records enough.
-
-    A note, not a refusal: such a run trains, and its losses and checkpoints are of use. It is said
-    as training starts because otherwise the first word of it came from `analyse`, after the
-    compute was spent ("not analysed (only 2 snapshot(s) recorded ...)").
-    """
-    from dynamics.analysis.pipeline import AnalysisOptions
-
-    need = AnalysisOptions().baseline_snapshots + 1
-    counts = [snapshot_steps(c.train.steps, c.record.dense_until, c.record.every).size for c in cfgs]
-    few = [(c, n) for c, n in zip(cfgs, counts, strict=True) if n < need]
-    if not few:
-        return None
-    first, n = few[0]
-    which = (f"the snapshot schedule records {n} snapshot(s)" if len(cfgs) == 1 else
-             f"{len(few)} of the {len(cfgs)} sweep points record fewer than {need} snapshots (the first: {n})")
-    return (f"{which} (train.steps {first.train.steps}, record.dense_until {first.record.dense_until}, record.every "
-            f"{first.record.every}); `dynamics analyse` needs at least {need}, so such a run trains but cannot be "
-            f"analysed: lower record.every or raise record.dense_until")
-
-
-def start_notes(cfgs: Sequence[RunConfig]) -> list[str]:
-    """The notes `dynamics run` (one config) and `dynamics sweep` (its points) say as they start,
-    on configs they train as asked: :func:`dynamics.config_rules.small_vocabulary_note` and :func:`few_snapshots_note`."""
-    from dynamics.config_rules import small_vocabulary_note
-
-    return [note for note in (small_vocabulary_note(cfgs), few_snapshots_note(cfgs)) if note]

@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from dynamics import tables
-from dynamics.budget import check_fits, start_notes
+from dynamics.budget import check_fits
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override
 from dynamics.exits import EXIT_INTERRUPTED, WRITE_REFUSED, run_to_end, stage
 from dynamics.limits import usable_cores
@@ -33,6 +33,7 @@ from dynamics.messages import (
     print_note,
     progress_printer,
 )
+from dynamics.notes import start_notes
 from dynamics.tables import analysis_failures, demo_timing, print_analysis, print_consistency, print_table
 from dynamics.usage import (
     DEFAULT_REPORT,

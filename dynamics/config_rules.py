@@ -175,4 +175,3 @@ def small_vocabulary_note(cfgs: Sequence[RunConfig]) -> str | None:
     return (f"{which}: induction segments are drawn with tokens that may repeat, in every row (those whose period "
             f"fits the vocabulary too), so the current token alone may no longer say where to look back; a harder task than "
             f"distinct segments give (data/README.md, induction)")
-

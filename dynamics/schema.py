@@ -15,6 +15,12 @@ Store layout (a Zarr v3 group; see dynamics/store/)::
 
 STORE_VERSION = 1
 
+BASELINE_SNAPSHOTS = 3
+"""The default of ``AnalysisOptions.baseline_snapshots``: the snapshots that set the divergence
+curve's early band, so a run is analysed from ``BASELINE_SNAPSHOTS + 1`` on. Here, not in the
+analysers, so that `dynamics run` and `dynamics sweep` can say a schedule gives fewer as they start
+without importing them (xarray and scipy: a second or two)."""
+
 ANALYSIS_VERSION = 10
 """Stamped on every analysis (attr ``analysis_version``) and raised whenever what the analysers
 compute changes; readers recompute a stored analysis of another version rather than mix it with

@@ -493,25 +493,6 @@ def test_the_documented_bounds_of_steps_and_threads_are_where_they_are_checked()
         from_dict({"train": {"threads": MAX_THREADS + 1}})
 
 
-def test_a_schedule_of_too_few_snapshots_to_analyse_is_noted_not_refused():
-    # 300 steps, no dense phase, every 500: snapshots at steps 0 and 300 only, where analyse
-    # needs baseline_snapshots + 1 = 4; the first word of it came from analyse, after training.
-    from dynamics.budget import few_snapshots_note, start_notes
-
-    def cfg(steps, dense_until=64, every=100):
-        return from_dict({"train": {"steps": steps}, "record": {"dense_until": dense_until, "every": every}})
-
-    note = few_snapshots_note([cfg(300, 0, 500)])
-    assert note == ("the snapshot schedule records 2 snapshot(s) (train.steps 300, record.dense_until 0, record.every "
-                    "500); `dynamics analyse` needs at least 4, so such a run trains but cannot be analysed: lower "
-                    "record.every or raise record.dense_until")
-    assert few_snapshots_note([cfg(2)]).startswith("the snapshot schedule records 3 snapshot(s)")  # 0, 1, 2
-    assert few_snapshots_note([cfg(3)]) is None  # 0, 1, 2 and the last, 3: exactly enough
-    assert few_snapshots_note([cfg(1), cfg(4), cfg(2)]).startswith(
-        "2 of the 3 sweep points record fewer than 4 snapshots (the first: 2) (train.steps 1, ")
-    assert start_notes([cfg(4)]) == [] and start_notes([cfg(1)]) == [few_snapshots_note([cfg(1)])]
-
-
 def test_an_induction_period_past_the_vocabulary_is_noted_not_refused():
     # Segments cannot be distinct past the vocabulary; the task code draws them with repeats on
     # purpose (a harder task, whose runs resume), so validate accepts it and the note says it.

@@ -45,7 +45,7 @@ from dynamics.analysis.slash import (
     token_share,
 )
 from dynamics.schema import ANALYSIS_VERSION as ANALYSIS_VERSION  # re-exported: its home before it moved to schema
-from dynamics.schema import HEAD, KEY, LAYER, PROBE, QUERY, RUN, SNAPSHOT, require_dims
+from dynamics.schema import BASELINE_SNAPSHOTS, HEAD, KEY, LAYER, PROBE, QUERY, RUN, SNAPSHOT, require_dims
 
 SCORE_ROLES = ROLES[:-1]  # every role but "none" has a score
 READS = ("attention", "probe_tokens", "importance", "gate", "head_weights")
@@ -78,7 +78,7 @@ class AnalysisOptions:
     """Consecutive probe samples a token-dominant head must hold >= ``roles.token`` (the post's
     50%) of its attention on the token: one share threshold for the token role and for
     token dominance."""
-    baseline_snapshots: int = 3
+    baseline_snapshots: int = BASELINE_SNAPSHOTS
     """Snapshots that define the initial noise band of the divergence curve."""
 
     def __post_init__(self):

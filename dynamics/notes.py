@@ -1,0 +1,52 @@
+"""The notes `dynamics run` (one config) and `dynamics sweep` (its points) say as they start, on
+configs they train as asked but whose runs a researcher would otherwise find wanting only later.
+
+Notes, not refusals (those are :mod:`dynamics.config_rules`'s): the run is of use as it is, or
+the config may be meant so. Pure functions of the configs, quick for a sweep of many points and
+runs of many steps: schedules are counted (:func:`dynamics.budget.n_snapshots`), not built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dynamics.budget import n_snapshots
+from dynamics.config import RunConfig
+from dynamics.config_rules import small_vocabulary_note
+from dynamics.schema import BASELINE_SNAPSHOTS
+
+
+def few_snapshots_note(cfgs: Sequence[RunConfig]) -> str | None:
+    """The note for configs whose snapshot schedule records fewer snapshots than `dynamics analyse`
+    needs under its default options (the divergence curve's early band and one more:
+    ``BASELINE_SNAPSHOTS + 1``); None where every one records enough.
+
+    Said as training starts because otherwise the first word of it came from `analyse`, after the
+    compute was spent ("not analysed (only 2 snapshot(s) recorded ...)"). A run of N steps has at
+    most N + 1 snapshots, so below ``BASELINE_SNAPSHOTS`` steps only more steps help.
+
+    Examples
+    --------
+    >>> from dynamics.config import from_dict
+    >>> few_snapshots_note([from_dict({"train": {"steps": 300}, "record": {"dense_until": 0, "every": 500}})])[:70]
+    'the snapshot schedule records 2 snapshot(s) (train.steps 300, record.d'
+    """
+    need = BASELINE_SNAPSHOTS + 1
+    counts = [n_snapshots(c.train.steps, c.record.dense_until, c.record.every) for c in cfgs]
+    few = [(c, n) for c, n in zip(cfgs, counts, strict=True) if n < need]
+    if not few:
+        return None
+    first, n = few[0]
+    which = (f"the snapshot schedule records {n} snapshot(s)" if len(cfgs) == 1 else
+             f"{len(few)} of the {len(cfgs)} sweep points record fewer than {need} snapshots (the first: {n})")
+    fix = (f"raise train.steps to at least {need - 1} (a run of N steps has at most N + 1 snapshots)"
+           if first.train.steps + 1 < need else "lower record.every or raise record.dense_until")
+    return (f"{which} (train.steps {first.train.steps}, record.dense_until {first.record.dense_until}, record.every "
+            f"{first.record.every}); `dynamics analyse` needs at least {need}, so such a run trains but cannot be "
+            f"analysed: {fix}")
+
+
+def start_notes(cfgs: Sequence[RunConfig]) -> list[str]:
+    """Every note for `cfgs`: :func:`dynamics.config_rules.small_vocabulary_note` and
+    :func:`few_snapshots_note`, those that apply."""
+    return [note for note in (small_vocabulary_note(cfgs), few_snapshots_note(cfgs)) if note]
