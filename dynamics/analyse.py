@@ -511,9 +511,11 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
 
     Returns
     -------
-    list of (label, similarity, unmatched, runs)
+    list of (label, similarity, unmatched, runs, lone)
         One row per group of two or more runs: its matched similarity and the unmatched
-        all-pairs reference it should be read against. The label is the group's values of the sweep
+        all-pairs reference it should be read against; ``lone`` where no run of the group has
+        two heads in a layer, so matching (within a layer) has nothing to permute and the two
+        figures are one. The label is the group's values of the sweep
         axes other than the seed when the store has a sweep index (and the settings that set it
         apart from groups with the same values), else its values of the settings that differ
         between groups (a short hash of the config when only one group).
@@ -594,6 +596,8 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
 
     key = grid_key(index)
     first = {g: min(key(r) for r, gr in zip(kept, groups, strict=True) if gr == g) for g in counts}
+    heads = [int(p.notnull().any("role_name").sum("head").max()) for p in profiles]  # most heads in a layer, per run
+    lone = {g: max(h for h, gr in zip(heads, groups, strict=True) if gr == g) < 2 for g in counts}
     return [(labels.get(g, g), float(result.similarity.sel(group=g)), float(result.unmatched_similarity.sel(group=g)),
-             counts[g])
+             counts[g], lone[g])
             for g in sorted(result.group.values.tolist(), key=first.__getitem__) if counts[g] >= 2]

@@ -19,14 +19,12 @@ def print_consistency(path: str, rows: list[dict]) -> None:
 
     # only what this command analysed, completed: a failed analysis leaves an earlier one in the store
     compared = [r["run"] for r in rows if not r.get("skipped") and r["status"] == "completed"]
-    for group, sim, unmatched, n in seed_consistency(path, compared):
-        print(f"cross-seed consistency {group}: {sim:.3f} over {n} seeds (1 = same heads up to permutation; "
-              f"unmatched heads give {unmatched:.3f})")
-    lone = [r["run"] for r in rows if r["run"] in compared and r.get("final_divergence") == "undefined"]
-    if lone and len(compared) > 1:  # one head per layer: heads are matched within a layer, so nothing to match
-        print(f"cross-seed consistency of runs with one head per layer ({len(lone)} here): there is no permutation to "
-              f"undo, so their matched and unmatched figures are the same number, how alike the seeds' heads are, "
-              f"with no unmatched reference to read it against")
+    for group, sim, unmatched, n, lone in seed_consistency(path, compared):
+        # heads are matched within a layer: with one head per layer the two figures are one number
+        read = ("one head per layer, so no permutation to undo: how alike the seeds' heads are, with no unmatched "
+                "reference to read it against" if lone else
+                f"1 = same heads up to permutation; unmatched heads give {unmatched:.3f}")
+        print(f"cross-seed consistency {group}: {sim:.3f} over {n} seeds ({read})")
     # Only runs that have a seed to be compared with: on runs of different configs, with no
     # seed group at all, the line listed every diverged run as "left out" of nothing.
     peers = _seed_groups(path, [r["run"] for r in rows if r["status"] in FINISHED_STATUSES])

@@ -3,7 +3,6 @@
 import contextlib
 import dataclasses
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -499,8 +498,8 @@ def test_seed_consistency_groups_runs_by_their_config(three_runs, tmp_path):
     for r in seeds[1:]:
         score = first.role_score
         store.write_analysis(path, r, first.assign(role_score=(score.dims, score.isel(head=[1, 0]).values)))
-    [(label, similarity, unmatched, n)] = seed_consistency(path)
-    assert n == 3 and label == f"train.lr={base['train']['lr']}"  # what sets the group apart
+    [(label, similarity, unmatched, n, lone)] = seed_consistency(path)
+    assert n == 3 and not lone and label == f"train.lr={base['train']['lr']}"  # what sets the group apart
     assert similarity == pytest.approx(1.0, abs=1e-12)  # the lr=1e-3 run is not lumped in
     # the reference: the first seed's 2 heads of each layer set against each other, all pairs
     final = first.role_score.isel(snapshot=-1).fillna(0.0)
@@ -546,7 +545,7 @@ def test_seed_consistency_names_groups_that_share_their_swept_values(two_slow_se
     points = {r: {"model.init_scale": scale, "train.seed": store.run_attrs(path, r)["config"]["train"]["seed"]}
               for r in [*done, *(c.run_id() for c in slow)]}
     store.write_sweep_index(path, {"axes": ["model.init_scale", "train.seed"], "runs": points})
-    rows = {label: n for label, _, _, n in seed_consistency(path)}
+    rows = {label: n for label, _, _, n, _ in seed_consistency(path)}
     swept = json.dumps({"model.init_scale": scale})
     assert rows == {f"{swept}, train.lr={base['train']['lr']}": 3, f"{swept}, train.lr=0.001": 2}
 
@@ -589,8 +588,8 @@ def test_seed_consistency_of_a_group_with_fewer_heads_than_the_store(three_runs,
             score = first.role_score
             store.write_analysis(path, r, first.assign(role_score=(score.dims, score.isel(head=perm).values)))
     rows = seed_consistency(path)
-    assert sorted(n for *_, n in rows) == [2, 3]
-    for _, similarity, _, _ in rows:
+    assert sorted(n for *_, n, _ in rows) == [2, 3]
+    for _, similarity, _, _, _ in rows:
         assert similarity == pytest.approx(1.0, abs=1e-12)
 
 
@@ -639,7 +638,9 @@ def test_seed_consistency_compares_completed_runs_with_this_versions_analysis_on
 def test_seed_consistency_of_one_head_per_layer_says_matching_has_nothing_to_undo(three_runs, tmp_path, capsys):
     # Heads are matched within a layer, so one head per layer leaves the identity the only
     # permutation: the matched and unmatched figures are one number, which the line set side by
-    # side as if one were the other's reference.
+    # side as if one were the other's reference. Said on the group's own line: a note under all
+    # of them fired where no group of such runs had two seeds.
+    from dynamics.analyse import seed_consistency
     from dynamics.analysis import ROLES
 
     path = str(tmp_path / "c.zarr")
@@ -651,14 +652,20 @@ def test_seed_consistency_of_one_head_per_layer_says_matching_has_nothing_to_und
             {"role_score": (("role_name", "snapshot", "layer", "head"), rng.random((len(ROLES) - 1, 1, 2, 1)))},
             coords={"role_name": list(ROLES[:-1]), "layer": [0, 1], "head": [0]},
             attrs={"analysis_version": ANALYSIS_VERSION}))
-    rows = [{"run": r, "status": "completed", "final_divergence": "undefined"} for r in seeds]
+    rows = [{"run": r, "status": "completed"} for r in seeds]
+    (label, matched, unmatched, n, lone), = seed_consistency(path, seeds)
+    assert lone and n == 2 and matched == pytest.approx(unmatched, abs=1e-12)
     print_consistency(path, rows)
-    line, note = capsys.readouterr().out.splitlines()
-    matched, unmatched = re.search(r": (\S+) over 2 seeds .* unmatched heads give (\S+)\)$", line).groups()
-    assert matched == unmatched
-    assert note.startswith("cross-seed consistency of runs with one head per layer (2 here): there is no permutation")
-    print_consistency(path, [r | {"final_divergence": 0.3} for r in rows])  # two heads somewhere: no note
-    assert len(capsys.readouterr().out.splitlines()) == 1
+    [line] = capsys.readouterr().out.splitlines()
+    assert line == (f"cross-seed consistency {label}: {matched:.3f} over 2 seeds (one head per layer, so no permutation "
+                    f"to undo: how alike the seeds' heads are, with no unmatched reference to read it against)")
+    # a second head in one layer of one run: there is a permutation to find, and the reference is read
+    store.write_analysis(path, seeds[1], xr.Dataset(
+        {"role_score": (("role_name", "snapshot", "layer", "head"), rng.random((len(ROLES) - 1, 1, 2, 2)))},
+        coords={"role_name": list(ROLES[:-1]), "layer": [0, 1], "head": [0, 1]},
+        attrs={"analysis_version": ANALYSIS_VERSION}))
+    print_consistency(path, rows)
+    assert "unmatched heads give" in capsys.readouterr().out
 
 
 def test_a_diverged_run_is_analysed_on_the_snapshots_it_recorded(tmp_path):
