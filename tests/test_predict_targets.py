@@ -311,6 +311,24 @@ def test_exactly_min_heads_labelled_heads_are_enough():
         predict.target_table(runs, PredictOptions(min_heads=33))
 
 
+
+def test_too_few_labelled_heads_name_the_runs_that_gave_none():
+    # Six runs of one head per layer refused "0 labelled head(s), need at least 10" with no word
+    # of why: the reason was kept only for a curve that got made.
+    runs = make_runs(n_seeds=5)
+    lone = [Run(r.run_id, r.data.isel(head=[0]), r.seed, r.config) for r in runs]
+    with pytest.raises(predict.PredictError) as refused:
+        predict.target_table(lone, PredictOptions(target="importance"))
+    ids = [r.run_id for r in runs]
+    assert str(refused.value) == (
+        "target 'importance': 0 labelled head(s), need at least 10; 5 run(s) gave none: "
+        + ", ".join(f"{i} (one head per layer: a rank within its layer is undefined)" for i in ids[:3])
+        + ", and 2 more")
+    with pytest.raises(predict.PredictError) as refused:  # every run labelled: the count alone
+        predict.target_table(runs[:2], PredictOptions(min_heads=33))
+    assert str(refused.value) == "target 'slash': 32 labelled head(s), need at least 33"
+
+
 def test_a_constant_target_and_a_single_group_are_refused_by_name():
     # Mutants `values.size < 2` -> `< 1` and `len(groups) < 2` -> `< 1`: a store without slash
     # heads, or runs of one seed grouped by seed, went on to fit without the message that says why.

@@ -239,7 +239,10 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
     n = len(cat.get("target", ()))
     spec = TARGETS[options.target]
     if n < options.min_heads:
-        raise PredictError(f"target {options.target!r}: {n} labelled head(s), need at least {options.min_heads}")
+        # the runs that gave none say why, or the refusal reads as a store too small
+        why = (f"; {len(unlabelled)} run(s) gave none: {', '.join(unlabelled[:3])}"
+               + (f", and {len(unlabelled) - 3} more" if len(unlabelled) > 3 else "")) if unlabelled else ""
+        raise PredictError(f"target {options.target!r}: {n} labelled head(s), need at least {options.min_heads}{why}")
     values = np.unique(cat["target"])
     if values.size < 2:
         # The default target (slash) is constant on a store of a task without slash heads, the
