@@ -130,13 +130,13 @@ def test_binary_layer_baseline_is_each_layers_smoothed_rate():
 
 
 def test_fold_spread_is_the_sample_sd_over_the_folds_that_have_a_score():
-    from dynamics.predict.readable import _fold_mean_sd
+    from dynamics.predict.readable import fold_mean_sd
 
     # Folds scoring 0.5, 0.7, 0.9 (and one undefined): mean 0.7, and the sample sd (n - 1 = 2)
     # sqrt((0.2**2 + 0 + 0.2**2) / 2) = 0.2 (the population sd would be 0.2 * sqrt(2/3) = 0.163).
     # One fold leaves the spread unknown: NaN, not a "± 0" that reads as perfect agreement; no
     # fold leaves the mean unknown too. A leading (horizon, model) shape is kept.
-    mean, sd, n = _fold_mean_sd(np.array([[0.5, np.nan, 0.7, 0.9], [0.6, np.nan, np.nan, np.nan],
+    mean, sd, n = fold_mean_sd(np.array([[0.5, np.nan, 0.7, 0.9], [0.6, np.nan, np.nan, np.nan],
                                           [np.nan] * 4]))
     np.testing.assert_allclose(mean[:2], [0.7, 0.6])
     np.testing.assert_allclose(sd[0], 0.2)

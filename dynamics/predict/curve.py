@@ -37,8 +37,8 @@ from dynamics.predict.readable import (
     ALPHA,
     CRITERION,
     EARLY,
-    _fold_mean_sd,
     ceiling_horizons,
+    fold_mean_sd,
     holdout_of,
     holdout_ratios,
     init_only_horizons,
@@ -205,7 +205,7 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     )
     pooled = np.array([[score(spec.metric, rows["target"].values, preds[i, m]) for m in range(len(MODELS))]
                        for i in range(len(opt.horizons))])
-    score_mean, score_sd, _ = _fold_mean_sd(scores)  # (horizon, model): over the scored folds
+    score_mean, score_sd, _ = fold_mean_sd(scores)  # (horizon, model): over the scored folds
 
     # A class a fold's training rows lack is a miss there for every model: said, not averaged in silently.
     y = rows["target"].values
@@ -413,8 +413,8 @@ def predict_store(path: str, options: PredictOptions | None = None,
         folds_sharing_seeds (folds whose test runs share a seed with their training runs; 0 when
         grouped by seed), readable_horizon (the first horizon where the criterion holds, None
         if none), readable_model, readable_baseline, readable_summary (the "how early" line the
-        command prints), readable_criterion, features (those with a value for some head at some
-        horizon), init_features (with a value at initialisation), features_empty (computed for
+        command prints), readable_criterion, readable_alpha (the test's level), features (those
+        with a value for some head at some horizon), init_features (with a value at initialisation), features_empty (computed for
         every run but without a value at any horizon, so no model used them), target_sources,
         analysis_unreadable (runs whose stored analysis was damaged: their targets recomputed),
         options, analysis_options and role_thresholds (those the targets and features were

@@ -151,7 +151,7 @@ def corrected_t(gain, holdout) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     ([0.154, 0.083, 2.435], 4)
     """
     gain = np.asarray(gain, dtype=np.float64)
-    mean, sd, n = _fold_mean_sd(gain)
+    mean, sd, n = fold_mean_sd(gain)
     ok = np.isfinite(gain)
     ratio = np.broadcast_to(np.asarray(holdout, dtype=np.float64), gain.shape)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -163,7 +163,7 @@ def corrected_t(gain, holdout) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     return np.where(few, np.nan, mean), np.where(few, np.nan, sd), np.where(few, np.nan, t), n
 
 
-def _fold_mean_sd(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def fold_mean_sd(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean (NaN with no fold), sd (ddof 1; NaN under 2 folds) and count of (..., fold) `values`
     over the folds where they are finite."""
     ok = np.isfinite(values)
@@ -291,7 +291,7 @@ def judge(horizons: Sequence[float], scores, metric: str, *, models: Sequence[st
     if holdout.shape not in ((), (scores.shape[2],)) or not (holdout > 0).all():
         raise ValueError(f"judge: holdout must be one n_test / n_train > 0, or one per fold ({scores.shape[2]}); "
                          f"got {holdout.tolist()}")
-    mean, sd, _ = _fold_mean_sd(scores)  # (horizon, model)
+    mean, sd, _ = fold_mean_sd(scores)  # (horizon, model)
     low, high = score_band(mean, sd, metric)
     col = {m: models.index(m) for m in (*BASELINES, *EARLY)}
     base, early = [col[m] for m in BASELINES], [col[m] for m in EARLY]
