@@ -50,7 +50,7 @@ def copy(two_seeds, tmp_path):
 def test_the_one_group_of_a_store_without_a_sweep_is_named_by_its_config_hash(copy):
     # no setting tells it from another group, and no sweep axis names it: the hash, not an empty label
     path, _ = copy
-    [(label, similarity, _, n)] = seed_consistency(path)
+    [(label, similarity, _, n, _)] = seed_consistency(path)
     assert re.fullmatch(r"config [0-9a-f]{8}", label), label
     assert (similarity, n) == (pytest.approx(1.0, abs=1e-12), 2)
     assert store.open_derived(path, "consistency").label.values.tolist() == [label]
@@ -61,7 +61,7 @@ def test_only_the_runs_asked_for_are_compared(copy):
     # counted from the analysis an earlier one left
     path, ids = copy
     assert seed_consistency(path, ids[:1]) == []
-    assert [n for *_, n in seed_consistency(path, ids)] == [2]
+    assert [n for *_, n, _ in seed_consistency(path, ids)] == [2]
 
 
 def test_a_run_the_sweep_index_does_not_list_joins_its_group(copy):
@@ -70,5 +70,5 @@ def test_a_run_the_sweep_index_does_not_list_joins_its_group(copy):
     path, ids = copy
     store.write_sweep_index(path, {"axes": ["model.init_scale", "train.seed"],
                                    "runs": {ids[0]: {"model.init_scale": 1.0, "train.seed": 0}}})
-    [(label, _, _, n)] = seed_consistency(path)
+    [(label, _, _, n, _)] = seed_consistency(path)
     assert label == json.dumps({"model.init_scale": 1.0}) and n == 2
