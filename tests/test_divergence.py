@@ -184,7 +184,9 @@ def test_aligned_distance_stays_within_its_blocks():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak <= 6 * block, f"peak {peak / block:.1f} blocks"
+    # 5.x blocks with numpy 2.3 and later, 6.3 with numpy 2.0 to 2.2 (pyproject's floor), whose
+    # ufuncs keep a temporary more: the bound is on the kernel's blocks, not numpy's internals
+    assert peak <= 8 * block, f"peak {peak / block:.1f} blocks"
 
 
 def test_query_key_coords_define_the_causal_mask():
