@@ -280,7 +280,7 @@ _KEYS = {
     "the model": "model.d_model, model.n_layers, model.d_mlp or model.vocab_size",
     "the tokens": "task.pool_size, record.n_probe, record.eval_batch_size or train.eval_batches",
     "the loss curve and snapshot schedule": "train.steps or record.every",
-    "a training step": "train.batch_size, model.context or model.vocab_size",
+    "a training step": "train.batch_size, model.context, model.vocab_size, model.d_model, model.d_mlp or model.n_layers",
     "an evaluation": "train.eval_batches, record.eval_batch_size, model.context or model.vocab_size",
     "an attention snapshot": "record.n_probe or model.context",
 }
@@ -326,6 +326,8 @@ def check_memory(cfg: RunConfig, available: int | None = None, *, part: str = "a
     if est.peak <= available:
         return
     phase, largest = est.phase, est.largest
+    if est.state > available:  # what is held alone does not fit: a smaller batch or context cannot help
+        largest = max(est.held, key=est.held.__getitem__)
     most = f", {_size(est.held[largest])} of it for {largest}," if largest in est.held else ""
     parts = f"{_size(est.state)} held throughout{most} + {_size(est.peak - est.state)} for {phase}"
     need, have = _apart(est.peak, available)

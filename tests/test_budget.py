@@ -29,7 +29,8 @@ def test_n_snapshots_counts_the_schedule_without_building_it():
 @pytest.mark.parametrize("section, key, needle", [
     # each was accepted, made the store and a run group, and failed tens of seconds later with a MemoryError
     ("train", {"batch_size": 10**8}, "for a training step), more than the 16.0 GiB this machine has: lower "
-                                     "train.batch_size, model.context or model.vocab_size, or set DYNAMICS_MEMORY_GB"),
+                                     "train.batch_size, model.context, model.vocab_size, model.d_model, model.d_mlp or "
+                                     "model.n_layers, or set DYNAMICS_MEMORY_GB"),
     ("record", {"n_probe": 10**6}, "for an attention snapshot), more than the 16.0 GiB this machine has: lower "
                                    "record.n_probe or model.context"),
     ("record", {"eval_batch_size": 10**7}, "for an evaluation), more than the 16.0 GiB this machine has: lower "
@@ -96,6 +97,25 @@ def test_the_message_names_the_keys_of_the_largest_part(raw, needle):
     with pytest.raises(DoesNotFit) as e:
         check_memory(from_dict(raw), 16 * GIB)
     assert needle in str(e.value)
+
+
+def test_a_model_too_large_to_hold_is_told_to_shrink_the_model_not_the_batch():
+    # 39.0 GiB of model and 168 GiB for a training step on a 23.5 GiB machine said "lower
+    # train.batch_size, model.context or model.vocab_size"; at batch 1 it was refused again, for
+    # the model. What is held alone does not fit, so only its keys can help.
+    from dynamics.budget import estimate
+
+    cfg = from_dict({"model": {"n_layers": 48, "d_model": 2048, "d_mlp": 8192, "n_heads": 8, "context": 512},
+                     "train": {"batch_size": 64}})
+    est = estimate(cfg)
+    assert est.held["the model"] < est.phases["a training step"]  # the step is the largest part...
+    with pytest.raises(DoesNotFit) as e:
+        check_memory(cfg, est.state - 1)  # ...yet the held state alone is over
+    assert "of it for the model, + " in str(e.value)
+    assert ": lower model.d_model, model.n_layers, model.d_mlp or model.vocab_size, or set" in str(e.value)
+    with pytest.raises(DoesNotFit) as e:  # with room for what is held, the step is what to lower
+        check_memory(cfg, est.state + est.held["the model"])
+    assert "for a training step), more than" in str(e.value) and ": lower train.batch_size, " in str(e.value)
 
 
 def test_a_finished_run_needs_no_memory_but_a_bad_limit_is_refused_anyway(monkeypatch):
