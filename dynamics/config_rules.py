@@ -53,7 +53,9 @@ def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
         f"model.n_heads: {m.n_heads} does not divide model.d_model {m.d_model} (or set model.d_head)",
     )
     _require(m.pos in ("rope", "learned", "none"), f"model.pos: unknown scheme {m.pos!r} (rope | learned | none)")
-    _require(m.pos != "rope" or m.head_dim % 2 == 0, f"model.d_head: RoPE needs an even head width, got {m.head_dim}")
+    # d_head 0 takes d_model // n_heads: name the keys the user set, not one left at its default
+    width = "model.d_head" if m.d_head else f"model.d_model / model.n_heads ({m.d_model} / {m.n_heads}, d_head 0)"
+    _require(m.pos != "rope" or m.head_dim % 2 == 0, f"{width}: RoPE needs an even head width, got {m.head_dim}")
     _require(m.init in ("xavier_uniform", "xavier_normal", "normal"), f"model.init: unknown init {m.init!r}")
     _require(m.init_scale > 0 and math.isfinite(m.init_scale), f"model.init_scale: must be > 0, got {m.init_scale}")
     # Past float32's range the first weights, or the first update, are inf: a run was made and
@@ -61,6 +63,7 @@ def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
     # past it is inf in the RoPE table: 1e39 and 1e300 trained one run under two run ids).
     for key, value in (("model.init_scale", m.init_scale), ("train.lr", cfg.train.lr),
                        ("train.weight_decay", cfg.train.weight_decay), ("model.gate_l1", m.gate_l1),
+                       ("train.grad_clip", cfg.train.grad_clip),  # its float32 cast below warned, two lines
                        *([] if recorded else [("model.rope_base", m.rope_base)])):
         _require(not value > FLOAT32_MAX, f"{key}: must be at most {FLOAT32_MAX:.4g} (float32), got {value}")
     # 0 in float32 (as train.lr below), or a subnormal: every attention weight was 0, where no

@@ -84,7 +84,7 @@ def test_a_bad_flag_is_one_line_and_exit_2_before_any_work(main, argv, capsys):
     # each was a traceback (exit 1) after the store was built or a run trained
     (bench_sweep.main, ["--runs", "100000", "--workers", "1"], "is more than the 10,000 a sweep may have"),
     (bench_analysis.main, ["--skip-memory", "--steps", "2"], "--steps 2: 3 snapshot(s), and an analysis needs >= 4"),
-    (bench_analysis.main, ["--skip-time", "--heads", "64"], "model.d_head: RoPE needs an even head width"),
+    (bench_analysis.main, ["--skip-time", "--heads", "64"], "(64 / 64, d_head 0): RoPE needs an even head width"),
     (bench_analysis.main, ["--skip-time", "--context", "1"], "model.context: must be >= 2"),
     (bench_analysis.main, ["--skip-memory", "--config", "experiments/distill.toml"], "intervene.distill.teacher"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else v.__module__ if callable(v) else "")

@@ -106,6 +106,12 @@ def test_int_accepted_for_float_but_not_reverse():
         ({"train": {"lr": 1e-320}}, "train.lr: must be > 0 in float32 (it rounds to 0 there), got 1e-320"),
         ({"train": {"grad_clip": 1e-50}},
          "train.grad_clip: must be 0 (off) or > 0 in float32 (it rounds to 0 there), got 1e-50"),
+        # the head width from d_model / n_heads, d_head left at 0: the line named model.d_head only
+        ({"model": {"d_model": 34, "n_heads": 2}},
+         "model.d_model / model.n_heads (34 / 2, d_head 0): RoPE needs an even head width, got 17"),
+        ({"model": {"d_head": 5}}, "model.d_head: RoPE needs an even head width, got 5"),
+        # cast to float32 unbounded, numpy's overflow warning made the refusal three lines
+        ({"train": {"grad_clip": 1e308}}, "train.grad_clip: must be at most 3.403e+38 (float32), got 1e+308"),
         # 0 in float32: every attention weight was 0 (no gradient reaches them), and 1e-50 and
         # 1e-300 trained the same run under two run ids
         ({"model": {"init_scale": 1e-50}}, "model.init_scale: must be at least 1.175e-38 (the smallest normal float32; "
@@ -161,7 +167,10 @@ def test_int_accepted_for_float_but_not_reverse():
     ],
 )
 def test_errors_name_the_key(raw, needle):
-    with pytest.raises(ConfigError) as e:
+    import warnings
+
+    with pytest.raises(ConfigError) as e, warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning printed beside the refusal makes it more than one line
         from_dict(raw)
     assert needle in str(e.value)
     assert "\n" not in str(e.value)
