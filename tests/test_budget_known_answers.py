@@ -94,7 +94,8 @@ def test_the_message_gives_sizes_from_a_tenth_of_a_gib_in_gib():
         check_memory(cfg, 300 * 2**20)
     assert str(e.value) == (
         "config needs at least 0.5 GiB of memory (1.8 MiB held throughout + 0.5 GiB for a training step), more than "
-        "the 0.3 GiB this machine has: lower train.batch_size, model.context or model.vocab_size, or set "
+        "the 0.3 GiB this machine has: lower train.batch_size, model.context, model.vocab_size, model.d_model, "
+        "model.d_mlp or model.n_layers, or set "
         "DYNAMICS_MEMORY_GB to the GB a run may use (the estimate counts only what no run can do without: "
         "dynamics/budget.py)")
 
