@@ -491,7 +491,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
     return [rows[r] for r in ids]
 
 
-def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[str, float, float, int]]:
+def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[str, float, float, int, bool]]:
     """Cross-seed reproducibility of the division of labour, per config, over analysed runs.
 
     Runs whose configs differ only in ``train.seed`` (and in where they ran:

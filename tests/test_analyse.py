@@ -647,11 +647,18 @@ def test_seed_consistency_of_one_head_per_layer_says_matching_has_nothing_to_und
     _unanalysed_copy(three_runs[0], path)
     seeds = [r for r in store.list_runs(path) if store.run_attrs(path, r)["status"] == "completed"][:2]
     rng = np.random.default_rng(1)
-    for rid in seeds:
+
+    def write(rid, heads_by_layer):  # the heads past a layer's count padded with NaN, as a sweep pads them
+        scores = rng.random((len(ROLES) - 1, 1, 2, 2))  # (role_name, snapshot, layer, head)
+        for layer, heads in enumerate(heads_by_layer):
+            scores[:, :, layer, heads:] = np.nan
         store.write_analysis(path, rid, xr.Dataset(
-            {"role_score": (("role_name", "snapshot", "layer", "head"), rng.random((len(ROLES) - 1, 1, 2, 1)))},
-            coords={"role_name": list(ROLES[:-1]), "layer": [0, 1], "head": [0]},
+            {"role_score": (("role_name", "snapshot", "layer", "head"), scores)},
+            coords={"role_name": list(ROLES[:-1]), "layer": [0, 1], "head": [0, 1]},
             attrs={"analysis_version": ANALYSIS_VERSION}))
+
+    for rid in seeds:
+        write(rid, (1, 1))  # a padded head is no head: the count is of heads with a score
     rows = [{"run": r, "status": "completed"} for r in seeds]
     (label, matched, unmatched, n, lone), = seed_consistency(path, seeds)
     assert lone and n == 2 and matched == pytest.approx(unmatched, abs=1e-12)
@@ -659,11 +666,10 @@ def test_seed_consistency_of_one_head_per_layer_says_matching_has_nothing_to_und
     [line] = capsys.readouterr().out.splitlines()
     assert line == (f"cross-seed consistency {label}: {matched:.3f} over 2 seeds (one head per layer, so no permutation "
                     f"to undo: how alike the seeds' heads are, with no unmatched reference to read it against)")
-    # a second head in one layer of one run: there is a permutation to find, and the reference is read
-    store.write_analysis(path, seeds[1], xr.Dataset(
-        {"role_score": (("role_name", "snapshot", "layer", "head"), rng.random((len(ROLES) - 1, 1, 2, 2)))},
-        coords={"role_name": list(ROLES[:-1]), "layer": [0, 1], "head": [0, 1]},
-        attrs={"analysis_version": ANALYSIS_VERSION}))
+    # a second head in one layer (the second) of one run: there is a permutation to find, and
+    # the reference is read
+    write(seeds[1], (1, 2))
+    assert not seed_consistency(path, seeds)[0][-1]
     print_consistency(path, rows)
     assert "unmatched heads give" in capsys.readouterr().out
 
