@@ -270,12 +270,10 @@ def analyse_or_report(path: str, run_id: str, again: bool = False) -> dict:
             status = "damaged"
         except Exception:  # noqa: BLE001 - the row still says why
             pass
-        if isinstance(e, store.StoreError):  # one line naming the run's problem; its module path says nothing
-            line = f"StoreError: {e}"
-        else:
-            line = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()[0]
-        return {"run": run_id, "status": status, "skipped": True, "error": line,
-                "reason": f"analysis failed: {line}"}
+        # one line naming the run's problem; a StoreError's module path says nothing
+        line = (f"StoreError: {e}" if isinstance(e, store.StoreError)
+                else traceback.format_exception_only(type(e), e)[-1].strip().splitlines()[0])
+        return {"run": run_id, "status": status, "skipped": True, "error": line, "reason": f"analysis failed: {line}"}
 
 
 def lost_row(path: str, run_id: str) -> dict:
@@ -512,13 +510,12 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
     Returns
     -------
     list of (label, similarity, unmatched, runs, lone)
-        One row per group of two or more runs: its matched similarity and the unmatched
-        all-pairs reference it should be read against; ``lone`` where no run of the group has
-        two heads in a layer, so matching (within a layer) has nothing to permute and the two
-        figures are one. The label is the group's values of the sweep
-        axes other than the seed when the store has a sweep index (and the settings that set it
-        apart from groups with the same values), else its values of the settings that differ
-        between groups (a short hash of the config when only one group).
+        One row per group of two or more runs: its matched similarity, the unmatched all-pairs
+        reference it should be read against, and ``lone`` where no run has two heads in a layer
+        (matching within a layer has nothing to permute: the two figures are one). The label is
+        the group's values of the sweep axes other than the seed when the store has a sweep index
+        (and the settings that set it apart from groups with the same values), else its values of
+        the settings that differ between groups (a short hash of the config when only one group).
     """
     import numpy as np
     import pandas as pd
