@@ -142,6 +142,12 @@ def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
     # as lr: the clip's scale is taken in float32, so every gradient was scaled to 0
     _require(tr.grad_clip == 0 or np.float32(tr.grad_clip) > 0,
              f"train.grad_clip: must be 0 (off) or > 0 in float32 (it rounds to 0 there), got {tr.grad_clip}")
+    # 0 in float32, where the step computes, so they train as 0 does: 1e-320 and 0 trained one
+    # run under two run ids (a sweep over them trained it twice)
+    for key, value in (("train.weight_decay", tr.weight_decay), ("train.beta1", tr.beta1), ("train.beta2", tr.beta2),
+                       ("train.min_lr_frac", tr.min_lr_frac), ("model.gate_l1", m.gate_l1)):
+        _require(recorded or value == 0 or np.float32(value) > 0,
+                 f"{key}: must be 0 or > 0 in float32 (it rounds to 0 there), got {value}")
     # torch.device's own spelling: "cudaa" or "cuda:x" would pass a prefix test and fail only in training
     _require(tr.device == "cpu" or re.fullmatch(r"cuda(:(0|[1-9][0-9]*))?", tr.device) is not None,
              f"train.device: expected cpu, cuda or cuda:<index>, got {tr.device!r}")

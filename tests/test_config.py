@@ -106,6 +106,10 @@ def test_int_accepted_for_float_but_not_reverse():
         ({"train": {"lr": 1e-320}}, "train.lr: must be > 0 in float32 (it rounds to 0 there), got 1e-320"),
         ({"train": {"grad_clip": 1e-50}},
          "train.grad_clip: must be 0 (off) or > 0 in float32 (it rounds to 0 there), got 1e-50"),
+        # 0 in float32, so they train as 0 does: 1e-320 and 0 were one run under two run ids
+        *(({sec: {key: 1e-320}}, f"{sec}.{key}: must be 0 or > 0 in float32 (it rounds to 0 there), got 1e-320")
+          for sec, key in (("train", "weight_decay"), ("train", "beta1"), ("train", "beta2"),
+                           ("train", "min_lr_frac"), ("model", "gate_l1"))),
         # the head width from d_model / n_heads, d_head left at 0: the line named model.d_head only
         ({"model": {"d_model": 34, "n_heads": 2}},
          "model.d_model / model.n_heads (34 / 2, d_head 0): RoPE needs an even head width, got 17"),
@@ -413,16 +417,18 @@ def test_a_recorded_run_with_mixture_keys_under_another_task_still_loads():
         recorded_config({"task": {"name": "mixture", "components": ["induction", "markov"], "weights": [1.0]}})
 
 
-@pytest.mark.parametrize("model", [{"rope_base": 1e39}, {"init_scale": 1e-50}])
-def test_a_run_recorded_before_a_value_was_refused_still_loads(model):
-    # These train, to no use (a RoPE table of inf; all-zero attention weights), and were accepted
-    # until the refusals above: gates, resume and a distillation teacher read the run's recorded
-    # config, and refused it ("cannot be read by this version") where they had loaded it.
+@pytest.mark.parametrize("section, values", [("model", {"rope_base": 1e39}), ("model", {"init_scale": 1e-50}),
+                                             ("model", {"gate_l1": 1e-320}), ("train", {"beta2": 1e-320})])
+def test_a_run_recorded_before_a_value_was_refused_still_loads(section, values):
+    # These train, to no use (a RoPE table of inf; all-zero attention weights; a float32 zero),
+    # and were accepted until the refusals above: gates, resume and a distillation teacher read
+    # the run's recorded config, and refused it ("cannot be read by this version") where they had loaded it.
     from dynamics.config import recorded_config
 
-    assert recorded_config({"model": model}).model == from_dict({}).model.__class__(**model)
-    with pytest.raises(ConfigError, match=f"model.{next(iter(model))}: must be"):
-        from_dict({"model": model})
+    got = getattr(recorded_config({section: values}), section)
+    assert got == getattr(from_dict({}), section).__class__(**values)
+    with pytest.raises(ConfigError, match=f"{section}.{next(iter(values))}: must be"):
+        from_dict({section: values})
 
 
 @pytest.mark.parametrize("model", [{}, {"pos": "learned", "attn_only": True, "n_heads": 3, "d_head": 8, "vocab_size": 50},
