@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dynamics.config import ConfigError
 from dynamics.refused import WRITE_REFUSED
 from dynamics.signals import reader_may_leave, sigterm_as_interrupt
-from dynamics.usage import EXIT_BAD_INPUT, UsageError
+from dynamics.usage import EXIT_BAD_INPUT, UsageError, clipped
 
 EXIT_INTERRUPTED = 130
 """As a shell reports a command that SIGINT ended."""
@@ -71,7 +71,7 @@ def run_to_end(command: str, work: Callable[[], int], at_stage: Callable[[], str
         with reader_may_leave(), sigterm_as_interrupt():
             return work()
     except (ConfigError, UsageError) as e:
-        print(f"dynamics: error: {e}", file=sys.stderr)
+        print(f"dynamics: error: {clipped(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # one zarr was waiting for leaves a coroutine never run: no warning of it at exit
         warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
@@ -99,7 +99,7 @@ def run_to_end(command: str, work: Callable[[], int], at_stage: Callable[[], str
         from dynamics.store import StoreError  # here: the store imports zarr, which --help need not
 
         if isinstance(e, StoreError):
-            print(f"dynamics: error: {e}", file=sys.stderr)
+            print(f"dynamics: error: {clipped(str(e))}", file=sys.stderr)
             return EXIT_BAD_INPUT
         raise
 

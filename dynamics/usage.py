@@ -20,6 +20,16 @@ from urllib.parse import unquote
 EXIT_BAD_INPUT = 2
 """Exit status of bad input: a usage error, a config or store refused before any work."""
 
+_LONG_WORD = 400
+
+
+def clipped(text: str) -> str:
+    """``text`` with each run of non-space characters longer than 400 cut to its start and end,
+    and its length named: a 100 kB value was echoed whole in its refusal, one line of 100 kB.
+    A path or a list of run ids (words split by spaces) stays whole."""
+    words = text.split(" ")
+    return " ".join(w if len(w) <= _LONG_WORD else f"{w[:200]}...({len(w):,} characters)...{w[-40:]}" for w in words)
+
 
 class UsageError(Exception):
     """Bad input found before any work: printed as one line, exit code 2."""
@@ -79,7 +89,7 @@ class OneLineParser(argparse.ArgumentParser):
         # subcommand's prog ("dynamics run: error:"); prog names the help to read. A bench script's
         # parser keeps its own name.
         head = self.prog.split()[0] if self.prog.startswith("dynamics ") else self.prog
-        self.exit(EXIT_BAD_INPUT, f"{head}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_BAD_INPUT, f"{head}: error: {clipped(message)} (see {self.prog} --help)\n")
 
 
 # How errors name a path the command chose: naming --out when none was given puzzled.

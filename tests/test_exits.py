@@ -9,7 +9,7 @@ import pytest
 
 from dynamics.config import ConfigError
 from dynamics.exits import EXIT_INTERRUPTED, run_to_end
-from dynamics.usage import EXIT_BAD_INPUT
+from dynamics.usage import EXIT_BAD_INPUT, UsageError
 
 
 def raising(e: BaseException):
@@ -46,6 +46,18 @@ def test_bad_input_and_interrupts_are_one_line_and_other_errors_are_bugs(capsys)
         run_to_end("status", raising(OSError(errno.EBADF, "Bad file descriptor")))
     with pytest.raises(ZeroDivisionError):
         run_to_end("status", raising(ZeroDivisionError()))
+
+
+def test_a_huge_value_is_cut_in_its_refusal_and_a_long_path_or_list_is_not(capsys):
+    # a 100 kB --set value was echoed whole: one line of 100 kB
+    value = "x" * 100_000
+    assert run_to_end("run", raising(ConfigError(f"task.name: unknown task {value!r} (induction | markov)"))) == 2
+    err = capsys.readouterr().err
+    assert err == f"dynamics: error: task.name: unknown task '{'x' * 199}...(100,002 characters)...{'x' * 39}' (induction | markov)\n"
+    path, runs = "/d/" + "p" * 390 + ".zarr", ", ".join(f"run{i:04d}" for i in range(300))
+    for text in (f"not a store: {path}", f"refused: {runs}"):  # 400 characters without a space, and 2,700 with them
+        run_to_end("status", raising(UsageError(text)))
+        assert capsys.readouterr().err == f"dynamics: error: {text}\n"
 
 
 def test_a_path_given_in_bytes_that_are_not_utf8_is_printed_as_those_bytes(monkeypatch):

@@ -2,6 +2,8 @@
 
 import argparse
 
+import pytest
+
 from dynamics.cli import build_parser
 
 
@@ -31,3 +33,12 @@ def test_a_description_given_is_kept():
     sub = OneLineParser(prog="x").add_subparsers()
     assert sub.add_parser("a", help="short", description="long").description == "long"
     assert sub.add_parser("b").description is None  # no help, no description: argparse's own
+
+
+def test_a_huge_unknown_flag_is_cut_in_the_parsers_one_line(capsys):
+    # the parser's own refusals echo what was given, as the commands' do: cut to its start and end
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["analyse", "s.zarr", "--bogus" + "z" * 5000])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"dynamics: error: unrecognized arguments: --bogus{'z' * 193}...(5,007 characters)..."
+                                       f"{'z' * 40} (see dynamics analyse --help)\n")
