@@ -475,8 +475,7 @@ def recorded_config(raw: dict, run: str = "the run") -> RunConfig:
     loadable (gates, resume, a distillation teacher). For the same reason the rules that refuse
     values a run trains with, but to no use, added after runs were recorded with them, do not
     apply to it (``config_rules.validate``). ``run`` (``"run r1 in s.zarr"``) names it
-    in the ConfigError when the attribute is missing or this version cannot read it.
-    """
+    in the ConfigError when the attribute is missing or this version cannot read it."""
     if not isinstance(raw, dict):  # as if typed by the user ("unknown key") or a traceback, before
         raise ConfigError(f"{run}: its recorded config is missing or not a table")
     raw = {k: v for k, v in raw.items() if k != "sweep"}
@@ -521,6 +520,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"overrides: expected a list of 'section.key=value' strings, got {overrides!r}")
     if isinstance(path, str) and path.startswith("file://"):  # as a store's: Path() made it "file:/x", not found
         path = unquote(path[len("file://"):])
+    elif isinstance(path, str) and "://" in path and not os.path.exists(path):  # Path() made it "http:/x", not found
+        raise ConfigError(f"config file not found: {path} (a URL is not fetched: download the file, give its path)")
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory, not a config file")
@@ -577,9 +578,8 @@ def with_values(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
 
 
 def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
-    """Raise ConfigError naming the first impossible value, else return None (the rules are
-    :mod:`dynamics.config_rules`, imported here: that module imports this one)."""
-    from dynamics.config_rules import validate as rules
+    """Raise ConfigError naming the first impossible value, else None (:mod:`dynamics.config_rules`)."""
+    from dynamics.config_rules import validate as rules  # here: that module imports this one
 
     rules(cfg, recorded=recorded)
 

@@ -292,6 +292,13 @@ def test_missing_file(tmp_path):
         load_config(tmp_path)
 
 
+def test_a_config_named_by_a_url_is_named_as_given_and_not_fetched():
+    # Path() made "https://h/c.toml" "https:/h/c.toml": "config file not found: https:/h/c.toml"
+    with pytest.raises(ConfigError, match=r"^config file not found: https://h/c\.toml \(a URL is not fetched: "
+                                          r"download the file, give its path\)$"):
+        load_config("https://h/c.toml")
+
+
 def test_a_config_named_by_a_file_url_is_read_as_a_store_named_so_is():
     # Path("file:///x/c.toml") is "file:/x/c.toml": "config file not found" for a file that is there
     from urllib.parse import quote
