@@ -109,6 +109,18 @@ def test_a_model_ahead_on_average_but_behind_in_a_fold_is_not_readable():
                         "linear 0.567 against the highest baseline mean, chance 0.500")
 
 
+def test_the_nearest_miss_is_the_one_nearest_its_critical_point_not_the_largest_t():
+    # linear at h=0.1 is scored in 2 folds: t 3.87 against 6.31 needed; boosting at h=0.2 in 4:
+    # t 2.15 against 2.35 (gains mean 0.15, sd 0.0913, t = 0.15 / (0.0913 sqrt(1/4 + 1/3))).
+    base = same([0.5] * 4, 2)
+    rows = {"chance": base, "layer": base, "init_linear": base, "init_boosting": base,
+            "linear": [[0.66, 0.74, np.nan, np.nan], [0.4] * 4], "boosting": [[0.4] * 4, [0.6, 0.7, 0.55, 0.75]]}
+    got = predict.judge([0.1, 0.2], folds(rows), "auroc", holdout=1 / 3)
+    assert got.horizon is None
+    assert ("nearest: boosting at h=0.2, gains +0.100, +0.200, +0.050, +0.250 (mean 0.150, sd 0.091: corrected t "
+            "2.15 <= 2.35), boosting 0.650 against the highest baseline mean, chance 0.500") in got.line
+
+
 def test_the_nearest_miss_is_never_a_horizon_that_saw_the_initialisation_alone():
     # At h=0 linear and boosting see the init snapshot alone: the init baselines' scores, so
     # their gain over those is at most 0 there: a nearer miss than a real one, by t.
