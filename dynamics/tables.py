@@ -133,7 +133,8 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
               "measured between the heads of a layer" + (", redundancy between the heads of the model)" if lone else ")"))
     if any(not r.get("skipped") and r.get("slash_dominant") == "undefined" for r in rows):
         print("slash_dom undefined: the probes are too short to score any slash offset (none that uniform attention "
-              "does not already reach), so no head can be measured as slash-dominant; undefined, not 0")
+              "or a first-token sink does not already reach), so no head can be measured as slash-dominant; "
+              "undefined, not 0")
     if unseen := [r for r in rows if not r.get("skipped") and r.get("token_unseen") is not None]:
         ids = sorted({r["token_unseen"] for r in unseen})
         print(f"token roles: token {', '.join(map(str, ids))} is in none of the probe sequences of {len(unseen)} of "

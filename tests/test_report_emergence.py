@@ -179,8 +179,8 @@ def test_runs_with_no_slash_offset_to_score_are_left_out_of_the_slash_figure_and
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["context=16"]
     assert "offset in 1..8," in caption  # the window of the runs drawn, not 1..1 too
     assert caption.endswith("Left out of this figure: 1 run(s) whose probes are too short to score any slash offset "
-                            "(no offset that uniform attention does not already reach), so their slash scores are "
-                            "undefined, not 0: short.")
+                            "(no offset that uniform attention or a first-token sink does not already reach), so "
+                            "their slash scores are undefined, not 0: short.")
     # nor drawn as "never" reaching slash-dominance in the bifurcation figure's bottom row
     runs = [run("short", 3, np.nan), run("long", 16, 0.2)]
     for r in runs:
@@ -191,15 +191,15 @@ def test_runs_with_no_slash_offset_to_score_are_left_out_of_the_slash_figure_and
     assert [tuple(xy)[0] for c in bottom.collections for xy in c.get_offsets().tolist()] == [16.0]
     assert "slash emergence: 1 of 1 finished run(s) never reached it" in sec.figures[0][1]
     assert sec.figures[0][1].endswith("Left out of the bottom row: 1 run(s) whose probes are too short to score any "
-                                      "slash offset (no offset that uniform attention does not already reach), so "
-                                      "their slash scores are undefined, not 0: short.")
+                                      "slash offset (no offset that uniform attention or a first-token sink does not "
+                                      "already reach), so their slash scores are undefined, not 0: short.")
     figs.clear()
     sec = emergence._emergence_section(_Ctx(tmp_path / "x", [run("short", 3, np.nan)], None, ["model.context"],
                                             tmp_path, True))
     assert "emergence_slash.png" not in figs and not any(n.endswith("emergence_slash.png") for n, _ in sec.figures)
     assert ("Not available: slash curves because the probes of every analysed run are too short to score any slash "
-            "offset (no offset that uniform attention does not already reach), so their slash scores are undefined, "
-            "not 0: short.") in sec.missing
+            "offset (no offset that uniform attention or a first-token sink does not already reach), so their slash "
+            "scores are undefined, not 0: short.") in sec.missing
 
 
 def test_emergence_captions_say_where_the_mean_covers_fewer_seeds(built):

@@ -190,7 +190,8 @@ def best_offset(
         scores say their T (`slash_score` records it as ``attrs["n_query"]``), else the largest
         scored offset. Offsets near ``T - 1`` average over only a few queries (see
         `slash_score`): a sink head scores 1 at ``T - 1``. On probes of T <= 4 the analysis
-        also leaves out offsets uniform attention passes (its ``slash_offsets_unscored``).
+        also leaves out offsets uniform attention or a first-token sink passes (its
+        ``slash_offsets_unscored``; :func:`confounded_offsets`).
 
     Returns
     -------

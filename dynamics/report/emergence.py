@@ -86,9 +86,8 @@ def _emergence_section(ctx: _Ctx) -> _Section:
                             f"Right: fraction of heads that are slash-dominant (best slash score >= kappa)."
                             f"{axis_text}{_no_slash_sentence(unscored, 'this figure')}"))
     else:
-        sec.missing.append(f"Not available: slash curves because the probes of every analysed run are too short to "
-                           f"score any slash offset (no offset that uniform attention does not already reach), so "
-                           f"their slash scores are undefined, not 0: {', '.join(unscored)}.")
+        sec.missing.append(f"Not available: slash curves because the probes of every analysed run are {_TOO_SHORT}: "
+                           f"{', '.join(unscored)}.")
 
     # Roles: one panel per role that occurs anywhere.
     shares = {}
@@ -163,9 +162,14 @@ def _no_head_pairs(runs) -> list[str]:
             and not np.isfinite(np.asarray(r.analysis["mean_divergence"].values, dtype=float)).any()]
 
 
+_TOO_SHORT = ("too short to score any slash offset (no offset that uniform attention or a first-token "
+              "sink does not already reach), so their slash scores are undefined, not 0")
+"""Why a run has no slash score (`dynamics.analysis.slash.confounded_offsets`), in each caption that leaves it out."""
+
+
 def _no_slash(runs) -> list[str]:
     """Runs whose best slash score is NaN at every snapshot: probes too short for any offset of
-    the window that uniform attention does not already pass (undefined, not 0)."""
+    the window that uniform attention or a first-token sink does not already pass (undefined, not 0)."""
     return [r.run_id for r in runs if "best_slash" in r.analysis
             and not np.isfinite(np.asarray(r.analysis["best_slash"].values, dtype=float)).any()]
 
@@ -173,9 +177,7 @@ def _no_slash(runs) -> list[str]:
 def _no_slash_sentence(run_ids: list[str], where: str) -> str:
     if not run_ids:
         return ""
-    return (f" Left out of {where}: {len(run_ids)} run(s) whose probes are too short to score any slash offset "
-            f"(no offset that uniform attention does not already reach), so their slash scores are undefined, "
-            f"not 0: {', '.join(run_ids)}.")
+    return f" Left out of {where}: {len(run_ids)} run(s) whose probes are {_TOO_SHORT}: {', '.join(run_ids)}."
 
 
 def _no_pairs_sentence(run_ids: list[str], where: str) -> str:
