@@ -33,7 +33,7 @@ from dynamics.messages import (
     print_note,
     progress_printer,
 )
-from dynamics.notes import start_notes
+from dynamics.notes import grid_notes, start_notes
 from dynamics.tables import analysis_failures, demo_timing, print_analysis, print_consistency, print_table
 from dynamics.usage import (
     DEFAULT_REPORT,
@@ -204,9 +204,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_out(out, flag="--out" if args.out else DEFAULT_STORE)
     if cfg == RunConfig():  # a grid of this one point, as `run` notes
         print(f"dynamics: note: {_default_note(args)}", file=sys.stderr, flush=True)
-    from dynamics.sweep.grid import expand_grid
-
-    for note in start_notes([p.cfg for p in expand_grid(cfg)]):  # a refused grid refuses here, first
+    for note in grid_notes(cfg):  # a refused grid refuses here, first
         print_note(note)
     from dynamics.sweep import run_sweep  # imports torch: after the checks that need none
     summary = run_sweep(cfg, out, workers=args.workers, scheduler=args.scheduler)
@@ -461,6 +459,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from dynamics.sweep import check_points, run_sweep
 
     check_points(cfg, out)  # a bad grid, or a point too big for memory, refused before the banner
+    for note in grid_notes(cfg):  # as `sweep` says them: a demo of 2 steps per run trained 12 runs none could analyse
+        print_note(note)
     t0 = time.perf_counter()
     stage(args, 1, 4, f"sweep: {config.name} -> {out}")
     summary = run_sweep(cfg, out, workers=args.workers)

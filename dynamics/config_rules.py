@@ -40,7 +40,7 @@ def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
     be distinct, so the current token no longer says alone where to look back, but the rows are
     still periodic and the task well defined, a harder one: ``dynamics.tasks.induction`` draws such
     segments on purpose, and keeps their data hash so that their runs resume.
-    `dynamics run` and `dynamics sweep` say so as they start (:func:`small_vocabulary_note`).
+    `dynamics run`, `sweep` and `demo` say so as they start (:func:`small_vocabulary_note`).
     """
     m, t, tr, r = cfg.model, cfg.task, cfg.train, cfg.record
     for key in ("n_layers", "d_model", "n_heads", "vocab_size", "context"):

@@ -1,5 +1,6 @@
-"""The notes `dynamics run` (one config) and `dynamics sweep` (its points) say as they start, on
-configs they train as asked but whose runs a researcher would otherwise find wanting only later.
+"""The notes `dynamics run` (one config), `dynamics sweep` and `dynamics demo` (their points) say
+as they start, on configs they train as asked but whose runs a researcher would otherwise find
+wanting only later.
 
 Notes, not refusals (those are :mod:`dynamics.config_rules`'s): the run is of use as it is, or
 the config may be meant so. Pure functions of the configs, quick for a sweep of many points and
@@ -50,3 +51,11 @@ def start_notes(cfgs: Sequence[RunConfig]) -> list[str]:
     """Every note for `cfgs`: :func:`dynamics.config_rules.small_vocabulary_note` and
     :func:`few_snapshots_note`, those that apply."""
     return [note for note in (small_vocabulary_note(cfgs), few_snapshots_note(cfgs)) if note]
+
+
+def grid_notes(cfg: RunConfig) -> list[str]:
+    """:func:`start_notes` of every point of ``cfg``'s sweep grid, as `dynamics sweep` and
+    `dynamics demo` say them (a grid that is refused is refused here)."""
+    from dynamics.sweep.grid import expand_grid  # here: dynamics.sweep imports the store, which `run` needs not yet
+
+    return start_notes([p.cfg for p in expand_grid(cfg)])

@@ -163,3 +163,22 @@ def test_a_demo_stopped_past_its_sweep_says_what_each_stage_kept(tmp_path, capsy
     # and what the lines say was kept is: no run retrained, the earlier report whole
     assert [store.run_attrs(str(out), r)["starts"] for r in store.list_runs(str(out))] == [1, 1]
     assert sorted(p.name for p in (tmp_path / "d-report").iterdir()) == pages
+
+
+def test_the_demo_says_the_notes_sweep_says_as_it_starts(tmp_path, capsys, monkeypatch):
+    # At 2 steps a run each records 3 snapshots, too few for analyse: `sweep` said so as it started,
+    # and the demo trained all its runs without a word. Stopped by a real SIGTERM as training starts.
+    import os
+    import signal
+
+    import dynamics.sweep
+
+    def stopped(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(dynamics.sweep, "run_sweep", stopped)
+    two = [a if a != "train.steps=40" else "train.steps=2" for a in SHRINK]
+    assert cli.main(["demo", "--out", str(tmp_path / "d.zarr"), *two]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("dynamics: note: 4 of the 4 sweep points record fewer than 4 snapshots (the first: 3) "
+                          "(train.steps 2, record.dense_until 4, record.every 10)"), err
