@@ -172,6 +172,38 @@ def test_a_legend_of_many_groups_goes_outside_the_axes_and_the_figure_widens_for
         assert ax.get_position().width * fig.get_size_inches()[0] > 4.0
 
 
+def test_groups_that_differ_in_many_settings_get_wrapped_entries_and_panels_that_keep_their_size():
+    # A store of runs that differ in 13 settings (the demo's beside a smaller model's): each entry
+    # was one line of ~300 characters, the panels collapsed ("constrained_layout not applied") and
+    # the legend covered them. Entries now break after commas, the legend goes outside, and the
+    # figure widens by its longest line.
+    import warnings
+
+    from dynamics.report.draw import LABEL_WIDTH, _curves, _figure, _groups, _legend, _wrap
+
+    keys = [f"model.setting_{c}" for c in "abcdefghijklm"]
+    runs = [_Run(f"r{i}", "completed", {k: 1000 * (i + 1) + j for j, k in enumerate(keys)}, 1.0, 3,
+                 np.ones(3, bool), np.arange(3)) for i in range(3)]
+    groups = _groups(runs, keys)
+    label = groups.labels[groups.keys[0]]
+    assert label.replace(",\n", ", ") == ", ".join(f"setting_{c}={1000 + j}" for j, c in enumerate("abcdefghijklm"))
+    assert all(len(line) <= LABEL_WIDTH for text in (label, groups.title) for line in text.split("\n"))
+    assert label.count("\n") == 4  # 13 entries of 14-15 characters, three to a line of 48 at most
+    assert _wrap("a" * 60 + ", b") == "a" * 60 + ",\nb"  # one part longer than a line keeps its own
+    fig = _figure(6.5, 3.8)
+    ax = fig.subplots()
+    _curves(ax, groups, {r.run_id: (np.arange(3), np.arange(3.0) + i) for i, r in enumerate(runs)})
+    _legend(ax, groups)  # 3 entries, but 15 lines: outside, as a legend of many entries
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied because axes sizes collapsed to zero"
+        fig.canvas.draw()
+    # the panel keeps its width (6.1 inches alone; 4.7 when the figure widened by 1.9 inches, as for short entries)
+    assert ax.get_position().width * fig.get_size_inches()[0] > 5.5
+    legend = fig.legends[0].get_window_extent()
+    assert legend.x0 >= ax.get_window_extent().x1 and legend.x1 <= fig.bbox.x1 + 1  # beside it, inside the figure
+
+
 def test_the_voita_sentence_counts_heads_peaking_one_back_that_are_labelled_otherwise():
     # `dynamics analyse` notes them under its table; the report's role captions said nothing, and
     # showed one previous-token head where Voita et al.'s rule gives two (the induction run's L0H2).

@@ -380,3 +380,26 @@ def test_a_store_without_a_swept_axis_lists_each_runs_steps(tmp_path):
     assert line.endswith(": ind: bifurcation 600 (by layer: never, 500), first slash-dominant head 700; cut (stopped: "
                          "provisional): bifurcation not yet, first slash-dominant head not yet; lone: bifurcation "
                          "undefined, first slash-dominant head never.")
+
+
+def test_the_bifurcation_figure_grows_by_its_legends_lines_when_entries_wrap(tmp_path, monkeypatch):
+    # Runs that differ in 13 settings: each legend entry wraps over 5 lines, and the figure grew by
+    # one row of text per entry, so the legend crushed the panels above it.
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    extra = {f"model.setting_{c}": j for j, c in enumerate("abcdefghijkl")}
+    runs = []
+    for i, scale in enumerate((0.5, 1.0, 2.0, 4.0)):
+        run = _analysed_run(f"r{i}", "completed", scale, 10.0 * (i + 1), np.nan)
+        run.params.update({k: v + 100 * i for k, v in extra.items()})
+        runs.append(run)
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, ["model.init_scale", *extra], tmp_path, True))
+    fig = figs["bifurcation.png"]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert max(label.count("\n") for label in labels) == 4  # the runs' entries, 5 lines each
+    fig.canvas.draw()
+    panels = [ax.get_position().height * fig.get_size_inches()[1] for ax in fig.axes]
+    assert min(panels) > 2.0, panels  # each panel about as tall as with a short legend (1.2 inches before)

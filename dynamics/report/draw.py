@@ -47,6 +47,30 @@ def _short(axis: str) -> str:
     return axis.split(".")[-1]
 
 
+LABEL_WIDTH = 48
+"""Characters in one line of a legend entry or title: a store of runs that differ in 13 settings
+drew each entry as one 300-character line, and the figure's panels collapsed to nothing."""
+
+
+def _wrap(text: str, width: int = LABEL_WIDTH) -> str:
+    """``text`` broken after its commas into lines of at most ``width`` characters where it can be
+    (one "key=value" longer than that keeps its own line).
+
+    Examples
+    --------
+    >>> print(_wrap("init_scale=0.5, context=32, d_model=64, n_heads=4", 30))
+    init_scale=0.5, context=32,
+    d_model=64, n_heads=4
+    """
+    lines: list[str] = []
+    for part in text.split(", "):
+        if lines and len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += f", {part}"
+        else:
+            lines.append(part)
+    return ",\n".join(lines)
+
+
 def _no_mathtext(text: str) -> str:
     """`text` as matplotlib shows it literally: a pair of `$` would start mathtext (a teacher store
     path "runs/$a_$.zarr" swept as an axis raised ValueError and lost the whole section)."""
@@ -120,7 +144,7 @@ class _Groups:
         if len(self.group_axes) == 1:
             return _short(self.group_axes[0])
         rest = ", ".join(_short(a) for a in self.group_axes[1:])
-        return f"{_short(self.group_axes[0])} (colour) x {rest} (line style / marker)"
+        return _wrap(f"{_short(self.group_axes[0])} (colour) x {rest} (line style / marker)")
 
     def description(self, scatter: bool = False) -> str:
         """Caption phrase: how groups are told apart (in curves, or in a scatter: markers)."""
@@ -183,7 +207,8 @@ def _groups(runs: list[_Run], axes: list[str]) -> _Groups:
         style_of = {v: i for i, v in enumerate(rests)}
         colours = {k: cmap(pos[k[0]]) for k in keys}
         style_index = {k: style_of[k[1:]] for k in keys}
-        labels = {k: ", ".join(f"{_short(a)}={_fmt(json.loads(v))}" for a, v in zip(group_axes, k, strict=True)) for k in keys}
+        labels = {k: _wrap(", ".join(f"{_short(a)}={_fmt(json.loads(v))}" for a, v in zip(group_axes, k, strict=True)))
+                  for k in keys}
     else:
         cmap = colormaps["tab10"]
         colours = {k: cmap(i % 10) for i, k in enumerate(keys)}
@@ -291,15 +316,20 @@ def _legend(ax, groups: _Groups) -> None:
         return
     # handlelength: long enough to show each line style's dash pattern
     style = dict(title=_no_mathtext(groups.title), fontsize=7, title_fontsize=8, frameon=False, handlelength=3.2)
-    if len(handles) <= 8:
+    rows = [label.count("\n") + 1 for label in labels]  # lines of each entry (wrapped: LABEL_WIDTH)
+    if len(handles) <= 8 and sum(rows) <= 8:
         ax.legend(handles, labels, loc="best", **style)
         return
     # A 5 x 4 sweep's 20 groups inside the axes covered the curves and ran off the figure: outside,
-    # in columns, the figure widened (and heightened) for them so that the panels keep their size
+    # in columns, the figure widened (and heightened) for them so that the panels keep their size,
+    # by the legend's longest line (7 pt text: about 0.055 inch a character) and its tallest column
     fig = ax.figure
-    ncol = math.ceil(len(handles) / LEGEND_ROWS)
+    per_column = max(1, LEGEND_ROWS // max(rows))
+    ncol = math.ceil(len(handles) / per_column)
+    longest = max(len(line) for text in (*labels, groups.title) for line in text.split("\n"))
     width, height = fig.get_size_inches()
-    fig.set_size_inches(width + 1.9 * ncol, max(height, 0.15 * min(len(handles), LEGEND_ROWS) + 0.9))
+    lines = per_column * max(rows) + groups.title.count("\n") + 1
+    fig.set_size_inches(width + max(1.9, 0.6 + 0.055 * longest) * ncol, max(height, 0.15 * lines + 0.9))
     fig.legend(handles, labels, loc="outside right upper", ncol=ncol, **style)
 
 

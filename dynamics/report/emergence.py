@@ -471,9 +471,13 @@ def _bifurcation_legend(fig, groups, points) -> None:
     if unfinished:
         handles.append(Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="grey",
                               label="hollow: unfinished run (provisional; top row: not yet)"))
-    ncol = max(1, min(len(handles), int(fig.get_figwidth() // 2.7)))  # columns that fit the figure's width
-    # taller by the legend's rows: a 42-group sweep's crushed the four panels above it
-    fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + 0.15 * math.ceil(len(handles) / ncol))
+    # columns that fit the figure's width, each as wide as the longest line (7 pt: ~0.055 inch a character)
+    longest = max(len(line) for h in handles for line in h.get_label().split("\n"))
+    ncol = max(1, min(len(handles), int(fig.get_figwidth() // max(2.7, 0.6 + 0.055 * longest))))
+    # taller by the legend's lines: a 42-group sweep's rows, or entries wrapped over 4 lines, crushed
+    # the four panels above it
+    lines = math.ceil(len(handles) / ncol) * max(h.get_label().count("\n") + 1 for h in handles)
+    fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + 0.15 * (lines + groups.title.count("\n")))
     fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=7, frameon=False,
                title=_no_mathtext(groups.title), title_fontsize=7)
 
