@@ -45,6 +45,32 @@ def test_a_swept_value_keeps_its_colour_in_every_figure(tmp_path, monkeypatch):
         tuple(np.round(to_rgba(viridis(x))[:3], 4)) for x in (0.45, 0.9)]
 
 
+def test_the_legend_of_runs_goes_below_the_panels_and_keeps_them_their_height(tmp_path, monkeypatch):
+    # Anchored below the left panel, the legend was laid out inside that panel's space: runs that
+    # differ in many settings (entries wrapped over several lines) squeezed it, and with it the row.
+    from dynamics.config import from_dict
+    from dynamics.report import chg
+
+    settings = {f"model.setting_{c}": j for j, c in enumerate("abcdefghijkl")}
+    points = {f"r{i}": {"model.init_scale": scale, "train.seed": 0, **{k: v + 100 * i for k, v in settings.items()}}
+              for i, scale in enumerate((0.5, 1.0))}
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, points)
+    cfg = from_dict(TINY)
+    for i, rid in enumerate(points):
+        store.write_derived(path, f"gates.{rid}", _gates_dataset(cfg, seed=i))
+    figs = _capture_figures(monkeypatch, chg)
+    write_report(path, tmp_path / "out", run_id="r1", compute_missing=False)
+    fig = figs["chg.png"]
+    assert fig.axes[0].get_legend() is None and len(fig.legends) == 1
+    assert [t.get_text().replace(",\n", ", ") for t in fig.legends[0].get_texts()] == [
+        "init_scale=" + ", ".join(f"{v:g}" if k == "model.init_scale" else f"{k.split('.')[1]}={v}"
+                                  for k, v in p.items() if k != "train.seed") for p in points.values()]
+    fig.canvas.draw()
+    squares = [ax.get_position().height * fig.get_size_inches()[1] for ax in fig.axes[:2]]  # G+ against G-, 1:1
+    assert min(squares) > 2.5, squares  # 2.86 inches without a legend; 1.87 with it anchored below the left one
+
+
 def test_chg_labels_are_the_stored_majority_roles_not_the_mean_gates(tmp_path, monkeypatch):
     from dynamics.config import from_dict
     from dynamics.report import chg

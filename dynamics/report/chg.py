@@ -8,7 +8,7 @@ import xarray as xr
 from dynamics import store
 from dynamics.analysis.chg import CHG_ROLES, RHO_CAUTION, chg_roles, label_agreement
 from dynamics.report.data import _Ctx, _open_derived, _Run, _Section, _why, is_damage
-from dynamics.report.draw import _figure, _no_mathtext, _save
+from dynamics.report.draw import _figure, _legend_below, _save
 from dynamics.schema import FINISHED_STATUSES
 
 CHG_THRESHOLD = 0.5
@@ -236,10 +236,8 @@ def _chg_section(ctx: _Ctx) -> _Section:
     ax1.set_title("every head, latest fit", fontsize=9)
     handles = [ax1.scatter([], [], color=groups.colours[k], marker=groups.markers[k], s=30, edgecolor="k", lw=0.4,
                            label=groups.legend_label(k)) for k in groups.keys]
-    if len(handles) <= 12:  # below the panel: inside it would hide heads
-        ax1.legend(handles=handles, fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2),
-                   ncol=min(4, len(handles)) if len(groups.group_axes) < 2 else 2, title=_no_mathtext(groups.title),
-                   title_fontsize=7)
+    if len(handles) <= 12:  # below the panels: inside it would hide heads
+        _legend_below(fig, handles, groups.title)
 
     by_id = {r.run_id: r for r in runs}
     # Over training: the chosen run if it has fits, else the run with the most fitted snapshots (the

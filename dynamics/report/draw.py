@@ -333,6 +333,20 @@ def _legend(ax, groups: _Groups) -> None:
     fig.legend(handles, labels, loc="outside right upper", ncol=ncol, **style)
 
 
+def _legend_below(fig, handles: list, title: str) -> None:
+    """One legend for the figure, below its panels: as many columns as fit the figure's width, each
+    as wide as the longest line (7 pt text: about 0.055 inch a character), and the figure taller by
+    the legend's lines, so that the panels keep their height (a 42-group sweep's rows, or entries
+    wrapped over 5 lines, crushed them; anchored below one panel, a legend squeezed that panel)."""
+    labels = [h.get_label() for h in handles]
+    longest = max(len(line) for text in (*labels, title) for line in text.split("\n"))
+    ncol = max(1, min(len(handles), int(fig.get_figwidth() // max(2.7, 0.6 + 0.055 * longest))))
+    lines = math.ceil(len(handles) / ncol) * max(label.count("\n") + 1 for label in labels) + title.count("\n")
+    fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + 0.15 * lines)
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=7, frameon=False,
+               title=_no_mathtext(title), title_fontsize=7)
+
+
 def _analysed(runs: list[_Run]) -> list[_Run]:
     return [r for r in runs if r.analysis is not None]
 

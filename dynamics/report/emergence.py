@@ -17,8 +17,8 @@ from dynamics.report.draw import (
     _figure,
     _fmt,
     _legend,
+    _legend_below,
     _missing_runs_sentence,
-    _no_mathtext,
     _save,
     _short,
     _step_axis,
@@ -471,15 +471,7 @@ def _bifurcation_legend(fig, groups, points) -> None:
     if unfinished:
         handles.append(Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="grey",
                               label="hollow: unfinished run (provisional; top row: not yet)"))
-    # columns that fit the figure's width, each as wide as the longest line (7 pt: ~0.055 inch a character)
-    longest = max(len(line) for h in handles for line in h.get_label().split("\n"))
-    ncol = max(1, min(len(handles), int(fig.get_figwidth() // max(2.7, 0.6 + 0.055 * longest))))
-    # taller by the legend's lines: a 42-group sweep's rows, or entries wrapped over 4 lines, crushed
-    # the four panels above it
-    lines = math.ceil(len(handles) / ncol) * max(h.get_label().count("\n") + 1 for h in handles)
-    fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + 0.15 * (lines + groups.title.count("\n")))
-    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=7, frameon=False,
-               title=_no_mathtext(groups.title), title_fontsize=7)
+    _legend_below(fig, handles, groups.title)
 
 
 def _bifurcation_caption(groups, points) -> str:
