@@ -170,7 +170,7 @@ def status_of(path: str) -> tuple[list[str], list[list[str]], dict[str, str], di
         done = max(int(a.get("steps_done", 0)), int(a.get("checkpoint_step", 0)))
         # an unfinished run resumes from its last checkpoint; a finished one is never retrained
         finished = a.get("status") in FINISHED_STATUSES
-        resumes, kept_loss = ("-", None) if finished else _resumes_at(path, run_id, a, status)
+        resumes, kept_loss = ("-", None) if finished else resumes_at(path, run_id, a, status)
         steps = f"{done}/{a.get('steps_total', '?')}"
         if not finished:
             # The last checkpoint's step (its file's, newer than the attrs while a run trains; the
@@ -260,7 +260,7 @@ def show_status(path: str) -> int:
     return 1 if damaged or bad else 0
 
 
-def _resumes_at(path: str, run_id: str, attrs: dict, status: str) -> tuple[str, float | None]:
+def resumes_at(path: str, run_id: str, attrs: dict, status: str) -> tuple[str, float | None]:
     """The step an unfinished run resumes at, with the loss recorded at the step before it (None
     where it is not read: a live run, a checkpoint at step 0). The step: its checkpoint's, or ``lost`` where that checkpoint
     is gone (`run` and `sweep` refuse it: :func:`dynamics.store.check_checkpoint_kept`), or

@@ -465,6 +465,28 @@ def test_a_run_that_ends_while_the_report_reads_it_shows_the_loss_it_ended_with(
     assert run.last_loss == attrs["last_loss"]
 
 
+def test_an_unfinished_runs_last_loss_is_the_one_status_gives_the_last_its_store_records(built, tmp_path):
+    # The report read the attrs' last_loss, its session's last (past the checkpoint: 1.3175 at an
+    # unrecorded step, status 1.2990), or after a kill an earlier session's or none ("-", status 0.8556).
+    import shutil
+
+    from dynamics.report.data import _collect_run
+    from dynamics.status import status_table
+
+    src, _, ids = built
+    path = tmp_path / "s.zarr"
+    shutil.copytree(src, path)
+    run_id = ids["A"]
+    losses = store.open_run(path, run_id)["loss"].values
+    at = store.checkpoint_step(path, run_id)
+    for status, attr in (("interrupted", 123.0), ("running", None)):  # "running", no lock held: killed
+        store.update_run_attrs(path, run_id, status=status, last_loss=attr)
+        run = _collect_run(path, run_id, None, False, store.run_attrs(path, run_id))
+        header, rows, _ = status_table(str(path))
+        row = dict(zip(header, next(r for r in rows if r[0] == run_id), strict=True))
+        assert f"{run.last_loss:.4f}" == row["last_loss"] == f"{losses[at - 1]:.4f}", (status, run.last_loss, row)
+
+
 def test_a_finished_run_too_short_to_analyse_is_said_so_not_sent_to_dynamics_analyse(tmp_path):
     # `dynamics analyse` refuses a run of 3 snapshots; the report told its reader to run it
     import json as _json

@@ -274,11 +274,18 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
     point = (index or {}).get("runs", {}).get(run_id)
     if point is None:  # no sweep index entry: the swept axes' values from the run's own config
         point = {a: config_value(attrs.get("config", {}), a) for a in (index or {}).get("axes", [])}
+    last_loss = _float_or_none(attrs.get("last_loss"))
+    if attrs.get("status") not in FINISHED_STATUSES:
+        # as `dynamics status` says it: the last loss its store records, not the attrs' (its
+        # session's last, past the checkpoint; after a kill, an earlier session's or none)
+        from dynamics.status import resumes_at
+
+        last_loss = resumes_at(path, run_id, attrs, status)[1]
     run = _Run(
         run_id=run_id,
         status=status,
         params=dict(point),
-        last_loss=_float_or_none(attrs.get("last_loss")),
+        last_loss=last_loss,
         n_snapshots=int(ds.sizes.get("snapshot", 0)),
         recorded=store.recorded_mask(ds, attrs) if "snapshot" in ds.dims else np.zeros(0, bool),
         steps=np.asarray(ds["step"].values) if "step" in ds.coords else np.arange(ds.sizes.get("snapshot", 0)),
