@@ -73,8 +73,17 @@ def group_key(label) -> tuple:
 
 
 def group_names(labels) -> str:
-    """The distinct labels of `labels`, in `group_key` order, as one string: a fold's test groups."""
-    return ", ".join(sorted({str(x) for x in labels}, key=group_key))
+    """The distinct labels of `labels`, in `group_key` order, as one string: a fold's test groups,
+    each bracketed where a label holds a comma itself (a config's settings: ``--group config``),
+    so that one group's end can be told from the next one's start.
+
+    >>> group_names(["seed=1", "seed=0", "seed=1"])
+    'seed=0, seed=1'
+    >>> group_names(["lr=0.01, n_heads=4", "lr=0.001, n_heads=2"])
+    '[lr=0.001, n_heads=2], [lr=0.01, n_heads=4]'
+    """
+    names = sorted({str(x) for x in labels}, key=group_key)
+    return ", ".join(f"[{n}]" if any("," in m for m in names) else n for n in names)
 
 
 def fold_names(groups, splits: Sequence[tuple[np.ndarray, np.ndarray]], *, in_order: bool = False) -> list[str]:
