@@ -39,9 +39,14 @@ def few_snapshots_note(cfgs: Sequence[RunConfig]) -> str | None:
         return None
     first, n = few[0]
     which = (f"the snapshot schedule records {n} snapshot(s)" if len(cfgs) == 1 else
-             f"{len(few)} of the {len(cfgs)} sweep points record fewer than {need} snapshots (the first: {n})")
-    fix = (f"raise train.steps to at least {need - 1} (a run of N steps has at most N + 1 snapshots)"
-           if first.train.steps + 1 < need else "lower record.every or raise record.dense_until")
+             f"{len(few)} of the {len(cfgs)} sweep points record{'s' if len(few) == 1 else ''} fewer than {need} "
+             f"snapshots (the first: {n})")
+    cadence = "lower record.every or raise record.dense_until"
+    r = first.record
+    fix = cadence if first.train.steps + 1 >= need else (
+        f"raise train.steps to at least {need - 1} (a run of N steps has at most N + 1 snapshots)"
+        # at that many steps this cadence may still record too few (dense_until 0, every 500: 2): say both
+        + ("" if n_snapshots(need - 1, r.dense_until, r.every) >= need else f", and {cadence}"))
     return (f"{which} (train.steps {first.train.steps}, record.dense_until {first.record.dense_until}, record.every "
             f"{first.record.every}); `dynamics analyse` needs at least {need}, so such a run trains but cannot be "
             f"analysed: {fix}")

@@ -24,6 +24,17 @@ def test_a_schedule_of_too_few_snapshots_to_analyse_is_noted_not_refused():
     assert few_snapshots_note([cfg(2, 64, 1)]).endswith(
         "cannot be analysed: raise train.steps to at least 3 (a run of N steps has at most N + 1 snapshots)")
     assert few_snapshots_note([cfg(10, 0, 500)]).endswith("lower record.every or raise record.dense_until")
+    # 3 steps at that cadence: 0 and 3, two snapshots; the steps are already 3, so the cadence is the fix
+    assert few_snapshots_note([cfg(3, 0, 500)]).endswith("cannot be analysed: lower record.every or raise "
+                                                         "record.dense_until")
+    # 2 steps: more steps, and at 3 this cadence still records 2, so the cadence too (it said steps
+    # alone, then, at 3 steps, a second note said the cadence)
+    assert few_snapshots_note([cfg(2, 0, 500)]).endswith(
+        "raise train.steps to at least 3 (a run of N steps has at most N + 1 snapshots), and lower record.every or "
+        "raise record.dense_until")
+    # one point of a sweep of three: a sweep's note, in the singular, not the one-run note
+    assert few_snapshots_note([cfg(1), cfg(4), cfg(4)]).startswith(
+        "1 of the 3 sweep points records fewer than 4 snapshots (the first: 2)")
 
 
 def test_the_schedule_is_counted_not_built_so_a_long_run_is_noted_at_once():
