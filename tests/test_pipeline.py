@@ -96,6 +96,9 @@ def test_every_variable_names_what_it_is_and_its_units():
     assert result["best_slash"].attrs["long_name"] != result["slash_score"].attrs["long_name"]
     assert result["slash_dominant_share"].attrs["long_name"] != result["token_dominant_share"].attrs["long_name"]
     assert result["js_distance"].attrs["units"] == "sqrt(nat)" and result["bifurcation_step"].attrs["units"] == "steps"
+    # clusters span the model (cluster_heads links every head with every other): "within its layer"
+    # was the label once, the opposite of what the numbers are
+    assert result["cluster"].attrs["long_name"].startswith("redundancy cluster of the head among all heads of the model")
 
 
 def test_a_sink_head_is_not_slash_dominant():

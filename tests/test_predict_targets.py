@@ -324,6 +324,19 @@ def test_too_few_labelled_heads_name_the_runs_that_gave_none():
         "target 'importance': 0 labelled head(s), need at least 10; 5 run(s) gave none: "
         + ", ".join(f"{i} (one head per layer: a rank within its layer is undefined)" for i in ids[:3])
         + ", and 2 more")
+    with pytest.raises(predict.PredictError) as refused:  # exactly three: each named, no ", and 0 more"
+        predict.target_table(lone[:3], PredictOptions(target="importance"))
+    assert str(refused.value).endswith(f"{ids[2]} (one head per layer: a rank within its layer is undefined)")
+    # one head per layer leaves a slash label defined: its reason is not the rank's
+    blind = []
+    for r in lone[:3]:
+        data = r.data.copy(deep=True)
+        data["attention"][-1] = np.nan  # no final attention: no head labelled
+        blind.append(Run(r.run_id, data, r.seed, r.config))
+    with pytest.raises(predict.PredictError) as refused:
+        predict.target_table(blind, PredictOptions(target="slash"))
+    assert f"{ids[0]} (no head labelled at its final snapshot)" in str(refused.value)
+    assert "rank" not in str(refused.value)
     with pytest.raises(predict.PredictError) as refused:  # every run labelled: the count alone
         predict.target_table(runs[:2], PredictOptions(min_heads=33))
     assert str(refused.value) == "target 'slash': 32 labelled head(s), need at least 33"

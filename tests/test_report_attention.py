@@ -114,3 +114,18 @@ def test_the_weight_scale_label_fits_inside_the_figure_at_any_layer_count(n_laye
     assert label.get_text().replace("\n", " ") == "attention weight (fraction of row, sqrt scale)"
     extent, frame = label.get_window_extent(renderer), fig.bbox
     assert frame.y0 <= extent.y0 and extent.y1 <= frame.y1 and frame.x0 <= extent.x0 and extent.x1 <= frame.x1
+
+
+def test_the_frame_grid_is_layers_by_heads_labelled_on_its_outer_edges_and_titled_for_the_widest_role():
+    # Each was open to a swap no test saw: the key-position labels on the top row, the query
+    # labels on the right, a figure of H rows by L columns (a square grid hides it), and titles
+    # without the role, which the layout (computed once) then had no room for.
+    from dynamics.report.attention import _frame_grid
+
+    fig, images, titles = _frame_grid(np.array([0, 1]), np.array([0, 1, 2]), 5, "previous_token")
+    assert tuple(fig.get_size_inches()) == (2.0 * 3 + 1.3, 2.0 * 2 + 0.9)  # heads across, layers down
+    frames = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert len(frames) == len(images) == 6
+    assert [i for i, ax in enumerate(frames) if ax.get_xlabel()] == [3, 4, 5]  # the bottom row
+    assert [i for i, ax in enumerate(frames) if ax.get_ylabel()] == [0, 3]  # the left column
+    assert titles[3].get_text() == "L1 H0 · previous_token" and titles[2].get_text() == "L0 H2 · previous_token"

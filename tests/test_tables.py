@@ -262,6 +262,11 @@ def test_the_cross_seed_line_gives_three_decimals(tmp_path, capsys):
                      r"permutation; unmatched heads give (\S+)\)", line)
     assert m, line
     assert m[1] == "1.000" and re.fullmatch(r"\d\.\d{3}", m[2])
+    # and each is its own number: the unmatched reference is seed_consistency's, not the similarity again
+    from dynamics.analyse import seed_consistency
+
+    [(_, sim, unmatched, _, _)] = seed_consistency(path, ["ra", "rb"])
+    assert (m[1], m[2]) == (f"{sim:.3f}", f"{unmatched:.3f}") and m[1] != m[2]
 
 
 def test_a_completed_run_whose_analysis_failed_is_left_out_of_its_seed_group(tmp_path, capsys):
