@@ -403,3 +403,26 @@ def test_the_bifurcation_figure_grows_by_its_legends_lines_when_entries_wrap(tmp
     fig.canvas.draw()
     panels = [ax.get_position().height * fig.get_size_inches()[1] for ax in fig.axes]
     assert min(panels) > 2.0, panels  # each panel about as tall as with a short legend (1.2 inches before)
+
+
+def test_the_bifurcation_caption_says_where_a_mean_line_pools_runs_of_other_settings(tmp_path, monkeypatch):
+    # A store of several base configs: the line at n_heads=4 averaged 1- and 2-layer induction,
+    # offset_copy and a diverged run, and the caption read as a mean within one config.
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    (tmp_path / "figures").mkdir()
+    _capture_figures(monkeypatch, emergence)
+    one = [_analysed_run(f"r{i}", "completed", scale, 10.0 * (i + 1), np.nan) for i, scale in enumerate((1.0, 2.0))]
+    sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", one, None, ["model.init_scale"], tmp_path, True))
+    assert "pools" not in sec.figures[0][1]  # one parameter: each line's points are one group each
+    grid = []
+    for i, (scale, lr) in enumerate((s, lr) for s in (1.0, 2.0) for lr in (1e-3, 1e-2)):
+        run = _analysed_run(f"g{i}", "completed", scale, 10.0 * (i + 1), np.nan)
+        run.params["train.lr"] = lr
+        grid.append(run)
+    sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", grid, None, ["model.init_scale", "train.lr"],
+                                              tmp_path, True))
+    assert sec.figures[0][1].endswith(
+        " Each line pools, at a value of its panel's parameter, runs that differ in init_scale, lr: a mean over "
+        "those groups, not within one (the marks tell the groups apart).")

@@ -4,6 +4,7 @@ against the swept parameters."""
 from __future__ import annotations
 
 import collections
+import json
 import math
 
 import numpy as np
@@ -331,7 +332,8 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
     _bifurcation_legend(fig, groups, points)
     _count_labels(fig, counted)
     sec.figures.append((_save(fig, out, "bifurcation.png"),
-                        _bifurcation_caption(groups, points) + _no_pairs_sentence(undefined, "the top row")
+                        _bifurcation_caption(groups, points) + _pooled_sentence(done, swept, groups.group_axes)
+                        + _no_pairs_sentence(undefined, "the top row")
                         + _no_slash_sentence(unscored, "the bottom row")))
     note = _missing_runs_sentence(runs, "bifurcation points")
     if note:
@@ -472,6 +474,24 @@ def _bifurcation_legend(fig, groups, points) -> None:
         handles.append(Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="grey",
                               label="hollow: unfinished run (provisional; top row: not yet)"))
     _legend_below(fig, handles, groups.title)
+
+
+def _pooled_sentence(runs, swept: list[str], group_axes: list[str]) -> str:
+    """Where a panel's mean line pools runs at one of its values that differ in another setting:
+    a store of several base configs averaged 1- and 2-layer induction with offset_copy there, and
+    only the marks told them apart."""
+    pooled = set()
+    for axis in swept:
+        at: dict[str, list] = {}
+        for r in runs:
+            at.setdefault(json.dumps(r.params.get(axis)), []).append(r)
+        pooled |= {b for b in group_axes if b != axis
+                   and any(len({json.dumps(r.params.get(b)) for r in rs}) > 1 for rs in at.values())}
+    if not pooled:
+        return ""
+    return (f" Each line pools, at a value of its panel's parameter, runs that differ in "
+            f"{', '.join(_short(b) for b in sorted(pooled))}: a mean over those groups, not within one (the marks "
+            f"tell the groups apart).")
 
 
 def _bifurcation_caption(groups, points) -> str:
