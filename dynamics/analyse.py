@@ -524,7 +524,7 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
     from dynamics import store
     from dynamics.analysis import cross_seed_consistency
     from dynamics.analysis.pipeline import is_current
-    from dynamics.identity import differing_settings, seed_group, seed_settings
+    from dynamics.identity import differing_settings, read_settings, seed_group
 
     index = store.read_sweep_index(path) or {}
     axes = [a for a in index.get("axes", []) if a != "train.seed"]
@@ -547,7 +547,7 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
         if axes and run_id in index.get("runs", {}):
             values = index["runs"][run_id]
             labels[group] = json.dumps({a: values.get(a) for a in axes}, sort_keys=True)
-        flat.setdefault(group, seed_settings(stored))
+        flat.setdefault(group, read_settings(stored))
         groups.append(group)
         profiles.append(analysis["role_score"].isel(snapshot=-1).load())
     counts = collections.Counter(groups)

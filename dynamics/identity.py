@@ -40,6 +40,29 @@ def seed_settings(config: dict) -> dict[str, Any]:
     return {f"{sec}.{k}": v for sec, table in identity.items() if isinstance(table, dict) for k, v in table.items()}
 
 
+def read_settings(config: dict) -> dict[str, Any]:
+    """:func:`seed_settings` less the settings the config does not read: task keys none of its
+    tasks reads, and each :data:`CONDITIONAL_KEYS` setting whose condition does not hold. What
+    tables and labels show, where a markov run's ``task.max_period`` (read by induction alone) and
+    an attention-only model's ``model.d_mlp`` read as differences from the runs beside them.
+
+    Examples
+    --------
+    >>> s = read_settings({"task": {"name": "markov", "max_period": 16, "markov_order": 2}, "model": {"attn_only": True}})
+    >>> "task.max_period" in s, s["task.markov_order"], "model.d_mlp" in s
+    (False, 2, False)
+    """
+    from dynamics.tasks.batch import TASK_KEYS  # here: the tasks import numpy, which grouping needs not
+
+    settings = seed_settings(config)
+    name = _get(config, "task.name")
+    names = _get(config, "task.components") if name == "mixture" else [name]
+    read = {k for name in names for k in TASK_KEYS.get(name, ())}
+    unread = [f"task.{k}" for keys in TASK_KEYS.values() for k in keys if k not in read]
+    unread += [dotted for dotted, reader in CONDITIONAL_KEYS.items() if not reader.reads(_get(config, reader.condition))]
+    return {k: v for k, v in settings.items() if k not in unread}
+
+
 def differing_settings(settings: Iterable[dict[str, Any]]) -> list[str]:
     """The keys, sorted, whose values are not the same in all of ``settings`` (a missing key counts
     as a value): what names each of several configs apart from the others."""

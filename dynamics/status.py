@@ -63,7 +63,7 @@ def grid_key(index: dict) -> Callable[[str], tuple]:
 def setting_columns(settings: dict[str, dict], points: dict[str, list[str]]) -> list[str]:
     """Settings that tell apart runs shown with the same swept values, sorted.
 
-    ``settings``: run id -> its :func:`dynamics.identity.seed_settings` (recorded runs; a pending
+    ``settings``: run id -> its :func:`dynamics.identity.read_settings` (recorded runs; a pending
     one has no config); ``points``: run id -> the values its row shows for the sweep's axes. Two
     sweeps of one grid from other base configs (``--set train.lr=...``), or a seed sweep of
     conditioned gates beside its free runs, give runs whose swept values are the same: the report's
@@ -93,7 +93,7 @@ def row_labels(index: dict, attrs: dict[str, dict], run_ids) -> tuple[list[str],
     included unless it is an axis (:func:`setting_columns`; ``none`` where a run lacks one, blank for a run whose config is
     unknown: pending or damaged). ``dynamics status`` and the ``analyse`` table share them.
     """
-    from dynamics.identity import seed_settings
+    from dynamics.identity import read_settings
 
     axes, swept = index.get("axes", []), index.get("runs", {})
 
@@ -109,7 +109,7 @@ def row_labels(index: dict, attrs: dict[str, dict], run_ids) -> tuple[list[str],
     # The seed too, unless it is an axis: runs that differ only in it (`dynamics run --set
     # train.seed=...`, outside any sweep) were rows told apart by their hash alone.
     seed = {} if "train.seed" in axes else {"train.seed": None}
-    settings = {r: seed_settings(a["config"]) | {k: config_value(a["config"], k) for k in seed}
+    settings = {r: read_settings(a["config"]) | {k: config_value(a["config"], k) for k in seed}
                 for r, a in attrs.items() if isinstance(a.get("config"), dict)}
     extra = setting_columns(settings, points)
 

@@ -301,3 +301,18 @@ def test_a_run_failed_by_a_full_disk_shows_the_steps_and_loss_its_store_records(
     got = dict(zip(header, row, strict=True))
     assert (got["status"], got["steps"], got["resumes_at"], got["last_loss"]) == (
         "failed", f"6/20 (+{attrs['steps_done'] - 6} unrecorded)", "6", f"{loss[5]:.4f}")
+
+
+def test_a_setting_a_run_does_not_read_shows_none_not_a_difference():
+    # A markov run beside induction ones at one swept point: its stored config holds the default
+    # task.max_period, which no markov batch reads, and the column showed 16 against 12 as if it
+    # differed; so did model.d_mlp for an attention-only model beside one with MLPs.
+    induction = from_dict({"model": {"d_mlp": 64}, "task": {"max_period": 12}}).to_dict()
+    markov = from_dict({"model": {"attn_only": True}, "task": {"name": "markov"}}).to_dict()
+    index = {"axes": ["model.init_scale"], "runs": {"ra": {"model.init_scale": 1.0}, "rb": {"model.init_scale": 1.0}}}
+    labels, shown = row_labels(index, {"ra": {"config": induction}, "rb": {"config": markov}}, ["ra", "rb"])
+    rows = {r: dict(zip(labels, shown(r), strict=True)) for r in ("ra", "rb")}
+    assert (rows["ra"]["task.max_period"], rows["rb"]["task.max_period"]) == ("12", "none")
+    assert (rows["ra"]["model.d_mlp"], rows["rb"]["model.d_mlp"]) == ("64", "none")
+    assert (rows["ra"]["task.markov_order"], rows["rb"]["task.markov_order"]) == ("none", str(markov["task"]["markov_order"]))
+    assert rows["rb"]["model.attn_only"] == "True" and rows["rb"]["task.name"] == "markov"

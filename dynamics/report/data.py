@@ -18,7 +18,7 @@ from dynamics import store
 from dynamics.analyse import unfinished_reason
 from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions, is_current
-from dynamics.identity import differing_settings, seed_settings
+from dynamics.identity import differing_settings, read_settings
 from dynamics.provenance import mixed_code, mixed_data, mixed_execution, trained_by, trained_on, trained_on_data
 from dynamics.schema import FINISHED_STATUSES, config_value
 
@@ -289,7 +289,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         n_snapshots=int(ds.sizes.get("snapshot", 0)),
         recorded=store.recorded_mask(ds, attrs) if "snapshot" in ds.dims else np.zeros(0, bool),
         steps=np.asarray(ds["step"].values) if "step" in ds.coords else np.arange(ds.sizes.get("snapshot", 0)),
-        settings=seed_settings(attrs.get("config", {})),
+        settings=read_settings(attrs.get("config", {})),
         unfinished=unfinished_reason(status, attrs),
         code=trained_by(attrs),
         execution=trained_on(attrs),
