@@ -349,8 +349,14 @@ def test_a_constant_target_and_a_single_group_are_refused_by_name():
 
     flat = [Run(f"r{s}", make_run(s, np.zeros((2, 8), bool)), seed=s) for s in range(2)]
     with pytest.raises(predict.PredictError, match=r"^target 'slash' is constant: every one of 32 heads has the value 0; "
-                                                   r"another --target \(.*\) may vary here$"):
+                                                   r"another --target \(.*\) may vary here$") as refused:
         predict.target_table(flat, PredictOptions())
+    # no run fitted CHG gates: chg is not offered (named, it was refused next: "no CHG fit recorded")
+    assert "another --target (role, importance, redundant) may vary here" in str(refused.value)
+    codes = np.zeros((STEPS.size, 2, 8), np.int8)  # a run that fitted CHG: chg is offered
+    fitted = [Run(r.run_id, r.data.assign(chg_role=(("snapshot", "layer", "head"), codes)), r.seed) for r in flat]
+    with pytest.raises(predict.PredictError, match=r"another --target \(role, importance, chg, redundant\) may vary"):
+        predict.target_table(fitted, PredictOptions())
     fates = np.zeros((2, 8), bool)
     fates[0, :4] = True
     same_seed = [Run(f"r{c}", make_run(c, fates), seed=0, config=str(c)) for c in range(2)]

@@ -247,7 +247,9 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
     if values.size < 2:
         # The default target (slash) is constant on a store of a task without slash heads, the
         # demo's included: the other targets are the next thing to try
-        others = ", ".join(t for t in TARGETS if t != options.target)
+        # (chg only where a run fitted gates: named on a store without, it was refused next)
+        fitted = any("chg_role" in r.data for r in runs)
+        others = ", ".join(t for t in TARGETS if t != options.target and (t != "chg" or fitted))
         raise PredictError(f"target {options.target!r} is constant: every one of {n} heads has the value "
                            f"{class_name(options.target, values[0])}; another --target ({others}) may vary here")
     if len(set(cat["row_group"])) < 2:
