@@ -40,17 +40,27 @@ def seed_settings(config: dict) -> dict[str, Any]:
     return {f"{sec}.{k}": v for sec, table in identity.items() if isinstance(table, dict) for k, v in table.items()}
 
 
+class _Unread(str):
+    """The value :func:`read_settings` gives a setting a run does not read: prints as ``none``."""
+
+
+UNREAD = _Unread("none")
+"""A setting the run does not read (:func:`read_settings`); :func:`differing_settings` sees no
+difference in it, and it prints as ``none`` (a str, so that tables and JSON take it as they are)."""
+
+
 def read_settings(config: dict) -> dict[str, Any]:
-    """:func:`seed_settings` less the settings the config does not read: task keys none of its
-    tasks reads, and each :data:`CONDITIONAL_KEYS` setting whose condition does not hold. What
-    tables and labels show, where a markov run's ``task.max_period`` (read by induction alone) and
-    an attention-only model's ``model.d_mlp`` read as differences from the runs beside them.
+    """:func:`seed_settings` with :data:`UNREAD` for the settings the config does not read: task
+    keys none of its tasks reads, and each :data:`CONDITIONAL_KEYS` setting whose condition does
+    not hold. What tables and labels show: a markov run's ``task.max_period`` (read by induction
+    alone) and an attention-only model's ``model.d_mlp`` read as differences from the runs beside them.
 
     Examples
     --------
-    >>> s = read_settings({"task": {"name": "markov", "max_period": 16, "markov_order": 2}, "model": {"attn_only": True}})
-    >>> "task.max_period" in s, s["task.markov_order"], "model.d_mlp" in s
-    (False, 2, False)
+    >>> s = read_settings({"task": {"name": "markov", "max_period": 16, "markov_order": 2},
+    ...                    "model": {"attn_only": True, "d_mlp": 256}})
+    >>> s["task.max_period"] is UNREAD, s["task.markov_order"], s["model.d_mlp"]
+    (True, 2, 'none')
     """
     from dynamics.tasks.batch import TASK_KEYS  # here: the tasks import numpy, which grouping needs not
 
@@ -58,17 +68,24 @@ def read_settings(config: dict) -> dict[str, Any]:
     name = _get(config, "task.name")
     names = _get(config, "task.components") if name == "mixture" else [name]
     read = {k for name in names for k in TASK_KEYS.get(name, ())}
-    unread = [f"task.{k}" for keys in TASK_KEYS.values() for k in keys if k not in read]
-    unread += [dotted for dotted, reader in CONDITIONAL_KEYS.items() if not reader.reads(_get(config, reader.condition))]
-    return {k: v for k, v in settings.items() if k not in unread}
+    unread = {f"task.{k}" for keys in TASK_KEYS.values() for k in keys if k not in read}
+    unread |= {dotted for dotted, reader in CONDITIONAL_KEYS.items() if not reader.reads(_get(config, reader.condition))}
+    return {k: UNREAD if k in unread else v for k, v in settings.items()}
 
 
 def differing_settings(settings: Iterable[dict[str, Any]]) -> list[str]:
-    """The keys, sorted, whose values are not the same in all of ``settings`` (a missing key counts
-    as a value): what names each of several configs apart from the others."""
+    """The keys, sorted, whose values are not the same in all of ``settings`` that read them (a
+    missing key counts as a value; :data:`UNREAD` does not): what names each of several configs
+    apart from the others.
+
+    >>> differing_settings([{"a": 1, "b": 2}, {"a": 1, "b": UNREAD}, {"a": 2}])
+    ['a', 'b']
+    >>> differing_settings([{"a": 1, "b": 2}, {"a": 1, "b": UNREAD}])
+    []
+    """
     settings = list(settings)
     keys = sorted({k for s in settings for k in s})
-    return [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1]
+    return [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings if s.get(k) is not UNREAD}) > 1]
 
 
 @dataclass(frozen=True)

@@ -303,16 +303,22 @@ def test_a_run_failed_by_a_full_disk_shows_the_steps_and_loss_its_store_records(
         "failed", f"6/20 (+{attrs['steps_done'] - 6} unrecorded)", "6", f"{loss[5]:.4f}")
 
 
-def test_a_setting_a_run_does_not_read_shows_none_not_a_difference():
+def test_a_setting_a_run_does_not_read_is_no_difference_and_shows_none():
     # A markov run beside induction ones at one swept point: its stored config holds the default
     # task.max_period, which no markov batch reads, and the column showed 16 against 12 as if it
-    # differed; so did model.d_mlp for an attention-only model beside one with MLPs.
+    # differed; so did model.d_mlp for an attention-only model beside one with MLPs. Nor is a key
+    # a column because one run does not read it: markov_order differs from no run that reads it.
     induction = from_dict({"model": {"d_mlp": 64}, "task": {"max_period": 12}}).to_dict()
+    other = from_dict({"task": {"max_period": 8}}).to_dict()
     markov = from_dict({"model": {"attn_only": True}, "task": {"name": "markov"}}).to_dict()
-    index = {"axes": ["model.init_scale"], "runs": {"ra": {"model.init_scale": 1.0}, "rb": {"model.init_scale": 1.0}}}
-    labels, shown = row_labels(index, {"ra": {"config": induction}, "rb": {"config": markov}}, ["ra", "rb"])
-    rows = {r: dict(zip(labels, shown(r), strict=True)) for r in ("ra", "rb")}
-    assert (rows["ra"]["task.max_period"], rows["rb"]["task.max_period"]) == ("12", "none")
-    assert (rows["ra"]["model.d_mlp"], rows["rb"]["model.d_mlp"]) == ("64", "none")
-    assert (rows["ra"]["task.markov_order"], rows["rb"]["task.markov_order"]) == ("none", str(markov["task"]["markov_order"]))
-    assert rows["rb"]["model.attn_only"] == "True" and rows["rb"]["task.name"] == "markov"
+    ids = ["ra", "rb", "rc"]
+    index = {"axes": ["model.init_scale"], "runs": {r: {"model.init_scale": 1.0} for r in ids}}
+    attrs = {"ra": {"config": induction}, "rb": {"config": markov}, "rc": {"config": other}}
+    labels, shown = row_labels(index, attrs, ids)
+    assert labels == ["model.init_scale", "model.attn_only", "model.d_mlp", "task.max_period", "task.name"]
+    rows = {r: dict(zip(labels, shown(r), strict=True)) for r in ids}
+    assert [rows[r]["task.max_period"] for r in ids] == ["12", "none", "8"]
+    assert [rows[r]["model.d_mlp"] for r in ids] == ["64", "none", "256"]
+    # two runs only, induction and markov: what tells them apart is the task's name and the model
+    labels, _ = row_labels(index, {"ra": {"config": induction}, "rb": {"config": markov}}, ["ra", "rb"])
+    assert labels == ["model.init_scale", "model.attn_only", "task.name"]
