@@ -172,6 +172,21 @@ def test_a_legend_of_many_groups_goes_outside_the_axes_and_the_figure_widens_for
         assert ax.get_position().width * fig.get_size_inches()[0] > 4.0
 
 
+def test_a_legend_outside_heightens_the_figure_by_its_own_lines_not_a_full_columns():
+    # Sized for 18 rows whatever it held, a 9-entry legend made the roles figure (2.9 inches)
+    # 3.75 inches tall; 9 lines and its title fit in 2.4.
+    from types import SimpleNamespace
+
+    from dynamics.report.draw import _figure, _legend
+
+    fig = _figure(10, 2.9)
+    ax = fig.subplots()
+    for i in range(9):
+        ax.plot([0, 1], [i, i], label=f"group {i}")
+    _legend(ax, SimpleNamespace(title="init_scale x lr"))
+    assert len(fig.legends) == 1 and fig.get_size_inches()[1] == 2.9
+
+
 def test_groups_that_differ_in_many_settings_get_wrapped_entries_and_panels_that_keep_their_size():
     # A store of runs that differ in 13 settings (the demo's beside a smaller model's): each entry
     # was one line of ~300 characters, the panels collapsed ("constrained_layout not applied") and
@@ -190,6 +205,11 @@ def test_groups_that_differ_in_many_settings_get_wrapped_entries_and_panels_that
     assert all(len(line) <= LABEL_WIDTH for text in (label, groups.title) for line in text.split("\n"))
     assert label.count("\n") == 4  # 13 entries of 14-15 characters, three to a line of 48 at most
     assert _wrap("a" * 60 + ", b") == "a" * 60 + ",\nb"  # one part longer than a line keeps its own
+    # a list value is one part, never broken at its own commas
+    three = ["induction", "markov", "offset_copy"]
+    mixture = _groups([_Run("m", "completed", {"task.components": three, "model.init_scale": 1.0},
+                            1.0, 3, np.ones(3, bool), np.arange(3))], ["model.init_scale", "task.components"])
+    assert mixture.labels[mixture.keys[0]] == "init_scale=1,\ncomponents=['induction', 'markov', 'offset_copy']"
     fig = _figure(6.5, 3.8)
     ax = fig.subplots()
     _curves(ax, groups, {r.run_id: (np.arange(3), np.arange(3.0) + i) for i, r in enumerate(runs)})

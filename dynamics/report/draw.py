@@ -52,18 +52,22 @@ LABEL_WIDTH = 48
 drew each entry as one 300-character line, and the figure's panels collapsed to nothing."""
 
 
-def _wrap(text: str, width: int = LABEL_WIDTH) -> str:
-    """``text`` broken after its commas into lines of at most ``width`` characters where it can be
-    (one "key=value" longer than that keeps its own line).
+def _wrap(parts: str | list[str], width: int = LABEL_WIDTH) -> str:
+    """``parts`` (a list, or a text split at its ", ") joined by ", " and broken after a part's comma
+    into lines of at most ``width`` characters where it can be; a part longer than that keeps
+    its own line, and a part is never broken (a list value: ``components=['induction', 'markov']``).
 
     Examples
     --------
     >>> print(_wrap("init_scale=0.5, context=32, d_model=64, n_heads=4", 30))
     init_scale=0.5, context=32,
     d_model=64, n_heads=4
+    >>> print(_wrap(["lr=0.01", "components=['induction', 'markov']"], 20))
+    lr=0.01,
+    components=['induction', 'markov']
     """
     lines: list[str] = []
-    for part in text.split(", "):
+    for part in parts.split(", ") if isinstance(parts, str) else parts:
         if lines and len(lines[-1]) + 2 + len(part) <= width:
             lines[-1] += f", {part}"
         else:
@@ -95,6 +99,8 @@ def _plain(text: str) -> str:
 
 
 def _fmt(value: Any) -> str:
+    if value is None:  # a setting a run lacks (an [intervene] section), as `dynamics status` prints it
+        return "none"
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
@@ -207,7 +213,7 @@ def _groups(runs: list[_Run], axes: list[str]) -> _Groups:
         style_of = {v: i for i, v in enumerate(rests)}
         colours = {k: cmap(pos[k[0]]) for k in keys}
         style_index = {k: style_of[k[1:]] for k in keys}
-        labels = {k: _wrap(", ".join(f"{_short(a)}={_fmt(json.loads(v))}" for a, v in zip(group_axes, k, strict=True)))
+        labels = {k: _wrap([f"{_short(a)}={_fmt(json.loads(v))}" for a, v in zip(group_axes, k, strict=True)])
                   for k in keys}
     else:
         cmap = colormaps["tab10"]
@@ -328,7 +334,7 @@ def _legend(ax, groups: _Groups) -> None:
     ncol = math.ceil(len(handles) / per_column)
     longest = max(len(line) for text in (*labels, groups.title) for line in text.split("\n"))
     width, height = fig.get_size_inches()
-    lines = per_column * max(rows) + groups.title.count("\n") + 1
+    lines = min(len(handles), per_column) * max(rows) + groups.title.count("\n") + 1  # its tallest column
     fig.set_size_inches(width + max(1.9, 0.6 + 0.055 * longest) * ncol, max(height, 0.15 * lines + 0.9))
     fig.legend(handles, labels, loc="outside right upper", ncol=ncol, **style)
 
