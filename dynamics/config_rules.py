@@ -33,7 +33,8 @@ def validate(cfg: RunConfig, *, recorded: bool = False) -> None:
     ``recorded``: a run's own config (:func:`dynamics.config.recorded_config`), exempt from the
     rules added after runs were recorded under the values they refuse, values that train but
     to no use (an ``init_scale`` below the smallest normal float32: all-zero attention weights;
-    a ``rope_base`` past float32: a RoPE table of inf). Such a run stays loadable by gates,
+    a ``rope_base`` past float32: a RoPE table of inf; a ``weight_decay``, ``beta1``, ``beta2``,
+    ``min_lr_frac`` or ``gate_l1`` that is 0 in float32 only). Such a run stays loadable by gates,
     resume and distillation, as before those rules.
 
     Not refused: an induction ``task.max_period`` above ``model.vocab_size``. Its segments cannot

@@ -54,10 +54,17 @@ def test_a_huge_value_is_cut_in_its_refusal_and_a_long_path_or_list_is_not(capsy
     assert run_to_end("run", raising(ConfigError(f"task.name: unknown task {value!r} (induction | markov)"))) == 2
     err = capsys.readouterr().err
     assert err == f"dynamics: error: task.name: unknown task '{'x' * 199}...(100,002 characters)...{'x' * 39}' (induction | markov)\n"
-    path, runs = "/d/" + "p" * 390 + ".zarr", ", ".join(f"run{i:04d}" for i in range(300))
-    for text in (f"not a store: {path}", f"refused: {runs}"):  # 400 characters without a space, and 2,700 with them
+    path = "/" + "/".join(["d" * 250] * 16) + ".zarr"  # 4,022 characters, near PATH_MAX (4,096): whole
+    runs = ", ".join(f"run{i:04d}" for i in range(300))
+    for text in (f"not a store: {path}", f"refused: {runs}"):  # 2,700 characters with spaces
         run_to_end("status", raising(UsageError(text)))
         assert capsys.readouterr().err == f"dynamics: error: {text}\n"
+    # a long list, spaces and all: cut in its middle (a 1,000-number --set value was 5 kB, 100,000 0.5 MB)
+    numbers = "[" + ", ".join(["7"] * 100_000) + "]"
+    run_to_end("run", raising(ConfigError(f"model.n_heads: expected an integer, got {numbers}")))
+    err = capsys.readouterr().err
+    assert len(err) < 4200 and err.startswith("dynamics: error: model.n_heads: expected an integer, got [7, 7, ")
+    assert err.endswith(", 7, 7]\n") and " ...(300,040 characters)... " in err
 
 
 def test_a_path_given_in_bytes_that_are_not_utf8_is_printed_as_those_bytes(monkeypatch):
