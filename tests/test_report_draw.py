@@ -210,6 +210,10 @@ def test_groups_that_differ_in_many_settings_get_wrapped_entries_and_panels_that
     mixture = _groups([_Run("m", "completed", {"task.components": three, "model.init_scale": 1.0},
                             1.0, 3, np.ones(3, bool), np.arange(3))], ["model.init_scale", "task.components"])
     assert mixture.labels[mixture.keys[0]] == "init_scale=1,\ncomponents=['induction', 'markov', 'offset_copy']"
+    # a setting a run lacks (an [intervene] section) reads none, as in `dynamics status`, not Python's None
+    lacking = _groups([_Run("n", "completed", {"model.init_scale": 1.0, "intervene.distill": None}, 1.0, 3,
+                            np.ones(3, bool), np.arange(3))], ["model.init_scale", "intervene.distill"])
+    assert lacking.labels[lacking.keys[0]] == "init_scale=1, distill=none"
     fig = _figure(6.5, 3.8)
     ax = fig.subplots()
     _curves(ax, groups, {r.run_id: (np.arange(3), np.arange(3.0) + i) for i, r in enumerate(runs)})
