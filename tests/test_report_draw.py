@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import xarray as xr
 
 from dynamics.report import _Run
@@ -174,17 +175,32 @@ def test_a_legend_of_many_groups_goes_outside_the_axes_and_the_figure_widens_for
 
 def test_a_legend_outside_heightens_the_figure_by_its_own_lines_not_a_full_columns():
     # Sized for 18 rows whatever it held, a 9-entry legend made the roles figure (2.9 inches)
-    # 3.75 inches tall; 9 lines and its title fit in 2.4.
+    # 3.75 inches tall; 9 lines and its title fit in 2.4. So did one entry of two lines (every
+    # entry counted as tall as the tallest), and 19 entries in two columns (counted as 18 in one).
     from types import SimpleNamespace
 
     from dynamics.report.draw import _figure, _legend
 
-    fig = _figure(10, 2.9)
-    ax = fig.subplots()
-    for i in range(9):
-        ax.plot([0, 1], [i, i], label=f"group {i}")
-    _legend(ax, SimpleNamespace(title="init_scale x lr"))
-    assert len(fig.legends) == 1 and fig.get_size_inches()[1] == 2.9
+    def drawn(labels, width=10.0):
+        fig = _figure(width, 2.9)
+        ax = fig.subplots()
+        for i, label in enumerate(labels):
+            ax.plot([0, 1], [i, i], label=label)
+        _legend(ax, SimpleNamespace(title="init_scale x lr"))
+        return fig
+
+    # 9 entries, or 8 and one of two lines; 19 in two columns of 10 and 9, as matplotlib deals them
+    for labels in ([f"group {i}" for i in range(9)], [*(f"g{i}" for i in range(8)), "two,\nlines"],
+                   [f"group {i}" for i in range(19)]):
+        fig = drawn(labels, 3.5)
+        assert len(fig.legends) == 1 and fig.get_size_inches()[1] == 2.9, (len(labels), fig.get_size_inches())
+    fig = drawn([f"entry {i}, two,\nlines" for i in range(18)], 3.5)  # 36 lines in two columns: taller
+    assert fig.get_size_inches()[1] == pytest.approx(0.15 * (18 + 1) + 0.9)
+    # four entries, but each wider than its panel: outside, not over the curves and the next panel
+    wide = drawn([f"init_scale={s}, context=32, d_model=64, n_heads=4 (mean of 2)" for s in range(4)], 3.1)
+    assert len(wide.legends) == 1 and wide.axes[0].get_legend() is None
+    narrow = drawn([f"init_scale={s}" for s in range(4)], 3.1)
+    assert not narrow.legends and narrow.axes[0].get_legend() is not None
 
 
 def test_groups_that_differ_in_many_settings_get_wrapped_entries_and_panels_that_keep_their_size():

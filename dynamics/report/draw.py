@@ -323,19 +323,26 @@ def _legend(ax, groups: _Groups) -> None:
     # handlelength: long enough to show each line style's dash pattern
     style = dict(title=_no_mathtext(groups.title), fontsize=7, title_fontsize=8, frameon=False, handlelength=3.2)
     rows = [label.count("\n") + 1 for label in labels]  # lines of each entry (wrapped: LABEL_WIDTH)
-    if len(handles) <= 8 and sum(rows) <= 8:
+    fig = ax.figure
+    width, height = fig.get_size_inches()
+    longest = max(len(line) for text in (*labels, groups.title) for line in text.split("\n"))
+    column = max(1.9, 0.6 + 0.055 * longest)  # inches: the longest line (7 pt text: ~0.055 inch a character)
+    # inside where it is short and no wider than its panel: four 55-character entries covered a
+    # roles panel and the next panel's label
+    if len(handles) <= 8 and sum(rows) <= 8 and column <= ax.get_position().width * width:
         ax.legend(handles, labels, loc="best", **style)
         return
     # A 5 x 4 sweep's 20 groups inside the axes covered the curves and ran off the figure: outside,
     # in columns, the figure widened (and heightened) for them so that the panels keep their size,
-    # by the legend's longest line (7 pt text: about 0.055 inch a character) and its tallest column
-    fig = ax.figure
+    # by the legend's longest line and its tallest column (matplotlib deals the entries out in
+    # columns of near-equal count, the first ones longer)
     per_column = max(1, LEGEND_ROWS // max(rows))
     ncol = math.ceil(len(handles) / per_column)
-    longest = max(len(line) for text in (*labels, groups.title) for line in text.split("\n"))
-    width, height = fig.get_size_inches()
-    lines = min(len(handles), per_column) * max(rows) + groups.title.count("\n") + 1  # its tallest column
-    fig.set_size_inches(width + max(1.9, 0.6 + 0.055 * longest) * ncol, max(height, 0.15 * lines + 0.9))
+    size, large = divmod(len(handles), ncol)
+    sizes = [size + 1] * large + [size] * (ncol - large)
+    starts = [sum(sizes[:i]) for i in range(ncol)]
+    lines = max(sum(rows[s:s + n]) for s, n in zip(starts, sizes, strict=True)) + groups.title.count("\n") + 1
+    fig.set_size_inches(width + column * ncol, max(height, 0.15 * lines + 0.9))
     fig.legend(handles, labels, loc="outside right upper", ncol=ncol, **style)
 
 
