@@ -524,7 +524,7 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
     from dynamics import store
     from dynamics.analysis import cross_seed_consistency
     from dynamics.analysis.pipeline import is_current
-    from dynamics.identity import UNREAD, differing_settings, read_settings, seed_group
+    from dynamics.identity import differing_settings, read_settings, seed_group, setting_text
 
     index = store.read_sweep_index(path) or {}
     axes = [a for a in index.get("axes", []) if a != "train.seed"]
@@ -564,7 +564,7 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
         return differing_settings(flat[g] for g in among)
 
     def settings(g: str, names: list[str]) -> str:
-        return ", ".join(f"{k}={'none' if flat[g].get(k) is UNREAD else json.dumps(flat[g].get(k))}" for k in names)
+        return ", ".join(f"{k}={setting_text(flat[g], k)}" for k in names)
 
     # Sweeps of different base configs into one store give groups with the same swept values:
     # they also name the settings that tell them apart, or their lines would read alike.

@@ -85,7 +85,20 @@ def differing_settings(settings: Iterable[dict[str, Any]]) -> list[str]:
     """
     settings = list(settings)
     keys = sorted({k for s in settings for k in s})
-    return [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings if s.get(k) is not UNREAD}) > 1]
+    # by type, not identity: a copy (copy, pickle) of UNREAD is no longer UNREAD itself
+    return [k for k in keys
+            if len({json.dumps(s.get(k), sort_keys=True) for s in settings if not isinstance(s.get(k), _Unread)}) > 1]
+
+
+def setting_text(settings: dict[str, Any], key: str) -> str:
+    """A setting as labels quote it: its JSON, or ``none`` where the run lacks it (an
+    ``[intervene]`` section) or does not read it (:data:`UNREAD`), as `dynamics status` shows both.
+
+    >>> setting_text({"task.name": "markov", "task.max_period": UNREAD}, "task.name"), setting_text({}, "intervene.x")
+    ('"markov"', 'none')
+    """
+    value = settings.get(key, UNREAD)
+    return "none" if isinstance(value, _Unread) else json.dumps(value, sort_keys=True)
 
 
 @dataclass(frozen=True)

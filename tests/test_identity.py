@@ -257,3 +257,36 @@ def test_the_unread_setting_problem_names_the_first_unread_setting():
     line = unread_setting_problem({"model": {"gates": "fixed", "gate_init": 1.0, "gate_l1": 0.5}})
     assert line.startswith('model.gate_init = 1.0: fixed gates (model.gates = "fixed") do not read it, so the run')
     assert line.endswith('drop the setting, or set model.gates = "learned"')
+
+
+def test_a_setting_a_run_does_not_read_is_no_difference_even_copied():
+    # UNREAD is told by type: a copy (deepcopy, pickle) of it is another object, and an identity
+    # test would count it as a value, "none" against 12
+    import copy
+    import pickle
+
+    from dynamics.identity import UNREAD, differing_settings, read_settings, setting_text
+
+    markov = read_settings(from_dict({"task": {"name": "markov"}}).to_dict())
+    induction = read_settings(from_dict({"task": {"max_period": 12}}).to_dict())
+    for other in (markov, copy.deepcopy(markov), pickle.loads(pickle.dumps(markov))):
+        assert differing_settings([induction, other]) == ["task.name"]
+    assert markov["task.max_period"] is UNREAD and setting_text(markov, "task.max_period") == "none"
+    assert setting_text(induction, "task.max_period") == "12" and setting_text(induction, "intervene.x") == "none"
+    # a mixture reads the keys of each of its components
+    mixture = read_settings(from_dict({"task": {"name": "mixture", "components": ["induction", "markov"]}}).to_dict())
+    assert not isinstance(mixture["task.max_period"], type(UNREAD)) and mixture["task.delta"] is UNREAD
+
+
+def test_predicts_config_labels_say_none_for_a_setting_a_run_lacks_or_does_not_read():
+    # `predict --group config`: two configs at one swept point, told apart by their settings;
+    # a run without the [intervene] section read "None" there, Python's word, not status's "none"
+    from dynamics.predict.load import _told_apart
+    from dynamics.predict.options import Run
+
+    gated = {**from_dict({}).to_dict(), "intervene": {"scale": 0.5}}  # a stored config's [intervene] table
+    plain = from_dict({"model": {"attn_only": True}}).to_dict()
+    runs = [Run("ra", None, 0, "init_scale=1"), Run("rb", None, 0, "init_scale=1")]
+    got = {r.run_id: r.config for r in _told_apart(runs, {"ra": gated, "rb": plain})}
+    assert got == {"ra": "init_scale=1, intervene.scale=0.5, model.attn_only=False",
+                   "rb": "init_scale=1, intervene.scale=none, model.attn_only=True"}

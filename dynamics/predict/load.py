@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from dynamics import store
-from dynamics.identity import differing_settings, experiment_identity, read_settings
+from dynamics.identity import UNREAD, differing_settings, experiment_identity, read_settings
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run, check_arguments
 from dynamics.schema import config_value
 from dynamics.status import sweep_points
@@ -44,7 +44,7 @@ def _told_apart(runs: list[Run], configs: dict[str, dict]) -> list[Run]:
         flat = {r.run_id: read_settings(configs[r.run_id]) for r in peers}
         extra = differing_settings(flat.values())
         for r in peers:
-            text = ", ".join(f"{k}={flat[r.run_id].get(k)}" for k in extra)
+            text = ", ".join(f"{k}={flat[r.run_id].get(k, UNREAD)}" for k in extra)  # none: lacks or does not read it
             out[r.run_id] = dataclasses.replace(r, config=f"{label}, {text}" if extra and label else label or text)
     return [out[r.run_id] for r in runs]
 
