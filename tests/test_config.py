@@ -299,6 +299,15 @@ def test_a_config_named_by_a_url_is_named_as_given_and_not_fetched():
         load_config("https://h/c.toml")
 
 
+def test_a_local_file_whose_path_holds_a_url_scheme_is_read_not_refused(tmp_path, monkeypatch):
+    # "h://c.toml" is the file c.toml in the folder "h:" (POSIX folds the slashes): a URL only
+    # where no such file is (from a mutation audit: the existence check dropped, it was refused)
+    (tmp_path / "h:").mkdir()
+    (tmp_path / "h:" / "c.toml").write_text("[train]\nsteps = 7\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_config("h://c.toml").train.steps == 7
+
+
 def test_a_config_named_by_a_file_url_is_read_as_a_store_named_so_is():
     # Path("file:///x/c.toml") is "file:/x/c.toml": "config file not found" for a file that is there
     from urllib.parse import quote

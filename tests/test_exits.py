@@ -193,3 +193,13 @@ def test_stage_prints_its_banner_and_names_its_first_word():
         stage(args, 3, 4, "predict: how early is each head's final role readable?")
     assert printed.getvalue() == "== 3/4 predict: how early is each head's final role readable?\n"
     assert args.stage == "predict"
+
+
+def test_clipped_cuts_a_word_past_4200_characters_and_a_line_past_8000_not_at_them():
+    # from a mutation audit: `<=` as `<` cut a word of exactly the limit; no test held a line
+    # between 8,000 and 80,000 characters
+    from dynamics.usage import clipped
+
+    assert clipped("x" * 4200) == "x" * 4200 and clipped("x" * 4201) != "x" * 4201
+    spaced = " ".join(["1"] * 5000)  # 9,999 characters in short words
+    assert len(clipped(spaced)) < 8000 and clipped(spaced[:8000]) == spaced[:8000]

@@ -32,6 +32,8 @@ def test_a_schedule_of_too_few_snapshots_to_analyse_is_noted_not_refused():
     assert few_snapshots_note([cfg(2, 0, 500)]).endswith(
         "raise train.steps to at least 3 (a run of N steps has at most N + 1 snapshots), and lower record.every or "
         "raise record.dense_until")
+    # 2 steps, dense_until 1, every 3: at 3 steps this cadence records 0, 1, 3: still 3, so the cadence too
+    assert few_snapshots_note([cfg(2, 1, 3)]).endswith(", and lower record.every or raise record.dense_until")
     # one point of a sweep of three: a sweep's note, in the singular, not the one-run note
     assert few_snapshots_note([cfg(1), cfg(4), cfg(4)]).startswith(
         "1 of the 3 sweep points records fewer than 4 snapshots (the first: 2)")

@@ -344,3 +344,12 @@ def test_the_classes_of_each_test_fold_are_counted():
 
     got = fold_classes([3, 3, 1, 3, 0, 1], [1, 1, 1, 0, 0, 0], [0, 1, 3], ["self", "local", "none"], ["seed=0", "seed=1"])
     assert got == "seed=0: self=1, local=1, none=1; seed=1: local=1, none=2"
+
+
+def test_a_folds_groups_are_all_bracketed_where_any_label_holds_a_comma():
+    # from a mutation audit: bracketing only the labels with commas, or only where all had one,
+    # survived (the doctest's labels all had commas or none did)
+    from dynamics.predict.models import group_names
+
+    assert group_names(["seed=0", "lr=0.01, n_heads=4"]) == "[lr=0.01, n_heads=4], [seed=0]"
+    assert group_names(["seed=1", "seed=0"]) == "seed=0, seed=1"

@@ -357,6 +357,9 @@ def test_a_constant_target_and_a_single_group_are_refused_by_name():
     fitted = [Run(r.run_id, r.data.assign(chg_role=(("snapshot", "layer", "head"), codes)), r.seed) for r in flat]
     with pytest.raises(predict.PredictError, match=r"another --target \(role, importance, chg, redundant\) may vary"):
         predict.target_table(fitted, PredictOptions())
+    # one run of two fitted them: offered too (the runs without are named if it is chosen)
+    with pytest.raises(predict.PredictError, match=r"another --target \(role, importance, chg, redundant\) may vary"):
+        predict.target_table([fitted[0], flat[1]], PredictOptions())
     fates = np.zeros((2, 8), bool)
     fates[0, :4] = True
     same_seed = [Run(f"r{c}", make_run(c, fates), seed=0, config=str(c)) for c in range(2)]

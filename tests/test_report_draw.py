@@ -194,6 +194,14 @@ def test_a_legend_outside_heightens_the_figure_by_its_own_lines_not_a_full_colum
                    [f"group {i}" for i in range(19)]):
         fig = drawn(labels, 3.5)
         assert len(fig.legends) == 1 and fig.get_size_inches()[1] == 2.9, (len(labels), fig.get_size_inches())
+    # 19 entries on a panel 2 inches high, the first of two lines: columns of 7, 6 and 6 entries,
+    # the first (dealt the extra entry) holding 8 lines, and the title a ninth
+    fig = _figure(3, 2)
+    ax = fig.subplots()
+    for i in range(19):
+        ax.plot([0, 1], [i, i], label="a,\nb" if i == 0 else f"g{i}")
+    _legend(ax, SimpleNamespace(title="t"))
+    assert fig.legends[0]._ncols == 3 and fig.get_size_inches()[1] == pytest.approx(0.15 * 9 + 0.9)
     fig = drawn([f"entry {i}, two,\nlines" for i in range(18)], 3.5)  # 36 lines in two columns: taller
     assert fig.get_size_inches()[1] == pytest.approx(0.15 * (18 + 1) + 0.9)
     # four entries, but each wider than its panel: outside, not over the curves and the next panel
@@ -265,3 +273,17 @@ def test_the_voita_sentence_counts_heads_peaking_one_back_that_are_labelled_othe
     assert said.endswith("the analysis's previous_token_peak names them: a (1), b (2).")
     assert _voita_sentence([c]) == "" and _voita_sentence([_Run("d", "completed", {}, 1.0, 2, np.ones(2, bool),
                                                                   np.arange(2))]) == ""  # no analysis
+
+
+def test_a_legend_below_has_as_many_columns_as_its_longest_entry_leaves_room_for():
+    # from a mutation audit: columns of 2.7 inches whatever the entries, four of 60 characters
+    # (3.9 inches each) in a 10.8-inch figure overlapped in 4 columns
+    from matplotlib.lines import Line2D
+
+    from dynamics.report.draw import _figure, _legend_below, _wrap
+
+    fig = _figure(10.8, 3)
+    fig.subplots()
+    _legend_below(fig, [Line2D([], [], label=f"{i}" + "x" * 59) for i in range(4)], "t")
+    assert fig.legends[0]._ncols == 2
+    assert _wrap("aaaa, bbbb", 10) == "aaaa, bbbb"  # a line of exactly the width stays one line
