@@ -316,6 +316,25 @@ LEGEND_ROWS = 18
 """Entries in one legend column; a legend of more than 8 goes outside the axes, right of the figure."""
 
 
+def _column_inches(texts: list[str]) -> float:
+    """Width of a legend column holding ``texts``: its handle and its longest line, at 7 pt text
+    about 0.055 inch a character."""
+    return 0.6 + 0.055 * max(len(line) for text in texts for line in text.split("\n"))
+
+
+def _tallest_column(rows: list[int], ncol: int) -> int:
+    """Lines of a legend's tallest column, its entries of ``rows`` lines each dealt out as
+    matplotlib deals them into ``ncol`` columns: near-equal counts, the first columns the longer.
+
+    >>> _tallest_column([2, 1, 1, 1, 1], 2)  # columns of 3 and 2 entries
+    4
+    """
+    size, large = divmod(len(rows), ncol)
+    sizes = [size + 1] * large + [size] * (ncol - large)
+    starts = [sum(sizes[:i]) for i in range(ncol)]
+    return max(sum(rows[s:s + n]) for s, n in zip(starts, sizes, strict=True))
+
+
 def _legend(ax, groups: _Groups) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if not handles:
@@ -325,8 +344,7 @@ def _legend(ax, groups: _Groups) -> None:
     rows = [label.count("\n") + 1 for label in labels]  # lines of each entry (wrapped: LABEL_WIDTH)
     fig = ax.figure
     width, height = fig.get_size_inches()
-    longest = max(len(line) for text in (*labels, groups.title) for line in text.split("\n"))
-    column = max(1.9, 0.6 + 0.055 * longest)  # inches: the longest line (7 pt text: ~0.055 inch a character)
+    column = max(1.9, _column_inches([*labels, groups.title]))
     # inside where it is short and no wider than its panel: four 55-character entries covered a
     # roles panel and the next panel's label
     if len(handles) <= 8 and sum(rows) <= 8 and column <= ax.get_position().width * width:
@@ -334,14 +352,9 @@ def _legend(ax, groups: _Groups) -> None:
         return
     # A 5 x 4 sweep's 20 groups inside the axes covered the curves and ran off the figure: outside,
     # in columns, the figure widened (and heightened) for them so that the panels keep their size,
-    # by the legend's longest line and its tallest column (matplotlib deals the entries out in
-    # columns of near-equal count, the first ones longer)
-    per_column = max(1, LEGEND_ROWS // max(rows))
-    ncol = math.ceil(len(handles) / per_column)
-    size, large = divmod(len(handles), ncol)
-    sizes = [size + 1] * large + [size] * (ncol - large)
-    starts = [sum(sizes[:i]) for i in range(ncol)]
-    lines = max(sum(rows[s:s + n]) for s, n in zip(starts, sizes, strict=True)) + groups.title.count("\n") + 1
+    # by the legend's longest line and its tallest column
+    ncol = math.ceil(len(handles) / max(1, LEGEND_ROWS // max(rows)))
+    lines = _tallest_column(rows, ncol) + groups.title.count("\n") + 1
     fig.set_size_inches(width + column * ncol, max(height, 0.15 * lines + 0.9))
     fig.legend(handles, labels, loc="outside right upper", ncol=ncol, **style)
 
@@ -352,9 +365,8 @@ def _legend_below(fig, handles: list, title: str) -> None:
     the legend's lines, so that the panels keep their height (a 42-group sweep's rows, or entries
     wrapped over 5 lines, crushed them; anchored below one panel, a legend squeezed that panel)."""
     labels = [h.get_label() for h in handles]
-    longest = max(len(line) for text in (*labels, title) for line in text.split("\n"))
-    ncol = max(1, min(len(handles), int(fig.get_figwidth() // max(2.7, 0.6 + 0.055 * longest))))
-    lines = math.ceil(len(handles) / ncol) * max(label.count("\n") + 1 for label in labels) + title.count("\n")
+    ncol = max(1, min(len(handles), int(fig.get_figwidth() // max(2.7, _column_inches([*labels, title])))))
+    lines = _tallest_column([label.count("\n") + 1 for label in labels], ncol) + title.count("\n")
     fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + 0.15 * lines)
     fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=7, frameon=False,
                title=_no_mathtext(title), title_fontsize=7)
