@@ -124,15 +124,22 @@ def test_within_layer_divergence_is_the_mean_over_ordered_distinct_pairs():
 
 
 def test_bifurcation_band_edges_on_paper():
-    # Baseline [0, 1, 2]: mean 1, sample sd 1 -> band 1 +- 3 (5% of 1 is smaller). A point at
-    # exactly 4 is on the edge: inside (outside means strictly beyond).
+    # Baseline [2, 0, 1]: mean 1, sample sd 1 -> band 1 +- 3 (the floor, rel_tol x |mean| = 1, is
+    # narrower). rel_tol = 1 also makes the first value's own band 2 +- 2, which holds the baseline
+    # and the 4s: no split inside the baseline here. A point at exactly 4 is on the edge: inside
+    # (outside means strictly beyond).
     steps = ("snapshot", [0, 10, 20, 30, 40])
-    on_edge = xr.DataArray([0.0, 1.0, 2.0, 4.0, 4.0], dims="snapshot", coords={"step": steps})
-    assert np.isnan(float(bifurcation_step(on_edge)))
-    beyond = on_edge.copy(data=[0.0, 1.0, 2.0, 4.0, 4.25])
-    assert float(bifurcation_step(beyond)) == 40.0
-    below = on_edge.copy(data=[0.0, 1.0, 2.0, -2.25, -2.25])  # two-sided
-    assert float(bifurcation_step(below)) == 30.0
+    on_edge = xr.DataArray([2.0, 0.0, 1.0, 4.0, 4.0], dims="snapshot", coords={"step": steps})
+    assert np.isnan(float(bifurcation_step(on_edge, rel_tol=1.0)))
+    beyond = on_edge.copy(data=[2.0, 0.0, 1.0, 4.0, 4.25])
+    assert float(bifurcation_step(beyond, rel_tol=1.0)) == 40.0
+    below = on_edge.copy(data=[2.0, 0.0, 1.0, -2.25, -2.25])  # two-sided
+    assert float(bifurcation_step(below, rel_tol=1.0)) == 30.0
+    # With the default 5% the first value's band is 2 +- 0.1: the curve left it at step 10 and
+    # never came back, a split inside the baseline, which the band (1 +- 3, holding the 4s) missed.
+    assert float(bifurcation_step(on_edge)) == 10.0
+    # Baseline [0, 1, 2]: its first value's band is 0 +- 1e-6 (the absolute floor), left at step 10.
+    assert float(bifurcation_step(on_edge.copy(data=[0.0, 1.0, 2.0, 4.0, 4.0]))) == 10.0
     # rel floor: flat baseline 8 -> band 8 +- 0.4; 8.375 inside, 8.5 outside
     flat = on_edge.copy(data=[8.0, 8.0, 8.0, 8.375, 8.5])
     assert float(bifurcation_step(flat)) == 40.0

@@ -91,6 +91,47 @@ def test_bifurcation_step_absolute_floor_on_a_zero_baseline():
         bifurcation_step(curve(x), abs_tol=-1.0)
 
 
+def test_a_split_inside_the_baseline_is_dated_where_the_curve_left_its_first_value():
+    # A large learning rate: the heads part within the first steps. Baseline 0.3, 0.38, 0.56: mean
+    # 0.4133, sample sd 0.1305, band 0.4133 +- 0.3916 = [0.0218, 0.805], which holds the plateau at
+    # 0.73, so the band alone said "never" for the run that split fastest. The curve left its first
+    # value's floor band, 0.3 +- 0.015, at snapshot 1 and stayed out: step 5.
+    fast = np.full(len(STEPS), 0.73)
+    fast[:3] = [0.3, 0.38, 0.56]
+    assert float(bifurcation_step(curve(fast))) == STEPS[1]
+    # Left inside the baseline and went on past the band (0.9 > 0.805 at snapshot 3): still the
+    # step it left its first value, not the later one the widened band gives.
+    fast[3:] = 0.9
+    assert float(bifurcation_step(curve(fast))) == STEPS[1]
+    # 0.3, 0.31, 0.33: 0.31 is inside 0.3 +- 0.015, 0.33 outside, and the band (0.3133 +- 0.0458)
+    # holds the plateau at 0.33: snapshot 2.
+    slow = np.full(len(STEPS), 0.33)
+    slow[:2] = [0.3, 0.31]
+    assert float(bifurcation_step(curve(slow))) == STEPS[2]
+    assert float(bifurcation_step(curve(slow), rel_tol=0.2)) != STEPS[2]  # 0.33 is inside 0.3 +- 0.06
+    # Back at its first value at the end (0.305 is inside 0.3 +- 0.015): it did not leave for good.
+    back = fast.copy()
+    back[-1] = 0.305
+    assert np.isnan(float(bifurcation_step(curve(back))))
+    # Heads that start identical (0) and part at snapshot 2; 1e-9 at snapshot 1 is rounding.
+    zero = np.full(len(STEPS), 0.05)
+    zero[:2] = [0.0, 1e-9]
+    assert float(bifurcation_step(curve(zero))) == STEPS[2]
+
+
+def test_a_split_inside_the_baseline_in_a_ragged_lazy_sweep():
+    # Two runs: the first split at snapshot 1 and was recorded at 5 snapshots only (padding, NaN
+    # step, after them: not data, so not a return to the first value); the second is flat, then
+    # jumps at snapshot 4.
+    x = np.array([[0.3, 0.5, 0.7, 0.7, 0.7, np.nan, np.nan], [0.3, 0.3, 0.3, 0.3, 0.6, 0.6, 0.6]])
+    steps = np.array([[0, 1, 2, 4, 8, np.nan, np.nan], [0, 1, 2, 4, 8, 16, 32]])
+    da = xr.DataArray(x, dims=("run", "snapshot"), coords={"step": (("run", "snapshot"), steps)})
+    np.testing.assert_array_equal(bifurcation_step(da).values, [1, 8])
+    with no_compute():
+        lazy = bifurcation_step(da.chunk({"run": 1}))
+    np.testing.assert_array_equal(lazy.compute().values, [1, 8])
+
+
 def test_bifurcation_step_vectorised_lazy_and_without_step_coord():
     jumps = np.array([[3, 6, 100], [4, 11, 8]])  # 100: never
     x = np.stack([[noisy_jump(10 * r + h, j) for h, j in enumerate(row)] for r, row in enumerate(jumps)])

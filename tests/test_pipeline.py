@@ -234,15 +234,19 @@ def test_the_bifurcation_band_spans_the_baseline_snapshots_of_the_options():
     # The heads' mean divergence is 0 at snapshots 0 and 1 and D > 0 from snapshot 2 on (head 1
     # turns into a sink). A 2-snapshot baseline (0, 0) has no spread: the jump at step 20 leaves
     # it. A 3-snapshot baseline (0, 0, D) takes the jump in: mean D/3, sd D/sqrt(3), band
-    # 3 D/sqrt(3) = 1.73 D wide on each side, and the plateau D, 2D/3 from the mean, never leaves it.
+    # 3 D/sqrt(3) = 1.73 D wide on each side, and the plateau D, 2D/3 from the mean, never leaves
+    # it; the split is then dated where the curve left its first value, 0 +- 1e-6: step 20 too
+    # (the band alone said "never"). A 6-snapshot baseline leaves no snapshot to test.
     ds = uniform_and_sink(6, np.arange(100, 120).reshape(2, 10), sink_from=2)
     default = analyse_run(ds).load()
     d = float(default.mean_divergence[-1])
     np.testing.assert_allclose(default.mean_divergence, [0, 0, d, d, d, d], atol=1e-12)
     assert d > 0.1
-    assert np.isnan(default.bifurcation_step) and default.attrs["baseline_snapshots"] == 3
+    assert float(default.bifurcation_step) == 20.0 and default.attrs["baseline_snapshots"] == 3
     two = analyse_run(ds, pipeline.AnalysisOptions(baseline_snapshots=2)).load()
     assert float(two.bifurcation_step) == 20.0 and two.attrs["baseline_snapshots"] == 2
+    with pytest.raises(ValueError, match="6 snapshot"):
+        analyse_run(ds, pipeline.AnalysisOptions(baseline_snapshots=6))
 
 
 def test_layers_that_split_and_merge_at_once_bifurcate_where_their_mean_does_not(capsys):

@@ -97,6 +97,14 @@ def bifurcation_step(
     (nothing later can contradict it). NaN points count as inside, except a run's padding
     past its last recorded snapshot (NaN ``step``), which is not data.
 
+    A split inside the baseline itself (a large learning rate: the heads part within the first
+    steps) widens sigma until the band holds it, and the rule above then said "never" for the
+    runs that split fastest. So where the curve leaves its first value's floor band,
+    ``x_0 +- max(rel_tol |x_0|, abs_tol)``, at a baseline snapshot and stays outside it at every
+    later one, t* is that snapshot's step: the baseline measured the split, not noise. Such a t*
+    lies within the baseline's steps, where the band's own t* never does, so a reader can tell
+    which rule gave it.
+
     Parameters
     ----------
     curve : DataArray
@@ -123,6 +131,9 @@ def bifurcation_step(
     ...                  coords={"step": ("snapshot", [0, 10, 20, 30, 40, 50, 60])})
     >>> float(bifurcation_step(x))
     40.0
+    >>> fast = x.copy(data=[0.3, 0.38, 0.56, 0.71, 0.73, 0.72, 0.73])  # split inside the baseline
+    >>> float(bifurcation_step(fast))
+    10.0
     """
     require_dims(curve, (SNAPSHOT,), "bifurcation_step: curve")  # a bare KeyError: 'snapshot' named no input
     n = curve.sizes[SNAPSHOT]
@@ -142,7 +153,14 @@ def bifurcation_step(
     outside = (abs(curve - mu) > half_width) | ~recorded(curve)
     position = xr.DataArray(np.arange(n), dims=SNAPSHOT)
     last_inside = xr.where(outside, -1, position).max(SNAPSHOT)
-    return _step_at(curve, last_inside + 1)
+    # without the coords along snapshot (step): kept, they would be compared with curve's, computing them
+    start = curve.drop_vars([c for c in curve.coords if SNAPSHOT in curve[c].dims]).isel({SNAPSHOT: 0})
+    floor = np.fmax(rel_tol * abs(start), abs_tol)
+    # ~recorded: padding again; a NaN first value leaves every point "inside", so no early split
+    left_start = (abs(curve - start) > floor) | ~recorded(curve)
+    last_at_start = xr.where(left_start, -1, position).max(SNAPSHOT)
+    split_in_baseline = last_at_start + 1 < n_baseline
+    return _step_at(curve, xr.where(split_in_baseline, last_at_start + 1, last_inside + 1))
 
 
 def commitment_step(labels: xr.DataArray) -> xr.DataArray:
