@@ -17,7 +17,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import signal
@@ -88,7 +87,7 @@ def analyse_one(path: str, run_id: str, again: bool = False) -> dict:
     if not again and (row := kept_row(path, run_id, attrs)) is not None:
         return row
     try:
-        result, first = _analysis_of(path, run_id, attrs)
+        result, said = _analysis_of(path, run_id, attrs)
     except Exception as e:
         # a chunk cut short fails in its codec naming neither the run nor the array: found and named
         damaged = store.unreadable_chunk(path, run_id)
@@ -99,25 +98,20 @@ def analyse_one(path: str, run_id: str, again: bool = False) -> dict:
         return result
     result.attrs[ANALYSED_FROM] = source_of(attrs, result)
     store.write_analysis(path, run_id, result)
-    return row_of(run_id, attrs, result, first)
+    return row_of(run_id, attrs, result, said)
 
 
-def row_of(run_id: str, attrs: dict, result, first: tuple[float, float]) -> dict:
-    """The table's row of a finished run from its analysis, and its eval loss at its first and
-    last snapshots."""
+def row_of(run_id: str, attrs: dict, result, said: dict) -> dict:
+    """The table's row of a finished run from its analysis, with its caveats (`caveats.of_run`)."""
     from dynamics.analysis import summary_row
 
     row = {"run": run_id, "status": attrs["status"], **summary_row(result)}
     if attrs["status"] == "diverged":  # its "final" figures are from before the divergence: the table says where
         row.update(diverged_step=int(attrs["diverged_step"]), read_at_step=int(result["step"].values.max()))
     # A loss that blew up to a huge but finite value (lr 10: 242 nats, against 4.2 at step 0) is no
-    # divergence, and its heads got roles like any run's: the table says training made it worse.
-    # On the fixed eval batches at the first and last snapshots: two training batches' losses (one
-    # at each end) rose on 4 of 12 healthy runs of a low learning rate, by their batches' noise.
-    start, end = first
-    if attrs["status"] == "completed" and math.isfinite(start) and math.isfinite(end) and end > start:
-        row["loss_rose"] = (start, end)
-    return row
+    # divergence, and its heads got roles like any run's: the table says training made it worse,
+    # or, where its heads never moved, that their figures are those of their initialisation.
+    return {**row, **said}
 
 
 def kept_row(path: str, run_id: str, attrs: dict) -> dict | None:
@@ -127,27 +121,16 @@ def kept_row(path: str, run_id: str, attrs: dict) -> dict | None:
     runs a second `dynamics analyse` redid a minute of work to add nothing."""
     from dynamics import store
     from dynamics.analysis.pipeline import is_current
+    from dynamics.caveats import of_run
 
     try:
         stored = store.open_analysis(path, run_id, stale="allow", dask=False)
         if stored is None or not is_current(stored) or stored.attrs.get(ANALYSED_FROM) != source_of(attrs, stored):
             return None
-        return {**row_of(run_id, attrs, stored.load(), eval_ends(store.open_run(path, run_id, dask=False))),
+        return {**row_of(run_id, attrs, stored.load(), of_run(store.open_run(path, run_id, dask=False), attrs["status"])),
                 "kept": True}
     except Exception:  # noqa: BLE001 - a damaged or unreadable analysis is analysed again, and rewritten whole
         return None
-
-
-def eval_ends(run) -> tuple[float, float]:
-    """The eval loss (mean over components) at a run's first and last snapshots; NaN where a
-    snapshot holds none."""
-    import numpy as np
-
-    if "eval_loss" not in run or not run["eval_loss"].sizes.get("snapshot", 0):
-        return (math.nan, math.nan)
-    with np.errstate(all="ignore"):
-        mean = run["eval_loss"].isel(snapshot=[0, -1]).values.astype(np.float64).mean(-1)  # (2,)
-    return (float(mean[0]), float(mean[1]))
 
 
 def unfinished_reason(status: str, attrs: dict) -> str:
@@ -172,13 +155,14 @@ def analysed_variables(path: str, run_id: str, ds=None):
 
 def _analysis_of(path: str, run_id: str, attrs: dict):
     """The computed analysis of a finished run, or its skipped row when it recorded too few
-    snapshots; and its eval loss at its first and last snapshots (NaN where there is none)."""
+    snapshots; and its caveats (`caveats.of_run`)."""
     from dynamics import store
     from dynamics.analysis import AnalysisOptions, analyse_run
     from dynamics.analysis.pipeline import read_in_blocks
+    from dynamics.caveats import of_run
 
     run = store.open_run(path, run_id, dask=False)
-    first = eval_ends(run)  # from the group opened here anyway (a second open of it cost 90 ms)
+    said = of_run(run, attrs["status"])  # from the group opened here anyway (a second open of it cost 90 ms)
     ds = analysed_variables(path, run_id, run)
     ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else read_in_blocks(ds)
     need = AnalysisOptions().baseline_snapshots + 1  # the divergence curve's noise band needs them
@@ -187,11 +171,11 @@ def _analysis_of(path: str, run_id: str, attrs: dict):
         if ds.sizes["snapshot"] < need:
             return {"run": run_id, "status": "diverged", "skipped": True,
                     "reason": f"diverged at step {attrs['diverged_step']} after {ds.sizes['snapshot']} "
-                              f"finite snapshots; analysis needs >= {need}"}, first
+                              f"finite snapshots; analysis needs >= {need}"}, said
     elif ds.sizes["snapshot"] < need:  # a very short run: its schedule took fewer snapshots
         return {"run": run_id, "status": attrs["status"], "skipped": True,
-                "reason": f"only {ds.sizes['snapshot']} snapshot(s) recorded; analysis needs >= {need}"}, first
-    return analyse_run(ds).compute(), first
+                "reason": f"only {ds.sizes['snapshot']} snapshot(s) recorded; analysis needs >= {need}"}, said
+    return analyse_run(ds).compute(), said
 
 
 def disk_full(e: BaseException | None) -> OSError | None:

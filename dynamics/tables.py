@@ -80,6 +80,7 @@ def _bifurcation(step: int | str | None, layers: list | None) -> str:
 
 def print_analysis(rows: list[dict], path: str | None = None, pending: bool = False) -> None:
     from dynamics import store
+    from dynamics.caveats import notes
     from dynamics.status import bad_index_entries, grid_key, row_labels
 
     # As `dynamics status` lists them: each run's swept values and the settings that tell apart
@@ -152,12 +153,10 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
               "schedule's end: "
               + ", ".join(f"{r['run']} at step {r['read_at_step']} (diverged at step {r['diverged_step']})"
                           for r in early[:4]) + (f", and {len(early) - 4} more" if len(early) > 4 else ""))
-    if rose := [r for r in rows if not r.get("skipped") and "loss_rose" in r]:
-        # finite, so not "diverged": its heads' figures read like any run's, of a model that lost its task
-        print("loss rose: the eval loss at the last snapshot is above that at step 0, so training made these runs worse "
-              "and their heads' figures are not those of a model that learned its task: "
-              + ", ".join(f"{r['run']} ({r['loss_rose'][0]:.4g} -> {r['loss_rose'][1]:.4g} nats)" for r in rose[:4])
-              + (f", and {len(rose) - 4} more" if len(rose) > 4 else ""))
+    # A loss that blew up to a huge but finite value is no divergence, and heads that never moved
+    # (an init_scale of 3e9 "completed" with every gradient 0) got roles like any run's
+    for line in notes({r["run"]: r for r in rows if not r.get("skipped")}):
+        print(line)
 
 
 def _runs(counts: list[tuple[str, int]]) -> str:

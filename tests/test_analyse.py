@@ -448,8 +448,9 @@ def test_a_run_whose_loss_rose_to_a_huge_finite_value_is_said_so(three_runs, tmp
     assert rows[0]["loss_rose"] == (first, 242.0) and "loss_rose" not in rows[1]
     print_analysis(rows)
     assert capsys.readouterr().out.splitlines()[-1] == (
-        f"loss rose: the eval loss at the last snapshot is above that at step 0, so training made these runs worse and "
-        f"their heads' figures are not those of a model that learned its task: {blown} ({first:.4g} -> 242 nats)")
+        f"loss rose in 1 completed run(s): the eval loss at the last snapshot is above that at step 0, so training made "
+        f"them worse and their heads' figures are not those of a model that learned its task: {blown} ({first:.4g} "
+        f"-> 242 nats)")
 
 
 def test_a_file_size_limit_stops_the_analysis_as_a_full_disk_does():

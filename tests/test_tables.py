@@ -210,7 +210,7 @@ def test_the_loss_rose_footnote_gives_four_significant_digits_of_four_runs_then_
     rows = [{"run": f"r{i}", "status": "completed", "loss_rose": (2.30258, 2.71828 + i)} | _ROW for i in range(5)]
     print_analysis(rows)
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last.startswith("loss rose: the eval loss at the last snapshot is above that at step 0")
+    assert last.startswith("loss rose in 5 completed run(s): the eval loss at the last snapshot is above that at step 0")
     assert last.endswith(": r0 (2.303 -> 2.718 nats), r1 (2.303 -> 3.718 nats), r2 (2.303 -> 4.718 nats), "
                          "r3 (2.303 -> 5.718 nats), and 1 more")
     print_analysis(rows[:4])

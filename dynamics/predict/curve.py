@@ -12,6 +12,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.analysis.pipeline import ANALYSIS_VERSION
+from dynamics.caveats import notes, of_run
 from dynamics.predict.features import feature_table, horizon_steps
 from dynamics.predict.load import check_runs, load_store, naming_damaged
 from dynamics.predict.models import (
@@ -273,6 +274,8 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         runs_left_out=list(left_out),
         # completed runs without a label for this target (no CHG fit): beside the curve, not in it
         runs_unlabelled=rows.attrs["unlabelled"],
+        # in the curve, with heads labelled like any run's: training made them worse, or never moved them
+        runs_caveats={r.run_id: said for r in runs if (said := of_run(r.data, "completed"))},
         # Only features with a value for some head: grad_cosine before a second snapshot, or a
         # token score when the token never appears, is NaN everywhere and no model can use it.
         features=[f for f, n in zip(names, valued.max(axis=0), strict=True) if n > 0],
@@ -524,6 +527,7 @@ def format_curve(curve: xr.Dataset) -> str:
     if out := a.get("runs_unlabelled"):
         lines.append(f"left out: {len(out)} run(s) with no head labelled for target {a['target']}: "
                      + _first_five(out))
+    lines += notes(a.get("runs_caveats", {}))
     if unreadable := a.get("analysis_unreadable"):
         lines.append(f"recomputed from the final snapshot: the target of {len(unreadable)} run(s) whose stored analysis "
                      f"could not be read (damaged; `dynamics analyse` writes it again): "

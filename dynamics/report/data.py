@@ -3,6 +3,7 @@ the chosen run's roles and JS distances, and the derived datasets of the store."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from dynamics import store
 from dynamics.analyse import unfinished_reason
 from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions, is_current
+from dynamics.caveats import notes, of_run
 from dynamics.identity import differing_settings, read_settings
 from dynamics.provenance import mixed_code, mixed_data, mixed_execution, trained_by, trained_on, trained_on_data
 from dynamics.schema import FINISHED_STATUSES, config_value
@@ -59,6 +61,7 @@ class _Run:
     damage: list[str] = field(default_factory=list)
     unfinished: str = "unfinished"  # analyse.unfinished_reason: a failed run's with its error
     seed: Any = None  # train.seed, as the run's attrs record it; None unread
+    caveats: dict = field(default_factory=dict)  # dynamics.caveats.of_run: a completed run's loss rose, or heads never moved
 
     @property
     def n_recorded(self) -> int:
@@ -254,10 +257,13 @@ def _to_analyse(run: _Run) -> str:
 
 def training_notes(runs: list[_Run]) -> list[str]:
     """The report's notes on how its runs were trained: by other dynamics code, with another torch
-    build, device or CPU kernels, or on other data for one task setting (`dynamics.provenance`)."""
+    build, device or CPU kernels, or on other data for one task setting (`dynamics.provenance`); and
+    completed runs that training made worse, or whose heads it never moved (`dynamics.caveats`), which
+    the figures draw like any other."""
     return [n for n in [mixed_code({r.run_id: r.code for r in runs if r.code}),
                         mixed_execution({r.run_id: r.execution for r in runs if r.execution}),
-                        mixed_data({r.run_id: r.data for r in runs if r.data})] if n]
+                        mixed_data({r.run_id: r.data for r in runs if r.data})] if n] + notes(
+        {r.run_id: r.caveats for r in runs})
 
 
 def _finished(run: _Run) -> bool:
@@ -296,6 +302,8 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         data=trained_on_data(attrs),
         seed=attrs.get("seed"),
     )
+    with contextlib.suppress(Exception):  # a damaged recording is named below, by its analysis, as before
+        run.caveats = of_run(ds, status)
     stale, unread = False, ""
     try:
         stored = store.open_analysis(path, run_id, stale="allow", dask=False)  # loaded below: no dask graph

@@ -19,6 +19,7 @@ except ImportError:  # Windows
     fcntl = None
 
 from dynamics import store
+from dynamics.caveats import text
 from dynamics.refused import WRITE_REFUSED
 from dynamics.report.attention import _attention_section
 from dynamics.report.chg import _chg_section
@@ -536,7 +537,7 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
         snaps = "-" if r.status == "pending" or not r.n_snapshots else f"{r.n_recorded}/{r.n_snapshots}"
         rows.append(f"<tr><td><code>{html.escape(r.run_id)}</code>{mark}</td>{cells}<td>{html.escape(r.status)}</td>"
                     f"<td class=num>{snaps}</td><td class=num>{loss}</td>"
-                    f"<td>{_prose(r.analysis_note)}</td></tr>")
+                    f"<td>{_prose('; '.join(filter(None, (r.analysis_note, text(r.caveats)))))}</td></tr>")
     return (f"<table><thead><tr><th>run</th>{head}<th>status</th><th>snapshots recorded</th>"
             f"<th>last training loss (nats)</th><th>analysis</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 

@@ -1,0 +1,102 @@
+"""Tests for dynamics.caveats: what a completed run's figures do not say by themselves."""
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics import caveats
+from dynamics.config import load_config, with_values
+from dynamics.train import train_run
+from tests.conftest import TINY
+
+
+def _run(eval_loss, attention):
+    """A run group's two variables the caveats read: eval_loss (snapshot, component) and attention
+    (snapshot, layer, head, probe, query, key)."""
+    return xr.Dataset({"eval_loss": (("snapshot", "component"), np.asarray(eval_loss, np.float32)),
+                       "attention": (("snapshot", "layer", "head", "probe", "query", "key"),
+                                     np.asarray(attention, np.float16))})
+
+
+def _attention(n_snapshots, change_at=None):
+    a = np.full((n_snapshots, 1, 2, 1, 2, 2), 0.5)
+    if change_at is not None:
+        a[change_at:, 0, 1, 0, 1] = [0.25, 0.75]  # one head's one row moved
+    return a
+
+
+def test_eval_ends_are_the_mean_over_components_at_the_first_and_last_snapshots():
+    run = _run([[2.0, 4.0], [1.0, 1.0], [0.5, 1.5]], _attention(3))
+    assert caveats.eval_ends(run) == (3.0, 1.0)
+    assert all(np.isnan(caveats.eval_ends(run.drop_vars("eval_loss"))))
+    assert all(np.isnan(caveats.eval_ends(run.isel(snapshot=slice(0, 0)))))
+
+
+def test_attention_unchanged_bit_for_bit_between_the_first_and_last_snapshots():
+    assert caveats.attention_unchanged(_run([[1.0]] * 3, _attention(3)))
+    assert not caveats.attention_unchanged(_run([[1.0]] * 3, _attention(3, change_at=2)))
+    back = _attention(3, change_at=1)
+    back[2] = back[0]  # moved in between and came back: the last is the first, as the role reads it
+    assert caveats.attention_unchanged(_run([[1.0]] * 3, back))
+    nan = _attention(3)
+    nan[:, 0, 0, 0, 1] = np.nan  # NaN is no value: not "the same"
+    assert not caveats.attention_unchanged(_run([[1.0]] * 3, nan))
+    assert not caveats.attention_unchanged(_run([[1.0]], _attention(1)))  # one snapshot: nothing to compare
+    assert not caveats.attention_unchanged(xr.Dataset())
+
+
+def test_of_run_says_a_rise_and_unmoved_heads_of_completed_runs_only():
+    run = _run([[2.0], [3.0]], _attention(2))
+    assert caveats.of_run(run, "completed") == {"loss_rose": (2.0, 3.0), "attention_unchanged": True}
+    assert caveats.of_run(run, "diverged") == {} and caveats.of_run(run, "stopped") == {}
+    assert caveats.of_run(_run([[2.0], [2.0]], _attention(2, change_at=1)), "completed") == {}  # level: no rise
+    assert caveats.of_run(_run([[2.0], [np.inf]], _attention(2, change_at=1)), "completed") == {}
+
+
+def test_apart_adds_digits_until_two_losses_differ():
+    assert caveats.apart(2.30258, 2.71828) == ("2.303", "2.718")
+    assert caveats.apart(2.7725887, 2.7725890) == ("2.7725887", "2.772589")
+    assert caveats.apart(1.0, 1.0) == ("1", "1")  # equal: as far as 10 digits, then as they are
+
+
+def test_text_and_notes_on_paper():
+    rose = {"loss_rose": (2.5, 144.6)}
+    assert caveats.text(rose) == "eval loss rose over training (2.5 -> 144.6 nats)"
+    assert caveats.text({**rose, "attention_unchanged": True}) == (
+        "eval loss rose over training (2.5 -> 144.6 nats); attention unchanged from the first snapshot")
+    assert caveats.text({}) == "" and caveats.notes({"r0": {}}) == []
+    said = {f"r{i}": {"loss_rose": [2.0, 3.0 + i]} for i in range(5)}  # a pair read back from JSON is a list
+    said["r9"] = {"attention_unchanged": True}
+    rose_line, still_line = caveats.notes(said)
+    assert rose_line == ("loss rose in 5 completed run(s): the eval loss at the last snapshot is above that at step 0, "
+                         "so training made them worse and their heads' figures are not those of a model that learned "
+                         "its task: r0 (2 -> 3 nats), r1 (2 -> 4 nats), r2 (2 -> 5 nats), r3 (2 -> 6 nats), and 1 more")
+    assert still_line.startswith("attention unchanged in 1 completed run(s): every head's attention on the probes is "
+                                 "the same at the last snapshot as at the first")
+    assert still_line.endswith("the run's grad_norm tells which): r9")
+
+
+@pytest.mark.parametrize(("override", "zero_gradients"), [({"model.init_scale": 3e9}, True),
+                                                          ({"train.lr": 1e-12}, False)])
+def test_runs_that_training_never_moved_complete_and_are_named(tmp_path, capsys, override, zero_gradients):
+    # init_scale 3e9: the second block's LayerNorm input reaches ~1e19, its squares overflow float32,
+    # and its output is 0, so every gradient is exactly 0 and the run "completed" at ln(16) with
+    # roles like any run's. lr 1e-12: the weights move, the float16 attention does not.
+    from dynamics import open_run, store
+    from dynamics.analyse import analyse_one
+    from dynamics.tables import print_analysis
+
+    cfg_path = tmp_path / "tiny.toml"
+    cfg_path.write_text(TINY.format(steps=12, every=4))
+    path = str(tmp_path / "s.zarr")
+    cfg = with_values(load_config(cfg_path), override)
+    train_run(cfg, path, progress=lambda *a, **k: None)
+    rid = cfg.run_id()
+    assert store.run_attrs(path, rid)["status"] == "completed"
+    run = open_run(path, rid, dask=False)
+    assert (float(run.grad_norm.max()) == 0.0) is zero_gradients
+    row = analyse_one(path, rid)
+    assert row["attention_unchanged"] is True
+    print_analysis([row])
+    assert any(line.startswith("attention unchanged in 1 completed run(s)") and line.endswith(f": {rid}")
+               for line in capsys.readouterr().out.splitlines())
