@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 from dynamics import cli, predict, store
 from dynamics.predict import PredictOptions
 from tests.test_predict import flip_a_bit, make_runs, write_store
@@ -142,3 +145,31 @@ def test_saving_a_curve_says_which_saved_curve_it_replaces(tmp_path):
     assert predict.replaced_note(path, quick) == (" (replacing the curve saved before, of horizons 0,0.1,0.5 (fraction); "
                                                   "--no-save prints a curve without replacing it)")
     assert predict.replaced_note(path, quick.assign_attrs(target="slash")) == ""  # another target's: untouched
+
+
+def test_runs_in_the_curve_that_training_made_worse_or_never_moved_are_named(tmp_path, capsys):
+    # Completed, so in the curve with heads labelled like any run's: lr 100 runs held every self,
+    # slash and induction head of a sweep's targets, and no line said their loss had risen.
+    runs = make_runs(n_seeds=4)
+    rose, still = runs[0], runs[1]
+    S = rose.data.sizes["snapshot"]
+    worse = np.linspace(2.5, 144.6, S, dtype=np.float32)[:, None]  # (snapshot, component)
+    rose.data["eval_loss"] = (("snapshot", "component"), worse)
+    frozen = still.data["attention"].values.copy()
+    frozen[-1] = frozen[0]
+    still.data["attention"] = (still.data["attention"].dims, frozen)
+    path = tmp_path / "s.zarr"
+    write_store(path, runs)
+    assert cli.main(["predict", str(path), "--horizon", "0", "--folds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert (f"loss rose in 1 completed run(s): the eval loss at the last snapshot is above that at step 0, so "
+            f"training made them worse and their heads' figures are not those of a model that learned its task: "
+            f"{rose.run_id} (2.5 -> 144.6 nats)") in out.splitlines()
+    assert any(line.startswith("attention unchanged in 1 completed run(s)") and line.endswith(f": {still.run_id}")
+               for line in out.splitlines())
+    # as stored, read back (a pair from JSON is a list): the same lines
+    saved = store.open_derived(str(path), predict.derived_name("slash"))
+    assert saved.attrs["runs_caveats"] == {rose.run_id: {"loss_rose": [2.5, pytest.approx(144.6)]},
+                                           still.run_id: {"attention_unchanged": True}}
+    assert [line for line in predict.format_curve(saved).splitlines() if "completed run(s)" in line] == [
+        line for line in out.splitlines() if "completed run(s)" in line]

@@ -507,3 +507,25 @@ def test_a_finished_run_too_short_to_analyse_is_said_so_not_sent_to_dynamics_ana
     assert ("no stored analysis (dynamics analyse cannot analyse it: only 3 snapshot(s) recorded, and an analysis "
             "needs 4)") in text
     assert "run dynamics analyse" not in text
+
+
+def test_the_page_names_completed_runs_training_made_worse_or_never_moved(tmp_path, capsys):
+    # Drawn like any run: lr 100 runs' heads in every figure, and no word that their loss had risen.
+    import zarr
+
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"train.seed": 0}, "r1": {"train.seed": 1}})  # ones: attention never moves
+    evals = zarr.open_array(f"{path}/runs/r1/eval_loss", mode="r+")
+    evals[-1] = 144.6
+    moved = zarr.open_array(f"{path}/runs/r0/attention", mode="r+")
+    moved[-1, 0, 0, 0, 1] = 0.5
+    assert cli.main(["report", str(path), "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    page = html.unescape((tmp_path / "out" / "index.html").read_text())
+    rose = ("loss rose in 1 completed run(s): the eval loss at the last snapshot is above that at step 0, so training "
+            "made them worse and their heads' figures are not those of a model that learned its task: r1 (1 -> 144.6 nats)")
+    assert f"dynamics: note: {rose}" in err.splitlines() and f"Note: L{rose[1:]}." in page
+    assert "Note: Attention unchanged in 1 completed run(s): every head's attention" in page
+    assert re.search(r"<code>r1</code>.*eval loss rose over training \(1 -> 144\.6 nats\); attention unchanged from the "
+                     r"first snapshot</td></tr>", page)
+    assert not re.search(r"<code>r0</code>((?!</tr>).)*(rose|unchanged)", page)  # its row only
