@@ -63,10 +63,13 @@ class _Subcommands(argparse._SubParsersAction):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the usage itself is in --help), exit code 2, and
-    a flag that takes one value is refused when given twice (:class:`_Once`)."""
+    """argparse, but a usage error is one line (the usage itself is in --help), exit code 2, a
+    flag that takes one value is refused when given twice (:class:`_Once`), and a flag is named
+    whole: argparse took a prefix of one, and `dynamics run c.toml --run X` named the run X
+    (``--run-id``), where the other commands' ``--run`` picks a recorded run."""
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.register("action", None, _Once)
         self.register("action", "store", _Once)
@@ -127,7 +130,8 @@ def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str =
         # An empty directory (made by hand for the results) holds nothing to overwrite: it
         # becomes the store, as a file:// URL to it does. So does one holding only zarr's
         # temporary of a store's first zarr.json: a creation killed before it landed.
-        if not os.access(p, os.W_OK | os.X_OK):
+        # (an empty /sys folder: access() said yes to root, and the run failed as it began, exit 1)
+        if not os.access(p, os.W_OK | os.X_OK) or cannot_make_in(p):
             raise UsageError(f"{flag} {path}: no permission to write into this empty directory")
     elif not store.is_store(path):
         raise UsageError(store.damaged_root(path)
@@ -236,10 +240,19 @@ def check_creatable(p: Path, flag: str) -> None:
                          f"the {limit} a name may have in {parent}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {p}: no permission to create it in {parent}")
-    try:  # access() answers yes to root everywhere, /proc and immutable folders included: mkdir says
-        os.rmdir(tempfile.mkdtemp(prefix=".dynamics-probe-", dir=parent))
+    if why := cannot_make_in(parent):
+        raise UsageError(f"{flag} {p}: cannot create it in {parent} ({why})")
+
+
+def cannot_make_in(folder: Path) -> str | None:
+    """Why no folder can be made in the existing directory ``folder``, or None. access() answers
+    yes to root everywhere, /proc, /sys and immutable folders included: mkdir is asked. Not for a
+    store's own folders, where another command may be listing runs as the probe comes and goes."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".dynamics-probe-", dir=folder))
     except OSError as e:
-        raise UsageError(f"{flag} {p}: cannot create it in {parent} ({e.strerror or e})") from None
+        return e.strerror or str(e)
+    return None
 
 
 def check_writable(path: str, what: str, into: tuple[str, ...] = ()) -> None:
@@ -396,5 +409,6 @@ def check_report_dir(out: Path, flag: str) -> None:
     if not out.exists():
         check_creatable(out, flag)
     for folder in (out, out / "figures"):  # where the report makes its folder, and renames its page
-        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        # (the demo wrote its report to /sys/kernel/iommu_groups after all its work: access() says yes to root)
+        if folder.is_dir() and (not os.access(folder, os.W_OK | os.X_OK) or cannot_make_in(folder)):
             raise UsageError(f"{flag} {out}: no permission to write in {folder}")

@@ -240,6 +240,36 @@ def test_an_out_folder_mkdir_cannot_make_is_one_line_exit_2(tiny, command):
                     "--out /proc/dynamics-test.zarr: ")
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_an_existing_folder_mkdir_cannot_write_in_is_one_line_exit_2(tiny, tmp_path):
+    # access() says yes to root for /proc and /sys too: the report's --out /proc printed a 33-line
+    # traceback (exit 1); an empty /sys folder as run's --out failed as the run began, and as demo's
+    # --report after all its training
+    d, cfg, path = tiny
+    one_line_exit_2(cli_in_process("report", path, "--out", "/proc", cwd=ROOT), "--out /proc: no permission to write in /proc")
+    empty = next((str(p) for p in sorted(Path("/sys/kernel").glob("*")) if p.is_dir() and not any(p.iterdir())), None)
+    if empty is None:  # /sys/kernel has held empty folders (iommu_groups, debug) on every machine seen
+        pytest.skip("no empty folder in /sys/kernel")
+    one_line_exit_2(cli_in_process("run", cfg, "--out", empty, cwd=ROOT),
+                    f"--out {empty}: no permission to write into this empty directory")
+    one_line_exit_2(cli_in_process("demo", "--out", str(tmp_path / "d.zarr"), "--report", empty, cwd=ROOT),
+                    f"--report {empty}: no permission to write in {empty}")
+    assert not (tmp_path / "d.zarr").exists()
+
+
+@pytest.mark.parametrize(("command", "prefix"), [("run", "--run"), ("sweep", "--wor"), ("analyse", "--ag")])
+def test_a_flag_is_named_whole_not_by_a_prefix(tiny, command, prefix):
+    # argparse took a prefix for the flag it begins: `run c.toml --run X` named the run X (--run-id),
+    # where --run of the other commands picks a recorded run
+    d, cfg, path = tiny
+    source = [path] if command == "analyse" else [cfg, "--out", str(d / "new.zarr")]
+    value = [] if prefix == "--ag" else ["1"]
+    before = sorted(p.name for p in d.iterdir())
+    one_line_exit_2(cli_in_process(command, *source, prefix, *value, cwd=ROOT),
+                    f"unrecognized arguments: {' '.join([prefix, *value])}")
+    assert sorted(p.name for p in d.iterdir()) == before
+
+
 def test_bad_input_through_python_dash_m_is_one_line_exit_2_and_creates_nothing(tiny):
     # The cases above call cli.main in this process; this one goes through the real entry point,
     # whose exit status is main()'s return value.
