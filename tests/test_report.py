@@ -140,7 +140,7 @@ def test_store_with_a_just_started_run_names_every_missing_part(tmp_path, monkey
                    "Not available: emergence curves for 1 run(s)",
                    "Not available: bifurcation and emergence steps against a swept parameter because the store "
                    "has no sweep index",
-                   "Not available: the dendrogram and JS matrix of run r0 because the run has only 0 recorded snapshot(s)",
+                   "Not available: the dendrogram and JS matrix of run r0 because the run has only 0 snapshot(s) recorded",
                    "Not available: the CHG scatter",
                    "Not available: the predictor curves"):
         assert needle in text, needle

@@ -103,7 +103,17 @@ def test_the_page_says_why_its_per_run_figures_show_the_run_they_show():
                                           "for an even count; --run ID shows another)")
     assert chosen_why(three, "c") == " (chosen with --run)"
     stopped = [run("d", "stopped", None)]
-    assert chosen_why(stopped, "d") == " (no run has completed with a finite loss: the run with the most snapshots recorded)"
+    assert chosen_why(stopped, "d") == (" (no run has completed, with a finite final loss: the run with the most "
+                                        "snapshots recorded)")
+    # a run diverged at step 0 wrote a snapshot 0 of NaN: none recorded before it diverged, which
+    # "only 0 snapshot(s) recorded" did not say
+    from dynamics.report.data import _recorded, _to_analyse
+
+    early = _Run("e", "diverged", {}, 3.47, 1, np.zeros(1, bool), np.arange(1))
+    assert _recorded(early) == "0 snapshot(s) recorded before it diverged"
+    assert _recorded(run("d", "stopped", None)) == "9 snapshot(s) recorded"
+    assert _to_analyse(early).startswith("`dynamics analyse` cannot analyse it: only 0 snapshot(s) recorded before it "
+                                         "diverged, and an analysis needs 4")
     # the median is over the analysed runs where any is, as _choose_run takes it: an unanalysed
     # run of loss 0.5 made the sentence count 4 runs and describe another one
     for r in three:

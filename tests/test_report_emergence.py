@@ -426,3 +426,31 @@ def test_the_bifurcation_caption_says_where_a_mean_line_pools_runs_of_other_sett
     assert sec.figures[0][1].endswith(
         " Each line pools, at a value of its panel's parameter, runs that differ in init_scale, lr: a mean over "
         "those groups, not within one (the marks tell the groups apart).")
+
+
+def test_emergence_captions_say_which_lines_end_at_a_divergence(tmp_path, monkeypatch):
+    # The lines of an lr sweep's diverged runs stopped at their last finite snapshot, short of the
+    # others', with no mark and no word (only the runs table said they diverged).
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    def run(rid, status, n, lr):
+        steps = np.array([0, 10, 20, 40, 80])[:n]
+        analysis = xr.Dataset({"best_slash": (("snapshot", "layer", "head"), np.full((n, 1, 2), 0.2)),
+                               "slash_dominant": (("snapshot", "layer", "head"), np.zeros((n, 1, 2))),
+                               "mean_divergence": (("snapshot",), np.linspace(0.1, 0.3, n))},
+                              coords={"step": ("snapshot", steps)}, attrs={"slash_offsets": [1, 8]})
+        return _Run(rid, status, {"train.lr": lr, "train.seed": 0}, 1.0, n, np.ones(n, bool), steps,
+                    analysis=analysis, analysis_source="stored")
+
+    (tmp_path / "figures").mkdir()
+    _capture_figures(monkeypatch, emergence)
+    fine = [run("ok", "completed", 5, 0.003)]
+    diverged = [run(f"d{i}", "diverged", 4, 300.0) for i in range(5)]
+    sec = emergence._emergence_section(_Ctx(tmp_path / "x", fine + diverged, None, ["train.lr"], tmp_path, True))
+    assert len(sec.figures) == 2  # slash and divergence (no roles analysed)
+    for _, caption in sec.figures:
+        assert ("; the lines of 5 diverged run(s) end at their last snapshot before the divergence: d0, d1, d2, d3, "
+                "and 1 more.") in caption
+    sec = emergence._emergence_section(_Ctx(tmp_path / "x", fine, None, ["train.lr"], tmp_path, True))
+    assert not any("diverged" in caption for _, caption in sec.figures)

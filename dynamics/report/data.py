@@ -162,7 +162,8 @@ def chosen_why(runs: list[_Run], chosen: str | None) -> str:
         return " (chosen with --run)"
     done = [r for r in runs if r.status == "completed" and r.last_loss is not None and math.isfinite(r.last_loss)]
     if not done:
-        return " (no run has completed with a finite loss: the run with the most snapshots recorded)"
+        # "completed with a finite loss" read as a contradiction beside a diverged run's finite last loss
+        return " (no run has completed, with a finite final loss: the run with the most snapshots recorded)"
     # as _choose_run picks: among the analysed ones where any is (a run too short to analyse is not)
     analysed = [r for r in done if r.analysis is not None]
     which = f"{len(analysed)} analysed completed run(s)" if analysed and len(analysed) < len(done) else \
@@ -241,6 +242,12 @@ def _pending_runs(index: dict | None, recorded: list[str]) -> list[_Run]:
             for rid, point in (index or {}).get("runs", {}).items() if rid not in have]
 
 
+def _recorded(run: _Run) -> str:
+    """Its recorded snapshots, counted as the analysers take them: a diverged run's before its
+    divergence (one diverged at step 0 wrote a snapshot 0 of NaN, and "only 0 recorded" puzzled)."""
+    return f"{run.n_recorded} snapshot(s) recorded" + (" before it diverged" if run.status == "diverged" else "")
+
+
 def _to_analyse(run: _Run) -> str:
     """What gives a run a stored analysis: `dynamics analyse` skips an unfinished one, so telling
     it to a stopped or interrupted run's reader changed nothing."""
@@ -249,7 +256,7 @@ def _to_analyse(run: _Run) -> str:
                 f"report analyses what it has recorded")
     if _finished(run):
         if run.n_recorded < _MIN_SNAPSHOTS:  # analyse refuses it: telling a reader to run it was no help
-            return (f"`dynamics analyse` cannot analyse it: only {run.n_recorded} snapshot(s) recorded, and an "
+            return (f"`dynamics analyse` cannot analyse it: only {_recorded(run)}, and an "
                     f"analysis needs {_MIN_SNAPSHOTS}")
         return "run `dynamics analyse`"
     return "`dynamics analyse` analyses it once it has finished; without --no-compute the report analyses what it has recorded"
@@ -331,7 +338,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
                              if stale else unread or f"no stored analysis ({_to_analyse(run)})")
         return run
     if run.n_recorded < _MIN_SNAPSHOTS:
-        run.analysis_note = f"only {run.n_recorded} snapshot(s) recorded; analysis needs {_MIN_SNAPSHOTS}"
+        run.analysis_note = f"only {_recorded(run)}; analysis needs {_MIN_SNAPSHOTS}"
         return run
     # js_distance too (small: no query/key dims), so the chosen run is not analysed twice.
     try:
@@ -389,7 +396,7 @@ def _chosen_analysis(path, run: _Run, compute_missing: bool, damaged: list[str] 
             return None, f"the run's stored analysis is from an older version of the analysers ({_to_analyse(run)})"
         return None, f"the run's stored analysis lacks its JS distances ({_to_analyse(run)})"
     if run.n_recorded < _MIN_SNAPSHOTS:
-        return None, f"the run has only {run.n_recorded} recorded snapshot(s)"
+        return None, f"the run has only {_recorded(run)}"
     out = run.analysis if run.analysis_source == "computed" else None
     if out is None or "js_distance" not in out:
         out = _analyse_recorded(store.open_run(path, run.run_id, dask=False), run.recorded, ["role", "js_distance"])

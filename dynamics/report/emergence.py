@@ -54,6 +54,10 @@ def _emergence_section(ctx: _Ctx) -> _Section:
     if ragged:  # "(mean of N)" in the legend would otherwise claim N seeds where fewer have reached
         spread += (f" (in {', '.join(ragged)}, not every seed has a value at every step, e.g. a run still going, "
                    f"stopped or diverged: there the mean and band are over the seeds that have one)")
+    if diverged := [r.run_id for r in done if r.status == "diverged"]:
+        # their lines stopped short of the others' with no mark: only the runs table said why
+        spread += (f"; the lines of {len(diverged)} diverged run(s) end at their last snapshot before the divergence: "
+                   + ", ".join(diverged[:4]) + (f", and {len(diverged) - 4} more" if len(diverged) > 4 else ""))
 
     # Slash: the mean best-slash score over heads, and the share of slash-dominant heads. A run
     # whose probes leave no offset to score (context <= 3) has none at any snapshot: left out
