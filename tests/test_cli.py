@@ -436,3 +436,19 @@ def test_a_sweep_axis_is_changed_through_the_sweep_table():
 
     cfg = load_config(ROOT / "experiments" / "quickstart.toml", ["sweep.train.seed=[5]"])
     assert {p.values["train.seed"] for p in expand_grid(cfg)} == {5}
+
+
+def test_a_diverged_run_exits_1_and_a_sweep_with_diverged_points_exits_0(tmp_path):
+    # README: `run` of a run that diverges exits 1, again when asked a second time; a sweep, where an
+    # lr grid's top points are expected to diverge, exits 0 and counts them. Pinned by no test.
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY.format(steps=10, every=5) + '\n[sweep]\n"train.lr" = [3e-3, 1000.0]\n')
+    out = str(tmp_path / "s.zarr")
+    blow_up = ["--set", "train.grad_clip=0"]
+    first = cli_in_process("run", str(cfg), "--out", out, "--set", "train.lr=1000", *blow_up, cwd=ROOT)
+    assert first.returncode == 1, first.stderr
+    again = cli_in_process("run", str(cfg), "--out", out, "--set", "train.lr=1000", *blow_up, cwd=ROOT)
+    assert again.returncode == 1 and "already diverged in" in again.stdout + again.stderr
+    swept = cli_in_process("sweep", str(cfg), "--out", out, "--workers", "1", *blow_up, cwd=ROOT)
+    assert swept.returncode == 0, swept.stderr
+    assert swept.stdout.strip().splitlines()[-1].startswith("sweep: 2 runs: 1 diverged, 1 completed")
