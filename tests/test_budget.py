@@ -15,7 +15,7 @@ from dynamics.budget import (
     machine_memory,
     n_snapshots,
 )
-from dynamics.config import ConfigError, RunConfig, from_dict, load_config, with_values
+from dynamics.config import ConfigError, RunConfig, from_dict, load_config, replace_section, with_values
 from dynamics.record import snapshot_steps
 
 GIB = 2**30
@@ -200,3 +200,36 @@ def test_the_machines_memory_is_lowered_to_its_cgroup_limit(monkeypatch):
     assert budget.machine_memory() == 2**26
     monkeypatch.setattr(budget, "cgroup_limit", lambda: physical * 2)  # v1's "no limit": a number past any memory
     assert budget.machine_memory() == physical
+
+
+def test_workers_that_fit_share_the_memory_by_the_largest_run():
+    # Each point was checked alone: two runs of 5 GiB each passed on a 6 GB machine and ran at once.
+    from dynamics.budget import estimate, workers_that_fit
+
+    small = RunConfig()
+    large = replace_section(small, "train", batch_size=small.train.batch_size * 8)
+    peak = estimate(large).peak
+    assert peak > estimate(small).peak
+    assert workers_that_fit([small, large], 3, available=10 * peak) == (3, None)  # room for all
+    assert workers_that_fit([small, large], 3, available=3 * peak) == (3, None)  # exactly
+    k, note = workers_that_fit([small, large], 3, available=3 * peak - 1)  # k x the largest, not the sum
+    assert k == 2 and note.startswith("3 workers would each need at least ") and note.endswith(": training on 2 worker(s)")
+    assert workers_that_fit([small, large], 3, available=peak // 2)[0] == 1  # each run alone: refused elsewhere
+    assert workers_that_fit([large], 1, available=1) == (1, None)
+
+
+def test_a_sweep_trains_on_the_workers_its_runs_fit_in(tmp_path, monkeypatch, capsys):
+    from dynamics.budget import MEMORY_ENV, estimate
+    from dynamics.config import load_config
+    from tests.conftest import TINY, cli_in_process
+
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY.format(steps=3, every=1) + '\n[sweep]\n"train.seed" = [0, 1]\n')
+    peak = estimate(load_config(cfg)).peak
+    monkeypatch.setenv(MEMORY_ENV, str(1.5 * peak / 1e9))  # one run fits, two do not
+    r = cli_in_process("sweep", str(cfg), "--out", str(tmp_path / "s.zarr"), "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("dynamics: note: 2 workers would each need at least ") and lines[0].endswith(
+        f"{MEMORY_ENV} allows: training on 1 worker(s)")
+    assert "2 run(s) to train on 1 worker(s)" in lines[1]

@@ -9,13 +9,14 @@ import logging
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import uuid
 from collections import Counter
 
 from dynamics import provenance, store
-from dynamics.budget import DoesNotFit, check_fits
+from dynamics.budget import DoesNotFit, check_fits, workers_that_fit
 from dynamics.config import ConfigError, RunConfig
 from dynamics.identity import experiment_identity
 from dynamics.limits import usable_cores
@@ -241,8 +242,6 @@ def _note_bad_entries(path: str) -> None:
     """A line on stderr for each sweep-index entry that is no run id (a hand edit, '../evil'):
     kept, as a store's contents are, but no point any sweep trains, which the sweep said nothing of
     (`dynamics status` names it too)."""
-    import sys
-
     from dynamics.status import bad_index_entries
 
     index = store.read_sweep_index(path) or {}
@@ -361,6 +360,10 @@ def run_sweep(
         try:
             if todo:
                 n = min(workers or default_workers(), len(todo))
+                if not scheduler:  # an existing cluster's workers have memory of their own
+                    n, note = workers_that_fit([p.cfg for p in todo], n)
+                    if note:
+                        print(f"dynamics: note: {note}", file=sys.stderr, flush=True)
                 display = _display(progress, len(points), len(summary.skipped))
                 display.starting(len(todo), scheduler or n)  # a given cluster's size is its own
                 results = _launch(todo, path, scheduler, n, display, cwd, hashes, starts)
