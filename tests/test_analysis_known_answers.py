@@ -488,6 +488,11 @@ def test_local_score_default_band_is_three_offsets():
     a = xr.DataArray(_offset_head(8, 2)[None], dims=("probe", "query", "key"))
     assert local_score(a).item() == 1.0
     assert local_score(a, width=2).item() == 0.0
+    # And the band stops at 3: a head 3 back puts all its mass on offset 3 at every query i >= 3,
+    # outside offsets 0..2: score 0 (a band of 4 would take it in, score 1).
+    b = xr.DataArray(_offset_head(8, 3)[None], dims=("probe", "query", "key"))
+    assert local_score(b).item() == 0.0
+    assert local_score(b, width=4).item() == 1.0
 
 
 # role_scores: the slash window

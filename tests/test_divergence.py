@@ -426,6 +426,12 @@ def test_qk_cosine_self_negated_scaled_and_reference():
     circuits = np.einsum("slhmi,slhni->slhmn", w[:, :, :, 0], w[:, :, :, 1]).reshape(2, 1, 4, -1)
     unit = circuits / np.linalg.norm(circuits, axis=-1, keepdims=True)
     np.testing.assert_allclose(c.values, np.einsum("slhx,slgx->slhg", unit, unit), rtol=1e-10, atol=1e-12)
+    # Cosine is scale-free: weights shrunk 100x (squared circuit norms ~1e-6, far below any
+    # floor, as a small init_scale gives) give the same cosines as the reference above. A
+    # clip of the squared norms at anything above 0 would shrink these towards 0.
+    small = qk_cosine(head_weights(w * 1e-2))
+    assert (np.einsum("slhx,slhx->slh", circuits, circuits) * 1e-8 < 1e-3).all()
+    np.testing.assert_allclose(small.values, np.einsum("slhx,slgx->slhg", unit, unit), rtol=1e-10, atol=1e-12)
 
 
 def test_weight_metrics_dask_run_dim_and_missing_heads():

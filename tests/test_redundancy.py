@@ -89,11 +89,28 @@ def test_clusters_are_cut_by_average_linkage_at_the_threshold():
         assert cluster_heads(d).values.ravel().tolist() == want, pair
 
 
-def test_snapshots_whose_heads_are_all_apart_take_no_linkage_and_give_its_labels():
+def test_snapshots_whose_heads_are_all_apart_take_no_linkage_and_give_its_labels(monkeypatch):
     # cluster_heads answers "every head its own cluster" without scipy where every pair of
     # present heads is farther apart than the cut; each snapshot must get what the per-snapshot
     # linkage gives, at the cut, near it, with ties and missing heads.
+    from dynamics.analysis import redundancy
     from dynamics.analysis.redundancy import _cluster_all, _cluster_one
+
+    # A spy on the per-snapshot linkage (our own function, still run): which snapshots took it
+    linked: list[np.ndarray] = []
+
+    def counted(x, threshold, method):
+        linked.append(x.copy())
+        return _cluster_one(x, threshold, method)
+
+    monkeypatch.setattr(redundancy, "_cluster_one", counted)
+
+    def needs_linkage(x, threshold):
+        # by the definition, head by head: some pair of present heads not farther apart than the
+        # cut (a NaN distance between them included)
+        x = x.reshape(L * H, L * H)
+        present = [i for i in range(L * H) if not np.isnan(x[i, i])]
+        return any(not 0.5 * (x[i, j] + x[j, i]) > threshold for i in present for j in present if i != j)
 
     rng = np.random.default_rng(7)
     B, L, H = 400, 2, 3
@@ -106,12 +123,24 @@ def test_snapshots_whose_heads_are_all_apart_take_no_linkage_and_give_its_labels
     d[2::11, :, :, 0, 1] = np.nan
     for method in ("average", "single", "complete", "weighted"):
         for threshold in (0.0, 0.1, 0.15):
+            linked.clear()
             got = _cluster_all(d, threshold, method)
             want = np.stack([_cluster_one(x, threshold, method) for x in d])
             assert np.array_equal(got, want), (method, threshold)
+            # the linkage ran for exactly the snapshots with a pair within the cut, in order
+            close = [b for b in range(B) if needs_linkage(d[b], threshold)]
+            assert 0 < len(close) < B, threshold  # both kinds are here
+            assert len(linked) == len(close), (method, threshold)
+            assert all(np.array_equal(x, d[b], equal_nan=True) for x, b in zip(linked, close, strict=True)), (method, threshold)
     far = np.full((2, L, H, L, H), 0.5)  # every pair apart: each head alone, in head order
     far[1, 0, 1] = far[1, :, :, 0, 1] = np.nan  # head (0, 1) missing: -1, and the others close up
+    linked.clear()
     assert _cluster_all(far, 0.1, "average").tolist() == [[[0, 1, 2], [3, 4, 5]], [[0, -1, 1], [2, 3, 4]]]
+    assert linked == []  # both snapshots all apart: no linkage
+    near = far.copy()
+    near[0, 0, 0, 0, 1] = near[0, 0, 1, 0, 0] = 0.05  # heads (0, 0) and (0, 1) within the cut
+    assert _cluster_all(near, 0.1, "average").tolist() == [[[0, 0, 1], [2, 3, 4]], [[0, -1, 1], [2, 3, 4]]]
+    assert len(linked) == 1 and np.array_equal(linked[0], near[0])  # snapshot 0 alone
     # a NaN distance between two present heads is never "apart": scipy refuses it, as before
     bad = far[:1].copy()
     bad[0, 1, 2, 0, 0] = np.nan

@@ -130,6 +130,10 @@ def test_slash_dominant():
     assert s.attrs["n_query"] == t
     assert flags(slash_dominant(s, max_offset=t - 1)) == [True, False, True, "nan"]
     assert flags(slash_dominant(s)) == flags(slash_dominant(s, min_offset=1, max_offset=t // 2)) == [True, False, False, "nan"]
+    # The window starts at 1, the previous-token head: one 1 back scores 1 at offset 1 and 0 at
+    # every other, so it is dominant under the defaults, and not in a window from 2.
+    prev = slash_score(as_attention(diagonal(t, 1)[None, None, None, None]))
+    assert flags(slash_dominant(prev)) == [True] and flags(slash_dominant(prev, min_offset=2)) == [False]
     with pytest.raises(ValueError, match=r"no offsets in \[7, 5\] \(max_offset: by default T // 2 of the scores' n_query 10"):
         best_offset(s, min_offset=7)
     assert best_offset(s)[1].attrs == {"long_name": "largest slash score in the offset window", "units": "1"}

@@ -374,15 +374,34 @@ def test_a_signal_during_the_final_status_write_waits_for_it(cfg, tmp_path, monk
 
 
 def test_probing_the_lock_never_makes_a_trainer_refuse(tmp_path):
+    import fcntl
+    import os
     import threading
 
     path = str(tmp_path / "s.zarr")
     store.init_store(path)
+    with store.run_lock(path, "r1"):  # creates checkpoints/r1/train.lock
+        pass
+    # A probe's shared flock held for certain when the trainer asks, released 0.2 s later (the
+    # loop below meets one only by chance): the trainer waits it out instead of refusing.
+    fd = os.open(tmp_path / "s.zarr" / "checkpoints" / "r1" / "train.lock", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    release = threading.Timer(0.2, os.close, (fd,))
+    release.start()
+    try:
+        with store.run_lock(path, "r1"):
+            pass
+    finally:
+        release.join()
     stop = threading.Event()
+    errors: list[BaseException] = []  # a thread's exception only warns: collected, then asserted
 
     def probe():
-        while not stop.is_set():
-            store.run_lock_held(path, "r1")  # what `dynamics status` and the report do
+        try:
+            while not stop.is_set():
+                store.run_lock_held(path, "r1")  # what `dynamics status` and the report do
+        except BaseException as e:
+            errors.append(e)
 
     t = threading.Thread(target=probe)
     t.start()
@@ -393,6 +412,7 @@ def test_probing_the_lock_never_makes_a_trainer_refuse(tmp_path):
     finally:
         stop.set()
         t.join()
+    assert errors == []
 
 
 def test_a_finished_run_is_skipped_without_taking_its_lock(cfg, tmp_path, monkeypatch):

@@ -236,14 +236,20 @@ def test_each_update_applies_the_clipped_gradient_of_the_nll_plus_the_gate_l1(tm
     model = Transformer(cfg.model)
     params = model.optim_parameters()
     logits_of = {id(b.attn.gate_logit) for b in model.blocks}
+    # By hand, not from train's own functions: 10 steps, gate_l1 0.5. Gates held at step 0 only
+    # (10 * 0 < 10; step 1 is a tenth). The ramp is 0 until a tenth of the run, then linear to
+    # gate_l1 over the next 60%: w_s = 0.5 * (s/10 - 0.1) / 0.6 = (s - 1) / 12 for s = 1..7,
+    # then 0.5. Mid-ramp, step 4: 3/12 = 0.25 (a squared ramp gives 0.125).
+    ramp = [0, 0, 1 / 12, 2 / 12, 3 / 12, 4 / 12, 5 / 12, 6 / 12, 6 / 12, 6 / 12]
+    held = [True] + [False] * 9
     clipped = 0
     for s, (state, got) in enumerate(seen):
         model.load_state_dict(state)
         model.zero_grad()
         tokens = torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens)
         loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
-        (loss + train.gate_reg_weight(cfg, s) * model.gate_l1()).backward()
-        want = [None if train.gates_held(cfg, s) and id(p) in logits_of else p.grad for p in params]
+        (loss + ramp[s] * model.gate_l1()).backward()
+        want = [None if held[s] and id(p) in logits_of else p.grad for p in params]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in want if g is not None]))
         scale = min(1.0, clip / (float(norm) + 1e-6)) if clip else 1.0
         clipped += scale < 1.0
@@ -252,4 +258,5 @@ def test_each_update_applies_the_clipped_gradient_of_the_nll_plus_the_gate_l1(tm
             if w is not None:
                 torch.testing.assert_close(g, w * scale, rtol=1e-4, atol=1e-9)
     assert clipped == (10 if clip else 0)
-    assert train.gate_reg_weight(cfg, 9) > 0 and train.gates_held(cfg, 0) and not train.gates_held(cfg, 1)
+    assert [train.gate_reg_weight(cfg, s) for s in range(10)] == pytest.approx(ramp, abs=1e-12)
+    assert [train.gates_held(cfg, s) for s in range(10)] == held

@@ -238,9 +238,11 @@ def test_a_failing_run_does_not_stop_the_others(cluster, tmp_path):
     [good] = [rid for rid, v in index["runs"].items() if v["train.device"] == "cpu"]
     assert f"failed {bad} [train.seed=11, train.device=\"cuda:7\"]" in text
     assert store.run_attrs(str(out), good)["status"] == "completed"
-    if bad in store.list_runs(str(out)):  # failed after its group was created: recorded there
-        a = store.run_attrs(str(out), bad)
-        assert a["status"] == "failed" and "Traceback" in a["traceback"]
+    # A run that fails as it starts (its model moved to the missing device) is recorded all the
+    # same (train._record_setup_failure): listed, failed, with the worker's traceback
+    assert sorted(store.list_runs(str(out))) == sorted([bad, good])
+    a = store.run_attrs(str(out), bad)
+    assert a["status"] == "failed" and "Traceback" in a["traceback"], a
 
 
 def test_sweep_into_an_fsspec_url_store(cluster, tmp_path, monkeypatch):
