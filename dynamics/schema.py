@@ -37,7 +37,7 @@ divergence; version 9: ``winner_take_all`` of Michel et al.'s importance, gate x
 |dL/dg|, where it took |dL/dg| alone: the same with fixed gates, not with learned ones; and
 induction unscored on probes where uniform attention reaches its threshold; version 10:
 ``previous_token_peak``, Voita et al.'s rule for the positional head; version 11: a bifurcation
-inside the baseline snapshots dated where the curve left its first value, where it read "never").
+the band misses, inside the baseline snapshots, dated where the curve left its first value, where it read "never").
 Defined here, not in the analysers, so the store can tell a stale analysis without importing
 them."""
 
