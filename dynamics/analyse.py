@@ -127,7 +127,8 @@ def kept_row(path: str, run_id: str, attrs: dict) -> dict | None:
         stored = store.open_analysis(path, run_id, stale="allow", dask=False)
         if stored is None or not is_current(stored) or stored.attrs.get(ANALYSED_FROM) != source_of(attrs, stored):
             return None
-        return {**row_of(run_id, attrs, stored.load(), of_run(store.open_run(path, run_id, dask=False), attrs["status"])),
+        stored = stored.load()
+        return {**row_of(run_id, attrs, stored, of_run(store.open_run(path, run_id, dask=False), attrs["status"], stored)),
                 "kept": True}
     except Exception:  # noqa: BLE001 - a damaged or unreadable analysis is analysed again, and rewritten whole
         return None
@@ -162,7 +163,6 @@ def _analysis_of(path: str, run_id: str, attrs: dict):
     from dynamics.caveats import of_run
 
     run = store.open_run(path, run_id, dask=False)
-    said = of_run(run, attrs["status"])  # from the group opened here anyway (a second open of it cost 90 ms)
     ds = analysed_variables(path, run_id, run)
     ds = ds.load() if ds.nbytes < IN_MEMORY_BYTES else read_in_blocks(ds)
     need = AnalysisOptions().baseline_snapshots + 1  # the divergence curve's noise band needs them
@@ -171,11 +171,12 @@ def _analysis_of(path: str, run_id: str, attrs: dict):
         if ds.sizes["snapshot"] < need:
             return {"run": run_id, "status": "diverged", "skipped": True,
                     "reason": f"diverged at step {attrs['diverged_step']} after {ds.sizes['snapshot']} "
-                              f"finite snapshots; analysis needs >= {need}"}, said
+                              f"finite snapshots; analysis needs >= {need}"}, {}
     elif ds.sizes["snapshot"] < need:  # a very short run: its schedule took fewer snapshots
         return {"run": run_id, "status": attrs["status"], "skipped": True,
-                "reason": f"only {ds.sizes['snapshot']} snapshot(s) recorded; analysis needs >= {need}"}, said
-    return analyse_run(ds).compute(), said
+                "reason": f"only {ds.sizes['snapshot']} snapshot(s) recorded; analysis needs >= {need}"}, {}
+    result = analyse_run(ds).compute()
+    return result, of_run(run, attrs["status"], result)  # the group opened here (a second open of it cost 90 ms)
 
 
 def disk_full(e: BaseException | None) -> OSError | None:

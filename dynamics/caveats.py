@@ -12,8 +12,10 @@ as if training had shaped them when it had not:
   and so do gradients of exactly 0: an init_scale of 3e9 overflows the squares in a LayerNorm,
   whose output is then 0, and the run "completed" at ln(vocab) with every head's ``grad_norm`` 0.
 
-Read from the run's recording, not its analysis: the predictor and the report see the same runs
-`dynamics analyse` does, whether or not an analysis is stored.
+Heads pinned to hard attention templates keep the templates' attention by design: not said.
+Unchanged attention is read from the run's analysis where one is at hand (``divergence_from_init``,
+0 at the last snapshot exactly where a head's attention is the first snapshot's), else from its
+recording: two whole snapshots, 64 MiB each on a large run, read for every run of a store.
 """
 
 from __future__ import annotations
@@ -37,26 +39,43 @@ def eval_ends(run) -> tuple[float, float]:
     return (float(mean[0]), float(mean[1]))
 
 
-def attention_unchanged(run) -> bool:
+def attention_unchanged(run, analysis=None) -> bool:
     """Every head's stored attention on the probes is the same at a run's last snapshot as at its
-    first (bit for bit; a NaN anywhere is a change). False with fewer than two snapshots."""
+    first: from ``analysis`` (the run's, with ``divergence_from_init``) where given, 0 for every
+    head; else bit for bit from the recording (a NaN anywhere is a change). False with fewer than
+    two snapshots."""
+    if analysis is not None and "divergence_from_init" in analysis:
+        if analysis.sizes.get("snapshot", 0) < 2:
+            return False
+        last = np.asarray(analysis["divergence_from_init"].isel(snapshot=-1).values, dtype=np.float64)
+        return bool(last.size and (last == 0).all())  # NaN (no such head) is no 0
     if "attention" not in run or run["attention"].sizes.get("snapshot", 0) < 2:
         return False
     ends = run["attention"].isel(snapshot=[0, -1]).values  # (2, layer, head, probe, query, key)
     return bool(np.array_equal(ends[0], ends[1]))
 
 
-def of_run(run, status: str) -> dict:
-    """The caveats of a run (an opened run group) whose training ended with ``status``: ``loss_rose``
-    (its eval loss at the first and last snapshots) where it rose, ``attention_unchanged`` (True)
-    where its heads did not move. Only a completed run has them: a diverged one is said so."""
+def pinned(config: dict) -> bool:
+    """Some head of a run of ``config`` (as a run's attrs hold it) is clamped to a hard attention
+    template (``[intervene.templates]``, the table's ``hard`` or a head's own)."""
+    templates = (config.get("intervene") or {}).get("templates") or {}
+    table = bool(templates.get("hard", False))
+    return any(table if h.get("hard") is None else bool(h["hard"]) for h in templates.get("heads") or [])
+
+
+def of_run(run, status: str, analysis=None) -> dict:
+    """The caveats of a run (an opened run group, with its attrs) whose training ended with
+    ``status``: ``loss_rose`` (its eval loss at the first and last snapshots) where it rose,
+    ``attention_unchanged`` (True) where its heads did not move, read from ``analysis`` where
+    given (`attention_unchanged`). Only a completed run has them: a diverged one is said so."""
     if status != "completed":
         return {}
     start, end = eval_ends(run)
     said: dict = {}
     if math.isfinite(start) and math.isfinite(end) and end > start:
         said["loss_rose"] = (start, end)
-    if attention_unchanged(run):
+    config = run.attrs.get("config")
+    if not pinned(config if isinstance(config, dict) else {}) and attention_unchanged(run, analysis):
         said["attention_unchanged"] = True
     return said
 

@@ -126,10 +126,11 @@ def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str =
         raise UsageError(f"{flag} {path}: no permission to read this directory; check its permissions")
     if not p.exists():
         check_creatable(p, flag)
-    elif p.is_dir() and all(store.is_partial(e.name) for e in p.iterdir()):
+    elif p.is_dir() and all(store.is_partial(e.name) or e.name.startswith(PROBE) for e in p.iterdir()):
         # An empty directory (made by hand for the results) holds nothing to overwrite: it
         # becomes the store, as a file:// URL to it does. So does one holding only zarr's
-        # temporary of a store's first zarr.json: a creation killed before it landed.
+        # temporary of a store's first zarr.json: a creation killed before it landed. Another
+        # command's probe (`cannot_make_in`), there for microseconds, made it "not a dynamics store".
         # (an empty /sys folder: access() said yes to root, and the run failed as it began, exit 1)
         if not os.access(p, os.W_OK | os.X_OK) or cannot_make_in(p):
             raise UsageError(f"{flag} {path}: no permission to write into this empty directory")
@@ -244,12 +245,16 @@ def check_creatable(p: Path, flag: str) -> None:
         raise UsageError(f"{flag} {p}: cannot create it in {parent} ({why})")
 
 
+PROBE = ".dynamics-probe-"
+"""The prefix of `cannot_make_in`'s folder, made and removed at once."""
+
+
 def cannot_make_in(folder: Path) -> str | None:
     """Why no folder can be made in the existing directory ``folder``, or None. access() answers
     yes to root everywhere, /proc, /sys and immutable folders included: mkdir is asked. Not for a
     store's own folders, where another command may be listing runs as the probe comes and goes."""
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".dynamics-probe-", dir=folder))
+        os.rmdir(tempfile.mkdtemp(prefix=PROBE, dir=folder))
     except OSError as e:
         return e.strerror or str(e)
     return None

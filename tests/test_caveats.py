@@ -45,6 +45,34 @@ def test_attention_unchanged_bit_for_bit_between_the_first_and_last_snapshots():
     assert not caveats.attention_unchanged(xr.Dataset())
 
 
+def test_attention_unchanged_from_an_analysis_is_a_divergence_from_init_of_0_for_every_head():
+    # read from the analysis where there is one: the recording's two whole snapshots were 64 MiB each
+    # on a large run, for every run of a store, on every `analyse` (a kept one too), report and predict
+    def analysis(last):
+        return xr.Dataset({"divergence_from_init": (("snapshot", "layer", "head"),
+                                                     np.array([[[0.0, 0.0]], [last]]))})
+    moved = _run([[1.0]] * 2, _attention(2, change_at=1))  # the recording says moved: the analysis is read
+    assert caveats.attention_unchanged(moved, analysis([0.0, 0.0]))
+    assert not caveats.attention_unchanged(moved, analysis([0.0, 1e-5]))
+    assert not caveats.attention_unchanged(moved, analysis([0.0, np.nan]))
+    assert not caveats.attention_unchanged(moved, analysis([0.0, 0.0]).isel(snapshot=[0]))
+    assert not caveats.attention_unchanged(moved, xr.Dataset())  # no divergence_from_init: the recording
+
+
+def test_heads_pinned_to_hard_templates_are_not_said_to_be_unmoved():
+    # their attention is the templates' by design: a run of two hard-pinned heads, whose loss fell
+    # and whose gradients were not 0, was said to be a run "training never moved"
+    def config(table, *heads):
+        return {"intervene": {"templates": {**table, "heads": [{"layer": 0, "head": i, **h} for i, h in enumerate(heads)]}}}
+    assert caveats.pinned(config({"hard": True}, {}, {}))
+    assert caveats.pinned(config({}, {}, {"hard": True}))
+    assert not caveats.pinned(config({"hard": True}, {"hard": False}))
+    assert not caveats.pinned(config({}, {})) and not caveats.pinned({}) and not caveats.pinned({"intervene": {}})
+    run = _run([[2.0], [1.0]], _attention(2)).assign_attrs(config=config({"hard": True}, {}))
+    assert caveats.of_run(run, "completed") == {}
+    assert caveats.of_run(run.assign_attrs(config={}), "completed") == {"attention_unchanged": True}
+
+
 def test_of_run_says_a_rise_and_unmoved_heads_of_completed_runs_only():
     run = _run([[2.0], [3.0]], _attention(2))
     assert caveats.of_run(run, "completed") == {"loss_rose": (2.0, 3.0), "attention_unchanged": True}
@@ -97,6 +125,8 @@ def test_runs_that_training_never_moved_complete_and_are_named(tmp_path, capsys,
     assert (float(run.grad_norm.max()) == 0.0) is zero_gradients
     row = analyse_one(path, rid)
     assert row["attention_unchanged"] is True
+    kept = analyse_one(path, rid)  # a second analyse keeps the stored analysis, and says it again
+    assert kept["kept"] and kept["attention_unchanged"] is True
     print_analysis([row])
     assert any(line.startswith("attention unchanged in 1 completed run(s)") and line.endswith(f": {rid}")
                for line in capsys.readouterr().out.splitlines())

@@ -452,3 +452,19 @@ def test_a_diverged_run_exits_1_and_a_sweep_with_diverged_points_exits_0(tmp_pat
     swept = cli_in_process("sweep", str(cfg), "--out", out, "--workers", "1", *blow_up, cwd=ROOT)
     assert swept.returncode == 0, swept.stderr
     assert swept.stdout.strip().splitlines()[-1].startswith("sweep: 2 runs: 1 diverged, 1 completed")
+
+
+def test_another_commands_probe_in_an_empty_out_folder_is_not_something_to_overwrite(tmp_path):
+    # The folder a command makes and removes at once to test that mkdir works there: seen by a
+    # second command starting into the same empty folder, it was "not a dynamics store" (236 of 2000
+    # checks beside a probing thread)
+    from dynamics.usage import PROBE, UsageError, cannot_make_in, check_out
+
+    empty = tmp_path / "new.zarr"
+    empty.mkdir()
+    (empty / f"{PROBE}x1y2z3").mkdir()  # as it is between its mkdir and its rmdir
+    check_out(str(empty))
+    assert cannot_make_in(empty) is None and sorted(p.name for p in empty.iterdir()) == [f"{PROBE}x1y2z3"]
+    (empty / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="exists and is not a dynamics store"):
+        check_out(str(empty))

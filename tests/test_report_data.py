@@ -528,7 +528,7 @@ def test_the_page_names_completed_runs_training_made_worse_or_never_moved(tmp_pa
     evals = zarr.open_array(f"{path}/runs/r1/eval_loss", mode="r+")
     evals[-1] = 144.6
     moved = zarr.open_array(f"{path}/runs/r0/attention", mode="r+")
-    moved[-1, 0, 0, 0, 1] = 0.5
+    moved[-1, 0, 0, 0, 1, 0] = 0.5  # query 1 now weighs key 0 half as much as key 1
     assert cli.main(["report", str(path), "--out", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err
     page = html.unescape((tmp_path / "out" / "index.html").read_text())

@@ -275,7 +275,8 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
         # completed runs without a label for this target (no CHG fit): beside the curve, not in it
         runs_unlabelled=rows.attrs["unlabelled"],
         # in the curve, with heads labelled like any run's: training made them worse, or never moved them
-        runs_caveats={r.run_id: said for r in runs if (said := of_run(r.data, "completed"))},
+        runs_caveats={r.run_id: said for r in runs if (said := of_run(r.data, r.data.attrs.get("status", "completed"),
+                                                                       r.analysis))},
         # Only features with a value for some head: grad_cosine before a second snapshot, or a
         # token score when the token never appears, is NaN everywhere and no model can use it.
         features=[f for f, n in zip(names, valued.max(axis=0), strict=True) if n > 0],

@@ -28,8 +28,9 @@ from dynamics.schema import FINISHED_STATUSES, config_value
 # token_share: all NaN where no probe holds the token the token role looks for (summary_row's token_unseen)
 # layer_bifurcation_step: a run drawn "never" whose layers left their own bands is named;
 # previous_token_peak: heads meeting Voita et al.'s rule with another label are, as analyse notes them
+# divergence_from_init: a completed run whose heads never moved is named (dynamics.caveats)
 _RUN_VARS = ("best_slash", "slash_dominant", "role", "mean_divergence", "bifurcation_step", "slash_emergence_step",
-             "token_share", "layer_bifurcation_step", "previous_token_peak")
+             "token_share", "layer_bifurcation_step", "previous_token_peak", "divergence_from_init")
 
 
 _MIN_SNAPSHOTS = AnalysisOptions().baseline_snapshots + 1  # bifurcation_step needs more than the baseline
@@ -278,6 +279,13 @@ def _finished(run: _Run) -> bool:
     return run.status in FINISHED_STATUSES
 
 
+def _with_caveats(run: _Run, ds: xr.Dataset) -> _Run:
+    """``run`` with its caveats (`dynamics.caveats`), read from its analysis where it has one."""
+    with contextlib.suppress(Exception):  # a damaged recording is named by its analysis, as before
+        run.caveats = of_run(ds, run.status, run.analysis)
+    return run
+
+
 def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, attrs: dict) -> _Run:
     # "stopped": killed, resumable with the same command; one that ended since `attrs` were read,
     # its last loss and recorded snapshots as it ended, not "completed" beside the "-" of a loss
@@ -309,8 +317,6 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         data=trained_on_data(attrs),
         seed=attrs.get("seed"),
     )
-    with contextlib.suppress(Exception):  # a damaged recording is named below, by its analysis, as before
-        run.caveats = of_run(ds, status)
     stale, unread = False, ""
     try:
         stored = store.open_analysis(path, run_id, stale="allow", dask=False)  # loaded below: no dask graph
@@ -332,14 +338,14 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         run.analysis_source = "stored"
         lacking = sorted(set(_RUN_VARS) - set(have))
         run.analysis_note = "stored by `dynamics analyse`" + (f" (lacks {', '.join(lacking)})" if lacking else "")
-        return run
+        return _with_caveats(run, ds)
     if not compute_missing:
         run.analysis_note = (f"stored analysis is from an older version of the analysers ({_to_analyse(run)})"
                              if stale else unread or f"no stored analysis ({_to_analyse(run)})")
-        return run
+        return _with_caveats(run, ds)
     if run.n_recorded < _MIN_SNAPSHOTS:
         run.analysis_note = f"only {_recorded(run)}; analysis needs {_MIN_SNAPSHOTS}"
-        return run
+        return _with_caveats(run, ds)
     # js_distance too (small: no query/key dims), so the chosen run is not analysed twice.
     try:
         run.analysis = _analyse_recorded(ds, run.recorded, [*_RUN_VARS, "js_distance"])
@@ -350,13 +356,13 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
             run.analysis_note = f"analysing it here failed: {run.damage[-1]}" + (f"; {unread}" if unread else "")
         else:
             run.analysis_note = f"analysing it here failed ({type(e).__name__}: {e})"
-        return run
+        return _with_caveats(run, ds)
     run.analysis_source = "computed"
     partial = "" if run.n_recorded == run.n_snapshots else f" on {run.n_recorded} of {run.n_snapshots} snapshots"
     run.analysis_note = f"computed for this report{partial} (not stored)" + (
         "; the stored one is from an older version of the analysers (run `dynamics analyse`)" if stale else "") + (
         f"; {unread}" if unread else "")
-    return run
+    return _with_caveats(run, ds)
 
 
 def _analyse_recorded(ds: xr.Dataset, recorded: np.ndarray, names: list[str]) -> xr.Dataset:
