@@ -124,9 +124,9 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
         print("bifurcation: step the heads' divergence (the mean over layers) left its early band (split, or "
               "collapsed), and by layer each layer's own where one differs (a layer can leave its band while the mean "
               "does not), never where it did not: heads that start far apart (a large init_scale) can stay in "
-              "their band, split from initialisation; a step among the band's first snapshots: the band, widened "
-              "by a split inside it, held the curve, which left its first value for good there (a large lr, a sparse "
-              "schedule); "
+              "their band, split from initialisation; a step among the band's first snapshots: the divergence left "
+              "its first value for good there, a split the band it set would date late or not at all (a large lr, a "
+              "sparse schedule); "
               "divergence: mean within-layer JS distance at the last snapshot; redundancy: heads in a cluster of 2 or more there, of all heads (average linkage, JS distance cut at 0.1); "
               "slash_dom: heads slash-dominant there; final roles: heads per role there")
     # the notes on the columns first, under the table; then those on runs

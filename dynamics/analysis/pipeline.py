@@ -313,12 +313,12 @@ VARIABLE_ATTRS = {
     "within_layer_divergence": ("mean Jensen-Shannon distance between the layer's heads", _JS),
     "mean_divergence": ("within-layer divergence, mean over layers", _JS),
     "divergence_from_init": ("Jensen-Shannon distance of the head's attention from its first snapshot's", _JS),
-    "bifurcation_step": ("step the mean within-layer divergence leaves its initial band for good, or, where it "
-                         "never does, its first value within the band's baseline (NaN: never, or undefined where no "
-                         "layer has two heads)", "steps"),
-    "layer_bifurcation_step": ("step the layer's divergence leaves its initial band for good, or, where it never "
-                               "does, its first value within the band's baseline (NaN: never, or undefined in a layer "
-                               "of one head)", "steps"),
+    "bifurcation_step": ("step the mean within-layer divergence leaves its initial band for good, or its first "
+                         "value where it does so within the band's baseline (NaN: never, or undefined where no layer "
+                         "has two heads)", "steps"),
+    "layer_bifurcation_step": ("step the layer's divergence leaves its initial band for good, or its first value "
+                               "where it does so within the band's baseline (NaN: never, or undefined in a layer of "
+                               "one head)", "steps"),
     "winner_take_all": ("Gini coefficient of the layer's head importances", "1"),
     "cluster": ("redundancy cluster of the head among all heads of the model (heads of other layers may share it)",
                 ""),

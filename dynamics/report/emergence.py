@@ -531,7 +531,6 @@ def _bifurcation_caption(groups, points) -> str:
             "where it never happened within the run; \u00d7n beside a mark: n runs at that point. A run whose heads "
             "start far apart (a large init_scale) can stay in its initial band throughout: 'never' there may be "
             "heads split from initialisation, not heads that never split (the divergence curves tell which). "
-            "A step among the first snapshots, which set the band: the band, widened by a split while it was "
-            "measured (a large learning rate, a sparse schedule), held the curve, dated where the divergence left its "
-            "first value for good. "
+            "A step among the first snapshots, which set the band: the divergence left its first value for good "
+            "there, a split the band it set would date late or not at all (a large learning rate, a sparse schedule). "
             f"{layered}{named}Counts: {'; '.join(counts)}.")
