@@ -12,7 +12,8 @@ as if training had shaped them when it had not:
   and so do gradients of exactly 0: an init_scale of 3e9 overflows the squares in a LayerNorm,
   whose output is then 0, and the run "completed" at ln(vocab) with every head's ``grad_norm`` 0.
 
-Heads pinned to hard attention templates keep the templates' attention by design: not said.
+Heads pinned to hard attention templates keep the templates' attention by design: left out of the
+comparison (a run whose every head is pinned is not said to be unmoved).
 Unchanged attention is read from the run's analysis where one is at hand (``divergence_from_init``,
 0 at the last snapshot exactly where a head's attention is the first snapshot's), else from its
 recording: two whole snapshots, 64 MiB each on a large run, read for every run of a store.
@@ -39,28 +40,40 @@ def eval_ends(run) -> tuple[float, float]:
     return (float(mean[0]), float(mean[1]))
 
 
-def attention_unchanged(run, analysis=None) -> bool:
+def attention_unchanged(run, analysis=None, pinned_heads: frozenset = frozenset()) -> bool:
     """Every head's stored attention on the probes is the same at a run's last snapshot as at its
-    first: from ``analysis`` (the run's, with ``divergence_from_init``) where given, 0 for every
-    head; else bit for bit from the recording (a NaN anywhere is a change). False with fewer than
-    two snapshots."""
+    first, the heads ``pinned_heads`` ((layer, head) pairs) left out: from ``analysis`` (the run's,
+    with ``divergence_from_init``) where given, 0 for every head; else bit for bit from the
+    recording (a NaN anywhere is a change). False with fewer than two snapshots, or no free head."""
     if analysis is not None and "divergence_from_init" in analysis:
         if analysis.sizes.get("snapshot", 0) < 2:
             return False
-        last = np.asarray(analysis["divergence_from_init"].isel(snapshot=-1).values, dtype=np.float64)
-        return bool(last.size and (last == 0).all())  # NaN (no such head) is no 0
+        last = np.asarray(analysis["divergence_from_init"].isel(snapshot=-1).values, dtype=np.float64)  # (layer, head)
+        free = _free(last.shape, pinned_heads)
+        return bool(free.any() and (last[free] == 0).all())  # NaN (no such head) is no 0
     if "attention" not in run or run["attention"].sizes.get("snapshot", 0) < 2:
         return False
     ends = run["attention"].isel(snapshot=[0, -1]).values  # (2, layer, head, probe, query, key)
-    return bool(np.array_equal(ends[0], ends[1]))
+    free = _free(ends.shape[1:3], pinned_heads)
+    return bool(free.any() and np.array_equal(ends[0][free], ends[1][free]))
 
 
-def pinned(config: dict) -> bool:
-    """Some head of a run of ``config`` (as a run's attrs hold it) is clamped to a hard attention
-    template (``[intervene.templates]``, the table's ``hard`` or a head's own)."""
+def _free(shape: tuple[int, ...], pinned_heads: frozenset) -> np.ndarray:
+    """(layer, head) bool: the heads not in ``pinned_heads``."""
+    free = np.ones(shape, bool)
+    for layer, head in pinned_heads:
+        if layer < shape[0] and head < shape[1]:
+            free[layer, head] = False
+    return free
+
+
+def pinned(config: dict) -> frozenset:
+    """The (layer, head) pairs a run of ``config`` (as a run's attrs hold it) clamps to a hard
+    attention template (``[intervene.templates]``, the table's ``hard`` or a head's own)."""
     templates = (config.get("intervene") or {}).get("templates") or {}
     table = bool(templates.get("hard", False))
-    return any(table if h.get("hard") is None else bool(h["hard"]) for h in templates.get("heads") or [])
+    return frozenset((int(h["layer"]), int(h["head"])) for h in templates.get("heads") or []
+                     if (table if h.get("hard") is None else bool(h["hard"])))
 
 
 def of_run(run, status: str, analysis=None) -> dict:
@@ -75,7 +88,7 @@ def of_run(run, status: str, analysis=None) -> dict:
     if math.isfinite(start) and math.isfinite(end) and end > start:
         said["loss_rose"] = (start, end)
     config = run.attrs.get("config")
-    if not pinned(config if isinstance(config, dict) else {}) and attention_unchanged(run, analysis):
+    if attention_unchanged(run, analysis, pinned(config if isinstance(config, dict) else {})):
         said["attention_unchanged"] = True
     return said
 

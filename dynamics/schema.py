@@ -15,6 +15,11 @@ Store layout (a Zarr v3 group; see dynamics/store/)::
 
 STORE_VERSION = 1
 
+MKDIR_PROBE = ".dynamics-probe-"
+"""The prefix of the folder `dynamics.usage.cannot_make_in` makes and removes at once, to learn that
+mkdir works in a folder (access() says yes to root everywhere): another command seeing it in an
+empty folder, for those microseconds, must still take that folder as empty."""
+
 BASELINE_SNAPSHOTS = 3
 """The default of ``AnalysisOptions.baseline_snapshots``: the snapshots that set the divergence
 curve's early band, so a run is analysed from ``BASELINE_SNAPSHOTS + 1`` on. Here, not in the

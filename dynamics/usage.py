@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote
 
+from dynamics.schema import MKDIR_PROBE
+
 EXIT_BAD_INPUT = 2
 """Exit status of bad input: a usage error, a config or store refused before any work."""
 
@@ -126,7 +128,7 @@ def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str =
         raise UsageError(f"{flag} {path}: no permission to read this directory; check its permissions")
     if not p.exists():
         check_creatable(p, flag)
-    elif p.is_dir() and all(store.is_partial(e.name) or e.name.startswith(PROBE) for e in p.iterdir()):
+    elif p.is_dir() and all(store.is_partial(e.name) or e.name.startswith(MKDIR_PROBE) for e in p.iterdir()):
         # An empty directory (made by hand for the results) holds nothing to overwrite: it
         # becomes the store, as a file:// URL to it does. So does one holding only zarr's
         # temporary of a store's first zarr.json: a creation killed before it landed. Another
@@ -245,16 +247,12 @@ def check_creatable(p: Path, flag: str) -> None:
         raise UsageError(f"{flag} {p}: cannot create it in {parent} ({why})")
 
 
-PROBE = ".dynamics-probe-"
-"""The prefix of `cannot_make_in`'s folder, made and removed at once."""
-
-
 def cannot_make_in(folder: Path) -> str | None:
     """Why no folder can be made in the existing directory ``folder``, or None. access() answers
     yes to root everywhere, /proc, /sys and immutable folders included: mkdir is asked. Not for a
     store's own folders, where another command may be listing runs as the probe comes and goes."""
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=PROBE, dir=folder))
+        os.rmdir(tempfile.mkdtemp(prefix=MKDIR_PROBE, dir=folder))
     except OSError as e:
         return e.strerror or str(e)
     return None

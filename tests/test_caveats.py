@@ -59,18 +59,29 @@ def test_attention_unchanged_from_an_analysis_is_a_divergence_from_init_of_0_for
     assert not caveats.attention_unchanged(moved, xr.Dataset())  # no divergence_from_init: the recording
 
 
-def test_heads_pinned_to_hard_templates_are_not_said_to_be_unmoved():
+def test_heads_pinned_to_hard_templates_are_left_out_of_the_comparison():
     # their attention is the templates' by design: a run of two hard-pinned heads, whose loss fell
-    # and whose gradients were not 0, was said to be a run "training never moved"
+    # and whose gradients were not 0, was said to be a run "training never moved"; and a run with
+    # one pinned head of four whose three free heads never moved (lr 1e-12) must still be said so
     def config(table, *heads):
         return {"intervene": {"templates": {**table, "heads": [{"layer": 0, "head": i, **h} for i, h in enumerate(heads)]}}}
-    assert caveats.pinned(config({"hard": True}, {}, {}))
-    assert caveats.pinned(config({}, {}, {"hard": True}))
-    assert not caveats.pinned(config({"hard": True}, {"hard": False}))
-    assert not caveats.pinned(config({}, {})) and not caveats.pinned({}) and not caveats.pinned({"intervene": {}})
-    run = _run([[2.0], [1.0]], _attention(2)).assign_attrs(config=config({"hard": True}, {}))
-    assert caveats.of_run(run, "completed") == {}
-    assert caveats.of_run(run.assign_attrs(config={}), "completed") == {"attention_unchanged": True}
+    assert caveats.pinned(config({"hard": True}, {}, {})) == {(0, 0), (0, 1)}
+    assert caveats.pinned(config({}, {}, {"hard": True})) == {(0, 1)}
+    assert caveats.pinned(config({"hard": True}, {"hard": False})) == set()
+    assert caveats.pinned(config({}, {})) == caveats.pinned({}) == caveats.pinned({"intervene": {}}) == set()
+    both = _run([[2.0], [1.0]], _attention(2)).assign_attrs(config=config({"hard": True}, {}, {}))
+    assert caveats.of_run(both, "completed") == {}  # no free head to have moved or not
+    one = both.assign_attrs(config=config({}, {"hard": True}))  # head (0, 1) free, and unmoved
+    assert caveats.of_run(one, "completed") == {"attention_unchanged": True}
+    moved = _run([[2.0], [1.0]], _attention(2, change_at=1))  # head (0, 1) moved
+    # the moved head pinned: the free one never moved
+    assert caveats.of_run(moved.assign_attrs(config=config({}, {}, {"hard": True})), "completed") == {
+        "attention_unchanged": True}
+    assert caveats.of_run(moved.assign_attrs(config=config({}, {"hard": True})), "completed") == {}
+    dfi = xr.Dataset({"divergence_from_init": (("snapshot", "layer", "head"), np.array([[[0.0, 0.0]], [[0.0, 0.2]]]))})
+    assert caveats.attention_unchanged(moved, dfi, frozenset({(0, 1)}))  # the moved head is the pinned one
+    assert not caveats.attention_unchanged(moved, dfi, frozenset({(0, 0)}))
+    assert not caveats.attention_unchanged(moved, dfi, frozenset({(0, 0), (0, 1)}))
 
 
 def test_of_run_says_a_rise_and_unmoved_heads_of_completed_runs_only():

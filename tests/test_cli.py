@@ -458,13 +458,20 @@ def test_another_commands_probe_in_an_empty_out_folder_is_not_something_to_overw
     # The folder a command makes and removes at once to test that mkdir works there: seen by a
     # second command starting into the same empty folder, it was "not a dynamics store" (236 of 2000
     # checks beside a probing thread)
-    from dynamics.usage import PROBE, UsageError, cannot_make_in, check_out
+    from dynamics import store
+    from dynamics.schema import MKDIR_PROBE
+    from dynamics.usage import UsageError, cannot_make_in, check_out
 
     empty = tmp_path / "new.zarr"
     empty.mkdir()
-    (empty / f"{PROBE}x1y2z3").mkdir()  # as it is between its mkdir and its rmdir
+    (empty / f"{MKDIR_PROBE}x1y2z3").mkdir()  # as it is between its mkdir and its rmdir
     check_out(str(empty))
-    assert cannot_make_in(empty) is None and sorted(p.name for p in empty.iterdir()) == [f"{PROBE}x1y2z3"]
+    assert cannot_make_in(empty) is None and sorted(p.name for p in empty.iterdir()) == [f"{MKDIR_PROBE}x1y2z3"]
+    store.init_store(str(empty))  # and the store is made there, as the command goes on to do
+    assert store.is_store(str(empty))
+    (empty / f"{MKDIR_PROBE}x1y2z3").rmdir()
+    empty = tmp_path / "other.zarr"
+    empty.mkdir()
     (empty / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="exists and is not a dynamics store"):
         check_out(str(empty))

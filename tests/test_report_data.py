@@ -103,7 +103,7 @@ def test_the_page_says_why_its_per_run_figures_show_the_run_they_show():
                                           "for an even count; --run ID shows another)")
     assert chosen_why(three, "c") == " (chosen with --run)"
     stopped = [run("d", "stopped", None)]
-    assert chosen_why(stopped, "d") == (" (no run has completed, with a finite final loss: the run with the most "
+    assert chosen_why(stopped, "d") == (" (no completed run has a finite final loss: the run with the most "
                                         "snapshots recorded)")
     # a run diverged at step 0 wrote a snapshot 0 of NaN: none recorded before it diverged, which
     # "only 0 snapshot(s) recorded" did not say

@@ -164,7 +164,7 @@ def chosen_why(runs: list[_Run], chosen: str | None) -> str:
     done = [r for r in runs if r.status == "completed" and r.last_loss is not None and math.isfinite(r.last_loss)]
     if not done:
         # "completed with a finite loss" read as a contradiction beside a diverged run's finite last loss
-        return " (no run has completed, with a finite final loss: the run with the most snapshots recorded)"
+        return " (no completed run has a finite final loss: the run with the most snapshots recorded)"
     # as _choose_run picks: among the analysed ones where any is (a run too short to analyse is not)
     analysed = [r for r in done if r.analysis is not None]
     which = f"{len(analysed)} analysed completed run(s)" if analysed and len(analysed) < len(done) else \

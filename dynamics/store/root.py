@@ -13,7 +13,7 @@ import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.group import GroupMetadata
 
-from dynamics.schema import FINISHED_STATUSES, RUN_STATUSES, STORE_VERSION
+from dynamics.schema import FINISHED_STATUSES, MKDIR_PROBE, RUN_STATUSES, STORE_VERSION
 from dynamics.store._loc import (
     _NAME,
     SECTIONS,
@@ -264,10 +264,11 @@ def init_store(path: str | os.PathLike) -> None:
             loc.local.mkdir(parents=True, exist_ok=True)
         with _locked(loc):  # check again inside: another process may be creating it right now
             if not is_store(loc.url):
-                entries = loc.list_dir("")
+                # another command's mkdir probe (`usage.cannot_make_in`), there for microseconds, is nothing made
+                entries = [e for e in loc.list_dir("") if not e.startswith(MKDIR_PROBE)]
                 if loc.local is not None and entries and all(map(is_partial, entries)):
                     clear_partials(loc.local)  # a creation killed before its zarr.json landed: nothing made
-                    entries = loc.list_dir("")
+                    entries = [e for e in loc.list_dir("") if not e.startswith(MKDIR_PROBE)]
                 if entries:
                     raise StoreError(_unreadable_root(loc) or f"{loc} exists, is not empty and is not a dynamics store")
                 root = zarr.create_group(loc.store, zarr_format=3, attributes={"dynamics_store": STORE_VERSION})
