@@ -340,31 +340,41 @@ def check_memory(cfg: RunConfig, available: int | None = None, *, part: str = "a
 def workers_that_fit(cfgs: Sequence[RunConfig], wanted: int, available: int | None = None) -> tuple[int, str | None]:
     """How many of ``wanted`` local workers may train the runs of ``cfgs`` side by side: the most,
     k, for which k times the largest run's estimate fits in ``available`` bytes (default
-    :func:`machine_memory`), at least 1 (each run fits alone: `check_fits`); and a note where k is
-    fewer than ``wanted``, else None.
+    :func:`machine_memory`), and, for runs on a GPU, k times the largest one's device estimate in
+    that GPU's memory (every local worker uses it); at least 1 (each run fits alone: `check_fits`).
+    And a note where k is fewer than ``wanted``, else None.
 
-    k times the largest, not the k largest summed: Dask's local cluster gives each worker an equal
-    share of the machine's memory and restarts one that goes past it, so each run must fit in a
-    share. Each point was checked alone: two of 5 GiB each passed on a 6 GB machine, and ran at once.
+    Each point was checked alone: two runs of 5 GiB each passed on a 6 GB machine, and ran at
+    once. The local cluster sets no memory limit of its own (`sweep.launcher.local_cluster`): Dask's
+    even share, and its restart of a worker past 95% of it, would stop a run this lets through.
 
     >>> from dynamics.config import RunConfig
     >>> peak = estimate(RunConfig()).peak
     >>> workers_that_fit([RunConfig()], 4, available=2 * peak + 1)[0]
     2
     """
-    where = "this machine has"
-    if available is None:
-        available = machine_memory()
-        if os.environ.get(MEMORY_ENV, "").strip():
-            where = f"{MEMORY_ENV} allows"
-    if available is None or wanted <= 1 or not cfgs:
+    if wanted <= 1 or not cfgs:
         return wanted, None
-    largest = max(estimate(c, "all" if c.train.device == "cpu" else "host").peak for c in cfgs)
-    k = int(max(1, min(wanted, available // max(largest, 1))))
-    if k == wanted:
-        return wanted, None
-    return k, (f"{wanted} workers would each need at least {_size(largest)} (the largest run's estimate), and "
-               f"{wanted} x {_size(largest)} is more than the {_size(available)} {where}: training on {k} worker(s)")
+    given = bool(os.environ.get(MEMORY_ENV, "").strip())
+    where = f"{MEMORY_ENV} allows" if given else "this machine has"
+    limits = []  # (bytes there, the largest run's need there, whose memory)
+    host = machine_memory() if available is None else available
+    if host is not None:
+        limits.append((host, max(estimate(c, "all" if c.train.device == "cpu" else "host").peak for c in cfgs),
+                       where if available is None else "this machine has"))
+    for device in sorted({c.train.device for c in cfgs} - {"cpu"}):
+        gpu = machine_memory() if given else gpu_memory(device)
+        if gpu is not None:
+            limits.append((gpu, max(estimate(c, "device").peak for c in cfgs if c.train.device == device),
+                           where if given else f"{device} has"))
+    k, note = wanted, None
+    for have, largest, whose in limits:
+        fit = int(max(1, min(wanted, have // max(largest, 1))))
+        if fit < k:
+            need, there = _apart(wanted * largest, have)
+            k, note = fit, (f"{wanted} workers would need at least {need} together ({wanted} x the largest run's "
+                            f"estimate, {_size(largest)}), more than the {there} {whose}: training on {fit} worker(s)")
+    return k, note
 
 
 def check_fits(cfg: RunConfig, finished: Callable[[], bool] | None = None) -> None:

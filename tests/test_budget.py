@@ -213,9 +213,24 @@ def test_workers_that_fit_share_the_memory_by_the_largest_run():
     assert workers_that_fit([small, large], 3, available=10 * peak) == (3, None)  # room for all
     assert workers_that_fit([small, large], 3, available=3 * peak) == (3, None)  # exactly
     k, note = workers_that_fit([small, large], 3, available=3 * peak - 1)  # k x the largest, not the sum
-    assert k == 2 and note.startswith("3 workers would each need at least ") and note.endswith(": training on 2 worker(s)")
+    assert k == 2 and note == (f"3 workers would need at least {3 * peak:,} bytes together (3 x the largest run's "
+                               f"estimate, {peak / 2**30:.1f} GiB), more than the {3 * peak - 1:,} bytes this machine "
+                               f"has: training on 2 worker(s)")  # sizes that read apart, as check_memory's
     assert workers_that_fit([small, large], 3, available=peak // 2)[0] == 1  # each run alone: refused elsewhere
     assert workers_that_fit([large], 1, available=1) == (1, None)
+
+
+def test_workers_on_one_gpu_share_its_memory_too(monkeypatch):
+    # every local worker of a cuda sweep uses the one GPU: its device estimate counts k times there,
+    # where only the host part (the tokens, the loss curve: small) was multiplied
+    from dynamics.budget import MEMORY_ENV, estimate, workers_that_fit
+
+    gpu = replace_section(RunConfig(), "train", device="cuda", batch_size=4096)
+    device, host = estimate(gpu, "device").peak, estimate(gpu, "host").peak
+    assert device > 20 * host
+    monkeypatch.setenv(MEMORY_ENV, str(2.5 * device / 1e9))  # checks the GPU against it too, as check_fits does
+    k, note = workers_that_fit([gpu] * 8, 8)
+    assert k == 2 and note.endswith(f"{MEMORY_ENV} allows: training on 2 worker(s)") and note.startswith("8 workers")
 
 
 def test_a_sweep_trains_on_the_workers_its_runs_fit_in(tmp_path, monkeypatch, capsys):
@@ -230,6 +245,6 @@ def test_a_sweep_trains_on_the_workers_its_runs_fit_in(tmp_path, monkeypatch, ca
     r = cli_in_process("sweep", str(cfg), "--out", str(tmp_path / "s.zarr"), "--workers", "2")
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert lines[0].startswith("dynamics: note: 2 workers would each need at least ") and lines[0].endswith(
+    assert lines[0].startswith("dynamics: note: 2 workers would need at least ") and lines[0].endswith(
         f"{MEMORY_ENV} allows: training on 1 worker(s)")
     assert "2 run(s) to train on 1 worker(s)" in lines[1]

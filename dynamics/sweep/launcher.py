@@ -39,7 +39,10 @@ MAX_RESUBMITS = 2
 def local_cluster(n_workers: int):
     """The embedded cluster: ``n_workers`` single-threaded worker processes (with nannies).
 
-    Started without Dask's ``MALLOC_TRIM_THRESHOLD_`` (see :mod:`dynamics.allocator`).
+    Started without Dask's ``MALLOC_TRIM_THRESHOLD_`` (see :mod:`dynamics.allocator`), and without a
+    memory limit per worker: Dask's default gives each an equal share of the machine and restarts one
+    past 95% of it, which would stop a run that fits; `budget.workers_that_fit` sizes the workers
+    to the runs instead.
     """
     import dask
     from distributed import LocalCluster
@@ -47,7 +50,7 @@ def local_cluster(n_workers: int):
     with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
         # No dashboard; the scheduler's HTTP server (health routes) takes any free port, not 8787.
         return LocalCluster(
-            n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+            n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1", memory_limit=0,
             dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
             silence_logs=logging.ERROR, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
         )
