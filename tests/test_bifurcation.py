@@ -404,3 +404,12 @@ def test_head_importance_is_nan_where_the_gate_is():
     gate = xr.DataArray([[np.nan, 0.5]], dims=("layer", "head"))
     out = head_importance(imp, gate).values[0]
     assert np.isnan(out[0]) and out[1] == 1.0
+
+
+def test_the_first_values_floor_is_of_its_size_for_a_negative_curve_too():
+    # the band is two-sided and sign-free; the first value's floor is rel_tol |x_0|, not rel_tol x_0
+    steps = [0, 1, 2, 4, 8, 16, 32, 64]
+    x = xr.DataArray([-0.3, -0.305, -0.33, -0.33, -0.33, -0.33, -0.33, -0.33], dims="snapshot",
+                     coords={"step": ("snapshot", steps)})
+    assert float(bifurcation_step(x)) == 2.0  # -0.305 is inside -0.3 +- 0.015
+    assert float(bifurcation_step(-x)) == 2.0

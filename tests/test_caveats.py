@@ -141,3 +141,71 @@ def test_runs_that_training_never_moved_complete_and_are_named(tmp_path, capsys,
     print_analysis([row])
     assert any(line.startswith("attention unchanged in 1 completed run(s)") and line.endswith(f": {rid}")
                for line in capsys.readouterr().out.splitlines())
+
+
+def test_apart_goes_as_far_as_ten_digits_and_notes_count_past_four_unmoved_runs():
+    assert caveats.apart(1.000000001, 1.000000002) == ("1.000000001", "1.000000002")
+    line, = caveats.notes({f"r{i}": {"attention_unchanged": True} for i in range(6)})
+    assert line.endswith(": r0, r1, r2, r3, and 2 more")
+
+
+NOTE = "Note: Attention unchanged in 1 completed run(s)"
+
+
+@pytest.mark.parametrize("how", ["computed", "stored", "no-compute", "too short"])
+def test_the_report_names_an_unmoved_run_whichever_way_it_has_its_analysis(tmp_path, how):
+    # the synthetic store's attention never moves; the caveat was tested only on an analysis the
+    # report computed itself, not on the usual one that `dynamics analyse` stored, nor without one
+    import html
+
+    from dynamics import cli
+    from dynamics.config import from_dict
+    from tests._report_store import TINY as RAW
+    from tests._report_store import _synthetic_store, _written_run
+
+    path = tmp_path / "s.zarr"
+    if how == "too short":  # 3 snapshots: no analysis, read from the recording
+        raw = {**RAW, "train": {**RAW["train"], "steps": 2, "warmup_steps": 1}}
+        _written_run(path, "r0", from_dict(raw), "completed")
+    else:
+        _synthetic_store(path, {"r0": {"train.seed": 0}})
+    if how == "stored":
+        assert cli.main(["analyse", str(path)]) == 0
+    extra = ["--no-compute"] if how == "no-compute" else []
+    assert cli.main(["report", str(path), "--out", str(tmp_path / "out"), *extra]) == 0
+    assert NOTE in html.unescape((tmp_path / "out" / "index.html").read_text())
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Whether each caveat check had the run's analysis to read (not two whole attention snapshots)."""
+    seen = []
+    real = caveats.attention_unchanged
+
+    def spy(run, analysis=None, pinned_heads=frozenset()):
+        seen.append(analysis is not None and "divergence_from_init" in analysis)
+        return real(run, analysis, pinned_heads)
+
+    monkeypatch.setattr(caveats, "attention_unchanged", spy)
+    return seen
+
+
+def test_analyse_report_and_predict_read_unmoved_heads_from_the_analysis(tmp_path, reads):
+    # 1.1 s and 300 MB a run for the recording's two snapshots on a large run: the analysis is read,
+    # which no output shows
+    from dynamics import cli
+    from dynamics.analyse import analyse_one
+    from tests._report_store import _synthetic_store
+    from tests.test_predict import make_runs, write_store
+
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"train.seed": 0}})
+    assert cli.main(["report", str(path), "--out", str(tmp_path / "o1")]) == 0  # computed by the report
+    row, kept = analyse_one(str(path), "r0"), analyse_one(str(path), "r0")
+    assert kept.get("kept") and row["attention_unchanged"] and kept["attention_unchanged"]
+    assert cli.main(["report", str(path), "--out", str(tmp_path / "o2")]) == 0  # stored
+    other = tmp_path / "p.zarr"
+    write_store(other, make_runs(n_seeds=4))
+    assert cli.main(["analyse", str(other)]) == 0
+    assert cli.main(["predict", str(other), "--horizon", "0", "--folds", "2"]) == 0
+    assert len(reads) >= 8 and all(reads), reads

@@ -454,3 +454,23 @@ def test_emergence_captions_say_which_lines_end_at_a_divergence(tmp_path, monkey
                 "and 1 more.") in caption
     sec = emergence._emergence_section(_Ctx(tmp_path / "x", fine, None, ["train.lr"], tmp_path, True))
     assert not any("diverged" in caption for _, caption in sec.figures)
+
+
+def test_a_stopped_run_is_not_called_diverged_in_the_emergence_captions(tmp_path, monkeypatch):
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    def run(rid, status, n):
+        steps = np.array([0, 10, 20, 40, 80])[:n]
+        analysis = xr.Dataset({"best_slash": (("snapshot", "layer", "head"), np.full((n, 1, 2), 0.2)),
+                               "slash_dominant": (("snapshot", "layer", "head"), np.zeros((n, 1, 2))),
+                               "mean_divergence": (("snapshot",), np.linspace(0.1, 0.3, n))},
+                              coords={"step": ("snapshot", steps)}, attrs={"slash_offsets": [1, 8]})
+        return _Run(rid, status, {"train.lr": 0.003, "train.seed": 0}, 1.0, n, np.ones(n, bool), steps,
+                    analysis=analysis, analysis_source="computed")
+
+    (tmp_path / "figures").mkdir()
+    _capture_figures(monkeypatch, emergence)
+    sec = emergence._emergence_section(_Ctx(tmp_path / "x", [run("ok", "completed", 5), run("st", "stopped", 4)],
+                                            None, ["train.lr"], tmp_path, True))
+    assert sec.figures and not any("diverged run(s)" in caption for _, caption in sec.figures)

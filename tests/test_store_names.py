@@ -334,3 +334,14 @@ def test_store_error_is_named_where_users_import_it_and_pickles_there():
     e = store.StoreError("a line")
     assert traceback.format_exception_only(type(e), e) == ["dynamics.store.StoreError: a line\n"]
     assert type(pickle.loads(pickle.dumps(e))) is store.StoreError
+
+
+def test_a_killed_creations_partial_and_another_commands_probe_leave_a_folder_empty(tmp_path):
+    from dynamics.schema import MKDIR_PROBE
+
+    d = tmp_path / "new.zarr"
+    d.mkdir()
+    (d / f"zarr.json.{'0' * 32}.partial").write_text("{")
+    (d / f"{MKDIR_PROBE}abc").mkdir()
+    store.init_store(str(d))
+    assert store.is_store(str(d))

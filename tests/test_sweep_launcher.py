@@ -126,3 +126,16 @@ def test_status_shows_a_pending_points_steps_from_the_index(tmp_path):
     steps = {row[0]: row[-3] for row in rows}
     assert steps == {first[0].run_id: "0/12", first[1].run_id: "0/12", later[0].run_id: "0/30"}
     assert all(row[-4] == "pending" for row in rows)
+
+
+def test_the_local_cluster_sets_no_memory_limit_per_worker():
+    # Dask's default gives each worker an equal share of the machine and restarts one past 95% of
+    # it: an 11.8 GiB run on two workers of a 23.5 GiB machine, which workers_that_fit lets through
+    from dynamics.sweep.launcher import local_cluster
+
+    cluster = local_cluster(1)
+    try:
+        limits = [w["memory_limit"] for w in cluster.scheduler_info["workers"].values()]
+    finally:
+        cluster.close()
+    assert limits in ([0], [None]), limits
