@@ -350,26 +350,28 @@ def workers_that_fit(cfgs: Sequence[RunConfig], wanted: int, available: int | No
 
     >>> from dynamics.config import RunConfig
     >>> peak = estimate(RunConfig()).peak
-    >>> workers_that_fit([RunConfig()], 4, available=2 * peak + 1)[0]
+    >>> workers_that_fit([RunConfig()] * 4, 4, available=2 * peak + 1)[0]
     2
     """
     if wanted <= 1 or not cfgs:
         return wanted, None
     given = bool(os.environ.get(MEMORY_ENV, "").strip())
     where = f"{MEMORY_ENV} allows" if given else "this machine has"
-    limits = []  # (bytes there, the largest run's need there, whose memory)
+    limits = []  # (bytes there, the largest run's need there, how many runs use it, whose memory)
     host = machine_memory() if available is None else available
     if host is not None:
         limits.append((host, max(estimate(c, "all" if c.train.device == "cpu" else "host").peak for c in cfgs),
-                       where if available is None else "this machine has"))
+                       len(cfgs), where if available is None else "this machine has"))
     for device in sorted({c.train.device for c in cfgs} - {"cpu"}):
         gpu = machine_memory() if given else gpu_memory(device)
+        on = [c for c in cfgs if c.train.device == device]
         if gpu is not None:
-            limits.append((gpu, max(estimate(c, "device").peak for c in cfgs if c.train.device == device),
-                           where if given else f"{device} has"))
+            limits.append((gpu, max(estimate(c, "device").peak for c in on), len(on),
+                           where if given else f"the GPU ({device}) has"))
     k, note = wanted, None
-    for have, largest, whose in limits:
-        fit = int(max(1, min(wanted, have // max(largest, 1))))
+    for have, largest, users, whose in limits:
+        # at most `users` of the workers run there at once: the CPU runs of a mixed grid leave the GPU alone
+        fit = wanted if min(wanted, users) * largest <= have else int(max(1, min(wanted, have // max(largest, 1))))
         if fit < k:
             need, there = _apart(wanted * largest, have)
             k, note = fit, (f"{wanted} workers would need at least {need} together ({wanted} x the largest run's "

@@ -210,14 +210,15 @@ def test_workers_that_fit_share_the_memory_by_the_largest_run():
     large = replace_section(small, "train", batch_size=small.train.batch_size * 8)
     peak = estimate(large).peak
     assert peak > estimate(small).peak
-    assert workers_that_fit([small, large], 3, available=10 * peak) == (3, None)  # room for all
-    assert workers_that_fit([small, large], 3, available=3 * peak) == (3, None)  # exactly
-    k, note = workers_that_fit([small, large], 3, available=3 * peak - 1)  # k x the largest, not the sum
+    assert workers_that_fit([small, large, small], 3, available=10 * peak) == (3, None)  # room for all
+    assert workers_that_fit([small, large, small], 3, available=3 * peak) == (3, None)  # exactly
+    k, note = workers_that_fit([small, large, small], 3, available=3 * peak - 1)  # k x the largest, not the sum
     assert k == 2 and note == (f"3 workers would need at least {3 * peak:,} bytes together (3 x the largest run's "
                                f"estimate, {peak / 2**30:.1f} GiB), more than the {3 * peak - 1:,} bytes this machine "
                                f"has: training on 2 worker(s)")  # sizes that read apart, as check_memory's
-    assert workers_that_fit([small, large], 3, available=peak // 2)[0] == 1  # each run alone: refused elsewhere
+    assert workers_that_fit([small, large, small], 3, available=peak // 2)[0] == 1  # each run alone: refused elsewhere
     assert workers_that_fit([large], 1, available=1) == (1, None)
+    assert workers_that_fit([small, large], 3, available=2 * peak) == (3, None)  # two runs: two at once at most
 
 
 def test_workers_on_one_gpu_share_its_memory_too(monkeypatch):
@@ -231,6 +232,10 @@ def test_workers_on_one_gpu_share_its_memory_too(monkeypatch):
     monkeypatch.setenv(MEMORY_ENV, str(2.5 * device / 1e9))  # checks the GPU against it too, as check_fits does
     k, note = workers_that_fit([gpu] * 8, 8)
     assert k == 2 and note.endswith(f"{MEMORY_ENV} allows: training on 2 worker(s)") and note.startswith("8 workers")
+    # a mixed grid's CPU runs leave the GPU alone: two cuda runs fit on it whatever the workers
+    cpu = replace_section(RunConfig(), "train", batch_size=4)
+    assert workers_that_fit([gpu, gpu, cpu, cpu, cpu, cpu], 6) == (6, None)
+    assert workers_that_fit([gpu, gpu, gpu, cpu, cpu, cpu], 6)[0] == 2
 
 
 def test_a_sweep_trains_on_the_workers_its_runs_fit_in(tmp_path, monkeypatch, capsys):
