@@ -12,6 +12,19 @@ the start (10^8 steps: a 400 MB loss array, weeks of training even for the small
 a mistyped count fails here rather than exhausting memory."""
 
 
+DEEPEST_IN_STORE = 210
+"""Bytes a store's own paths add, at most, to its root's path. The deepest measured is 202,
+zarr's temporary for a chunk of a run with a 128-byte run id (the longest a new run may have),
+``runs/<id>/head_weights/c/6/0/0/0/0/0.<32 hex>.partial`` (tests/test_schema_limits.py measures
+every command's); 8 more leave room for a snapshot chunk index of 9 digits, as `MAX_STEPS`
+allows. A store whose root is so deep that these pass PATH_MAX is refused before any work by the
+commands that write into it: one 4,041 bytes deep was made, then its run failed as it wrote."""
+
+DEEPEST_IN_REPORT = 64
+"""The same for a report folder: the deepest measured is 54 bytes,
+``figures/<date>-<time>-<n>/attention/snapshot_0006.png``, with room for a 9-digit snapshot."""
+
+
 MAX_WEIGHTS = 10**10
 """Upper bound on ModelConfig.weight_entries: 40 GB of float32 weights, 160 GB with their
 gradients and AdamW's two moments, past any machine these runs are made on. A mistyped size

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote
 
+from dynamics.limits import DEEPEST_IN_REPORT, DEEPEST_IN_STORE
 from dynamics.schema import MKDIR_PROBE
 
 EXIT_BAD_INPUT = 2
@@ -128,6 +129,7 @@ def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str =
         raise UsageError(f"{flag} {path}: no permission to read this directory; check its permissions")
     if not p.exists():
         check_creatable(p, flag)
+        check_depth(p, flag, DEEPEST_IN_STORE, "store")
     elif p.is_dir() and all(store.is_partial(e.name) or e.name.startswith(MKDIR_PROBE) for e in p.iterdir()):
         # An empty directory (made by hand for the results) holds nothing to overwrite: it
         # becomes the store, as a file:// URL to it does. So does one holding only zarr's
@@ -136,6 +138,7 @@ def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str =
         # (an empty /sys folder: access() said yes to root, and the run failed as it began, exit 1)
         if not os.access(p, os.W_OK | os.X_OK) or cannot_make_in(p):
             raise UsageError(f"{flag} {path}: no permission to write into this empty directory")
+        check_depth(p, flag, DEEPEST_IN_STORE, "store")
     elif not store.is_store(path):
         raise UsageError(store.damaged_root(path)
                          or f"{flag} {path} exists and is not a dynamics store; refusing to overwrite it")
@@ -149,6 +152,24 @@ def check_out(path: str, finished: Callable[[], bool] | None = None, flag: str =
             # ``also``: the store's folders the command writes besides (demo: analysis, derived, and
             # so .staging, where a file let it train every run, then fail each analysis)
             check_writable(path, flag, into=("runs", "checkpoints", *also))
+
+
+def check_depth(p: Path, flag: str, deepest: int, what: str) -> None:
+    """A local folder a command writes in is shallow enough for the paths it makes inside it,
+    `deepest` bytes below it at most, to fit in PATH_MAX; else the work failed part-way, at its
+    first write that deep ("File name too long"), after a store was made or training had begun."""
+    where = p.absolute()
+    parent = where
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        limit = os.pathconf(parent, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):
+        limit = 4096
+    # PATH_MAX counts the terminating NUL
+    if (n := len(os.fsencode(str(where)))) + deepest >= limit:
+        raise UsageError(f"{flag} {p}: a path {n:,} bytes long, and the files a {what} holds lie up to {deepest} "
+                         f"bytes deeper, past the {limit:,} a path may have here; give a shorter path")
 
 
 def _local(value: str) -> str:
@@ -265,6 +286,7 @@ def check_writable(path: str, what: str, into: tuple[str, ...] = ()) -> None:
     local = "://" not in path or path.startswith("file://")  # a file:// URL is a local folder: checked as one
     if not local:
         return
+    check_depth(Path(_local(path)), what, DEEPEST_IN_STORE, "store")
     if into:
         from dynamics import store
 
@@ -411,6 +433,7 @@ def check_report_dir(out: Path, flag: str) -> None:
         raise UsageError(f"{flag} {e}") from None
     if not out.exists():
         check_creatable(out, flag)
+    check_depth(out, flag, DEEPEST_IN_REPORT, "report")
     for folder in (out, out / "figures"):  # where the report makes its folder, and renames its page
         # (the demo wrote its report to /sys/kernel/iommu_groups after all its work: access() says yes to root)
         if folder.is_dir() and (not os.access(folder, os.W_OK | os.X_OK) or cannot_make_in(folder)):
