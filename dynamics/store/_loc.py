@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import numpy as np
-from zarr.core.buffer import default_buffer_prototype
+from zarr.buffer import default_buffer_prototype
 from zarr.core.sync import sync as _sync
 from zarr.storage import FsspecStore, LocalStore
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import zarr
-from zarr.core.buffer import default_buffer_prototype
+from zarr.buffer import default_buffer_prototype
 from zarr.core.group import GroupMetadata
 
 from dynamics.schema import FINISHED_STATUSES, MKDIR_PROBE, RUN_STATUSES, STORE_VERSION
