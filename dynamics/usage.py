@@ -25,14 +25,17 @@ EXIT_BAD_INPUT = 2
 
 _LONG_WORD = 4200  # past PATH_MAX (4096): a path is never cut
 _LONG_LINE = 8000
+_ESCAPED = {i: repr(chr(i))[1:-1] for i in (*range(32), 127)}
 
 
 def clipped(text: str) -> str:
     """``text`` with each run of non-space characters longer than 4,200 (no path is) cut to its
     start and end, then, past 8,000 characters, the whole cut in its middle, each cut naming the
     length it left out of: a 100 kB value was echoed whole in its refusal, one line of 100 kB
-    (a list of a thousand numbers, with its spaces, too). Paths and short lists stay whole."""
-    words = text.split(" ")
+    (a list of a thousand numbers, with its spaces, too). Paths and short lists stay whole.
+    ASCII control characters are shown escaped (``\\n``): a path holding a newline printed the
+    refusal as two lines."""
+    words = text.translate(_ESCAPED).split(" ")
     text = " ".join(w if len(w) <= _LONG_WORD else f"{w[:200]}...({len(w):,} characters)...{w[-40:]}" for w in words)
     return text if len(text) <= _LONG_LINE else f"{text[:3000]} ...({len(text):,} characters)... {text[-1000:]}"
 

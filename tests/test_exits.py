@@ -10,6 +10,7 @@ import pytest
 from dynamics.config import ConfigError
 from dynamics.exits import EXIT_INTERRUPTED, run_to_end
 from dynamics.usage import EXIT_BAD_INPUT, UsageError
+from tests.conftest import cli_in_process
 
 
 def raising(e: BaseException):
@@ -65,6 +66,17 @@ def test_a_huge_value_is_cut_in_its_refusal_and_a_long_path_or_list_is_not(capsy
     err = capsys.readouterr().err
     assert len(err) < 4200 and err.startswith("dynamics: error: model.n_heads: expected an integer, got [7, 7, ")
     assert err.endswith(", 7, 7]\n") and " ...(300,040 characters)... " in err
+
+
+def test_a_refusal_naming_a_path_with_control_characters_stays_one_line(capsys, tmp_path):
+    # a store path holding a newline printed its refusal as two lines
+    assert run_to_end("status", raising(UsageError("no store at /tmp/a\nb\tc\x1b[2J\x7f.zarr: gone"))) == 2
+    assert capsys.readouterr().err == "dynamics: error: no store at /tmp/a\\nb\\tc\\x1b[2J\\x7f.zarr: gone\n"
+    name = "s\u00e9\u2028.zarr"  # not ASCII control characters: printed as given
+    assert run_to_end("status", raising(UsageError(f"no store at {name}"))) == 2
+    assert capsys.readouterr().err == f"dynamics: error: no store at {name}\n"
+    done = cli_in_process("status", str(tmp_path / "a\nb.zarr"))
+    assert done.returncode == 2 and done.stderr == f"dynamics: error: no store at {tmp_path}/a\\nb.zarr: the path does not exist\n"
 
 
 def test_a_path_given_in_bytes_that_are_not_utf8_is_printed_as_those_bytes(monkeypatch):
