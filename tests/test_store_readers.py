@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+import warnings
 from pathlib import Path
 
 import dask.array as da
@@ -63,11 +64,11 @@ def test_an_analysis_keeps_the_values_and_attributes_it_is_given(tmp_path):
     gate = store.open_run(path, "r1").gate
     thirds = gate.copy(data=gate.values.astype(np.float64) / 3)
     store.write_analysis(path, "r1", xr.Dataset({"third": thirds}, attrs={"fit": {"k": np.int64(3)}}))
-    got = store.open_analysis(path, "r1").load()
+    got = store.open_analysis(path, "r1", stale="allow").load()
     assert got.third.dtype == np.float64 and np.array_equal(got.third.values, thirds.values)
     assert got.attrs == {"fit": {"k": 3}}
     # without dask (the cross-seed check reads one snapshot): not dask-backed, the same dataset
-    plain = store.open_analysis(path, "r1", dask=False)
+    plain = store.open_analysis(path, "r1", dask=False, stale="allow")
     assert not isinstance(plain.third.variable._data, da.Array)
     xr.testing.assert_identical(plain.load(), got)
 
@@ -80,7 +81,7 @@ def test_a_write_of_what_is_no_group_of_the_store_is_refused(tmp_path):
         store.write_derived(path, "../runs", xr.Dataset({"x": ("i", [1.0])}))
     with pytest.raises(StoreError, match="^analysis/r1: expected an xarray.Dataset, got DataArray$"):
         store.write_analysis(path, "r1", store.open_run(path, "r1").gate)
-    assert sorted(os.listdir(path / "runs" / "r1")) == before and store.open_analysis(path, "r1") is None
+    assert sorted(os.listdir(path / "runs" / "r1")) == before and store.open_analysis(path, "r1", stale="allow") is None
 
 
 def test_a_url_stores_group_is_replaced_whole_and_a_failed_write_leaves_none(tmp_path, monkeypatch):
@@ -91,7 +92,7 @@ def test_a_url_stores_group_is_replaced_whole_and_a_failed_write_leaves_none(tmp
     write_run(url, "r1")
     store.write_analysis(url, "r1", xr.Dataset({"old": ("head", [1.0])}))
     store.write_analysis(url, "r1", xr.Dataset({"new": ("head", [2.0])}))
-    assert list(store.open_analysis(url, "r1").data_vars) == ["new"]
+    assert list(store.open_analysis(url, "r1", stale="allow").data_vars) == ["new"]
 
     real_set = FsspecStore.set
 
@@ -104,7 +105,7 @@ def test_a_url_stores_group_is_replaced_whole_and_a_failed_write_leaves_none(tmp
     with pytest.raises(OSError, match="No space"):
         store.write_analysis(url, "r1", xr.Dataset({"third": ("head", [3.0])}))
     monkeypatch.undo()
-    assert store.open_analysis(url, "r1") is None  # not a group whose arrays read as NaN
+    assert store.open_analysis(url, "r1", stale="allow") is None  # not a group whose arrays read as NaN
 
 
 def test_a_group_moved_aside_by_a_killed_swap_whose_new_group_landed_is_cleared(tmp_path):
@@ -120,7 +121,7 @@ def test_a_group_moved_aside_by_a_killed_swap_whose_new_group_landed_is_cleared(
     (old / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
     store.write_derived(path, "curves", xr.Dataset({"auc": ("fold", [0.7])}))
     assert not staging.exists()
-    assert list(store.open_analysis(path, "r1").score.values) == [1.0]
+    assert list(store.open_analysis(path, "r1", stale="allow").score.values) == [1.0]
 
 
 def test_open_run_is_lazy_and_picks_the_only_run(tmp_path):
@@ -264,7 +265,7 @@ def test_analysis_and_derived_round_trip(tmp_path, monkeypatch):
     path = tmp_path / "s.zarr"
     write_run(path, "r1")
     raw_before = store.open_run(path).attention.values
-    assert store.open_analysis(path) is None and store.open_derived(path, "curves") is None
+    assert store.open_analysis(path, stale="allow") is None and store.open_derived(path, "curves") is None
 
     first = xr.Dataset(
         {"score": (("layer", "head"), np.arange(8.0).reshape(2, 4))},
@@ -276,13 +277,13 @@ def test_analysis_and_derived_round_trip(tmp_path, monkeypatch):
     assert [str(v) for v in got.role.values] == ["sink", "prev", "none", "induction"]
     # every chunk stored, and the group says so (store.open_analysis checks that none is lost, and drops the mark)
     assert got.attrs == {"method": "test", "kappa": 0.3, "empty_chunks_written": True}
-    assert store.open_analysis(path, "r1").attrs == {"method": "test", "kappa": 0.3}
+    assert store.open_analysis(path, "r1", stale="allow").attrs == {"method": "test", "kappa": 0.3}
 
-    store.write_analysis(path, "r1", store.open_analysis(path).assign(twice=lambda d: d.score * 2))
-    second = store.open_analysis(path, "r1")
+    store.write_analysis(path, "r1", store.open_analysis(path, stale="allow").assign(twice=lambda d: d.score * 2))
+    second = store.open_analysis(path, "r1", stale="allow")
     np.testing.assert_array_equal(second.twice.values, first.score.values * 2)
     store.write_analysis(path, "r1", xr.Dataset({"other": ("x", [1, 2])}))
-    assert set(store.open_analysis(path).data_vars) == {"other"}  # replaced whole
+    assert set(store.open_analysis(path, stale="allow").data_vars) == {"other"}  # replaced whole
     np.testing.assert_array_equal(store.open_run(path).attention.values, raw_before)
     with pytest.raises(StoreError, match="no run 'ghost'"):
         store.write_analysis(path, "ghost", first)
@@ -338,7 +339,7 @@ def test_a_staged_write_clears_what_killed_writers_left_and_nothing_a_live_write
     finally:
         os.close(fd)
     xr.testing.assert_identical(store.open_derived(path, "curves").load(), curves)
-    assert list(store.open_analysis(path, "r1").score.values) == [1.0, 2.0]
+    assert list(store.open_analysis(path, "r1", stale="allow").score.values) == [1.0, 2.0]
     store.write_derived(path, "other", curves)  # the writer above died too: its directory goes now
     assert not staging.exists()
 
@@ -370,10 +371,18 @@ def test_open_analysis_warns_on_another_analysers_version(tmp_path):
     assert f"version {ANALYSIS_VERSION - 1}, these are version {ANALYSIS_VERSION}" in message
     assert f"dynamics analyse {path}" in message
     np.testing.assert_array_equal(got.score.values, [1.0, 2.0])  # still returned: a warning, not a refusal
+    # one with no version: written before analyses were stamped (their token shares read 0 where
+    # undefined), opened without a word
+    store.write_analysis(path, "r1", xr.Dataset({"score": ("head", [1.0, 2.0])}))
+    with pytest.warns(store.StaleAnalysisWarning, match=rf"^analysis/r1 in .* was written before the analysers were "
+                      rf"versioned, these are version {ANALYSIS_VERSION}: its figures may differ"):
+        store.open_analysis(path, "r1")
     # callers that check is_current themselves, and a current analysis, open silently
-    store.open_analysis(path, "r1", stale="allow")
-    store.write_analysis(path, "r1", old.assign_attrs(analysis_version=ANALYSIS_VERSION))
-    store.open_analysis(path, "r1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store.open_analysis(path, "r1", stale="allow")
+        store.write_analysis(path, "r1", old.assign_attrs(analysis_version=ANALYSIS_VERSION))
+        store.open_analysis(path, "r1")
     with pytest.raises(ValueError, match="stale: expected 'warn' or 'allow', got 'no'"):
         store.open_analysis(path, "r1", stale="no")
 

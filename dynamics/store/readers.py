@@ -486,8 +486,9 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
     stale : {"warn", "allow"}
         An analysis whose ``analysis_version`` is not this package's
         (`dynamics.schema.ANALYSIS_VERSION`) was computed by other analysers (one without
-        the attr was not written by `dynamics analyse`, and is returned as it is), and its figures
-        may not mean what these docs say: "warn" (the default) returns it with a
+        the attr by the analysers before they were versioned, whose figures differ: the token
+        shares read 0 where they are undefined), and its figures may not mean what these docs
+        say: "warn" (the default) returns it with a
         :class:`StaleAnalysisWarning` naming both versions and the command that recomputes it;
         "allow" returns it silently, for callers that check
         `dynamics.analysis.pipeline.is_current` themselves.
@@ -511,9 +512,12 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
         return None
     ds = _whole(loc, f"analysis/{run_id}", _open_group_ds(loc, f"analysis/{run_id}", dask))
     version = ds.attrs.get("analysis_version")
-    if stale == "warn" and version is not None and version != ANALYSIS_VERSION:
+    if stale == "warn" and version != ANALYSIS_VERSION:
+        # no version: written before analyses were stamped (as the report and predict take it),
+        # where it opened without a word and its old figures passed for these analysers'
+        which = "before the analysers were versioned" if version is None else f"by analysers version {version}"
         warnings.warn(
-            f"analysis/{run_id} in {loc} was written by analysers version {version}, these are version "
+            f"analysis/{run_id} in {loc} was written {which}, these are version "
             f"{ANALYSIS_VERSION}: its figures may differ from theirs; `dynamics analyse {path}` recomputes it",
             StaleAnalysisWarning, stacklevel=2)
     return ds
