@@ -26,6 +26,31 @@ def experiment_identity(config: dict, *, without_seed: bool = False) -> dict:
     return d
 
 
+def identity_difference(recorded: dict, config: dict, most: int = 3) -> str:
+    """Where the experiment a run recorded (its stored ``config`` attr) and ``config`` differ,
+    as ``key: recorded A, here B`` for up to `most` settings: a refusal to mix two configs under one
+    run id said only "a different config", so a resume refused after a default changed named no
+    setting to ``--set`` back.
+
+    >>> identity_difference({"train": {"lr": 0.1, "steps": 5}}, {"train": {"lr": 0.2, "steps": 5, "seed": 1}})
+    'train.lr: recorded 0.1, here 0.2; train.seed: recorded none, here 1'
+    """
+    def flat(d: dict, head: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{head}{k}.") if isinstance(v, dict) else {f"{head}{k}": v})
+        return out
+
+    a, b = flat(experiment_identity(recorded)), flat(experiment_identity(config))
+    keys = sorted(k for k in {*a, *b} if json.dumps(a.get(k), sort_keys=True) != json.dumps(b.get(k), sort_keys=True))
+    text = "; ".join(f"{k}: recorded {_shown(a, k)}, here {_shown(b, k)}" for k in keys[:most])
+    return text + (f"; {len(keys) - most} more" if len(keys) > most else "")
+
+
+def _shown(settings: dict[str, Any], key: str) -> str:
+    return json.dumps(settings[key]) if key in settings else "none"
+
+
 def seed_group(config: dict) -> str:
     """A key equal for exactly the runs that are seeds of one config (JSON of its identity
     without the seed): cross-seed consistency's groups."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from dynamics import store
 from dynamics.config import RunConfig
-from dynamics.identity import experiment_identity
+from dynamics.identity import experiment_identity, identity_difference
 from dynamics.schema import TRAIN_STEP
 from dynamics.tasks.hashing import other_data
 
@@ -34,7 +34,8 @@ def refuse_other_experiment(prior: dict, cfg: RunConfig, path: str, run_id: str)
         raise store.StoreError(f"run {run_id} in {path} records no config, so it cannot be told to be this "
                                "config's run; refusing to train into it")
     if prior and not _same_experiment(prior, cfg):
-        raise store.StoreError(f"run {run_id} in {path} was recorded with a different config; refusing to mix them")
+        raise store.StoreError(f"run {run_id} in {path} was recorded with a different config "
+                               f"({identity_difference(prior.get('config', {}), cfg.to_dict())}); refusing to mix them")
 
 
 def refuse_other_data(prior: dict, cfg: RunConfig, path: str, run_id: str, hash_now: str) -> None:

@@ -25,7 +25,9 @@ def cfg(tmp_path):
 def test_a_finished_run_id_with_another_config_is_refused_not_skipped(cfg, tmp_path):
     path = str(tmp_path / "s.zarr")
     train_run(cfg, path, run_id="mine")
-    with pytest.raises(store.StoreError, match="recorded with a different config"):
+    # naming the setting: "a different config" alone left no way to tell which to --set back
+    with pytest.raises(store.StoreError, match=r"recorded with a different config \(train.lr: recorded 0.003, "
+                                               r"here 0.001\); refusing to mix them$"):
         train_run(with_values(cfg, {"train.lr": 1e-3}), path, run_id="mine")
     again = train_run(cfg, path, run_id="mine")
     assert again.skipped and again.status == "completed"

@@ -224,7 +224,8 @@ def test_a_finished_run_of_a_points_id_but_another_config_is_not_skipped_as_that
     point, other = expand_grid(cfg)
     train_run(with_values(point.cfg, {"train.lr": 0.01}), path, point.run_id)
     with pytest.raises(store.StoreError, match=rf"sweep point model.init_scale=1.0: run {point.run_id} in .* was "
-                                               r"recorded with a different config"):
+                                               r"recorded with a different config \(train.lr: recorded 0.01, here "
+                                               r"0.001; dynamics run --run-id\?\); refusing to mix them$"):
         run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
     assert store.list_runs(path) == [point.run_id] and store.read_sweep_index(path) is None  # nothing trained
     assert store.run_attrs(path, point.run_id)["config"]["train"]["lr"] == 0.01  # left as it was

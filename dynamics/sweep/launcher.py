@@ -18,7 +18,7 @@ from collections import Counter
 from dynamics import provenance, store
 from dynamics.budget import DoesNotFit, check_fits, workers_that_fit
 from dynamics.config import ConfigError, RunConfig
-from dynamics.identity import experiment_identity
+from dynamics.identity import experiment_identity, identity_difference
 from dynamics.limits import usable_cores
 from dynamics.schema import config_value
 from dynamics.signals import deferred_signals, sigterm_as_interrupt
@@ -418,7 +418,8 @@ def _refuse_point(p: Point, attrs: dict, path: str, data: str | None = None) -> 
         # a run of this id recorded with another config (`dynamics run --run-id`): counted
         # finished, it stood in status and open_sweep with this point's values
         raise store.StoreError(f"sweep point {p.label}: run {p.run_id} in {path} was recorded with a different "
-                               f"config (dynamics run --run-id?); refusing to mix them")
+                               f"config ({identity_difference(attrs.get('config', {}), p.cfg.to_dict())}; "
+                               "dynamics run --run-id?); refusing to mix them")
     try:
         if attrs.get("status") not in FINISHED:  # a finished one is skipped: its checkpoint is not needed
             store.check_checkpoint_kept(path, p.run_id, attrs)
