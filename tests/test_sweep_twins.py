@@ -61,3 +61,41 @@ def test_twin_guard_refuses_a_twin_made_since_the_first_check_and_the_writer_the
         store.RunWriter(path, written.run_id(), attrs={"config": written.to_dict()},
                         before_create=twin_guard(path, written, refusal), **spec)
     assert store.list_runs(path) == [default.run_id()]
+
+
+def test_an_unfinished_run_at_a_points_values_under_another_id_is_named_and_left_as_it_was(tmp_path, capsys,
+                                                                                             threaded_cluster):
+    # A sweep interrupted under an older version, whose default of a setting changed since: its
+    # runs have other ids, so the same sweep trained every point anew, saying nothing, and left
+    # the old runs unfinished for good.
+    import pytest
+
+    from dynamics import store
+    from dynamics.sweep import run_sweep
+    from dynamics.sweep.grid import expand_grid
+    from dynamics.train import train_run
+    from tests.conftest import interrupt_at
+    from tests.test_resume import tree_bytes
+
+    path = str(tmp_path / "s.zarr")
+    cfg = from_dict(tiny({"train.seed": [0, 1]}))
+    first, second = expand_grid(cfg)
+    old = from_dict({**first.cfg.to_dict(), "train": {**first.cfg.to_dict()["train"], "eval_batches": 2}})
+    with pytest.raises(KeyboardInterrupt):
+        train_run(old, path, "old", progress=interrupt_at(3))
+    done = from_dict({**old.to_dict(), "train": {**old.to_dict()["train"], "seed": 1}})
+    train_run(done, path, "done")  # finished: nothing to resume, so not named
+    store.write_sweep_index(path, {"axes": ["train.seed"], "runs": {"old": {"train.seed": 0}, "gone": {"train.seed": 1},
+                                                                     "elsewhere": {"train.seed": 5},
+                                                                     "done": {"train.seed": 1}}})
+    before = tree_bytes(str(tmp_path / "s.zarr" / "runs" / "old"))
+    run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
+    assert capsys.readouterr().err.count(
+        f"dynamics: note: 2 unfinished run(s) of {path}'s sweep index sit at this grid's points under other run ids, "
+        "recorded with other settings (run old: train.eval_batches: recorded 2, here 1): this sweep does not resume "
+        "them, and trains its points under their own ids; a --set of those settings resumes them instead\n") == 1
+    assert store.run_attrs(path, "old")["status"] == "interrupted"
+    assert tree_bytes(str(tmp_path / "s.zarr" / "runs" / "old")) == before
+    # once the points are finished, or where no entry sits at a point, nothing is said
+    run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)
+    assert "unfinished run(s)" not in capsys.readouterr().err

@@ -28,7 +28,7 @@ from dynamics.sweep.lock import acquire_lock
 from dynamics.sweep.progress import _Display, _display
 from dynamics.sweep.summary import FINISHED, SweepSummary
 from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _stop_name
-from dynamics.sweep.twins import refuse_sweep_twins, unindex_refused
+from dynamics.sweep.twins import refuse_sweep_twins, unindex_refused, unresumed_note
 from dynamics.tasks import data_hash
 from dynamics.tasks.hashing import other_data
 
@@ -356,6 +356,8 @@ def run_sweep(
                 starts[p.run_id] = int(attrs.get("starts", 0)) if p.run_id in existing else None
         _refuse_other_data_than_finished(todo, hashes, elsewhere, path)
         refuse_sweep_twins([p for p in todo if p.run_id not in existing], path)
+        if note := unresumed_note(todo, path):  # read before this grid's points join the index
+            print(f"dynamics: note: {note}", file=sys.stderr, flush=True)
         _write_index(path, points)
         _note_bad_entries(path)
         if not store.is_remote(path):  # a remote store's is rebuilt whole below

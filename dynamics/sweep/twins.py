@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from dynamics import store
 from dynamics.config import ConfigError, RunConfig, recorded_config
-from dynamics.identity import differing_settings, seed_settings
-from dynamics.schema import config_value
+from dynamics.identity import differing_settings, identity_difference, seed_settings
+from dynamics.schema import FINISHED_STATUSES, config_value
 from dynamics.sweep.grid import _label, _read_identity, _why_alike
 
 if TYPE_CHECKING:
@@ -175,3 +175,37 @@ def unindex_refused(path: str, run_ids: list[str]) -> None:
         return
     store.write_sweep_index(path, {**index, "runs": {k: v for k, v in index["runs"].items() if k not in gone},
                                    "steps": {k: v for k, v in index.get("steps", {}).items() if k not in gone}})
+
+
+def unresumed_note(points: list[Point], path: str) -> str | None:
+    """A note on the unfinished runs of the store's sweep index at this grid's points (the same
+    swept values) under other run ids: recorded with other settings (a base config edited since,
+    or a default of an older version that has changed), they are not this grid's runs, so the
+    sweep trains its points anew beside them and they stay unfinished. The sweep had said nothing
+    of it, where the store's last line had been "runs are resumable with the same command"."""
+    index = store.read_sweep_index(path) or {}
+    ours = {p.run_id for p in points}
+    swept = [p for p in points if p.values]  # a grid of one point has no values to match
+    present = set(store.list_runs(path, damaged="skip"))
+    left: list[str] = []
+    first = ""
+    for rid, values in index.get("runs", {}).items():
+        if rid in ours or not isinstance(values, dict):
+            continue
+        p = next((q for q in swept if {k: values.get(k) for k in q.values} == q.values), None)
+        if p is None:
+            continue
+        attrs = {}
+        if rid in present:
+            with contextlib.suppress(store.StoreError):
+                attrs = store.run_attrs(path, rid)
+        if attrs.get("status") in FINISHED_STATUSES:
+            continue
+        left.append(rid)
+        if not first and isinstance(attrs.get("config"), dict):
+            first = f" (run {rid}: {identity_difference(attrs['config'], p.cfg.to_dict())})"
+    if not left:
+        return None
+    return (f"{len(left)} unfinished run(s) of {path}'s sweep index sit at this grid's points under other run ids, "
+            f"recorded with other settings{first}: this sweep does not resume them, and trains its points under "
+            "their own ids; a --set of those settings resumes them instead")
