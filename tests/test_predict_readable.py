@@ -375,6 +375,22 @@ def test_a_curve_saved_under_an_older_criterion_says_so(planted):
     assert "(The answer of an older version, which compared each model's band with each baseline's" in _how_early(old)
 
 
+def test_a_curve_of_other_analysers_says_so_in_its_text_as_the_report_does(planted):
+    # The report called such a curve "Stale"; its text, predict.format_curve(open_derived(...)), nothing.
+    from dynamics.schema import ANALYSIS_VERSION
+
+    _, _, curve = planted
+    assert "caution" not in predict.format_curve(curve)
+    for version, which in ((ANALYSIS_VERSION - 2, f"with analysers version {ANALYSIS_VERSION - 2}"),
+                           (None, "before the analysers were versioned")):
+        attrs = {k: v for k, v in curve.attrs.items() if k != "analysis_version"}
+        old = curve.copy()
+        old.attrs = {**attrs, **({} if version is None else {"analysis_version": version})}
+        lines = predict.format_curve(old).splitlines()
+        assert lines.count(f"caution: this curve was computed {which}, these are version {ANALYSIS_VERSION}: its "
+                           "targets may not be the roles this version finds; `dynamics predict` again recomputes it") == 1
+
+
 _LINE = re.compile(r"(?:gain over the best init-only baseline in each test fold, |, gains )([-+0-9., ]+) "
                    r"\(mean (-?[0-9.]+), sd ([0-9.]+): corrected t (-?[0-9.]+) (>|<=) ([0-9.]+)\)")
 

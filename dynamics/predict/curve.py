@@ -46,6 +46,7 @@ from dynamics.predict.readable import (
     judge,
     null_lines,
     readable_of,
+    saved_cautions,
 )
 from dynamics.predict.targets import class_name, target_table
 
@@ -588,13 +589,7 @@ def format_curve(curve: xr.Dataset) -> str:
     # Recomputed, not read from attrs: a curve saved before the answer existed gets one too.
     answer = readable_of(curve, _readable_labels(curve))
     lines += [answer.line, _criterion_line(curve)] if answer.judged else [answer.line]
-    # saved by a version that judged otherwise: its stored answer and null count are that rule's (the
-    # report tells it the same way; the criterion's wording may change without changing the rule)
-    if "readable_summary" in a and "gain_t" not in curve:
-        lines.append("caution: this curve was saved judged by an older criterion (its attrs readable_criterion and "
-                     "readable_summary); the line above is this version's answer on its scores"
-                     + (", and the null check below counted the older one's" if a.get("null_permutations") else "")
-                     + ": `dynamics predict` again saves both anew")
+    lines += saved_cautions(curve)
     lines += null_lines(a, PERMUTED.get(a.get("target"), "roles"))
     return "\n".join(lines)
 

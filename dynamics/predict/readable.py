@@ -46,6 +46,7 @@ import xarray as xr
 from scipy import stats
 
 from dynamics.predict.options import MODELS
+from dynamics.schema import ANALYSIS_VERSION
 
 BASELINES = ("chance", "layer", "init_linear", "init_boosting")
 """Models that know nothing of training after initialisation (a subset of `MODELS`)."""
@@ -107,6 +108,24 @@ class Readable:
     """Some horizon had gains to test (False: every horizon a ceiling, or under 2 folds)."""
     legible: str | None = None
     """The init-only model the line names as "legible at initialisation", where it says so."""
+
+
+def saved_cautions(curve: xr.Dataset) -> list[str]:
+    """What `format_curve` adds, under its how-early line, of a curve saved by another version."""
+    a, lines = curve.attrs, []
+    # saved by a version that judged otherwise: its stored answer and null count are that rule's (the
+    # report tells it the same way; the criterion's wording may change without changing the rule)
+    if "readable_summary" in a and "gain_t" not in curve:
+        lines.append("caution: this curve was saved judged by an older criterion (its attrs readable_criterion and "
+                     "readable_summary); the line above is this version's answer on its scores"
+                     + (", and the null check below counted the older one's" if a.get("null_permutations") else "")
+                     + ": `dynamics predict` again saves both anew")
+    # its targets and features from other analysers: the report's "Stale" said so, the text nothing
+    if (version := a.get("analysis_version")) != ANALYSIS_VERSION:
+        which = "before the analysers were versioned" if version is None else f"with analysers version {version}"
+        lines.append(f"caution: this curve was computed {which}, these are version {ANALYSIS_VERSION}: its targets "
+                     "may not be the roles this version finds; `dynamics predict` again recomputes it")
+    return lines
 
 
 def score_band(mean, sd, metric: str) -> tuple[np.ndarray, np.ndarray]:
