@@ -34,6 +34,7 @@ from dynamics.messages import (
     progress_printer,
 )
 from dynamics.notes import grid_notes, start_notes
+from dynamics.paths import absolute
 from dynamics.tables import analysis_failures, demo_timing, print_analysis, print_consistency, print_table
 from dynamics.usage import (
     DEFAULT_REPORT,
@@ -330,7 +331,7 @@ def default_report_dir(store_path: str) -> Path:
         store_path = unquote(store_path[len("file://"):])
     base = Path(store_path.rstrip("/").rsplit("/", 1)[-1] if "://" in store_path else store_path.rstrip("/"))
     base = base.absolute() if base.name in ("", ".", "..") else base  # `dynamics report .` inside a store
-    base = Path(os.path.normpath(base))
+    base = absolute(base) if ".." in base.parts else Path(os.path.normpath(base))  # past a link, as the store is read
     return base.with_name(base.name.removesuffix(".zarr") + "-report")
 
 

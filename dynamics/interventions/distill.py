@@ -61,6 +61,7 @@ from dynamics.interventions.common import (
     schedule_factor,
 )
 from dynamics.limits import FLOAT32_MAX
+from dynamics.paths import absolute
 
 MAPS = ("layer", "heads")
 ORDERS = ("together", "shallow_first", "deep_first")
@@ -234,7 +235,7 @@ def _same_place(a: str, b: str) -> bool:
 
 
 def _absolute(path: str) -> str:
-    return path if "://" in path else os.path.abspath(path)
+    return path if "://" in path else str(absolute(path))  # `lnk/..` as the store reads it
 
 
 def check_output(opts: DistillOptions, out: str) -> None:

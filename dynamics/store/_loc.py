@@ -18,6 +18,7 @@ from zarr.buffer import default_buffer_prototype
 from zarr.core.sync import sync as _sync
 from zarr.storage import FsspecStore, LocalStore
 
+from dynamics.paths import absolute
 from dynamics.signals import deferred_signals
 
 if TYPE_CHECKING:  # imported where a group is opened: a training process only writes (0.9 s with pandas)
@@ -58,7 +59,7 @@ class _Loc:
         if "://" in text:
             self.url, self.local = text.rstrip("/"), None
         else:
-            self.local = Path(text).expanduser().absolute()
+            self.local = absolute(text)  # `lnk/..` as the kernel reads it, not as text (xarray abspaths it)
             self.url = str(self.local)
         self._store: Any = None
 

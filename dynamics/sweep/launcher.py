@@ -326,7 +326,7 @@ def run_sweep(
     cwd = os.getcwd()  # relative paths in the config (a teacher) are to it, where the tasks run too
     points = check_points(cfg, path, scheduler)
     if (local := store.local_path(path)) is not None:  # a file:// URL decoded, as the store reads it
-        path = os.path.abspath(local)  # workers may run elsewhere
+        path = local  # absolute: workers may run elsewhere
     for p in points:
         if p.cfg.intervene:  # a student into its teacher's store: refused here, not in every worker
             from dynamics import interventions

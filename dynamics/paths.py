@@ -1,0 +1,31 @@
+"""A local path made absolute as the operating system reads it.
+
+``os.path.abspath`` and ``normpath`` drop ``name/..`` as text, where the kernel goes up from
+wherever ``name`` leads: past a symbolic link, from its target's folder. xarray applies abspath to
+every store path it is given, so ``lnk/../s.zarr`` (``lnk`` a link into another tree) named one
+store to `run` and `status`, which let the kernel read it, and another to `sweep` and every reader
+of arrays: one ``--out`` split into two stores, and `analyse` failed on every run. Every local
+store and report path goes through :func:`absolute` once, so that all of them read the same one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def absolute(path: str | os.PathLike) -> Path:
+    """``path`` (``~`` expanded) absolute, with each ``..`` taken as the kernel takes it: the part
+    up to its last ``..`` resolved (symbolic links followed), the rest kept as given, so that a store
+    that is itself a link keeps its own name (a report goes next to the link, as before).
+
+    >>> str(absolute("/a/b/../c")) == os.path.realpath("/a/b/..") + "/c"
+    True
+    >>> str(absolute("/x/y/s.zarr"))
+    '/x/y/s.zarr'
+    """
+    p = Path(path).expanduser().absolute()
+    if ".." not in p.parts:
+        return p
+    last = len(p.parts) - 1 - p.parts[::-1].index("..")
+    return Path(os.path.realpath(Path(*p.parts[: last + 1])), *p.parts[last + 1:])
