@@ -303,6 +303,24 @@ def check_writable(path: str, what: str, into: tuple[str, ...] = ()) -> None:
             where = "the store is" if folder == _local(path) else f"its {os.path.basename(folder)}/ folder is"
             raise UsageError(f"{what} {path}: {where} read-only here, and this command writes into it"
                              + (" (--no-save writes nothing)" if what in ("predict", "gates") else ""))
+    _check_one_filesystem(_local(path), what, path, [f for f in into if f in ("analysis", "derived")])
+
+
+def _check_one_filesystem(root: str, what: str, path: str, staged: list[str]) -> None:
+    """Results staged in ``.staging`` are renamed into ``analysis/`` and ``derived/``, which cannot
+    cross filesystems: where one is a link to another disk, every analysis (a predictor fit, a gate
+    fit) was computed, then lost with a traceback at its swap (EXDEV)."""
+    staging = os.path.join(root, ".staging")
+    try:
+        here = os.stat(staging if os.path.isdir(staging) else root).st_dev
+        for name in staged:
+            folder = os.path.join(root, name)
+            if os.path.isdir(folder) and os.stat(folder).st_dev != here:
+                raise UsageError(f"{what} {path}: its {name}/ folder is on another filesystem than its .staging "
+                                 f"(a link?); results are written in .staging, then moved into {name}/, which cannot "
+                                 "cross filesystems: link the whole store instead")
+    except OSError:
+        return  # unreadable: the checks before this one, and the command, say so
 
 
 def check_store(path: str) -> None:

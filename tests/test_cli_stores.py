@@ -619,3 +619,32 @@ def test_an_unreadable_store_or_run_is_named_as_unreadable_and_the_other_runs_go
     rows = {line.split()[0]: line.split()[1] for line in r.stdout.strip().splitlines()[1:]}
     assert rows == {first: "damaged", other: "completed"}, r.stdout
     assert f"runs/{first}/zarr.json cannot be read: Permission denied; check its permissions" in r.stderr
+
+
+def test_an_analysis_or_derived_folder_on_another_filesystem_is_refused_before_any_work(tiny, tmpfs, tmp_path):
+    # results are staged in .staging, then renamed into analysis/ or derived/: across filesystems
+    # (a link to another disk) every run's analysis was computed, then lost with a traceback (EXDEV)
+    _, _, path = tiny
+    copy = tmp_path / "s.zarr"
+    shutil.copytree(path, copy)
+    assert cli_in_process("analyse", copy).returncode == 0
+    disk = tmpfs("16m")
+    for name, argv in (("analysis", ["analyse", copy, "--again"]), ("derived", ["gates", copy, "--steps", "2"]),
+                       ("derived", ["predict", copy])):
+        (copy / name).mkdir(exist_ok=True)
+        shutil.move(copy / name, disk / name)
+        os.symlink(disk / name, copy / name)
+        before = sorted((str(p), p.stat().st_mtime_ns) for p in disk.rglob("*"))
+        done = cli_in_process(*argv)
+        assert done.returncode == 2 and done.stdout == "", (argv, done.stderr)
+        assert done.stderr == (f"dynamics: error: {argv[0]} {copy}: its {name}/ folder is on another filesystem than its "
+                               f".staging (a link?); results are written in .staging, then moved into {name}/, which "
+                               "cannot cross filesystems: link the whole store instead\n")
+        assert sorted((str(p), p.stat().st_mtime_ns) for p in disk.rglob("*")) == before
+        assert not (copy / ".staging").exists()
+        os.unlink(copy / name)
+        shutil.move(disk / name, copy / name)
+    # a link within the store's own filesystem is no problem
+    shutil.move(copy / "analysis", tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", copy / "analysis")
+    assert cli_in_process("analyse", copy, "--again").returncode == 0
