@@ -345,7 +345,8 @@ def test_a_second_report_into_a_folder_being_written_is_refused_in_one_line(tmp_
     finally:
         os.close(fd)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"another dynamics report is being written into {out}" in err
+    assert err == (f"dynamics: error: --out {out}: another dynamics report is being written into it; wait for it to "
+                   "finish, or choose another folder\n")
     assert not any(out.iterdir())
     # the demo too, before its sweep: it trained, analysed and predicted, then was refused
     demo = tmp_path / "demo.zarr"
@@ -356,7 +357,8 @@ def test_a_second_report_into_a_folder_being_written_is_refused_in_one_line(tmp_
     finally:
         os.close(fd)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"--report another dynamics report is being written into {out}" in err
+    assert err == (f"dynamics: error: --report {out}: another dynamics report is being written into it; wait for it "
+                   "to finish, or choose another folder\n")
     assert not demo.exists()
 
 

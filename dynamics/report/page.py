@@ -221,7 +221,8 @@ def _sole_writer(out: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise store.StoreError(f"another dynamics report is being written into {out}; "
+            # the folder first: the CLI puts the flag naming it before ("--out another ... into X" read garbled)
+            raise store.StoreError(f"{out}: another dynamics report is being written into it; "
                                    f"wait for it to finish, or choose another folder") from None
         yield
     finally:
