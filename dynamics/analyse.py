@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 IN_MEMORY_BYTES = 32 * 2**20
 """Runs smaller than this are read whole and analysed in memory: dask's per-task overhead
@@ -474,7 +474,8 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
     return [rows[r] for r in ids]
 
 
-def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[str, float, float, int, bool]]:
+def seed_consistency(path: str, run_ids: list[str] | None = None,
+                     leave_out: Collection[str] = ()) -> list[tuple[str, float, float, int, bool]]:
     """Cross-seed reproducibility of the division of labour, per config, over analysed runs.
 
     Runs whose configs differ only in ``train.seed`` (and in where they ran:
@@ -489,8 +490,13 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
     ----------
     path : str
     run_ids : list of str, optional
-        Runs to consider (default: every run of the store); ``dynamics analyse`` passes the ones
-        it has just analysed, so a run whose analysis failed is not counted from an earlier one.
+        Runs to consider (default: every run of the store, as they are when it is called).
+    leave_out : collection of str
+        Runs not to consider: ``dynamics analyse`` passes those it listed but did not analyse
+        (unfinished, or whose analysis failed, which would be counted from an earlier one). It
+        considers the runs that finished since it listed them too, analysed by another
+        ``dynamics analyse``: passing only its own runs, a command started before another wrote
+        the older result, from fewer runs, over the other's when it ended last.
 
     Returns
     -------
@@ -516,6 +522,7 @@ def seed_consistency(path: str, run_ids: list[str] | None = None) -> list[tuple[
     groups, labels, profiles = [], {}, []
     flat: dict[str, dict] = {}  # group -> its config as {"section.key": value}
     ids = store.list_runs(path, damaged="skip") if run_ids is None else run_ids  # `analyse` names a damaged run
+    ids = [r for r in ids if r not in set(leave_out)]
     kept = []
     for run_id in ids:
         attrs = store.run_attrs(path, run_id)

@@ -17,9 +17,11 @@ def print_consistency(path: str, rows: list[dict]) -> None:
     from dynamics.analyse import seed_consistency
     from dynamics.schema import FINISHED_STATUSES
 
-    # only what this command analysed, completed: a failed analysis leaves an earlier one in the store
+    # what this command analysed, completed (a failed analysis leaves an earlier one in the store),
+    # and the runs finished since it listed them, which another `analyse` may have analysed
     compared = [r["run"] for r in rows if not r.get("skipped") and r["status"] == "completed"]
-    for group, sim, unmatched, n, lone in seed_consistency(path, compared):
+    for group, sim, unmatched, n, lone in seed_consistency(path, leave_out=[r["run"] for r in rows
+                                                                            if r["run"] not in compared]):
         # heads are matched within a layer: with one head per layer the two figures are one number
         read = ("one head per layer, so no permutation to undo: how alike the seeds' heads are, with no unmatched "
                 "reference to read it against" if lone else

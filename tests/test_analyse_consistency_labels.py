@@ -64,6 +64,23 @@ def test_only_the_runs_asked_for_are_compared(copy):
     assert [n for *_, n, _ in seed_consistency(path, ids)] == [2]
 
 
+def test_analyse_compares_the_runs_another_analysed_since_it_listed_its_own_and_leaves_out_its_failures(copy, capsys):
+    # An `analyse` started before the sweep finished wrote consistency from its own runs alone,
+    # over the fuller result a later `analyse` had written, when it ended last (a concurrency audit's)
+    from dynamics.tables import print_consistency
+
+    path, ids = copy
+    print_consistency(path, [{"run": ids[0], "status": "completed"}])  # the other run: analysed elsewhere since
+    assert "over 2 seeds" in capsys.readouterr().out
+    assert store.open_derived(path, "consistency").sizes["pair"] == 1
+    # a run this command listed but could not analyse is not counted from the analysis it holds
+    print_consistency(path, [{"run": ids[0], "status": "completed"},
+                             {"run": ids[1], "status": "completed", "skipped": True, "error": "analysis failed"}])
+    assert "over 2 seeds" not in capsys.readouterr().out
+    assert store.open_derived(path, "consistency").sizes["group"] == 0
+    assert [n for *_, n, _ in seed_consistency(path, leave_out=ids[1:])] == []
+
+
 def test_a_run_the_sweep_index_does_not_list_joins_its_group(copy):
     # a run trained into a sweep's store by `dynamics run` (another seed of a swept point) has no
     # entry in the sweep index
