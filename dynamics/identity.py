@@ -38,7 +38,8 @@ def identity_difference(recorded: dict, config: dict, most: int = 3) -> str:
     def flat(d: dict, head: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in d.items():
-            out.update(flat(v, f"{head}{k}.") if isinstance(v, dict) else {f"{head}{k}": v})
+            # an empty table is a value of its own: {} against none differs (a store from before [intervene])
+            out.update(flat(v, f"{head}{k}.") if isinstance(v, dict) and v else {f"{head}{k}": v})
         return out
 
     a, b = flat(experiment_identity(recorded)), flat(experiment_identity(config))

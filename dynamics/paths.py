@@ -16,16 +16,19 @@ from pathlib import Path
 
 def absolute(path: str | os.PathLike) -> Path:
     """``path`` (``~`` expanded) absolute, with each ``..`` taken as the kernel takes it: the part
-    up to its last ``..`` resolved (symbolic links followed), the rest kept as given, so that a store
-    that is itself a link keeps its own name (a report goes next to the link, as before).
+    up to its last ``..`` resolved (symbolic links followed) where it exists, the rest kept as given,
+    so that a store that is itself a link keeps its own name (a report goes next to the link, as before).
 
-    >>> str(absolute("/a/b/../c")) == os.path.realpath("/a/b/..") + "/c"
-    True
-    >>> str(absolute("/x/y/s.zarr"))
-    '/x/y/s.zarr'
+    >>> str(absolute("/../x/y/s.zarr")), str(absolute("/x/y/s.zarr")), str(absolute("/nowhere/../s.zarr"))
+    ('/x/y/s.zarr', '/x/y/s.zarr', '/nowhere/../s.zarr')
     """
     p = Path(path).expanduser().absolute()
     if ".." not in p.parts:
         return p
     last = len(p.parts) - 1 - p.parts[::-1].index("..")
-    return Path(os.path.realpath(Path(*p.parts[: last + 1])), *p.parts[last + 1:])
+    head = Path(*p.parts[: last + 1])
+    if not head.exists():
+        # `new/..` with no `new`: the kernel finds nothing there, where realpath drops the pair;
+        # kept as given, it is made (`run` makes `new`) and then read where the kernel reads it
+        return p
+    return Path(os.path.realpath(head), *p.parts[last + 1:])

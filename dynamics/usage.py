@@ -11,6 +11,8 @@ and input errors stay instant.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from dynamics.limits import DEEPEST_IN_REPORT, DEEPEST_IN_STORE
+from dynamics.paths import absolute
 from dynamics.schema import MKDIR_PROBE
 
 EXIT_BAD_INPUT = 2
@@ -161,7 +164,7 @@ def check_depth(p: Path, flag: str, deepest: int, what: str) -> None:
     """A local folder a command writes in is shallow enough for the paths it makes inside it,
     `deepest` bytes below it at most, to fit in PATH_MAX; else the work failed part-way, at its
     first write that deep ("File name too long"), after a store was made or training had begun."""
-    where = p.absolute()
+    where = absolute(p)  # where the store writes: `lnk/..` past the link, as the kernel reads it
     parent = where
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -308,19 +311,30 @@ def check_writable(path: str, what: str, into: tuple[str, ...] = ()) -> None:
 
 def _check_one_filesystem(root: str, what: str, path: str, staged: list[str]) -> None:
     """Results staged in ``.staging`` are renamed into ``analysis/`` and ``derived/``, which cannot
-    cross filesystems: where one is a link to another disk, every analysis (a predictor fit, a gate
-    fit) was computed, then lost with a traceback at its swap (EXDEV)."""
+    cross filesystems: where one is a link to another disk (or a bind mount, a container's volume,
+    on the same device number), every analysis (a predictor fit, a gate fit) was computed, then
+    lost with a traceback at its swap (EXDEV). So an empty folder is renamed there and back."""
     staging = os.path.join(root, ".staging")
-    try:
-        here = os.stat(staging if os.path.isdir(staging) else root).st_dev
-        for name in staged:
-            folder = os.path.join(root, name)
-            if os.path.isdir(folder) and os.stat(folder).st_dev != here:
+    for name in staged:
+        folder = os.path.join(root, name)
+        if not os.path.isdir(folder):
+            continue  # made by the command, beside .staging
+        try:
+            probe = tempfile.mkdtemp(prefix=MKDIR_PROBE, dir=staging if os.path.isdir(staging) else root)
+        except OSError:
+            return  # the checks before this one, and the command, say why
+        moved = os.path.join(folder, os.path.basename(probe))
+        try:
+            os.rename(probe, moved)
+        except OSError as e:
+            if e.errno == errno.EXDEV:
                 raise UsageError(f"{what} {path}: its {name}/ folder is on another filesystem than its .staging "
-                                 f"(a link?); results are written in .staging, then moved into {name}/, which cannot "
-                                 "cross filesystems: link the whole store instead")
-    except OSError:
-        return  # unreadable: the checks before this one, and the command, say so
+                                 f"(a link, or a mount); results are written in .staging, then moved into {name}/, "
+                                 "which cannot cross filesystems: link or mount the whole store instead") from None
+        finally:
+            for leftover in (probe, moved):
+                with contextlib.suppress(OSError):
+                    os.rmdir(leftover)
 
 
 def check_store(path: str) -> None:

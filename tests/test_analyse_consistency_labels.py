@@ -73,6 +73,11 @@ def test_analyse_compares_the_runs_another_analysed_since_it_listed_its_own_and_
     print_consistency(path, [{"run": ids[0], "status": "completed"}])  # the other run: analysed elsewhere since
     assert "over 2 seeds" in capsys.readouterr().out
     assert store.open_derived(path, "consistency").sizes["pair"] == 1
+    # or still training when this command listed it (a sweep's runs in flight), finished and analysed since
+    print_consistency(path, [{"run": ids[0], "status": "completed"},
+                             {"run": ids[1], "status": "running", "skipped": True, "reason": "unfinished"}])
+    assert "over 2 seeds" in capsys.readouterr().out
+    assert store.open_derived(path, "consistency").sizes["pair"] == 1
     # a run this command listed but could not analyse is not counted from the analysis it holds
     print_consistency(path, [{"run": ids[0], "status": "completed"},
                              {"run": ids[1], "status": "completed", "skipped": True, "error": "analysis failed"}])

@@ -638,13 +638,25 @@ def test_an_analysis_or_derived_folder_on_another_filesystem_is_refused_before_a
         done = cli_in_process(*argv)
         assert done.returncode == 2 and done.stdout == "", (argv, done.stderr)
         assert done.stderr == (f"dynamics: error: {argv[0]} {copy}: its {name}/ folder is on another filesystem than its "
-                               f".staging (a link?); results are written in .staging, then moved into {name}/, which "
-                               "cannot cross filesystems: link the whole store instead\n")
+                               f".staging (a link, or a mount); results are written in .staging, then moved into "
+                               f"{name}/, which cannot cross filesystems: link or mount the whole store instead\n")
         assert sorted((str(p), p.stat().st_mtime_ns) for p in disk.rglob("*")) == before
-        assert not (copy / ".staging").exists()
+        assert not (copy / ".staging").exists() and sorted(os.listdir(copy)) == sorted(os.listdir(path))
         os.unlink(copy / name)
         shutil.move(disk / name, copy / name)
+    # a bind mount of a folder of the same filesystem: one device number, and still no rename across it
+    (tmp_path / "bound").mkdir()
+    shutil.copytree(copy / "analysis", tmp_path / "bound", dirs_exist_ok=True)
+    if subprocess.run(["mount", "--bind", str(tmp_path / "bound"), str(copy / "analysis")],
+                      capture_output=True).returncode == 0:
+        try:
+            assert os.stat(copy / "analysis").st_dev == os.stat(copy).st_dev
+            done = cli_in_process("analyse", copy, "--again")
+            assert done.returncode == 2 and "its analysis/ folder is on another filesystem" in done.stderr
+        finally:
+            subprocess.run(["umount", str(copy / "analysis")], check=True)
     # a link within the store's own filesystem is no problem
     shutil.move(copy / "analysis", tmp_path / "elsewhere")
     os.symlink(tmp_path / "elsewhere", copy / "analysis")
     assert cli_in_process("analyse", copy, "--again").returncode == 0
+    assert not any(n.startswith(".dynamics-probe-") for n in os.listdir(tmp_path / "elsewhere"))

@@ -47,6 +47,19 @@ def test_a_finished_student_of_another_teacher_is_refused_not_skipped(tmp_path):
         run_sweep(student, out)
 
 
+def test_a_refusal_names_the_settings_that_differ_an_empty_table_among_them():
+    from dynamics.identity import identity_difference
+
+    base = {"train": {"lr": 0.1, "steps": 5, "device": "cpu"}}
+    assert identity_difference(base, {"train": {"lr": 0.2, "steps": 5, "device": "cuda"}}) == \
+        "train.lr: recorded 0.1, here 0.2"  # where it runs is no difference
+    # a store from before [intervene]: an empty table against none read as "a different config ()"
+    assert identity_difference(base, {**base, "intervene": {}}) == "intervene: recorded none, here {}"
+    many = {"train": {k: 1 for k in "abcde"}}
+    assert identity_difference(many, {"train": {k: 2 for k in "abcde"}}) == (
+        "train.a: recorded 1, here 2; train.b: recorded 1, here 2; train.c: recorded 1, here 2; 2 more")
+
+
 @pytest.mark.parametrize("key", ["model", "task", "train", "record"])
 def test_every_setting_but_device_and_threads_enters_the_run_id(key):
     # Each field set to another valid value changes the id: a dropped key would train two

@@ -121,6 +121,14 @@ def test_a_store_or_report_one_byte_deeper_is_refused_before_any_work(tmp_path, 
                            f"holds lie up to {DEEPEST_IN_STORE} bytes deeper, past the {limit:,} a path may have "
                            "here; give a shorter path\n")
     assert os.listdir(root) == []
+    # the same folder reached through a link and `..`: short as text, as deep where it is written
+    (Path(root) / "sub").mkdir()
+    os.symlink(Path(root) / "sub", tmp_path / "lnk")
+    done = cli_in_process("run", str(cfg), "--out", "lnk/../s.zarr", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith(f"dynamics: error: --out lnk/../s.zarr: a path {len(store):,} "
+                                                           "bytes long, and the files a store holds")
+    assert os.listdir(root) == ["sub"]
+    os.rmdir(Path(root) / "sub")
     # a store made elsewhere, moved this deep: the commands that write into it refuse it, those that read do not
     shutil.copytree(made, store)
     before = sorted(p for p in Path(store).rglob("*"))

@@ -87,6 +87,8 @@ def test_an_unfinished_run_at_a_points_values_under_another_id_is_named_and_left
     train_run(done, path, "done")  # finished: nothing to resume, so not named
     store.write_sweep_index(path, {"axes": ["train.seed"], "runs": {"old": {"train.seed": 0}, "gone": {"train.seed": 1},
                                                                      "elsewhere": {"train.seed": 5},
+                                                                     # a point of an lr sweep into this store: its own
+                                                                     "lr_sweep": {"train.seed": 0, "train.lr": 0.01},
                                                                      "done": {"train.seed": 1}}})
     before = tree_bytes(str(tmp_path / "s.zarr" / "runs" / "old"))
     run_sweep(cfg, path, scheduler=threaded_cluster, progress=False)

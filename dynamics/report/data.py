@@ -478,7 +478,7 @@ def _derived_names(path) -> list[str]:
     """
     import fsspec
 
-    url = os.fspath(path)
+    url = store.local_path(path) or os.fspath(path)  # a local one as the store reads it
     fs, root = fsspec.core.url_to_fs(url)
     base = f"{root.rstrip('/')}/derived"
 
@@ -513,6 +513,5 @@ def _open_derived(path, name: str) -> xr.Dataset | None:
     if "/" not in name:  # a damaged group's StoreError goes to the caller, not to a read of fill values
         return store.open_derived(path, name)
     # Nested names (folder/<name>, an older layout) are not single group names for store.open_derived.
-    url = os.fspath(path)
-    url = url[len("file://"):] if url.startswith("file://") else url
-    return xr.open_zarr(url, group=f"derived/{name}", consolidated=False)
+    # the local folder as the store reads it (`lnk/..` past the link: xarray would drop it as text)
+    return xr.open_zarr(store.local_path(path) or os.fspath(path), group=f"derived/{name}", consolidated=False)

@@ -177,6 +177,10 @@ def unindex_refused(path: str, run_ids: list[str]) -> None:
                                    "steps": {k: v for k, v in index.get("steps", {}).items() if k not in gone}})
 
 
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def unresumed_note(points: list[Point], path: str) -> str | None:
     """A note on the unfinished runs of the store's sweep index at this grid's points (the same
     swept values) under other run ids: recorded with other settings (a base config edited since,
@@ -192,7 +196,10 @@ def unresumed_note(points: list[Point], path: str) -> str | None:
     for rid, values in index.get("runs", {}).items():
         if rid in ours or not isinstance(values, dict):
             continue
-        p = next((q for q in swept if {k: values.get(k) for k in q.values} == q.values), None)
+        # every axis the entry records, as this point has it: a point of another sweep over other
+        # axes in the same store (lr 0.01 there, 0.003 here) is that sweep's to resume
+        p = next((q for q in swept if all(k in values for k in q.values) and all(
+            _same(values[k], config_value(q.cfg.to_dict(), k)) for k in values)), None)
         if p is None:
             continue
         attrs = {}
