@@ -17,11 +17,13 @@ def print_consistency(path: str, rows: list[dict]) -> None:
     from dynamics.analyse import seed_consistency
     from dynamics.schema import FINISHED_STATUSES
 
-    # every completed run analysed by this version but those whose analysis failed here (which
-    # would be counted from an earlier one): the runs finished since this command listed them (new,
-    # or still training then) too, which another `analyse` may have analysed meanwhile
+    # every completed run analysed by this version but those this command found completed and did
+    # not analyse (its analysis failed: it would be counted from an earlier one): the runs finished
+    # since it listed them (new, or still training then) too, which another `analyse` may have
+    # analysed meanwhile
     compared = [r["run"] for r in rows if not r.get("skipped") and r["status"] == "completed"]
-    for group, sim, unmatched, n, lone in seed_consistency(path, leave_out=[r["run"] for r in rows if r.get("error")]):
+    unanalysed = [r["run"] for r in rows if r["run"] not in compared and (r["status"] == "completed" or r.get("error"))]
+    for group, sim, unmatched, n, lone in seed_consistency(path, leave_out=unanalysed):
         # heads are matched within a layer: with one head per layer the two figures are one number
         read = ("one head per layer, so no permutation to undo: how alike the seeds' heads are, with no unmatched "
                 "reference to read it against" if lone else
