@@ -221,9 +221,8 @@ def _sole_writer(out: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            # the folder first: the CLI puts the flag naming it before ("--out another ... into X" read garbled)
-            raise store.StoreError(f"{out}: another dynamics report is being written into it; "
-                                   f"wait for it to finish, or choose another folder") from None
+            raise store.StoreError(f"{out}: another dynamics report is being written into it; "  # the CLI puts
+                                   f"wait for it to finish, or choose another folder") from None  # --out before
         yield
     finally:
         os.close(fd)  # releases the flock
