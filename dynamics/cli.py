@@ -234,9 +234,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int | No
     from dynamics.signals import sigterm_as_interrupt
 
     def log(done: int, total: int, row: dict) -> None:
-        what = (f"not analysed ({row.get('reason', 'unfinished')})" if row.get("skipped")
-                else "kept (analysed before, by these analysers)" if row.get("kept") else "analysed")
-        print(f"[analyse] {done}/{total} {row['run']} {what}", file=sys.stderr, flush=True)
+        print(f"[analyse] {done}/{total} {row['run']} {tables.analysed_what(row)}", file=sys.stderr, flush=True)
 
     with sigterm_as_interrupt():
         return analyse(path, run_ids, workers=workers or usable_cores(), progress=log, again=again)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import sys
 
 
@@ -47,8 +48,6 @@ def print_consistency(path: str, rows: list[dict]) -> None:
 def _seed_groups(path: str, run_ids: list[str]) -> dict[str, int]:
     """Each run's number of runs (itself included) among ``run_ids`` that differ from it at most in
     their seed (and where they ran): its cross-seed group. A run whose attrs cannot be read is left out."""
-    import collections
-
     from dynamics import store
     from dynamics.identity import seed_group
 
@@ -229,6 +228,19 @@ def demo_timing(t_train: float, t_analyse: float, t_total: float, n_skipped: int
     return f"training {t_train:.1f}s, analysis {t_analyse:.1f}s ({share}), total {t_total:.0f}s"
 
 
+def analysed_what(row: dict) -> str:
+    """What `dynamics analyse`'s progress line says of one run's row."""
+    if row.get("skipped"):
+        return f"not analysed ({row.get('reason', 'unfinished')})"
+    if row.get("kept"):
+        return "kept (analysed before, by these analysers)"
+    return f"analysed (replacing the analysis of {_analysers(row['replaced'])})" if "replaced" in row else "analysed"
+
+
+def _analysers(version: str) -> str:
+    return "analysers that stamped no version" if version == "unstamped" else f"analysers version {version}"
+
+
 def analysed_line(rows: list[dict], seconds: float, path: str) -> str:
     """`dynamics analyse`'s closing line: the runs it analysed, and those it kept as analysed
     before (their rows read from their stored analyses; ``--again`` redoes them)."""
@@ -240,4 +252,8 @@ def analysed_line(rows: list[dict], seconds: float, path: str) -> str:
     if kept:
         said += (f"{'; ' if n else ': '}kept {kept} analysed before by these analysers, from the recordings "
                  f"they hold now (`--again` analyses {'it' if kept == 1 else 'them'} again)")
+    # an older version's figures are gone once replaced: said, as a researcher may have quoted them
+    if replaced := collections.Counter(r["replaced"] for r in rows if "replaced" in r):
+        said += "; replaced the analyses of " + ", ".join(f"{k} run{'' if k == 1 else 's'} by {_analysers(v)}"
+                                                        for v, k in sorted(replaced.items()))
     return said

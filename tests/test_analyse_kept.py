@@ -95,7 +95,8 @@ def test_a_stale_or_changed_or_damaged_analysis_is_analysed_again(analysed, tmp_
     chunk.unlink()  # a chunk file of the stored analysis lost
     again = analyse_store(copy)
     assert [r.get("kept") for r in again] == [None] * 4  # each analysed anew, none an error
-    assert again == rows
+    # the older analysers' figures are gone: the row names their version, the others' nothing
+    assert again == [{**r, "replaced": str(ANALYSIS_VERSION - 1)} if r["run"] == older else r for r in rows]
     for rid in ids:
         stored = store.open_analysis(copy, rid)
         assert stored.attrs["analysis_version"] == ANALYSIS_VERSION
@@ -156,3 +157,35 @@ def test_the_closing_line_counts_runs_analysed_and_kept():
         "from the recordings they hold now (`--again` analyses it again)")
     assert analysed_line([fresh, skipped], 0.5, "s.zarr") == "analysed 1 run in 0.5s -> s.zarr (analysis/<run_id>)"
     assert analysed_line([skipped], 0.5, "s.zarr") == "analysed no run: none could be (the table says why)"
+
+
+def test_the_command_names_the_analysers_whose_analyses_it_replaced(analysed, tmp_path, capsys):
+    # a researcher may have quoted an older version's figures: replaced, they are gone from the store
+    _, rows, ids = analysed
+    copy = _copy(analysed, tmp_path)
+    for rid, change in ((ids[0], {"analysis_version": 3}), (ids[1], {"analysis_version": 3}), (ids[2], None)):
+        meta = Path(copy) / "analysis" / rid / "zarr.json"
+        doc = json.loads(meta.read_text())
+        doc["attributes"].update(change) if change else doc["attributes"].pop("analysis_version")
+        meta.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert cli.main(["analyse", copy, "--workers", "1"]) == 0
+    out = capsys.readouterr()
+    said = {line.split()[2]: line.split(" ", 3)[3] for line in out.err.splitlines() if line.startswith("[analyse]")}
+    assert said == {ids[0]: "analysed (replacing the analysis of analysers version 3)",
+                    ids[1]: "analysed (replacing the analysis of analysers version 3)",
+                    ids[2]: "analysed (replacing the analysis of analysers that stamped no version)",
+                    ids[3]: "kept (analysed before, by these analysers)"}
+    assert out.out.splitlines()[-1].endswith(
+        "; kept 1 analysed before by these analysers, from the recordings they hold now (`--again` analyses it "
+        "again); replaced the analyses of 2 runs by analysers version 3, 1 run by analysers that stamped no version")
+    # --again over this version's own analyses replaces no other version's
+    assert cli.main(["analyse", copy, "--workers", "1", "--again"]) == 0
+    assert "replac" not in capsys.readouterr().out + "".join(str(r) for r in analyse_store(copy, again=True))
+
+
+def test_the_closing_line_names_the_versions_replaced():
+    rows = [{"run": "a", "replaced": "10"}, {"run": "b", "replaced": "9"}, {"run": "c", "replaced": "10"}]
+    assert analysed_line(rows, 2.0, "s.zarr") == (
+        "analysed 3 runs in 2.0s -> s.zarr (analysis/<run_id>); replaced the analyses of 2 runs by analysers "
+        "version 10, 1 run by analysers version 9")
