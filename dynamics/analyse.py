@@ -343,7 +343,7 @@ def analyse_store(path: str, run_ids: list[str] | None = None, workers: int = 1,
     # a damaged run: its row says so; an empty selection is no run, not every run
     known = store.list_runs(path, damaged="include")
     if run_ids is None:
-        from dynamics.status import grid_key
+        from dynamics.grid import grid_key
 
         # in the grid's order, as `status` and the table list them: its lines came in run-id order
         ids = sorted(known, key=grid_key(store.read_sweep_index(path) or {}))
@@ -588,7 +588,7 @@ def seed_consistency(path: str, run_ids: list[str] | None = None,
     store.write_derived(path, "consistency", result.drop_vars([v for v in result.coords
                                                                if v not in result.dims and v not in keep]))
     # in the grid's order, as the analyse table above them lists the runs (group names are hashes)
-    from dynamics.status import grid_key
+    from dynamics.grid import grid_key
 
     key = grid_key(index)
     first = {g: min(key(r) for r, gr in zip(kept, groups, strict=True) if gr == g) for g in counts}

@@ -34,7 +34,7 @@ def print_consistency(path: str, rows: list[dict]) -> None:
     # seed group at all, the line listed every diverged run as "left out" of nothing.
     peers = _seed_groups(path, [r["run"] for r in rows if r["status"] in FINISHED_STATUSES])
     from dynamics import store
-    from dynamics.status import grid_key
+    from dynamics.grid import grid_key
 
     key = grid_key(store.read_sweep_index(path) or {})  # in the table's order, not by id (a hash)
     left_out = [f"{r['run']} ({'diverged' if r['status'] == 'diverged' else 'not analysed'})"
@@ -84,7 +84,8 @@ def _bifurcation(step: int | str | None, layers: list | None) -> str:
 def print_analysis(rows: list[dict], path: str | None = None, pending: bool = False) -> None:
     from dynamics import store
     from dynamics.caveats import notes
-    from dynamics.status import bad_index_entries, grid_key, row_labels
+    from dynamics.grid import grid_key
+    from dynamics.status import bad_index_entries, row_labels
 
     # As `dynamics status` lists them: each run's swept values and the settings that tell apart
     # runs with the same ones, in the grid's order (run ids are hashes)

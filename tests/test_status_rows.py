@@ -1,5 +1,5 @@
-"""`dynamics status`'s rows at their edges: where a run without a value sorts, what a run lacking an
-axis shows, and the steps and resume step of runs that are not simply completed or interrupted."""
+"""`dynamics status`'s rows at their edges: what a run lacking an axis shows, and the steps and
+resume step of runs that are not simply completed or interrupted (the rows' order: test_grid.py)."""
 
 import shutil
 
@@ -7,7 +7,7 @@ import pytest
 
 from dynamics import store
 from dynamics.config import RunConfig, from_dict
-from dynamics.status import grid_key, row_labels, status_table
+from dynamics.status import row_labels, status_table
 from dynamics.train import train_run
 
 TINY = {
@@ -29,17 +29,6 @@ def copy(trained, tmp_path):
     path, run_id = trained
     shutil.copytree(path, tmp_path / "s.zarr")
     return tmp_path / "s.zarr", run_id
-
-
-def test_a_run_without_a_value_for_an_axis_sorts_after_the_values():
-    # seed 1 is listed first, so it ranks first; rd has no seed and comes after both seeds,
-    # rb no init_scale and comes after rc at their seed; runs outside the index last, by id
-    index = {"axes": ["train.seed", "model.init_scale"], "runs": {
-        "ra": {"train.seed": 1, "model.init_scale": 0.5},
-        "rb": {"train.seed": 0},
-        "rc": {"train.seed": 0, "model.init_scale": 0.5},
-        "rd": {"model.init_scale": 2.0}}}
-    assert sorted(["rz", "rd", "rc", "ry", "rb", "ra"], key=grid_key(index)) == ["ra", "rc", "rb", "rd", "ry", "rz"]
 
 
 def test_a_run_outside_the_index_whose_config_lacks_an_axis_shows_none():

@@ -198,6 +198,30 @@ def test_open_sweep_has_swept_coordinates(tmp_path):
     assert bool(sw.head_mask.all())
 
 
+def test_open_sweep_lists_runs_in_the_order_status_and_the_tables_do(tmp_path):
+    # It took the index's own order: in a zipped sweep, and where two sweeps share a grid, its rows
+    # and `status`'s (the analyse table's, the report's) paired other runs from the third on.
+    from dynamics.status import status_table
+
+    path = tmp_path / "s.zarr"
+    for run_id in ("z1", "z2", "z3", "z4", "y1", "y2"):
+        write_run(path, run_id)
+    # recorded in this order: lr 0.01, 0.003, then 0.01 again (zip pairs each lr with a seed)
+    runs = {"z1": (0.01, 0), "z2": (0.003, 1), "z3": (0.01, 2), "z4": (0.003, 3)}
+    store.write_sweep_index(path, {"axes": ["train.lr", "train.seed"],
+                                   "runs": {r: {"train.lr": lr, "train.seed": s} for r, (lr, s) in runs.items()}})
+    ids = list(store.open_sweep(path).run.values)
+    assert ids == ["z1", "z3", "z2", "z4"] == [row[0] for row in status_table(str(path))[1] if row[0] in runs]
+    assert list(store.open_sweep(path).lr.values) == [0.01, 0.01, 0.003, 0.003]
+    # a second sweep of the grid from another base config: its runs beside the first's at each point
+    twins = {"z1": 0, "z2": 1, "y1": 0, "y2": 1}
+    store.write_sweep_index(path, {"axes": ["train.seed"], "runs": {r: {"train.seed": v} for r, v in twins.items()}})
+    assert list(store.open_sweep(path).run.values) == ["z1", "y1", "z2", "y2"]
+    assert [row[0] for row in status_table(str(path))[1] if row[0] in twins] == ["z1", "y1", "z2", "y2"]
+    # asked for by name, in the order asked
+    assert list(store.open_sweep(path, run_ids=["y2", "z1"]).run.values) == ["y2", "z1"]
+
+
 def test_open_sweep_says_stopped_for_a_killed_run_as_status_does(tmp_path):
     # A run killed mid-training (SIGKILL) is still marked "running" in its attributes.
     path = tmp_path / "s.zarr"

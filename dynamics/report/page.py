@@ -20,6 +20,7 @@ except ImportError:  # Windows
 
 from dynamics import store
 from dynamics.caveats import text
+from dynamics.grid import grid_key
 from dynamics.refused import WRITE_REFUSED
 from dynamics.report.attention import _attention_section
 from dynamics.report.chg import _chg_section
@@ -40,7 +41,7 @@ from dynamics.report.draw import _fmt, _plain, _prose, _short, _warn
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
 from dynamics.report.predictor import _predict_section
 from dynamics.report.redundancy import _redundancy_section
-from dynamics.status import grid_key, sweep_points
+from dynamics.status import sweep_points
 
 # --------------------------------------------------------------------------- public API
 
@@ -178,10 +179,9 @@ def write_report(
 
 def _read_runs(store_path, ids: list[str], index: dict | None, compute_missing: bool,
                on_damaged: Callable[[str, str], None] | None, progress: Callable[[str], None]) -> list[_Run]:
-    """Every run's data for the page, in the grid's order (`status`'s: a categorical axis was drawn
-    in run-id order, hashes), with a progress line at the start and, between runs, at most every
-    5 s: the part of a report that grows with the store (and, analysing runs without a stored
-    analysis, the slow one), where it printed nothing for as long as it took."""
+    """Every run's data for the page, in the grid's order (`status`'s: a categorical axis was drawn in run-id order,
+    hashes), with a progress line at the start and, between runs, at most every 5 s: the part of a report that grows
+    with the store (and, analysing runs without a stored analysis, the slow one), where it had printed nothing."""
     missing = " (analysing those without a stored analysis)" if compute_missing else ""
     progress(f"reading {len(ids)} run(s){missing}")
     runs, last = [], monotonic()

@@ -27,6 +27,7 @@ try:  # POSIX only; without it, staging leftovers of killed writers are not clea
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
+from dynamics.grid import grid_key
 from dynamics.schema import (
     ANALYSIS_VERSION,
     HEAD,
@@ -131,8 +132,9 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
     ----------
     path : str or PathLike
     run_ids : list of str, optional
-        Runs to include; default: the runs of the sweep index that exist in the store (or
-        every run when there is no sweep index).
+        Runs to include, in this order; default: the runs of the sweep index that exist in the
+        store, in the grid's order that ``dynamics status`` lists them in (`dynamics.grid.grid_key`),
+        or every run, by id, when there is no sweep index.
 
     Returns
     -------
@@ -172,7 +174,9 @@ def open_sweep(path: str | os.PathLike, run_ids: list[str] | None = None) -> xr.
             named = ", ".join(map(repr, others[:8])) + (f", ... ({len(others)} in all)" if len(others) > 8 else "")
             raise StoreError(f"{e}; or open the other runs by name: open_sweep(path, run_ids=[...])"
                              + (f", of {named}" if others else "")) from e
-        run_ids = [r for r in index["runs"] if r in present] if index else present
+        # in `status`'s order, so that its rows and the tables' and the report's line up run for run
+        # (the index's own order differed in a zipped sweep and where two sweeps share a grid)
+        run_ids = sorted((r for r in index["runs"] if r in present), key=grid_key(index)) if index else present
     else:
         # runs asked for by name: another run's damage does not matter, theirs is named below
         present = _children(loc, "runs", damaged="include")
