@@ -287,3 +287,12 @@ def test_a_legend_below_has_as_many_columns_as_its_longest_entry_leaves_room_for
     _legend_below(fig, [Line2D([], [], label=f"{i}" + "x" * 59) for i in range(4)], "t")
     assert fig.legends[0]._ncols == 2
     assert _wrap("aaaa, bbbb", 10) == "aaaa, bbbb"  # a line of exactly the width stays one line
+
+
+def test_a_swept_value_is_shown_compact_where_that_is_exact_and_whole_where_not():
+    # "g" alone kept 6 significant digits: two learning rates shared one label in every legend and table
+    from dynamics.report.draw import _fmt
+
+    assert [_fmt(v) for v in (0.001, 1.0, 2.5e-5, 1e-12)] == ["0.001", "1", "2.5e-05", "1e-12"]
+    assert _fmt(1.0000001e-3) == "0.0010000001" and _fmt(0.1234567) == "0.1234567"
+    assert [_fmt(v) for v in (None, 3, "markov", float("nan"))] == ["none", "3", "markov", "nan"]

@@ -102,7 +102,9 @@ def _fmt(value: Any) -> str:
     if value is None:  # a setting a run lacks (an [intervene] section), as `dynamics status` prints it
         return "none"
     if isinstance(value, float):
-        return f"{value:g}"
+        # compact where that is exact; "g" alone keeps 6 digits, and showed lr 1.0000001e-3 as 0.001,
+        # the same label as lr 1e-3's
+        return short if float(short := f"{value:g}") == value else repr(value)
     return str(value)
 
 
