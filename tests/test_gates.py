@@ -291,6 +291,29 @@ def test_cli_gates_prints_a_table_and_saves_the_fit(trained, capsys):
     assert saved.attrs["step"] == store.run_attrs(path, run_id)["checkpoint_step"]  # where the report puts it
 
 
+def test_cli_gates_contrast_adds_its_fit_and_lines_to_the_same_chg_fit(trained, capsys):
+    # The command's contrastive path (the fit merged into the CHG one, then printed and saved) had
+    # no test past its refusals: its lines, its columns, and a CHG fit the merge leaves as it was.
+    path, run_id, _, _ = trained
+    fast = ["--steps", "4", "--init-steps", "2", "--restarts", "1"]
+    assert cli.main(["gates", path, *fast]) == 0
+    plain = store.open_derived(path, f"gates.{run_id}").load()
+    capsys.readouterr()
+    assert cli.main(["gates", path, *fast, "--contrast", "retain=offset_copy,forget=markov"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = out[1].split()
+    assert header[-2:] == ["keep", "k.agree"]
+    assert any(line.startswith("contrast retain offset_copy: held-out NLL ") for line in out)
+    assert any(line.startswith("contrast forget markov: held-out NLL ") for line in out)
+    saved = store.open_derived(path, f"gates.{run_id}").load()
+    assert (saved.attrs["retain"], saved.attrs["forget"]) == ("offset_copy", "markov")
+    assert saved.contrast_gate.dims == ("restart", "layer", "head") and saved.contrast_gate.shape == (1, 2, 4)
+    assert float(saved.contrast_gate.min()) >= 0 and float(saved.contrast_gate.max()) <= 1
+    assert "contrast_loss" in saved
+    xr.testing.assert_identical(saved.chg, plain.chg)  # the same seed: the same CHG fit, contrast or not
+    np.testing.assert_array_equal(saved.delta_loss.values, plain.delta_loss.values)
+
+
 def test_cli_gates_unknown_component_exits_2(trained, capsys):
     path, _, _, _ = trained
     code = cli.main(["gates", path, "--contrast", "retain=induction,forget=offset_copy", "--no-save"])

@@ -51,9 +51,6 @@ which is H_T / T (0.21 at T = 16, 0.07 at T = 64)."""
 
 def _check_square(attn: xr.DataArray) -> int:
     require_dims(attn, (PROBE, QUERY, KEY), "attention")
-    for dim in (PROBE, QUERY, KEY):
-        if dim not in attn.dims:
-            raise ValueError(f"attention needs dim {dim!r}; got dims {attn.dims}")
     n = attn.sizes[QUERY]
     if attn.sizes[KEY] != n:
         raise ValueError(f"attention needs as many keys as queries; got query={n}, key={attn.sizes[KEY]}")

@@ -18,7 +18,7 @@ from dynamics.status import sweep_points
 # --------------------------------------------------------------------------- loading
 
 
-def _seed_of(rid: str, point: Mapping, attrs: Mapping) -> Any:
+def _seed_of(point: Mapping, attrs: Mapping) -> Any:
     if SEED_AXIS in point:
         return point[SEED_AXIS]
     if "seed" in attrs:
@@ -136,7 +136,7 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
             except Exception as e:  # noqa: BLE001 - a lost chunk, or an index coordinate (read on
                 # opening) failing its checksum: recomputed from the run, and named (targets)
                 unreadable = f"{type(e).__name__}: {e}"
-        runs.append(Run(rid, data, _seed_of(rid, point, attrs), _config_of(point, axes, attrs), analysis,
+        runs.append(Run(rid, data, _seed_of(point, attrs), _config_of(point, axes, attrs), analysis,
                         unreadable))
         configs[rid] = attrs.get("config", {})
     if axes:

@@ -48,15 +48,9 @@ def chg_label(g_plus, g_minus, threshold: float = CHG_THRESHOLD) -> np.ndarray:
 
 
 def _gate_pair(ds: xr.Dataset) -> xr.DataArray | None:
-    """(..., layer, head, fit=[plus, minus]) gate values from a run or a gates dataset."""
-    for name in ("chg", "gates", "gate_fit", "G"):
-        if name in ds and "fit" in ds[name].dims:
-            return ds[name]
-    plus = next((ds[n] for n in ("g_plus", "G_plus", "plus", "gate_plus") if n in ds), None)
-    minus = next((ds[n] for n in ("g_minus", "G_minus", "minus", "gate_minus") if n in ds), None)
-    if plus is not None and minus is not None:
-        return xr.concat([plus, minus], dim=xr.Variable("fit", ["plus", "minus"]))
-    return None
+    """(..., layer, head, fit=[plus, minus]) gate values of a gates dataset (`dynamics gates`' ``chg``:
+    the only name any version wrote them under; the other names this looked for, none did)."""
+    return ds["chg"] if "chg" in ds and "fit" in ds["chg"].dims else None
 
 
 def _majority(codes: np.ndarray, axis: int = 0) -> np.ndarray:

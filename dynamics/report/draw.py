@@ -141,10 +141,6 @@ class _Groups:
     labels: dict[tuple, str]
 
     @property
-    def colour_axis(self) -> str | None:
-        return self.group_axes[0] if self.group_axes else None
-
-    @property
     def title(self) -> str:
         """Legend title: which axis the colour and which the line style / marker show."""
         if not self.group_axes:
