@@ -115,3 +115,50 @@ def test_without_signal_masks_the_cluster_starts_unmasked(monkeypatch):
     monkeypatch.setattr(resource_tracker, "ensure_running", lambda: pytest.fail("no tracker to start here"))
     with _sigint_blocked_here():
         pass
+
+
+def test_ctrl_c_while_runs_train_keeps_them_resumable_and_the_same_command_finishes_them(tmp_path):
+    # Ctrl-C while the cluster starts is tested above, and stop_running on its own: not a stop in
+    # the middle of training, the one a researcher meets most, through to the command that resumes it.
+    from dynamics import store
+    from dynamics.config import load_config
+    from dynamics.sweep import expand_grid
+    from tests.conftest import wait_for_checkpoint
+
+    config = write_toml(tmp_path / "s.toml", tiny({"train.seed": [0, 1]}, train={"steps": 4000},
+                                                  record={"every": 50}))
+    out, log = tmp_path / "s.zarr", tmp_path / "sweep.log"
+    ids = [p.run_id for p in expand_grid(load_config(config))]
+
+    def default_sigint():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dynamics", "sweep", str(config), "--out", str(out), "--workers", "1"],
+            stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True,
+            preexec_fn=default_sigint)
+        try:
+            wait_for_checkpoint(out, ids[0], 100, proc)
+            os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: to every process of the group
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    text = log.read_text()
+    assert proc.returncode in (130, -signal.SIGINT), text
+    assert "Traceback" not in text, text
+    assert text.rstrip().splitlines()[-1] == ("dynamics: interrupted; what was recorded is kept; the same command "
+                                              "resumes each run, or starts one not begun")
+    stopped = store.run_attrs(out, ids[0])
+    assert stopped["status"] == "interrupted" and 100 <= stopped["checkpoint_step"] < 4000, stopped["status"]
+
+    again = subprocess.run([sys.executable, "-m", "dynamics", "sweep", str(config), "--out", str(out), "--workers", "1"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert f"(resumed at step {stopped['checkpoint_step']})" in again.stdout + again.stderr
+    for rid in ids:
+        attrs = store.run_attrs(out, rid)
+        assert (attrs["status"], attrs["steps_done"]) == ("completed", 4000)
