@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -390,8 +391,8 @@ def test_the_workers_leave_ctrl_c_to_the_process_that_started_them(three_runs, t
         while not masks and proc.poll() is None and time.monotonic() < deadline:
             for kid in _children(proc.pid):
                 with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                    cmd = open(f"/proc/{kid}/cmdline", "rb").read()
-                    status = open(f"/proc/{kid}/status").read()
+                    cmd = Path(f"/proc/{kid}/cmdline").read_bytes()  # open().read() left them to the collector
+                    status = Path(f"/proc/{kid}/status").read_text()
                     if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
                         masks[kid] = int(status.split("SigBlk:")[1].split()[0], 16)
             time.sleep(0.02)

@@ -84,8 +84,9 @@ def test_the_root_index_is_zarrs_own_json_and_keeps_out_a_group_zarr_cannot_read
     # validated as it goes in and the root written by json's C encoder. Known answer: zarr's own
     # round trip of it, and zarr reading the runs through it.
     import zarr
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.group import GroupMetadata
+    from zarr.buffer import default_buffer_prototype
+
+    from dynamics.store._zarr_private import GroupMetadata
 
     path = tmp_path / "s.zarr"
     write_run(path, "r1")

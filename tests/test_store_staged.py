@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
+from zarr.buffer import default_buffer_prototype
 from zarr.storage import MemoryStore
 
 from dynamics import store
 from dynamics.store import CODECS, DEFAULT_CODEC
+from dynamics.store._zarr_private import sync
 from dynamics.store.staged import _plan, staged_keys
 
 

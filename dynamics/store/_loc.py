@@ -15,11 +15,11 @@ from urllib.parse import unquote
 
 import numpy as np
 from zarr.buffer import default_buffer_prototype
-from zarr.core.sync import sync as _sync
 from zarr.storage import FsspecStore, LocalStore
 
 from dynamics.paths import absolute
 from dynamics.signals import deferred_signals
+from dynamics.store._zarr_private import sync as _sync
 
 if TYPE_CHECKING:  # imported where a group is opened: a training process only writes (0.9 s with pandas)
     import xarray as xr

@@ -18,9 +18,8 @@ import os
 import threading
 from collections.abc import Iterator
 
-from zarr.core.group import GroupMetadata
-
 from dynamics.store._loc import _NAME, SECTIONS, StoreError, _group_exists, _Loc, _locked
+from dynamics.store._zarr_private import GroupMetadata
 
 
 def _node_entry(loc: _Loc, gpath: str) -> dict | None:

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.core.sync import sync as _sync
 
 from dynamics.schema import FINISHED_STATUSES, SNAPSHOT, TRAIN_STEP, recorded_arrays
 from dynamics.store._loc import StoreError, _default_run, _Loc, _unreadable_member
+from dynamics.store._zarr_private import sync as _sync
 from dynamics.store.root import _require_store, run_attrs
 from dynamics.store.writer import EMPTY_CHUNKS_WRITTEN
 

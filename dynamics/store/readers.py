@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
-from zarr.core.sync import sync as _sync
 
 if TYPE_CHECKING:  # imported where used: a training process writes, and xarray with pandas took 0.9 s
     import xarray as xr
@@ -52,6 +51,7 @@ from dynamics.store._loc import (
     check_sections,
     new_dir,
 )
+from dynamics.store._zarr_private import sync as _sync
 from dynamics.store.checkpoints import run_now
 from dynamics.store.index import _index_update
 from dynamics.store.recorded import described

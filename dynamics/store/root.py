@@ -11,7 +11,6 @@ from typing import Any
 
 import zarr
 from zarr.buffer import default_buffer_prototype
-from zarr.core.group import GroupMetadata
 
 from dynamics.schema import FINISHED_STATUSES, MKDIR_PROBE, RUN_STATUSES, STORE_VERSION
 from dynamics.store._loc import (
@@ -30,6 +29,7 @@ from dynamics.store._loc import (
     clear_partials,
     is_partial,
 )
+from dynamics.store._zarr_private import GroupMetadata
 from dynamics.store.index import (
     _DEFERRED,
     _index_entries,

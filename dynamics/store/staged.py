@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import zarr
 from zarr.buffer import default_buffer_prototype
-from zarr.core.sync import sync as _sync
 from zarr.storage import MemoryStore
+
+from dynamics.store._zarr_private import sync as _sync
 
 if TYPE_CHECKING:
     import xarray as xr

@@ -11,7 +11,6 @@ import numpy as np
 import zarr
 import zarr.api.asynchronous as azarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
-from zarr.core.sync import sync as _sync
 
 from dynamics.schema import SNAPSHOT, TRAIN_STEP
 from dynamics.store._loc import (
@@ -23,6 +22,7 @@ from dynamics.store._loc import (
     _locked,
     _unreadable_member,
 )
+from dynamics.store._zarr_private import sync as _sync
 from dynamics.store.index import _index_update
 from dynamics.store.root import _update_group_attrs, init_store
 

@@ -149,7 +149,7 @@ def _identity(address: str, timeout: float) -> dict:
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
-    from distributed.core import rpc
+    from distributed import rpc
     from distributed.security import Security
 
     try:  # Dask's security loader, if one is configured, as the sweep's Client calls it
