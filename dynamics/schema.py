@@ -84,21 +84,33 @@ RUN_VARIABLES = {
 }
 
 # What each recorded variable holds, as attrs that `open_run` and `open_sweep` attach (plots label
-# their axes from long_name and units, and CF readers decode chg_role's codes); README's table has
-# the full text. Attached when read, so runs recorded before these existed get them too.
+# their axes from long_name and units, so a long_name stays short: xarray wraps it at 30 characters,
+# and a default figure cut the first lines of a longer one off; the rest is in description. CF readers
+# decode chg_role's codes); README's table has the full text. Attached when read, so runs recorded
+# before these existed get them too.
+STEP_ATTRS = {"long_name": "training step", "units": "steps"}
+"""The ``step`` and ``train_step`` coordinates' attrs: a plot over ``snapshot`` reads snapshot numbers,
+over ``step`` (``.plot(x="step")``) training steps, labelled so."""
 CHG_ROLE_FLAGS = {"flag_values": [0, 1, 2, 3, -1],
                   "flag_meanings": "facilitating irrelevant interfering inconsistent unfitted"}
 RUN_VARIABLE_ATTRS = {
     "attention": {"long_name": "post-softmax attention on the probe batch", "units": "1"},
     "probe_tokens": {"long_name": "probe batch token ids"},
-    "grad_norm": {"long_name": "norm of the training-batch gradient of the head's W_Q, W_K, W_V, W_O slice"},
-    "grad_cosine": {"long_name": "cosine between the head's gradient and the previous snapshot's", "units": "1"},
-    "importance": {"long_name": "|dloss/dgate| of the head (times gate: Michel et al.'s importance)", "units": "nat"},
+    "grad_norm": {"long_name": "head gradient norm",
+                  "description": "norm of the training-batch gradient of the head's W_Q, W_K, W_V, W_O slice"},
+    "grad_cosine": {"long_name": "head gradient cosine to the last", "units": "1",
+                    "description": "cosine between the head's gradient and the previous snapshot's"},
+    # |dL/dg| alone: times the gate it is Michel et al.'s importance (the label said "times gate" first)
+    "importance": {"long_name": "head importance |dloss/dgate|", "units": "nat",
+                   "description": "|dloss/dgate| of the head; times the gate, Michel et al.'s importance"},
     "gate": {"long_name": "head gate value", "units": "1"},
-    "head_weights": {"long_name": "the head's slices of W_Q, W_K, W_V, W_O (W_O transposed)"},
-    "loss": {"long_name": "training loss (next-token NLL of the step's batch)", "units": "nat"},
+    "head_weights": {"long_name": "head weight slices",
+                     "description": "the head's slices of W_Q, W_K, W_V, W_O (W_O transposed)"},
+    "loss": {"long_name": "training loss", "units": "nat",
+             "description": "training loss (next-token NLL of the step's batch)"},
     "eval_loss": {"long_name": "held-out loss per task component", "units": "nat"},
-    "chg": {"long_name": "causal head gating gate (G+ at fit plus, G- at fit minus)", "units": "1"},
+    "chg": {"long_name": "causal head gating gate", "units": "1",
+            "description": "causal head gating gate (G+ at fit plus, G- at fit minus)"},
     "chg_role": {"long_name": "causal head gating role", **CHG_ROLE_FLAGS},
 }
 

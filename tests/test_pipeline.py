@@ -92,13 +92,17 @@ def test_every_variable_names_what_it_is_and_its_units():
     result = analyse_run(sweep_like())
     for name, v in result.data_vars.items():
         assert v.attrs.get("long_name"), name
-        assert "units" in v.attrs or name == "role", name  # role: flag_values and flag_meanings instead
+        # role: flag_values and flag_meanings instead; cluster: a label (its "" read "[]" on an axis)
+        assert "units" in v.attrs or name in ("role", "cluster"), name
+        # xarray wraps a label at 30 characters, and a default figure cut a long one's first lines off
+        assert len(v.attrs["long_name"]) <= 50, name
     assert result["best_slash"].attrs["long_name"] != result["slash_score"].attrs["long_name"]
     assert result["slash_dominant_share"].attrs["long_name"] != result["token_dominant_share"].attrs["long_name"]
     assert result["js_distance"].attrs["units"] == "sqrt(nat)" and result["bifurcation_step"].attrs["units"] == "steps"
     # clusters span the model (cluster_heads links every head with every other): "within its layer"
     # was the label once, the opposite of what the numbers are
-    assert result["cluster"].attrs["long_name"].startswith("redundancy cluster of the head among all heads of the model")
+    assert result["cluster"].attrs["description"].startswith("redundancy cluster of the head among all heads of the model")
+    assert "units" not in result["cluster"].attrs
 
 
 def test_a_sink_head_is_not_slash_dominant():
@@ -287,8 +291,8 @@ def test_summary_bifurcation_is_undefined_not_never_with_one_head_per_layer():
     assert summary_row(one_head)["layer_bifurcation_steps"] == ["undefined"] * one_head.sizes["layer"]
     # and the stored array's label says so: a sum over a head-count sweep in xarray would
     # otherwise count these runs as "never bifurcated"
-    assert "undefined where no layer has two heads" in one_head["bifurcation_step"].attrs["long_name"]
-    assert "undefined in a layer of one head" in one_head["layer_bifurcation_step"].attrs["long_name"]
+    assert "undefined where no layer has two heads" in one_head["bifurcation_step"].attrs["description"]
+    assert "undefined in a layer of one head" in one_head["layer_bifurcation_step"].attrs["description"]
     flat = analyse_run(sweep_like().sel(run="a", drop=True)).load()
     assert np.isnan(flat["bifurcation_step"]) and flat["mean_divergence"].notnull().all()
     assert summary_row(flat)["bifurcation_step"] is None

@@ -71,6 +71,10 @@ def test_an_analysis_keeps_the_values_and_attributes_it_is_given(tmp_path):
     plain = store.open_analysis(path, "r1", dask=False, stale="allow")
     assert not isinstance(plain.third.variable._data, da.Array)
     xr.testing.assert_identical(plain.load(), got)
+    # its step coordinate labelled as a run's, whether or not the writer carried the attrs
+    stripped = xr.Dataset({"third": thirds}).assign_coords(step=thirds.step.copy().assign_attrs({}))
+    store.write_analysis(path, "r1", stripped)
+    assert store.open_analysis(path, "r1", stale="allow").step.attrs == {"long_name": "training step", "units": "steps"}
 
 
 def test_a_write_of_what_is_no_group_of_the_store_is_refused(tmp_path):

@@ -59,6 +59,10 @@ def test_recorded_variables_say_what_they_hold_and_chg_roles_decode(tmp_path):
         said = {k: v for k, v in ds.attention.attrs.items() if k != "stored_dtype"}  # dask's float32: next test
         assert said == {"long_name": "post-softmax attention on the probe batch", "units": "1"}
         assert ds.loss.attrs["units"] == "nat" and ds.gate.attrs["long_name"] == "head gate value"
+        # a plot over step says training steps; one over importance, what the stored value is
+        assert ds.step.attrs == {"long_name": "training step", "units": "steps"}
+        assert RUN_VARIABLE_ATTRS["importance"]["long_name"] == "head importance |dloss/dgate|"  # not "times gate"
+        assert all(len(a["long_name"]) <= 50 for a in RUN_VARIABLE_ATTRS.values())  # xarray wraps at 30
     assert xr.open_zarr(path, group="runs/r1").attention.attrs == {}  # read, not written: older runs get them too
 
 

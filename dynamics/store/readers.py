@@ -32,6 +32,7 @@ from dynamics.schema import (
     HEAD,
     LAYER,
     RUN,
+    STEP_ATTRS,
     config_value,
 )
 from dynamics.signals import deferred_signals
@@ -524,6 +525,8 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
             f"analysis/{run_id} in {loc} was written {which}, these are version "
             f"{ANALYSIS_VERSION}: its figures may differ from theirs; `dynamics analyse {path}` recomputes it",
             StaleAnalysisWarning, stacklevel=2)
+    if "step" in ds.coords:  # labelled as a run's is (an analysis written before it was, too)
+        ds["step"].attrs = {**STEP_ATTRS, **ds["step"].attrs}
     return ds
 
 

@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dynamics.schema import FINISHED_STATUSES, RUN, RUN_VARIABLE_ATTRS, SNAPSHOT
+from dynamics.schema import FINISHED_STATUSES, RUN, RUN_VARIABLE_ATTRS, SNAPSHOT, STEP_ATTRS
 
 if TYPE_CHECKING:
     import xarray as xr
 
 
 def described(ds: xr.Dataset) -> xr.Dataset:
-    """`ds` with each recorded variable's `RUN_VARIABLE_ATTRS` (what it stores has none), and its
-    dask-backed float16 variables (attention) read as float32, lazily, their attrs saying
+    """`ds` with each recorded variable's `RUN_VARIABLE_ATTRS` (what it stores has none), its step
+    coordinates' `STEP_ATTRS`, and its dask-backed float16 variables (attention) read as float32,
+    lazily, their attrs saying
     ``stored_dtype: "float16"``.
 
     Dask reduces a float16 array in float16, whose largest value is 65,504: a mean's count of
@@ -32,6 +33,9 @@ def described(ds: xr.Dataset) -> xr.Dataset:
     for name, attrs in RUN_VARIABLE_ATTRS.items():
         if name in ds.data_vars:
             ds[name].attrs = {**attrs, **ds[name].attrs}
+    for name in ("step", "train_step"):
+        if name in ds.coords:
+            ds[name].attrs = {**STEP_ATTRS, **ds[name].attrs}
     for name in [n for n, v in ds.data_vars.items() if v.dtype == np.float16 and v.chunks is not None]:
         encoding = {**ds[name].encoding, "dtype": np.dtype(np.float16)}  # astype drops it: float32 on to_zarr
         ds[name] = ds[name].astype(np.float32).assign_attrs(stored_dtype="float16")
