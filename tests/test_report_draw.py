@@ -164,6 +164,8 @@ def test_a_legend_of_many_groups_goes_outside_the_axes_and_the_figure_widens_for
         if inside:
             assert ax.get_legend() is not None and not fig.legends
             assert tuple(fig.get_size_inches()) == (6.5, 3.8)
+            # framed and mostly opaque: frameless, curves that "best" could not avoid ran through the text
+            assert ax.get_legend().get_frame_on() and ax.get_legend().get_frame().get_alpha() == 0.8
             continue
         assert ax.get_legend() is None and len(fig.legends) == 1
         ncol = -(-n // 18)  # 18 a column

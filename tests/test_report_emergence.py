@@ -81,6 +81,28 @@ def test_bifurcation_is_drawn_against_a_categorical_axis_when_no_numeric_one_is_
     assert means.get_xydata().tolist() == [[0.0, 15.0], [1.0, 30.0]] and means.get_linestyle() == "None"
 
 
+@pytest.mark.parametrize("axis, values, ticks", [
+    ("model.n_heads", [1, 2, 4], ["1", "2", "4"]),  # matplotlib's own: 1.5 and 3.5 "heads per layer"
+    ("model.init_scale", [0.5, 1.0, 2.0, 4.0], ["0.5", "1", "2", "4"]),  # not 2^-1 ... 2^2
+    ("train.lr", [1e-3, 3e-3, 1e-2], ["0.001", "0.003", "0.01"]),  # 3e-3 was left unlabelled
+])
+def test_a_numeric_swept_axis_is_ticked_at_the_values_swept(tmp_path, monkeypatch, axis, values, ticks):
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    runs = []
+    for i, v in enumerate(values):
+        run = _analysed_run(f"r{i}", "completed", 1.0, 10.0 * (i + 1), np.nan)
+        run.params = {axis: v, "train.seed": 0}
+        runs.append(run)
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, [axis, "train.seed"], tmp_path, True))
+    ax = figs["bifurcation.png"].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ticks
+    assert list(ax.get_xticks()) == [float(v) for v in values] and not ax.xaxis.get_minorticklocs().size
+
+
 def test_captions_name_the_slash_window_and_the_unfinished_run(built):
     _, page, ids = built
     text = html.unescape(page.read_text())

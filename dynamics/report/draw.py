@@ -346,7 +346,8 @@ def _legend(ax, groups: _Groups) -> None:
     # inside where it is short and no wider than its panel: four 55-character entries covered a
     # roles panel and the next panel's label
     if len(handles) <= 8 and sum(rows) <= 8 and column <= ax.get_position().width * width:
-        ax.legend(handles, labels, loc="best", **style)
+        # framed, half-clear: "best" finds no empty spot among many curves, which ran through the text
+        ax.legend(handles, labels, loc="best", **{**style, "frameon": True, "framealpha": 0.8, "edgecolor": "none"})
         return
     # A 5 x 4 sweep's 20 groups inside the axes covered the curves and ran off the figure: outside,
     # in columns, the figure widened (and heightened) for them so that the panels keep their size,

@@ -323,6 +323,11 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                 ax.set_xlim(-0.5, len(cats) - 0.5)
             elif values and min(values) > 0 and max(values) / min(values) >= 8:
                 ax.set_xscale("log", base=2 if axis != "train.lr" else 10)
+            if cats is None and 0 < len(values) <= 12:
+                # ticks at the values swept, as written: matplotlib's put 1.5 heads per layer, 2^-1 for 0.5,
+                # and left lr 3e-3 between 10^-3 and 10^-2 unlabelled
+                ax.set_xticks(values, [_fmt(v) for v in values])
+                ax.minorticks_off()
             ax.set_xlabel(f"{_short(axis)} ({'learning rate' if axis == 'train.lr' else 'multiplier' if axis == 'model.init_scale' else 'heads per layer' if axis == 'model.n_heads' else 'swept value'})")
             ax.set_ylabel(ylabel)
             ax.set_ylim(-0.03 * top, top * 1.38)
