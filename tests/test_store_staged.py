@@ -111,5 +111,7 @@ def test_an_analysis_written_and_read_back_is_the_same_dataset(tmp_path):
     ds = analysis_like()
     store.write_analysis(path, "r1", ds)
     back = store.open_analysis(path, "r1", stale="allow").load()
+    # the step coordinate labelled as open_analysis labels every analysis's
     xr.testing.assert_identical(back.drop_encoding(), ds.assign_coords(
-        role_name=ds.role_name.astype(np.dtypes.StringDType())))
+        role_name=ds.role_name.astype(np.dtypes.StringDType()),
+        step=ds.step.assign_attrs(long_name="training step", units="steps")))
