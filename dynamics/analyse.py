@@ -75,8 +75,7 @@ def analyse_one(path: str, run_id: str, again: bool = False) -> dict:
     code hash, the libraries' versions: `source_of`), from the recording it holds now, is not analysed twice: its row is read
     from its stored analysis, with ``kept``."""
     from dynamics import store
-    from dynamics.analysis.pipeline import is_current
-    from dynamics.schema import FINISHED_STATUSES
+    from dynamics.schema import ANALYSIS_VERSION, FINISHED_STATUSES
 
     # "stopped", not "running", for a killed run, as `dynamics status` names it; one that finished
     # since its attributes were read is analysed as it finished
@@ -85,12 +84,10 @@ def analyse_one(path: str, run_id: str, again: bool = False) -> dict:
         return {"run": run_id, "status": status, "skipped": True, "reason": unfinished_reason(status, attrs)}
     # A chunk file gone from the run reads as NaN (or 0) without a word: named, not analysed.
     store.check_recorded(path, run_id, attrs=attrs)
-    try:  # of any analysers version; a damaged one is analysed again and rewritten whole
-        stored = store.open_analysis(path, run_id, stale="allow", dask=False)
-    except Exception:  # noqa: BLE001
-        stored = None
-    if not again and (row := kept_row(path, run_id, attrs, stored)) is not None:
+    if not again and (row := kept_row(path, run_id, attrs)) is not None:
         return row
+    # its version from the group's zarr.json alone: cheap under --again, and read where arrays are damaged
+    had, version = store.stored_analysis_version(path, run_id)
     try:
         result, said = _analysis_of(path, run_id, attrs)
     except Exception as e:
@@ -104,8 +101,8 @@ def analyse_one(path: str, run_id: str, again: bool = False) -> dict:
     result.attrs[ANALYSED_FROM] = source_of(attrs, result)
     store.write_analysis(path, run_id, result)
     row = row_of(run_id, attrs, result, said)
-    if stored is not None and not is_current(stored):  # the figures a researcher read before came from it
-        row["replaced"] = str(stored.attrs.get("analysis_version", "unstamped"))
+    if had and version != ANALYSIS_VERSION:  # the figures a researcher read before came from it
+        row["replaced"] = "unstamped" if version is None else str(version)
     return row
 
 
@@ -122,8 +119,8 @@ def row_of(run_id: str, attrs: dict, result, said: dict) -> dict:
     return {**row, **said}
 
 
-def kept_row(path: str, run_id: str, attrs: dict, stored) -> dict | None:
-    """The row of a finished run's ``stored`` analysis, with ``kept``, if these analysers wrote it from
+def kept_row(path: str, run_id: str, attrs: dict) -> dict | None:
+    """The row of a finished run's stored analysis, with ``kept``, if these analysers wrote it from
     the recording the run holds now; else None, and the run is analysed again. Analysing it again
     would give the same figures (the analysers are deterministic, and read only the run): at 150
     runs a second `dynamics analyse` redid a minute of work to add nothing."""
@@ -132,6 +129,7 @@ def kept_row(path: str, run_id: str, attrs: dict, stored) -> dict | None:
     from dynamics.caveats import of_run
 
     try:
+        stored = store.open_analysis(path, run_id, stale="allow", dask=False)
         if stored is None or not is_current(stored) or stored.attrs.get(ANALYSED_FROM) != source_of(attrs, stored):
             return None
         stored = stored.load()

@@ -168,6 +168,8 @@ def test_the_command_names_the_analysers_whose_analyses_it_replaced(analysed, tm
         doc = json.loads(meta.read_text())
         doc["attributes"].update(change) if change else doc["attributes"].pop("analysis_version")
         meta.write_text(json.dumps(doc))
+    # a damaged one (a chunk lost) is named too: its version is read from its zarr.json alone
+    next(p for p in (Path(copy) / "analysis" / ids[1] / "role").rglob("*") if p.is_file() and p.name != "zarr.json").unlink()
     capsys.readouterr()
     assert cli.main(["analyse", copy, "--workers", "1"]) == 0
     out = capsys.readouterr()

@@ -72,7 +72,8 @@ def test_an_analysis_keeps_the_values_and_attributes_it_is_given(tmp_path):
     assert not isinstance(plain.third.variable._data, da.Array)
     xr.testing.assert_identical(plain.load(), got)
     # its step coordinate labelled as a run's, whether or not the writer carried the attrs
-    stripped = xr.Dataset({"third": thirds}).assign_coords(step=thirds.step.copy().assign_attrs({}))
+    stripped = xr.Dataset({"third": thirds}).assign_coords(step=("snapshot", thirds.step.values))
+    assert not stripped.step.attrs
     store.write_analysis(path, "r1", stripped)
     assert store.open_analysis(path, "r1", stale="allow").step.attrs == {"long_name": "training step", "units": "steps"}
 
@@ -423,3 +424,19 @@ def test_open_sweep_of_a_store_with_a_damaged_run_names_the_way_to_open_the_othe
     with pytest.raises(StoreError, match=r"runs/r1 exists but its metadata .*open_sweep\(path, run_ids=\[\.\.\.\]\), of 'r2'$"):
         store.open_sweep(path)
     assert list(store.open_sweep(path, ["r2"]).run.values) == ["r2"]  # the way it names
+
+
+def test_stored_analysis_version_reads_the_groups_zarr_json_alone(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    assert store.stored_analysis_version(path, "r1") == (False, None)
+    gate = store.open_run(path, "r1").gate
+    store.write_analysis(path, "r1", xr.Dataset({"g": gate}, attrs={"analysis_version": 7}))
+    assert store.stored_analysis_version(path, "r1") == (True, 7)
+    # an array of it lost: the version still reads
+    import shutil
+
+    shutil.rmtree(path / "analysis" / "r1" / "g")
+    assert store.stored_analysis_version(path, "r1") == (True, 7)
+    store.write_analysis(path, "r1", xr.Dataset({"g": gate}))
+    assert store.stored_analysis_version(path, "r1") == (True, None)  # unstamped

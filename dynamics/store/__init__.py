@@ -82,6 +82,7 @@ from dynamics.store.readers import (
     open_derived,
     open_run,
     open_sweep,
+    stored_analysis_version,
     write_analysis,
     write_derived,
 )
@@ -142,6 +143,7 @@ __all__ = [
     "run_listed",
     "local_path",
     "open_analysis",
+    "stored_analysis_version",
     "open_derived",
     "open_run",
     "open_sweep",

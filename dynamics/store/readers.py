@@ -530,6 +530,17 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
     return ds
 
 
+def stored_analysis_version(path: str | os.PathLike, run_id: str) -> tuple[bool, Any]:
+    """Whether ``run_id`` has a stored analysis, and the ``analysis_version`` its attributes name
+    (None: unstamped), read from the group's ``zarr.json`` alone: a small read, which a damaged
+    analysis (a chunk lost) still answers. An unreadable ``zarr.json`` reads as no analysis."""
+    try:
+        meta = _group_meta(_Loc(path), f"analysis/{run_id}")
+    except OSError:
+        return False, None
+    return meta is not None, (meta or {}).get("attributes", {}).get("analysis_version")
+
+
 def write_derived(path: str | os.PathLike, name: str, ds: xr.Dataset) -> None:
     """Replace the sweep-level dataset ``derived/<name>`` with `ds`."""
     loc = _Loc(path)
