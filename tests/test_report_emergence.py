@@ -103,6 +103,30 @@ def test_a_numeric_swept_axis_is_ticked_at_the_values_swept(tmp_path, monkeypatc
     assert list(ax.get_xticks()) == [float(v) for v in values] and not ax.xaxis.get_minorticklocs().size
 
 
+def test_swept_values_too_close_to_label_side_by_side_keep_matplotlibs_ticks(tmp_path, monkeypatch):
+    # lr 1e-4, 2e-4, 5e-4, ... at the values themselves read "0.00050.001" on the axis
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    values = [1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2]
+    runs = []
+    for i, v in enumerate(values):
+        run = _analysed_run(f"r{i}", "completed", 1.0, 10.0 * (i + 1), np.nan)
+        run.params = {"train.lr": v, "train.seed": 0}
+        runs.append(run)
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, ["train.lr", "train.seed"], tmp_path, True))
+    fig = figs["bifurcation.png"]
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    assert list(ax.get_xticks()) != values
+    boxes = sorted((t.get_window_extent() for t in ax.get_xticklabels() if t.get_text() and t.get_visible()),
+                   key=lambda b: b.x0)
+    shown = [b for b in boxes if ax.get_window_extent().x0 - 1 <= b.x0 and b.x1 <= ax.get_window_extent().x1 + 30]
+    assert len(shown) >= 2 and all(a.x1 <= b.x0 for a, b in zip(shown, shown[1:], strict=False))
+
+
 def test_captions_name_the_slash_window_and_the_unfinished_run(built):
     _, page, ids = built
     text = html.unescape(page.read_text())

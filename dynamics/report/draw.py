@@ -333,6 +333,27 @@ def _tallest_column(rows: list[int], ncol: int) -> int:
     return max(sum(rows[s:s + n]) for s, n in zip(starts, sizes, strict=True))
 
 
+def _ticks_at(ax, values: list[float]) -> None:
+    """The x axis ticked at ``values``, written as the runs table writes them, where the labels fit
+    side by side; where they would run into each other (lr 1e-4, 2e-4, 5e-4, ...: "0.00050.001"),
+    matplotlib's own ticks stay, which never do."""
+    from matplotlib.ticker import NullLocator
+
+    axis = ax.xaxis
+    kept = axis.get_major_locator(), axis.get_major_formatter(), axis.get_minor_locator()
+    ax.set_xticks(values, [_fmt(v) for v in values])
+    axis.set_minor_locator(NullLocator())
+    ax.get_xlim()  # the limits settled (autoscaling is lazy) before positions are read from them
+    renderer = ax.figure.canvas.get_renderer()
+    centres = [ax.transData.transform((v, 0))[0] for v in values]
+    widths = [t.get_window_extent(renderer).width for t in ax.get_xticklabels()]
+    pairs = zip(centres, widths, centres[1:], widths[1:], strict=False)  # each label and the next
+    if any(c0 + w0 / 2 + 3 > c1 - w1 / 2 for c0, w0, c1, w1 in pairs):
+        axis.set_major_locator(kept[0])
+        axis.set_major_formatter(kept[1])
+        axis.set_minor_locator(kept[2])
+
+
 def _legend(ax, groups: _Groups) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if not handles:

@@ -25,6 +25,7 @@ from dynamics.report.draw import (
     _step_axis,
     _step_axis_sentence,
     _symlog_steps,
+    _ticks_at,
     _token_unseen_sentence,
     _voita_sentence,
 )
@@ -326,8 +327,7 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
             if cats is None and 0 < len(values) <= 12:
                 # ticks at the values swept, as written: matplotlib's put 1.5 heads per layer, 2^-1 for 0.5,
                 # and left lr 3e-3 between 10^-3 and 10^-2 unlabelled
-                ax.set_xticks(values, [_fmt(v) for v in values])
-                ax.minorticks_off()
+                _ticks_at(ax, values)
             ax.set_xlabel(f"{_short(axis)} ({'learning rate' if axis == 'train.lr' else 'multiplier' if axis == 'model.init_scale' else 'heads per layer' if axis == 'model.n_heads' else 'swept value'})")
             ax.set_ylabel(ylabel)
             ax.set_ylim(-0.03 * top, top * 1.38)
