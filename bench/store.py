@@ -258,11 +258,11 @@ def bench_index(sizes: list[int], tmp: Path) -> None:
     import statistics
 
     import xarray as xr
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.group import GroupMetadata
+    from zarr.buffer import default_buffer_prototype
 
     from dynamics.config import RunConfig
     from dynamics.store._loc import _Loc
+    from dynamics.store._zarr_private import GroupMetadata
     from dynamics.store.index import _index_entries
 
     path = tmp / "index.zarr"
