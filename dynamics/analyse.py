@@ -543,7 +543,9 @@ def seed_consistency(path: str, run_ids: list[str] | None = None,
         group = "config " + hashlib.sha1(seed_group(stored).encode()).hexdigest()[:8]
         if axes and run_id in index.get("runs", {}):
             values = index["runs"][run_id]
-            labels[group] = json.dumps({a: values.get(a) for a in axes}, sort_keys=True)
+            # keys in the sweep's axis order, as the table's columns: sort_keys had put lr before init_scale
+            labels[group] = "{" + ", ".join(f"{json.dumps(a)}: {json.dumps(values.get(a), sort_keys=True)}"
+                                            for a in axes) + "}"
         flat.setdefault(group, read_settings(stored))
         groups.append(group)
         profiles.append(analysis["role_score"].isel(snapshot=-1).load())

@@ -94,3 +94,13 @@ def test_a_run_the_sweep_index_does_not_list_joins_its_group(copy):
                                    "runs": {ids[0]: {"model.init_scale": 1.0, "train.seed": 0}}})
     [(label, _, _, n, _)] = seed_consistency(path)
     assert label == json.dumps({"model.init_scale": 1.0}) and n == 2
+
+
+def test_a_label_lists_the_swept_values_in_the_sweeps_axis_order(copy):
+    # as the analyse table's columns: json's sort_keys had put model.init_scale before train.lr
+    path, ids = copy
+    entry = {"train.lr": 0.001, "model.init_scale": 1.0, "train.seed": 0}
+    store.write_sweep_index(path, {"axes": ["train.lr", "model.init_scale", "train.seed"],
+                                   "runs": {ids[0]: entry, ids[1]: {**entry, "train.seed": 1}}})
+    [(label, _, _, n, _)] = seed_consistency(path)
+    assert label == '{"train.lr": 0.001, "model.init_scale": 1.0}' and n == 2
