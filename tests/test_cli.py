@@ -404,7 +404,7 @@ def test_a_sweep_on_an_existing_cluster_leaves_devices_to_its_workers(tiny):
 def test_check_scheduler_takes_a_host_port_address():
     from distributed import LocalCluster
 
-    from dynamics.sweep.launcher import check_scheduler
+    from dynamics.sweep.scheduler import check_scheduler
 
     with LocalCluster(n_workers=0, processes=False, dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
         check_scheduler(cluster.scheduler_address.removeprefix("tcp://"))  # as Dask's Client accepts

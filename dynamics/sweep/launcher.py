@@ -17,7 +17,7 @@ from collections import Counter
 
 from dynamics import provenance, store
 from dynamics.budget import DoesNotFit, check_fits, workers_that_fit
-from dynamics.config import ConfigError, RunConfig
+from dynamics.config import RunConfig
 from dynamics.identity import experiment_identity, identity_difference
 from dynamics.limits import usable_cores
 from dynamics.schema import config_value
@@ -26,6 +26,7 @@ from dynamics.sweep import cancel
 from dynamics.sweep.grid import Point, _plain, expand_grid
 from dynamics.sweep.lock import acquire_lock
 from dynamics.sweep.progress import _Display, _display
+from dynamics.sweep.scheduler import check_scheduler
 from dynamics.sweep.summary import FINISHED, SweepSummary
 from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _stop_name
 from dynamics.sweep.twins import refuse_sweep_twins, unindex_refused, unresumed_note
@@ -103,99 +104,6 @@ def _sigint_blocked_here():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
-def check_scheduler(scheduler: str, timeout: float = 10.0) -> None:
-    """Connect to an existing cluster once and hang up, so that a wrong ``--scheduler`` is one
-    clear error before the store is touched, not a traceback from inside the sweep.
-
-    Raises
-    ------
-    ConfigError
-        Neither a ``tcp://`` style address nor an existing scheduler file, nothing answers within
-        `timeout` seconds, or what answers is no Dask scheduler.
-    """
-    # As _client: an existing file is a scheduler file, anything else an address (host:port too)
-    as_file = "://" not in scheduler and os.path.isfile(scheduler)
-    if not as_file and ":" not in scheduler:
-        raise ConfigError(f"--scheduler {scheduler}: neither an address (tcp://host:port) nor a scheduler file")
-    address = _scheduler_file_address(scheduler) if as_file else scheduler
-    try:
-        info = _identity(address, timeout)
-    except TimeoutError:
-        raise ConfigError(f"--scheduler {scheduler}: no Dask scheduler answered there within {timeout:g} s") from None
-    except MemoryError:
-        # bytes that are no Dask message (an SSH banner read as a frame length: "Unable to allocate
-        # 2.82 EiB"): something answered, and it is not Dask (a ValueError is a malformed address)
-        raise ConfigError(f"--scheduler {scheduler}: something answers there, not a Dask scheduler "
-                          f"(its reply is no Dask message)") from None
-    # Any failure to connect is the same bad input: Dask also raises TypeError (tls:// without TLS
-    # settings, ucx:// without ucx) and AssertionError (an address without a host) from deep inside.
-    except Exception as e:  # noqa: BLE001
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler there ({reason})") from None
-    kind = info.get("type") if isinstance(info, dict) else None
-    if kind != "Scheduler":  # a worker's address: the sweep's Client would have waited on it for ever
-        raise ConfigError(f"--scheduler {scheduler}: {f'a Dask {kind}' if kind else 'something'} answers there, "
-                          f"not a scheduler")
-
-
-def _identity(address: str, timeout: float) -> dict:
-    """What answers at a Dask address says it is, within `timeout` seconds in all (TimeoutError).
-
-    Asked directly, not through a Client: a Client's own timeout covers connecting, not Dask's
-    handshake after it, so an address that accepts the connection and says nothing (a cluster's
-    dashboard port) kept `dynamics sweep` waiting, silent, for ever."""
-    import asyncio
-    from concurrent.futures import ThreadPoolExecutor
-
-    from distributed import rpc
-    from distributed.security import Security
-
-    try:  # Dask's security loader, if one is configured, as the sweep's Client calls it
-        from distributed.client import _maybe_call_security_loader as loader
-    except ImportError:  # pragma: no cover - private in distributed; TLS from Dask's config still applies
-        loader = None
-    # TLS settings as the Client reads them (Dask's config): without them a tls:// cluster the
-    # sweep reaches was refused
-    security = (loader(address) if loader else None) or Security()
-
-    async def ask() -> dict:
-        remote = rpc(address, timeout=timeout, connection_args=security.get_connection_args("client"))
-        try:
-            return await remote.identity()
-        finally:
-            await remote.close_rpc()
-
-    def once() -> dict:
-        return asyncio.run(asyncio.wait_for(ask(), timeout))
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # none here: the usual case, a command
-        return once()
-    # called from a running loop (run_sweep in a notebook): asyncio.run refuses one inside another
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(once).result()
-
-
-def _scheduler_file_address(file: str) -> str:
-    """The scheduler address a scheduler file (the JSON that ``dask scheduler --scheduler-file``
-    writes) holds: Dask itself fails on a damaged one with a bare AssertionError or KeyError."""
-    import json
-
-    try:
-        with open(file, encoding="utf-8") as f:
-            info = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(f"--scheduler {file}: not a readable scheduler file ({e})") from None
-    address = info.get("address") if isinstance(info, dict) else None
-    if address is not None and not isinstance(address, str):  # "there is none" misled about one that is there
-        raise ConfigError(f"--scheduler {file}: not a scheduler file (its \"address\" is {json.dumps(address)}, "
-                          f"not a string)")
-    if not address:
-        raise ConfigError(f"--scheduler {file}: not a scheduler file (no \"address\" in its JSON)")
-    return address
 
 
 def default_workers() -> int:
