@@ -85,7 +85,8 @@ def test_chg_labels_are_the_stored_majority_roles_not_the_mean_gates(tmp_path, m
 
     figs = _capture_figures(monkeypatch, chg)
     page = write_report(path, tmp_path / "out", compute_missing=False)  # the CHG figure needs no analysis
-    share = {line.get_label(): line.get_ydata().tolist() for line in figs["chg.png"].axes[2].get_lines()}
+    bars = figs["chg.png"].axes[2]  # one fit: a bar per label
+    share = {t.get_text(): [p.get_height()] for t, p in zip(bars.get_xticklabels(), bars.patches, strict=True)}
     expected = (gates["role"].values.ravel()[None, :] == np.arange(4)[:, None]).mean(1)
     assert [share[name][0] for name in CHG_LABELS[:3]] == expected[:3].tolist()
     assert share["facilitating"][0] >= 0.25  # head L0H0 counted as facilitating
@@ -347,7 +348,11 @@ def test_over_training_is_the_run_fitted_most_often_and_the_caption_says_whose_f
     fig = figs.pop("chg.png")
     assert fig.axes[1].get_title() == "run ra: each head at its fit, step 8"  # one fit: no course over training
     assert f"{both}." in sec.figures[0][1] and "which the other per-run figures show" not in sec.figures[0][1]
-    # one fit, at step 8: its colour scale and the shares' axis name that step alone, not 7.2 to 8.8
+    # one fit, at step 8: its colour scale names that step alone, not 7.2 to 8.8
     colourbar = fig.axes[-1]
     assert [t.get_text() for t in colourbar.get_yticklabels()] == ["8"]
-    assert [t.get_text() for t in fig.axes[2].get_xticklabels()] == ["8"]
+    # and its shares are a bar per label, not points at one x where equal shares hid one another
+    shares = fig.axes[2]
+    assert [t.get_text() for t in shares.get_xticklabels()][:3] == list(CHG_LABELS[:3])
+    assert shares.get_xlabel() == "CHG label (the one fit, step 8)" and not shares.get_lines()
+    assert np.isclose(sum(p.get_height() for p in shares.patches), 1.0)

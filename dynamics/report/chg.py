@@ -258,20 +258,28 @@ def _chg_section(ctx: _Ctx) -> _Section:
         # one fit (a lone `dynamics gates`): matplotlib widens a one-value scale to +-10% around
         # it, which read as fits from step 54 to 66 for one at 60
         bar.set_ticks([float(steps[0])], labels=[f"{float(steps[0]):g}"])
-        ax3.set_xticks([float(steps[0])], [f"{float(steps[0]):g}"])
     so_far = "" if by_id[rid].status in FINISHED_STATUSES else " so far"  # still training, or stopped
     one_fit = np.unique(steps).size == 1  # a lone `dynamics gates` fit: one point per head, no course
     ax2.set_title(f"run {rid}: each head at its fit, step {float(steps[0]):g}" if one_fit
                   else f"run {rid}: each head over training{so_far}", fontsize=9)
-    for name, colour in zip(CHG_LABELS, ("#2a9d8f", "#e9c46a", "#e76f51", "#7a5195", "#999999"), strict=True):
-        share = (labels == name).mean(1)
-        if share.any() or name in CHG_LABELS[:3]:
+    taxonomy = [(name, colour, (labels == name).mean(1))
+             for name, colour in zip(CHG_LABELS, ("#2a9d8f", "#e9c46a", "#e76f51", "#7a5195", "#999999"), strict=True)
+             if (labels == name).any() or name in CHG_LABELS[:3]]
+    if one_fit:
+        # one fit: a bar per label, as points at one step the labels with equal shares (0 often)
+        # hid one another
+        ax3.bar(range(len(taxonomy)), [float(share[0]) for _, _, share in taxonomy],
+                color=[c for _, c, _ in taxonomy], tick_label=[name for name, _, _ in taxonomy])
+        ax3.tick_params(axis="x", labelsize=7)
+        ax3.set_xlabel(f"CHG label (the one fit, step {float(steps[0]):g})")
+    else:
+        for name, colour, share in taxonomy:
             ax3.plot(steps, share, marker="o", ms=3, color=colour, label=name)
+        ax3.set_xlabel("training step (steps)")
+        ax3.legend(fontsize=7, frameon=False)
     ax3.set_ylim(-0.02, 1.02)
-    ax3.set_xlabel("training step (steps)")
     ax3.set_ylabel("heads with this CHG label (fraction)")
     ax3.set_title(f"run {rid}: taxonomy shares ({'stored labels' if stored else 'from mean gates'})", fontsize=9)
-    ax3.legend(fontsize=7, frameon=False)
     ax3.grid(alpha=0.3)
     by_source: dict[str, list[str]] = {}
     for k, (_, _, s) in found.items():
