@@ -104,7 +104,7 @@ def test_predictor_chance_line_is_what_a_constant_guess_scores_and_undefined_fol
     assert "over 3 cross-validation folds" not in text
     assert "Stale" not in text
     assert ("AUROC is undefined on 2 of 3 cross-validation folds holding out whole seeds (seed=0; seed=1), whose "
-            "test targets are one class: points are means over the other 1, no band from one fold") in text
+            "test targets are one class: points are means over the other 1, no bar from one fold") in text
     # a damaged run was called "not completed", and runs without a label for the target were not named
     assert ("Left out: 1 run(s) not completed, so without a final role (rdiv (diverged)). Left out: 1 run(s) that "
             "could not be read (rbad (damaged)). Left out: 1 run(s) completed with no head labelled for this target "
@@ -161,9 +161,9 @@ def test_predictor_band_is_the_capped_one_predict_saved_and_the_caption_gives_it
     path, figs, sec = _drawn(curve, tmp_path, monkeypatch)
     ax = figs["predict_slash.png"].axes[0]
     tops = [float(p.vertices[:, 1].max()) for c in ax.collections for p in c.get_paths()]
-    assert len(tops) == 6 and max(tops) == 1.0  # linear's band reaches 1, capped; none passes it
+    assert len(ax.collections) == 6 and max(tops) == 1.0  # linear's band reaches 1, capped; none passes it
     caption = dict(sec.figures)["predict_slash.png"]
-    assert "band: +-1 s.d. (capped to the metric's range) over 2 cross-validation folds" in caption
+    assert "bars: +-1 s.d. (capped to the metric's range) over 2 cross-validation folds" in caption
     assert answer.line.startswith("how early: ") and f" How early: {answer.line[len('how early: '):]}." in caption
     assert "Null check" not in caption
     # a curve saved with `dynamics predict --null N` says how often the criterion fired on permuted roles
@@ -248,7 +248,7 @@ def test_a_curve_of_one_horizon_shows_each_models_band_as_an_error_bar(tmp_path,
     low = np.linspace(0.1, 0.6, curve.sizes["model"])[None, :]
     curve["score_low"], curve["score_high"] = (("horizon", "model"), low), (("horizon", "model"), low + 0.2)
     path, figs, sec = _drawn(curve, tmp_path, monkeypatch)
-    assert "(one horizon measured: the models side by side, each band a bar)" in dict(sec.figures)["predict_slash.png"]
+    assert "(one horizon measured: the models side by side)" in dict(sec.figures)["predict_slash.png"]
     ax = figs["predict_slash.png"].axes[0]
     bars = [c for c in ax.collections if isinstance(c, LineCollection)]
     spans = sorted((round(float(s[:, 1].min()), 6), round(float(s[:, 1].max()), 6)) for c in bars for s in c.get_segments())
@@ -259,13 +259,36 @@ def test_a_curve_of_one_horizon_shows_each_models_band_as_an_error_bar(tmp_path,
     assert "the one horizon measured" in ax.get_xlabel()
 
 
-def test_lone_band_points_are_those_without_a_banded_neighbour():
-    from dynamics.report.predictor import _lone
+def test_over_several_horizons_each_models_band_is_a_bar_beside_the_others_at_each_horizon(tmp_path, monkeypatch):
+    # Six shaded bands at alpha 0.12, one over another, had blurred into one grey, in which no
+    # model's spread could be told from another's.
+    from matplotlib.collections import LineCollection, PolyCollection
 
-    nan = np.nan
-    low = np.array([0.1, nan, 0.2, 0.3, nan, 0.4])
-    assert _lone((low, low + 0.1)).tolist() == [True, False, False, False, False, True]
-    assert _lone((np.array([0.5]), np.array([0.7]))).tolist() == [True]
+    curve = _predict_curve()
+    H, M = curve.sizes["horizon"], curve.sizes["model"]
+    low = np.linspace(0.1, 0.6, H * M).reshape(H, M)
+    curve["score_low"], curve["score_high"] = (("horizon", "model"), low), (("horizon", "model"), low + 0.2)
+    _, figs, sec = _drawn(curve, tmp_path, monkeypatch)
+    ax = figs["predict_slash.png"].axes[0]
+    assert not [c for c in ax.collections if isinstance(c, PolyCollection)]  # no shaded band
+    bars = [c for c in ax.collections if isinstance(c, LineCollection)]
+    assert len(bars) == M
+    horizons = curve["horizon"].values.astype(float)
+    for m, (bar, line) in enumerate(zip(bars, [ln for ln in ax.get_lines() if ln.get_label() != "_nolegend_"],
+                                        strict=False)):
+        segments = bar.get_segments()
+        xs = np.array([s[0, 0] for s in segments])
+        # each model's bar spans its saved band, at its own point's x
+        np.testing.assert_allclose([s[:, 1].min() for s in segments], low[:, m])
+        np.testing.assert_allclose([s[:, 1].max() for s in segments], low[:, m] + 0.2)
+        np.testing.assert_allclose(xs, line.get_xdata())
+    xs = np.array([[s[0, 0] for s in bar.get_segments()] for bar in bars])  # (model, horizon)
+    assert (np.diff(xs, axis=0) > 0).all()  # in the legend's order, left to right, at every horizon
+    gap = np.diff(horizons).min()
+    assert (np.abs(xs - horizons[None, :]) < gap / 2).all()  # each point nearer its own horizon than the next
+    assert [float(t) for t in ax.get_xticks()] == horizons.tolist()  # ticked at the horizons measured
+    assert "(at each horizon the models' points a little apart, in the legend's order)" in dict(sec.figures)[
+        "predict_slash.png"]
 
 
 def test_the_missing_curve_names_target_role_where_no_head_ends_slash_dominant(tmp_path):
@@ -303,7 +326,7 @@ def test_the_caption_says_which_test_passes_or_fails():
     said = _how_early(curve)
     assert said.startswith(" How early: not readable") and said.endswith(
         " The test: a one-sided paired t-test at 0.05 on each fold's gain over the best baseline there, with Nadeau "
-        "and Bengio's correction for the training runs the folds share; the bands drawn are each model's own spread, "
+        "and Bengio's correction for the training runs the folds share; the bars drawn are each model's own spread, "
         "not what it compares.")
     curve.attrs["readable_alpha"] = 0.01  # the level saved with the curve, not a constant of the report's
     assert " The test: a one-sided paired t-test at 0.01 on each fold's gain" in _how_early(curve)

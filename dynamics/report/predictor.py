@@ -10,7 +10,7 @@ import xarray as xr
 from dynamics import store
 from dynamics.analysis.pipeline import ANALYSIS_VERSION
 from dynamics.report.data import _Ctx, _float_or_none, _open_derived, _Section, _why, is_damage
-from dynamics.report.draw import _figure, _quiet, _save
+from dynamics.report.draw import _figure, _quiet, _save, _ticks_at
 
 # --------------------------------------------------------------------------- predictor
 
@@ -85,29 +85,26 @@ def _predict_section(ctx: _Ctx) -> _Section:
         ax = fig.subplots()
         drawn: list[tuple[str, np.ndarray, np.ndarray]] = []
         # `dynamics predict` measures one horizon by default: there the models stand side by
-        # side, each with its band as a bar, which at one x would all stand on one another
+        # side. Over several, each model's points are set a little apart at every horizon, its
+        # +-1 sd a bar: six shaded bands over one another had blurred into one grey.
         one = ds.sizes["horizon"] == 1
+        dodge = _dodge(lines[0][1], len(lines)) if not one else 0.0
         for k, (label, x, mean, band, baseline) in enumerate(lines):
             # The layer prior often scores what the chance model does at every horizon: its line
             # covered chance's, whose legend entry then pointed at nothing to be seen.
             twin = next((name for name, x0, m0 in drawn
                          if np.array_equal(x0, x) and np.array_equal(m0, mean, equal_nan=True)), None)
             drawn.append((label, np.asarray(x), np.asarray(mean)))
-            if one:
-                x = np.array([float(k)])
+            x = np.array([float(k)]) if one else np.asarray(x, dtype=float) + (k - (len(lines) - 1) / 2) * dodge
             notes = ["baseline"] * baseline + [f"the same scores as {twin} at every horizon"] * (twin is not None)
             # a hollow square around the marker it lies on, so both stay visible
             (line,) = ax.plot(x, mean, marker="s" if twin else "o", ms=6 if twin else 3.5, mfc="none" if twin else None,
                               ls="--" if baseline else "-", lw=1.1 if baseline else 1.8,
                               label=label + (f" ({'; '.join(notes)})" if notes else ""))
             if band is not None:
-                ax.fill_between(x, *band, color=line.get_color(), alpha=0.12, lw=0)
-                # a band point with no banded neighbour (predict's default, one horizon) is a
-                # fill of zero width, which draws nothing: it gets a bar of the band's colour instead
-                lone = _lone(band)
-                if lone.any():
-                    low, high = (np.asarray(b, dtype=float)[lone] for b in band)
-                    ax.vlines(np.asarray(x)[lone], low, high, colors=line.get_color(), lw=4, alpha=0.25)
+                low, high = (np.asarray(b, dtype=float) for b in band)
+                ok = np.isfinite(low) & np.isfinite(high)
+                ax.vlines(x[ok], low[ok], high[ok], colors=line.get_color(), lw=4 if one else 2.5, alpha=0.3)
         metric_key = str(ds.attrs.get("metric", ""))
         chance, chance_text = _chance_level(ds, metric_key, fold)
         if chance is not None:
@@ -116,6 +113,8 @@ def _predict_section(ctx: _Ctx) -> _Section:
         horizon_unit = str(ds.attrs.get("horizon_unit") or ds["horizon"].attrs.get("units") or "step")
         ax.set_xlabel("horizon: fraction of each run's training seen by the features (fraction)"
                       if horizon_unit == "fraction" else f"horizon: training seen by the features ({horizon_unit}s)")
+        if not one:
+            _ticks_at(ax, [float(h) for h in ds["horizon"].values])  # the horizons measured, not 0.1 apart
         if one:
             ax.set_xticks([(len(lines) - 1) / 2], [f"{float(ds['horizon'][0]):g}"])
             ax.set_xlim(-0.7, len(lines) - 0.3)
@@ -145,10 +144,12 @@ def _predict_section(ctx: _Ctx) -> _Section:
                         "run shares its seed (initial weights, data order) with a training run, so scores may "
                         "overstate prediction.")
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", target)
+        side = ("one horizon measured: the models side by side" if one
+                else "at each horizon the models' points a little apart, in the legend's order")
         sec.figures.append((_save(fig, out, f"predict_{safe}.png"),
                             f"Predicting, for every head, the target {target!r} ({description}; derived/{name}) from "
                             f"features of the training seen up to each horizon: {metric} against horizon, one line per model"
-                            f"{' (one horizon measured: the models side by side, each band a bar)' if one else ''}; dashed: "
+                            f" ({side}); dashed: "
                             f"baselines (chance: a constant, the training folds' majority class or prior; layer prior; "
                             f"initialisation-only features); {chance_text}{spread}.{ceiling}{_how_early(ds)}{caveats}"
                             f"{stale}"))
@@ -168,19 +169,21 @@ def _no_slash_heads(runs) -> str:
     return "; no completed run has a slash-dominant head, so the default target, slash, is constant there"
 
 
-def _lone(band: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Where a band is defined but neither neighbour's is, so ``fill_between`` draws nothing there.
+def _dodge(horizons: np.ndarray, n: int) -> float:
+    """How far apart (in horizon units) `n` models' points stand at each horizon: a small share
+    of the axis, and never so much that one horizon's points reach the next one's.
 
     Example
     -------
-    >>> nan = float("nan")
-    >>> _lone((np.array([0.1, nan, 0.2, 0.3]), np.array([0.5, nan, 0.6, 0.7]))).tolist()
-    [True, False, False, False]
+    >>> round(_dodge(np.array([0.0, 0.05, 0.1, 0.2, 0.5]), 6), 6)
+    0.004
+    >>> round(_dodge(np.array([0.0, 0.01, 0.5]), 6), 6)
+    0.001429
     """
-    ok = np.isfinite(np.asarray(band[0], dtype=float)) & np.isfinite(np.asarray(band[1], dtype=float))
-    left = np.concatenate([[False], ok[:-1]])
-    right = np.concatenate([ok[1:], [False]])
-    return ok & ~left & ~right
+    h = np.asarray(horizons, dtype=float)
+    span = float(h.max() - h.min()) if h.size else 0.0
+    gap = float(np.diff(np.sort(h)).min()) if h.size > 1 else span
+    return min(span * 0.008, gap / (n + 1)) if span > 0 else 0.0
 
 
 def _first_few(ids: list[str]) -> str:
@@ -238,7 +241,7 @@ def _how_early(ds: xr.Dataset) -> str:
     # the level the curve was judged at, as saved with it (0.05 for curves saved before it was)
     alpha = float(ds.attrs.get("readable_alpha", 0.05))
     test = (f" The test: a one-sided paired t-test at {alpha:g} on each fold's gain over the best baseline there, with "
-            "Nadeau and Bengio's correction for the training runs the folds share; the bands drawn are each model's "
+            "Nadeau and Bengio's correction for the training runs the folds share; the bars drawn are each model's "
             "own spread, not what it compares.") if text and "gain_t" in ds else ""
     n, k = ds.attrs.get("null_permutations"), ds.attrs.get("null_readable")
     if text and n and k is not None:  # saved by `dynamics predict --null N`
@@ -335,7 +338,7 @@ def _chance_level(ds: xr.Dataset, metric: str, fold: str | None) -> tuple[float 
 
 
 def _spread_text(ds: xr.Dataset, fold: str | None, metric: str) -> str:
-    """Caption phrase for the band: over how many folds, and which folds the metric is undefined on."""
+    """Caption phrase for the bars: over how many folds, and which folds the metric is undefined on."""
     if not fold:
         return "no fold dimension, so no spread"
     n = ds.sizes[fold]
@@ -347,9 +350,9 @@ def _spread_text(ds: xr.Dataset, fold: str | None, metric: str) -> str:
     # drawn from the curve's capped bands where it has them (_predict_lines): a band past 1 was cut at 1
     capped = " (capped to the metric's range)" if "score_low" in ds else ""
     if not undefined:
-        return f"band: +-1 s.d.{capped} over {n} cross-validation folds{held}"
+        return f"bars: +-1 s.d.{capped} over {n} cross-validation folds{held}"
     left = n - len(undefined)
-    band = "no band from one fold" if left == 1 else f"band: +-1 s.d.{capped} over those {left}"
+    band = "no bar from one fold" if left == 1 else f"bars: +-1 s.d.{capped} over those {left}"
     return (f"{metric} is undefined on {len(undefined)} of {n} cross-validation folds{held}"
             f"{_undefined_folds(ds, fold, metric, undefined)}: points are means over the other {left}, {band}")
 
