@@ -501,7 +501,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="dynamics", description=__doc__.splitlines()[0])
+    # python -OO strips docstrings: every command had ended in an AttributeError traceback
+    parser = OneLineParser(prog="dynamics", description=(__doc__ or "Command line: dynamics <command>").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="train one run (the base point of a config) into a store")

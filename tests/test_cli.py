@@ -279,6 +279,25 @@ def test_bad_input_through_python_dash_m_is_one_line_exit_2_and_creates_nothing(
     assert sorted(p.name for p in d.iterdir()) == before
 
 
+def test_the_commands_work_under_python_dash_OO(tiny, tmp_path):
+    # -OO strips docstrings and asserts. The parser's description was the module docstring (None:
+    # an AttributeError traceback from every command), and zarr's GroupMetadata.from_dict drops
+    # node_type inside an assert (every group "unexpected keyword argument 'node_type'": no run).
+    d, cfg, _ = tiny
+
+    def optimised(*args):
+        return subprocess.run([sys.executable, "-OO", "-m", "dynamics", *map(str, args)], capture_output=True,
+                              text=True, cwd=ROOT)
+
+    one_line_exit_2(optimised("status", tmp_path / "none.zarr"), "no store at")
+    out = tmp_path / "oo.zarr"
+    r = optimised("run", cfg, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert store.run_attrs(out, store.list_runs(out)[0])["status"] == "completed"
+    r = optimised("analyse", out)
+    assert r.returncode == 0 and "analysed 1 run" in r.stderr + r.stdout, r.stderr
+
+
 def test_demo_refuses_a_point_that_cannot_fit_in_memory(tiny, capsys):
     from dynamics import cli
 

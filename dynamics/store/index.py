@@ -39,8 +39,20 @@ def _checked_entry(loc: _Loc, gpath: str) -> dict | None:
     """
     entry = _node_entry(loc, gpath)
     if entry is not None:
-        GroupMetadata.from_dict(copy.deepcopy(entry))
+        _parse_group(entry)
     return entry
+
+
+def _parse_group(meta: dict) -> None:
+    """Parse `meta` as zarr group metadata, raising where zarr could not read it.
+
+    ``node_type`` is checked here: zarr's ``from_dict`` drops it inside an ``assert``, which
+    ``python -O`` strips, and then failed on every group ("unexpected keyword argument
+    'node_type'"), so no run could be written under -O."""
+    meta = copy.deepcopy(meta)
+    if meta.pop("node_type", None) not in ("group", None):
+        raise ValueError("group metadata whose node_type is not 'group'")
+    GroupMetadata.from_dict(meta)
 
 
 def _empty_cm() -> dict:
@@ -61,7 +73,7 @@ def _write_root(loc: _Loc, root: dict) -> None:
     """
     cm = root.get("consolidated_metadata")
     skeleton = {**root, "consolidated_metadata": {**cm, "metadata": {}}} if isinstance(cm, dict) else root
-    GroupMetadata.from_dict(copy.deepcopy(skeleton))
+    _parse_group(skeleton)
     loc.set("zarr.json", json.dumps(root, allow_nan=True).encode())
 
 
