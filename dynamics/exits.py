@@ -12,6 +12,7 @@ Anything else is a bug, and its traceback is shown.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import sys
@@ -136,11 +137,42 @@ def _quiet_pending_tasks() -> None:
 
 
 def _names_as_given() -> None:
-    """Let stdout write a path whose bytes are not UTF-8 back as those bytes.
+    """Let stdout write whatever a command prints, on any terminal.
 
-    Python carries such bytes of argv as lone surrogates, which a stdout with strict errors (a
-    UTF-8 locale other than C.UTF-8, or ``PYTHONIOENCODING``) refused: `run` trained, then died
-    printing where it had written. stderr already escapes them (backslashreplace)."""
+    A path given in bytes that are not UTF-8 is written back as those bytes: Python carries them
+    as lone surrogates, which a stdout with strict errors (a UTF-8 locale other than C.UTF-8, or
+    ``PYTHONIOENCODING``) refused, so `run` trained, then died printing where it had written. A
+    character the terminal's encoding lacks is spelled in ASCII (``±`` as ``+-``): an ASCII or
+    Latin-1 stdout had ended `predict` in a UnicodeEncodeError traceback at its table. stderr
+    already escapes both (backslashreplace)."""
     stream = sys.stdout
     if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
-        stream.reconfigure(errors="surrogateescape")
+        stream.reconfigure(errors=_OUT_ERRORS)
+
+
+_OUT_ERRORS = "dynamics-stdout"
+_ASCII = {"±": "+-", "∓": "-+", "·": "-", "²": "^2", "≥": ">=", "≤": "<=", "×": "x", "—": "--", "–": "-"}
+
+
+def _spell_out(e: UnicodeError) -> tuple[bytes, int]:
+    r"""Encode error handler: a lone surrogate (an undecodable byte of argv) as its byte, a
+    character of `_ASCII` as its spelling, any other as Python's backslash escape.
+
+    Example
+    -------
+    >>> ("0.409 ± 0.257 s" + "\udcff" + "\u2192").encode("ascii", _OUT_ERRORS)
+    b'0.409 +- 0.257 s\xff\\u2192'
+    """
+    if not isinstance(e, UnicodeEncodeError):
+        raise e
+    out = b""
+    for ch in e.object[e.start:e.end]:
+        if 0xDC80 <= ord(ch) <= 0xDCFF:
+            out += bytes([ord(ch) - 0xDC00])
+        else:
+            spelt = _ASCII.get(ch) or ch.encode("ascii", "backslashreplace").decode("ascii")
+            out += spelt.encode(e.encoding, "backslashreplace")
+    return out, e.end
+
+
+codecs.register_error(_OUT_ERRORS, _spell_out)
