@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import numpy as np  # noqa: E402
 
-from bench._common import Parser, at_least, bad_input, load_line, peak_rss_bytes, positive  # noqa: E402
+from bench._common import Parser, at_least, bad_input, cpus, load_line, peak_rss_bytes, positive  # noqa: E402
 
 KINDS = ("prev", "sink", "self", "content")
 SYNTHETIC_D_MODEL = 64  # build_store's default: each head's W_Q/W_K/W_V/W_O slices are d_model x d_head
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             return bad_input(f"--layers {args.layers} --heads {args.heads} --probes {args.probes} --context "
                              f"{args.context}: the synthetic stores' config: {e}")
 
-    print(f"{os.cpu_count()} CPUs, {load_line()}")
+    print(f"{cpus()}, {load_line()}")
     failed = 0  # synthetic stores whose analysis failed (the --cap-mb run's verdict is a figure, not this)
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_time:

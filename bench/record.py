@@ -20,10 +20,11 @@ Printed, all as ratios measured in this one process:
    statistics (per-head grads, norms, cosines, gates, weights), the copy of the checkpoint
    state (clones, on the training thread), and on the background thread the zarr writes of
    the snapshot arrays and of the loss, and the checkpoint's torch.save and atomic write
-   (fsync + attrs).
-   Its overhead columns are that multiple x snapshots / steps at each cadence: what the
-   piece adds if nothing overlaps (the training-thread pieces always add; the background
-   ones only when no core is free for them).
+   (fsync + attrs); with ``record.chg_every`` set, the causal-head-gating fit too, which runs
+   at every chg_every-th snapshot and the last, not at each.
+   Its overhead columns are that multiple x the snapshots it runs at / steps at each cadence:
+   what the piece adds if nothing overlaps (the training-thread pieces always add; the
+   background ones only when no core is free for them).
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dynamics.train as train_mod  # noqa: E402
-from bench._common import Parser, at_least, bad_input, check_step_config, load_line  # noqa: E402
+from bench._common import Parser, at_least, bad_input, check_step_config, cpus, load_line  # noqa: E402
 from dynamics import checkpoint, store  # noqa: E402
 from dynamics.config import ConfigError, RunConfig, load_config, replace_section  # noqa: E402
-from dynamics.record import Recorder, coords, snapshot_steps, variables  # noqa: E402
+from dynamics.record import Recorder, chg_fitted, coords, snapshot_steps, variables  # noqa: E402
 from dynamics.tasks import make_batch  # noqa: E402
 from dynamics.usage import UsageError, check_device  # noqa: E402
 
@@ -157,6 +158,8 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
         "checkpoint pickle, file + attrs": ("writer", lambda: train_mod._save_checkpoint(
             os.path.join(tmp, "parts.zarr"), "run", ckpt, writer, 1, 1, 0.0)),
     }
+    if cfg.record.chg_every:  # a fit takes seconds: the table had left it out, and called the rest "all"
+        pieces[CHG_PIECE] = ("training", lambda: recorder.chg(model, True))
     times: dict[str, list[float]] = {k: [] for k in pieces}
     step_times: list[float] = []
     def sync() -> None:  # on CUDA each piece's queued kernels landed in whichever piece synced next
@@ -176,6 +179,15 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
             times[name].append(time.perf_counter() - t0)
     writer.finalize()
     return {k: (pieces[k][0], statistics.median(v)) for k, v in times.items()}, statistics.median(step_times)
+
+
+CHG_PIECE = "CHG fit (some snapshots)"
+
+
+def after_step_0(cfg: RunConfig, piece: str) -> int:
+    """How many snapshots after step 0 (recording off takes that one too) `piece` runs at."""
+    steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
+    return int(chg_fitted(cfg, steps_at)[1:].sum()) if piece == CHG_PIECE else len(steps_at) - 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"config: {'--config ' + args.config if args.config else 'RunConfig() defaults'}; "
           f"record: dense_until {r.dense_until}, every {r.every}, n_probe {r.n_probe}, "
           f"eval {cfg.train.eval_batches} x {r.eval_batch_size} seqs/component, head_weights {r.head_weights}; "
-          f"{args.threads} torch thread(s), {os.cpu_count()} CPUs, {load_line()}")
+          f"{args.threads} torch thread(s), {cpus()}, {load_line()}")
     print(f"default cadence: {n_default} snapshots after step 0 over {cfg.train.steps} steps; "
           f"dense cadence: {n_dense} after step 0 over {dense.train.steps} steps")
 
@@ -230,21 +242,33 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   every step, {args.dense_steps} steps, {name:<16} wall {w:.3f} [{lo:.3f}, {hi:.3f}]  cpu {c:.3f}")
 
         parts, step = components(cfg, args.calls, tmp)
-        per_snap = sum(t for _, t in parts.values())
+        # each piece's seconds over a run at each cadence: its time x the snapshots it runs at
+        runs_at = {name: (after_step_0(cfg, name), after_step_0(dense, name)) for name in parts}
+        total = sum(t * runs_at[name][0] for name, (_, t) in parts.items())
         print(f"\n2. per snapshot, each piece alone (median of {args.calls} calls alternated with training steps)")
         header = f"   {'piece':<32}{'thread':>10}{'x step':>9}{'share':>8}{'default':>10}{'dense':>9}"
         print(header)
         print("   " + "-" * (len(header) - 3))
-        for name, (thread, t) in parts.items():
-            print(f"   {name:<32}{thread:>10}{t / step:>9.2f}{t / per_snap:>8.0%}"
-                  f"{t / step * n_default / cfg.train.steps:>10.2%}{t / step * n_dense / dense.train.steps:>9.1%}")
-        main_t = sum(t for th, t in parts.values() if th == "training")
-        print(f"   {'all, training thread':<32}{'':>10}{main_t / step:>9.2f}{main_t / per_snap:>8.0%}"
-              f"{main_t / step * n_default / cfg.train.steps:>10.2%}{main_t / step * n_dense / dense.train.steps:>9.1%}")
-        print(f"   {'all':<32}{'':>10}{per_snap / step:>9.2f}{1:>8.0%}"
-              f"{per_snap / step * n_default / cfg.train.steps:>10.2%}{per_snap / step * n_dense / dense.train.steps:>9.1%}")
-        print("   (x step: the piece's time in training steps; default / dense: that x snapshots per step, those beyond "
-              "step 0, which recording off takes too)")
+
+        def row(name: str, thread: str, pieces: list[str]) -> None:
+            at_default = sum(parts[k][1] * runs_at[k][0] for k in pieces)
+            at_dense = sum(parts[k][1] * runs_at[k][1] for k in pieces)
+            per_snapshot = at_default / n_default if n_default else sum(parts[k][1] for k in pieces)
+            share = f"{at_default / total:>8.0%}" if total else f"{'-':>8}"
+            print(f"   {name:<32}{thread:>10}{per_snapshot / step:>9.2f}{share}"
+                  f"{at_default / step / cfg.train.steps:>10.2%}{at_dense / step / dense.train.steps:>9.1%}")
+
+        for name, (thread, _) in parts.items():
+            row(name, thread, [name])
+        row("all, training thread", "", [k for k, (th, _) in parts.items() if th == "training"])
+        row("all", "", list(parts))
+        print("   (x step: the piece's time in training steps, per snapshot at the default cadence; share: of all the "
+              "pieces' time at the default cadence; default / dense: the piece's time at each snapshot it runs at "
+              "beyond step 0, which recording off takes too, over the run's steps)")
+        if CHG_PIECE in parts:
+            print(f"   ({CHG_PIECE}: record.chg_every {cfg.record.chg_every}, so at {runs_at[CHG_PIECE][0]} of the "
+                  f"{n_default} snapshots after step 0 at the default cadence and {runs_at[CHG_PIECE][1]} of "
+                  f"{n_dense} at the dense; one fit x step {parts[CHG_PIECE][1] / step:.1f})")
     print(f"\n{load_line()} at end")
     return 0
 

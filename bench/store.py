@@ -26,7 +26,6 @@ serialising the whole root through zarr, as the store did before (median of 5 ea
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import Parser, at_least  # noqa: E402
+from bench._common import Parser, at_least, cpus  # noqa: E402
 from dynamics import store  # noqa: E402
 from dynamics.store.writer import COMPRESSORS  # noqa: E402
 
@@ -177,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     raw_snap = sum(a.nbytes for a in snapshots[0].values())
     print(
         f"run: {args.snapshots} snapshots of L={L} H={H} P={P} T={T} (attention float16), "
-        f"{raw_snap / 1e3:.0f} kB raw per snapshot, {STEPS} loss steps; {os.cpu_count()} CPUs"
+        f"{raw_snap / 1e3:.0f} kB raw per snapshot, {STEPS} loss steps; {cpus()}"
     )
     rows = []
     bare_name = f"{store.DEFAULT_CODEC}, no crc32c"

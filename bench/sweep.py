@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not an install
 
-from bench._common import Parser, at_least, bad_input  # noqa: E402
+from bench._common import Parser, at_least, bad_input, cpus  # noqa: E402
 
 
 def grid(runs: int, steps: int):
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         return bad_input(str(e))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"{os.cpu_count()} cores, load average {load:.1f} before starting "
+    print(f"{cpus()}, load average {load:.1f} before starting "
           "(other busy processes take cores from the workers: the ratio means something on an idle machine)")
     times: dict[int, list[float]] = {n: [] for n in args.workers}
     wholes: dict[int, list[float]] = {n: [] for n in args.workers}

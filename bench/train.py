@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench._common import Parser, at_least, bad_input, check_step_config, load_line, peak_rss_bytes  # noqa: E402
+from bench._common import Parser, at_least, bad_input, check_step_config, cpus, load_line, peak_rss_bytes  # noqa: E402
 from dynamics.allocator import keep_freed_memory  # noqa: E402
 from dynamics.config import ConfigError, RunConfig, load_config, parse_override, replace_section, with_values  # noqa: E402
 from dynamics.tasks import make_batch  # noqa: E402
@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device=device).manual_seed(0)
     big = torch.randn(peak_n, peak_n, device=device, generator=gen)
 
-    where = f"cpu, {args.threads} thread(s) of {os.cpu_count()} CPUs ({cpu_name()})" if device.type == "cpu" \
+    where = f"cpu, {args.threads} thread(s) of {cpus()} ({cpu_name()})" if device.type == "cpu" \
         else torch.cuda.get_device_name(device)
     source = ("--config " + args.config if args.config else "RunConfig() defaults") + \
         "".join(f" --set {t}" for t in args.set)

@@ -1,6 +1,7 @@
 """The bench scripts (bench/): the figures README's Performance section quotes come from them."""
 
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -342,3 +343,44 @@ def test_the_analysis_bench_times_analyses_not_analyses_kept(tmp_path, monkeypat
     monkeypatch.setattr(cli, "analyse_store", spy)
     bench_analysis.time_round(load_config(tiny), str(tmp_path), 3)
     assert len(seen) == 3 and [[r.get("kept") for r in rows] for rows in seen] == [[None]] * 3
+
+
+def test_the_record_bench_times_a_chg_fit_at_the_snapshots_it_runs_at(tmp_path, capsys):
+    # With record.chg_every set, a snapshot also fits causal head gating (seconds), which the
+    # per-piece table left out while its "all" row summed the rest as what recording adds.
+    from dynamics.config import load_config
+    from dynamics.record import chg_fitted, snapshot_steps
+
+    path = tmp_path / "chg.toml"
+    path.write_text(TINY_TOML.format(steps=20, every=10) + "chg_every = 2\nchg_steps = 3\n")
+    assert bench_record.main(["--config", str(path), "--steps", "20", "--dense-steps", "4", "--skip-runs",
+                              "--calls", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = {line[3:35].strip(): line[35:].split() for line in out.splitlines() if line.startswith("   ")
+            and len(line[35:].split()) >= 4 and line[35:].split()[-1].endswith("%")}
+    assert bench_record.CHG_PIECE in rows and rows[bench_record.CHG_PIECE][0] == "training"
+    cfg = load_config(str(path))
+    fits = int(chg_fitted(cfg, snapshot_steps(20, cfg.record.dense_until, cfg.record.every))[1:].sum())
+    n = len(snapshot_steps(20, cfg.record.dense_until, cfg.record.every)) - 1
+    assert 0 < fits < n  # not at every snapshot: the table weighs the fit by the snapshots it runs at
+    assert (f"({bench_record.CHG_PIECE}: record.chg_every 2, so at {fits} of the {n} snapshots after step 0 at the "
+            f"default cadence and 2 of 4 at the dense;") in out
+    # "all" is every piece, the fit included: its default column is the rows' sum (as printed, rounded)
+    pieces = [k for k in rows if not k.startswith("all")]
+    default = {k: float(rows[k][-2].rstrip("%")) for k in rows}
+    assert abs(sum(default[k] for k in pieces) - default["all"]) <= 0.01 * len(pieces)
+    assert default[bench_record.CHG_PIECE] > 0.5 * default["all"]  # the fit is most of it
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2, reason="needs 2 CPUs and affinity")
+def test_the_benches_say_how_many_cpus_they_could_use_not_the_machines_count():
+    # Under taskset (or a cgroup's cpuset) the headers said the machine's 2 CPUs where 1 was usable
+    code = (f"import os, sys; sys.path.insert(0, {str(ROOT)!r}); os.sched_setaffinity(0, {{min(os.sched_getaffinity(0))}}); "
+            "from bench._common import cpus; print(cpus())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.stdout.strip() == f"1 usable CPUs (of the machine's {os.cpu_count()})", r.stderr
+    from bench._common import cpus
+    from dynamics.limits import usable_cores
+
+    assert cpus() == (f"{os.cpu_count()} CPUs" if usable_cores() == os.cpu_count() else
+                      f"{usable_cores()} usable CPUs (of the machine's {os.cpu_count()})")
