@@ -89,14 +89,10 @@ def test_check_scheduler_reaches_a_tls_cluster_and_runs_inside_an_event_loop(tmp
 
     from dynamics.sweep.scheduler import check_scheduler
 
-    made = Security.temporary()
-    files = {}
-    for name, text in (("ca", made.tls_ca_file), ("cert", made.tls_client_cert), ("key", made.tls_client_key)):
-        files[name] = tmp_path / f"{name}.pem"
-        files[name].write_text(text)
-    tls = {"distributed.comm.tls.ca-file": str(files["ca"])}
+    ca, cert, key = _tls_files(tmp_path)
+    tls = {"distributed.comm.tls.ca-file": ca}
     for role in ("client", "scheduler", "worker"):
-        tls |= {f"distributed.comm.tls.{role}.cert": str(files["cert"]), f"distributed.comm.tls.{role}.key": str(files["key"])}
+        tls |= {f"distributed.comm.tls.{role}.cert": cert, f"distributed.comm.tls.{role}.key": key}
     with dask.config.set(tls), LocalCluster(n_workers=0, processes=False, protocol="tls://", security=Security(),
                                             dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
         assert cluster.scheduler_address.startswith("tls://")
@@ -118,15 +114,22 @@ def tls_loader(info: dict):
     return LOADED_SECURITY[0]
 
 
-def _temporary_tls(tmp_path):
+def _tls_files(tmp_path) -> tuple[str, str, str]:
+    """(CA, certificate, key) files of a temporary TLS identity, Dask's own."""
     from distributed.security import Security
 
     made = Security.temporary()
-    files = {}
+    files = []
     for name, text in (("ca", made.tls_ca_file), ("cert", made.tls_client_cert), ("key", made.tls_client_key)):
-        files[name] = tmp_path / f"{name}.pem"
-        files[name].write_text(text)
-    ca, cert, key = (str(files[n]) for n in ("ca", "cert", "key"))
+        (tmp_path / f"{name}.pem").write_text(text)
+        files.append(str(tmp_path / f"{name}.pem"))
+    return tuple(files)
+
+
+def _temporary_tls(tmp_path):
+    from distributed.security import Security
+
+    ca, cert, key = _tls_files(tmp_path)
     return Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key, tls_scheduler_cert=cert,
                     tls_scheduler_key=key, tls_worker_cert=cert, tls_worker_key=key, require_encryption=True)
 
