@@ -11,7 +11,10 @@ store and report path goes through :func:`absolute` once, so that all of them re
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+_UNDECODED = re.compile("[\udc80-\udcff]+")
 
 
 def absolute(path: str | os.PathLike) -> Path:
@@ -32,3 +35,21 @@ def absolute(path: str | os.PathLike) -> Path:
         # kept as given, it is made (`run` makes `new`) and then read where the kernel reads it
         return p
     return Path(os.path.realpath(head), *p.parts[last + 1:])
+
+
+def shown(name: str | bytes) -> str:
+    r"""A path, or text naming one, as UTF-8 can hold it (a report page): the bytes of a name that
+    the filesystem encoding could not decode (lone surrogates in Python) decoded as UTF-8, U+FFFD
+    where they are not UTF-8 either; written as they were, they made the page unwritable.
+
+    Only those bytes: the whole page had been put through the filesystem encoding, which garbled
+    it in a Latin-1 locale ("·" as U+FFFD) and failed in an ASCII one (a traceback, no report).
+
+    Examples
+    --------
+    >>> shown("s\udcff.zarr · caf\udcc3\udca9"), shown(b"s\xff.zarr")
+    ('s�.zarr · café', 's�.zarr')
+    """
+    if isinstance(name, bytes):
+        return name.decode("utf-8", "replace")
+    return _UNDECODED.sub(lambda m: bytes(ord(c) - 0xDC00 for c in m.group()).decode("utf-8", "replace"), name)

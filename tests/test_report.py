@@ -161,6 +161,27 @@ def test_a_store_path_whose_bytes_are_not_utf8_is_shown_not_a_crash(tmp_path):
     assert f"<code>dynamics gates {html.escape(str(tmp_path))}/s\ufffd.zarr --run ID</code>" in text
 
 
+@pytest.mark.parametrize("locale", [
+    {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"},  # an ASCII filesystem encoding
+    {"PYTHONUTF8": "1"},
+])
+def test_the_page_is_utf8_whatever_the_filesystem_encoding(tmp_path, locale):
+    # The whole page went through the filesystem encoding to mend undecodable path bytes: under an
+    # ASCII one every report failed ("'ascii' codec can't encode character '\xb7'"), and a
+    # Latin-1 one garbled the page's "·" and failed on a path outside Latin-1.
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.zarr"
+    _synthetic_store(path, {"r0": {"model.init_scale": 1.0, "train.seed": 0}})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONUTF8", "PYTHONIOENCODING"))}
+    r = subprocess.run([sys.executable, "-m", "dynamics", "report", str(path), "--out", str(tmp_path / "rep"),
+                        "--no-compute"], capture_output=True, text=True, env=env | locale, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "rep" / "index.html").read_bytes().decode("utf-8")  # strict: UTF-8 throughout
+    assert f"Store <code>{html.escape(str(path))}</code> · " in text
+
+
 def _imports(module: str) -> set[str]:
     """Every module named in an import statement of `module`'s file (lazy ones inside functions too)."""
     path = ROOT / (module.replace(".", "/") + ".py")

@@ -21,6 +21,7 @@ except ImportError:  # Windows
 from dynamics import store
 from dynamics.caveats import text
 from dynamics.grid import grid_key
+from dynamics.paths import shown
 from dynamics.refused import WRITE_REFUSED
 from dynamics.report.attention import _attention_section
 from dynamics.report.chg import _chg_section
@@ -156,7 +157,7 @@ def write_report(
             table_axes = list((index or {}).get("axes", []))  # every swept axis, varied among these runs or not
             table_axes += _table_settings(runs, table_axes, axes)
             swept = set((index or {}).get("runs", {}))
-            draft.write_text(_shown(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending,
+            draft.write_text(shown(_page(store_path, runs, chosen, table_axes, sections, compute_missing, pending,
                                           swept, href, index, notes)), encoding="utf-8")  # a path in any sentence
             _fsync_tree(stage, draft)
             os.replace(draft, page)  # the switch: one rename, so a reader sees the old page or the new one
@@ -542,16 +543,10 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
             f"<th>last training loss (nats)</th><th>analysis</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
-def _shown(name: str | bytes) -> str:
-    """A path, or a page naming one, as UTF-8 can hold it: bytes that are not UTF-8 (lone surrogates
-    in Python) shown as U+FFFD; written as they were, they made the page unwritable."""
-    return os.fsencode(name).decode("utf-8", "replace")
-
-
 def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: bool,
           pending: list[_Run] | None = None, swept: set[str] | None = None, href: str = "",
           index: dict | None = None, notes: list[str] | None = None) -> str:
-    title = f"dynamics report: {_shown(Path(os.fspath(path)).name)}"
+    title = f"dynamics report: {shown(Path(os.fspath(path)).name)}"
     when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     pending = pending or []
     counts: dict[str, int] = {}
@@ -585,7 +580,7 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
 </head>
 <body>
 <h1>{html.escape(title)}</h1>
-<p class="meta">Store <code>{html.escape(_shown(os.fspath(path)))}</code> · {html.escape(status)} · written {when}.
+<p class="meta">Store <code>{html.escape(shown(os.fspath(path)))}</code> · {html.escape(status)} · written {when}.
 Per-run figures show run <code>{html.escape(str(chosen))}</code>{html.escape(chosen_why(runs, chosen))}. {_prose(policy)}</p>
 {"".join(f'<p class="note">Note: {_prose(n[0].upper() + n[1:])}.</p>' for n in notes or [])}
 <nav>{nav}</nav>
