@@ -13,6 +13,7 @@ Anything else is a bug, and its traceback is shown.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import errno
 import os
 import sys
@@ -69,8 +70,9 @@ def run_to_end(command: str, work: Callable[[], int], at_stage: Callable[[], str
     try:
         # SIGTERM (kill, a batch system's limit) as Ctrl-C for every command: predict, gates and
         # report died of it at once, exit 143 and not a word, leaving a figures folder behind
-        with reader_may_leave(), sigterm_as_interrupt():
-            return work()
+        with reader_may_leave() as lost, sigterm_as_interrupt():
+            code = work()
+        return _output_lost(command, code, lost) if lost else code
     except (ConfigError, UsageError) as e:
         print(f"dynamics: error: {clipped(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -134,6 +136,17 @@ def _quiet_pending_tasks() -> None:
                 before(u)
 
         sys.unraisablehook = unraisable
+
+
+def _output_lost(command: str, code: int, lost: list[tuple[str, OSError]]) -> int:
+    """Exit 1 (or the command's own failure) where its output could not all be written (a log on
+    a full disk), said on stderr where that is not the stream that failed; its work is done."""
+    if all(name != "stderr" for name, _ in lost):
+        said = "; ".join(f"{name}: {e.strerror or e}" for name, e in lost)
+        with contextlib.suppress(OSError):
+            print(f"dynamics: {command} finished its work, but not all of its output could be written ({said})",
+                  file=sys.stderr, flush=True)
+    return code or 1
 
 
 def _names_as_given() -> None:

@@ -5,8 +5,9 @@ process does not import torch for it.
   what was running is recorded interrupted and stays resumable.
 - :func:`deferred_signals`: SIGINT and SIGTERM held back across a short critical section.
 - :func:`reader_may_leave`: stdout or stderr whose reader has gone (``dynamics status S | head``;
-  SIGPIPE, which Python ignores, comes back as BrokenPipeError) drops what follows, so the
-  command still finishes its work (a curve still saved) with no traceback.
+  SIGPIPE, which Python ignores, comes back as BrokenPipeError), or that cannot be written (a
+  log on a full disk), drops what follows, so the command still finishes its work (a run still
+  trained, a curve still saved) with no traceback.
 """
 
 from __future__ import annotations
@@ -73,17 +74,21 @@ def sigterm_as_interrupt():
 
 
 class _Dropping:
-    """A standard stream as it was, until its reader goes; then nothing more is written."""
+    """A standard stream as it was, until its reader goes or a write fails; then nothing more is
+    written. ``error``: the failure, where it was not a reader gone (BrokenPipeError)."""
 
     def __init__(self, stream):
-        self._stream, self.gone = stream, False
+        self._stream, self.gone, self.error = stream, False, None
 
     def _guard(self, call, *args):
         if not self.gone:
             try:
                 return call(*args)
-            except BrokenPipeError:
+            except OSError as e:
+                # Not only a reader gone: a log on a full disk (ENOSPC) had stopped training
+                # in its progress line and marked a trained run failed.
                 self.gone = True
+                self.error = None if isinstance(e, BrokenPipeError) else e
                 # What the stream still buffers is flushed again, at the latest at exit: to
                 # /dev/null instead, where it cannot raise.
                 with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -114,19 +119,37 @@ class _Dropping:
 
 @contextlib.contextmanager
 def reader_may_leave():
-    """sys.stdout and sys.stderr made streams that a closed pipe does not stop: a command's
-    output read by ``| head`` ended in a BrokenPipeError traceback, and one that prints before it
-    saves (predict, gates) lost its result; with ``2>&1 | head`` its progress lines on stderr
-    did the same. Flushed before they are put back, so nothing is left to fail at exit."""
+    """sys.stdout and sys.stderr made streams that a closed pipe or a failed write does not
+    stop: a command's output read by ``| head`` ended in a BrokenPipeError traceback, and one that
+    prints before it saves (predict, gates) lost its result; with ``2>&1 | head`` its progress
+    lines on stderr did the same. Flushed before they are put back, so nothing is left to fail at
+    exit (a full disk under a buffered stdout had ended every command in exit 120).
+
+    A stream closed when the command started (``2>&-``: Python's is None, whose isatty() failed
+    `run` and `sweep`) writes to /dev/null. Yields a list that holds, once the block has ended,
+    (name, error) for each stream whose writes failed other than by its reader leaving."""
     before = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = (None if s is None else _Dropping(s) for s in before)
+    opened = []
+
+    def wrapped(stream):
+        if stream is None:
+            stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+            opened.append(stream)
+        return _Dropping(stream)
+
+    sys.stdout, sys.stderr = wrapped(before[0]), wrapped(before[1])
+    lost: list[tuple[str, OSError]] = []
     try:
-        yield
+        yield lost
     finally:
         try:
-            for stream in (sys.stdout, sys.stderr):
+            for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
                 if isinstance(stream, _Dropping):
                     with contextlib.suppress(Exception):  # not over the error already on its way out
                         stream.flush()
+                    if stream.error is not None:
+                        lost.append((name, stream.error))
         finally:
             sys.stdout, sys.stderr = before
+            for stream in opened:
+                stream.close()

@@ -298,6 +298,36 @@ def test_the_commands_work_under_python_dash_OO(tiny, tmp_path):
     assert r.returncode == 0 and "analysed 1 run" in r.stderr + r.stdout, r.stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_disk_under_the_log_neither_stops_training_nor_fails_the_run(tiny, tmp_path):
+    # stderr to a log on a full disk: the progress line's ENOSPC stopped training and marked the
+    # trained run failed; stdout to one: exit 120 and "Exception ignored" at the interpreter's exit
+    d, cfg, _ = tiny
+    out = tmp_path / "full.zarr"
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "dynamics", "run", str(cfg), "--out", str(out)], stdout=subprocess.PIPE,
+                           stderr=full, text=True, cwd=ROOT)
+    assert r.returncode == 1  # its output was lost: said by the exit status, the only channel left
+    assert r.stdout.strip().endswith(f"completed after 10 steps -> {out}")
+    assert store.run_attrs(out, store.list_runs(out)[0])["status"] == "completed"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as most shells run it
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "dynamics", "status", str(out)], stdout=full, stderr=subprocess.PIPE,
+                           text=True, cwd=ROOT, env=env)
+    assert (r.returncode, r.stderr) == (1, "dynamics: status finished its work, but not all of its output could be "
+                                           "written (stdout: No space left on device)\n")
+
+
+def test_a_command_started_with_stderr_closed_runs_as_with_it_open(tiny, tmp_path):
+    # `2>&-`: Python's sys.stderr is None, and the progress printer's isatty() failed the run
+    d, cfg, _ = tiny
+    out = tmp_path / "closed.zarr"
+    r = subprocess.run([sys.executable, "-m", "dynamics", "run", str(cfg), "--out", str(out)], capture_output=True,
+                       text=True, cwd=ROOT, preexec_fn=lambda: os.close(2))  # noqa: PLW1509 - the child alone
+    assert r.returncode == 0, r.stdout
+    assert store.run_attrs(out, store.list_runs(out)[0])["status"] == "completed"
+
+
 def test_demo_refuses_a_point_that_cannot_fit_in_memory(tiny, capsys):
     from dynamics import cli
 
