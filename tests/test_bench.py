@@ -369,7 +369,7 @@ def test_the_record_bench_times_a_chg_fit_at_the_snapshots_it_runs_at(tmp_path, 
     pieces = [k for k in rows if not k.startswith("all")]
     default = {k: float(rows[k][-2].rstrip("%")) for k in rows}
     assert abs(sum(default[k] for k in pieces) - default["all"]) <= 0.01 * len(pieces)
-    assert default[bench_record.CHG_PIECE] > 0.5 * default["all"]  # the fit is most of it
+    assert default[bench_record.CHG_PIECE] > 0  # timed, and counted in "all"
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2, reason="needs 2 CPUs and affinity")
