@@ -35,3 +35,21 @@ def test_the_local_cluster_sets_no_memory_limit_per_worker():
     finally:
         cluster.close()
     assert limits in ([0], [None]), limits
+
+
+def test_a_sweep_leaves_the_launchers_environment_as_it_found_it(tmp_path, monkeypatch):
+    # Dask's nannies set OMP_NUM_THREADS=1 (and MKL_, OPENBLAS_, PYTHONHASHSEED) in the launcher's
+    # own os.environ before each worker spawn: a notebook's later torch work, and every process
+    # it started, ran on one thread after a sweep
+    import os
+
+    from dynamics.sweep import run_sweep
+
+    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED")
+    for key in keys:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")  # one of Dask's set here: kept as it was
+    summary = run_sweep(from_dict(tiny({"train.seed": [0]})), str(tmp_path / "s.zarr"), workers=1, progress=False)
+    assert summary.ok
+    assert {k: os.environ.get(k) for k in (*keys, "MALLOC_TRIM_THRESHOLD_")} == {**dict.fromkeys(keys),
+                                                                               "MALLOC_TRIM_THRESHOLD_": "12345"}

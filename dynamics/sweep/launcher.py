@@ -357,6 +357,7 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     code = provenance.process_code_hash()  # the launcher's: every point is trained by this code, or refused
     events: queue.SimpleQueue = queue.SimpleQueue()
     results: dict[str, dict] = {}
+    environ = _spawn_environ()
     client, cluster = _client(scheduler, n_workers)
     stop = None  # made in the try below, so that a Ctrl-C this early still closes the cluster
     by_run = {p.run_id: p for p in todo}
@@ -467,7 +468,27 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
                 cluster.close()
             cancel.mark_interrupted(path, [r for r in by_run
                                            if results.get(r, {}).get("status", "cancelled") == "cancelled"])
+        _restore_environ(environ)
     return [results[p.run_id] for p in todo if p.run_id in results]
+
+
+def _spawn_environ() -> dict[str, str | None]:
+    """This process's values (None: unset) of the variables Dask's nannies set in it, not only in
+    their workers, before each worker starts (``distributed.nanny.pre-spawn-environ``, and
+    PYTHONHASHSEED): left behind, OMP_NUM_THREADS=1 ran a notebook's later torch work, and every
+    process it started, on one thread after a sweep (other rounding, too)."""
+    import dask
+
+    keys = {*(dask.config.get("distributed.nanny.pre-spawn-environ", None) or {}), "PYTHONHASHSEED"}
+    return {k: os.environ.get(k) for k in keys}
+
+
+def _restore_environ(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _waited_note(r: dict) -> str:
