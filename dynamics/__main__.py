@@ -2,6 +2,7 @@
 
 import signal
 
+from dynamics import exits
 from dynamics.cli import main
 
 
@@ -14,6 +15,7 @@ def console() -> int:
     process by SIGINT in place of that status. Not in main itself: a program calling main keeps
     its own Ctrl-C.
     """
+    exits.PROGRAM = True  # the process ends with the command: see exits.PROGRAM
     try:
         return main()
     finally:  # an uncaught error's status (argparse's exit, a bug's traceback) is settled as well

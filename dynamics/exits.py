@@ -61,12 +61,26 @@ def stage(args, n: int, total: int, text: str) -> None:
     print(f"== {n}/{total} {text}", flush=True)
 
 
+PROGRAM = False
+"""True in the ``dynamics`` program (:func:`dynamics.__main__.console` sets it), whose process ends
+with the command: there what an interrupt leaves in flight is silenced process-wide. A program
+that calls main keeps its own warnings filters and hooks (an interrupted command had hidden a
+notebook's own un-awaited coroutines for the rest of its life)."""
+
+
 def run_to_end(command: str, work: Callable[[], int], at_stage: Callable[[], str | None] = lambda: None) -> int:
     """``work()``'s exit status, or the status and one line of the way it stopped short.
 
     ``at_stage()``: the stage the command was in when it stopped (:func:`stage`), whose own line an
     interrupt prints where :data:`AFTER_INTERRUPT` has one."""
-    _names_as_given()
+    put_back = _names_as_given()
+    try:
+        return _to_end(command, work, at_stage)
+    finally:
+        put_back()
+
+
+def _to_end(command: str, work: Callable[[], int], at_stage: Callable[[], str | None]) -> int:
     try:
         # SIGTERM (kill, a batch system's limit) as Ctrl-C for every command: predict, gates and
         # report died of it at once, exit 143 and not a word, leaving a figures folder behind
@@ -77,8 +91,9 @@ def run_to_end(command: str, work: Callable[[], int], at_stage: Callable[[], str
         print(f"dynamics: error: {clipped(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # one zarr was waiting for leaves a coroutine never run: no warning of it at exit
-        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
-        _quiet_pending_tasks()
+        if PROGRAM:
+            warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+            _quiet_pending_tasks()
         kept = AFTER_INTERRUPT.get(f"{command} {at_stage()}") or AFTER_INTERRUPT.get(command, AFTER_INTERRUPT["run"])
         print(f"dynamics: interrupted; {kept}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -113,7 +128,7 @@ def _quiet_pending_tasks() -> None:
     shutdown") and "Exception ignored in: <coroutine ...>" ("Event loop is closed"), each with its
     coroutine or traceback, up to 700 lines after the one saying what was kept. asyncio logs the
     first two, the interpreter hands the third to sys.unraisablehook; the interrupt has said all
-    there is to say. Once, and zarr's only: a program calling main keeps its own such warnings."""
+    there is to say. Once, and in the ``dynamics`` program only (:data:`PROGRAM`)."""
     import logging
 
     def from_zarr(text: str, error: BaseException | None) -> bool:
@@ -149,7 +164,7 @@ def _output_lost(command: str, code: int, lost: list[tuple[str, OSError]]) -> in
     return code or 1
 
 
-def _names_as_given() -> None:
+def _names_as_given() -> Callable[[], None]:
     """Let stdout write whatever a command prints, on any terminal.
 
     A path given in bytes that are not UTF-8 is written back as those bytes: Python carries them
@@ -157,10 +172,18 @@ def _names_as_given() -> None:
     ``PYTHONIOENCODING``) refused, so `run` trained, then died printing where it had written. A
     character the terminal's encoding lacks is spelled in ASCII (``±`` as ``+-``): an ASCII or
     Latin-1 stdout had ended `predict` in a UnicodeEncodeError traceback at its table. stderr
-    already escapes both (backslashreplace)."""
+    already escapes both (backslashreplace). Returns what puts stdout's own handler back, as a
+    program calling main had it."""
     stream = sys.stdout
-    if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
-        stream.reconfigure(errors=_OUT_ERRORS)
+    if getattr(stream, "errors", None) != "strict" or not hasattr(stream, "reconfigure"):
+        return lambda: None
+    stream.reconfigure(errors=_OUT_ERRORS)
+
+    def put_back() -> None:
+        with contextlib.suppress(Exception):  # a stream closed, or whose disk is full, meanwhile
+            stream.reconfigure(errors="strict")
+
+    return put_back
 
 
 _OUT_ERRORS = "dynamics-stdout"

@@ -4,6 +4,7 @@ import errno
 import io
 import os
 import sys
+import warnings
 
 import pytest
 
@@ -150,10 +151,15 @@ def test_sigterm_stops_every_command_as_ctrl_c_does(capsys, command):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_an_interrupt_leaves_no_line_per_zarr_read_it_cut_short(caplog):
+def test_an_interrupt_leaves_no_line_per_zarr_read_it_cut_short(caplog, monkeypatch):
     # "Task was destroyed but it is pending!" and its coroutine, up to 138 of them after the line
     # saying what was kept, for the zarr reads in flight when Ctrl-C came
     import logging
+
+    from dynamics import exits
+
+    monkeypatch.setattr(exits, "PROGRAM", True)  # the dynamics program, whose process ends with it
+    monkeypatch.setattr(warnings, "filters", list(warnings.filters))
 
     assert run_to_end("analyse", raising(KeyboardInterrupt())) == EXIT_INTERRUPTED
     assert run_to_end("analyse", raising(KeyboardInterrupt())) == EXIT_INTERRUPTED  # one filter, not one per call
@@ -194,6 +200,23 @@ def test_an_interrupt_leaves_no_line_per_zarr_read_it_cut_short(caplog):
     finally:
         sys.unraisablehook = hook
         del logging.getLogger("asyncio").filters[:]
+
+
+def test_a_program_calling_main_keeps_its_own_warnings_hooks_and_stdout_after_an_interrupt(monkeypatch):
+    # An interrupted command (a notebook's kernel interrupt) had hidden, for the rest of the
+    # process, every un-awaited coroutine's warning and any "Event loop is closed" error; and
+    # every command left stdout's error handler its own.
+    import logging
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="ascii", errors="strict"))
+    filters, hook, logged = list(warnings.filters), sys.unraisablehook, list(logging.getLogger("asyncio").filters)
+    assert run_to_end("analyse", raising(KeyboardInterrupt())) == EXIT_INTERRUPTED
+    assert run_to_end("status", lambda: print("0.41 \u00b1 0.02") or 0) == 0
+    assert (warnings.filters, sys.unraisablehook, logging.getLogger("asyncio").filters) == (filters, hook, logged)
+    assert sys.stdout.errors == "strict"
+    sys.stdout.flush()
+    assert raw.getvalue() == b"0.41 +- 0.02\n"  # spelt out while the command ran
 
 
 def test_an_interrupt_names_what_its_stage_kept_and_falls_back_to_the_commands_line(capsys):
