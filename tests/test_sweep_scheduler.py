@@ -135,10 +135,14 @@ def _temporary_tls(tmp_path):
 
 
 def test_a_configured_security_loader_gives_the_tls_settings_as_the_sweeps_client_takes_them(tmp_path):
-    # Read through distributed's private helper before, which a rename would have skipped silently
+    # A scheduler file's Client, given the file, called no loader: the check passed, then the
+    # sweep failed after making its store
+    import json
+
     import dask
     from distributed import LocalCluster
 
+    from dynamics.sweep.launcher import _client
     from dynamics.sweep.scheduler import check_scheduler
 
     security = _temporary_tls(tmp_path)
@@ -148,9 +152,17 @@ def test_a_configured_security_loader_gives_the_tls_settings_as_the_sweeps_clien
                       scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
         with pytest.raises(ConfigError, match="cannot reach a Dask scheduler there"):  # no TLS settings: refused
             check_scheduler(cluster.scheduler_address, timeout=5.0)
+        file = tmp_path / "scheduler.json"
+        file.write_text(json.dumps({"address": cluster.scheduler_address}))
         with dask.config.set({"distributed.client.security-loader": f"{__name__}.tls_loader"}):
             check_scheduler(cluster.scheduler_address, timeout=5.0)
-    assert LOADED == [cluster.scheduler_address]
+            check_scheduler(str(file), timeout=5.0)
+            client, none = _client(str(file), 0)  # as the sweep reaches it
+            try:
+                assert none is None and client.scheduler_info()["address"] == cluster.scheduler_address
+            finally:
+                client.close()
+    assert LOADED[:2] == [cluster.scheduler_address] * 2 and set(LOADED) == {cluster.scheduler_address}
 
 
 def test_a_security_loader_that_cannot_be_imported_is_named_not_read_as_an_unreachable_scheduler():

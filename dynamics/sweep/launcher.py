@@ -26,7 +26,7 @@ from dynamics.sweep import cancel
 from dynamics.sweep.grid import Point, _plain, expand_grid
 from dynamics.sweep.lock import acquire_lock
 from dynamics.sweep.progress import _Display, _display
-from dynamics.sweep.scheduler import check_scheduler
+from dynamics.sweep.scheduler import check_scheduler, scheduler_file_address
 from dynamics.sweep.summary import FINISHED, SweepSummary
 from dynamics.sweep.task import _ignore_sigint_plugin, _progress_topic, _stop_name
 from dynamics.sweep.twins import refuse_sweep_twins, unindex_refused, unresumed_note
@@ -63,7 +63,9 @@ def _client(scheduler: str | None, n_workers: int):
 
     if scheduler:
         if "://" not in scheduler and os.path.isfile(scheduler):
-            return Client(scheduler_file=scheduler, timeout=30), None
+            # its address read here: a Client given the file calls no security loader, so a TLS
+            # cluster check_scheduler had reached failed the sweep after its store was made
+            return Client(scheduler_file_address(scheduler), timeout=30), None
         return Client(scheduler, timeout=30), None
     cluster = None
     try:

@@ -23,7 +23,7 @@ def check_scheduler(scheduler: str, timeout: float = 10.0) -> None:
     as_file = "://" not in scheduler and os.path.isfile(scheduler)
     if not as_file and ":" not in scheduler:
         raise ConfigError(f"--scheduler {scheduler}: neither an address (tcp://host:port) nor a scheduler file")
-    address = _scheduler_file_address(scheduler) if as_file else scheduler
+    address = scheduler_file_address(scheduler) if as_file else scheduler
     try:
         info = _identity(address, timeout)
     except TimeoutError:
@@ -106,7 +106,7 @@ def _client_security(address: str):
     return load({"address": address}) or Security()  # None: the loader leaves this address to the config
 
 
-def _scheduler_file_address(file: str) -> str:
+def scheduler_file_address(file: str) -> str:
     """The scheduler address a scheduler file (the JSON that ``dask scheduler --scheduler-file``
     writes) holds: Dask itself fails on a damaged one with a bare AssertionError or KeyError."""
     import json
