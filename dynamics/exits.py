@@ -175,13 +175,15 @@ def _names_as_given() -> Callable[[], None]:
     already escapes both (backslashreplace). Returns what puts stdout's own handler back, as a
     program calling main had it."""
     stream = sys.stdout
-    if getattr(stream, "errors", None) != "strict" or not hasattr(stream, "reconfigure"):
+    # surrogateescape: Python's own in the C locale without UTF-8 mode, where '±' failed as well
+    own = getattr(stream, "errors", None)
+    if own not in ("strict", "surrogateescape") or not hasattr(stream, "reconfigure"):
         return lambda: None
     stream.reconfigure(errors=_OUT_ERRORS)
 
     def put_back() -> None:
         with contextlib.suppress(Exception):  # a stream closed, or whose disk is full, meanwhile
-            stream.reconfigure(errors="strict")
+            stream.reconfigure(errors=own)
 
     return put_back
 

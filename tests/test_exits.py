@@ -93,6 +93,7 @@ def test_a_path_given_in_bytes_that_are_not_utf8_is_printed_as_those_bytes(monke
 
 @pytest.mark.parametrize("encoding, written", [
     ("ascii", b"mean 0.409 +- 0.257 (s\xff.zarr) \\u2192\n"),
+    ("ascii:surrogateescape", b"mean 0.409 +- 0.257 (s\xff.zarr) \\u2192\n"),  # the C locale's, UTF-8 mode off
     ("latin-1", b"mean 0.409 \xb1 0.257 (s\xff.zarr) \\u2192\n"),  # what the terminal has is kept
     ("utf-8", "mean 0.409 \u00b1 0.257 (s".encode() + b"\xff.zarr) " + "\u2192\n".encode()),
 ])
@@ -100,7 +101,8 @@ def test_what_a_terminals_encoding_lacks_is_spelt_out_not_a_traceback(monkeypatc
     # predict's table prints "mean ± sd": an ASCII stdout (PYTHONIOENCODING=ascii, a POSIX locale
     # without C.UTF-8) ended it in a UnicodeEncodeError traceback, exit 1
     raw = io.BytesIO()
-    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding=encoding, errors="strict"))
+    encoding, _, errors = encoding.partition(":")
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding=encoding, errors=errors or "strict"))
     name = os.fsdecode(b"s\xff.zarr")
     assert run_to_end("predict", lambda: print(f"mean 0.409 \u00b1 0.257 ({name}) \u2192") or 0) == 0
     sys.stdout.flush()
