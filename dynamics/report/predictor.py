@@ -88,7 +88,7 @@ def _predict_section(ctx: _Ctx) -> _Section:
         # side. Over several, each model's points are set a little apart at every horizon, its
         # +-1 sd a bar: six shaded bands over one another had blurred into one grey.
         one = ds.sizes["horizon"] == 1
-        dodge = _dodge(lines[0][1], len(lines)) if not one else 0.0
+        dodge = _dodge(lines[0][1], len(lines)) if not one else 0.0  # (horizon,)
         for k, (label, x, mean, band, baseline) in enumerate(lines):
             # The layer prior often scores what the chance model does at every horizon: its line
             # covered chance's, whose legend entry then pointed at nothing to be seen.
@@ -169,21 +169,22 @@ def _no_slash_heads(runs) -> str:
     return "; no completed run has a slash-dominant head, so the default target, slash, is constant there"
 
 
-def _dodge(horizons: np.ndarray, n: int) -> float:
-    """How far apart (in horizon units) `n` models' points stand at each horizon: a small share
-    of the axis, and never so much that one horizon's points reach the next one's.
+def _dodge(horizons: np.ndarray, n: int) -> np.ndarray:
+    """Per horizon, how far apart (in horizon units) `n` models' points stand there: a small share
+    of the axis, less only where a neighbouring horizon is so near that its points would be reached
+    (one close pair of horizons had squeezed the points together at every horizon).
 
     Example
     -------
-    >>> round(_dodge(np.array([0.0, 0.05, 0.1, 0.2, 0.5]), 6), 6)
-    0.004
-    >>> round(_dodge(np.array([0.0, 0.01, 0.5]), 6), 6)
-    0.001429
+    >>> _dodge(np.array([0.0, 0.01, 0.5]), 6).round(5).tolist()
+    [0.00143, 0.00143, 0.006]
     """
     h = np.asarray(horizons, dtype=float)
     span = float(h.max() - h.min()) if h.size else 0.0
-    gap = float(np.diff(np.sort(h)).min()) if h.size > 1 else span
-    return min(span * 0.008, gap / (n + 1)) if span > 0 else 0.0
+    if span <= 0:
+        return np.zeros(h.shape)
+    gaps = np.abs(h[:, None] - h[None, :]) + np.where(np.eye(h.size, dtype=bool), np.inf, 0.0)
+    return np.minimum(span * 0.012, gaps.min(axis=1) / (n + 1))
 
 
 def _first_few(ids: list[str]) -> str:
