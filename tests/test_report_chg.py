@@ -39,10 +39,12 @@ def test_a_swept_value_keeps_its_colour_in_every_figure(tmp_path, monkeypatch):
     dots = [c for c in ax1.collections if len(c.get_offsets()) == 4 and c.get_facecolors().shape[0]
             and c.get_facecolors()[0, 3] > 0]  # the runs' dots: 4 heads each (rings are hollow)
     viridis = colormaps["viridis"]
-    # Ranked among all three runs of the sweep (0.45: the middle of the 0..0.9 range), not among
+    # Ranked among all three runs of the sweep (the middle of viridis's 0..VIRIDIS_TOP), not among
     # the two that have gates, where init_scale 1.0 would take the colour of 0.5 in the curves.
+    from dynamics.report.draw import VIRIDIS_TOP
+
     assert [tuple(np.round(c.get_facecolors()[0, :3], 4)) for c in dots] == [
-        tuple(np.round(to_rgba(viridis(x))[:3], 4)) for x in (0.45, 0.9)]
+        tuple(np.round(to_rgba(viridis(x))[:3], 4)) for x in (VIRIDIS_TOP / 2, VIRIDIS_TOP)]
 
 
 def test_the_legend_of_runs_goes_below_the_panels_and_keeps_them_their_height(tmp_path, monkeypatch):

@@ -298,3 +298,32 @@ def test_a_swept_value_is_shown_compact_where_that_is_exact_and_whole_where_not(
     assert [_fmt(v) for v in (0.001, 1.0, 2.5e-5, 1e-12)] == ["0.001", "1", "2.5e-05", "1e-12"]
     assert _fmt(1.0000001e-3) == "0.0010000001" and _fmt(0.1234567) == "0.1234567"
     assert [_fmt(v) for v in (None, 3, "markov", float("nan"))] == ["none", "3", "markov", "nan"]
+
+
+def test_runs_outside_a_sweep_differ_by_line_style_not_by_colour_alone():
+    # tab10's green and red (runs 3 and 4) are one olive to a deuteranope, and both were solid:
+    # the style changed only every 10 runs
+    from dynamics.report.draw import _groups
+
+    runs = [_Run(f"r{i:02d}", "completed", {}, 1.0, 3, np.ones(3, bool), np.arange(3)) for i in range(40)]
+    groups = _groups(runs, [])
+    looks = [(groups.colours[k], str(groups.styles[k])) for k in groups.keys]
+    assert len(set(looks)) == 40  # every run its own colour and style together
+    styles = [str(groups.styles[k]) for k in groups.keys]
+    assert all(a != b for a, b in zip(styles, styles[1:], strict=False))  # neighbours in the legend too
+
+
+def test_a_sweeps_colours_stay_visible_on_white():
+    # viridis up to 0.9 gave the largest swept value a yellow-green of 1.5:1 against white
+    from dynamics.report.draw import _groups
+
+    runs = [_Run(f"r{i}", "completed", {"model.init_scale": 2.0 ** i, "train.seed": 0}, 1.0, 3, np.ones(3, bool),
+                 np.arange(3)) for i in range(6)]
+    groups = _groups(runs, ["model.init_scale", "train.seed"])
+
+    def luminance(c):
+        c = np.asarray(c[:3], dtype=float)
+        c = np.where(c <= 0.03928, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+        return float(c @ [0.2126, 0.7152, 0.0722])
+
+    assert min(1.05 / (luminance(groups.colours[k]) + 0.05) for k in groups.keys) >= 3.0  # WCAG's for graphics

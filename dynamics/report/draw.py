@@ -110,6 +110,9 @@ def _fmt(value: Any) -> str:
 
 # Second channel for groups that share a colour: line style in curves, marker in scatters.
 # Distinct dash patterns and filled marker shapes; beyond them, patterns are generated.
+VIRIDIS_TOP = 0.6
+"""The end of viridis a sweep's colours stop at: its colours there keep 3:1 against white."""
+
 _LINESTYLES = ["-", (0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (2, 3)), (0, (9, 2, 1, 2, 1, 2)),
                (0, (3, 1, 3, 4)), (0, (1, 4))]
 _MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p"]
@@ -190,7 +193,8 @@ def _groups(runs: list[_Run], axes: list[str]) -> _Groups:
     style and marker by rank of the others together.
 
     Rank, not value, sets the colour so a geometric grid (0.5, 1, 2, 4) spreads evenly.
-    Without a sweep index every run is its own group (tab10, then a new style every 10 runs).
+    Without a sweep index every run is its own group (tab10, and a line style and marker cycling
+    with a period of 8).
     """
     from matplotlib import colormaps
 
@@ -206,7 +210,9 @@ def _groups(runs: list[_Run], axes: list[str]) -> _Groups:
     if group_axes:
         cmap = colormaps["viridis"]
         firsts = sorted({k[0] for k in keys}, key=lambda v: sort_key((v,)))
-        pos = {v: (i / max(1, len(firsts) - 1)) * 0.9 for i, v in enumerate(firsts)}  # 0.9: skip pale yellow
+        # up to VIRIDIS_TOP: past it viridis is too pale on white (0.9's yellow-green 1.5:1, the
+        # largest swept value all but invisible; 3:1, WCAG's for graphics, holds up to here)
+        pos = {v: (i / max(1, len(firsts) - 1)) * VIRIDIS_TOP for i, v in enumerate(firsts)}
         rests = sorted({k[1:] for k in keys}, key=sort_key)
         style_of = {v: i for i, v in enumerate(rests)}
         colours = {k: cmap(pos[k[0]]) for k in keys}
@@ -216,7 +222,9 @@ def _groups(runs: list[_Run], axes: list[str]) -> _Groups:
     else:
         cmap = colormaps["tab10"]
         colours = {k: cmap(i % 10) for i, k in enumerate(keys)}
-        style_index = {k: i // 10 for i, k in enumerate(keys)}
+        # a style of its own per run too (tab10's green and red are one colour to a deuteranope):
+        # the styles' cycle of 8 and the colours' of 10 meet again only after 40 runs
+        style_index = {k: i % len(_LINESTYLES) for i, k in enumerate(keys)}
         labels = {k: k[0] for k in keys}
     styles = {k: _linestyle(i) for k, i in style_index.items()}
     markers = {k: _marker(i) for k, i in style_index.items()}
