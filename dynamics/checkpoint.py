@@ -81,8 +81,10 @@ def load_checkpoint(path: str, run_id: str) -> dict | None:
                                f"{member} fails its CRC check); its recorded arrays are untouched")
     try:
         # Loaded on the CPU: load_state_dict copies into tensors already on the device, and the
-        # RNG state must stay a CPU ByteTensor for torch.set_rng_state.
-        ckpt = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+        # RNG state must stay a CPU ByteTensor for torch.set_rng_state. weights_only: tensors,
+        # numbers, strings and containers, all a checkpoint holds; a full unpickle ran whatever
+        # code a store from elsewhere put in its checkpoint (gates, a resume, a distill teacher).
+        ckpt = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - zip, pickle and EOF errors alike: the bytes are not a checkpoint
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise store.StoreError(f"run {run_id}'s checkpoint in {path} is damaged ({len(blob):,} bytes that torch "

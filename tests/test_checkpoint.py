@@ -362,6 +362,39 @@ def test_a_checkpoint_that_holds_no_training_state_is_refused_in_one_line(tmp_pa
         load_checkpoint(path, "r1")
 
 
+class _Marks:
+    """An object whose unpickling creates a file: what a crafted checkpoint could run instead."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (_touch, (self.marker,))
+
+
+def _touch(path: str) -> None:
+    open(path, "w").close()
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_its_code_never_runs(tmp_path, cfg):
+    # torch.load(weights_only=False): a store from elsewhere (a colleague's, a paper's) ran its
+    # checkpoint's code in `dynamics gates`, a resume, load_run_model and a distill teacher check
+    path = str(tmp_path / "s.zarr")
+    store.init_store(path)
+    marker = tmp_path / "ran"
+    model = build(cfg, torch.device("cpu"))
+    state = checkpoint_state(model, make_optimizer(cfg, model), 5, None, None)
+    store.write_checkpoint(path, "r1", checkpoint_bytes({**state, "extra": _Marks(str(marker))}))
+    with pytest.raises(store.StoreError, match=r"^run r1's checkpoint in .* is damaged \(\d[\d,]* bytes that torch "
+                                               r"cannot load: "):
+        load_checkpoint(path, "r1")
+    assert not marker.exists()
+    torch.load(io.BytesIO(store.read_checkpoint(path, "r1")), weights_only=False)  # the payload is real
+    assert marker.exists()
+    store.write_checkpoint(path, "r1", checkpoint_bytes(state))  # what training writes loads as it is
+    assert load_checkpoint(path, "r1")["step"] == 5
+
+
 def test_a_checkpoint_holds_the_interventions_state_as_taken(tmp_path):
     # conditioned gates train weights of their own: a resume without them starts the gates afresh
     from dynamics import interventions
