@@ -69,8 +69,10 @@ def note_mixed_training(path: str, ids: list[str]) -> list[str]:
 
 
 def print_note(note: str | None) -> None:
-    if note:
-        print(f"dynamics: note: {note}", file=sys.stderr)
+    from dynamics.usage import escaped
+
+    if note:  # escaped: it quotes a store's attrs (torch version, device), from anyone
+        print(f"dynamics: note: {escaped(note)}", file=sys.stderr)
 
 
 def damaged_runs_named(path: str, ids: list[str], chunks: bool = False, decode: bool = False) -> list[str]:

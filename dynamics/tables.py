@@ -7,9 +7,13 @@ import sys
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    from dynamics.usage import escaped
+
+    # escaped: a store's values and axis names, from anyone, are printed in it
+    header, rows = [escaped(x) for x in header], [[escaped(x) for x in row] for row in rows]
+    widths = [max(len(x) for x in col) for col in zip(header, *rows, strict=False)]
     for row in [header, *rows]:
-        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=False)).rstrip())
+        print("  ".join(x.ljust(w) for x, w in zip(row, widths, strict=False)).rstrip())
 
 
 def print_consistency(path: str, rows: list[dict]) -> None:

@@ -98,3 +98,12 @@ def test_the_data_note_names_each_setting_and_a_synthetic_tasks_cause():
                     "difference between them may be the data's, not the experiment's (each run's data_hash attribute "
                     "says which)")
     assert mixed_data({"r1": (key(5), A), "r3": (key(6), B)}) is None  # other settings: other data by design
+
+
+def test_a_note_quoting_a_stores_attrs_prints_their_control_characters_escaped(capsys):
+    # the mixed-execution note quotes each run's torch version and device, which a store from
+    # elsewhere sets to anything: an escape sequence there reached the terminal raw
+    from dynamics.messages import print_note
+
+    print_note("runs trained with torch 2.13.0\x1b[2J\x1b]0;x\x07\r and 2.12.0")
+    assert capsys.readouterr().err == "dynamics: note: runs trained with torch 2.13.0\\x1b[2J\\x1b]0;x\\x07\\r and 2.12.0\n"

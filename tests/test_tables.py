@@ -67,6 +67,25 @@ def test_analyse_table_gives_each_runs_swept_values_in_the_grid_order(tmp_path, 
     assert lines[3][:2] == ["rx", "completed"]  # outside the sweep: last, no swept values
 
 
+def test_a_stores_values_are_printed_with_their_control_characters_escaped(tmp_path, capsys):
+    # A store from elsewhere whose index held "\x1b[2J\x1b[H" and a fake table cleared the terminal
+    # and showed other losses in place of status's own; analyse's table printed them as raw
+    from dynamics.status import show_status
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    store.write_sweep_index(path, {"axes": ["model.init_scale\x1b]0;title\x07", "train.seed"],
+                                   "runs": {"ra": {"model.init_scale\x1b]0;title\x07": "1\x1b[2J\x1b[H\rfake\x9b",
+                                                   "train.seed": 0}}})
+    row = {"status": "completed", "bifurcation_step": 10, "final_divergence": 0.25, "redundancy": 0.0,
+           "slash_dominant": 1, "roles": {"induction": 1}}
+    print_analysis([{"run": "ra"} | row], str(path))
+    show_status(str(path))
+    out = capsys.readouterr().out
+    assert not any(ch in out for ch in "\x1b\x07\r\x9b")
+    assert out.count("1\\x1b[2J\\x1b[H\\rfake\\x9b") == 2 and out.count("model.init_scale\\x1b]0;title\\x07") == 2
+
+
 ANALYSED = {"run": "r1", "status": "completed", "bifurcation_step": 40, "final_divergence": 0.25, "redundancy": 0.5,
             "redundant_heads": 2, "heads": 4, "slash_dominant": 1, "roles": {"induction": 1, "previous_token": 3}}
 
