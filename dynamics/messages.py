@@ -69,7 +69,7 @@ def note_mixed_training(path: str, ids: list[str]) -> list[str]:
 
 
 def print_note(note: str | None) -> None:
-    from dynamics.usage import escaped
+    from dynamics.escapes import escaped
 
     if note:  # escaped: it quotes a store's attrs (torch version, device), from anyone
         print(f"dynamics: note: {escaped(note)}", file=sys.stderr)

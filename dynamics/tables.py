@@ -7,7 +7,7 @@ import sys
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:
-    from dynamics.usage import escaped
+    from dynamics.escapes import escaped
 
     # escaped: a store's values and axis names, from anyone, are printed in it
     header, rows = [escaped(x) for x in header], [[escaped(x) for x in row] for row in rows]

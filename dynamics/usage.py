@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote
 
+from dynamics.escapes import ESCAPED as _ESCAPED
 from dynamics.limits import DEEPEST_IN_REPORT, DEEPEST_IN_STORE
 from dynamics.paths import absolute
 from dynamics.schema import MKDIR_PROBE
@@ -28,23 +29,6 @@ EXIT_BAD_INPUT = 2
 
 _LONG_WORD = 4200  # past PATH_MAX (4096): a path is never cut
 _LONG_LINE = 8000
-_ESCAPED = {i: repr(chr(i))[1:-1] for i in (*range(32), 127)}
-_SHOWN = {**_ESCAPED, **{i: f"\\x{i:02x}" for i in range(128, 160)}}
-
-
-def escaped(text) -> str:
-    """``text`` (made a str) with its control characters escaped (``\\x1b``, ``\\r``; the C1 set too),
-    for what a command prints from a store: a store from elsewhere whose values held escape
-    sequences cleared the terminal and redrew `status`'s table with other losses.
-
-    Example
-    -------
-    >>> escaped("0.5\\x1b[2J\\rfake")
-    '0.5\\\\x1b[2J\\\\rfake'
-    """
-    return str(text).translate(_SHOWN)
-
-
 def clipped(text: str) -> str:
     """``text`` with each run of non-space characters longer than 4,200 (no path is) cut to its
     start and end, then, past 8,000 characters, the whole cut in its middle, each cut naming the
