@@ -253,11 +253,12 @@ def _attention_section(ctx: _Ctx) -> _Section:
 <figure class="frames">
   <div class="controls">
     <button type="button" id="play">Play</button>
-    <input type="range" id="step-slider" autocomplete="off" min="0" max="{len(frames) - 1}" value="0" step="1" aria-label="snapshot">
-    <span id="step-label">{html.escape(first["label"])}</span>
+    <input type="range" id="step-slider" autocomplete="off" min="0" max="{len(frames) - 1}" value="0" step="1"
+           aria-label="snapshot" aria-valuetext="{html.escape(first["label"])}">
+    <span id="step-label" aria-live="polite">{html.escape(first["label"])}</span>
   </div>
   <img id="frame" src="{html.escape(first["src"])}" alt="attention maps of every head at the selected snapshot">
   <figcaption>{_prose(caption)}</figcaption>
-  <script type="application/json" id="frames-data">{data}</script>
-</figure>"""
+</figure>
+<script type="application/json" id="frames-data">{data}</script>"""
     return sec

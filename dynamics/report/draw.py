@@ -98,6 +98,21 @@ def _plain(text: str) -> str:
     return _CODE.sub(r"\1", text)
 
 
+def _alt(caption: str, most: int = 120) -> str:
+    """A figure's alt text: its caption's opening, at most `most` characters, cut between words
+    and marked where cut (the caption beside it reads whole); it was cut mid-word ("... over see").
+
+    Example
+    -------
+    >>> _alt("Divergence over training: the mean of `js_distance` over heads", 40)
+    'Divergence over training: the mean of ...'
+    """
+    text = _plain(caption)
+    if len(text) <= most:
+        return text
+    return text[:most + 1].rsplit(" ", 1)[0].rstrip(" ,;:(") + " ..."
+
+
 def _fmt(value: Any) -> str:
     if value is None:  # a setting a run lacks (an [intervene] section), as `dynamics status` prints it
         return "none"

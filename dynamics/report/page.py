@@ -38,7 +38,7 @@ from dynamics.report.data import (
     chosen_why,
     training_notes,
 )
-from dynamics.report.draw import _fmt, _plain, _prose, _short, _warn
+from dynamics.report.draw import _alt, _fmt, _prose, _short, _warn
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
 from dynamics.report.predictor import _predict_section
 from dynamics.report.redundancy import _redundancy_section
@@ -424,6 +424,7 @@ _JS = r"""
     if (!f) { return; }
     img.src = f.src;
     label.textContent = f.label;
+    slider.setAttribute("aria-valuetext", f.label);  // "step 500 (snapshot 17 of 17)", not "16"
   }
   if (slider && img && label) {
     slider.addEventListener("input", function () { show(parseInt(slider.value, 10)); });
@@ -485,7 +486,8 @@ _SELFTEST_JS = r"""
       var before = {src: img.getAttribute("src"), label: label.textContent, value: slider.value};
       slider.value = slider.max;
       slider.dispatchEvent(new Event("input", {bubbles: true}));
-      var after = {src: img.getAttribute("src"), label: label.textContent, value: slider.value};
+      var after = {src: img.getAttribute("src"), label: label.textContent, value: slider.value,
+                   spoken: slider.getAttribute("aria-valuetext")};
       return settle(img).then(function () {
         after.loaded = img.naturalWidth > 0;
         verdict.slider = {present: true, before: before, after: after,
@@ -565,7 +567,7 @@ def _page(path, runs, chosen, axes, sections: list[_Section], compute_missing: b
     for s in sections:
         parts = [f'<section id="{s.anchor}"><h2>{html.escape(s.title)}</h2>', s.html]
         for rel, caption in s.figures:
-            parts.append(f'<figure><img src="{html.escape(href + rel)}" alt="{html.escape(_plain(caption)[:120])}">'
+            parts.append(f'<figure><img src="{html.escape(href + rel)}" alt="{html.escape(_alt(caption))}">'
                          f"<figcaption>{_prose(caption)}</figcaption></figure>")
         parts.extend(f'<p class="missing">{_prose(m)}</p>' for m in s.missing)
         parts.append("</section>")

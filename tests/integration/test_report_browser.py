@@ -88,6 +88,8 @@ def test_report_works_in_headless_chromium(page):
     assert slider["changed"], slider
     assert slider["before"]["src"] != slider["after"]["src"] and slider["after"]["loaded"], slider
     assert slider["before"]["label"].startswith("step 0 ") and slider["after"]["label"] != slider["before"]["label"]
+    # what a screen reader says of the slider: the step shown, not the 0-based index it holds
+    assert slider["after"]["spoken"] == slider["after"]["label"], slider
     assert verdict["ok"] is True
 
     ARTIFACTS.mkdir(exist_ok=True)
