@@ -265,6 +265,11 @@ def test_chg_taxonomy_shares_over_training_are_fractions_of_the_heads_at_each_fi
     assert share["facilitating"] == [[at[0], 1.0], [at[1], 0.25]]
     assert share["irrelevant"] == [[at[0], 0.0], [at[1], 0.25]]
     assert share["interfering"] == [[at[0], 0.0], [at[1], 0.5]]
+    # irrelevant and interfering coincide at the first fit: each its own marker, the first drawn
+    # larger, so the later does not hide it
+    looks = [(line.get_marker(), line.get_markersize()) for line in ax3.get_lines()]
+    assert len(set(m for m, _ in looks)) == len(looks) and [s for _, s in looks] == sorted((s for _, s in looks),
+                                                                                         reverse=True)
 
 
 def test_the_left_panel_is_a_completed_runs_latest_fit_and_a_fit_at_its_last_step_is_not_provisional(

@@ -219,6 +219,8 @@ def test_a_model_scoring_what_an_earlier_one_does_at_every_horizon_says_so_in_th
     covering = lines["layer (baseline; the same scores as chance at every horizon)"]
     assert (covering.get_marker(), covering.get_markerfacecolor()) == ("s", "none")  # drawn around, not over
     assert lines["linear"].get_marker() == "o"
+    # the init-only baselines, green and red, one olive to a deuteranope: told apart by their markers
+    assert lines["init_linear (baseline)"].get_marker() != lines["init_boosting (baseline)"].get_marker()
 
 
 def test_the_caption_marks_every_horizon_that_saw_a_final_snapshot():

@@ -273,8 +273,11 @@ def _chg_section(ctx: _Ctx) -> _Section:
         ax3.tick_params(axis="x", labelsize=7)
         ax3.set_xlabel(f"CHG label (the one fit, step {float(steps[0]):g})")
     else:
-        for name, colour, share in taxonomy:
-            ax3.plot(steps, share, marker="o", ms=3, color=colour, label=name)
+        # a marker each, larger for those drawn first: two labels with the same shares (0 at every
+        # fit, often) had the later line hide the earlier, its legend entry pointing at nothing
+        for i, (name, colour, share) in enumerate(taxonomy):
+            ax3.plot(steps, share, marker="osD^v"[i % 5], ms=7 - i, mfc="none" if i % 2 else colour, color=colour,
+                     lw=1.2, label=name)
         ax3.set_xlabel("training step (steps)")
         ax3.legend(fontsize=7, frameon=False)
     ax3.set_ylim(-0.02, 1.02)

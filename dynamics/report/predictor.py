@@ -19,6 +19,9 @@ _MODEL_DIMS = ("model", "predictor", "method", "estimator")
 _FOLD_DIMS = ("fold", "folds", "split", "cv_fold")
 # dynamics.predict.MODELS that are baselines (named here so the report needs no sklearn import).
 _BASELINES = ("chance", "layer", "init_linear", "init_boosting")
+# a marker per model, not colour alone: init_linear's green and init_boosting's red, both dashed,
+# are one olive to a deuteranope (the how-early answer is judged against the better of them)
+_MARKERS = ("o", "d", "v", "^", "o", "D", "P", "X")
 _METRICS = {  # attrs["metric"] -> (axis name, unit)
     "auroc": ("AUROC", "0.5 = chance, 1 = perfect"),
     "balanced_accuracy": ("balanced accuracy", "fraction"),
@@ -98,7 +101,8 @@ def _predict_section(ctx: _Ctx) -> _Section:
             x = np.array([float(k)]) if one else np.asarray(x, dtype=float) + (k - (len(lines) - 1) / 2) * dodge
             notes = ["baseline"] * baseline + [f"the same scores as {twin} at every horizon"] * (twin is not None)
             # a hollow square around the marker it lies on, so both stay visible
-            (line,) = ax.plot(x, mean, marker="s" if twin else "o", ms=6 if twin else 3.5, mfc="none" if twin else None,
+            (line,) = ax.plot(x, mean, marker="s" if twin else _MARKERS[k % len(_MARKERS)], ms=6 if twin else 3.5,
+                              mfc="none" if twin else None,
                               ls="--" if baseline else "-", lw=1.1 if baseline else 1.8,
                               label=label + (f" ({'; '.join(notes)})" if notes else ""))
             if band is not None:
