@@ -39,14 +39,14 @@ def test_groups_rank_numeric_swept_values_by_value_not_by_text():
     """Colour by rank of the first swept axis (viridis): 2 < 10 < 16 numerically, though "10" < "2" as text."""
     from matplotlib import colormaps
 
-    from dynamics.report.draw import _groups
+    from dynamics.report.draw import VIRIDIS_TOP, _groups
 
     runs = [_Run(f"r{v}", "completed", {"model.init_scale": v, "train.seed": 0}, 1.0, 3, np.ones(3, bool), np.arange(3))
             for v in (10.0, 2.0, 16.0)]
     groups = _groups(runs, AXES)
     assert [groups.labels[k] for k in groups.keys] == ["init_scale=2", "init_scale=10", "init_scale=16"]
     cmap = colormaps["viridis"]
-    assert [groups.colours[k] for k in groups.keys] == [cmap(0.0), cmap(0.45), cmap(0.9)]
+    assert [groups.colours[k] for k in groups.keys] == [cmap(0.0), cmap(VIRIDIS_TOP / 2), cmap(VIRIDIS_TOP)]
 
 
 def test_redundancy_matrix_skips_a_head_with_no_distances(tmp_path, monkeypatch):
