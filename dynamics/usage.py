@@ -277,7 +277,9 @@ def cannot_make_in(folder: Path) -> str | None:
     yes to root everywhere, /proc, /sys and immutable folders included: mkdir is asked. Not for a
     store's own folders, where another command may be listing runs as the probe comes and goes."""
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=MKDIR_PROBE, dir=folder))
+        # in the folder the kernel reads (`lnk/..` resolved): Python 3.12's mkdtemp returns its
+        # folder through abspath, which drops `lnk/..` as text, and the rmdir then missed the probe
+        os.rmdir(tempfile.mkdtemp(prefix=MKDIR_PROBE, dir=absolute(folder)))
     except OSError as e:
         return e.strerror or str(e)
     return None
