@@ -53,3 +53,30 @@ def test_a_sweep_leaves_the_launchers_environment_as_it_found_it(tmp_path, monke
     assert summary.ok
     assert {k: os.environ.get(k) for k in (*keys, "MALLOC_TRIM_THRESHOLD_")} == {**dict.fromkeys(keys),
                                                                                "MALLOC_TRIM_THRESHOLD_": "12345"}
+
+
+def test_a_cluster_that_fails_to_start_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch):
+    # The nannies set OMP_NUM_THREADS=1 as the cluster starts: a client that then failed to
+    # connect left it behind, the launcher's restore being in the sweep's own try
+    import os
+
+    import distributed
+
+    from dynamics.sweep import run_sweep
+
+    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED")
+    for key in keys:
+        monkeypatch.delenv(key, raising=False)
+
+    def refused(*args, **kwargs):
+        assert os.environ.get("OMP_NUM_THREADS") == "1"  # the cluster's workers are up: the nannies set it
+        raise OSError("no client today")
+
+    monkeypatch.setattr(distributed, "Client", refused)
+    try:
+        run_sweep(from_dict(tiny({"train.seed": [0]})), str(tmp_path / "s.zarr"), workers=1, progress=False)
+    except OSError as e:
+        assert "no client today" in str(e)
+    else:
+        raise AssertionError("the sweep ran without a client")
+    assert {k: os.environ.get(k) for k in keys} == dict.fromkeys(keys)

@@ -360,7 +360,11 @@ def _launch(todo: list[Point], path: str, scheduler: str | None, n_workers: int,
     events: queue.SimpleQueue = queue.SimpleQueue()
     results: dict[str, dict] = {}
     environ = _spawn_environ()
-    client, cluster = _client(scheduler, n_workers)
+    try:
+        client, cluster = _client(scheduler, n_workers)
+    except BaseException:  # a cluster that failed half-started had its nannies set them already
+        _restore_environ(environ)
+        raise
     stop = None  # made in the try below, so that a Ctrl-C this early still closes the cluster
     by_run = {p.run_id: p for p in todo}
     order = {p.run_id: i for i, p in enumerate(todo)}
