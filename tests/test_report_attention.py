@@ -129,3 +129,23 @@ def test_the_frame_grid_is_layers_by_heads_labelled_on_its_outer_edges_and_title
     assert [i for i, ax in enumerate(frames) if ax.get_xlabel()] == [3, 4, 5]  # the bottom row
     assert [i for i, ax in enumerate(frames) if ax.get_ylabel()] == [0, 3]  # the left column
     assert titles[3].get_text() == "L1 H0 · previous_token" and titles[2].get_text() == "L0 H2 · previous_token"
+
+
+def test_each_frames_alt_text_names_every_heads_role_at_its_step(built):
+    # The roles were drawn as pixels in the panel titles only: a screen reader had none of them
+    from dynamics.analysis import ROLES, analyse_run
+
+    path, page, ids = built
+    text = page.read_text()
+    chosen = re.search(r"Per-run figures show run <code>(\w+)</code>", text).group(1)
+    analysis = store.open_analysis(path, chosen, dask=False)
+    if analysis is None:  # the page analysed the run itself
+        analysis = analyse_run(store.open_run(path, chosen, dask=False))
+    frames = _frames(text)
+    assert html.unescape(re.search(r'<img id="frame" src="[^"]*" alt="([^"]*)"', text).group(1)) == frames[0]["alt"]
+    for f in frames:
+        codes = analysis["role"].sel(step=f["step"]).transpose("layer", "head").values
+        want = ", ".join(f"L{li} H{hi} {ROLES[c]}" for li, row in enumerate(codes) for hi, c in enumerate(row))
+        assert f["alt"] == f"attention maps of every head at step {f['step']}; roles: {want}"
+    assert len({f["alt"] for f in frames}) > 1  # the roles change over training, and so does the text
+    assert "if (f.alt) { img.alt = f.alt; }" in text  # the slider carries it to the image it shows

@@ -107,6 +107,22 @@ def frame_snapshots(recorded: np.ndarray, cap: int = MAX_FRAMES) -> np.ndarray:
     return indices[np.linspace(0, indices.size - 1, cap).round().astype(int)]
 
 
+def _frame_alt(step: int, labels: np.ndarray | None, layers, heads) -> str:
+    """A frame's alt text: its step, and each head's role where the frame's titles show one (a
+    screen reader had the roles, drawn as pixels in the titles, nowhere).
+
+    >>> _frame_alt(40, np.array([["previous_token", "none"]]), [0], [0, 1])
+    'attention maps of every head at step 40; roles: L0 H0 previous_token, L0 H1 none'
+    >>> _frame_alt(0, None, [0], [0])
+    'attention maps of every head at step 0'
+    """
+    alt = f"attention maps of every head at step {step}"
+    if labels is None:
+        return alt
+    return alt + "; roles: " + ", ".join(f"L{layer} H{head} {labels[li, hi]}" for li, layer in enumerate(layers)
+                                         for hi, head in enumerate(heads))
+
+
 def _attention_frames(fig, images, titles, suptitle, attn, run, roles_by_step, layers, heads, out: Path,
                       indices: np.ndarray):
     """Write one PNG per snapshot in `indices` (recorded ones); yields (relative path, step).
@@ -221,7 +237,8 @@ def _attention_section(ctx: _Ctx) -> _Section:
                if "distill_weight" in ds else None)  # (snapshot, layer, head)
     rank = np.cumsum(run.recorded)  # a snapshot's place among the recorded ones, from 1
     frames = [
-        {"src": ctx.href + src, "step": step, "label": f"step {step} (snapshot {rank[s]} of {run.n_recorded})"}
+        {"src": ctx.href + src, "step": step, "label": f"step {step} (snapshot {rank[s]} of {run.n_recorded})",
+         "alt": _frame_alt(step, roles_by_step.get(step), layers, heads)}
         for s, (src, step) in zip(shown, _attention_frames(
             fig, images, titles, suptitle, attn, run, roles_by_step, layers, heads, out, shown), strict=True)
     ]
@@ -257,7 +274,7 @@ def _attention_section(ctx: _Ctx) -> _Section:
            aria-label="snapshot" aria-valuetext="{html.escape(first["label"])}">
     <span id="step-label" aria-live="polite">{html.escape(first["label"])}</span>
   </div>
-  <img id="frame" src="{html.escape(first["src"])}" alt="attention maps of every head at the selected snapshot">
+  <img id="frame" src="{html.escape(first["src"])}" alt="{html.escape(first["alt"])}">
   <figcaption>{_prose(caption)}</figcaption>
 </figure>
 <script type="application/json" id="frames-data">{data}</script>"""

@@ -424,6 +424,7 @@ _JS = r"""
     if (!f) { return; }
     img.src = f.src;
     label.textContent = f.label;
+    if (f.alt) { img.alt = f.alt; }  // the shown step's roles, which its panel titles draw
     slider.setAttribute("aria-valuetext", f.label);  // "step 500 (snapshot 17 of 17)", not "16"
   }
   if (slider && img && label) {
@@ -483,11 +484,11 @@ _SELFTEST_JS = r"""
         verdict.slider = {present: !!slider, changed: false, reason: "no slider or fewer than 2 snapshots"};
         return verdict;
       }
-      var before = {src: img.getAttribute("src"), label: label.textContent, value: slider.value};
+      var before = {src: img.getAttribute("src"), label: label.textContent, value: slider.value, alt: img.alt};
       slider.value = slider.max;
       slider.dispatchEvent(new Event("input", {bubbles: true}));
       var after = {src: img.getAttribute("src"), label: label.textContent, value: slider.value,
-                   spoken: slider.getAttribute("aria-valuetext")};
+                   spoken: slider.getAttribute("aria-valuetext"), alt: img.alt};
       return settle(img).then(function () {
         after.loaded = img.naturalWidth > 0;
         verdict.slider = {present: true, before: before, after: after,

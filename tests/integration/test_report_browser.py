@@ -90,6 +90,10 @@ def test_report_works_in_headless_chromium(page):
     assert slider["before"]["label"].startswith("step 0 ") and slider["after"]["label"] != slider["before"]["label"]
     # what a screen reader says of the slider: the step shown, not the 0-based index it holds
     assert slider["after"]["spoken"] == slider["after"]["label"], slider
+    # and of the image: the roles at the step shown, which the panel titles draw
+    frames = json.loads(re.search(r'id="frames-data">(.*?)</script>', page.read_text(), re.S).group(1).replace("<\\/", "</"))
+    assert [slider["before"]["alt"], slider["after"]["alt"]] == [frames[0]["alt"], frames[-1]["alt"]], slider
+    assert "; roles: " in slider["after"]["alt"] and slider["after"]["alt"] != slider["before"]["alt"], slider
     assert verdict["ok"] is True
 
     ARTIFACTS.mkdir(exist_ok=True)
