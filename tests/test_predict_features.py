@@ -312,3 +312,30 @@ def test_gradient_agreement_at_the_horizon_and_its_mean_by_hand():
     f = predict.head_features(ds)
     assert float(f.sel(feature="grad_cosine_q_h").values[0, 0]) == pytest.approx(0.8)
     assert float(f.sel(feature="grad_cosine_q_mean").values[0, 0]) == pytest.approx(0.5)
+
+
+def test_slash_features_leave_out_the_offsets_the_analysis_leaves_out():
+    # At T = 4 the slash window is offsets 1-2, and at offset 2 a first-token sink scores
+    # (A[2,0] + A[3,1]) / 2 = 0.5 = kappa: analyse_run leaves that offset out. The features read
+    # it still, so a sink head's best_slash_h was 0.5 at offset 2 where its analysis (and its
+    # target) had 1/3 at offset 1: A[1,0] + A[2,1] + A[3,2] over 3 rows.
+    from dynamics.analysis import analyse_run
+
+    T = 4
+    sink = np.zeros((4, 1, 1, 1, T, T))  # (snapshot, layer, head, probe, query, key)
+    sink[..., 0] = 1.0
+    ds = xr.Dataset({"attention": (("snapshot", "layer", "head", "probe", "query", "key"), sink),
+                     "probe_tokens": (("probe", "position"), np.arange(T)[None]),
+                     "importance": (("snapshot", "layer", "head"), np.ones((4, 1, 1)))},
+                    coords={"step": ("snapshot", [0, 10, 20, 30])})
+    f = predict.head_features(ds)
+    assert f.sel(feature="best_offset_h").item() == 1
+    np.testing.assert_allclose(f.sel(feature=["best_slash_init", "best_slash_h"]).values.ravel(), [1 / 3, 1 / 3])
+    analysis = analyse_run(ds)
+    assert analysis.attrs["slash_offsets_unscored"] == [2]
+    assert analysis["best_offset"].isel(snapshot=-1).item() == f.sel(feature="best_offset_h").item()
+    assert analysis["best_slash"].isel(snapshot=-1).item() == pytest.approx(f.sel(feature="best_slash_h").item())
+    # at T = 3 no offset is left (1 is the window, and a sink's A[1,0] + A[2,1] is 1/2 there):
+    # the analysis has no best offset, and nor has the feature
+    f3 = predict.head_features(ds.isel(query=slice(0, 3), key=slice(0, 3), position=slice(0, 3)))
+    assert np.isnan(f3.sel(feature=["best_offset_h", "best_slash_h"]).values).all()

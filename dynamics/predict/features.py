@@ -10,9 +10,9 @@ from scipy.stats import rankdata
 
 from dynamics.analysis.bifurcation import head_importance
 from dynamics.analysis.divergence import divergence_from_init, js_distance
-from dynamics.analysis.pipeline import AnalysisOptions
+from dynamics.analysis.pipeline import AnalysisOptions, slash_dominance
 from dynamics.analysis.roles import ROLES, role_scores
-from dynamics.analysis.slash import best_offset, slash_score
+from dynamics.analysis.slash import slash_score
 from dynamics.predict.options import UNITS, PredictError, PredictOptions, Run, check_arguments
 from dynamics.schema import HEAD, LAYER, SNAPSHOT, TRAIN_STEP, WEIGHT
 
@@ -226,9 +226,10 @@ def head_features(early: xr.Dataset, options: AnalysisOptions | None = None) -> 
         for role in ROLES[:-1]:
             s = np.asarray(scores[role].values, dtype=np.float64)
             out[f"{role}_init"], out[f"{role}_h"], out[f"{role}_change"] = s[0], s[1], s[1] - s[0]
-        window = opt.slash_window(T)  # the targets' window: a sink head is not a long slash
-        slash = slash_score(attn, max_offset=window)
-        offset, best = best_offset(slash, min_offset=min(opt.slash_min_offset, window), max_offset=window)
+        # the targets' offsets (a sink head is not a long slash), less those where a sink or no
+        # pattern already reaches kappa, as analyse_run leaves them out
+        slash = slash_score(attn, max_offset=opt.slash_window(T))
+        offset, best, _ = slash_dominance(slash, opt, T)
         best = np.asarray(best.values, dtype=np.float64)
         out["best_slash_init"], out["best_slash_h"] = best[0], best[1]
         out["best_offset_h"] = np.asarray(offset.values, dtype=np.float64)[1]
