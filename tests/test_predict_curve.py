@@ -57,6 +57,34 @@ def test_the_null_check_permutes_whole_runs_between_runs_with_the_same_heads(pla
     assert block.shape == (len(runs) - 1, L * H)
 
 
+def test_the_null_checks_permutations_do_not_depend_on_the_order_the_runs_come_in(planted, tables, monkeypatch):
+    # The draws went to the blocks, and to the runs in each, in the rows' order: the same runs
+    # listed in another order (a store's sweep index, then its groups) were given other roles,
+    # and an audit's six runs counted 0 of 20 one way and 2 of 20 the other.
+    from dynamics.predict import curve as cv
+
+    runs, opt, _ = planted
+    rows = tables[0]
+    shuffled = rows.isel(head_row=np.random.default_rng(5).permutation(rows.sizes["head_row"]))
+    names = [[rows.row_run.values[b[r, 0]] for r in range(len(b))] for b in predict.same_head_blocks(rows)]
+    assert names == [[shuffled.row_run.values[b[r, 0]] for r in range(len(b))]
+                     for b in predict.same_head_blocks(shuffled)]
+    assert names == [sorted(r.run_id for r in runs)]
+
+    def given(order):  # each permutation's targets, by (run, layer, head)
+        seen, real = [], cv.cross_validate
+        monkeypatch.setattr(cv, "cross_validate", lambda *a, **k: (seen.append(a[2].copy()), real(*a, **k))[1])
+        listed = [runs[i] for i in order]
+        curve = predict.predict_runs(listed, dataclasses.replace(opt, null=3, horizons=(0.1,)))
+        keys = predict.target_table(listed, opt)
+        keys = list(zip(keys.row_run.values, keys.row_layer.values, keys.row_head.values, strict=True))
+        return [dict(zip(keys, y.tolist(), strict=True)) for y in seen[1:]], curve.attrs["null_readable"]
+
+    forward = given(range(len(runs)))
+    assert forward == given(range(len(runs) - 1, -1, -1)) == given([3, 0, 6, 1, 7, 2, 5, 4])
+    assert len(forward[0]) == 3 and forward[0][0] != forward[0][1]
+
+
 def test_the_null_check_counts_how_often_the_criterion_fires_on_permuted_targets(planted):
     runs, opt, curve = planted
     said = []

@@ -12,10 +12,15 @@ import xarray as xr
 
 def same_head_blocks(rows: xr.Dataset) -> list[np.ndarray]:
     """Rows of the runs that label the same heads, as one (runs, heads) index array per such set
-    of two or more runs, each run's rows in (layer, head) order: what the null check permutes."""
+    of two or more runs, each run's rows in (layer, head) order: what the null check permutes.
+
+    The sets, and the runs in each, are in run-id order, not the rows' order: the draws go to
+    them in turn, so a store listing the same runs in another order (its sweep index, then its
+    groups) had other permutations, and counted 0 of 20 where the same runs in another order
+    counted 2."""
     run, layer, head = (rows[k].values for k in ("row_run", "row_layer", "row_head"))
     by_heads: dict[tuple, list[np.ndarray]] = {}
-    for r in dict.fromkeys(run.tolist()):
+    for r in sorted(set(run.tolist())):
         idx = np.flatnonzero(run == r)
         idx = idx[np.lexsort((head[idx], layer[idx]))]
         by_heads.setdefault(tuple(zip(layer[idx].tolist(), head[idx].tolist(), strict=True)), []).append(idx)
