@@ -176,7 +176,9 @@ def test_a_gpu_run_draws_its_pool_on_the_host():
 
 
 def test_no_experiment_point_is_refused_on_a_4_gib_machine():
-    for path in sorted(Path(__file__).parents[1].glob("experiments/*.toml")):
+    shipped = sorted(Path(__file__).parents[1].glob("experiments/*.toml"))
+    assert len(shipped) >= 10, shipped  # none found checked nothing, and passed
+    for path in shipped:
         cfg = load_config(path)
         for values in itertools.product(*cfg.sweep.axes.values()):
             point = with_values(cfg, dict(zip(cfg.sweep.axes, values, strict=True)))

@@ -8,6 +8,7 @@ the teacher, and a run with conditioned gates.
 
 import copy
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -634,7 +635,7 @@ def test_bad_template_exits_2_from_the_cli(tiny_config, tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["templates", "conditioned_gates", "distill"])
 def test_shipped_experiment_configs_parse(name):
-    opts = interventions.parse(load_config(f"experiments/{name}.toml"))
+    opts = interventions.parse(load_config(Path(__file__).parents[1] / "experiments" / f"{name}.toml"))
     assert getattr(opts, "distill" if name == "distill" else name.removesuffix("_free")) is not None
 
 

@@ -2,6 +2,8 @@
 two-layer circuit of Olsson et al. 2022 (a previous-token head in layer 0, an induction head
 in layer 1). One training (~1 min on 2 cores) shared by the checks."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -24,7 +26,7 @@ OVERRIDES = [
 @pytest.fixture(scope="module")
 def induction_run(tmp_path_factory):
     set_threads(1)
-    cfg = load_config("experiments/induction.toml", OVERRIDES)
+    cfg = load_config(Path(__file__).parents[2] / "experiments" / "induction.toml", OVERRIDES)
     path = str(tmp_path_factory.mktemp("induction") / "run.zarr")
     result = train_run(cfg, path)
     assert result.status == "completed"
