@@ -132,16 +132,18 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
         opt.step()
         state["step"] = s + 1
 
-    def grads_and_forward() -> None:  # leave .grad set, as at a snapshot
+    def grads_and_forward() -> torch.Tensor:  # leave .grad set, as at a snapshot, with its sequence gates'
         s = state["step"]
         tokens = torch.from_numpy(make_batch(cfg, "train", s, cfg.train.batch_size).tokens).to(device)
         model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        xi = Recorder.sequence_gates(model, tokens.shape[0])  # (B, L, H)
+        F.cross_entropy(model(tokens[:, :-1], head_gates=xi).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        return xi.grad
 
     for _ in range(3):
         train_step()
-    grads_and_forward()
-    blocks = recorder.snapshot(model)
+    sequence_grads = grads_and_forward()
+    blocks = recorder.snapshot(model, sequence_grads)
     ckpt = checkpoint.checkpoint_state(model, opt, 1, recorder.prev_grads, None)  # not `state`: train_step reads that
     # train.py flushes the losses of the steps since the last snapshot: record.every of them,
     # fewer in a run shorter than that.
@@ -151,7 +153,7 @@ def components(cfg: RunConfig, calls: int, tmp: str) -> tuple[dict[str, tuple[st
         "probe forward (attention)": ("training", lambda: recorder.attention(model)),
         "eval loss": ("training", lambda: recorder.eval_loss(model)),
         # what a snapshot runs (float64 norms and cosines): a float32 copy here took ~40% less
-        "gradient stats, gates, weights": ("training", lambda: recorder.gradient_stats(model)),
+        "gradient stats, gates, weights": ("training", lambda: recorder.gradient_stats(model, sequence_grads)),
         "checkpoint state copy": ("training", lambda: checkpoint.checkpoint_state(model, opt, 1, recorder.prev_grads, None)),
         "zarr: snapshot arrays": ("writer", lambda: writer.write_snapshot(1, blocks)),
         "zarr: loss region": ("writer", lambda: writer.write_region("loss", 0, losses)),

@@ -3,14 +3,19 @@
 A snapshot turns the live model into named numpy blocks (see ``schema.RUN_VARIABLES``):
 attention on a fixed probe batch (one batched eager forward), per-head gradient norms
 and gate gradients taken from the gradients the training step already computed (no extra
-backward pass), and held-out loss per task component. The importance is |dL/dg| of the
-batch's training objective (the mean loss, with any intervention's terms; not learned gates'
-L1). Times the gate g it is the batch form of Michel et al. 2019's E_x |dL(x)/dxi|, xi a gate
-held at 1 on the head's output (`dynamics.analysis.bifurcation.head_importance`; the same
-where g = 1, fixed gates), which would need per-example gradients; per-example gradients that
-cancel within a batch make it smaller.
+backward pass), and held-out loss per task component. The importance is E_x |dL(x)/dg| over
+the sequences x of the step's batch, L(x) a sequence's training objective (its mean loss, with
+any intervention's terms; not learned gates' L1). Times the gate g it is Michel et al. 2019's
+E_x |dL(x)/dxi|, xi a gate held at 1 on the head's output
+(`dynamics.analysis.bifurcation.head_importance`; the same where g = 1, fixed gates). Each
+sequence's dL(x)/dxi comes from the training backward too: at a snapshot's step the forward
+takes a gate of ones per sequence and head (`Recorder.sequence_gates`), which changes no value.
+Runs begun before that (no ``importance_form`` attr) hold |dL/dg| of the batch's mean loss:
+there the sequences' gradients cancel, and at the end of training what is left is mostly the
+batch's noise (README, Recorded arrays).
 The trainer hands the blocks to the store; nothing here touches zarr.
 """
+
 
 from __future__ import annotations
 
@@ -23,6 +28,10 @@ from dynamics.budget import snapshot_steps as snapshot_steps  # torch-free, for 
 from dynamics.config import RunConfig
 from dynamics.model import Transformer
 from dynamics.tasks import make_batch
+
+PER_SEQUENCE = "per_sequence"
+"""A run's ``importance_form`` attr where ``importance`` is the mean over the batch's sequences of
+|dL(x)/dg|; absent where it is |dL/dg| of the batch's mean loss (runs begun before it)."""
 
 
 def chg_fitted(cfg: RunConfig, steps_at: np.ndarray) -> np.ndarray:
@@ -135,17 +144,46 @@ class Recorder:
         chg, role = chg_snapshot(model, self.cfg, progress=progress)
         return {"chg": chg, "chg_role": role}
 
-    @torch.no_grad()
-    def snapshot(self, model: Transformer) -> dict[str, np.ndarray]:
-        """All per-snapshot blocks; call after backward on this step's training batch."""
-        return {"attention": self.attention(model), **self.gradient_stats(model), "eval_loss": self.eval_loss(model)}
+    @staticmethod
+    def sequence_gates(model: Transformer, batch_size: int) -> torch.Tensor:
+        """Gates of ones, (B, L, H), for the training forward at a snapshot's step (its
+        ``head_gates``): after the backward their .grad holds each sequence's share of the
+        objective's gradient, ``(1 / B) dL(x)/dxi``, which :meth:`gradient_stats` reads."""
+        L, H = model.cfg.n_layers, model.cfg.n_heads
+        return torch.ones(batch_size, L, H, device=model.W_E.device, dtype=model.W_E.dtype, requires_grad=True)
 
     @torch.no_grad()
-    def gradient_stats(self, model: Transformer) -> dict[str, np.ndarray]:
+    def snapshot(self, model: Transformer, sequence_grads: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+        """All per-snapshot blocks; call after backward on this step's training batch (see
+        :meth:`gradient_stats` for ``sequence_grads``)."""
+        return {"attention": self.attention(model), **self.gradient_stats(model, sequence_grads),
+                "eval_loss": self.eval_loss(model)}
+
+    @staticmethod
+    def _importance(model: Transformer, sequence_grads: torch.Tensor | None) -> torch.Tensor:
+        """(L, H): E_x |dL(x)/dg| from the sequence gates' grads, else |dL/dg| of the batch."""
+        batch = model.gate_grads().abs()  # (L, H)
+        if sequence_grads is None:
+            return batch
+        B = sequence_grads.shape[0]
+        # The objective is the mean over sequences, so a gate's grad is (1/B) dL(x)/dxi; and the
+        # head's output is g xi z, so dL(x)/dxi = g dL(x)/dg. Float64: a gate shut to 1e-26 (a
+        # learned one) scales the grads with it. Where g is 0 no sequence's dL(x)/dg is left in
+        # them, and g times either form is 0: the batch's, exact there, stands in.
+        per = (sequence_grads.double() * B).abs().mean(0)  # (L, H): E_x |dL(x)/dxi|
+        g = model.gate_values().double()  # (L, H)
+        return torch.where(g > 0, per / torch.where(g > 0, g, 1.0), batch.double())
+
+    @torch.no_grad()
+    def gradient_stats(self, model: Transformer, sequence_grads: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         """The blocks a snapshot takes from the gradients already computed and the parameters:
         per-head gradient norms and cosines to the last snapshot's, gate importance and values,
         and head weights when recorded. Keeps this snapshot's gradients for the next cosine.
-        (Its own method so that bench/record.py times what a snapshot runs.)"""
+        (Its own method so that bench/record.py times what a snapshot runs.)
+
+        ``sequence_grads``: the .grad of :meth:`sequence_gates` (B, L, H), from which the
+        importance is the mean over sequences of |dL(x)/dg|; None gives |dL/dg| of the batch's
+        mean loss (`PER_SEQUENCE`)."""
         grads = model.head_grads()  # (L, H, 4, d_model, d_head)
         # Norms and cosines in float64: float32 squares of entries below ~1e-19 (init_scale 1e-8,
         # a gate shut to 1e-26) underflowed, so grad_norm read 0 and grad_cosine 1e6 for real gradients.
@@ -165,7 +203,7 @@ class Recorder:
             # = model.head_grad_norms(), from the slices already stacked above
             "grad_norm": flat.norm(dim=-1).float().cpu().numpy(),
             "grad_cosine": cosine.float().cpu().numpy(),
-            "importance": model.gate_grads().abs().float().cpu().numpy(),
+            "importance": self._importance(model, sequence_grads).float().cpu().numpy(),
             "gate": model.gate_values().float().cpu().numpy(),
         }
         if self.with_weights:

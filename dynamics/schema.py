@@ -102,7 +102,9 @@ RUN_VARIABLE_ATTRS = {
                     "description": "cosine between the head's gradient and the previous snapshot's"},
     # |dL/dg| alone: times the gate it is Michel et al.'s importance (the label said "times gate" first)
     "importance": {"long_name": "head importance |dloss/dgate|", "units": "nat",
-                   "description": "|dloss/dgate| of the head; times the gate, Michel et al.'s importance"},
+                   "description": "mean over the batch's sequences of |dloss/dgate| of the head (where the run's "
+                                  "importance_form attr is per_sequence; else of the batch's mean loss); times "
+                                  "the gate, Michel et al.'s importance"},
     "gate": {"long_name": "head gate value", "units": "1"},
     "head_weights": {"long_name": "head weight slices",
                      "description": "the head's slices of W_Q, W_K, W_V, W_O (W_O transposed)"},

@@ -213,3 +213,32 @@ def test_a_resume_on_other_cpu_kernels_says_so_and_records_them(cfg, tmp_path):
     assert f"{cfg.run_id()} resumes at step {at} with CPU kernels {here} -> DEFAULT" in r.stderr
     attrs = store.run_attrs(path, cfg.run_id())
     assert attrs["cpu_capability"] == here and [x["cpu_capability"] for x in attrs["resumes"]] == ["DEFAULT"]
+
+
+def test_a_run_begun_before_the_per_sequence_importance_keeps_the_batch_form_on_resume(cfg, tmp_path):
+    # A run's importance is one form throughout: a run begun by code that recorded |dL/dg| of the
+    # batch's mean loss (no importance_form attr) goes on recording that when resumed, and a run
+    # begun with the per-sequence form resumes into the same arrays as a run never stopped.
+    import numpy as np
+
+    whole, old, new = (str(tmp_path / f"{name}.zarr") for name in ("whole", "old", "new"))
+    train_run(cfg, whole)
+    for path in (old, new):
+        with pytest.raises(KeyboardInterrupt):
+            train_run(cfg, path, progress=interrupt_at(12))
+    at = store.run_attrs(old, cfg.run_id())["checkpoint_step"]
+    attrs = store.run_attrs(old, cfg.run_id())
+    assert attrs["importance_form"] == "per_sequence"
+    store.update_run_attrs(old, cfg.run_id(), importance_form=None)  # as the code before wrote none
+    train_run(cfg, old)
+    train_run(cfg, new)
+    assert store.run_attrs(old, cfg.run_id()).get("importance_form") is None
+    assert store.run_attrs(new, cfg.run_id())["importance_form"] == "per_sequence"
+    ref, kept, resumed = (store.open_run(p).load() for p in (whole, new, old))
+    np.testing.assert_array_equal(kept.importance.values, ref.importance.values)
+    before = ref.step.values < at
+    np.testing.assert_array_equal(resumed.importance.values[before], ref.importance.values[before])
+    # mean |dL(x)/dg| over sequences is at least |the mean's|, and above it where they disagree in sign
+    assert (resumed.importance.values[~before] < ref.importance.values[~before]).all()
+    for name in ("grad_norm", "attention", "loss"):  # the forms change nothing else
+        np.testing.assert_array_equal(resumed[name].values, ref[name].values)

@@ -120,7 +120,7 @@ def test_started_is_said_once_before_the_first_snapshot_and_never_with_a_refusal
 
     events = []
     snapshot = Recorder.snapshot
-    monkeypatch.setattr(Recorder, "snapshot", lambda self, model: events.append("snapshot") or snapshot(self, model))
+    monkeypatch.setattr(Recorder, "snapshot", lambda self, model, *rest: events.append("snapshot") or snapshot(self, model, *rest))
     cfg = with_values(cfg, {"record.every": 25})
     path = str(tmp_path / "s.zarr")
     with pytest.raises(KeyboardInterrupt):
@@ -606,7 +606,8 @@ def test_the_learning_rate_schedule_has_its_documented_known_values():
 def test_a_snapshot_holds_its_checkpoint_weights_and_their_gradient_on_that_steps_batch(tmp_path):
     # Known answers from autograd, independently of Recorder: the last snapshot (step 6) against
     # the last checkpoint's weights and training batch 6. Learned gates, so g != 1 and importance
-    # goes through the gate probe; here it is checked against dL/dlogit / (g (1 - g)).
+    # goes through the gate probe; here it is checked against each sequence's dL(x)/dlogit /
+    # (g (1 - g)), one backward per sequence, its absolute value averaged over the batch.
     import torch
     import torch.nn.functional as F
 
@@ -636,17 +637,26 @@ def test_a_snapshot_holds_its_checkpoint_weights_and_their_gradient_on_that_step
     np.testing.assert_allclose(ds.grad_norm.values, norms.numpy(), rtol=1e-5)
     g = torch.stack([torch.sigmoid(a.gate_logit.detach()) for a in attn])  # (L, H)
     np.testing.assert_array_equal(ds.gate.values, g.numpy())
-    dl_dg = torch.stack(grads[len(weights):]) / (g * (1 - g))  # (L, H)
-    np.testing.assert_allclose(ds.importance.values, dl_dg.abs().numpy(), rtol=1e-4)
-    # Michel et al.'s: a gate xi held at 1 on each head's output, dL/dxi = g dL/dg (not dL/dg)
+    logits = [a.gate_logit for a in attn]
+    per_sequence = torch.stack([  # (B, L, H): each sequence's dL(x)/dg, its own loss alone
+        torch.stack(torch.autograd.grad(F.cross_entropy(model(x[None, :-1])[0], x[1:]), logits)) / (g * (1 - g))
+        for x in tokens])
+    np.testing.assert_allclose(ds.importance.values, per_sequence.abs().mean(0).numpy(), rtol=1e-4)
+    # not the batch's mean loss's |dL/dg|, in which the sequences' gradients cancel
+    batch = (torch.stack(grads[len(weights):]) / (g * (1 - g))).abs()  # (L, H)
+    np.testing.assert_allclose(batch.numpy(), per_sequence.mean(0).abs().numpy(), rtol=1e-4)
+    assert (ds.importance.values > 1.5 * batch.numpy()).all()
+    assert store.run_attrs(path, cfg.run_id())["importance_form"] == "per_sequence"
+    # Michel et al.'s: a gate xi held at 1 on each head's output, dL(x)/dxi = g dL(x)/dg (not dL(x)/dg)
     from dynamics.analysis.bifurcation import head_importance
 
-    xi = torch.ones(len(attn), g.shape[1], requires_grad=True)
-    (dl_dxi,) = torch.autograd.grad(F.cross_entropy(model(tokens[:, :-1], head_gates=xi).flatten(0, 1),
-                                                    tokens[:, 1:].flatten()), xi)
+    dl_dxi = []  # (B, L, H)
+    for x in tokens:
+        xi = torch.ones(len(attn), g.shape[1], requires_grad=True)
+        dl_dxi += torch.autograd.grad(F.cross_entropy(model(x[None, :-1], head_gates=xi)[0], x[1:]), xi)
     michel = head_importance(ds.importance, ds.gate).values
-    np.testing.assert_allclose(michel, dl_dxi.abs().numpy(), rtol=1e-4)
-    assert not np.allclose(ds.importance.values, dl_dxi.abs().numpy(), rtol=1e-2)  # g is far enough from 1
+    np.testing.assert_allclose(michel, torch.stack(dl_dxi).abs().mean(0).numpy(), rtol=1e-4)
+    assert not np.allclose(ds.importance.values, michel, rtol=1e-2)  # g is far enough from 1
     assert store.run_attrs(path, cfg.run_id())["last_loss"] == loss.item()
 
     probe = torch.from_numpy(ds.probe_tokens.values)

@@ -274,13 +274,15 @@ def gini(x: xr.DataArray, dim: str = HEAD) -> xr.DataArray:
 def head_importance(importance: xr.DataArray, gate: xr.DataArray | None = None) -> xr.DataArray:
     """Michel et al. 2019's head importance from the recorded ``importance`` and ``gate``.
 
-    Michel et al. put a gate xi, held at 1, on each head's output and take |dL/dxi|. The
-    recorder stores |dL/dg| for the model's own gate g (what training's backward gives); the
-    head's output is g z, so a xi on it has dL/dxi = g dL/dg, and with g >= 0
+    Michel et al. put a gate xi, held at 1, on each head's output and take E_x |dL(x)/dxi|
+    over sequences x. The recorder stores E_x |dL(x)/dg| for the model's own gate g, over the
+    sequences of the step's batch (`dynamics.record`; runs begun before its ``importance_form``
+    attr hold |dL/dg| of the batch's mean loss, whose sequences' gradients cancel); the head's
+    output is g z, so a xi on it has dL(x)/dxi = g dL(x)/dg, and with g >= 0
 
     .. math::
 
-        I_{l,h} = g_{l,h} \\, |\\partial L / \\partial g_{l,h}|
+        I_{l,h} = g_{l,h} \\, E_x |\\partial L(x) / \\partial g_{l,h}|
 
     It is the recorded value itself where g = 1 (fixed gates, the default; ``gate`` None
     means those). With learned gates |dL/dg| alone is what a head would matter if it were

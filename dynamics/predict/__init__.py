@@ -15,8 +15,10 @@ Targets (``TARGETS``), all at the final snapshot:
   the offset of each head's best slash score is kept next to it.
 - ``role``: the role label of `dynamics.analysis.roles.assign_roles`, balanced accuracy.
 - ``importance``: rank of the head's importance within its layer, scaled to [0, 1]
-  (Michel et al. 2019's in its batch form: the gate times the recorded |dL/dg| of the
-  batch-mean loss, `dynamics.analysis.bifurcation.head_importance`), Spearman correlation.
+  (Michel et al. 2019's, E_x |dL(x)/dxi| over the final step's batch: the gate times the
+  recorded importance, `dynamics.analysis.bifurcation.head_importance`; in runs begun before
+  ``importance_form``, |dL/dg| of the batch's mean loss, mostly noise by the end of training),
+  Spearman correlation.
 - ``chg``: the causal-head-gating class recorded in ``chg_role`` (Nam et al. 2025), where
   fitted (code >= 0), balanced accuracy.
 - ``redundant``: the head shares its JS-distance cluster with another head
