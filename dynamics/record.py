@@ -5,7 +5,12 @@ attention on a fixed probe batch (one batched eager forward), per-head gradient 
 and gate gradients taken from the gradients the training step already computed (no extra
 backward pass), and held-out loss per task component. The importance is E_x |dL(x)/dg| over
 the sequences x of the step's batch, L(x) a sequence's training objective (its mean loss, with
-any intervention's terms; not learned gates' L1). Times the gate g it is Michel et al. 2019's
+any intervention's terms; not learned gates' L1). A term that is not a mean over sequences, the
+conditioned gates' batch variance (``variance_weight``), couples them: there B dL/dxi_x, x's
+share of the batch objective's gradient, stands for dL(x)/dxi, and holds the other sequences'
+part of that term too. Where a learned gate is exactly 0 (its logit below about -88) no
+sequence's gradient reaches it through xi, and the batch's |dL/dg| stands in (g times either is
+0). Times the gate g it is Michel et al. 2019's
 E_x |dL(x)/dxi|, xi a gate held at 1 on the head's output
 (`dynamics.analysis.bifurcation.head_importance`; the same where g = 1, fixed gates). Each
 sequence's dL(x)/dxi comes from the training backward too: at a snapshot's step the forward
