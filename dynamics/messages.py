@@ -50,19 +50,31 @@ def note_mixed_training(path: str, ids: list[str]) -> list[str]:
     """A note on stderr where the runs ``ids`` compared were not all trained by the same dynamics
     code (provenance.mixed_code), one where not with the same torch build, device and CPU
     kernels (provenance.mixed_execution), and one where runs of one task setting were trained on
-    other data (provenance.mixed_data); a run whose attributes cannot be read is named elsewhere.
+    other data (provenance.mixed_data), and one where their importance is of two forms
+    (provenance.mixed_importance); a run whose attributes cannot be read is named elsewhere.
     Returns the notes said."""
     from dynamics import store
-    from dynamics.provenance import mixed_code, mixed_data, mixed_execution, trained_by, trained_on, trained_on_data
+    from dynamics.provenance import (
+        importance_form,
+        mixed_code,
+        mixed_data,
+        mixed_execution,
+        mixed_importance,
+        trained_by,
+        trained_on,
+        trained_on_data,
+    )
 
-    codes, executions, data = {}, {}, {}
+    codes, executions, data, forms = {}, {}, {}, {}
     for run_id in ids:
         try:
             attrs = store.run_attrs(path, run_id)
         except store.StoreError:
             continue
         codes[run_id], executions[run_id], data[run_id] = trained_by(attrs), trained_on(attrs), trained_on_data(attrs)
-    said = [note for note in (mixed_code(codes), mixed_execution(executions), mixed_data(data)) if note]
+        forms[run_id] = importance_form(attrs)
+    said = [note for note in (mixed_code(codes), mixed_execution(executions), mixed_data(data), mixed_importance(forms))
+            if note]
     for note in said:
         print_note(note)
     return said

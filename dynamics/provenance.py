@@ -316,6 +316,34 @@ def _flat(key: dict) -> dict:
     return out
 
 
+def importance_form(attrs: dict) -> tuple[str]:
+    """A run's ``importance_form`` attr as a one-session tuple for :func:`mixed_importance`:
+    ``per_sequence``, or ``batch`` where a run begun before it records none (a resume keeps a
+    run's form, so one value holds for the whole run)."""
+    return (attrs.get("importance_form") or "batch",)
+
+
+def mixed_importance(forms: dict[str, tuple[str]]) -> str | None:
+    """One line naming the runs of ``forms`` (run id -> :func:`importance_form`) whose recorded
+    ``importance`` is of the other form; None where every run's is of one.
+
+    The code-hash note names such runs too, as trained by other code, but not that what they
+    call importance differs: |dL/dg| of the batch's mean loss, where the sequences' gradients
+    cancel (mostly noise by the end of training), against the mean over sequences of |dL(x)/dg|.
+
+    Example
+    -------
+    >>> print(mixed_importance({"r1": ("per_sequence",), "r2": ("batch",)}))
+    these 2 runs' importance is not all of one form (per_sequence: r1; batch: r2): a run begun before the per-sequence form (no importance_form attribute) holds |dL/dg| of the batch's mean loss, so importance, winner_take_all and the importance target compare two measures
+    """
+    groups = _grouped(forms, str)
+    if groups is None:
+        return None
+    return (f"these {len(forms)} runs' importance is not all of one form ({groups}): a run begun before the "
+            f"per-sequence form (no importance_form attribute) holds |dL/dg| of the batch's mean loss, so "
+            f"importance, winner_take_all and the importance target compare two measures")
+
+
 def _grouped(sessions: dict[str, tuple], name) -> str | None:
     """The runs grouped by their sessions' values, each group named (``name`` of each session's
     value, joined by "then") with its runs, the largest group first; None for fewer than two groups."""

@@ -107,3 +107,41 @@ def test_a_note_quoting_a_stores_attrs_prints_their_control_characters_escaped(c
 
     print_note("runs trained with torch 2.13.0\x1b[2J\x1b]0;x\x07\r and 2.12.0")
     assert capsys.readouterr().err == "dynamics: note: runs trained with torch 2.13.0\\x1b[2J\\x1b]0;x\\x07\\r and 2.12.0\n"
+
+
+def test_runs_whose_importance_is_of_two_forms_are_noted(tmp_path, capsys):
+    # A run begun before the per-sequence importance (no importance_form attr) beside runs of it:
+    # the code-hash note said other code trained it, not that its importance is another measure
+    from dynamics import store
+    from dynamics.messages import note_mixed_training
+    from tests.test_store import write_run
+
+    path = tmp_path / "s.zarr"
+    store.init_store(path)
+    same = {"status": "completed", "code_hash": A}
+    write_run(path, "r1", attrs=same | {"importance_form": "per_sequence"})
+    write_run(path, "r2", attrs=same | {"importance_form": "per_sequence"})
+    assert note_mixed_training(str(path), ["r1", "r2"]) == []
+    write_run(path, "r0", attrs=same)
+    said = note_mixed_training(str(path), ["r0", "r1", "r2"])
+    assert said == ["these 3 runs' importance is not all of one form (per_sequence: r1, r2; batch: r0): a run "
+                    "begun before the per-sequence form (no importance_form attribute) holds |dL/dg| of the batch's "
+                    "mean loss, so importance, winner_take_all and the importance target compare two measures"]
+    assert capsys.readouterr().err == f"dynamics: note: {said[0]}\n"
+
+
+def test_the_report_notes_runs_whose_importance_is_of_two_forms():
+    # as analyse, predict and the demo say it, read from each run's attrs as the report reads them
+    import numpy as np
+
+    from dynamics.provenance import importance_form
+    from dynamics.report.data import _Run, training_notes
+
+    def run(rid, attrs):
+        return _Run(rid, "completed", {}, 1.0, 0, np.zeros(0, bool), np.zeros(0, np.int64),
+                    importance_form=importance_form(attrs))
+
+    new = {"importance_form": "per_sequence"}
+    assert training_notes([run("r1", new), run("r2", new)]) == []
+    [note] = training_notes([run("r1", new), run("r2", {})])
+    assert note.startswith("these 2 runs' importance is not all of one form (per_sequence: r1; batch: r2)")

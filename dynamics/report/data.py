@@ -21,7 +21,16 @@ from dynamics.analysis import analyse_run
 from dynamics.analysis.pipeline import AnalysisOptions, is_current
 from dynamics.caveats import notes, of_run
 from dynamics.identity import differing_settings, read_settings
-from dynamics.provenance import mixed_code, mixed_data, mixed_execution, trained_by, trained_on, trained_on_data
+from dynamics.provenance import (
+    importance_form,
+    mixed_code,
+    mixed_data,
+    mixed_execution,
+    mixed_importance,
+    trained_by,
+    trained_on,
+    trained_on_data,
+)
 from dynamics.schema import FINISHED_STATUSES, config_value
 
 # Analysis variables the sweep-wide figures read for every run (small: no query/key dims).
@@ -57,6 +66,7 @@ class _Run:
     code: tuple[str | None, ...] = ()  # provenance.trained_by: the code hashes of its kept steps; () unread
     execution: tuple[tuple[str | None, ...], ...] = ()  # provenance.trained_on: torch, device, CPU kernels; () unread
     data: tuple[str, str | None] | None = None  # provenance.trained_on_data: task setting, data hash; None unread
+    importance_form: tuple[str] | None = None  # provenance.importance_form; None unread
     # its stored analysis, or the recordings analysed here, found damaged (a lost chunk, a failed
     # checksum): a line each, for stderr and the command's exit code
     damage: list[str] = field(default_factory=list)
@@ -270,7 +280,8 @@ def training_notes(runs: list[_Run]) -> list[str]:
     the figures draw like any other."""
     return [n for n in [mixed_code({r.run_id: r.code for r in runs if r.code}),
                         mixed_execution({r.run_id: r.execution for r in runs if r.execution}),
-                        mixed_data({r.run_id: r.data for r in runs if r.data})] if n] + notes(
+                        mixed_data({r.run_id: r.data for r in runs if r.data}),
+                        mixed_importance({r.run_id: r.importance_form for r in runs if r.importance_form})] if n] + notes(
         {r.run_id: r.caveats for r in runs})
 
 
@@ -315,6 +326,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         code=trained_by(attrs),
         execution=trained_on(attrs),
         data=trained_on_data(attrs),
+        importance_form=importance_form(attrs),
         seed=attrs.get("seed"),
     )
     stale, unread = False, ""
