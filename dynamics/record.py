@@ -39,6 +39,13 @@ PER_SEQUENCE = "per_sequence"
 |dL(x)/dg|; absent where it is |dL/dg| of the batch's mean loss (runs begun before it)."""
 
 
+def importance_attrs(start: int, prior: dict) -> dict:
+    """The run attrs a run trained from step ``start`` takes for its importance: ``importance_form``
+    `PER_SEQUENCE`, unless it resumes from a checkpoint of a run begun before that form (``prior``,
+    its attrs, name none), which keeps the batch form it began with, so that one run is one form."""
+    return {"importance_form": PER_SEQUENCE} if start == 0 or prior.get("importance_form") == PER_SEQUENCE else {}
+
+
 def chg_fitted(cfg: RunConfig, steps_at: np.ndarray) -> np.ndarray:
     """Per snapshot of ``steps_at``: is CHG fitted there (``record.chg_every``: every k-th
     snapshot and the last; none when 0)."""

@@ -18,6 +18,7 @@ the data are the ones the run was recorded with, before anything is written.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -35,7 +36,7 @@ from dynamics import allocator, budget, checkpoint, interventions, optim, proven
 from dynamics.checkpoint import batch_loss, load_run_model  # noqa: F401  (callers of dynamics.train.load_run_model)
 from dynamics.config import ConfigError, RunConfig, check
 from dynamics.model import Transformer, require_float32
-from dynamics.record import PER_SEQUENCE, Recorder, chg_fitted, coords, snapshot_steps, variables
+from dynamics.record import Recorder, chg_fitted, coords, importance_attrs, snapshot_steps, variables
 from dynamics.resume import note_execution_change, refuse_other_data, refuse_other_experiment, refuse_unrecorded
 from dynamics.schema import FINISHED_STATUSES
 from dynamics.signals import deferred_signals
@@ -407,11 +408,8 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
                     intervention.load_state_dict(ckpt["intervention"])
             recorder.prev_grads = None if prev is None else prev.to(device)
             start = int(ckpt["step"])
-        # Michel et al.'s importance per sequence (record.PER_SEQUENCE); a run resumed from a
-        # checkpoint of the code before keeps the batch form it was begun with
-        per_sequence = start == 0 or prior.get("importance_form") == PER_SEQUENCE
-        if per_sequence:
-            base_attrs["importance_form"] = PER_SEQUENCE
+        base_attrs |= importance_attrs(start, prior)  # a run begun before the per-sequence form keeps its own
+        per_sequence = "importance_form" in base_attrs
     except (ConfigError, store.StoreError):
         # a refusal, not a failure of this run: its teacher changed or was damaged since the
         # checks, or a resume names another teacher than its checkpoint's; the run stays as it was
@@ -520,14 +518,9 @@ def _train_locked(cfg: RunConfig, path: str, run_id: str, progress: Progress | N
             for p in holders:
                 p.grad = None
             snapshot = step in index_of and (recording or step == 0)
-            # a gate of ones per sequence on each head's output: its .grad is each sequence's
-            # dL/dxi, Michel et al.'s importance before the mean of abs; times 1, nothing else moves
             xi = Recorder.sequence_gates(model, tokens.shape[0]) if snapshot and per_sequence else None  # (B, L, H)
-            if intervention is None:
+            with model.hooks(intervention.fwd_hooks()) if intervention is not None else contextlib.nullcontext():
                 logits = model(tokens[:, :-1], head_gates=xi)  # (B, T, V)
-            else:
-                with model.hooks(intervention.fwd_hooks()):
-                    logits = model(tokens[:, :-1], head_gates=xi)  # (B, T, V)
             loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
             reg = gate_reg_weight(cfg, step)
             objective = loss + reg * model.gate_l1() if reg else loss
