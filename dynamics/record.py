@@ -10,9 +10,8 @@ conditioned gates' batch variance (``variance_weight``), couples them: there B d
 share of the batch objective's gradient, stands for dL(x)/dxi, and holds the other sequences'
 part of that term too. Where a learned gate is exactly 0 (its logit below about -88) no
 sequence's gradient reaches it through xi, and the batch's |dL/dg| stands in (g times either is
-0). Times the gate g it is Michel et al. 2019's
-E_x |dL(x)/dxi|, xi a gate held at 1 on the head's output
-(`dynamics.analysis.bifurcation.head_importance`; the same where g = 1, fixed gates). Each
+0). Times the gate g it is Michel et al. 2019's E_x |dL(x)/dxi|, xi a gate held at 1 on the
+head's output (`dynamics.analysis.bifurcation.head_importance`; the same where g = 1). Each
 sequence's dL(x)/dxi comes from the training backward too: at a snapshot's step the forward
 takes a gate of ones per sequence and head (`Recorder.sequence_gates`), which changes no value.
 Runs begun before that (no ``importance_form`` attr) hold |dL/dg| of the batch's mean loss:
@@ -20,7 +19,6 @@ there the sequences' gradients cancel, and at the end of training what is left i
 batch's noise (README, Recorded arrays).
 The trainer hands the blocks to the store; nothing here touches zarr.
 """
-
 
 from __future__ import annotations
 
