@@ -74,15 +74,19 @@ def analysis_failures(rows: list[dict]) -> list[str]:
     return failed
 
 
-def _bifurcation(step: int | str | None, layers: list | None) -> str:
-    """The bifurcation cell: the model's step, then each layer's where one differs from it
-    (``never (by layer: 32, 100)``); an analysis stored before layers had their own, the model's alone."""
+def _bifurcation(step: int | str | None, layers: list | None, probes: list | None = None) -> str:
+    """The bifurcation cell: the model's step, then its range over resampled probes and each
+    layer's step where they differ from it (``100 (probes: 50-150; by layer: 50, 100)``); an
+    analysis stored before layers had their own, or before the resamples, leaves those out."""
     def said(s):
         return "never" if s is None else str(s)
 
-    if not layers or all(s == step for s in layers):
-        return said(step)
-    return f"{said(step)} (by layer: {', '.join(map(said, layers))})"
+    extra = []
+    if probes and any(s != step for s in probes):
+        extra.append(f"probes: {'-'.join(map(said, probes))}")
+    if layers and any(s != step for s in layers):
+        extra.append(f"by layer: {', '.join(map(said, layers))}")
+    return f"{said(step)} ({'; '.join(extra)})" if extra else said(step)
 
 
 def print_analysis(rows: list[dict], path: str | None = None, pending: bool = False) -> None:
@@ -123,7 +127,7 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
                           f"not analysed ({r.get('reason', 'unfinished')})"])
             continue
         roles = " ".join(f"{k}:{v}" for k, v in sorted(r["roles"].items(), key=lambda kv: -kv[1]))
-        bif = _bifurcation(r["bifurcation_step"], r.get("layer_bifurcation_steps"))
+        bif = _bifurcation(r["bifurcation_step"], r.get("layer_bifurcation_steps"), r.get("bifurcation_probe_range"))
         div = r["final_divergence"]
         table.append([r["run"], *point, r["status"], bif, div if isinstance(div, str) else f"{div:.3f}",
                       _redundancy(r), str(r["slash_dominant"]), roles])
@@ -134,7 +138,9 @@ def print_analysis(rows: list[dict], path: str | None = None, pending: bool = Fa
               "does not), never where it did not: heads that start far apart (a large init_scale) can stay in "
               "their band, split from initialisation; a step among the band's first snapshots: the divergence left "
               "its first value for good there, a split the band it set would date late or not at all (a large lr, a "
-              "sparse schedule); "
+              "sparse schedule); probes: where it differs from the step, the 5% to 95% range of the step over 200 "
+              "bootstrap resamples of the run's probe sequences (the band is set on those same probes, so it holds none "
+              "of their noise; one probe: not measured); "
               "divergence: mean within-layer JS distance at the last snapshot; redundancy: heads in a cluster of 2 or more there, of all heads (average linkage, JS distance cut at 0.1); "
               "slash_dom: heads slash-dominant there; final roles: heads per role there")
     # the notes on the columns first, under the table; then those on runs

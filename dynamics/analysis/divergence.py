@@ -99,7 +99,8 @@ def js_distance(
     *,
     eps: float = 1e-3,
     block_bytes: int = BLOCK_BYTES,
-) -> xr.DataArray:
+    by_probe: bool = False,
+) -> xr.DataArray | tuple[xr.DataArray, xr.DataArray]:
     """Smoothed Jensen-Shannon distance between attention patterns (Clark et al. 2019).
 
     For each attention row (one probe, one query) over its n visible keys (causal: key
@@ -137,11 +138,17 @@ def js_distance(
         heads x probe x query x key) tensor of mixtures m, which has no einsum shortcut,
         is built a block of queries at a time, so peak memory is a few times this per
         chunk whatever the run's length.
+    by_probe : bool
+        Head-by-head only: also return each probe's own mean JS divergence (nats, before the
+        root), ``js_by_probe`` (..., layer, head, layer_b, head_b, probe), from the same pass:
+        what resampling the probe sequences needs (`dynamics.analysis.probe_resample`). Its mean
+        over probes is the distance squared, to float rounding; the distance keeps its bits.
 
     Returns
     -------
     DataArray
         float64 in [0, sqrt(ln 2)]. Head-by-head: dims (..., layer, head, layer_b, head_b).
+        With ``by_probe``, the tuple ``(distance, js_by_probe)``.
 
     Examples
     --------
@@ -155,6 +162,8 @@ def js_distance(
     0.0
     """
     _check_eps(eps)
+    if by_probe and attn_b is not None:
+        raise ValueError("js_distance: by_probe is for the head-by-head matrix (no attn_b)")
     require_dims(attn_a, _ATTN_CORE if attn_b is not None else (LAYER, HEAD, *_ATTN_CORE), "js_distance: attn_a")
     mask = _causal_mask(attn_a)
     if attn_b is not None:
@@ -172,16 +181,21 @@ def js_distance(
         ).rename("js_distance")
     core = [LAYER, HEAD, *_ATTN_CORE]
     a = _single_chunk(attn_a, core)
+    pair = [LAYER, HEAD, LAYER_B, HEAD_B]
     out = xr.apply_ufunc(
         js_pairwise_kernel,
         a,
         input_core_dims=[core],
-        output_core_dims=[[LAYER, HEAD, LAYER_B, HEAD_B]],
-        kwargs={"mask": mask, "eps": eps, "block_bytes": int(block_bytes)},
+        output_core_dims=[pair, [*pair, PROBE]] if by_probe else [pair],
+        kwargs={"mask": mask, "eps": eps, "block_bytes": int(block_bytes), "by_probe": by_probe},
         dask="parallelized",
-        output_dtypes=[np.float64],
+        output_dtypes=[np.float64] * (2 if by_probe else 1),
         dask_gufunc_kwargs={"output_sizes": {LAYER_B: a.sizes[LAYER], HEAD_B: a.sizes[HEAD]}},
     )
+    if by_probe:
+        dist, js = out
+        return (_copy_b_coords(dist, a, (LAYER, HEAD)).rename("js_distance"),
+                _copy_b_coords(js, a, (LAYER, HEAD)).rename("js_by_probe"))
     return _copy_b_coords(out, a, (LAYER, HEAD)).rename("js_distance")
 
 
@@ -190,8 +204,9 @@ def _copy_b_coords(out: xr.DataArray, src: xr.DataArray, dims) -> xr.DataArray:
     return out.assign_coords({f"{d}_b": src.indexes[d].values for d in dims if d in src.indexes})
 
 
-def _same_layer_block(jsd: xr.DataArray) -> xr.DataArray:
-    """(..., layer, head, layer_b, head_b) -> (..., layer, head, head_b) with layer_b == layer."""
+def same_layer_block(jsd: xr.DataArray) -> xr.DataArray:
+    """(..., layer, head, layer_b, head_b) -> (..., layer, head, head_b) with layer_b == layer; input
+    without ``layer_b`` (within-layer already) is returned as it is."""
     if LAYER_B not in jsd.dims:
         return jsd
     n_layer = jsd.sizes[LAYER]
@@ -233,7 +248,7 @@ def within_layer_divergence(jsd: xr.DataArray) -> xr.DataArray:
     """
     # without head_b this averaged any input (importance, attention) into a plausible curve
     require_dims(jsd, (LAYER, HEAD, HEAD_B), "within_layer_divergence: jsd (of js_distance)")
-    block = _same_layer_block(jsd)
+    block = same_layer_block(jsd)
     n_head = block.sizes[HEAD]
     off_diagonal = xr.DataArray(~np.eye(n_head, dtype=bool), dims=(HEAD, HEAD_B))
     return _nanmean(block.where(off_diagonal), (HEAD, HEAD_B)).rename("within_layer_divergence")

@@ -120,9 +120,10 @@ def _js_aligned_into(out, a, b, mask, eps, block_bytes, per_item, fixed):
                          {k: (sub(s), sub(f)) for k, (s, f) in fixed.items()})
 
 
-def _pair_terms_sum(pq, fq, iu, ju):
+def _pair_terms_sum(pq, fq, iu, ju, by_probe=False):
     """The JS terms of :func:`_js_terms_sum` between heads ``iu`` and ``ju``, summed over
-    (probe, query, key), with as few full-size temporaries."""
+    (probe, query, key), with as few full-size temporaries; ``by_probe``: also over (query,
+    key) alone, a second sum of the same terms, so the first keeps its bits."""
     m = np.take(pq, iu, axis=1)
     m += np.take(pq, ju, axis=1)
     m *= 0.5  # m = (p + q) / 2
@@ -131,11 +132,14 @@ def _pair_terms_sum(pq, fq, iu, ju):
     f *= 0.5  # (f(p) + f(q)) / 2
     fm = _xlogx(m)
     f -= fm
+    if by_probe:
+        return f.sum(axis=(-3, -2, -1)), f.sum(axis=(-2, -1))
     return f.sum(axis=(-3, -2, -1))
 
 
-def js_pairwise_kernel(a, mask, eps, block_bytes):
-    # a (..., L, H, P, Q, K) -> (..., L, H, L, H)
+def js_pairwise_kernel(a, mask, eps, block_bytes, by_probe=False):
+    # a (..., L, H, P, Q, K) -> (..., L, H, L, H); by_probe: and the mean JS divergence (nats, not
+    # its root) of each probe alone, (..., L, H, L, H, P), whose mean over probes is the square of the first
     *lead, n_layer, n_head, n_probe, n_query, n_key = a.shape
     n = n_layer * n_head
     flat = a.reshape(-1, n, n_probe, n_query, n_key)  # (S, N, P, Q, K)
@@ -156,6 +160,7 @@ def js_pairwise_kernel(a, mask, eps, block_bytes):
     iu, ju = np.triu_indices(n, k=1)
     diag = np.arange(n)
     total = np.empty((flat.shape[0], n, n))
+    per_probe = np.empty((flat.shape[0], n, n, n_probe)) if by_probe else None
     # As many snapshots at a time as fit in block_bytes (at least one): p and f(p), and the
     # pairwise block, stay a few block_bytes even for a whole run held in memory.
     per_snapshot = max(2 * n * n_probe * n_query * n_key * 8, n * n * n_probe * q_block * n_key * 8)
@@ -165,15 +170,29 @@ def js_pairwise_kernel(a, mask, eps, block_bytes):
         p = _smooth(flat[sl], mask, eps)  # (s, N, P, Q, K)
         fp = _xlogx(p)
         pairs = np.zeros((p.shape[0], iu.size))
+        pairs_p = np.zeros((p.shape[0], iu.size, n_probe)) if by_probe else None
         for q0 in range(0, n_query, q_block):
             q1 = min(n_query, q0 + q_block)
             k1 = int(key_end[q0:q1].max())
             if k1 == 0:
                 continue
-            pairs += _pair_terms_sum(p[..., q0:q1, :k1], fp[..., q0:q1, :k1], iu, ju)  # (s, pairs)
+            sums = _pair_terms_sum(p[..., q0:q1, :k1], fp[..., q0:q1, :k1], iu, ju, by_probe)
+            if by_probe:
+                pairs += sums[0]  # (s, pairs)
+                pairs_p += sums[1]  # (s, pairs, P)
+            else:
+                pairs += sums  # (s, pairs)
         total[sl, iu, ju] = pairs
         total[sl, ju, iu] = pairs
-        total[sl, diag, diag] = np.where(np.isnan(p).any(axis=(-3, -2, -1)), np.nan, 0.0)  # (s, N)
+        missing = np.isnan(p).any(axis=(-2, -1))  # (s, N, P)
+        total[sl, diag, diag] = np.where(missing.any(-1), np.nan, 0.0)  # (s, N)
+        if by_probe:
+            per_probe[sl, iu, ju] = pairs_p
+            per_probe[sl, ju, iu] = pairs_p
+            per_probe[sl, diag, diag] = np.where(missing, np.nan, 0.0)  # (s, N, P)
     js = 0.5 * (total + total.swapaxes(-1, -2)) / (n_probe * n_query)
-    dist = np.sqrt(np.clip(js, 0.0, None))
-    return dist.reshape(*lead, n_layer, n_head, n_layer, n_head)
+    dist = np.sqrt(np.clip(js, 0.0, None)).reshape(*lead, n_layer, n_head, n_layer, n_head)
+    if not by_probe:
+        return dist
+    js_p = np.clip(0.5 * (per_probe + per_probe.swapaxes(1, 2)) / n_query, 0.0, None)
+    return dist, js_p.reshape(*lead, n_layer, n_head, n_layer, n_head, n_probe)

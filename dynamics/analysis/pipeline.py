@@ -27,9 +27,11 @@ from dynamics.analysis.divergence import (
     mean_within_layer_divergence,
     principal_angles,
     qk_cosine,
+    same_layer_block,
     within_layer_divergence,
 )
 from dynamics.analysis.positional import missed_previous_token, peak_share
+from dynamics.analysis.probe_resample import N_RESAMPLES, SEED, probe_range, resampled_bifurcation
 from dynamics.analysis.redundancy import attention_correlation, cluster_heads, redundancy_fraction
 from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, check_kinds, role_scores
 from dynamics.analysis.slash import (
@@ -44,6 +46,7 @@ from dynamics.analysis.slash import (
     token_ratio,
     token_share,
 )
+from dynamics.analysis.variable_attrs import VARIABLE_ATTRS
 from dynamics.schema import ANALYSIS_VERSION as ANALYSIS_VERSION  # re-exported: its home before it moved to schema
 from dynamics.schema import BASELINE_SNAPSHOTS, HEAD, KEY, LAYER, PROBE, QUERY, RUN, SNAPSHOT, require_dims
 
@@ -140,7 +143,9 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     (snapshot, layer), ``js_distance`` (snapshot, layer, head, layer_b, head_b),
     ``within_layer_divergence`` (snapshot, layer), ``mean_divergence`` (snapshot),
     ``divergence_from_init``, ``bifurcation_step`` (scalar; of ``mean_divergence``),
-    ``layer_bifurcation_step`` (layer; of ``within_layer_divergence``), ``cluster``,
+    ``layer_bifurcation_step`` (layer; of ``within_layer_divergence``), with two or more
+    probes ``bifurcation_resampled`` (resample; ``bifurcation_step`` on bootstrap resamples of
+    the probe sequences, `probe_resample`), ``cluster``,
     ``redundancy_fraction`` (snapshot), ``attention_correlation`` (last snapshot), and when
     head weights were recorded ``qk_cosine`` and ``q_subspace_cos`` (snapshot, layer, head, head_b).
     ``slash_dominant`` and ``token_dominant`` are float 1 / 0, NaN where undefined (no offset
@@ -258,6 +263,10 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     # mean in its band (a run with four induction heads read "never"; its layers left theirs at
     # steps 32 and 100)
     parts["layer_bifurcation_step"] = bifurcation_step(parts["within_layer_divergence"], n_baseline=opt.baseline_snapshots)
+    # How far the step would move on another sample of probes: its band is set on these same
+    # probes, so it holds none of their noise (4 probes dated a run 250 where 8 dated it 100)
+    if attn.sizes[PROBE] > 1:
+        parts["bifurcation_resampled"] = resampled_bifurcation(stage["jsd_probe"], n_baseline=opt.baseline_snapshots)
     # Michel et al.'s importance: the recorded |dL/dg| times g (the same where g = 1)
     importance = head_importance(ds["importance"], ds["gate"] if "gate" in ds else None)
     parts["winner_take_all"] = winner_take_all(_in_blocks(importance))
@@ -289,69 +298,10 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         role_thresholds=asdict(opt.roles),  # predict reads stored roles only under the same ones
         token_run_length=opt.token_run_length,
         baseline_snapshots=opt.baseline_snapshots,
+        probe_resamples=N_RESAMPLES if "bifurcation_resampled" in out else 0,
+        probe_resample_seed=SEED,
     )
     return out
-
-
-_JS = "sqrt(nat)"  # js_distance is the square root of a mean JS divergence in nats (bound sqrt(ln 2))
-VARIABLE_ATTRS = {
-    "role_score": ("role pattern score", "1",
-        "score of each role's pattern (see RoleThresholds)"),
-    "commitment_step": ("role commitment step", "steps",
-        "step from which the head's role never changes again"),
-    "best_slash": ("largest slash score", "1",
-        "largest slash score over the offsets slash_offsets (1..T // 2, less slash_offsets_unscored)"),
-    "best_offset": ("offset of the largest slash score", "positions",
-        "offset of best_slash (the offsets slash_offsets; the slash role's are slash_offset's)"),
-    "slash_offset": ("offset of the slash role's score", "positions",
-        "offset of the slash role's score (from role_thresholds' slash_min_offset, 2: offset 1 is previous_token's)"),
-    "slash_dominant": ("slash-dominant head (1, else 0)", "1",
-        "slash-dominant head: 1, else 0 (NaN where undefined)"),
-    "previous_token_peak": ("share of rows peaking one back", "1",
-        "share of rows whose largest weight is one step back (Voita et al.'s positional head: >= 0.9)"),
-    "slash_emergence_step": ("slash-dominance emergence step", "steps",
-        "first step from which the head stays slash-dominant (NaN: not at the end)"),
-    "slash_dominant_share": ("slash-dominant share of the layer", "1",
-        "share of the layer's heads that are slash-dominant"),
-    "token_ratio": ("token attention against uniform", "1",
-        "attention on the token relative to uniform causal attention"),
-    "token_dominant": ("token-dominant head (1, else 0)", "1",
-        "token-dominant head: 1, else 0 (NaN where undefined)"),
-    "token_emergence_step": ("token-dominance emergence step", "steps",
-        "first step from which the head stays token-dominant (NaN: not at the end)"),
-    "token_dominant_share": ("token-dominant share of the layer", "1",
-        "share of the layer's heads that are token-dominant"),
-    "js_distance": ("JS distance between two heads", _JS,
-        "Jensen-Shannon distance between two heads' attention"),
-    "within_layer_divergence": ("within-layer divergence", _JS,
-        "mean Jensen-Shannon distance between the layer's heads"),
-    "mean_divergence": ("mean within-layer divergence", _JS,
-        "within-layer divergence, mean over layers"),
-    "divergence_from_init": ("JS distance from the first snapshot", _JS,
-        "Jensen-Shannon distance of the head's attention from its first snapshot's"),
-    "bifurcation_step": ("bifurcation step", "steps",
-        "step the mean within-layer divergence leaves its initial band for good, or its first value where it "
-        "does so within the band's baseline (NaN: never, or undefined where no layer has two heads)"),
-    "layer_bifurcation_step": ("layer bifurcation step", "steps",
-        "step the layer's divergence leaves its initial band for good, or its first value where it does so "
-        "within the band's baseline (NaN: never, or undefined in a layer of one head)"),
-    "winner_take_all": ("Gini of the layer's importances", "1",
-        "Gini coefficient of the layer's head importances"),
-    "cluster": ("redundancy cluster", None,
-        "redundancy cluster of the head among all heads of the model (heads of other layers may share it)"),
-    "redundancy_fraction": ("share of heads in a shared cluster", "1",
-        "share of heads that share their cluster with another head"),
-    "attention_correlation": ("attention correlation of two heads", "1",
-        "Pearson correlation of two heads' causal attention, last snapshot"),
-    "qk_cosine": ("cosine of two heads' QK circuits", "1",
-        "cosine between two heads' QK circuits W_Q W_K^T"),
-    "q_subspace_cos": ("W_Q subspace cosine of two heads", "1",
-        "mean cosine of the principal angles between two heads' W_Q subspaces"),
-}
-"""``long_name``, ``units`` (None: none, a label) and ``description`` of the variables :func:`analyse_run`
-returns (the others keep the ones their analyser gives): a plot's axis labels, and two shares told apart. A
-long_name stays short, as xarray wraps a label at 30 characters and a default figure cut the first lines
-of a longer one off; what qualifies it (where it is NaN, whose definition) is in the description."""
 
 
 def _fewest_recorded(ds: xr.Dataset) -> tuple[int, str]:
@@ -444,7 +394,9 @@ def summary_row(result: xr.Dataset) -> dict:
     more), and
     ``slash_dominant`` (a count of heads) when no head has a slash offset scored.
     ``layer_bifurcation_steps`` is ``bifurcation_step`` per layer (a list, in layer order), or
-    None for an analysis stored before it was computed. ``token_unseen`` is the token id the token
+    None for an analysis stored before it was computed. ``bifurcation_probe_range``: the low and
+    high `probe_range` of ``bifurcation_resampled`` (each a step, or None: never), or None where
+    it was not computed (one probe, or an analysis stored before it). ``token_unseen`` is the token id the token
     roles look for where no probe sequence holds it, else None. ``peak_not_previous_token``: heads
     meeting Voita et al.'s rule (``previous_token_peak`` >= 0.9) at the last snapshot but not
     labelled previous_token (None for an analysis stored without ``previous_token_peak``).
@@ -468,6 +420,8 @@ def summary_row(result: xr.Dataset) -> dict:
             _step_or_why(step, curve) for step, curve in zip(result["layer_bifurcation_step"].transpose(LAYER),
                                                              result["within_layer_divergence"].transpose(LAYER, ...),
                                                              strict=True)],
+        "bifurcation_probe_range": None if no_pairs or "bifurcation_resampled" not in result else [
+            None if np.isnan(v) else int(v) for v in probe_range(result["bifurcation_resampled"]).values],
         "final_divergence": "undefined" if no_pairs else float(last["mean_divergence"].values),
         "redundancy": "undefined" if np.isnan(redundancy) else redundancy,
         # The fraction as a count of heads: k / n with n a few heads is exact that way, where two
@@ -553,7 +507,8 @@ def _attention_stage(attn: xr.DataArray, tokens: xr.DataArray, attn0: xr.DataArr
     out["present"] = attn.isel(probe=0, query=0, key=0).notnull()
     out["share"] = token_share(attn, tokens, opt.roles.token_id)
     out["ratio"] = token_ratio(attn, tokens, opt.roles.token_id)
-    out["jsd"] = js_distance(attn)
+    out["jsd"], by_probe = js_distance(attn, by_probe=True)
+    out["jsd_probe"] = same_layer_block(by_probe)  # within-layer pairs only: what the resamples read
     # divergence_from_init, with the run's snapshot 0. Its values do not depend on the blocking;
     # blocks of STAGE_BYTES keep its three float64 temporaries within the head-by-head
     # kernel's peak, which sets the stage's (the default block made it the largest, 1.5x that).

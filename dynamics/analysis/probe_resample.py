@@ -1,0 +1,170 @@
+"""How much of a bifurcation step is the probe sample's: the step again on resampled probes.
+
+Every attention-based figure is read on one fixed batch of probe sequences (``record.n_probe``),
+drawn once per run. The bifurcation band is set from the run's own first snapshots, on those
+same probes, so it holds none of the sample's noise: the quickstart sweep dated its
+init-scale-0.5 runs 16 on 4 probes and 32 on 8, the runs bitwise the same (README, Analysis
+definitions). This module redraws the probe sample from the recorded one, the bootstrap
+(Efron 1979): each resample takes ``n_probe`` probes with replacement, the within-layer
+divergence curve is rebuilt from their per-probe JS divergences
+(`divergence.js_distance(..., by_probe=True)`), and `bifurcation.bifurcation_step` dates it
+again. The spread of those steps is how far the step would move on another sample of probes
+like these; it says nothing of the noise of training (seeds) or of probes unlike these.
+
+Sources
+-------
+- Efron 1979, "Bootstrap methods: another look at the jackknife" (resampling the observed
+  units with replacement to see a statistic's sampling variation).
+- Hyndman & Fan 1996, "Sample quantiles in statistical packages" (definition 1, the inverse
+  of the empirical distribution function, which :func:`probe_range` takes so that each bound
+  is a step some resample gave).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from dynamics.analysis.bifurcation import STEP, bifurcation_step
+from dynamics.analysis.divergence import mean_within_layer_divergence, same_layer_block
+from dynamics.analysis.js_kernels import BLOCK_BYTES
+from dynamics.schema import HEAD, LAYER, PROBE, SNAPSHOT, require_dims
+
+RESAMPLE = "resample"
+BOUND = "bound"
+N_RESAMPLES = 200
+"""Resamples per run: the 5% and 95% quantiles of 200 steps rest on 10 resamples each."""
+SEED = 0
+"""The resamples' generator seed: every run (and every analysis of it) draws the same ones."""
+QUANTILES = (0.05, 0.95)
+
+
+def probe_weights(n_probe: int, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+    """Each resample's share of each recorded probe: multinomial counts of ``n_probe`` draws
+    with replacement, over ``n_probe``; dims (resample, probe), each row summing to 1.
+
+    Examples
+    --------
+    >>> w = probe_weights(4, 3)
+    >>> w.dims, w.sum("probe").values.tolist()
+    (('resample', 'probe'), [1.0, 1.0, 1.0])
+    """
+    if n_probe < 1 or n_resamples < 1:
+        raise ValueError(f"n_probe={n_probe!r} and n_resamples={n_resamples!r} must be >= 1")
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(n_probe, np.full(n_probe, 1.0 / n_probe), size=n_resamples)  # (R, P)
+    return xr.DataArray(counts / n_probe, dims=(RESAMPLE, PROBE))
+
+
+def _steps_kernel(js, step, weights, n_baseline, block_bytes):
+    # js (S, L, H, H_b, P) within-layer mean JS per probe; step (S,); weights (R, P) -> (R,)
+    per_resample = max(1, int(np.prod(js.shape[:-1])) * 8)
+    block = int(max(1, block_bytes // per_resample))  # resamples a block: the (r, S, L, H, H_b) temporary
+    out = np.empty(weights.shape[0])
+    steps = xr.DataArray(np.asarray(step, dtype=np.float64), dims=SNAPSHOT)
+    for r0 in range(0, weights.shape[0], block):
+        w = weights[r0:r0 + block]
+        # sum_p w_p JS_p: the resample's mean JS over its probes (a NaN probe stays NaN, as in the sum)
+        dist = np.sqrt(np.clip(np.einsum("slhgp,rp->rslhg", js, w), 0.0, None))  # (r, S, L, H, H_b)
+        curve = mean_within_layer_divergence(
+            xr.DataArray(dist, dims=(RESAMPLE, SNAPSHOT, LAYER, HEAD, f"{HEAD}_b"))).assign_coords({STEP: steps})
+        out[r0:r0 + block] = bifurcation_step(curve, n_baseline=n_baseline).values
+    return out
+
+
+def resampled_bifurcation(
+    js_by_probe: xr.DataArray,
+    n_baseline: int = 3,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = SEED,
+    block_bytes: int = BLOCK_BYTES,
+) -> xr.DataArray:
+    """The bifurcation step of the mean within-layer divergence on each resample of the probes.
+
+    For resample r with weights w_rp (:func:`probe_weights`), head pair (h, h') of layer l:
+
+    .. math::
+
+        D_r(h, h') = \\sqrt{\\textstyle\\sum_p w_{rp}\\, JS_p(h, h')}
+
+    the distance :func:`~dynamics.analysis.divergence.js_distance` gives on the resampled
+    probes (each probe's JS is a mean over its queries, and every probe has the same queries).
+    Then the curve and the step are those of the analysis: within-layer mean, mean over
+    layers, :func:`~dynamics.analysis.bifurcation.bifurcation_step`. A resample that weights
+    every probe 1/P is the recorded curve (to float rounding) and gives the recorded step.
+
+    Parameters
+    ----------
+    js_by_probe : DataArray
+        Per-probe mean JS divergence, dims (..., snapshot, layer, head, layer_b, head_b, probe)
+        as ``js_distance(attn, by_probe=True)[1]`` gives, or within-layer already (no
+        ``layer_b``), with a ``step`` coordinate on snapshot (else snapshot indices).
+    n_baseline : int
+        As for ``bifurcation_step``: the analysis's ``baseline_snapshots``.
+    n_resamples, seed : int
+        Resamples to draw, and their generator's seed (fixed: the same resamples every time).
+    block_bytes : int
+        Size of the float64 temporary of a block of resamples.
+
+    Returns
+    -------
+    DataArray
+        float64 steps, dims (..., resample); NaN where the resampled curve never leaves its band
+        (or is undefined: no layer with two heads). Lazy on dask input.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> js = np.zeros((5, 1, 2, 2, 2)); js[3:, 0, 0, 1] = js[3:, 0, 1, 0] = 0.2  # both probes split at snapshot 3
+    >>> js = xr.DataArray(js, dims=("snapshot", "layer", "head", "head_b", "probe"),
+    ...                   coords={"step": ("snapshot", [0, 1, 2, 4, 8])})
+    >>> resampled_bifurcation(js, n_resamples=3).values.tolist()
+    [4.0, 4.0, 4.0]
+    """
+    require_dims(js_by_probe, (SNAPSHOT, LAYER, HEAD, f"{HEAD}_b", PROBE), "resampled_bifurcation: js_by_probe")
+    js = same_layer_block(js_by_probe)
+    weights = probe_weights(js.sizes[PROBE], n_resamples, seed)
+    if STEP in js.coords and SNAPSHOT in js[STEP].dims:
+        step = js[STEP].reset_coords(drop=True).astype(np.float64).compute()  # small; chunked, apply_ufunc refused it
+    else:
+        step = xr.DataArray(np.arange(js.sizes[SNAPSHOT], dtype=np.float64), dims=SNAPSHOT)
+    core = [SNAPSHOT, LAYER, HEAD, f"{HEAD}_b", PROBE]
+    js = js.drop_vars([c for c in js.coords if SNAPSHOT in js[c].dims])
+    if js.chunks is not None:
+        js = js.chunk({d: -1 for d in core})
+    out = xr.apply_ufunc(
+        _steps_kernel, js, step, weights,
+        input_core_dims=[core, [SNAPSHOT], [RESAMPLE, PROBE]],
+        output_core_dims=[[RESAMPLE]],
+        kwargs={"n_baseline": n_baseline, "block_bytes": int(block_bytes)},
+        dask="parallelized",
+        output_dtypes=[np.float64],
+        vectorize=True,
+    )
+    return out.rename("bifurcation_resampled")
+
+
+def probe_range(resampled: xr.DataArray, quantiles: tuple[float, float] = QUANTILES) -> xr.DataArray:
+    """The steps at the two ``quantiles`` of the resampled steps, "never" (NaN) counted as later
+    than any step; dims (..., bound), bound ``low`` and ``high``. Each bound is a step some
+    resample gave (the inverse of the empirical distribution), NaN where that one never left its band.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> s = xr.DataArray([16.0] * 10 + [32.0] * 80 + [np.nan] * 10, dims="resample")
+    >>> probe_range(s).values.tolist()
+    [16.0, nan]
+    """
+    if len(quantiles) != 2 or not 0 <= quantiles[0] <= quantiles[1] <= 1:
+        raise ValueError(f"quantiles={quantiles!r}: give a low and a high quantile in [0, 1]")
+
+    def bounds(x):
+        later = np.where(np.isnan(x), np.inf, x)
+        q = np.quantile(later, list(quantiles), axis=-1, method="inverted_cdf")  # (2, ...)
+        return np.moveaxis(np.where(np.isinf(q), np.nan, q), 0, -1)
+
+    out = xr.apply_ufunc(bounds, resampled, input_core_dims=[[RESAMPLE]], output_core_dims=[[BOUND]],
+                         dask="parallelized", output_dtypes=[np.float64],
+                         dask_gufunc_kwargs={"output_sizes": {BOUND: 2}})
+    return out.assign_coords({BOUND: ["low", "high"]}).rename("bifurcation_probe_range")

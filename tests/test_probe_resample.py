@@ -1,0 +1,136 @@
+"""dynamics.analysis.probe_resample, and js_distance's per-probe divergences it reads: known answers."""
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dynamics.analysis.bifurcation import bifurcation_step
+from dynamics.analysis.divergence import js_distance, mean_within_layer_divergence, same_layer_block
+from dynamics.analysis.probe_resample import N_RESAMPLES, probe_range, probe_weights, resampled_bifurcation
+
+ATTN = ("snapshot", "layer", "head", "probe", "query", "key")
+WITHIN = ("snapshot", "layer", "head", "head_b", "probe")
+
+
+def _random_attention(shape, seed=0):
+    a = np.tril(np.random.default_rng(seed).random(shape))
+    return xr.DataArray(a / a.sum(-1, keepdims=True), dims=ATTN)
+
+
+def test_by_probe_keeps_the_distances_bits_and_its_mean_is_their_square():
+    attn = _random_attention((5, 2, 3, 4, 8, 8))
+    alone = js_distance(attn)
+    dist, js = js_distance(attn, by_probe=True)
+    assert np.array_equal(alone.values, dist.values)
+    assert js.dims == ("snapshot", "layer", "head", "layer_b", "head_b", "probe")
+    np.testing.assert_allclose(js.mean("probe"), dist ** 2, rtol=1e-12, atol=1e-15)
+    lazy_dist, lazy_js = js_distance(attn.chunk({"snapshot": 2}), by_probe=True)
+    assert np.array_equal(lazy_dist.values, dist.values) and np.array_equal(lazy_js.values, js.values)
+
+
+def test_per_probe_divergence_of_disjoint_one_hot_rows_is_ln2_on_each_query_that_sees_two_keys():
+    # head 0 attends to key 0, head 1 to the query itself: on probe 0 every query past the first
+    # puts them on disjoint keys (JS ln 2 unsmoothed); probe 1 has both heads on key 0 throughout
+    T = 4
+    first, own = np.zeros((T, T)), np.eye(T)
+    first[:, 0] = 1.0
+    a = np.stack([np.stack([first, first]), np.stack([own, first])])[None, None]  # (1, 1, H=2, P=2, T, T)
+    _, js = js_distance(xr.DataArray(a, dims=ATTN), eps=0.0, by_probe=True)
+    pair = js.isel(snapshot=0, layer=0, layer_b=0, head=0, head_b=1).values
+    np.testing.assert_allclose(pair, [np.log(2) * (T - 1) / T, 0.0], rtol=1e-12)
+    assert js.isel(snapshot=0, layer=0, layer_b=0, head=1, head_b=0).values.tolist() == pair.tolist()  # symmetric
+    assert (js.isel(snapshot=0, layer=0, layer_b=0).values[[0, 1], [0, 1]] == 0).all()  # each head against itself
+
+
+def test_a_nan_row_makes_only_its_probe_nan_where_the_distance_loses_the_head():
+    attn = _random_attention((1, 1, 3, 2, 4, 4))
+    values = attn.values.copy()
+    values[0, 0, 1, 1, 2] = np.nan  # head 1, probe 1, query 2
+    dist, js = js_distance(attn.copy(data=values), by_probe=True)
+    at = js.isel(snapshot=0, layer=0, layer_b=0)
+    assert np.isnan(at.isel(head=1, head_b=0, probe=1)) and np.isfinite(at.isel(head=1, head_b=0, probe=0))
+    assert np.isfinite(at.isel(head=0, head_b=2)).all()
+    assert np.isnan(dist.isel(snapshot=0, layer=0, layer_b=0, head=1)).all()
+
+
+def test_by_probe_is_refused_for_the_aligned_distance():
+    attn = _random_attention((1, 1, 1, 1, 3, 3)).isel(layer=0, head=0)
+    with pytest.raises(ValueError, match="by_probe is for the head-by-head matrix"):
+        js_distance(attn, attn, by_probe=True)
+
+
+def test_probe_weights_are_multinomial_shares_drawn_the_same_every_time():
+    w = probe_weights(8, 500)
+    assert w.dims == ("resample", "probe") and w.shape == (500, 8)
+    np.testing.assert_allclose(w.sum("probe"), 1.0)
+    assert np.array_equal(w.values * 8, np.round(w.values * 8))  # whole draws of 8
+    assert np.array_equal(probe_weights(8, 500).values, w.values)
+    assert not np.array_equal(probe_weights(8, 500, seed=1).values, w.values)
+    # each probe is drawn 1/8 of the time: 4,000 draws, sd of a share 0.0052
+    np.testing.assert_allclose(w.mean("resample"), 1 / 8, atol=0.02)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        probe_weights(0)
+
+
+def _within(js_per_probe, steps):
+    # (snapshot, probe) JS of one pair of heads, as a 1-layer 2-head within-layer array
+    js = np.asarray(js_per_probe, dtype=float)
+    out = np.zeros((js.shape[0], 1, 2, 2, js.shape[1]))
+    out[:, 0, 0, 1] = out[:, 0, 1, 0] = js
+    return xr.DataArray(out, dims=WITHIN, coords={"step": ("snapshot", steps)})
+
+
+STEPS = [0, 1, 2, 4, 8, 16]
+
+
+def test_probes_that_agree_give_every_resample_the_recorded_step():
+    js = _within([[0.01] * 3] * 3 + [[0.2] * 3] * 3, STEPS)
+    got = resampled_bifurcation(js)
+    recorded = bifurcation_step(mean_within_layer_divergence(np.sqrt(js.mean("probe"))))
+    assert float(recorded) == 4.0
+    assert got.dims == ("resample",) and got.sizes["resample"] == N_RESAMPLES
+    assert (got.values == 4.0).all()
+    assert probe_range(got).values.tolist() == [4.0, 4.0]
+
+
+def test_a_resample_without_the_splitting_probe_never_splits():
+    # probe 0 splits at step 4, probe 1 never: a resample splits exactly where it drew probe 0
+    js = _within([[0.01, 0.01]] * 3 + [[0.3, 0.01]] * 3, STEPS)
+    got = resampled_bifurcation(js, n_resamples=400).values
+    drew = probe_weights(2, 400).values[:, 0] > 0
+    assert np.array_equal(np.isnan(got), ~drew)
+    assert (got[drew] == 4.0).all()
+    assert 0.15 < (~drew).mean() < 0.35  # both draws miss probe 0 a quarter of the time
+    assert probe_range(xr.DataArray(got, dims="resample")).values[0] == 4.0
+    assert np.isnan(probe_range(xr.DataArray(got, dims="resample")).values[1])  # "never" in the top 5%
+
+
+def test_blocks_chunks_full_matrices_and_a_sweeps_runs_give_the_same_steps():
+    attn = _random_attention((6, 2, 3, 4, 6, 6), seed=3)
+    attn = attn.assign_coords(step=("snapshot", STEPS))
+    _, js = js_distance(attn, by_probe=True)
+    whole = resampled_bifurcation(js)
+    assert np.array_equal(resampled_bifurcation(same_layer_block(js)).values, whole.values, equal_nan=True)
+    assert np.array_equal(resampled_bifurcation(js, block_bytes=1).values, whole.values, equal_nan=True)
+    assert np.array_equal(resampled_bifurcation(js.chunk({"snapshot": 2})).compute().values, whole.values,
+                          equal_nan=True)
+    # a sweep: the second run is the first with its last snapshot padded away (NaN step and values)
+    other = js.where(xr.DataArray(np.arange(6) < 5, dims="snapshot"))
+    sweep = xr.concat([js, other], "run").assign_coords(
+        step=(("run", "snapshot"), np.array([STEPS, STEPS[:5] + [np.nan]], dtype=float)))
+    both = resampled_bifurcation(sweep)
+    assert np.array_equal(both.isel(run=0).values, whole.values, equal_nan=True)
+    alone = resampled_bifurcation(other.isel(snapshot=slice(0, 5)))
+    assert np.array_equal(both.isel(run=1).values, alone.values, equal_nan=True)
+
+
+def test_probe_range_takes_the_inverse_of_the_empirical_distribution():
+    steps = xr.DataArray(np.arange(1.0, 201.0), dims="resample")
+    assert probe_range(steps).values.tolist() == [10.0, 190.0]  # the 10th and 190th of 200
+    assert probe_range(steps, (0.0, 1.0)).values.tolist() == [1.0, 200.0]
+    mixed = xr.DataArray([16.0] * 10 + [32.0] * 80 + [np.nan] * 10, dims="resample")
+    assert np.array_equal(probe_range(mixed).values, [16.0, np.nan], equal_nan=True)
+    assert np.isnan(probe_range(xr.DataArray([np.nan] * 5, dims="resample")).values).all()
+    assert probe_range(steps).coords["bound"].values.tolist() == ["low", "high"]
+    with pytest.raises(ValueError, match="give a low and a high quantile"):
+        probe_range(steps, (0.9, 0.1))
