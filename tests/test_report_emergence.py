@@ -520,3 +520,33 @@ def test_a_stopped_run_is_not_called_diverged_in_the_emergence_captions(tmp_path
     sec = emergence._emergence_section(_Ctx(tmp_path / "x", [run("ok", "completed", 5), run("st", "stopped", 4)],
                                             None, ["train.lr"], tmp_path, True))
     assert sec.figures and not any("diverged run(s)" in caption for _, caption in sec.figures)
+
+
+def test_a_finished_runs_bifurcation_carries_a_bar_of_its_range_over_resampled_probes(tmp_path, monkeypatch):
+    # steps 10 (the 10th of the 200) .. 30 (past the 190th), and one whose top 5% never left the band: a bar to the
+    # "never" row; a run whose resamples all agree, and an unfinished one, get none
+    from matplotlib.collections import LineCollection
+
+    from dynamics.report import emergence
+    from dynamics.report.data import _Ctx
+
+    def with_resamples(run, values):
+        run.analysis["bifurcation_resampled"] = ("resample", np.asarray(values, dtype=float))
+        return run
+
+    runs = [with_resamples(_analysed_run("spread", "completed", 1.0, 20.0, np.nan), [10.0] * 10 + [20.0] * 170 + [30.0] * 20),
+            with_resamples(_analysed_run("open", "completed", 2.0, 20.0, np.nan), [20.0] * 180 + [np.nan] * 20),
+            with_resamples(_analysed_run("agree", "completed", 4.0, 20.0, np.nan), [20.0] * 200),
+            with_resamples(_analysed_run("live", "running", 4.0, 10.0, np.nan), [10.0] * 100 + [40.0] * 100),
+            _analysed_run("older", "completed", 4.0, 40.0, np.nan)]  # analysed before the resamples
+    (tmp_path / "figures").mkdir()
+    figs = _capture_figures(monkeypatch, emergence)
+    sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, ["model.init_scale", "train.seed"],
+                                              tmp_path, True))
+    ax = figs["bifurcation.png"].axes[0]
+    never = dict(zip([t.get_text() for t in ax.get_yticklabels()], ax.get_yticks(), strict=True))["never"]
+    bars = sorted(tuple(map(tuple, seg)) for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments())
+    assert bars == [((1.0, 10.0), (1.0, 30.0)), ((2.0, 20.0), (2.0, never))]
+    assert "vertical bars: the 5% to 95% range of a finished run's bifurcation step over 200 bootstrap" in sec.figures[0][1]
+    assert not figs["bifurcation.png"].axes[1].collections or not any(
+        isinstance(c, LineCollection) for c in figs["bifurcation.png"].axes[1].collections)  # slash emergence: none

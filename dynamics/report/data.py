@@ -38,8 +38,10 @@ from dynamics.schema import FINISHED_STATUSES, config_value
 # layer_bifurcation_step: a run drawn "never" whose layers left their own bands is named;
 # previous_token_peak: heads meeting Voita et al.'s rule with another label are, as analyse notes them
 # divergence_from_init: a completed run whose heads never moved is named (dynamics.caveats)
+# bifurcation_resampled: the bar of each run's bifurcation step over resampled probes
 _RUN_VARS = ("best_slash", "slash_dominant", "role", "mean_divergence", "bifurcation_step", "slash_emergence_step",
-             "token_share", "layer_bifurcation_step", "previous_token_peak", "divergence_from_init")
+             "token_share", "layer_bifurcation_step", "previous_token_peak", "divergence_from_init",
+             "bifurcation_resampled")
 
 
 _MIN_SNAPSHOTS = AnalysisOptions().baseline_snapshots + 1  # bifurcation_step needs more than the baseline

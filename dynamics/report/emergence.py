@@ -297,6 +297,11 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                 key = groups.key_of(r)
                 colour, marker, finished = groups.colours[key], groups.markers[key], _finished(r)
                 stacked[float(x), y if math.isfinite(y) else never_y if finished else not_yet_y] += 1
+                bar = _probe_bar(r) if var == "bifurcation_step" and finished else None
+                if bar is not None:  # the step's 5%-95% range over resampled probes; "never" as its row
+                    low, high = (never_y if math.isnan(v) else v for v in bar)
+                    ax.vlines(float(x), low, high, color=colour, lw=1.2, alpha=0.55, zorder=2)
+                    drawn["never"] |= high == never_y  # the row it reaches is named, as a cross's is
                 if math.isfinite(y):
                     # Filled: a finished run; hollow: unfinished, its step may still move or vanish.
                     # Larger and on top, so a hollow mark stays visible over a finished run at the same point.
@@ -350,6 +355,17 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
     if ctx.pending:
         sec.missing.append(_pending_sentence(ctx.pending))
     return sec
+
+
+def _probe_bar(run) -> tuple[float, float] | None:
+    """The run's bifurcation step's range over resampled probes (low, high; NaN: never), where it
+    spans more than one step; None for an analysis without it (one probe, or an older one)."""
+    from dynamics.analysis.probe_resample import probe_range
+
+    if "bifurcation_resampled" not in run.analysis:
+        return None
+    low, high = (float(v) for v in probe_range(run.analysis["bifurcation_resampled"]).values)
+    return None if low == high or (math.isnan(low) and math.isnan(high)) else (low, high)
 
 
 def _step_text(value) -> str:
@@ -531,7 +547,10 @@ def _bifurcation_caption(groups, points) -> str:
             "initial noise band for good, rising (heads split) or falling (heads collapse together): the divergence "
             "curves tell which; dynamics.analysis.bifurcation) against each swept parameter. Bottom: "
             f"step at which the first head becomes slash-dominant for good. Marks: runs, {groups.description(scatter=True)} "
-            "(the colours of the curves); line: per swept value, the mean over the finished runs where the event "
+            "(the colours of the curves); vertical bars: the 5% to 95% range of a finished run's bifurcation step over "
+            "200 bootstrap resamples of its probe sequences, where it spans more than one step (to the 'never' row: "
+            "5% or more of them never left the band), as `dynamics analyse` gives it: the band is set on the probes "
+            "themselves, so it holds none of their noise; line: per swept value, the mean over the finished runs where the event "
             "happened (runs where it never happens are not in it); red crosses on the 'never' row: finished runs "
             "where it never happened within the run; \u00d7n beside a mark: n runs at that point. A run whose heads "
             "start far apart (a large init_scale) can stay in its initial band throughout: 'never' there may be "
