@@ -418,12 +418,16 @@ def test_a_store_without_a_swept_axis_lists_each_runs_steps(tmp_path):
             _layered("cut", "stopped", np.nan, [np.nan, np.nan], slash=np.nan), lone]
     for r in runs:
         r.params = {}
+    # its range over resampled probes, as analyse prints it: "600 (probes: 500-never; by layer: never, 500)"
+    runs[0].analysis["bifurcation_resampled"] = ("resample", np.array([500.0] * 20 + [600.0] * 160 + [np.nan] * 20))
+    runs[1].analysis["bifurcation_resampled"] = ("resample", np.array([10.0] * 100 + [np.nan] * 100))  # unfinished: none
     sec = emergence._bifurcation_section(_Ctx(tmp_path / "x", runs, None, [], tmp_path, True))
     (line,) = sec.missing
     assert line.startswith("Not available: bifurcation and emergence steps against a swept parameter because the "
                            "store has no sweep index. The steps, per run (bifurcation: ")
     # as the figure says them: a stopped run's "not yet", provisional; "undefined" with no pair of heads
-    assert line.endswith(": ind: bifurcation 600 (by layer: never, 500), first slash-dominant head 700; cut (stopped: "
+    assert line.endswith(": ind: bifurcation 600 (probes: 500-never; by layer: never, 500), first slash-dominant head "
+                         "700; cut (stopped: "
                          "provisional): bifurcation not yet, first slash-dominant head not yet; lone: bifurcation "
                          "undefined, first slash-dominant head never.")
 

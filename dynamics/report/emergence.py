@@ -398,9 +398,12 @@ def _event_listing(done) -> str:
         if "bifurcation_step" not in a:
             continue
 
-        layers = None if r.run_id in pairless else _layer_steps(r)
+        # as `dynamics analyse` says it: the range over resampled probes, then the layers' steps
+        bar = None if r.run_id in pairless or not _finished(r) else _probe_bar(r)
+        said = [f"probes: {'-'.join(_step_text(v) for v in bar)}"] if bar else []
+        said += [] if r.run_id in pairless or (layers := _layer_steps(r)) is None else [layers]
         text = (f"{r.run_id}{'' if _finished(r) else f' ({r.status}: provisional)'}: bifurcation "
-                f"{_said(r, 'bifurcation_step', r.run_id in pairless)}" + (f" ({layers})" if layers else ""))
+                f"{_said(r, 'bifurcation_step', r.run_id in pairless)}" + (f" ({'; '.join(said)})" if said else ""))
         if "slash_emergence_step" in a:
             text += f", first slash-dominant head {_said(r, 'slash_emergence_step', r.run_id in slashless)}"
         parts.append(text)
@@ -409,7 +412,8 @@ def _event_listing(done) -> str:
 
 
 RUN_STEPS_RULE = ("bifurcation: the step the mean within-layer divergence leaves its initial noise band for good, a "
-                  "split or a collapse; first slash-dominant head: from which one stays slash-dominant")
+                  "split or a collapse, with its 5% to 95% range over 200 bootstrap resamples of the probes where that "
+                  "differs; first slash-dominant head: from which one stays slash-dominant")
 
 
 def _event_steps(runs, var: str, skip=()) -> list[tuple]:
