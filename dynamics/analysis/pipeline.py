@@ -27,11 +27,16 @@ from dynamics.analysis.divergence import (
     mean_within_layer_divergence,
     principal_angles,
     qk_cosine,
-    same_layer_block,
     within_layer_divergence,
 )
 from dynamics.analysis.positional import missed_previous_token, peak_share
-from dynamics.analysis.probe_resample import N_RESAMPLES, SEED, probe_range, resampled_bifurcation
+from dynamics.analysis.probe_resample import (
+    N_RESAMPLES,
+    SEED,
+    bifurcation_of_resamples,
+    probe_range,
+    resampled_layer_divergence,
+)
 from dynamics.analysis.redundancy import attention_correlation, cluster_heads, redundancy_fraction
 from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, check_kinds, role_scores
 from dynamics.analysis.slash import (
@@ -266,7 +271,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     # How far the step would move on another sample of probes: its band is set on these same
     # probes, so it holds none of their noise (4 probes dated a run 250 where 8 dated it 100)
     if attn.sizes[PROBE] > 1:
-        parts["bifurcation_resampled"] = resampled_bifurcation(stage["jsd_probe"], n_baseline=opt.baseline_snapshots)
+        parts["bifurcation_resampled"] = bifurcation_of_resamples(stage["layers_resampled"], n_baseline=opt.baseline_snapshots)
     # Michel et al.'s importance: the recorded |dL/dg| times g (the same where g = 1)
     importance = head_importance(ds["importance"], ds["gate"] if "gate" in ds else None)
     parts["winner_take_all"] = winner_take_all(_in_blocks(importance))
@@ -508,7 +513,8 @@ def _attention_stage(attn: xr.DataArray, tokens: xr.DataArray, attn0: xr.DataArr
     out["share"] = token_share(attn, tokens, opt.roles.token_id)
     out["ratio"] = token_ratio(attn, tokens, opt.roles.token_id)
     out["jsd"], by_probe = js_distance(attn, by_probe=True)
-    out["jsd_probe"] = same_layer_block(by_probe)  # within-layer pairs only: what the resamples read
+    if attn.sizes[PROBE] > 1:  # per snapshot, so a block keeps resample x layer past it, not every probe's pairs
+        out["layers_resampled"] = resampled_layer_divergence(by_probe)
     # divergence_from_init, with the run's snapshot 0. Its values do not depend on the blocking;
     # blocks of STAGE_BYTES keep its three float64 temporaries within the head-by-head
     # kernel's peak, which sets the stage's (the default block made it the largest, 1.5x that).

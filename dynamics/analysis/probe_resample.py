@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from dynamics.analysis.bifurcation import STEP, bifurcation_step
-from dynamics.analysis.divergence import mean_within_layer_divergence, same_layer_block
+from dynamics.analysis.bifurcation import bifurcation_step
+from dynamics.analysis.divergence import HEAD_B, same_layer_block, within_layer_divergence
 from dynamics.analysis.js_kernels import BLOCK_BYTES
 from dynamics.schema import HEAD, LAYER, PROBE, SNAPSHOT, require_dims
 
@@ -56,20 +56,79 @@ def probe_weights(n_probe: int, n_resamples: int = N_RESAMPLES, seed: int = SEED
     return xr.DataArray(counts / n_probe, dims=(RESAMPLE, PROBE))
 
 
-def _steps_kernel(js, step, weights, n_baseline, block_bytes):
-    # js (S, L, H, H_b, P) within-layer mean JS per probe; step (S,); weights (R, P) -> (R,)
-    per_resample = max(1, int(np.prod(js.shape[:-1])) * 8)
-    block = int(max(1, block_bytes // per_resample))  # resamples a block: the (r, S, L, H, H_b) temporary
-    out = np.empty(weights.shape[0])
-    steps = xr.DataArray(np.asarray(step, dtype=np.float64), dims=SNAPSHOT)
-    for r0 in range(0, weights.shape[0], block):
-        w = weights[r0:r0 + block]
-        # sum_p w_p JS_p: the resample's mean JS over its probes (a NaN probe stays NaN, as in the sum)
-        dist = np.sqrt(np.clip(np.einsum("slhgp,rp->rslhg", js, w), 0.0, None))  # (r, S, L, H, H_b)
-        curve = mean_within_layer_divergence(
-            xr.DataArray(dist, dims=(RESAMPLE, SNAPSHOT, LAYER, HEAD, f"{HEAD}_b"))).assign_coords({STEP: steps})
-        out[r0:r0 + block] = bifurcation_step(curve, n_baseline=n_baseline).values
-    return out
+def _layer_kernel(js, weights, block_bytes):
+    # js (..., L, H, H_b, P) within-layer mean JS per probe; weights (R, P) -> (..., R, L)
+    lead = js.shape[:-4]
+    flat = js.reshape(-1, *js.shape[-4:])  # (S, L, H, H_b, P)
+    n_resample = weights.shape[0]
+    out = np.empty((flat.shape[0], n_resample, js.shape[-4]))
+    # snapshots a block: the (s, R, L, H, H_b) float64 temporary within block_bytes
+    per_snapshot = max(1, n_resample * int(np.prod(js.shape[-4:-1])) * 8)
+    step = int(max(1, block_bytes // per_snapshot))
+    for s0 in range(0, flat.shape[0], step):
+        # sum_p w_p JS_p: each resample's mean JS over its probes (a NaN probe stays NaN, as in the sum)
+        dist = np.sqrt(np.clip(np.einsum("slhgp,rp->srlhg", flat[s0:s0 + step], weights), 0.0, None))
+        within = within_layer_divergence(xr.DataArray(dist, dims=(SNAPSHOT, RESAMPLE, LAYER, HEAD, HEAD_B)))
+        out[s0:s0 + step] = within.transpose(SNAPSHOT, RESAMPLE, LAYER).values
+    return out.reshape(*lead, n_resample, js.shape[-4])
+
+
+def resampled_layer_divergence(
+    js_by_probe: xr.DataArray,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = SEED,
+    block_bytes: int = BLOCK_BYTES,
+) -> xr.DataArray:
+    """Each layer's within-layer divergence on each resample of the probes, snapshot by snapshot.
+
+    For resample r with weights w_rp (:func:`probe_weights`) and heads h, h' of one layer,
+    D_r(h, h') = sqrt(sum_p w_rp JS_p(h, h')): the distance
+    :func:`~dynamics.analysis.divergence.js_distance` gives on the resampled probes (each
+    probe's JS is a mean over its queries, and every probe has the same queries); then the
+    layer's mean over its pairs, as :func:`~dynamics.analysis.divergence.within_layer_divergence`
+    takes it. Per snapshot, so a run analysed in blocks of snapshots keeps only these
+    (resample x layer a snapshot), not every probe's divergences, past its block.
+
+    Parameters
+    ----------
+    js_by_probe : DataArray
+        Per-probe mean JS divergence, dims (..., layer, head, layer_b, head_b, probe) as
+        ``js_distance(attn, by_probe=True)[1]`` gives, or within-layer already (no ``layer_b``).
+    n_resamples, seed : int
+        Resamples to draw, and their generator's seed (fixed: the same resamples every time).
+    block_bytes : int
+        Size of the float64 temporary of a block of snapshots.
+
+    Returns
+    -------
+    DataArray
+        float64, dims (..., resample, layer); NaN for a layer without two heads. Lazy on dask input.
+    """
+    require_dims(js_by_probe, (LAYER, HEAD, HEAD_B, PROBE), "resampled_layer_divergence: js_by_probe")
+    js = same_layer_block(js_by_probe)
+    weights = probe_weights(js.sizes[PROBE], n_resamples, seed)
+    core = [LAYER, HEAD, HEAD_B, PROBE]
+    if js.chunks is not None:
+        js = js.chunk({d: -1 for d in core})
+    out = xr.apply_ufunc(
+        _layer_kernel, js, weights,
+        input_core_dims=[core, [RESAMPLE, PROBE]],
+        output_core_dims=[[RESAMPLE, LAYER]],
+        kwargs={"block_bytes": int(block_bytes)},
+        dask="parallelized",
+        output_dtypes=[np.float64],
+    )
+    return out.rename("layer_divergence_resampled")
+
+
+def bifurcation_of_resamples(layer_divergence: xr.DataArray, n_baseline: int = 3) -> xr.DataArray:
+    """:func:`~dynamics.analysis.bifurcation.bifurcation_step` of each resample's mean over layers
+    of :func:`resampled_layer_divergence` (dims (..., snapshot, resample, layer), with the
+    ``step`` coordinate on snapshot): dims (..., resample), NaN where it never left its band."""
+    require_dims(layer_divergence, (SNAPSHOT, RESAMPLE, LAYER), "bifurcation_of_resamples: layer_divergence")
+    count = layer_divergence.count(LAYER)  # layers without two heads are skipped, as in mean_within_layer_divergence
+    curve = layer_divergence.sum(LAYER, skipna=True) / count.where(count > 0)
+    return bifurcation_step(curve, n_baseline=n_baseline).rename("bifurcation_resampled")
 
 
 def resampled_bifurcation(
@@ -79,32 +138,23 @@ def resampled_bifurcation(
     seed: int = SEED,
     block_bytes: int = BLOCK_BYTES,
 ) -> xr.DataArray:
-    """The bifurcation step of the mean within-layer divergence on each resample of the probes.
+    """The bifurcation step of the mean within-layer divergence on each resample of the probes:
+    :func:`resampled_layer_divergence`, then :func:`bifurcation_of_resamples`.
 
-    For resample r with weights w_rp (:func:`probe_weights`), head pair (h, h') of layer l:
-
-    .. math::
-
-        D_r(h, h') = \\sqrt{\\textstyle\\sum_p w_{rp}\\, JS_p(h, h')}
-
-    the distance :func:`~dynamics.analysis.divergence.js_distance` gives on the resampled
-    probes (each probe's JS is a mean over its queries, and every probe has the same queries).
-    Then the curve and the step are those of the analysis: within-layer mean, mean over
-    layers, :func:`~dynamics.analysis.bifurcation.bifurcation_step`. A resample that weights
-    every probe 1/P is the recorded curve (to float rounding) and gives the recorded step.
+    The curve and the step are those of the analysis (within-layer mean, mean over layers,
+    :func:`~dynamics.analysis.bifurcation.bifurcation_step`) on the resampled distances. A
+    resample that weights every probe 1/P is the recorded curve (to float rounding) and gives
+    the recorded step.
 
     Parameters
     ----------
     js_by_probe : DataArray
-        Per-probe mean JS divergence, dims (..., snapshot, layer, head, layer_b, head_b, probe)
-        as ``js_distance(attn, by_probe=True)[1]`` gives, or within-layer already (no
-        ``layer_b``), with a ``step`` coordinate on snapshot (else snapshot indices).
+        As for :func:`resampled_layer_divergence`, with a snapshot dim and the ``step``
+        coordinate on it (else snapshot indices).
     n_baseline : int
         As for ``bifurcation_step``: the analysis's ``baseline_snapshots``.
-    n_resamples, seed : int
-        Resamples to draw, and their generator's seed (fixed: the same resamples every time).
-    block_bytes : int
-        Size of the float64 temporary of a block of resamples.
+    n_resamples, seed, block_bytes
+        As for :func:`resampled_layer_divergence`.
 
     Returns
     -------
@@ -121,27 +171,9 @@ def resampled_bifurcation(
     >>> resampled_bifurcation(js, n_resamples=3).values.tolist()
     [4.0, 4.0, 4.0]
     """
-    require_dims(js_by_probe, (SNAPSHOT, LAYER, HEAD, f"{HEAD}_b", PROBE), "resampled_bifurcation: js_by_probe")
-    js = same_layer_block(js_by_probe)
-    weights = probe_weights(js.sizes[PROBE], n_resamples, seed)
-    if STEP in js.coords and SNAPSHOT in js[STEP].dims:
-        step = js[STEP].reset_coords(drop=True).astype(np.float64).compute()  # small; chunked, apply_ufunc refused it
-    else:
-        step = xr.DataArray(np.arange(js.sizes[SNAPSHOT], dtype=np.float64), dims=SNAPSHOT)
-    core = [SNAPSHOT, LAYER, HEAD, f"{HEAD}_b", PROBE]
-    js = js.drop_vars([c for c in js.coords if SNAPSHOT in js[c].dims])
-    if js.chunks is not None:
-        js = js.chunk({d: -1 for d in core})
-    out = xr.apply_ufunc(
-        _steps_kernel, js, step, weights,
-        input_core_dims=[core, [SNAPSHOT], [RESAMPLE, PROBE]],
-        output_core_dims=[[RESAMPLE]],
-        kwargs={"n_baseline": n_baseline, "block_bytes": int(block_bytes)},
-        dask="parallelized",
-        output_dtypes=[np.float64],
-        vectorize=True,
-    )
-    return out.rename("bifurcation_resampled")
+    require_dims(js_by_probe, (SNAPSHOT,), "resampled_bifurcation: js_by_probe")
+    layers = resampled_layer_divergence(js_by_probe, n_resamples, seed, block_bytes)
+    return bifurcation_of_resamples(layers, n_baseline=n_baseline)
 
 
 def probe_range(resampled: xr.DataArray, quantiles: tuple[float, float] = QUANTILES) -> xr.DataArray:
