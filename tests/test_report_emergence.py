@@ -540,6 +540,7 @@ def test_a_finished_runs_bifurcation_carries_a_bar_of_its_range_over_resampled_p
 
     runs = [with_resamples(_analysed_run("spread", "completed", 1.0, 20.0, np.nan), [10.0] * 10 + [20.0] * 170 + [30.0] * 20),
             with_resamples(_analysed_run("open", "completed", 2.0, 20.0, np.nan), [20.0] * 180 + [np.nan] * 20),
+            with_resamples(_analysed_run("beside", "completed", 1.0, 30.0, np.nan), [20.0] * 10 + [40.0] * 190),
             with_resamples(_analysed_run("agree", "completed", 4.0, 20.0, np.nan), [20.0] * 200),
             with_resamples(_analysed_run("live", "running", 4.0, 10.0, np.nan), [10.0] * 100 + [40.0] * 100),
             _analysed_run("older", "completed", 4.0, 40.0, np.nan)]  # analysed before the resamples
@@ -549,8 +550,12 @@ def test_a_finished_runs_bifurcation_carries_a_bar_of_its_range_over_resampled_p
                                               tmp_path, True))
     ax = figs["bifurcation.png"].axes[0]
     never = dict(zip([t.get_text() for t in ax.get_yticklabels()], ax.get_yticks(), strict=True))["never"]
-    bars = sorted(tuple(map(tuple, seg)) for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments())
-    assert bars == [((1.0, 10.0), (1.0, 30.0)), ((2.0, 20.0), (2.0, never))]
+    lines = [c for c in ax.collections if isinstance(c, LineCollection)]
+    bars = sorted(tuple(map(tuple, seg)) for c in lines for seg in c.get_segments())
+    assert bars == [((1.0, 10.0), (1.0, 30.0)), ((1.0, 20.0), (1.0, 40.0)), ((2.0, 20.0), (2.0, never))]
+    # the two at init_scale 1 side by side, 3 points apart, not one bar of their union
+    at_1 = sorted(c.get_transform().transform((1.0, 20.0))[0] for c in lines if c.get_segments()[0][0][0] == 1.0)
+    assert at_1[1] - at_1[0] == pytest.approx(3.0 * figs["bifurcation.png"].dpi / 72)
     assert "vertical bars: the 5% to 95% range of a finished run's bifurcation step over 200 bootstrap" in sec.figures[0][1]
     assert not figs["bifurcation.png"].axes[1].collections or not any(
         isinstance(c, LineCollection) for c in figs["bifurcation.png"].axes[1].collections)  # slash emergence: none

@@ -8,6 +8,7 @@ import json
 import math
 
 import numpy as np
+from matplotlib.transforms import offset_copy
 
 from dynamics.analysis import ROLES
 from dynamics.analysis.pipeline import AnalysisOptions
@@ -287,6 +288,7 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
             # runs at one swept value often share a step (snapshots are sparse): their marks lie
             # exactly on one another, and one dot read as one run
             stacked: collections.Counter = collections.Counter()
+            bars: dict[float, list] = {}
             cats = categories.get(axis)
             for r, y in points[var]:
                 x = r.params.get(axis)
@@ -300,7 +302,7 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                 bar = _probe_bar(r) if var == "bifurcation_step" and finished else None
                 if bar is not None:  # the step's 5%-95% range over resampled probes; "never" as its row
                     low, high = (never_y if math.isnan(v) else v for v in bar)
-                    ax.vlines(float(x), low, high, color=colour, lw=1.2, alpha=0.55, zorder=2)
+                    bars.setdefault(float(x), []).append((low, high, colour))
                     drawn["never"] |= high == never_y  # the row it reaches is named, as a cross's is
                 if math.isfinite(y):
                     # Filled: a finished run; hollow: unfinished, its step may still move or vanish.
@@ -318,6 +320,10 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
                                edgecolor=colour, lw=1.1)
                     drawn["not yet"] = True
             counted[ax] = [(x, y, n) for (x, y), n in stacked.items() if n > 1]
+            for x, at_x in bars.items():  # side by side, 3 points apart: runs at one value drew one bar of their union
+                for k, (low, high, colour) in enumerate(at_x):
+                    shift = offset_copy(ax.transData, fig=fig, x=3.0 * (k - (len(at_x) - 1) / 2), units="points")
+                    ax.vlines(x, low, high, color=colour, lw=1.2, alpha=0.55, zorder=2, transform=shift)
             if means:
                 mx = sorted(means)
                 # a marker too: events at one swept value give a one-point "line", drawn as nothing
@@ -553,7 +559,7 @@ def _bifurcation_caption(groups, points) -> str:
             f"step at which the first head becomes slash-dominant for good. Marks: runs, {groups.description(scatter=True)} "
             "(the colours of the curves); vertical bars: the 5% to 95% range of a finished run's bifurcation step over "
             "200 bootstrap resamples of its probe sequences, where it spans more than one step (to the 'never' row: "
-            "5% or more of them never left the band), as `dynamics analyse` gives it: the band is set on the probes "
+            "more than 5% of them never left the band), as `dynamics analyse` gives it: the band is set on the probes "
             "themselves, so it holds none of their noise; line: per swept value, the mean over the finished runs where the event "
             "happened (runs where it never happens are not in it); red crosses on the 'never' row: finished runs "
             "where it never happened within the run; \u00d7n beside a mark: n runs at that point. A run whose heads "
