@@ -71,6 +71,7 @@ def main(argv=None) -> int:
 
     from dynamics import store
     from dynamics.analysis.divergence import js_distance, same_layer_block
+    from dynamics.schema import BASELINE_SNAPSHOTS
 
     try:
         runs = store.list_runs(args.store)
@@ -79,14 +80,26 @@ def main(argv=None) -> int:
     if not runs:
         return bad_input(f"{args.store} holds no runs")
     opened = {rid: store.open_run(args.store, rid, dask=False) for rid in runs}
-    few = {rid: ds.sizes["probe"] for rid, ds in opened.items() if ds.sizes["probe"] < 2 * args.probes}
-    if few:
-        rid, n = next(iter(few.items()))
-        return bad_input(f"run {rid} recorded {n} probes, fewer than 2 x --probes {args.probes} "
-                         f"(record with more: --set record.n_probe=64)")
-    print(f"{len(runs)} runs; samples of {args.probes} probes, {args.draws} disjoint pairs a run; {load_line()}")
-    inside = total = 0
+    # every refusal before any work: a run that is not completed has unwritten snapshots, and the
+    # rule needs more snapshots than its baseline
     for rid, ds in sorted(opened.items()):
+        if ds.attrs.get("status") != "completed":
+            return bad_input(f"run {rid} is {ds.attrs.get('status', 'of no status')}: only completed runs are compared")
+        if ds.sizes["snapshot"] <= BASELINE_SNAPSHOTS:
+            return bad_input(f"run {rid} recorded {ds.sizes['snapshot']} snapshots; a bifurcation step needs "
+                             f"more than the band's {BASELINE_SNAPSHOTS}")
+        if ds.sizes["probe"] < 2 * args.probes:
+            return bad_input(f"run {rid} recorded {ds.sizes['probe']} probes, fewer than 2 x --probes {args.probes} "
+                             f"(record with more: --set record.n_probe=64)")
+    # one head a layer: no pair to compare, the step undefined (not "never"), so nothing to cover
+    pairless = sorted(rid for rid, ds in opened.items() if ds.sizes["head"] < 2)
+    if len(pairless) == len(opened):
+        return bad_input(f"no run of {args.store} has a layer of two heads: its bifurcation step is undefined")
+    print(f"{len(runs)} runs; samples of {args.probes} probes, {args.draws} disjoint pairs a run; {load_line()}")
+    for rid in pairless:
+        print(f"{rid}: one head a layer, its bifurcation undefined: left out")
+    inside = total = 0
+    for rid, ds in sorted((rid, ds) for rid, ds in opened.items() if rid not in pairless):
         attn = ds["attention"].astype("float32")
         _, by_probe = js_distance(attn, by_probe=True)
         got = coverage(same_layer_block(by_probe), args.probes, args.draws, args.seed)

@@ -75,3 +75,32 @@ def test_bad_input_is_one_line_and_exit_2(tiny_store, argv, needle, capsys):
 def test_a_store_that_is_not_one_is_refused(tmp_path, capsys):
     assert bench_probe_range.main([str(tmp_path / "none.zarr")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def _train(path, steps=40, **model):
+    from dynamics.config import from_dict
+    from dynamics.train import train_run
+
+    raw = tomllib.loads(TINY.format(steps=steps, every=10))
+    raw["model"].update(model)
+    train_run(from_dict(raw), str(path))
+
+
+def test_a_run_too_short_for_the_band_is_refused_before_any_work(tmp_path, capsys):
+    _train(tmp_path / "s.zarr", steps=2)  # snapshots at steps 0, 1, 2: the band's 3 and nothing after
+    assert bench_probe_range.main([str(tmp_path / "s.zarr"), "--probes", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "recorded 3 snapshots; a bifurcation step needs more than the band's 3" in err
+
+
+def test_runs_of_one_head_a_layer_are_left_out_not_counted_as_covered(tmp_path, capsys):
+    # their step is undefined, and "never" matched "never": 3 of 3 covered, inflating the figure
+    path = tmp_path / "s.zarr"
+    _train(path, n_heads=1)
+    assert bench_probe_range.main([str(path), "--probes", "2", "--draws", "3"]) == 2
+    assert "has a layer of two heads: its bifurcation step is undefined" in capsys.readouterr().err
+    _train(path)  # a second run, of two heads a layer, in the same store
+    assert bench_probe_range.main([str(path), "--probes", "2", "--draws", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "one head a layer, its bifurcation undefined: left out" in out
+    assert "overall: B's step inside A's 5%-95% probe range in " in out and "/3 (" in out  # the other run's 3 draws only
