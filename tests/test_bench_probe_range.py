@@ -104,3 +104,21 @@ def test_runs_of_one_head_a_layer_are_left_out_not_counted_as_covered(tmp_path, 
     out = capsys.readouterr().out
     assert "one head a layer, its bifurcation undefined: left out" in out
     assert "overall: B's step inside A's 5%-95% probe range in " in out and "/3 (" in out  # the other run's 3 draws only
+
+
+def test_a_run_not_completed_is_refused_before_any_work(tmp_path, capsys):
+    # its snapshots past where it stopped are unwritten (NaN), which would read as a split or not
+    import json
+
+    from dynamics import store
+
+    path = tmp_path / "s.zarr"
+    _train(path)
+    (rid,) = store.list_runs(str(path))
+    meta = path / "runs" / rid / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["status"] = "running"
+    meta.write_text(json.dumps(doc))
+    assert bench_probe_range.main([str(path), "--probes", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"run {rid} is stopped: only completed runs are compared" in err  # no process holds it
