@@ -539,3 +539,27 @@ def test_the_page_names_completed_runs_training_made_worse_or_never_moved(tmp_pa
     assert re.search(r"<code>r1</code>.*eval loss rose over training \(1 -> 144\.6 nats\); attention unchanged from the "
                      r"first snapshot</td></tr>", page)
     assert not re.search(r"<code>r0</code>((?!</tr>).)*(rose|unchanged)", page)  # its row only
+
+
+def test_a_run_of_one_probe_is_not_said_to_lack_the_resampled_bifurcation(tmp_path, capsys):
+    # its analysis leaves bifurcation_resampled out on purpose (nothing to resample), and the
+    # runs table said "stored by `dynamics analyse` (lacks bifurcation_resampled)", as of a damaged one
+    import tomllib
+
+    from dynamics.config import from_dict
+    from dynamics.report.data import _collect_run
+    from dynamics.train import train_run
+    from tests.conftest import TINY as TINY_TOML
+
+    path = str(tmp_path / "s.zarr")
+    for n_probe in (1, 4):
+        raw = tomllib.loads(TINY_TOML.format(steps=20, every=10))
+        raw["record"]["n_probe"] = n_probe
+        train_run(from_dict(raw), path)
+    assert cli.main(["analyse", path, "--workers", "1"]) == 0
+    capsys.readouterr()
+    notes = {}
+    for rid in store.list_runs(path):
+        attrs = store.run_attrs(path, rid)
+        notes[attrs["config"]["record"]["n_probe"]] = _collect_run(path, rid, None, False, attrs).analysis_note
+    assert notes == {1: "stored by `dynamics analyse`", 4: "stored by `dynamics analyse`"}

@@ -350,7 +350,10 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
             run.damage.append(f"run {run_id}: {unread}")
     if stored is not None:
         run.analysis_source = "stored"
-        lacking = sorted(set(_RUN_VARS) - set(have))
+        lacking = set(_RUN_VARS) - set(have)
+        if stored.attrs.get("probe_resamples") == 0:  # one probe: nothing to resample, left out on purpose
+            lacking.discard("bifurcation_resampled")
+        lacking = sorted(lacking)
         run.analysis_note = "stored by `dynamics analyse`" + (f" (lacks {', '.join(lacking)})" if lacking else "")
         return _with_caveats(run, ds)
     if not compute_missing:
