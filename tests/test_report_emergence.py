@@ -542,6 +542,8 @@ def test_a_finished_runs_bifurcation_carries_a_bar_of_its_range_over_resampled_p
             with_resamples(_analysed_run("open", "completed", 2.0, 20.0, np.nan), [20.0] * 180 + [np.nan] * 20),
             with_resamples(_analysed_run("beside", "completed", 1.0, 30.0, np.nan), [20.0] * 10 + [40.0] * 190),
             with_resamples(_analysed_run("agree", "completed", 4.0, 20.0, np.nan), [20.0] * 200),
+            # every resample at 20 where the step is 40 (>= 181 of 200 on one other step): said, as analyse says it
+            with_resamples(_analysed_run("elsewhere", "completed", 8.0, 40.0, np.nan), [20.0] * 200),
             with_resamples(_analysed_run("live", "running", 4.0, 10.0, np.nan), [10.0] * 100 + [40.0] * 100),
             _analysed_run("older", "completed", 4.0, 40.0, np.nan)]  # analysed before the resamples
     (tmp_path / "figures").mkdir()
@@ -552,7 +554,8 @@ def test_a_finished_runs_bifurcation_carries_a_bar_of_its_range_over_resampled_p
     never = dict(zip([t.get_text() for t in ax.get_yticklabels()], ax.get_yticks(), strict=True))["never"]
     lines = [c for c in ax.collections if isinstance(c, LineCollection)]
     bars = sorted(tuple(map(tuple, seg)) for c in lines for seg in c.get_segments())
-    assert bars == [((1.0, 10.0), (1.0, 30.0)), ((1.0, 20.0), (1.0, 40.0)), ((2.0, 20.0), (2.0, never))]
+    assert bars == [((1.0, 10.0), (1.0, 30.0)), ((1.0, 20.0), (1.0, 40.0)), ((2.0, 20.0), (2.0, never)),
+                    ((8.0, 20.0), (8.0, 20.0))]
     # the two at init_scale 1 side by side, 3 points apart, not one bar of their union
     at_1 = sorted(c.get_transform().transform((1.0, 20.0))[0] for c in lines if c.get_segments()[0][0][0] == 1.0)
     assert at_1[1] - at_1[0] == pytest.approx(3.0 * figs["bifurcation.png"].dpi / 72)

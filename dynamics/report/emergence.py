@@ -364,14 +364,18 @@ def _bifurcation_section(ctx: _Ctx) -> _Section:
 
 
 def _probe_bar(run) -> tuple[float, float] | None:
-    """The run's bifurcation step's range over resampled probes (low, high; NaN: never), where it
-    spans more than one step; None for an analysis without it (one probe, or an older one)."""
+    """The run's bifurcation step's range over resampled probes (low, high; NaN: never) where it
+    differs from the step, as `dynamics analyse` shows it; None for an analysis without it (one
+    probe, or an older one)."""
     from dynamics.analysis.probe_resample import probe_range
 
-    if "bifurcation_resampled" not in run.analysis:
+    if "bifurcation_resampled" not in run.analysis or "bifurcation_step" not in run.analysis:
         return None
     low, high = (float(v) for v in probe_range(run.analysis["bifurcation_resampled"]).values)
-    return None if low == high or (math.isnan(low) and math.isnan(high)) else (low, high)
+    step = float(np.nanmin(run.analysis["bifurcation_step"].values)) if np.isfinite(
+        run.analysis["bifurcation_step"].values).any() else np.nan
+    same = [a == step or (math.isnan(a) and math.isnan(step)) for a in (low, high)]
+    return None if all(same) else (low, high)
 
 
 def _step_text(value) -> str:
