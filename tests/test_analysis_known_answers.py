@@ -410,29 +410,6 @@ def test_analyse_run_cuts_redundancy_at_0_1_and_correlates_the_last_snapshot():
     assert r < 0.99
 
 
-def test_analyse_run_dates_the_split_again_on_resampled_probes():
-    # 1 layer x 2 heads, T = 8, 2 probes: on probe 0 head 0 turns previous-token at step 23, on
-    # probe 1 both stay uniform. Every resample that draws probe 0 splits at 23; one drawing
-    # probe 1 twice (a quarter of them) never does, so the 95% bound is "never".
-    from dynamics.analysis.probe_resample import probe_weights
-
-    t = 8
-    u, prev = uniform(t), band(t, 1)
-    frames = [[[u, u], [u, u]]] * 3 + [[[prev, u], [u, u]]] * 2  # (snapshot, head, probe, Q, K)
-    attn = np.array(frames)[:, None]
-    result = analyse_run(run_dataset(attn, [0, 7, 19, 23, 31]))
-    got = result["bifurcation_resampled"].values
-    drew = probe_weights(2).values[:, 0] > 0
-    assert np.array_equal(got, np.where(drew, 23.0, np.nan), equal_nan=True)
-    row = summary_row(result)
-    assert row["bifurcation_step"] == 23 and row["bifurcation_probe_range"] == [23, None]
-    assert result.attrs["probe_resamples"] == 200 and result.attrs["probe_resample_seed"] == 0
-    # one probe: nothing to resample, nothing stored, nothing said
-    one = analyse_run(run_dataset(attn[:, :, :, :1], [0, 7, 19, 23, 31]))
-    assert "bifurcation_resampled" not in one and one.attrs["probe_resamples"] == 0
-    assert summary_row(one)["bifurcation_probe_range"] is None and summary_row(one)["bifurcation_step"] == 23
-
-
 def test_analyse_table_prints_the_row_as_summary_row_gives_it(capsys):
     from dynamics.tables import print_analysis
 

@@ -134,3 +134,77 @@ def test_probe_range_takes_the_inverse_of_the_empirical_distribution():
     assert probe_range(steps).coords["bound"].values.tolist() == ["low", "high"]
     with pytest.raises(ValueError, match="give a low and a high quantile"):
         probe_range(steps, (0.9, 0.1))
+
+
+# ----------------------------------------------------------------------------- in analyse_run
+
+
+def _uniform(t):
+    a = np.tril(np.ones((t, t)))
+    return a / a.sum(-1, keepdims=True)
+
+
+def _previous(t):
+    a = np.eye(t, k=-1)
+    a[0, 0] = 1.0
+    return a
+
+
+def _run(frames, steps):
+    """One run as open_run gives it, from frames (snapshot, layer, head, probe, T, T)."""
+    attn = np.asarray(frames, dtype=np.float64)
+    s, n_layer, n_head, n_probe, t, _ = attn.shape
+    return xr.Dataset({"attention": (ATTN, attn.astype(np.float16)),
+                       "probe_tokens": (("probe", "position"), np.tile(np.arange(t), (n_probe, 1))),
+                       "importance": (("snapshot", "layer", "head"), np.ones((s, n_layer, n_head)))},
+                      coords={"step": ("snapshot", np.asarray(steps))})
+
+
+def test_analyse_run_dates_the_split_again_on_resampled_probes():
+    # 1 layer x 2 heads, T = 8, 2 probes: on probe 0 head 0 turns previous-token at step 23, on
+    # probe 1 both stay uniform. Every resample that draws probe 0 splits at 23; one drawing
+    # probe 1 twice (a quarter of them) never does, so the 95% bound is "never".
+    from dynamics.analysis.pipeline import analyse_run, summary_row
+
+    u, prev = _uniform(8), _previous(8)
+    frames = np.array([[[u, u], [u, u]]] * 3 + [[[prev, u], [u, u]]] * 2)[:, None]  # (snapshot, layer, head, probe, Q, K)
+    result = analyse_run(_run(frames, [0, 7, 19, 23, 31]))
+    drew = probe_weights(2).values[:, 0] > 0
+    assert np.array_equal(result["bifurcation_resampled"].values, np.where(drew, 23.0, np.nan), equal_nan=True)
+    row = summary_row(result)
+    assert row["bifurcation_step"] == 23 and row["bifurcation_probe_range"] == [23, None]
+    assert result.attrs["probe_resamples"] == 200 and result.attrs["probe_resample_seed"] == 0
+    # one probe: nothing to resample, nothing stored, nothing said
+    one = analyse_run(_run(frames[:, :, :, :1], [0, 7, 19, 23, 31]))
+    assert "bifurcation_resampled" not in one and one.attrs["probe_resamples"] == 0
+    assert summary_row(one)["bifurcation_probe_range"] is None and summary_row(one)["bifurcation_step"] == 23
+
+
+def test_a_model_of_one_head_a_layer_has_no_range_as_it_has_no_step():
+    # no pair of heads: the step is "undefined", and its resamples all NaN must not read
+    # "never-never" beside it
+    from dynamics.analysis.pipeline import analyse_run, summary_row
+
+    u, prev = _uniform(8), _previous(8)
+    frames = np.array([[[u, u]]] * 3 + [[[prev, u]]] * 2)[:, None]  # 1 head, 2 probes
+    result = analyse_run(_run(frames, [0, 7, 19, 23, 31]))
+    assert np.isnan(result["bifurcation_resampled"].values).all()
+    row = summary_row(result)
+    assert row["bifurcation_step"] == "undefined" and row["bifurcation_probe_range"] is None
+
+
+def test_the_resampled_step_takes_the_options_baseline():
+    # every probe the same sequence and pattern, so every resample is the recorded curve: its
+    # steps must be the recorded step under each baseline, which these patterns date apart (a
+    # resample dated on the default baseline whatever the options would not be)
+    from dynamics.analysis.pipeline import AnalysisOptions, analyse_run
+
+    attn = _random_attention((8, 1, 3, 1, 6, 6), seed=1).values  # baselines 2 and 3 date it 16, 4 dates it 4
+    attn[5:, 0, 0] = _previous(6)  # head 0 turns previous-token late
+    ds = _run(np.repeat(attn, 3, axis=3), [0, 1, 2, 4, 8, 16, 32, 64])
+    recorded = {}
+    for n in (2, 3, 4):
+        out = analyse_run(ds, AnalysisOptions(baseline_snapshots=n))
+        recorded[n] = out["bifurcation_step"].item()
+        assert np.array_equal(out["bifurcation_resampled"].values, np.full(200, recorded[n]), equal_nan=True), n
+    assert len(set(np.nan_to_num(list(recorded.values()), nan=-1))) > 1, recorded

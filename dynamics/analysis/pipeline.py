@@ -550,8 +550,10 @@ def _attention_stage_by_blocks(attn: xr.DataArray, tokens: xr.DataArray, opt: An
     template = _attention_stage(bare, tokens, attn0, opt, max_offset)  # lazy: names, dims, dtypes
     stage = xr.map_blocks(_attention_stage, bare, args=[tokens, attn0],
                           kwargs={"opt": opt, "max_offset": max_offset}, template=template)
-    # The stage's results are small (no query or key dims: about 0.6% of the attention at
-    # T = 64), so they are gathered into one chunk along snapshot. Left in the blocks, every
+    # The stage's results are small (no query or key dims: 0.7% of the attention at T = 64,
+    # 2.5% at the quickstart's T = 32, half of that `layers_resampled`, 200 x layers float64 a
+    # snapshot whatever the heads, probes and T: most of it on tiny probes), so they are
+    # gathered into one chunk along snapshot. Left in the blocks, every
     # later analyser added tasks per block and, with the per-snapshot tasks of importance and
     # head weights (`_in_blocks`), the graph, held while it runs, grew with the run: 27k
     # tasks, 76 MiB, for 432 snapshots (0.09 bytes per byte of attention; now 3.9k tasks).
