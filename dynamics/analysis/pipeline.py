@@ -512,9 +512,11 @@ def _attention_stage(attn: xr.DataArray, tokens: xr.DataArray, attn0: xr.DataArr
     out["present"] = attn.isel(probe=0, query=0, key=0).notnull()
     out["share"] = token_share(attn, tokens, opt.roles.token_id)
     out["ratio"] = token_ratio(attn, tokens, opt.roles.token_id)
-    out["jsd"], by_probe = js_distance(attn, by_probe=True)
     if attn.sizes[PROBE] > 1:  # per snapshot, so a block keeps resample x layer past it, not every probe's pairs
+        out["jsd"], by_probe = js_distance(attn, by_probe=True)
         out["layers_resampled"] = resampled_layer_divergence(by_probe)
+    else:  # one probe: nothing to resample
+        out["jsd"] = js_distance(attn)
     # divergence_from_init, with the run's snapshot 0. Its values do not depend on the blocking;
     # blocks of STAGE_BYTES keep its three float64 temporaries within the head-by-head
     # kernel's peak, which sets the stage's (the default block made it the largest, 1.5x that).
