@@ -26,7 +26,7 @@ curve's early band, so a run is analysed from ``BASELINE_SNAPSHOTS + 1`` on. Her
 analysers, so that `dynamics run` and `dynamics sweep` can say a schedule gives fewer as they start
 without importing them (xarray and scipy: a second or two)."""
 
-ANALYSIS_VERSION = 13
+ANALYSIS_VERSION = 14
 """Stamped on every analysis (attr ``analysis_version``) and raised whenever what the analysers
 compute changes; readers recompute a stored analysis of another version rather than mix it with
 this one's, and `dynamics.store.open_analysis` warns on one (version 2: slash window up to T // 2,
@@ -44,7 +44,8 @@ induction unscored on probes where uniform attention reaches its threshold; vers
 ``previous_token_peak``, Voita et al.'s rule for the positional head; version 11: a bifurcation
 the band misses, inside the baseline snapshots, dated where the curve left its first value, where it read "never";
 version 12: so too where the band dates it later, which version 11 (in commits 22a7a3e..) did not;
-version 13: ``bifurcation_resampled``, the step on bootstrap resamples of the probes).
+version 13: ``bifurcation_resampled``, the step on bootstrap resamples of the probes;
+version 14: ``role_resampled``, the last snapshot's roles on those resamples).
 Defined here, not in the analysers, so the store can tell a stale analysis without importing
 them."""
 

@@ -181,8 +181,8 @@ def _runs(counts: list[tuple[str, int]]) -> str:
 
 def role_notes(rows: list[dict]) -> list[str]:
     """Notes on what the final-roles column does not say, from `summary_row`'s rows: heads that
-    meet Voita et al.'s positional-head rule but are labelled otherwise, and heads holding a
-    specific role at step 0, before any update."""
+    meet Voita et al.'s positional-head rule but are labelled otherwise, heads holding a
+    specific role at step 0, before any update, and heads whose label rests on the probe sample."""
     lines = []
     if missed := [(r["run"], r["peak_not_previous_token"]) for r in rows if r.get("peak_not_previous_token")]:
         from dynamics.analysis.positional import MISSED_NOTE
@@ -201,6 +201,15 @@ def role_notes(rows: list[dict]) -> list[str]:
                        "(short probes for sink and self, few or repetitive tokens for induction), an untrained "
                        "head's small departures from uniform pass it, and an [intervene] template or a large "
                        "init_scale can set one: " + _runs([(rid, sum(c.values())) for rid, c in start]))
+    if sensitive := [(r["run"], h) for r in rows for h in r.get("probe_sensitive_roles") or ()]:
+        from dynamics.analysis.probe_resample import LABEL_AGREEMENT, N_RESAMPLES
+
+        named = [f"{rid} L{h['layer']}H{h['head']} {h['role']} {h['agreement']:.0%} (else {h['other']})"
+                 for rid, h in sensitive[:4]]
+        lines.append(f"probe-sensitive roles: {len(sensitive)} head(s) get their final label on fewer than "
+                     f"{LABEL_AGREEMENT:.0%} of {N_RESAMPLES} bootstrap resamples of their run's probe sequences, so "
+                     f"another sample of probes like these may label them otherwise (`role_resampled` in the "
+                     f"analysis): {', '.join(named)}" + (f", and {len(sensitive) - 4} more" if len(sensitive) > 4 else ""))
     return lines
 
 

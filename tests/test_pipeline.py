@@ -92,8 +92,10 @@ def test_every_variable_names_what_it_is_and_its_units():
     result = analyse_run(sweep_like())
     for name, v in result.data_vars.items():
         assert v.attrs.get("long_name"), name
-        # role: flag_values and flag_meanings instead; cluster: a label (its "" read "[]" on an axis)
-        assert "units" in v.attrs or name in ("role", "cluster"), name
+        # roles: flag_values and flag_meanings instead; cluster: a label (its "" read "[]" on an axis)
+        assert "units" in v.attrs or name in ("role", "role_resampled", "cluster"), name
+        if name.startswith("role") and name != "role_score":
+            assert v.attrs["flag_meanings"].split() == list(result.attrs["roles"]), name
         # xarray wraps a label at 30 characters, and a default figure cut a long one's first lines off
         assert len(v.attrs["long_name"]) <= 50, name
     assert result["best_slash"].attrs["long_name"] != result["slash_score"].attrs["long_name"]

@@ -208,3 +208,60 @@ def test_the_resampled_step_takes_the_options_baseline():
         recorded[n] = out["bifurcation_step"].item()
         assert np.array_equal(out["bifurcation_resampled"].values, np.full(200, recorded[n]), equal_nan=True), n
     assert len(set(np.nan_to_num(list(recorded.values()), nan=-1))) > 1, recorded
+
+
+def test_weighted_probe_mean_counts_each_probe_by_its_weight_and_its_queries():
+    from dynamics.analysis.probe_resample import weighted_probe_mean
+
+    w = xr.DataArray([[0.5, 0.5], [1.0, 0.0], [0.0, 2.0]], dims=("resample", "probe"))
+    assert weighted_probe_mean(xr.DataArray([1.0, 3.0], dims="probe"), w).values.tolist() == [2.0, 1.0, 3.0]
+    # per-probe sums over 1 and 3 queries: (2 + 6) / (1 + 3) pooled
+    sums, count = xr.DataArray([2.0, 6.0], dims="probe"), xr.DataArray([1, 3], dims="probe")
+    assert weighted_probe_mean(sums, w, count=count).values.tolist() == [2.0, 2.0, 2.0]
+    # a NaN stays NaN whatever its weight; a weighted count of 0 is NaN, not 0
+    nan = weighted_probe_mean(xr.DataArray([1.0, np.nan], dims="probe"), w).values
+    assert np.isnan(nan).all()
+    none = weighted_probe_mean(sums, w, count=xr.DataArray([0, 3], dims="probe")).values
+    assert np.isnan(none[1]) and none[2] == 2.0
+
+
+def test_label_agreement_is_the_share_of_resamples_giving_the_label():
+    from dynamics.analysis.probe_resample import label_agreement
+
+    again = xr.DataArray([[3, 4, 0], [3, 4, 0], [3, 3, 0], [2, 4, 0]], dims=("resample", "head"), name="x")
+    out = label_agreement(xr.DataArray([3.0, 4.0, np.nan], dims="head"), again.astype(float))
+    np.testing.assert_array_equal(out.values, [0.75, 0.75, np.nan])
+    with pytest.raises(ValueError, match="resample"):
+        label_agreement(again.isel(resample=0), again.isel(resample=0))
+
+
+def test_analyse_run_labels_each_head_again_on_the_resampled_probes():
+    # head 0 is previous-token on probe 0 and self on probe 1; head 1 is a sink on both. Both
+    # probes: self by its margin (13/24 against 1/2); a resample without probe 1 (a quarter of
+    # them) reads previous_token; the sink holds everywhere (T = 12: at T <= 9 uniform attention is one)
+    from dynamics.analysis.pipeline import analyse_run, summary_row
+    from dynamics.analysis.roles import ROLES
+    from dynamics.tables import role_notes
+
+    prev, own, sink = _previous(12), np.eye(12), np.zeros((12, 12))
+    sink[:, 0] = 1.0
+    frames = np.array([[[prev, own], [sink, sink]]] * 5)[:, None]  # (snapshot, layer, head, probe, Q, K)
+    result = analyse_run(_run(frames, [0, 7, 19, 23, 31]))
+    again = result["role_resampled"]
+    assert again.dims == ("resample", "layer", "head") and again.dtype == np.int8
+    drew_self = probe_weights(2).values[:, 1] > 0
+    expected = np.where(drew_self, ROLES.index("self"), ROLES.index("previous_token"))
+    np.testing.assert_array_equal(again.isel(layer=0, head=0), expected)
+    assert (again.isel(layer=0, head=1) == ROLES.index("sink")).all()
+    lazy = analyse_run(_run(frames, [0, 7, 19, 23, 31]).chunk({"snapshot": 2}))
+    np.testing.assert_array_equal(lazy["role_resampled"].values, again.values)
+    row = summary_row(result)
+    assert row["probe_sensitive_roles"] == [{"layer": 0, "head": 0, "role": "self", "agreement": drew_self.mean(),
+                                             "other": "previous_token"}]
+    assert 0.6 < drew_self.mean() < 0.9  # about 3/4 of 200 draws: the head is named
+    note = role_notes([{"run": "r1"} | row])[-1]
+    assert note.startswith("probe-sensitive roles: 1 head(s) get their final label on fewer than 90% of 200 bootstrap")
+    assert note.endswith(f"r1 L0H0 self {drew_self.mean():.0%} (else previous_token)")
+    # one probe: none stored, none named
+    one = analyse_run(_run(frames[:, :, :, :1], [0, 7, 19, 23, 31]))
+    assert "role_resampled" not in one and summary_row(one)["probe_sensitive_roles"] is None

@@ -483,3 +483,73 @@ def test_a_head_passing_two_roles_takes_the_one_it_passes_by_the_larger_ratio_no
     scores["sink"][0], scores["slash"][0] = 0.45, 0.70
     scores["induction"][1], scores["previous_token"][1] = 0.5, 0.6
     assert role_names(assign_roles(scores)).tolist() == ["sink", "induction"]
+
+
+# --------------------------------------------------------------------------- probe weights
+def _two_probe_head():
+    # one head, 2 probes of T = 8: previous-token on probe 0, self on probe 1
+    prev, own = np.eye(8, k=-1), np.eye(8)
+    prev[0, 0] = 1.0
+    attn = xr.DataArray(np.stack([prev, own])[None, None, None], dims=DIMS)  # (1, 1, 1, 2, 8, 8)
+    tokens = xr.DataArray(np.tile(np.arange(8), (2, 1)), dims=("probe", "position"))
+    return attn, tokens
+
+
+def test_probe_weights_read_each_score_on_the_probes_they_weigh():
+    attn, tokens = _two_probe_head()
+    w = xr.DataArray([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]], dims=("resample", "probe"))
+    scores = role_scores(attn, tokens, weights=w).isel(snapshot=0, layer=0, head=0)
+    assert scores["previous_token"].dims == ("resample",)
+    np.testing.assert_allclose(scores["previous_token"], [1.0, 0.0, 0.5], rtol=1e-12)
+    np.testing.assert_allclose(scores["self"], [1 / 8, 1.0, 9 / 16], rtol=1e-12)  # probe 0's query 0 sits on key 0
+    # each probe alone, then both at once: both pass, and self by the larger margin (9/8 against 1)
+    labels = role_names(assign_roles(role_scores(attn, tokens, weights=w))).ravel().tolist()
+    assert labels == ["previous_token", "self", "self"]
+    assert role_names(assign_roles(role_scores(attn, tokens))).item() == "self"
+
+
+def test_every_bootstrap_resample_scores_as_its_probes_repeated():
+    # unequal counts of induction queries per probe, a probe without the token, an untrained
+    # head: a resample of probe counts c is the recorded multiset of probes, c_p copies of each
+    from dynamics.analysis.probe_resample import probe_weights
+
+    rng = np.random.default_rng(5)
+    attn = xr.DataArray(random_causal(rng, (1, 2, 3, P), T), dims=DIMS)
+    tokens = rng.integers(0, 8, size=(P, T))
+    tokens[0, 5] = tokens[3, 9] = SLASH
+    tokens = xr.DataArray(tokens, dims=("probe", "position"))
+    w = probe_weights(P, 12, seed=4)
+    resampled = role_scores(attn, tokens, weights=w)
+    for r in range(12):
+        take = np.repeat(np.arange(P), np.rint(w.values[r] * P).astype(int))
+        alone = role_scores(attn.isel(probe=take), tokens.isel(probe=take))
+        for name in alone.data_vars:
+            np.testing.assert_allclose(resampled[name].isel(resample=r), alone[name], rtol=1e-12, err_msg=name)
+        assert np.array_equal(assign_roles(resampled).isel(resample=r), assign_roles(alone))
+    # lazily the same
+    lazy = role_scores(attn.chunk({"layer": 1}), tokens, weights=w)
+    assert isinstance(lazy["sink"].data, da.Array)
+    xr.testing.assert_allclose(lazy.compute(), resampled, rtol=1e-12)
+
+
+def test_induction_is_unscored_on_the_resamples_whose_tokens_uniform_attention_passes():
+    # probe 0 repeats one token, where uniform attention scores 0.554 on induction; probe 1 has two
+    # repeats, 1/4 and 1/7 there: pooled, chance is (3.321 + 0.393) / 8 = 0.464, past 0.4
+    attn = xr.DataArray(np.stack([uniform(8)] * 2)[None, None, None], dims=DIMS)
+    tokens = xr.DataArray([[3] * 8, [0, 1, 2, 0, 3, 4, 1, 5]], dims=("probe", "position"))
+    w = xr.DataArray([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]], dims=("resample", "probe"))
+    induction = role_scores(attn, tokens, weights=w)["induction"].isel(snapshot=0, layer=0, head=0).values
+    np.testing.assert_allclose(induction, [np.nan, (1 / 4 + 1 / 7) / 2, np.nan], rtol=1e-6)  # float32 dot
+    assert np.isnan(role_scores(attn, tokens)["induction"].item())
+
+
+@pytest.mark.parametrize("weights, says", [
+    (xr.DataArray([1.0, -1.0], dims="probe"), "finite and >= 0"),
+    (xr.DataArray([0.0, 0.0], dims="probe"), "positive sum"),
+    (xr.DataArray([1.0, 1.0, 1.0], dims="probe"), "weights cover 3 probes, the values 2"),
+    (xr.DataArray([1.0, 1.0], dims="draw"), "probe"),
+])
+def test_bad_probe_weights_are_refused(weights, says):
+    attn, tokens = _two_probe_head()
+    with pytest.raises(ValueError, match=says):
+        role_scores(attn, tokens, weights=weights)

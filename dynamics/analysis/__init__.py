@@ -16,7 +16,7 @@ from dynamics.analysis.divergence import (
 )
 from dynamics.analysis.pipeline import AnalysisOptions, analyse_run, summary_row
 from dynamics.analysis.positional import VOITA_PEAK, peak_share
-from dynamics.analysis.probe_resample import probe_range, resampled_bifurcation
+from dynamics.analysis.probe_resample import label_agreement, probe_range, resampled_bifurcation
 from dynamics.analysis.redundancy import (
     attention_correlation,
     cluster_heads,
@@ -39,7 +39,7 @@ from dynamics.analysis.slash import (
 __all__ = [
     "ROLES", "VOITA_PEAK", "AnalysisOptions", "RoleThresholds", "analyse_run", "assign_roles", "attention_correlation",
     "best_offset", "bifurcation_step", "cluster_heads", "commitment_step", "cross_seed_consistency",
-    "divergence_from_init", "dominant_share", "emergence_step", "gini", "js_distance", "linkage_matrix",
+    "divergence_from_init", "dominant_share", "emergence_step", "gini", "js_distance", "label_agreement", "linkage_matrix",
     "mean_within_layer_divergence", "peak_share", "principal_angles", "probe_range", "qk_cosine", "redundancy_fraction",
     "resampled_bifurcation", "role_names", "role_scores", "slash_dominant", "slash_score", "summary_row", "token_dominant", "token_ratio",
     "token_share", "winner_take_all", "within_layer_divergence",

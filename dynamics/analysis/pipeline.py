@@ -31,14 +31,19 @@ from dynamics.analysis.divergence import (
 )
 from dynamics.analysis.positional import missed_previous_token, peak_share
 from dynamics.analysis.probe_resample import (
+    LABEL_AGREEMENT,
     N_RESAMPLES,
+    RESAMPLE,
     SEED,
     bifurcation_of_resamples,
+    label_agreement,
     probe_range,
+    probe_weights,
     resampled_layer_divergence,
 )
 from dynamics.analysis.redundancy import attention_correlation, cluster_heads, redundancy_fraction
-from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, check_kinds, role_scores
+from dynamics.analysis.role_thresholds import ROLES, RoleThresholds, check_kinds
+from dynamics.analysis.roles import assign_roles, role_scores
 from dynamics.analysis.slash import (
     DEFAULT_KAPPA,
     best_offset,
@@ -150,7 +155,8 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
     ``divergence_from_init``, ``bifurcation_step`` (scalar; of ``mean_divergence``),
     ``layer_bifurcation_step`` (layer; of ``within_layer_divergence``), with two or more
     probes ``bifurcation_resampled`` (resample; ``bifurcation_step`` on bootstrap resamples of
-    the probe sequences, `probe_resample`), ``cluster``,
+    the probe sequences, `probe_resample`) and ``role_resampled`` (resample, layer, head; the
+    last snapshot's ``role`` on those resamples), ``cluster``,
     ``redundancy_fraction`` (snapshot), ``attention_correlation`` (last snapshot), and when
     head weights were recorded ``qk_cosine`` and ``q_subspace_cos`` (snapshot, layer, head, head_b).
     ``slash_dominant`` and ``token_dominant`` are float 1 / 0, NaN where undefined (no offset
@@ -237,6 +243,13 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
 
     parts["role"] = unpadded(codes)
     parts["commitment_step"] = commitment_step(codes.where(present))
+    if attn.sizes[PROBE] > 1:
+        # How far each final label rests on the probe sample: labelled again on the resamples
+        # the bifurcation step's range takes (session 67 found 6% of the quickstart's heads
+        # labelled otherwise on 512 probes than on 4)
+        again = role_scores(last_recorded(attn), tokens, opt.roles, weights=probe_weights(attn.sizes[PROBE]))
+        resampled = assign_roles(again, opt.roles).transpose(RESAMPLE, ...)
+        parts["role_resampled"] = resampled.where(last_recorded(present)) if RUN in ds.coords else resampled
 
     slash = stage["slash"]
     parts["slash_score"] = slash
@@ -406,7 +419,9 @@ def summary_row(result: xr.Dataset) -> dict:
     meeting Voita et al.'s rule (``previous_token_peak`` >= 0.9) at the last snapshot but not
     labelled previous_token (None for an analysis stored without ``previous_token_peak``).
     ``roles_at_start``: the specific roles' head counts at the first snapshot, at step
-    ``start_step``.
+    ``start_step``. ``probe_sensitive_roles``: the heads whose last label fewer than
+    `LABEL_AGREEMENT` of ``role_resampled``'s resamples give (layer, head, role, agreement, and
+    ``other``, the label most of the others give), or None where it was not computed.
     """
     if RUN in result.dims:  # a sweep's analysis: every number below would be an array
         raise ValueError("summary_row takes one run's analysis; select one with .sel(run=...) or .isel(run=...)")
@@ -447,7 +462,25 @@ def summary_row(result: xr.Dataset) -> dict:
         # specific roles (not local or diffuse) at the first snapshot, before any update where it is step 0
         "roles_at_start": _specific_counts(result.isel({SNAPSHOT: 0})),
         "start_step": int(result["step"].values[0]) if "step" in result.coords else None,
+        "probe_sensitive_roles": _probe_sensitive(last) if "role_resampled" in last else None,
     }
+
+
+def _probe_sensitive(last: xr.Dataset) -> list[dict]:
+    """`summary_row`'s ``probe_sensitive_roles`` from the analysis at its last snapshot."""
+    from dynamics.analysis.roles import role_names
+
+    agreement = label_agreement(last["role"], last["role_resampled"]).transpose(LAYER, HEAD).values
+    codes = last["role"].transpose(LAYER, HEAD).values
+    again = last["role_resampled"].transpose(LAYER, HEAD, RESAMPLE).values
+    out = []
+    for layer, head in zip(*np.nonzero(agreement < LABEL_AGREEMENT), strict=True):
+        others = again[layer, head][again[layer, head] != codes[layer, head]]
+        values, counts = np.unique(others, return_counts=True)
+        out.append({"layer": int(layer), "head": int(head), "role": str(role_names(codes[layer, head])),
+                    "agreement": float(agreement[layer, head]),
+                    "other": str(role_names(values[np.argmax(counts)]))})
+    return out
 
 
 def _specific_counts(snapshot: xr.Dataset) -> dict[str, int]:

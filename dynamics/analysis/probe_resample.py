@@ -37,6 +37,9 @@ N_RESAMPLES = 200
 SEED = 0
 """The resamples' generator seed: every run (and every analysis of it) draws the same ones."""
 QUANTILES = (0.05, 0.95)
+LABEL_AGREEMENT = 0.9
+"""A head whose label fewer than this share of the resamples give is probe-sensitive: the
+label counterpart of the step's 5%-95% range (`dynamics analyse` names such heads)."""
 
 
 def probe_weights(n_probe: int, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
@@ -54,6 +57,33 @@ def probe_weights(n_probe: int, n_resamples: int = N_RESAMPLES, seed: int = SEED
     rng = np.random.default_rng(seed)
     counts = rng.multinomial(n_probe, np.full(n_probe, 1.0 / n_probe), size=n_resamples)  # (R, P)
     return xr.DataArray(counts / n_probe, dims=(RESAMPLE, PROBE))
+
+
+def weighted_probe_mean(values: xr.DataArray, weights: xr.DataArray, count: xr.DataArray | None = None) -> xr.DataArray:
+    """``sum_p w_p values_p / sum_p w_p count_p`` over dim probe (``count_p`` = 1 by default): a
+    mean over the multiset of probes that ``weights`` describes, each probe counted ``w_p`` times.
+
+    ``values`` are per-probe means, or per-probe sums over ``count`` queries where probes hold
+    unequal numbers of them (induction's queries with a previous occurrence). A NaN value stays
+    NaN, whatever its weight, as in the unweighted means' ``skipna=False``; NaN where the weighted
+    count is 0. ``weights``, ``(..., probe)``, non-negative with a positive sum over probe (e.g.
+    :func:`probe_weights`), add their other dims to the result.
+
+    Examples
+    --------
+    >>> v = xr.DataArray([1.0, 3.0], dims="probe")
+    >>> weighted_probe_mean(v, xr.DataArray([[0.5, 0.5], [1.0, 0.0]], dims=("resample", "probe"))).values.tolist()
+    [2.0, 1.0]
+    """
+    require_dims(weights, (PROBE,), "weights")
+    if weights.sizes[PROBE] != values.sizes[PROBE]:
+        raise ValueError(f"weights cover {weights.sizes[PROBE]} probes, the values {values.sizes[PROBE]}")
+    w = np.asarray(weights.values, dtype=np.float64)
+    if not np.isfinite(w).all() or (w < 0).any() or not (w.sum(axis=weights.get_axis_num(PROBE)) > 0).all():
+        raise ValueError("weights must be finite and >= 0, with a positive sum over probe for each draw")
+    total = xr.dot(values.astype(np.float64), weights, dim=PROBE)
+    n = weights.sum(PROBE) if count is None else xr.dot(count.astype(np.float64), weights, dim=PROBE)
+    return total / n.where(n > 0)
 
 
 def _layer_kernel(js, weights, block_bytes):
@@ -200,3 +230,19 @@ def probe_range(resampled: xr.DataArray, quantiles: tuple[float, float] = QUANTI
                          dask="parallelized", output_dtypes=[np.float64],
                          dask_gufunc_kwargs={"output_sizes": {BOUND: 2}})
     return out.assign_coords({BOUND: ["low", "high"]}).rename("bifurcation_probe_range")
+
+
+def label_agreement(labels: xr.DataArray, resampled: xr.DataArray) -> xr.DataArray:
+    """Each head's share of the resamples that give it its label: ``resampled``, ``(resample,
+    ...)`` codes (the analysis's ``role_resampled``), against ``labels``, ``(...)`` codes (its
+    ``role`` at the last snapshot); NaN where the label is NaN (a sweep's padding).
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> again = xr.DataArray([[3, 4], [3, 4], [3, 3], [3, 4]], dims=("resample", "head"))
+    >>> label_agreement(xr.DataArray([3, 4], dims="head"), again).values.tolist()
+    [1.0, 0.75]
+    """
+    require_dims(resampled, (RESAMPLE,), "label_agreement: resampled")
+    return (resampled == labels).mean(RESAMPLE).where(labels.notnull() & resampled.notnull().all(RESAMPLE))

@@ -24,13 +24,13 @@ pass through. NaN-padded heads get NaN scores and the label "none" from `assign_
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
-from numbers import Integral, Real
 
 import numpy as np
 import xarray as xr
 from scipy.special import entr
 
+from dynamics.analysis.probe_resample import weighted_probe_mean
+from dynamics.analysis.role_thresholds import GENERIC_ROLES, ROLES, SPECIFIC_ROLES, RoleThresholds
 from dynamics.analysis.slash import _check_square, best_offset, confounded_offsets, slash_score, token_share
 from dynamics.schema import KEY, OFFSET, POSITION, PROBE, QUERY, require_dims
 
@@ -48,111 +48,20 @@ __all__ = [
     "sink_score",
 ]
 
-ROLES = ("previous_token", "self", "slash", "induction", "sink", "token", "local", "diffuse", "none")
-"""Role names. A label code is an index into this tuple."""
-
-SPECIFIC_ROLES = ROLES[:6]
-"""Roles that name a definite pattern. They are labelled before the generic ones."""
-
-GENERIC_ROLES = ROLES[6:8]
-"""Roles that describe a shape rather than a mechanism: local (near the diagonal), diffuse (spread)."""
-
-
-def check_kinds(options, ints: tuple[str, ...], nested: dict[str, type] | None = None) -> None:
-    """TypeError naming the first field of the dataclass `options` whose value is not of its kind:
-    an integer for `ints` (or None where None is the field's default), an instance of its class
-    for `nested`, a real number for the others.
-
-    The range checks after it compared a string with '<' (a bare TypeError naming no field), and a
-    count given as 2.5 was accepted and truncated where it was used.
-    """
-    nested = nested or {}
-    for f in fields(options):
-        value = getattr(options, f.name)
-        if f.name in nested:
-            ok, kind = isinstance(value, nested[f.name]), f"a {nested[f.name].__name__}"
-        elif f.name in ints:
-            ok = (isinstance(value, Integral) and not isinstance(value, bool)) or (value is None and f.default is None)
-            kind = "an integer"
-        else:
-            ok, kind = isinstance(value, Real) and not isinstance(value, bool), "a number"
-        if not ok:
-            raise TypeError(f"{type(options).__name__}.{f.name}: expected {kind}, got {value!r}")
-
-
-@dataclass(frozen=True)
-class RoleThresholds:
-    """Thresholds for each role's score, and the settings the scores need.
-
-    A role passes when its score is at least its threshold. Every threshold lies in (0, 1].
-    """
-
-    previous_token: float = 0.5
-    """slash_score(1) needed. At 0.5 most of the attention goes one step back. Not Voita et al.'s
-    rule (the largest weight one step back in >= 90% of rows), which heads holding less meet:
-    the analysis's ``previous_token_peak`` (`dynamics.analysis.positional.peak_share`) gives it."""
-    self: float = 0.5
-    """slash_score(0) needed."""
-    slash: float = 0.5
-    """max slash_score over offsets in [slash_min_offset, slash_max_offset]. Cheng et al.'s
-    kappa; see `dynamics.analysis.slash.DEFAULT_KAPPA`."""
-    induction: float = 0.4
-    """Mean attention on the token after a previous occurrence of the current token. Under
-    uniform attention this is about (#occurrences / (i + 1)), which is small for random tokens
-    (0.04 to 0.17 on the experiments' probe batches, README's Analysis definitions) but not for few or repetitive ones (0.45 on
-    random binary tokens at T = 64): `role_scores` leaves induction unscored on probes where
-    uniform attention reaches this threshold. 0.4 asks for a clear majority of the mass of a
-    clean induction head."""
-    sink: float = 0.3
-    """alpha_0, the mean attention on position 0. Gu et al.'s epsilon. Uniform causal attention
-    gives H_T / T, which is 0.21 at T = 16 but 0.34 at T = 8: probes need T >= 10 (0.293), and
-    an untrained head, a little off uniform, passes 0.3 at T = 10 (`dynamics analyse` notes
-    roles held at step 0)."""
-    token: float = 0.5
-    """Mean share of attention on visible occurrences of `token_id`. The post uses 50%."""
-    local: float = 0.8
-    """Mean attention mass within offsets 0..local_width-1. Uniform causal attention gives
-    w (H_T - H_w) / (T - w), with w = local_width and H_n the n-th harmonic number: about
-    w ln(T / w) / T for long probes."""
-    diffuse: float = 0.8
-    """Mean normalised entropy H(A[i, :]) / ln(i + 1). Uniform causal attention gives 1."""
-    slash_min_offset: int = 2
-    """Smallest offset counted as "slash". 0 and 1 are the self and previous-token roles."""
-    slash_max_offset: int | None = None
-    """Largest offset counted as "slash". None means T // 2, so that every score averages over
-    at least half of the queries. slash_score(T - 1) rests on a single row, and a sink head
-    would score 1 there."""
-    token_id: int = ord("/")
-    """Token id for the token role (47, '/')."""
-    local_width: int = 3
-    """Band width w of the local role: offsets 0..w-1."""
-
-    def __post_init__(self):
-        check_kinds(self, ints=("slash_min_offset", "slash_max_offset", "token_id", "local_width"))
-        for name in ROLES[:-1]:
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"RoleThresholds.{name} must be in (0, 1]; got {value!r}")
-        if self.slash_min_offset < 0:
-            raise ValueError(f"RoleThresholds.slash_min_offset must be >= 0; got {self.slash_min_offset!r}")
-        if self.slash_max_offset is not None and self.slash_max_offset < self.slash_min_offset:
-            raise ValueError(
-                f"RoleThresholds.slash_max_offset must be >= slash_min_offset; got {self.slash_max_offset!r}"
-            )
-        if self.slash_max_offset is not None and self.slash_max_offset < 1:
-            # role_scores scores offset 1 for previous_token whatever the window, and a window
-            # of offset 0 alone was read there: a head 0.45 one step back labelled "slash"
-            raise ValueError(f"RoleThresholds.slash_max_offset must be >= 1 (offset 0 alone is the self role); "
-                             f"got {self.slash_max_offset!r}")
-        if self.local_width < 1:
-            raise ValueError(f"RoleThresholds.local_width must be >= 1; got {self.local_width!r}")
-
 
 def _positions(n: int, dim: str) -> xr.DataArray:
     return xr.DataArray(np.arange(n), dims=dim)
 
 
-def induction_score(attn: xr.DataArray, tokens: xr.DataArray) -> xr.DataArray:
+def _probe_mean(per_query: xr.DataArray, weights: xr.DataArray | None) -> xr.DataArray:
+    """The mean over (probe, query) of ``(..., probe, query)`` values, NaN kept; with weights, of
+    each probe's mean over its queries (every probe has as many) over the weighted probes."""
+    if weights is None:
+        return per_query.mean([QUERY, PROBE], skipna=False)
+    return weighted_probe_mean(per_query.mean(QUERY, skipna=False), weights)
+
+
+def induction_score(attn: xr.DataArray, tokens: xr.DataArray, weights: xr.DataArray | None = None) -> xr.DataArray:
     """Attention to the token after a previous occurrence of the current token (Olsson et al. 2022).
 
     ``M_p[i, k] = 1 if 1 <= k < i and tok_p[k - 1] = tok_p[i]``. Key k is the token after an
@@ -175,6 +84,8 @@ def induction_score(attn: xr.DataArray, tokens: xr.DataArray) -> xr.DataArray:
         ``(..., snapshot, layer, head, probe, query, key)``.
     tokens : DataArray
         ``(probe, position)`` non-negative int ids, with ``position`` as long as query/key.
+    weights : DataArray, optional
+        ``(..., probe)`` probe weights: see `role_scores`. Default: each probe once.
 
     Returns
     -------
@@ -202,13 +113,16 @@ def induction_score(attn: xr.DataArray, tokens: xr.DataArray) -> xr.DataArray:
     # clipped as diffuse_score's rows are: a float16 row sums to up to 1 + 2**-11, and read 1.0004 here
     mass = xr.dot(attn.astype(np.float32), match.astype(np.float32), dim=KEY).astype(np.float64).clip(0.0, 1.0)
     valid = match.any(KEY)  # (probe, query)
-    count = valid.sum([PROBE, QUERY])
-    out = mass.where(valid, 0.0).sum([PROBE, QUERY], skipna=False) / count.where(count > 0)
+    if weights is None:
+        count = valid.sum([PROBE, QUERY])
+        out = mass.where(valid, 0.0).sum([PROBE, QUERY], skipna=False) / count.where(count > 0)
+    else:  # each probe's sum over its valid queries, over the weighted count of them
+        out = weighted_probe_mean(mass.where(valid, 0.0).sum(QUERY, skipna=False), weights, count=valid.sum(QUERY))
     out.name = "induction"
     return out
 
 
-def sink_score(attn: xr.DataArray, position: int = 0) -> xr.DataArray:
+def sink_score(attn: xr.DataArray, position: int = 0, weights: xr.DataArray | None = None) -> xr.DataArray:
     """Mean attention on one key position (Gu et al. 2025, alpha_k).
 
     ``alpha_k = mean_p [ 1 / (T - k) * sum_{i >= k} A_p[i, k] ]``. This is 0-indexed, and Gu
@@ -224,6 +138,8 @@ def sink_score(attn: xr.DataArray, position: int = 0) -> xr.DataArray:
         ``(..., snapshot, layer, head, probe, query, key)``.
     position : int
         The key position k. Defaults to 0, the first token.
+    weights : DataArray, optional
+        ``(..., probe)`` probe weights: see `role_scores`. Default: each probe once.
 
     Returns
     -------
@@ -241,12 +157,12 @@ def sink_score(attn: xr.DataArray, position: int = 0) -> xr.DataArray:
     if not 0 <= position < n:
         raise ValueError(f"position must be in [0, {n - 1}]; got {position}")
     column = attn.isel({KEY: position}, drop=True).isel({QUERY: slice(position, None)}).astype(np.float64)
-    out = column.mean([QUERY, PROBE], skipna=False)
+    out = _probe_mean(column, weights)
     out.name = "sink"
     return out
 
 
-def local_score(attn: xr.DataArray, width: int = 3) -> xr.DataArray:
+def local_score(attn: xr.DataArray, width: int = 3, weights: xr.DataArray | None = None) -> xr.DataArray:
     """Mean attention mass in a band of ``width`` offsets behind the diagonal.
 
     ``local = mean_p mean_{i >= w} sum_{d=0}^{w-1} A_p[i, i - d]``. Queries ``i < w`` are left
@@ -262,6 +178,8 @@ def local_score(attn: xr.DataArray, width: int = 3) -> xr.DataArray:
         ``(..., snapshot, layer, head, probe, query, key)``.
     width : int
         Band width w >= 1. It must be less than T.
+    weights : DataArray, optional
+        ``(..., probe)`` probe weights: see `role_scores`. Default: each probe once.
 
     Returns
     -------
@@ -281,12 +199,12 @@ def local_score(attn: xr.DataArray, width: int = 3) -> xr.DataArray:
     behind = _positions(n, QUERY) - _positions(n, KEY)
     band = ((behind >= 0) & (behind < width)).astype(np.float32)  # (query, key)
     mass = xr.dot(attn.astype(np.float32), band, dim=KEY).isel({QUERY: slice(width, None)})
-    out = mass.astype(np.float64).clip(0.0, 1.0).mean([QUERY, PROBE], skipna=False)  # clipped: see induction_score
+    out = _probe_mean(mass.astype(np.float64).clip(0.0, 1.0), weights)  # clipped: see induction_score
     out.name = "local"
     return out
 
 
-def diffuse_score(attn: xr.DataArray) -> xr.DataArray:
+def diffuse_score(attn: xr.DataArray, weights: xr.DataArray | None = None) -> xr.DataArray:
     """Mean normalised entropy of the attention rows.
 
     ``diffuse = mean_p mean_{i >= 1} H(A_p[i, :]) / ln(i + 1)``, with
@@ -299,6 +217,8 @@ def diffuse_score(attn: xr.DataArray) -> xr.DataArray:
     ----------
     attn : DataArray
         ``(..., snapshot, layer, head, probe, query, key)``.
+    weights : DataArray, optional
+        ``(..., probe)`` probe weights: see `role_scores`. Default: each probe once.
 
     Returns
     -------
@@ -318,12 +238,13 @@ def diffuse_score(attn: xr.DataArray) -> xr.DataArray:
     # entr(x) = -x ln x with entr(0) = 0, elementwise and lazy on dask; NaN (padded) stays NaN.
     entropy = entr(attn.astype(np.float32)).sum(KEY, skipna=False).astype(np.float64)
     normalised = (entropy.isel({QUERY: slice(1, None)}) / np.log(_positions(n, QUERY)[1:] + 1.0)).clip(0.0, 1.0)
-    out = normalised.mean([QUERY, PROBE], skipna=False)
+    out = _probe_mean(normalised, weights)
     out.name = "diffuse"
     return out
 
 
-def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresholds | None = None) -> xr.Dataset:
+def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresholds | None = None,
+                weights: xr.DataArray | None = None) -> xr.Dataset:
     """Every role score of every head at every snapshot.
 
     The variables, each ``(..., snapshot, layer, head)`` and float64:
@@ -361,6 +282,13 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
         ``(probe, position)`` int token ids.
     thresholds : RoleThresholds, optional
         Supplies token_id, local_width and the slash offset window. Defaults to `RoleThresholds()`.
+    weights : DataArray, optional
+        ``(..., probe)``, non-negative with a positive sum over probe: every score (and
+        induction's chance level) is then read on the multiset of probe sequences the weights
+        describe, each probe counted by its weight, and gains their other dims.
+        `dynamics.analysis.probe_resample.probe_weights` gives bootstrap resamples ``(resample,
+        probe)``, so that `assign_roles` labels each head on each resample: how far a label rests
+        on the recorded probe sample. Default: each probe once.
 
     Returns
     -------
@@ -388,7 +316,7 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
                          f"got query={n}")
     max_offset = n // 2 if thresholds.slash_max_offset is None else thresholds.slash_max_offset
     max_offset = min(max(max_offset, 1), n - 1)
-    diagonals = slash_score(attn, max_offset=max_offset)
+    diagonals = slash_score(attn, max_offset=max_offset, weights=weights)
     # Probes too short for a role's offsets (T < 4 leaves the default slash window empty; the
     # local band needs T > local_width) give it no score, NaN, which never passes: a run of any
     # valid context (2 and 3 are, for markov and offset_copy) is analysed, with the roles its
@@ -408,17 +336,17 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
     keep = np.tril(np.ones((n, n)))
     uniform = xr.DataArray(np.broadcast_to(keep / keep.sum(1, keepdims=True), (tokens.sizes[PROBE], n, n)),
                            dims=(PROBE, QUERY, KEY))  # (P, T, T)
-    by_chance = induction_score(uniform, tokens)  # () over these probes; lazy on lazy tokens
+    by_chance = induction_score(uniform, tokens, weights)  # () over these probes; lazy on lazy tokens
     scores = _unless_confounded({
         "previous_token": diagonals.sel({OFFSET: 1}, drop=True),
         "self": diagonals.sel({OFFSET: 0}, drop=True),
         "slash": slash,
         "slash_offset": slash_offset,
-        "induction": induction_score(attn, tokens).where(by_chance < thresholds.induction),
-        "sink": sink_score(attn),
-        "token": token_share(attn, tokens, thresholds.token_id).mean(PROBE),  # NaN probes skipped
-        "local": local_score(attn, thresholds.local_width) if thresholds.local_width < n else unscored,
-        "diffuse": diffuse_score(attn),
+        "induction": induction_score(attn, tokens, weights).where(by_chance < thresholds.induction),
+        "sink": sink_score(attn, weights=weights),
+        "token": _token_score(token_share(attn, tokens, thresholds.token_id), weights),
+        "local": local_score(attn, thresholds.local_width, weights) if thresholds.local_width < n else unscored,
+        "diffuse": diffuse_score(attn, weights),
     }, n, max_offset, thresholds)
     ds = xr.Dataset({name: value.rename(name) for name, value in scores.items()})
     for name in ROLES[:-1]:
@@ -431,6 +359,13 @@ def role_scores(attn: xr.DataArray, tokens: xr.DataArray, thresholds: RoleThresh
         "slash_max_offset": int(max_offset),
     }
     return ds
+
+
+def _token_score(share: xr.DataArray, weights: xr.DataArray | None) -> xr.DataArray:
+    """The mean of ``(..., probe)`` token shares over the probes that hold the token (NaN skipped)."""
+    if weights is None:
+        return share.mean(PROBE)
+    return weighted_probe_mean(share.fillna(0.0), weights, count=share.notnull())
 
 
 # Roles read from positions alone: on short probes a head with no such pattern can pass them.

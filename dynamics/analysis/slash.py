@@ -57,8 +57,8 @@ def _check_square(attn: xr.DataArray) -> int:
     return n
 
 
-def _diagonal_means(a: np.ndarray, max_offset: int) -> np.ndarray:
-    # a: (..., probe, query, key) -> (..., offset). One gather over an (offset, query) grid
+def _diagonal_means(a: np.ndarray, max_offset: int, by_probe: bool = False) -> np.ndarray:
+    # a: (..., probe, query, key) -> (..., offset), or (..., probe, offset) by probe. One gather over an (offset, query) grid
     # replaces a loop over offsets. Cells with i < delta point at key 0 and are masked out.
     n = a.shape[-1]
     delta = np.arange(max_offset + 1)[:, None]  # (D, 1)
@@ -69,10 +69,10 @@ def _diagonal_means(a: np.ndarray, max_offset: int) -> np.ndarray:
     diag = diag.astype(np.float32, copy=False)
     diag[..., ~valid] = 0.0
     per_probe = diag.sum(axis=-1, dtype=np.float64) / (n - delta[:, 0])  # (..., P, D)
-    return per_probe.mean(axis=-2)
+    return per_probe if by_probe else per_probe.mean(axis=-2)
 
 
-def slash_score(attn: xr.DataArray, max_offset: int | None = None) -> xr.DataArray:
+def slash_score(attn: xr.DataArray, max_offset: int | None = None, weights: xr.DataArray | None = None) -> xr.DataArray:
     """Mean attention on each diagonal ``key = query - delta`` (Cheng et al. 2026).
 
     ``slash_score(delta) = mean_p [ 1 / (T - delta) * sum_{i = delta}^{T-1} A_p[i, i - delta] ]``
@@ -93,6 +93,10 @@ def slash_score(attn: xr.DataArray, max_offset: int | None = None) -> xr.DataArr
         query, key)``. Extra leading dims pass through.
     max_offset : int, optional
         Largest offset scored. Defaults to ``T - 1``.
+    weights : DataArray, optional
+        ``(..., probe)``: the mean over p taken over the multiset of probes these weights
+        describe, with their other dims (see `dynamics.analysis.roles.role_scores`). Default:
+        each probe once.
 
     Returns
     -------
@@ -116,13 +120,17 @@ def slash_score(attn: xr.DataArray, max_offset: int | None = None) -> xr.DataArr
         _diagonal_means,
         attn,
         input_core_dims=[[PROBE, QUERY, KEY]],
-        output_core_dims=[[OFFSET]],
-        kwargs={"max_offset": max_offset},
+        output_core_dims=[[OFFSET] if weights is None else [PROBE, OFFSET]],
+        kwargs={"max_offset": max_offset, "by_probe": weights is not None},
         dask="parallelized",
         output_dtypes=[np.float64],
         # A run chunked by snapshot keeps (probe, query, key) whole, so this rarely rechunks.
         dask_gufunc_kwargs={"output_sizes": {OFFSET: max_offset + 1}, "allow_rechunk": True},
     )
+    if weights is not None:
+        from dynamics.analysis.probe_resample import weighted_probe_mean
+
+        out = weighted_probe_mean(out, weights)
     out = out.assign_coords({OFFSET: np.arange(max_offset + 1)})
     out.name = "slash_score"
     # n_query: the window `best_offset` and `slash_dominant` take by default, as `dynamics analyse`'s

@@ -48,6 +48,9 @@ VARIABLE_ATTRS = {
     "bifurcation_resampled": ("bifurcation step, probes resampled", "steps",
         "bifurcation_step of the divergence rebuilt on a bootstrap resample of the probe sequences "
         "(dynamics.analysis.probe_resample; NaN: never, or undefined where no layer has two heads)"),
+    "role_resampled": ("head role, probes resampled", None,
+        "the last snapshot's role (int8 codes into roles) on each bootstrap resample of the probe sequences "
+        "that bifurcation_resampled takes (dynamics.analysis.roles.role_scores with probe weights)"),
     "winner_take_all": ("Gini of the layer's importances", "1",
         "Gini coefficient of the layer's head importances"),
     "cluster": ("redundancy cluster", None,
