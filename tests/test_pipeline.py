@@ -76,6 +76,9 @@ def test_known_roles_and_missing_heads():
     assert names[0, 0, 0] == names[1, 0, 0] == "previous_token"
     # a head run b does not have is no role, not "none"
     assert (names[1, :, H - 1] == "").all() and (names[0, :, H - 1] != "").all()
+    again = role_names(result["role_resampled"].transpose("resample", "run", ...))  # so too on every resample
+    assert (again[:, 1, :, H - 1] == "").all() and (again[:, 0, :, H - 1] != "").all()
+    assert (again[:, :, 0, 0] == "previous_token").all()
     # A missing head has no divergence and no pairing with the others.
     assert np.isnan(result["divergence_from_init"].sel(run="b", head=H - 1)).all()
     assert (result["divergence_from_init"].isel(snapshot=0).sel(run="a") == 0).all()
