@@ -91,3 +91,35 @@ def peak_rss_bytes() -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # no /proc status: kB on Linux
+
+
+def probe_split_parser(doc: str):
+    """The arguments of the benches that split a store's probes into two samples (probe_range,
+    role_agreement): STORE, --probes, --draws and --seed."""
+    p = Parser(description=doc.splitlines()[0])
+    p.add_argument("store", help="a store of runs recorded on at least 2 x --probes probes")
+    p.add_argument("--probes", type=at_least(2), default=8, help="probes a sample, as record.n_probe (default 8)")
+    p.add_argument("--draws", type=at_least(1), default=40, help="sample pairs per run (default 40)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the draws (not of the resamples, which the analysis fixes)")
+    return p
+
+
+def open_split_runs(path: str, probes: int) -> dict | str:
+    """Every run of the store at ``path``, opened in memory, or the one line that refuses it: no
+    runs, a run not completed (its unwritten snapshots), or fewer than 2 x ``probes`` probes."""
+    from dynamics import store
+
+    try:
+        runs = store.list_runs(path)
+    except store.StoreError as e:
+        return str(e)
+    if not runs:
+        return f"{path} holds no runs"
+    opened = {rid: store.open_run(path, rid, dask=False) for rid in runs}
+    for rid, ds in sorted(opened.items()):
+        if ds.attrs.get("status") != "completed":
+            return f"run {rid} is {ds.attrs.get('status', 'of no status')}: only completed runs are compared"
+        if ds.sizes["probe"] < 2 * probes:
+            return (f"run {rid} recorded {ds.sizes['probe']} probes, fewer than 2 x --probes {probes} "
+                    f"(record with more: --set record.n_probe=64)")
+    return opened

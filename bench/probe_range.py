@@ -28,7 +28,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make `bench._common` and `dynamics` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import Parser, at_least, bad_input, load_line  # noqa: E402
+from bench._common import bad_input, load_line, open_split_runs, probe_split_parser  # noqa: E402
 
 
 def _step(js) -> float:
@@ -62,35 +62,20 @@ def _said(step: float) -> str:
 
 
 def main(argv=None) -> int:
-    p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("store", help="a store of runs recorded on at least 2 x --probes probes")
-    p.add_argument("--probes", type=at_least(2), default=8, help="probes a sample, as record.n_probe (default 8)")
-    p.add_argument("--draws", type=at_least(1), default=40, help="sample pairs per run (default 40)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the draws (not of the resamples, which the analysis fixes)")
-    args = p.parse_args(argv)
+    args = probe_split_parser(__doc__).parse_args(argv)
 
-    from dynamics import store
     from dynamics.analysis.divergence import js_distance, same_layer_block
     from dynamics.schema import BASELINE_SNAPSHOTS
 
-    try:
-        runs = store.list_runs(args.store)
-    except store.StoreError as e:
-        return bad_input(str(e))
-    if not runs:
-        return bad_input(f"{args.store} holds no runs")
-    opened = {rid: store.open_run(args.store, rid, dask=False) for rid in runs}
-    # every refusal before any work: a run that is not completed has unwritten snapshots, and the
-    # rule needs more snapshots than its baseline
+    opened = open_split_runs(args.store, args.probes)
+    if isinstance(opened, str):
+        return bad_input(opened)
+    runs = sorted(opened)
+    # every refusal before any work: the rule needs more snapshots than its baseline
     for rid, ds in sorted(opened.items()):
-        if ds.attrs.get("status") != "completed":
-            return bad_input(f"run {rid} is {ds.attrs.get('status', 'of no status')}: only completed runs are compared")
         if ds.sizes["snapshot"] <= BASELINE_SNAPSHOTS:
             return bad_input(f"run {rid} recorded {ds.sizes['snapshot']} snapshots; a bifurcation step needs "
                              f"more than the band's {BASELINE_SNAPSHOTS}")
-        if ds.sizes["probe"] < 2 * args.probes:
-            return bad_input(f"run {rid} recorded {ds.sizes['probe']} probes, fewer than 2 x --probes {args.probes} "
-                             f"(record with more: --set record.n_probe=64)")
     # one head a layer: no pair to compare, the step undefined (not "never"), so nothing to cover
     pairless = sorted(rid for rid, ds in opened.items() if ds.sizes["head"] < 2)
     if len(pairless) == len(opened):

@@ -29,7 +29,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make `bench._common` and `dynamics` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import Parser, at_least, bad_input, load_line  # noqa: E402
+from bench._common import bad_input, load_line, open_split_runs, probe_split_parser  # noqa: E402
 
 BINS = ((0.0, 0.5), (0.5, 0.9), (0.9, 1.0), (1.0, 1.0))
 
@@ -69,29 +69,14 @@ def _line(name: str, same: np.ndarray) -> str:
 
 
 def main(argv=None) -> int:
-    p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("store", help="a store of runs recorded on at least 2 x --probes probes")
-    p.add_argument("--probes", type=at_least(2), default=8, help="probes a sample, as record.n_probe (default 8)")
-    p.add_argument("--draws", type=at_least(1), default=40, help="sample pairs per run (default 40)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the draws (not of the resamples, which the analysis fixes)")
-    args = p.parse_args(argv)
+    args = probe_split_parser(__doc__).parse_args(argv)
 
-    from dynamics import store
     from dynamics.analysis.probe_resample import LABEL_AGREEMENT, N_RESAMPLES
 
-    try:
-        runs = store.list_runs(args.store)
-    except store.StoreError as e:
-        return bad_input(str(e))
-    if not runs:
-        return bad_input(f"{args.store} holds no runs")
-    opened = {rid: store.open_run(args.store, rid, dask=False) for rid in runs}
-    for rid, ds in sorted(opened.items()):  # every refusal before any work
-        if ds.attrs.get("status") != "completed":
-            return bad_input(f"run {rid} is {ds.attrs.get('status', 'of no status')}: only completed runs are compared")
-        if ds.sizes["probe"] < 2 * args.probes:
-            return bad_input(f"run {rid} recorded {ds.sizes['probe']} probes, fewer than 2 x --probes {args.probes} "
-                             f"(record with more: --set record.n_probe=64)")
+    opened = open_split_runs(args.store, args.probes)  # every refusal before any work
+    if isinstance(opened, str):
+        return bad_input(opened)
+    runs = sorted(opened)
     print(f"{len(runs)} runs; samples of {args.probes} probes, {args.draws} disjoint pairs a run, "
           f"{N_RESAMPLES} resamples of each A; {load_line()}")
     agreement, same = [], []
