@@ -542,7 +542,7 @@ def test_the_page_names_completed_runs_training_made_worse_or_never_moved(tmp_pa
 
 
 def test_a_run_of_one_probe_is_not_said_to_lack_the_resampled_bifurcation(tmp_path, capsys):
-    # its analysis leaves bifurcation_resampled out on purpose (nothing to resample), and the
+    # its analysis leaves bifurcation_resampled and role_resampled out on purpose (nothing to resample), and the
     # runs table said "stored by `dynamics analyse` (lacks bifurcation_resampled)", as of a damaged one
     import tomllib
 
@@ -558,8 +558,12 @@ def test_a_run_of_one_probe_is_not_said_to_lack_the_resampled_bifurcation(tmp_pa
         train_run(from_dict(raw), path)
     assert cli.main(["analyse", path, "--workers", "1"]) == 0
     capsys.readouterr()
-    notes = {}
+    notes, read = {}, {}
     for rid in store.list_runs(path):
         attrs = store.run_attrs(path, rid)
-        notes[attrs["config"]["record"]["n_probe"]] = _collect_run(path, rid, None, False, attrs).analysis_note
+        run = _collect_run(path, rid, None, False, attrs)
+        notes[attrs["config"]["record"]["n_probe"]] = run.analysis_note
+        read[attrs["config"]["record"]["n_probe"]] = {"bifurcation_resampled", "role_resampled"} & set(run.analysis)
     assert notes == {1: "stored by `dynamics analyse`", 4: "stored by `dynamics analyse`"}
+    # the report reads both resampled variables of a run that has them (its captions name the heads)
+    assert read == {1: set(), 4: {"bifurcation_resampled", "role_resampled"}}

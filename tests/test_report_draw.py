@@ -277,6 +277,33 @@ def test_the_voita_sentence_counts_heads_peaking_one_back_that_are_labelled_othe
                                                                   np.arange(2))]) == ""  # no analysis
 
 
+def test_the_probe_sensitive_sentence_names_heads_whose_label_few_resamples_give():
+    # `dynamics analyse` notes them under its table; the report's role captions say it too
+    from dynamics.analysis.roles import ROLES
+    from dynamics.report.draw import _probe_sensitive_sentence
+
+    def run(rid, final, again):
+        code = [ROLES.index(r) for r in final]
+        analysis = xr.Dataset({"role": (("snapshot", "layer", "head"), np.array([[[8] * 2], [code]], dtype=np.int8)),
+                               "role_resampled": (("resample", "layer", "head"),
+                                                  np.array([[[ROLES.index(r) for r in row]] for row in again], np.int8))})
+        return _Run(rid, "completed", {}, 1.0, 2, np.ones(2, bool), np.arange(2), analysis=analysis)
+
+    # head 0 of a: 8 of 10 resamples give self (80%: named), else none twice; head 1: 9 of 10 (not named)
+    a = run("a", ["self", "sink"], [["self", "sink"]] * 8 + [["none", "sink"], ["none", "local"]])
+    b = run("b", ["local", "local"], [["none", "none"]] * 10)
+    c = run("c", ["sink", "sink"], [["sink", "sink"]] * 10)
+    assert _probe_sensitive_sentence([a], chosen=True) == (
+        " Probe-sensitive roles: 1 head(s) of this run get their final label on fewer than 90% of 200 bootstrap "
+        "resamples of their run's probe sequences, so other probes like these may label them otherwise "
+        "(role_resampled): L0H0 self 80% (else none).")
+    said = _probe_sensitive_sentence([a, b, c])
+    assert said.startswith(" Probe-sensitive roles: 3 head(s) get their final label on fewer than 90%")
+    assert said.endswith("(role_resampled): a (1), b (2).")
+    assert _probe_sensitive_sentence([c]) == "" and _probe_sensitive_sentence([_Run(
+        "d", "completed", {}, 1.0, 2, np.ones(2, bool), np.arange(2))]) == ""  # no analysis
+
+
 def test_a_legend_below_has_as_many_columns_as_its_longest_entry_leaves_room_for():
     # from a mutation audit: columns of 2.7 inches whatever the entries, four of 60 characters
     # (3.9 inches each) in a 10.8-inch figure overlapped in 4 columns

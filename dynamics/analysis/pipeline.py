@@ -31,19 +31,17 @@ from dynamics.analysis.divergence import (
 )
 from dynamics.analysis.positional import missed_previous_token, peak_share
 from dynamics.analysis.probe_resample import (
-    LABEL_AGREEMENT,
     N_RESAMPLES,
     RESAMPLE,
     SEED,
     bifurcation_of_resamples,
-    label_agreement,
     probe_range,
     probe_weights,
     resampled_layer_divergence,
 )
 from dynamics.analysis.redundancy import attention_correlation, cluster_heads, redundancy_fraction
 from dynamics.analysis.role_thresholds import ROLES, RoleThresholds, check_kinds
-from dynamics.analysis.roles import assign_roles, role_scores
+from dynamics.analysis.roles import assign_roles, probe_sensitive_heads, role_scores
 from dynamics.analysis.slash import (
     DEFAULT_KAPPA,
     best_offset,
@@ -419,9 +417,8 @@ def summary_row(result: xr.Dataset) -> dict:
     meeting Voita et al.'s rule (``previous_token_peak`` >= 0.9) at the last snapshot but not
     labelled previous_token (None for an analysis stored without ``previous_token_peak``).
     ``roles_at_start``: the specific roles' head counts at the first snapshot, at step
-    ``start_step``. ``probe_sensitive_roles``: the heads whose last label fewer than
-    `LABEL_AGREEMENT` of ``role_resampled``'s resamples give (layer, head, role, agreement, and
-    ``other``, the label most of the others give), or None where it was not computed.
+    ``start_step``. ``probe_sensitive_roles``: `roles.probe_sensitive_heads` of the last
+    labels, or None where ``role_resampled`` was not computed.
     """
     if RUN in result.dims:  # a sweep's analysis: every number below would be an array
         raise ValueError("summary_row takes one run's analysis; select one with .sel(run=...) or .isel(run=...)")
@@ -462,25 +459,9 @@ def summary_row(result: xr.Dataset) -> dict:
         # specific roles (not local or diffuse) at the first snapshot, before any update where it is step 0
         "roles_at_start": _specific_counts(result.isel({SNAPSHOT: 0})),
         "start_step": int(result["step"].values[0]) if "step" in result.coords else None,
-        "probe_sensitive_roles": _probe_sensitive(last) if "role_resampled" in last else None,
+        "probe_sensitive_roles": probe_sensitive_heads(last["role"], last["role_resampled"])
+        if "role_resampled" in last else None,
     }
-
-
-def _probe_sensitive(last: xr.Dataset) -> list[dict]:
-    """`summary_row`'s ``probe_sensitive_roles`` from the analysis at its last snapshot."""
-    from dynamics.analysis.roles import role_names
-
-    agreement = label_agreement(last["role"], last["role_resampled"]).transpose(LAYER, HEAD).values
-    codes = last["role"].transpose(LAYER, HEAD).values
-    again = last["role_resampled"].transpose(LAYER, HEAD, RESAMPLE).values
-    out = []
-    for layer, head in zip(*np.nonzero(agreement < LABEL_AGREEMENT), strict=True):
-        others = again[layer, head][again[layer, head] != codes[layer, head]]
-        values, counts = np.unique(others, return_counts=True)
-        out.append({"layer": int(layer), "head": int(head), "role": str(role_names(codes[layer, head])),
-                    "agreement": float(agreement[layer, head]),
-                    "other": str(role_names(values[np.argmax(counts)]))})
-    return out
 
 
 def _specific_counts(snapshot: xr.Dataset) -> dict[str, int]:

@@ -29,10 +29,10 @@ import numpy as np
 import xarray as xr
 from scipy.special import entr
 
-from dynamics.analysis.probe_resample import weighted_probe_mean
+from dynamics.analysis.probe_resample import LABEL_AGREEMENT, RESAMPLE, label_agreement, weighted_probe_mean
 from dynamics.analysis.role_thresholds import GENERIC_ROLES, ROLES, SPECIFIC_ROLES, RoleThresholds
 from dynamics.analysis.slash import _check_square, best_offset, confounded_offsets, slash_score, token_share
-from dynamics.schema import KEY, OFFSET, POSITION, PROBE, QUERY, require_dims
+from dynamics.schema import HEAD, KEY, LAYER, OFFSET, POSITION, PROBE, QUERY, require_dims
 
 __all__ = [
     "GENERIC_ROLES",
@@ -43,6 +43,7 @@ __all__ = [
     "diffuse_score",
     "induction_score",
     "local_score",
+    "probe_sensitive_heads",
     "role_names",
     "role_scores",
     "sink_score",
@@ -515,3 +516,33 @@ def role_names(codes) -> np.ndarray:
                          f"got {known.min()}..{known.max()}")
     names = np.asarray(ROLES + ("",))  # the extra "" is where missing codes point
     return names[np.where(missing, len(ROLES), codes).astype(np.int64)]
+
+
+def probe_sensitive_heads(labels: xr.DataArray, resampled: xr.DataArray) -> list[dict]:
+    """The heads whose label fewer than `LABEL_AGREEMENT` (90%) of the resamples give.
+
+    ``labels``: one snapshot's codes ``(layer, head)`` (the analysis's ``role`` at its last);
+    ``resampled``: theirs on probe resamples ``(resample, layer, head)`` (``role_resampled``).
+    One dict a head, in (layer, head) order: ``layer``, ``head``, ``role`` (its label),
+    ``agreement`` (`probe_resample.label_agreement`) and ``other``, the label most of the
+    other resamples give (ties: the first in `ROLES`). A padded head (NaN label) is none.
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> labels = xr.DataArray([[1, 4]], dims=("layer", "head"))
+    >>> again = xr.DataArray([[[1, 4]], [[0, 4]], [[0, 4]], [[1, 4]]], dims=("resample", "layer", "head"))
+    >>> probe_sensitive_heads(labels, again)
+    [{'layer': 0, 'head': 0, 'role': 'self', 'agreement': 0.5, 'other': 'previous_token'}]
+    """
+    require_dims(resampled, (RESAMPLE, LAYER, HEAD), "probe_sensitive_heads: resampled")
+    agreement = label_agreement(labels, resampled).transpose(LAYER, HEAD).values
+    codes = labels.transpose(LAYER, HEAD).values
+    again = resampled.transpose(LAYER, HEAD, RESAMPLE).values
+    out = []
+    for layer, head in zip(*np.nonzero(agreement < LABEL_AGREEMENT), strict=True):
+        others = again[layer, head][again[layer, head] != codes[layer, head]]
+        values, counts = np.unique(others, return_counts=True)  # sorted: a tie goes to the first role
+        out.append({"layer": int(layer), "head": int(head), "role": str(role_names(codes[layer, head])),
+                    "agreement": float(agreement[layer, head]), "other": str(role_names(values[np.argmax(counts)]))})
+    return out

@@ -11,7 +11,7 @@ import numpy as np
 from dynamics import store
 from dynamics.analysis import ROLES
 from dynamics.report.data import _Ctx, _Section
-from dynamics.report.draw import _figure, _prose, _token_unseen_sentence, _voita_sentence
+from dynamics.report.draw import _figure, _probe_sensitive_sentence, _prose, _token_unseen_sentence, _voita_sentence
 from dynamics.schema import FINISHED_STATUSES
 
 
@@ -248,7 +248,8 @@ def _attention_section(ctx: _Ctx) -> _Section:
         "computed": "Panel titles: layer, head and the role assigned at that snapshot (analysed for this report).",
     }.get(source, f"Panel titles: layer and head only; role labels not available because {source}.")
     if roles_by_step:
-        role_note += _token_unseen_sentence([run], chosen=True) + _voita_sentence([run], chosen=True)
+        role_note += (_token_unseen_sentence([run], chosen=True) + _voita_sentence([run], chosen=True)
+                      + _probe_sensitive_sentence([run], chosen=True))
     if run.n_recorded == run.n_snapshots:
         partial = ""
     elif run.status in FINISHED_STATUSES:  # a diverged run records nothing more

@@ -39,9 +39,10 @@ from dynamics.schema import FINISHED_STATUSES, config_value
 # previous_token_peak: heads meeting Voita et al.'s rule with another label are, as analyse notes them
 # divergence_from_init: a completed run whose heads never moved is named (dynamics.caveats)
 # bifurcation_resampled: the bar of each run's bifurcation step over resampled probes
+# role_resampled: heads whose final label few probe resamples give are named, as analyse names them
 _RUN_VARS = ("best_slash", "slash_dominant", "role", "mean_divergence", "bifurcation_step", "slash_emergence_step",
              "token_share", "layer_bifurcation_step", "previous_token_peak", "divergence_from_init",
-             "bifurcation_resampled")
+             "bifurcation_resampled", "role_resampled")
 
 
 _MIN_SNAPSHOTS = AnalysisOptions().baseline_snapshots + 1  # bifurcation_step needs more than the baseline
@@ -352,7 +353,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
         run.analysis_source = "stored"
         lacking = set(_RUN_VARS) - set(have)
         if stored.attrs.get("probe_resamples") == 0:  # one probe: nothing to resample, left out on purpose
-            lacking.discard("bifurcation_resampled")
+            lacking -= {"bifurcation_resampled", "role_resampled"}
         lacking = sorted(lacking)
         run.analysis_note = "stored by `dynamics analyse`" + (f" (lacks {', '.join(lacking)})" if lacking else "")
         return _with_caveats(run, ds)

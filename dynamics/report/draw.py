@@ -486,6 +486,36 @@ def _voita_sentence(runs: list[_Run], chosen: bool = False) -> str:
     return f" Previous-token heads: {sum(counts.values())} head(s) {rule}: {named}."
 
 
+def _probe_sensitive(run: _Run) -> list[dict]:
+    """`summary_row`'s ``probe_sensitive_roles`` of `run`, at its last analysed snapshot ([] unread)."""
+    from dynamics.analysis.roles import probe_sensitive_heads
+
+    a = run.analysis
+    if a is None or "role_resampled" not in a or "role" not in a or not a.sizes.get("snapshot"):
+        return []
+    return probe_sensitive_heads(a["role"].isel(snapshot=-1), a["role_resampled"])
+
+
+def _probe_sensitive_sentence(runs: list[_Run], chosen: bool = False) -> str:
+    """The note `dynamics analyse` prints under its table on heads whose final label fewer than 90%
+    of the probe resamples give, for a caption that shows roles. `chosen`: of one run, head by head."""
+    heads = {r.run_id: found for r in runs if (found := _probe_sensitive(r))}
+    if not heads:
+        return ""
+    from dynamics.analysis.probe_resample import LABEL_AGREEMENT, N_RESAMPLES
+
+    rule = (f"get their final label on fewer than {LABEL_AGREEMENT:.0%} of {N_RESAMPLES} bootstrap resamples of "
+            f"their run's probe sequences, so other probes like these may label them otherwise (role_resampled)")
+    if chosen:
+        found = next(iter(heads.values()))
+        named = ", ".join(f"L{h['layer']}H{h['head']} {h['role']} {h['agreement']:.0%} (else {h['other']})"
+                          for h in found)
+        return f" Probe-sensitive roles: {len(found)} head(s) of this run {rule}: {named}."
+    named = ", ".join(f"{rid} ({len(found)})" for rid, found in list(heads.items())[:8]) + (
+        f", and {len(heads) - 8} more run(s)" if len(heads) > 8 else "")
+    return f" Probe-sensitive roles: {sum(map(len, heads.values()))} head(s) {rule}: {named}."
+
+
 def _warn(note: str) -> None:
     """A note for a caller who passed no handler for it: a RuntimeWarning, not a line on stdout."""
     warnings.warn(note, RuntimeWarning, stacklevel=3)

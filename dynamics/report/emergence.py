@@ -21,6 +21,7 @@ from dynamics.report.draw import (
     _legend,
     _legend_below,
     _missing_runs_sentence,
+    _probe_sensitive_sentence,
     _save,
     _short,
     _step_axis,
@@ -125,7 +126,8 @@ def _emergence_section(ctx: _Ctx) -> _Section:
         sec.figures.append((_save(fig, out, "emergence_roles.png"),
                             f"Fraction of heads holding each role (one label per head, dynamics.analysis.roles) against "
                             f"training step, {colour}; {spread}. Roles that never occur are not drawn."
-                            f"{_token_unseen_sentence(done)}{_voita_sentence(done)}{axis_text}"))
+                            f"{_token_unseen_sentence(done)}{_voita_sentence(done)}{_probe_sensitive_sentence(done)}"
+                            f"{axis_text}"))
     else:
         sec.missing.append("Not available: role shares because no analysed run has role labels.")
 
