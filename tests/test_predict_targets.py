@@ -377,3 +377,56 @@ def test_a_stored_slash_analysis_under_other_offsets_is_not_read():
     lo, hi = analysis.attrs["slash_offsets"]
     other.attrs = {**analysis.attrs, "slash_offsets": [lo, hi - 1]}
     assert predict.final_targets(r.data, "slash", other).attrs["source"] == "computed from the final snapshot"
+
+
+def test_a_role_targets_agreement_is_the_analysis_role_resampled_stored_or_recomputed():
+    from dynamics.analysis.probe_resample import label_agreement
+
+    r = make_runs(n_seeds=1)[0]
+    analysis = analyse_run(r.data).load()
+    expected = label_agreement(analysis["role"].isel(snapshot=-1), analysis["role_resampled"]).transpose("layer", "head")
+    stored = predict.final_targets(r.data, "role", analysis)
+    fresh = predict.final_targets(r.data, "role")
+    assert stored.attrs["source"] == "stored analysis" and fresh.attrs["source"] == "computed from the final snapshot"
+    for got in (stored, fresh):
+        np.testing.assert_array_equal(got["agreement"].values, expected.values)
+    assert "agreement" not in predict.final_targets(r.data, "slash", analysis)
+    # the stored resamples are read with the stored labels: a planted disagreement shows
+    planted = analysis.copy()
+    planted["role_resampled"] = planted["role_resampled"].copy(data=np.where(
+        np.arange(200)[:, None, None] < 50, 8 - analysis["role"].isel(snapshot=-1).values[None], analysis["role"].isel(
+            snapshot=-1).values[None]).astype(np.int8))
+    assert (predict.final_targets(r.data, "role", planted)["agreement"] == 0.75).all()
+    # one probe: nothing resampled, no agreement
+    one = r.data.isel(probe=[0])
+    assert "agreement" not in predict.final_targets(one, "role")
+
+
+def test_the_probe_sensitive_note_counts_the_targets_few_resamples_keep():
+    from dynamics.predict.targets import probe_sensitive_note
+
+    (line,) = probe_sensitive_note(np.array([0.5, 0.895, 0.9, 1.0, np.nan]))
+    assert line.startswith("probe-sensitive targets: 2 of the 4 heads measured get their final label on fewer than "
+                           "90% of 200 bootstrap resamples of their run's probes")
+    assert probe_sensitive_note(np.array([0.9, 1.0])) == [] == probe_sensitive_note(None)
+    assert probe_sensitive_note(np.array([np.nan, np.nan])) == []
+
+
+def test_a_role_curve_keeps_each_targets_agreement_and_says_how_many_are_probe_sensitive():
+    runs = make_runs(n_seeds=3)
+    curve = predict.predict_runs(runs, PredictOptions(target="role", boosting_iter=10, n_splits=3, horizons=(0.1,)))
+    agreement = curve["target_agreement"].values
+    assert agreement.shape == curve["target"].shape and np.isfinite(agreement).all()
+    for rid in np.unique(curve.row_run.values):
+        run = next(r for r in runs if r.run_id == rid)
+        rows = curve.row_run.values == rid
+        expected = predict.final_targets(run.data, "role")["agreement"].values.ravel()
+        np.testing.assert_array_equal(agreement[rows], expected[curve.row_layer.values[rows] * H + curve.row_head.values[rows]])
+    assert (agreement == 1.0).all()  # these planted heads: every resample agrees, and nothing is said
+    assert "probe-sensitive" not in predict.format_curve(curve)
+    fewer = curve.assign(target_agreement=curve["target_agreement"].where(curve.row_head != 0, 0.5))
+    said = [x for x in predict.format_curve(fewer).splitlines() if x.startswith("probe-sensitive targets: ")]
+    assert len(said) == 1 and said[0].startswith(f"probe-sensitive targets: {int((curve.row_head == 0).sum())} of the "
+                                                 f"{curve.sizes['head_row']} heads measured")
+    assert "target_agreement" not in predict.predict_runs(runs, PredictOptions(
+        target="slash", boosting_iter=10, n_splits=3, horizons=(0.1,)))

@@ -48,7 +48,7 @@ from dynamics.predict.readable import (
     readable_of,
     saved_cautions,
 )
-from dynamics.predict.targets import class_name, target_table
+from dynamics.predict.targets import class_name, probe_sensitive_note, target_table
 
 # --------------------------------------------------------------------------- whole pipeline
 
@@ -251,6 +251,8 @@ def predict_runs(runs: Sequence[Run], options: PredictOptions | None = None,
     )
     if "offset" in rows:
         ds["target_offset"] = rows["offset"]
+    if "agreement" in rows:  # the role target: each label's share of the probe resamples (NaN: none)
+        ds["target_agreement"] = rows["agreement"]
     # Runs of one seed share their initial weights and data order whatever else differs: with
     # --group run or config a held-out head's twin can sit in training, and a model that matches
     # twins scores well without predicting anything (init features included).
@@ -393,7 +395,8 @@ def predict_store(path: str, options: PredictOptions | None = None,
           chance and layer rows' pooled AUROC can sit well below 0.5 (a fold's training prior
           falls as its test fold's rises); compare models by ``score_mean``;
         - ``prediction`` (horizon, model, head_row): out-of-fold predictions;
-        - ``target`` (head_row), and ``target_offset`` for the slash target;
+        - ``target`` (head_row), and ``target_offset`` for the slash target, ``target_agreement``
+          for the role target (`analysis.probe_resample.label_agreement` of each final label);
         - ``n_test``, ``test_groups``, ``unseen_classes`` (fold: the classes, with their head
           counts, that the fold tests but its training rows lack; "" for none); ``horizon_step``, ``n_snapshots_seen``
           (horizon, run): the step of the last snapshot each run's features saw (at or before
@@ -529,7 +532,7 @@ def format_curve(curve: xr.Dataset) -> str:
     if out := a.get("runs_unlabelled"):
         lines.append(f"left out: {len(out)} run(s) with no head labelled for target {a['target']}: "
                      + _first_five(out))
-    lines += notes(a.get("runs_caveats", {}))
+    lines += notes(a.get("runs_caveats", {})) + probe_sensitive_note(curve.get("target_agreement"))
     if unreadable := a.get("analysis_unreadable"):
         lines.append(f"recomputed from the final snapshot: the target of {len(unreadable)} run(s) whose stored analysis "
                      f"could not be read (damaged; `dynamics analyse` writes it again): "

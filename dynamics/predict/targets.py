@@ -11,6 +11,7 @@ import xarray as xr
 from dynamics.analysis.bifurcation import head_importance, last_recorded
 from dynamics.analysis.divergence import js_distance
 from dynamics.analysis.pipeline import AnalysisOptions, is_current, slash_dominance
+from dynamics.analysis.probe_resample import RESAMPLE, label_agreement, probe_weights
 from dynamics.analysis.redundancy import cluster_heads
 from dynamics.analysis.roles import ROLES, assign_roles, role_scores
 from dynamics.analysis.slash import slash_score
@@ -74,6 +75,19 @@ def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[st
         raise _Unreadable(e) from e
 
 
+def _role_resampled(analysis: xr.Dataset | None, last: xr.Dataset, opt: AnalysisOptions) -> xr.DataArray | None:
+    """The final labels on the analysis's probe resamples ``(resample, layer, head)``: stored with the
+    targets read from ``analysis`` (the same analysers, thresholds and final step), else computed
+    as `analyse_run` does; None for a run of one probe (or without attention)."""
+    if analysis is not None:
+        return analysis["role_resampled"].load() if "role_resampled" in analysis else None
+    if "attention" not in last or last.sizes["probe"] < 2:
+        return None
+    attn = last["attention"].transpose(LAYER, HEAD, ...).load()
+    weights = probe_weights(attn.sizes["probe"])
+    return assign_roles(role_scores(attn, last["probe_tokens"].load(), opt.roles, weights=weights), opt.roles)
+
+
 class _Unreadable(Exception):
     """A stored analysis chunk that cannot be read: gone, cut short, or failing its checksum."""
 
@@ -113,7 +127,9 @@ def final_targets(
         ``(layer, head)``: ``target`` float64, NaN where a head has no label (no CHG fit,
         missing head, a lone head for the importance rank and
         for redundancy); for ``slash`` also ``offset``, the
-        best slash offset. ``attrs["source"]`` says where the targets came from.
+        best slash offset; for ``role`` of a run of two or more probes also ``agreement``, the
+        share of the probe resamples giving each head its label (``role_resampled``).
+        ``attrs["source"]`` says where the targets came from.
 
     Examples
     --------
@@ -170,6 +186,11 @@ def final_targets(
         elif target == "role":
             codes = np.asarray(stored["role"].values, dtype=np.float64)  # a missing head's scores: NaN, so 'none'
             out["target"] = ((LAYER, HEAD), codes if present is None else np.where(present, codes, np.nan))
+            again = _role_resampled(analysis if source == "stored analysis" else None, last, opt)
+            if again is not None:  # how far each label rests on the run's probe sample
+                agreement = label_agreement(out["target"], again.transpose(RESAMPLE, LAYER, HEAD).drop_vars(
+                    [c for c in again.coords if c in (LAYER, HEAD)]))
+                out["agreement"] = agreement.transpose(LAYER, HEAD)
         else:
             labels = np.asarray(stored["cluster"].values, dtype=np.int64)
             valid = labels >= 0
@@ -181,6 +202,20 @@ def final_targets(
     out = out.assign_coords({d: last[d].values for d in (LAYER, HEAD) if d in last.coords})
     out.attrs["source"] = source
     return out
+
+
+def probe_sensitive_note(agreement) -> list[str]:
+    """The line under a role curve on the heads whose final label fewer than 90% of the probe
+    resamples give (``target_agreement``; None or all NaN: no line), as analyse names them."""
+    from dynamics.analysis.probe_resample import LABEL_AGREEMENT, N_RESAMPLES
+
+    agreement = np.asarray([] if agreement is None else agreement, dtype=np.float64)
+    if not (few := int((agreement < LABEL_AGREEMENT).sum())):
+        return []
+    return [f"probe-sensitive targets: {few} of the {int(np.isfinite(agreement).sum())} heads measured get their final "
+            f"label on fewer than {LABEL_AGREEMENT:.0%} of {N_RESAMPLES} bootstrap resamples of their run's probes, so "
+            f"other probes like these may label them otherwise: some misses there may be the label's, not the model's "
+            f"(target_agreement)"]
 
 
 # --------------------------------------------------------------------------- tables
@@ -234,6 +269,9 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
         }
         if "offset" in ft:
             row["offset"] = ft["offset"].values.ravel()[keep]
+        if options.target == "role":
+            row["agreement"] = (ft["agreement"].values.ravel()[keep] if "agreement" in ft
+                                else np.full(keep.sum(), np.nan))
         pieces.append(row)
     cat = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]} if pieces else {}
     n = len(cat.get("target", ()))
@@ -261,6 +299,8 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
     )
     if "offset" in cat:
         ds["offset"] = ("head_row", cat["offset"])
+    if "agreement" in cat:
+        ds["agreement"] = ("head_row", cat["agreement"])
     ds.attrs.update(target=options.target, task=spec.task, sources=sources, analysis_unreadable=unreadable,
                     unlabelled=unlabelled)
     return ds
