@@ -105,6 +105,22 @@ def tiny(tmp_path_factory):
     return d, cfg, path
 
 
+@pytest.fixture(scope="session")
+def tiny_probe_store(tmp_path_factory) -> str:
+    """One tiny run of 4 probes (40 steps, a snapshot every 10), trained once and only read: the
+    probe-splitting benches' tests (bench/probe_range.py, bench/role_agreement.py) split its probes."""
+    import tomllib
+
+    from dynamics.config import from_dict
+    from dynamics.train import train_run
+
+    path = str(tmp_path_factory.mktemp("probe_split") / "s.zarr")
+    raw = tomllib.loads(TINY.format(steps=40, every=10))
+    assert raw["record"]["n_probe"] == 4
+    train_run(from_dict(raw), path)
+    return path
+
+
 @pytest.fixture
 def tmpfs(tmp_path):
     """mount(size) -> a fresh tmpfs of that size, for a full disk (skips where it cannot mount: root

@@ -38,20 +38,8 @@ def test_a_sample_of_one_kind_of_probe_misses_the_other_kind():
     assert sorted(set(np.nan_to_num(got["steps"], nan=-1.0))) == [-1.0, 4.0]
 
 
-@pytest.fixture(scope="module")
-def tiny_store(tmp_path_factory):
-    from dynamics.config import from_dict
-    from dynamics.train import train_run
-
-    path = str(tmp_path_factory.mktemp("probe_range") / "s.zarr")
-    raw = tomllib.loads(TINY.format(steps=40, every=10))
-    assert raw["record"]["n_probe"] == 4
-    train_run(from_dict(raw), path)
-    return path
-
-
-def test_it_runs_on_a_store_and_says_how_often_the_range_covered(tiny_store, capsys):
-    assert bench_probe_range.main([tiny_store, "--probes", "2", "--draws", "3"]) == 0
+def test_it_runs_on_a_store_and_says_how_often_the_range_covered(tiny_probe_store, capsys):
+    assert bench_probe_range.main([tiny_probe_store, "--probes", "2", "--draws", "3"]) == 0
     out = capsys.readouterr().out
     assert "1 runs; samples of 2 probes, 3 disjoint pairs a run" in out
     assert "on all 4 probes " in out and "B inside A's range " in out
@@ -62,9 +50,9 @@ def test_it_runs_on_a_store_and_says_how_often_the_range_covered(tiny_store, cap
     (["--probes", "3"], "recorded 4 probes, fewer than 2 x --probes 3"),
     (["--probes", "1"], "--probes: must be at least 2"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tiny_store, argv, needle, capsys):
+def test_bad_input_is_one_line_and_exit_2(tiny_probe_store, argv, needle, capsys):
     try:
-        code = bench_probe_range.main([tiny_store, *argv])
+        code = bench_probe_range.main([tiny_probe_store, *argv])
     except SystemExit as e:  # the parser's own refusals
         code = e.code
     assert code == 2

@@ -1,13 +1,9 @@
 """bench/role_agreement.py: the calibration check of a head's label agreement over resampled probes."""
 
-import tomllib
-
 import numpy as np
-import pytest
 import xarray as xr
 
 from bench import role_agreement as bench_role_agreement
-from tests.conftest import TINY
 
 DIMS = ("layer", "head", "probe", "query", "key")
 
@@ -43,27 +39,15 @@ def test_a_sample_of_one_kind_of_probe_agrees_fully_and_misses_the_other_kind():
     assert got["same"][1::2].all() and (got["agreement"][1::2] == 1.0).all()
 
 
-@pytest.fixture(scope="module")
-def tiny_store(tmp_path_factory):
-    from dynamics.config import from_dict
-    from dynamics.train import train_run
-
-    path = str(tmp_path_factory.mktemp("role_agreement") / "s.zarr")
-    raw = tomllib.loads(TINY.format(steps=20, every=10))
-    assert raw["record"]["n_probe"] == 4
-    train_run(from_dict(raw), path)
-    return path
-
-
-def test_it_runs_on_a_store_and_says_how_often_b_kept_the_label(tiny_store, capsys):
-    assert bench_role_agreement.main([tiny_store, "--probes", "2", "--draws", "3"]) == 0
+def test_it_runs_on_a_store_and_says_how_often_b_kept_the_label(tiny_probe_store, capsys):
+    assert bench_role_agreement.main([tiny_probe_store, "--probes", "2", "--draws", "3"]) == 0
     out = capsys.readouterr().out
     assert "1 runs; samples of 2 probes, 3 disjoint pairs a run, 200 resamples of each A" in out
     assert "(head, draw) pairs by their agreement on A:" in out and "named (under 90%)" in out
     assert "not named (90% or more)" in out
 
 
-def test_too_few_probes_are_refused_in_one_line_before_any_work(tiny_store, capsys):
-    assert bench_role_agreement.main([tiny_store, "--probes", "3"]) == 2
+def test_too_few_probes_are_refused_in_one_line_before_any_work(tiny_probe_store, capsys):
+    assert bench_role_agreement.main([tiny_probe_store, "--probes", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "recorded 4 probes, fewer than 2 x --probes 3" in err[0]
