@@ -24,7 +24,7 @@ from dynamics.analysis.redundancy import (
     linkage_matrix,
     redundancy_fraction,
 )
-from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, role_names, role_scores
+from dynamics.analysis.roles import ROLES, RoleThresholds, assign_roles, probe_sensitive_heads, role_names, role_scores
 from dynamics.analysis.slash import (
     best_offset,
     dominant_share,
@@ -40,7 +40,7 @@ __all__ = [
     "ROLES", "VOITA_PEAK", "AnalysisOptions", "RoleThresholds", "analyse_run", "assign_roles", "attention_correlation",
     "best_offset", "bifurcation_step", "cluster_heads", "commitment_step", "cross_seed_consistency",
     "divergence_from_init", "dominant_share", "emergence_step", "gini", "js_distance", "label_agreement", "linkage_matrix",
-    "mean_within_layer_divergence", "peak_share", "principal_angles", "probe_range", "qk_cosine", "redundancy_fraction",
+    "mean_within_layer_divergence", "peak_share", "principal_angles", "probe_range", "probe_sensitive_heads", "qk_cosine", "redundancy_fraction",
     "resampled_bifurcation", "role_names", "role_scores", "slash_dominant", "slash_score", "summary_row", "token_dominant", "token_ratio",
     "token_share", "winner_take_all", "within_layer_divergence",
 ]
