@@ -45,7 +45,7 @@ def calibration(attn, tokens, probes: int, draws: int, seed: int, thresholds=Non
     ``(layer, head, probe, query, key)`` and its ``(probe, position)`` tokens: each head's
     agreement on A (its A label's share of the analysis's resamples of A) and whether B gave it
     A's label; flat arrays over (draw, layer, head)."""
-    from dynamics.analysis.probe_resample import label_agreement, probe_weights
+    from dynamics.analysis.probe_resample import label_agreement, probe_counts
     from dynamics.analysis.roles import RoleThresholds
 
     thresholds = thresholds or RoleThresholds()
@@ -55,7 +55,7 @@ def calibration(attn, tokens, probes: int, draws: int, seed: int, thresholds=Non
         order = rng.permutation(attn.sizes["probe"])
         a, b = order[:probes], order[probes:2 * probes]
         on_a = _labels(attn.isel(probe=a), tokens.isel(probe=a), thresholds)
-        again = _labels(attn.isel(probe=a), tokens.isel(probe=a), thresholds, weights=probe_weights(probes))
+        again = _labels(attn.isel(probe=a), tokens.isel(probe=a), thresholds, weights=probe_counts(probes))
         on_b = _labels(attn.isel(probe=b), tokens.isel(probe=b), thresholds)
         agreement.append(label_agreement(on_a, again).transpose("layer", "head").values.ravel())
         same.append((on_a == on_b).transpose("layer", "head").values.ravel())

@@ -203,9 +203,9 @@ def role_notes(rows: list[dict]) -> list[str]:
                        "init_scale can set one: " + _runs([(rid, sum(c.values())) for rid, c in start]))
     if sensitive := [(r["run"], h) for r in rows for h in r.get("probe_sensitive_roles") or ()]:
         from dynamics.analysis.probe_resample import LABEL_AGREEMENT, N_RESAMPLES
+        from dynamics.analysis.roles import probe_sensitive_text
 
-        named = [f"{rid} L{h['layer']}H{h['head']} {h['role']} {h['agreement']:.0%} (else {h['other']})"
-                 for rid, h in sensitive[:4]]
+        named = [f"{rid} {probe_sensitive_text(h)}" for rid, h in sensitive[:4]]
         lines.append(f"probe-sensitive roles: {len(sensitive)} head(s) get their final label on fewer than "
                      f"{LABEL_AGREEMENT:.0%} of {N_RESAMPLES} bootstrap resamples of their run's probe sequences, so "
                      f"another sample of probes like these may label them otherwise (`role_resampled` in the "

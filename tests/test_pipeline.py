@@ -157,6 +157,11 @@ def test_a_shorter_run_in_a_sweep_ends_at_its_own_last_snapshot():
                                rtol=1e-12, atol=1e-12)
     row, want_row = summary_row(picked), summary_row(want)
     assert want_row["roles"] and row["roles"] == want_row["roles"]
+    # relabelled on the probe resamples at run b's own last snapshot, not at the padding
+    np.testing.assert_array_equal(got["role_resampled"].values, want["role_resampled"].values)
+    np.testing.assert_array_equal(picked["role_resampled"].values, want["role_resampled"].values)
+    assert (role_names(want["role_resampled"]) != "none").any()
+    assert row["probe_sensitive_roles"] == want_row["probe_sensitive_roles"]
     assert row["redundancy"] == want_row["redundancy"]
     np.testing.assert_allclose(row["final_divergence"], want_row["final_divergence"], rtol=1e-12)
     # a float reduction over differently shaped blocks: another numpy (2.5.2 on the GPU machine)
@@ -783,3 +788,20 @@ def test_the_summary_counts_voita_heads_not_labelled_previous_token_and_roles_he
     assert row["peak_not_previous_token"] == 1
     assert row["roles_at_start"] == {"sink": 1} and row["start_step"] == 0
     assert r["previous_token_peak"].attrs["units"] == "1"
+
+
+def test_the_resampled_labels_take_the_options_thresholds():
+    # thresholds under which sweep_like's near-uniform heads read local, sink or diffuse: labelled
+    # by the defaults on the resamples, they read otherwise, and most agreements fell to 0
+    from dynamics.analysis.pipeline import AnalysisOptions
+    from dynamics.analysis.probe_resample import probe_counts
+    from dynamics.analysis.roles import RoleThresholds, assign_roles, role_scores
+
+    ds = sweep_like().isel(run=0)
+    roles = RoleThresholds(sink=0.15, diffuse=0.6, local=0.5, induction=0.2)
+    got = analyse_run(ds, AnalysisOptions(roles=roles)).load()
+    final = ds["attention"].isel(snapshot=-1)
+    want = assign_roles(role_scores(final, ds["probe_tokens"], roles, weights=probe_counts(P)), roles)
+    np.testing.assert_array_equal(got["role_resampled"].values, want.transpose("resample", ...).values)
+    default = assign_roles(role_scores(final, ds["probe_tokens"], weights=probe_counts(P)))
+    assert (default.transpose("resample", ...).values != got["role_resampled"].values).any()

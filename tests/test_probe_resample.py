@@ -261,7 +261,7 @@ def test_analyse_run_labels_each_head_again_on_the_resampled_probes():
     assert 0.6 < drew_self.mean() < 0.9  # about 3/4 of 200 draws: the head is named
     note = role_notes([{"run": "r1"} | row])[-1]
     assert note.startswith("probe-sensitive roles: 1 head(s) get their final label on fewer than 90% of 200 bootstrap")
-    assert note.endswith(f"r1 L0H0 self {drew_self.mean():.0%} (else previous_token)")
+    assert note.endswith(f"r1 L0H0 self {drew_self.mean():.1%} (else previous_token)")
     # one probe: none stored, none named
     one = analyse_run(_run(frames[:, :, :, :1], [0, 7, 19, 23, 31]))
     assert "role_resampled" not in one and summary_row(one)["probe_sensitive_roles"] is None

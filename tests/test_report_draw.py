@@ -296,10 +296,13 @@ def test_the_probe_sensitive_sentence_names_heads_whose_label_few_resamples_give
     assert _probe_sensitive_sentence([a], chosen=True) == (
         " Probe-sensitive roles: 1 head(s) of this run get their final label on fewer than 90% of 200 bootstrap "
         "resamples of their run's probe sequences, so other probes like these may label them otherwise "
-        "(role_resampled): L0H0 self 80% (else none).")
+        "(role_resampled): L0H0 self 80.0% (else none).")
     said = _probe_sensitive_sentence([a, b, c])
     assert said.startswith(" Probe-sensitive roles: 3 head(s) get their final label on fewer than 90%")
     assert said.endswith("(role_resampled): a (1), b (2).")
+    many = [run(f"r{i}", ["self", "sink"], [["self", "sink"]] * 8 + [["none", "sink"]] * 2) for i in range(10)]
+    assert _probe_sensitive_sentence(many).endswith(": r0 (1), r1 (1), r2 (1), r3 (1), r4 (1), r5 (1), r6 (1), r7 (1), "
+                                                    "and 2 more run(s).")
     assert _probe_sensitive_sentence([c]) == "" and _probe_sensitive_sentence([_Run(
         "d", "completed", {}, 1.0, 2, np.ones(2, bool), np.arange(2))]) == ""  # no analysis
 

@@ -553,3 +553,33 @@ def test_bad_probe_weights_are_refused(weights, says):
     attn, tokens = _two_probe_head()
     with pytest.raises(ValueError, match=says):
         role_scores(attn, tokens, weights=weights)
+
+
+@pytest.mark.parametrize("n_probe", [6, 7, 12])
+def test_a_head_alike_on_every_probe_keeps_its_tie_broken_label_on_every_resample(n_probe):
+    # previous-token on probes of '/' only: previous_token and token both score exactly 1, and the
+    # tie goes to the first role. Weighted by shares k / P, a sum read 0.9999999999999999 where P
+    # is no power of two, and resamples labelled the head "token" (agreement 0.92 at P = 6)
+    from dynamics.analysis.probe_resample import label_agreement, probe_counts
+
+    prev = np.eye(16, k=-1)
+    prev[0, 0] = 1.0
+    attn = xr.DataArray(np.broadcast_to(prev, (1, 1, 1, n_probe, 16, 16)), dims=DIMS)
+    tokens = xr.DataArray(np.full((n_probe, 16), SLASH), dims=("probe", "position"))
+    label = assign_roles(role_scores(attn, tokens))
+    assert role_names(label).item() == "previous_token"
+    again = assign_roles(role_scores(attn, tokens, weights=probe_counts(n_probe)))
+    assert label_agreement(label, again).item() == 1.0
+
+
+def test_a_probe_sensitive_head_names_the_most_frequent_other_label_and_prints_one_decimal():
+    from dynamics.analysis.roles import probe_sensitive_heads, probe_sensitive_text
+
+    # head 0: its label (sink) on 179 of 200, previous_token and local 10 times each (a tie: the
+    # first in ROLES), self once; head 1: 180 of 200, not named
+    sink, prev, own, local = (ROLES.index(r) for r in ("sink", "previous_token", "self", "local"))
+    again = np.array([[sink, sink]] * 179 + [[local, sink]] * 10 + [[prev, local]] * 10 + [[own, local]])
+    labels = xr.DataArray([[sink, sink]], dims=("layer", "head"))
+    (head,) = probe_sensitive_heads(labels, xr.DataArray(again[:, None], dims=("resample", "layer", "head")))
+    assert head == {"layer": 0, "head": 0, "role": "sink", "agreement": 0.895, "other": "previous_token"}
+    assert probe_sensitive_text(head) == "L0H0 sink 89.5% (else previous_token)"  # not "90%", under 90%

@@ -408,3 +408,20 @@ def test_the_role_notes_name_voita_heads_labelled_otherwise_and_roles_held_at_st
                                                           "start_step": 0}, {"run": "d", "status": "completed"} | _ROW]
     assert role_notes(quiet) == []
     assert role_notes([rows[1] | {"start_step": 5}]) == []  # a first snapshot after updates: not "before any update"
+
+
+def test_the_probe_sensitive_note_names_four_heads_and_counts_the_rest():
+    from dynamics.tables import role_notes
+
+    def head(layer, n):
+        return {"layer": layer, "head": n, "role": "local", "agreement": 0.5 + 0.05 * n, "other": "none"}
+
+    rows = [{"run": "a", "status": "completed"} | _ROW | {"probe_sensitive_roles": [head(0, 0), head(0, 1), head(1, 2)]},
+            {"run": "b", "status": "completed"} | _ROW | {"probe_sensitive_roles": []},
+            {"run": "c", "status": "completed"} | _ROW | {"probe_sensitive_roles": [head(1, 3), head(1, 4), head(1, 5)]},
+            {"run": "d", "status": "completed"} | _ROW | {"probe_sensitive_roles": None}]  # one probe
+    (note,) = role_notes(rows)
+    assert note.startswith("probe-sensitive roles: 6 head(s) get their final label on fewer than 90% of 200 ")
+    assert note.endswith(": a L0H0 local 50.0% (else none), a L0H1 local 55.0% (else none), a L1H2 local 60.0% "
+                         "(else none), c L1H3 local 65.0% (else none), and 2 more")
+    assert role_notes(rows[1:2] + rows[3:]) == []

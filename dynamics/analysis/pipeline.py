@@ -35,8 +35,8 @@ from dynamics.analysis.probe_resample import (
     RESAMPLE,
     SEED,
     bifurcation_of_resamples,
+    probe_counts,
     probe_range,
-    probe_weights,
     resampled_layer_divergence,
 )
 from dynamics.analysis.redundancy import attention_correlation, cluster_heads, redundancy_fraction
@@ -245,7 +245,7 @@ def analyse_run(ds: xr.Dataset, options: AnalysisOptions | None = None) -> xr.Da
         # How far each final label rests on the probe sample: labelled again on the resamples
         # the bifurcation step's range takes (session 67 found 6% of the quickstart's heads
         # labelled otherwise on 512 probes than on 4)
-        again = role_scores(last_recorded(attn), tokens, opt.roles, weights=probe_weights(attn.sizes[PROBE]))
+        again = role_scores(last_recorded(attn), tokens, opt.roles, weights=probe_counts(attn.sizes[PROBE]))
         resampled = assign_roles(again, opt.roles).transpose(RESAMPLE, ...)
         parts["role_resampled"] = resampled.where(last_recorded(present)) if RUN in ds.coords else resampled
 

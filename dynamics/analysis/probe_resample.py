@@ -42,9 +42,30 @@ LABEL_AGREEMENT = 0.9
 label counterpart of the step's 5%-95% range (`dynamics analyse` names such heads)."""
 
 
+def probe_counts(n_probe: int, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
+    """How many times each resample draws each recorded probe: multinomial counts of ``n_probe``
+    draws with replacement; dims (resample, probe), int64, each row summing to ``n_probe``.
+
+    The role scores weigh probes by these integers, not by :func:`probe_weights`' shares: a sum
+    of shares k / P is inexact where P is no power of two, and a head scoring 1.0 on every probe
+    read 0.9999999999999999, losing a tie between two roles it passed on every probe.
+
+    Examples
+    --------
+    >>> c = probe_counts(4, 3)
+    >>> c.dims, c.sum("probe").values.tolist()
+    (('resample', 'probe'), [4, 4, 4])
+    """
+    if n_probe < 1 or n_resamples < 1:
+        raise ValueError(f"n_probe={n_probe!r} and n_resamples={n_resamples!r} must be >= 1")
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(n_probe, np.full(n_probe, 1.0 / n_probe), size=n_resamples)  # (R, P)
+    return xr.DataArray(counts, dims=(RESAMPLE, PROBE))
+
+
 def probe_weights(n_probe: int, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> xr.DataArray:
-    """Each resample's share of each recorded probe: multinomial counts of ``n_probe`` draws
-    with replacement, over ``n_probe``; dims (resample, probe), each row summing to 1.
+    """Each resample's share of each recorded probe: :func:`probe_counts` over ``n_probe``;
+    dims (resample, probe), each row summing to 1.
 
     Examples
     --------
@@ -52,11 +73,7 @@ def probe_weights(n_probe: int, n_resamples: int = N_RESAMPLES, seed: int = SEED
     >>> w.dims, w.sum("probe").values.tolist()
     (('resample', 'probe'), [1.0, 1.0, 1.0])
     """
-    if n_probe < 1 or n_resamples < 1:
-        raise ValueError(f"n_probe={n_probe!r} and n_resamples={n_resamples!r} must be >= 1")
-    rng = np.random.default_rng(seed)
-    counts = rng.multinomial(n_probe, np.full(n_probe, 1.0 / n_probe), size=n_resamples)  # (R, P)
-    return xr.DataArray(counts / n_probe, dims=(RESAMPLE, PROBE))
+    return probe_counts(n_probe, n_resamples, seed) / n_probe
 
 
 def weighted_probe_mean(values: xr.DataArray, weights: xr.DataArray, count: xr.DataArray | None = None) -> xr.DataArray:
@@ -67,7 +84,7 @@ def weighted_probe_mean(values: xr.DataArray, weights: xr.DataArray, count: xr.D
     unequal numbers of them (induction's queries with a previous occurrence). A NaN value stays
     NaN, whatever its weight, as in the unweighted means' ``skipna=False``; NaN where the weighted
     count is 0. ``weights``, ``(..., probe)``, non-negative with a positive sum over probe (e.g.
-    :func:`probe_weights`), add their other dims to the result.
+    :func:`probe_counts`), add their other dims to the result.
 
     Examples
     --------

@@ -11,7 +11,7 @@ import xarray as xr
 from dynamics.analysis.bifurcation import head_importance, last_recorded
 from dynamics.analysis.divergence import js_distance
 from dynamics.analysis.pipeline import AnalysisOptions, is_current, slash_dominance
-from dynamics.analysis.probe_resample import RESAMPLE, label_agreement, probe_weights
+from dynamics.analysis.probe_resample import RESAMPLE, label_agreement, probe_counts
 from dynamics.analysis.redundancy import cluster_heads
 from dynamics.analysis.roles import ROLES, assign_roles, role_scores
 from dynamics.analysis.slash import slash_score
@@ -84,7 +84,7 @@ def _role_resampled(analysis: xr.Dataset | None, last: xr.Dataset, opt: Analysis
     if "attention" not in last or last.sizes["probe"] < 2:
         return None
     attn = last["attention"].transpose(LAYER, HEAD, ...).load()
-    weights = probe_weights(attn.sizes["probe"])
+    weights = probe_counts(attn.sizes["probe"])
     return assign_roles(role_scores(attn, last["probe_tokens"].load(), opt.roles, weights=weights), opt.roles)
 
 

@@ -503,13 +503,13 @@ def _probe_sensitive_sentence(runs: list[_Run], chosen: bool = False) -> str:
     if not heads:
         return ""
     from dynamics.analysis.probe_resample import LABEL_AGREEMENT, N_RESAMPLES
+    from dynamics.analysis.roles import probe_sensitive_text
 
     rule = (f"get their final label on fewer than {LABEL_AGREEMENT:.0%} of {N_RESAMPLES} bootstrap resamples of "
             f"their run's probe sequences, so other probes like these may label them otherwise (role_resampled)")
     if chosen:
         found = next(iter(heads.values()))
-        named = ", ".join(f"L{h['layer']}H{h['head']} {h['role']} {h['agreement']:.0%} (else {h['other']})"
-                          for h in found)
+        named = ", ".join(map(probe_sensitive_text, found))
         return f" Probe-sensitive roles: {len(found)} head(s) of this run {rule}: {named}."
     named = ", ".join(f"{rid} ({len(found)})" for rid, found in list(heads.items())[:8]) + (
         f", and {len(heads) - 8} more run(s)" if len(heads) > 8 else "")
