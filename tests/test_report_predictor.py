@@ -332,3 +332,18 @@ def test_the_caption_says_which_test_passes_or_fails():
         "not what it compares.")
     curve.attrs["readable_alpha"] = 0.01  # the level saved with the curve, not a constant of the report's
     assert " The test: a one-sided paired t-test at 0.01 on each fold's gain" in _how_early(curve)
+
+
+def test_a_role_curve_says_how_many_of_its_targets_are_probe_sensitive(tmp_path, monkeypatch):
+    # as `dynamics predict` prints it under the table: 3 of the 12 targets' labels held on fewer
+    # than 90% of the probe resamples, one head was not measured
+    curve = _role_curve(chance_attr=0.25)
+    curve["target_agreement"] = ("head_row", [1.0] * 8 + [0.5, 0.895, 0.6, np.nan])
+    _, _, sec = _drawn(curve, tmp_path, monkeypatch)
+    (caption,) = dict(sec.figures).values()
+    assert (" Probe-sensitive targets: 3 of the 11 heads measured get their final label on fewer than 90% of 200 "
+            "bootstrap resamples of their run's probes") in caption
+    assert "(target_agreement)." in caption
+    curve["target_agreement"] = ("head_row", [0.9] * 12)
+    _, _, sec = _drawn(curve, tmp_path / "again", monkeypatch)
+    assert "Probe-sensitive" not in next(iter(dict(sec.figures).values()))

@@ -9,6 +9,7 @@ import xarray as xr
 
 from dynamics import store
 from dynamics.analysis.pipeline import ANALYSIS_VERSION
+from dynamics.predict.targets import probe_sensitive_note
 from dynamics.report.data import _Ctx, _float_or_none, _open_derived, _Section, _why, is_damage
 from dynamics.report.draw import _figure, _quiet, _save, _ticks_at
 
@@ -143,6 +144,8 @@ def _predict_section(ctx: _Ctx) -> _Section:
         caveats = "".join(f" Left out: {len(ids)} run(s) {why} ({_first_few(ids)})." for ids, why in (
             (unfinished, "not completed, so without a final role"), (damaged, "that could not be read"),
             (unlabelled, "completed with no head labelled for this target")) if ids)
+        # as `dynamics predict` says it under a role curve (ends without its period)
+        caveats += "".join(f" {line[0].upper()}{line[1:]}." for line in probe_sensitive_note(ds.get("target_agreement")))
         if ds.attrs.get("folds_sharing_seeds"):
             caveats += (f" Caution: in {ds.attrs['folds_sharing_seeds']} of {ds.attrs.get('n_splits', '?')} folds a test "
                         "run shares its seed (initial weights, data order) with a training run, so scores may "
