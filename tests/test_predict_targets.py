@@ -430,3 +430,23 @@ def test_a_role_curve_keeps_each_targets_agreement_and_says_how_many_are_probe_s
                                                  f"{curve.sizes['head_row']} heads measured")
     assert "target_agreement" not in predict.predict_runs(runs, PredictOptions(
         target="slash", boosting_iter=10, n_splits=3, horizons=(0.1,)))
+
+
+def test_a_damaged_role_resampled_is_computed_again_not_raised():
+    # the labels read from the stored analysis, their resamples not: the agreement is computed
+    # from the final snapshot as analyse computes it, the same values
+    import dask.array as da
+
+    r = make_runs(n_seeds=1)[0]
+    analysis = analyse_run(r.data).load()
+    want = predict.final_targets(r.data, "role", analysis)["agreement"].values
+
+    def broken(block):
+        raise OSError("chunk failed its checksum")
+
+    damaged = analysis.copy()
+    lazy = da.from_array(analysis["role_resampled"].values, chunks=-1).map_blocks(broken, dtype=np.int8)
+    damaged["role_resampled"] = (analysis["role_resampled"].dims, lazy)
+    got = predict.final_targets(r.data, "role", damaged)
+    assert got.attrs["source"] == "stored analysis"
+    np.testing.assert_array_equal(got["agreement"].values, want)

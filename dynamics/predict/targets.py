@@ -11,7 +11,7 @@ import xarray as xr
 from dynamics.analysis.bifurcation import head_importance, last_recorded
 from dynamics.analysis.divergence import js_distance
 from dynamics.analysis.pipeline import AnalysisOptions, is_current, slash_dominance
-from dynamics.analysis.probe_resample import RESAMPLE, label_agreement, probe_counts
+from dynamics.analysis.probe_resample import LABEL_AGREEMENT, N_RESAMPLES, RESAMPLE, label_agreement, probe_counts
 from dynamics.analysis.redundancy import cluster_heads
 from dynamics.analysis.roles import ROLES, assign_roles, role_scores
 from dynamics.analysis.slash import slash_score
@@ -79,8 +79,13 @@ def _role_resampled(analysis: xr.Dataset | None, last: xr.Dataset, opt: Analysis
     """The final labels on the analysis's probe resamples ``(resample, layer, head)``: stored with the
     targets read from ``analysis`` (the same analysers, thresholds and final step), else computed
     as `analyse_run` does; None for a run of one probe (or without attention)."""
+    if analysis is not None and "role_resampled" not in analysis:
+        return None
     if analysis is not None:
-        return analysis["role_resampled"].load() if "role_resampled" in analysis else None
+        try:
+            return analysis["role_resampled"].load()
+        except Exception:  # noqa: BLE001 - a damaged chunk (the labels read): computed below, as from no analysis
+            pass
     if "attention" not in last or last.sizes["probe"] < 2:
         return None
     attn = last["attention"].transpose(LAYER, HEAD, ...).load()
@@ -207,8 +212,6 @@ def final_targets(
 def probe_sensitive_note(agreement) -> list[str]:
     """The line under a role curve on the heads whose final label fewer than 90% of the probe
     resamples give (``target_agreement``; None or all NaN: no line), as analyse names them."""
-    from dynamics.analysis.probe_resample import LABEL_AGREEMENT, N_RESAMPLES
-
     agreement = np.asarray([] if agreement is None else agreement, dtype=np.float64)
     if not (few := int((agreement < LABEL_AGREEMENT).sum())):
         return []
