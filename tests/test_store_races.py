@@ -337,3 +337,47 @@ def test_a_running_run_whose_lock_cannot_be_read_is_running_not_stopped(tmp_path
     store.update_run_attrs(path, "r1", status="completed", steps_done=10)  # it ended meanwhile
     status, attrs = store.run_now(path, "r1", stale)
     assert status == "completed" and attrs["steps_done"] == 10
+
+
+def test_a_runs_folder_made_while_it_is_checked_is_not_called_damaged(tmp_path, monkeypatch):
+    # check_sections looked twice (is_dir, then exists): a sweep's first run made `runs` in between,
+    # and a test polling the store read it as damaged ("restore it from a backup"; seen in CI).
+    from dynamics.store import _loc
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    runs, aside = path / "runs", tmp_path / "runs-aside"
+    runs.rename(aside)
+    real_stat, made = os.stat, []
+
+    def stat_then_make(p, *args, **kwargs):
+        if os.fspath(p) == os.fspath(runs) and not made:
+            made.append(p)
+            try:
+                return real_stat(p, *args, **kwargs)  # absent at this look
+            finally:
+                aside.rename(runs)  # and there at the next
+        return real_stat(p, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat_then_make)
+    _loc.check_sections(_loc._Loc(path), ("runs",))
+    assert made and runs.is_dir()
+
+
+@pytest.mark.parametrize("what", ["folder link", "dangling link", "file link"])
+def test_a_section_that_is_a_link_is_damaged_only_where_it_leads_to_no_folder(tmp_path, what):
+    from dynamics.store import StoreError, _loc
+
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    runs, aside = path / "runs", tmp_path / "runs-aside"
+    runs.rename(aside)
+    target = {"folder link": aside, "dangling link": tmp_path / "gone", "file link": tmp_path / "f"}[what]
+    (tmp_path / "f").write_text("x")
+    runs.symlink_to(target)
+    if what == "folder link":
+        _loc.check_sections(_loc._Loc(path), ("runs",))
+        assert store.list_runs(path) == ["r1"]
+    else:
+        with pytest.raises(StoreError, match="runs is not a folder"):
+            _loc.check_sections(_loc._Loc(path), ("runs",))

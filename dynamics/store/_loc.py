@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -133,6 +134,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_io)
 
 
+def _there_but_not_a_folder(d: Path) -> bool:
+    """Whether `d` is a file, or a link to nothing or to a file, read in one look.
+
+    Two looks (is_dir, then exists) called a section damaged when another process made it in
+    between: a sweep's first run creates `runs` while a reader polls the store."""
+    try:
+        return not stat.S_ISDIR(os.stat(d).st_mode)
+    except FileNotFoundError:
+        pass
+    try:  # a link to nothing fails stat: it is there, and is no folder
+        return stat.S_ISLNK(os.lstat(d).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 def check_sections(loc: _Loc, sections: tuple[str, ...] = SECTIONS) -> None:
     """StoreError if one of `sections` of a local store is there but is not a folder.
 
@@ -140,7 +156,7 @@ def check_sections(loc: _Loc, sections: tuple[str, ...] = SECTIONS) -> None:
     run's creation failed on it with a bare FileExistsError."""
     for section in sections if loc.local is not None else ():
         d = loc.local / section
-        if not d.is_dir() and (d.exists() or d.is_symlink()):
+        if _there_but_not_a_folder(d):
             fix = ("restore it from a backup" if section in ("runs", "checkpoints") else
                    "move it aside: results are written there before they are swapped in" if section == ".staging"
                    else "move it aside: what it holds is computed from the runs, and can be computed again")
