@@ -9,7 +9,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -412,7 +412,8 @@ _OPEN_TRIES = 5
 """Opens of a local group that a writer keeps swapping, before the reader gives up."""
 
 
-def _open_group_ds(loc: _Loc, gpath: str, dask: bool = True) -> xr.Dataset:
+def _open_group_ds(loc: _Loc, gpath: str, dask: bool = True,
+                   verify: Callable[[xr.Dataset], xr.Dataset] | None = None) -> xr.Dataset:
     """Open group `gpath` lazily; on a local store, from one version of it.
 
     ``analyse`` swaps a whole new analysis (or derived) group in while readers take no lock,
@@ -420,13 +421,20 @@ def _open_group_ds(loc: _Loc, gpath: str, dask: bool = True) -> xr.Dataset:
     opened a mix of both, whose old members read the new chunks or, gone, NaN. So the group's
     directory is the same one before and after the open, or it is opened again. (Chunks are
     read later, when used: a dataset opened before a swap and read after it still mixes.)
+
+    ``verify(ds)``, if given, checks the opened group against its files (`readers._whole` counts
+    chunk files by path) inside the same identity check: after it, that was a look at another
+    version, and a healthy group swapped in was called damaged.
     """
     if loc.local is None:
-        return _open_group_once(loc, gpath, dask)
+        ds = _open_group_once(loc, gpath, dask)
+        return ds if verify is None else verify(ds)
     for _ in range(_OPEN_TRIES):
         before = _identity(loc, gpath)
         try:
             ds = _open_group_once(loc, gpath, dask)
+            if verify is not None:
+                ds = verify(ds)
         except Exception:
             # a mix can also fail to open ("conflicting sizes for dimension"): the error of a
             # swap, not of the group, when another directory (or none) is there now; the same

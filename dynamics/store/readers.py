@@ -515,7 +515,8 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
     check_sections(loc, ("analysis",))  # a file there: named, not None, "never analysed", for every run
     if not _group_exists(loc, f"analysis/{run_id}"):
         return None
-    ds = _whole(loc, f"analysis/{run_id}", _open_group_ds(loc, f"analysis/{run_id}", dask))
+    gpath = f"analysis/{run_id}"
+    ds = _open_group_ds(loc, gpath, dask, verify=lambda d: _whole(loc, gpath, d))
     version = ds.attrs.get("analysis_version")
     if stale == "warn" and version != ANALYSIS_VERSION:
         # no version: written before analyses were stamped (as the report and predict take it),
@@ -554,7 +555,7 @@ def open_derived(path: str | os.PathLike, name: str) -> xr.Dataset | None:
     loc = _Loc(path)
     _require_store(loc)
     gpath = f"derived/{_check_name('derived name', name)}"
-    return _whole(loc, gpath, _open_group_ds(loc, gpath)) if _group_exists(loc, gpath) else None
+    return _open_group_ds(loc, gpath, verify=lambda d: _whole(loc, gpath, d)) if _group_exists(loc, gpath) else None
 
 
 def _whole(loc: _Loc, gpath: str, ds: xr.Dataset) -> xr.Dataset:
