@@ -407,3 +407,56 @@ def test_a_group_rewritten_between_its_open_and_its_chunk_count_is_not_called_da
            store.open_derived(path, "gates"))
     assert rewritten and got.attrs["marker"] == 2.0 and "extra" not in got
     assert float(got.score[0]) == 2.0
+
+
+def _read_as_zarr_renames(tmp_path, monkeypatch, ending: str, read, write) -> list:
+    """What `read()` returns (or the warning it raises, this file's warnings being errors) at the
+    moment zarr has written a zarr.json ending in `ending` as ``zarr.<uuid>.partial`` and is about
+    to rename it into place, inside `write()`: another process reading the store just then."""
+    import pathlib
+
+    real_replace, out = pathlib.Path.replace, []
+
+    def replace(self, target):
+        if not out and self.name.endswith(".partial") and str(target).endswith(ending):
+            assert self.exists()
+            try:
+                out.append(read())
+            except Exception as e:  # noqa: BLE001 - the test names what was raised
+                out.append(e)
+        return real_replace(self, target)
+
+    monkeypatch.setattr(pathlib.Path, "replace", replace)
+    write()
+    assert out, f"zarr wrote no {ending} by a rename"
+    return out
+
+
+@pytest.mark.parametrize("reader", ["open_run", "open_sweep", "unreadable_chunk"])
+def test_a_run_read_while_its_attributes_are_rewritten_reads_without_a_warning(tmp_path, monkeypatch, reader):
+    # A run's attributes are rewritten at every checkpoint: zarr lists the group's folder, found
+    # its zarr.<uuid>.partial there, and warned "Object at zarr.<uuid>.partial is not recognized as
+    # a component of a Zarr hierarchy" to `dynamics report` run during training.
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1", attrs={"status": "running", "checkpoint_step": 0})
+    read = {"open_run": lambda: sorted(store.open_run(path, "r1").data_vars),
+            "open_sweep": lambda: sorted(store.open_sweep(path).data_vars),
+            "unreadable_chunk": lambda: store.unreadable_chunk(path, "r1")}[reader]
+    expected = read()
+    got = _read_as_zarr_renames(tmp_path, monkeypatch, "runs/r1/zarr.json", read,
+                                lambda: store.update_run_attrs(path, "r1", checkpoint_step=5))
+    assert got == [expected]
+    assert store.run_attrs(path, "r1")["checkpoint_step"] == 5
+
+
+def test_a_run_opened_while_its_arrays_are_created_reads_those_made_without_a_warning(tmp_path, monkeypatch):
+    # A new run's arrays are made outside the store's lock: each array's folder, then its
+    # zarr.json renamed into it. zarr warned "Object at attention is not recognized" in between.
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    got = _read_as_zarr_renames(tmp_path, monkeypatch, "runs/r2/attention/zarr.json",
+                                lambda: store.open_run(path, "r2"),
+                                lambda: write_run(path, "r2", attrs={"status": "running"}, seed=1))
+    assert isinstance(got[0], xr.Dataset), got
+    assert "attention" not in got[0]
+    assert "attention" in store.open_run(path, "r2")

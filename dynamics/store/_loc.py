@@ -9,7 +9,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -71,7 +71,7 @@ class _Loc:
     def store(self) -> Any:
         if self._store is None:
             start_io()  # every zarr read and write of this package goes through here first
-            self._store = LocalStore(self.local) if self.local is not None else FsspecStore.from_url(self.url)
+            self._store = _SettledStore(self.local) if self.local is not None else FsspecStore.from_url(self.url)
         return self._store
 
     def get(self, key: str) -> bytes | None:
@@ -101,6 +101,28 @@ class _Loc:
             return sorted(_sync(collect()))
         except FileNotFoundError:
             return []
+
+
+class _SettledStore(LocalStore):
+    """A LocalStore whose listings leave out what a live writer has not finished.
+
+    zarr lists a group's folder and then reads each entry's zarr.json, and warns "Object at ... is
+    not recognized as a component of a Zarr hierarchy" for each that is not one: its own
+    ``zarr.<uuid>.partial``, there while a run's attributes are rewritten (every checkpoint), and
+    an array's folder made before its zarr.json lands (a run's arrays being created). A reader
+    during training printed those warnings, and raised them under ``-W error``. Without the
+    filter zarr skipped both too; a folder with chunks and no zarr.json is named damaged before
+    zarr lists it (`_unreadable_member`).
+    """
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        async for key in super().list_dir(prefix):
+            if is_partial(key):
+                continue
+            folder = self.root / prefix / key
+            if folder.is_dir() and not (folder / "zarr.json").exists() and not (folder / "c").exists():
+                continue
+            yield key
 
 
 _IO_STARTED = False
@@ -467,10 +489,11 @@ def _open_group_once(loc: _Loc, gpath: str, dask: bool) -> xr.Dataset:
             raise damaged
     import xarray as xr
 
+    source = loc.store if loc.local is not None else loc.url  # local: listed without a writer's unfinished entries
     try:
         if dask:
-            return xr.open_zarr(loc.url, group=gpath, consolidated=False)
-        return xr.open_zarr(loc.url, group=gpath, consolidated=False, chunks=None)  # lazily indexed, no dask
+            return xr.open_zarr(source, group=gpath, consolidated=False)
+        return xr.open_zarr(source, group=gpath, consolidated=False, chunks=None)  # lazily indexed, no dask
     except ValueError as e:  # json.JSONDecodeError among them
         damaged = _unreadable_member(loc, gpath)
         if damaged is None:
