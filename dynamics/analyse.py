@@ -129,10 +129,10 @@ def kept_row(path: str, run_id: str, attrs: dict) -> dict | None:
     from dynamics.caveats import of_run
 
     try:
-        stored = store.open_analysis(path, run_id, stale="allow", dask=False)
+        # loaded in the open: the attributes checked here are those of the values kept
+        stored = store.open_analysis(path, run_id, stale="allow", dask=False, load=True)
         if stored is None or not is_current(stored) or stored.attrs.get(ANALYSED_FROM) != source_of(attrs, stored):
             return None
-        stored = stored.load()
         return {**row_of(run_id, attrs, stored, of_run(store.open_run(path, run_id, dask=False), attrs["status"], stored)),
                 "kept": True}
     except Exception:  # noqa: BLE001 - a damaged or unreadable analysis is analysed again, and rewritten whole

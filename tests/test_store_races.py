@@ -21,7 +21,7 @@ def analysis(marker: float) -> xr.Dataset:
     return xr.Dataset({"score": ("head", np.full(4, marker))}, attrs={"marker": marker})
 
 
-def open_swapped_while_read(tmp_path, monkeypatch, old: xr.Dataset, new: xr.Dataset, on_get) -> xr.Dataset:
+def open_swapped_while_read(tmp_path, monkeypatch, old: xr.Dataset, new: xr.Dataset, on_get, **load) -> xr.Dataset:
     """``open_analysis(...).load()`` of run r1, whose analysis `old` is swapped for `new` (staged
     whole in advance) where ``await on_get(key, read, swap)``, which zarr's every read goes
     through, calls ``swap()``: analyse's swap, done at that very moment (zarr's own writes cannot
@@ -49,7 +49,8 @@ def open_swapped_while_read(tmp_path, monkeypatch, old: xr.Dataset, new: xr.Data
         return await on_get(key, lambda: real_get(self, key, *args, **kwargs), swap)
 
     monkeypatch.setattr(LocalStore, "get", get)
-    got = store.open_analysis(path, "r1", stale="allow").load()
+    got = store.open_analysis(path, "r1", stale="allow", **load)
+    got = got if load else got.load()
     assert swapped
     return got
 
@@ -460,3 +461,31 @@ def test_a_run_opened_while_its_arrays_are_created_reads_those_made_without_a_wa
     assert isinstance(got[0], xr.Dataset), got
     assert "attention" not in got[0]
     assert "attention" in store.open_run(path, "r2")
+
+
+@pytest.mark.parametrize("load", [True, ["score", "extra", "absent"]])
+@pytest.mark.parametrize("dask", [True, False])
+def test_an_analysis_swapped_while_its_values_are_loaded_is_read_as_one_version(tmp_path, monkeypatch, load, dask):
+    # The report opened a run's analysis, checked its attributes, and loaded its values after: a
+    # swap in between gave the old attributes with the new values, and NaN for a variable the new
+    # version lacks. With `load`, the values are read inside the open's version check.
+    async def on_get(key, read, swap):
+        if key.startswith("analysis/r1/") and "/c" in key:  # the first chunk read: the swap lands now
+            swap()
+        return await read()
+
+    got = open_swapped_while_read(tmp_path, monkeypatch, analysis(1.0).assign(extra=("head", np.zeros(4))),
+                                  analysis(2.0), on_get, load=load, dask=dask)
+    assert got.attrs["marker"] == 2.0 and set(got.data_vars) == {"score"}, got
+    np.testing.assert_array_equal(got.score.values, np.full(4, 2.0))
+    assert got.score.variable._in_memory
+
+
+def test_an_analysis_loaded_by_name_holds_only_the_names_it_has(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_run(path, "r1")
+    store.write_analysis(path, "r1", analysis(1.0).assign(extra=("head", np.arange(4.0))))
+    got = store.open_analysis(path, "r1", stale="allow", load=("extra", "absent"), dask=False)
+    assert set(got.data_vars) == {"extra"} and got.attrs["marker"] == 1.0 and got.extra.variable._in_memory
+    np.testing.assert_array_equal(got.extra.values, np.arange(4.0))
+    assert set(store.open_analysis(path, "r1", stale="allow", load=True).data_vars) == {"score", "extra"}

@@ -334,11 +334,11 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
     )
     stale, unread = False, ""
     try:
-        stored = store.open_analysis(path, run_id, stale="allow", dask=False)  # loaded below: no dask graph
+        # loaded in the open: values and attributes of one version, were `analyse` to swap one in
+        stored = store.open_analysis(path, run_id, stale="allow", dask=False, load=_RUN_VARS)
         if stored is not None and not is_current(stored):
             stored, stale = None, True  # older analysers' results: not mixed with this version's
-        have = [v for v in _RUN_VARS if v in stored] if stored is not None else []
-        run.analysis = stored[have].load() if stored is not None else None
+        run.analysis = stored
     except Exception as e:  # noqa: BLE001 - e.g. being rewritten by `dynamics analyse` right now: analyse here
         stored = run.analysis = None
         # or damaged (a chunk failing its checksum): said, so that the page does not hide it
@@ -351,7 +351,7 @@ def _collect_run(path, run_id: str, index: dict | None, compute_missing: bool, a
             run.damage.append(f"run {run_id}: {unread}")
     if stored is not None:
         run.analysis_source = "stored"
-        lacking = set(_RUN_VARS) - set(have)
+        lacking = set(_RUN_VARS) - set(stored.data_vars)
         if stored.attrs.get("probe_resamples") == 0:  # one probe: nothing to resample, left out on purpose
             lacking -= {"bifurcation_resampled", "role_resampled"}
         lacking = sorted(lacking)

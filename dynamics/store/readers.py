@@ -19,6 +19,8 @@ import numpy as np
 import zarr
 
 if TYPE_CHECKING:  # imported where used: a training process writes, and xarray with pandas took 0.9 s
+    from collections.abc import Sequence
+
     import xarray as xr
 
 try:  # POSIX only; without it, staging leftovers of killed writers are not cleared
@@ -480,7 +482,8 @@ class StaleAnalysisWarning(UserWarning):
 
 
 def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
-                  stale: str = "warn", dask: bool = True) -> xr.Dataset | None:
+                  stale: str = "warn", dask: bool = True,
+                  load: bool | Sequence[str] = False) -> xr.Dataset | None:
     """Open ``analysis/<run_id>`` lazily, or None if it was never written.
 
     Parameters
@@ -500,6 +503,12 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
     dask : bool
         As :func:`open_run`'s: False opens the arrays lazily indexed, without dask, for a caller
         that reads a small part of them (about a quarter less time to open an analysis).
+    load : bool or sequence of str
+        True: every variable read into memory; names: those of them the group has, and only
+        those returned. Read inside the open's check that one version of the group was read:
+        a dataset opened and loaded afterwards, with `dynamics analyse` swapping a new version
+        in between, held the old version's attributes with the new one's values (and NaN for a
+        variable the new one lacks).
 
     Raises
     ------
@@ -516,7 +525,14 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
     if not _group_exists(loc, f"analysis/{run_id}"):
         return None
     gpath = f"analysis/{run_id}"
-    ds = _open_group_ds(loc, gpath, dask, verify=lambda d: _whole(loc, gpath, d))
+
+    def whole(d: xr.Dataset) -> xr.Dataset:
+        d = _whole(loc, gpath, d)
+        if load is False:
+            return d
+        return d[[v for v in (d.data_vars if load is True else load) if v in d.data_vars]].load()
+
+    ds = _open_group_ds(loc, gpath, dask, verify=whole)
     version = ds.attrs.get("analysis_version")
     if stale == "warn" and version != ANALYSIS_VERSION:
         # no version: written before analyses were stamped (as the report and predict take it),
