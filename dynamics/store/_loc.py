@@ -442,11 +442,13 @@ def _open_group_ds(loc: _Loc, gpath: str, dask: bool = True,
     and zarr reads the group's metadata, then its members' one by one: a swap in between
     opened a mix of both, whose old members read the new chunks or, gone, NaN. So the group's
     directory is the same one before and after the open, or it is opened again. (Chunks are
-    read later, when used: a dataset opened before a swap and read after it still mixes.)
+    read later, when used: a dataset opened before a swap and read after it still mixes, unless
+    `verify` reads them.)
 
-    ``verify(ds)``, if given, checks the opened group against its files (`readers._whole` counts
-    chunk files by path) inside the same identity check: after it, that was a look at another
-    version, and a healthy group swapped in was called damaged.
+    ``verify(ds)``, if given, runs inside the same identity check and returns what is kept: a
+    check of the group against its files (`readers._whole` counts chunk files by path; after the
+    check, that was a look at another version, and a healthy group swapped in was called
+    damaged), or a load of its values (``open_analysis(load=...)``).
     """
     if loc.local is None:
         ds = _open_group_once(loc, gpath, dask)
