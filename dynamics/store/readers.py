@@ -504,11 +504,9 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
         As :func:`open_run`'s: False opens the arrays lazily indexed, without dask, for a caller
         that reads a small part of them (about a quarter less time to open an analysis).
     load : bool or sequence of str
-        True: every variable read into memory; names: those of them the group has, and only
-        those returned. Read inside the open's check that one version of the group was read:
-        a dataset opened and loaded afterwards, with `dynamics analyse` swapping a new version
-        in between, held the old version's attributes with the new one's values (and NaN for a
-        variable the new one lacks).
+        Every variable (True), or those named that the group has (only those returned), read
+        inside the open's check of one version: loaded after it, across an `analyse`'s swap, the
+        old version's attributes came with the new one's values.
 
     Raises
     ------
