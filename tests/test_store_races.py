@@ -365,7 +365,7 @@ def test_a_runs_folder_made_while_it_is_checked_is_not_called_damaged(tmp_path, 
     assert made and runs.is_dir()
 
 
-@pytest.mark.parametrize("what", ["folder link", "dangling link", "file link"])
+@pytest.mark.parametrize("what", ["folder link", "dangling link", "file link", "link to itself"])
 def test_a_section_that_is_a_link_is_damaged_only_where_it_leads_to_no_folder(tmp_path, what):
     from dynamics.store import StoreError, _loc
 
@@ -373,7 +373,8 @@ def test_a_section_that_is_a_link_is_damaged_only_where_it_leads_to_no_folder(tm
     write_run(path, "r1")
     runs, aside = path / "runs", tmp_path / "runs-aside"
     runs.rename(aside)
-    target = {"folder link": aside, "dangling link": tmp_path / "gone", "file link": tmp_path / "f"}[what]
+    target = {"folder link": aside, "dangling link": tmp_path / "gone", "file link": tmp_path / "f",
+              "link to itself": runs}[what]
     (tmp_path / "f").write_text("x")
     runs.symlink_to(target)
     if what == "folder link":
@@ -382,6 +383,14 @@ def test_a_section_that_is_a_link_is_damaged_only_where_it_leads_to_no_folder(tm
     else:
         with pytest.raises(StoreError, match="runs is not a folder"):
             _loc.check_sections(_loc._Loc(path), ("runs",))
+        with pytest.raises(StoreError, match="runs is not a folder"):
+            store.list_runs(path)
+
+
+def test_the_sections_of_a_path_that_is_a_file_are_not_called_damaged(tmp_path):
+    # a file on the way (ENOTDIR) is what "not a dynamics store" names, before any section is read
+    (tmp_path / "f").write_text("x")
+    store.check_folders(tmp_path / "f", ("analysis", "runs"))
 
 
 @pytest.mark.parametrize("section", ["analysis", "derived"])

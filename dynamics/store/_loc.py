@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -163,11 +164,12 @@ def _there_but_not_a_folder(d: Path) -> bool:
     between: a sweep's first run creates `runs` while a reader polls the store."""
     try:
         return not stat.S_ISDIR(os.stat(d).st_mode)
-    except FileNotFoundError:
-        pass
-    try:  # a link to nothing fails stat: it is there, and is no folder
+    except OSError as e:  # as Path.is_dir: none there, a file on the way, or a link loop
+        if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise
+    try:  # a link to nothing, or to itself, fails stat: it is there, and is no folder
         return stat.S_ISLNK(os.lstat(d).st_mode)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
 
 
