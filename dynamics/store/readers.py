@@ -496,17 +496,17 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
         (`dynamics.schema.ANALYSIS_VERSION`) was computed by other analysers (one without
         the attr by the analysers before they were versioned, whose figures differ: the token
         shares read 0 where they are undefined), and its figures may not mean what these docs
-        say: "warn" (the default) returns it with a
-        :class:`StaleAnalysisWarning` naming both versions and the command that recomputes it;
-        "allow" returns it silently, for callers that check
-        `dynamics.analysis.pipeline.is_current` themselves.
+        say: "warn" (the default) returns it with a :class:`StaleAnalysisWarning` naming both
+        versions and the command that recomputes it; "allow" returns it silently, for callers
+        that check `dynamics.analysis.pipeline.is_current` themselves.
     dask : bool
         As :func:`open_run`'s: False opens the arrays lazily indexed, without dask, for a caller
         that reads a small part of them (about a quarter less time to open an analysis).
     load : bool or sequence of str
         Every variable (True), or those named that the group has (only those returned), read
         inside the open's check of one version: loaded after it, across an `analyse`'s swap, the
-        old version's attributes came with the new one's values.
+        old version's attributes came with the new one's values. Other analysers' (another
+        ``analysis_version``) is left unread, as its callers leave it: a bad chunk there is no failure.
 
     Raises
     ------
@@ -526,7 +526,7 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
 
     def whole(d: xr.Dataset) -> xr.Dataset:
         d = _whole(loc, gpath, d)
-        if load is False:
+        if load is False or d.attrs.get("analysis_version") != ANALYSIS_VERSION:
             return d
         return d[[v for v in (d.data_vars if load is True else load) if v in d.data_vars]].load()
 
