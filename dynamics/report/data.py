@@ -402,11 +402,11 @@ def _chosen_analysis(path, run: _Run, compute_missing: bool, damaged: list[str] 
     found damaged here and not by the run's row (its JS distances) is added to `damaged`."""
     unread = False
     try:
-        stored = store.open_analysis(path, run.run_id, stale="allow", dask=False)
+        # read in the open, as the runs' rows are: one version's attributes, roles and distances
+        stored = store.open_analysis(path, run.run_id, stale="allow", dask=False, load=("role", "js_distance"))
         if stored is not None and "js_distance" in stored and is_current(stored):
-            out = stored[[v for v in ("role",) if v in stored]].load()
-            out.attrs = dict(stored.attrs)
-            return _with_last_js(out, stored["js_distance"].isel(snapshot=-1).load()), "stored"
+            out = stored[[v for v in ("role",) if v in stored]]  # with the analysis's attributes
+            return _with_last_js(out, stored["js_distance"].isel(snapshot=-1)), "stored"
     except Exception as e:  # noqa: BLE001 - damaged (a lost chunk, a failed checksum): as the runs table says
         stored, unread = None, True
         if damaged is not None and is_damage(e) and not run.damage:
