@@ -121,6 +121,60 @@ def test_a_damaged_stored_analysis_is_recomputed_and_named_not_read(tmp_path, ca
     with pytest.raises(PredictError, match=f"run {ids[1]!r}'s stored analysis cannot be read \\(ValueError: Stored "
                                            f"and computed checksum do not match"):
         predict.final_targets(run, "slash", store.open_analysis(path, ids[1]))
+    # as predict says it of a store of such runs, whose analyses it reads as it opens them
+    blind, runs = tmp_path / "blind.zarr", make_runs(n_seeds=3)
+    write_store(blind, [dataclasses.replace(r, data=r.data.drop_vars("attention")) for r in runs])
+    for r in runs:
+        store.write_analysis(blind, r.run_id, analyse_run(r.data))
+    flip_a_bit(blind / "analysis" / runs[1].run_id / "slash_dominant")
+    with pytest.raises(PredictError, match=f"run {runs[1].run_id!r}'s stored analysis cannot be read \\(ValueError: "
+                                           f"Stored and computed checksum do not match"):
+        predict.predict_store(str(blind), opts)
+
+
+def test_an_analysis_swapped_between_predicts_open_and_its_read_of_the_labels_gives_one_versions_targets(
+        tmp_path, monkeypatch):
+    # load_store opened each analysis lazily, its attributes (analysers' version, thresholds, final
+    # step) checked then and its labels read later: an `analyse` swapping in another version in
+    # between gave the old version's attributes with the new one's labels, passed as the targets.
+    import shutil
+
+    from zarr.storage import LocalStore
+
+    from dynamics.analysis.roles import ROLES
+    from dynamics.schema import ANALYSIS_VERSION
+    from dynamics.store import readers
+
+    path, other = tmp_path / "s.zarr", tmp_path / "new.zarr"
+    write_store(path, make_runs(n_seeds=3))
+    ids = store.list_runs(path)
+    for rid in ids:
+        store.write_analysis(path, rid, analyse_run(store.open_run(path, rid)))
+    shutil.copytree(path, other)
+    old = store.open_analysis(path, ids[0]).load()
+    # the new version: other analysers' (so not read as targets), whose every label differs from the old
+    store.write_analysis(other, ids[0], old.assign(role=(old.role + 1) % len(ROLES))
+                         .assign_attrs(analysis_version=ANALYSIS_VERSION + 1))
+    probe = [tmp_path / "a", tmp_path / "b"]
+    for p in probe:
+        p.mkdir()
+    if not readers._exchange(*probe):
+        pytest.skip("no atomic exchange here: analyse swaps by two renames, with a gap this test cannot time")
+    opts = PredictOptions(target="role", horizons=(0.1,), n_splits=2, boosting_iter=10)
+    fresh = predict.predict_store(str(path), dataclasses.replace(opts, use_stored_analysis=False))
+    real_get, swapped = LocalStore.get, []
+
+    async def get(self, key, *args, **kwargs):
+        if not swapped and key.startswith(f"analysis/{ids[0]}/role/c"):  # the first read of its labels
+            assert readers._exchange(other / "analysis" / ids[0], path / "analysis" / ids[0])
+            swapped.append(key)
+        return await real_get(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(LocalStore, "get", get)
+    curve = predict.predict_store(str(path), opts)
+    assert swapped
+    assert curve.attrs["target_sources"] == {"stored analysis": 2, "computed from the final snapshot": 1}
+    np.testing.assert_array_equal(curve.target.values, fresh.target.values)
 
 
 def test_use_stored_analysis_false_computes_targets_even_when_runs_carry_an_analysis():

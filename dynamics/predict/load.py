@@ -12,6 +12,7 @@ import numpy as np
 from dynamics import store
 from dynamics.identity import UNREAD, differing_settings, experiment_identity, read_settings
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run, check_arguments
+from dynamics.predict.targets import stored_reads
 from dynamics.schema import config_value
 from dynamics.status import sweep_points
 
@@ -132,7 +133,10 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
         analysis, unreadable = None, ""
         if opt.use_stored_analysis:
             try:
-                analysis = store.open_analysis(path, rid, stale="allow")
+                # only what the targets and the caveats (attention_unchanged) read, and read now,
+                # inside the open's check of one version
+                analysis = store.open_analysis(path, rid, stale="allow", dask=False,
+                                               load=(*stored_reads(opt.target), "divergence_from_init"))
             except Exception as e:  # noqa: BLE001 - a lost chunk, or an index coordinate (read on
                 # opening) failing its checksum: recomputed from the run, and named (targets)
                 unreadable = f"{type(e).__name__}: {e}"
@@ -180,10 +184,13 @@ def check_runs(runs: Sequence[Run], options: PredictOptions) -> None:
             raise PredictError(f"target 'importance': run {lacking[0]!r} records no importance")
     if t in ("slash", "role", "redundant"):
         stored = options.use_stored_analysis  # False: an analysis a Run carries is not read (target_table)
-        lacking = [r.run_id for r in runs if "attention" not in r.data and (r.analysis is None or not stored)]
+        lacking = [r for r in runs if "attention" not in r.data and (r.analysis is None or not stored)]
+        if lacking and stored and lacking[0].analysis_unreadable:  # as final_targets says it of a bad chunk
+            raise PredictError(f"target {t!r}: run {lacking[0].run_id!r}'s stored analysis cannot be read "
+                               f"({lacking[0].analysis_unreadable}) and the run has no attention to recompute it from")
         if lacking:
             why = "neither attention nor a stored analysis" if stored else "no attention to compute it from"
-            raise PredictError(f"target {t!r}: run {lacking[0]!r} has {why}")
+            raise PredictError(f"target {t!r}: run {lacking[0].run_id!r} has {why}")
     if not any(v in r.data for r in runs for v in ("grad_norm", "importance", "attention")):
         raise PredictError("no run records grad_norm, importance or attention: nothing to build features from")
     if options.unit == "step":

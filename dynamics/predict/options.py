@@ -204,7 +204,8 @@ class Run:
     """The run's swept values other than the seed, as one label (grouping "config"); with the
     settings that set it apart where runs of another base config share those values."""
     analysis: xr.Dataset | None = None
-    """Stored analysis, used for final-snapshot targets only."""
+    """Stored analysis, used for final-snapshot targets and the run's caveats only (`load_store`
+    reads just their variables, as one version: `dynamics.predict.targets.stored_reads`)."""
     analysis_unreadable: str = ""
     """Why the stored analysis could not be opened (damaged), if so: the targets are then
     recomputed from the final snapshot and the curve names the run."""

@@ -93,6 +93,24 @@ def _role_resampled(analysis: xr.Dataset | None, last: xr.Dataset, opt: Analysis
     return assign_roles(role_scores(attn, last["probe_tokens"].load(), opt.roles, weights=weights), opt.roles)
 
 
+STORED_TARGETS = {"slash": ("slash_dominant", "best_offset"), "role": ("role",), "redundant": ("cluster",)}
+"""The variables of a stored analysis that give each target at its final snapshot."""
+
+
+def stored_reads(target: str) -> tuple[str, ...]:
+    """Every variable `final_targets` reads of a stored analysis for `target`, so that a caller can
+    read them all at once, as of one version of the analysis (`dynamics.store.open_analysis`'s
+    ``load``): read later, an `analyse` swapping in another version between the open and the read
+    gave the old version's attributes (thresholds, final step) with the new one's labels.
+
+    >>> stored_reads("role")
+    ('role', 'role_resampled')
+    >>> stored_reads("importance")
+    ()
+    """
+    return STORED_TARGETS.get(target, ()) + (("role_resampled",) if target == "role" else ())
+
+
 class _Unreadable(Exception):
     """A stored analysis chunk that cannot be read: gone, cut short, or failing its checksum."""
 
@@ -163,7 +181,7 @@ def final_targets(
         codes = np.asarray(last["chg_role"].transpose(LAYER, HEAD).values, dtype=np.float64)
         out["target"] = ((LAYER, HEAD), np.where(codes >= 0, codes, np.nan))  # -1: not fitted
     else:
-        needed = {"slash": ("slash_dominant", "best_offset"), "role": ("role",), "redundant": ("cluster",)}[target]
+        needed = STORED_TARGETS[target]
         try:
             stored = _final_stored(run, analysis, needed, target, opt)
             source = "stored analysis" if stored is not None else "computed from the final snapshot"
