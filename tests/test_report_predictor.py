@@ -347,3 +347,42 @@ def test_a_role_curve_says_how_many_of_its_targets_are_probe_sensitive(tmp_path,
     curve["target_agreement"] = ("head_row", [0.9] * 12)
     _, _, sec = _drawn(curve, tmp_path / "again", monkeypatch)
     assert "Probe-sensitive" not in next(iter(dict(sec.figures).values()))
+
+
+def test_a_curve_saved_while_the_report_reads_it_is_read_as_one_version(tmp_path, monkeypatch):
+    # The section checked the group's version as it opened it and loaded the values after: a
+    # `predict` saving another curve in between gave the old curve's horizons and attributes
+    # with the new one's scores, drawn as the old horizons.
+    from zarr.storage import LocalStore
+
+    from dynamics.report import predictor
+    from dynamics.report.data import _Ctx
+    from dynamics.store import readers
+
+    path, other = tmp_path / "s.zarr", tmp_path / "new.zarr"
+    old = _role_curve(0.375).assign_attrs(marker=1)
+    new = (old.assign(score=old.score * 0 + 0.8).assign_coords(horizon=[0.2, 0.9]).assign_attrs(marker=2))
+    for p, curve in ((path, old), (other, new)):
+        store.init_store(p)
+        store.write_derived(p, "predict.role", curve)
+    probe = [tmp_path / "a", tmp_path / "b"]
+    for p in probe:
+        p.mkdir()
+    if not readers._exchange(*probe):
+        pytest.skip("no atomic exchange here: predict swaps by two renames, with a gap this test cannot time")
+    real_get, swapped, seen = LocalStore.get, [], []
+
+    async def get(self, key, *args, **kwargs):
+        if not swapped and key.startswith("derived/predict.role/score/c"):  # not the horizon index's
+            assert readers._exchange(other / "derived" / "predict.role", path / "derived" / "predict.role")
+            swapped.append(key)
+        return await real_get(self, key, *args, **kwargs)
+
+    lines = predictor._predict_lines
+    monkeypatch.setattr(predictor, "_predict_lines", lambda ds: seen.append(ds) or lines(ds))
+    monkeypatch.setattr(LocalStore, "get", get)
+    monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: rel)
+    predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
+    assert swapped and len(seen) == 1
+    assert seen[0].attrs["marker"] == 2 and seen[0]["horizon"].values.tolist() == [0.2, 0.9]
+    assert (seen[0]["score"].values == 0.8).all()

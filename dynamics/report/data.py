@@ -527,9 +527,10 @@ def _derived_names(path) -> list[str]:
     return names
 
 
-def _open_derived(path, name: str) -> xr.Dataset | None:
+def _open_derived(path, name: str, load: bool = False) -> xr.Dataset | None:
     if "/" not in name:  # a damaged group's StoreError goes to the caller, not to a read of fill values
-        return store.open_derived(path, name)
+        return store.open_derived(path, name, load=load)
     # Nested names (folder/<name>, an older layout) are not single group names for store.open_derived.
     # the local folder as the store reads it (`lnk/..` past the link: xarray would drop it as text)
-    return xr.open_zarr(store.local_path(path) or os.fspath(path), group=f"derived/{name}", consolidated=False)
+    ds = xr.open_zarr(store.local_path(path) or os.fspath(path), group=f"derived/{name}", consolidated=False)
+    return ds.load() if load else ds

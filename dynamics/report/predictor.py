@@ -60,8 +60,9 @@ def _predict_section(ctx: _Ctx) -> _Section:
         return sec
     for name in names:
         try:
-            ds = _open_derived(path, name)
-            ds = ds.load() if ds is not None else None  # small; a chunk failing its checksum fails here
+            # small, and read as one version: loaded after the open, a `predict` saving another
+            # curve in between gave this one's horizons and attributes with that one's scores
+            ds = _open_derived(path, name, load=True)  # a chunk failing its checksum fails here
         except Exception as e:  # noqa: BLE001 - damaged: this curve is not shown, the others are
             why = ("a chunk failed its checksum" if store.failed_checksum(e)
                    else str(e) if isinstance(e, store.StoreError) else f"{type(e).__name__}: {e}")

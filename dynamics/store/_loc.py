@@ -448,7 +448,7 @@ def _open_group_ds(loc: _Loc, gpath: str, dask: bool = True,
     `verify` reads them.)
 
     ``verify(ds)``, if given, runs inside the same identity check and returns what is kept: a
-    check of the group against its files (`readers._whole` counts chunk files by path; after the
+    check of the group against its files (`integrity._whole` counts chunk files by path; after the
     check, that was a look at another version, and a healthy group swapped in was called
     damaged), or a load of its values (``open_analysis(load=...)``).
     """

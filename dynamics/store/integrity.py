@@ -23,10 +23,13 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
+
+if TYPE_CHECKING:  # imported where used, as in readers: a training process writes
+    import xarray as xr
 
 from dynamics.schema import FINISHED_STATUSES, SNAPSHOT, TRAIN_STEP, recorded_arrays
 from dynamics.store._loc import StoreError, _default_run, _Loc, _unreadable_member
@@ -279,3 +282,31 @@ def unreadable_chunk(path: str | os.PathLike, run_id: str) -> StoreError | None:
                 return StoreError(f"{_where(loc, run_id, steps, name, arr, coords)} cannot be decoded "
                                   f"(damaged: {why}); {_go_on(run_id)}")
     return None
+
+
+def _whole(loc: _Loc, gpath: str, ds: xr.Dataset) -> xr.Dataset:
+    """`ds`, opened from group `gpath`, less its EMPTY_CHUNKS_WRITTEN mark; StoreError naming the
+    first array with a chunk file missing where the mark says every chunk was stored.
+
+    Counted from the files of a local store (one walk of the group), or by zarr elsewhere.
+    A group written before the mark (no attr) is not checked: zarr then stored no chunk
+    whose values all equal the fill value, so a missing one may be no loss.
+    """
+    if not ds.attrs.pop(EMPTY_CHUNKS_WRITTEN, False):
+        return ds
+    for name, var in ds.variables.items():
+        chunks = var.encoding.get("chunks") or var.shape
+        grid = [range(-(-n // c)) for n, c in zip(var.shape, chunks, strict=True)]
+        expected = int(np.prod([len(g) for g in grid]))
+        if loc.local is not None:
+            # each chunk's own file, c/i/j/... (a 0-d array's one chunk is c itself): a stray file
+            # in the folder must not stand in for a lost one
+            base = loc.local / gpath / str(name)
+            found = sum((base / "/".join(["c", *map(str, idx)])).is_file() for idx in itertools.product(*grid))
+        else:
+            found = zarr.open_array(loc.store, path=f"{gpath}/{name}", mode="r").nchunks_initialized
+        if found < expected:
+            raise StoreError(f"{loc}: {gpath}: array {name} has {expected - found} of its {expected} chunk(s) missing, "
+                             f"though all were written (zarr would read them as its fill value); the command that "
+                             f"wrote {gpath} writes it again")
+    return ds

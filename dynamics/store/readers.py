@@ -7,7 +7,6 @@ import contextlib
 import ctypes
 import errno
 import functools
-import itertools
 import os
 import shutil
 import sys
@@ -16,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import zarr
 
 if TYPE_CHECKING:  # imported where used: a training process writes, and xarray with pandas took 0.9 s
     from collections.abc import Sequence
@@ -57,6 +55,7 @@ from dynamics.store._loc import (
 from dynamics.store._zarr_private import sync as _sync
 from dynamics.store.checkpoints import run_now
 from dynamics.store.index import _index_update
+from dynamics.store.integrity import _whole
 from dynamics.store.recorded import described
 from dynamics.store.root import _require_store, read_sweep_index, run_attrs
 from dynamics.store.staged import staged_keys
@@ -563,38 +562,14 @@ def write_derived(path: str | os.PathLike, name: str, ds: xr.Dataset) -> None:
     _write_whole(loc, f"derived/{_check_name('derived name', name)}", ds)
 
 
-def open_derived(path: str | os.PathLike, name: str) -> xr.Dataset | None:
+def open_derived(path: str | os.PathLike, name: str, *, load: bool = False) -> xr.Dataset | None:
     """Open ``derived/<name>`` lazily, or None if it was never written; StoreError for a chunk
-    file missing from it, as :func:`open_analysis`."""
+    file missing from it, as :func:`open_analysis`. ``load``: its values read inside the open's
+    check of one version, as `open_analysis`'s (after it, a `predict` saving another curve in
+    between gave the old curve's horizons and attributes with the new one's scores)."""
     loc = _Loc(path)
     _require_store(loc)
     gpath = f"derived/{_check_name('derived name', name)}"
-    return _open_group_ds(loc, gpath, verify=lambda d: _whole(loc, gpath, d)) if _group_exists(loc, gpath) else None
-
-
-def _whole(loc: _Loc, gpath: str, ds: xr.Dataset) -> xr.Dataset:
-    """`ds`, opened from group `gpath`, less its EMPTY_CHUNKS_WRITTEN mark; StoreError naming the
-    first array with a chunk file missing where the mark says every chunk was stored.
-
-    Counted from the files of a local store (one walk of the group), or by zarr elsewhere.
-    A group written before the mark (no attr) is not checked: zarr then stored no chunk
-    whose values all equal the fill value, so a missing one may be no loss.
-    """
-    if not ds.attrs.pop(EMPTY_CHUNKS_WRITTEN, False):
-        return ds
-    for name, var in ds.variables.items():
-        chunks = var.encoding.get("chunks") or var.shape
-        grid = [range(-(-n // c)) for n, c in zip(var.shape, chunks, strict=True)]
-        expected = int(np.prod([len(g) for g in grid]))
-        if loc.local is not None:
-            # each chunk's own file, c/i/j/... (a 0-d array's one chunk is c itself): a stray file
-            # in the folder must not stand in for a lost one
-            base = loc.local / gpath / str(name)
-            found = sum((base / "/".join(["c", *map(str, idx)])).is_file() for idx in itertools.product(*grid))
-        else:
-            found = zarr.open_array(loc.store, path=f"{gpath}/{name}", mode="r").nchunks_initialized
-        if found < expected:
-            raise StoreError(f"{loc}: {gpath}: array {name} has {expected - found} of its {expected} chunk(s) missing, "
-                             f"though all were written (zarr would read them as its fill value); the command that "
-                             f"wrote {gpath} writes it again")
-    return ds
+    if not _group_exists(loc, gpath):
+        return None
+    return _open_group_ds(loc, gpath, verify=lambda d: _whole(loc, gpath, d).load() if load else _whole(loc, gpath, d))
