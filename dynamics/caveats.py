@@ -26,6 +26,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from dynamics.schema import ANALYSIS_VERSION
+
 UNCHANGED_WHY = ("a learning rate too small to move them, or gradients of exactly 0, which activations past "
                  "float32's range give, as a huge init_scale makes them; the run's grad_norm tells which")
 
@@ -44,8 +46,11 @@ def attention_unchanged(run, analysis=None, pinned_heads: frozenset = frozenset(
     """Every head's stored attention on the probes is the same at a run's last snapshot as at its
     first, the heads ``pinned_heads`` ((layer, head) pairs) left out: from ``analysis`` (the run's,
     with ``divergence_from_init``) where given, 0 for every head; else bit for bit from the
-    recording (a NaN anywhere is a change). False with fewer than two snapshots, or no free head."""
-    if analysis is not None and "divergence_from_init" in analysis:
+    recording (a NaN anywhere is a change). False with fewer than two snapshots, or no free head.
+    Another version's analysis is not read (as `dynamics.store.open_analysis(load=...)` leaves it
+    unread: its figures are other analysers', and a bad chunk there was a traceback out of predict)."""
+    if analysis is not None and "divergence_from_init" in analysis and \
+            analysis.attrs.get("analysis_version") == ANALYSIS_VERSION:
         if analysis.sizes.get("snapshot", 0) < 2:
             return False
         last = np.asarray(analysis["divergence_from_init"].isel(snapshot=-1).values, dtype=np.float64)  # (layer, head)

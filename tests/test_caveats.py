@@ -48,15 +48,21 @@ def test_attention_unchanged_bit_for_bit_between_the_first_and_last_snapshots():
 def test_attention_unchanged_from_an_analysis_is_a_divergence_from_init_of_0_for_every_head():
     # read from the analysis where there is one: the recording's two whole snapshots were 64 MiB each
     # on a large run, for every run of a store, on every `analyse` (a kept one too), report and predict
-    def analysis(last):
-        return xr.Dataset({"divergence_from_init": (("snapshot", "layer", "head"),
-                                                     np.array([[[0.0, 0.0]], [last]]))})
+    from dynamics.schema import ANALYSIS_VERSION
+
+    def analysis(last, version=ANALYSIS_VERSION):
+        return xr.Dataset({"divergence_from_init": (("snapshot", "layer", "head"), np.array([[[0.0, 0.0]], [last]]))},
+                          attrs={"analysis_version": version})
     moved = _run([[1.0]] * 2, _attention(2, change_at=1))  # the recording says moved: the analysis is read
     assert caveats.attention_unchanged(moved, analysis([0.0, 0.0]))
     assert not caveats.attention_unchanged(moved, analysis([0.0, 1e-5]))
     assert not caveats.attention_unchanged(moved, analysis([0.0, np.nan]))
     assert not caveats.attention_unchanged(moved, analysis([0.0, 0.0]).isel(snapshot=[0]))
     assert not caveats.attention_unchanged(moved, xr.Dataset())  # no divergence_from_init: the recording
+    # other analysers' figures are not read (predict read one, and a bad chunk there was a traceback)
+    assert not caveats.attention_unchanged(moved, analysis([0.0, 0.0], version=ANALYSIS_VERSION - 1))
+    assert not caveats.attention_unchanged(moved, analysis([0.0, 0.0], version=None))
+    assert caveats.attention_unchanged(_run([[1.0]] * 2, _attention(2)), analysis([0.0, 1.0], version=None))
 
 
 def test_heads_pinned_to_hard_templates_are_left_out_of_the_comparison():

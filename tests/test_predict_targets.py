@@ -177,6 +177,50 @@ def test_an_analysis_swapped_between_predicts_open_and_its_read_of_the_labels_gi
     np.testing.assert_array_equal(curve.target.values, fresh.target.values)
 
 
+def test_runs_loaded_for_one_target_give_another_from_their_stored_analysis(tmp_path):
+    # load_store read only the variables of the target it was given: runs loaded for slash (the
+    # default) recomputed their roles, and without attention raised a KeyError
+    path, blind = tmp_path / "s.zarr", tmp_path / "blind.zarr"
+    runs = make_runs(n_seeds=3)
+    write_store(path, runs)
+    write_store(blind, [dataclasses.replace(r, data=r.data.drop_vars("attention")) for r in runs])
+    for p in (path, blind):
+        for r in runs:
+            store.write_analysis(p, r.run_id, analyse_run(r.data))
+    for p in (path, blind):
+        loaded = predict.load_runs(str(p))
+        for target in ("role", "slash"):
+            assert predict.target_table(loaded, PredictOptions(target=target)).attrs["sources"] == {"stored analysis": 3}
+        # (every head of these runs is redundant: a constant target, which target_table refuses)
+        assert {predict.final_targets(r.data, "redundant", r.analysis).attrs["source"] for r in loaded} == \
+            {"stored analysis"}
+
+
+def test_another_versions_analysis_is_not_read_for_targets_or_caveats(tmp_path):
+    # Its divergence_from_init was read for the caveats (a bad chunk there: a traceback out of
+    # predict, after every model was fitted), and a run without attention raised a KeyError
+    from dynamics.schema import ANALYSIS_VERSION
+
+    path, blind = tmp_path / "s.zarr", tmp_path / "blind.zarr"
+    runs = make_runs(n_seeds=3)
+    write_store(path, runs)
+    write_store(blind, [dataclasses.replace(r, data=r.data.drop_vars("attention")) for r in runs])
+    for p in (path, blind):
+        for r in runs:
+            a = analyse_run(r.data)
+            store.write_analysis(p, r.run_id, a.assign_attrs(analysis_version=ANALYSIS_VERSION - 1)
+                                 if r is runs[1] else a)
+        flip_a_bit(p / "analysis" / runs[1].run_id / "divergence_from_init")
+    opts = PredictOptions(target="role", horizons=(0.1,), n_splits=2, boosting_iter=10)
+    curve = predict.predict_store(str(path), opts)
+    assert curve.attrs["target_sources"] == {"stored analysis": 2, "computed from the final snapshot": 1}
+    assert curve.attrs["analysis_unreadable"] == []
+    with pytest.raises(PredictError, match=f"target 'role': run {runs[1].run_id!r}'s stored analysis was written by "
+                                           f"analysers version {ANALYSIS_VERSION - 1}, these are version "
+                                           f"{ANALYSIS_VERSION}, and the run has no attention to recompute it from"):
+        predict.predict_store(str(blind), opts)
+
+
 def test_use_stored_analysis_false_computes_targets_even_when_runs_carry_an_analysis():
     # predict_runs read each Run's analysis whatever the option said: a curve recording
     # use_stored_analysis=False had its targets from the stored analysis.

@@ -12,7 +12,7 @@ import numpy as np
 from dynamics import store
 from dynamics.identity import UNREAD, differing_settings, experiment_identity, read_settings
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run, check_arguments
-from dynamics.predict.targets import stored_reads
+from dynamics.predict.targets import STORED_READS
 from dynamics.schema import config_value
 from dynamics.status import sweep_points
 
@@ -136,7 +136,7 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
                 # only what the targets and the caveats (attention_unchanged) read, and read now,
                 # inside the open's check of one version
                 analysis = store.open_analysis(path, rid, stale="allow", dask=False,
-                                               load=(*stored_reads(opt.target), "divergence_from_init"))
+                                               load=(*STORED_READS, "divergence_from_init"))
             except Exception as e:  # noqa: BLE001 - a lost chunk, or an index coordinate (read on
                 # opening) failing its checksum: recomputed from the run, and named (targets)
                 unreadable = f"{type(e).__name__}: {e}"

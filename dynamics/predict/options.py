@@ -205,7 +205,7 @@ class Run:
     settings that set it apart where runs of another base config share those values."""
     analysis: xr.Dataset | None = None
     """Stored analysis, used for final-snapshot targets and the run's caveats only (`load_store`
-    reads just their variables, as one version: `dynamics.predict.targets.stored_reads`)."""
+    reads just their variables, as one version: `dynamics.predict.targets.STORED_READS`)."""
     analysis_unreadable: str = ""
     """Why the stored analysis could not be opened (damaged), if so: the targets are then
     recomputed from the final snapshot and the curve names the run."""

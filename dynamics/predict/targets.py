@@ -17,7 +17,7 @@ from dynamics.analysis.roles import ROLES, assign_roles, role_scores
 from dynamics.analysis.slash import slash_score
 from dynamics.predict.features import _rank_in_layer
 from dynamics.predict.options import CHG_CLASSES, TARGETS, PredictError, PredictOptions, Run, check_arguments
-from dynamics.schema import HEAD, LAYER, SNAPSHOT
+from dynamics.schema import ANALYSIS_VERSION, HEAD, LAYER, SNAPSHOT
 
 # --------------------------------------------------------------------------- targets
 
@@ -50,29 +50,45 @@ def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[st
                   opt: AnalysisOptions) -> xr.Dataset | None:
     # The stored analysis's final snapshot, if it has what is needed, covers the run's end and
     # was computed with these thresholds: a target read under other thresholds than the ones
-    # the curve records (its analysis_options attrs) would be a different target.
-    if analysis is None or any(v not in analysis for v in needed) or "step" not in analysis.coords:
+    # the curve records (its analysis_options attrs) would be a different target. Else None,
+    # to be recomputed from the final snapshot, or, for a run without attention, a refusal
+    # naming why (recomputing it there was a KeyError).
+    why = _not_usable(run, analysis, needed, target, opt)
+    if why and "attention" not in run:
+        raise PredictError(f"target {target!r}: run {run.attrs.get('run_id', '?')!r}'s stored analysis {why}, and the "
+                           f"run has no attention to recompute it from")
+    if why:
         return None
+    try:
+        return analysis[list(needed)].isel({SNAPSHOT: -1}).load()
+    except Exception as e:  # noqa: BLE001 - any codec's error: a damaged chunk
+        raise _Unreadable(e) from e
+
+
+def _not_usable(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[str, ...], target: str,
+                opt: AnalysisOptions) -> str:
+    """Why the stored analysis cannot give `target` (as the end of a sentence), "" where it can."""
+    if analysis is None:
+        return "is not there"
+    lacking = [v for v in (*needed, "step") if v not in analysis.variables]
+    if lacking:
+        return f"has no {lacking[0]}"
     if not is_current(analysis):
-        return None  # computed by older analysers: recomputed from the final snapshot instead
+        return (f"was written by analysers version {analysis.attrs.get('analysis_version', '(none)')}, "
+                f"these are version {ANALYSIS_VERSION}")
     try:
         last_step = float(analysis["step"].values[-1])
     except Exception as e:  # noqa: BLE001 - any codec's error: a damaged chunk
         raise _Unreadable(e) from e
-    if last_step != float(np.nanmax(run["step"].values)):  # NaN steps: a sweep's padding
-        return None  # analysed before the run finished: its last snapshot is not the final one
+    final = float(np.nanmax(run["step"].values))  # NaN steps: a sweep's padding
+    if last_step != final:
+        return f"ends at step {last_step:g}, not at the run's final step {final:g} (analysed before the run ended)"
     a = analysis.attrs
     n_query = run["attention"].sizes["query"] if "attention" in run else run["probe_tokens"].shape[-1]
     for key, value in _settings(target, opt, n_query).items():
         if key not in a or not _same(a[key], value):
-            if "attention" not in run:
-                raise PredictError(f"target {target!r}: the stored analysis has {key} = {a.get(key)!r}, not {value!r}, "
-                                   f"and run {run.attrs.get('run_id', '?')!r} has no attention to recompute it from")
-            return None
-    try:
-        return analysis[list(needed)].isel({SNAPSHOT: -1}).load()
-    except Exception as e:  # noqa: BLE001 - as above
-        raise _Unreadable(e) from e
+            return f"has {key} = {a.get(key)!r}, not {value!r}"
+    return ""
 
 
 def _role_resampled(analysis: xr.Dataset | None, last: xr.Dataset, opt: AnalysisOptions) -> xr.DataArray | None:
@@ -97,18 +113,13 @@ STORED_TARGETS = {"slash": ("slash_dominant", "best_offset"), "role": ("role",),
 """The variables of a stored analysis that give each target at its final snapshot."""
 
 
-def stored_reads(target: str) -> tuple[str, ...]:
-    """Every variable `final_targets` reads of a stored analysis for `target`, so that a caller can
-    read them all at once, as of one version of the analysis (`dynamics.store.open_analysis`'s
-    ``load``): read later, an `analyse` swapping in another version between the open and the read
-    gave the old version's attributes (thresholds, final step) with the new one's labels.
-
-    >>> stored_reads("role")
-    ('role', 'role_resampled')
-    >>> stored_reads("importance")
-    ()
-    """
-    return STORED_TARGETS.get(target, ()) + (("role_resampled",) if target == "role" else ())
+STORED_READS = (*(v for needed in STORED_TARGETS.values() for v in needed), "role_resampled")
+"""Every variable `final_targets` reads of a stored analysis, for any target, so that a caller can
+read them all at once, as of one version of the analysis (`dynamics.store.open_analysis`'s
+``load``): read later, an `analyse` swapping in another version between the open and the read
+gave the old version's attributes (thresholds, final step) with the new one's labels. Each is a
+number or label per head (and snapshot): small, whatever the target, so runs loaded for one target
+serve another (`predict_runs` with other options)."""
 
 
 class _Unreadable(Exception):
