@@ -86,6 +86,15 @@ def test_stored_analysis_gives_the_same_targets():
         np.testing.assert_array_equal(stored.target.values, fresh.target.values)
     stale = analysis.isel(snapshot=slice(0, -1))  # analysed before the run finished
     assert predict.final_targets(r.data, "slash", stale).attrs["source"] == "computed from the final snapshot"
+    # without attention to recompute from, each reason is named (each was a KeyError)
+    blind, ends = r.data.drop_vars("attention"), [float(v) for v in r.data["step"].values[-2:]]
+    refusals = {f"ends at step {ends[0]:g}, not at the run's final step {ends[1]:g} \\(analysed before the run ended\\)": stale,
+                "has no cluster": analysis.drop_vars("cluster"),
+                "has cluster_threshold = 0.5, not 0.1": analysis.assign_attrs(cluster_threshold=0.5)}
+    for why, given in refusals.items():
+        with pytest.raises(PredictError, match=f"target 'redundant': run '.*'s stored analysis {why}, and the run has "
+                                               f"no attention to recompute it from"):
+            predict.final_targets(blind, "redundant", given)
 
 
 def test_a_damaged_stored_analysis_is_recomputed_and_named_not_read(tmp_path, capsys):
