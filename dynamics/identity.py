@@ -83,10 +83,10 @@ def read_settings(config: dict) -> dict[str, Any]:
 
     Examples
     --------
-    >>> s = read_settings({"task": {"name": "markov", "max_period": 16, "markov_order": 2},
+    >>> s = read_settings({"task": {"name": "markov", "max_period": 16, "markov_order": 2, "components": []},
     ...                    "model": {"attn_only": True, "d_mlp": 256}})
-    >>> s["task.max_period"] is UNREAD, s["task.markov_order"], s["model.d_mlp"]
-    (True, 2, 'none')
+    >>> s["task.max_period"] is UNREAD, s["task.markov_order"], s["model.d_mlp"], s["task.components"]
+    (True, 2, 'none', 'none')
     """
     from dynamics.tasks.batch import TASK_KEYS  # here: the tasks import numpy, which grouping needs not
 
@@ -95,6 +95,8 @@ def read_settings(config: dict) -> dict[str, Any]:
     names = _get(config, "task.components") if name == "mixture" else [name]
     read = {k for name in names for k in TASK_KEYS.get(name, ())}
     unread = {f"task.{k}" for keys in TASK_KEYS.values() for k in keys if k not in read}
+    if name != "mixture":  # read by a mixture alone (and refused under any other task): an induction run's [] read as a value
+        unread |= {"task.components", "task.weights"}
     unread |= {dotted for dotted, reader in CONDITIONAL_KEYS.items() if not reader.reads(_get(config, reader.condition))}
     return {k: UNREAD if k in unread else v for k, v in settings.items()}
 

@@ -50,9 +50,19 @@ def setting_columns(settings: dict[str, dict], points: dict[str, list[str]]) -> 
     return sorted({k for group in peers.values() for k in differing_settings(group)})
 
 
-def _cell(value) -> str:
-    # compact JSON for a table (an [intervene] section): no spaces, so the columns stay aligned
-    return json.dumps(value, sort_keys=True, separators=(",", ":")) if isinstance(value, dict | list) else str(value)
+def setting_cell(value) -> str:
+    """A swept value or setting as the runs tables show it, `dynamics status`'s, `analyse`'s and the
+    report's alike: compact JSON for a list or table (no spaces, so the columns stay aligned), the
+    value as Python prints it otherwise, ``none`` for None (a setting a run lacks).
+
+    >>> setting_cell(["induction", "offset_copy"]), setting_cell(1.0), setting_cell(None)
+    ('["induction","offset_copy"]', '1.0', 'none')
+    """
+    if value is None:
+        return "none"
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return str(value)
 
 
 def row_labels(index: dict, attrs: dict[str, dict], run_ids) -> tuple[list[str], Callable[[str], list[str]]]:
@@ -71,11 +81,11 @@ def row_labels(index: dict, attrs: dict[str, dict], run_ids) -> tuple[list[str],
 
     def point(run_id: str) -> list[str]:
         if run_id in swept or not isinstance(attrs.get(run_id, {}).get("config"), dict):
-            return [_cell(swept.get(run_id, {}).get(k, "")) for k in axes]
+            return [setting_cell(swept.get(run_id, {}).get(k, "")) for k in axes]
         # outside the index (`dynamics run` into a sweep's store): its own config's values, as the
         # report's runs table shows them; left blank, it was never grouped with its point's runs
         values = (config_value(attrs[run_id]["config"], k) for k in axes)
-        return [_cell("none" if v is None else v) for v in values]
+        return [setting_cell("none" if v is None else v) for v in values]
 
     points = {r: point(r) for r in run_ids}
     # The seed too, unless it is an axis: runs that differ only in it (`dynamics run --set
@@ -88,7 +98,7 @@ def row_labels(index: dict, attrs: dict[str, dict], run_ids) -> tuple[list[str],
     def shown(run_id: str) -> list[str]:
         if run_id not in settings:
             return [*points[run_id], *("" for _ in extra)]
-        return [*points[run_id], *(_cell(settings[run_id].get(k, "none")) for k in extra)]
+        return [*points[run_id], *(setting_cell(settings[run_id].get(k, "none")) for k in extra)]
 
     return [*axes, *extra], shown
 

@@ -289,6 +289,11 @@ def test_a_setting_a_run_does_not_read_is_no_difference_even_copied():
     # a mixture reads the keys of each of its components
     mixture = read_settings(from_dict({"task": {"name": "mixture", "components": ["induction", "markov"]}}).to_dict())
     assert not isinstance(mixture["task.max_period"], type(UNREAD)) and mixture["task.delta"] is UNREAD
+    # its components and weights are read by a mixture alone: an induction run's [] and () were
+    # shown as values beside the mixture's (a cross-command audit)
+    assert mixture["task.components"] == ["induction", "markov"] and mixture["task.weights"] == []
+    assert induction["task.components"] is UNREAD and induction["task.weights"] is UNREAD
+    assert {"task.components", "task.weights"}.isdisjoint(differing_settings([induction, mixture]))
 
 
 def test_predicts_config_labels_say_none_for_a_setting_a_run_lacks_or_does_not_read():

@@ -196,7 +196,8 @@ def test_runs_of_other_base_configs_at_one_swept_point_are_not_averaged_as_seeds
     assert re.findall(r"<tr><td><code>(\w+)</code>", table) == [getattr(r, "run_id", r) for r in grid]
     for r in runs:
         lr = store.run_attrs(path, r.run_id)["config"]["train"]["lr"]
-        assert re.search(f"<code>{r.run_id}</code>(?: \\(shown\\))?</td><td>1</td><td>{r.params['train.seed']}</td><td>{lr:g}</td>", table)
+        assert re.search(f"<code>{r.run_id}</code>(?: \\(shown\\))?</td><td>1.0</td><td>{r.params['train.seed']}</td><td>{lr}</td>",
+                         table)
 
 
 def test_the_runs_table_names_the_setting_that_tells_runs_at_one_swept_point_apart():
@@ -466,7 +467,7 @@ def test_report_reads_each_runs_attributes_once_and_lists_a_damaged_run_as_damag
     assert "runs/r1/zarr.json cannot be read (damaged)" in [line for line in err if "note:" not in line
                                                              and not line.startswith("[report]")][0]
     text = (tmp_path / "out" / "index.html").read_text()
-    assert re.search(r"<code>r1</code></td><td>2</td><td>0</td><td>damaged</td>", text)  # not the run shown
+    assert re.search(r"<code>r1</code></td><td>2.0</td><td>0</td><td>damaged</td>", text)  # not the run shown
     assert "<code>r0</code> (shown)" in text
 
 

@@ -198,8 +198,16 @@ def test_runs_table_and_header_print_the_runs_own_numbers(tmp_path):
     rows = {m.group(1): m.group(0) for m in re.finditer(r"<tr><td><code>(\w+)</code>.*?</tr>", text)}
     cells = {k: re.findall(r"<td[^>]*>(.*?)</td>", v) for k, v in rows.items()}
     assert cells["ra"][1:] == ["0.5", "0", "completed", "9/9", "2.7183", ""]
-    assert cells["rb"][0].endswith("(shown)") and cells["rb"][1:6] == ["2", "1", "running", "4/9", "-"]
-    assert cells["rp"][1:6] == ["4", "0", "pending", "-", "-"]
+    # swept values as `dynamics status` prints them (the page had 2 where status said 2.0)
+    assert cells["rb"][0].endswith("(shown)") and cells["rb"][1:6] == ["2.0", "1", "running", "4/9", "-"]
+    assert cells["rp"][1:6] == ["4.0", "0", "pending", "-", "-"]
+    from dynamics.status import setting_cell  # a list too: the page showed Python's ['induction', 'markov']
+    listed = _Run("rl", "completed", {"task.components": ["induction", "markov"], "train.seed": 0}, 1.0, 9,
+                  np.ones(9, bool), np.arange(9))
+    assert '<td>[&quot;induction&quot;,&quot;markov&quot;]</td><td>0</td>' in _runs_table(
+        [listed], ["task.components", "train.seed"], None)
+    assert setting_cell(["induction", "markov"]) == '["induction","markov"]'
+
     # the header: counts by status over recorded and pending runs, and how many of the index started
     page = _page(tmp_path / "s.zarr", runs, "rb", AXES, [], True, pending, {"ra", "rb", "rp"})
     assert "2 completed, 1 pending, 1 running (2 of 3 runs of the sweep index started)" in page

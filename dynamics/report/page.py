@@ -38,11 +38,11 @@ from dynamics.report.data import (
     chosen_why,
     training_notes,
 )
-from dynamics.report.draw import _alt, _fmt, _prose, _short, _warn
+from dynamics.report.draw import _alt, _prose, _short, _warn
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
 from dynamics.report.predictor import _predict_section
 from dynamics.report.redundancy import _redundancy_section
-from dynamics.status import sweep_points
+from dynamics.status import setting_cell, sweep_points
 
 # --------------------------------------------------------------------------- public API
 
@@ -533,7 +533,7 @@ def _runs_table(runs: list[_Run], axes: list[str], chosen: str | None) -> str:
     for r in runs:
         # a setting a recorded run lacks is an [intervene] section it has none of; a pending run has no settings
         values = [r.params[a] if a in r.params else r.settings.get(a, "none") if r.settings else "" for a in axes]
-        cells = "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in values)
+        cells = "".join(f"<td>{html.escape(setting_cell(v))}</td>" for v in values)  # as `dynamics status` shows them
         # as `dynamics status` says it: "-" is a loss not written yet, not a NaN one
         loss = f"{r.last_loss:.4f}" if r.last_loss is not None else "not finite" if r.status == "diverged" else "-"
         mark = " (shown)" if r.run_id == chosen else ""
