@@ -455,18 +455,32 @@ def test_a_constant_target_and_a_single_group_are_refused_by_name():
     from tests.test_predict import make_run
 
     flat = [Run(f"r{s}", make_run(s, np.zeros((2, 8), bool)), seed=s) for s in range(2)]
+    # only the targets that vary here are offered: these runs' roles are all one and every head is
+    # redundant, and each constant target had named the others ("may vary here")
+    for t in ("role", "redundant"):
+        assert len({v for r in flat for v in predict.final_targets(r.data, t).target.values.ravel()}) == 1
     with pytest.raises(predict.PredictError, match=r"^target 'slash' is constant: every one of 32 heads has the value 0; "
-                                                   r"another --target \(.*\) may vary here$") as refused:
+                                                   r"--target importance varies here$"):
         predict.target_table(flat, PredictOptions())
-    # no run fitted CHG gates: chg is not offered (named, it was refused next: "no CHG fit recorded")
-    assert "another --target (role, importance, redundant) may vary here" in str(refused.value)
-    codes = np.zeros((STEPS.size, 2, 8), np.int8)  # a run that fitted CHG: chg is offered
+    with pytest.raises(predict.PredictError, match=r"^target 'redundant' is constant: every one of 32 heads has the "
+                                                   r"value 1; --target importance varies here$"):
+        predict.target_table(flat, PredictOptions(target="redundant"))
+    unranked = [Run(r.run_id, r.data.drop_vars("importance"), r.seed) for r in flat]
+    with pytest.raises(predict.PredictError, match=r"value 0; no other target \(role, importance, redundant\) varies "
+                                                   r"on these runs either$"):
+        predict.target_table(unranked, PredictOptions())
+    # no run fitted CHG gates: chg is not named (named, it was refused next: "no CHG fit recorded")
+    codes = np.zeros((STEPS.size, 2, 8), np.int8)
+    codes[-1, 0, 0] = 1  # a run that fitted CHG, whose heads end in two classes: chg is offered
     fitted = [Run(r.run_id, r.data.assign(chg_role=(("snapshot", "layer", "head"), codes)), r.seed) for r in flat]
-    with pytest.raises(predict.PredictError, match=r"another --target \(role, importance, chg, redundant\) may vary"):
+    with pytest.raises(predict.PredictError, match=r"--target importance or chg varies here$"):
         predict.target_table(fitted, PredictOptions())
     # one run of two fitted them: offered too (the runs without are named if it is chosen)
-    with pytest.raises(predict.PredictError, match=r"another --target \(role, importance, chg, redundant\) may vary"):
+    with pytest.raises(predict.PredictError, match=r"--target importance or chg varies here$"):
         predict.target_table([fitted[0], flat[1]], PredictOptions())
+    with pytest.raises(predict.PredictError, match=r"no other target \(role, importance, chg, redundant\) varies"):
+        predict.target_table([Run(r.run_id, r.data.assign(chg_role=(("snapshot", "layer", "head"), codes * 0)), r.seed)
+                              for r in unranked], PredictOptions())
     fates = np.zeros((2, 8), bool)
     fates[0, :4] = True
     same_seed = [Run(f"r{c}", make_run(c, fates), seed=0, config=str(c)) for c in range(2)]

@@ -238,6 +238,22 @@ def final_targets(
     return out
 
 
+def _varies(runs: Sequence[Run], target: str, options: PredictOptions) -> bool:
+    """Whether `target`'s labels take two values or more over `runs` (a run that cannot give it,
+    for want of a recording or a readable analysis, left out): read only to refuse a constant one."""
+    seen: set[float] = set()
+    for r in runs:
+        try:
+            ft = final_targets(r.data, target, r.analysis if options.use_stored_analysis else None, options.analysis)
+        except Exception:  # noqa: BLE001 - importance not recorded, chg not fitted, a damaged chunk: no labels here
+            continue
+        values = ft["target"].values
+        seen.update(np.unique(values[np.isfinite(values)]).tolist())
+        if len(seen) > 1:
+            return True
+    return False
+
+
 def probe_sensitive_note(agreement) -> list[str]:
     """The line under a role curve on the heads whose final label fewer than 90% of the probe
     resamples give (``target_agreement``; None or all NaN: no line), as analyse names them."""
@@ -319,9 +335,14 @@ def target_table(runs: Sequence[Run], options: PredictOptions) -> xr.Dataset:
         # demo's included: the other targets are the next thing to try
         # (chg only where a run fitted gates: named on a store without, it was refused next)
         fitted = any("chg_role" in r.data for r in runs)
-        others = ", ".join(t for t in TARGETS if t != options.target and (t != "chg" or fitted))
+        others = [t for t in TARGETS if t != options.target and (t != "chg" or fitted)]
+        varying = [t for t in others if _varies(runs, t, options)]
+        # only those that vary: on a store without slash heads whose heads are all redundant, slash
+        # and redundant each named the other, and the second was refused the same way
+        then = (f"--target {' or '.join(varying)} varies here" if varying
+                else f"no other target ({', '.join(others)}) varies on these runs either")
         raise PredictError(f"target {options.target!r} is constant: every one of {n} heads has the value "
-                           f"{class_name(options.target, values[0])}; another --target ({others}) may vary here")
+                           f"{class_name(options.target, values[0])}; {then}")
     if len(set(cat["row_group"])) < 2:
         raise PredictError(f"target {options.target!r}: labelled heads fall in one group, so cross-validation is impossible")
     ds = xr.Dataset(
