@@ -411,3 +411,18 @@ def test_the_how_early_lines_readme_quotes_add_up():
         np.testing.assert_allclose(t, float(match.group(4)), rtol=0.02, atol=0.011, err_msg=line)
         assert float(match.group(6)) == round(float(critical_t(n)), 2), line
         assert (match.group(5) == ">") == line.startswith("how early: first readable"), line
+
+
+def test_the_gains_readme_quotes_in_prose_add_up_to_their_t():
+    # "by +0.086, +0.098, +0.267 and +0.167 at h=0.5 (corrected t 2.57 > 2.35 now)": a t no 4
+    # equal folds give for those gains (2.44), unchecked since the test above reads only the
+    # printed how-early lines (a statistics audit)
+    text = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    quoted = re.findall(r"by ([-+][0-9.]+(?:, [-+][0-9.]+)*,? and [-+][0-9.]+) at h=[0-9.]+ \(corrected t (-?[0-9.]+) "
+                        r"(>|<=) ([0-9.]+)", text)
+    assert quoted
+    for gains_text, t, verdict, bar in quoted:
+        gains = [float(g) for g in re.split(r",? and |, ", gains_text)]
+        _, _, got, _ = corrected_t(gains, 1 / (len(gains) - 1))
+        assert abs(got - float(t)) <= 0.011, (gains_text, t, got)
+        assert (got > float(bar)) == (verdict == ">")
