@@ -205,6 +205,27 @@ def test_runs_loaded_for_one_target_give_another_from_their_stored_analysis(tmp_
             {"stored analysis"}
 
 
+def test_a_bad_chunk_in_labels_a_target_does_not_read_leaves_its_own_read(tmp_path):
+    # load_store read every target's labels in one load: a bit flipped in the clusters (read by
+    # --target redundant alone) made slash's stored labels unreadable, and a run without attention
+    # refused (a review helper)
+    path, blind = tmp_path / "s.zarr", tmp_path / "blind.zarr"
+    runs = make_runs(n_seeds=3)
+    write_store(path, runs)
+    write_store(blind, [dataclasses.replace(r, data=r.data.drop_vars("attention")) for r in runs])
+    for p in (path, blind):
+        for r in runs:
+            store.write_analysis(p, r.run_id, analyse_run(r.data))
+        flip_a_bit(p / "analysis" / runs[1].run_id / "cluster")
+        table = predict.target_table(predict.load_runs(str(p)), PredictOptions())
+        assert table.attrs["sources"] == {"stored analysis": 3} and table.attrs["analysis_unreadable"] == []
+    # while the clusters' own target names the run as damaged: recomputed, or without attention refused
+    redundant = predict.load_runs(str(path), PredictOptions(target="redundant"))
+    assert [r.run_id for r in redundant if r.analysis_unreadable] == [runs[1].run_id]
+    with pytest.raises(PredictError, match=f"run {runs[1].run_id!r}'s stored analysis cannot be read"):
+        predict.load_runs(str(blind), PredictOptions(target="redundant"))
+
+
 def test_another_versions_analysis_is_not_read_for_targets_or_caveats(tmp_path):
     # Its divergence_from_init was read for the caveats (a bad chunk there: a traceback out of
     # predict, after every model was fitted), and a run without attention raised a KeyError
@@ -469,6 +490,10 @@ def test_a_constant_target_and_a_single_group_are_refused_by_name():
     with pytest.raises(predict.PredictError, match=r"value 0; no other target \(role, importance, redundant\) varies "
                                                    r"on these runs either$"):
         predict.target_table(unranked, PredictOptions())
+    # a target predict would refuse on these runs is not named either: one run without importance
+    # refuses --target importance ("records no importance"), which was offered
+    with pytest.raises(predict.PredictError, match=r"value 0; no other target \(role, importance, redundant\) varies"):
+        predict.target_table([unranked[0], flat[1]], PredictOptions())
     # no run fitted CHG gates: chg is not named (named, it was refused next: "no CHG fit recorded")
     codes = np.zeros((STEPS.size, 2, 8), np.int8)
     codes[-1, 0, 0] = 1  # a run that fitted CHG, whose heads end in two classes: chg is offered

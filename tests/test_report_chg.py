@@ -213,6 +213,13 @@ def test_a_gates_refit_saved_while_the_report_reads_the_last_one_is_read_as_one_
     assert swapped
     assert pair["step"].values.tolist() == [16]
     np.testing.assert_allclose(pair.isel(snapshot=0).values, new["chg"].mean("restart").values, rtol=1e-6)
+    # only what the panel reads is read: a bad chunk in another array of the fit (gates.fit_chg
+    # writes nll, settle, agreement) hid the fit and made the report exit 1 (a review helper)
+    monkeypatch.undo()
+    store.write_derived(path, "gates.r0", new.assign(nll=("restart", np.arange(3.0))))
+    _flip(path / "derived" / "gates.r0" / "nll" / "c")
+    pair, _, source = chg._chg_of_run(path, run, ["gates.r0"])
+    assert source.startswith("derived/gates.r0") and pair["step"].values.tolist() == [16]
 
 
 def test_chg_shows_a_later_gates_refit_and_says_a_running_runs_fits_are_provisional(tmp_path, monkeypatch):

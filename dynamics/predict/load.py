@@ -12,7 +12,7 @@ import numpy as np
 from dynamics import store
 from dynamics.identity import UNREAD, differing_settings, experiment_identity, read_settings
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run, check_arguments
-from dynamics.predict.targets import STORED_READS
+from dynamics.predict.targets import STORED_READS, stored_reads
 from dynamics.schema import config_value
 from dynamics.status import sweep_points
 
@@ -133,10 +133,7 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
         analysis, unreadable = None, ""
         if opt.use_stored_analysis:
             try:
-                # only what the targets and the caveats (attention_unchanged) read, and read now,
-                # inside the open's check of one version
-                analysis = store.open_analysis(path, rid, stale="allow", dask=False,
-                                               load=(*STORED_READS, "divergence_from_init"))
+                analysis = _stored_analysis(path, rid, opt.target)
             except Exception as e:  # noqa: BLE001 - a lost chunk, or an index coordinate (read on
                 # opening) failing its checksum: recomputed from the run, and named (targets)
                 unreadable = f"{type(e).__name__}: {e}"
@@ -150,6 +147,20 @@ def load_store(path: str, options: PredictOptions | None = None) -> tuple[list[R
         raise PredictError(f"{path}: {len(runs)} completed run(s){note}; prediction needs at least 2")
     check_runs(runs, opt)
     return runs, skipped
+
+
+def _stored_analysis(path: str, run_id: str, target: str):
+    """A run's stored analysis, None if it has none: only what the targets and the caveats
+    (``divergence_from_init``) read, and read now, inside the open's check of one version.
+
+    Every target's labels where they can all be read (small, and a run loaded for one target
+    may serve another: `predict_runs`), else only `target`'s, so that a bad chunk in labels this
+    target does not read (another target's, or the caveats') leaves its own readable; raises
+    where those cannot be read."""
+    try:
+        return store.open_analysis(path, run_id, stale="allow", dask=False, load=(*STORED_READS, "divergence_from_init"))
+    except Exception:  # noqa: BLE001 - damaged, perhaps in what `target` does not read: tried again below
+        return store.open_analysis(path, run_id, stale="allow", dask=False, load=stored_reads(target))
 
 
 def naming_damaged(error: PredictError, left_out: Sequence[str]) -> PredictError:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import xarray as xr
@@ -113,7 +113,16 @@ STORED_TARGETS = {"slash": ("slash_dominant", "best_offset"), "role": ("role",),
 """The variables of a stored analysis that give each target at its final snapshot."""
 
 
-STORED_READS = (*(v for needed in STORED_TARGETS.values() for v in needed), "role_resampled")
+def stored_reads(target: str) -> tuple[str, ...]:
+    """The variables `final_targets` reads of a stored analysis for `target`.
+
+    >>> stored_reads("role"), stored_reads("importance")
+    (('role', 'role_resampled'), ())
+    """
+    return STORED_TARGETS.get(target, ()) + (("role_resampled",) if target == "role" else ())
+
+
+STORED_READS = tuple(dict.fromkeys(v for target in STORED_TARGETS for v in stored_reads(target)))
 """Every variable `final_targets` reads of a stored analysis, for any target, so that a caller can
 read them all at once, as of one version of the analysis (`dynamics.store.open_analysis`'s
 ``load``): read later, an `analyse` swapping in another version between the open and the read
@@ -240,7 +249,14 @@ def final_targets(
 
 def _varies(runs: Sequence[Run], target: str, options: PredictOptions) -> bool:
     """Whether `target`'s labels take two values or more over `runs` (a run that cannot give it,
-    for want of a recording or a readable analysis, left out): read only to refuse a constant one."""
+    for want of a recording or a readable analysis, left out), and `predict` takes it on them (a
+    run without importance refuses that target): read only to refuse a constant one."""
+    from dynamics.predict.load import check_runs  # load imports this module
+
+    try:
+        check_runs(runs, replace(options, target=target))
+    except PredictError:
+        return False
     seen: set[float] = set()
     for r in runs:
         try:

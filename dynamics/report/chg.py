@@ -95,7 +95,8 @@ def _chg_fits(path, run: _Run, derived: list[str]) -> list[tuple[xr.DataArray, x
             fits.append((pair, _checked_roles(pair, role), "recorded during training (chg)"))
     for name in (f"gates.{run.run_id}", f"gates/{run.run_id}"):
         if name in derived:
-            gates = _open_derived(path, name, load=True)  # small: gates and codes read as one version
+            # the gates and codes this reads (another array's bad chunk is no loss here), as one version
+            gates = _open_derived(path, name, load=("chg", "role", "chg_role"))
             pair = _gate_pair(gates)
             if pair is not None:
                 # Several restarts (gates.fit_chg): their mean as the position, as gates.chg_snapshot records.

@@ -527,10 +527,10 @@ def _derived_names(path) -> list[str]:
     return names
 
 
-def _open_derived(path, name: str, load: bool = False) -> xr.Dataset | None:
+def _open_derived(path, name: str, load: bool | tuple[str, ...] = False) -> xr.Dataset | None:
     if "/" not in name:  # a damaged group's StoreError goes to the caller, not to a read of fill values
         return store.open_derived(path, name, load=load)
     # Nested names (folder/<name>, an older layout) are not single group names for store.open_derived.
     # the local folder as the store reads it (`lnk/..` past the link: xarray would drop it as text)
     ds = xr.open_zarr(store.local_path(path) or os.fspath(path), group=f"derived/{name}", consolidated=False)
-    return ds.load() if load else ds
+    return ds if load is False else ds[[v for v in (ds.data_vars if load is True else load) if v in ds]].load()

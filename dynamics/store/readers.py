@@ -562,14 +562,20 @@ def write_derived(path: str | os.PathLike, name: str, ds: xr.Dataset) -> None:
     _write_whole(loc, f"derived/{_check_name('derived name', name)}", ds)
 
 
-def open_derived(path: str | os.PathLike, name: str, *, load: bool = False) -> xr.Dataset | None:
+def open_derived(path: str | os.PathLike, name: str, *, load: bool | Sequence[str] = False) -> xr.Dataset | None:
     """Open ``derived/<name>`` lazily, or None if it was never written; StoreError for a chunk
-    file missing from it, as :func:`open_analysis`. ``load``: its values read inside the open's
-    check of one version, as `open_analysis`'s (after it, a `predict` saving another curve in
-    between gave the old curve's horizons and attributes with the new one's scores)."""
+    file missing from it, as :func:`open_analysis`. ``load``: its values (True), or those of the
+    variables named that it has (only those returned), read inside the open's check of one
+    version, as `open_analysis`'s (after it, a `predict` saving another curve in between gave the
+    old curve's horizons and attributes with the new one's scores)."""
     loc = _Loc(path)
     _require_store(loc)
     gpath = f"derived/{_check_name('derived name', name)}"
     if not _group_exists(loc, gpath):
         return None
-    return _open_group_ds(loc, gpath, verify=lambda d: _whole(loc, gpath, d).load() if load else _whole(loc, gpath, d))
+
+    def whole(d: xr.Dataset) -> xr.Dataset:
+        d = _whole(loc, gpath, d)
+        return d if load is False else d[[v for v in (d.data_vars if load is True else load) if v in d.data_vars]].load()
+
+    return _open_group_ds(loc, gpath, verify=whole)
