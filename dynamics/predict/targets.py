@@ -76,6 +76,9 @@ def _not_usable(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[str,
     if not is_current(analysis):
         return (f"was written by analysers version {analysis.attrs.get('analysis_version', '(none)')}, "
                 f"these are version {ANALYSIS_VERSION}")
+    shape, wanted = [analysis.sizes.get(d) for d in (LAYER, HEAD)], [run.sizes.get(d) for d in (LAYER, HEAD)]
+    if shape != wanted:  # a run picked from a sweep of wider models, padded with NaN heads: a broadcast error
+        return f"has {shape[0]} layer(s) of {shape[1]} head(s), where the run has {wanted[0]} of {wanted[1]}"
     try:
         last_step = float(analysis["step"].values[-1])
     except Exception as e:  # noqa: BLE001 - any codec's error: a damaged chunk
