@@ -119,14 +119,31 @@ def differing_settings(settings: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def setting_text(settings: dict[str, Any], key: str) -> str:
-    """A setting as labels quote it: its JSON, or ``none`` where the run lacks it (an
-    ``[intervene]`` section) or does not read it (:data:`UNREAD`), as `dynamics status` shows both.
+    """A setting as labels quote it (cross-seed consistency's groups, predict's config groups): as
+    the runs tables show it (`setting_cell`), ``none`` where the run lacks it (an ``[intervene]``
+    section) or does not read it (:data:`UNREAD`), as `dynamics status` shows both.
 
     >>> setting_text({"task.name": "markov", "task.max_period": UNREAD}, "task.name"), setting_text({}, "intervene.x")
-    ('"markov"', 'none')
+    ('markov', 'none')
     """
     value = settings.get(key, UNREAD)
-    return "none" if isinstance(value, _Unread) else json.dumps(value, sort_keys=True)
+    return "none" if isinstance(value, _Unread) else setting_cell(value)
+
+
+def setting_cell(value) -> str:
+    """A swept value or setting as the runs tables show it, `dynamics status`'s, `analyse`'s and the
+    report's alike, and as labels quote it (`setting_text`): compact JSON for a list or table (no
+    spaces, so the columns stay aligned), the value as Python prints it otherwise, ``none`` for
+    None (a setting a run lacks).
+
+    >>> setting_cell(["induction", "offset_copy"]), setting_cell(1.0), setting_cell(None)
+    ('["induction","offset_copy"]', '1.0', 'none')
+    """
+    if value is None:
+        return "none"
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return str(value)
 
 
 @dataclass(frozen=True)

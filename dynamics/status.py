@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from dynamics import store
 from dynamics.grid import grid_key
+from dynamics.identity import setting_cell
 from dynamics.schema import FINISHED_STATUSES, config_value
 
 
@@ -48,21 +49,6 @@ def setting_columns(settings: dict[str, dict], points: dict[str, list[str]]) -> 
     for run_id, flat in settings.items():
         peers.setdefault(json.dumps(points.get(run_id, []), sort_keys=True), []).append(flat)
     return sorted({k for group in peers.values() for k in differing_settings(group)})
-
-
-def setting_cell(value) -> str:
-    """A swept value or setting as the runs tables show it, `dynamics status`'s, `analyse`'s and the
-    report's alike: compact JSON for a list or table (no spaces, so the columns stay aligned), the
-    value as Python prints it otherwise, ``none`` for None (a setting a run lacks).
-
-    >>> setting_cell(["induction", "offset_copy"]), setting_cell(1.0), setting_cell(None)
-    ('["induction","offset_copy"]', '1.0', 'none')
-    """
-    if value is None:
-        return "none"
-    if isinstance(value, dict | list | tuple):
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return str(value)
 
 
 def row_labels(index: dict, attrs: dict[str, dict], run_ids) -> tuple[list[str], Callable[[str], list[str]]]:

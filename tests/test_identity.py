@@ -308,3 +308,12 @@ def test_predicts_config_labels_say_none_for_a_setting_a_run_lacks_or_does_not_r
     got = {r.run_id: r.config for r in _told_apart(runs, {"ra": gated, "rb": plain})}
     assert got == {"ra": "init_scale=1, intervene.scale=0.5, model.attn_only=False",
                    "rb": "init_scale=1, intervene.scale=none, model.attn_only=True"}
+    # a list and a name as status prints them: ['induction', 'markov'] (Python's) was the label
+    # here, and cross-seed consistency's groups quoted the name ("markov") where status did not
+    from dynamics.identity import read_settings, setting_text
+
+    mixed = from_dict({"task": {"name": "mixture", "components": ["induction", "markov"]}}).to_dict()
+    other = from_dict({"task": {"name": "mixture", "components": ["induction", "offset_copy"]}}).to_dict()
+    got = {r.run_id: r.config for r in _told_apart(runs, {"ra": mixed, "rb": other})}
+    assert got["ra"].startswith('init_scale=1, task.components=["induction","markov"]')
+    assert setting_text(read_settings(mixed), "task.name") == "mixture"

@@ -201,7 +201,7 @@ def test_runs_table_and_header_print_the_runs_own_numbers(tmp_path):
     # swept values as `dynamics status` prints them (the page had 2 where status said 2.0)
     assert cells["rb"][0].endswith("(shown)") and cells["rb"][1:6] == ["2.0", "1", "running", "4/9", "-"]
     assert cells["rp"][1:6] == ["4.0", "0", "pending", "-", "-"]
-    from dynamics.status import setting_cell  # a list too: the page showed Python's ['induction', 'markov']
+    from dynamics.identity import setting_cell  # a list too: the page showed Python's ['induction', 'markov']
     listed = _Run("rl", "completed", {"task.components": ["induction", "markov"], "train.seed": 0}, 1.0, 9,
                   np.ones(9, bool), np.arange(9))
     assert '<td>[&quot;induction&quot;,&quot;markov&quot;]</td><td>0</td>' in _runs_table(

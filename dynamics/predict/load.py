@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from dynamics import store
-from dynamics.identity import UNREAD, differing_settings, experiment_identity, read_settings
+from dynamics.identity import differing_settings, experiment_identity, read_settings, setting_cell, setting_text
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run, check_arguments
 from dynamics.predict.targets import STORED_READS, stored_reads
 from dynamics.schema import config_value
@@ -29,7 +29,7 @@ def _seed_of(point: Mapping, attrs: Mapping) -> Any:
 
 def _config_of(point: Mapping, axes: Sequence[str], attrs: Mapping) -> str:
     if axes:
-        return ", ".join(f"{a}={point.get(a)}" for a in axes if a != SEED_AXIS)
+        return ", ".join(f"{a}={setting_cell(point.get(a))}" for a in axes if a != SEED_AXIS)
     # no sweep index: the experiment (config less sweep table, device, threads) less the seed
     return json.dumps(experiment_identity(attrs.get("config", {}), without_seed=True), sort_keys=True)
 
@@ -45,7 +45,7 @@ def _told_apart(runs: list[Run], configs: dict[str, dict]) -> list[Run]:
         flat = {r.run_id: read_settings(configs[r.run_id]) for r in peers}
         extra = differing_settings(flat.values())
         for r in peers:
-            text = ", ".join(f"{k}={flat[r.run_id].get(k, UNREAD)}" for k in extra)  # none: lacks or does not read it
+            text = ", ".join(f"{k}={setting_text(flat[r.run_id], k)}" for k in extra)  # none: lacks or does not read it
             out[r.run_id] = dataclasses.replace(r, config=f"{label}, {text}" if extra and label else label or text)
     return [out[r.run_id] for r in runs]
 

@@ -21,6 +21,7 @@ except ImportError:  # Windows
 from dynamics import store
 from dynamics.caveats import text
 from dynamics.grid import grid_key
+from dynamics.identity import setting_cell
 from dynamics.paths import shown
 from dynamics.refused import WRITE_REFUSED
 from dynamics.report.attention import _attention_section
@@ -42,7 +43,7 @@ from dynamics.report.draw import _alt, _prose, _short, _warn
 from dynamics.report.emergence import _bifurcation_section, _emergence_section
 from dynamics.report.predictor import _predict_section
 from dynamics.report.redundancy import _redundancy_section
-from dynamics.status import setting_cell, sweep_points
+from dynamics.status import sweep_points
 
 # --------------------------------------------------------------------------- public API
 
