@@ -224,6 +224,14 @@ def test_a_bad_chunk_in_labels_a_target_does_not_read_leaves_its_own_read(tmp_pa
     assert [r.run_id for r in redundant if r.analysis_unreadable] == [runs[1].run_id]
     with pytest.raises(PredictError, match=f"run {runs[1].run_id!r}'s stored analysis cannot be read"):
         predict.load_runs(str(blind), PredictOptions(target="redundant"))
+    # and so does it of runs loaded for slash (their clusters left out as damaged): it had read
+    # them as never analysed, a silent recompute, and without attention "has no cluster"
+    sources = {r.run_id: predict.final_targets(r.data, "redundant", r.analysis).attrs["source"]
+               for r in predict.load_runs(str(path))}
+    assert sources == {r.run_id: predict.targets.UNREADABLE_SOURCE if r is runs[1] else "stored analysis" for r in runs}
+    with pytest.raises(PredictError, match=f"run {runs[1].run_id!r}'s stored analysis cannot be read \\(ValueError: "
+                                           f"Stored and computed checksum do not match"):
+        predict.target_table(predict.load_runs(str(blind)), PredictOptions(target="redundant"))
 
 
 def test_another_versions_analysis_is_not_read_for_targets_or_caveats(tmp_path):

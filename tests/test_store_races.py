@@ -520,3 +520,17 @@ def test_an_analysis_of_other_analysers_is_left_unread_by_load(tmp_path, version
     assert got.attrs.get("analysis_version") == version and not got.score.variable._in_memory
     with pytest.raises(Exception):  # noqa: B017 - the codec's own error: the chunk is read when asked for
         got.load()
+
+
+def test_open_derived_load_true_keeps_the_whole_group(tmp_path):
+    # load=True took a list of the data variables, which dropped a coordinate on a dim no
+    # variable has (a review helper); the lazy open keeps it
+    write_run(tmp_path / "s.zarr", "r1")
+    ds = xr.Dataset({"score": ("horizon", [0.1, 0.2, 0.3])},
+                    coords={"horizon": [0.0, 0.5, 1.0], "seed": ("seed", [0, 1, 2, 3])})
+    store.write_derived(tmp_path / "s.zarr", "curves", ds)
+    lazy = store.open_derived(tmp_path / "s.zarr", "curves")
+    loaded = store.open_derived(tmp_path / "s.zarr", "curves", load=True)
+    assert dict(loaded.sizes) == dict(lazy.sizes) == {"horizon": 3, "seed": 4}
+    xr.testing.assert_identical(loaded, lazy.load())
+    assert list(store.open_derived(tmp_path / "s.zarr", "curves", load=["score", "gone"]).data_vars) == ["score"]

@@ -12,7 +12,7 @@ import numpy as np
 from dynamics import store
 from dynamics.identity import differing_settings, experiment_identity, read_settings, setting_cell, setting_text
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run, check_arguments
-from dynamics.predict.targets import STORED_READS, stored_reads
+from dynamics.predict.targets import STORED_READS, UNREADABLE_LABELS, stored_reads
 from dynamics.schema import config_value
 from dynamics.status import sweep_points
 
@@ -159,8 +159,13 @@ def _stored_analysis(path: str, run_id: str, target: str):
     where those cannot be read."""
     try:
         return store.open_analysis(path, run_id, stale="allow", dask=False, load=(*STORED_READS, "divergence_from_init"))
-    except Exception:  # noqa: BLE001 - damaged, perhaps in what `target` does not read: tried again below
-        return store.open_analysis(path, run_id, stale="allow", dask=False, load=stored_reads(target))
+    except Exception as e:  # noqa: BLE001 - damaged, perhaps in what `target` does not read: tried again below
+        damage = f"{type(e).__name__}: {e}"
+    analysis = store.open_analysis(path, run_id, stale="allow", dask=False, load=stored_reads(target))
+    if analysis is not None:  # the labels it holds and left out are named damaged, not absent, to another target
+        held = store.open_analysis(path, run_id, stale="allow", dask=False).data_vars
+        analysis.attrs[UNREADABLE_LABELS] = {v: damage for v in STORED_READS if v in held and v not in analysis}
+    return analysis
 
 
 def naming_damaged(error: PredictError, left_out: Sequence[str]) -> PredictError:

@@ -62,7 +62,7 @@ def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[st
     try:
         return analysis[list(needed)].isel({SNAPSHOT: -1}).load()
     except Exception as e:  # noqa: BLE001 - any codec's error: a damaged chunk
-        raise _Unreadable(e) from e
+        raise _Unreadable(f"{type(e).__name__}: {e}") from e
 
 
 def _not_usable(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[str, ...], target: str,
@@ -71,6 +71,8 @@ def _not_usable(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[str,
     if analysis is None:
         return "is not there"
     lacking = [v for v in (*needed, "step") if v not in analysis.variables]
+    if lacking and (damage := analysis.attrs.get(UNREADABLE_LABELS, {}).get(lacking[0])):
+        raise _Unreadable(damage)  # left out as it was opened (`load_store`): damaged, not absent
     if lacking:
         return f"has no {lacking[0]}"
     if not is_current(analysis):
@@ -82,7 +84,7 @@ def _not_usable(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[str,
     try:
         last_step = float(analysis["step"].values[-1])
     except Exception as e:  # noqa: BLE001 - any codec's error: a damaged chunk
-        raise _Unreadable(e) from e
+        raise _Unreadable(f"{type(e).__name__}: {e}") from e
     final = float(np.nanmax(run["step"].values))  # NaN steps: a sweep's padding
     if last_step != final:
         return f"ends at step {last_step:g}, not at the run's final step {final:g} (analysed before the run ended)"
@@ -132,6 +134,11 @@ read them all at once, as of one version of the analysis (`dynamics.store.open_a
 gave the old version's attributes (thresholds, final step) with the new one's labels. Each is a
 number or label per head (and snapshot): small, whatever the target, so runs loaded for one target
 serve another (`predict_runs` with other options)."""
+
+
+UNREADABLE_LABELS = "unreadable_labels"
+"""Attr of an analysis `load_store` opened in part, a bad chunk elsewhere: {variable: the error}
+of the labels left out, damaged rather than absent."""
 
 
 class _Unreadable(Exception):
@@ -211,7 +218,7 @@ def final_targets(
         except _Unreadable as e:
             if "attention" not in run:
                 raise PredictError(f"target {target!r}: run {run.attrs.get('run_id', '?')!r}'s stored analysis cannot "
-                                   f"be read ({type(e.__cause__).__name__}: {e.__cause__}) and the run has no attention "
+                                   f"be read ({e}) and the run has no attention "
                                    f"to recompute it from") from None
             stored, source = None, UNREADABLE_SOURCE
         if stored is None:

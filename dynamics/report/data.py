@@ -533,4 +533,4 @@ def _open_derived(path, name: str, load: bool | tuple[str, ...] = False) -> xr.D
     # Nested names (folder/<name>, an older layout) are not single group names for store.open_derived.
     # the local folder as the store reads it (`lnk/..` past the link: xarray would drop it as text)
     ds = xr.open_zarr(store.local_path(path) or os.fspath(path), group=f"derived/{name}", consolidated=False)
-    return ds if load is False else ds[[v for v in (ds.data_vars if load is True else load) if v in ds]].load()
+    return ds if load is False else ds.load() if load is True else ds[[v for v in load if v in ds]].load()

@@ -527,7 +527,7 @@ def open_analysis(path: str | os.PathLike, run_id: str | None = None, *,
         d = _whole(loc, gpath, d)
         if load is False or d.attrs.get("analysis_version") != ANALYSIS_VERSION:
             return d
-        return d[[v for v in (d.data_vars if load is True else load) if v in d.data_vars]].load()
+        return d.load() if load is True else d[[v for v in load if v in d.data_vars]].load()
 
     ds = _open_group_ds(loc, gpath, dask, verify=whole)
     version = ds.attrs.get("analysis_version")
@@ -576,6 +576,7 @@ def open_derived(path: str | os.PathLike, name: str, *, load: bool | Sequence[st
 
     def whole(d: xr.Dataset) -> xr.Dataset:
         d = _whole(loc, gpath, d)
-        return d if load is False else d[[v for v in (d.data_vars if load is True else load) if v in d.data_vars]].load()
+        # True: the whole group, coordinates on dims no variable has too (a list selection drops them)
+        return d if load is False else d.load() if load is True else d[[v for v in load if v in d.data_vars]].load()
 
     return _open_group_ds(loc, gpath, verify=whole)
