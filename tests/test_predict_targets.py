@@ -148,11 +148,9 @@ def test_an_analysis_swapped_between_predicts_open_and_its_read_of_the_labels_gi
     # between gave the old version's attributes with the new one's labels, passed as the targets.
     import shutil
 
-    from zarr.storage import LocalStore
-
     from dynamics.analysis.roles import ROLES
     from dynamics.schema import ANALYSIS_VERSION
-    from dynamics.store import readers
+    from tests.test_store_races import exchange_at_first_read
 
     path, other = tmp_path / "s.zarr", tmp_path / "new.zarr"
     write_store(path, make_runs(n_seeds=3))
@@ -164,38 +162,36 @@ def test_an_analysis_swapped_between_predicts_open_and_its_read_of_the_labels_gi
     # the new version: other analysers' (so not read as targets), whose every label differs from the old
     store.write_analysis(other, ids[0], old.assign(role=(old.role + 1) % len(ROLES))
                          .assign_attrs(analysis_version=ANALYSIS_VERSION + 1))
-    probe = [tmp_path / "a", tmp_path / "b"]
-    for p in probe:
-        p.mkdir()
-    if not readers._exchange(*probe):
-        pytest.skip("no atomic exchange here: analyse swaps by two renames, with a gap this test cannot time")
     opts = PredictOptions(target="role", horizons=(0.1,), n_splits=2, boosting_iter=10)
     fresh = predict.predict_store(str(path), dataclasses.replace(opts, use_stored_analysis=False))
-    real_get, swapped = LocalStore.get, []
-
-    async def get(self, key, *args, **kwargs):
-        if not swapped and key.startswith(f"analysis/{ids[0]}/role/c"):  # the first read of its labels
-            assert readers._exchange(other / "analysis" / ids[0], path / "analysis" / ids[0])
-            swapped.append(key)
-        return await real_get(self, key, *args, **kwargs)
-
-    monkeypatch.setattr(LocalStore, "get", get)
+    swapped = exchange_at_first_read(tmp_path, monkeypatch, f"analysis/{ids[0]}/role/c",  # its labels' first read
+                                     path / "analysis" / ids[0], other / "analysis" / ids[0])
     curve = predict.predict_store(str(path), opts)
     assert swapped
     assert curve.attrs["target_sources"] == {"stored analysis": 2, "computed from the final snapshot": 1}
     np.testing.assert_array_equal(curve.target.values, fresh.target.values)
 
 
-def test_runs_loaded_for_one_target_give_another_from_their_stored_analysis(tmp_path):
-    # load_store read only the variables of the target it was given: runs loaded for slash (the
-    # default) recomputed their roles, and without attention raised a KeyError
+def _analysed_stores(tmp_path, stale: int | None = None):
+    """(store, the same store without attention, its 3 runs), each run analysed; run `stale` by
+    the analysers of the version before these."""
+    from dynamics.schema import ANALYSIS_VERSION
+
     path, blind = tmp_path / "s.zarr", tmp_path / "blind.zarr"
     runs = make_runs(n_seeds=3)
     write_store(path, runs)
     write_store(blind, [dataclasses.replace(r, data=r.data.drop_vars("attention")) for r in runs])
     for p in (path, blind):
-        for r in runs:
-            store.write_analysis(p, r.run_id, analyse_run(r.data))
+        for i, r in enumerate(runs):
+            a = analyse_run(r.data)
+            store.write_analysis(p, r.run_id, a.assign_attrs(analysis_version=ANALYSIS_VERSION - 1) if i == stale else a)
+    return path, blind, runs
+
+
+def test_runs_loaded_for_one_target_give_another_from_their_stored_analysis(tmp_path):
+    # load_store read only the variables of the target it was given: runs loaded for slash (the
+    # default) recomputed their roles, and without attention raised a KeyError
+    path, blind, runs = _analysed_stores(tmp_path)
     for p in (path, blind):
         loaded = predict.load_runs(str(p))
         for target in ("role", "slash"):
@@ -209,13 +205,8 @@ def test_a_bad_chunk_in_labels_a_target_does_not_read_leaves_its_own_read(tmp_pa
     # load_store read every target's labels in one load: a bit flipped in the clusters (read by
     # --target redundant alone) made slash's stored labels unreadable, and a run without attention
     # refused (a review helper)
-    path, blind = tmp_path / "s.zarr", tmp_path / "blind.zarr"
-    runs = make_runs(n_seeds=3)
-    write_store(path, runs)
-    write_store(blind, [dataclasses.replace(r, data=r.data.drop_vars("attention")) for r in runs])
+    path, blind, runs = _analysed_stores(tmp_path)
     for p in (path, blind):
-        for r in runs:
-            store.write_analysis(p, r.run_id, analyse_run(r.data))
         flip_a_bit(p / "analysis" / runs[1].run_id / "cluster")
         table = predict.target_table(predict.load_runs(str(p)), PredictOptions())
         assert table.attrs["sources"] == {"stored analysis": 3} and table.attrs["analysis_unreadable"] == []
@@ -239,15 +230,8 @@ def test_another_versions_analysis_is_not_read_for_targets_or_caveats(tmp_path):
     # predict, after every model was fitted), and a run without attention raised a KeyError
     from dynamics.schema import ANALYSIS_VERSION
 
-    path, blind = tmp_path / "s.zarr", tmp_path / "blind.zarr"
-    runs = make_runs(n_seeds=3)
-    write_store(path, runs)
-    write_store(blind, [dataclasses.replace(r, data=r.data.drop_vars("attention")) for r in runs])
+    path, blind, runs = _analysed_stores(tmp_path, stale=1)
     for p in (path, blind):
-        for r in runs:
-            a = analyse_run(r.data)
-            store.write_analysis(p, r.run_id, a.assign_attrs(analysis_version=ANALYSIS_VERSION - 1)
-                                 if r is runs[1] else a)
         flip_a_bit(p / "analysis" / runs[1].run_id / "divergence_from_init")
     opts = PredictOptions(target="role", horizons=(0.1,), n_splits=2, boosting_iter=10)
     curve = predict.predict_store(str(path), opts)

@@ -7,7 +7,6 @@ import html
 import json
 
 import numpy as np
-import pytest
 import xarray as xr
 
 from dynamics import store
@@ -179,12 +178,10 @@ def test_sections_with_nothing_derived_yet_name_the_command_that_writes_it(tmp_p
 def test_a_gates_refit_saved_while_the_report_reads_the_last_one_is_read_as_one_version(tmp_path, monkeypatch):
     # The fit's step (an attribute) was read as the group opened and its gates after: a
     # `dynamics gates` saving a re-fit in between placed the re-fit's gates at the old fit's step.
-    from zarr.storage import LocalStore
-
     from dynamics.config import from_dict
     from dynamics.record import coords, snapshot_steps, variables
     from dynamics.report import chg
-    from dynamics.store import readers
+    from tests.test_store_races import exchange_at_first_read
 
     cfg = from_dict(TINY)
     steps_at = snapshot_steps(cfg.train.steps, cfg.record.dense_until, cfg.record.every)
@@ -194,20 +191,8 @@ def test_a_gates_refit_saved_while_the_report_reads_the_last_one_is_read_as_one_
         store.RunWriter(p, "r0", variables=variables(cfg, len(steps_at)), coords=coords(cfg, steps_at),
                         attrs={"status": "completed", "config": cfg.to_dict()}).finalize()
         store.write_derived(p, "gates.r0", gates)
-    probe = [tmp_path / "a", tmp_path / "b"]
-    for p in probe:
-        p.mkdir()
-    if not readers._exchange(*probe):
-        pytest.skip("no atomic exchange here: gates swaps by two renames, with a gap this test cannot time")
-    real_get, swapped = LocalStore.get, []
-
-    async def get(self, key, *args, **kwargs):
-        if not swapped and key.startswith("derived/gates.r0/chg/c"):
-            assert readers._exchange(other / "derived" / "gates.r0", path / "derived" / "gates.r0")
-            swapped.append(key)
-        return await real_get(self, key, *args, **kwargs)
-
-    monkeypatch.setattr(LocalStore, "get", get)
+    swapped = exchange_at_first_read(tmp_path, monkeypatch, "derived/gates.r0/chg/c", path / "derived" / "gates.r0",
+                                     other / "derived" / "gates.r0")
     run = _Run("r0", "completed", {}, None, len(steps_at), np.ones(len(steps_at), bool), np.asarray(steps_at))
     pair, _, _ = chg._chg_of_run(path, run, ["gates.r0"])
     assert swapped

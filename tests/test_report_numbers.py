@@ -325,11 +325,9 @@ def test_the_chosen_runs_analysis_swapped_while_it_is_read_is_read_as_one_versio
     # swapping a new version in between gave the old attributes with the new values.
     import shutil
 
-    from zarr.storage import LocalStore
-
     from dynamics import cli, store
     from dynamics.report.data import _chosen_analysis, _collect_run
-    from dynamics.store import readers
+    from tests.test_store_races import exchange_at_first_read
 
     path, other = tmp_path / "s.zarr", tmp_path / "new.zarr"
     _random_run(path, "r1", 0)
@@ -339,21 +337,9 @@ def test_the_chosen_runs_analysis_swapped_while_it_is_read_is_read_as_one_versio
     store.write_analysis(path, "r1", old.assign_attrs(marker=1))
     store.write_analysis(other, "r1", old.assign(role=old.role * 0 + 2, js_distance=old.js_distance / 2)
                          .assign_attrs(marker=2))
-    probe = [tmp_path / "a", tmp_path / "b"]
-    for p in probe:
-        p.mkdir()
-    if not readers._exchange(*probe):
-        pytest.skip("no atomic exchange here: analyse swaps by two renames, with a gap this test cannot time")
     run = _collect_run(path, "r1", None, False, store.run_attrs(path, "r1"))
-    real_get, swapped = LocalStore.get, []
-
-    async def get(self, key, *args, **kwargs):
-        if not swapped and key.startswith(("analysis/r1/role/c", "analysis/r1/js_distance/c")):  # not a coordinate's
-            assert readers._exchange(other / "analysis" / "r1", path / "analysis" / "r1")
-            swapped.append(key)
-        return await real_get(self, key, *args, **kwargs)
-
-    monkeypatch.setattr(LocalStore, "get", get)
+    swapped = exchange_at_first_read(tmp_path, monkeypatch, ("analysis/r1/role/c", "analysis/r1/js_distance/c"),
+                                     path / "analysis" / "r1", other / "analysis" / "r1")  # not a coordinate's
     analysis, source = _chosen_analysis(path, run, False)
     assert swapped and source == "stored"
     assert analysis.attrs["marker"] == 2 and (analysis["role"].values == 2).all()

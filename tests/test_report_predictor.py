@@ -353,11 +353,9 @@ def test_a_curve_saved_while_the_report_reads_it_is_read_as_one_version(tmp_path
     # The section checked the group's version as it opened it and loaded the values after: a
     # `predict` saving another curve in between gave the old curve's horizons and attributes
     # with the new one's scores, drawn as the old horizons.
-    from zarr.storage import LocalStore
-
     from dynamics.report import predictor
     from dynamics.report.data import _Ctx
-    from dynamics.store import readers
+    from tests.test_store_races import exchange_at_first_read
 
     path, other = tmp_path / "s.zarr", tmp_path / "new.zarr"
     old = _role_curve(0.375).assign_attrs(marker=1)
@@ -365,22 +363,10 @@ def test_a_curve_saved_while_the_report_reads_it_is_read_as_one_version(tmp_path
     for p, curve in ((path, old), (other, new)):
         store.init_store(p)
         store.write_derived(p, "predict.role", curve)
-    probe = [tmp_path / "a", tmp_path / "b"]
-    for p in probe:
-        p.mkdir()
-    if not readers._exchange(*probe):
-        pytest.skip("no atomic exchange here: predict swaps by two renames, with a gap this test cannot time")
-    real_get, swapped, seen = LocalStore.get, [], []
-
-    async def get(self, key, *args, **kwargs):
-        if not swapped and key.startswith("derived/predict.role/score/c"):  # not the horizon index's
-            assert readers._exchange(other / "derived" / "predict.role", path / "derived" / "predict.role")
-            swapped.append(key)
-        return await real_get(self, key, *args, **kwargs)
-
-    lines = predictor._predict_lines
+    seen, lines = [], predictor._predict_lines
     monkeypatch.setattr(predictor, "_predict_lines", lambda ds: seen.append(ds) or lines(ds))
-    monkeypatch.setattr(LocalStore, "get", get)
+    swapped = exchange_at_first_read(tmp_path, monkeypatch, "derived/predict.role/score/c",  # not the horizon index's
+                                     path / "derived" / "predict.role", other / "derived" / "predict.role")
     monkeypatch.setattr(predictor, "_save", lambda fig, out, rel: rel)
     predictor._predict_section(_Ctx(path, [], None, [], tmp_path, True))
     assert swapped and len(seen) == 1

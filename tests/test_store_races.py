@@ -21,6 +21,35 @@ def analysis(marker: float) -> xr.Dataset:
     return xr.Dataset({"score": ("head", np.full(4, marker))}, attrs={"marker": marker})
 
 
+def skip_without_exchange(tmp_path) -> None:
+    """Skip where this filesystem has no atomic exchange of two folders: the writers then swap a
+    group in by two renames, with a gap no test can time."""
+    probe = [tmp_path / "exchange_a", tmp_path / "exchange_b"]
+    for p in probe:
+        p.mkdir()
+    if not readers._exchange(*probe):
+        pytest.skip("no atomic exchange here: a group is swapped in by two renames, with a gap this test cannot time")
+
+
+def exchange_at_first_read(tmp_path, monkeypatch, prefix: str | tuple[str, ...], group, replacement) -> list[str]:
+    """Swap the folder `replacement` into `group`'s place, as analyse, predict and gates swap a new
+    version in (one atomic exchange), at zarr's first read of a key starting with `prefix`; returns
+    the list the key read then is put in (empty: never read)."""
+    from zarr.storage import LocalStore
+
+    skip_without_exchange(tmp_path)
+    real_get, swapped = LocalStore.get, []
+
+    async def get(self, key, *args, **kwargs):
+        if not swapped and key.startswith(prefix):
+            assert readers._exchange(replacement, group)
+            swapped.append(key)
+        return await real_get(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(LocalStore, "get", get)
+    return swapped
+
+
 def open_swapped_while_read(tmp_path, monkeypatch, old: xr.Dataset, new: xr.Dataset, on_get, **load) -> xr.Dataset:
     """``open_analysis(...).load()`` of run r1, whose analysis `old` is swapped for `new` (staged
     whole in advance) where ``await on_get(key, read, swap)``, which zarr's every read goes
@@ -33,11 +62,7 @@ def open_swapped_while_read(tmp_path, monkeypatch, old: xr.Dataset, new: xr.Data
     for p, ds in ((path, old), (other, new)):
         write_run(p, "r1")
         store.write_analysis(p, "r1", ds)
-    probe = [tmp_path / "a", tmp_path / "b"]
-    for p in probe:
-        p.mkdir()
-    if not readers._exchange(*probe):
-        pytest.skip("no atomic exchange here: analyse swaps by two renames, with a gap this test cannot time")
+    skip_without_exchange(tmp_path)
     real_get, swapped = LocalStore.get, []
 
     def swap() -> None:
