@@ -12,7 +12,7 @@ import numpy as np
 from dynamics import store
 from dynamics.identity import differing_settings, experiment_identity, read_settings, setting_cell, setting_text
 from dynamics.predict.options import SEED_AXIS, PredictError, PredictOptions, Run, check_arguments
-from dynamics.predict.targets import STORED_READS, UNREADABLE_LABELS, stored_reads
+from dynamics.predict.targets import STORED_READS, UNREADABLE_LABELS, no_attention_refusal, stored_reads
 from dynamics.schema import config_value
 from dynamics.status import sweep_points
 
@@ -202,8 +202,7 @@ def check_runs(runs: Sequence[Run], options: PredictOptions) -> None:
         stored = options.use_stored_analysis  # False: an analysis a Run carries is not read (target_table)
         lacking = [r for r in runs if "attention" not in r.data and (r.analysis is None or not stored)]
         if lacking and stored and lacking[0].analysis_unreadable:  # as final_targets says it of a bad chunk
-            raise PredictError(f"target {t!r}: run {lacking[0].run_id!r}'s stored analysis cannot be read "
-                               f"({lacking[0].analysis_unreadable}) and the run has no attention to recompute it from")
+            raise no_attention_refusal(t, lacking[0].run_id, f"cannot be read ({lacking[0].analysis_unreadable})")
         if lacking:
             why = "neither attention nor a stored analysis" if stored else "no attention to compute it from"
             raise PredictError(f"target {t!r}: run {lacking[0].run_id!r} has {why}")

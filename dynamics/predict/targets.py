@@ -55,14 +55,20 @@ def _final_stored(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[st
     # naming why (recomputing it there was a KeyError).
     why = _not_usable(run, analysis, needed, target, opt)
     if why and "attention" not in run:
-        raise PredictError(f"target {target!r}: run {run.attrs.get('run_id', '?')!r}'s stored analysis {why}, and the "
-                           f"run has no attention to recompute it from")
+        raise no_attention_refusal(target, run.attrs.get("run_id", "?"), why)
     if why:
         return None
     try:
         return analysis[list(needed)].isel({SNAPSHOT: -1}).load()
     except Exception as e:  # noqa: BLE001 - any codec's error: a damaged chunk
         raise _Unreadable(f"{type(e).__name__}: {e}") from e
+
+
+def no_attention_refusal(target: str, run_id: str, why: str) -> PredictError:
+    """The refusal of a run whose stored analysis cannot give `target` (`why` ends the sentence)
+    and which has no attention to recompute it from (final_targets and check_runs say it alike)."""
+    return PredictError(f"target {target!r}: run {run_id!r}'s stored analysis {why}, and the run has no attention "
+                        f"to recompute it from")
 
 
 def _not_usable(run: xr.Dataset, analysis: xr.Dataset | None, needed: tuple[str, ...], target: str,
@@ -217,9 +223,7 @@ def final_targets(
             source = "stored analysis" if stored is not None else "computed from the final snapshot"
         except _Unreadable as e:
             if "attention" not in run:
-                raise PredictError(f"target {target!r}: run {run.attrs.get('run_id', '?')!r}'s stored analysis cannot "
-                                   f"be read ({e}) and the run has no attention "
-                                   f"to recompute it from") from None
+                raise no_attention_refusal(target, run.attrs.get("run_id", "?"), f"cannot be read ({e})") from None
             stored, source = None, UNREADABLE_SOURCE
         if stored is None:
             attn = last["attention"].transpose(LAYER, HEAD, ...).load()
